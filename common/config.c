@@ -1,0 +1,373 @@
+// config.c: a table of keys drives parsing, overriding, defaults and --help, so adding a key is
+// one line. Unknown keys are errors naming the closest known key: the tutorial's args.py
+// silently ignored them, and a typo ("global_bach_size") then trained with the default.
+#include "config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+typedef enum { T_INT, T_FLOAT, T_BOOL, T_STRING, T_INT3 } KeyType;
+
+typedef struct {
+    const char *name;
+    KeyType type;
+    size_t offset;    // where the value lives in Config
+    size_t size;      // for strings: the buffer size
+    const char *dflt; // the default, written as it would be on the command line
+    const char *help;
+} Key;
+
+#define K(name, type, dflt, help) {#name, type, offsetof(Config, name), sizeof(((Config *)0)->name), dflt, help}
+
+static const Key KEYS[] = {
+    K(model_id, T_STRING, "gpt2", "model shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, custom"),
+    K(dataset_id, T_STRING, "alpaca", "dataset family (alpaca format)"),
+    K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
+    K(precision, T_STRING, "32", "32, 32-true, bf16-mixed or bf16"),
+    K(strategy, T_STRING, "single_device", "single_device, ddp, fsdp or axonn"),
+    K(tp_dimensions, T_INT3, "1,1,1", "tensor-parallel grid [x, y, z] (strategy axonn)"),
+    K(global_batch_size, T_INT, "32", "sequences per optimizer step, over all ranks"),
+    K(gradient_acc_steps, T_INT, "1", "micro-batches per optimizer step"),
+    K(log_interval, T_INT, "1", "print a progress line every N steps"),
+    K(num_epochs, T_INT, "1", "passes over the training split"),
+    K(random_init, T_BOOL, "false", "start from random weights even if init_from is set"),
+    K(compile, T_BOOL, "false", "inference: capture the decode step as a CUDA graph"),
+    K(stop_iteration, T_INT, "-1", "stop after N optimizer steps (-1: run all epochs)"),
+    K(tokens_to_generate, T_INT, "256", "inference: maximum new tokens per prompt"),
+    K(n_layer, T_INT, "0", "transformer blocks (0: from model_id)"),
+    K(n_head, T_INT, "0", "attention heads (0: from model_id)"),
+    K(n_embd, T_INT, "0", "hidden size (0: from model_id)"),
+    K(vocab_size, T_INT, "0", "embedding rows (0: the tokenizer's; 50257 gives GPT-2's shape)"),
+    K(max_seq_len, T_INT, "256", "longest sequence; longer records are cut"),
+    K(data_path, T_STRING, "", "alpaca JSON file (empty: the built-in synthetic instruction set)"),
+    K(tokenizer_path, T_STRING, "", "GPT-2 BPE tokenizer directory (empty: byte tokenizer)"),
+    K(init_from, T_STRING, "", "checkpoint directory or .safetensors file to start from"),
+    K(resume, T_BOOL, "false", "continue the run saved in out_dir"),
+    K(out_dir, T_STRING, "out", "where metrics.jsonl and checkpoints go"),
+    K(lr, T_FLOAT, "3e-4", "peak learning rate"),
+    K(min_lr, T_FLOAT, "3e-5", "learning rate at the end of the cosine decay"),
+    K(warmup_steps, T_INT, "10", "steps of linear warm-up"),
+    K(beta1, T_FLOAT, "0.9", "AdamW beta1"),
+    K(beta2, T_FLOAT, "0.95", "AdamW beta2"),
+    K(eps, T_FLOAT, "1e-8", "AdamW epsilon"),
+    K(weight_decay, T_FLOAT, "0.0", "AdamW decoupled weight decay (not on biases and norms)"),
+    K(grad_clip, T_FLOAT, "1.0", "clip the global gradient norm to this (0: off)"),
+    K(eval_interval, T_INT, "0", "validation loss every N steps (0: only at the end)"),
+    K(eval_batches, T_INT, "4", "validation batches per evaluation"),
+    K(checkpoint_interval, T_INT, "0", "save a checkpoint every N steps (0: only at the end)"),
+    K(val_fraction, T_FLOAT, "0.05", "share of the records held out for validation"),
+    K(always_input_template, T_BOOL, "false",
+      "the tutorial's quirk: use the with-input prompt template for every record"),
+};
+#define NKEYS (sizeof(KEYS) / sizeof(KEYS[0]))
+
+static const char *TYPE_NAMES[] = {"an integer", "a number", "true or false", "a string",
+                                   "a list of 3 integers"};
+
+// ---- finding keys ------------------------------------------------------------------------------
+
+static const Key *find_key(const char *name) {
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strcmp(KEYS[i].name, name) == 0) return &KEYS[i];
+    return NULL;
+}
+
+static int edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    int row[128];
+    if (lb >= 128) return 1000;
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (row[j] + 1 < best) best = row[j] + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static const Key *find_key_or_die(const char *name, const char *where) {
+    const Key *k = find_key(name);
+    if (k) return k;
+    const Key *closest = &KEYS[0];
+    for (size_t i = 1; i < NKEYS; i++)
+        if (edit_distance(name, KEYS[i].name) < edit_distance(name, closest->name)) closest = &KEYS[i];
+    fatal("%s: unknown key '%s' (did you mean '%s'? --help lists every key)", where, name,
+          closest->name);
+}
+
+// ---- setting values ----------------------------------------------------------------------------
+
+static void *slot(Config *cfg, const Key *k) { return (char *)cfg + k->offset; }
+
+static void set_string(Config *cfg, const Key *k, const char *value, const char *where) {
+    if (strlen(value) >= k->size)
+        fatal("%s: key '%s': expected a string of at most %zu characters, found %zu", where,
+              k->name, k->size - 1, strlen(value));
+    strcpy(slot(cfg, k), value);
+}
+
+static void set_int(Config *cfg, const Key *k, double value, const char *found, const char *where) {
+    if (!isfinite(value) || value != floor(value) || fabs(value) > 2e9)
+        fatal("%s: key '%s': expected an integer, found %s", where, k->name, found);
+    *(int *)slot(cfg, k) = (int)value;
+}
+
+// Parses a command-line or default text value of key k.
+static void set_from_text(Config *cfg, const Key *k, const char *text, const char *where) {
+    char *end;
+    switch (k->type) {
+    case T_STRING: set_string(cfg, k, text, where); return;
+    case T_BOOL:
+        if (strcmp(text, "true") == 0 || strcmp(text, "1") == 0) *(bool *)slot(cfg, k) = true;
+        else if (strcmp(text, "false") == 0 || strcmp(text, "0") == 0) *(bool *)slot(cfg, k) = false;
+        else fatal("%s: key '%s': expected true or false, found '%s'", where, k->name, text);
+        return;
+    case T_INT3: {
+        int *v = slot(cfg, k);
+        const char *p = text;
+        for (int i = 0; i < 3; i++) {
+            while (*p == '[' || *p == ' ') p++;
+            errno = 0;
+            long x = strtol(p, &end, 10);
+            if (end == p || errno) fatal("%s: key '%s': expected 3 integers like 2,2,1, found '%s'", where, k->name, text);
+            v[i] = (int)x;
+            p = end;
+            while (*p == ' ' || *p == ']') p++;
+            if (i < 2 && *p++ != ',') fatal("%s: key '%s': expected 3 integers like 2,2,1, found '%s'", where, k->name, text);
+        }
+        if (*p) fatal("%s: key '%s': expected 3 integers like 2,2,1, found '%s'", where, k->name, text);
+        return;
+    }
+    case T_INT:
+    case T_FLOAT: {
+        errno = 0;
+        double x = strtod(text, &end);
+        if (end == text || *end || errno)
+            fatal("%s: key '%s': expected %s, found '%s'", where, k->name, TYPE_NAMES[k->type], text);
+        if (k->type == T_FLOAT) *(double *)slot(cfg, k) = x;
+        else set_int(cfg, k, x, text, where);
+        return;
+    }
+    }
+}
+
+static const char *json_type_name(const cJSON *v) {
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsNumber(v)) return "a number";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsArray(v)) return "a list";
+    if (cJSON_IsObject(v)) return "an object";
+    return "null";
+}
+
+static void set_from_json(Config *cfg, const Key *k, const cJSON *v, const char *where) {
+    char found[64];
+    snprintf(found, sizeof found, "%s", json_type_name(v));
+    switch (k->type) {
+    case T_STRING:
+        // The tutorial writes "precision": "32"; accept the bare number 32 too.
+        if (cJSON_IsNumber(v) && strcmp(k->name, "precision") == 0) {
+            char text[32];
+            snprintf(text, sizeof text, "%g", v->valuedouble);
+            set_string(cfg, k, text, where);
+            return;
+        }
+        if (!cJSON_IsString(v)) break;
+        set_string(cfg, k, v->valuestring, where);
+        return;
+    case T_BOOL:
+        if (!cJSON_IsBool(v)) break;
+        *(bool *)slot(cfg, k) = cJSON_IsTrue(v);
+        return;
+    case T_INT:
+        if (!cJSON_IsNumber(v)) break;
+        snprintf(found, sizeof found, "%g", v->valuedouble);
+        set_int(cfg, k, v->valuedouble, found, where);
+        return;
+    case T_FLOAT:
+        if (!cJSON_IsNumber(v)) break;
+        *(double *)slot(cfg, k) = v->valuedouble;
+        return;
+    case T_INT3: {
+        if (!cJSON_IsArray(v)) break;
+        int n = cJSON_GetArraySize(v);
+        if (n != 3) {
+            snprintf(found, sizeof found, "a list of %d", n);
+            break;
+        }
+        for (int i = 0; i < 3; i++) {
+            const cJSON *e = cJSON_GetArrayItem(v, i);
+            if (!cJSON_IsNumber(e) || e->valuedouble != (int)e->valuedouble) {
+                snprintf(found, sizeof found, "element %d is %s", i, json_type_name(e));
+                goto bad;
+            }
+            ((int *)slot(cfg, k))[i] = (int)e->valuedouble;
+        }
+        return;
+    }
+    }
+bad:
+    fatal("%s: key '%s': expected %s, found %s", where, k->name, TYPE_NAMES[k->type], found);
+}
+
+// ---- reading the file and the command line ----------------------------------------------------
+
+static void apply_json_file(Config *cfg, const char *path) {
+    char *text = read_file_or_die(path, NULL);
+    cJSON *root = cJSON_Parse(text);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        int line = 1;
+        for (const char *p = text; at && p < at; p++) line += (*p == '\n');
+        fatal("%s: not valid JSON (near line %d)", path, line);
+    }
+    if (!cJSON_IsObject(root)) fatal("%s: expected a JSON object of key: value, found %s", path, json_type_name(root));
+    for (const cJSON *item = root->child; item; item = item->next)
+        set_from_json(cfg, find_key_or_die(item->string, path), item, path);
+    cJSON_Delete(root);
+    free(text);
+}
+
+static void print_help(const char *default_file) {
+    printf("usage: [mpirun -np P] %s [--config FILE] [--key=value ...]\n\n"
+           "FILE defaults to $CONFIG_FILE, then to %s. Keys (default in brackets):\n",
+           "build/stage-N", default_file);
+    for (size_t i = 0; i < NKEYS; i++)
+        printf("  --%-22s %s [%s]\n", KEYS[i].name, KEYS[i].help, KEYS[i].dflt);
+}
+
+static const char *config_file_from_args(int argc, char **argv, const char *stage_default) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0) {
+            if (i + 1 >= argc) fatal("command line: --config needs a file name");
+            return argv[i + 1];
+        }
+        if (strncmp(argv[i], "--config=", 9) == 0) return argv[i] + 9;
+    }
+    const char *env = getenv("CONFIG_FILE");
+    return (env && *env) ? env : stage_default;
+}
+
+static void apply_overrides(Config *cfg, int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--config") == 0) { i++; continue; }
+        if (strncmp(arg, "--config=", 9) == 0) continue;
+        if (strncmp(arg, "--", 2) != 0 || !strchr(arg, '='))
+            fatal("command line: expected --key=value, found '%s'", arg);
+        char name[64];
+        size_t len = (size_t)(strchr(arg, '=') - arg - 2);
+        if (len >= sizeof name) len = sizeof name - 1;
+        memcpy(name, arg + 2, len);
+        name[len] = '\0';
+        set_from_text(cfg, find_key_or_die(name, "command line"), strchr(arg, '=') + 1, "command line");
+    }
+}
+
+// ---- model presets and validation -------------------------------------------------------------
+
+typedef struct { const char *id; int n_layer, n_head, n_embd; } Preset;
+static const Preset PRESETS[] = {
+    {"gpt2", 12, 12, 768}, {"gpt2-medium", 24, 16, 1024}, {"gpt2-large", 36, 20, 1280},
+    {"gpt2-xl", 48, 25, 1600}, {"custom", 0, 0, 0},
+};
+
+static void apply_model_preset(Config *cfg, const char *where) {
+    for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) {
+        const Preset *p = &PRESETS[i];
+        if (strcmp(cfg->model_id, p->id) != 0) continue;
+        if (!cfg->n_layer) cfg->n_layer = p->n_layer;
+        if (!cfg->n_head) cfg->n_head = p->n_head;
+        if (!cfg->n_embd) cfg->n_embd = p->n_embd;
+        return;
+    }
+    fatal("%s: key 'model_id': expected gpt2, gpt2-medium, gpt2-large, gpt2-xl or custom, found '%s'",
+          where, cfg->model_id);
+}
+
+static void require_positive(const char *where, const char *key, double value) {
+    if (!(value > 0)) fatal("%s: key '%s': expected a positive value, found %g", where, key, value);
+}
+
+static void validate(Config *cfg, const char *where) {
+    static const char *precisions[] = {"32", "32-true", "bf16-mixed", "bf16"};
+    bool ok = false;
+    for (int i = 0; i < 4; i++) ok |= strcmp(cfg->precision, precisions[i]) == 0;
+    if (!ok) fatal("%s: key 'precision': expected 32, 32-true, bf16-mixed or bf16, found '%s'", where, cfg->precision);
+    static const char *strategies[] = {"single_device", "ddp", "fsdp", "axonn"};
+    ok = false;
+    for (int i = 0; i < 4; i++) ok |= strcmp(cfg->strategy, strategies[i]) == 0;
+    if (!ok) fatal("%s: key 'strategy': expected single_device, ddp, fsdp or axonn, found '%s'", where, cfg->strategy);
+    apply_model_preset(cfg, where);
+    require_positive(where, "n_layer", cfg->n_layer);
+    require_positive(where, "n_head", cfg->n_head);
+    require_positive(where, "n_embd", cfg->n_embd);
+    require_positive(where, "max_seq_len", cfg->max_seq_len);
+    require_positive(where, "global_batch_size", cfg->global_batch_size);
+    require_positive(where, "gradient_acc_steps", cfg->gradient_acc_steps);
+    require_positive(where, "log_interval", cfg->log_interval);
+    require_positive(where, "num_epochs", cfg->num_epochs);
+    require_positive(where, "lr", cfg->lr);
+    for (int i = 0; i < 3; i++) require_positive(where, "tp_dimensions", cfg->tp_dimensions[i]);
+    if (cfg->vocab_size < 0) fatal("%s: key 'vocab_size': expected 0 or more, found %d", where, cfg->vocab_size);
+    if (cfg->n_embd % cfg->n_head != 0)
+        fatal("%s: keys 'n_embd' and 'n_head': n_embd must be divisible by n_head, found %d and %d",
+              where, cfg->n_embd, cfg->n_head);
+    if (cfg->global_batch_size % cfg->gradient_acc_steps != 0)
+        fatal("%s: keys 'global_batch_size' and 'gradient_acc_steps': the batch must split into "
+              "equal micro-batches, found %d and %d", where, cfg->global_batch_size, cfg->gradient_acc_steps);
+    if (cfg->min_lr < 0 || cfg->min_lr > cfg->lr)
+        fatal("%s: key 'min_lr': expected a value between 0 and lr (%g), found %g", where, cfg->lr, cfg->min_lr);
+    if (cfg->val_fraction < 0 || cfg->val_fraction >= 1)
+        fatal("%s: key 'val_fraction': expected a value in [0, 1), found %g", where, cfg->val_fraction);
+    if (cfg->warmup_steps < 0 || cfg->eval_interval < 0 || cfg->checkpoint_interval < 0 || cfg->grad_clip < 0)
+        fatal("%s: warmup_steps, eval_interval, checkpoint_interval and grad_clip must not be negative", where);
+}
+
+void config_load(Config *cfg, int argc, char **argv, const char *stage_default_file) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            print_help(stage_default_file);
+            exit(0);
+        }
+    memset(cfg, 0, sizeof *cfg);
+    for (size_t i = 0; i < NKEYS; i++) set_from_text(cfg, &KEYS[i], KEYS[i].dflt, "defaults");
+    const char *path = config_file_from_args(argc, argv, stage_default_file);
+    apply_json_file(cfg, path);
+    apply_overrides(cfg, argc, argv);
+    validate(cfg, path);
+}
+
+char *config_to_json(const Config *cfg) {
+    cJSON *root = cJSON_CreateObject();
+    for (size_t i = 0; i < NKEYS; i++) {
+        const Key *k = &KEYS[i];
+        const void *v = (const char *)cfg + k->offset;
+        switch (k->type) {
+        case T_INT: cJSON_AddNumberToObject(root, k->name, *(const int *)v); break;
+        case T_FLOAT: cJSON_AddNumberToObject(root, k->name, *(const double *)v); break;
+        case T_BOOL: cJSON_AddBoolToObject(root, k->name, *(const bool *)v); break;
+        case T_STRING: cJSON_AddStringToObject(root, k->name, (const char *)v); break;
+        case T_INT3: cJSON_AddItemToObject(root, k->name, cJSON_CreateIntArray((const int *)v, 3)); break;
+        }
+    }
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+bool config_is_bf16(const Config *cfg) { return strncmp(cfg->precision, "bf16", 4) == 0; }

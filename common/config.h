@@ -1,0 +1,49 @@
+// config.h: the run's settings. A flat JSON file (the SC24 tutorial's keys plus ours), then
+// --key=value overrides from the command line, then validation. Every key, its type, default and
+// meaning is in one table in config.c; `--help` prints it.
+#ifndef CONFIG_H
+#define CONFIG_H
+
+#include <stdbool.h>
+
+typedef struct {
+    // the tutorial's keys
+    char model_id[64];        // "gpt2", "gpt2-medium", ... picks n_layer/n_head/n_embd; "custom"
+    char dataset_id[64];      // "alpaca" (the only dataset the tutorial used)
+    int seed;
+    char precision[16];       // "32", "32-true", "bf16-mixed", "bf16"
+    char strategy[16];        // "single_device", "ddp", "fsdp", "axonn"
+    int tp_dimensions[3];     // [x, y, z] for strategy axonn
+    int global_batch_size;    // sequences per optimizer step, over all ranks
+    int gradient_acc_steps;   // micro-batches per optimizer step
+    int log_interval;
+    int num_epochs;
+    bool random_init;         // ignore init_from and start from random weights
+    bool compile;             // inference: capture the decode step as a CUDA graph
+    int stop_iteration;       // stop after this many optimizer steps (-1: run every epoch)
+    int tokens_to_generate;
+    // ours
+    int n_layer, n_head, n_embd, max_seq_len;
+    int vocab_size;           // 0: the tokenizer's; larger adds unused rows (GPT-2's 50257)
+    char data_path[512];      // alpaca JSON file; "" = the built-in synthetic instruction set
+    char tokenizer_path[512]; // GPT-2 BPE directory; "" = the byte tokenizer
+    char init_from[512];      // a checkpoint (directory or .safetensors) to start from
+    bool resume;              // continue the run saved in out_dir
+    char out_dir[512];
+    double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip, val_fraction;
+    int warmup_steps, eval_interval, eval_batches, checkpoint_interval;
+    bool always_input_template;  // the tutorial's quirk: the with-input prompt for every record
+} Config;
+
+// Reads the config for `stage_default_file` (used when neither --config nor $CONFIG_FILE is
+// given), applies --key=value overrides, validates. Prints usage and exits 0 on --help; any
+// error goes through fatal() naming the file, the key, what was expected and what was found.
+void config_load(Config *cfg, int argc, char **argv, const char *stage_default_file);
+
+// The config as one JSON line (for the log and for checkpoints); malloc'd.
+char *config_to_json(const Config *cfg);
+
+// precision helpers: true for "bf16-mixed" and "bf16"
+bool config_is_bf16(const Config *cfg);
+
+#endif

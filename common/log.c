@@ -1,0 +1,64 @@
+#define _POSIX_C_SOURCE 200809L
+#include "log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int g_rank = 0;
+
+void log_set_rank(int rank) { g_rank = rank; }
+int log_rank(void) { return g_rank; }
+
+void fatal(const char *fmt, ...) {
+    if (g_rank != 0) sleep(2);  // see log.h: let rank 0 speak for the job when all ranks fail
+    fflush(stdout);
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, g_rank == 0 ? "error: " : "error (rank %d): ", g_rank);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+FILE *fopen_or_die(const char *path, const char *mode) {
+    FILE *f = fopen(path, mode);
+    if (!f) fatal("cannot open %s: %s", path, strerror(errno));
+    return f;
+}
+
+void *malloc_or_die(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) fatal("out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void *calloc_or_die(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) fatal("out of memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
+
+char *read_file_or_die(const char *path, size_t *len) {
+    FILE *f = fopen_or_die(path, "rb");
+    if (fseek(f, 0, SEEK_END) != 0) fatal("cannot seek in %s: %s", path, strerror(errno));
+    long size = ftell(f);
+    if (size < 0) fatal("cannot read %s: %s", path, strerror(errno));
+    rewind(f);
+    char *buf = malloc_or_die((size_t)size + 1);
+    if (fread(buf, 1, (size_t)size, f) != (size_t)size) fatal("cannot read %s: short read", path);
+    fclose(f);
+    buf[size] = '\0';
+    if (len) *len = (size_t)size;
+    return buf;
+}
+
+double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

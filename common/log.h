@@ -1,0 +1,26 @@
+// log.h: errors, progress lines and the metrics file.
+#ifndef LOG_H
+#define LOG_H
+
+#include <stdio.h>
+
+// Which rank this process is, for fatal(); stages set it right after MPI starts (default 0).
+void log_set_rank(int rank);
+int log_rank(void);
+
+// Print "error: <message>" once and exit(1). Every error of bad input goes through here.
+// Rank 0 prints at once; other ranks wait a moment first, so when the whole job hits the same
+// error (a bad config) the launcher has already stopped them and the message appears once, while
+// an error only one rank sees (a file missing on one node) is still printed by that rank.
+void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+// fopen that exits through fatal() with the path and the reason when it fails
+FILE *fopen_or_die(const char *path, const char *mode);
+void *malloc_or_die(size_t bytes);
+void *calloc_or_die(size_t count, size_t size);
+// the whole file as a NUL-terminated string; *len (if not NULL) gets its size
+char *read_file_or_die(const char *path, size_t *len);
+
+double wall_seconds(void);  // monotonic clock
+
+#endif

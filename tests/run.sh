@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs every test program (build/tests/test_*) and test script (tests/test_*.sh), adds up their
+# "name: N passed, N failed" lines and ends with the total on the last line. A test that crashes
+# or exits non-zero without failing a check counts as one failure, so nothing fails silently.
+# Usage: tests/run.sh [name-filter]
+set -u
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+filter=${1:-}
+passed=0 failed=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+run_one() { # run_one <name> <command...>
+    local name=$1; shift
+    local start=$SECONDS
+    "$@" >"$log" 2>&1
+    local rc=$?
+    local line p f
+    line=$(grep -E "^$name: [0-9]+ passed, [0-9]+ failed" "$log" | tail -1)
+    if [ -n "$line" ]; then
+        p=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')
+        f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+    else
+        p=0 f=0
+    fi
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    passed=$((passed + p)) failed=$((failed + f))
+    if [ "$f" -ne 0 ]; then
+        echo "FAILED $name (exit $rc, $((SECONDS - start)) s):"
+        tail -n 40 "$log" | sed 's/^/    /'
+    else
+        printf '%-34s %4d passed  (%d s)\n' "$name" "$p" $((SECONDS - start))
+    fi
+}
+
+for prog in build/tests/test_*; do
+    [ -x "$prog" ] || continue
+    name=$(basename "$prog")
+    [[ "$name" == *"$filter"* ]] || continue
+    run_one "$name" "$prog"
+done
+for script in tests/test_*.sh; do
+    [ -f "$script" ] || continue
+    name=$(basename "$script" .sh)
+    [[ "$name" == *"$filter"* ]] || continue
+    run_one "$name" bash "$script"
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
