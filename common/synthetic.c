@@ -1,0 +1,133 @@
+// synthetic.c: the built-in instruction set (see synthetic.h).
+//
+// Design notes: the byte-level model reads the ~190-byte Alpaca template before every record,
+// so instructions are short and fixed per task, inputs are 3..9 characters and answers 1..6.
+// Each task is a simple rule applied to the input, so a model that learned the rule answers
+// inputs it never saw.
+#define _POSIX_C_SOURCE 200809L
+#include "synthetic.h"
+
+#include <ctype.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+// splitmix64: a tiny, good-enough generator whose whole state is one number
+static uint64_t next_random(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int random_between(uint64_t *state, int lo, int hi) {  // inclusive
+    return lo + (int)(next_random(state) % (uint64_t)(hi - lo + 1));
+}
+
+static char *copy_string(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(malloc_or_die(n), s, n);
+}
+
+// ---- the tasks: each writes a random input and its answer (buffers of 16 bytes) ----------------
+
+static void random_word(uint64_t *rng, int min_len, int max_len, char *word) {
+    int len = random_between(rng, min_len, max_len);
+    for (int i = 0; i < len; i++) word[i] = (char)('a' + random_between(rng, 0, 25));
+    word[len] = '\0';
+}
+
+static void task_reverse(uint64_t *rng, char *input, char *answer) {
+    random_word(rng, 3, 5, input);
+    int n = (int)strlen(input);
+    for (int i = 0; i < n; i++) answer[i] = input[n - 1 - i];
+    answer[n] = '\0';
+}
+
+static void task_uppercase(uint64_t *rng, char *input, char *answer) {
+    random_word(rng, 3, 6, input);
+    int n = (int)strlen(input);
+    for (int i = 0; i <= n; i++) answer[i] = (char)toupper((unsigned char)input[i]);
+}
+
+static int compare_chars(const void *a, const void *b) {
+    return *(const char *)a - *(const char *)b;
+}
+
+static void task_sort(uint64_t *rng, char *input, char *answer) {
+    random_word(rng, 3, 5, input);
+    strcpy(answer, input);
+    qsort(answer, strlen(answer), 1, compare_chars);
+}
+
+static void task_add(uint64_t *rng, char *input, char *answer) {
+    int a = random_between(rng, 0, 49), b = random_between(rng, 0, 49);
+    snprintf(input, 16, "%d+%d", a, b);
+    snprintf(answer, 16, "%d", a + b);
+}
+
+static void task_count(uint64_t *rng, char *input, char *answer) {
+    random_word(rng, 3, 9, input);
+    snprintf(answer, 16, "%d", (int)strlen(input));
+}
+
+typedef struct {
+    const char *instruction;
+    void (*make)(uint64_t *rng, char *input, char *answer);
+} Task;
+
+static const Task kTasks[] = {
+    {"Reverse the word.", task_reverse},
+    {"Uppercase the word.", task_uppercase},
+    {"Sort the letters.", task_sort},
+    {"Add the numbers.", task_add},
+    {"Count the letters.", task_count},
+};
+enum { N_TASKS = sizeof kTasks / sizeof kTasks[0] };
+
+// ---- no input twice: a small set of the strings used so far (open addressing) ------------------
+
+typedef struct {
+    char (*slots)[16];  // "" = empty
+    size_t mask;
+} InputSet;
+
+static size_t hash_string(const char *s) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return (size_t)h;
+}
+
+// adds s; returns 0 if it was already there
+static int input_set_add(InputSet *set, const char *s) {
+    size_t i = hash_string(s) & set->mask;
+    while (set->slots[i][0]) {
+        if (strcmp(set->slots[i], s) == 0) return 0;
+        i = (i + 1) & set->mask;
+    }
+    strcpy(set->slots[i], s);
+    return 1;
+}
+
+AlpacaRecord *synthetic_generate(int *n_records) {
+    enum { CAPACITY = 4 * 8192 };  // a power of two, well above SYNTHETIC_RECORDS
+    InputSet used = {calloc_or_die(CAPACITY, sizeof *used.slots), CAPACITY - 1};
+    uint64_t rng = 20241117;  // fixed: the set is the same everywhere (SC24 was in Nov 2024)
+    AlpacaRecord *records = malloc_or_die(SYNTHETIC_RECORDS * sizeof *records);
+
+    for (int k = 0; k < SYNTHETIC_RECORDS; k++) {
+        const Task *task = &kTasks[k % N_TASKS];
+        char input[16], answer[16];
+        do task->make(&rng, input, answer);
+        while (!input_set_add(&used, input));  // draw again until the input is new
+        records[k].instruction = copy_string(task->instruction);
+        records[k].input = copy_string(input);
+        records[k].output = copy_string(answer);
+    }
+    free(used.slots);
+    *n_records = SYNTHETIC_RECORDS;
+    return records;
+}
