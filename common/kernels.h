@@ -1,0 +1,365 @@
+// kernels.h: the math of every op, one element or one row at a time, written once.
+//
+// Both backends compile this file. ops_cpu.c includes it and lets OpenMP threads walk the rows;
+// ops_cuda.cu includes it and lets CUDA threads walk the rows. So the code the CPU tests check is
+// the code the GPU runs, and a learner reads each formula in exactly one place.
+//
+// How one row is shared between several workers. A reduction over a row (a sum, a max) is split
+// into three steps:
+//   1. each of `nlanes` workers folds its own elements i = lane, lane + nlanes, ... into a
+//      partial result (the row_partial_* functions below);
+//   2. the partials are combined: on the CPU one thread owns a whole row (lane 0 of 1), so there
+//      is nothing to combine; on the GPU a warp shuffle or a shared-memory tree does it;
+//   3. every lane uses the combined value for its own elements.
+// Only step 2 differs between the backends, so it is the only step not written here. Loops run
+// to bounds that depend on sizes (and, for attention, on the query position), never on data, so
+// every GPU thread of a block reaches each barrier the caller places between the steps.
+//
+// What is not here: memory allocation, the matmuls (oneDNN / cuBLAS do them), the thread mapping.
+#ifndef KERNELS_H
+#define KERNELS_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define KERNEL_FN __host__ __device__ static inline
+#else
+#define KERNEL_FN static inline
+#endif
+
+// ----------------------------------------------------------------------------------------------
+// small helpers
+
+// Dot product of two length-n vectors (an attention head, n = 64 for GPT-2). Eight running sums
+// instead of one: a single sum waits for each add to finish before starting the next (about
+// four cycles each), eight independent ones keep the floating-point unit busy, and the compiler
+// can put the eight into one vector register.
+KERNEL_FN float dot_product(const float *a, const float *b, int n) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
+    for (; i < n; i++) acc[0] += a[i] * b[i];  // the tail, when n is not a multiple of 8
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// step 1 of a row reduction (see the top of the file): this lane's share of sum(x)
+KERNEL_FN float row_partial_sum(const float *x, int n, int lane, int nlanes) {
+    float s = 0.0f;
+    for (int i = lane; i < n; i += nlanes) s += x[i];
+    return s;
+}
+
+// this lane's share of max(x); -INFINITY is the identity of max, so an idle lane is harmless
+KERNEL_FN float row_partial_max(const float *x, int n, int lane, int nlanes) {
+    float m = -INFINITY;
+    for (int i = lane; i < n; i += nlanes) m = fmaxf(m, x[i]);
+    return m;
+}
+
+// ----------------------------------------------------------------------------------------------
+// encoder: out[b,t,:] = wte[token,:] + wpe[t,:]
+
+KERNEL_FN float encoder_value(const float *wte, const float *wpe, int token, int t, int c, int C) {
+    return wte[(size_t)token * C + c] + wpe[(size_t)t * C + c];
+}
+
+// Backward for columns [c0, c1) of every row. The same token can appear many times in a batch,
+// so two rows may add into the same dwte row: whoever owns column c walks all BT rows itself, in
+// order. No two workers ever touch the same element (no atomics), and the sum is deterministic.
+// The CPU gives each thread a block of columns; the GPU can give each thread one column.
+KERNEL_FN void encoder_backward_columns(float *dwte, float *dwpe, const float *dout,
+                                        const int *tokens, int BT, int T, int C, int c0, int c1) {
+    for (int bt = 0; bt < BT; bt++) {
+        const float *g = dout + (size_t)bt * C;
+        float *dwte_row = dwte + (size_t)tokens[bt] * C;
+        float *dwpe_row = dwpe + (size_t)(bt % T) * C;
+        for (int c = c0; c < c1; c++) {
+            dwte_row[c] += g[c];
+            dwpe_row[c] += g[c];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// layernorm over one row of C: out = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps)
+
+#define LAYERNORM_EPS 1e-5f
+
+// The variance is computed in a second pass over (x - mean)^2 rather than as E[x^2] - mean^2:
+// when |mean| is large against the spread, the one-pass formula subtracts two nearly equal
+// numbers and can lose every significant digit (or even go negative).
+KERNEL_FN float row_partial_sqdev(const float *x, float mean, int n, int lane, int nlanes) {
+    float s = 0.0f;
+    for (int i = lane; i < n; i += nlanes) {
+        float d = x[i] - mean;
+        s += d * d;
+    }
+    return s;
+}
+
+KERNEL_FN float layernorm_rstd(float sum_sqdev, int C) {
+    return 1.0f / sqrtf(sum_sqdev / (float)C + LAYERNORM_EPS);
+}
+
+KERNEL_FN float layernorm_value(float x, float mean, float rstd, float w, float b) {
+    return (x - mean) * rstd * w + b;
+}
+
+// Backward. With norm = (x - mean) * rstd and dnorm = w * dout, the gradient of one element is
+//   dx = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
+// because mean and rstd depend on every x of the row. The two row means are the reduction.
+KERNEL_FN void layernorm_backward_partials(float *sum_dnorm, float *sum_dnorm_norm,
+                                           const float *dout, const float *x, const float *w,
+                                           float mean, float rstd, int C, int lane, int nlanes) {
+    float a = 0.0f, b = 0.0f;
+    for (int i = lane; i < C; i += nlanes) {
+        float norm = (x[i] - mean) * rstd;
+        float dnorm = w[i] * dout[i];
+        a += dnorm;
+        b += dnorm * norm;
+    }
+    *sum_dnorm = a;
+    *sum_dnorm_norm = b;
+}
+
+KERNEL_FN float layernorm_dinp(float dout, float x, float w, float mean, float rstd,
+                               float mean_dnorm, float mean_dnorm_norm) {
+    float norm = (x - mean) * rstd;
+    return rstd * (w * dout - mean_dnorm - norm * mean_dnorm_norm);
+}
+
+// dweight += dout * norm and dbias += dout, summed over all N rows, for columns [c0, c1): as in
+// the encoder, the owner of a column walks every row, so there are no races and the order of the
+// sum is fixed.
+KERNEL_FN void layernorm_param_grad_columns(float *dweight, float *dbias, const float *dout,
+                                            const float *inp, const float *mean,
+                                            const float *rstd, int N, int C, int c0, int c1) {
+    for (int n = 0; n < N; n++) {
+        const float *g = dout + (size_t)n * C;
+        const float *x = inp + (size_t)n * C;
+        for (int c = c0; c < c1; c++) {
+            dweight[c] += g[c] * (x[c] - mean[n]) * rstd[n];
+            dbias[c] += g[c];
+        }
+    }
+}
+
+// matmul's dbias (OC) += column sums of dout (N, OC), for columns [c0, c1), same pattern
+KERNEL_FN void column_sums(float *dbias, const float *dout, int N, int OC, int c0, int c1) {
+    for (int n = 0; n < N; n++) {
+        const float *g = dout + (size_t)n * OC;
+        for (int c = c0; c < c1; c++) dbias[c] += g[c];
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// GELU, GPT-2's tanh approximation: gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+//
+// Since 0.5 (1 + tanh(a)) = sigmoid(2a) = 1 / (1 + exp(-2a)), this is x * sigmoid(z) with z = 2a,
+// and we compute it that way on purpose: 1 + tanh(a) for negative a subtracts two numbers close
+// to 1 and loses digits, the sigmoid form loses none. It also costs one expf instead of one
+// tanhf (several times cheaper on the CPU). For very negative z, expf(-z) overflows to +inf and
+// x / inf = 0 is exactly the right limit; no branch is needed (a data-dependent branch here
+// mispredicts half the time on real activations, and doubled the CPU time when we tried one).
+
+#define GELU_K 0.044715f
+#define GELU_2A 1.5957691216057308f  // 2 * sqrt(2 / pi)
+
+KERNEL_FN float gelu_value(float x) {
+    float z = GELU_2A * (x + GELU_K * x * x * x);
+    return x / (1.0f + expf(-z));
+}
+
+// d/dx [x sigmoid(z(x))] = sigmoid(z) + x sigmoid(z) (1 - sigmoid(z)) z'(x)
+KERNEL_FN float gelu_grad(float x) {
+    float z = GELU_2A * (x + GELU_K * x * x * x);
+    float sig = 1.0f / (1.0f + expf(-z));
+    float dz = GELU_2A * (1.0f + 3.0f * GELU_K * x * x);
+    return sig + x * sig * (1.0f - sig) * dz;
+}
+
+// ----------------------------------------------------------------------------------------------
+// softmax + cross-entropy over one row of logits (only its first V columns are real vocabulary).
+// loss = -log softmax(x)[target] = log(sum_i exp(x_i - max)) + max - x_target.
+// Subtracting the row max first keeps every exp in (0, 1]: exp(x) alone overflows a float for
+// x > 88, which untrained logits can reach.
+
+// step 1 of the sum of exponentials; the max is the combined max of step 2
+KERNEL_FN float row_partial_sumexp(const float *x, float max, int n, int lane, int nlanes) {
+    float s = 0.0f;
+    for (int i = lane; i < n; i += nlanes) s += expf(x[i] - max);
+    return s;
+}
+
+KERNEL_FN float softmax_exp(float x, float max) { return expf(x - max); }
+
+KERNEL_FN float cross_entropy_loss(float logit_target, float max, float sumexp) {
+    return logf(sumexp) + max - logit_target;
+}
+
+// d loss / d logit_i = softmax_i - [i == target], times the upstream gradient dloss (1 / the
+// number of target tokens, for a mean). p is softmax_i = softmax_exp(x_i, max) / sumexp.
+KERNEL_FN float cross_entropy_dlogit(float p, int is_target, float dloss) {
+    return dloss * (p - (is_target ? 1.0f : 0.0f));
+}
+
+// ----------------------------------------------------------------------------------------------
+// causal self-attention, one (sequence, head, query position t) row at a time.
+// qkv points at one sequence's (T, 3C) block: row t holds q | k | v, each C = NH * hs wide, and
+// head h owns columns h*hs .. h*hs + hs - 1 of each. Query t may look at keys t2 = 0..t only.
+
+// Forward of one query row: scores, softmax, weighted sum of values.
+// att points at this row's T probabilities (zero for t2 > t, so backward can read the whole
+// row); out points at token t's (C) output row, of which head h writes its hs columns.
+KERNEL_FN void attention_query_forward(float *out, float *att, const float *qkv, int t, int h,
+                                       int T, int C, int NH) {
+    int hs = C / NH;
+    size_t C3 = 3 * (size_t)C;
+    float scale = 1.0f / sqrtf((float)hs);  // keeps the scores' variance near 1 whatever hs is
+    const float *q = qkv + t * C3 + h * hs;
+
+    float max = -INFINITY;
+    for (int t2 = 0; t2 <= t; t2++) {
+        const float *k = qkv + t2 * C3 + C + h * hs;
+        att[t2] = dot_product(q, k, hs) * scale;
+        max = fmaxf(max, att[t2]);
+    }
+    float sum = 0.0f;
+    for (int t2 = 0; t2 <= t; t2++) {
+        att[t2] = softmax_exp(att[t2], max);
+        sum += att[t2];
+    }
+    float inv_sum = 1.0f / sum;
+    for (int t2 = 0; t2 <= t; t2++) att[t2] *= inv_sum;
+    for (int t2 = t + 1; t2 < T; t2++) att[t2] = 0.0f;  // the future: masked out
+
+    // out = sum over t2 of att[t2] * v[t2], accumulated a whole value row at a time, so the inner
+    // loop runs along contiguous memory and vectorises
+    float *o = out + h * hs;
+    for (int i = 0; i < hs; i++) o[i] = 0.0f;
+    for (int t2 = 0; t2 <= t; t2++) {
+        const float *v = qkv + t2 * C3 + 2 * C + h * hs;
+        float a = att[t2];
+        for (int i = 0; i < hs; i++) o[i] += a * v[i];
+    }
+}
+
+// Backward, pass 1 of 2, one query row t: everything that flows into query t.
+//   datt[t2] = dout_t . v[t2]                         (out = sum att * v)
+//   dpre[t2] = att[t2] (datt[t2] - sum_j att[j] datt[j])  (softmax backward)
+//   dq      += scale * sum_t2 dpre[t2] k[t2]           (scores = scale q . k)
+// dpre (this row's T entries of the (T, T) scratch) keeps dpre * scale for pass 2; the keys and
+// values also receive gradient from every later query, which pass 2 collects per key, so no two
+// workers ever add into the same dk or dv (and the result does not depend on thread timing).
+// dout points at the sequence's (T, C) gradient block, dqkv at its (T, 3C) block.
+KERNEL_FN void attention_query_backward(float *dqkv, float *dpre, const float *dout,
+                                        const float *qkv, const float *att, int t, int h, int T,
+                                        int C, int NH) {
+    int hs = C / NH;
+    size_t C3 = 3 * (size_t)C;
+    float scale = 1.0f / sqrtf((float)hs);
+    const float *dout_t = dout + (size_t)t * C + h * hs;
+
+    float att_dot_datt = 0.0f;
+    for (int t2 = 0; t2 <= t; t2++) {
+        const float *v = qkv + t2 * C3 + 2 * C + h * hs;
+        dpre[t2] = dot_product(dout_t, v, hs);  // datt for now
+        att_dot_datt += att[t2] * dpre[t2];
+    }
+    for (int t2 = 0; t2 <= t; t2++) dpre[t2] = att[t2] * (dpre[t2] - att_dot_datt) * scale;
+    for (int t2 = t + 1; t2 < T; t2++) dpre[t2] = 0.0f;
+
+    float *dq = dqkv + t * C3 + h * hs;
+    for (int t2 = 0; t2 <= t; t2++) {
+        const float *k = qkv + t2 * C3 + C + h * hs;
+        float d = dpre[t2];
+        for (int i = 0; i < hs; i++) dq[i] += d * k[i];
+    }
+}
+
+// Backward, pass 2 of 2, one key/value row t2: the sums over every query t >= t2 that saw it.
+//   dk[t2] += sum_t dpre[t][t2] q[t]      dv[t2] += sum_t att[t][t2] dout[t]
+// dpre and att point at this (sequence, head)'s (T, T) blocks; pass 1 must have finished for
+// every query of the block (a separate parallel loop on the CPU, a separate launch on the GPU).
+KERNEL_FN void attention_key_backward(float *dqkv, const float *dpre, const float *att,
+                                      const float *dout, const float *qkv, int t2, int h, int T,
+                                      int C, int NH) {
+    int hs = C / NH;
+    size_t C3 = 3 * (size_t)C;
+    float *dk = dqkv + t2 * C3 + C + h * hs;
+    float *dv = dqkv + t2 * C3 + 2 * C + h * hs;
+    for (int t = t2; t < T; t++) {
+        const float *q = qkv + t * C3 + h * hs;
+        const float *dout_t = dout + (size_t)t * C + h * hs;
+        float dp = dpre[(size_t)t * T + t2];
+        float a = att[(size_t)t * T + t2];
+        for (int i = 0; i < hs; i++) {
+            dk[i] += dp * q[i];
+            dv[i] += a * dout_t[i];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// AdamW, one parameter. bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are the bias corrections (the
+// moments start at zero, so early on they underestimate; dividing by bc fixes that); the host
+// computes them once per step. Weight decay is decoupled: it shrinks the parameter directly
+// instead of being added to the gradient, so it is not rescaled by the adaptive denominator.
+KERNEL_FN void adamw_element(float *param, float *m, float *v, float grad, float lr, float beta1,
+                             float beta2, float eps, float weight_decay, float bc1, float bc2) {
+    float mi = beta1 * *m + (1.0f - beta1) * grad;
+    float vi = beta2 * *v + (1.0f - beta2) * grad * grad;
+    *m = mi;
+    *v = vi;
+    float m_hat = mi / bc1;
+    float v_hat = vi / bc2;
+    *param -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * *param);
+}
+
+// ----------------------------------------------------------------------------------------------
+// counter-based normal random numbers: element `index` of tensor `stream` under `seed`.
+//
+// There is no generator state to carry along: the value is a pure function of its coordinates,
+// so any rank can initialise any slice of any tensor and get exactly the values a single
+// process would have produced. That is what lets a sharded model initialise its shard alone.
+//
+// rng_mix64 is the splitmix64 finaliser: a bijection on 64 bits in which every input bit flips
+// about half of the output bits. Hashing (seed, stream) gives a key; element i then takes the
+// i-th step of splitmix64's sequence from that key (key + (i+1) * golden ratio, then mix).
+KERNEL_FN uint64_t rng_mix64(uint64_t z) {
+    z ^= z >> 30;
+    z *= 0xbf58476d1ce4e5b9ULL;
+    z ^= z >> 27;
+    z *= 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return z;
+}
+
+KERNEL_FN uint64_t rng_hash(uint64_t seed, uint64_t stream, uint64_t index) {
+    const uint64_t golden = 0x9e3779b97f4a7c15ULL;
+    uint64_t key = rng_mix64(seed ^ rng_mix64(stream * golden + 1));
+    return rng_mix64(key + (index + 1) * golden);
+}
+
+// Box-Muller: two independent uniforms u1 in (0, 1] and u2 in [0, 1) (the high and low 32 bits
+// of the hash) give sqrt(-2 ln u1) cos(2 pi u2), a standard normal. u1 is never 0, so the log
+// is finite and |result| <= sqrt(2 ln 2^32) ~ 6.7.
+//
+// What is guaranteed: the integer hash is exact everywhere, so on one backend the same
+// (seed, stream, index) gives the same float bit for bit, whichever thread, rank or slice
+// computes it. The log/cos/sqrt run in double and the result is rounded once to float; the CPU's
+// libm and CUDA's device math differ by at most an ulp or two *of a double*, which changes the
+// float only when a value lies within that distance of a float rounding boundary (about one
+// value in 10^8). Where CPU and GPU must agree exactly, run this on the host and copy.
+KERNEL_FN float rng_normal(uint64_t seed, uint64_t stream, uint64_t index) {
+    uint64_t h = rng_hash(seed, stream, index);
+    double u1 = ((double)(h >> 32) + 1.0) * (1.0 / 4294967296.0);
+    double u2 = (double)(h & 0xffffffffULL) * (1.0 / 4294967296.0);
+    const double two_pi = 6.283185307179586;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(two_pi * u2));
+}
+
+#endif

@@ -1,0 +1,104 @@
+// ops.h: every computation the model does, as one interface with one implementation per
+// backend (ops_cpu.c: oneDNN + OpenMP; ops_cuda.cu: cuBLAS + kernels). The model code is plain C
+// and only ever calls these functions, always with pointers to *device* memory (which, on the
+// CPU backend, is ordinary host memory).
+//
+// Conventions, as in llm.c:
+//  - outputs first, then inputs and weights, then sizes;
+//  - shapes are written in comments, row-major, e.g. inp is (N, C);
+//  - backward functions ADD into their gradient outputs (dinp, dweight, dbias), so residual
+//    branches, the tied embedding and gradient accumulation need no special case;
+//  - a linear layer's weight is (OC, C): out = inp @ weight^T + bias.
+#ifndef OPS_H
+#define OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// ----------------------------------------------------------------------------------------------
+// backend and memory
+
+void ops_init(void);               // select the device; exits with a clear message if none
+const char *ops_backend_name(void);  // "cpu" or "cuda"
+const char *ops_matmul_engine(void);  // what does the matmuls, e.g. "oneDNN 2.6 avx512_core"
+double ops_peak_flops(void);        // the peak f32 matmul FLOP/s used for MFU (a stated figure)
+
+void *dev_malloc(size_t bytes);     // zero-filled; exits with a message on failure
+void dev_free(void *ptr);
+void dev_zero(void *ptr, size_t bytes);
+void dev_copy(void *dst, const void *src, size_t bytes);      // device -> device
+void copy_to_device(void *dst, const void *src, size_t bytes);  // host -> device
+void copy_to_host(void *dst, const void *src, size_t bytes);    // device -> host
+void dev_synchronize(void);
+// the CUDA stream the ops run on (a cudaStream_t), so that communication can order itself after
+// them; NULL on the CPU backend
+void *ops_stream(void);
+size_t dev_bytes_in_use(void);      // what dev_malloc currently holds
+size_t dev_bytes_peak(void);
+
+// ----------------------------------------------------------------------------------------------
+// initialisation: a counter-based normal RNG, so element i of tensor `stream` gets the same value
+// whichever rank computes it and whatever slice it computes. Fills out[0..n) with the values of
+// elements first..first+n of that tensor: out[j] = std * normal(seed, stream, first + j).
+
+void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, uint64_t first, float std);
+void fill_constant(float *out, size_t n, float value);
+
+// ----------------------------------------------------------------------------------------------
+// layers
+
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be NULL
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                    int N, int C, int OC);
+// dinp (N, C) += dout @ weight; dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout.
+// dinp and dbias may be NULL (skip).
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                     const float *inp, const float *weight, int N, int C, int OC);
+
+// out (B, T, C) = wte[tokens] + wpe[t]; tokens (B, T); wte (Vp, C); wpe (maxT, C)
+void encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                     int B, int T, int C);
+void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                      int B, int T, int C);
+
+// out (N, C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                       const float *weight, const float *bias, int N, int C);
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean,
+                        const float *rstd, int N, int C);
+
+// causal self-attention. qkv (B, T, 3C) holds q, k, v side by side, each (NH heads x hs);
+// att (B, NH, T, T) keeps the softmax probabilities for backward; out (B, T, C).
+void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+// dqkv (B, T, 3C) +=; datt is scratch of att's size
+void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                        const float *att, int B, int T, int C, int NH);
+
+// GELU, tanh approximation (GPT-2's "gelu_new"); dinp += dout * gelu'(inp)
+void gelu_forward(float *out, const float *inp, size_t n);
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+void add_forward(float *out, const float *a, const float *b, size_t n);  // out = a + b
+void add_inplace(float *acc, const float *x, size_t n);                  // acc += x
+void scale_inplace(float *x, float s, size_t n);                         // x *= s
+
+// Softmax + cross-entropy over the first V of each row's Vp logits (the rest is vocab padding).
+// targets < 0 carry no loss. losses (N) gets each row's loss (0 where ignored).
+void cross_entropy_forward(float *losses, const float *logits, const int *targets,
+                           int N, int V, int Vp);
+// Overwrites logits (N, Vp) with dlogits = dloss * (softmax - onehot(target)) per row; zero for
+// ignored rows and for the padded columns. Fused with the forward: also fills losses (N).
+void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
+                                    float dloss, int N, int V, int Vp);
+
+// sum of x[i]^2 in double, returned to the host
+double sum_squares(const float *x, size_t n);
+// sum of x[i], returned to the host
+double sum_values(const float *x, size_t n);
+
+// AdamW (decoupled weight decay) on one contiguous range; t is the 1-based step number
+void adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t);
+
+#endif

@@ -1,0 +1,725 @@
+// test_ops.c: every op of ops.h against a plain double-precision reference written here.
+//
+// Forward: each op's output against naive loops in double. Backward: each op's gradients against
+// central finite differences of the double reference, for the loss L = sum_i w_i * out_i with
+// fixed random weights w (so dL/dout = w exactly, and w is the `dout` fed to the op). Backward
+// ops ADD into their gradients, so gradients start from random values, not zeros, and the check
+// is "start + expected".
+//
+// The program only uses ops.h, with explicit copies between host and device, so the same test
+// runs on the CUDA backend. Shapes are small and deliberately odd (not multiples of 8 or 16), so
+// tails and edges are exercised; everything runs in a second or two.
+//
+// Tolerances: the ops compute in float (relative rounding 6e-8 per operation); the reference and
+// the finite differences in double (step h = 1e-6 relative: truncation error ~h^2 ~ 1e-12, and
+// cancellation ~1e-16 / h ~ 1e-10), so the reference side is exact at float's scale. Over the
+// short sums here (<= a few hundred terms) float results stay within ~1e-5 relative; we allow
+// rtol 1e-4 with a small atol for values that are near zero by cancellation.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "log.h"
+#include "ops.h"
+
+// ----------------------------------------------------------------------------------------------
+// helpers
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dULL;
+static double urand(void) {  // xorshift64*: uniform in [0, 1)
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 0x2545f4914f6cdd1dULL) >> 11) * 0x1.0p-53;
+}
+
+// random doubles in [lo, hi), already rounded to float, so the op (in float) and the reference
+// (in double) see exactly the same inputs
+static double *rand_array(size_t n, double lo, double hi) {
+    double *x = malloc_or_die(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * urand());
+    return x;
+}
+
+static double *copy_array(const double *x, size_t n) {
+    double *y = malloc_or_die(n * sizeof(double));
+    memcpy(y, x, n * sizeof(double));
+    return y;
+}
+
+// host doubles -> new device floats
+static float *upload(const double *x, size_t n) {
+    float *h = malloc_or_die(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = (float)x[i];
+    float *d = dev_malloc(n * sizeof(float));
+    copy_to_device(d, h, n * sizeof(float));
+    free(h);
+    return d;
+}
+
+// device floats -> new host doubles
+static double *download(const float *d, size_t n) {
+    float *h = malloc_or_die(n * sizeof(float));
+    copy_to_host(h, d, n * sizeof(float));
+    double *x = malloc_or_die(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) x[i] = h[i];
+    free(h);
+    return x;
+}
+
+// One check per array: every element within |got - want| <= rtol |want| + atol. On failure it
+// names the worst element, which is usually enough to see what went wrong.
+static void check_array(const char *what, const double *got, const double *want, size_t n,
+                        double rtol, double atol) {
+    size_t worst = 0;
+    double worst_excess = -1.0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs(got[i] - want[i]), allowed = rtol * fabs(want[i]) + atol;
+        if (!(err <= allowed)) bad++;  // written so that NaN counts as bad
+        double excess = isnan(err) ? INFINITY : err - allowed;
+        if (excess > worst_excess) worst_excess = excess, worst = i;
+    }
+    CHECK(bad == 0, "%s: %d of %zu elements off; worst [%zu] got %.9g want %.9g", what, bad, n,
+          worst, n ? got[worst] : 0.0, n ? want[worst] : 0.0);
+}
+
+// a + scale * b, elementwise, into a new array (what an accumulating backward should produce)
+static double *plus(const double *a, const double *b, double scale, size_t n) {
+    double *y = malloc_or_die(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + scale * b[i];
+    return y;
+}
+
+// ----------------------------------------------------------------------------------------------
+// finite differences of L = sum_i w_i * out_i, with out = f(inputs) computed in double
+
+typedef void (*ref_forward)(double *out, double *const *in, const void *ctx);
+
+static void numeric_grad(double *grad, ref_forward f, double *const *in, int which, size_t n_in,
+                         const double *w, size_t n_out, const void *ctx) {
+    double *out = malloc_or_die(n_out * sizeof(double));
+    double *x = in[which];
+    for (size_t j = 0; j < n_in; j++) {
+        double saved = x[j], h = 1e-6 * fmax(1.0, fabs(saved)), lp = 0.0, lm = 0.0;
+        x[j] = saved + h;
+        f(out, in, ctx);
+        for (size_t i = 0; i < n_out; i++) lp += w[i] * out[i];
+        x[j] = saved - h;
+        f(out, in, ctx);
+        for (size_t i = 0; i < n_out; i++) lm += w[i] * out[i];
+        x[j] = saved;
+        grad[j] = (lp - lm) / (2.0 * h);
+    }
+    free(out);
+}
+
+// ----------------------------------------------------------------------------------------------
+// matmul
+
+typedef struct { int N, C, OC, has_bias; } MatmulShape;
+
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC)
+static void ref_matmul(double *out, double *const *in, const void *ctx) {
+    const MatmulShape *s = ctx;
+    const double *inp = in[0], *weight = in[1], *bias = in[2];
+    for (int n = 0; n < s->N; n++)
+        for (int o = 0; o < s->OC; o++) {
+            double acc = s->has_bias ? bias[o] : 0.0;
+            for (int c = 0; c < s->C; c++) acc += inp[n * s->C + c] * weight[o * s->C + c];
+            out[n * s->OC + o] = acc;
+        }
+}
+
+static void test_matmul(int N, int C, int OC, int has_bias, int finite_differences) {
+    MatmulShape s = {N, C, OC, has_bias};
+    size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
+    double *inp = rand_array(nin, -1, 1), *weight = rand_array(nw, -1, 1);
+    double *bias = rand_array(OC, -1, 1);
+    double *in[3] = {inp, weight, bias};
+    char what[128];
+
+    // forward; out starts as garbage, which forward must overwrite (not add to)
+    double *want = malloc_or_die(nout * sizeof(double));
+    ref_matmul(want, in, &s);
+    double *garbage = rand_array(nout, 100, 200);
+    float *d_inp = upload(inp, nin), *d_w = upload(weight, nw), *d_b = upload(bias, OC);
+    float *d_out = upload(garbage, nout);
+    matmul_forward(d_out, d_inp, d_w, has_bias ? d_b : NULL, N, C, OC);
+    double *got = download(d_out, nout);
+    snprintf(what, sizeof what, "matmul forward N=%d C=%d OC=%d bias=%d", N, C, OC, has_bias);
+    check_array(what, got, want, nout, 1e-4, 1e-5 * sqrt(C));
+
+    // backward, twice: each call adds its gradient once more
+    double *dout = rand_array(nout, -1, 1);
+    double *dinp0 = rand_array(nin, -1, 1), *dw0 = rand_array(nw, -1, 1), *db0 = rand_array(OC, -1, 1);
+    double *g_inp = calloc_or_die(nin, sizeof(double)), *g_w = calloc_or_die(nw, sizeof(double));
+    double *g_b = calloc_or_die(OC, sizeof(double));
+    if (finite_differences) {
+        numeric_grad(g_inp, ref_matmul, in, 0, nin, dout, nout, &s);
+        numeric_grad(g_w, ref_matmul, in, 1, nw, dout, nout, &s);
+        numeric_grad(g_b, ref_matmul, in, 2, OC, dout, nout, &s);
+    } else {  // the closed forms, for shapes too big for finite differences
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) {
+                double g = dout[n * OC + o];
+                for (int c = 0; c < C; c++) {
+                    g_inp[n * C + c] += g * weight[o * C + c];
+                    g_w[o * C + c] += g * inp[n * C + c];
+                }
+                g_b[o] += g;
+            }
+    }
+    float *d_dout = upload(dout, nout), *d_dinp = upload(dinp0, nin), *d_dw = upload(dw0, nw);
+    float *d_db = upload(db0, OC);
+    for (int call = 1; call <= 2; call++) {
+        matmul_backward(d_dinp, d_dw, has_bias ? d_db : NULL, d_dout, d_inp, d_w, N, C, OC);
+        double *e_inp = plus(dinp0, g_inp, call, nin), *e_w = plus(dw0, g_w, call, nw);
+        double *e_b = has_bias ? plus(db0, g_b, call, OC) : copy_array(db0, OC);
+        double *r_inp = download(d_dinp, nin), *r_w = download(d_dw, nw), *r_b = download(d_db, OC);
+        double tol = 1e-4, atol = 1e-5 * sqrt(N > OC ? N : OC) * call;
+        snprintf(what, sizeof what, "matmul dinp (call %d) N=%d C=%d OC=%d", call, N, C, OC);
+        check_array(what, r_inp, e_inp, nin, tol, atol);
+        snprintf(what, sizeof what, "matmul dweight (call %d) N=%d C=%d OC=%d", call, N, C, OC);
+        check_array(what, r_w, e_w, nw, tol, atol);
+        snprintf(what, sizeof what, "matmul dbias (call %d, bias=%d)", call, has_bias);
+        check_array(what, r_b, e_b, OC, tol, atol);
+        free(e_inp), free(e_w), free(e_b), free(r_inp), free(r_w), free(r_b);
+    }
+
+    // dinp and dbias may be NULL: only dweight moves
+    float *d_dw2 = upload(dw0, nw);
+    matmul_backward(NULL, d_dw2, NULL, d_dout, d_inp, d_w, N, C, OC);
+    double *e_w = plus(dw0, g_w, 1, nw), *r_w = download(d_dw2, nw);
+    check_array("matmul dweight with dinp = dbias = NULL", r_w, e_w, nw, 1e-4, 1e-5 * sqrt(N));
+    free(e_w), free(r_w);
+
+    dev_free(d_inp), dev_free(d_w), dev_free(d_b), dev_free(d_out), dev_free(d_dout);
+    dev_free(d_dinp), dev_free(d_dw), dev_free(d_db), dev_free(d_dw2);
+    free(inp), free(weight), free(bias), free(want), free(garbage), free(got), free(dout);
+    free(dinp0), free(dw0), free(db0), free(g_inp), free(g_w), free(g_b);
+}
+
+// ----------------------------------------------------------------------------------------------
+// layernorm
+
+typedef struct { int N, C; } RowShape;
+
+static void ref_layernorm_stats(double *mean, double *rstd, const double *inp, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        double m = 0.0, v = 0.0;
+        for (int c = 0; c < C; c++) m += inp[n * C + c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (inp[n * C + c] - m) * (inp[n * C + c] - m);
+        v /= C;
+        mean[n] = m;
+        rstd[n] = 1.0 / sqrt(v + 1e-5);
+    }
+}
+
+static void ref_layernorm(double *out, double *const *in, const void *ctx) {
+    const RowShape *s = ctx;
+    const double *inp = in[0], *w = in[1], *b = in[2];
+    double *mean = malloc_or_die(s->N * sizeof(double)), *rstd = malloc_or_die(s->N * sizeof(double));
+    ref_layernorm_stats(mean, rstd, inp, s->N, s->C);
+    for (int n = 0; n < s->N; n++)
+        for (int c = 0; c < s->C; c++)
+            out[n * s->C + c] = (inp[n * s->C + c] - mean[n]) * rstd[n] * w[c] + b[c];
+    free(mean), free(rstd);
+}
+
+static void test_layernorm(void) {
+    const int N = 5, C = 37;
+    RowShape s = {N, C};
+    size_t n = (size_t)N * C;
+    // an offset mean (3.0) with a small spread: the case a one-pass variance gets wrong
+    double *inp = rand_array(n, 2.5, 3.5), *w = rand_array(C, 0.5, 1.5), *b = rand_array(C, -1, 1);
+    double *in[3] = {inp, w, b};
+    double *want = malloc_or_die(n * sizeof(double)), *want_mean = malloc_or_die(N * sizeof(double));
+    double *want_rstd = malloc_or_die(N * sizeof(double));
+    ref_layernorm(want, in, &s);
+    ref_layernorm_stats(want_mean, want_rstd, inp, N, C);
+
+    float *d_inp = upload(inp, n), *d_w = upload(w, C), *d_b = upload(b, C);
+    float *d_out = dev_malloc(n * sizeof(float)), *d_mean = dev_malloc(N * sizeof(float));
+    float *d_rstd = dev_malloc(N * sizeof(float));
+    layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
+    double *got = download(d_out, n), *got_mean = download(d_mean, N), *got_rstd = download(d_rstd, N);
+    check_array("layernorm out", got, want, n, 1e-4, 1e-5);
+    check_array("layernorm mean", got_mean, want_mean, N, 1e-6, 0);
+    check_array("layernorm rstd", got_rstd, want_rstd, N, 1e-4, 0);
+
+    double *dout = rand_array(n, -1, 1);
+    double *dinp0 = rand_array(n, -1, 1), *dw0 = rand_array(C, -1, 1), *db0 = rand_array(C, -1, 1);
+    double *g_inp = malloc_or_die(n * sizeof(double)), *g_w = malloc_or_die(C * sizeof(double));
+    double *g_b = malloc_or_die(C * sizeof(double));
+    numeric_grad(g_inp, ref_layernorm, in, 0, n, dout, n, &s);
+    numeric_grad(g_w, ref_layernorm, in, 1, C, dout, n, &s);
+    numeric_grad(g_b, ref_layernorm, in, 2, C, dout, n, &s);
+    float *d_dout = upload(dout, n), *d_dinp = upload(dinp0, n), *d_dw = upload(dw0, C);
+    float *d_db = upload(db0, C);
+    layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    double *e_inp = plus(dinp0, g_inp, 1, n), *e_w = plus(dw0, g_w, 1, C), *e_b = plus(db0, g_b, 1, C);
+    double *r_inp = download(d_dinp, n), *r_w = download(d_dw, C), *r_b = download(d_db, C);
+    // dinp is a difference of three O(rstd) terms (rstd ~ 3.5 here): allow for the cancellation
+    check_array("layernorm dinp vs finite differences", r_inp, e_inp, n, 1e-4, 1e-4);
+    check_array("layernorm dweight vs finite differences", r_w, e_w, C, 1e-4, 1e-5);
+    check_array("layernorm dbias vs finite differences", r_b, e_b, C, 1e-4, 1e-5);
+
+    dev_free(d_inp), dev_free(d_w), dev_free(d_b), dev_free(d_out), dev_free(d_mean);
+    dev_free(d_rstd), dev_free(d_dout), dev_free(d_dinp), dev_free(d_dw), dev_free(d_db);
+    free(inp), free(w), free(b), free(want), free(want_mean), free(want_rstd), free(got);
+    free(got_mean), free(got_rstd), free(dout), free(dinp0), free(dw0), free(db0), free(g_inp);
+    free(g_w), free(g_b), free(e_inp), free(e_w), free(e_b), free(r_inp), free(r_w), free(r_b);
+}
+
+// ----------------------------------------------------------------------------------------------
+// attention
+
+typedef struct { int B, T, C, NH; } AttnShape;
+
+// att (B, NH, T, T) and out (B, T, C) from qkv (B, T, 3C), causal, softmax(q.k / sqrt(hs))
+static void ref_attention_full(double *out, double *att, const double *qkv, const AttnShape *s) {
+    int B = s->B, T = s->T, C = s->C, NH = s->NH, hs = C / NH;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                double *a = att + (((size_t)b * NH + h) * T + t) * T;
+                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double max = -INFINITY, sum = 0.0;
+                for (int t2 = 0; t2 < T; t2++) {
+                    a[t2] = 0.0;
+                    if (t2 > t) continue;
+                    const double *k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
+                    double dot = 0.0;
+                    for (int i = 0; i < hs; i++) dot += q[i] * k[i];
+                    a[t2] = dot / sqrt((double)hs);
+                    if (a[t2] > max) max = a[t2];
+                }
+                for (int t2 = 0; t2 <= t; t2++) sum += (a[t2] = exp(a[t2] - max));
+                for (int t2 = 0; t2 <= t; t2++) a[t2] /= sum;
+                double *o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) {
+                    o[i] = 0.0;
+                    for (int t2 = 0; t2 <= t; t2++)
+                        o[i] += a[t2] * qkv[((size_t)b * T + t2) * 3 * C + 2 * C + h * hs + i];
+                }
+            }
+}
+
+static void ref_attention(double *out, double *const *in, const void *ctx) {
+    const AttnShape *s = ctx;
+    double *att = malloc_or_die((size_t)s->B * s->NH * s->T * s->T * sizeof(double));
+    ref_attention_full(out, att, in[0], s);
+    free(att);
+}
+
+static void test_attention(void) {
+    AttnShape s = {2, 7, 12, 3};  // hs = 4: shorter than dot_product's 8-wide blocks
+    int B = s.B, T = s.T, C = s.C, NH = s.NH;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    double *qkv = rand_array(nqkv, -1.5, 1.5);
+    double *in[1] = {qkv};
+    double *want = malloc_or_die(nout * sizeof(double)), *want_att = malloc_or_die(natt * sizeof(double));
+    ref_attention_full(want, want_att, qkv, &s);
+
+    float *d_qkv = upload(qkv, nqkv), *d_out = dev_malloc(nout * sizeof(float));
+    double *garbage = rand_array(natt, 5, 6);  // att must be fully written, future included
+    float *d_att = upload(garbage, natt), *d_datt = upload(garbage, natt);
+    attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    double *got = download(d_out, nout), *got_att = download(d_att, natt);
+    check_array("attention out", got, want, nout, 1e-4, 1e-5);
+    check_array("attention probabilities (zero above the diagonal)", got_att, want_att, natt, 1e-4,
+                1e-6);
+
+    // causality: changing the last token's q, k and v changes nothing at earlier positions
+    double *qkv2 = copy_array(qkv, nqkv);
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < 3 * C; j++) qkv2[((size_t)b * T + T - 1) * 3 * C + j] += 0.75;
+    float *d_qkv2 = upload(qkv2, nqkv), *d_out2 = dev_malloc(nout * sizeof(float));
+    float *d_att2 = dev_malloc(natt * sizeof(float));
+    attention_forward(d_out2, d_att2, d_qkv2, B, T, C, NH);
+    double *got2 = download(d_out2, nout);
+    int same_past = 1, changed_last = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                size_t i = ((size_t)b * T + t) * C + c;
+                if (t < T - 1 && got2[i] != got[i]) same_past = 0;
+                if (t == T - 1 && got2[i] != got[i]) changed_last = 1;
+            }
+    CHECK(same_past, "attention: changing the last token changed an earlier output");
+    CHECK(changed_last, "attention: changing the last token changed nothing at all");
+
+    double *dout = rand_array(nout, -1, 1), *dqkv0 = rand_array(nqkv, -1, 1);
+    double *g = malloc_or_die(nqkv * sizeof(double));
+    numeric_grad(g, ref_attention, in, 0, nqkv, dout, nout, &s);
+    float *d_dout = upload(dout, nout), *d_dqkv = upload(dqkv0, nqkv);
+    attention_backward(d_dqkv, d_datt, d_dout, d_qkv, d_att, B, T, C, NH);
+    double *e = plus(dqkv0, g, 1, nqkv), *r = download(d_dqkv, nqkv);
+    check_array("attention dqkv vs finite differences", r, e, nqkv, 1e-4, 1e-5);
+
+    dev_free(d_qkv), dev_free(d_out), dev_free(d_att), dev_free(d_datt), dev_free(d_qkv2);
+    dev_free(d_out2), dev_free(d_att2), dev_free(d_dout), dev_free(d_dqkv);
+    free(qkv), free(want), free(want_att), free(garbage), free(got), free(got_att), free(qkv2);
+    free(got2), free(dout), free(dqkv0), free(g), free(e), free(r);
+}
+
+// ----------------------------------------------------------------------------------------------
+// GELU: the reference is the tanh formula as GPT-2 writes it (the op computes it as x*sigmoid)
+
+static void ref_gelu(double *out, double *const *in, const void *ctx) {
+    size_t n = *(const size_t *)ctx;
+    const double *x = in[0];
+    for (size_t i = 0; i < n; i++)
+        out[i] = 0.5 * x[i] *
+                 (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+}
+
+static void test_gelu(void) {
+    size_t n = 203;
+    double *x = rand_array(n, -6, 6);
+    double extremes[] = {0.0, -0.0, 1e-8, -1e-8, -12.0, 12.0, -40.0, 40.0, -1e4, 1e4};
+    for (size_t i = 0; i < sizeof extremes / sizeof extremes[0]; i++) x[i] = extremes[i];
+    double *in[1] = {x};
+    double *want = malloc_or_die(n * sizeof(double));
+    ref_gelu(want, in, &n);
+    float *d_x = upload(x, n), *d_out = dev_malloc(n * sizeof(float));
+    gelu_forward(d_out, d_x, n);
+    double *got = download(d_out, n);
+    check_array("gelu forward", got, want, n, 1e-5, 1e-7);
+
+    double *dout = rand_array(n, -1, 1), *dinp0 = rand_array(n, -1, 1);
+    double *g = malloc_or_die(n * sizeof(double));
+    numeric_grad(g, ref_gelu, in, 0, n, dout, n, &n);
+    float *d_dout = upload(dout, n), *d_dinp = upload(dinp0, n);
+    gelu_backward(d_dinp, d_x, d_dout, n);
+    double *e = plus(dinp0, g, 1, n), *r = download(d_dinp, n);
+    check_array("gelu backward vs finite differences", r, e, n, 1e-5, 1e-6);
+
+    dev_free(d_x), dev_free(d_out), dev_free(d_dout), dev_free(d_dinp);
+    free(x), free(want), free(got), free(dout), free(dinp0), free(g), free(e), free(r);
+}
+
+// ----------------------------------------------------------------------------------------------
+// encoder
+
+typedef struct { int B, T, C; const int *tokens; } EncShape;
+
+static void ref_encoder(double *out, double *const *in, const void *ctx) {
+    const EncShape *s = ctx;
+    for (int bt = 0; bt < s->B * s->T; bt++)
+        for (int c = 0; c < s->C; c++)
+            out[bt * s->C + c] = in[0][s->tokens[bt] * s->C + c] + in[1][(bt % s->T) * s->C + c];
+}
+
+static void test_encoder(void) {
+    const int B = 3, T = 4, C = 21, Vp = 11, maxT = 6;
+    // token 2 appears four times, including twice at the same position in different sequences
+    const int tokens[12] = {2, 5, 2, 0, 2, 10, 7, 7, 1, 2, 3, 9};
+    EncShape s = {B, T, C, tokens};
+    size_t nout = (size_t)B * T * C;
+    double *wte = rand_array((size_t)Vp * C, -1, 1), *wpe = rand_array((size_t)maxT * C, -1, 1);
+    double *in[2] = {wte, wpe};
+    double *want = malloc_or_die(nout * sizeof(double));
+    ref_encoder(want, in, &s);
+
+    float *d_wte = upload(wte, (size_t)Vp * C), *d_wpe = upload(wpe, (size_t)maxT * C);
+    int *d_tokens = dev_malloc(sizeof tokens);
+    copy_to_device(d_tokens, tokens, sizeof tokens);
+    float *d_out = dev_malloc(nout * sizeof(float));
+    encoder_forward(d_out, d_tokens, d_wte, d_wpe, B, T, C);
+    double *got = download(d_out, nout);
+    // one float add, correctly rounded: within half an ulp (2^-24 relative) of the exact sum
+    check_array("encoder forward", got, want, nout, 0x1.0p-24, 0);
+
+    double *dout = rand_array(nout, -1, 1);
+    double *dwte0 = rand_array((size_t)Vp * C, -1, 1), *dwpe0 = rand_array((size_t)maxT * C, -1, 1);
+    double *g_wte = malloc_or_die((size_t)Vp * C * sizeof(double));
+    double *g_wpe = malloc_or_die((size_t)maxT * C * sizeof(double));
+    numeric_grad(g_wte, ref_encoder, in, 0, (size_t)Vp * C, dout, nout, &s);
+    numeric_grad(g_wpe, ref_encoder, in, 1, (size_t)maxT * C, dout, nout, &s);
+    float *d_dout = upload(dout, nout), *d_dwte = upload(dwte0, (size_t)Vp * C);
+    float *d_dwpe = upload(dwpe0, (size_t)maxT * C);
+    encoder_backward(d_dwte, d_dwpe, d_dout, d_tokens, B, T, C);
+    double *e_wte = plus(dwte0, g_wte, 1, (size_t)Vp * C), *e_wpe = plus(dwpe0, g_wpe, 1, (size_t)maxT * C);
+    double *r_wte = download(d_dwte, (size_t)Vp * C), *r_wpe = download(d_dwpe, (size_t)maxT * C);
+    check_array("encoder dwte (repeated tokens) vs finite differences", r_wte, e_wte,
+                (size_t)Vp * C, 1e-5, 1e-6);
+    check_array("encoder dwpe vs finite differences (rows >= T untouched)", r_wpe, e_wpe,
+                (size_t)maxT * C, 1e-5, 1e-6);
+
+    dev_free(d_wte), dev_free(d_wpe), dev_free(d_tokens), dev_free(d_out), dev_free(d_dout);
+    dev_free(d_dwte), dev_free(d_dwpe);
+    free(wte), free(wpe), free(want), free(got), free(dout), free(dwte0), free(dwpe0);
+    free(g_wte), free(g_wpe), free(e_wte), free(e_wpe), free(r_wte), free(r_wpe);
+}
+
+// ----------------------------------------------------------------------------------------------
+// softmax + cross-entropy, with ignored targets and vocabulary padding
+
+typedef struct { int N, V, Vp; const int *targets; } CeShape;
+
+static void ref_cross_entropy(double *losses, double *const *in, const void *ctx) {
+    const CeShape *s = ctx;
+    for (int n = 0; n < s->N; n++) {
+        const double *x = in[0] + (size_t)n * s->Vp;
+        losses[n] = 0.0;
+        if (s->targets[n] < 0) continue;
+        double max = -INFINITY, sum = 0.0;
+        for (int i = 0; i < s->V; i++) max = fmax(max, x[i]);
+        for (int i = 0; i < s->V; i++) sum += exp(x[i] - max);
+        losses[n] = log(sum) + max - x[s->targets[n]];
+    }
+}
+
+static void test_cross_entropy(void) {
+    const int N = 6, V = 13, Vp = 16;
+    const int targets[6] = {3, -1, 12, 0, -1, 7};
+    CeShape s = {N, V, Vp, targets};
+    size_t n = (size_t)N * Vp;
+    double *logits = rand_array(n, -4, 4);
+    for (int r = 0; r < N; r++)
+        for (int i = V; i < Vp; i++) logits[r * Vp + i] = 1000.0;  // padding: must never count
+    for (int i = 0; i < V; i++) logits[3 * Vp + i] += 500.0;  // exp(x) alone would overflow
+    double *in[1] = {logits};
+    double *want = malloc_or_die(N * sizeof(double));
+    ref_cross_entropy(want, in, &s);
+
+    float *d_logits = upload(logits, n), *d_losses = dev_malloc(N * sizeof(float));
+    int *d_targets = dev_malloc(sizeof targets);
+    copy_to_device(d_targets, targets, sizeof targets);
+    cross_entropy_forward(d_losses, d_logits, d_targets, N, V, Vp);
+    double *got = download(d_losses, N);
+    // a loss is log(sum) + max - x_target: absolute error ~ eps * |max| (500 in row 3)
+    check_array("cross-entropy losses (ignored rows 0, padding excluded)", got, want, N, 1e-5, 1e-4);
+
+    const float dloss = 1.0f / 4;  // a mean over the 4 real targets
+    double *w = malloc_or_die(N * sizeof(double)), *g = malloc_or_die(n * sizeof(double));
+    for (int r = 0; r < N; r++) w[r] = dloss;
+    numeric_grad(g, ref_cross_entropy, in, 0, n, w, N, &s);
+    float *d_losses2 = dev_malloc(N * sizeof(float));
+    cross_entropy_forward_backward(d_logits, d_losses2, d_targets, dloss, N, V, Vp);
+    double *got2 = download(d_losses2, N), *r = download(d_logits, n);
+    check_array("cross-entropy fused losses", got2, want, N, 1e-5, 1e-4);
+    check_array("cross-entropy dlogits vs finite differences", r, g, n, 1e-4, 1e-6);
+    int padding_zero = 1, ignored_zero = 1;
+    for (int row = 0; row < N; row++)
+        for (int i = 0; i < Vp; i++) {
+            if (i >= V && r[row * Vp + i] != 0.0) padding_zero = 0;
+            if (targets[row] < 0 && r[row * Vp + i] != 0.0) ignored_zero = 0;
+        }
+    CHECK(padding_zero, "cross-entropy: a padded vocabulary column got a nonzero gradient");
+    CHECK(ignored_zero, "cross-entropy: an ignored row got a nonzero gradient");
+    double row_sum = 0.0;  // softmax sums to 1 and the one-hot to 1: each real row sums to 0
+    for (int i = 0; i < Vp; i++) row_sum += r[0 * Vp + i];
+    CHECK_CLOSE(row_sum, 0.0, 0, 1e-6, "cross-entropy: a row of dlogits sums to zero");
+
+    dev_free(d_logits), dev_free(d_losses), dev_free(d_targets), dev_free(d_losses2);
+    free(logits), free(want), free(got), free(w), free(g), free(got2), free(r);
+}
+
+// ----------------------------------------------------------------------------------------------
+// AdamW, three steps against the textbook update written out in double
+
+static void test_adamw(void) {
+    const size_t n = 1001;
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    double *p = rand_array(n, -1, 1), *m = calloc_or_die(n, sizeof(double));
+    double *v = calloc_or_die(n, sizeof(double));
+    float *d_p = upload(p, n), *d_m = dev_malloc(n * sizeof(float)), *d_v = dev_malloc(n * sizeof(float));
+    char what[64];
+    for (int t = 1; t <= 3; t++) {
+        double *g = rand_array(n, -1, 1);
+        g[0] = 0.0;  // a zero gradient still decays the weight
+        for (size_t i = 0; i < n; i++) {
+            m[i] = b1 * m[i] + (1 - b1) * g[i];
+            v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+            double m_hat = m[i] / (1 - pow(b1, t)), v_hat = v[i] / (1 - pow(b2, t));
+            p[i] -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p[i]);
+        }
+        float *d_g = upload(g, n);
+        adamw_update(d_p, d_g, d_m, d_v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t);
+        double *rp = download(d_p, n), *rm = download(d_m, n), *rv = download(d_v, n);
+        snprintf(what, sizeof what, "adamw params after step %d", t);
+        check_array(what, rp, p, n, 1e-5, 1e-6);
+        snprintf(what, sizeof what, "adamw first moment after step %d", t);
+        check_array(what, rm, m, n, 1e-5, 1e-7);
+        snprintf(what, sizeof what, "adamw second moment after step %d", t);
+        check_array(what, rv, v, n, 1e-5, 1e-8);
+        dev_free(d_g);
+        free(g), free(rp), free(rm), free(rv);
+    }
+    dev_free(d_p), dev_free(d_m), dev_free(d_v);
+    free(p), free(m), free(v);
+}
+
+// ----------------------------------------------------------------------------------------------
+// init_normal: statistics, and slice invariance (the property sharded initialisation relies on)
+
+static void test_init_normal(void) {
+    const size_t n = 200003;
+    const float std = 0.02f;
+    float *d_full = dev_malloc(n * sizeof(float));
+    init_normal(d_full, n, 1234, 7, 0, std);
+    float *full = malloc_or_die(n * sizeof(float));
+    copy_to_host(full, d_full, n * sizeof(float));
+
+    double sum = 0.0, sumsq = 0.0;
+    size_t beyond2 = 0;
+    for (size_t i = 0; i < n; i++) {
+        sum += full[i];
+        sumsq += (double)full[i] * full[i];
+        if (fabs(full[i]) > 2 * std) beyond2++;
+    }
+    const double dn = (double)n;
+    double mean = sum / dn, sd = sqrt(sumsq / dn - mean * mean);
+    // 5 standard errors: a correct generator fails these about once in a million runs (and the
+    // seed is fixed, so it either always passes or always fails)
+    CHECK(fabs(mean) < 5 * std / sqrt(dn), "init_normal mean %g, want ~0", mean);
+    CHECK(fabs(sd / std - 1) < 5 / sqrt(2.0 * dn), "init_normal std %g, want %g", sd, std);
+    double frac2 = (double)beyond2 / dn;  // a normal puts 4.55% beyond 2 sigma
+    CHECK(fabs(frac2 - 0.0455) < 5 * sqrt(0.0455 * 0.9545 / dn), "init_normal tail %g, want 0.0455",
+          frac2);
+
+    // every slice [first, first + len) equals the same part of the full fill, bit for bit
+    const size_t slices[][2] = {{0, 1}, {1, 17}, {12345, 1000}, {n - 3, 3}, {99999, 100004}};
+    for (size_t k = 0; k < sizeof slices / sizeof slices[0]; k++) {
+        size_t first = slices[k][0], len = slices[k][1];
+        float *d_part = dev_malloc(len * sizeof(float)), *part = malloc_or_die(len * sizeof(float));
+        init_normal(d_part, len, 1234, 7, first, std);
+        copy_to_host(part, d_part, len * sizeof(float));
+        CHECK(memcmp(part, full + first, len * sizeof(float)) == 0,
+              "init_normal slice [%zu, %zu) differs from the full fill", first, first + len);
+        dev_free(d_part);
+        free(part);
+    }
+
+    // Pinned values: the generator is part of the contract (every backend and every layout must
+    // initialise identical weights, and checkpoints of a seed stay reproducible), so a change to
+    // it must be deliberate. Compared to 1e-6 relative, because backends' libm may differ by a
+    // float ulp (see kernels.h); a changed hash or transform moves them by far more.
+    const double pinned[4] = {-0.271351457, -0.987130284, 0.985657692, -1.53715408};
+    for (int i = 0; i < 4; i++) CHECK_CLOSE(full[i] / std, pinned[i], 1e-6, 0, "init_normal pinned value");
+    float far;
+    init_normal(d_full, 1, 0, 0, 1000000000000ULL, 1.0f);  // an index beyond 2^32
+    copy_to_host(&far, d_full, sizeof far);
+    CHECK_CLOSE(far, 0.963620961, 1e-6, 0, "init_normal pinned value at index 1e12");
+
+    // another stream or another seed: different numbers (and uncorrelated)
+    float *other = malloc_or_die(n * sizeof(float));
+    const uint64_t keys[2][2] = {{1234, 8}, {1235, 7}};
+    for (int k = 0; k < 2; k++) {
+        init_normal(d_full, n, keys[k][0], keys[k][1], 0, std);
+        copy_to_host(other, d_full, n * sizeof(float));
+        double dot = 0.0;
+        for (size_t i = 0; i < n; i++) dot += (double)full[i] * other[i];
+        double corr = dot / (dn * (double)std * std);
+        CHECK(fabs(corr) < 5 / sqrt(dn), "init_normal seed %llu stream %llu correlates "
+              "with seed 1234 stream 7: %g", (unsigned long long)keys[k][0],
+              (unsigned long long)keys[k][1], corr);
+    }
+    dev_free(d_full);
+    free(full), free(other);
+}
+
+// ----------------------------------------------------------------------------------------------
+// reductions, elementwise ops, memory
+
+static void test_reductions_and_elementwise(void) {
+    const size_t sizes[] = {0, 1, 7, 63, 100003};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k];
+        double *x = rand_array(n + 1, -2, 2);
+        float *d_x = upload(x, n + 1);
+        double want_sq = 0.0, want_sum = 0.0;
+        for (size_t i = 0; i < n; i++) want_sq += x[i] * x[i], want_sum += x[i];
+        char what[64];
+        snprintf(what, sizeof what, "sum_squares n=%zu", n);
+        CHECK_CLOSE(sum_squares(d_x, n), want_sq, 1e-12, 1e-12, what);  // double accumulation
+        snprintf(what, sizeof what, "sum_values n=%zu", n);
+        CHECK_CLOSE(sum_values(d_x, n), want_sum, 1e-12, 1e-9, what);
+        dev_free(d_x);
+        free(x);
+    }
+
+    const size_t n = 1037;
+    double *a = rand_array(n, -1, 1), *b = rand_array(n, -1, 1);
+    float *d_a = upload(a, n), *d_b = upload(b, n), *d_out = dev_malloc(n * sizeof(float));
+    double *want = malloc_or_die(n * sizeof(double));
+    // each is one float operation on float inputs: compare with the same operation in float
+    add_forward(d_out, d_a, d_b, n);
+    for (size_t i = 0; i < n; i++) want[i] = (float)a[i] + (float)b[i];
+    double *got = download(d_out, n);
+    check_array("add_forward", got, want, n, 0, 0);
+    free(got);
+    add_inplace(d_out, d_a, n);
+    for (size_t i = 0; i < n; i++) want[i] = (float)((float)want[i] + (float)a[i]);
+    got = download(d_out, n);
+    check_array("add_inplace", got, want, n, 0, 0);
+    free(got);
+    scale_inplace(d_out, 0.375f, n);
+    for (size_t i = 0; i < n; i++) want[i] = (float)((float)want[i] * 0.375f);
+    got = download(d_out, n);
+    check_array("scale_inplace", got, want, n, 0, 0);
+    free(got);
+    fill_constant(d_out, n, -2.5f);
+    for (size_t i = 0; i < n; i++) want[i] = -2.5;
+    got = download(d_out, n);
+    check_array("fill_constant", got, want, n, 0, 0);
+    free(got);
+    dev_copy(d_out, d_a, n * sizeof(float));
+    got = download(d_out, n);
+    check_array("dev_copy", got, a, n, 0, 0);
+    free(got);
+    dev_zero(d_out, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) want[i] = 0.0;
+    got = download(d_out, n);
+    check_array("dev_zero", got, want, n, 0, 0);
+    free(got);
+    dev_free(d_a), dev_free(d_b), dev_free(d_out);
+    free(a), free(b), free(want);
+}
+
+static void test_memory(void) {
+    size_t before = dev_bytes_in_use();
+    const size_t bytes = 1000003;
+    unsigned char *d = dev_malloc(bytes);
+    CHECK(dev_bytes_in_use() == before + bytes, "dev_bytes_in_use %zu, want %zu",
+          dev_bytes_in_use(), before + bytes);
+    CHECK(dev_bytes_peak() >= before + bytes, "dev_bytes_peak %zu below what is in use",
+          dev_bytes_peak());
+    CHECK(((uintptr_t)d % 64) == 0, "dev_malloc pointer %p not 64-byte aligned", (void *)d);
+    unsigned char *h = malloc_or_die(bytes);
+    copy_to_host(h, d, bytes);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < bytes; i++) nonzero += h[i] != 0;
+    CHECK(nonzero == 0, "dev_malloc: %zu bytes not zero-filled", nonzero);
+    dev_free(d);
+    free(h);
+    CHECK(dev_bytes_in_use() == before, "dev_free: %zu bytes in use, want %zu", dev_bytes_in_use(),
+          before);
+}
+
+int main(void) {
+    ops_init();
+    printf("test_ops: backend %s, matmuls by %s\n", ops_backend_name(), ops_matmul_engine());
+    test_memory();
+    test_matmul(5, 7, 9, 1, 1);
+    test_matmul(5, 7, 9, 0, 1);
+    test_matmul(3, 16, 1, 1, 1);
+    test_matmul(67, 96, 81, 1, 0);  // big enough for oneDNN's blocked kernels, odd edges
+    test_matmul(67, 96, 81, 0, 0);
+    test_layernorm();
+    test_attention();
+    test_gelu();
+    test_encoder();
+    test_cross_entropy();
+    test_adamw();
+    test_init_normal();
+    test_reductions_and_elementwise();
+    return test_summary("test_ops");
+}
