@@ -1,0 +1,794 @@
+// checkpoint.c: safetensors read and write, Hugging Face GPT-2 names, atomic saves.
+// The file has four parts: the safetensors checks (parse and validate a header), reading
+// tensors, the GPT-2 model and optimizer checkpoints on top, and the atomic writer.
+#define _POSIX_C_SOURCE 200809L
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "log.h"
+
+// safetensors data is little-endian and we copy it to and from memory as is
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "checkpoint.c assumes a little-endian host"
+#endif
+
+#define PATH_LEN 4096
+
+// ================================================================================================
+// 1. Checking a header. Nothing here exits: each check returns -1 with the reason in err, so
+//    that the fuzzer (tests/fuzz/fuzz_safetensors.c) can run millions of hostile headers.
+// ================================================================================================
+
+__attribute__((format(printf, 3, 4)))
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+// Every dtype the format defines, with its size: a file may hold tensors we never read (an int64
+// step counter, say), and we still check their offsets.
+static const struct {
+    const char *name;
+    int bytes;
+} DTYPES[] = {
+    {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I64", 8}, {"I32", 4},
+    {"I16", 2}, {"I8", 1},  {"U64", 8},  {"U32", 4}, {"U16", 2}, {"U8", 1},
+    {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+};
+
+// The table's own copy of the name (it outlives the header), or NULL for an unknown dtype.
+static const char *known_dtype(const char *name, int *bytes) {
+    for (size_t i = 0; i < sizeof DTYPES / sizeof DTYPES[0]; i++)
+        if (strcmp(name, DTYPES[i].name) == 0) {
+            *bytes = DTYPES[i].bytes;
+            return DTYPES[i].name;
+        }
+    return NULL;
+}
+
+const char *safetensors_shape_str(char *buf, size_t size, int ndim, const int64_t *shape) {
+    size_t used = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < ndim && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (used < size) snprintf(buf + used, size - used, "]");
+    return buf;
+}
+
+// JSON numbers are doubles: a whole number in [0, 2^53] is one a double holds exactly.
+static int json_count(const cJSON *item, uint64_t *out) {
+    if (!cJSON_IsNumber(item)) return 0;
+    double d = item->valuedouble;
+    if (!(d >= 0 && d <= 9007199254740992.0) || d != floor(d)) return 0;  // also refuses NaN
+    *out = (uint64_t)d;
+    return 1;
+}
+
+static int parse_shape(SafeTensor *t, const cJSON *shape, char *err, size_t errlen) {
+    int n = cJSON_IsArray(shape) ? cJSON_GetArraySize(shape) : -1;
+    if (n < 0 || n > SAFETENSORS_MAX_DIMS)
+        return fail(err, errlen, "tensor '%.200s': \"shape\" must be an array of at most %d sizes",
+                    t->name, SAFETENSORS_MAX_DIMS);
+    t->ndim = n;
+    t->numel = 1;
+    const cJSON *dim;
+    int i = 0;
+    cJSON_ArrayForEach(dim, shape) {
+        uint64_t d;
+        if (!json_count(dim, &d))
+            return fail(err, errlen, "tensor '%.200s': shape entry %d is not a non-negative integer", t->name, i);
+        // refuse an element count that would overflow once multiplied by the dtype size
+        if (d != 0 && t->numel > (UINT64_MAX / 8) / d)
+            return fail(err, errlen, "tensor '%.200s': shape is impossibly large", t->name);
+        t->shape[i++] = (int64_t)d;
+        t->numel *= d;
+    }
+    return 0;
+}
+
+static int parse_offsets(SafeTensor *t, const cJSON *offsets, uint64_t data_len, char *err, size_t errlen) {
+    uint64_t begin, end;
+    if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 ||
+        !json_count(cJSON_GetArrayItem(offsets, 0), &begin) ||
+        !json_count(cJSON_GetArrayItem(offsets, 1), &end) || begin > end)
+        return fail(err, errlen, "tensor '%.200s': \"data_offsets\" must be [begin, end] with 0 <= begin <= end",
+                    t->name);
+    t->begin = begin;
+    t->end = end;
+    uint64_t need = t->numel * (uint64_t)t->dtype_bytes;  // no overflow: parse_shape bounded numel
+    if (end - begin != need) {
+        char s[128];
+        return fail(err, errlen,
+                    "tensor '%.200s': data_offsets [%llu, %llu] hold %llu bytes, but shape %s of %s needs %llu",
+                    t->name, (unsigned long long)begin, (unsigned long long)end,
+                    (unsigned long long)(end - begin), safetensors_shape_str(s, sizeof s, t->ndim, t->shape),
+                    t->dtype, (unsigned long long)need);
+    }
+    if (end > data_len)
+        return fail(err, errlen,
+                    "tensor '%.200s': data_offsets [%llu, %llu] are out of range: the data section has only "
+                    "%llu bytes (truncated file?)",
+                    t->name, (unsigned long long)begin, (unsigned long long)end, (unsigned long long)data_len);
+    return 0;
+}
+
+// One header entry: {"dtype": ..., "shape": [...], "data_offsets": [begin, end]}.
+static int parse_tensor(SafeTensor *t, const cJSON *item, uint64_t data_len, char *err, size_t errlen) {
+    t->name = item->string;
+    if (!cJSON_IsObject(item))
+        return fail(err, errlen, "tensor '%.200s': expected an object with dtype, shape and data_offsets", t->name);
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+    if (!cJSON_IsString(dtype))
+        return fail(err, errlen, "tensor '%.200s': \"dtype\" is missing or not a string", t->name);
+    t->dtype = known_dtype(dtype->valuestring, &t->dtype_bytes);
+    if (!t->dtype)
+        return fail(err, errlen, "tensor '%.200s': unknown dtype '%.40s' (expected F32, F16, BF16, F64, I64, "
+                    "I32, I16, I8, U64, U32, U16, U8, BOOL, F8_E4M3 or F8_E5M2)", t->name, dtype->valuestring);
+    if (parse_shape(t, cJSON_GetObjectItemCaseSensitive(item, "shape"), err, errlen)) return -1;
+    return parse_offsets(t, cJSON_GetObjectItemCaseSensitive(item, "data_offsets"), data_len, err, errlen);
+}
+
+// "__metadata__" is a flat object of strings.
+static int parse_metadata(const cJSON *item, char *err, size_t errlen) {
+    if (!cJSON_IsObject(item)) return fail(err, errlen, "\"__metadata__\" must be an object of strings");
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, item) {
+        if (!cJSON_IsString(kv))
+            return fail(err, errlen, "\"__metadata__\" entry '%.200s' is not a string", kv->string);
+    }
+    return 0;
+}
+
+static int by_begin(const void *a, const void *b) {
+    const SafeTensor *x = *(const SafeTensor *const *)a, *y = *(const SafeTensor *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp((*(const SafeTensor *const *)a)->name, (*(const SafeTensor *const *)b)->name);
+}
+
+// Two tensors may not share bytes, nor a name: sort, then compare neighbours.
+static int check_overlaps_and_names(const SafeTensors *st, char *err, size_t errlen) {
+    int n = st->num_tensors, rc = 0;
+    if (n < 2) return 0;
+    const SafeTensor **p = malloc_or_die((size_t)n * sizeof *p);
+    for (int i = 0; i < n; i++) p[i] = &st->tensors[i];
+    qsort(p, (size_t)n, sizeof *p, by_begin);
+    for (int i = 1; i < n && !rc; i++)
+        if (p[i]->begin < p[i - 1]->end)
+            rc = fail(err, errlen, "tensors '%.200s' [%llu, %llu] and '%.200s' [%llu, %llu] overlap", p[i - 1]->name,
+                      (unsigned long long)p[i - 1]->begin, (unsigned long long)p[i - 1]->end, p[i]->name,
+                      (unsigned long long)p[i]->begin, (unsigned long long)p[i]->end);
+    qsort(p, (size_t)n, sizeof *p, by_name);
+    for (int i = 1; i < n && !rc; i++)
+        if (strcmp(p[i]->name, p[i - 1]->name) == 0)
+            rc = fail(err, errlen, "tensor '%.200s' appears twice in the header", p[i]->name);
+    free(p);
+    return rc;
+}
+
+static int parse_entries(SafeTensors *st, uint64_t data_len, char *err, size_t errlen) {
+    int n = cJSON_GetArraySize(st->header);
+    st->tensors = calloc_or_die((size_t)n, sizeof(SafeTensor));
+    const cJSON *item;
+    cJSON_ArrayForEach(item, st->header) {
+        if (strcmp(item->string, "__metadata__") == 0) {
+            if (st->metadata) return fail(err, errlen, "\"__metadata__\" appears twice in the header");
+            if (parse_metadata(item, err, errlen)) return -1;
+            st->metadata = item;
+        } else if (parse_tensor(&st->tensors[st->num_tensors++], item, data_len, err, errlen)) {
+            return -1;
+        }
+    }
+    return check_overlaps_and_names(st, err, errlen);
+}
+
+int safetensors_parse_header(SafeTensors *st, const char *json, size_t json_len, uint64_t data_len,
+                             char *err, size_t errlen) {
+    memset(st, 0, sizeof *st);
+    st->data_len = data_len;
+    const char *end = json;
+    st->header = cJSON_ParseWithLengthOpts(json, json_len, &end, 0);
+    if (!st->header)
+        return fail(err, errlen, "header is not valid JSON (parse error at byte %td of %zu)", end - json, json_len);
+    // writers pad the header with spaces to align the data; anything else after the JSON is junk
+    for (const char *c = end; c < json + json_len; c++)
+        if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r') {
+            safetensors_close(st);
+            return fail(err, errlen, "header has bytes after its JSON object (at byte %td of %zu)", c - json, json_len);
+        }
+    int rc = cJSON_IsObject(st->header) ? parse_entries(st, data_len, err, errlen)
+                                        : fail(err, errlen, "header is JSON but not an object");
+    if (rc) safetensors_close(st);
+    return rc;
+}
+
+static uint64_t read_le64(const unsigned char *b) {
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | b[i];
+    return n;
+}
+
+// The 8-byte length prefix against the file size.
+static int check_header_length(uint64_t file_size, uint64_t header_len, char *err, size_t errlen) {
+    if (header_len > file_size - 8)
+        return fail(err, errlen, "header length %llu is beyond the end of the file (%llu bytes follow the "
+                    "8-byte length)", (unsigned long long)header_len, (unsigned long long)(file_size - 8));
+    if (header_len > SAFETENSORS_MAX_HEADER)
+        return fail(err, errlen, "header length %llu exceeds the format's limit of %u bytes",
+                    (unsigned long long)header_len, SAFETENSORS_MAX_HEADER);
+    return 0;
+}
+
+static int check_file_size(uint64_t size, char *err, size_t errlen) {
+    if (size < 8)
+        return fail(err, errlen, "truncated file: %llu bytes, too short for the 8-byte header length that "
+                    "starts a safetensors file", (unsigned long long)size);
+    return 0;
+}
+
+int safetensors_parse_bytes(SafeTensors *st, const unsigned char *bytes, size_t size, char *err, size_t errlen) {
+    memset(st, 0, sizeof *st);
+    if (check_file_size(size, err, errlen)) return -1;
+    uint64_t n = read_le64(bytes);
+    if (check_header_length(size, n, err, errlen)) return -1;
+    if (safetensors_parse_header(st, (const char *)bytes + 8, (size_t)n, size - 8 - n, err, errlen)) return -1;
+    st->data_start = 8 + n;
+    return 0;
+}
+
+// ================================================================================================
+// 2. Opening a file and reading tensors
+// ================================================================================================
+
+void safetensors_open(SafeTensors *st, const char *path) {
+    FILE *f = fopen_or_die(path, "rb");
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) fatal("%s: not a regular file", path);
+    uint64_t size = (uint64_t)sb.st_size;
+    char err[512];
+    unsigned char prefix[8];
+    if (check_file_size(size, err, sizeof err)) fatal("%s: %s", path, err);
+    if (fread(prefix, 1, 8, f) != 8) fatal("%s: cannot read the header length", path);
+    uint64_t n = read_le64(prefix);
+    if (check_header_length(size, n, err, sizeof err)) fatal("%s: %s", path, err);
+    char *json = malloc_or_die((size_t)n);
+    if (fread(json, 1, (size_t)n, f) != n) fatal("%s: cannot read the %llu-byte header", path, (unsigned long long)n);
+    int rc = safetensors_parse_header(st, json, (size_t)n, size - 8 - n, err, sizeof err);
+    free(json);  // cJSON made its own copies of every string
+    if (rc) fatal("%s: %s", path, err);
+    st->data_start = 8 + n;
+    st->path = strdup(path);
+    st->file = f;
+}
+
+void safetensors_close(SafeTensors *st) {
+    if (st->file) fclose(st->file);
+    cJSON_Delete(st->header);
+    free(st->tensors);
+    free(st->path);
+    memset(st, 0, sizeof *st);
+}
+
+const SafeTensor *safetensors_find(const SafeTensors *st, const char *name) {
+    for (int i = 0; i < st->num_tensors; i++)
+        if (strcmp(st->tensors[i].name, name) == 0) return &st->tensors[i];
+    return NULL;
+}
+
+const char *safetensors_metadata(const SafeTensors *st, const char *key) {
+    const cJSON *v = st->metadata ? cJSON_GetObjectItemCaseSensitive(st->metadata, key) : NULL;
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;  // bf16 is the top half of a float32
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static float f16_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in float32
+        float f = ldexpf((float)mant, -24);
+        return sign ? -f : f;
+    }
+    // infinity/NaN keep an all-ones exponent; a normal number moves from bias 15 to bias 127
+    uint32_t bits = sign | (exp == 31 ? 0xffu << 23 : (exp + 112) << 23) | mant << 13;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+int safetensors_to_float(float *out, const void *raw, const char *dtype, size_t n) {
+    const unsigned char *b = raw;
+    int is_f16 = strcmp(dtype, "F16") == 0, is_bf16 = strcmp(dtype, "BF16") == 0;
+    if (strcmp(dtype, "F32") == 0) {
+        memcpy(out, raw, n * sizeof(float));
+        return 0;
+    }
+    if (!is_f16 && !is_bf16) return -1;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, b + 2 * i, 2);  // memcpy: the data need not be 2-byte aligned
+        out[i] = is_f16 ? f16_to_float(h) : bf16_to_float(h);
+    }
+    return 0;
+}
+
+void safetensors_read_floats(const SafeTensors *st, const SafeTensor *t, float *out) {
+    if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "F16") && strcmp(t->dtype, "BF16"))
+        fatal("%s: tensor %s has dtype %s; expected F32, F16 or BF16", st->path, t->name, t->dtype);
+    if (!st->file) fatal("internal: safetensors_read_floats on a header parsed from memory");
+    uint64_t nbytes = t->end - t->begin;
+    // F32 goes straight into out; the 2-byte types go through a buffer and get widened
+    void *raw = strcmp(t->dtype, "F32") == 0 ? (void *)out : malloc_or_die((size_t)nbytes);
+    if (fseeko(st->file, (off_t)(st->data_start + t->begin), SEEK_SET) != 0 ||
+        fread(raw, 1, (size_t)nbytes, st->file) != nbytes)
+        fatal("%s: tensor %s: cannot read %llu bytes at data offset %llu (file changed while reading?)",
+              st->path, t->name, (unsigned long long)nbytes, (unsigned long long)t->begin);
+    if (raw != out) {
+        safetensors_to_float(out, raw, t->dtype, (size_t)t->numel);
+        free(raw);
+    }
+}
+
+// ================================================================================================
+// 3. GPT-2 checkpoints
+// ================================================================================================
+
+static void join_path(char *out, const char *dir, const char *name) {
+    if (snprintf(out, PATH_LEN, "%s/%s", dir, name) >= PATH_LEN) fatal("path too long: %s/%s", dir, name);
+}
+
+static int is_directory(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+// A checkpoint is named by its directory or by its .safetensors file: find both files.
+static void checkpoint_files(const char *path, char *model_file, char *config_file) {
+    if (is_directory(path)) {
+        join_path(model_file, path, "model.safetensors");
+        join_path(config_file, path, "config.json");
+        return;
+    }
+    if (snprintf(model_file, PATH_LEN, "%s", path) >= PATH_LEN) fatal("path too long: %s", path);
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        snprintf(config_file, PATH_LEN, "config.json");
+        return;
+    }
+    char dir[PATH_LEN];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    join_path(config_file, slash == path ? "" : dir, "config.json");
+}
+
+// ---- config.json --------------------------------------------------------------------------------
+
+// An integer key of config.json: its value, or -1 when the key is absent. Must be positive.
+static int config_int(const cJSON *root, const char *key, const char *file) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v) return -1;
+    uint64_t n;
+    if (!json_count(v, &n) || n == 0 || n > 1u << 30) {
+        char found[64];
+        if (cJSON_IsNumber(v)) snprintf(found, sizeof found, "%g", v->valuedouble);
+        else snprintf(found, sizeof found, "a JSON %s", cJSON_IsString(v) ? "string" : "value of another type");
+        fatal("%s: \"%s\" must be a positive integer, found %s", file, key, found);
+    }
+    return (int)n;
+}
+
+static int config_required(const cJSON *root, const char *key, const char *file) {
+    int n = config_int(root, key, file);
+    if (n < 0) fatal("%s: missing key \"%s\"", file, key);
+    return n;
+}
+
+// Hugging Face's GPT2Config has switches for variants of the architecture; we implement the
+// original GPT-2 only, so a checkpoint that sets one of them otherwise would load "fine" and
+// compute something else. Refuse it instead.
+static void check_variant(const cJSON *root, const char *file, int n_embd) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2")))
+        fatal("%s: \"model_type\" must be \"gpt2\"", file);
+    v = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
+    if (v && (!cJSON_IsString(v) || (strcmp(v->valuestring, "gelu_new") && strcmp(v->valuestring, "gelu_pytorch_tanh"))))
+        fatal("%s: \"activation_function\" must be \"gelu_new\" (GELU, tanh approximation), found %s", file,
+              cJSON_IsString(v) ? v->valuestring : "a non-string");
+    v = cJSON_GetObjectItemCaseSensitive(root, "n_inner");
+    if (v && !cJSON_IsNull(v) && (!cJSON_IsNumber(v) || v->valuedouble != 4.0 * n_embd))
+        fatal("%s: \"n_inner\" must be null or 4 * n_embd = %d", file, 4 * n_embd);
+    v = cJSON_GetObjectItemCaseSensitive(root, "layer_norm_epsilon");
+    if (v && (!cJSON_IsNumber(v) || fabs(v->valuedouble - 1e-5) > 1e-12))
+        fatal("%s: \"layer_norm_epsilon\" must be 1e-5 (what our LayerNorm uses)", file);
+    v = cJSON_GetObjectItemCaseSensitive(root, "scale_attn_weights");
+    if (v && !cJSON_IsTrue(v)) fatal("%s: \"scale_attn_weights\" must be true", file);
+    v = cJSON_GetObjectItemCaseSensitive(root, "scale_attn_by_inverse_layer_idx");
+    if (v && !cJSON_IsFalse(v)) fatal("%s: \"scale_attn_by_inverse_layer_idx\" must be false", file);
+}
+
+void checkpoint_read_config(const char *path, GPTConfig *cfg) {
+    char model_file[PATH_LEN], file[PATH_LEN];
+    checkpoint_files(path, model_file, file);
+    if (access(file, F_OK) != 0)
+        fatal("%s: no such file; a checkpoint needs the Hugging Face config.json (n_embd, n_layer, n_head, "
+              "vocab_size, n_positions) %s", file, is_directory(path) ? "in its directory" : "beside its .safetensors file");
+    size_t len;
+    char *text = read_file_or_die(file, &len);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!cJSON_IsObject(root)) fatal("%s: not a JSON object", file);
+    memset(cfg, 0, sizeof *cfg);
+    cfg->n_embd = config_required(root, "n_embd", file);
+    cfg->n_layer = config_required(root, "n_layer", file);
+    cfg->n_head = config_required(root, "n_head", file);
+    cfg->vocab_size = config_required(root, "vocab_size", file);
+    cfg->max_seq_len = config_int(root, "n_positions", file);
+    if (cfg->max_seq_len < 0) cfg->max_seq_len = config_int(root, "n_ctx", file);  // older configs
+    if (cfg->max_seq_len < 0) fatal("%s: missing key \"n_positions\" (or \"n_ctx\")", file);
+    if (cfg->n_embd % cfg->n_head)
+        fatal("%s: n_embd %d is not a multiple of n_head %d", file, cfg->n_embd, cfg->n_head);
+    check_variant(root, file, cfg->n_embd);
+    cfg->padded_vocab_size = gpt_padded_vocab(cfg->vocab_size);
+    cJSON_Delete(root);
+}
+
+// ---- loading the weights ------------------------------------------------------------------------
+
+// The shape a tensor has in a Hugging Face file: Conv1D weights are (in, out), the transpose of
+// ours, and wte has V rows where we have Vp.
+static int hf_shape(const TensorInfo *t, int64_t shape[2]) {
+    if (t->ndim == 1) {
+        shape[0] = t->shape[0];
+        return 1;
+    }
+    shape[0] = t->hf_transposed ? t->shape[1] : t->hf_rows;
+    shape[1] = t->hf_transposed ? t->shape[0] : t->shape[1];
+    return 2;
+}
+
+// "transformer.h.0.ln_1.weight" (GPT2LMHeadModel) or "h.0.ln_1.weight" (GPT2Model)
+static const char *strip_prefix(const char *name) {
+    const char *prefix = "transformer.";
+    return strncmp(name, prefix, strlen(prefix)) == 0 ? name + strlen(prefix) : name;
+}
+
+static const SafeTensor *find_hf_tensor(const SafeTensors *st, const char *name) {
+    const SafeTensor *t = safetensors_find(st, name);
+    return t ? t : safetensors_find(st, strip_prefix(name));
+}
+
+static void check_shape(const SafeTensors *st, const SafeTensor *t, const char *name, int ndim,
+                        const int64_t *shape, const GPTConfig *cfg) {
+    int same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
+    if (same) return;
+    char want[64], found[128];
+    fatal("%s: tensor %s has shape %s, expected %s for the configured model (vocab_size %d, n_positions %d, "
+          "n_embd %d, n_layer %d)", st->path, name, safetensors_shape_str(found, sizeof found, t->ndim, t->shape),
+          safetensors_shape_str(want, sizeof want, ndim, shape), cfg->vocab_size, cfg->max_seq_len,
+          cfg->n_embd, cfg->n_layer);
+}
+
+// Reads one tensor into its place in the flat buffer.
+static void load_tensor(const SafeTensors *st, const TensorInfo *info, const GPTConfig *cfg, float *params) {
+    const SafeTensor *t = find_hf_tensor(st, info->name);
+    if (!t)
+        fatal("%s: tensor %s (or %s) is missing; the file has %d tensors%s%s", st->path, info->name,
+              strip_prefix(info->name), st->num_tensors, st->num_tensors ? ", the first is " : "",
+              st->num_tensors ? st->tensors[0].name : "");
+    int64_t shape[2];
+    int ndim = hf_shape(info, shape);
+    check_shape(st, t, info->name, ndim, shape, cfg);
+    float *dst = params + info->offset;
+    float *src = malloc_or_die((size_t)t->numel * sizeof(float));
+    safetensors_read_floats(st, t, src);
+    if (info->hf_transposed) {
+        size_t in = (size_t)shape[0], out = (size_t)shape[1];  // file (in, out) -> ours (out, in)
+        for (size_t i = 0; i < in; i++)
+            for (size_t o = 0; o < out; o++) dst[o * in + i] = src[i * out + o];
+    } else {
+        // wte: V rows from the file, then Vp - V rows of zeros that no token ever uses
+        memcpy(dst, src, (size_t)t->numel * sizeof(float));
+        memset(dst + t->numel, 0, (info->numel - (size_t)t->numel) * sizeof(float));
+    }
+    free(src);
+}
+
+// A separate lm_head.weight is allowed only as a copy of wte: our head is tied to it.
+static void check_lm_head(const SafeTensors *st, const TensorInfo *wte, const GPTConfig *cfg, const float *params) {
+    const SafeTensor *t = safetensors_find(st, "lm_head.weight");
+    if (!t) return;
+    int64_t shape[2];
+    check_shape(st, t, "lm_head.weight", hf_shape(wte, shape), shape, cfg);
+    float *head = malloc_or_die((size_t)t->numel * sizeof(float));
+    safetensors_read_floats(st, t, head);
+    if (memcmp(head, params + wte->offset, (size_t)t->numel * sizeof(float)) != 0)
+        fatal("%s: lm_head.weight differs from wte.weight; this GPT-2 ties its head to wte and cannot load "
+              "an untied one", st->path);
+    free(head);
+}
+
+// A file with more blocks than the configured model would otherwise load its first n_layer
+// blocks and silently drop the rest.
+static void check_no_extra_blocks(const SafeTensors *st, const GPTConfig *cfg) {
+    for (int i = 0; i < st->num_tensors; i++) {
+        const char *name = strip_prefix(st->tensors[i].name);
+        if (strncmp(name, "h.", 2) != 0) continue;
+        long block = strtol(name + 2, NULL, 10);
+        if (block >= cfg->n_layer)
+            fatal("%s: tensor %s belongs to block %ld, but the configured model has n_layer %d", st->path,
+                  st->tensors[i].name, block, cfg->n_layer);
+    }
+}
+
+void checkpoint_load_model(const char *path, const ParamLayout *layout, float *params) {
+    char model_file[PATH_LEN], config_file[PATH_LEN];
+    checkpoint_files(path, model_file, config_file);
+    SafeTensors st;
+    safetensors_open(&st, model_file);
+    check_no_extra_blocks(&st, &layout->cfg);
+    for (int i = 0; i < layout->num_tensors; i++) load_tensor(&st, &layout->tensors[i], &layout->cfg, params);
+    check_lm_head(&st, &layout->tensors[0], &layout->cfg, params);
+    safetensors_close(&st);
+}
+
+// ================================================================================================
+// 4. Writing, atomically: temp file, flush, fsync, rename. rename() replaces the real name in
+//    one step, so a reader (or a crash) sees the old file or the new one, never half of one.
+// ================================================================================================
+
+typedef struct {
+    FILE *f;
+    char tmp[PATH_LEN], final[PATH_LEN], dir[PATH_LEN];
+} AtomicFile;
+
+static void mkdir_p(const char *dir) {
+    char buf[PATH_LEN];
+    if (dir[0] == '\0') fatal("the output directory name is empty");
+    if (snprintf(buf, sizeof buf, "%s", dir) >= PATH_LEN) fatal("path too long: %s", dir);
+    for (char *p = buf + 1;; p++) {  // create each ancestor in turn, like mkdir -p
+        int last = *p == '\0';
+        if (*p != '/' && !last) continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) fatal("cannot create directory %s: %s", buf, strerror(errno));
+        if (last) break;
+        *p = '/';
+    }
+    if (!is_directory(dir)) fatal("cannot create directory %s: a file of that name exists", dir);
+}
+
+static void atomic_open(AtomicFile *a, const char *dir, const char *name) {
+    mkdir_p(dir);
+    snprintf(a->dir, sizeof a->dir, "%s", dir);
+    join_path(a->final, dir, name);
+    if (snprintf(a->tmp, sizeof a->tmp, "%s.tmp", a->final) >= PATH_LEN) fatal("path too long: %s.tmp", a->final);
+    a->f = fopen(a->tmp, "wb");
+    if (!a->f) fatal("cannot create %s: %s", a->tmp, strerror(errno));
+}
+
+// A failed write (disk full, quota) removes the temp file: no partial output is left behind.
+static void atomic_fail(AtomicFile *a) {
+    const char *why = strerror(errno);
+    fclose(a->f);
+    remove(a->tmp);
+    fatal("cannot write %s: %s", a->tmp, why);
+}
+
+static void atomic_write(AtomicFile *a, const void *data, size_t bytes) {
+    if (bytes && fwrite(data, 1, bytes, a->f) != bytes) atomic_fail(a);
+}
+
+static void atomic_commit(AtomicFile *a) {
+    // fflush hands stdio's buffer to the kernel; fsync makes the kernel put it on the disk, so
+    // that after a power cut the renamed file has its data and not just its name
+    if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0) atomic_fail(a);
+    if (fclose(a->f) != 0) {
+        remove(a->tmp);
+        fatal("cannot write %s: %s", a->tmp, strerror(errno));
+    }
+    if (rename(a->tmp, a->final) != 0) {
+        const char *why = strerror(errno);
+        remove(a->tmp);
+        fatal("cannot rename %s to %s: %s", a->tmp, a->final, why);
+    }
+    // the rename itself lives in the directory: sync it too (some filesystems refuse; harmless)
+    int fd = open(a->dir, O_RDONLY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+// One tensor as it goes into a file. The file stores `shape`; src is in our memory, where a
+// Conv1D weight is the transpose (shape[1], shape[0]).
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    const float *src;
+    int transpose;
+} OutTensor;
+
+static uint64_t out_numel(const OutTensor *t) {
+    return t->ndim == 1 ? (uint64_t)t->shape[0] : (uint64_t)t->shape[0] * (uint64_t)t->shape[1];
+}
+
+// The header: every tensor F32, laid out back to back in the order given.
+static char *build_header(const OutTensor *t, int n, cJSON *metadata) {
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddItemToObject(h, "__metadata__", metadata);
+    uint64_t offset = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *e = cJSON_AddObjectToObject(h, t[i].name);
+        cJSON_AddStringToObject(e, "dtype", "F32");
+        cJSON *shape = cJSON_AddArrayToObject(e, "shape");
+        for (int d = 0; d < t[i].ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t[i].shape[d]));
+        uint64_t bytes = out_numel(&t[i]) * sizeof(float);
+        cJSON *offsets = cJSON_AddArrayToObject(e, "data_offsets");
+        cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
+        cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)(offset + bytes)));
+        offset += bytes;
+    }
+    char *json = cJSON_PrintUnformatted(h);
+    cJSON_Delete(h);
+    if (!json) fatal("out of memory building a safetensors header");
+    return json;
+}
+
+static void write_tensor_data(AtomicFile *a, const OutTensor *t) {
+    size_t n = (size_t)out_numel(t);
+    if (!t->transpose) {
+        atomic_write(a, t->src, n * sizeof(float));
+        return;
+    }
+    size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];  // the file's (in, out)
+    float *buf = malloc_or_die(n * sizeof(float));
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) buf[r * cols + c] = t->src[c * rows + r];
+    atomic_write(a, buf, n * sizeof(float));
+    free(buf);
+}
+
+// Writes <dir>/<name> as a safetensors file; takes ownership of metadata.
+static void write_safetensors(const char *dir, const char *name, const OutTensor *t, int n, cJSON *metadata) {
+    char *json = build_header(t, n, metadata);
+    size_t len = strlen(json);
+    size_t padded = (len + 7) / 8 * 8;  // spaces up to a multiple of 8: the data starts aligned
+    unsigned char prefix[8];
+    for (int i = 0; i < 8; i++) prefix[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    AtomicFile a;
+    atomic_open(&a, dir, name);
+    atomic_write(&a, prefix, 8);
+    atomic_write(&a, json, len);
+    atomic_write(&a, "        ", padded - len);
+    for (int i = 0; i < n; i++) write_tensor_data(&a, &t[i]);
+    atomic_commit(&a);
+    free(json);
+}
+
+static void write_text_file(const char *dir, const char *name, const char *text) {
+    AtomicFile a;
+    atomic_open(&a, dir, name);
+    atomic_write(&a, text, strlen(text));
+    atomic_write(&a, "\n", 1);
+    atomic_commit(&a);
+}
+
+// What transformers' GPT2Config needs to rebuild this model (dropout off: these are weights to
+// run or fine-tune, and our training has none).
+static char *hf_config_json(const GPTConfig *cfg) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "model_type", "gpt2");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
+    cJSON_AddNumberToObject(c, "vocab_size", cfg->vocab_size);
+    cJSON_AddNumberToObject(c, "n_positions", cfg->max_seq_len);
+    cJSON_AddNumberToObject(c, "n_ctx", cfg->max_seq_len);
+    cJSON_AddNumberToObject(c, "n_embd", cfg->n_embd);
+    cJSON_AddNumberToObject(c, "n_layer", cfg->n_layer);
+    cJSON_AddNumberToObject(c, "n_head", cfg->n_head);
+    cJSON_AddNullToObject(c, "n_inner");
+    cJSON_AddStringToObject(c, "activation_function", "gelu_new");
+    cJSON_AddNumberToObject(c, "layer_norm_epsilon", 1e-5);
+    cJSON_AddNumberToObject(c, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(c, "resid_pdrop", 0);
+    cJSON_AddNumberToObject(c, "embd_pdrop", 0);
+    cJSON_AddNumberToObject(c, "attn_pdrop", 0);
+    cJSON_AddBoolToObject(c, "scale_attn_weights", 1);
+    cJSON_AddBoolToObject(c, "tie_word_embeddings", 1);
+    cJSON_AddBoolToObject(c, "use_cache", 1);
+    cJSON_AddNumberToObject(c, "bos_token_id", cfg->vocab_size - 1);
+    cJSON_AddNumberToObject(c, "eos_token_id", cfg->vocab_size - 1);
+    cJSON_AddStringToObject(c, "torch_dtype", "float32");
+    char *text = cJSON_Print(c);
+    cJSON_Delete(c);
+    if (!text) fatal("out of memory building config.json");
+    return text;
+}
+
+void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const float *params,
+                           const char *run_config_json) {
+    OutTensor *t = calloc_or_die((size_t)layout->num_tensors, sizeof(OutTensor));
+    for (int i = 0; i < layout->num_tensors; i++) {
+        const TensorInfo *info = &layout->tensors[i];
+        t[i].name = info->name;
+        t[i].ndim = hf_shape(info, t[i].shape);
+        t[i].src = params + info->offset;  // wte: its first V rows are the file's V rows
+        t[i].transpose = info->hf_transposed;
+    }
+    // transformers refuses a safetensors file whose metadata lacks format "pt"
+    cJSON *meta = cJSON_CreateObject();
+    cJSON_AddStringToObject(meta, "format", "pt");
+    if (run_config_json) cJSON_AddStringToObject(meta, "run_config", run_config_json);
+    write_safetensors(out_dir, "model.safetensors", t, layout->num_tensors, meta);
+    free(t);
+    char *config = hf_config_json(&layout->cfg);
+    write_text_file(out_dir, "config.json", config);
+    free(config);
+}
+
+// ---- optimizer state ----------------------------------------------------------------------------
+
+void checkpoint_save_optimizer(const char *out_dir, const ParamLayout *layout, const float *m,
+                               const float *v, const TrainState *state) {
+    int64_t n = (int64_t)layout->num_params;
+    OutTensor t[2] = {{"m", 1, {n, 0}, m, 0}, {"v", 1, {n, 0}, v, 0}};
+    char step[32], seed[32];
+    snprintf(step, sizeof step, "%ld", state->step);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)state->seed);
+    cJSON *meta = cJSON_CreateObject();
+    cJSON_AddStringToObject(meta, "format", "adamw");
+    cJSON_AddStringToObject(meta, "step", step);
+    cJSON_AddStringToObject(meta, "seed", seed);
+    write_safetensors(out_dir, "optimizer.safetensors", t, 2, meta);
+}
+
+// A metadata value that must be a whole decimal number (strtoull alone would accept "-1").
+static unsigned long long metadata_number(const SafeTensors *st, const char *key, unsigned long long max) {
+    const char *s = safetensors_metadata(st, key);
+    if (!s) fatal("%s: __metadata__ has no \"%s\"", st->path, key);
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(s, &end, 10);
+    if (s[0] < '0' || s[0] > '9' || *end != '\0' || errno == ERANGE || n > max)
+        fatal("%s: __metadata__ \"%s\" must be a whole number up to %llu, found \"%s\"", st->path, key, max, s);
+    return n;
+}
+
+static void load_moment(const SafeTensors *st, const char *name, const ParamLayout *layout, float *out) {
+    const SafeTensor *t = safetensors_find(st, name);
+    if (!t) fatal("%s: tensor %s is missing", st->path, name);
+    int64_t shape[1] = {(int64_t)layout->num_params};
+    check_shape(st, t, name, 1, shape, &layout->cfg);
+    safetensors_read_floats(st, t, out);
+}
+
+void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, float *m, float *v,
+                               TrainState *state) {
+    char file[PATH_LEN];
+    join_path(file, out_dir, "optimizer.safetensors");
+    SafeTensors st;
+    safetensors_open(&st, file);
+    load_moment(&st, "m", layout, m);
+    load_moment(&st, "v", layout, v);
+    state->step = (long)metadata_number(&st, "step", (unsigned long long)LONG_MAX);
+    state->seed = (uint64_t)metadata_number(&st, "seed", UINT64_MAX);
+    safetensors_close(&st);
+}

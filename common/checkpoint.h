@@ -1,0 +1,107 @@
+// checkpoint.h: checkpoints as safetensors files that Hugging Face tools open.
+//
+// A checkpoint directory holds
+//   model.safetensors      the weights, F32, under Hugging Face GPT-2 names and layouts
+//   config.json            the model shape, as transformers' GPT2LMHeadModel reads it
+//   optimizer.safetensors  AdamW's m and v (our flat layout) + step and seed, for resume
+// Every file is written to a temp file, flushed to disk, then renamed over the real name: a
+// crash while saving leaves the previous checkpoint intact, never a half-written one.
+//
+// Underneath is a small safetensors reader. The format (github.com/huggingface/safetensors):
+//   8 bytes   N, the header length, little-endian
+//   N bytes   JSON {"name": {"dtype": "F32", "shape": [2, 6], "data_offsets": [begin, end]},
+//                   ..., "__metadata__": {"key": "string value", ...}}
+//   the rest  raw little-endian tensor data; offsets count from the end of the header
+// A file is untrusted input: the reader checks every number in the header against the file
+// before it reads a byte of data, and every problem is one message naming the file.
+#ifndef CHECKPOINT_H
+#define CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#include "gpt.h"
+
+// ---- the model checkpoint (what train.c calls) -------------------------------------------------
+
+// Reads the model shape from a checkpoint's config.json. `path` is a directory (with
+// model.safetensors and config.json in it) or a .safetensors file (config.json beside it).
+// Fills every field of cfg, padded_vocab_size included.
+void checkpoint_read_config(const char *path, GPTConfig *cfg);
+
+// Loads every tensor of `layout` into params (host memory, layout->num_params floats).
+// Accepts names with or without the "transformer." prefix; F32, F16 and BF16; an optional
+// lm_head.weight (it must equal wte: our head is tied). Conv1D weights are transposed from
+// Hugging Face's (in, out) into our (out, in); wte's V rows fill the first V of our Vp rows and
+// the padding rows are zeroed. A missing tensor or a wrong shape is fatal.
+void checkpoint_load_model(const char *path, const ParamLayout *layout, float *params);
+
+// Writes <out_dir>/model.safetensors and <out_dir>/config.json (creating out_dir if missing).
+// run_config_json (may be NULL) goes into the file's __metadata__ as "run_config".
+void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const float *params,
+                           const char *run_config_json);
+
+// What, besides m and v, a resumed run needs: the data position follows from step.
+typedef struct {
+    long step;      // optimizer steps done
+    uint64_t seed;
+} TrainState;
+
+// <out_dir>/optimizer.safetensors: tensors "m" and "v", each [num_params] F32 in our flat layout,
+// and step/seed in __metadata__.
+void checkpoint_save_optimizer(const char *out_dir, const ParamLayout *layout, const float *m,
+                               const float *v, const TrainState *state);
+void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, float *m, float *v,
+                               TrainState *state);
+
+// ---- the safetensors reader underneath ---------------------------------------------------------
+
+#define SAFETENSORS_MAX_DIMS 8
+#define SAFETENSORS_MAX_HEADER (100u * 1000u * 1000u)  // the reference implementation's limit
+
+typedef struct {
+    const char *name;        // points into the parsed header
+    const char *dtype;       // "F32", "BF16", ... (a known dtype: checked)
+    int dtype_bytes;
+    int ndim;
+    int64_t shape[SAFETENSORS_MAX_DIMS];
+    uint64_t numel;
+    uint64_t begin, end;     // byte range in the data section; end - begin = numel * dtype_bytes
+} SafeTensor;
+
+typedef struct {
+    char *path;              // for messages ("<buffer>" when parsed from memory)
+    FILE *file;              // open while the reader is; NULL when parsed from memory
+    uint64_t data_start;     // 8 + header length: the file offset that data_offsets count from
+    uint64_t data_len;       // bytes after the header
+    int num_tensors;
+    SafeTensor *tensors;     // in header order
+    cJSON *header;           // the parsed header, which the names point into
+    const cJSON *metadata;   // the "__metadata__" object, or NULL
+} SafeTensors;
+
+// Opens and checks a file; any problem is fatal with the path in the message.
+void safetensors_open(SafeTensors *st, const char *path);
+void safetensors_close(SafeTensors *st);
+const SafeTensor *safetensors_find(const SafeTensors *st, const char *name);  // NULL if absent
+const char *safetensors_metadata(const SafeTensors *st, const char *key);     // NULL if absent
+// Reads tensor t into out[t->numel] as floats (from F32, F16 or BF16); anything else is fatal.
+void safetensors_read_floats(const SafeTensors *st, const SafeTensor *t, float *out);
+
+// The checks themselves, without exiting, so that a fuzzer can drive them: each returns 0, or
+// -1 with the reason in err (the caller adds the file name). On failure st holds nothing to free.
+// parse_header checks a header of json_len bytes against a data section of data_len bytes;
+// parse_bytes checks a whole file held in memory (length prefix + header).
+int safetensors_parse_header(SafeTensors *st, const char *json, size_t json_len, uint64_t data_len,
+                             char *err, size_t errlen);
+int safetensors_parse_bytes(SafeTensors *st, const unsigned char *bytes, size_t size, char *err,
+                            size_t errlen);
+// Converts n elements of a float dtype to float; returns -1 (and writes nothing) for other dtypes.
+int safetensors_to_float(float *out, const void *raw, const char *dtype, size_t n);
+// "[2, 6]": writes a shape for messages into buf
+const char *safetensors_shape_str(char *buf, size_t size, int ndim, const int64_t *shape);
+
+#endif
