@@ -1,0 +1,113 @@
+# The workbook's build. `make stage-N`, `make all`, `make test`, `make demo`, `make bench`.
+# BACKEND=auto picks cuda when a GPU is visible (nvidia-smi lists one), else cpu.
+
+BACKEND ?= auto
+ifeq ($(BACKEND),auto)
+  BACKEND := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+endif
+ifneq ($(filter-out cpu cuda,$(BACKEND)),)
+  $(error BACKEND must be auto, cpu or cuda, not '$(BACKEND)')
+endif
+
+CC      := gcc
+MPICC   ?= mpicc
+NVCC    ?= nvcc
+CUDA_HOME ?= /usr/local/cuda
+CUDA_ARCHS ?= 80 90
+CFLAGS  ?= -O3 -march=native
+# -fno-math-errno lets gcc vectorise sqrtf (AdamW is 8x faster); nothing reads errno from math
+CFLAGS  += -std=c11 -Wall -Wextra -Werror -fopenmp -fno-math-errno -Icommon -MMD -MP
+LDLIBS  := -lcjson -lm -fopenmp
+NVFLAGS ?= -O3
+NVFLAGS += -std=c++17 -Icommon $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+           -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
+
+B := build/$(BACKEND)
+COMMON := log config tokenizer alpaca synthetic gpt checkpoint trainer
+COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
+ifeq ($(BACKEND),cuda)
+  COMMON_OBJS += $(B)/common/ops_cuda.o
+  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_nccl.o
+  LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudart -lcublas -lcublasLt -lnccl
+else
+  COMMON_OBJS += $(B)/common/ops_cpu.o
+  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_mpi.o
+  LDLIBS += -ldnnl
+endif
+# what talks MPI is compiled and linked with mpicc
+$(B)/common/comm.o $(B)/common/comm_mpi.o: CC := $(MPICC)
+$(B)/common/comm_nccl.o: CC := $(MPICC)
+$(B)/common/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include
+
+STAGES := 1
+STAGE_DIR_1 := 01_single_gpu
+
+.PHONY: all setup test test-slurm bench demo clean $(addprefix stage-,$(STAGES))
+all: $(addprefix stage-,$(STAGES)) tools
+
+SETUP_STAMP := build/.setup-ok
+setup: $(SETUP_STAMP)
+$(SETUP_STAMP): scripts/setup.sh
+	@bash scripts/setup.sh
+	@mkdir -p build && touch $@
+
+$(B)/%.o: %.c $(SETUP_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(B)/%.o: %.cu $(SETUP_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# build/stage-N is the binary of the backend built last; build/<backend>/stage-N keeps both.
+define stage_rule
+stage-$(1): build/stage-$(1)
+build/stage-$(1): $(B)/stage-$(1)
+	@cp $$< $$@
+$(B)/stage-$(1): $(B)/$(STAGE_DIR_$(1))/train.o $(COMMON_OBJS)
+	$(CC) $$^ -o $$@ $(LDLIBS)
+endef
+$(foreach n,$(STAGES),$(eval $(call stage_rule,$(n))))
+.PHONY: build/stage-1
+
+TOOLS := tokenize
+.PHONY: tools
+tools: $(addprefix build/,$(TOOLS))
+build/%: $(B)/tools/%.o $(COMMON_OBJS)
+	$(CC) $^ -o $@ $(LDLIBS)
+
+# ---- tests: every tests/test_*.c is a program, every tests/test_*.sh a script; run.sh runs all.
+# tests/mpi/*.c are MPI programs that the scripts start with mpirun.
+TEST_PROGS := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c)) \
+              $(patsubst tests/mpi/%.c,build/tests/mpi/%,$(wildcard tests/mpi/*.c))
+build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
+	@mkdir -p $(dir $@)
+	$(MPICC) $^ -o $@ $(LDLIBS)
+$(B)/tests/mpi/%.o: CC := $(MPICC)
+build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDLIBS)
+
+test:
+	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)
+	@bash tests/run.sh
+
+# a real Slurm on localhost: submits every stage's sbatch script (tests/slurm/run.sh)
+test-slurm:
+	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@bash tests/slurm/run.sh
+
+bench:
+	@$(MAKE) --no-print-directory all
+	@bash scripts/bench.sh
+
+demo:
+	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@bash scripts/demo.sh
+
+clean:
+	rm -rf build
+
+# keep object files between runs (make would delete them as intermediates)
+.SECONDARY:
+
+-include $(shell find build -name '*.d' 2>/dev/null)

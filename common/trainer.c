@@ -1,0 +1,222 @@
+// trainer.c: see trainer.h.
+#define _POSIX_C_SOURCE 200809L
+#include "trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "checkpoint.h"
+#include "log.h"
+#include "ops.h"
+
+// ---- model shape ------------------------------------------------------------------------------
+
+bool starts_from_checkpoint(const Config *cfg) {
+    return cfg->init_from[0] && !cfg->random_init && !cfg->resume;
+}
+
+GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
+    GPTConfig mc = {0};
+    int vocab = tokenizer_vocab_size(tok);
+    if (starts_from_checkpoint(cfg) || cfg->resume) {
+        const char *path = cfg->resume ? cfg->out_dir : cfg->init_from;
+        checkpoint_read_config(path, &mc);
+        if (mc.vocab_size != vocab)
+            fatal("%s: the checkpoint's vocabulary has %d tokens but the tokenizer ('%s') has %d; "
+                  "set tokenizer_path to the tokenizer it was trained with", path, mc.vocab_size,
+                  cfg->tokenizer_path[0] ? cfg->tokenizer_path : "byte tokenizer", vocab);
+        if (mc.max_seq_len < cfg->max_seq_len)
+            fatal("%s: the checkpoint has %d positions but max_seq_len is %d", path, mc.max_seq_len,
+                  cfg->max_seq_len);
+        return mc;
+    }
+    mc.max_seq_len = cfg->max_seq_len;
+    if (cfg->vocab_size && cfg->vocab_size < vocab)
+        fatal("key 'vocab_size': the tokenizer needs at least %d, found %d", vocab, cfg->vocab_size);
+    mc.vocab_size = cfg->vocab_size ? cfg->vocab_size : vocab;
+    mc.padded_vocab_size = gpt_padded_vocab(vocab);
+    mc.n_layer = cfg->n_layer;
+    mc.n_head = cfg->n_head;
+    mc.n_embd = cfg->n_embd;
+    return mc;
+}
+
+// ---- optimisation -----------------------------------------------------------------------------
+
+double learning_rate(const Config *cfg, long step, long total_steps) {
+    if (step < cfg->warmup_steps) return cfg->lr * (double)(step + 1) / cfg->warmup_steps;
+    long decay_steps = total_steps - cfg->warmup_steps;
+    if (decay_steps <= 1) return cfg->lr;
+    double progress = (double)(step - cfg->warmup_steps) / (double)(decay_steps - 1);
+    if (progress > 1) progress = 1;
+    double cosine = 0.5 * (1.0 + cos(3.14159265358979323846 * progress));
+    return cfg->min_lr + cosine * (cfg->lr - cfg->min_lr);
+}
+
+void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
+                size_t first, size_t n, const Config *cfg, double lr, long t) {
+    // One call per tensor (or per part of one inside [first, first + n)), because the weight
+    // decay differs between tensors; the pointers are to the range's first element.
+    for (int i = 0; i < layout->num_tensors; i++) {
+        const TensorInfo *ti = &layout->tensors[i];
+        size_t lo = ti->offset > first ? ti->offset : first;
+        size_t hi = ti->offset + ti->numel < first + n ? ti->offset + ti->numel : first + n;
+        if (lo >= hi) continue;
+        size_t at = lo - first;
+        adamw_update(params + at, grads + at, m + at, v + at, hi - lo, (float)lr, (float)cfg->beta1,
+                     (float)cfg->beta2, (float)cfg->eps, ti->decay ? (float)cfg->weight_decay : 0.0f,
+                     (int)t);
+    }
+}
+
+void clip_gradients(float *grads, size_t n, double norm, double max_norm) {
+    if (max_norm > 0 && norm > max_norm) scale_inplace(grads, (float)(max_norm / (norm + 1e-6)), n);
+}
+
+double flops_per_token(const GPTConfig *c, int T) {
+    double L = c->n_layer, C = c->n_embd;
+    double matmul_params = L * 12 * C * C + (double)c->padded_vocab_size * C;
+    return 6 * matmul_params + 12 * L * C * T;
+}
+
+// ---- metrics ----------------------------------------------------------------------------------
+
+static void make_dir(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) fatal("cannot create %s: %s", path, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) fatal("cannot create %s: %s", path, strerror(errno));
+}
+
+void metrics_open(Metrics *m, const char *out_dir, bool resume, long start_step) {
+    char path[1100];
+    make_dir(out_dir);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+    m->f = fopen_or_die(path, resume ? "a" : "w");
+    m->start_time = wall_seconds();
+    m->start_step = start_step;
+}
+
+static void format_duration(char *buf, size_t size, double seconds) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(buf, size, "%ldh%02ldm", s / 3600, s / 60 % 60);
+    else snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
+}
+
+static void print_progress(const Metrics *m, const StepStats *s) {
+    double elapsed = wall_seconds() - m->start_time;
+    long done = s->step - m->start_step;
+    char eta[32];
+    format_duration(eta, sizeof eta, done > 0 ? elapsed / done * (s->total_steps - s->step) : 0);
+    printf("step %5ld/%ld | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | mfu %.1f%% | mem %.0f MiB",
+           s->step, s->total_steps, s->loss, s->lr, s->grad_norm, s->ms, s->tokens_per_sec,
+           100 * s->mfu, s->mem_bytes / 1048576.0);
+    if (s->has_comm) printf(" | comm %.2f MB %.1f ms", s->comm_bytes / 1e6, s->comm_ms);
+    if (s->val_loss >= 0) printf(" | val %.4f", s->val_loss);
+    printf(" | eta %s\n", eta);
+    fflush(stdout);
+}
+
+void metrics_log(Metrics *m, const StepStats *s, bool print_line) {
+    if (print_line) print_progress(m, s);
+    fprintf(m->f, "{\"step\": %ld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
+                  "\"tokens_per_sec\": %.1f, \"mfu\": %.5f, \"mem_bytes\": %zu",
+            s->step, s->loss, s->lr, s->grad_norm, s->ms, s->tokens_per_sec, s->mfu, s->mem_bytes);
+    if (s->val_loss >= 0) fprintf(m->f, ", \"val_loss\": %.9g", s->val_loss);
+    if (s->has_comm) fprintf(m->f, ", \"comm_bytes\": %.0f, \"comm_ms\": %.3f", s->comm_bytes, s->comm_ms);
+    if (s->has_state) fprintf(m->f, ", \"state_bytes\": %.0f", s->state_bytes);
+    fprintf(m->f, "}\n");
+    fflush(m->f);
+}
+
+void metrics_close(Metrics *m) {
+    if (m->f) fclose(m->f);
+    m->f = NULL;
+}
+
+void print_memory_report(const char *title, const MemoryItem *items, int n) {
+    size_t total = 0;
+    printf("%s\n", title);
+    for (int i = 0; i < n; i++) {
+        printf("  %-28s %10.2f MiB\n", items[i].what, items[i].bytes / 1048576.0);
+        total += items[i].bytes;
+    }
+    printf("  %-28s %10.2f MiB\n", "total", total / 1048576.0);
+}
+
+// ---- evaluation -------------------------------------------------------------------------------
+
+double evaluate(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
+                const Config *cfg, int micro_batch) {
+    long batches = dataset_batches_per_epoch(data, 1, micro_batch);
+    if (batches > cfg->eval_batches) batches = cfg->eval_batches;
+    if (batches <= 0) return -1;
+    double loss_sum = 0;
+    long count = 0;
+    Batch batch = {0};
+    for (long b = 0; b < batches; b++) {
+        dataset_get_batch(data, 1, (uint64_t)cfg->seed, 0, b, micro_batch, 0, 1, &batch);
+        gpt_forward(a, w, mc, batch.inputs, batch.rows, batch.T);
+        copy_to_device(a->targets, batch.targets, (size_t)batch.rows * batch.T * sizeof(int));
+        loss_sum += gpt_loss_forward(a, mc, batch.rows, batch.T);
+        count += batch.n_targets_global;
+    }
+    batch_free(&batch);
+    return count ? loss_sum / (double)count : -1;
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+static float *to_host(const float *dev, size_t n) {
+    float *host = malloc_or_die(n * sizeof(float));
+    copy_to_host(host, dev, n * sizeof(float));
+    return host;
+}
+
+void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
+                     const float *m, const float *v, long step) {
+    size_t n = layout->num_params;
+    float *hp = to_host(params, n), *hm = to_host(m, n), *hv = to_host(v, n);
+    char *json = config_to_json(cfg);
+    checkpoint_save_model(cfg->out_dir, layout, hp, json);
+    TrainState state = {.step = step, .seed = (uint64_t)cfg->seed};
+    checkpoint_save_optimizer(cfg->out_dir, layout, hm, hv, &state);
+    free(json);
+    free(hp);
+    free(hm);
+    free(hv);
+}
+
+long resume_checkpoint(const Config *cfg, const ParamLayout *layout, float *params, float *m, float *v) {
+    size_t n = layout->num_params, bytes = n * sizeof(float);
+    float *hp = malloc_or_die(bytes), *hm = malloc_or_die(bytes), *hv = malloc_or_die(bytes);
+    TrainState state;
+    checkpoint_load_model(cfg->out_dir, layout, hp);
+    checkpoint_load_optimizer(cfg->out_dir, layout, hm, hv, &state);
+    if (state.seed != (uint64_t)cfg->seed)
+        fatal("%s: the saved run used seed %llu but the config says %d; resume needs the same seed",
+              cfg->out_dir, (unsigned long long)state.seed, cfg->seed);
+    copy_to_device(params, hp, bytes);
+    copy_to_device(m, hm, bytes);
+    copy_to_device(v, hv, bytes);
+    free(hp);
+    free(hm);
+    free(hv);
+    return state.step;
+}
+
+void load_initial_weights(const Config *cfg, const ParamLayout *layout, float *params) {
+    size_t bytes = layout->num_params * sizeof(float);
+    float *host = malloc_or_die(bytes);
+    checkpoint_load_model(cfg->init_from, layout, host);
+    copy_to_device(params, host, bytes);
+    free(host);
+}

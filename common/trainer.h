@@ -1,0 +1,81 @@
+// trainer.h: the parts of a training run that every stage shares and no stage teaches: the
+// learning-rate schedule, AdamW over the parameter table, gradient clipping, the progress line
+// and metrics.jsonl, the memory report, evaluation and checkpoints. The loop itself is written
+// out in each stage's train.c, where the learner reads it.
+#ifndef TRAINER_H
+#define TRAINER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "alpaca.h"
+#include "config.h"
+#include "gpt.h"
+#include "tokenizer.h"
+
+// The model's shape: from the checkpoint's config.json when starting from one, else from the
+// config keys; the vocabulary comes from the tokenizer (and must agree with a checkpoint's).
+GPTConfig model_shape(const Config *cfg, const Tokenizer *tok);
+// true when the run starts from init_from (not random_init, not resume)
+bool starts_from_checkpoint(const Config *cfg);
+
+// Linear warm-up from lr/warmup to lr over warmup_steps, then cosine decay to min_lr at the last
+// step. `step` counts from 0.
+double learning_rate(const Config *cfg, long step, long total_steps);
+
+// AdamW over the flat range [first, first + n) of the parameter table: weight decay only where
+// the table says so (matrices and embeddings). Works on a whole model or on any shard of it.
+void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
+                size_t first, size_t n, const Config *cfg, double lr, long t);
+
+// Scales grads so that their global norm is at most max_norm (when max_norm > 0), given the norm.
+void clip_gradients(float *grads, size_t n, double norm, double max_norm);
+
+// Model FLOPs per token for forward + backward (6 per parameter per token for the matmuls,
+// plus attention's 12 * L * C * T), for MFU.
+double flops_per_token(const GPTConfig *cfg, int T);
+
+// ---- one step's numbers, printed as a line and appended to metrics.jsonl ----------------------
+typedef struct {
+    long step, total_steps;
+    double loss, lr, grad_norm;
+    double ms, tokens_per_sec, mfu;
+    size_t mem_bytes;             // device memory in use
+    double val_loss;              // < 0: not evaluated this step
+    // parallel stages fill these (has_comm / has_state say so)
+    bool has_comm, has_state;
+    double comm_bytes, comm_ms;
+    double state_bytes;
+} StepStats;
+
+typedef struct {
+    FILE *f;
+    double start_time;
+    long start_step;
+} Metrics;
+
+// opens <out_dir>/metrics.jsonl (truncated, or appended to when resuming); rank 0 only
+void metrics_open(Metrics *m, const char *out_dir, bool resume, long start_step);
+void metrics_log(Metrics *m, const StepStats *s, bool print_line);
+void metrics_close(Metrics *m);
+
+// ---- memory -----------------------------------------------------------------------------------
+typedef struct { const char *what; size_t bytes; } MemoryItem;
+void print_memory_report(const char *title, const MemoryItem *items, int n);
+
+// ---- evaluation and checkpoints (single process) ----------------------------------------------
+// mean validation loss over up to cfg->eval_batches global batches; -1 when there is no
+// validation split
+double evaluate(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
+                const Config *cfg, int micro_batch);
+
+// copies the device buffers to the host and writes model + optimizer state to out_dir
+void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
+                     const float *m, const float *v, long step);
+// loads model + optimizer state from out_dir; returns the step to continue from
+long resume_checkpoint(const Config *cfg, const ParamLayout *layout, float *params, float *m, float *v);
+// fills the device buffer params from init_from
+void load_initial_weights(const Config *cfg, const ParamLayout *layout, float *params);
+
+#endif

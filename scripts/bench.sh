@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# make bench: tokens/s, ms/step and MFU of the training stages, as a table. Each run's first
+# step (warm-up: page faults, primitive creation) is left out; the median of the rest is shown.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+run() { # run <label> <stage> <args...>
+    local label=$1 stage=$2; shift 2
+    build/stage-$stage "$@" --out_dir="$out/$label" --eval_batches=0 --checkpoint_interval=0 >"$out/$label.log" 2>&1 ||
+        { echo "bench: $label failed:"; tail "$out/$label.log"; exit 1; }
+    python3 - "$label" "$out/$label/metrics.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[2])][1:]
+med = lambda k: statistics.median(r[k] for r in rows)
+print(f"| {sys.argv[1]:<28} | {med('tokens_per_sec'):>9.0f} | {med('ms'):>9.1f} | {100*med('mfu'):>6.1f}% |")
+PY
+}
+
+echo "backend: $(build/stage-1 --help >/dev/null; echo "${BACKEND:-see Makefile}"), $OMP_NUM_THREADS threads"
+echo "| run                          |  tokens/s |   ms/step |    MFU |"
+echo "|------------------------------|-----------|-----------|--------|"
+run "stage-1 gpt2-124M B=4 T=64" 1 --config configs/bench_gpt2.json
+run "stage-1 tiny.json" 1 --config configs/tiny.json --stop_iteration=12

@@ -1,0 +1,261 @@
+// test_gpt: the whole model against independent references.
+//  1. The PyTorch GPT-2 fixture (../shared/fixtures/reference/tiny_gpt2_*): loss, global and
+//     per-tensor gradient norms, and the loss after one AdamW step, to 1e-5 relative.
+//  2. Finite differences: for every tensor, the directional derivative of the loss along a random
+//     direction equals the analytic gradient's dot product with it (central differences).
+//  3. Slice-invariant initialisation: initialising the flat buffer in pieces gives the same bits
+//     as initialising it whole (what lets a rank initialise only its shard).
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "checkpoint.h"
+#include "gpt.h"
+#include "log.h"
+#include "ops.h"
+
+#define FIXTURES "../shared/fixtures/reference/"
+
+typedef struct {
+    ParamLayout layout;
+    float *params, *grads;
+    Weights w, g;
+    Activations acts;
+} Model;
+
+static void model_build(Model *m, const GPTConfig *cfg, int B, int T) {
+    gpt_layout(&m->layout, cfg);
+    size_t bytes = m->layout.num_params * sizeof(float);
+    m->params = dev_malloc(bytes);
+    m->grads = dev_malloc(bytes);
+    weights_point(&m->w, &m->layout, m->params);
+    weights_point(&m->g, &m->layout, m->grads);
+    acts_alloc(&m->acts, cfg, B, T);
+}
+
+static void model_free(Model *m) {
+    acts_free(&m->acts);
+    weights_free(&m->w);
+    weights_free(&m->g);
+    dev_free(m->params);
+    dev_free(m->grads);
+    gpt_layout_free(&m->layout);
+}
+
+static int count_targets(const int *targets, int n) {
+    int c = 0;
+    for (int i = 0; i < n; i++) c += targets[i] >= 0;
+    return c;
+}
+
+// mean loss and (optionally) gradients of one batch
+static double loss_and_grads(Model *m, const GPTConfig *cfg, const int *x, const int *y, int B, int T) {
+    int count = count_targets(y, B * T);
+    dev_zero(m->grads, m->layout.num_params * sizeof(float));
+    return gpt_forward_backward(&m->acts, &m->w, &m->g, cfg, x, y, B, T, 1.0f / count) / count;
+}
+
+static double loss_only(Model *m, const GPTConfig *cfg, const int *x, const int *y, int B, int T) {
+    gpt_forward(&m->acts, &m->w, cfg, x, B, T);
+    copy_to_device(m->acts.targets, y, (size_t)B * T * sizeof(int));
+    return gpt_loss_forward(&m->acts, cfg, B, T) / count_targets(y, B * T);
+}
+
+// ---- 1. the PyTorch fixture --------------------------------------------------------------------
+
+static void read_int_matrix(const cJSON *rows, int *out, int B, int T) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) out[b * T + t] = cJSON_GetArrayItem(cJSON_GetArrayItem(rows, b), t)->valueint;
+}
+
+// the fixture names tensors "h.0.attn_proj.weight"; ours are Hugging Face's
+static void fixture_name(char *out, size_t size, const char *hf) {
+    static const char *map[][2] = {{"attn.c_attn", "c_attn"}, {"attn.c_proj", "attn_proj"},
+                                   {"mlp.c_fc", "c_fc"}, {"mlp.c_proj", "mlp_proj"}};
+    const char *name = strncmp(hf, "transformer.", 12) == 0 ? hf + 12 : hf;
+    snprintf(out, size, "%s", name);
+    for (int i = 0; i < 4; i++) {
+        char *at = strstr(out, map[i][0]);
+        if (!at) continue;
+        char rest[64];
+        snprintf(rest, sizeof rest, "%s", at + strlen(map[i][0]));
+        snprintf(at, size - (size_t)(at - out), "%s%s", map[i][1], rest);
+    }
+}
+
+static double tensor_norm(const float *flat, const TensorInfo *t) {
+    return sqrt(sum_squares(flat + t->offset, t->numel));
+}
+
+static void test_pytorch_fixture(void) {
+    char *text = read_file_or_die(FIXTURES "tiny_gpt2_train_step.json", NULL);
+    cJSON *ref = cJSON_Parse(text);
+    const cJSON *c = cJSON_GetObjectItem(ref, "config");
+    GPTConfig cfg = {.max_seq_len = cJSON_GetObjectItem(c, "n_positions")->valueint,
+                     .vocab_size = cJSON_GetObjectItem(c, "vocab_size")->valueint,
+                     .n_layer = cJSON_GetObjectItem(c, "n_layer")->valueint,
+                     .n_head = cJSON_GetObjectItem(c, "n_head")->valueint,
+                     .n_embd = cJSON_GetObjectItem(c, "n_embd")->valueint};
+    cfg.padded_vocab_size = gpt_padded_vocab(cfg.vocab_size);
+    const cJSON *xs = cJSON_GetObjectItem(ref, "x"), *ys = cJSON_GetObjectItem(ref, "y");
+    int B = cJSON_GetArraySize(xs), T = cJSON_GetArraySize(cJSON_GetArrayItem(xs, 0));
+    int *x = malloc_or_die(sizeof(int) * B * T), *y = malloc_or_die(sizeof(int) * B * T);
+    read_int_matrix(xs, x, B, T);
+    read_int_matrix(ys, y, B, T);
+
+    Model m;
+    model_build(&m, &cfg, B, T);
+    size_t n = m.layout.num_params;
+    float *host = malloc_or_die(n * sizeof(float));
+    checkpoint_load_model(FIXTURES "tiny_gpt2_C8_L2_H2.safetensors", &m.layout, host);
+    copy_to_device(m.params, host, n * sizeof(float));
+
+    double loss = loss_and_grads(&m, &cfg, x, y, B, T);
+    CHECK_CLOSE(loss, cJSON_GetObjectItem(ref, "loss_before")->valuedouble, 1e-5, 0, "loss before");
+    CHECK_CLOSE(sqrt(sum_squares(m.grads, n)), cJSON_GetObjectItem(ref, "grad_global_norm")->valuedouble,
+                1e-5, 0, "global gradient norm");
+    const cJSON *norms = cJSON_GetObjectItem(ref, "grad_norms");
+    int compared = 0;
+    for (int i = 0; i < m.layout.num_tensors; i++) {
+        char name[64];
+        fixture_name(name, sizeof name, m.layout.tensors[i].name);
+        const cJSON *want = cJSON_GetObjectItem(norms, name);
+        CHECK(want != NULL, "no reference gradient norm for %s", name);
+        if (!want) continue;
+        // tiny norms (LayerNorm weights, ~2e-4) are sums of cancelling terms: allow 1e-9 absolute
+        CHECK_CLOSE(tensor_norm(m.grads, &m.layout.tensors[i]), want->valuedouble, 1e-5, 1e-9, name);
+        compared++;
+    }
+    CHECK(compared == cJSON_GetArraySize(norms), "compared %d of %d tensors", compared, cJSON_GetArraySize(norms));
+
+    // one torch.optim.AdamW step; torch decays every parameter, so this test does too
+    const cJSON *opt = cJSON_GetObjectItem(ref, "adamw");
+    float *mom = dev_malloc(n * sizeof(float)), *var = dev_malloc(n * sizeof(float));
+    adamw_update(m.params, m.grads, mom, var, n, (float)cJSON_GetObjectItem(opt, "lr")->valuedouble,
+                 (float)cJSON_GetObjectItem(opt, "beta1")->valuedouble,
+                 (float)cJSON_GetObjectItem(opt, "beta2")->valuedouble,
+                 (float)cJSON_GetObjectItem(opt, "eps")->valuedouble,
+                 (float)cJSON_GetObjectItem(opt, "weight_decay")->valuedouble, 1);
+    CHECK_CLOSE(loss_only(&m, &cfg, x, y, B, T), cJSON_GetObjectItem(ref, "loss_after_1_step")->valuedouble,
+                1e-5, 0, "loss after one AdamW step");
+    dev_free(mom);
+    dev_free(var);
+    model_free(&m);
+    free(host);
+    free(x);
+    free(y);
+    cJSON_Delete(ref);
+    free(text);
+}
+
+// ---- 2. finite differences ---------------------------------------------------------------------
+
+static uint64_t rng_state = 88172645463325252ull;
+static double uniform(void) {  // xorshift64, for test inputs only
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static void test_finite_differences(void) {
+    GPTConfig cfg = {.max_seq_len = 8, .vocab_size = 40, .n_layer = 2, .n_head = 2, .n_embd = 16};
+    cfg.padded_vocab_size = gpt_padded_vocab(cfg.vocab_size);
+    int B = 2, T = 7;  // T below max_seq_len on purpose
+    Model m;
+    model_build(&m, &cfg, B, T);
+    size_t n = m.layout.num_params;
+    gpt_init_range(m.params, &m.layout, 0, n, 7);
+    // larger than GPT-2's 0.02 so that every path carries a gradient well above float noise, but
+    // not so large that softmax and GELU saturate and central differences lose their accuracy
+    float *host = malloc_or_die(n * sizeof(float));
+    copy_to_host(host, m.params, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) host[i] = host[i] * 3 + (float)(0.1 * (uniform() - 0.5));
+    copy_to_device(m.params, host, n * sizeof(float));
+    int x[14], y[14];
+    for (int i = 0; i < B * T; i++) {
+        x[i] = (int)(uniform() * cfg.vocab_size);
+        y[i] = (i % 5 == 1) ? -1 : (int)(uniform() * cfg.vocab_size);  // some ignored targets
+    }
+    loss_and_grads(&m, &cfg, x, y, B, T);
+    float *grad = malloc_or_die(n * sizeof(float));
+    copy_to_host(grad, m.grads, n * sizeof(float));
+
+    float *dir = malloc_or_die(n * sizeof(float)), *shifted = malloc_or_die(n * sizeof(float));
+    for (int i = 0; i < m.layout.num_tensors; i++) {
+        const TensorInfo *t = &m.layout.tensors[i];
+        // a random direction within this tensor (real vocab rows only for wte)
+        size_t live = t->block < 0 && i == 0 ? (size_t)cfg.vocab_size * cfg.n_embd : t->numel;
+        double analytic = 0, eps = 1e-3;
+        for (size_t j = 0; j < live; j++) {
+            dir[j] = (float)(uniform() - 0.5);
+            analytic += (double)grad[t->offset + j] * dir[j];
+        }
+        double side[2];
+        for (int s = 0; s < 2; s++) {
+            memcpy(shifted, host, n * sizeof(float));
+            for (size_t j = 0; j < live; j++) shifted[t->offset + j] += (float)((s ? -eps : eps) * dir[j]);
+            copy_to_device(m.params, shifted, n * sizeof(float));
+            side[s] = loss_only(&m, &cfg, x, y, B, T);
+        }
+        double numeric = (side[0] - side[1]) / (2 * eps);
+        // float loss noise (~1e-7 relative, / 2 eps) plus the O(eps^2) truncation of central
+        // differences; real gradient bugs give errors of 10% and more
+        CHECK_CLOSE(analytic, numeric, 2e-2, 2e-4, t->name);
+    }
+    copy_to_device(m.params, host, n * sizeof(float));
+    free(dir);
+    free(shifted);
+    free(grad);
+    free(host);
+    model_free(&m);
+}
+
+// ---- 3. initialisation -------------------------------------------------------------------------
+
+static void test_init_slices(void) {
+    GPTConfig cfg = {.max_seq_len = 16, .vocab_size = 257, .n_layer = 3, .n_head = 2, .n_embd = 32};
+    cfg.padded_vocab_size = gpt_padded_vocab(cfg.vocab_size);
+    ParamLayout l;
+    gpt_layout(&l, &cfg);
+    size_t n = l.num_params;
+    float *whole = dev_malloc(n * sizeof(float)), *pieces = dev_malloc(n * sizeof(float));
+    gpt_init_range(whole, &l, 0, n, 42);
+    size_t cut[] = {0, 1000, 1001, n / 3, n / 2 + 7, n};
+    for (int i = 0; i + 1 < 6; i++) gpt_init_range(pieces + cut[i], &l, cut[i], cut[i + 1] - cut[i], 42);
+    float *a = malloc_or_die(n * sizeof(float)), *b = malloc_or_die(n * sizeof(float));
+    copy_to_host(a, whole, n * sizeof(float));
+    copy_to_host(b, pieces, n * sizeof(float));
+    CHECK(memcmp(a, b, n * sizeof(float)) == 0, "sliced initialisation differs from the whole");
+    // GPT-2's scheme: std 0.02 for wte, 0.02/sqrt(2L) for the residual projections, LN weight 1
+    const TensorInfo *wte = &l.tensors[0];
+    double var = sum_squares(whole + wte->offset, (size_t)cfg.vocab_size * cfg.n_embd) / (cfg.vocab_size * cfg.n_embd);
+    CHECK_CLOSE(sqrt(var), 0.02, 0.05, 0, "wte std");
+    CHECK(sum_squares(whole + wte->offset + (size_t)cfg.vocab_size * cfg.n_embd,
+                      (size_t)(cfg.padded_vocab_size - cfg.vocab_size) * cfg.n_embd) == 0,
+          "padded vocab rows are not zero");
+    for (int i = 0; i < l.num_tensors; i++) {
+        const TensorInfo *t = &l.tensors[i];
+        if (strstr(t->name, "c_proj.weight")) {
+            double s = sqrt(sum_squares(whole + t->offset, t->numel) / t->numel);
+            CHECK_CLOSE(s, 0.02 / sqrt(2.0 * cfg.n_layer), 0.1, 0, t->name);
+        }
+        if (strstr(t->name, "ln_1.weight"))
+            CHECK(sum_values(whole + t->offset, t->numel) == t->numel, "%s is not all ones", t->name);
+    }
+    free(a);
+    free(b);
+    dev_free(whole);
+    dev_free(pieces);
+    gpt_layout_free(&l);
+}
+
+int main(void) {
+    ops_init();
+    test_pytorch_fixture();
+    test_finite_differences();
+    test_init_slices();
+    return test_summary("test_gpt");
+}
