@@ -1,0 +1,212 @@
+// comm.c: the backend-independent half of comm.h: process groups, accounting, the statistics
+// table, and small host-side reductions, all over MPI. The payload collectives are in
+// comm_mpi.c (host buffers) or comm_nccl.c (GPU buffers).
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm_internal.h"
+#include "log.h"
+
+static Comm *g_groups = NULL;
+double g_comm_timeout = 300;
+const char *COMM_KIND_NAMES[COLL_KINDS] = {"all-reduce", "all-gather", "reduce-scatter", "broadcast"};
+
+void comm_check_mpi(int err, const char *what) {
+    if (err == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(err, msg, &len);
+    fatal("MPI %s failed: %s", what, msg);
+}
+
+void comm_timeout_exceeded(const char *what, const char *group) {
+    fatal("%s on group '%s' did not finish within %.0f s: a rank has died or is stuck "
+          "(COMM_TIMEOUT sets the limit)", what, group, g_comm_timeout);
+}
+
+// Polls instead of MPI_Wait so that a dead or stuck peer ends the job after the timeout. The
+// short sleeps give the core back, which matters when ranks outnumber cores.
+void comm_wait_mpi(MPI_Request *req, const char *what, const char *group) {
+    double deadline = wall_seconds() + g_comm_timeout;
+    struct timespec nap = {0, 20000};
+    for (long polls = 0;; polls++) {
+        int done = 0;
+        comm_check_mpi(MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
+        if (done) return;
+        if (polls > 100) nanosleep(&nap, NULL);
+        if (wall_seconds() > deadline) comm_timeout_exceeded(what, group);
+    }
+}
+
+// ---- groups -----------------------------------------------------------------------------------
+
+static Comm *new_group(MPI_Comm mpi, const char *name) {
+    Comm *c = calloc_or_die(1, sizeof *c);
+    c->mpi = mpi;
+    // errors come back as codes, so that we can say what failed instead of MPI aborting
+    MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(mpi, &c->rank);
+    MPI_Comm_size(mpi, &c->size);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    comm_backend_init_group(c);
+    c->next = g_groups;
+    g_groups = c;
+    return c;
+}
+
+Comm *comm_init(int *argc, char ***argv) {
+    comm_check_mpi(MPI_Init(argc, argv), "init");
+    const char *t = getenv("COMM_TIMEOUT");
+    if (t && atof(t) > 0) g_comm_timeout = atof(t);
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    log_set_rank(rank);
+    return new_group(MPI_COMM_WORLD, "world");
+}
+
+void comm_finalize(Comm *world) {
+    (void)world;
+    while (g_groups) {
+        Comm *c = g_groups;
+        g_groups = c->next;
+        comm_backend_free_group(c);
+        if (c->mpi != MPI_COMM_WORLD) MPI_Comm_free(&c->mpi);
+        free(c);
+    }
+    MPI_Finalize();
+}
+
+Comm *comm_split(Comm *parent, int color, int key, const char *name) {
+    MPI_Comm mpi;
+    comm_check_mpi(MPI_Comm_split(parent->mpi, color, key, &mpi), "comm_split");
+    return new_group(mpi, name);
+}
+
+int comm_rank(const Comm *c) { return c->rank; }
+int comm_size(const Comm *c) { return c->size; }
+const char *comm_name(const Comm *c) { return c->name; }
+void comm_set_timeout(double seconds) { g_comm_timeout = seconds; }
+
+// ---- requests and accounting ------------------------------------------------------------------
+
+CommRequest *comm_new_request(Comm *c, CollKind kind, double bytes) {
+    CommRequest *r = calloc_or_die(1, sizeof *r);
+    r->comm = c;
+    r->kind = kind;
+    r->bytes = bytes;
+    r->start = wall_seconds();
+    return r;
+}
+
+static double bus_factor(CollKind kind, int n) {
+    if (kind == COLL_ALL_REDUCE) return 2.0 * (n - 1) / n;
+    if (kind == COLL_BROADCAST) return 1.0;
+    return (double)(n - 1) / n;
+}
+
+void comm_wait(CommRequest *r) {
+    comm_backend_wait(r);
+    CommStats *s = &r->comm->stats;
+    s->calls[r->kind]++;
+    s->bytes[r->kind] += r->bytes;
+    s->seconds[r->kind] += wall_seconds() - r->start;
+    s->bus_bytes[r->kind] += r->bytes * bus_factor(r->kind, r->comm->size);
+    free(r);
+}
+
+void comm_all_reduce(Comm *c, float *buf, size_t count) { comm_wait(comm_all_reduce_start(c, buf, count)); }
+void comm_all_gather(Comm *c, float *out, const float *in, size_t count) {
+    comm_wait(comm_all_gather_start(c, out, in, count));
+}
+void comm_reduce_scatter(Comm *c, float *out, const float *in, size_t count) {
+    comm_wait(comm_reduce_scatter_start(c, out, in, count));
+}
+
+void comm_barrier(Comm *c) {
+    MPI_Request req;
+    comm_check_mpi(MPI_Ibarrier(c->mpi, &req), "barrier");
+    comm_wait_mpi(&req, "barrier", c->name);
+}
+
+CommStats comm_totals(void) {
+    CommStats t;
+    memset(&t, 0, sizeof t);
+    for (Comm *c = g_groups; c; c = c->next)
+        for (int k = 0; k < COLL_KINDS; k++) {
+            t.calls[k] += c->stats.calls[k];
+            t.bytes[k] += c->stats.bytes[k];
+            t.seconds[k] += c->stats.seconds[k];
+            t.bus_bytes[k] += c->stats.bus_bytes[k];
+        }
+    return t;
+}
+
+double comm_stats_bytes(const CommStats *s) {
+    double b = 0;
+    for (int k = 0; k < COLL_KINDS; k++) b += s->bytes[k];
+    return b;
+}
+
+double comm_stats_seconds(const CommStats *s) {
+    double t = 0;
+    for (int k = 0; k < COLL_KINDS; k++) t += s->seconds[k];
+    return t;
+}
+
+void comm_print_table(Comm *world) {
+    if (world->rank != 0) return;
+    printf("communication on rank 0 (sizes and bandwidths as nccl-tests defines them):\n");
+    printf("  %-8s %-15s %7s %11s %10s %11s %11s\n", "group", "collective", "calls", "MB", "ms",
+           "algbw GB/s", "busbw GB/s");
+    for (Comm *c = g_groups; c; c = c->next)
+        for (int k = 0; k < COLL_KINDS; k++) {
+            const CommStats *s = &c->stats;
+            if (!s->calls[k]) continue;
+            double sec = s->seconds[k] > 0 ? s->seconds[k] : 1e-12;
+            printf("  %-8s %-15s %7ld %11.2f %10.1f %11.3f %11.3f\n", c->name, COMM_KIND_NAMES[k],
+                   s->calls[k], s->bytes[k] / 1e6, 1e3 * s->seconds[k], s->bytes[k] / sec / 1e9,
+                   s->bus_bytes[k] / sec / 1e9);
+        }
+}
+
+// ---- small host values ------------------------------------------------------------------------
+
+static void reduce_host(Comm *c, void *x, MPI_Datatype type, MPI_Op op, const char *what) {
+    MPI_Request req;
+    comm_check_mpi(MPI_Iallreduce(MPI_IN_PLACE, x, 1, type, op, c->mpi, &req), what);
+    comm_wait_mpi(&req, what, c->name);
+}
+
+double comm_sum_double(Comm *c, double x) {
+    reduce_host(c, &x, MPI_DOUBLE, MPI_SUM, "sum of a value");
+    return x;
+}
+
+long comm_sum_long(Comm *c, long x) {
+    reduce_host(c, &x, MPI_LONG, MPI_SUM, "sum of a count");
+    return x;
+}
+
+double comm_max_double(Comm *c, double x) {
+    reduce_host(c, &x, MPI_DOUBLE, MPI_MAX, "max of a value");
+    return x;
+}
+
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+void comm_check_same(Comm *c, const char *what, const char *text) {
+    // the min and the max of the hashes agree only if every rank's is the same
+    uint64_t lo = fnv1a(text), hi = lo;
+    reduce_host(c, &lo, MPI_UINT64_T, MPI_MIN, what);
+    reduce_host(c, &hi, MPI_UINT64_T, MPI_MAX, what);
+    if (lo != hi)
+        fatal("the ranks of group '%s' do not agree on %s (rank %d has %s); start every rank with "
+              "the same config and arguments", c->name, what, c->rank, text);
+}

@@ -1,0 +1,75 @@
+// comm.h: the communicator every parallel stage uses. One API, two implementations:
+// comm_mpi.c moves CPU buffers with Open MPI; comm_nccl.c moves GPU buffers with NCCL (its
+// communicators bootstrapped over MPI). Ranks always come from MPI, so `mpirun -np P` and
+// Slurm's `srun` (PMIx) both start a job.
+//
+// Every collective is counted (calls, bytes, seconds) per group and per kind, and every wait is
+// bounded: a collective that does not finish within the timeout (a dead or stuck rank) ends the
+// job with a message instead of hanging it.
+//
+// Sizes follow nccl-tests: the "size" of all-reduce and broadcast is the buffer, of all-gather
+// the gathered output, of reduce-scatter the input. Bus bandwidth = size / time x factor, with
+// factor 2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for broadcast:
+// the bandwidth each link must carry with a ring, comparable with the hardware's.
+#ifndef COMM_H
+#define COMM_H
+
+#include <stddef.h>
+
+typedef struct Comm Comm;
+typedef struct CommRequest CommRequest;
+
+typedef enum { COLL_ALL_REDUCE, COLL_ALL_GATHER, COLL_REDUCE_SCATTER, COLL_BROADCAST, COLL_KINDS } CollKind;
+
+// Starts MPI and returns the world group; sets log_set_rank(). Call first in main.
+Comm *comm_init(int *argc, char ***argv);
+// Ends MPI after freeing every group; prints nothing.
+void comm_finalize(Comm *world);
+// Ranks with the same color form a group, ordered by key; `name` labels its statistics.
+Comm *comm_split(Comm *parent, int color, int key, const char *name);
+int comm_rank(const Comm *c);
+int comm_size(const Comm *c);
+const char *comm_name(const Comm *c);
+
+// Seconds a collective may take before the job is ended (default 300, env COMM_TIMEOUT).
+void comm_set_timeout(double seconds);
+
+// ---- collectives on float buffers (device pointers: host memory on the CPU backend) ----------
+// buf (count) = sum over ranks of buf, in place
+void comm_all_reduce(Comm *c, float *buf, size_t count);
+// out (n * count) = every rank's in (count), in rank order
+void comm_all_gather(Comm *c, float *out, const float *in, size_t count);
+// out (count) = this rank's slice of the sum over ranks of in (n * count)
+void comm_reduce_scatter(Comm *c, float *out, const float *in, size_t count);
+void comm_broadcast(Comm *c, float *buf, size_t count, int root);
+void comm_barrier(Comm *c);
+
+// the same, started now and finished by comm_wait (which frees the request)
+CommRequest *comm_all_reduce_start(Comm *c, float *buf, size_t count);
+CommRequest *comm_all_gather_start(Comm *c, float *out, const float *in, size_t count);
+CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, size_t count);
+void comm_wait(CommRequest *r);
+
+// ---- small host values (for losses, norms and checks; not counted as payload) ----------------
+double comm_sum_double(Comm *c, double x);
+long comm_sum_long(Comm *c, long x);
+double comm_max_double(Comm *c, double x);
+// Ends the job with a message on every rank unless all ranks passed the same text (e.g. the
+// config as JSON): a mismatched config would otherwise give silently different answers.
+void comm_check_same(Comm *c, const char *what, const char *text);
+
+// ---- accounting -------------------------------------------------------------------------------
+typedef struct {
+    long calls[COLL_KINDS];
+    double bytes[COLL_KINDS];    // sizes as defined above
+    double seconds[COLL_KINDS];  // from start to the end of the wait
+    double bus_bytes[COLL_KINDS];  // sum of size x bus factor: bus bandwidth = bus_bytes / seconds
+} CommStats;
+// totals over every group since the start (take differences for one step)
+CommStats comm_totals(void);
+double comm_stats_bytes(const CommStats *s);
+double comm_stats_seconds(const CommStats *s);
+// rank 0 prints a table per group and kind: calls, MB, ms, algorithmic and bus bandwidth
+void comm_print_table(Comm *world);
+
+#endif

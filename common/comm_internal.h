@@ -1,0 +1,41 @@
+// comm_internal.h: what comm.c (groups, accounting, host values; always MPI) shares with the
+// backend that moves the payload (comm_mpi.c for host buffers, comm_nccl.c for GPU buffers).
+#ifndef COMM_INTERNAL_H
+#define COMM_INTERNAL_H
+
+#include <mpi.h>
+
+#include "comm.h"
+
+struct Comm {
+    MPI_Comm mpi;
+    int rank, size;
+    char name[32];
+    CommStats stats;
+    void *backend;  // the backend's own state for this group (an ncclComm_t for NCCL)
+    Comm *next;     // every group, for the totals and the table
+};
+
+struct CommRequest {
+    Comm *comm;
+    CollKind kind;
+    double bytes, start;
+    MPI_Request mpi;    // comm_mpi.c
+    void *event;        // comm_nccl.c: a cudaEvent_t recorded after the collective
+};
+
+extern double g_comm_timeout;
+extern const char *COMM_KIND_NAMES[COLL_KINDS];
+
+// the backend's part
+void comm_backend_init_group(Comm *c);  // after the MPI communicator exists
+void comm_backend_free_group(Comm *c);
+void comm_backend_wait(CommRequest *r); // bounded by g_comm_timeout
+
+// shared helpers
+CommRequest *comm_new_request(Comm *c, CollKind kind, double bytes);
+void comm_check_mpi(int err, const char *what);
+void comm_wait_mpi(MPI_Request *req, const char *what, const char *group);
+void comm_timeout_exceeded(const char *what, const char *group);
+
+#endif

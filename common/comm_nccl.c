@@ -1,0 +1,123 @@
+// comm_nccl.c: the payload collectives of comm.h over NCCL, for buffers in GPU memory (the CUDA
+// backend). Each group gets its own NCCL communicator, bootstrapped by broadcasting rank 0's
+// unique id over the group's MPI communicator, and its own stream, so communication can overlap
+// the compute stream. A collective waits for the compute issued before it (an event), and
+// comm_wait polls its completion with the same timeout as the MPI backend.
+#define _POSIX_C_SOURCE 200809L
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "comm_internal.h"
+#include "log.h"
+#include "ops.h"
+
+typedef struct {
+    ncclComm_t nccl;
+    cudaStream_t stream;
+} NcclGroup;
+
+#define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+
+static void nccl_check(ncclResult_t r, const char *what, const char *file, int line) {
+    if (r != ncclSuccess) fatal("%s:%d: %s: NCCL error: %s", file, line, what, ncclGetErrorString(r));
+}
+
+static void cuda_check(cudaError_t e, const char *what, const char *file, int line) {
+    if (e != cudaSuccess) fatal("%s:%d: %s: CUDA error: %s", file, line, what, cudaGetErrorString(e));
+}
+
+static cudaStream_t compute_stream(void) { return (cudaStream_t)ops_stream(); }
+
+void comm_backend_init_group(Comm *c) {
+    NcclGroup *g = calloc_or_die(1, sizeof *g);
+    ncclUniqueId id;
+    if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_Request req;
+    comm_check_mpi(MPI_Ibcast(&id, sizeof id, MPI_BYTE, 0, c->mpi, &req), "NCCL id broadcast");
+    comm_wait_mpi(&req, "NCCL id broadcast", c->name);
+    NCCL_CHECK(ncclCommInitRank(&g->nccl, c->size, id, c->rank));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    c->backend = g;
+}
+
+void comm_backend_free_group(Comm *c) {
+    NcclGroup *g = c->backend;
+    if (!g) return;
+    ncclCommDestroy(g->nccl);
+    cudaStreamDestroy(g->stream);
+    free(g);
+    c->backend = NULL;
+}
+
+// The collective must see what the compute stream wrote before it was called.
+static NcclGroup *begin(Comm *c) {
+    NcclGroup *g = c->backend;
+    cudaEvent_t ready;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(ready, compute_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(g->stream, ready, 0));
+    CUDA_CHECK(cudaEventDestroy(ready));
+    return g;
+}
+
+static CommRequest *end(CommRequest *r, NcclGroup *g) {
+    cudaEvent_t done;
+    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(done, g->stream));
+    r->event = done;
+    return r;
+}
+
+void comm_backend_wait(CommRequest *r) {
+    NcclGroup *g = r->comm->backend;
+    cudaEvent_t done = r->event;
+    double deadline = wall_seconds() + g_comm_timeout;
+    struct timespec nap = {0, 20000};
+    for (;;) {
+        cudaError_t e = cudaEventQuery(done);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) cuda_check(e, COMM_KIND_NAMES[r->kind], __FILE__, __LINE__);
+        ncclResult_t async;
+        NCCL_CHECK(ncclCommGetAsyncError(g->nccl, &async));
+        NCCL_CHECK(async);
+        if (wall_seconds() > deadline) {
+            ncclCommAbort(g->nccl);  // frees the GPU from the collective before we exit
+            comm_timeout_exceeded(COMM_KIND_NAMES[r->kind], r->comm->name);
+        }
+        nanosleep(&nap, NULL);
+    }
+    // later compute on the compute stream must see the result
+    CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), done, 0));
+    CUDA_CHECK(cudaEventDestroy(done));
+}
+
+CommRequest *comm_all_reduce_start(Comm *c, float *buf, size_t count) {
+    CommRequest *r = comm_new_request(c, COLL_ALL_REDUCE, 4.0 * count);
+    NcclGroup *g = begin(c);
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, g->nccl, g->stream));
+    return end(r, g);
+}
+
+CommRequest *comm_all_gather_start(Comm *c, float *out, const float *in, size_t count) {
+    CommRequest *r = comm_new_request(c, COLL_ALL_GATHER, 4.0 * count * c->size);
+    NcclGroup *g = begin(c);
+    NCCL_CHECK(ncclAllGather(in, out, count, ncclFloat, g->nccl, g->stream));
+    return end(r, g);
+}
+
+CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, size_t count) {
+    CommRequest *r = comm_new_request(c, COLL_REDUCE_SCATTER, 4.0 * count * c->size);
+    NcclGroup *g = begin(c);
+    NCCL_CHECK(ncclReduceScatter(in, out, count, ncclFloat, ncclSum, g->nccl, g->stream));
+    return end(r, g);
+}
+
+void comm_broadcast(Comm *c, float *buf, size_t count, int root) {
+    CommRequest *r = comm_new_request(c, COLL_BROADCAST, 4.0 * count);
+    NcclGroup *g = begin(c);
+    NCCL_CHECK(ncclBroadcast(buf, buf, count, ncclFloat, root, g->nccl, g->stream));
+    comm_wait(end(r, g));
+}
