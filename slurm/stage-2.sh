@@ -1,0 +1,26 @@
+#!/bin/bash
+# slurm/stage-2.sh - stage 02, bf16 mixed-precision training (1 task, 1 GPU) under Slurm.
+# Submit from the repository root (the log directory slurm/logs/ is relative to it):
+#   CONFIG_FILE=configs/single_gpu.json sbatch slurm/stage-2.sh --precision=bf16-mixed
+# Log: slurm/logs/stage-2-<jobid>.out   Watch: squeue --me ; tail -f slurm/logs/stage-2-*.out
+# Options: CONFIG_FILE, EXTRA_ARGS, LAUNCHER=srun|mpirun and the NCCL / Open MPI settings in
+# slurm/common.sh. More nodes: change --nodes (or sbatch --nodes=2 ...); this stage is one process.
+#SBATCH --job-name=stage-2
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=1
+#SBATCH --time=01:00:00
+#SBATCH --output=slurm/logs/%x-%j.out
+# Site-specific, if your cluster wants them:
+##SBATCH --partition=gpu
+##SBATCH --account=my_project
+##SBATCH --cpus-per-task=8
+##SBATCH --exclusive
+set -euo pipefail
+STAGE=2
+DEFAULT_CONFIG=configs/single_gpu.json
+MAX_TASKS=1
+# the job runs a copy of this script from Slurm's spool directory: find common.sh from the
+# directory sbatch was run in (the repository root)
+source "${SLURM_SUBMIT_DIR:-.}/slurm/common.sh"
+run_stage "$@"

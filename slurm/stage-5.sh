@@ -1,0 +1,26 @@
+#!/bin/bash
+# slurm/stage-5.sh - stage 05, 3D tensor-parallel training (AxoNN grid, 4 ranks) under Slurm.
+# Submit from the repository root (the log directory slurm/logs/ is relative to it):
+#   CONFIG_FILE=configs/axonn.json sbatch slurm/stage-5.sh
+# Log: slurm/logs/stage-5-<jobid>.out   Watch: squeue --me ; tail -f slurm/logs/stage-5-*.out
+# Options: CONFIG_FILE, EXTRA_ARGS, LAUNCHER=srun|mpirun and the NCCL / Open MPI settings in
+# slurm/common.sh. More nodes: change --nodes (or sbatch --nodes=2 ...); ranks = nodes x tasks per node.
+#SBATCH --job-name=stage-5
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH --time=01:00:00
+#SBATCH --output=slurm/logs/%x-%j.out
+# Site-specific, if your cluster wants them:
+##SBATCH --partition=gpu
+##SBATCH --account=my_project
+##SBATCH --cpus-per-task=8
+##SBATCH --exclusive
+set -euo pipefail
+STAGE=5
+DEFAULT_CONFIG=configs/axonn.json
+MAX_TASKS=any
+# the job runs a copy of this script from Slurm's spool directory: find common.sh from the
+# directory sbatch was run in (the repository root)
+source "${SLURM_SUBMIT_DIR:-.}/slurm/common.sh"
+run_stage "$@"

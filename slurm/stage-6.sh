@@ -1,0 +1,26 @@
+#!/bin/bash
+# slurm/stage-6.sh - stage 06, inference with a KV cache (1 task; more for tensor parallelism) under Slurm.
+# Submit from the repository root (the log directory slurm/logs/ is relative to it):
+#   CONFIG_FILE=configs/inference.json sbatch slurm/stage-6.sh
+# Log: slurm/logs/stage-6-<jobid>.out   Watch: squeue --me ; tail -f slurm/logs/stage-6-*.out
+# Options: CONFIG_FILE, EXTRA_ARGS, LAUNCHER=srun|mpirun and the NCCL / Open MPI settings in
+# slurm/common.sh. More nodes: change --nodes (or sbatch --nodes=2 ...); ranks = nodes x tasks per node.
+#SBATCH --job-name=stage-6
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=1
+#SBATCH --time=00:20:00
+#SBATCH --output=slurm/logs/%x-%j.out
+# Site-specific, if your cluster wants them:
+##SBATCH --partition=gpu
+##SBATCH --account=my_project
+##SBATCH --cpus-per-task=8
+##SBATCH --exclusive
+set -euo pipefail
+STAGE=6
+DEFAULT_CONFIG=configs/inference.json
+MAX_TASKS=any
+# the job runs a copy of this script from Slurm's spool directory: find common.sh from the
+# directory sbatch was run in (the repository root)
+source "${SLURM_SUBMIT_DIR:-.}/slurm/common.sh"
+run_stage "$@"

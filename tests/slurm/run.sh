@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# tests/slurm/run.sh - `make test-slurm`: the job scripts in slurm/ on a real Slurm cluster.
+#
+# Brings up the local one-node cluster (slurm/local-cluster-up.sh, as root), then submits with
+# sbatch, exactly as a user would, and checks each job:
+#   - launchers: slurm/stage-3.sh running tests/slurm/mpi_hello (4 MPI ranks) with srun (PMIx)
+#     and with mpirun: every rank joins an all-reduce and sees $CONFIG_FILE and the arguments.
+#     This proves the multi-rank path before (and independently of) the parallel stages.
+#   - a job that must fail (missing config) fails at once with a clear message;
+#   - every stage whose binary exists (build/stage-N) on configs/tiny.json, a short run:
+#     COMPLETED, exit 0, progress lines in its log and a falling loss (stage 6: generation
+#     output). Stage 3 runs with both launchers. Missing stages are listed as skipped.
+# A failing job prints its log tail. The cluster is torn down on every path (trap).
+# Nothing can hang: the bring-up, each job and each Slurm command have time limits.
+# Last line: "test-slurm: N passed, N failed"; exit status 1 if anything failed.
+#
+# Settings: SLURM_TEST_STEPS=6 (training steps per job), SLURM_TEST_JOB_TIMEOUT=180 (s per job),
+#           SLURM_TEST_KEEP_CLUSTER=1 (leave the cluster up afterwards, for debugging)
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$PWD
+STEPS=${SLURM_TEST_STEPS:-6}
+JOB_TIMEOUT=${SLURM_TEST_JOB_TIMEOUT:-180}
+WORK=$ROOT/build/slurm-test
+T_START=$SECONDS
+
+passed=0 failed=0 skipped=() submitted=()
+say() { echo "test-slurm: $*"; }
+pass() { passed=$((passed + 1)); echo "PASS $*"; }
+fail() { failed=$((failed + 1)); echo "FAIL $*"; }
+summary() { say "$passed passed, $failed failed"; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }  # seconds since $1
+
+# ---- teardown on every path --------------------------------------------------------------------
+cluster_started=0
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [ ${#submitted[@]} -gt 0 ] && [ $cluster_started = 1 ]; then
+        timeout 10 scancel "${submitted[@]}" 2>/dev/null || true
+    fi
+    if [ $cluster_started = 1 ] && [ "${SLURM_TEST_KEEP_CLUSTER:-0}" != 1 ]; then
+        timeout 120 bash slurm/local-cluster-down.sh >"$WORK/cluster-down.log" 2>&1 ||
+            { echo "WARNING: teardown failed:"; cat "$WORK/cluster-down.log"; }
+    fi
+    exit $rc
+}
+trap cleanup EXIT
+trap 'echo "test-slurm: interrupted"; failed=$((failed + 1)); summary; exit 130' INT TERM
+
+mkdir -p "$WORK" slurm/logs
+if [ "$(id -u)" != 0 ]; then
+    say "the local Slurm cluster needs root (it installs packages and starts daemons); run as root"
+    fail "cluster: not root"; summary; exit 1
+fi
+
+# ---- the cluster ---------------------------------------------------------------------------------
+say "bringing up the local Slurm cluster (slurm/local-cluster-up.sh)"
+cluster_started=1
+t0=$(now)
+if ! env_file=$(timeout 600 bash slurm/local-cluster-up.sh 2>"$WORK/cluster-up.log"); then
+    cat "$WORK/cluster-up.log"
+    fail "cluster: slurm/local-cluster-up.sh failed"; summary; exit 1
+fi
+# shellcheck source=/dev/null
+source "$env_file"   # SLURM_CONF, mpirun-as-root, OMPI_MCA_mpi_yield_when_idle=1
+say "cluster up in $(since "$t0") s: $(timeout 10 sinfo -h -o '%P %T %c CPUs %G' | head -n1)"
+
+# ---- submitting and waiting ---------------------------------------------------------------------
+# submit NAME SCRIPT [sbatch options...] -- with the job's environment in the caller's env;
+# sets JID and LOG. --time makes Slurm itself end a runaway job too.
+submit() {
+    local script=$1; shift
+    JID=$(timeout 30 sbatch --parsable --time=$(((JOB_TIMEOUT + 59) / 60)) "$@" "$script" 2>"$WORK/sbatch.err")
+    JID=${JID%%;*}
+    if ! [[ $JID =~ ^[0-9]+$ ]]; then JID=""; return 1; fi
+    submitted+=("$JID")
+    LOG=slurm/logs/$(basename "$script" .sh)-$JID.out
+}
+# wait_job: poll scontrol (sbatch --wait only checks after 2, 10 and 42 s); sets STATE and EXIT
+wait_job() {
+    local deadline=$((SECONDS + JOB_TIMEOUT)) info
+    while :; do
+        info=$(timeout 10 scontrol show job -o "$JID" 2>/dev/null)
+        STATE=$(grep -oE 'JobState=[A-Z_]+' <<<"$info" | cut -d= -f2)
+        EXIT=$(grep -oE ' ExitCode=[0-9:]+' <<<"$info" | cut -d= -f2)
+        case $STATE in
+            PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED | "") ;;
+            *) return 0 ;;
+        esac
+        if [ $SECONDS -ge $deadline ]; then
+            STATE="TIMEOUT(test: still $STATE after ${JOB_TIMEOUT}s)"
+            [ -n "$(grep -oE 'Reason=[^ ]+' <<<"$info")" ] && STATE+=" $(grep -oE 'Reason=[^ ]+' <<<"$info")"
+            timeout 10 scancel "$JID" 2>/dev/null || true
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+log_tail() {
+    echo "----- job $JID: $STATE exit $EXIT; last lines of $LOG:"
+    if [ -s "$LOG" ]; then tail -n 25 "$LOG" | sed 's/^/    /'; else echo "    (no log file)"; fi
+    echo "-----"
+}
+# run_job NAME SCRIPT CHECK [sbatch options...]: submit, wait, COMPLETED 0:0, then CHECK (a
+# function reading $LOG that prints why it failed). Logs of passing jobs are removed.
+run_job() {
+    local name=$1 script=$2 check=$3 t0 why; shift 3
+    t0=$(now)
+    if ! submit "$script" "$@"; then
+        fail "$name: sbatch refused the job: $(cat "$WORK/sbatch.err")"; return
+    fi
+    wait_job
+    if [ "$STATE" != COMPLETED ] || [ "$EXIT" != 0:0 ]; then
+        fail "$name: job $JID ended $STATE (exit $EXIT) after $(since "$t0") s"; log_tail; return
+    fi
+    if ! why=$($check); then
+        fail "$name: job $JID COMPLETED but $why"; log_tail; return
+    fi
+    pass "$name [job $JID, $(since "$t0") s]${why:+: $why}"
+    rm -f "$LOG"
+}
+
+# ---- checks on a job's log ------------------------------------------------------------------------
+check_hello() { # every rank: all-reduce right, CONFIG_FILE and the arguments arrived
+    local n want="config=configs/tiny.json args=[--config configs/tiny.json --stop_iteration=$STEPS]"
+    n=$(grep -c "allreduce_sum=10 expected=10 $want" "$LOG" 2>/dev/null)
+    [ "$n" = 4 ] || { echo "expected 4 ranks reporting 'allreduce_sum=10 ... $want', found $n"; return 1; }
+    echo "4 ranks agree"
+}
+check_training() { # progress lines "step k/N | loss X | ..." from rank 0, loss falling
+    local losses n first last
+    losses=$(grep -oE '^step +[0-9]+/[0-9]+ \| loss [0-9.eE+-]+' "$LOG" 2>/dev/null | awk '{print $NF}')
+    n=$(grep -c . <<<"$losses")
+    [ "$n" -ge 2 ] || { echo "its log has $n progress lines ('step k/N | loss X'), expected at least 2"; return 1; }
+    first=$(head -n1 <<<"$losses"); last=$(tail -n1 <<<"$losses")
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' ||
+        { echo "the loss did not fall ($first -> $last over $n progress lines)"; return 1; }
+    echo "$n progress lines, loss $first -> $last"
+}
+check_inference() { # generation finished and reported its speed
+    grep -qiE 'tok(ens)?/s' "$LOG" 2>/dev/null || { echo "no tokens/s report in its log"; return 1; }
+    echo "generated"
+}
+
+# ---- 1. the launch path, with a stand-in MPI program -----------------------------------------------
+HELLO=$WORK/mpi_hello
+if ! timeout 60 mpicc -std=c11 -O2 -Wall -Wextra -Werror -o "$HELLO" tests/slurm/mpi_hello.c 2>"$WORK/mpicc.err"; then
+    fail "launchers: mpicc tests/slurm/mpi_hello.c failed: $(cat "$WORK/mpicc.err")"
+else
+    for launcher in srun mpirun; do
+        LAUNCHER=$launcher STAGE_BIN=$HELLO CONFIG_FILE=configs/tiny.json EXTRA_ARGS="--stop_iteration=$STEPS" \
+            OMP_NUM_THREADS=1 run_job "launcher $launcher: slurm/stage-3.sh, 4 MPI ranks (tests/slurm/mpi_hello)" \
+            slurm/stage-3.sh check_hello
+    done
+fi
+
+# ---- 2. a job that cannot work fails at once, and says why ---------------------------------------------
+t0=$(now)
+if STAGE_BIN=$HELLO CONFIG_FILE=configs/no-such-config.json submit slurm/stage-3.sh; then
+    wait_job
+    if [ "$STATE" = FAILED ] && grep -q "config file 'configs/no-such-config.json' not readable" "$LOG"; then
+        pass "missing config: job $JID FAILED at once with a clear message [$(since "$t0") s]"
+        rm -f "$LOG"
+    else
+        fail "missing config: expected FAILED with 'config file ... not readable', got $STATE"; log_tail
+    fi
+else
+    fail "missing config: sbatch refused the job: $(cat "$WORK/sbatch.err")"
+fi
+
+# ---- 3. every stage that exists, on the CPU build ---------------------------------------------------
+# (make test-slurm builds BACKEND=cpu first; build/stage-N is the backend built last)
+for n in 1 2 3 4 5 6; do
+    if [ ! -x "build/stage-$n" ]; then
+        skipped+=("stage-$n (build/stage-$n does not exist yet)")
+        continue
+    fi
+    out=$WORK/out/stage-$n
+    rm -rf "$out"
+    case $n in
+        1 | 2) # one process: let OpenMP use the cores
+            OMP_NUM_THREADS=$(nproc) CONFIG_FILE=configs/tiny.json \
+                EXTRA_ARGS="--stop_iteration=$STEPS --log_interval=1 --out_dir=$out" \
+                run_job "stage $n: slurm/stage-$n.sh, 1 task, $STEPS steps" slurm/stage-$n.sh check_training ;;
+        3 | 4 | 5) # 4 ranks on few cores: one thread each. Stage 3 with both launchers.
+            launchers=srun; [ $n = 3 ] && launchers="srun mpirun"
+            for launcher in $launchers; do
+                LAUNCHER=$launcher OMP_NUM_THREADS=1 CONFIG_FILE=configs/tiny.json \
+                    EXTRA_ARGS="--stop_iteration=$STEPS --log_interval=1 --out_dir=$out-$launcher" \
+                    run_job "stage $n: slurm/stage-$n.sh, 4 ranks, $launcher, $STEPS steps" slurm/stage-$n.sh check_training
+            done ;;
+        6) # generation from the checkpoint the stage-1 job wrote, if there is one
+            init=""; [ -e "$WORK/out/stage-1/model.safetensors" ] && init="--init_from=$WORK/out/stage-1"
+            OMP_NUM_THREADS=$(nproc) CONFIG_FILE=configs/tiny.json \
+                EXTRA_ARGS="--tokens_to_generate=16 --out_dir=$out $init" \
+                run_job "stage 6: slurm/stage-6.sh, 1 task, 16 tokens" slurm/stage-6.sh check_inference ;;
+    esac
+done
+
+for s in "${skipped[@]}"; do say "SKIPPED $s"; done
+say "took $((SECONDS - T_START)) s in all"
+summary
+[ $failed -eq 0 ]
