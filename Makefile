@@ -39,8 +39,9 @@ $(B)/common/comm.o $(B)/common/comm_mpi.o: CC := $(MPICC)
 $(B)/common/comm_nccl.o: CC := $(MPICC)
 $(B)/common/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include
 
-STAGES := 1
+STAGES := 1 2
 STAGE_DIR_1 := 01_single_gpu
+STAGE_DIR_2 := 02_mixed_precision
 
 .PHONY: all setup test test-slurm bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools

@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
     // activations for one micro-batch of the longest sequences
     int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps;
     Activations acts;
-    acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len);
+    acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len, 0);
 
     printf("stage 01 | %s backend (%s) | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
            ops_backend_name(), ops_matmul_engine(), mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size,
@@ -107,7 +107,7 @@ int main(int argc, char **argv) {
         StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
                        .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds,
                        .mem_bytes = dev_bytes_in_use(), .val_loss = -1};
-        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / ops_peak_flops();
+        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / ops_peak_flops(0);
         bool last = step + 1 == total_steps;
         if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last)
             s.val_loss = evaluate(&acts, &w, &mc, data, &cfg, micro_batch);

@@ -97,12 +97,25 @@ void weights_point(Weights *w, const ParamLayout *l, float *flat) {
     w->wpe = flat + t[1].offset;
     w->lnfw = flat + t[2].offset;
     w->lnfb = flat + t[3].offset;
+    w->wte16 = NULL;
     w->h = calloc_or_die((size_t)l->cfg.n_layer, sizeof(BlockWeights));
     for (int b = 0; b < l->cfg.n_layer; b++) {
         // BlockWeights is twelve float pointers in buffer order, so fill it as an array
         float **slots = (float **)&w->h[b];
         for (int i = 0; i < BLOCK_TENSORS; i++)
             slots[i] = flat + t[ROOT_TENSORS + b * BLOCK_TENSORS + i].offset;
+    }
+}
+
+void weights_point_bf16(Weights *w, const ParamLayout *l, bf16 *flat16) {
+    const TensorInfo *t = l->tensors;
+    w->wte16 = flat16 + t[0].offset;
+    for (int b = 0; b < l->cfg.n_layer; b++) {
+        const TensorInfo *bt = &t[ROOT_TENSORS + b * BLOCK_TENSORS];  // this block's twelve
+        w->h[b].qkvw16 = flat16 + bt[2].offset;
+        w->h[b].attprojw16 = flat16 + bt[4].offset;
+        w->h[b].fcw16 = flat16 + bt[8].offset;
+        w->h[b].fcprojw16 = flat16 + bt[10].offset;
     }
 }
 
@@ -141,30 +154,55 @@ static float *alloc_floats(Activations *a, size_t n) {
     return dev_malloc(n * sizeof(float));
 }
 
-void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T) {
+static bf16 *alloc_bf16(Activations *a, size_t n) {
+    a->bytes += n * sizeof(bf16);
+    return dev_malloc(n * sizeof(bf16));
+}
+
+// In bf16 mode a matmul input is needed in f32 only until it is rounded, so one scratch buffer
+// serves every block; in f32 mode each block keeps its own for backward.
+static float *matmul_input(Activations *a, float **shared, size_t n) {
+    if (!a->bf16) return alloc_floats(a, n);
+    if (!*shared) *shared = alloc_floats(a, n);
+    return *shared;
+}
+
+void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int bf16) {
     size_t N = (size_t)B * T, C = (size_t)cfg->n_embd, NH = (size_t)cfg->n_head;
-    size_t att = (size_t)B * NH * T * T;
+    size_t att = (size_t)B * NH * T * T, Vp = (size_t)cfg->padded_vocab_size;
     memset(a, 0, sizeof *a);
     a->B = B;
     a->T = T;
     a->n_layer = cfg->n_layer;
+    a->bf16 = bf16;
+    float *shared_ln1 = NULL, *shared_atty = NULL, *shared_ln2 = NULL, *shared_fch_gelu = NULL;
     a->encoded = alloc_floats(a, N * C);
     a->blocks = calloc_or_die((size_t)cfg->n_layer, sizeof(BlockActs));
     for (int l = 0; l < cfg->n_layer; l++) {
         BlockActs *k = &a->blocks[l];
-        k->ln1 = alloc_floats(a, N * C);
+        k->ln1 = matmul_input(a, &shared_ln1, N * C);
         k->ln1_mean = alloc_floats(a, N);
         k->ln1_rstd = alloc_floats(a, N);
         k->qkv = alloc_floats(a, N * 3 * C);
         k->att = alloc_floats(a, att);
-        k->atty = alloc_floats(a, N * C);
+        k->atty = matmul_input(a, &shared_atty, N * C);
         k->res2 = alloc_floats(a, N * C);
-        k->ln2 = alloc_floats(a, N * C);
+        k->ln2 = matmul_input(a, &shared_ln2, N * C);
         k->ln2_mean = alloc_floats(a, N);
         k->ln2_rstd = alloc_floats(a, N);
         k->fch = alloc_floats(a, N * 4 * C);
-        k->fch_gelu = alloc_floats(a, N * 4 * C);
+        k->fch_gelu = matmul_input(a, &shared_fch_gelu, N * 4 * C);
         k->out = alloc_floats(a, N * C);
+        if (bf16) {
+            k->ln1_16 = alloc_bf16(a, N * C);
+            k->atty16 = alloc_bf16(a, N * C);
+            k->ln2_16 = alloc_bf16(a, N * C);
+            k->fch_gelu16 = alloc_bf16(a, N * 4 * C);
+        }
+    }
+    if (bf16) {
+        a->lnf16 = alloc_bf16(a, N * C);
+        a->dout16 = alloc_bf16(a, N * (Vp > 4 * C ? Vp : 4 * C));
     }
     a->lnf = alloc_floats(a, N * C);
     a->lnf_mean = alloc_floats(a, N);
@@ -188,12 +226,50 @@ void acts_free(Activations *a) {
     dev_free(a->inputs);
     dev_free(a->targets);
     for (int l = 0; a->blocks && l < a->n_layer; l++) {
-        // BlockActs is a struct of float pointers only: free them as an array
-        float **slots = (float **)&a->blocks[l];
-        for (size_t i = 0; i < sizeof(BlockActs) / sizeof(float *); i++) dev_free(slots[i]);
+        BlockActs *k = &a->blocks[l];
+        void *own[] = {k->ln1_mean, k->ln1_rstd, k->qkv, k->att, k->res2, k->ln2_mean,
+                       k->ln2_rstd, k->fch, k->out, k->ln1_16, k->atty16, k->ln2_16, k->fch_gelu16};
+        for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) dev_free(own[i]);
+        // the f32 matmul inputs are shared scratch in bf16 mode: free those once
+        if (!a->bf16 || l == 0) {
+            dev_free(k->ln1);
+            dev_free(k->atty);
+            dev_free(k->ln2);
+            dev_free(k->fch_gelu);
+        }
     }
+    dev_free(a->lnf16);
+    dev_free(a->dout16);
     free(a->blocks);
     memset(a, 0, sizeof *a);
+}
+
+// ---- a linear layer in f32 or bf16 ------------------------------------------------------------
+
+// out (N, OC) = inp (N, C) @ w^T + b. With bf16 weights (w16 set) the input is rounded to bf16
+// into inp16, which is also what backward will read, and the matmul accumulates in f32.
+static void linear_forward(float *out, const float *inp, bf16 *inp16, const float *w,
+                           const bf16 *w16, const float *b, int N, int C, int OC) {
+    if (!w16) {
+        matmul_forward(out, inp, w, b, N, C, OC);
+        return;
+    }
+    if (!inp16) fatal("internal: bf16 weights need activations allocated for bf16");
+    cast_to_bf16(inp16, inp, (size_t)N * C);
+    matmul_forward_bf16(out, inp16, w16, b, N, C, OC);
+}
+
+// the matching backward: the output gradient is rounded to bf16 too (into a->dout16); the
+// gradients come out in f32 and the bias gradient is summed from the f32 dout
+static void linear_backward(Activations *a, float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const bf16 *inp16, const float *w, const bf16 *w16,
+                            int N, int C, int OC) {
+    if (!w16) {
+        matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+        return;
+    }
+    cast_to_bf16(a->dout16, dout, (size_t)N * OC);
+    matmul_backward_bf16(dinp, dw, db, dout, a->dout16, inp16, w16, N, C, OC);
 }
 
 // ---- forward ----------------------------------------------------------------------------------
@@ -207,15 +283,15 @@ void gpt_block_forward(BlockActs *k, const float *x, const BlockWeights *w, cons
     int N = B * T, C = cfg->n_embd, NH = cfg->n_head;
     // attention sub-block: res2 = x + proj(attention(ln1(x)))
     layernorm_forward(k->ln1, k->ln1_mean, k->ln1_rstd, x, w->ln1w, w->ln1b, N, C);
-    matmul_forward(k->qkv, k->ln1, w->qkvw, w->qkvb, N, C, 3 * C);
+    linear_forward(k->qkv, k->ln1, k->ln1_16, w->qkvw, w->qkvw16, w->qkvb, N, C, 3 * C);
     attention_forward(k->atty, k->att, k->qkv, B, T, C, NH);
-    matmul_forward(k->res2, k->atty, w->attprojw, w->attprojb, N, C, C);
+    linear_forward(k->res2, k->atty, k->atty16, w->attprojw, w->attprojw16, w->attprojb, N, C, C);
     add_inplace(k->res2, x, (size_t)N * C);
     // MLP sub-block: out = res2 + proj(gelu(fc(ln2(res2))))
     layernorm_forward(k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, w->ln2w, w->ln2b, N, C);
-    matmul_forward(k->fch, k->ln2, w->fcw, w->fcb, N, C, 4 * C);
+    linear_forward(k->fch, k->ln2, k->ln2_16, w->fcw, w->fcw16, w->fcb, N, C, 4 * C);
     gelu_forward(k->fch_gelu, k->fch, (size_t)N * 4 * C);
-    matmul_forward(k->out, k->fch_gelu, w->fcprojw, w->fcprojb, N, 4 * C, C);
+    linear_forward(k->out, k->fch_gelu, k->fch_gelu16, w->fcprojw, w->fcprojw16, w->fcprojb, N, 4 * C, C);
     add_inplace(k->out, k->res2, (size_t)N * C);
 }
 
@@ -223,7 +299,7 @@ void gpt_head_forward(Activations *a, const float *x, const Weights *w, const GP
     int N = B * T, C = cfg->n_embd;
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, w->lnfw, w->lnfb, N, C);
     // the lm_head is the token embedding itself (weight tying): logits = lnf @ wte^T
-    matmul_forward(a->logits, a->lnf, w->wte, NULL, N, C, cfg->padded_vocab_size);
+    linear_forward(a->logits, a->lnf, a->lnf16, w->wte, w->wte16, NULL, N, C, cfg->padded_vocab_size);
 }
 
 double gpt_loss_forward_backward(Activations *a, const GPTConfig *cfg, int B, int T, float dloss) {
@@ -247,7 +323,8 @@ void gpt_head_backward(Activations *a, const float *x, const Weights *w, Weights
     float *dlnf = a->dbig;  // (N, C) scratch
     dev_zero(dlnf, (size_t)N * C * sizeof(float));
     dev_zero(a->dres, (size_t)N * C * sizeof(float));
-    matmul_backward(dlnf, g->wte, NULL, a->logits, a->lnf, w->wte, N, C, cfg->padded_vocab_size);
+    linear_backward(a, dlnf, g->wte, NULL, a->logits, a->lnf, a->lnf16, w->wte, w->wte16, N, C,
+                    cfg->padded_vocab_size);
     layernorm_backward(a->dres, g->lnfw, g->lnfb, dlnf, x, w->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
 }
 
@@ -261,18 +338,20 @@ void gpt_block_backward(Activations *a, BlockActs *k, const float *x, const Bloc
     dev_zero(dfch_gelu, 4 * NC * sizeof(float));
     dev_zero(dfch, 4 * NC * sizeof(float));
     dev_zero(dln2, NC * sizeof(float));
-    matmul_backward(dfch_gelu, g->fcprojw, g->fcprojb, dres, k->fch_gelu, w->fcprojw, N, 4 * C, C);
+    linear_backward(a, dfch_gelu, g->fcprojw, g->fcprojb, dres, k->fch_gelu, k->fch_gelu16,
+                    w->fcprojw, w->fcprojw16, N, 4 * C, C);
     gelu_backward(dfch, k->fch, dfch_gelu, 4 * NC);
-    matmul_backward(dln2, g->fcw, g->fcb, dfch, k->ln2, w->fcw, N, C, 4 * C);
+    linear_backward(a, dln2, g->fcw, g->fcb, dfch, k->ln2, k->ln2_16, w->fcw, w->fcw16, N, C, 4 * C);
     layernorm_backward(dres, g->ln2w, g->ln2b, dln2, k->res2, w->ln2w, k->ln2_mean, k->ln2_rstd, N, C);
     // dres is now dL/d(res2). Attention sub-block, backwards: res2 = x + proj(attention(ln1(x)))
     float *datty = a->dbig, *dqkv = a->dsmall, *dln1 = a->dbig2;
     dev_zero(datty, NC * sizeof(float));
     dev_zero(dqkv, 3 * NC * sizeof(float));
     dev_zero(dln1, NC * sizeof(float));
-    matmul_backward(datty, g->attprojw, g->attprojb, dres, k->atty, w->attprojw, N, C, C);
+    linear_backward(a, datty, g->attprojw, g->attprojb, dres, k->atty, k->atty16, w->attprojw,
+                    w->attprojw16, N, C, C);
     attention_backward(dqkv, a->datt, datty, k->qkv, k->att, B, T, C, NH);
-    matmul_backward(dln1, g->qkvw, g->qkvb, dqkv, k->ln1, w->qkvw, N, C, 3 * C);
+    linear_backward(a, dln1, g->qkvw, g->qkvb, dqkv, k->ln1, k->ln1_16, w->qkvw, w->qkvw16, N, C, 3 * C);
     layernorm_backward(dres, g->ln1w, g->ln1b, dln1, x, w->ln1w, k->ln1_mean, k->ln1_rstd, N, C);
 }
 

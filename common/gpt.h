@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops.h"
+
 typedef struct {
     int max_seq_len;        // maxT: rows of the position embedding
     int vocab_size;         // V: 257 for the byte tokenizer, 50257 for GPT-2's
@@ -32,14 +34,18 @@ typedef struct {
     float *ln2w, *ln2b;          // (C), (C)
     float *fcw, *fcb;            // (4C, C), (4C)
     float *fcprojw, *fcprojb;    // (C, 4C), (C)
+    // bf16 copies of the four matrices (stage 02). NULL in fp32, where the matmuls use the
+    // float ones; when set, every matmul of the block runs in bf16.
+    bf16 *qkvw16, *attprojw16, *fcw16, *fcprojw16;
 } BlockWeights;
-#define BLOCK_TENSORS 12
+#define BLOCK_TENSORS 12  // the float tensors above, in buffer order
 
 typedef struct {
     float *wte;         // (Vp, C) token embedding, also the lm_head (tied)
     float *wpe;         // (maxT, C) position embedding
     float *lnfw, *lnfb; // (C) final LayerNorm
     BlockWeights *h;    // [L] blocks
+    bf16 *wte16;        // bf16 copy of wte for the lm_head matmul (stage 02), else NULL
 } Weights;
 #define ROOT_TENSORS 4
 
@@ -73,6 +79,8 @@ void gpt_layout_free(ParamLayout *layout);
 // named views into a flat buffer laid out as `layout`; w->h is malloc'd (free with weights_free)
 void weights_point(Weights *w, const ParamLayout *layout, float *flat);
 void weights_free(Weights *w);
+// points w's bf16 matrices into flat16, a bf16 copy of the whole flat buffer (same layout)
+void weights_point_bf16(Weights *w, const ParamLayout *layout, bf16 *flat16);
 // fills params[first, first+n) of the flat buffer with the GPT-2 initial values: N(0, 0.02),
 // residual projections N(0, 0.02/sqrt(2L)), LayerNorm weights 1, biases 0, padded vocab rows 0.
 // Element-wise counter-based, so any rank can initialise any slice identically.
@@ -88,6 +96,9 @@ typedef struct {
     float *ln2, *ln2_mean, *ln2_rstd;  // (N, C), (N), (N)
     float *fch, *fch_gelu;             // (N, 4C), (N, 4C)
     float *out;                        // (N, C) block output = residual after the MLP
+    // bf16 mode: the four matmul inputs are kept for backward as bf16 copies only (their f32
+    // versions above then point to scratch shared by every block)
+    bf16 *ln1_16, *atty16, *ln2_16, *fch_gelu16;
 } BlockActs;
 
 // Everything the forward and backward passes need besides the weights, for B sequences of at
@@ -95,6 +106,7 @@ typedef struct {
 typedef struct {
     int B, T;                   // capacity
     int n_layer;
+    int bf16;                   // matmul inputs kept in bf16 (stage 02)
     float *encoded;             // (B, T, C) embedding output = block 0's input
     BlockActs *blocks;          // [L]
     float *lnf, *lnf_mean, *lnf_rstd;  // (N, C), (N), (N)
@@ -107,10 +119,13 @@ typedef struct {
     float *dbig2;               // (N, 4C)
     float *dsmall;              // (N, 3C)
     float *datt;                // (B, NH, T, T)
+    bf16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
+    bf16 *dout16;               // (N, max(4C, Vp)) bf16 mode: a matmul's output gradient
     size_t bytes;
 } Activations;
 
-void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T);
+// bf16 != 0 keeps the matmul inputs in bf16 (for weights with bf16 copies)
+void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int bf16);
 void acts_free(Activations *a);
 
 // ---- the layer steps (B, T: this micro-batch's shape, within the allocated capacity) ----------

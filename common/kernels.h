@@ -60,6 +60,34 @@ KERNEL_FN float row_partial_max(const float *x, int n, int lane, int nlanes) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// bf16: the top 16 bits of a float32 (sign, the same 8 exponent bits, 7 stored mantissa bits)
+
+KERNEL_FN uint32_t float_bits(float x) {
+    union { float f; uint32_t u; } v;
+    v.f = x;
+    return v.u;
+}
+
+KERNEL_FN float float_from_bits(uint32_t u) {
+    union { float f; uint32_t u; } v;
+    v.u = u;
+    return v.f;
+}
+
+// Rounds to the nearest bf16, ties to the even one, as GPUs do. Adding 0x7FFF plus the lowest
+// kept bit before cutting off the low 16 bits does exactly that: a remainder above half carries
+// into the kept part, one below half does not, and exactly half carries only when the kept part
+// is odd. A NaN must stay a NaN (the carry could turn it into infinity), so it is kept quiet.
+KERNEL_FN uint16_t bf16_from_float(float x) {
+    uint32_t u = float_bits(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);  // NaN
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+KERNEL_FN float bf16_to_float(uint16_t h) { return float_from_bits((uint32_t)h << 16); }
+
+// ----------------------------------------------------------------------------------------------
 // encoder: out[b,t,:] = wte[token,:] + wpe[t,:]
 
 KERNEL_FN float encoder_value(const float *wte, const float *wpe, int token, int t, int c, int C) {

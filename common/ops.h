@@ -21,7 +21,8 @@
 void ops_init(void);               // select the device; exits with a clear message if none
 const char *ops_backend_name(void);  // "cpu" or "cuda"
 const char *ops_matmul_engine(void);  // what does the matmuls, e.g. "oneDNN 2.6 avx512_core"
-double ops_peak_flops(void);        // the peak f32 matmul FLOP/s used for MFU (a stated figure)
+// the peak matmul FLOP/s used for MFU (a stated figure), for f32 or (bf16 != 0) bf16 inputs
+double ops_peak_flops(int bf16);
 
 void *dev_malloc(size_t bytes);     // zero-filled; exits with a message on failure
 void dev_free(void *ptr);
@@ -91,6 +92,25 @@ void cross_entropy_forward(float *losses, const float *logits, const int *target
 // ignored rows and for the padded columns. Fused with the forward: also fills losses (N).
 void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
                                     float dloss, int N, int V, int Vp);
+
+// ----------------------------------------------------------------------------------------------
+// bf16 (stage 02). A bf16 number is the top 16 bits of a float32: the same 8-bit exponent (so the
+// same range) with 8 bits of mantissa instead of 24.
+
+typedef uint16_t bf16;
+
+void cast_to_bf16(bf16 *out, const float *in, size_t n);  // round to nearest, ties to even
+void cast_to_float(float *out, const bf16 *in, size_t n);
+// 1 when the matmuls below run on bf16 hardware (AVX512-BF16/AMX, tensor cores); 0 when the
+// backend converts the bf16 inputs to f32 and multiplies those (the same numbers, slower)
+int ops_bf16_native(void);
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias: bf16 inputs, f32 accumulation and output
+void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias,
+                         int N, int C, int OC);
+// dinp (N, C) += dout16 @ weight; dweight (OC, C) += dout16^T @ inp; dbias (OC) += column sums of
+// dout (the f32 gradient; dout16 is its bf16 copy). Outputs f32; dinp and dbias may be NULL.
+void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const bf16 *dout16, const bf16 *inp, const bf16 *weight, int N, int C, int OC);
 
 // sum of x[i]^2 in double, returned to the host
 double sum_squares(const float *x, size_t n);

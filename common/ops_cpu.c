@@ -43,26 +43,28 @@ void ops_init(void) {
 
 const char *ops_backend_name(void) { return "cpu"; }
 
-// A memory descriptor of a row-major or transposed f32 matrix view: element (i, j) lives at
+// A memory descriptor of a row-major or transposed matrix view: element (i, j) lives at
 // i * row_stride + j * col_stride. Strides are how we hand oneDNN a transposed operand without
 // copying it: W (OC, C) stored row-major *is* W^T (C, OC) with strides (1, C).
 #if DNNL_VERSION_MAJOR >= 3
 typedef dnnl_memory_desc_t md_t;  // 3.x: an opaque handle, created and destroyed
 #define MD(md) (md)
-static md_t md_matrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+static md_t md_matrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+                      dnnl_data_type_t type) {
     dnnl_dims_t dims = {rows, cols}, strides = {row_stride, col_stride};
     md_t md;
-    DNNL_CHECK(dnnl_memory_desc_create_with_strides(&md, 2, dims, dnnl_f32, strides));
+    DNNL_CHECK(dnnl_memory_desc_create_with_strides(&md, 2, dims, type, strides));
     return md;
 }
 static void md_release(md_t md) { dnnl_memory_desc_destroy(md); }
 #else
 typedef dnnl_memory_desc_t md_t;  // 2.x: a plain struct, passed by address
 #define MD(md) (&(md))
-static md_t md_matrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+static md_t md_matrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+                      dnnl_data_type_t type) {
     dnnl_dims_t dims = {rows, cols}, strides = {row_stride, col_stride};
     md_t md;
-    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 2, dims, dnnl_f32, strides));
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 2, dims, type, strides));
     return md;
 }
 static void md_release(md_t md) { (void)md; }
@@ -76,7 +78,7 @@ enum { MM_FORWARD, MM_BACKWARD_DATA, MM_BACKWARD_WEIGHTS };
 // primitive means choosing and JIT-compiling a kernel (milliseconds), so a training step, which
 // repeats the same dozen shapes, creates each once and afterwards only swaps the data pointers.
 typedef struct {
-    int kind, N, C, OC, has_bias;
+    int kind, N, C, OC, has_bias, bf16;  // bf16: the two inputs are bf16 (the output stays f32)
     dnnl_primitive_t prim;
     dnnl_memory_t src, weights, bias, dst;
     char impl[64];  // which oneDNN implementation was picked, e.g. "brg:avx512_core"
@@ -92,36 +94,38 @@ static dnnl_memory_t memory_for(md_t md) {
     return mem;
 }
 
-static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias) {
+static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
     for (int i = 0; i < g_nplans; i++) {
         MatmulPlan *p = &g_plans[i];
-        if (p->kind == kind && p->N == N && p->C == C && p->OC == OC && p->has_bias == has_bias)
+        if (p->kind == kind && p->N == N && p->C == C && p->OC == OC && p->has_bias == has_bias &&
+            p->bf16 == bf16)
             return p;
     }
     if (g_nplans == MAX_PLANS) fatal("ops_cpu: more than %d matmul shapes in use", MAX_PLANS);
     ops_init();
 
     md_t src, weights, dst, bias;
+    dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32, f32 = dnnl_f32;
     int accumulate = 0;  // backward adds into existing gradients
     if (kind == MM_FORWARD) {
         // out (N, OC) = inp (N, C) @ weight^T (C, OC): the weight read transposed via strides
-        src = md_matrix(N, C, C, 1);
-        weights = md_matrix(C, OC, 1, C);
-        dst = md_matrix(N, OC, OC, 1);
+        src = md_matrix(N, C, C, 1, in);
+        weights = md_matrix(C, OC, 1, C, in);
+        dst = md_matrix(N, OC, OC, 1, f32);
     } else if (kind == MM_BACKWARD_DATA) {
         // dinp (N, C) += dout (N, OC) @ weight (OC, C): both plain row-major
-        src = md_matrix(N, OC, OC, 1);
-        weights = md_matrix(OC, C, C, 1);
-        dst = md_matrix(N, C, C, 1);
+        src = md_matrix(N, OC, OC, 1, in);
+        weights = md_matrix(OC, C, C, 1, in);
+        dst = md_matrix(N, C, C, 1, f32);
         accumulate = 1;
     } else {
         // dweight (OC, C) += dout^T (OC, N) @ inp (N, C): dout read transposed via strides
-        src = md_matrix(OC, N, 1, OC);
-        weights = md_matrix(N, C, C, 1);
-        dst = md_matrix(OC, C, C, 1);
+        src = md_matrix(OC, N, 1, OC, in);
+        weights = md_matrix(N, C, C, 1, in);
+        dst = md_matrix(OC, C, C, 1, f32);
         accumulate = 1;
     }
-    bias = md_matrix(1, OC, OC, 1);  // broadcast over the rows
+    bias = md_matrix(1, OC, OC, 1, f32);  // broadcast over the rows
 
     // The sum post-op turns dst = A @ B into dst = 1.0 * dst + A @ B inside the kernel, so the
     // accumulation costs no extra pass over memory.
@@ -150,7 +154,7 @@ static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias) {
 #endif
 
     MatmulPlan *p = &g_plans[g_nplans++];
-    *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias};
+    *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias, .bf16 = bf16};
     DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
     const char *impl = NULL;
     DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
@@ -169,7 +173,7 @@ static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias) {
     return p;
 }
 
-static void matmul_run(MatmulPlan *p, const float *src, const float *weights, const float *bias,
+static void matmul_run(MatmulPlan *p, const void *src, const void *weights, const float *bias,
                        float *dst) {
     // oneDNN takes non-const handles; it only reads src, weights and bias
     DNNL_CHECK(dnnl_memory_set_data_handle(p->src, (void *)src));
@@ -193,7 +197,7 @@ const char *ops_matmul_engine(void) {
     if (!name[0]) {
         const dnnl_version_t *v = dnnl_version();
         // a GPT-2 sized shape, to ask oneDNN which implementation it picks on this CPU
-        MatmulPlan *p = matmul_plan(MM_FORWARD, 256, 768, 768, 1);
+        MatmulPlan *p = matmul_plan(MM_FORWARD, 256, 768, 768, 1, 0);
         snprintf(name, sizeof name, "oneDNN %d.%d.%d f32 matmul (%s), %d threads", v->major,
                  v->minor, v->patch, p->impl, omp_get_max_threads());
     }
@@ -207,11 +211,13 @@ const char *ops_matmul_engine(void) {
 // (override with OPS_CPU_GHZ); threads come from OMP_NUM_THREADS, one per core. A loop of
 // independent AVX-512 FMAs measured 230 GFLOP/s on 2 cores here, against 237 from this formula;
 // oneDNN's f32 matmuls at GPT-2 shapes reach 190-215 GFLOP/s of it.
-double ops_peak_flops(void) {
+// With AVX512-BF16, one VDPBF16PS does two multiply-adds per f32 lane, so bf16 doubles it.
+double ops_peak_flops(int bf16) {
     double ghz = 3.7;
     const char *env = getenv("OPS_CPU_GHZ");
     if (env && atof(env) > 0) ghz = atof(env);
-    return (double)omp_get_max_threads() * ghz * 1e9 * 32.0;
+    double f32 = (double)omp_get_max_threads() * ghz * 1e9 * 32.0;
+    return bf16 && ops_bf16_native() ? 2 * f32 : f32;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -281,22 +287,81 @@ static void column_block(int ncols, int *c0, int *c1) {
 
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                     int C, int OC) {
-    matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL), inp, weight, bias, out);
+    matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 0), inp, weight, bias, out);
+}
+
+static void bias_backward(float *dbias, const float *dout, int N, int OC) {
+#pragma omp parallel
+    {
+        int c0, c1;
+        column_block(OC, &c0, &c1);
+        column_sums(dbias, dout, N, OC, c0, c1);
+    }
 }
 
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int N, int C, int OC) {
-    if (dinp) matmul_run(matmul_plan(MM_BACKWARD_DATA, N, C, OC, 0), dout, weight, NULL, dinp);
+    if (dinp) matmul_run(matmul_plan(MM_BACKWARD_DATA, N, C, OC, 0, 0), dout, weight, NULL, dinp);
     if (dweight)
-        matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0), dout, inp, NULL, dweight);
-    if (dbias) {
-#pragma omp parallel
-        {
-            int c0, c1;
-            column_block(OC, &c0, &c1);
-            column_sums(dbias, dout, N, OC, c0, c1);
-        }
+        matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0, 0), dout, inp, NULL, dweight);
+    if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+// ----------------------------------------------------------------------------------------------
+// bf16
+
+void cast_to_bf16(bf16 *out, const float *in, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = bf16_from_float(in[i]);
+}
+
+void cast_to_float(float *out, const bf16 *in, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(in[i]);
+}
+
+// oneDNN answers a bf16 matmul on any x86 CPU, but without AVX512-BF16 or AMX only with its slow
+// reference implementation ("ref" in the implementation name); then we widen to f32 ourselves.
+int ops_bf16_native(void) {
+    static int native = -1;
+    if (native < 0) native = strstr(matmul_plan(MM_FORWARD, 256, 768, 768, 1, 1)->impl, "ref") == NULL;
+    return native;
+}
+
+// Widens a bf16 matrix into one of two reusable f32 scratch buffers (the fallback path).
+static const float *widened(const bf16 *x, size_t n, int which) {
+    static float *scratch[2];
+    static size_t capacity[2];
+    if (n > capacity[which]) {
+        free(scratch[which]);
+        scratch[which] = malloc_or_die(n * sizeof(float));
+        capacity[which] = n;
     }
+    cast_to_float(scratch[which], x, n);
+    return scratch[which];
+}
+
+void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias, int N,
+                         int C, int OC) {
+    if (!ops_bf16_native()) {
+        matmul_forward(out, widened(inp, (size_t)N * C, 0), widened(weight, (size_t)OC * C, 1), bias,
+                       N, C, OC);
+        return;
+    }
+    matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 1), inp, weight, bias, out);
+}
+
+void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const bf16 *dout16, const bf16 *inp, const bf16 *weight, int N, int C, int OC) {
+    if (!ops_bf16_native()) {
+        const float *g = widened(dout16, (size_t)N * OC, 0);
+        if (dinp) matmul_backward(dinp, NULL, NULL, g, NULL, widened(weight, (size_t)OC * C, 1), N, C, OC);
+        if (dweight) matmul_backward(NULL, dweight, NULL, g, widened(inp, (size_t)N * C, 1), NULL, N, C, OC);
+    } else {
+        if (dinp) matmul_run(matmul_plan(MM_BACKWARD_DATA, N, C, OC, 0, 1), dout16, weight, NULL, dinp);
+        if (dweight) matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0, 1), dout16, inp, NULL, dweight);
+    }
+    if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
 void encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,

@@ -37,7 +37,7 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
     if (cfg->vocab_size && cfg->vocab_size < vocab)
         fatal("key 'vocab_size': the tokenizer needs at least %d, found %d", vocab, cfg->vocab_size);
     mc.vocab_size = cfg->vocab_size ? cfg->vocab_size : vocab;
-    mc.padded_vocab_size = gpt_padded_vocab(vocab);
+    mc.padded_vocab_size = gpt_padded_vocab(mc.vocab_size);
     mc.n_layer = cfg->n_layer;
     mc.n_head = cfg->n_head;
     mc.n_embd = cfg->n_embd;

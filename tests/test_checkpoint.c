@@ -765,7 +765,7 @@ static double model_loss(const ParamLayout *l, const float *params, const int *x
     Weights w;
     weights_point(&w, l, dev);
     Activations a;
-    acts_alloc(&a, cfg, B, T);
+    acts_alloc(&a, cfg, B, T, 0);
     gpt_forward(&a, &w, cfg, x, B, T);
     copy_to_device(a.targets, y, (size_t)B * T * sizeof(int));
     double loss = gpt_loss_forward(&a, cfg, B, T) / (B * T);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "kernels.h"
 #include "log.h"
 #include "ops.h"
 
@@ -201,6 +202,108 @@ static void test_matmul(int N, int C, int OC, int has_bias, int finite_differenc
     dev_free(d_dinp), dev_free(d_dw), dev_free(d_db), dev_free(d_dw2);
     free(inp), free(weight), free(bias), free(want), free(garbage), free(got), free(dout);
     free(dinp0), free(dw0), free(db0), free(g_inp), free(g_w), free(g_b);
+}
+
+// ----------------------------------------------------------------------------------------------
+// bf16: the rounding, and the bf16 matmuls against the double reference on the rounded inputs
+
+static float bits_to_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void test_bf16_rounding(void) {
+    // (input bits, expected bf16 bits): exact, round down, round up, the two ties (to even),
+    // the largest finite float rounding to infinity, infinity, a NaN that must stay a NaN
+    static const uint32_t cases[][2] = {
+        {0x3F800000u, 0x3F80u}, {0x3F807FFFu, 0x3F80u}, {0x3F808001u, 0x3F81u},
+        {0x3F808000u, 0x3F80u}, {0x3F818000u, 0x3F82u}, {0xBF818000u, 0xBF82u},
+        {0x7F7FFFFFu, 0x7F80u}, {0x7F800000u, 0x7F80u}, {0x00000001u, 0x0000u}};
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    float *in = dev_malloc((size_t)(n + 1) * sizeof(float));
+    bf16 *out = dev_malloc((size_t)(n + 1) * sizeof(bf16));
+    float host[16];
+    for (int i = 0; i < n; i++) host[i] = bits_to_float(cases[i][0]);
+    host[n] = bits_to_float(0x7FC00001u);  // NaN
+    copy_to_device(in, host, (size_t)(n + 1) * sizeof(float));
+    cast_to_bf16(out, in, (size_t)n + 1);
+    bf16 got[16];
+    copy_to_host(got, out, (size_t)(n + 1) * sizeof(bf16));
+    for (int i = 0; i < n; i++)
+        CHECK(got[i] == cases[i][1], "bf16 of 0x%08X: got 0x%04X, want 0x%04X", cases[i][0], got[i], cases[i][1]);
+    CHECK((got[n] & 0x7F80u) == 0x7F80u && (got[n] & 0x7Fu) != 0, "NaN became 0x%04X", got[n]);
+    // widening back is exact: bf16 -> float -> bf16 gives the same bits
+    float back[16];
+    float *wide = dev_malloc((size_t)(n + 1) * sizeof(float));
+    cast_to_float(wide, out, (size_t)n + 1);
+    copy_to_host(back, wide, (size_t)(n + 1) * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &back[i], sizeof u);
+        CHECK(u == (uint32_t)got[i] << 16, "widening 0x%04X gave 0x%08X", got[i], u);
+    }
+    dev_free(in);
+    dev_free(out);
+    dev_free(wide);
+}
+
+// rounds a host array to bf16 values (still doubles) and uploads its bf16 bits
+static bf16 *upload_bf16(double *x, size_t n) {
+    bf16 *h = malloc_or_die(n * sizeof(bf16));
+    for (size_t i = 0; i < n; i++) {
+        h[i] = bf16_from_float((float)x[i]);
+        x[i] = bf16_to_float(h[i]);
+    }
+    bf16 *d = dev_malloc(n * sizeof(bf16));
+    copy_to_device(d, h, n * sizeof(bf16));
+    free(h);
+    return d;
+}
+
+static void test_matmul_bf16(int N, int C, int OC) {
+    MatmulShape s = {N, C, OC, 1};
+    size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
+    double *inp = rand_array(nin, -1, 1), *weight = rand_array(nw, -1, 1), *bias = rand_array(OC, -1, 1);
+    double *dout = rand_array(nout, -1, 1);
+    bf16 *d_inp = upload_bf16(inp, nin), *d_w = upload_bf16(weight, nw), *d_dout16 = upload_bf16(dout, nout);
+    float *d_bias = upload(bias, OC), *d_dout = upload(dout, nout);  // dout already bf16-exact
+    float *d_out = dev_malloc(nout * sizeof(float));
+    matmul_forward_bf16(d_out, d_inp, d_w, d_bias, N, C, OC);
+    double *want = malloc_or_die(nout * sizeof(double));
+    double *in[3] = {inp, weight, bias};
+    ref_matmul(want, in, &s);
+    double *got = download(d_out, nout);
+    // the products of bf16 numbers are exact in f32; what differs is the f32 accumulation order
+    check_array("matmul_forward_bf16", got, want, nout, 1e-5, 1e-5 * C);
+    free(got);
+    // backward adds into f32 gradients that start non-zero
+    double *dinp0 = rand_array(nin, -1, 1), *dw0 = rand_array(nw, -1, 1), *db0 = rand_array(OC, -1, 1);
+    float *d_dinp = upload(dinp0, nin), *d_dw = upload(dw0, nw), *d_db = upload(db0, OC);
+    matmul_backward_bf16(d_dinp, d_dw, d_db, d_dout, d_dout16, d_inp, d_w, N, C, OC);
+    double *ref_dinp = copy_array(dinp0, nin), *ref_dw = copy_array(dw0, nw), *ref_db = copy_array(db0, OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double g = dout[n * OC + o];
+            ref_db[o] += g;
+            for (int c = 0; c < C; c++) {
+                ref_dinp[n * C + c] += g * weight[o * C + c];
+                ref_dw[o * C + c] += g * inp[n * C + c];
+            }
+        }
+    got = download(d_dinp, nin);
+    check_array("matmul_backward_bf16 dinp", got, ref_dinp, nin, 1e-5, 1e-5 * OC);
+    free(got);
+    got = download(d_dw, nw);
+    check_array("matmul_backward_bf16 dweight", got, ref_dw, nw, 1e-5, 1e-5 * N);
+    free(got);
+    got = download(d_db, OC);
+    check_array("matmul_backward_bf16 dbias", got, ref_db, OC, 1e-5, 1e-5 * N);
+    free(got);
+    void *dev[] = {d_inp, d_w, d_dout16, d_bias, d_dout, d_out, d_dinp, d_dw, d_db};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
+    double *host[] = {inp, weight, bias, dout, want, dinp0, dw0, db0, ref_dinp, ref_dw, ref_db};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -713,6 +816,10 @@ int main(void) {
     test_matmul(3, 16, 1, 1, 1);
     test_matmul(67, 96, 81, 1, 0);  // big enough for oneDNN's blocked kernels, odd edges
     test_matmul(67, 96, 81, 0, 0);
+    test_bf16_rounding();
+    test_matmul_bf16(5, 7, 9);
+    test_matmul_bf16(67, 96, 81);
+    printf("test_ops: bf16 matmuls %s\n", ops_bf16_native() ? "native" : "widened to f32");
     test_layernorm();
     test_attention();
     test_gelu();

@@ -1,0 +1,171 @@
+// Stage 02: stage 01 with bf16 mixed precision.
+//
+// The weights stay in fp32 (the "master" copy AdamW updates, with its moments); once per step a
+// bf16 copy is made, and every matmul reads bf16 inputs and accumulates in fp32. LayerNorm,
+// softmax, the residual stream, the loss and the gradients stay fp32. `precision` picks:
+//   32, 32-true   fp32 everywhere (stage 01)
+//   bf16-mixed    the above
+//   bf16          also the weights rounded to bf16 after every update: no fp32 master copy
+// Read `diff -u 01_single_gpu/train.c 02_mixed_precision/train.c`.
+//
+// Run: build/stage-2 --config configs/tiny.json --precision=bf16-mixed      (see README.md)
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alpaca.h"
+#include "config.h"
+#include "gpt.h"
+#include "log.h"
+#include "ops.h"
+#include "tokenizer.h"
+#include "trainer.h"
+
+int main(int argc, char **argv) {
+    Config cfg;
+    config_load(&cfg, argc, argv, "configs/mixed_precision.json");
+    ops_init();
+
+    // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----
+    Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
+    DatasetOptions dopt = {.data_path = cfg.data_path, .tok = tok, .max_seq_len = cfg.max_seq_len,
+                           .always_input_template = cfg.always_input_template,
+                           .val_fraction = cfg.val_fraction};
+    Dataset *data = dataset_load(&dopt);
+    long batches_per_epoch = dataset_batches_per_epoch(data, 0, cfg.global_batch_size);
+    if (batches_per_epoch == 0)
+        fatal("%s: %d training records make no global batch of %d", cfg.data_path[0] ? cfg.data_path : "synthetic data",
+              dataset_size(data, 0), cfg.global_batch_size);
+    // the learning-rate schedule spans every epoch; stop_iteration only ends the run early (as in
+    // the tutorial), so a run stopped and resumed follows the same schedule
+    long schedule_steps = batches_per_epoch * cfg.num_epochs, total_steps = schedule_steps;
+    if (cfg.stop_iteration >= 0 && cfg.stop_iteration < total_steps) total_steps = cfg.stop_iteration;
+
+    // ---- model: one flat buffer each for parameters, gradients and AdamW's two moments ----
+    GPTConfig mc = model_shape(&cfg, tok);
+    ParamLayout layout;
+    gpt_layout(&layout, &mc);
+    size_t n = layout.num_params, bytes = n * sizeof(float);
+    float *params = dev_malloc(bytes), *grads = dev_malloc(bytes);
+    float *adam_m = dev_malloc(bytes), *adam_v = dev_malloc(bytes);
+    Weights w, g;
+    weights_point(&w, &layout, params);
+    weights_point(&g, &layout, grads);
+    // the bf16 working copy of the weights, which every matmul reads
+    bool bf16_mode = config_is_bf16(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    bf16 *params16 = NULL;
+    if (bf16_mode) {
+        params16 = dev_malloc(n * sizeof(bf16));
+        weights_point_bf16(&w, &layout, params16);
+    }
+    long step = 0;
+    if (cfg.resume) step = resume_checkpoint(&cfg, &layout, params, adam_m, adam_v);
+    else if (starts_from_checkpoint(&cfg)) load_initial_weights(&cfg, &layout, params);
+    else gpt_init_range(params, &layout, 0, n, (uint64_t)cfg.seed);
+
+    // activations for one micro-batch of the longest sequences
+    int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps;
+    Activations acts;
+    acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
+               bf16_mode);
+
+    printf("stage 02 | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
+           ops_backend_name(), ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           mc.vocab_size, n / 1e6);
+    if (bf16_mode && !ops_bf16_native())
+        printf("note: this CPU has no bf16 matmul instructions: bf16 inputs are widened to fp32 "
+               "(same numbers, no speed-up)\n");
+    printf("data: %d train / %d validation records | global batch %d = %d x %d micro-batches | %ld steps\n",
+           dataset_size(data, 0), dataset_size(data, 1), cfg.global_batch_size, cfg.gradient_acc_steps,
+           micro_batch, total_steps);
+    MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
+                           {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
+                           {bf16_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)", acts.bytes}};
+    print_memory_report("device memory:", memory, 5);
+    if (bf16_mode) {
+        // what the same run holds in fp32, for comparison
+        Activations fp32_acts;
+        acts_alloc(&fp32_acts, &mc, micro_batch, acts.T, 0);
+        printf("  (in fp32 the activations would take %.2f MiB: bf16 saves %.0f%%)\n",
+               fp32_acts.bytes / 1048576.0, 100.0 * (1.0 - (double)acts.bytes / fp32_acts.bytes));
+        acts_free(&fp32_acts);
+    }
+
+    // ---- the training loop ----
+    Metrics metrics;
+    metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
+    Batch batch = {0};
+    for (; step < total_steps; step++) {
+        double t0 = wall_seconds();
+        int epoch = (int)(step / batches_per_epoch);
+        long b = step % batches_per_epoch;
+        double lr = learning_rate(&cfg, step, schedule_steps);
+
+        // the bf16 copy of this step's weights: made once, read by every matmul of the step
+        if (bf16_mode) cast_to_bf16(params16, params, n);
+
+        // forward + backward over the micro-batches; gradients add up in `grads`. Each token's
+        // loss is divided by the number of target tokens in the WHOLE global batch, so the
+        // gradient is the mean over the global batch however it is cut into micro-batches.
+        // (A batch whose responses were all cut off by max_seq_len has no targets: loss 0.)
+        dev_zero(grads, bytes);
+        double loss_sum = 0;
+        long tokens = 0, n_targets = 0;
+        for (int micro = 0; micro < cfg.gradient_acc_steps; micro++) {
+            dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size, micro,
+                              cfg.gradient_acc_steps, &batch);
+            n_targets = batch.n_targets_global;
+            float dloss = n_targets ? 1.0f / (float)n_targets : 0.0f;
+            loss_sum += gpt_forward_backward(&acts, &w, &g, &mc, batch.inputs, batch.targets,
+                                             batch.rows, batch.T, dloss);
+            tokens += (long)batch.rows * batch.T;
+        }
+        double loss = n_targets ? loss_sum / (double)n_targets : 0.0;
+        if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
+
+        // clip the global gradient norm, then one AdamW step
+        double norm = sqrt(sum_squares(grads, n));
+        clip_gradients(grads, n, norm, cfg.grad_clip);
+        adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+        // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
+        // update smaller than half a bf16 step (1/256 of the weight) is lost
+        if (pure_bf16) {
+            cast_to_bf16(params16, params, n);
+            cast_to_float(params, params16, n);
+        }
+        dev_synchronize();
+
+        double seconds = wall_seconds() - t0;
+        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
+                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds,
+                       .mem_bytes = dev_bytes_in_use(), .val_loss = -1};
+        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / ops_peak_flops(bf16_mode);
+        bool last = step + 1 == total_steps;
+        if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
+            if (bf16_mode) cast_to_bf16(params16, params, n);  // evaluate the updated weights
+            s.val_loss = evaluate(&acts, &w, &mc, data, &cfg, micro_batch);
+        }
+        metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
+        if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
+            save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
+    }
+    save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);
+    printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+
+    metrics_close(&metrics);
+    batch_free(&batch);
+    acts_free(&acts);
+    weights_free(&w);
+    weights_free(&g);
+    dev_free(params16);
+    dev_free(params);
+    dev_free(grads);
+    dev_free(adam_m);
+    dev_free(adam_v);
+    gpt_layout_free(&layout);
+    dataset_free(data);
+    tokenizer_free(tok);
+    return 0;
+}
