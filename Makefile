@@ -28,7 +28,8 @@ COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o
   COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_nccl.o
-  LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudart -lcublas -lcublasLt -lnccl
+  # nvcc's kernel-launch stubs are C++ (guarded statics): gcc links them with libstdc++
+  LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudart -lcublas -lcublasLt -lnccl -lstdc++
 else
   COMMON_OBJS += $(B)/common/ops_cpu.o
   COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_mpi.o
@@ -39,11 +40,13 @@ $(B)/common/comm.o $(B)/common/comm_mpi.o: CC := $(MPICC)
 $(B)/common/comm_nccl.o: CC := $(MPICC)
 $(B)/common/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include
 
-STAGES := 1 2
+STAGES := 1 2 3
+MPI_STAGES := 3
 STAGE_DIR_1 := 01_single_gpu
 STAGE_DIR_2 := 02_mixed_precision
+STAGE_DIR_3 := 03_ddp
 
-.PHONY: all setup test test-slurm bench demo clean $(addprefix stage-,$(STAGES))
+.PHONY: all setup test test-slurm test-cuda bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
 
 SETUP_STAMP := build/.setup-ok
@@ -59,22 +62,26 @@ $(B)/%.o: %.cu $(SETUP_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-# build/stage-N is the binary of the backend built last; build/<backend>/stage-N keeps both.
+# build/stage-N is a copy of the binary of the backend built last (always refreshed, so that
+# `make BACKEND=cpu` after a CUDA build puts the CPU one back); build/<backend>/ keeps both.
+# Stages from 03 on talk MPI: compiled and linked with mpicc, with the comm layer.
 define stage_rule
 stage-$(1): build/stage-$(1)
 build/stage-$(1): $(B)/stage-$(1)
 	@cp $$< $$@
-$(B)/stage-$(1): $(B)/$(STAGE_DIR_$(1))/train.o $(COMMON_OBJS)
-	$(CC) $$^ -o $$@ $(LDLIBS)
+$(B)/stage-$(1): $(patsubst %.c,$(B)/%.o,$(wildcard $(STAGE_DIR_$(1))/*.c)) $(COMMON_OBJS) $(if $(filter $(1),$(MPI_STAGES)),$(COMM_OBJS))
+	$(if $(filter $(1),$(MPI_STAGES)),$(MPICC),$(CC)) $$^ -o $$@ $(LDLIBS)
+$(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
 $(foreach n,$(STAGES),$(eval $(call stage_rule,$(n))))
-.PHONY: build/stage-1
 
 TOOLS := tokenize
-.PHONY: tools
 tools: $(addprefix build/,$(TOOLS))
-build/%: $(B)/tools/%.o $(COMMON_OBJS)
+build/tokenize: $(B)/tokenize
+	@cp $< $@
+$(B)/tokenize: $(B)/tools/tokenize.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
+.PHONY: tools $(addprefix build/stage-,$(STAGES)) $(addprefix build/,$(TOOLS))
 
 # ---- tests: every tests/test_*.c is a program, every tests/test_*.sh a script; run.sh runs all.
 # tests/mpi/*.c are MPI programs that the scripts start with mpirun.
@@ -87,6 +94,14 @@ $(B)/tests/mpi/%.o: CC := $(MPICC)
 build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
+
+# on a GPU machine: test_ops on the GPU, then stage 01 on the GPU against the CPU's loss curve
+build/cuda/tests/test_ops: build/cuda/tests/test_ops.o $(COMMON_OBJS)
+	$(CC) $^ -o $@ $(LDLIBS)
+test-cuda:
+	@$(MAKE) --no-print-directory BACKEND=cpu build/cpu/stage-1
+	@$(MAKE) --no-print-directory BACKEND=cuda all build/cuda/tests/test_ops
+	@bash tests/test_ops_cuda.sh
 
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)

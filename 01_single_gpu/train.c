@@ -109,8 +109,12 @@ int main(int argc, char **argv) {
                        .mem_bytes = dev_bytes_in_use(), .val_loss = -1};
         s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / ops_peak_flops(0);
         bool last = step + 1 == total_steps;
-        if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last)
-            s.val_loss = evaluate(&acts, &w, &mc, data, &cfg, micro_batch);
+        if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
+            double val_sum;
+            long val_count;
+            evaluate_sums(&acts, &w, &mc, data, &cfg, 0, 1, &val_sum, &val_count);
+            s.val_loss = val_count ? val_sum / (double)val_count : -1;
+        }
         metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
         if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
             save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);

@@ -145,7 +145,10 @@ int main(int argc, char **argv) {
         bool last = step + 1 == total_steps;
         if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
             if (bf16_mode) cast_to_bf16(params16, params, n);  // evaluate the updated weights
-            s.val_loss = evaluate(&acts, &w, &mc, data, &cfg, micro_batch);
+            double val_sum;
+            long val_count;
+            evaluate_sums(&acts, &w, &mc, data, &cfg, 0, 1, &val_sum, &val_count);
+            s.val_loss = val_count ? val_sum / (double)val_count : -1;
         }
         metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
         if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)

@@ -107,8 +107,13 @@ static double bus_factor(CollKind kind, int n) {
     return (double)(n - 1) / n;
 }
 
+int comm_test(CommRequest *r) {
+    if (!r->done) r->done = comm_backend_test(r);
+    return r->done;
+}
+
 void comm_wait(CommRequest *r) {
-    comm_backend_wait(r);
+    if (!r->done) comm_backend_wait(r);
     CommStats *s = &r->comm->stats;
     s->calls[r->kind]++;
     s->bytes[r->kind] += r->bytes;
@@ -166,7 +171,7 @@ void comm_print_table(Comm *world) {
             const CommStats *s = &c->stats;
             if (!s->calls[k]) continue;
             double sec = s->seconds[k] > 0 ? s->seconds[k] : 1e-12;
-            printf("  %-8s %-15s %7ld %11.2f %10.1f %11.3f %11.3f\n", c->name, COMM_KIND_NAMES[k],
+            printf("  %-8s %-15s %7ld %11.2f %10.1f %11.4g %11.4g\n", c->name, COMM_KIND_NAMES[k],
                    s->calls[k], s->bytes[k] / 1e6, 1e3 * s->seconds[k], s->bytes[k] / sec / 1e9,
                    s->bus_bytes[k] / sec / 1e9);
         }
@@ -195,15 +200,9 @@ double comm_max_double(Comm *c, double x) {
     return x;
 }
 
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 void comm_check_same(Comm *c, const char *what, const char *text) {
     // the min and the max of the hashes agree only if every rank's is the same
-    uint64_t lo = fnv1a(text), hi = lo;
+    uint64_t lo = hash_bytes(text, strlen(text)), hi = lo;
     reduce_host(c, &lo, MPI_UINT64_T, MPI_MIN, what);
     reduce_host(c, &hi, MPI_UINT64_T, MPI_MAX, what);
     if (lo != hi)

@@ -49,6 +49,9 @@ CommRequest *comm_all_reduce_start(Comm *c, float *buf, size_t count);
 CommRequest *comm_all_gather_start(Comm *c, float *out, const float *in, size_t count);
 CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, size_t count);
 void comm_wait(CommRequest *r);
+// Lets a started collective make progress without waiting for it (MPI moves data only inside
+// MPI calls); returns 1 once it has finished. comm_wait is still needed to end it.
+int comm_test(CommRequest *r);
 
 // ---- small host values (for losses, norms and checks; not counted as payload) ----------------
 double comm_sum_double(Comm *c, double x);

@@ -20,6 +20,7 @@ struct CommRequest {
     Comm *comm;
     CollKind kind;
     double bytes, start;
+    int done;           // comm_test saw it finish
     MPI_Request mpi;    // comm_mpi.c
     void *event;        // comm_nccl.c: a cudaEvent_t recorded after the collective
 };
@@ -31,6 +32,7 @@ extern const char *COMM_KIND_NAMES[COLL_KINDS];
 void comm_backend_init_group(Comm *c);  // after the MPI communicator exists
 void comm_backend_free_group(Comm *c);
 void comm_backend_wait(CommRequest *r); // bounded by g_comm_timeout
+int comm_backend_test(CommRequest *r);  // 1 when finished
 
 // shared helpers
 CommRequest *comm_new_request(Comm *c, CollKind kind, double bytes);

@@ -9,6 +9,12 @@ void comm_backend_free_group(Comm *c) { (void)c; }
 
 void comm_backend_wait(CommRequest *r) { comm_wait_mpi(&r->mpi, COMM_KIND_NAMES[r->kind], r->comm->name); }
 
+int comm_backend_test(CommRequest *r) {
+    int done = 0;
+    comm_check_mpi(MPI_Test(&r->mpi, &done, MPI_STATUS_IGNORE), COMM_KIND_NAMES[r->kind]);
+    return done;
+}
+
 CommRequest *comm_all_reduce_start(Comm *c, float *buf, size_t count) {
     CommRequest *r = comm_new_request(c, COLL_ALL_REDUCE, 4.0 * count);
     comm_check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, c->mpi, &r->mpi), "all-reduce");

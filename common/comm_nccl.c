@@ -32,6 +32,7 @@ static void cuda_check(cudaError_t e, const char *what, const char *file, int li
 static cudaStream_t compute_stream(void) { return (cudaStream_t)ops_stream(); }
 
 void comm_backend_init_group(Comm *c) {
+    ops_init();  // picks this rank's GPU: the communicator is bound to the current device
     NcclGroup *g = calloc_or_die(1, sizeof *g);
     ncclUniqueId id;
     if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -92,6 +93,16 @@ void comm_backend_wait(CommRequest *r) {
     // later compute on the compute stream must see the result
     CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), done, 0));
     CUDA_CHECK(cudaEventDestroy(done));
+}
+
+int comm_backend_test(CommRequest *r) {
+    cudaError_t e = cudaEventQuery((cudaEvent_t)r->event);
+    if (e == cudaErrorNotReady) return 0;
+    cuda_check(e, COMM_KIND_NAMES[r->kind], __FILE__, __LINE__);
+    // finish the ordering and clean-up that comm_backend_wait would do
+    CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), (cudaEvent_t)r->event, 0));
+    CUDA_CHECK(cudaEventDestroy((cudaEvent_t)r->event));
+    return 1;
 }
 
 CommRequest *comm_all_reduce_start(Comm *c, float *buf, size_t count) {

@@ -63,6 +63,9 @@ static const Key KEYS[] = {
     K(eval_batches, T_INT, "4", "validation batches per evaluation"),
     K(checkpoint_interval, T_INT, "0", "save a checkpoint every N steps (0: only at the end)"),
     K(val_fraction, T_FLOAT, "0.05", "share of the records held out for validation"),
+    K(overlap_communication, T_BOOL, "false",
+      "overlap communication with computation (ddp: bucketed all-reduce during backward)"),
+    K(bucket_size_mb, T_FLOAT, "25", "ddp: megabytes of gradients per all-reduce bucket when overlapping"),
     K(always_input_template, T_BOOL, "false",
       "the tutorial's quirk: use the with-input prompt template for every record"),
 };

@@ -33,6 +33,8 @@ typedef struct {
     double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip, val_fraction;
     int warmup_steps, eval_interval, eval_batches, checkpoint_interval;
     bool always_input_template;  // the tutorial's quirk: the with-input prompt for every record
+    bool overlap_communication;  // ddp: bucketed all-reduce during backward; axonn: prefetching
+    double bucket_size_mb;       // ddp: gradient bucket size for the overlapped all-reduce
 } Config;
 
 // Reads the config for `stage_default_file` (used when neither --config nor $CONFIG_FILE is

@@ -378,14 +378,23 @@ void gpt_forward(Activations *a, const Weights *w, const GPTConfig *cfg, const i
     gpt_head_forward(a, block_input(a, cfg->n_layer), w, cfg, B, T);
 }
 
-double gpt_forward_backward(Activations *a, const Weights *w, Weights *g, const GPTConfig *cfg,
-                            const int *inputs, const int *targets, int B, int T, float dloss) {
+double gpt_forward_backward_hooked(Activations *a, const Weights *w, Weights *g, const GPTConfig *cfg,
+                                   const int *inputs, const int *targets, int B, int T, float dloss,
+                                   GradReadyHook hook, void *ctx) {
     gpt_forward(a, w, cfg, inputs, B, T);
     upload_tokens(a->targets, targets, B, T);
     double loss_sum = gpt_loss_forward_backward(a, cfg, B, T, dloss);
     gpt_head_backward(a, block_input(a, cfg->n_layer), w, g, cfg, B, T);
-    for (int l = cfg->n_layer - 1; l >= 0; l--)
+    for (int l = cfg->n_layer - 1; l >= 0; l--) {
         gpt_block_backward(a, &a->blocks[l], block_input(a, l), &w->h[l], &g->h[l], cfg, B, T);
+        if (hook) hook(l, ctx);
+    }
     gpt_embed_backward(a, g, cfg, B, T);
+    if (hook) hook(-1, ctx);
     return loss_sum;
+}
+
+double gpt_forward_backward(Activations *a, const Weights *w, Weights *g, const GPTConfig *cfg,
+                            const int *inputs, const int *targets, int B, int T, float dloss) {
+    return gpt_forward_backward_hooked(a, w, g, cfg, inputs, targets, B, T, dloss, NULL, NULL);
 }

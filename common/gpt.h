@@ -152,5 +152,12 @@ void gpt_forward(Activations *a, const Weights *w, const GPTConfig *cfg, const i
 // forward + loss + backward, adding into g; returns the summed loss of the micro-batch
 double gpt_forward_backward(Activations *a, const Weights *w, Weights *g, const GPTConfig *cfg,
                             const int *inputs, const int *targets, int B, int T, float dloss);
+// the same, calling hook(l, ctx) as soon as block l's gradients are final (l = L-1 down to 0) and
+// hook(-1, ctx) when the embedding's are, so that a stage can start communicating gradients
+// while backward goes on (PyTorch's DDP does this with autograd hooks)
+typedef void (*GradReadyHook)(int layer, void *ctx);
+double gpt_forward_backward_hooked(Activations *a, const Weights *w, Weights *g, const GPTConfig *cfg,
+                                   const int *inputs, const int *targets, int B, int T, float dloss,
+                                   GradReadyHook hook, void *ctx);
 
 #endif

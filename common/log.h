@@ -2,6 +2,8 @@
 #ifndef LOG_H
 #define LOG_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 // Which rank this process is, for fatal(); stages set it right after MPI starts (default 0).
@@ -22,5 +24,8 @@ void *calloc_or_die(size_t count, size_t size);
 char *read_file_or_die(const char *path, size_t *len);
 
 double wall_seconds(void);  // monotonic clock
+
+// FNV-1a hash of n bytes: a cheap fingerprint for comparing data across ranks
+uint64_t hash_bytes(const void *data, size_t n);
 
 #endif

@@ -95,15 +95,9 @@ typedef struct {
     size_t mask;
 } InputSet;
 
-static size_t hash_string(const char *s) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return (size_t)h;
-}
-
 // adds s; returns 0 if it was already there
 static int input_set_add(InputSet *set, const char *s) {
-    size_t i = hash_string(s) & set->mask;
+    size_t i = (size_t)hash_bytes(s, strlen(s)) & set->mask;
     while (set->slots[i][0]) {
         if (strcmp(set->slots[i], s) == 0) return 0;
         i = (i + 1) & set->mask;

@@ -198,14 +198,8 @@ static MergeSlot *merge_table_slot(const MergeTable *m, int left, int right) {
 typedef struct { const char *bytes; int len, id; } VocabSlot;  // bytes NULL = empty slot
 typedef struct { VocabSlot *slots; size_t mask; } VocabTable;
 
-static size_t hash_bytes(const char *s, int len) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (int i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return (size_t)h;
-}
-
 static VocabSlot *vocab_table_slot(const VocabTable *v, const char *s, int len) {
-    size_t i = hash_bytes(s, len) & v->mask;
+    size_t i = (size_t)hash_bytes(s, (size_t)len) & v->mask;
     while (v->slots[i].bytes &&
            !(v->slots[i].len == len && memcmp(v->slots[i].bytes, s, (size_t)len) == 0))
         i = (i + 1) & v->mask;

@@ -154,23 +154,24 @@ void print_memory_report(const char *title, const MemoryItem *items, int n) {
 
 // ---- evaluation -------------------------------------------------------------------------------
 
-double evaluate(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
-                const Config *cfg, int micro_batch) {
-    long batches = dataset_batches_per_epoch(data, 1, micro_batch);
+void evaluate_sums(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
+                   const Config *cfg, int rank, int world, double *loss_sum, long *count) {
+    long batches = dataset_batches_per_epoch(data, 1, cfg->global_batch_size);
     if (batches > cfg->eval_batches) batches = cfg->eval_batches;
-    if (batches <= 0) return -1;
-    double loss_sum = 0;
-    long count = 0;
+    int acc = cfg->gradient_acc_steps;
     Batch batch = {0};
-    for (long b = 0; b < batches; b++) {
-        dataset_get_batch(data, 1, (uint64_t)cfg->seed, 0, b, micro_batch, 0, 1, &batch);
-        gpt_forward(a, w, mc, batch.inputs, batch.rows, batch.T);
-        copy_to_device(a->targets, batch.targets, (size_t)batch.rows * batch.T * sizeof(int));
-        loss_sum += gpt_loss_forward(a, mc, batch.rows, batch.T);
-        count += batch.n_targets_global;
-    }
+    *loss_sum = 0;
+    *count = 0;
+    for (long b = 0; b < batches; b++)
+        for (int micro = 0; micro < acc; micro++) {
+            dataset_get_batch(data, 1, (uint64_t)cfg->seed, 0, b, cfg->global_batch_size,
+                              rank * acc + micro, world * acc, &batch);
+            gpt_forward(a, w, mc, batch.inputs, batch.rows, batch.T);
+            copy_to_device(a->targets, batch.targets, (size_t)batch.rows * batch.T * sizeof(int));
+            *loss_sum += gpt_loss_forward(a, mc, batch.rows, batch.T);
+            *count += batch.n_targets_local;
+        }
     batch_free(&batch);
-    return count ? loss_sum / (double)count : -1;
 }
 
 // ---- checkpoints ------------------------------------------------------------------------------

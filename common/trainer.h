@@ -65,10 +65,12 @@ typedef struct { const char *what; size_t bytes; } MemoryItem;
 void print_memory_report(const char *title, const MemoryItem *items, int n);
 
 // ---- evaluation and checkpoints (single process) ----------------------------------------------
-// mean validation loss over up to cfg->eval_batches global batches; -1 when there is no
-// validation split
-double evaluate(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
-                const Config *cfg, int micro_batch);
+// Validation loss over up to cfg->eval_batches global batches of the validation split, cut as
+// training cuts them: this process takes micro-batches [rank * acc, (rank + 1) * acc) of
+// world * acc slices. Fills the summed loss and target count of its slices; add them up over
+// ranks, then divide (count 0: no validation split).
+void evaluate_sums(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
+                   const Config *cfg, int rank, int world, double *loss_sum, long *count);
 
 // copies the device buffers to the host and writes model + optimizer state to out_dir
 void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,

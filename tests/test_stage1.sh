@@ -19,7 +19,7 @@ sys.exit(0 if b < a * float(sys.argv[3]) else 1)" "$1" "$2" "$3"; }
 build/stage-1 --config configs/tiny.json --data_path=../shared/fixtures/alpaca/rasbt-LLMs-from-scratch_instruction-data.json \
     --tokenizer_path=../shared/fixtures/gpt2-tokenizer --max_seq_len=128 --n_embd=64 --n_layer=2 --stop_iteration=30 \
     --global_batch_size=8 --log_interval=10 --out_dir="$tmp/rasbt" >"$tmp/rasbt.log" 2>&1
-check '[ $? -eq 0 ]' "rasbt run failed: $(tail -3 "$tmp/rasbt.log")"
+rc=$?; check '[ $rc -eq 0 ]' "rasbt run failed: $(tail -3 "$tmp/rasbt.log")"
 losses=$(field "$tmp/rasbt/metrics.jsonl" loss)
 check 'falls "$losses" 5 0.75' "the loss did not fall by 25% on the rasbt data: $losses"
 check '[ "$(grep -c "^step" "$tmp/rasbt.log")" -eq 3 ]' "expected 3 progress lines (log_interval 10)"
@@ -32,7 +32,7 @@ done
 # 2. learns on the synthetic set with the byte tokenizer (the demo's data)
 build/stage-1 --config configs/tiny.json --n_embd=64 --n_layer=2 --stop_iteration=40 --global_batch_size=8 \
     --out_dir="$tmp/synth" >"$tmp/synth.log" 2>&1
-check '[ $? -eq 0 ]' "synthetic run failed: $(tail -3 "$tmp/synth.log")"
+rc=$?; check '[ $rc -eq 0 ]' "synthetic run failed: $(tail -3 "$tmp/synth.log")"
 losses=$(field "$tmp/synth/metrics.jsonl" loss)
 check 'falls "$losses" 5 0.7' "the loss did not fall by 30% on the synthetic set: $losses"
 

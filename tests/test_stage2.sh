@@ -14,10 +14,10 @@ check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1))
 args=(--config configs/tiny.json --stop_iteration=40 --eval_batches=1 --log_interval=100)
 
 build/stage-1 "${args[@]}" --out_dir="$tmp/s1" >"$tmp/s1.log" 2>&1
-check '[ $? -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/s1.log")"
+rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/s1.log")"
 for p in 32 bf16-mixed bf16; do
     build/stage-2 "${args[@]}" --precision=$p --out_dir="$tmp/$p" >"$tmp/$p.log" 2>&1
-    check '[ $? -eq 0 ]' "stage 2 --precision=$p failed: $(tail -3 "$tmp/$p.log")"
+    rc=$?; check '[ $rc -eq 0 ]' "stage 2 --precision=$p failed: $(tail -3 "$tmp/$p.log")"
 done
 compare() { # compare <dir> <max relative difference> -> prints the largest, fails if above
     python3 - "$tmp/s1/metrics.jsonl" "$1/metrics.jsonl" "$2" <<'PY'

@@ -1,0 +1,271 @@
+// Stage 03: stage 02 on P ranks with data parallelism (DDP).
+//
+// Every rank holds the whole model and takes its own slice of every global batch. After
+// backward, the ranks add up their gradients with one all-reduce, so every rank holds the
+// gradient of the whole global batch and takes the same optimizer step: the replicas never
+// drift apart. With the same seed and global batch, P ranks give the losses of one.
+//   overlap_communication=false  one all-reduce of the flat gradient buffer after backward
+//   overlap_communication=true   gradient buckets all-reduced during backward, as they fill
+// Read `diff -u 02_mixed_precision/train.c 03_ddp/train.c`.
+//
+// Run: mpirun -np 4 build/stage-3 --config configs/tiny.json      (see README.md)
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alpaca.h"
+#include "comm.h"
+#include "config.h"
+#include "gpt.h"
+#include "log.h"
+#include "ops.h"
+#include "tokenizer.h"
+#include "trainer.h"
+
+// ---- the second lesson: all-reduce gradient buckets while backward is still running ---------
+// A bucket is a contiguous range of the flat gradient buffer made of whole blocks. Backward
+// finishes the blocks from the last to the first, so buckets are cut from the end of the buffer;
+// the last bucket also holds the root tensors (embeddings, final LayerNorm), whose gradients are
+// final only when the embedding's backward is done.
+typedef struct {
+    size_t first, count;  // the range of the flat buffer
+    int ready_after;      // launch when this block's backward is done (-1: the embedding's)
+    CommRequest *req;
+} Bucket;
+
+typedef struct {
+    Bucket buckets[256];
+    int n, launched;
+    float *grads;
+    Comm *world;
+} BucketPlan;
+
+static void plan_buckets(BucketPlan *p, const ParamLayout *layout, double bucket_mb, float *grads, Comm *world) {
+    size_t limit = (size_t)(bucket_mb * 1e6 / sizeof(float)), end = layout->num_params;
+    p->n = p->launched = 0;
+    p->grads = grads;
+    p->world = world;
+    for (int l = layout->cfg.n_layer - 1; l >= 0; l--) {
+        size_t start = layout->block_offset[0] + (size_t)l * layout->block_offset[1];
+        if (l == 0) start = 0;  // the last bucket takes the root tensors too
+        if (end - start < limit && l > 0) continue;
+        if (p->n == (int)(sizeof p->buckets / sizeof p->buckets[0])) fatal("more than 256 gradient buckets");
+        p->buckets[p->n++] = (Bucket){.first = start, .count = end - start, .ready_after = l == 0 ? -1 : l};
+        end = start;
+    }
+}
+
+// called by backward each time a block's gradients are final (GradReadyHook)
+static void launch_ready_buckets(int layer, void *ctx) {
+    BucketPlan *p = ctx;
+    while (p->launched < p->n && p->buckets[p->launched].ready_after == layer) {
+        Bucket *b = &p->buckets[p->launched++];
+        b->req = comm_all_reduce_start(p->world, p->grads + b->first, b->count);
+    }
+    // MPI moves a non-blocking collective's data only inside MPI calls: give it a nudge
+    for (int i = 0; i < p->launched; i++) comm_test(p->buckets[i].req);
+}
+
+static void wait_buckets(BucketPlan *p) {
+    if (p->launched != p->n) fatal("internal: %d of %d gradient buckets were launched", p->launched, p->n);
+    for (int i = 0; i < p->n; i++) comm_wait(p->buckets[i].req);
+    p->launched = 0;  // ready for the next step
+}
+
+static void check_replicas_identical(Comm *world, const float *params, size_t n) {
+    float *host = malloc_or_die(n * sizeof(float));
+    copy_to_host(host, params, n * sizeof(float));
+    char text[32];
+    snprintf(text, sizeof text, "%016llx", (unsigned long long)hash_bytes(host, n * sizeof(float)));
+    comm_check_same(world, "the trained weights", text);
+    printf("replicas identical on all %d ranks: weights hash %s\n", comm_size(world), text);
+    free(host);
+}
+
+int main(int argc, char **argv) {
+    Comm *world = comm_init(&argc, &argv);
+    int rank = comm_rank(world), P = comm_size(world);
+    Config cfg;
+    config_load(&cfg, argc, argv, "configs/ddp.json");
+    // every rank must train the same model on the same batches: compare the configs
+    char *config_json = config_to_json(&cfg);
+    comm_check_same(world, "the config", config_json);
+    free(config_json);
+    if (cfg.global_batch_size % (P * cfg.gradient_acc_steps) != 0)
+        fatal("key 'global_batch_size': %d sequences do not split into %d ranks x %d micro-batches",
+              cfg.global_batch_size, P, cfg.gradient_acc_steps);
+    ops_init();
+
+    // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----
+    Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
+    DatasetOptions dopt = {.data_path = cfg.data_path, .tok = tok, .max_seq_len = cfg.max_seq_len,
+                           .always_input_template = cfg.always_input_template,
+                           .val_fraction = cfg.val_fraction};
+    Dataset *data = dataset_load(&dopt);
+    long batches_per_epoch = dataset_batches_per_epoch(data, 0, cfg.global_batch_size);
+    if (batches_per_epoch == 0)
+        fatal("%s: %d training records make no global batch of %d", cfg.data_path[0] ? cfg.data_path : "synthetic data",
+              dataset_size(data, 0), cfg.global_batch_size);
+    // the learning-rate schedule spans every epoch; stop_iteration only ends the run early (as in
+    // the tutorial), so a run stopped and resumed follows the same schedule
+    long schedule_steps = batches_per_epoch * cfg.num_epochs, total_steps = schedule_steps;
+    if (cfg.stop_iteration >= 0 && cfg.stop_iteration < total_steps) total_steps = cfg.stop_iteration;
+
+    // ---- model: one flat buffer each for parameters, gradients and AdamW's two moments ----
+    GPTConfig mc = model_shape(&cfg, tok);
+    ParamLayout layout;
+    gpt_layout(&layout, &mc);
+    size_t n = layout.num_params, bytes = n * sizeof(float);
+    float *params = dev_malloc(bytes), *grads = dev_malloc(bytes);
+    float *adam_m = dev_malloc(bytes), *adam_v = dev_malloc(bytes);
+    Weights w, g;
+    weights_point(&w, &layout, params);
+    weights_point(&g, &layout, grads);
+    // the bf16 working copy of the weights, which every matmul reads
+    bool bf16_mode = config_is_bf16(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    bf16 *params16 = NULL;
+    if (bf16_mode) {
+        params16 = dev_malloc(n * sizeof(bf16));
+        weights_point_bf16(&w, &layout, params16);
+    }
+    long step = 0;
+    if (cfg.resume) step = resume_checkpoint(&cfg, &layout, params, adam_m, adam_v);
+    else if (starts_from_checkpoint(&cfg)) load_initial_weights(&cfg, &layout, params);
+    else gpt_init_range(params, &layout, 0, n, (uint64_t)cfg.seed);
+
+    // activations for one micro-batch of the longest sequences: this rank's share of the batch
+    int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps / P;
+    Activations acts;
+    acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
+               bf16_mode);
+
+    BucketPlan buckets;
+    plan_buckets(&buckets, &layout, cfg.bucket_size_mb, grads, world);
+    // only rank 0 prints, writes metrics and saves checkpoints: the replicas are identical
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
+
+    printf("stage 03 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
+           P, ops_backend_name(), ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           mc.vocab_size, n / 1e6);
+    printf("gradient all-reduce: %s\n", cfg.overlap_communication
+               ? "bucketed, launched during backward" : "one all-reduce of the flat buffer after backward");
+    if (cfg.overlap_communication) printf("  %d buckets of about %g MB\n", buckets.n, cfg.bucket_size_mb);
+    if (bf16_mode && !ops_bf16_native())
+        printf("note: this CPU has no bf16 matmul instructions: bf16 inputs are widened to fp32 "
+               "(same numbers, no speed-up)\n");
+    printf("data: %d train / %d validation records | global batch %d = %d ranks x %d x %d micro-batches | %ld steps\n",
+           dataset_size(data, 0), dataset_size(data, 1), cfg.global_batch_size, P, cfg.gradient_acc_steps,
+           micro_batch, total_steps);
+    MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
+                           {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
+                           {bf16_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)", acts.bytes}};
+    print_memory_report("device memory:", memory, 5);
+    if (bf16_mode) {
+        // what the same run holds in fp32, for comparison
+        Activations fp32_acts;
+        acts_alloc(&fp32_acts, &mc, micro_batch, acts.T, 0);
+        printf("  (in fp32 the activations would take %.2f MiB: bf16 saves %.0f%%)\n",
+               fp32_acts.bytes / 1048576.0, 100.0 * (1.0 - (double)acts.bytes / fp32_acts.bytes));
+        acts_free(&fp32_acts);
+    }
+
+    // ---- the training loop ----
+    Metrics metrics = {0};
+    if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
+    Batch batch = {0};
+    for (; step < total_steps; step++) {
+        double t0 = wall_seconds();
+        int epoch = (int)(step / batches_per_epoch);
+        long b = step % batches_per_epoch;
+        double lr = learning_rate(&cfg, step, schedule_steps);
+        CommStats comm_before = comm_totals();
+
+        // the bf16 copy of this step's weights: made once, read by every matmul of the step
+        if (bf16_mode) cast_to_bf16(params16, params, n);
+
+        // forward + backward over this rank's micro-batches (slices rank * acc ... of P * acc);
+        // gradients add up in `grads`. Each token's loss is divided by the number of target
+        // tokens in the WHOLE global batch, over all ranks: then the sum of the ranks' gradients
+        // is exactly the one-process gradient, even when ranks hold different numbers of
+        // response tokens. (A batch whose responses were all cut off has no targets: loss 0.)
+        // No communication until the last micro-batch: the gradients just accumulate.
+        dev_zero(grads, bytes);
+        double loss_sum = 0;
+        long tokens = 0, n_targets = 0;
+        int acc = cfg.gradient_acc_steps;
+        for (int micro = 0; micro < acc; micro++) {
+            dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
+                              rank * acc + micro, P * acc, &batch);
+            n_targets = batch.n_targets_global;
+            float dloss = n_targets ? 1.0f / (float)n_targets : 0.0f;
+            bool overlap = cfg.overlap_communication && micro == acc - 1;
+            loss_sum += gpt_forward_backward_hooked(&acts, &w, &g, &mc, batch.inputs, batch.targets,
+                                                    batch.rows, batch.T, dloss,
+                                                    overlap ? launch_ready_buckets : NULL, &buckets);
+            tokens += (long)batch.rows * batch.T;
+        }
+        // sum the gradients over the ranks: afterwards every rank holds the global gradient
+        if (cfg.overlap_communication) wait_buckets(&buckets);
+        else comm_all_reduce(world, grads, n);
+        tokens = comm_sum_long(world, tokens);
+        double loss = n_targets ? comm_sum_double(world, loss_sum) / (double)n_targets : 0.0;
+        if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
+
+        // clip the global gradient norm, then one AdamW step
+        double norm = sqrt(sum_squares(grads, n));
+        clip_gradients(grads, n, norm, cfg.grad_clip);
+        adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+        // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
+        // update smaller than half a bf16 step (1/256 of the weight) is lost
+        if (pure_bf16) {
+            cast_to_bf16(params16, params, n);
+            cast_to_float(params, params16, n);
+        }
+        dev_synchronize();
+
+        double seconds = wall_seconds() - t0;
+        CommStats comm_after = comm_totals();
+        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
+                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds,
+                       .mem_bytes = dev_bytes_in_use(), .val_loss = -1, .has_comm = true,
+                       .comm_bytes = comm_stats_bytes(&comm_after) - comm_stats_bytes(&comm_before),
+                       .comm_ms = 1e3 * (comm_stats_seconds(&comm_after) - comm_stats_seconds(&comm_before))};
+        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / (P * ops_peak_flops(bf16_mode));
+        bool last = step + 1 == total_steps;
+        if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
+            if (bf16_mode) cast_to_bf16(params16, params, n);  // evaluate the updated weights
+            double val_sum;
+            long val_count;
+            evaluate_sums(&acts, &w, &mc, data, &cfg, rank, P, &val_sum, &val_count);
+            val_sum = comm_sum_double(world, val_sum);
+            val_count = comm_sum_long(world, val_count);
+            s.val_loss = val_count ? val_sum / (double)val_count : -1;
+        }
+        if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
+        if (rank == 0 && cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
+            save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
+    }
+    if (rank == 0) save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);
+    printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+    // the proof that data parallelism kept the replicas identical: every rank's weights agree
+    check_replicas_identical(world, params, n);
+    comm_print_table(world);
+
+    metrics_close(&metrics);
+    batch_free(&batch);
+    acts_free(&acts);
+    weights_free(&w);
+    weights_free(&g);
+    dev_free(params16);
+    dev_free(params);
+    dev_free(grads);
+    dev_free(adam_m);
+    dev_free(adam_v);
+    gpt_layout_free(&layout);
+    dataset_free(data);
+    tokenizer_free(tok);
+    comm_finalize(world);
+    return 0;
+}

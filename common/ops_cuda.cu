@@ -1,0 +1,1017 @@
+// ops_cuda.cu: the CUDA backend of ops.h. Matmuls go to cuBLAS; every other op is a kernel that
+// maps CUDA threads onto the rows or elements of a tensor and calls the math in kernels.h, the
+// same functions the CPU backend calls (and the CPU tests check). What is written here, and
+// only here, is the thread mapping and step 2 of a row reduction (kernels.h, top comment): the
+// combine of per-lane partials, done by a warp shuffle or a shared-memory tree.
+//
+// How each op is mapped (rows of N, columns of C):
+//   matmuls               cublasSgemm (f32) / cublasGemmEx (bf16 in, f32 out): see the comment
+//                         above matmul_forward for the row-major -> column-major argument mapping
+//   matmul dbias,         a thread per (chunk of 32 rows, column) adds its chunk into a partial
+//   layernorm dw, db      row, then a thread per column adds the partial rows in order: the sum
+//                         has a fixed order (deterministic) yet uses N/32 times more threads than
+//                         one thread per column would
+//   encoder forward       a thread per output element
+//   encoder backward      a thread per column walks all rows (kernels.h's column owner: no
+//                         atomics, a fixed order)
+//   layernorm forward,    a warp per row: 32 lanes, partials combined by warp shuffles
+//   layernorm dinp
+//   attention             a thread per (sequence, head, query row), calling kernels.h's row
+//                         functions; the forward's output row goes through shared memory so the
+//                         write to out is coalesced; backward is two launches (query rows, then
+//                         key rows), as kernels.h requires
+//   cross-entropy         a block per row: partial max / sum of exponentials, combined by a
+//                         shared-memory tree
+//   elementwise, AdamW,   grid-stride loops, a thread per element
+//   casts
+//   sum_squares/values    a fixed grid of 1024 x 256 threads, each summing in double, then one
+//                         block adds the 1024 partials: the same bits on every GPU and every run
+//   init_normal           computed on the host (kernels.h's advice: then CPU and GPU initialise
+//                         bit-identical weights) and copied, in chunks
+//
+// Streams. Every op runs on one stream (ops_stream(), created by ops_init), so ops are ordered
+// among themselves without synchronising; the host waits only where it must read a result
+// (copy_to_host, sum_*, dev_synchronize) or hand memory back (dev_free). Errors: every CUDA and
+// cuBLAS call is checked and reported through fatal() with file, line and the library's error
+// string; every kernel launch is checked with cudaGetLastError(). A kernel that fails while
+// running is reported at the next synchronisation (run with CUDA_LAUNCH_BLOCKING=1 to have it
+// reported at its own launch).
+//
+// Not thread-safe: ops are called from one host thread, like the CPU backend.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern "C" {  // ops.h and log.h are C headers (no extern "C" of their own)
+#include "log.h"
+#include "ops.h"
+}
+#include "kernels.h"
+
+// ----------------------------------------------------------------------------------------------
+// error checking: file, line, the call, and the library's own words
+
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+static void cuda_check(cudaError_t e, const char *what, const char *file, int line) {
+    if (e != cudaSuccess)
+        fatal("%s:%d: %s: CUDA error %d: %s", file, line, what, (int)e, cudaGetErrorString(e));
+}
+
+static void cublas_check(cublasStatus_t s, const char *what, const char *file, int line) {
+    if (s != CUBLAS_STATUS_SUCCESS)
+        fatal("%s:%d: %s: cuBLAS error %d: %s", file, line, what, (int)s, cublasGetStatusString(s));
+}
+
+// Launches a kernel on the ops stream and checks the launch (bad configuration, no kernel image
+// for this GPU, ...). Errors while the kernel runs surface at the next synchronisation.
+#define LAUNCH(kernel, grid, block, smem, ...)                                                 \
+    do {                                                                                       \
+        kernel<<<(grid), (block), (smem), g.stream>>>(__VA_ARGS__);                            \
+        cuda_check(cudaGetLastError(), "launch of " #kernel, __FILE__, __LINE__);              \
+    } while (0)
+
+// ----------------------------------------------------------------------------------------------
+// backend state
+
+// A cross-entropy target outside the vocabulary is found on the device; the kernel records one
+// here (pinned host memory the GPU writes through a mapped pointer, with plain stores) and the
+// host reports it at the next synchronisation, where it waits anyway (sum_values right after the
+// loss, in the model). The CPU backend checks before the loop instead; the message is the same.
+// row_target packs (row + 1, target) into one 64-bit word, written by one store, so the pair read
+// back always belongs together; 0 means none.
+typedef struct {
+    unsigned long long row_target;
+    int V;
+} BadTarget;
+
+static struct {
+    int ready;
+    int device, sm_count, cc_major, cc_minor, clock_khz;
+    char name[256];
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    double *host_result;               // pinned: where sum_* results land
+    double *dev_sums;                  // SUM_BLOCKS partials + the total
+    volatile BadTarget *bad_host;      // pinned and mapped
+    BadTarget *bad_dev;                // the device's pointer to the same memory
+    void *scratch;                     // internal workspace (not counted by dev_bytes_*)
+    size_t scratch_bytes;
+} g;
+
+#define THREADS 256  // block size of the element-wise and column kernels
+
+// the local rank from the launcher's environment (Open MPI, Slurm, torchrun-style), else 0
+static int local_rank(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (!v || !*v) continue;
+        char *end;
+        errno = 0;
+        long r = strtol(v, &end, 10);
+        if (errno || *end || r < 0 || r > 1000000)
+            fatal("environment variable %s is '%s': expected a local rank (a number >= 0)", vars[i], v);
+        return (int)r;
+    }
+    return 0;
+}
+
+static __global__ void probe_kernel(int *x) {
+    if (x) *x = 0;
+}
+
+void ops_init(void) {
+    if (g.ready) return;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0)
+        fatal("no CUDA device: %s%s. This is the CUDA build (BACKEND=cuda); on a machine without "
+              "an NVIDIA GPU, build and run the CPU one: make BACKEND=cpu",
+              e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none",
+              e == cudaErrorInsufficientDriver ? " (no NVIDIA driver is loaded, or it is older than "
+                                                 "the CUDA runtime this binary was built with)" : "");
+    int local = local_rank();
+    g.device = local % count;
+    CUDA_CHECK(cudaSetDevice(g.device));
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, g.device));
+    snprintf(g.name, sizeof g.name, "%s", prop.name);
+    g.sm_count = prop.multiProcessorCount;
+    g.cc_major = prop.major;
+    g.cc_minor = prop.minor;
+    if (cudaDeviceGetAttribute(&g.clock_khz, cudaDevAttrClockRate, g.device) != cudaSuccess)
+        g.clock_khz = 0;
+    (void)cudaGetLastError();  // the attribute query is optional: forget its error, if any
+
+    // A GPU whose architecture this binary has no code for fails at the first kernel launch with
+    // "no kernel image is available"; find that out now and say what to do about it.
+    cudaFuncAttributes attr;
+    e = cudaFuncGetAttributes(&attr, probe_kernel);
+    if (e != cudaSuccess)
+        fatal("CUDA device %d (%s, compute capability %d.%d) cannot run this build's kernels: %s. "
+              "Rebuild for it: make BACKEND=cuda CUDA_ARCHS=\"%d%d\"",
+              g.device, g.name, g.cc_major, g.cc_minor, cudaGetErrorString(e), g.cc_major, g.cc_minor);
+
+    // A blocking stream (not cudaStreamNonBlocking): it also stays ordered with the legacy
+    // default stream, so a stray cudaMemcpy elsewhere cannot race with the ops.
+    CUDA_CHECK(cudaStreamCreate(&g.stream));
+    CUBLAS_CHECK(cublasCreate(&g.cublas));
+    CUBLAS_CHECK(cublasSetStream(g.cublas, g.stream));
+    // CUBLAS_DEFAULT_MATH: f32 matmuls in full f32, no TF32 (TF32 keeps 10 mantissa bits, which
+    // would break the CPU-equivalence tolerances of the f32 stages)
+    CUBLAS_CHECK(cublasSetMathMode(g.cublas, CUBLAS_DEFAULT_MATH));
+
+    CUDA_CHECK(cudaMallocHost((void **)&g.host_result, sizeof(double)));
+    BadTarget *bad;
+    CUDA_CHECK(cudaHostAlloc((void **)&bad, sizeof(BadTarget), cudaHostAllocMapped));
+    memset(bad, 0, sizeof *bad);
+    g.bad_host = bad;
+    CUDA_CHECK(cudaHostGetDevicePointer((void **)&g.bad_dev, bad, 0));
+    g.ready = 1;
+}
+
+static void ensure_init(void) {
+    if (!g.ready) ops_init();
+}
+
+// Waits for the ops stream, then reports what the device found wrong in the meantime.
+static void check_device_errors(void) {
+    unsigned long long rt = g.bad_host->row_target;
+    if (rt)
+        fatal("cross-entropy: target %d of row %d is outside the vocabulary of %d tokens",
+              (int)(unsigned)(rt & 0xffffffffu), (int)(rt >> 32) - 1, g.bad_host->V);
+}
+
+static void sync_stream(void) {
+    CUDA_CHECK(cudaStreamSynchronize(g.stream));
+    check_device_errors();
+}
+
+const char *ops_backend_name(void) { return "cuda"; }
+
+const char *ops_matmul_engine(void) {
+    static char text[400];
+    if (!text[0]) {
+        ensure_init();
+        int major = 0, minor = 0, patch = 0;
+        CUBLAS_CHECK(cublasGetProperty(MAJOR_VERSION, &major));
+        CUBLAS_CHECK(cublasGetProperty(MINOR_VERSION, &minor));
+        CUBLAS_CHECK(cublasGetProperty(PATCH_LEVEL, &patch));
+        snprintf(text, sizeof text,
+                 "cuBLAS %d.%d.%d (f32: SGEMM, no TF32; bf16: GemmEx%s) on %s (sm_%d%d, %d SMs, GPU %d)",
+                 major, minor, patch, g.cc_major >= 8 ? " on tensor cores" : " via f32", g.name,
+                 g.cc_major, g.cc_minor, g.sm_count, g.device);
+    }
+    return text;
+}
+
+// FP32 lanes (FMA units) per SM, from the CUDA C++ Programming Guide's throughput table:
+// 64 on sm_70 and sm_80 (V100, A100, A30), 128 on sm_86/87/89 (A10, A40, L4, L40, RTX 30/40) and
+// on sm_90 and later (H100, H200, Blackwell).
+static int fp32_lanes_per_sm(int major, int minor) {
+    if (major >= 9) return 128;
+    if (major == 8) return minor == 0 ? 64 : 128;
+    return 64;
+}
+
+// bf16 FLOPs per clock per SM on the tensor cores (dense, f32 accumulation): 2048 on sm_80
+// (A100: 108 SMs x 2048 x 1.41 GHz = 312 TFLOP/s), 1024 on sm_86/89, 4096 on sm_90 (H100).
+static int bf16_flops_per_clock_per_sm(int major, int minor) {
+    if (major >= 9) return 4096;
+    if (major == 8) return minor == 0 ? 2048 : 1024;
+    return 0;
+}
+
+// The peak used for MFU, stated rather than measured (as on the CPU): SMs x FLOPs per clock per
+// SM x the maximum (boost) clock the device reports. f32: the f32 matmuls run as SGEMM on the
+// CUDA cores (no TF32, see ops_init), so the FP32 peak is the honest denominator: FP32 lanes x 2
+// (an FMA is two FLOPs); A100 SXM 108 x 64 x 2 x 1.41 GHz = 19.5 TFLOP/s, H100 SXM 132 x 128 x 2
+// x 1.98 GHz = 66.9 TFLOP/s (NVIDIA's data-sheet figures). bf16: the dense tensor-core peak;
+// A100 312 TFLOP/s (the data sheet's), H100 SXM 132 x 4096 x 1.98 GHz = 1070 TFLOP/s (the data
+// sheet's 989 uses a 1.83 GHz clock: our MFU is the more modest). OPS_GPU_PEAK_TFLOPS overrides.
+double ops_peak_flops(int bf16) {
+    ensure_init();
+    const char *env = getenv("OPS_GPU_PEAK_TFLOPS");
+    if (env && atof(env) > 0) return atof(env) * 1e12;
+    double clock_hz = g.clock_khz > 0 ? g.clock_khz * 1e3 : 1.5e9;  // 1.5 GHz if not reported
+    double per_clock = 2.0 * fp32_lanes_per_sm(g.cc_major, g.cc_minor);
+    if (bf16 && ops_bf16_native()) per_clock = bf16_flops_per_clock_per_sm(g.cc_major, g.cc_minor);
+    return (double)g.sm_count * per_clock * clock_hz;
+}
+
+int ops_bf16_native(void) {
+    ensure_init();
+    return g.cc_major >= 8;  // bf16 tensor cores from Ampere (sm_80) on
+}
+
+void *ops_stream(void) {
+    ensure_init();
+    return (void *)g.stream;
+}
+
+// ----------------------------------------------------------------------------------------------
+// memory. cudaMalloc aligns to 256 bytes. A table remembers each block's size for the counts.
+
+typedef struct {
+    void *ptr;
+    size_t bytes;
+} Allocation;
+
+static Allocation *g_allocs = NULL;
+static size_t g_nallocs = 0, g_allocs_cap = 0;
+static size_t g_bytes_in_use = 0, g_bytes_peak = 0;
+
+static void *device_alloc_or_die(size_t bytes, const char *what) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        (void)cudaGetLastError();
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = total_b = 0;
+        fatal("out of GPU memory: %s of %zu bytes failed on GPU %d (%s): %s; dev_malloc holds %zu "
+              "bytes, the device has %zu of %zu bytes free",
+              what, bytes, g.device, g.name, cudaGetErrorString(e), g_bytes_in_use, free_b, total_b);
+    }
+    return p;
+}
+
+void *dev_malloc(size_t bytes) {
+    ensure_init();
+    void *p = device_alloc_or_die(bytes, "dev_malloc");
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g.stream));
+    if (g_nallocs == g_allocs_cap) {
+        g_allocs_cap = g_allocs_cap ? 2 * g_allocs_cap : 256;
+        Allocation *grown = (Allocation *)realloc(g_allocs, g_allocs_cap * sizeof(Allocation));
+        if (!grown) fatal("out of host memory for the dev_malloc table");
+        g_allocs = grown;
+    }
+    g_allocs[g_nallocs].ptr = p;
+    g_allocs[g_nallocs].bytes = bytes;
+    g_nallocs++;
+    g_bytes_in_use += bytes;
+    if (g_bytes_in_use > g_bytes_peak) g_bytes_peak = g_bytes_in_use;
+    return p;
+}
+
+void dev_free(void *ptr) {
+    if (!ptr) return;
+    size_t i = 0;
+    while (i < g_nallocs && g_allocs[i].ptr != ptr) i++;
+    if (i == g_nallocs) fatal("dev_free: %p was not allocated by dev_malloc (or was freed twice)", ptr);
+    // no kernel (ours or a communication stream's) may still be using the block
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaFree(ptr));
+    g_bytes_in_use -= g_allocs[i].bytes;
+    g_allocs[i] = g_allocs[--g_nallocs];
+}
+
+// A workspace the ops use internally (partial sums, bf16 -> f32 copies). It only grows; the ops
+// are stream-ordered, so one op's use is finished before the next op's kernels start.
+static void *scratch(size_t bytes) {
+    if (bytes > g.scratch_bytes) {
+        if (g.scratch) {
+            CUDA_CHECK(cudaDeviceSynchronize());  // earlier ops may still read the old one
+            CUDA_CHECK(cudaFree(g.scratch));
+        }
+        size_t want = bytes > 2 * g.scratch_bytes ? bytes : 2 * g.scratch_bytes;
+        g.scratch = device_alloc_or_die(want, "the ops' workspace");
+        g.scratch_bytes = want;
+    }
+    return g.scratch;
+}
+
+void dev_zero(void *ptr, size_t bytes) {
+    if (!bytes) return;
+    ensure_init();
+    CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, g.stream));
+}
+
+void dev_copy(void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    ensure_init();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g.stream));
+}
+
+// Both host copies return only when the copy is complete, so the caller may reuse or free its
+// host buffer at once (and read what it copied to the host). A copy from pageable host memory
+// waits for the stream anyway, so the synchronisation costs nothing extra.
+void copy_to_device(void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    ensure_init();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.stream));
+    sync_stream();
+}
+
+void copy_to_host(void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    ensure_init();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.stream));
+    sync_stream();
+}
+
+void dev_synchronize(void) {
+    ensure_init();
+    CUDA_CHECK(cudaDeviceSynchronize());  // the ops stream and any communication stream
+    check_device_errors();
+}
+
+size_t dev_bytes_in_use(void) { return g_bytes_in_use; }
+size_t dev_bytes_peak(void) { return g_bytes_peak; }
+
+// ----------------------------------------------------------------------------------------------
+// launch geometry and the combine step of row reductions
+
+// blocks for a grid-stride loop over n elements: enough to fill the GPU, no more
+static unsigned grid_for(size_t n) {
+    size_t blocks = (n + THREADS - 1) / THREADS, cap = (size_t)g.sm_count * 8;
+    if (blocks > cap) blocks = cap;
+    return blocks ? (unsigned)blocks : 1u;
+}
+
+static unsigned blocks_for(size_t threads, unsigned per_block) {
+    return (unsigned)((threads + per_block - 1) / per_block);
+}
+
+#define GRID_STRIDE(i, n)                                                                      \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                    \
+         i += (size_t)gridDim.x * blockDim.x)
+
+struct SumOp {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Butterfly over the 32 lanes of a warp (every lane must call it): each step adds the value of
+// the lane `offset` away. a + b = b + a exactly, so all 32 lanes end with the same bits.
+template <typename T, typename Op> __device__ T warp_reduce(T v, Op op) {
+    for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// Every thread of the block must call it (blockDim.x a multiple of 32, at most 1024); every
+// thread gets the result. Each warp combines its lanes, warp leaders leave their values in
+// shared memory, then every warp combines those, in the same order.
+template <typename T, typename Op> __device__ T block_reduce(T v, T identity, Op op) {
+    __shared__ T partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_reduce(v, op);
+    __syncthreads();  // a previous call's readers are done with partial[]
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? partial[lane] : identity;
+    return warp_reduce(v, op);
+}
+
+// ----------------------------------------------------------------------------------------------
+// initialisation
+
+// Host threads fill the chunk: kernels.h's rng_normal compiled for the host, so the values are
+// the CPU backend's, bit for bit (the integer hash is exact everywhere; log/cos come from the
+// same libm).
+typedef struct {
+    float *out;
+    size_t n;
+    uint64_t seed, stream, first;
+    float std;
+} NormalJob;
+
+static void *normal_job(void *arg) {
+    NormalJob *j = (NormalJob *)arg;
+    for (size_t i = 0; i < j->n; i++) j->out[i] = j->std * rng_normal(j->seed, j->stream, j->first + i);
+    return NULL;
+}
+
+static void fill_normal_host(float *out, size_t n, uint64_t seed, uint64_t stream, uint64_t first,
+                             float std) {
+    const int max_threads = 16;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int nthreads = 1;
+    if (n >= ((size_t)1 << 16) && cpus > 1) nthreads = cpus > max_threads ? max_threads : (int)cpus;
+    NormalJob jobs[16];
+    pthread_t threads[16];
+    int started[16] = {0};
+    for (int k = 0; k < nthreads; k++) {
+        size_t lo = n * k / nthreads, hi = n * (k + 1) / nthreads;
+        jobs[k].out = out + lo;
+        jobs[k].n = hi - lo;
+        jobs[k].seed = seed;
+        jobs[k].stream = stream;
+        jobs[k].first = first + lo;
+        jobs[k].std = std;
+        started[k] = k > 0 && pthread_create(&threads[k], NULL, normal_job, &jobs[k]) == 0;
+        if (k > 0 && !started[k]) normal_job(&jobs[k]);  // no thread: do it here
+    }
+    normal_job(&jobs[0]);
+    for (int k = 1; k < nthreads; k++)
+        if (started[k]) pthread_join(threads[k], NULL);
+}
+
+void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, uint64_t first, float std) {
+    if (!n) return;
+    ensure_init();
+    const size_t chunk = (size_t)1 << 22;  // 16 MB of floats at a time
+    size_t len0 = n < chunk ? n : chunk;
+    float *host = (float *)malloc_or_die(len0 * sizeof(float));
+    for (size_t done = 0; done < n;) {
+        size_t len = n - done < chunk ? n - done : chunk;
+        fill_normal_host(host, len, seed, stream, first + done, std);
+        copy_to_device(out + done, host, len * sizeof(float));
+        done += len;
+    }
+    free(host);
+}
+
+static __global__ void fill_kernel(float *out, size_t n, float value) {
+    GRID_STRIDE(i, n) out[i] = value;
+}
+
+void fill_constant(float *out, size_t n, float value) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(fill_kernel, grid_for(n), THREADS, 0, out, n, value);
+}
+
+// ----------------------------------------------------------------------------------------------
+// matmuls
+//
+// cuBLAS is column-major: it sees a row-major (R, K) matrix as a column-major (K, R) one, its
+// transpose, with leading dimension K. So every row-major product Y = A @ B is handed over as
+// Y^T = B^T @ A^T, the operands in swapped order, each already stored "as its transpose":
+//
+// forward  out (N, OC) = inp (N, C) @ W^T:   out^T (OC, N) = W (OC, C) @ inp^T (C, N)
+//   cuBLAS C = out^T: m = OC, n = N, ldc = OC
+//   cuBLAS A = W: stored column-major as W^T (C, OC), lda = C; we need W itself: transa = T, k = C
+//   cuBLAS B = inp^T: stored column-major as inp^T (C, N), ldb = C; used as is: transb = N
+// dinp (N, C) += dout (N, OC) @ W (OC, C):   dinp^T (C, N) += W^T (C, OC) @ dout^T (OC, N)
+//   m = C, n = N, k = OC; A = W stored as W^T (C, OC), lda = C, transa = N;
+//   B = dout stored as dout^T (OC, N), ldb = OC, transb = N; C = dinp^T, ldc = C; beta = 1
+// dW (OC, C) += dout^T (OC, N) @ inp (N, C): dW^T (C, OC) += inp^T (C, N) @ dout (N, OC)
+//   m = C, n = OC, k = N; A = inp stored as inp^T (C, N), lda = C, transa = N;
+//   B = dout stored as dout^T (OC, N), ldb = OC, we need dout: transb = T; C = dW^T, ldc = C
+// (llm.c's matmul_forward/backward make the same calls.) beta = 1 is how backward ADDs into the
+// gradients. The bias: its rows are written into out first and the product added with beta = 1.
+
+static const float ONE = 1.0f, ZERO = 0.0f;
+
+// out (N, OC): every row = bias
+static __global__ void bias_rows_kernel(float *out, const float *bias, size_t N, size_t OC) {
+    GRID_STRIDE(i, N * OC) out[i] = bias[i % OC];
+}
+
+// dbias (OC) += column sums of dout (N, OC), as kernels.h's column_sums, in two deterministic
+// steps: a thread per (chunk of ROWS_PER_CHUNK rows, column) sums its chunk into a partial row,
+// then a thread per column adds the partial rows in order. One thread per column alone would
+// leave the GPU nearly idle (OC threads, each walking all N rows).
+#define ROWS_PER_CHUNK 32
+
+static __global__ void column_sums_chunks_kernel(float *partial, const float *dout, int N, int OC) {
+    int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)nchunks * OC) return;
+    int chunk = (int)(i / OC), c = (int)(i % OC);
+    int n0 = chunk * ROWS_PER_CHUNK, rows = N - n0 < ROWS_PER_CHUNK ? N - n0 : ROWS_PER_CHUNK;
+    column_sums(partial + (size_t)chunk * OC, dout + (size_t)n0 * OC, rows, OC, c, c + 1);
+}
+
+static __global__ void column_sums_kernel(float *dbias, const float *rows, int nrows, int OC) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < OC) column_sums(dbias, rows, nrows, OC, c, c + 1);
+}
+
+static void bias_backward(float *dbias, const float *dout, int N, int OC) {
+    if (!dbias || N <= 0 || OC <= 0) return;
+    int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+    size_t bytes = (size_t)nchunks * OC * sizeof(float);
+    float *partial = (float *)scratch(bytes);
+    CUDA_CHECK(cudaMemsetAsync(partial, 0, bytes, g.stream));
+    LAUNCH(column_sums_chunks_kernel, blocks_for((size_t)nchunks * OC, THREADS), THREADS, 0,
+           partial, dout, N, OC);
+    LAUNCH(column_sums_kernel, blocks_for((size_t)OC, THREADS), THREADS, 0, dbias, partial, nchunks, OC);
+}
+
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+                    int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    ensure_init();
+    const float *beta = &ZERO;  // beta = 0: out's old contents are never read
+    if (bias) {
+        LAUNCH(bias_rows_kernel, grid_for((size_t)N * OC), THREADS, 0, out, bias, (size_t)N, (size_t)OC);
+        beta = &ONE;
+    }
+    CUBLAS_CHECK(cublasSgemm(g.cublas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &ONE, weight, C, inp, C,
+                             beta, out, OC));
+}
+
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                     const float *inp, const float *weight, int N, int C, int OC) {
+    if (N <= 0 || OC <= 0 || C <= 0) return;
+    ensure_init();
+    if (dinp)
+        CUBLAS_CHECK(cublasSgemm(g.cublas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &ONE, weight, C, dout,
+                                 OC, &ONE, dinp, C));
+    if (dweight)
+        CUBLAS_CHECK(cublasSgemm(g.cublas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &ONE, inp, C, dout,
+                                 OC, &ONE, dweight, C));
+    bias_backward(dbias, dout, N, OC);
+}
+
+// ----------------------------------------------------------------------------------------------
+// bf16
+
+static __global__ void cast_to_bf16_kernel(bf16 *out, const float *in, size_t n) {
+    GRID_STRIDE(i, n) out[i] = bf16_from_float(in[i]);
+}
+
+static __global__ void cast_to_float_kernel(float *out, const bf16 *in, size_t n) {
+    GRID_STRIDE(i, n) out[i] = bf16_to_float(in[i]);
+}
+
+void cast_to_bf16(bf16 *out, const float *in, size_t n) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(cast_to_bf16_kernel, grid_for(n), THREADS, 0, out, in, n);
+}
+
+void cast_to_float(float *out, const bf16 *in, size_t n) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(cast_to_float_kernel, grid_for(n), THREADS, 0, out, in, n);
+}
+
+// The same three products as the f32 ones (same argument mapping), with bf16 A and B, f32 C, and
+// f32 accumulation (CUBLAS_COMPUTE_32F): tensor cores on sm_80 and later. On an older GPU
+// (ops_bf16_native() == 0, only with a CUDA_ARCHS that includes it) the bf16 inputs are widened to
+// f32 in the workspace and the f32 path multiplies those: the same numbers, slower.
+static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                      const bf16 *A, int lda, const bf16 *B, int ldb, const float *beta, float *Cm,
+                      int ldc) {
+    CUBLAS_CHECK(cublasGemmEx(g.cublas, ta, tb, m, n, k, &ONE, A, CUDA_R_16BF, lda, B, CUDA_R_16BF,
+                              ldb, beta, Cm, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias, int N,
+                         int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    ensure_init();
+    if (!ops_bf16_native()) {
+        float *inp32 = (float *)scratch(((size_t)N * C + (size_t)OC * C) * sizeof(float));
+        float *w32 = inp32 + (size_t)N * C;
+        cast_to_float(inp32, inp, (size_t)N * C);
+        cast_to_float(w32, weight, (size_t)OC * C);
+        matmul_forward(out, inp32, w32, bias, N, C, OC);
+        return;
+    }
+    const float *beta = &ZERO;
+    if (bias) {
+        LAUNCH(bias_rows_kernel, grid_for((size_t)N * OC), THREADS, 0, out, bias, (size_t)N, (size_t)OC);
+        beta = &ONE;
+    }
+    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, beta, out, OC);
+}
+
+void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const bf16 *dout16, const bf16 *inp, const bf16 *weight, int N, int C,
+                          int OC) {
+    if (N <= 0 || OC <= 0 || C <= 0) return;
+    ensure_init();
+    if (!ops_bf16_native()) {
+        size_t nd = (size_t)N * OC, ni = (size_t)N * C, nw = (size_t)OC * C;
+        float *dout32 = (float *)scratch((nd + ni + nw) * sizeof(float));
+        float *inp32 = dout32 + nd, *w32 = inp32 + ni;
+        cast_to_float(dout32, dout16, nd);
+        cast_to_float(inp32, inp, ni);
+        cast_to_float(w32, weight, nw);
+        matmul_backward(dinp, dweight, NULL, dout32, inp32, w32, N, C, OC);
+    } else {
+        if (dinp) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout16, OC, &ONE, dinp, C);
+        if (dweight) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout16, OC, &ONE, dweight, C);
+    }
+    bias_backward(dbias, dout, N, OC);  // from the f32 gradient
+}
+
+// ----------------------------------------------------------------------------------------------
+// encoder
+
+static __global__ void encoder_forward_kernel(float *out, const int *tokens, const float *wte,
+                                              const float *wpe, int BT, int T, int C) {
+    GRID_STRIDE(i, (size_t)BT * C) {
+        int bt = (int)(i / C), c = (int)(i % C);
+        out[i] = encoder_value(wte, wpe, tokens[bt], bt % T, c, C);
+    }
+}
+
+void encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,
+                     int T, int C) {
+    size_t n = (size_t)B * T * C;
+    if (!n) return;
+    ensure_init();
+    LAUNCH(encoder_forward_kernel, grid_for(n), THREADS, 0, out, tokens, wte, wpe, B * T, T, C);
+}
+
+// a thread per column c: it alone adds into column c of dwte and dwpe, walking the rows in order
+static __global__ void encoder_backward_kernel(float *dwte, float *dwpe, const float *dout,
+                                               const int *tokens, int BT, int T, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < C) encoder_backward_columns(dwte, dwpe, dout, tokens, BT, T, C, c, c + 1);
+}
+
+void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T,
+                      int C) {
+    if (B * T <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(encoder_backward_kernel, blocks_for((size_t)C, 64), 64, 0, dwte, dwpe, dout, tokens, B * T, T, C);
+}
+
+// ----------------------------------------------------------------------------------------------
+// layernorm: a warp per row (lane = 0..31 of nlanes = 32 in kernels.h's terms)
+
+#define ROWS_PER_BLOCK (THREADS / 32)
+
+static __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd,
+                                                const float *inp, const float *weight,
+                                                const float *bias, int N, int C) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;  // the whole warp leaves together, so the shuffles stay full-warp
+    const float *x = inp + (size_t)row * C;
+    float *o = out + (size_t)row * C;
+    float m = warp_reduce(row_partial_sum(x, C, lane, 32), SumOp()) / (float)C;
+    float r = layernorm_rstd(warp_reduce(row_partial_sqdev(x, m, C, lane, 32), SumOp()), C);
+    for (int c = lane; c < C; c += 32) o[c] = layernorm_value(x[c], m, r, weight[c], bias[c]);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                       const float *weight, const float *bias, int N, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(layernorm_forward_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, out, mean,
+           rstd, inp, weight, bias, N, C);
+}
+
+static __global__ void layernorm_dinp_kernel(float *dinp, const float *dout, const float *inp,
+                                             const float *weight, const float *mean,
+                                             const float *rstd, int N, int C) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;  // whole warps only, as above
+    const float *gr = dout + (size_t)row * C, *x = inp + (size_t)row * C;
+    float *dx = dinp + (size_t)row * C;
+    float m = mean[row], r = rstd[row];
+    float sum_dnorm, sum_dnorm_norm;
+    layernorm_backward_partials(&sum_dnorm, &sum_dnorm_norm, gr, x, weight, m, r, C, lane, 32);
+    float mean_dnorm = warp_reduce(sum_dnorm, SumOp()) / (float)C;
+    float mean_dnorm_norm = warp_reduce(sum_dnorm_norm, SumOp()) / (float)C;
+    for (int c = lane; c < C; c += 32)
+        dx[c] += layernorm_dinp(gr[c], x[c], weight[c], m, r, mean_dnorm, mean_dnorm_norm);
+}
+
+// dweight and dbias: kernels.h's column owner, over chunks of rows into partial rows (as for the
+// matmul's dbias above), then the partial rows added in order
+static __global__ void layernorm_param_chunks_kernel(float *pw, float *pb, const float *dout,
+                                                     const float *inp, const float *mean,
+                                                     const float *rstd, int N, int C) {
+    int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)nchunks * C) return;
+    int chunk = (int)(i / C), c = (int)(i % C);
+    int n0 = chunk * ROWS_PER_CHUNK, rows = N - n0 < ROWS_PER_CHUNK ? N - n0 : ROWS_PER_CHUNK;
+    layernorm_param_grad_columns(pw + (size_t)chunk * C, pb + (size_t)chunk * C,
+                                 dout + (size_t)n0 * C, inp + (size_t)n0 * C, mean + n0, rstd + n0,
+                                 rows, C, c, c + 1);
+}
+
+static __global__ void layernorm_param_sum_kernel(float *dweight, float *dbias, const float *pw,
+                                                  const float *pb, int nchunks, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    column_sums(dweight, pw, nchunks, C, c, c + 1);
+    column_sums(dbias, pb, nchunks, C, c, c + 1);
+}
+
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean,
+                        const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(layernorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout,
+           inp, weight, mean, rstd, N, C);
+    int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+    size_t part = (size_t)nchunks * C;
+    float *pw = (float *)scratch(2 * part * sizeof(float)), *pb = pw + part;
+    CUDA_CHECK(cudaMemsetAsync(pw, 0, 2 * part * sizeof(float), g.stream));
+    LAUNCH(layernorm_param_chunks_kernel, blocks_for(part, THREADS), THREADS, 0, pw, pb, dout, inp,
+           mean, rstd, N, C);
+    LAUNCH(layernorm_param_sum_kernel, blocks_for((size_t)C, THREADS), THREADS, 0, dweight, dbias,
+           pw, pb, nchunks, C);
+}
+
+// ----------------------------------------------------------------------------------------------
+// attention: a thread per (sequence b, head h, row t). A block holds `qb` consecutive rows of one
+// (b, h); blockIdx.x = bh * qblocks + which block of rows.
+//
+// kernels.h's row functions take the whole sequence's qkv block and a head index h; we pass
+// pointers already offset to head h's columns and h = 0, which addresses the same elements
+// (every access there is base + row * stride + h * hs). That is what lets the forward point its
+// output row at shared memory.
+
+static int attention_rows_per_block(int hs) {
+    // the forward's shared memory: qb rows of hs + 1 floats (the + 1 staggers the rows over the
+    // 32 banks, so a warp's lanes, each writing its own row, do not collide), within 48 KB
+    int qb = 64;
+    while (qb > 32 && (size_t)qb * (hs + 1) * sizeof(float) > 48 * 1024) qb /= 2;
+    if ((size_t)qb * (hs + 1) * sizeof(float) > 48 * 1024)
+        fatal("attention: head size %d is too large for this CUDA backend (at most 383)", hs);
+    return qb;
+}
+
+static __global__ void attention_forward_kernel(float *out, float *att, const float *qkv, int T,
+                                                int C, int NH, int qblocks) {
+    extern __shared__ float orows[];  // blockDim.x rows of hs + 1
+    int hs = C / NH;
+    int bh = blockIdx.x / qblocks, t0 = (blockIdx.x % qblocks) * blockDim.x;
+    int b = bh / NH, h = bh % NH;
+    int t = t0 + threadIdx.x;
+    const float *qkv_bh = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    float *orow = orows + (size_t)threadIdx.x * (hs + 1);
+    if (t < T) attention_query_forward(orow, att + ((size_t)bh * T + t) * T, qkv_bh, t, 0, T, C, NH);
+    __syncthreads();  // outside the if: every thread of the block reaches it
+    // copy the block's output rows out, consecutive threads writing consecutive columns
+    int nq = T - t0 < (int)blockDim.x ? T - t0 : (int)blockDim.x;
+    for (int i = threadIdx.x; i < nq * hs; i += blockDim.x) {
+        int r = i / hs, j = i % hs;
+        out[((size_t)b * T + t0 + r) * C + (size_t)h * hs + j] = orows[(size_t)r * (hs + 1) + j];
+    }
+}
+
+void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0) return;
+    ensure_init();
+    int hs = C / NH, qb = attention_rows_per_block(hs), qblocks = (T + qb - 1) / qb;
+    size_t smem = (size_t)qb * (hs + 1) * sizeof(float);
+    LAUNCH(attention_forward_kernel, (unsigned)((size_t)B * NH * qblocks), qb, smem, out, att, qkv,
+           T, C, NH, qblocks);
+}
+
+// pass 1: a thread per query row t (dq, and the pre-softmax gradient into datt)
+static __global__ void attention_query_backward_kernel(float *dqkv, float *datt, const float *dout,
+                                                       const float *qkv, const float *att, int T,
+                                                       int C, int NH, int qblocks) {
+    int hs = C / NH;
+    int bh = blockIdx.x / qblocks, t = (blockIdx.x % qblocks) * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    int b = bh / NH, h = bh % NH;
+    size_t seq3 = (size_t)b * T * 3 * C + (size_t)h * hs, row = ((size_t)bh * T + t) * T;
+    attention_query_backward(dqkv + seq3, datt + row, dout + (size_t)b * T * C + (size_t)h * hs,
+                             qkv + seq3, att + row, t, 0, T, C, NH);
+}
+
+// pass 2: a thread per key row t2 (dk and dv), after pass 1 has finished (a separate launch)
+static __global__ void attention_key_backward_kernel(float *dqkv, const float *datt,
+                                                     const float *dout, const float *qkv,
+                                                     const float *att, int T, int C, int NH,
+                                                     int qblocks) {
+    int hs = C / NH;
+    int bh = blockIdx.x / qblocks, t2 = (blockIdx.x % qblocks) * blockDim.x + threadIdx.x;
+    if (t2 >= T) return;
+    int b = bh / NH, h = bh % NH;
+    size_t seq3 = (size_t)b * T * 3 * C + (size_t)h * hs, block = (size_t)bh * T * T;
+    attention_key_backward(dqkv + seq3, datt + block, att + block,
+                           dout + (size_t)b * T * C + (size_t)h * hs, qkv + seq3, t2, 0, T, C, NH);
+}
+
+void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                        const float *att, int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0) return;
+    ensure_init();
+    const int qb = 64;
+    int qblocks = (T + qb - 1) / qb;
+    unsigned blocks = (unsigned)((size_t)B * NH * qblocks);
+    LAUNCH(attention_query_backward_kernel, blocks, qb, 0, dqkv, datt, dout, qkv, att, T, C, NH, qblocks);
+    LAUNCH(attention_key_backward_kernel, blocks, qb, 0, dqkv, datt, dout, qkv, att, T, C, NH, qblocks);
+}
+
+// ----------------------------------------------------------------------------------------------
+// element-wise
+
+static __global__ void gelu_forward_kernel(float *out, const float *inp, size_t n) {
+    GRID_STRIDE(i, n) out[i] = gelu_value(inp[i]);
+}
+
+static __global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n) {
+    GRID_STRIDE(i, n) dinp[i] += dout[i] * gelu_grad(inp[i]);
+}
+
+static __global__ void add_kernel(float *out, const float *a, const float *b, size_t n) {
+    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+static __global__ void add_inplace_kernel(float *acc, const float *x, size_t n) {
+    GRID_STRIDE(i, n) acc[i] += x[i];
+}
+
+static __global__ void scale_kernel(float *x, float s, size_t n) {
+    GRID_STRIDE(i, n) x[i] *= s;
+}
+
+void gelu_forward(float *out, const float *inp, size_t n) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(gelu_forward_kernel, grid_for(n), THREADS, 0, out, inp, n);
+}
+
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(gelu_backward_kernel, grid_for(n), THREADS, 0, dinp, inp, dout, n);
+}
+
+void add_forward(float *out, const float *a, const float *b, size_t n) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(add_kernel, grid_for(n), THREADS, 0, out, a, b, n);
+}
+
+void add_inplace(float *acc, const float *x, size_t n) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(add_inplace_kernel, grid_for(n), THREADS, 0, acc, x, n);
+}
+
+void scale_inplace(float *x, float s, size_t n) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(scale_kernel, grid_for(n), THREADS, 0, x, s, n);
+}
+
+// ----------------------------------------------------------------------------------------------
+// softmax + cross-entropy: a block per row; lane = threadIdx.x of nlanes = blockDim.x
+
+#define CE_THREADS 512
+
+static __device__ void record_bad_target(BadTarget *bad, int row, int target, int V) {
+    bad->V = V;
+    bad->row_target = ((unsigned long long)(row + 1) << 32) | (unsigned)target;
+}
+
+// dlogits == NULL: forward only. Otherwise dlogits (which may be logits itself) gets the gradient.
+// Every branch below depends only on the row's target, the same for the whole block, so every
+// thread reaches each barrier inside block_reduce.
+static __global__ void cross_entropy_kernel(float *losses, const float *logits, float *dlogits,
+                                            const int *targets, float dloss, int V, int Vp,
+                                            BadTarget *bad) {
+    int n = blockIdx.x, lane = threadIdx.x, nlanes = blockDim.x;
+    const float *x = logits + (size_t)n * Vp;
+    float *dx = dlogits ? dlogits + (size_t)n * Vp : NULL;
+    int target = targets[n];
+    if (target >= V) {
+        if (lane == 0) record_bad_target(bad, n, target, V);
+        target = -1;  // read nothing outside the row; the host stops at the next synchronisation
+    }
+    if (target < 0) {  // no loss, so no gradient either
+        if (lane == 0) losses[n] = 0.0f;
+        if (dx)
+            for (int i = lane; i < Vp; i += nlanes) dx[i] = 0.0f;
+        return;
+    }
+    float x_target = x[target];  // read before any thread overwrites the row (barriers follow)
+    float max = block_reduce(row_partial_max(x, V, lane, nlanes), -INFINITY, MaxOp());
+    float sumexp = block_reduce(row_partial_sumexp(x, max, V, lane, nlanes), 0.0f, SumOp());
+    if (lane == 0) losses[n] = cross_entropy_loss(x_target, max, sumexp);
+    if (dx) {
+        // every read of x above happened before the last barrier, so the row can be overwritten
+        float inv_sum = 1.0f / sumexp;
+        for (int i = lane; i < V; i += nlanes)
+            dx[i] = cross_entropy_dlogit(softmax_exp(x[i], max) * inv_sum, i == target, dloss);
+        for (int i = V + lane; i < Vp; i += nlanes) dx[i] = 0.0f;  // padded vocabulary
+    }
+}
+
+void cross_entropy_forward(float *losses, const float *logits, const int *targets, int N, int V,
+                           int Vp) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(cross_entropy_kernel, (unsigned)N, CE_THREADS, 0, losses, logits, (float *)NULL, targets,
+           0.0f, V, Vp, g.bad_dev);
+}
+
+void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
+                                    float dloss, int N, int V, int Vp) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(cross_entropy_kernel, (unsigned)N, CE_THREADS, 0, losses, logits_then_dlogits,
+           logits_then_dlogits, targets, dloss, V, Vp, g.bad_dev);
+}
+
+// ----------------------------------------------------------------------------------------------
+// sums in double, in a fixed order: SUM_BLOCKS blocks of SUM_THREADS whatever the GPU, each
+// thread striding over the buffer, each block combining into one partial, one block adding the
+// partials. Same bits on every run and every GPU model.
+
+#define SUM_BLOCKS 1024
+#define SUM_THREADS 256
+
+static __global__ void sum_partials_kernel(double *partials, const float *x, size_t n, int squares) {
+    double acc = 0.0;
+    GRID_STRIDE(i, n) {
+        double v = (double)x[i];
+        acc += squares ? v * v : v;
+    }
+    acc = block_reduce(acc, 0.0, SumOp());
+    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+static __global__ void sum_final_kernel(double *total, const double *partials) {
+    double acc = block_reduce(partials[threadIdx.x], 0.0, SumOp());  // SUM_BLOCKS threads
+    if (threadIdx.x == 0) *total = acc;
+}
+
+static double sum_to_host(const float *x, size_t n, int squares) {
+    if (!n) return 0.0;
+    ensure_init();
+    if (!g.dev_sums) g.dev_sums = (double *)device_alloc_or_die((SUM_BLOCKS + 1) * sizeof(double), "sums");
+    LAUNCH(sum_partials_kernel, SUM_BLOCKS, SUM_THREADS, 0, g.dev_sums, x, n, squares);
+    LAUNCH(sum_final_kernel, 1, SUM_BLOCKS, 0, g.dev_sums + SUM_BLOCKS, g.dev_sums);
+    CUDA_CHECK(cudaMemcpyAsync(g.host_result, g.dev_sums + SUM_BLOCKS, sizeof(double),
+                               cudaMemcpyDeviceToHost, g.stream));
+    sync_stream();
+    return *g.host_result;
+}
+
+double sum_squares(const float *x, size_t n) { return sum_to_host(x, n, 1); }
+double sum_values(const float *x, size_t n) { return sum_to_host(x, n, 0); }
+
+// ----------------------------------------------------------------------------------------------
+// AdamW: one fused pass, a thread per parameter (grid-stride); the bias corrections are computed
+// once on the host, exactly as the CPU backend does
+
+static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n,
+                                    float lr, float beta1, float beta2, float eps,
+                                    float weight_decay, float bc1, float bc2) {
+    GRID_STRIDE(i, n)
+    adamw_element(&param[i], &m[i], &v[i], grad[i], lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+}
+
+void adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t) {
+    if (!n) return;
+    ensure_init();
+    float bc1 = (float)(1.0 - pow(beta1, t));
+    float bc2 = (float)(1.0 - pow(beta2, t));
+    LAUNCH(adamw_kernel, grid_for(n), THREADS, 0, param, grad, m, v, n, lr, beta1, beta2, eps,
+           weight_decay, bc1, bc2);
+}

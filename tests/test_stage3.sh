@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Stage 03 (DDP) under mpirun:
+#  - fp32: 1, 2 and 4 ranks, 2 ranks x 2 accumulation steps, and the bucketed overlapped
+#    all-reduce reproduce stage 01's per-step losses within 1e-5 relative over 20 steps;
+#  - bf16-mixed: 2 ranks match stage 02 within 1e-3 (bf16 results depend on summation order);
+#  - comm_bytes per step = 4 x parameters (counted by a formula written here), and the table's
+#    bus bandwidth is 2(P-1)/P times the algorithmic one;
+#  - mismatched configs across ranks, and a rank killed mid-run, end the job with a message
+#    within a bounded time.
+set -u
+cd "$(dirname "$0")/.."
+source tests/mpi_env.sh
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
+L=2 C=64
+args=(--config configs/tiny.json --stop_iteration=20 --eval_batches=1 --log_interval=100 --n_layer=$L --n_embd=$C)
+
+compare() { # compare <reference dir> <dir> <tolerance>
+    python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) == 20 else float("inf")
+print(f"{sys.argv[2]}: largest relative difference {worst:.2e}")
+sys.exit(0 if worst <= float(sys.argv[3]) else 1)
+PY
+}
+
+OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --out_dir="$tmp/single" >"$tmp/single.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/single.log")"
+run3() { # run3 <name> <ranks> <extra args...>
+    local name=$1 np=$2; shift 2
+    timeout 300 mpirun -np "$np" --bind-to none build/stage-3 "${args[@]}" --out_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1
+    local rc=$?
+    check '[ $rc -eq 0 ]' "stage 3 $name failed (exit $rc): $(tail -5 "$tmp/$name.log")"
+}
+run3 np1 1
+run3 np2 2
+run3 np4 4
+run3 np2acc2 2 --gradient_acc_steps=2
+run3 np4overlap 4 --overlap_communication=true --bucket_size_mb=0.05
+for name in np1 np2 np4 np2acc2 np4overlap; do
+    check 'compare "$tmp/single" "$tmp/$name" 1e-5' "$name does not reproduce stage 01"
+done
+check 'grep -q "replicas identical on all 4 ranks" "$tmp/np4.log"' "no replica check on 4 ranks"
+
+# communication volume: every step all-reduces the whole fp32 gradient, 4 bytes per parameter
+params=$(python3 -c "V=257; Vp=(V+127)//128*128; T=256; C=$C; L=$L; print(Vp*C + T*C + 2*C + L*(12*C*C + 13*C))")
+bytes=$(python3 -c "import json,sys; print(sorted({json.loads(l)['comm_bytes'] for l in open(sys.argv[1])}))" "$tmp/np4/metrics.jsonl")
+check '[ "$bytes" = "[$((4 * params))]" ]' "comm_bytes per step is $bytes, want [$((4 * params))] (4 x $params parameters)"
+bytes=$(python3 -c "import json,sys; print(sorted({json.loads(l)['comm_bytes'] for l in open(sys.argv[1])}))" "$tmp/np4overlap/metrics.jsonl")
+check '[ "$bytes" = "[$((4 * params))]" ]' "bucketed: comm_bytes per step is $bytes, want [$((4 * params))]"
+# (the table prints 4 significant digits)
+ratio=$(awk '$1 == "world" && $2 == "all-reduce" { printf "%.4f", $7 / $6 }' "$tmp/np4.log")
+check 'awk -v r="$ratio" "BEGIN { exit !(r > 1.4990 && r < 1.5010) }"' "busbw / algbw on 4 ranks is $ratio, want 2(P-1)/P = 1.5"
+calls=$(awk '$1 == "world" && $2 == "all-reduce" { print $3 }' "$tmp/np4.log")
+check '[ "$calls" = "20" ]' "one all-reduce per step: $calls calls in 20 steps"
+calls=$(awk '$1 == "world" && $2 == "all-reduce" { print $3 }' "$tmp/np2acc2.log")
+check '[ "$calls" = "20" ]' "accumulation must not communicate on inner micro-batches: $calls calls in 20 steps"
+
+# bf16: stage 3 on 2 ranks against stage 2
+OMP_NUM_THREADS=2 build/stage-2 "${args[@]}" --precision=bf16-mixed --out_dir="$tmp/s2bf16" >"$tmp/s2bf16.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 2 bf16 failed: $(tail -3 "$tmp/s2bf16.log")"
+run3 np2bf16 2 --precision=bf16-mixed
+check 'compare "$tmp/s2bf16" "$tmp/np2bf16" 1e-3' "bf16 stage 3 strays from stage 2"
+
+# ranks started with different configs stop at once, with a message
+start=$SECONDS
+timeout 120 mpirun --bind-to none -np 1 build/stage-3 "${args[@]}" --out_dir="$tmp/mm" : \
+    -np 1 build/stage-3 "${args[@]}" --out_dir="$tmp/mm" --lr=0.1 >"$tmp/mismatch.log" 2>&1
+rc=$?
+check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "do not agree on the config" "$tmp/mismatch.log"' \
+    "mismatched configs: exit $rc after $((SECONDS - start)) s: $(tail -3 "$tmp/mismatch.log")"
+
+# a rank killed mid-run ends the job, not a hang
+start=$SECONDS
+timeout 120 mpirun -np 4 --bind-to none build/stage-3 "${args[@]}" --stop_iteration=100000 --out_dir="$tmp/kill" \
+    >"$tmp/kill.log" 2>&1 &
+launcher=$!
+for _ in $(seq 50); do [ -f "$tmp/kill/metrics.jsonl" ] && break; sleep 0.2; done
+victim=$(pgrep -f "build/stage-3 .*$tmp/kill" | tail -1)
+[ -n "$victim" ] && kill -9 "$victim"
+wait $launcher
+rc=$?
+check '[ -n "$victim" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ]' "a killed rank: exit $rc after $((SECONDS - start)) s (want non-zero, before the 120 s guard)"
+echo "test_stage3: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
