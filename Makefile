@@ -40,11 +40,15 @@ $(B)/common/comm.o $(B)/common/comm_mpi.o: CC := $(MPICC)
 $(B)/common/comm_nccl.o: CC := $(MPICC)
 $(B)/common/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include
 
-STAGES := 1 2 3
-MPI_STAGES := 3
 STAGE_DIR_1 := 01_single_gpu
 STAGE_DIR_2 := 02_mixed_precision
 STAGE_DIR_3 := 03_ddp
+STAGE_DIR_4 := 04_fsdp
+STAGE_DIR_5 := 05_tensor_parallel
+STAGE_DIR_6 := 06_inference
+# the stages whose directory holds C files; from 03 on they talk MPI
+STAGES := $(foreach n,1 2 3 4 5 6,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
+MPI_STAGES := $(filter 3 4 5 6,$(STAGES))
 
 .PHONY: all setup test test-slurm test-cuda bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools

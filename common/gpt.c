@@ -99,12 +99,16 @@ void weights_point(Weights *w, const ParamLayout *l, float *flat) {
     w->lnfb = flat + t[3].offset;
     w->wte16 = NULL;
     w->h = calloc_or_die((size_t)l->cfg.n_layer, sizeof(BlockWeights));
-    for (int b = 0; b < l->cfg.n_layer; b++) {
-        // BlockWeights is twelve float pointers in buffer order, so fill it as an array
-        float **slots = (float **)&w->h[b];
-        for (int i = 0; i < BLOCK_TENSORS; i++)
-            slots[i] = flat + t[ROOT_TENSORS + b * BLOCK_TENSORS + i].offset;
-    }
+    for (int b = 0; b < l->cfg.n_layer; b++)
+        block_weights_point(&w->h[b], l, b, flat + t[ROOT_TENSORS + b * BLOCK_TENSORS].offset);
+}
+
+void block_weights_point(BlockWeights *bw, const ParamLayout *l, int block, float *unit) {
+    const TensorInfo *t = &l->tensors[ROOT_TENSORS + block * BLOCK_TENSORS];
+    memset(bw, 0, sizeof *bw);
+    // BlockWeights starts with its twelve float pointers in buffer order: fill them as an array
+    float **slots = (float **)bw;
+    for (int i = 0; i < BLOCK_TENSORS; i++) slots[i] = unit + (t[i].offset - t[0].offset);
 }
 
 void weights_point_bf16(Weights *w, const ParamLayout *l, bf16 *flat16) {

@@ -79,6 +79,9 @@ void gpt_layout_free(ParamLayout *layout);
 // named views into a flat buffer laid out as `layout`; w->h is malloc'd (free with weights_free)
 void weights_point(Weights *w, const ParamLayout *layout, float *flat);
 void weights_free(Weights *w);
+// points one block's tensors into `unit`, a buffer holding exactly that block's elements in
+// layout order (a gathered FSDP unit); bf16 pointers NULL
+void block_weights_point(BlockWeights *bw, const ParamLayout *layout, int block, float *unit);
 // points w's bf16 matrices into flat16, a bf16 copy of the whole flat buffer (same layout)
 void weights_point_bf16(Weights *w, const ParamLayout *layout, bf16 *flat16);
 // fills params[first, first+n) of the flat buffer with the GPT-2 initial values: N(0, 0.02),
