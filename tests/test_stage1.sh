@@ -36,6 +36,13 @@ rc=$?; check '[ $rc -eq 0 ]' "synthetic run failed: $(tail -3 "$tmp/synth.log")"
 losses=$(field "$tmp/synth/metrics.jsonl" loss)
 check 'falls "$losses" 5 0.7' "the loss did not fall by 30% on the synthetic set: $losses"
 
+# 2b. starts from a Hugging Face checkpoint: the shape comes from its config.json
+hf=../shared/fixtures/lm-buddy-fake_gpt2
+build/stage-1 --config configs/tiny.json --init_from=$hf --tokenizer_path=$hf --max_seq_len=128 \
+    --data_path=../shared/fixtures/alpaca/rasbt-LLMs-from-scratch_instruction-examples.json \
+    --stop_iteration=3 --global_batch_size=2 --out_dir="$tmp/hf" >"$tmp/hf.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ] && grep -q "L=1 H=1 C=2 V=50257" "$tmp/hf.log"' "init_from the HF checkpoint: $(tail -3 "$tmp/hf.log")"
+
 # 3. bad input: one message naming what is wrong, exit 1
 expect_error() { # expect_error <description> <pattern> <args...>
     local what=$1 pattern=$2; shift 2
@@ -58,6 +65,8 @@ expect_error "missing data" "cannot open $tmp/no.json" --config configs/tiny.jso
 expect_error "bad precision" "expected 32, 32-true, bf16-mixed or bf16, found 'fp8'" --config configs/tiny.json --precision=fp8
 expect_error "diverging run" "step [0-9]*: the loss is" --config configs/tiny.json --n_layer=1 --n_embd=32 \
     --lr=1e30 --grad_clip=0 --warmup_steps=0 --stop_iteration=5 --out_dir="$tmp/nan"
+expect_error "vocab mismatch" "has 50257 tokens but the tokenizer ('byte tokenizer') has 257" --config configs/tiny.json \
+    --init_from=../shared/fixtures/lm-buddy-fake_gpt2 --max_seq_len=128
 build/stage-1 --help >"$tmp/help" 2>&1
 check '[ $? -eq 0 ] && grep -q -- "--global_batch_size" "$tmp/help" && grep -q -- "--tokenizer_path" "$tmp/help"' "--help does not list the keys"
 echo "test_stage1: $passed passed, $failed failed"
