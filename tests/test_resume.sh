@@ -1,13 +1,7 @@
 #!/usr/bin/env bash
 # Exact resume: 20 steps straight, and 10 steps + resume + 10 steps, give bit-identical losses
 # (the same metrics.jsonl values), and the checkpoint_interval saves happen.
-set -u
-cd "$(dirname "$0")/.."
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
+source "$(dirname "$0")/lib.sh"
 args=(--config configs/tiny.json --n_layer=2 --n_embd=64 --global_batch_size=8 --eval_batches=1 --log_interval=5)
 
 build/stage-1 "${args[@]}" --stop_iteration=20 --out_dir="$tmp/straight" >"$tmp/a.log" 2>&1
@@ -30,5 +24,4 @@ check '[ "$(tensor_bytes "$tmp/straight/model.safetensors")" = "$(tensor_bytes "
 # resuming with another seed is refused with a message
 build/stage-1 "${args[@]}" --stop_iteration=22 --resume=true --seed=7 --out_dir="$tmp/resumed" >"$tmp/d.log" 2>&1
 rc=$?; check '[ $rc -ne 0 ] && grep -q "seed" "$tmp/d.log"' "resume with another seed was not refused"
-echo "test_resume: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_resume

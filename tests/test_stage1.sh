@@ -2,13 +2,7 @@
 # Stage 01 end to end: it learns (the loss falls steadily on a real alpaca file with GPT-2's
 # tokenizer and on the built-in synthetic set), writes what DESIGN.md promises, and refuses bad
 # input with one clear message and a non-zero exit.
-set -u
-cd "$(dirname "$0")/.."
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
+source "$(dirname "$0")/lib.sh"
 field() { python3 -c "import json,sys; print(' '.join(str(json.loads(l)[sys.argv[2]]) for l in open(sys.argv[1])))" "$1" "$2"; }
 # mean of the first and of the last k values: the second must be below the first by a margin
 falls() { python3 -c "
@@ -69,5 +63,4 @@ expect_error "vocab mismatch" "has 50257 tokens but the tokenizer ('byte tokeniz
     --init_from=../shared/fixtures/lm-buddy-fake_gpt2 --max_seq_len=128
 build/stage-1 --help >"$tmp/help" 2>&1
 check '[ $? -eq 0 ] && grep -q -- "--global_batch_size" "$tmp/help" && grep -q -- "--tokenizer_path" "$tmp/help"' "--help does not list the keys"
-echo "test_stage1: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_stage1

@@ -4,13 +4,7 @@
 #  - bf16-mixed: every step's loss within 1% of stage 01's (measured: 0.2%), and not identical
 #    (the rounding is real);
 #  - bf16 (no fp32 master weights): runs and stays within 5% (measured: 0.9%).
-set -u
-cd "$(dirname "$0")/.."
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
+source "$(dirname "$0")/lib.sh"
 args=(--config configs/tiny.json --stop_iteration=40 --eval_batches=1 --log_interval=100)
 
 build/stage-1 "${args[@]}" --out_dir="$tmp/s1" >"$tmp/s1.log" 2>&1
@@ -19,23 +13,12 @@ for p in 32 bf16-mixed bf16; do
     build/stage-2 "${args[@]}" --precision=$p --out_dir="$tmp/$p" >"$tmp/$p.log" 2>&1
     rc=$?; check '[ $rc -eq 0 ]' "stage 2 --precision=$p failed: $(tail -3 "$tmp/$p.log")"
 done
-compare() { # compare <dir> <max relative difference> -> prints the largest, fails if above
-    python3 - "$tmp/s1/metrics.jsonl" "$1/metrics.jsonl" "$2" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) == 40 else float("inf")
-print(f"largest relative difference {worst:.2e}")
-sys.exit(0 if worst <= float(sys.argv[3]) else 1)
-PY
-}
 check 'cmp -s <(grep -o "\"loss\": [^,]*" "$tmp/s1/metrics.jsonl") <(grep -o "\"loss\": [^,]*" "$tmp/32/metrics.jsonl")' \
     "precision 32 is not bit-identical to stage 01"
-check 'compare "$tmp/bf16-mixed" 0.01' "bf16-mixed strays more than 1% from fp32"
+check 'compare_losses "$tmp/s1" "$tmp/bf16-mixed" 40 0.01' "bf16-mixed strays more than 1% from fp32"
 check '! cmp -s <(grep -o "\"loss\": [^,]*" "$tmp/s1/metrics.jsonl") <(grep -o "\"loss\": [^,]*" "$tmp/bf16-mixed/metrics.jsonl")' \
     "bf16-mixed gives exactly the fp32 losses: the rounding is not happening"
-check 'compare "$tmp/bf16" 0.05' "pure bf16 strays more than 5% from fp32"
+check 'compare_losses "$tmp/s1" "$tmp/bf16" 40 0.05' "pure bf16 strays more than 5% from fp32"
 check 'grep -q "parameters (bf16 copy)" "$tmp/bf16-mixed.log" && grep -q "in fp32 the activations would take" "$tmp/bf16-mixed.log"' \
     "no memory report comparing bf16 with fp32"
-echo "test_stage2: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_stage2

@@ -7,26 +7,11 @@
 #    bus bandwidth is 2(P-1)/P times the algorithmic one;
 #  - mismatched configs across ranks, and a rank killed mid-run, end the job with a message
 #    within a bounded time.
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
 L=2 C=64
 args=(--config configs/tiny.json --stop_iteration=20 --eval_batches=1 --log_interval=100 --n_layer=$L --n_embd=$C)
 
-compare() { # compare <reference dir> <dir> <tolerance>
-    python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) == 20 else float("inf")
-print(f"{sys.argv[2]}: largest relative difference {worst:.2e}")
-sys.exit(0 if worst <= float(sys.argv[3]) else 1)
-PY
-}
 
 OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --out_dir="$tmp/single" >"$tmp/single.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/single.log")"
@@ -42,7 +27,7 @@ run3 np4 4
 run3 np2acc2 2 --gradient_acc_steps=2
 run3 np4overlap 4 --overlap_communication=true --bucket_size_mb=0.05
 for name in np1 np2 np4 np2acc2 np4overlap; do
-    check 'compare "$tmp/single" "$tmp/$name" 1e-5' "$name does not reproduce stage 01"
+    check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
 done
 check 'grep -q "replicas identical on all 4 ranks" "$tmp/np4.log"' "no replica check on 4 ranks"
 
@@ -64,7 +49,7 @@ check '[ "$calls" = "20" ]' "accumulation must not communicate on inner micro-ba
 OMP_NUM_THREADS=2 build/stage-2 "${args[@]}" --precision=bf16-mixed --out_dir="$tmp/s2bf16" >"$tmp/s2bf16.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 2 bf16 failed: $(tail -3 "$tmp/s2bf16.log")"
 run3 np2bf16 2 --precision=bf16-mixed
-check 'compare "$tmp/s2bf16" "$tmp/np2bf16" 1e-3' "bf16 stage 3 strays from stage 2"
+check 'compare_losses "$tmp/s2bf16" "$tmp/np2bf16" 20 1e-3' "bf16 stage 3 strays from stage 2"
 
 # ranks started with different configs stop at once, with a message
 start=$SECONDS
@@ -85,5 +70,4 @@ victim=$(pgrep -f "build/stage-3 .*$tmp/kill" | tail -1)
 wait $launcher
 rc=$?
 check '[ -n "$victim" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ]' "a killed rank: exit $rc after $((SECONDS - start)) s (want non-zero, before the 120 s guard)"
-echo "test_stage3: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_stage3

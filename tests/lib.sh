@@ -1,0 +1,38 @@
+# tests/lib.sh: what the shell tests share. Source it first: it moves to the repository root,
+# makes $tmp (removed on exit) and gives check, compare_losses and finish.
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+
+# check '<condition>' "<what is wrong when it fails>": counts one check. The condition is
+# evaluated here; capture a command's status first (rc=$?) if the message runs commands.
+check() {
+    if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi
+}
+
+# compare_losses <reference out_dir> <out_dir> <steps> <tolerance>: both runs logged <steps>
+# steps and every step's loss agrees within the relative tolerance. Prints the largest gap.
+compare_losses() {
+    python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" "$4" <<'PY'
+import json, sys
+def losses(path):
+    try:
+        return [json.loads(line)["loss"] for line in open(path)]
+    except OSError:
+        return []
+a, b, steps, tol = losses(sys.argv[1]), losses(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+ok_len = len(a) == len(b) == steps
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if ok_len else float("inf")
+print(f"{sys.argv[2]}: {len(b)} steps, largest relative difference {worst:.2e}")
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+
+# finish <name>: the summary line tests/run.sh reads, and the exit status
+finish() {
+    echo "$1: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+}
