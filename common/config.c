@@ -66,8 +66,18 @@ static const Key KEYS[] = {
     K(overlap_communication, T_BOOL, "false",
       "overlap communication with computation (ddp: bucketed all-reduce during backward)"),
     K(bucket_size_mb, T_FLOAT, "25", "ddp: megabytes of gradients per all-reduce bucket when overlapping"),
+    K(vocab_parallel_loss, T_BOOL, "true",
+      "axonn: cross-entropy on the vocabulary split over x (false: all-gather the logits first)"),
     K(always_input_template, T_BOOL, "false",
       "the tutorial's quirk: use the with-input prompt template for every record"),
+    K(prompts_path, T_STRING, "data/inference/prompts.txt", "inference: prompts, one per line ('-': stdin)"),
+    K(max_batch_size, T_INT, "8", "inference: prompts generated together in one batch"),
+    K(temperature, T_FLOAT, "0", "inference: sampling temperature (0: greedy)"),
+    K(top_k, T_INT, "0", "inference: sample from the k most likely tokens only (0: all)"),
+    K(top_p, T_FLOAT, "1", "inference: sample from the smallest set with this much probability"),
+    K(kv_cache, T_BOOL, "true", "inference: keep keys and values (false: recompute every step)"),
+    K(eval_accuracy, T_BOOL, "false", "inference: answer the held-out split, report exact-answer accuracy"),
+    K(show_token_ids, T_BOOL, "false", "inference: print the token ids of every prompt and answer"),
 };
 #define NKEYS (sizeof(KEYS) / sizeof(KEYS[0]))
 

@@ -35,6 +35,15 @@ typedef struct {
     bool always_input_template;  // the tutorial's quirk: the with-input prompt for every record
     bool overlap_communication;  // ddp: bucketed all-reduce during backward; axonn: prefetching
     double bucket_size_mb;       // ddp: gradient bucket size for the overlapped all-reduce
+    bool vocab_parallel_loss;    // axonn: loss on the vocabulary split over x (false: gather the logits)
+    // inference (stage 06)
+    char prompts_path[512];      // prompts, one per line ("-": stdin)
+    int max_batch_size;          // prompts generated together
+    double temperature, top_p;   // sampling (temperature 0: greedy)
+    int top_k;
+    bool kv_cache;               // false: recompute the whole sequence every step (the reference)
+    bool eval_accuracy;          // generate for the held-out split and report exact-answer accuracy
+    bool show_token_ids;         // print each prompt's and answer's token ids
 } Config;
 
 // Reads the config for `stage_default_file` (used when neither --config nor $CONFIG_FILE is

@@ -332,6 +332,49 @@ KERNEL_FN void attention_key_backward(float *dqkv, const float *dpre, const floa
 }
 
 // ----------------------------------------------------------------------------------------------
+// ---- inference (stage 06): attention of new query rows against a KV cache
+//
+// Generation keeps every earlier token's key and value in a cache, (maxT, C) per sequence and
+// layer with head h in columns h*hs .. h*hs + hs - 1, so that a new token's query is compared
+// with them instead of recomputing them. A query at position p sees cache rows 0..p (npos = p + 1,
+// its own key included: it was written into the cache just before). The row is split between
+// `nlanes` workers as at the top of the file: each lane takes keys t2 = lane, lane + nlanes, ...
+// for the scores and value columns i = lane, lane + nlanes, ... for the output; between the steps
+// the caller combines the partials (max, then sum) and makes the scores visible to every lane.
+
+// step 1: scores[t2] = q . k[t2] * scale for this lane's keys; returns this lane's max
+KERNEL_FN float attention_cached_scores(float *scores, const float *q, const float *k_cache,
+                                        int npos, int hs, int C, int lane, int nlanes) {
+    float scale = 1.0f / sqrtf((float)hs), max = -INFINITY;
+    for (int t2 = lane; t2 < npos; t2 += nlanes) {
+        scores[t2] = dot_product(q, k_cache + (size_t)t2 * C, hs) * scale;
+        max = fmaxf(max, scores[t2]);
+    }
+    return max;
+}
+
+// step 2: scores[t2] = exp(scores[t2] - max) for this lane's keys; returns this lane's sum
+KERNEL_FN float attention_cached_exp(float *scores, float max, int npos, int lane, int nlanes) {
+    float sum = 0.0f;
+    for (int t2 = lane; t2 < npos; t2 += nlanes) {
+        scores[t2] = softmax_exp(scores[t2], max);
+        sum += scores[t2];
+    }
+    return sum;
+}
+
+// step 3: out[i] = sum over t2 of scores[t2] * v[t2][i] / sum, for this lane's columns i
+KERNEL_FN void attention_cached_values(float *out, const float *scores, float inv_sum,
+                                       const float *v_cache, int npos, int hs, int C, int lane,
+                                       int nlanes) {
+    for (int i = lane; i < hs; i += nlanes) {
+        float acc = 0.0f;
+        for (int t2 = 0; t2 < npos; t2++) acc += scores[t2] * v_cache[(size_t)t2 * C + i];
+        out[i] = acc * inv_sum;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
 // AdamW, one parameter. bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are the bias corrections (the
 // moments start at zero, so early on they underestimate; dividing by bc fixes that); the host
 // computes them once per step. Weight decay is decoupled: it shrinks the parameter directly
@@ -388,6 +431,45 @@ KERNEL_FN float rng_normal(uint64_t seed, uint64_t stream, uint64_t index) {
     double u2 = (double)(h & 0xffffffffULL) * (1.0 / 4294967296.0);
     const double two_pi = 6.283185307179586;
     return (float)(sqrt(-2.0 * log(u1)) * cos(two_pi * u2));
+}
+
+
+// ----------------------------------------------------------------------------------------------
+// ---- tensor parallelism (stage 05)
+// A rank holding the vocabulary shard [v_lo, v_lo + v_count) of wte: the embedding of a token it
+// does not hold is 0 here (another rank adds it), so a sum over the shards gives encoder_value.
+
+KERNEL_FN int vocab_shard_index(int token, int v_lo, int v_count) {
+    int local = token - v_lo;
+    return local >= 0 && local < v_count ? local : -1;
+}
+
+KERNEL_FN float encoder_shard_value(const float *wte, const float *wpe, int token, int t, int c,
+                                    int C, int v_lo, int v_count) {
+    int local = vocab_shard_index(token, v_lo, v_count);
+    float e = local >= 0 ? wte[(size_t)local * C + c] : 0.0f;
+    return wpe ? e + wpe[(size_t)t * C + c] : e;
+}
+
+// as encoder_backward_columns, for the shard's tokens only; dwpe may be NULL
+KERNEL_FN void encoder_shard_backward_columns(float *dwte, float *dwpe, const float *dout,
+                                              const int *tokens, int BT, int T, int C, int v_lo,
+                                              int v_count, int c0, int c1) {
+    for (int bt = 0; bt < BT; bt++) {
+        const float *g = dout + (size_t)bt * C;
+        int local = vocab_shard_index(tokens[bt], v_lo, v_count);
+        if (local >= 0)
+            for (int c = c0; c < c1; c++) dwte[(size_t)local * C + c] += g[c];
+        if (dwpe)
+            for (int c = c0; c < c1; c++) dwpe[(size_t)(bt % T) * C + c] += g[c];
+    }
+}
+
+// row n's max over the nmax shards' maxes (stored (nmax, N)): the max of the whole row
+KERNEL_FN float max_over_shards(const float *maxes, int nmax, int N, int n) {
+    float m = -INFINITY;
+    for (int i = 0; i < nmax; i++) m = fmaxf(m, maxes[(size_t)i * N + n]);
+    return m;
 }
 
 #endif

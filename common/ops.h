@@ -121,4 +121,82 @@ double sum_values(const float *x, size_t n);
 void adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t);
 
+// ----------------------------------------------------------------------------------------------
+// ---- inference (stage 06)
+//
+// Generation with a KV cache processes T new tokens per sequence (T = the prompt in the prefill,
+// T = 1 per decode step) that continue where the sequence's cache ends. start (B) is a *device*
+// array: sequence b's new rows sit at positions start[b] .. start[b] + T - 1 (so sequences of a
+// batch may have different lengths, and a CUDA graph can replay a step with new positions).
+// A cache is (B, maxT, C) per layer for keys and another for values, heads side by side in C.
+
+// out (B, T, C) = wte[tokens[b, t]] + wpe[start[b] + t]
+void encoder_forward_at(float *out, const int *tokens, const int *start, const float *wte,
+                        const float *wpe, int B, int T, int C);
+// copies the k and v parts of qkv (B, T, 3C) into rows start[b] + t of k_cache and v_cache
+void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int *start, int B,
+                    int T, int C, int maxT);
+// causal attention of the new rows against the cache (written first with kv_cache_write): query
+// (b, t) sees cache rows 0 .. start[b] + t. qkv (B, T, 3C) (only q is read); out (B, T, C);
+// scores (B, NH, T, maxT) scratch.
+void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_cache,
+                              const float *v_cache, const int *start, int B, int T, int C, int NH,
+                              int maxT);
+
+// CUDA graphs: between ops_graph_begin and ops_graph_end the ops are recorded instead of run;
+// ops_graph_replay runs the recording again, with whatever the same buffers hold by then. Only
+// ops that neither allocate nor copy to the host may be recorded. ops_graphs_supported() is 0 on
+// the CPU backend, where the other three must not be called.
+int ops_graphs_supported(void);
+void ops_graph_begin(void);
+void *ops_graph_end(void);
+void ops_graph_replay(void *graph);
+void ops_graph_free(void *graph);
+
+// ----------------------------------------------------------------------------------------------
+// ---- tensor parallelism (stage 05)
+// Ops for a model whose hidden dimension or vocabulary is split over ranks. Each computes one
+// rank's share; the stage adds up the shares with a collective between two calls (the ops never
+// communicate). Called with the whole dimension on one rank they give the serial ops' results.
+
+// Embedding for the vocabulary shard [v_lo, v_lo + v_count): out (B, T, C) = wte[token - v_lo]
+// for a token of the shard, else 0, plus wpe[t] (wpe may be NULL: nothing added). Summed over
+// the shards (with wpe on one of them) this is encoder_forward.
+void encoder_forward_shard(float *out, const int *tokens, const float *wte, const float *wpe,
+                           int v_lo, int v_count, int B, int T, int C);
+// dwte (v_count, C) += dout rows of the shard's tokens; dwpe (maxT, C) += dout (may be NULL)
+void encoder_backward_shard(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                            int v_lo, int v_count, int B, int T, int C);
+
+// LayerNorm over a row split into shards of C columns (the full row has C_total). Forward:
+//   sums (N) = row sums of inp (mean == NULL) or of (inp - mean)^2; add over shards, then
+//   mean = sum / C_total, and layernorm_forward_stats normalises with the added sum_sqdev.
+void layernorm_row_sums(float *sums, const float *inp, const float *mean, int N, int C);
+// out (N, C) = (inp - mean) * rstd * weight + bias with rstd (N) = 1/sqrt(sum_sqdev/C_total + eps)
+void layernorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight,
+                             const float *bias, const float *mean, const float *sum_sqdev,
+                             int N, int C, int C_total);
+// Backward: sums (N, 2) = this shard's (sum of dnorm, sum of dnorm * norm) per row; add over
+// shards, then layernorm_backward_stats: dinp (N, C) +=, dweight, dbias (C) += as layernorm_backward.
+void layernorm_backward_row_sums(float *sums, const float *dout, const float *inp,
+                                 const float *weight, const float *mean, const float *rstd, int N, int C);
+void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, const float *mean,
+                              const float *rstd, const float *sums, int N, int C, int C_total);
+
+// Vocab-parallel cross-entropy. logits (N, Vl) hold the vocabulary shard [v_lo, v_lo + Vl), of
+// which the first v_count columns are real tokens (the rest is padding). Three steps, with a
+// collective after each of the first two:
+//   1. max (N) = each row's max over the shard's real columns  -> all-gather: maxes (nmax, N)
+//   2. sums (N, 2) = (sum of exp(x - M), the target's logit if the shard has it, else 0), with
+//      M = the max over the nmax gathered maxes                 -> all-reduce (sum)
+//   3. losses (N) and, when dlogits is not NULL, dlogits (N, Vl) = dloss * (softmax - onehot)
+//      (dlogits may be logits itself). Rows with target < 0 get loss 0 and gradient 0.
+void cross_entropy_shard_max(float *max, const float *logits, int N, int v_count, int Vl);
+void cross_entropy_shard_sums(float *sums, const float *logits, const float *maxes, int nmax,
+                              const int *targets, int v_lo, int v_count, int N, int Vl);
+void cross_entropy_shard_finish(float *losses, float *dlogits, const float *logits,
+                                const float *maxes, int nmax, const float *sums, const int *targets,
+                                float dloss, int v_lo, int v_count, int N, int Vl);
+
 #endif

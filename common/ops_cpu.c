@@ -596,3 +596,168 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
         adamw_element(&param[i], &m[i], &v[i], grad[i], lr, beta1, beta2, eps, weight_decay, bc1,
                       bc2);
 }
+
+// ----------------------------------------------------------------------------------------------
+// ---- inference (stage 06)
+
+void encoder_forward_at(float *out, const int *tokens, const int *start, const float *wte,
+                        const float *wpe, int B, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        float *o = out + (size_t)bt * C;
+        int pos = start[bt / T] + bt % T;
+        for (int c = 0; c < C; c++) o[c] = encoder_value(wte, wpe, tokens[bt], pos, c, C);
+    }
+}
+
+void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int *start, int B,
+                    int T, int C, int maxT) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *row = qkv + ((size_t)b * T + t) * 3 * C;
+            size_t at = ((size_t)b * maxT + start[b] + t) * C;
+            memcpy(k_cache + at, row + C, (size_t)C * sizeof(float));
+            memcpy(v_cache + at, row + 2 * C, (size_t)C * sizeof(float));
+        }
+}
+
+void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_cache,
+                              const float *v_cache, const int *start, int B, int T, int C, int NH,
+                              int maxT) {
+    int hs = C / NH;
+    // one task per (sequence, head, new row); one thread owns the row (lane 0 of 1)
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int bh = 0; bh < B * NH; bh++) {
+        for (int t = 0; t < T; t++) {
+            int b = bh / NH, h = bh % NH, npos = start[b] + t + 1;
+            const float *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
+            const float *k = k_cache + (size_t)b * maxT * C + (size_t)h * hs;
+            const float *v = v_cache + (size_t)b * maxT * C + (size_t)h * hs;
+            float *s = scores + ((size_t)bh * T + t) * maxT;
+            float max = attention_cached_scores(s, q, k, npos, hs, C, 0, 1);
+            float sum = attention_cached_exp(s, max, npos, 0, 1);
+            attention_cached_values(out + ((size_t)b * T + t) * C + (size_t)h * hs, s, 1.0f / sum, v,
+                                    npos, hs, C, 0, 1);
+        }
+    }
+}
+
+// CUDA graphs are a CUDA feature: on the CPU every op runs when it is called
+int ops_graphs_supported(void) { return 0; }
+void ops_graph_begin(void) { fatal("internal: CUDA graphs are not available on the CPU backend"); }
+void *ops_graph_end(void) { fatal("internal: CUDA graphs are not available on the CPU backend"); }
+void ops_graph_replay(void *graph) {
+    (void)graph;
+    fatal("internal: CUDA graphs are not available on the CPU backend");
+}
+void ops_graph_free(void *graph) { (void)graph; }
+
+// ----------------------------------------------------------------------------------------------
+// ---- tensor parallelism (stage 05)
+
+void encoder_forward_shard(float *out, const int *tokens, const float *wte, const float *wpe,
+                           int v_lo, int v_count, int B, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        float *o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) o[c] = encoder_shard_value(wte, wpe, tokens[bt], bt % T, c, C, v_lo, v_count);
+    }
+}
+
+void encoder_backward_shard(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                            int v_lo, int v_count, int B, int T, int C) {
+#pragma omp parallel
+    {
+        int c0, c1;
+        column_block(C, &c0, &c1);
+        encoder_shard_backward_columns(dwte, dwpe, dout, tokens, B * T, T, C, v_lo, v_count, c0, c1);
+    }
+}
+
+void layernorm_row_sums(float *sums, const float *inp, const float *mean, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        sums[n] = mean ? row_partial_sqdev(x, mean[n], C, 0, 1) : row_partial_sum(x, C, 0, 1);
+    }
+}
+
+void layernorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight,
+                             const float *bias, const float *mean, const float *sum_sqdev,
+                             int N, int C, int C_total) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float r = layernorm_rstd(sum_sqdev[n], C_total);
+        for (int c = 0; c < C; c++) o[c] = layernorm_value(x[c], mean[n], r, weight[c], bias[c]);
+        rstd[n] = r;
+    }
+}
+
+void layernorm_backward_row_sums(float *sums, const float *dout, const float *inp,
+                                 const float *weight, const float *mean, const float *rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        layernorm_backward_partials(&sums[2 * n], &sums[2 * n + 1], dout + (size_t)n * C,
+                                    inp + (size_t)n * C, weight, mean[n], rstd[n], C, 0, 1);
+}
+
+void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, const float *mean,
+                              const float *rstd, const float *sums, int N, int C, int C_total) {
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            float mean_dnorm = sums[2 * n] / (float)C_total, mean_dnorm_norm = sums[2 * n + 1] / (float)C_total;
+            for (int c = 0; c < C; c++)
+                dx[c] += layernorm_dinp(g[c], x[c], weight[c], mean[n], rstd[n], mean_dnorm, mean_dnorm_norm);
+        }
+        int c0, c1;
+        column_block(C, &c0, &c1);
+        layernorm_param_grad_columns(dweight, dbias, dout, inp, mean, rstd, N, C, c0, c1);
+    }
+}
+
+void cross_entropy_shard_max(float *max, const float *logits, int N, int v_count, int Vl) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) max[n] = row_partial_max(logits + (size_t)n * Vl, v_count, 0, 1);
+}
+
+void cross_entropy_shard_sums(float *sums, const float *logits, const float *maxes, int nmax,
+                              const int *targets, int v_lo, int v_count, int N, int Vl) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vl;
+        float m = max_over_shards(maxes, nmax, N, n);
+        int local = vocab_shard_index(targets[n], v_lo, v_count);
+        sums[2 * n] = row_partial_sumexp(x, m, v_count, 0, 1);
+        sums[2 * n + 1] = local >= 0 ? x[local] : 0.0f;
+    }
+}
+
+void cross_entropy_shard_finish(float *losses, float *dlogits, const float *logits,
+                                const float *maxes, int nmax, const float *sums, const int *targets,
+                                float dloss, int v_lo, int v_count, int N, int Vl) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vl;
+        float *dx = dlogits ? dlogits + (size_t)n * Vl : NULL;
+        int target = targets[n];
+        if (target < 0) {  // no loss, so no gradient either
+            losses[n] = 0.0f;
+            if (dx) memset(dx, 0, (size_t)Vl * sizeof(float));
+            continue;
+        }
+        float m = max_over_shards(maxes, nmax, N, n), inv_sum = 1.0f / sums[2 * n];
+        losses[n] = cross_entropy_loss(sums[2 * n + 1], m, sums[2 * n]);
+        if (!dx) continue;
+        int local = vocab_shard_index(target, v_lo, v_count);
+        for (int i = 0; i < v_count; i++)
+            dx[i] = cross_entropy_dlogit(softmax_exp(x[i], m) * inv_sum, i == local, dloss);
+        for (int i = v_count; i < Vl; i++) dx[i] = 0.0f;  // padded vocabulary
+    }
+}

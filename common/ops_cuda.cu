@@ -1015,3 +1015,300 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
     LAUNCH(adamw_kernel, grid_for(n), THREADS, 0, param, grad, m, v, n, lr, beta1, beta2, eps,
            weight_decay, bc1, bc2);
 }
+
+// ----------------------------------------------------------------------------------------------
+// ---- inference (stage 06)
+//
+//   encoder_forward_at     a thread per output element (as encoder_forward)
+//   kv_cache_write         a thread per (row, column): k and v copied side by side
+//   attention_cached       a block of ATT_CACHED_THREADS per (sequence, head, new row): the lanes
+//                          share the keys for the scores and the value columns for the output
+//                          (kernels.h's three steps), max and sum combined by block_reduce. At
+//                          batch 1 a thread per row would leave all but NH threads idle.
+//   graphs                 stream capture of the ops stream; cuBLAS gets a workspace of its own
+//                          first, since it must not allocate one while being captured
+
+#define ATT_CACHED_THREADS 64
+
+static __global__ void encoder_forward_at_kernel(float *out, const int *tokens, const int *start,
+                                                 const float *wte, const float *wpe, int T, size_t n,
+                                                 int C) {
+    GRID_STRIDE(i, n) {
+        int bt = (int)(i / C), c = (int)(i % C);
+        out[i] = encoder_value(wte, wpe, tokens[bt], start[bt / T] + bt % T, c, C);
+    }
+}
+
+void encoder_forward_at(float *out, const int *tokens, const int *start, const float *wte,
+                        const float *wpe, int B, int T, int C) {
+    size_t n = (size_t)B * T * C;
+    if (!n) return;
+    ensure_init();
+    LAUNCH(encoder_forward_at_kernel, grid_for(n), THREADS, 0, out, tokens, start, wte, wpe, T, n, C);
+}
+
+static __global__ void kv_cache_write_kernel(float *k_cache, float *v_cache, const float *qkv,
+                                             const int *start, int T, size_t n, int C, int maxT) {
+    GRID_STRIDE(i, n) {
+        int bt = (int)(i / C), c = (int)(i % C), b = bt / T;
+        size_t at = ((size_t)b * maxT + start[b] + bt % T) * C + c;
+        k_cache[at] = qkv[(size_t)bt * 3 * C + C + c];
+        v_cache[at] = qkv[(size_t)bt * 3 * C + 2 * C + c];
+    }
+}
+
+void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int *start, int B,
+                    int T, int C, int maxT) {
+    size_t n = (size_t)B * T * C;
+    if (!n) return;
+    ensure_init();
+    LAUNCH(kv_cache_write_kernel, grid_for(n), THREADS, 0, k_cache, v_cache, qkv, start, T, n, C, maxT);
+}
+
+// blockIdx.x = (b * NH + h) * T + t. Every thread reaches both block_reduce barriers: the loop
+// bounds depend on the row's position only, the same for the whole block.
+static __global__ void attention_cached_kernel(float *out, float *scores, const float *qkv,
+                                               const float *k_cache, const float *v_cache,
+                                               const int *start, int T, int C, int NH, int maxT) {
+    int hs = C / NH, lane = threadIdx.x, nlanes = blockDim.x;
+    int t = blockIdx.x % T, bh = blockIdx.x / T, b = bh / NH, h = bh % NH;
+    int npos = start[b] + t + 1;
+    const float *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
+    const float *k = k_cache + (size_t)b * maxT * C + (size_t)h * hs;
+    const float *v = v_cache + (size_t)b * maxT * C + (size_t)h * hs;
+    float *s = scores + (size_t)blockIdx.x * maxT;
+    float max = block_reduce(attention_cached_scores(s, q, k, npos, hs, C, lane, nlanes), -INFINITY, MaxOp());
+    // the barriers inside block_reduce also make every lane's scores visible to the others
+    float sum = block_reduce(attention_cached_exp(s, max, npos, lane, nlanes), 0.0f, SumOp());
+    attention_cached_values(out + ((size_t)b * T + t) * C + (size_t)h * hs, s, 1.0f / sum, v, npos,
+                            hs, C, lane, nlanes);
+}
+
+void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_cache,
+                              const float *v_cache, const int *start, int B, int T, int C, int NH,
+                              int maxT) {
+    if (B <= 0 || T <= 0) return;
+    ensure_init();
+    LAUNCH(attention_cached_kernel, (unsigned)((size_t)B * NH * T), ATT_CACHED_THREADS, 0, out,
+           scores, qkv, k_cache, v_cache, start, T, C, NH, maxT);
+}
+
+static void *g_cublas_workspace = NULL;
+
+int ops_graphs_supported(void) { return 1; }
+
+void ops_graph_begin(void) {
+    ensure_init();
+    if (!g_cublas_workspace) {
+        // cuBLAS otherwise allocates its workspace on first use, which capture forbids
+        const size_t bytes = (size_t)32 << 20;
+        g_cublas_workspace = device_alloc_or_die(bytes, "the cuBLAS workspace for CUDA graphs");
+        CUBLAS_CHECK(cublasSetWorkspace(g.cublas, g_cublas_workspace, bytes));
+    }
+    sync_stream();  // nothing earlier may still be queued when recording starts
+    CUDA_CHECK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
+}
+
+void *ops_graph_end(void) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamEndCapture(g.stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));  // the executable graph keeps what it needs
+    return (void *)exec;
+}
+
+void ops_graph_replay(void *graph) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, g.stream));
+}
+
+void ops_graph_free(void *graph) {
+    if (graph) CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
+// ----------------------------------------------------------------------------------------------
+// ---- tensor parallelism (stage 05)
+// The row reductions here run a thread per row (lane 0 of 1 in kernels.h's terms): these ops see
+// a shard of a row (C / y columns, V / x logits), and there are many rows. No barriers, so no
+// uniformity to keep.
+
+static __global__ void encoder_forward_shard_kernel(float *out, const int *tokens, const float *wte,
+                                                    const float *wpe, int v_lo, int v_count, int BT,
+                                                    int T, int C) {
+    GRID_STRIDE(i, (size_t)BT * C) {
+        int bt = (int)(i / C), c = (int)(i % C);
+        out[i] = encoder_shard_value(wte, wpe, tokens[bt], bt % T, c, C, v_lo, v_count);
+    }
+}
+
+void encoder_forward_shard(float *out, const int *tokens, const float *wte, const float *wpe,
+                           int v_lo, int v_count, int B, int T, int C) {
+    size_t n = (size_t)B * T * C;
+    if (!n) return;
+    ensure_init();
+    LAUNCH(encoder_forward_shard_kernel, grid_for(n), THREADS, 0, out, tokens, wte, wpe, v_lo, v_count,
+           B * T, T, C);
+}
+
+// a thread per column, as encoder_backward_kernel
+static __global__ void encoder_backward_shard_kernel(float *dwte, float *dwpe, const float *dout,
+                                                     const int *tokens, int v_lo, int v_count, int BT,
+                                                     int T, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < C) encoder_shard_backward_columns(dwte, dwpe, dout, tokens, BT, T, C, v_lo, v_count, c, c + 1);
+}
+
+void encoder_backward_shard(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                            int v_lo, int v_count, int B, int T, int C) {
+    if (B * T <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(encoder_backward_shard_kernel, blocks_for((size_t)C, 64), 64, 0, dwte, dwpe, dout, tokens,
+           v_lo, v_count, B * T, T, C);
+}
+
+static __global__ void layernorm_row_sums_kernel(float *sums, const float *inp, const float *mean, int N, int C) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const float *x = inp + (size_t)n * C;
+    sums[n] = mean ? row_partial_sqdev(x, mean[n], C, 0, 1) : row_partial_sum(x, C, 0, 1);
+}
+
+void layernorm_row_sums(float *sums, const float *inp, const float *mean, int N, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(layernorm_row_sums_kernel, blocks_for((size_t)N, THREADS), THREADS, 0, sums, inp, mean, N, C);
+}
+
+static __global__ void layernorm_rstd_kernel(float *rstd, const float *sum_sqdev, int N, int C_total) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n < N) rstd[n] = layernorm_rstd(sum_sqdev[n], C_total);
+}
+
+static __global__ void layernorm_normalize_kernel(float *out, const float *inp, const float *weight,
+                                                  const float *bias, const float *mean, const float *rstd,
+                                                  int N, int C) {
+    GRID_STRIDE(i, (size_t)N * C) {
+        int n = (int)(i / C), c = (int)(i % C);
+        out[i] = layernorm_value(inp[i], mean[n], rstd[n], weight[c], bias[c]);
+    }
+}
+
+void layernorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight,
+                             const float *bias, const float *mean, const float *sum_sqdev,
+                             int N, int C, int C_total) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(layernorm_rstd_kernel, blocks_for((size_t)N, THREADS), THREADS, 0, rstd, sum_sqdev, N, C_total);
+    LAUNCH(layernorm_normalize_kernel, grid_for((size_t)N * C), THREADS, 0, out, inp, weight, bias, mean,
+           rstd, N, C);
+}
+
+static __global__ void layernorm_backward_row_sums_kernel(float *sums, const float *dout, const float *inp,
+                                                          const float *weight, const float *mean,
+                                                          const float *rstd, int N, int C) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    layernorm_backward_partials(&sums[2 * n], &sums[2 * n + 1], dout + (size_t)n * C, inp + (size_t)n * C,
+                                weight, mean[n], rstd[n], C, 0, 1);
+}
+
+void layernorm_backward_row_sums(float *sums, const float *dout, const float *inp,
+                                 const float *weight, const float *mean, const float *rstd, int N, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(layernorm_backward_row_sums_kernel, blocks_for((size_t)N, THREADS), THREADS, 0, sums, dout, inp,
+           weight, mean, rstd, N, C);
+}
+
+static __global__ void layernorm_dinp_stats_kernel(float *dinp, const float *dout, const float *inp,
+                                                   const float *weight, const float *mean, const float *rstd,
+                                                   const float *sums, int N, int C, int C_total) {
+    GRID_STRIDE(i, (size_t)N * C) {
+        int n = (int)(i / C), c = (int)(i % C);
+        dinp[i] += layernorm_dinp(dout[i], inp[i], weight[c], mean[n], rstd[n], sums[2 * n] / (float)C_total,
+                                  sums[2 * n + 1] / (float)C_total);
+    }
+}
+
+static __global__ void layernorm_param_columns_kernel(float *dweight, float *dbias, const float *dout,
+                                                      const float *inp, const float *mean, const float *rstd,
+                                                      int N, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < C) layernorm_param_grad_columns(dweight, dbias, dout, inp, mean, rstd, N, C, c, c + 1);
+}
+
+void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, const float *mean,
+                              const float *rstd, const float *sums, int N, int C, int C_total) {
+    if (N <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(layernorm_dinp_stats_kernel, grid_for((size_t)N * C), THREADS, 0, dinp, dout, inp, weight, mean,
+           rstd, sums, N, C, C_total);
+    LAUNCH(layernorm_param_columns_kernel, blocks_for((size_t)C, 64), 64, 0, dweight, dbias, dout, inp, mean,
+           rstd, N, C);
+}
+
+static __global__ void cross_entropy_shard_max_kernel(float *max, const float *logits, int N, int v_count, int Vl) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n < N) max[n] = row_partial_max(logits + (size_t)n * Vl, v_count, 0, 1);
+}
+
+void cross_entropy_shard_max(float *max, const float *logits, int N, int v_count, int Vl) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(cross_entropy_shard_max_kernel, blocks_for((size_t)N, THREADS), THREADS, 0, max, logits, N, v_count, Vl);
+}
+
+static __global__ void cross_entropy_shard_sums_kernel(float *sums, const float *logits, const float *maxes,
+                                                       int nmax, const int *targets, int v_lo, int v_count,
+                                                       int N, int Vl) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const float *x = logits + (size_t)n * Vl;
+    int local = vocab_shard_index(targets[n], v_lo, v_count);
+    sums[2 * n] = row_partial_sumexp(x, max_over_shards(maxes, nmax, N, n), v_count, 0, 1);
+    sums[2 * n + 1] = local >= 0 ? x[local] : 0.0f;
+}
+
+void cross_entropy_shard_sums(float *sums, const float *logits, const float *maxes, int nmax,
+                              const int *targets, int v_lo, int v_count, int N, int Vl) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(cross_entropy_shard_sums_kernel, blocks_for((size_t)N, THREADS), THREADS, 0, sums, logits, maxes,
+           nmax, targets, v_lo, v_count, N, Vl);
+}
+
+static __global__ void cross_entropy_shard_loss_kernel(float *losses, const float *maxes, int nmax,
+                                                       const float *sums, const int *targets, int N) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    losses[n] = targets[n] < 0 ? 0.0f
+                               : cross_entropy_loss(sums[2 * n + 1], max_over_shards(maxes, nmax, N, n), sums[2 * n]);
+}
+
+// a thread per logit; in place is safe (each reads and writes only its own element)
+static __global__ void cross_entropy_shard_grad_kernel(float *dlogits, const float *logits, const float *maxes,
+                                                       int nmax, const float *sums, const int *targets,
+                                                       float dloss, int v_lo, int v_count, int N, int Vl) {
+    GRID_STRIDE(i, (size_t)N * Vl) {
+        int n = (int)(i / Vl), v = (int)(i % Vl), target = targets[n];
+        if (target < 0 || v >= v_count) {
+            dlogits[i] = 0.0f;
+            continue;
+        }
+        float p = softmax_exp(logits[i], max_over_shards(maxes, nmax, N, n)) / sums[2 * n];
+        dlogits[i] = cross_entropy_dlogit(p, v == vocab_shard_index(target, v_lo, v_count), dloss);
+    }
+}
+
+void cross_entropy_shard_finish(float *losses, float *dlogits, const float *logits,
+                                const float *maxes, int nmax, const float *sums, const int *targets,
+                                float dloss, int v_lo, int v_count, int N, int Vl) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(cross_entropy_shard_loss_kernel, blocks_for((size_t)N, THREADS), THREADS, 0, losses, maxes, nmax,
+           sums, targets, N);
+    if (dlogits)
+        LAUNCH(cross_entropy_shard_grad_kernel, grid_for((size_t)N * Vl), THREADS, 0, dlogits, logits, maxes,
+               nmax, sums, targets, dloss, v_lo, v_count, N, Vl);
+}

@@ -807,6 +807,249 @@ static void test_memory(void) {
           before);
 }
 
+// ----------------------------------------------------------------------------------------------
+// ---- inference (stage 06): the KV cache ops against a double reference
+
+// Two sequences continuing at different positions (start 0 and 4): the new rows' keys and values
+// go into the cache at start[b] + t, and query (b, t) attends to cache rows 0 .. start[b] + t,
+// of which the earlier ones were already in the cache (random here) and the rest are new.
+static void test_kv_cache(void) {
+    const int B = 2, T = 3, C = 12, NH = 3, maxT = 9, hs = C / NH, start[2] = {0, 4};
+    size_t nqkv = (size_t)B * T * 3 * C, ncache = (size_t)B * maxT * C, nout = (size_t)B * T * C;
+    double *qkv = rand_array(nqkv, -1.5, 1.5), *k0 = rand_array(ncache, -1.5, 1.5);
+    double *v0 = rand_array(ncache, -1.5, 1.5);
+    // the reference cache after the write
+    double *k = copy_array(k0, ncache), *v = copy_array(v0, ncache);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                size_t at = ((size_t)b * maxT + start[b] + t) * C + c, row = ((size_t)b * T + t) * 3 * C;
+                k[at] = qkv[row + C + c];
+                v[at] = qkv[row + 2 * C + c];
+            }
+    double *want = malloc_or_die(nout * sizeof(double)), scores[9];
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                int npos = start[b] + t + 1;
+                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double max = -INFINITY, sum = 0.0;
+                for (int j = 0; j < npos; j++) {
+                    scores[j] = 0.0;
+                    for (int i = 0; i < hs; i++) scores[j] += q[i] * k[((size_t)b * maxT + j) * C + h * hs + i];
+                    scores[j] /= sqrt((double)hs);
+                    max = fmax(max, scores[j]);
+                }
+                for (int j = 0; j < npos; j++) sum += scores[j] = exp(scores[j] - max);
+                for (int i = 0; i < hs; i++) {
+                    double acc = 0.0;
+                    for (int j = 0; j < npos; j++) acc += scores[j] * v[((size_t)b * maxT + j) * C + h * hs + i];
+                    want[((size_t)b * T + t) * C + h * hs + i] = acc / sum;
+                }
+            }
+
+    float *d_qkv = upload(qkv, nqkv), *d_k = upload(k0, ncache), *d_v = upload(v0, ncache);
+    float *d_out = dev_malloc(nout * sizeof(float));
+    float *d_scores = dev_malloc((size_t)B * NH * T * maxT * sizeof(float));
+    int *d_start = dev_malloc(sizeof start);
+    copy_to_device(d_start, start, sizeof start);
+    kv_cache_write(d_k, d_v, d_qkv, d_start, B, T, C, maxT);
+    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, B, T, C, NH, maxT);
+    double *got_k = download(d_k, ncache), *got_v = download(d_v, ncache), *got = download(d_out, nout);
+    check_array("kv_cache_write keys (other rows untouched)", got_k, k, ncache, 0, 0);
+    check_array("kv_cache_write values (other rows untouched)", got_v, v, ncache, 0, 0);
+    check_array("attention_cached_forward out", got, want, nout, 1e-4, 1e-5);
+
+    // the embedding at each sequence's own positions
+    const int Vp = 5, tokens[6] = {1, 4, 0, 2, 2, 3};
+    double *wte = rand_array((size_t)Vp * C, -1, 1), *wpe = rand_array((size_t)maxT * C, -1, 1);
+    double *want_enc = malloc_or_die(nout * sizeof(double));
+    for (int bt = 0; bt < B * T; bt++)
+        for (int c = 0; c < C; c++)
+            want_enc[(size_t)bt * C + c] = wte[tokens[bt] * C + c] + wpe[(start[bt / T] + bt % T) * C + c];
+    float *d_wte = upload(wte, (size_t)Vp * C), *d_wpe = upload(wpe, (size_t)maxT * C);
+    int *d_tokens = dev_malloc(sizeof tokens);
+    copy_to_device(d_tokens, tokens, sizeof tokens);
+    encoder_forward_at(d_out, d_tokens, d_start, d_wte, d_wpe, B, T, C);
+    double *got_enc = download(d_out, nout);
+    check_array("encoder_forward_at", got_enc, want_enc, nout, 0x1.0p-24, 0);
+
+    dev_free(d_qkv), dev_free(d_k), dev_free(d_v), dev_free(d_out), dev_free(d_scores);
+    dev_free(d_start), dev_free(d_wte), dev_free(d_wpe), dev_free(d_tokens);
+    free(qkv), free(k0), free(v0), free(k), free(v), free(want), free(got_k), free(got_v);
+    free(got), free(wte), free(wpe), free(want_enc), free(got_enc);
+}
+
+// ----------------------------------------------------------------------------------------------
+// ---- tensor parallelism (stage 05)
+// The shard ops run on two shards of a row (or of the vocabulary); the host adds their partial
+// sums, as the stage's collectives do, and the result must be the serial op's, in double.
+
+static int *upload_ints(const int *x, size_t n) {
+    int *d = dev_malloc(n * sizeof(int));
+    copy_to_device(d, x, n * sizeof(int));
+    return d;
+}
+
+static void test_encoder_shards(void) {
+    enum { B = 2, T = 3, C = 5, V = 7, VL = 4 };
+    int tokens[B * T] = {0, 6, 3, 4, 4, 1};
+    double *wte = rand_array(V * C, -1, 1), *wpe = rand_array(T * C, -1, 1), *dout = rand_array(B * T * C, -1, 1);
+    double want[B * T * C], sum[B * T * C] = {0}, dwte_want[V * C] = {0}, dwpe_want[T * C] = {0};
+    for (int bt = 0; bt < B * T; bt++)
+        for (int c = 0; c < C; c++) {
+            want[bt * C + c] = wte[tokens[bt] * C + c] + wpe[(bt % T) * C + c];
+            dwte_want[tokens[bt] * C + c] += dout[bt * C + c];
+            dwpe_want[(bt % T) * C + c] += dout[bt * C + c];
+        }
+    int *d_tokens = upload_ints(tokens, B * T);
+    float *d_wpe = upload(wpe, T * C), *d_dout = upload(dout, B * T * C), *d_out = dev_malloc(sizeof(float) * B * T * C);
+    float *d_dwpe = dev_malloc(sizeof(float) * T * C);
+    for (int s = 0; s < 2; s++) {
+        int v_lo = s * VL, v_count = V - v_lo < VL ? V - v_lo : VL;
+        double *wte_s = copy_array(wte + v_lo * C, (size_t)v_count * C);
+        float *d_wte = upload(wte_s, (size_t)v_count * C), *d_dwte = dev_malloc(sizeof(float) * VL * C);
+        encoder_forward_shard(d_out, d_tokens, d_wte, s == 0 ? d_wpe : NULL, v_lo, v_count, B, T, C);
+        double *out = download(d_out, B * T * C);
+        for (int i = 0; i < B * T * C; i++) sum[i] += out[i];
+        encoder_backward_shard(d_dwte, s == 0 ? d_dwpe : NULL, d_dout, d_tokens, v_lo, v_count, B, T, C);
+        double *dwte = download(d_dwte, (size_t)v_count * C);
+        check_array("encoder_backward_shard dwte", dwte, dwte_want + v_lo * C, (size_t)v_count * C, 1e-6, 1e-6);
+        free(wte_s), free(out), free(dwte);
+        dev_free(d_wte), dev_free(d_dwte);
+    }
+    check_array("encoder_forward_shard summed over shards", sum, want, B * T * C, 1e-6, 1e-6);
+    double *dwpe = download(d_dwpe, T * C);
+    check_array("encoder_backward_shard dwpe", dwpe, dwpe_want, T * C, 1e-5, 1e-6);
+    free(wte), free(wpe), free(dout), free(dwpe);
+    dev_free(d_tokens), dev_free(d_wpe), dev_free(d_dout), dev_free(d_out), dev_free(d_dwpe);
+}
+
+// rows of N x C split into columns [0, C0) and [C0, C): each shard as its own (N, Cs) array
+static float *upload_cols(const double *x, int N, int C, int c0, int cs) {
+    double *part = malloc_or_die(sizeof(double) * N * cs);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < cs; c++) part[n * cs + c] = x[n * C + c0 + c];
+    float *d = upload(part, (size_t)N * cs);
+    free(part);
+    return d;
+}
+
+// host: add the two shards' (N * per) partial sums, upload the total
+static float *added(float *const *parts, size_t n, double scale) {
+    double *a = download(parts[0], n), *b = download(parts[1], n);
+    for (size_t i = 0; i < n; i++) a[i] = (a[i] + b[i]) * scale;
+    float *d = upload(a, n);
+    free(a), free(b);
+    return d;
+}
+
+static void test_layernorm_shards(void) {
+    enum { N = 3, C = 10 };
+    const int c0[2] = {0, 6}, cs[2] = {6, 4};
+    double *x = rand_array(N * C, -2, 2), *w = rand_array(C, 0.5, 1.5), *b = rand_array(C, -1, 1);
+    double *dout = rand_array(N * C, -1, 1), mean[N], rstd[N];
+    ref_layernorm_stats(mean, rstd, x, N, C);
+    float *dx[2], *dw[2], *dsums[2], *part[2], *d_out[2], *d_rstd = dev_malloc(sizeof(float) * N);
+    for (int s = 0; s < 2; s++) {
+        dx[s] = upload_cols(x, N, C, c0[s], cs[s]);
+        part[s] = dev_malloc(sizeof(float) * 2 * N);
+        layernorm_row_sums(part[s], dx[s], NULL, N, cs[s]);
+    }
+    float *d_mean = added(part, N, 1.0 / C);
+    for (int s = 0; s < 2; s++) layernorm_row_sums(part[s], dx[s], d_mean, N, cs[s]);
+    float *d_sqdev = added(part, N, 1.0);
+    for (int s = 0; s < 2; s++) {
+        double *ws = copy_array(w + c0[s], cs[s]), *bs = copy_array(b + c0[s], cs[s]);
+        float *d_w = upload(ws, cs[s]), *d_b = upload(bs, cs[s]);
+        d_out[s] = dev_malloc(sizeof(float) * N * cs[s]);
+        layernorm_forward_stats(d_out[s], d_rstd, dx[s], d_w, d_b, d_mean, d_sqdev, N, cs[s], C);
+        double *out = download(d_out[s], (size_t)N * cs[s]), want[N * 6];
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < cs[s]; c++)
+                want[n * cs[s] + c] = (x[n * C + c0[s] + c] - mean[n]) * rstd[n] * w[c0[s] + c] + b[c0[s] + c];
+        check_array("layernorm_forward_stats over two shards", out, want, (size_t)N * cs[s], 1e-5, 1e-5);
+        // backward partial sums need this shard's weight: keep it in dw[s] for the next pass
+        dw[s] = d_w;
+        dev_free(d_b), free(ws), free(bs), free(out);
+    }
+    double *rs = download(d_rstd, N);
+    check_array("layernorm_forward_stats rstd", rs, rstd, N, 1e-5, 0);
+    for (int s = 0; s < 2; s++) {
+        float *d_dout = upload_cols(dout, N, C, c0[s], cs[s]);
+        dsums[s] = d_dout;
+        layernorm_backward_row_sums(part[s], d_dout, dx[s], dw[s], d_mean, d_rstd, N, cs[s]);
+    }
+    float *d_sums2 = added(part, 2 * N, 1.0);
+    for (int s = 0; s < 2; s++) {
+        float *d_dinp = dev_malloc(sizeof(float) * N * cs[s]), *d_dw = dev_malloc(sizeof(float) * cs[s]);
+        float *d_db = dev_malloc(sizeof(float) * cs[s]);
+        layernorm_backward_stats(d_dinp, d_dw, d_db, dsums[s], dx[s], dw[s], d_mean, d_rstd, d_sums2, N, cs[s], C);
+        double want[N * 6], wdw[6] = {0}, wdb[6] = {0};
+        for (int n = 0; n < N; n++) {
+            double a = 0, bb = 0;  // mean of dnorm and of dnorm * norm over the whole row
+            for (int c = 0; c < C; c++) {
+                double norm = (x[n * C + c] - mean[n]) * rstd[n], dn = w[c] * dout[n * C + c];
+                a += dn / C, bb += dn * norm / C;
+            }
+            for (int c = 0; c < cs[s]; c++) {
+                int k = c0[s] + c;
+                double norm = (x[n * C + k] - mean[n]) * rstd[n];
+                want[n * cs[s] + c] = rstd[n] * (w[k] * dout[n * C + k] - a - norm * bb);
+                wdw[c] += dout[n * C + k] * norm, wdb[c] += dout[n * C + k];
+            }
+        }
+        double *g = download(d_dinp, (size_t)N * cs[s]), *gw = download(d_dw, cs[s]), *gb = download(d_db, cs[s]);
+        check_array("layernorm_backward_stats dinp", g, want, (size_t)N * cs[s], 1e-4, 1e-5);
+        check_array("layernorm_backward_stats dweight", gw, wdw, cs[s], 1e-4, 1e-5);
+        check_array("layernorm_backward_stats dbias", gb, wdb, cs[s], 1e-4, 1e-5);
+        free(g), free(gw), free(gb);
+        dev_free(d_dinp), dev_free(d_dw), dev_free(d_db);
+        dev_free(dx[s]), dev_free(dw[s]), dev_free(dsums[s]), dev_free(part[s]), dev_free(d_out[s]);
+    }
+    free(x), free(w), free(b), free(dout), free(rs);
+    dev_free(d_rstd), dev_free(d_mean), dev_free(d_sqdev), dev_free(d_sums2);
+}
+
+static void test_cross_entropy_shards(void) {
+    enum { N = 4, V = 9, VL = 5 };  // padded vocabulary 10: shard 1 has 4 real columns
+    int targets[N] = {2, -1, 8, 5};
+    const float dloss = 0.25f;
+    double *logits = rand_array(N * 2 * VL, -3, 3), loss_want[N], dl_want[N * 2 * VL];
+    for (int n = 0; n < N; n++) {
+        double max = -1e30, sum = 0;
+        for (int v = 0; v < V; v++) max = fmax(max, logits[n * 2 * VL + v]);
+        for (int v = 0; v < V; v++) sum += exp(logits[n * 2 * VL + v] - max);
+        loss_want[n] = targets[n] < 0 ? 0 : log(sum) + max - logits[n * 2 * VL + targets[n]];
+        for (int v = 0; v < 2 * VL; v++)
+            dl_want[n * 2 * VL + v] = targets[n] < 0 || v >= V ? 0
+                : dloss * (exp(logits[n * 2 * VL + v] - max) / sum - (v == targets[n]));
+    }
+    int *d_targets = upload_ints(targets, N);
+    float *d_logits[2], *part[2], *d_maxes = dev_malloc(sizeof(float) * 2 * N);
+    for (int s = 0; s < 2; s++) {
+        d_logits[s] = upload_cols(logits, N, 2 * VL, s * VL, VL);
+        part[s] = dev_malloc(sizeof(float) * 2 * N);
+        cross_entropy_shard_max(d_maxes + s * N, d_logits[s], N, s ? V - VL : VL, VL);  // the all-gather
+    }
+    for (int s = 0; s < 2; s++)
+        cross_entropy_shard_sums(part[s], d_logits[s], d_maxes, 2, d_targets, s * VL, s ? V - VL : VL, N, VL);
+    float *d_sums = added(part, 2 * N, 1.0), *d_losses = dev_malloc(sizeof(float) * N);
+    for (int s = 0; s < 2; s++) {
+        cross_entropy_shard_finish(d_losses, d_logits[s], d_logits[s], d_maxes, 2, d_sums, d_targets, dloss,
+                                   s * VL, s ? V - VL : VL, N, VL);
+        double *loss = download(d_losses, N), *dl = download(d_logits[s], N * VL), want[N * VL];
+        for (int n = 0; n < N; n++)
+            for (int v = 0; v < VL; v++) want[n * VL + v] = dl_want[n * 2 * VL + s * VL + v];
+        check_array("cross_entropy_shard_finish losses", loss, loss_want, N, 1e-5, 1e-6);
+        check_array("cross_entropy_shard_finish dlogits", dl, want, N * VL, 1e-4, 1e-7);
+        free(loss), free(dl);
+        dev_free(d_logits[s]), dev_free(part[s]);
+    }
+    free(logits);
+    dev_free(d_targets), dev_free(d_maxes), dev_free(d_sums), dev_free(d_losses);
+}
+
 int main(void) {
     ops_init();
     printf("test_ops: backend %s, matmuls by %s\n", ops_backend_name(), ops_matmul_engine());
@@ -828,5 +1071,9 @@ int main(void) {
     test_adamw();
     test_init_normal();
     test_reductions_and_elementwise();
+    test_kv_cache();
+    test_encoder_shards();
+    test_layernorm_shards();
+    test_cross_entropy_shards();
     return test_summary("test_ops");
 }

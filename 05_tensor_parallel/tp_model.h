@@ -1,0 +1,119 @@
+// tp_model.h: GPT-2 laid out over the [x, y, z] grid, built from tp_linear.h's layers and the
+// shared ops. Which rank holds what (x: heads, MLP columns and vocabulary; y: the hidden dim):
+//   wte (Vp, C)        rows = vocabulary over x, columns = hidden over y, depth-sharded over z
+//                      (it is the embedding and the tied lm_head, a normal layer: logits over x)
+//   qkv (3C, C)        normal layer: out = heads over x, taken from q, k and v separately, so
+//                      rank x gets whole heads; in = hidden over y
+//   attn proj (C, C)   transposed: in = heads over x, out = hidden over y
+//   fc (4C, C)         normal: out over x, in over y;    mlp proj (C, 4C): transposed
+//   LayerNorms, wpe, the projections' biases: the hidden over y (copies on every x, z rank)
+//   qkv and fc biases: out over x (copies on every y, z rank)
+// Between blocks the residual stream is (rows, C / Y): hidden over y, the same on every x rank.
+// Rows (sequences) are split over z and over the data dimension.
+#ifndef TP_MODEL_H
+#define TP_MODEL_H
+
+#include <stdbool.h>
+
+#include "gpt.h"
+#include "tp_linear.h"
+
+typedef enum { TP_WEIGHT, TP_SPLIT_X, TP_SPLIT_Y } TPKind;
+
+// one tensor of the full model as this rank stores it: a block (rows from up to three ranges of
+// the full tensor, one range of columns; vectors count as one column), of which this rank keeps
+// the elements [first, first + numel) (a weight's 1/z depth shard; the whole block otherwise)
+typedef struct {
+    TPKind kind;
+    int nranges, row0[3], rows, col0, cols;
+    size_t block, first, numel;
+    size_t offset;  // in this rank's flat buffer
+} LocalTensor;
+
+// this rank's tensors, in the order of BlockWeights (and of the full layout)
+typedef struct {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+} TPBlock;
+typedef struct {
+    float *wte, *wpe, *lnfw, *lnfb;
+    TPBlock *h;
+} TPParams;
+
+typedef struct {
+    TPGrid grid;
+    GPTConfig cfg;
+    ParamLayout full;       // the serial model's layout (checkpoints, init)
+    LocalTensor *local;     // [full.num_tensors], indexed like full.tensors
+    ParamLayout layout;     // this rank's flat buffer: small tensors first, then the weight shards
+    size_t small_numel;     // [0, small_numel): tensors with copies on other ranks (norms, biases, wpe)
+    size_t weight_numel;    // per-rank weight shards
+    size_t full_weight_numel;  // the same weights in the full model: x*y*z times weight_numel
+    int Cy, Cx, C4x, NHx, Vl, v_lo, v_count;  // local sizes; this rank's vocabulary shard
+    TPLinear qkv, proj, fc, fcproj, head;
+    size_t max_block;
+    bool vocab_parallel_loss;
+} TPModel;
+
+// Refuses a grid that does not fit the model or the batch (fatal, naming the constraint).
+void tp_check_grid(const GPTConfig *mc, const int dims[3], int world, int global_batch, int acc);
+void tp_model_init(TPModel *m, Comm *world, const GPTConfig *mc, const int dims[3], bool vocab_parallel_loss);
+void tp_model_free(TPModel *m);
+void tp_params_point(TPParams *p, const TPModel *m, float *flat);
+void tp_params_free(TPParams *p);
+
+// ---- moving between the full model and this rank's share -------------------------------------
+// random init of this rank's share, element for element the serial model's values
+void tp_init_params(const TPModel *m, float *local, uint64_t seed);
+// local = this rank's share of `full` (a device buffer in the full layout)
+void tp_extract(const TPModel *m, float *local, const float *full);
+// full (device, full layout) = every rank's share put together, on every rank (all-reduce over
+// `group`, the whole world; the owner of each element is the one copy with x, y or z = 0)
+void tp_assemble(const TPModel *m, float *full, const float *local, Comm *group);
+// sum of squares of the gradient over this rank's tensors, each element counted on one rank of
+// the replica only: add over the tp group for the model's norm
+double tp_norm_squares(const TPModel *m, const float *grads);
+
+// ---- activations ------------------------------------------------------------------------------
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu, *out;
+    bf16 *ln1_16, *atty16, *ln2_16, *fch_gelu16;
+} TPBlockActs;
+
+typedef struct {
+    int B, T, L;
+    float *encoded, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
+    bf16 *lnf16, *dout16;
+    int *inputs, *targets;
+    TPBlockActs *blocks;
+    float *dres, *dbig, *dbig2, *dsmall, *datt, *stats;
+    float *ce_max, *ce_maxes, *ce_sums;  // vocab-parallel loss
+    float *gathered, *full_logits;       // gathered loss (the lesson's version)
+    size_t bytes;
+} TPActs;
+
+void tp_acts_alloc(TPActs *a, const TPModel *m, int B, int T, bool bf16_mode);
+void tp_acts_free(TPActs *a);
+
+// ---- the passes -------------------------------------------------------------------------------
+// Weight streams: which weights forward and backward use, in order (the depth prefetch follows it)
+// (flat: this rank's parameter buffer; flat16: its bf16 copy, or NULL)
+void tp_stream_forward(const TPModel *m, TPWeightStream *s, const float *flat, const bf16 *flat16);
+void tp_stream_backward(const TPModel *m, TPWeightStream *s, const float *flat, const bf16 *flat16);
+
+// Where weight gradients go when z > 1: one slot for wte (head and embedding add into it), two
+// alternating ones for the blocks' matrices.
+typedef struct {
+    TPGradSlot wte, mat[2];
+    int next;
+} TPGradSlots;
+
+// inputs/targets: host (B, T) token arrays of this rank's rows
+void tp_forward(const TPModel *m, TPActs *a, const TPParams *w, TPWeightStream *s, const int *inputs, int B, int T);
+// the loss of the forward's logits (summed, not divided); backward: also dlogits, scaled by dloss
+double tp_loss(const TPModel *m, TPActs *a, const int *targets, int B, int T, float dloss, bool backward);
+// adds this micro-batch's gradients into g (weights: already summed over z)
+void tp_backward(const TPModel *m, TPActs *a, const TPParams *w, TPParams *g, TPWeightStream *s,
+                 TPGradSlots *slots, int B, int T, bool overlap);
+
+#endif

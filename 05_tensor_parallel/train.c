@@ -1,0 +1,293 @@
+// Stage 05: stage 03 with AxoNN-style 3D tensor parallelism over an [x, y, z] grid.
+//
+// Every linear layer of the model is split over a grid of ranks (tp_linear.h): out-features over
+// x, in-features over y, and each rank's block cut once more into z depth shards. Attention heads
+// go to x, the hidden dimension between blocks to y, and the rows of the batch to z and to the
+// data dimension (world = x*y*z*data, data slowest). So one model that no rank holds whole
+// trains with the losses of one process.
+//   tp_dimensions [x, y, z]     the grid; the rest of the ranks is data parallelism
+//   overlap_communication       prefetch the next layer's depth all-gather; overlap the backward
+//                               all-reduce with the weight-gradient matmul and the reduce-scatter
+//                               with the next layers
+//   vocab_parallel_loss=false   the lesson's first version: gather the logits, then the loss
+// Read `diff -u 03_ddp/train.c 05_tensor_parallel/train.c`, then tp_linear.c and tp_model.c.
+//
+// Run: mpirun -np 4 build/stage-5 --config configs/tiny.json --tp_dimensions=2,2,1   (README.md)
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alpaca.h"
+#include "comm.h"
+#include "config.h"
+#include "gpt.h"
+#include "log.h"
+#include "ops.h"
+#include "tokenizer.h"
+#include "tp_linear.h"
+#include "tp_model.h"
+#include "trainer.h"
+
+// ---- checkpoints: the full model, whatever the grid -------------------------------------------
+// Saving puts every rank's share together (an all-reduce over a "checkpoint" group, so that it is
+// not counted with the training's x, y, z, data traffic) and rank 0 writes the same files as
+// every stage. Loading reads the full model and keeps this rank's share: any grid loads any
+// checkpoint.
+typedef struct {
+    float *params, *m, *v;  // device buffers in the full layout
+} FullState;
+
+static void full_alloc(FullState *f, const TPModel *m) {
+    size_t bytes = m->full.num_params * sizeof(float);
+    f->params = dev_malloc(bytes), f->m = dev_malloc(bytes), f->v = dev_malloc(bytes);
+}
+
+static void full_free(FullState *f) {
+    dev_free(f->params), dev_free(f->m), dev_free(f->v);
+}
+
+static void save_full(const Config *cfg, const TPModel *m, Comm *group, const float *params,
+                      const float *adam_m, const float *adam_v, long step) {
+    FullState f;
+    full_alloc(&f, m);
+    tp_assemble(m, f.params, params, group);
+    tp_assemble(m, f.m, adam_m, group);
+    tp_assemble(m, f.v, adam_v, group);
+    if (comm_rank(group) == 0) save_checkpoint(cfg, &m->full, f.params, f.m, f.v, step);
+    full_free(&f);
+}
+
+// returns the step to continue from (0 unless resuming)
+static long load_full(const Config *cfg, const TPModel *m, float *params, float *adam_m, float *adam_v) {
+    FullState f;
+    full_alloc(&f, m);
+    long step = 0;
+    if (cfg->resume) step = resume_checkpoint(cfg, &m->full, f.params, f.m, f.v);
+    else load_initial_weights(cfg, &m->full, f.params);
+    tp_extract(m, params, f.params);
+    tp_extract(m, adam_m, f.m);
+    tp_extract(m, adam_v, f.v);
+    full_free(&f);
+    return step;
+}
+
+// ---- evaluation: the forward of the training's layout, no backward ----------------------------
+static void tp_evaluate(const TPModel *m, TPActs *a, const TPParams *w, TPWeightStream *s,
+                        const float *flat, const bf16 *flat16, const Dataset *data, const Config *cfg,
+                        int row_rank, int row_ranks, bool counts, double *loss_sum, long *count) {
+    long batches = dataset_batches_per_epoch(data, 1, cfg->global_batch_size);
+    if (batches > cfg->eval_batches) batches = cfg->eval_batches;
+    int acc = cfg->gradient_acc_steps;
+    Batch batch = {0};
+    *loss_sum = 0;
+    *count = 0;
+    for (long b = 0; b < batches; b++)
+        for (int micro = 0; micro < acc; micro++) {
+            dataset_get_batch(data, 1, (uint64_t)cfg->seed, 0, b, cfg->global_batch_size,
+                              row_rank * acc + micro, row_ranks * acc, &batch);
+            tp_stream_forward(m, s, flat, flat16);
+            tp_forward(m, a, w, s, batch.inputs, batch.rows, batch.T);
+            double l = tp_loss(m, a, batch.targets, batch.rows, batch.T, 0.0f, false);
+            // every x, y rank of a row group computed the same rows: one of them counts them
+            if (counts) *loss_sum += l, *count += batch.n_targets_local;
+        }
+    batch_free(&batch);
+}
+
+static void print_grid(const TPModel *m, int P) {
+    const TPGrid *g = &m->grid;
+    printf("grid [x=%d, y=%d, z=%d] x data %d = %d ranks (rank = ((data*z_size + z)*x_size + x)*y_size + y)\n",
+           g->X, g->Y, g->Z, g->D, P);
+    printf("  x: %d heads, %d MLP columns, %d vocabulary rows per rank | y: %d of %d hidden columns | "
+           "z, data: rows of the batch\n", m->NHx, m->C4x, m->Vl, m->Cy, m->cfg.n_embd);
+    printf("loss: %s\n", m->vocab_parallel_loss ? "vocab-parallel (max and sum-exp all-reduced over x)"
+                                                : "on logits all-gathered over x");
+}
+
+int main(int argc, char **argv) {
+    Comm *world = comm_init(&argc, &argv);
+    int rank = comm_rank(world), P = comm_size(world);
+    Config cfg;
+    config_load(&cfg, argc, argv, "configs/axonn.json");
+    char *config_json = config_to_json(&cfg);
+    comm_check_same(world, "the config", config_json);
+    free(config_json);
+    ops_init();
+
+    // ---- data ----
+    Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
+    DatasetOptions dopt = {.data_path = cfg.data_path, .tok = tok, .max_seq_len = cfg.max_seq_len,
+                           .always_input_template = cfg.always_input_template,
+                           .val_fraction = cfg.val_fraction};
+    Dataset *data = dataset_load(&dopt);
+    long batches_per_epoch = dataset_batches_per_epoch(data, 0, cfg.global_batch_size);
+    if (batches_per_epoch == 0)
+        fatal("%s: %d training records make no global batch of %d", cfg.data_path[0] ? cfg.data_path : "synthetic data",
+              dataset_size(data, 0), cfg.global_batch_size);
+    long schedule_steps = batches_per_epoch * cfg.num_epochs, total_steps = schedule_steps;
+    if (cfg.stop_iteration >= 0 && cfg.stop_iteration < total_steps) total_steps = cfg.stop_iteration;
+
+    // ---- the grid: refused before any work if it does not fit the model and the batch ----
+    GPTConfig mc = model_shape(&cfg, tok);
+    tp_check_grid(&mc, cfg.tp_dimensions, P, cfg.global_batch_size, cfg.gradient_acc_steps);
+    TPModel model;
+    tp_model_init(&model, world, &mc, cfg.tp_dimensions, cfg.vocab_parallel_loss);
+    const TPGrid *grid = &model.grid;
+    Comm *ckpt_group = comm_split(world, 0, rank, "checkpoint");
+    // rows: the global batch is cut into z * data * acc slices; the x, y ranks of a slice share it
+    int row_ranks = grid->Z * grid->D, row_rank = grid->d * grid->Z + grid->z;
+    bool counts_rows = grid->x == 0 && grid->y == 0;
+
+    // ---- this rank's share of the model: flat buffers in the local layout ----
+    size_t n = model.layout.num_params, bytes = n * sizeof(float);
+    float *params = dev_malloc(bytes), *grads = dev_malloc(bytes);
+    float *adam_m = dev_malloc(bytes), *adam_v = dev_malloc(bytes);
+    TPParams w, g;
+    tp_params_point(&w, &model, params);
+    tp_params_point(&g, &model, grads);
+    bool bf16_mode = config_is_bf16(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    bf16 *params16 = bf16_mode ? dev_malloc(n * sizeof(bf16)) : NULL;
+    long step = 0;
+    if (cfg.resume || starts_from_checkpoint(&cfg)) step = load_full(&cfg, &model, params, adam_m, adam_v);
+    else tp_init_params(&model, params, (uint64_t)cfg.seed);
+
+    int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps / row_ranks;
+    TPActs acts;
+    tp_acts_alloc(&acts, &model, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
+                  bf16_mode);
+    bool overlap = cfg.overlap_communication;
+    TPWeightStream stream;
+    tp_stream_init(&stream, grid, model.max_block, overlap, bf16_mode);
+    TPGradSlots slots = {0};
+    if (grid->Z > 1) {
+        tp_grad_slot_alloc(&slots.wte, model.head.block);
+        for (int i = 0; i < 2; i++) tp_grad_slot_alloc(&slots.mat[i], model.max_block);
+    }
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
+
+    printf("stage 05 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
+           P, ops_backend_name(), ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           mc.vocab_size, model.full.num_params / 1e6);
+    print_grid(&model, P);
+    printf("overlap_communication: %s\n", overlap ? "on (depth all-gathers prefetched, backward collectives "
+                                                    "started before the weight-gradient matmul)" : "off");
+    printf("data: %d train / %d validation records | global batch %d = %d row groups (z x data) x %d x %d "
+           "micro-batches | %ld steps\n", dataset_size(data, 0), dataset_size(data, 1), cfg.global_batch_size,
+           row_ranks, cfg.gradient_acc_steps, micro_batch, total_steps);
+    size_t full_weights = model.full_weight_numel;
+    printf("parallel weights on this rank: %zu of %zu elements (1/%zu); replicated small tensors: %zu\n",
+           model.weight_numel, full_weights, full_weights / (model.weight_numel ? model.weight_numel : 1),
+           model.small_numel);
+    size_t gather_bytes = grid->Z > 1 ? 2 * model.max_block * (sizeof(float) + (bf16_mode ? sizeof(bf16) : 0)) : 0;
+    size_t slot_bytes = grid->Z > 1 ? 2 * sizeof(float) * (model.head.block + 2 * model.max_block) : 0;
+    MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
+                           {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
+                           {"gathered weight blocks", gather_bytes}, {"weight-gradient blocks", slot_bytes},
+                           {"activations", acts.bytes}};
+    print_memory_report("device memory (this rank):", memory, 7);
+    double state_bytes = 4.0 * bytes;
+
+    // ---- the training loop ----
+    Metrics metrics = {0};
+    if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
+    Batch batch = {0};
+    long sum_T = 0;  // the batches' lengths, for checking the communication against its formula
+    for (; step < total_steps; step++) {
+        double t0 = wall_seconds();
+        int epoch = (int)(step / batches_per_epoch);
+        long b = step % batches_per_epoch;
+        double lr = learning_rate(&cfg, step, schedule_steps);
+        CommStats comm_before = comm_totals();
+        if (bf16_mode) cast_to_bf16(params16, params, n);
+
+        // forward + backward over this row group's micro-batches. Every x, y rank of the group
+        // holds the same rows and computes the same loss; gradients add up in `grads`.
+        dev_zero(grads, bytes);
+        double loss_sum = 0;
+        long tokens = 0, n_targets = 0;
+        int acc = cfg.gradient_acc_steps;
+        for (int micro = 0; micro < acc; micro++) {
+            dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
+                              row_rank * acc + micro, row_ranks * acc, &batch);
+            n_targets = batch.n_targets_global;
+            float dloss = n_targets ? 1.0f / (float)n_targets : 0.0f;
+            tp_stream_forward(&model, &stream, params, params16);
+            tp_forward(&model, &acts, &w, &stream, batch.inputs, batch.rows, batch.T);
+            double l = tp_loss(&model, &acts, batch.targets, batch.rows, batch.T, dloss, true);
+            tp_stream_backward(&model, &stream, params, params16);
+            tp_backward(&model, &acts, &w, &g, &stream, &slots, batch.rows, batch.T, overlap);
+            if (counts_rows) loss_sum += l, tokens += (long)batch.rows * batch.T;
+        }
+        sum_T += batch.T;
+        // the gradient of a tensor with copies on several ranks must be summed over exactly the
+        // copies that saw different rows: the small tensors over z (the weights' reduce-scatter
+        // already did), then everything over the data replicas. Over x or y the copies saw the
+        // same rows and hold the same gradient: summing there would count it twice (AxoNN's
+        // bias bug is the opposite mistake: its biases were never summed over depth).
+        tp_all_reduce(grid->gz, grads, model.small_numel);
+        tp_all_reduce(grid->gdata, grads, n);
+        tokens = comm_sum_long(world, tokens);
+        double loss = n_targets ? comm_sum_double(world, loss_sum) / (double)n_targets : 0.0;
+        if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
+
+        double norm = sqrt(comm_sum_double(grid->tp, tp_norm_squares(&model, grads)));
+        clip_gradients(grads, n, norm, cfg.grad_clip);
+        adamw_step(&model.layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+        if (pure_bf16) {
+            cast_to_bf16(params16, params, n);
+            cast_to_float(params, params16, n);
+        }
+        dev_synchronize();
+
+        double seconds = wall_seconds() - t0;
+        CommStats comm_after = comm_totals();
+        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
+                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds,
+                       .mem_bytes = dev_bytes_in_use(), .val_loss = -1, .has_comm = true,
+                       .comm_bytes = comm_stats_bytes(&comm_after) - comm_stats_bytes(&comm_before),
+                       .comm_ms = 1e3 * (comm_stats_seconds(&comm_after) - comm_stats_seconds(&comm_before)),
+                       .has_state = true, .state_bytes = state_bytes};
+        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / (P * ops_peak_flops(bf16_mode));
+        bool last = step + 1 == total_steps;
+        if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
+            if (bf16_mode) cast_to_bf16(params16, params, n);
+            double val_sum;
+            long val_count;
+            tp_evaluate(&model, &acts, &w, &stream, params, params16, data, &cfg, row_rank, row_ranks,
+                        counts_rows, &val_sum, &val_count);
+            val_sum = comm_sum_double(world, val_sum);
+            val_count = comm_sum_long(world, val_count);
+            s.val_loss = val_count ? val_sum / (double)val_count : -1;
+        }
+        if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
+        if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
+            save_full(&cfg, &model, ckpt_group, params, adam_m, adam_v, step + 1);
+    }
+    save_full(&cfg, &model, ckpt_group, params, adam_m, adam_v, total_steps);
+    printf("saved %s/model.safetensors (step %ld, the full model)\n", cfg.out_dir, total_steps);
+    printf("batch lengths summed over the steps: %ld\n", sum_T);
+    comm_print_table(world);
+
+    metrics_close(&metrics);
+    batch_free(&batch);
+    tp_acts_free(&acts);
+    tp_stream_free(&stream);
+    if (grid->Z > 1) {
+        tp_grad_slot_free(&slots.wte);
+        for (int i = 0; i < 2; i++) tp_grad_slot_free(&slots.mat[i]);
+    }
+    tp_params_free(&w);
+    tp_params_free(&g);
+    dev_free(params16);
+    dev_free(params);
+    dev_free(grads);
+    dev_free(adam_m);
+    dev_free(adam_v);
+    tp_model_free(&model);
+    dataset_free(data);
+    tokenizer_free(tok);
+    comm_finalize(world);
+    return 0;
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Stage 05 (3D tensor parallelism) under mpirun:
+#  - fp32 equivalence: every grid of the issue, on 1, 2 and 4 ranks, reproduces stage 01's
+#    per-step losses within 1e-5 relative over 20 steps (overlap, accumulation and the gathered
+#    loss ride on some of them);
+#  - bf16-mixed on [2,1,2] stays within 1e-3 of stage 02 (measured ~4e-5);
+#  - state_bytes: each rank holds 1/(x*y*z) of every parallel weight;
+#  - communication per group and kind = the README's formulas, for [4,1,1], [2,2,1], [1,1,4];
+#  - checkpoints: the full format, loaded into another grid, continue like stage 01;
+#  - grids that do not fit are refused before any work, naming the constraint.
+set -u
+cd "$(dirname "$0")/.."
+source tests/mpi_env.sh
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
+L=2 C=64 NH=4 G=8
+args=(--config configs/tiny.json --stop_iteration=20 --eval_batches=1 --log_interval=100 --n_layer=$L
+      --n_embd=$C --n_head=$NH --global_batch_size=$G)
+
+compare() { # compare <reference dir> <dir> <tolerance> [steps]
+    python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" "${4:-20}" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+n = int(sys.argv[4])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) == n else float("inf")
+print(f"{sys.argv[2].split('/')[-2]}: largest relative difference {worst:.2e}")
+sys.exit(0 if worst <= float(sys.argv[3]) else 1)
+PY
+}
+run5() { # run5 <name> <ranks> <extra args...>
+    local name=$1 np=$2; shift 2
+    timeout 300 mpirun -np "$np" --bind-to none build/stage-5 "${args[@]}" --out_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1
+    local rc=$?
+    check '[ $rc -eq 0 ]' "stage 5 $name failed (exit $rc): $(tail -5 "$tmp/$name.log")"
+}
+
+OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --out_dir="$tmp/single" >"$tmp/single.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/single.log")"
+
+# ---- equivalence on every grid ----
+grids="g111:1:1,1,1 g211:2:2,1,1 g121:2:1,2,1 g112:2:1,1,2 g411:4:4,1,1 g141:4:1,4,1 g221:4:2,2,1
+       g212:4:2,1,2 g122:4:1,2,2 g211d2:4:2,1,1"
+for spec in $grids; do
+    IFS=: read -r name np dims <<<"$spec"
+    extra=()
+    case $name in  # the switches ride on grids where they matter
+        g212) extra=(--overlap_communication=true --gradient_acc_steps=2) ;;  # prefetch + async
+        g211d2) extra=(--vocab_parallel_loss=false) ;;                       # the gathered loss
+        g221) extra=(--overlap_communication=true) ;;
+    esac
+    run5 "$name" "$np" --tp_dimensions="$dims" "${extra[@]}"
+    check 'compare "$tmp/single" "$tmp/$name" 1e-5' "[$dims] on $np ranks does not reproduce stage 01"
+done
+
+# ---- bf16-mixed (stage 02's scheme) against stage 02: rounding makes the bound looser ----
+OMP_NUM_THREADS=2 build/stage-2 "${args[@]}" --precision=bf16-mixed --out_dir="$tmp/s2bf16" >"$tmp/s2bf16.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 2 bf16 failed: $(tail -3 "$tmp/s2bf16.log")"
+run5 bf16_212 4 --tp_dimensions=2,1,2 --precision=bf16-mixed --overlap_communication=true
+check 'compare "$tmp/s2bf16" "$tmp/bf16_212" 1e-3' "bf16 [2,1,2] strays from stage 02"
+
+# ---- memory: 1/(x*y*z) of every parallel weight; the small tensors split over x or y ----
+for spec in g411:4,1,1 g221:2,2,1 g122:1,2,2 g211d2:2,1,1; do
+    IFS=: read -r name dims <<<"$spec"
+    IFS=, read -r X Y Z <<<"$dims"
+    want=$(python3 -c "
+V=257; Vp=(V+127)//128*128; T=256; C=$C; L=$L; X=$X; Y=$Y; Z=$Z
+weights = Vp*C + 12*L*C*C
+small = T*C//Y + 2*C//Y + L*(6*C//Y + 7*C//X)
+print(weights, weights//(X*Y*Z), 16*(small + weights//(X*Y*Z)))")
+    read -r W w state <<<"$want"
+    check 'grep -q "parallel weights on this rank: $w of $W elements" "$tmp/$name.log"' \
+        "[$dims]: want $w of $W weight elements per rank: $(grep 'parallel weights' "$tmp/$name.log")"
+    got=$(python3 -c "import json,sys; print(sorted({int(json.loads(l)['state_bytes']) for l in open(sys.argv[1])}))" "$tmp/$name/metrics.jsonl")
+    check '[ "$got" = "[$state]" ]' "[$dims]: state_bytes $got, want [$state]"
+done
+
+# ---- communication per group = the README's formulas (no evaluation: it would add forwards) ----
+formula() { # formula <log> X Y Z D acc steps vocab_parallel -> checks every (group, kind) row
+    python3 - "$@" <<'PY'
+import re, sys
+log, X, Y, Z, D, acc, steps = sys.argv[1], *map(int, sys.argv[2:8])
+vp = sys.argv[8] == "1"
+V, T_max, C, L, G = 257, 256, 64, 2, 8
+Vp = (V + 127) // 128 * 128
+sumT = int(re.search(r"batch lengths summed over the steps: (\d+)", open(log).read()).group(1))
+rows = G // (Z * D * acc)          # sequences per micro-batch on one rank
+N = rows * sumT * acc              # tokens one rank pushes through the model, summed over the run
+mb = steps * acc                   # micro-batches
+small = T_max * C // Y + 2 * C // Y + L * (6 * C // Y + 7 * C // X)
+local = small + (Vp * C + 12 * L * C * C) // (X * Y * Z)
+want = {}  # (group, kind) -> elements
+if Y > 1: want["y", "all-reduce"] = N * (12 * L * C // X + Vp // X + (2 * L + 1) * 4)
+if X > 1:
+    want["x", "all-reduce"] = N * (C // Y * (4 * L + 2) + (2 if vp else 0))
+    want["x", "all-gather"] = N * X if vp else N * Vp
+if Z > 1:
+    block = lambda n: n // (X * Y)
+    want["z", "all-gather"] = mb * (3 * block(Vp * C) + 2 * L * block(12 * C * C))
+    want["z", "reduce-scatter"] = mb * (block(Vp * C) + L * block(12 * C * C))
+    want["z", "all-reduce"] = steps * small
+if D > 1: want["data", "all-reduce"] = steps * local
+got = {}
+for line in open(log):
+    f = line.split()
+    if len(f) == 7 and f[0] in ("x", "y", "z", "data"):
+        got[f[0], f[1]] = float(f[3])
+ok = set(got) == set(want)
+for k in sorted(set(got) | set(want)):
+    w = 4 * want.get(k, 0) / 1e6
+    g = got.get(k, -1)
+    good = abs(g - w) <= 0.006
+    ok &= good
+    print(f"  {k[0]:5} {k[1]:15} measured {g:10.2f} MB  formula {w:10.2f} MB {'ok' if good else 'MISMATCH'}")
+sys.exit(0 if ok else 1)
+PY
+}
+cargs=(--stop_iteration=3 --eval_batches=0)
+for spec in c411:4,1,1 c221:2,2,1 c114:1,1,4; do
+    IFS=: read -r name dims <<<"$spec"
+    IFS=, read -r X Y Z <<<"$dims"
+    run5 "$name" 4 --tp_dimensions="$dims" "${cargs[@]}"
+    echo "[$dims] communication over 3 steps:"
+    check 'formula "$tmp/$name.log" $X $Y $Z 1 1 3 1' "[$dims] communication differs from the formula"
+done
+run5 c211d2 4 --tp_dimensions=2,1,1 --gradient_acc_steps=2 --vocab_parallel_loss=false "${cargs[@]}"
+echo "[2,1,1] x data 2, 2 micro-batches, gathered loss:"
+check 'formula "$tmp/c211d2.log" 2 1 1 2 2 3 0' "[2,1,1] x data 2 (gathered loss): communication differs from the formula"
+# the total per step in metrics.jsonl is exact: the sum of the groups' payloads
+python3 - "$tmp/c221/metrics.jsonl" "$tmp/c221.log" >"$tmp/total" <<'PY'
+import json, re, sys
+steps = [json.loads(l)["comm_bytes"] for l in open(sys.argv[1])]
+tables = {}
+for line in open(sys.argv[2]):
+    f = line.split()
+    if len(f) == 7 and f[0] in ("x", "y"): tables[f[0], f[1]] = float(f[3])
+print(sum(steps) / 1e6, sum(tables.values()))
+sys.exit(0 if abs(sum(steps) / 1e6 - sum(tables.values())) < 0.02 else 1)
+PY
+check '[ $? -eq 0 ]' "[2,2,1]: the steps' comm_bytes do not add up to the table: $(cat "$tmp/total")"
+
+# ---- checkpoints: the full format; [2,2,1]'s loads into [1,2,2] and continues like stage 01 ----
+check '[ -f "$tmp/g221/model.safetensors" ] && [ -f "$tmp/g221/optimizer.safetensors" ]' "[2,2,1] wrote no checkpoint"
+OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --init_from="$tmp/g221" --stop_iteration=3 --out_dir="$tmp/s1load" >"$tmp/s1load.log" 2>&1
+run5 load122 4 --tp_dimensions=1,2,2 --init_from="$tmp/g221" --stop_iteration=3
+check 'compare "$tmp/s1load" "$tmp/load122" 1e-5 3' "a [2,2,1] checkpoint loaded into [1,2,2] does not continue like stage 01"
+python3 - "$tmp/single/model.safetensors" "$tmp/g221/model.safetensors" >"$tmp/ckpt" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    return {k: struct.unpack(f"<{(v['data_offsets'][1] - v['data_offsets'][0]) // 4}f",
+            b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]) for k, v in h.items() if k != "__metadata__"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+worst = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
+print(f"{len(a)} tensors, same names: {set(a) == set(b)}, largest difference {worst:.2e}")
+sys.exit(0 if set(a) == set(b) and worst < 1e-4 else 1)
+PY
+check '[ $? -eq 0 ]' "[2,2,1]'s checkpoint differs from stage 01's: $(cat "$tmp/ckpt")"
+
+# ---- grids that do not fit: one message naming the constraint, no output ----
+refuse() { # refuse <ranks> <dims> <expected text> [extra args]
+    local np=$1 dims=$2 want=$3; shift 3
+    timeout 60 mpirun -np "$np" --bind-to none build/stage-5 "${args[@]}" --tp_dimensions="$dims" \
+        --out_dir="$tmp/bad" "$@" >"$tmp/bad.log" 2>&1
+    local rc=$?
+    check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "$want" "$tmp/bad.log" && [ ! -e "$tmp/bad" ]' \
+        "[$dims] on $np ranks: exit $rc, want '$want': $(grep -m1 error "$tmp/bad.log")"
+}
+refuse 2 2,2,1 "x\*y\*z must divide the number of ranks"
+refuse 3 3,1,1 "attention heads must divide by x"
+refuse 3 1,3,1 "hidden size must divide by y"
+refuse 4 1,1,4 "global_batch_size must divide by z \* data \* gradient_acc_steps" --gradient_acc_steps=4
+echo "test_stage5: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
