@@ -114,13 +114,16 @@ void block_weights_point(BlockWeights *bw, const ParamLayout *l, int block, floa
 void weights_point_bf16(Weights *w, const ParamLayout *l, bf16 *flat16) {
     const TensorInfo *t = l->tensors;
     w->wte16 = flat16 + t[0].offset;
-    for (int b = 0; b < l->cfg.n_layer; b++) {
-        const TensorInfo *bt = &t[ROOT_TENSORS + b * BLOCK_TENSORS];  // this block's twelve
-        w->h[b].qkvw16 = flat16 + bt[2].offset;
-        w->h[b].attprojw16 = flat16 + bt[4].offset;
-        w->h[b].fcw16 = flat16 + bt[8].offset;
-        w->h[b].fcprojw16 = flat16 + bt[10].offset;
-    }
+    for (int b = 0; b < l->cfg.n_layer; b++)
+        block_weights_point_bf16(&w->h[b], l, b, flat16 + t[ROOT_TENSORS + b * BLOCK_TENSORS].offset);
+}
+
+void block_weights_point_bf16(BlockWeights *bw, const ParamLayout *l, int block, bf16 *unit16) {
+    const TensorInfo *t = &l->tensors[ROOT_TENSORS + block * BLOCK_TENSORS];  // this block's twelve
+    bw->qkvw16 = unit16 + (t[2].offset - t[0].offset);
+    bw->attprojw16 = unit16 + (t[4].offset - t[0].offset);
+    bw->fcw16 = unit16 + (t[8].offset - t[0].offset);
+    bw->fcprojw16 = unit16 + (t[10].offset - t[0].offset);
 }
 
 void weights_free(Weights *w) {
@@ -261,6 +264,11 @@ static void linear_forward(float *out, const float *inp, bf16 *inp16, const floa
     if (!inp16) fatal("internal: bf16 weights need activations allocated for bf16");
     cast_to_bf16(inp16, inp, (size_t)N * C);
     matmul_forward_bf16(out, inp16, w16, b, N, C, OC);
+}
+
+void gpt_linear_forward(float *out, const float *inp, bf16 *inp16, const float *w, const bf16 *w16,
+                        const float *b, int N, int C, int OC) {
+    linear_forward(out, inp, inp16, w, w16, b, N, C, OC);
 }
 
 // the matching backward: the output gradient is rounded to bf16 too (into a->dout16); the

@@ -84,6 +84,9 @@ void weights_free(Weights *w);
 void block_weights_point(BlockWeights *bw, const ParamLayout *layout, int block, float *unit);
 // points w's bf16 matrices into flat16, a bf16 copy of the whole flat buffer (same layout)
 void weights_point_bf16(Weights *w, const ParamLayout *layout, bf16 *flat16);
+// points one block's four bf16 matrices into unit16, a bf16 copy of that block's elements in
+// layout order (a gathered FSDP unit, cast)
+void block_weights_point_bf16(BlockWeights *bw, const ParamLayout *layout, int block, bf16 *unit16);
 // fills params[first, first+n) of the flat buffer with the GPT-2 initial values: N(0, 0.02),
 // residual projections N(0, 0.02/sqrt(2L)), LayerNorm weights 1, biases 0, padded vocab rows 0.
 // Element-wise counter-based, so any rank can initialise any slice identically.
@@ -149,6 +152,12 @@ void gpt_head_backward(Activations *a, const float *x, const Weights *w, Weights
 void gpt_block_backward(Activations *a, BlockActs *acts, const float *x, const BlockWeights *w,
                         BlockWeights *g, const GPTConfig *cfg, int B, int T);
 void gpt_embed_backward(Activations *a, Weights *g, const GPTConfig *cfg, int B, int T);
+
+// out (N, OC) = inp (N, C) @ w^T + b, in f32, or in bf16 when w16 is set (inp is then rounded into
+// inp16, N x C bf16 scratch); the linear layer every block uses, for stages that write their own
+// block (stage 06's cached attention)
+void gpt_linear_forward(float *out, const float *inp, bf16 *inp16, const float *w, const bf16 *w16,
+                        const float *b, int N, int C, int OC);
 
 // ---- the whole model, for a single process (inputs/targets (B, T) host arrays) ----------------
 void gpt_forward(Activations *a, const Weights *w, const GPTConfig *cfg, const int *inputs, int B, int T);

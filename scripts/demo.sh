@@ -10,7 +10,7 @@ say() { printf '\n\033[1m== %s\033[0m\n%s\n\n' "$1" "$2"; }
 say "What the model learns from" \
 "Each training record is an instruction in the Alpaca template. Only the response (after
 '### Response:') carries loss; the prompt is context. Here is one record, token by token:"
-build/tokenize --record 0 --max_seq_len 256 | head -n 30
+build/tokenize --record 0 --max-seq-len 256 | head -n 30
 
 say "Stage 01: one process trains a GPT from scratch" \
 "Watch the loss fall from ln(257) = 5.55 (a uniform guess over 257 byte tokens) as the model
@@ -32,3 +32,10 @@ first 50 steps above), and the table at the end: one all-reduce of all gradients
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-3 --config configs/tiny.json \
     --stop_iteration=50 --out_dir=out/demo-stage-3
+
+say "Stage 06: the model from stage 01 answers questions it never saw" \
+"Generation with a KV cache: each batch of prompts is read in one pass (prefill), then every
+step adds one token per prompt, reading the earlier tokens' keys and values from the cache
+(decode). The prompts are the held-out records of the instruction set; an answer counts only
+if it is exactly right. Watch the accuracy, and prefill vs decode tokens/s."
+build/stage-6 --config configs/inference.json --init_from=out/demo-stage-1 --eval_accuracy=true --max_batch_size=16

@@ -1,0 +1,85 @@
+// sampler.c: greedy, temperature, top-k and top-p sampling (see sampler.h), on the host: one
+// row of V logits per sequence and step is little work next to the forward pass.
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+#include "log.h"
+
+void sampler_init(Sampler *s, int V, float temperature, int top_k, float top_p, uint64_t seed) {
+    s->temperature = temperature;
+    s->top_k = top_k;
+    s->top_p = top_p;
+    s->seed = seed;
+    s->V = V;
+    s->prob = malloc_or_die((size_t)V * sizeof(float));
+    s->order = malloc_or_die((size_t)V * sizeof(int));
+}
+
+void sampler_free(Sampler *s) {
+    free(s->prob);
+    free(s->order);
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static const float *g_sort_prob;  // qsort has no context argument
+static int by_probability_desc(const void *a, const void *b) {
+    float pa = g_sort_prob[*(const int *)a], pb = g_sort_prob[*(const int *)b];
+    if (pa != pb) return pa < pb ? 1 : -1;
+    return *(const int *)a - *(const int *)b;  // ties: the lower id first, so the order is fixed
+}
+
+// s->prob = softmax(logits / temperature), in place of the scratch
+static void softmax_with_temperature(Sampler *s, const float *logits) {
+    float max = logits[argmax(logits, s->V)], sum = 0.0f;
+    for (int i = 0; i < s->V; i++) sum += s->prob[i] = expf((logits[i] - max) / s->temperature);
+    for (int i = 0; i < s->V; i++) s->prob[i] /= sum;
+}
+
+// The candidates in order of probability, cut to the top k and to the top p of the mass;
+// returns how many remain and their total probability in *mass.
+static int candidates(Sampler *s, float *mass) {
+    // Sorting all 50257 GPT-2 tokens every step would cost more than the rest of the step on a
+    // small model; a token below (1 - p) / (V - 1) can never be in the nucleus (llama2.c's trick),
+    // so only the ones above that are sorted.
+    float cutoff = s->top_p < 1.0f ? (1.0f - s->top_p) / (float)(s->V - 1) : 0.0f;
+    int n = 0;
+    for (int i = 0; i < s->V; i++)
+        if (s->prob[i] >= cutoff) s->order[n++] = i;
+    g_sort_prob = s->prob;
+    qsort(s->order, (size_t)n, sizeof(int), by_probability_desc);
+    if (s->top_k > 0 && s->top_k < n) n = s->top_k;
+    float total = 0.0f;
+    for (int i = 0; i < n; i++) {
+        total += s->prob[s->order[i]];
+        if (total >= s->top_p) {
+            n = i + 1;
+            break;
+        }
+    }
+    *mass = total;
+    return n;
+}
+
+int sampler_next(Sampler *s, const float *logits, long prompt, int step) {
+    if (s->temperature <= 0.0f) return argmax(logits, s->V);
+    softmax_with_temperature(s, logits);
+    float mass;
+    int n = candidates(s, &mass);
+    // a uniform number in [0, mass) from the top 24 bits of the hash (exact in a float)
+    uint64_t h = rng_hash(s->seed, (uint64_t)prompt, (uint64_t)step);
+    float r = (float)(h >> 40) * (1.0f / 16777216.0f) * mass, acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+        acc += s->prob[s->order[i]];
+        if (r < acc) return s->order[i];
+    }
+    return s->order[n - 1];  // rounding left r at the very top
+}

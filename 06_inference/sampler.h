@@ -1,0 +1,32 @@
+// sampler.h: the next token from a row of logits.
+//
+//   greedy       temperature 0 (the default): the most likely token, ties to the lowest id
+//   temperature  softmax(logits / temperature): below 1 sharper, above 1 flatter
+//   top-k        only the k most likely tokens may be drawn (0: no limit)
+//   top-p        only the smallest set of most likely tokens whose probability adds up to p
+//                ("nucleus" sampling; 1: no limit)
+//
+// The random number of step s of prompt p is a pure function of (seed, p, s) (kernels.h's
+// counter-based hash), so a prompt gets the same sampled answer alone or in any batch.
+#ifndef SAMPLER_H
+#define SAMPLER_H
+
+#include <stdint.h>
+
+typedef struct {
+    float temperature;
+    int top_k;
+    float top_p;
+    uint64_t seed;
+    int V;              // the real vocabulary: logits past V are padding, never drawn
+    // scratch for V candidates
+    float *prob;
+    int *order;
+} Sampler;
+
+void sampler_init(Sampler *s, int V, float temperature, int top_k, float top_p, uint64_t seed);
+void sampler_free(Sampler *s);
+// logits: one row of at least V floats (host); prompt and step pick the random number
+int sampler_next(Sampler *s, const float *logits, long prompt, int step);
+
+#endif

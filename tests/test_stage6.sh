@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Stage 06 (inference):
+#  - greedy with the KV cache gives exactly the tokens of greedy without it (the training
+#    model's forward over the whole text every step), prompts of different lengths batched;
+#    batch 1 gives the same tokens as batch 4; compile: true on the CPU changes nothing (and says so);
+#  - greedy continuation matches an independent PyTorch GPT-2 (tests/oracle_generate.py) on the
+#    Hugging Face fixture checkpoint with the GPT-2 tokenizer, and on a model stage 01 trained;
+#  - sampling: the same seed repeats, top_k 1 is greedy, another seed differs;
+#  - prompts from stdin; eval_accuracy reports an accuracy;
+#  - bad prompts file, empty prompt, prompt longer than the context, checkpoint/tokenizer vocab
+#    mismatch, z > 1, tensor parallelism before stage 05 lands: one clear error each.
+source "$(dirname "$0")/lib.sh"
+FIX=${FIXTURES:-../shared/fixtures}/lm-buddy-fake_gpt2
+
+# A small model trained for a few steps on real alpaca answers (long ones: it has not learned to
+# stop yet). Its greedy choice is still degenerate (spaces), so the cache is also checked with
+# seeded sampling, which walks through varied text: a sampled token only changes if the logits
+# differ by about a millionth, so the two paths must agree on every token there too.
+build/stage-1 --config configs/tiny.json --n_layer=2 --n_embd=64 --stop_iteration=25 \
+    --global_batch_size=8 --log_interval=100 --eval_batches=1 --out_dir="$tmp/model" \
+    --data_path="${FIXTURES:-../shared/fixtures}/alpaca/rasbt-LLMs-from-scratch_instruction-data.json" >"$tmp/train.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 1 training for the test failed: $(tail -3 "$tmp/train.log")"
+
+printf 'Reverse the word.\nHow do I bake a cake?\n\nUppercase the word.\nCount the letters in this rather long sentence, please.\n' >"$tmp/prompts.txt"
+args=(--config configs/inference.json --init_from="$tmp/model" --prompts_path="$tmp/prompts.txt"
+      --tokens_to_generate=24 --show_token_ids=true)
+run6() { # run6 <name> <args...>: runs stage 6, keeps its output in $tmp/<name>.log
+    local name=$1; shift
+    timeout 120 build/stage-6 "$@" >"$tmp/$name.log" 2>&1
+}
+ids() { grep -a "answer ids:" "$tmp/$1.log"; }
+
+# 1. cache == no cache, batched with different prompt lengths (batches of 3 and 1): greedy, and
+# sampled with a seed
+run6 cache "${args[@]}" --max_batch_size=3; rc=$?
+check '[ $rc -eq 0 ] && [ "$(ids cache | wc -l)" -eq 4 ]' "cached generation failed: $(tail -3 "$tmp/cache.log")"
+run6 nocache "${args[@]}" --max_batch_size=3 --kv_cache=false
+check '[ -n "$(ids cache)" ] && [ "$(ids cache)" = "$(ids nocache)" ]' \
+    "greedy: KV cache and no cache differ: $(diff <(ids cache) <(ids nocache) | head -4)"
+sample=(--temperature=1 --seed=7)
+run6 s1 "${args[@]}" --max_batch_size=3 "${sample[@]}"
+run6 s1nocache "${args[@]}" --max_batch_size=3 "${sample[@]}" --kv_cache=false
+check '[ "$(ids s1 | sort -u | wc -l)" -eq 4 ] && [ "$(ids s1)" = "$(ids s1nocache)" ]' \
+    "sampled: KV cache and no cache differ: $(diff <(ids s1) <(ids s1nocache) | head -4)"
+run6 s1batch1 "${args[@]}" --max_batch_size=1 "${sample[@]}"
+check '[ "$(ids s1)" = "$(ids s1batch1)" ]' "batch 3 and batch 1 differ: $(diff <(ids s1) <(ids s1batch1) | head -4)"
+run6 compile "${args[@]}" "${sample[@]}" --compile=true --max_batch_size=3
+check 'grep -q "CUDA graphs are a CUDA feature" "$tmp/compile.log" && [ "$(ids s1)" = "$(ids compile)" ]' \
+    "compile: true on the CPU: no note, or different tokens"
+check 'grep -q "prefill: .* tokens/s | decode: .* tokens/s" "$tmp/cache.log" && grep -q "TTFT ms" "$tmp/cache.log"' \
+    "no prefill/decode timings: $(tail -3 "$tmp/cache.log")"
+
+# 2. the PyTorch oracle: the Hugging Face fixture (GPT-2 tokenizer), then our trained model
+run6 hf --config configs/inference.json --init_from="$FIX/model.safetensors" --tokenizer_path="$FIX" \
+    --prompts_path=data/inference/prompts.txt --tokens_to_generate=16 --show_token_ids=true --max_batch_size=4
+rc=$?; check '[ $rc -eq 0 ]' "HF fixture generation failed: $(tail -3 "$tmp/hf.log")"
+prompt=$(grep -a -m1 "prompt ids:" "$tmp/hf.log" | sed 's/.*prompt ids://')
+oracle=$(/usr/bin/python3 tests/oracle_generate.py "$FIX" 16 $prompt 2>&1 | grep "oracle answer ids:" | sed 's/oracle //')
+check '[ -n "$oracle" ] && [ "$oracle" = "$(ids hf | head -1 | sed "s/^ *//")" ]' \
+    "HF fixture: ours '$(ids hf | head -1)' vs PyTorch '$oracle'"
+prompt=$(grep -a -m1 "prompt ids:" "$tmp/cache.log" | sed 's/.*prompt ids://')
+oracle=$(/usr/bin/python3 tests/oracle_generate.py "$tmp/model" 24 $prompt 2>&1 | grep "oracle answer ids:" | sed 's/oracle //')
+check '[ -n "$oracle" ] && [ "$oracle" = "$(ids cache | head -1 | sed "s/^ *//")" ]' \
+    "trained model: ours '$(ids cache | head -1)' vs PyTorch '$oracle'"
+
+# 3. sampling: another seed differs; top_k 1 and a tiny top_p are greedy
+run6 s3 "${args[@]}" --temperature=1 --seed=8
+run6 k1 "${args[@]}" --temperature=1 --top_k=1
+run6 p0 "${args[@]}" --temperature=1 --top_p=0.000001
+check '[ -n "$(ids s3)" ] && [ "$(ids s1)" != "$(ids s3)" ]' "seeds 7 and 8 sampled the same tokens"
+check '[ "$(ids k1)" = "$(ids cache)" ] && [ "$(ids p0)" = "$(ids cache)" ]' "top_k 1 / tiny top_p is not greedy"
+
+# 4. stdin, evaluation
+printf 'Uppercase the word.\n' | timeout 60 build/stage-6 "${args[@]}" --prompts_path=- >"$tmp/stdin.log" 2>&1
+check '[ -n "$(ids stdin)" ] && [ "$(ids stdin)" = "$(ids cache | sed -n 3p)" ]' "prompt from stdin: $(tail -2 "$tmp/stdin.log")"
+run6 eval --config configs/inference.json --init_from="$tmp/model" --eval_accuracy=true --val_fraction=0.01
+check 'grep -q "exact-answer accuracy on (synthetic).s held-out split: [0-9]* / 60 = " "$tmp/eval.log"' \
+    "eval_accuracy: $(tail -3 "$tmp/eval.log")"
+
+# 5. errors: exit 1, one line "error: ..." naming the problem
+expect_error() { # expect_error <name> <pattern> <args...>
+    local name=$1 pattern=$2; shift 2
+    run6 "$name" "$@"
+    local rc=$?
+    check '[ $rc -eq 1 ] && [ "$(grep -c "^error:" "$tmp/$name.log")" -eq 1 ] && grep -q -- "$pattern" "$tmp/$name.log"' \
+        "$name: exit $rc, want one error matching '$pattern': $(tail -2 "$tmp/$name.log")"
+}
+base=(--config configs/inference.json --init_from="$tmp/model")
+expect_error missing "$tmp/nope.txt" "${base[@]}" --prompts_path="$tmp/nope.txt"
+printf 'a\0b\n' >"$tmp/nul.txt"
+expect_error binary "not a text file" "${base[@]}" --prompts_path="$tmp/nul.txt"
+printf 'caf\xe9\n' >"$tmp/latin1.txt"
+expect_error utf8 "not valid UTF-8" "${base[@]}" --prompts_path="$tmp/latin1.txt"
+printf 'first\n   \nthird\n' >"$tmp/blank.txt"
+expect_error empty_prompt "line 2 is an empty prompt" "${base[@]}" --prompts_path="$tmp/blank.txt"
+printf '\n\n' >"$tmp/none.txt"
+expect_error no_prompts "no prompts" "${base[@]}" --prompts_path="$tmp/none.txt"
+expect_error too_long "prompt 4 is 195 tokens long .* the context is 170 tokens" "${base[@]}" \
+    --prompts_path="$tmp/prompts.txt" --max_seq_len=170
+expect_error vocab "vocabulary has 50257 tokens but the tokenizer ('byte tokenizer') has 257" \
+    --config configs/inference.json --init_from="$FIX/model.safetensors"
+expect_error zdim "z must be 1" "${base[@]}" --tp_dimensions=1,1,2
+expect_error tp "needs stage 05's tensor-parallel layer" "${base[@]}" --tp_dimensions=2,1,1
+expect_error no_checkpoint "needs a checkpoint" --config configs/inference.json --init_from=
+
+finish test_stage6
