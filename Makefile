@@ -50,7 +50,7 @@ STAGE_DIR_6 := 06_inference
 STAGES := $(foreach n,1 2 3 4 5 6,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
 MPI_STAGES := $(filter 3 4 5 6,$(STAGES))
 
-.PHONY: all setup test test-slurm test-cuda bench demo clean $(addprefix stage-,$(STAGES))
+.PHONY: all setup test test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
 
 SETUP_STAMP := build/.setup-ok
@@ -115,6 +115,11 @@ test:
 test-slurm:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/slurm/run.sh
+
+# several hosts on one machine (network namespaces, a real Slurm): stages 3-5 across 2 hosts
+test-multinode:
+	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@bash tests/multinode/run.sh
 
 bench:
 	@$(MAKE) --no-print-directory all

@@ -1,0 +1,65 @@
+# slurm/multinode-lib.sh - shared by multinode-up.sh and multinode-down.sh (sourced, not run):
+# settings, names and the "is this process ours?" checks.
+# shellcheck shell=bash disable=SC2034  # (the settings are used by the scripts that source this)
+#
+# Processes are found by the pid files our daemons write (or by `ip netns pids` of namespaces
+# this cluster created) and are checked before being signalled: right executable, and our
+# SLURM_CONF (slurm daemons) or our munge socket (munged). Never by name.
+export PATH="$PATH:/usr/sbin:/sbin"
+
+DIR=${MN_DIR:-/tmp/workbook-multinode}   # state, config, logs, wrappers (bin/), env.sh
+NNODES=${MN_NODES:-2}                     # compute nodes ${P}1 .. ${P}N
+P=${MN_PREFIX:-wbn}                       # names: ${P}sw (switch) ${P}ctl (login) ${P}1 ...
+NET=${MN_SUBNET:-10.213.8}                # a private /24, first three octets
+TIMEOUT=${MN_TIMEOUT:-60}                 # seconds for each wait
+SW=${P}sw
+CTL=${P}ctl
+NODES=()
+for ((i = 1; i <= NNODES; i++)); do NODES+=("$P$i"); done
+CONF=$DIR/etc/slurm.conf
+MUNGE_SOCKET=$DIR/munge/munge.socket.2
+export SLURM_CONF=$CONF
+
+log() { printf '[%s %s] %s\n' "${LOG_TAG:-multinode}" "$(date +%T)" "$*" >&2; }
+
+# Alive = exists and is not a zombie (pid 1 here reaps re-parented daemons late).
+alive() {
+    local pid=$1 st
+    [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] || return 1
+    st=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+    [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
+}
+
+# our_pid NAME PIDFILE: print the pid in PIDFILE if that process is our NAME
+our_pid() {
+    local name=$1 pidfile=$2 pid exe want
+    [ -s "$pidfile" ] || return 1
+    pid=$(tr -dc '0-9' <"$pidfile")
+    alive "$pid" || return 1
+    # Debian: /usr/sbin/slurmd -> /etc/alternatives/slurmd -> /usr/sbin/slurmd-wlm
+    exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
+    want=$(readlink -f "$(command -v "$name" || echo "/usr/sbin/$name")")
+    [ -n "$exe" ] && [ "$exe" = "$want" ] || return 1
+    if [ "$name" = munged ]; then
+        tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qxF -- "--socket=$MUNGE_SOCKET" || return 1
+    else
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF" || return 1
+    fi
+    echo "$pid"
+}
+
+# stop_pid PID LABEL [GRACE]: SIGTERM, wait up to GRACE (10) s, then SIGKILL; non-zero if it survived
+stop_pid() {
+    local pid=$1 grace=${3:-10}
+    alive "$pid" || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq $((grace * 10))); do alive "$pid" || { log "stopped $2 (pid $pid)"; return 0; }; sleep 0.1; done
+    log "$2 (pid $pid) ignored SIGTERM for $grace s: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
+    log "WARNING: $2 (pid $pid) is still alive"
+    return 1
+}
+
+# run a command "on" a node (its network + UTS namespace, the cluster's /etc/hosts), bounded
+on_node() { local h=$1; shift; timeout "${ON_NODE_TIMEOUT:-10}" "$DIR/bin/mn-exec" "$h" "$@"; }
