@@ -57,6 +57,17 @@ char *read_file_or_die(const char *path, size_t *len) {
     return buf;
 }
 
+size_t peak_resident_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");  // Linux only: elsewhere we report 0
+    if (!f) return 0;
+    char line[256];
+    size_t kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %zu kB", &kib) == 1) break;
+    fclose(f);
+    return kib * 1024;
+}
+
 uint64_t hash_bytes(const void *data, size_t n) {
     const unsigned char *p = data;
     uint64_t h = 1469598103934665603ull;

@@ -25,6 +25,9 @@ char *read_file_or_die(const char *path, size_t *len);
 
 double wall_seconds(void);  // monotonic clock
 
+// this process's peak resident memory (VmHWM in /proc/self/status) in bytes; 0 where unknown
+size_t peak_resident_bytes(void);
+
 // FNV-1a hash of n bytes: a cheap fingerprint for comparing data across ranks
 uint64_t hash_bytes(const void *data, size_t n);
 

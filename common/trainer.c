@@ -154,8 +154,22 @@ void print_memory_report(const char *title, const MemoryItem *items, int n) {
 
 // ---- evaluation -------------------------------------------------------------------------------
 
+typedef struct { const Weights *w; const GPTConfig *mc; } WholeModel;
+
+static void whole_model_forward(void *ctx, Activations *a, const int *inputs, int B, int T) {
+    const WholeModel *m = ctx;
+    gpt_forward(a, m->w, m->mc, inputs, B, T);
+}
+
 void evaluate_sums(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
                    const Config *cfg, int rank, int world, double *loss_sum, long *count) {
+    WholeModel m = {w, mc};
+    evaluate_sums_with(a, whole_model_forward, &m, mc, data, cfg, rank, world, loss_sum, count);
+}
+
+void evaluate_sums_with(Activations *a, ForwardFn forward, void *ctx, const GPTConfig *mc,
+                        const Dataset *data, const Config *cfg, int rank, int world, double *loss_sum,
+                        long *count) {
     long batches = dataset_batches_per_epoch(data, 1, cfg->global_batch_size);
     if (batches > cfg->eval_batches) batches = cfg->eval_batches;
     int acc = cfg->gradient_acc_steps;
@@ -166,7 +180,7 @@ void evaluate_sums(Activations *a, const Weights *w, const GPTConfig *mc, const 
         for (int micro = 0; micro < acc; micro++) {
             dataset_get_batch(data, 1, (uint64_t)cfg->seed, 0, b, cfg->global_batch_size,
                               rank * acc + micro, world * acc, &batch);
-            gpt_forward(a, w, mc, batch.inputs, batch.rows, batch.T);
+            forward(ctx, a, batch.inputs, batch.rows, batch.T);
             copy_to_device(a->targets, batch.targets, (size_t)batch.rows * batch.T * sizeof(int));
             *loss_sum += gpt_loss_forward(a, mc, batch.rows, batch.T);
             *count += batch.n_targets_local;

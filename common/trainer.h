@@ -71,6 +71,12 @@ void print_memory_report(const char *title, const MemoryItem *items, int n);
 // ranks, then divide (count 0: no validation split).
 void evaluate_sums(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
                    const Config *cfg, int rank, int world, double *loss_sum, long *count);
+// the same with the forward pass supplied by the stage (FSDP gathers its units inside it):
+// forward(ctx, a, inputs, B, T) must leave the logits in a->logits
+typedef void (*ForwardFn)(void *ctx, Activations *a, const int *inputs, int B, int T);
+void evaluate_sums_with(Activations *a, ForwardFn forward, void *ctx, const GPTConfig *mc,
+                        const Dataset *data, const Config *cfg, int rank, int world, double *loss_sum,
+                        long *count);
 
 // copies the device buffers to the host and writes model + optimizer state to out_dir
 void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,

@@ -1,0 +1,319 @@
+// fsdp.c: see fsdp.h. Read it with fsdp_forward_backward: the gathers, the frees and the
+// reduce-scatters sit between the same layer steps that gpt_forward_backward strings together.
+#include "fsdp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "ops.h"
+#include "trainer.h"
+
+// ---- units and shards -------------------------------------------------------------------------
+
+static size_t padded(const Fsdp *f, const FsdpUnit *u) { return u->shard * (size_t)f->P; }
+
+// elements of this rank's shard that are real parameters: the last ranks' shards end in padding
+// (zeros that no tensor owns), possibly all of it
+static size_t real_in_shard(const Fsdp *f, const FsdpUnit *u) {
+    size_t start = (size_t)f->rank * u->shard;
+    if (start >= u->numel) return 0;
+    return u->numel - start < u->shard ? u->numel - start : u->shard;
+}
+
+// where this rank's shard starts in the flat layout
+static size_t shard_first(const Fsdp *f, const FsdpUnit *u) { return u->first + (size_t)f->rank * u->shard; }
+
+void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_bf16) {
+    memset(f, 0, sizeof *f);
+    f->world = world;
+    f->rank = comm_rank(world);
+    f->P = comm_size(world);
+    f->layout = layout;
+    f->prefetch = prefetch;
+    f->use_bf16 = use_bf16;
+    // checkpoints travel on their own group, so that the "world" statistics are training's alone
+    f->io = comm_split(world, 0, f->rank, "ckpt");
+    int L = layout->cfg.n_layer;
+    f->n_units = 1 + L;
+    f->units = calloc_or_die((size_t)f->n_units, sizeof(FsdpUnit));
+    size_t max_block = 0;
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        u->first = i == 0 ? 0 : layout->block_offset[0] + (size_t)(i - 1) * layout->block_offset[1];
+        u->numel = i == 0 ? layout->root_numel : layout->block_offset[1];
+        u->shard = (u->numel + (size_t)f->P - 1) / (size_t)f->P;
+        u->local = f->shard_numel;
+        f->shard_numel += u->shard;
+        if (i > 0 && padded(f, u) > max_block) max_block = padded(f, u);
+    }
+    size_t shard_bytes = f->shard_numel * sizeof(float), root = padded(f, &f->units[0]);
+    f->params = dev_malloc(shard_bytes);
+    f->grads = dev_malloc(shard_bytes);
+    f->adam_m = dev_malloc(shard_bytes);
+    f->adam_v = dev_malloc(shard_bytes);
+    size_t max_shard = f->units[0].shard > max_block / (size_t)f->P ? f->units[0].shard : max_block / (size_t)f->P;
+    f->root = dev_malloc(root * sizeof(float));
+    f->root_grad = dev_malloc(root * sizeof(float));
+    f->block_grad = dev_malloc(max_block * sizeof(float));
+    f->shard_scratch = dev_malloc(max_shard * sizeof(float));
+    int slots = prefetch ? 2 : 1;
+    for (int s = 0; s < slots; s++) f->block[s] = dev_malloc(max_block * sizeof(float));
+    f->gathered_bytes = (2 * root + (size_t)(slots + 1) * max_block) * sizeof(float);
+    if (use_bf16) {
+        f->root16 = dev_malloc(root * sizeof(bf16));
+        for (int s = 0; s < slots; s++) f->block16[s] = dev_malloc(max_block * sizeof(bf16));
+        f->gathered16_bytes = (root + (size_t)slots * max_block) * sizeof(bf16);
+    }
+}
+
+void fsdp_free(Fsdp *f) {
+    void *all[] = {f->params, f->grads, f->adam_m, f->adam_v, f->root, f->root_grad, f->block[0],
+                   f->block[1], f->block_grad, f->shard_scratch, f->root16, f->block16[0], f->block16[1]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
+    free(f->units);
+    memset(f, 0, sizeof *f);
+}
+
+size_t fsdp_state_bytes(const Fsdp *f) { return 4 * f->shard_numel * sizeof(float); }
+
+// ---- initialisation and checkpoints -----------------------------------------------------------
+
+void fsdp_init_shards(Fsdp *f, uint64_t seed) {
+    for (int i = 0; i < f->n_units; i++) {
+        const FsdpUnit *u = &f->units[i];
+        gpt_init_range(f->params + u->local, f->layout, shard_first(f, u), real_in_shard(f, u), seed);
+    }
+}
+
+// the gathered buffer a unit passes through (big enough for any unit of its kind)
+static float *unit_buffer(Fsdp *f, int i) { return i == 0 ? f->root : f->block[0]; }
+
+static void scatter_full(Fsdp *f, const float *params, const float *m, const float *v, bool with_moments) {
+    const float *full[3] = {params, m, v};
+    float *shards[3] = {f->params, f->adam_m, f->adam_v};
+    for (int k = 0; k < (with_moments ? 3 : 1); k++)
+        for (int i = 0; i < f->n_units; i++) {
+            const FsdpUnit *u = &f->units[i];
+            float *buf = unit_buffer(f, i);
+            if (f->rank == 0) dev_copy(buf, full[k] + u->first, u->numel * sizeof(float));
+            comm_broadcast(f->io, buf, u->numel, 0);
+            dev_copy(shards[k] + u->local, buf + (size_t)f->rank * u->shard, real_in_shard(f, u) * sizeof(float));
+        }
+}
+
+static void gather_full(Fsdp *f, float *params, float *m, float *v) {
+    float *full[3] = {params, m, v};
+    const float *shards[3] = {f->params, f->adam_m, f->adam_v};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < f->n_units; i++) {
+            const FsdpUnit *u = &f->units[i];
+            float *buf = unit_buffer(f, i);
+            comm_all_gather(f->io, buf, shards[k] + u->local, u->shard);
+            if (f->rank == 0) dev_copy(full[k] + u->first, buf, u->numel * sizeof(float));
+        }
+}
+
+long fsdp_load_checkpoint(Fsdp *f, const Config *cfg) {
+    size_t bytes = f->layout->num_params * sizeof(float);
+    float *params = NULL, *m = NULL, *v = NULL;
+    long step = 0;
+    if (f->rank == 0) {
+        params = dev_malloc(bytes);
+        if (cfg->resume) {
+            m = dev_malloc(bytes);
+            v = dev_malloc(bytes);
+            step = resume_checkpoint(cfg, f->layout, params, m, v);
+        } else {
+            load_initial_weights(cfg, f->layout, params);
+        }
+    }
+    scatter_full(f, params, m, v, cfg->resume);
+    dev_free(params);
+    dev_free(m);
+    dev_free(v);
+    return comm_sum_long(f->world, step);  // only rank 0 read it
+}
+
+void fsdp_save_checkpoint(Fsdp *f, const Config *cfg, long step) {
+    size_t bytes = f->rank == 0 ? f->layout->num_params * sizeof(float) : 0;
+    float *params = NULL, *m = NULL, *v = NULL;
+    if (f->rank == 0) {
+        params = dev_malloc(bytes);
+        m = dev_malloc(bytes);
+        v = dev_malloc(bytes);
+    }
+    gather_full(f, params, m, v);
+    if (f->rank == 0) save_checkpoint(cfg, f->layout, params, m, v, step);
+    dev_free(params);
+    dev_free(m);
+    dev_free(v);
+}
+
+// ---- gathering a unit -------------------------------------------------------------------------
+
+// The root's tensors are the flat layout's first ones, so the gathered root is laid out as the
+// start of a whole flat buffer: point the root fields of a Weights there (its blocks stay NULL).
+static void root_point(Weights *w, const ParamLayout *l, float *root, bf16 *root16) {
+    memset(w, 0, sizeof *w);
+    w->wte = root + l->tensors[0].offset;
+    w->wpe = root + l->tensors[1].offset;
+    w->lnfw = root + l->tensors[2].offset;
+    w->lnfb = root + l->tensors[3].offset;
+    w->wte16 = root16 ? root16 + l->tensors[0].offset : NULL;
+}
+
+static void gather_root(Fsdp *f, Weights *w) {
+    const FsdpUnit *u = &f->units[0];
+    comm_all_gather(f->world, f->root, f->params + u->local, u->shard);
+    if (f->use_bf16) cast_to_bf16(f->root16, f->root, u->numel);  // the lm_head matmul reads bf16
+    root_point(w, f->layout, f->root, f->root16);
+}
+
+// A pass over the blocks uses them in a known order (forward 0..L-1, backward L-1..0). Use k of
+// a pass goes into slot k % 2 when prefetching, so that use k + 1 can be gathered into the other
+// slot while use k computes; without prefetching everything goes through slot 0.
+typedef struct {
+    Fsdp *f;
+    int uses;                // blocks used so far in this micro-batch
+    CommRequest *pending;    // the prefetched gather, into slot uses % 2
+} Gathers;
+
+static CommRequest *gather_block_start(Fsdp *f, int l, int slot) {
+    const FsdpUnit *u = &f->units[1 + l];
+    return comm_all_gather_start(f->world, f->block[slot], f->params + u->local, u->shard);
+}
+
+// Returns block l's gathered weights (bf16 copies included); `next` (-1: none) is the block the
+// pass uses after this one: prefetching starts its gather now, before block l computes.
+static BlockWeights use_block(Gathers *g, int l, int next) {
+    Fsdp *f = g->f;
+    int slot = f->prefetch ? g->uses % 2 : 0;
+    CommRequest *req = g->pending ? g->pending : gather_block_start(f, l, slot);
+    comm_wait(req);
+    g->pending = f->prefetch && next >= 0 ? gather_block_start(f, next, (g->uses + 1) % 2) : NULL;
+    g->uses++;
+    BlockWeights bw;
+    block_weights_point(&bw, f->layout, l, f->block[slot]);
+    if (f->use_bf16) {
+        cast_to_bf16(f->block16[slot], f->block[slot], f->units[1 + l].numel);
+        block_weights_point_bf16(&bw, f->layout, l, f->block16[slot]);
+    }
+    return bw;
+}
+
+// reduce-scatter a unit's full gradient and add this rank's slice into its gradient shard (the
+// shards accumulate over micro-batches as DDP's gradients do)
+static void reduce_scatter_unit(Fsdp *f, int i, const float *full_grad) {
+    const FsdpUnit *u = &f->units[i];
+    comm_reduce_scatter(f->world, f->shard_scratch, full_grad, u->shard);
+    add_inplace(f->grads + u->local, f->shard_scratch, u->shard);
+}
+
+// ---- forward and backward ---------------------------------------------------------------------
+
+static const float *block_input(const Activations *a, int l) { return l == 0 ? a->encoded : a->blocks[l - 1].out; }
+
+// the forward; leaves the root gathered in *root for the head's backward
+static void forward(Fsdp *f, Gathers *g, Weights *root, Activations *a, const GPTConfig *cfg,
+                    const int *inputs, int B, int T, bool then_backward) {
+    int L = cfg->n_layer;
+    if (B > a->B || T > a->T) fatal("internal: batch %dx%d exceeds the activations' %dx%d", B, T, a->B, a->T);
+    copy_to_device(a->inputs, inputs, (size_t)B * T * sizeof(int));
+    if (f->prefetch && L > 0) g->pending = gather_block_start(f, 0, 0);  // block 0 behind the root
+    gather_root(f, root);
+    gpt_embed_forward(a, root, cfg, B, T);
+    for (int l = 0; l < L; l++) {
+        int next = l + 1 < L ? l + 1 : (then_backward ? L - 1 : -1);
+        BlockWeights bw = use_block(g, l, next);
+        gpt_block_forward(&a->blocks[l], block_input(a, l), &bw, cfg, B, T);
+        // the block's full weights are now free: the next use overwrites them
+    }
+    gpt_head_forward(a, block_input(a, L), root, cfg, B, T);
+}
+
+void fsdp_forward(void *fsdp, Activations *a, const int *inputs, int B, int T) {
+    Fsdp *f = fsdp;
+    Gathers g = {.f = f};
+    Weights root;
+    forward(f, &g, &root, a, &f->layout->cfg, inputs, B, T, false);
+}
+
+double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, const int *inputs,
+                             const int *targets, int B, int T, float dloss) {
+    int L = cfg->n_layer;
+    Gathers g = {.f = f};
+    Weights root, root_grad;
+    forward(f, &g, &root, a, cfg, inputs, B, T, true);
+    copy_to_device(a->targets, targets, (size_t)B * T * sizeof(int));
+    double loss_sum = gpt_loss_forward_backward(a, cfg, B, T, dloss);
+
+    // the root's gradient collects the head's and (at the very end) the embedding's parts
+    dev_zero(f->root_grad, padded(f, &f->units[0]) * sizeof(float));
+    root_point(&root_grad, f->layout, f->root_grad, NULL);
+    gpt_head_backward(a, block_input(a, L), &root, &root_grad, cfg, B, T);
+    for (int l = L - 1; l >= 0; l--) {
+        BlockWeights bw = use_block(&g, l, l - 1), bg;  // gathered again: forward freed it
+        // the padding past the unit must stay zero: it is reduce-scattered with the rest
+        dev_zero(f->block_grad, padded(f, &f->units[1 + l]) * sizeof(float));
+        block_weights_point(&bg, f->layout, l, f->block_grad);
+        gpt_block_backward(a, &a->blocks[l], block_input(a, l), &bw, &bg, cfg, B, T);
+        reduce_scatter_unit(f, 1 + l, f->block_grad);
+    }
+    gpt_embed_backward(a, &root_grad, cfg, B, T);
+    reduce_scatter_unit(f, 0, f->root_grad);
+    return loss_sum;
+}
+
+// ---- the optimizer step on shards -------------------------------------------------------------
+
+double fsdp_grad_norm(Fsdp *f) {
+    return sqrt(comm_sum_double(f->world, sum_squares(f->grads, f->shard_numel)));
+}
+
+void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t) {
+    for (int i = 0; i < f->n_units; i++) {
+        const FsdpUnit *u = &f->units[i];
+        size_t at = u->local;
+        adamw_step(f->layout, f->params + at, f->grads + at, f->adam_m + at, f->adam_v + at,
+                   shard_first(f, u), real_in_shard(f, u), cfg, lr, t);
+    }
+}
+
+void fsdp_round_to_bf16(Fsdp *f) {
+    for (int i = 0; i < f->n_units; i++) {
+        const FsdpUnit *u = &f->units[i];
+        bf16 *scratch = i == 0 ? f->root16 : f->block16[0];  // holds a whole unit: a shard fits
+        cast_to_bf16(scratch, f->params + u->local, u->shard);
+        cast_to_float(f->params + u->local, scratch, u->shard);
+    }
+}
+
+// ---- the memory report ------------------------------------------------------------------------
+
+void fsdp_print_memory(const Fsdp *f, size_t acts_bytes) {
+    size_t n = f->layout->num_params, s = f->shard_numel, fl = sizeof(float);
+    struct { const char *what; size_t fsdp, ddp; } rows[] = {
+        {"parameters (fp32 master)", s * fl, n * fl},
+        {"gradients (fp32)", s * fl, n * fl},
+        {"AdamW m and v (fp32)", 2 * s * fl, 2 * n * fl},
+        {"gathered units (fp32 w + grad)", f->gathered_bytes, 0},
+        {"bf16 weight copies", f->gathered16_bytes, f->use_bf16 ? n * sizeof(bf16) : 0},
+        {"activations", acts_bytes, acts_bytes},
+    };
+    size_t total_fsdp = 0, total_ddp = 0;
+    printf("memory per rank:                  FSDP (%d ranks)          DDP\n", f->P);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        printf("  %-30s %10.2f MiB %10.2f MiB\n", rows[i].what, rows[i].fsdp / 1048576.0, rows[i].ddp / 1048576.0);
+        total_fsdp += rows[i].fsdp;
+        total_ddp += rows[i].ddp;
+    }
+    printf("  %-30s %10.2f MiB %10.2f MiB\n", "total", total_fsdp / 1048576.0, total_ddp / 1048576.0);
+    printf("  the gathered units: the root (%zu elements, held for a micro-batch) and %d block slot%s "
+           "(%zu elements each)\n", f->units[0].numel, f->prefetch ? 2 : 1, f->prefetch ? "s" : "",
+           f->n_units > 1 ? f->units[1].numel : 0);
+    printf("  state (parameters + gradients + AdamW) per rank: %zu bytes = 16 x %zu elements "
+           "(DDP: 16 x %zu)\n", fsdp_state_bytes(f), s, n);
+}

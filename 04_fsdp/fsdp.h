@@ -1,0 +1,87 @@
+// fsdp.h: fully sharded data parallelism (FSDP), the technique of stage 04.
+//
+// The model is cut into units: unit 0 is the root (wte, wpe, ln_f: the tensors used at both ends
+// of the model) and unit 1 + l is transformer block l, each one contiguous range of the flat
+// parameter layout (common/gpt.h). Every unit is padded to a multiple of P elements and cut into
+// P equal shards: rank r keeps shard r of every unit's parameters, gradients and AdamW moments,
+// and nothing else. A unit's full parameters exist only while it computes:
+//
+//   forward   all-gather the unit -> compute -> free          (the root stays for the head)
+//   backward  all-gather the unit -> compute -> reduce-scatter its gradient -> free
+//   step      clip with the norm summed over shards, AdamW on this rank's shards
+//
+// "Free" means the gathered buffer is reused by the next unit: memory holds the root plus one
+// block (two with prefetching) at a time, never the model.
+#ifndef FSDP_H
+#define FSDP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "comm.h"
+#include "config.h"
+#include "gpt.h"
+
+typedef struct {
+    size_t first, numel;  // the unit's range of the flat layout
+    size_t shard;         // elements per rank: ceil(numel / P); the last shards end in padding
+    size_t local;         // where this rank's shard starts in the rank's shard buffers
+} FsdpUnit;
+
+typedef struct {
+    Comm *world;
+    Comm *io;              // the same ranks, for checkpoints: counted apart from training
+    int rank, P;
+    const ParamLayout *layout;
+    int n_units;           // 1 + L
+    FsdpUnit *units;       // [n_units]
+    size_t shard_numel;    // elements this rank holds of each of params, grads, m, v
+    bool prefetch, use_bf16;
+    // this rank's shards of every unit, one after the other
+    float *params, *grads, *adam_m, *adam_v;
+    // the gathered ("full") units, allocated once and reused: "free" = let the next unit in
+    float *root, *root_grad;   // the root unit, held through a whole micro-batch
+    float *block[2];           // a block's gathered parameters; [1] is the prefetch slot
+    float *block_grad;         // a block's full gradient, before its reduce-scatter
+    float *shard_scratch;      // one unit's reduce-scattered gradient shard
+    bf16 *root16, *block16[2]; // bf16 copies of the gathered units (bf16 precisions)
+    size_t gathered_bytes;     // what the fp32 gathered buffers above take
+    size_t gathered16_bytes;   // and their bf16 copies
+} Fsdp;
+
+// Cuts the layout into units and allocates this rank's shards (zero) and the gathered buffers.
+void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_bf16);
+void fsdp_free(Fsdp *f);
+// bytes of parameters + gradients + optimizer state this rank holds (the shards)
+size_t fsdp_state_bytes(const Fsdp *f);
+
+// Sharded initialisation: each rank initialises only its shard, with the counter-based RNG, and
+// gets exactly the values the whole model would get.
+void fsdp_init_shards(Fsdp *f, uint64_t seed);
+// Checkpoints are the full safetensors files every stage reads. Loading (init_from, or resume:
+// returns the step to continue from) reads the file on rank 0 and re-shards it; saving gathers
+// the shards on rank 0 and writes. Only then, only on rank 0 and only for that moment, does a
+// whole model (with m and v: three) exist in one process.
+long fsdp_load_checkpoint(Fsdp *f, const Config *cfg);
+void fsdp_save_checkpoint(Fsdp *f, const Config *cfg, long step);
+
+// One micro-batch: forward, loss, backward, with gathers before each unit computes and a
+// reduce-scatter after each unit's backward that adds into this rank's gradient shard.
+// Returns the micro-batch's summed loss (of this rank's rows).
+double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, const int *inputs,
+                             const int *targets, int B, int T, float dloss);
+// Forward only, for evaluation: a->logits filled (a ForwardFn of trainer.h, ctx = the Fsdp).
+void fsdp_forward(void *fsdp, Activations *a, const int *inputs, int B, int T);
+
+// the global gradient norm: each rank sums the squares of its shard, the ranks add the sums
+double fsdp_grad_norm(Fsdp *f);
+// AdamW on this rank's shard of every unit (the padding is not a parameter: skipped)
+void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t);
+// pure bf16 keeps no fp32 master: round this rank's parameter shards to bf16 and back
+void fsdp_round_to_bf16(Fsdp *f);
+
+// Rank 0 prints this rank's memory next to what DDP would hold for the same run.
+// (The activations are the same: both cut the global batch into P x acc micro-batches.)
+void fsdp_print_memory(const Fsdp *f, size_t acts_bytes);
+
+#endif

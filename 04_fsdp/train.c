@@ -1,0 +1,187 @@
+// Stage 04: stage 03 with the model sharded (FSDP: fully sharded data parallelism).
+//
+// Each rank still takes its own slice of every global batch, but no rank holds the whole model:
+// rank r keeps shard r of every unit's (block's, and the root's) parameters, gradients and AdamW
+// state, 1/P of DDP's. A unit's full weights are all-gathered just before it computes and freed
+// after; its gradient is reduce-scattered so that each rank receives the sum for its shard only,
+// and AdamW updates the shards. With the same seed and global batch, P ranks give the losses of one.
+//   overlap_communication=false  gather each unit when it is needed
+//   overlap_communication=true   prefetch: gather the next block while this one computes
+// The technique is in fsdp.c; read `diff -u 03_ddp/train.c 04_fsdp/train.c` first.
+//
+// Run: mpirun -np 4 build/stage-4 --config configs/tiny.json      (see README.md)
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alpaca.h"
+#include "comm.h"
+#include "config.h"
+#include "fsdp.h"
+#include "gpt.h"
+#include "log.h"
+#include "ops.h"
+#include "tokenizer.h"
+#include "trainer.h"
+
+int main(int argc, char **argv) {
+    Comm *world = comm_init(&argc, &argv);
+    int rank = comm_rank(world), P = comm_size(world);
+    Config cfg;
+    config_load(&cfg, argc, argv, "configs/fsdp.json");
+    // every rank must train the same model on the same batches: compare the configs
+    char *config_json = config_to_json(&cfg);
+    comm_check_same(world, "the config", config_json);
+    free(config_json);
+    if (cfg.global_batch_size % (P * cfg.gradient_acc_steps) != 0)
+        fatal("key 'global_batch_size': %d sequences do not split into %d ranks x %d micro-batches",
+              cfg.global_batch_size, P, cfg.gradient_acc_steps);
+    ops_init();
+
+    // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----
+    Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
+    DatasetOptions dopt = {.data_path = cfg.data_path, .tok = tok, .max_seq_len = cfg.max_seq_len,
+                           .always_input_template = cfg.always_input_template,
+                           .val_fraction = cfg.val_fraction};
+    Dataset *data = dataset_load(&dopt);
+    long batches_per_epoch = dataset_batches_per_epoch(data, 0, cfg.global_batch_size);
+    if (batches_per_epoch == 0)
+        fatal("%s: %d training records make no global batch of %d", cfg.data_path[0] ? cfg.data_path : "synthetic data",
+              dataset_size(data, 0), cfg.global_batch_size);
+    // the learning-rate schedule spans every epoch; stop_iteration only ends the run early (as in
+    // the tutorial), so a run stopped and resumed follows the same schedule
+    long schedule_steps = batches_per_epoch * cfg.num_epochs, total_steps = schedule_steps;
+    if (cfg.stop_iteration >= 0 && cfg.stop_iteration < total_steps) total_steps = cfg.stop_iteration;
+
+    // ---- model: this rank's shard of every unit's parameters, gradients and AdamW moments ----
+    GPTConfig mc = model_shape(&cfg, tok);
+    ParamLayout layout;
+    gpt_layout(&layout, &mc);
+    size_t n = layout.num_params;
+    // bf16: each gathered unit is cast to bf16 on arrival (the shards and the gathers stay fp32)
+    bool bf16_mode = config_is_bf16(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    Fsdp fsdp;
+    fsdp_init(&fsdp, world, &layout, cfg.overlap_communication, bf16_mode);
+    // sharded initialisation: each rank computes only its own elements (never the whole model)
+    long step = 0;
+    if (cfg.resume || starts_from_checkpoint(&cfg)) step = fsdp_load_checkpoint(&fsdp, &cfg);
+    else fsdp_init_shards(&fsdp, (uint64_t)cfg.seed);
+
+    // activations for one micro-batch of the longest sequences: this rank's share of the batch
+    int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps / P;
+    Activations acts;
+    acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
+               bf16_mode);
+
+    // only rank 0 prints and writes metrics; saving a checkpoint needs every rank's shard
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
+
+    printf("stage 04 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
+           P, ops_backend_name(), ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           mc.vocab_size, n / 1e6);
+    printf("sharding: %d units (root + %d blocks) in %d shards | all-gather %s\n", fsdp.n_units,
+           mc.n_layer, P, cfg.overlap_communication ? "of the next block prefetched during this one's compute"
+                                                     : "of each unit when it is needed");
+    if (bf16_mode && !ops_bf16_native())
+        printf("note: this CPU has no bf16 matmul instructions: bf16 inputs are widened to fp32 "
+               "(same numbers, no speed-up)\n");
+    printf("data: %d train / %d validation records | global batch %d = %d ranks x %d x %d micro-batches | %ld steps\n",
+           dataset_size(data, 0), dataset_size(data, 1), cfg.global_batch_size, P, cfg.gradient_acc_steps,
+           micro_batch, total_steps);
+    fsdp_print_memory(&fsdp, acts.bytes);
+    if (bf16_mode) {
+        // what the same run holds in fp32, for comparison
+        Activations fp32_acts;
+        acts_alloc(&fp32_acts, &mc, micro_batch, acts.T, 0);
+        printf("  (in fp32 the activations would take %.2f MiB: bf16 saves %.0f%%)\n",
+               fp32_acts.bytes / 1048576.0, 100.0 * (1.0 - (double)acts.bytes / fp32_acts.bytes));
+        acts_free(&fp32_acts);
+    }
+
+    // ---- the training loop ----
+    Metrics metrics = {0};
+    if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
+    Batch batch = {0};
+    for (; step < total_steps; step++) {
+        double t0 = wall_seconds();
+        int epoch = (int)(step / batches_per_epoch);
+        long b = step % batches_per_epoch;
+        double lr = learning_rate(&cfg, step, schedule_steps);
+        CommStats comm_before = comm_totals();
+
+        // forward + backward over this rank's micro-batches (slices rank * acc ... of P * acc);
+        // gradients add up in `grads`. Each token's loss is divided by the number of target
+        // tokens in the WHOLE global batch, over all ranks: then the sum of the ranks' gradients
+        // is exactly the one-process gradient, even when ranks hold different numbers of
+        // response tokens. (A batch whose responses were all cut off has no targets: loss 0.)
+        // Each micro-batch gathers the units and reduce-scatters their gradients, which add up
+        // in this rank's gradient shards.
+        dev_zero(fsdp.grads, fsdp.shard_numel * sizeof(float));
+        double loss_sum = 0;
+        long tokens = 0, n_targets = 0;
+        int acc = cfg.gradient_acc_steps;
+        for (int micro = 0; micro < acc; micro++) {
+            dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
+                              rank * acc + micro, P * acc, &batch);
+            n_targets = batch.n_targets_global;
+            float dloss = n_targets ? 1.0f / (float)n_targets : 0.0f;
+            loss_sum += fsdp_forward_backward(&fsdp, &acts, &mc, batch.inputs, batch.targets,
+                                              batch.rows, batch.T, dloss);
+            tokens += (long)batch.rows * batch.T;
+        }
+        tokens = comm_sum_long(world, tokens);
+        double loss = n_targets ? comm_sum_double(world, loss_sum) / (double)n_targets : 0.0;
+        if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
+
+        // clip the global gradient norm (summed over the shards), then AdamW on the shards
+        double norm = fsdp_grad_norm(&fsdp);
+        clip_gradients(fsdp.grads, fsdp.shard_numel, norm, cfg.grad_clip);
+        fsdp_adamw_step(&fsdp, &cfg, lr, step + 1);
+        // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
+        // update smaller than half a bf16 step (1/256 of the weight) is lost
+        if (pure_bf16) fsdp_round_to_bf16(&fsdp);
+        dev_synchronize();
+
+        double seconds = wall_seconds() - t0;
+        CommStats comm_after = comm_totals();
+        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
+                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds,
+                       .mem_bytes = dev_bytes_in_use(), .val_loss = -1, .has_comm = true,
+                       .comm_bytes = comm_stats_bytes(&comm_after) - comm_stats_bytes(&comm_before),
+                       .comm_ms = 1e3 * (comm_stats_seconds(&comm_after) - comm_stats_seconds(&comm_before)),
+                       .has_state = true, .state_bytes = (double)fsdp_state_bytes(&fsdp)};
+        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / (P * ops_peak_flops(bf16_mode));
+        bool last = step + 1 == total_steps;
+        if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
+            double val_sum;
+            long val_count;
+            evaluate_sums_with(&acts, fsdp_forward, &fsdp, &mc, data, &cfg, rank, P, &val_sum, &val_count);
+            val_sum = comm_sum_double(world, val_sum);
+            val_count = comm_sum_long(world, val_count);
+            s.val_loss = val_count ? val_sum / (double)val_count : -1;
+        }
+        if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
+        if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
+            fsdp_save_checkpoint(&fsdp, &cfg, step + 1);
+    }
+    // the proof that sharding saves memory: every rank's peak resident memory (VmHWM) in training
+    double rss = (double)peak_resident_bytes();
+    printf("peak resident memory per rank in training: max %.1f MiB, min %.1f MiB\n",
+           comm_max_double(world, rss) / 1048576.0, -comm_max_double(world, -rss) / 1048576.0);
+    fsdp_save_checkpoint(&fsdp, &cfg, total_steps);
+    printf("saved %s/model.safetensors (step %ld): rank 0 held the whole model for it, peak %.1f MiB\n",
+           cfg.out_dir, total_steps, peak_resident_bytes() / 1048576.0);
+    comm_print_table(world);
+
+    metrics_close(&metrics);
+    batch_free(&batch);
+    acts_free(&acts);
+    fsdp_free(&fsdp);
+    gpt_layout_free(&layout);
+    dataset_free(data);
+    tokenizer_free(tok);
+    comm_finalize(world);
+    return 0;
+}
