@@ -49,6 +49,9 @@ STAGE_DIR_6 := 06_inference
 # the stages whose directory holds C files; from 03 on they talk MPI
 STAGES := $(foreach n,1 2 3 4 5 6,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
 MPI_STAGES := $(filter 3 4 5 6,$(STAGES))
+# files of an earlier stage that a stage builds on (stage 06 runs stage 05's tensor-parallel block)
+STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c
+$(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 
 .PHONY: all setup test test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
@@ -73,7 +76,7 @@ define stage_rule
 stage-$(1): build/stage-$(1)
 build/stage-$(1): $(B)/stage-$(1)
 	@cp $$< $$@
-$(B)/stage-$(1): $(patsubst %.c,$(B)/%.o,$(wildcard $(STAGE_DIR_$(1))/*.c)) $(COMMON_OBJS) $(if $(filter $(1),$(MPI_STAGES)),$(COMM_OBJS))
+$(B)/stage-$(1): $(patsubst %.c,$(B)/%.o,$(wildcard $(STAGE_DIR_$(1))/*.c) $(STAGE_EXTRA_$(1))) $(COMMON_OBJS) $(if $(filter $(1),$(MPI_STAGES)),$(COMM_OBJS))
 	$(if $(filter $(1),$(MPI_STAGES)),$(MPICC),$(CC)) $$^ -o $$@ $(LDLIBS)
 $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
@@ -95,6 +98,8 @@ build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 	@mkdir -p $(dir $@)
 	$(MPICC) $^ -o $@ $(LDLIBS)
 $(B)/tests/mpi/%.o: CC := $(MPICC)
+# a check of a stage's code links that stage's objects: one prerequisite line per program
+build/tests/mpi/tp_linear_check: $(B)/05_tensor_parallel/tp_linear.o
 build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)

@@ -343,15 +343,15 @@ void tp_stream_backward(const TPModel *m, TPWeightStream *s, const float *flat, 
 // backward are partial sums here, completed by an all-reduce over y (2 of N floats forward, one
 // of 2N backward). With y = 1 the all-reduces vanish and this is the serial LayerNorm.
 
-static void tp_layernorm_forward(const TPModel *m, TPActs *a, float *out, float *mean, float *rstd,
-                                 const float *inp, const float *w, const float *b, int N) {
+void tp_layernorm_forward(const TPModel *m, float *stats, float *out, float *mean, float *rstd,
+                          const float *inp, const float *w, const float *b, int N) {
     Comm *gy = m->grid.gy;
     layernorm_row_sums(mean, inp, NULL, N, m->Cy);
     tp_all_reduce(gy, mean, (size_t)N);
     scale_inplace(mean, 1.0f / (float)m->cfg.n_embd, (size_t)N);
-    layernorm_row_sums(a->stats, inp, mean, N, m->Cy);  // two passes: see kernels.h
-    tp_all_reduce(gy, a->stats, (size_t)N);
-    layernorm_forward_stats(out, rstd, inp, w, b, mean, a->stats, N, m->Cy, m->cfg.n_embd);
+    layernorm_row_sums(stats, inp, mean, N, m->Cy);  // two passes: see kernels.h
+    tp_all_reduce(gy, stats, (size_t)N);
+    layernorm_forward_stats(out, rstd, inp, w, b, mean, stats, N, m->Cy, m->cfg.n_embd);
 }
 
 static void tp_layernorm_backward(const TPModel *m, TPActs *a, float *dinp, float *dw, float *db,
@@ -370,13 +370,13 @@ static void block_forward(const TPModel *m, TPActs *a, TPBlockActs *k, const flo
     size_t NCy = (size_t)N * m->Cy;
     // attention: ln1 -> qkv of this rank's heads (all-reduce over y) -> attention on those heads
     // -> projection back to the hidden dim (all-reduce over x) -> residual
-    tp_layernorm_forward(m, a, k->ln1, k->ln1_mean, k->ln1_rstd, x, w->ln1w, w->ln1b, N);
+    tp_layernorm_forward(m, a->stats, k->ln1, k->ln1_mean, k->ln1_rstd, x, w->ln1w, w->ln1b, N);
     tp_linear_forward(&m->qkv, k->qkv, k->ln1, k->ln1_16, tp_stream_next(s), w->qkvb, N);
     attention_forward(k->atty, k->att, k->qkv, B, T, m->Cx, m->NHx);
     tp_linear_forward(&m->proj, k->res2, k->atty, k->atty16, tp_stream_next(s), w->attprojb, N);
     add_inplace(k->res2, x, NCy);
     // MLP: ln2 -> fc (columns over x) -> gelu -> proj (all-reduce over x) -> residual
-    tp_layernorm_forward(m, a, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, w->ln2w, w->ln2b, N);
+    tp_layernorm_forward(m, a->stats, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, w->ln2w, w->ln2b, N);
     tp_linear_forward(&m->fc, k->fch, k->ln2, k->ln2_16, tp_stream_next(s), w->fcb, N);
     gelu_forward(k->fch_gelu, k->fch, (size_t)N * m->C4x);
     tp_linear_forward(&m->fcproj, k->out, k->fch_gelu, k->fch_gelu16, tp_stream_next(s), w->fcprojb, N);
@@ -396,7 +396,7 @@ void tp_forward(const TPModel *m, TPActs *a, const TPParams *w, TPWeightStream *
     tp_all_reduce(m->grid.gx, a->encoded, (size_t)N * m->Cy);
     for (int l = 0; l < m->cfg.n_layer; l++) block_forward(m, a, &a->blocks[l], block_input(a, l), &w->h[l], s, B, T);
     // head: final LayerNorm, then the tied lm_head, a normal layer: logits of this rank's vocabulary
-    tp_layernorm_forward(m, a, a->lnf, a->lnf_mean, a->lnf_rstd, block_input(a, m->cfg.n_layer), w->lnfw, w->lnfb, N);
+    tp_layernorm_forward(m, a->stats, a->lnf, a->lnf_mean, a->lnf_rstd, block_input(a, m->cfg.n_layer), w->lnfw, w->lnfb, N);
     tp_linear_forward(&m->head, a->logits, a->lnf, a->lnf16, tp_stream_next(s), NULL, N);
 }
 
@@ -419,18 +419,25 @@ static void loss_vocab_parallel(const TPModel *m, TPActs *a, int N, float dloss,
                                a->targets, dloss, m->v_lo, m->v_count, N, m->Vl);
 }
 
+// see tp_model.h: the loss below, and stage 06 (the whole row it samples from), use it
+void tp_gather_vocab(const TPModel *m, float *full, float *gathered, const float *local, int N) {
+    int X = m->grid.X, Vl = m->Vl, Vp = m->cfg.padded_vocab_size;
+    size_t row = (size_t)Vl * sizeof(float);
+    if (X > 1) comm_all_gather(m->grid.gx, gathered, local, (size_t)N * Vl);
+    else dev_copy(gathered, local, (size_t)N * row);
+    for (int r = 0; r < X; r++)  // (X, N, Vl) blocks -> (N, Vp) rows
+        for (int n = 0; n < N; n++)
+            dev_copy(full + (size_t)n * Vp + (size_t)r * Vl, gathered + ((size_t)r * N + n) * Vl, row);
+}
+
 // Gathered (the lesson's first version, AxoNN's and the tutorial's): all-gather the logits over
 // x into full (N, Vp) rows on every x rank, run the serial loss, keep this rank's columns of the
 // gradient. Simple, but it moves and holds N x Vp floats: for GPT-2 that is the largest
 // activation of the model.
 static void loss_gathered(const TPModel *m, TPActs *a, int N, float dloss, bool backward) {
-    int X = m->grid.X, Vl = m->Vl, Vp = m->cfg.padded_vocab_size;
+    int Vl = m->Vl, Vp = m->cfg.padded_vocab_size;
     size_t row = (size_t)Vl * sizeof(float);
-    if (X > 1) comm_all_gather(m->grid.gx, a->gathered, a->logits, (size_t)N * Vl);
-    else dev_copy(a->gathered, a->logits, (size_t)N * row);
-    for (int r = 0; r < X; r++)  // (X, N, Vl) blocks -> (N, Vp) rows
-        for (int n = 0; n < N; n++)
-            dev_copy(a->full_logits + (size_t)n * Vp + (size_t)r * Vl, a->gathered + ((size_t)r * N + n) * Vl, row);
+    tp_gather_vocab(m, a->full_logits, a->gathered, a->logits, N);
     if (!backward) {
         cross_entropy_forward(a->losses, a->full_logits, a->targets, N, m->cfg.vocab_size, Vp);
         return;

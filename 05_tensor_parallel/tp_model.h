@@ -95,6 +95,15 @@ typedef struct {
 void tp_acts_alloc(TPActs *a, const TPModel *m, int B, int T, bool bf16_mode);
 void tp_acts_free(TPActs *a);
 
+// ---- the pieces that inference (06_inference/kv_model.c) reuses ------------------------------
+// LayerNorm of N rows whose hidden dimension is split over y: the row sums are all-reduced over
+// y (stats: N floats of scratch). With y = 1 it is the serial LayerNorm.
+void tp_layernorm_forward(const TPModel *m, float *stats, float *out, float *mean, float *rstd,
+                          const float *inp, const float *w, const float *b, int N);
+// full (N, Vp) = the x ranks' logit shards local (N, Vp/x) side by side, on every x rank (an
+// all-gather over x into gathered, (x, N, Vp/x) scratch, then a reordering)
+void tp_gather_vocab(const TPModel *m, float *full, float *gathered, const float *local, int N);
+
 // ---- the passes -------------------------------------------------------------------------------
 // Weight streams: which weights forward and backward use, in order (the depth prefetch follows it)
 // (flat: this rank's parameter buffer; flat16: its bf16 copy, or NULL)

@@ -6,8 +6,10 @@
 // With eval_accuracy: true the prompts are the held-out records of the instruction set and the
 // answers are checked against theirs.
 //
-// The model with the cache is kv_model.c; the sampler is sampler.c. Run (see README.md):
+// The model with the cache is kv_model.c (stage 05's tensor-parallel block over [x, y, 1]); the
+// sampler is sampler.c. Run (see README.md):
 //   build/stage-6 --config configs/inference.json --init_from=out/demo-stage-1
+//   mpirun -np 4 build/stage-6 --config configs/inference.json --tp_dimensions=2,2,1
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -390,26 +392,29 @@ static void validate_inference_keys(const Config *cfg) {
               ".safetensors file, e.g. --init_from=out/demo-stage-1), or random_init: true");
 }
 
-// Tensor parallelism over [x, y, 1] would run each block with stage 05's parallel linear layer
-// (05_tensor_parallel/tp_linear.h) and keep each rank's heads' share of the cache; that is not
-// wired in yet, so stage 06 runs on one rank.
+// Tensor parallelism over [x, y, 1], every rank in the grid. z (depth) shards the weights to
+// gather them again before each use: a saving for training's memory, only traffic for a decode
+// step, whose cost is reading the weights; and generation has no rows to split over z or data.
 static void check_layout(const Config *cfg, Comm *world) {
     const int *tp = cfg->tp_dimensions;
     if (tp[2] != 1)
         fatal("key 'tp_dimensions': inference does not support z tensor parallelism (the "
               "tutorial's infer.py neither): z must be 1, found [%d, %d, %d]", tp[0], tp[1], tp[2]);
-    if (tp[0] * tp[1] != 1)
-        fatal("key 'tp_dimensions': [%d, %d, 1] needs stage 05's tensor-parallel layer, which "
-              "stage 06 does not use yet (a single-rank stage for now): run with [1, 1, 1]", tp[0], tp[1]);
-    if (comm_size(world) != 1)
-        fatal("stage 06 runs on x * y = 1 rank with tp_dimensions [1, 1, 1], but %d ranks were "
-              "started", comm_size(world));
+    if (comm_size(world) != tp[0] * tp[1])
+        fatal("key 'tp_dimensions' [%d, %d, 1] needs x * y = %d ranks, but %d were started (no data "
+              "parallelism in inference: start as many ranks as the grid has)", tp[0], tp[1],
+              tp[0] * tp[1], comm_size(world));
 }
 
-static void load_weights(KVModel *m, const Config *cfg) {
-    if (cfg->random_init) gpt_init_range(m->params, &m->layout, 0, m->layout.num_params, (uint64_t)cfg->seed);
-    else load_initial_weights(cfg, &m->layout, m->params);
-    kv_model_ready(m);
+// The whole model on every rank (as stage 05 loads a checkpoint), of which each keeps its share;
+// returns the full buffer, which only the no-cache reference keeps.
+static float *load_weights(KVModel *m, const Config *cfg) {
+    const ParamLayout *full_layout = &m->tp.full;
+    float *full = dev_malloc(full_layout->num_params * sizeof(float));
+    if (cfg->random_init) gpt_init_range(full, full_layout, 0, full_layout->num_params, (uint64_t)cfg->seed);
+    else load_initial_weights(cfg, full_layout, full);
+    kv_model_load(m, full);
+    return full;
 }
 
 static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
@@ -417,12 +422,17 @@ static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
     const GPTConfig *mc = &m->cfg;
     printf("stage 06 | %s backend (%s) | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters | %s\n",
            ops_backend_name(), ops_matmul_engine(), mc->n_layer, mc->n_head, mc->n_embd,
-           mc->vocab_size, m->layout.num_params / 1e6, cfg->random_init ? "random weights" : cfg->init_from);
-    printf("%d prompts in batches of up to %d | %s | context %d | KV cache %s (%.2f MiB) | "
+           mc->vocab_size, m->tp.full.num_params / 1e6, cfg->random_init ? "random weights" : cfg->init_from);
+    const TPGrid *grid = &m->tp.grid;
+    if (grid->X * grid->Y > 1)
+        printf("tensor parallelism [%d, %d, 1]: %d ranks, each with %d of %d heads, %.2fM parameters "
+               "and its heads' share of the KV cache\n", grid->X, grid->Y, grid->X * grid->Y,
+               m->tp.NHx, mc->n_head, m->tp.layout.num_params / 1e6);
+    printf("%d prompts in batches of up to %d | %s | context %d | KV cache %s (%.2f MiB per rank) | "
            "precision %s\n", n_prompts, cfg->max_batch_size,
            cfg->temperature > 0 ? "sampling" : "greedy", m->maxT,
            cfg->kv_cache ? "on" : "off: every step recomputes the whole text",
-           cfg->kv_cache ? 2.0 * mc->n_layer * m->B * m->maxT * mc->n_embd * 4 / 1048576.0 : 0.0,
+           cfg->kv_cache ? 2.0 * mc->n_layer * m->B * m->maxT * m->tp.Cx * 4 / 1048576.0 : 0.0,
            cfg->precision);
     if (cfg->temperature > 0)
         printf("sampling: temperature %g, top_k %d, top_p %g, seed %d\n", cfg->temperature,
@@ -430,11 +440,15 @@ static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
     if (cfg->compile && !ops_graphs_supported())
         printf("compile: true: CUDA graphs are a CUDA feature; on the %s backend nothing changes\n",
                ops_backend_name());
+    else if (cfg->compile && !g->use_graph)
+        printf("compile: true: with tensor parallelism the decode step runs op by op (its "
+               "collectives are not captured in a graph)\n");
     else if (cfg->compile) printf("compile: true: the decode step is captured as a CUDA graph and replayed\n");
 }
 
 int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
+    int rank = comm_rank(world);
     Config cfg;
     config_load(&cfg, argc, argv, "configs/inference.json");
     validate_inference_keys(&cfg);
@@ -443,7 +457,11 @@ int main(int argc, char **argv) {
 
     Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
     GPTConfig mc = model_shape(&cfg, tok);  // checks the checkpoint's vocabulary against tok's
+    tp_check_grid(&mc, cfg.tp_dimensions, comm_size(world), 1, 1);
     int maxT = cfg.max_seq_len;
+    // every rank computes the same logits (after the head's all-gather) and so samples the same
+    // tokens: rank 0 speaks for all
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     // the prompts (or the held-out records), as token ids in the Alpaca template
     int n_prompts = 0;
@@ -464,14 +482,15 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_prompts; i++) longest = r[i].n_ids > longest ? r[i].n_ids : longest;
 
     KVModel m;
-    kv_model_alloc(&m, &mc, cfg.max_batch_size, longest, maxT, config_is_bf16(&cfg));
-    load_weights(&m, &cfg);
+    kv_model_alloc(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT, config_is_bf16(&cfg));
+    float *full = load_weights(&m, &cfg);
     Generator g = {.cfg = &cfg, .m = &m, .tok = tok, .stream = true,
-                   .use_graph = cfg.compile && ops_graphs_supported()};
+                   .use_graph = cfg.compile && ops_graphs_supported() && comm_size(world) == 1};
     // only the tokenizer's tokens can be drawn (vocab_size may add unused rows, as GPT-2's shape)
     sampler_init(&g.sampler, tokenizer_vocab_size(tok), (float)cfg.temperature, cfg.top_k, (float)cfg.top_p, (uint64_t)cfg.seed);
     g.logits = malloc_or_die((size_t)cfg.max_batch_size * mc.padded_vocab_size * sizeof(float));
-    if (!cfg.kv_cache) g.nocache = nocache_alloc(&m, cfg.max_batch_size, maxT);
+    if (!cfg.kv_cache) g.nocache = nocache_alloc(&m, full, cfg.max_batch_size, maxT);
+    else dev_free(full);
     print_setup(&g, &cfg, cfg.eval_accuracy ? 0 : n_prompts);
 
     if (cfg.eval_accuracy) {

@@ -1,6 +1,7 @@
-// kv_model.c: the GPT-2 forward pass with a KV cache (see kv_model.h), over the ops.h interface.
-// The block is gpt_block_forward with one change: attention reads keys and values from the
-// cache (after writing the new rows' into it) instead of from this pass's qkv alone.
+// kv_model.c: the GPT-2 forward pass with a KV cache (see kv_model.h), over the ops.h interface
+// and stage 05's tensor-parallel pieces. The block is tp_model.c's block_forward with one change:
+// attention reads keys and values from the cache (after writing the new rows' into it) instead of
+// from this pass's qkv alone.
 #include "kv_model.h"
 
 #include <stdlib.h>
@@ -13,47 +14,63 @@ static float *alloc_floats(KVModel *m, size_t n) {
     return dev_malloc(n * sizeof(float));
 }
 
-void kv_model_alloc(KVModel *m, const GPTConfig *cfg, int B, int T, int maxT, bool bf16) {
+static void alloc_caches(KVModel *m) {
+    size_t L = (size_t)m->cfg.n_layer, per_layer = (size_t)m->B * m->maxT * m->tp.Cx;
+    m->k_cache = calloc_or_die(L, sizeof(float *));
+    m->v_cache = calloc_or_die(L, sizeof(float *));
+    for (size_t l = 0; l < L; l++) {
+        m->k_cache[l] = alloc_floats(m, per_layer);
+        m->v_cache[l] = alloc_floats(m, per_layer);
+    }
+}
+
+static void alloc_scratch(KVModel *m, bool bf16_mode) {
+    const TPModel *tp = &m->tp;
+    size_t N = (size_t)m->B * m->T, B = (size_t)m->B, Cy = tp->Cy, Cx = tp->Cx, C4x = tp->C4x;
+    m->x = alloc_floats(m, N * Cy);
+    m->ln = alloc_floats(m, N * Cy);
+    m->mean = alloc_floats(m, N);
+    m->rstd = alloc_floats(m, N);
+    m->stats = alloc_floats(m, N);
+    m->qkv = alloc_floats(m, N * 3 * Cx);
+    m->atty = alloc_floats(m, N * Cx);
+    m->fch = alloc_floats(m, N * C4x);
+    m->scores = alloc_floats(m, B * tp->NHx * m->T * m->maxT);
+    m->last = alloc_floats(m, B * Cy);
+    m->logits = alloc_floats(m, B * m->cfg.padded_vocab_size);
+    if (tp->grid.X > 1) {  // with x = 1 the head writes the whole rows into logits directly
+        m->shard = alloc_floats(m, B * tp->Vl);
+        m->gathered = alloc_floats(m, B * m->cfg.padded_vocab_size);
+    }
+    if (bf16_mode) {  // the widest matmul input: the MLP projection's (C4x) or the hidden (Cy)
+        size_t widest = C4x > Cy ? C4x : Cy;
+        m->inp16 = dev_malloc(N * widest * sizeof(bf16));
+        m->bytes += N * widest * sizeof(bf16);
+    }
+    m->tokens = dev_malloc(N * sizeof(int));
+    m->start = dev_malloc(B * sizeof(int));
+    m->bytes += (N + B) * sizeof(int);
+}
+
+void kv_model_alloc(KVModel *m, Comm *world, const GPTConfig *cfg, const int dims[3], int B, int T,
+                    int maxT, bool bf16_mode) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->B = B;
     m->T = T;
     m->maxT = maxT;
-    gpt_layout(&m->layout, cfg);
-    m->params = dev_malloc(m->layout.num_params * sizeof(float));
-    weights_point(&m->w, &m->layout, m->params);
-    if (bf16) {
-        m->params16 = dev_malloc(m->layout.num_params * sizeof(bf16));
-        weights_point_bf16(&m->w, &m->layout, m->params16);
-    }
-    size_t C = (size_t)cfg->n_embd, N = (size_t)B * T, L = (size_t)cfg->n_layer;
-    m->k_cache = calloc_or_die(L, sizeof(float *));
-    m->v_cache = calloc_or_die(L, sizeof(float *));
-    for (size_t l = 0; l < L; l++) {
-        m->k_cache[l] = alloc_floats(m, (size_t)B * maxT * C);
-        m->v_cache[l] = alloc_floats(m, (size_t)B * maxT * C);
-    }
-    m->x = alloc_floats(m, N * C);
-    m->ln = alloc_floats(m, N * C);
-    m->mean = alloc_floats(m, N);
-    m->rstd = alloc_floats(m, N);
-    m->qkv = alloc_floats(m, N * 3 * C);
-    m->atty = alloc_floats(m, N * C);
-    m->fch = alloc_floats(m, N * 4 * C);
-    m->scores = alloc_floats(m, (size_t)B * cfg->n_head * T * maxT);
-    m->last = alloc_floats(m, (size_t)B * C);
-    m->logits = alloc_floats(m, (size_t)B * cfg->padded_vocab_size);
-    if (bf16) {
-        m->inp16 = dev_malloc(N * 4 * C * sizeof(bf16));
-        m->bytes += N * 4 * C * sizeof(bf16);
-    }
-    m->tokens = dev_malloc(N * sizeof(int));
-    m->start = dev_malloc((size_t)B * sizeof(int));
-    m->bytes += (N + B) * sizeof(int);
+    tp_model_init(&m->tp, world, cfg, dims, true);
+    m->params = dev_malloc(m->tp.layout.num_params * sizeof(float));
+    if (bf16_mode) m->params16 = dev_malloc(m->tp.layout.num_params * sizeof(bf16));
+    tp_params_point(&m->w, &m->tp, m->params);
+    tp_stream_init(&m->stream, &m->tp.grid, m->tp.max_block, false, bf16_mode);
+    alloc_caches(m);
+    alloc_scratch(m, bf16_mode);
 }
 
-void kv_model_ready(KVModel *m) {
-    if (m->params16) cast_to_bf16(m->params16, m->params, m->layout.num_params);
+void kv_model_load(KVModel *m, const float *full) {
+    tp_extract(&m->tp, m->params, full);
+    if (m->params16) cast_to_bf16(m->params16, m->params, m->tp.layout.num_params);
 }
 
 void kv_model_free(KVModel *m) {
@@ -64,46 +81,66 @@ void kv_model_free(KVModel *m) {
     }
     free(m->k_cache);
     free(m->v_cache);
-    void *bufs[] = {m->params, m->params16, m->x, m->ln, m->mean, m->rstd, m->qkv, m->atty, m->fch,
-                    m->scores, m->inp16, m->last, m->logits, m->tokens, m->start};
+    void *bufs[] = {m->params, m->params16, m->x, m->ln, m->mean, m->rstd, m->stats, m->qkv, m->atty,
+                    m->fch, m->scores, m->inp16, m->last, m->shard, m->gathered, m->logits,
+                    m->tokens, m->start};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(bufs[i]);
-    weights_free(&m->w);
-    gpt_layout_free(&m->layout);
+    tp_stream_free(&m->stream);
+    tp_params_free(&m->w);
+    tp_model_free(&m->tp);
     memset(m, 0, sizeof *m);
 }
 
 // ---- the forward pass -------------------------------------------------------------------------
 
-// One block over N = B * T rows of m->x, in place: x += attn(ln1(x)); x += mlp(ln2(x)).
+// One block over N = B * T rows of m->x, in place: x += attn(ln1(x)); x += mlp(ln2(x)). Each
+// tp_linear_forward ends with its all-reduce (over y for qkv and fc, over x for the projections).
 static void block_forward(KVModel *m, int l, int B, int T) {
-    const BlockWeights *w = &m->w.h[l];
-    int N = B * T, C = m->cfg.n_embd, NH = m->cfg.n_head;
-    layernorm_forward(m->ln, m->mean, m->rstd, m->x, w->ln1w, w->ln1b, N, C);
-    gpt_linear_forward(m->qkv, m->ln, m->inp16, w->qkvw, w->qkvw16, w->qkvb, N, C, 3 * C);
-    // the new rows' keys and values join the cache, then the new queries attend to all of it
-    kv_cache_write(m->k_cache[l], m->v_cache[l], m->qkv, m->start, B, T, C, m->maxT);
+    const TPModel *tp = &m->tp;
+    const TPBlock *w = &m->w.h[l];
+    int N = B * T;
+    size_t NCy = (size_t)N * tp->Cy;
+    tp_layernorm_forward(tp, m->stats, m->ln, m->mean, m->rstd, m->x, w->ln1w, w->ln1b, N);
+    tp_linear_forward(&tp->qkv, m->qkv, m->ln, m->inp16, tp_stream_next(&m->stream), w->qkvb, N);
+    // this rank's heads' new keys and values join its share of the cache, then its new queries
+    // attend to all of it: heads are independent, so no rank needs another's cache
+    kv_cache_write(m->k_cache[l], m->v_cache[l], m->qkv, m->start, B, T, tp->Cx, m->maxT);
     attention_cached_forward(m->atty, m->scores, m->qkv, m->k_cache[l], m->v_cache[l], m->start,
-                             B, T, C, NH, m->maxT);
-    gpt_linear_forward(m->ln, m->atty, m->inp16, w->attprojw, w->attprojw16, w->attprojb, N, C, C);
-    add_inplace(m->x, m->ln, (size_t)N * C);
-    layernorm_forward(m->ln, m->mean, m->rstd, m->x, w->ln2w, w->ln2b, N, C);
-    gpt_linear_forward(m->fch, m->ln, m->inp16, w->fcw, w->fcw16, w->fcb, N, C, 4 * C);
-    gelu_forward(m->fch, m->fch, (size_t)N * 4 * C);  // element-wise: in place is safe
-    gpt_linear_forward(m->ln, m->fch, m->inp16, w->fcprojw, w->fcprojw16, w->fcprojb, N, 4 * C, C);
-    add_inplace(m->x, m->ln, (size_t)N * C);
+                             B, T, tp->Cx, tp->NHx, m->maxT);
+    tp_linear_forward(&tp->proj, m->ln, m->atty, m->inp16, tp_stream_next(&m->stream), w->attprojb, N);
+    add_inplace(m->x, m->ln, NCy);
+    tp_layernorm_forward(tp, m->stats, m->ln, m->mean, m->rstd, m->x, w->ln2w, w->ln2b, N);
+    tp_linear_forward(&tp->fc, m->fch, m->ln, m->inp16, tp_stream_next(&m->stream), w->fcb, N);
+    gelu_forward(m->fch, m->fch, (size_t)N * tp->C4x);  // element-wise: in place is safe
+    tp_linear_forward(&tp->fcproj, m->ln, m->fch, m->inp16, tp_stream_next(&m->stream), w->fcprojb, N);
+    add_inplace(m->x, m->ln, NCy);
 }
 
-// the final layernorm and the tied lm_head, for B rows of `rows` (B, C)
+// Each x rank looks up the tokens of its vocabulary shard (0 for the others) and x rank 0 adds
+// the positions; the sum over x completes every row (as tp_forward's embedding, at start[b] + t).
+static void embed(KVModel *m, int B, int T) {
+    const TPModel *tp = &m->tp;
+    TPWeight wte = tp_stream_next(&m->stream);
+    encoder_forward_at(m->x, m->tokens, m->start, wte.w, tp->grid.x == 0 ? m->w.wpe : NULL, tp->v_lo,
+                       tp->Vl, B, T, tp->Cy);
+    tp_all_reduce(tp->grid.gx, m->x, (size_t)B * T * tp->Cy);
+}
+
+// the final layernorm and the tied lm_head, for B rows of `rows` (B, Cy): the head is a normal
+// layer (vocabulary over x), so each x rank computes its shard and an all-gather puts the rows
+// together for the sampler
 static void head_forward(KVModel *m, const float *rows, int B) {
-    int C = m->cfg.n_embd;
-    layernorm_forward(m->ln, m->mean, m->rstd, rows, m->w.lnfw, m->w.lnfb, B, C);
-    gpt_linear_forward(m->logits, m->ln, m->inp16, m->w.wte, m->w.wte16, NULL, B, C,
-                       m->cfg.padded_vocab_size);
+    const TPModel *tp = &m->tp;
+    tp_layernorm_forward(tp, m->stats, m->ln, m->mean, m->rstd, rows, m->w.lnfw, m->w.lnfb, B);
+    float *out = tp->grid.X > 1 ? m->shard : m->logits;
+    tp_linear_forward(&tp->head, out, m->ln, m->inp16, tp_stream_next(&m->stream), NULL, B);
+    if (tp->grid.X > 1) tp_gather_vocab(tp, m->logits, m->gathered, m->shard, B);
 }
 
 // everything between the uploaded inputs and the logits: what a CUDA graph can record
 static void forward_on_device(KVModel *m, int B, int T, const int *last_row) {
-    encoder_forward_at(m->x, m->tokens, m->start, m->w.wte, m->w.wpe, B, T, m->cfg.n_embd);
+    tp_stream_forward(&m->tp, &m->stream, m->params, m->params16);  // wte, the blocks', wte
+    embed(m, B, T);
     for (int l = 0; l < m->cfg.n_layer; l++) block_forward(m, l, B, T);
     if (T == 1) {  // decode: the rows are the sequences' last rows already
         head_forward(m, m->x, B);
@@ -111,10 +148,10 @@ static void forward_on_device(KVModel *m, int B, int T, const int *last_row) {
     }
     // prefill: only each sequence's last prompt row predicts a token; the lm_head (the biggest
     // matmul at GPT-2's vocabulary) runs on those B rows, not on all B * T
-    size_t C = (size_t)m->cfg.n_embd;
+    size_t Cy = (size_t)m->tp.Cy;
     for (int b = 0; b < B; b++) {
         int row = last_row ? last_row[b] : T - 1;
-        dev_copy(m->last + b * C, m->x + ((size_t)b * T + row) * C, C * sizeof(float));
+        dev_copy(m->last + b * Cy, m->x + ((size_t)b * T + row) * Cy, Cy * sizeof(float));
     }
     head_forward(m, m->last, B);
 }
@@ -158,11 +195,22 @@ void kv_decode(KVModel *m, const int *tokens, const int *start, int B, bool use_
 // ---- without a cache: the training model's own forward ----------------------------------------
 
 struct NoCacheModel {
+    float *params;   // the serial model's (taken over from the caller)
+    bf16 *params16;
+    Weights w;
     Activations acts;
 };
 
-NoCacheModel *nocache_alloc(const KVModel *m, int B, int T) {
+NoCacheModel *nocache_alloc(const KVModel *m, float *full, int B, int T) {
     NoCacheModel *nc = calloc_or_die(1, sizeof *nc);
+    const ParamLayout *layout = &m->tp.full;
+    nc->params = full;
+    weights_point(&nc->w, layout, full);
+    if (m->params16) {
+        nc->params16 = dev_malloc(layout->num_params * sizeof(bf16));
+        cast_to_bf16(nc->params16, full, layout->num_params);
+        weights_point_bf16(&nc->w, layout, nc->params16);
+    }
     acts_alloc(&nc->acts, &m->cfg, B, T, m->params16 != NULL);
     return nc;
 }
@@ -170,7 +218,7 @@ NoCacheModel *nocache_alloc(const KVModel *m, int B, int T) {
 void nocache_forward(NoCacheModel *nc, const KVModel *m, const int *tokens, const int *len, int B,
                      int T, float *logits_host) {
     size_t Vp = (size_t)m->cfg.padded_vocab_size;
-    gpt_forward(&nc->acts, &m->w, &m->cfg, tokens, B, T);
+    gpt_forward(&nc->acts, &nc->w, &m->cfg, tokens, B, T);
     for (int b = 0; b < B; b++)
         copy_to_host(logits_host + b * Vp, nc->acts.logits + ((size_t)b * T + len[b] - 1) * Vp,
                      Vp * sizeof(float));
@@ -179,5 +227,8 @@ void nocache_forward(NoCacheModel *nc, const KVModel *m, const int *tokens, cons
 void nocache_free(NoCacheModel *nc) {
     if (!nc) return;
     acts_free(&nc->acts);
+    weights_free(&nc->w);
+    dev_free(nc->params);
+    dev_free(nc->params16);
     free(nc);
 }

@@ -12,56 +12,71 @@
 //
 // The same block code does both: T new rows per sequence that start at start[b] (0 in the
 // prefill, the sequence's length in a decode step).
+//
+// Tensor parallelism over [x, y, 1]: the block is stage 05's (05_tensor_parallel/tp_model.h),
+// built from its parallel linear layer. Rank (x, y) holds the heads n_head/x (its qkv rows and
+// its share of the KV cache, (B, maxT, C/x) per layer: the cache is split by heads and never
+// moves), the MLP's columns 4C/x, the vocabulary Vp/x, and the hidden dimension C/y of each.
+// [1, 1, 1] is the serial model: every collective is skipped.
 #ifndef KV_MODEL_H
 #define KV_MODEL_H
 
 #include <stdbool.h>
 
+#include "../05_tensor_parallel/tp_model.h"
+#include "comm.h"
 #include "gpt.h"
 #include "ops.h"
 
 typedef struct {
     GPTConfig cfg;
-    ParamLayout layout;
-    float *params;             // the flat parameter buffer (device)
+    TPModel tp;                // the grid and this rank's share of every tensor (stage 05)
+    float *params;             // this rank's share, flat (device)
     bf16 *params16;            // its bf16 copy (precision bf16-mixed), else NULL
-    Weights w;
+    TPParams w;                // named views into params
+    TPWeightStream stream;     // hands out the blocks in the forward's order (z = 1: no copies)
     int B, T, maxT;            // capacity: B sequences, T new rows each, maxT cached positions
-    float **k_cache, **v_cache;  // [L] of (B, maxT, C)
-    // scratch for one forward of N = B * T rows
-    float *x;                  // (N, C) the residual stream
-    float *ln, *mean, *rstd;   // (N, C), (N), (N) layernorm output; also the projections' output
-    float *qkv, *atty, *fch;   // (N, 3C), (N, C), (N, 4C)
-    float *scores;             // (B, NH, T, maxT) attention scratch
-    bf16 *inp16;               // (N, 4C) bf16 copy of a matmul input (bf16 mode)
-    float *last;               // (B, C) each sequence's last row, the head's input
-    float *logits;             // (B, Vp)
+    float **k_cache, **v_cache;  // [L] of (B, maxT, C/x): this rank's heads
+    // scratch for one forward of N = B * T rows (Cy = C/y, Cx = C/x, C4x = 4C/x: tp_model.h)
+    float *x;                  // (N, Cy) the residual stream
+    float *ln, *mean, *rstd;   // (N, Cy), (N), (N) layernorm output; also the projections' output
+    float *stats;              // (N) layernorm's row sums (all-reduced over y)
+    float *qkv, *atty, *fch;   // (N, 3Cx), (N, Cx), (N, C4x)
+    float *scores;             // (B, NH/x, T, maxT) attention scratch
+    bf16 *inp16;               // (N, max(Cy, C4x)) bf16 copy of a matmul input (bf16 mode)
+    float *last;               // (B, Cy) each sequence's last row, the head's input
+    float *shard, *gathered;   // (B, Vp/x) this rank's logits, (x, B, Vp/x) all of them (x > 1)
+    float *logits;             // (B, Vp) the whole vocabulary, on every rank
     int *tokens, *start;       // (B, T) and (B), device
     size_t bytes;              // device memory of everything above but the weights
     void *graph;               // the captured decode step (CUDA graph), or NULL
     int graph_B;               // ... and the batch size it was captured for
 } KVModel;
 
-// Allocates the model's buffers for cfg (weights zero: fill m->params, then call kv_model_ready).
-void kv_model_alloc(KVModel *m, const GPTConfig *cfg, int B, int T, int maxT, bool bf16);
-// Makes the bf16 copy of the weights when bf16 was asked for (after params are filled).
-void kv_model_ready(KVModel *m);
+// Allocates the model's buffers for cfg on the grid dims = [x, y, 1] of world (every rank calls
+// it; the grid was checked with tp_check_grid). Load the weights with kv_model_load.
+void kv_model_alloc(KVModel *m, Comm *world, const GPTConfig *cfg, const int dims[3], int B, int T,
+                    int maxT, bool bf16_mode);
+// Takes this rank's share of full (device, the serial model's layout: m->tp.full) and makes the
+// bf16 copy when bf16 was asked for.
+void kv_model_load(KVModel *m, const float *full);
 void kv_model_free(KVModel *m);
 
 // One forward pass over T new rows of B sequences: tokens (B, T) and start (B) are host arrays;
 // sequence b's rows sit at positions start[b] .. start[b] + T - 1 and its logits are taken at
-// row last_row[b] (NULL: row T - 1). Fills m->logits (B, Vp) on the device.
+// row last_row[b] (NULL: row T - 1). Fills m->logits (B, Vp) on the device, on every rank.
 void kv_forward(KVModel *m, const int *tokens, const int *start, int B, int T, const int *last_row);
-// A decode step (T = 1). With use_graph (CUDA backend only) the step's ops are captured as a CUDA
-// graph the first time (for this B) and replayed afterwards: the inputs are copied into the same
-// device buffers before each replay, which is all that changes between steps.
+// A decode step (T = 1). With use_graph (CUDA backend, one rank) the step's ops are captured as a
+// CUDA graph the first time (for this B) and replayed afterwards: the inputs are copied into the
+// same device buffers before each replay, which is all that changes between steps.
 void kv_decode(KVModel *m, const int *tokens, const int *start, int B, bool use_graph);
 
 // Without a cache: the training model's forward (gpt_forward) over each sequence's whole text
 // so far, tokens (B, T) right-padded; logits at row len[b] - 1 into host (B, Vp). The reference
-// that the cached path must reproduce (kv_cache: false).
+// that the cached path must reproduce (kv_cache: false). It runs the whole model on each rank:
+// nocache_alloc takes over full (the serial model's parameters, device).
 typedef struct NoCacheModel NoCacheModel;
-NoCacheModel *nocache_alloc(const KVModel *m, int B, int T);
+NoCacheModel *nocache_alloc(const KVModel *m, float *full, int B, int T);
 void nocache_forward(NoCacheModel *nc, const KVModel *m, const int *tokens, const int *len, int B,
                      int T, float *logits_host);
 void nocache_free(NoCacheModel *nc);

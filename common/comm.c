@@ -164,14 +164,14 @@ double comm_stats_seconds(const CommStats *s) {
 void comm_print_table(Comm *world) {
     if (world->rank != 0) return;
     printf("communication on rank 0 (sizes and bandwidths as nccl-tests defines them):\n");
-    printf("  %-8s %-15s %7s %11s %10s %11s %11s\n", "group", "collective", "calls", "MB", "ms",
+    printf("  %-10s %-15s %7s %11s %10s %11s %11s\n", "group", "collective", "calls", "MB", "ms",
            "algbw GB/s", "busbw GB/s");
     for (Comm *c = g_groups; c; c = c->next)
         for (int k = 0; k < COLL_KINDS; k++) {
             const CommStats *s = &c->stats;
             if (!s->calls[k]) continue;
             double sec = s->seconds[k] > 0 ? s->seconds[k] : 1e-12;
-            printf("  %-8s %-15s %7ld %11.2f %10.1f %11.4g %11.4g\n", c->name, COMM_KIND_NAMES[k],
+            printf("  %-10s %-15s %7ld %11.2f %10.1f %11.4g %11.4g\n", c->name, COMM_KIND_NAMES[k],
                    s->calls[k], s->bytes[k] / 1e6, 1e3 * s->seconds[k], s->bytes[k] / sec / 1e9,
                    s->bus_bytes[k] / sec / 1e9);
         }

@@ -64,7 +64,8 @@ static const Key KEYS[] = {
     K(checkpoint_interval, T_INT, "0", "save a checkpoint every N steps (0: only at the end)"),
     K(val_fraction, T_FLOAT, "0.05", "share of the records held out for validation"),
     K(overlap_communication, T_BOOL, "false",
-      "overlap communication with computation (ddp: bucketed all-reduce during backward)"),
+      "overlap communication with computation (ddp: bucketed all-reduce during backward; "
+      "fsdp: prefetch the next block's all-gather)"),
     K(bucket_size_mb, T_FLOAT, "25", "ddp: megabytes of gradients per all-reduce bucket when overlapping"),
     K(vocab_parallel_loss, T_BOOL, "true",
       "axonn: cross-entropy on the vocabulary split over x (false: all-gather the logits first)"),

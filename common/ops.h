@@ -130,9 +130,11 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
 // batch may have different lengths, and a CUDA graph can replay a step with new positions).
 // A cache is (B, maxT, C) per layer for keys and another for values, heads side by side in C.
 
-// out (B, T, C) = wte[tokens[b, t]] + wpe[start[b] + t]
+// out (B, T, C) = wte[tokens[b, t]] + wpe[start[b] + t], for the vocabulary shard [v_lo,
+// v_lo + v_count) of wte as encoder_forward_shard (a token outside it gives 0; wpe may be NULL).
+// The whole vocabulary (v_lo 0, v_count V) on one rank is the serial embedding.
 void encoder_forward_at(float *out, const int *tokens, const int *start, const float *wte,
-                        const float *wpe, int B, int T, int C);
+                        const float *wpe, int v_lo, int v_count, int B, int T, int C);
 // copies the k and v parts of qkv (B, T, 3C) into rows start[b] + t of k_cache and v_cache
 void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int *start, int B,
                     int T, int C, int maxT);

@@ -601,12 +601,12 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
 // ---- inference (stage 06)
 
 void encoder_forward_at(float *out, const int *tokens, const int *start, const float *wte,
-                        const float *wpe, int B, int T, int C) {
+                        const float *wpe, int v_lo, int v_count, int B, int T, int C) {
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         float *o = out + (size_t)bt * C;
         int pos = start[bt / T] + bt % T;
-        for (int c = 0; c < C; c++) o[c] = encoder_value(wte, wpe, tokens[bt], pos, c, C);
+        for (int c = 0; c < C; c++) o[c] = encoder_shard_value(wte, wpe, tokens[bt], pos, c, C, v_lo, v_count);
     }
 }
 

@@ -1031,20 +1031,21 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
 #define ATT_CACHED_THREADS 64
 
 static __global__ void encoder_forward_at_kernel(float *out, const int *tokens, const int *start,
-                                                 const float *wte, const float *wpe, int T, size_t n,
-                                                 int C) {
+                                                 const float *wte, const float *wpe, int v_lo,
+                                                 int v_count, int T, size_t n, int C) {
     GRID_STRIDE(i, n) {
         int bt = (int)(i / C), c = (int)(i % C);
-        out[i] = encoder_value(wte, wpe, tokens[bt], start[bt / T] + bt % T, c, C);
+        out[i] = encoder_shard_value(wte, wpe, tokens[bt], start[bt / T] + bt % T, c, C, v_lo, v_count);
     }
 }
 
 void encoder_forward_at(float *out, const int *tokens, const int *start, const float *wte,
-                        const float *wpe, int B, int T, int C) {
+                        const float *wpe, int v_lo, int v_count, int B, int T, int C) {
     size_t n = (size_t)B * T * C;
     if (!n) return;
     ensure_init();
-    LAUNCH(encoder_forward_at_kernel, grid_for(n), THREADS, 0, out, tokens, start, wte, wpe, T, n, C);
+    LAUNCH(encoder_forward_at_kernel, grid_for(n), THREADS, 0, out, tokens, start, wte, wpe, v_lo,
+           v_count, T, n, C);
 }
 
 static __global__ void kv_cache_write_kernel(float *k_cache, float *v_cache, const float *qkv,

@@ -33,6 +33,19 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yi
 mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-3 --config configs/tiny.json \
     --stop_iteration=50 --out_dir=out/demo-stage-3
 
+say "Stage 04: four ranks, each holding a quarter of the model (FSDP)" \
+"Before step 1, compare the per-rank memory with DDP's: parameters, gradients and AdamW state
+are split four ways, and each block is gathered just before it is used. The loss is again
+stage 01's. 20 steps."
+mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-4 --config configs/tiny.json \
+    --stop_iteration=20 --out_dir=out/demo-stage-4
+
+say "Stage 05: one model cut over a 2 x 2 grid of ranks (AxoNN tensor parallelism)" \
+"Every linear layer is split: out-features over x, in-features over y. Watch the table at the
+end: all-reduces over the x and y groups in every layer, and still stage 01's loss. 20 steps."
+mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-5 --config configs/tiny.json \
+    --tp_dimensions=2,2,1 --stop_iteration=20 --out_dir=out/demo-stage-5
+
 say "Stage 06: the model from stage 01 answers questions it never saw" \
 "Generation with a KV cache: each batch of prompts is read in one pass (prefill), then every
 step adds one token per prompt, reading the earlier tokens' keys and values from the cache

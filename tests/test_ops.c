@@ -870,9 +870,17 @@ static void test_kv_cache(void) {
     float *d_wte = upload(wte, (size_t)Vp * C), *d_wpe = upload(wpe, (size_t)maxT * C);
     int *d_tokens = dev_malloc(sizeof tokens);
     copy_to_device(d_tokens, tokens, sizeof tokens);
-    encoder_forward_at(d_out, d_tokens, d_start, d_wte, d_wpe, B, T, C);
+    encoder_forward_at(d_out, d_tokens, d_start, d_wte, d_wpe, 0, Vp, B, T, C);
     double *got_enc = download(d_out, nout);
     check_array("encoder_forward_at", got_enc, want_enc, nout, 0x1.0p-24, 0);
+    // two vocabulary shards (tensor parallelism), wpe on the first: their sum is the embedding
+    encoder_forward_at(d_out, d_tokens, d_start, d_wte, d_wpe, 0, 3, B, T, C);
+    double *shard0 = download(d_out, nout);
+    encoder_forward_at(d_out, d_tokens, d_start, d_wte + 3 * C, NULL, 3, Vp - 3, B, T, C);
+    double *shard1 = download(d_out, nout);
+    for (size_t i = 0; i < nout; i++) shard0[i] += shard1[i];
+    check_array("encoder_forward_at summed over vocabulary shards", shard0, want_enc, nout, 0x1.0p-23, 0);
+    free(shard0), free(shard1);
 
     dev_free(d_qkv), dev_free(d_k), dev_free(d_v), dev_free(d_out), dev_free(d_scores);
     dev_free(d_start), dev_free(d_wte), dev_free(d_wpe), dev_free(d_tokens);

@@ -7,9 +7,12 @@
 #    Hugging Face fixture checkpoint with the GPT-2 tokenizer, and on a model stage 01 trained;
 #  - sampling: the same seed repeats, top_k 1 is greedy, another seed differs;
 #  - prompts from stdin; eval_accuracy reports an accuracy;
+#  - tensor parallelism: [2,1,1], [4,1,1] and [2,2,1] generate exactly the tokens of [1,1,1]
+#    (fp32, greedy and seeded sampling);
 #  - bad prompts file, empty prompt, prompt longer than the context, checkpoint/tokenizer vocab
-#    mismatch, z > 1, tensor parallelism before stage 05 lands: one clear error each.
+#    mismatch, z > 1, a grid that does not match the ranks or the model: one clear error each.
 source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
 FIX=${FIXTURES:-../shared/fixtures}/lm-buddy-fake_gpt2
 
 # A small model trained for a few steps on real alpaca answers (long ones: it has not learned to
@@ -77,10 +80,24 @@ run6 eval --config configs/inference.json --init_from="$tmp/model" --eval_accura
 check 'grep -q "exact-answer accuracy on (synthetic).s held-out split: [0-9]* / 60 = " "$tmp/eval.log"' \
     "eval_accuracy: $(tail -3 "$tmp/eval.log")"
 
-# 5. errors: exit 1, one line "error: ..." naming the problem
+# 5. tensor parallelism (stage 05's layer, the cache split by heads): the same tokens as one rank,
+# greedy and sampled (run 1's cache and s1), with the ranks' sums in another order
+for grid in 2,1,1:2 4,1,1:4 2,2,1:4; do
+    dims=${grid%:*} np=${grid#*:}
+    timeout 120 mpirun -np "$np" --bind-to none build/stage-6 "${args[@]}" --max_batch_size=3 --tp_dimensions="$dims" >"$tmp/tp$dims.log" 2>&1
+    check '[ -n "$(ids "tp$dims")" ] && [ "$(ids "tp$dims")" = "$(ids cache)" ]' \
+        "greedy [$dims] differs from [1,1,1]: $(diff <(ids cache) <(ids "tp$dims") | head -4; tail -2 "$tmp/tp$dims.log")"
+    timeout 120 mpirun -np "$np" --bind-to none build/stage-6 "${args[@]}" --max_batch_size=3 "${sample[@]}" --tp_dimensions="$dims" >"$tmp/tps$dims.log" 2>&1
+    check '[ "$(ids "tps$dims")" = "$(ids s1)" ]' \
+        "sampled [$dims] differs from [1,1,1]: $(diff <(ids s1) <(ids "tps$dims") | head -4; tail -2 "$tmp/tps$dims.log")"
+done
+check 'grep -q "tensor parallelism \[2, 2, 1\]: 4 ranks, each with 2 of 4 heads" "$tmp/tp2,2,1.log"' \
+    "[2,2,1]: no line on the grid: $(head -3 "$tmp/tp2,2,1.log")"
+
+# 6. errors: exit 1, one line "error: ..." naming the problem
 expect_error() { # expect_error <name> <pattern> <args...>
     local name=$1 pattern=$2; shift 2
-    run6 "$name" "$@"
+    ${RUN:-run6} "$name" "$@"
     local rc=$?
     check '[ $rc -eq 1 ] && [ "$(grep -c "^error:" "$tmp/$name.log")" -eq 1 ] && grep -q -- "$pattern" "$tmp/$name.log"' \
         "$name: exit $rc, want one error matching '$pattern': $(tail -2 "$tmp/$name.log")"
@@ -100,7 +117,9 @@ expect_error too_long "prompt 4 is 195 tokens long .* the context is 170 tokens"
 expect_error vocab "vocabulary has 50257 tokens but the tokenizer ('byte tokenizer') has 257" \
     --config configs/inference.json --init_from="$FIX/model.safetensors"
 expect_error zdim "z must be 1" "${base[@]}" --tp_dimensions=1,1,2
-expect_error tp "needs stage 05's tensor-parallel layer" "${base[@]}" --tp_dimensions=2,1,1
+expect_error tp_ranks "\[2, 1, 1\] needs x \* y = 2 ranks, but 1 were started" "${base[@]}" --tp_dimensions=2,1,1
+run6_3ranks() { timeout 60 mpirun -np 3 --bind-to none build/stage-6 "${@:2}" >"$tmp/$1.log" 2>&1; }
+RUN=run6_3ranks expect_error tp_heads "attention heads must divide by x" "${base[@]}" --tp_dimensions=3,1,1
 expect_error no_checkpoint "needs a checkpoint" --config configs/inference.json --init_from=
 
 finish test_stage6

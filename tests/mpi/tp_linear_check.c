@@ -11,9 +11,9 @@
 #include "comm.h"
 #include "log.h"
 #include "ops.h"
-// The layer lives in its stage's directory, where the learner reads it; the test compiles it in
-// (the Makefile links tests/mpi programs with common/ only).
-#include "../../05_tensor_parallel/tp_linear.c"
+// The layer lives in its stage's directory, where the learner reads it; the Makefile links its
+// object into this program.
+#include "../../05_tensor_parallel/tp_linear.h"
 
 enum { K = 24, M = 40, ROWS = 8 };  // in, out, rows per row group: divisible by 1, 2 and 4
 
