@@ -12,17 +12,9 @@ CONF=$DIR/etc/slurm.conf
 MUNGE_SOCKET=$DIR/munge/munge.socket.2
 export SLURM_CONF=$CONF
 
-log() { printf '[%s %s] %s\n' "${LOG_TAG:-local-cluster}" "$(date +%T)" "$*" >&2; }
-
-# Alive = exists and is not a zombie. Where pid 1 does not reap re-parented
-# daemons (containers, VMs without an init), dead daemons linger as <defunct>
-# and `kill -0` still succeeds on them.
-alive() {
-    local pid=$1 st
-    [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] || return 1
-    st=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
-}
+LOG_TAG=${LOG_TAG:-local-cluster}
+# shellcheck source=slurm/daemon-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/daemon-lib.sh"
 has_our_conf() { tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF"; }
 
 # our_pid NAME PIDFILE: print the pid in PIDFILE if that process is our NAME

@@ -125,15 +125,7 @@ NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB$gres State=UNKNO
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=$NODE MaxTime=INFINITE State=UP
 CONF
-    : >"$DIR/etc/gres.conf.new"
-    if [ "$GPUS" -gt 0 ]; then
-        # gres/gpu needs File= entries that are character devices: clones of /dev/null
-        mkdir -p "$DIR/fakegpu"
-        for ((i = 0; i < GPUS; i++)); do
-            [ -c "$DIR/fakegpu/nvidia$i" ] || mknod "$DIR/fakegpu/nvidia$i" c 1 3
-        done
-        echo "NodeName=$NODE Name=gpu File=$DIR/fakegpu/nvidia[0-$((GPUS - 1))]" >"$DIR/etc/gres.conf.new"
-    fi
+    write_fake_gpus "$GPUS" "$NODE" "$DIR/etc/gres.conf.new"
 }
 
 # plain sbatch/squeue find the config through /etc/slurm/slurm.conf; only link it if free

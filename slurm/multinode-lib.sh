@@ -20,15 +20,9 @@ CONF=$DIR/etc/slurm.conf
 MUNGE_SOCKET=$DIR/munge/munge.socket.2
 export SLURM_CONF=$CONF
 
-log() { printf '[%s %s] %s\n' "${LOG_TAG:-multinode}" "$(date +%T)" "$*" >&2; }
-
-# Alive = exists and is not a zombie (pid 1 here reaps re-parented daemons late).
-alive() {
-    local pid=$1 st
-    [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] || return 1
-    st=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
-}
+LOG_TAG=${LOG_TAG:-multinode}
+# shellcheck source=slurm/daemon-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/daemon-lib.sh"
 
 # our_pid NAME PIDFILE: print the pid in PIDFILE if that process is our NAME
 our_pid() {

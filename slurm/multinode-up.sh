@@ -267,16 +267,7 @@ write_config() { # -> $CONF.new, gres.conf.new
         done
         echo "PartitionName=debug Nodes=${P}[1-$NNODES] Default=YES MaxTime=INFINITE State=UP"
     } >"$CONF.new"
-    : >"$DIR/etc/gres.conf.new"
-    if [ "$GPUS" -gt 0 ]; then
-        # fake GPUs, so that the stage scripts' --gpus-per-node is accepted: gres/gpu needs
-        # character devices, so clones of /dev/null (the CPU build runs the job)
-        mkdir -p "$DIR/fakegpu"
-        for ((i = 0; i < GPUS; i++)); do
-            [ -c "$DIR/fakegpu/nvidia$i" ] || mknod "$DIR/fakegpu/nvidia$i" c 1 3
-        done
-        echo "NodeName=${P}[1-$NNODES] Name=gpu File=$DIR/fakegpu/nvidia[0-$((GPUS - 1))]" >"$DIR/etc/gres.conf.new"
-    fi
+    write_fake_gpus "$GPUS" "${P}[1-$NNODES]" "$DIR/etc/gres.conf.new"
 }
 
 # ---- daemons ------------------------------------------------------------------------------------

@@ -31,6 +31,18 @@ sys.exit(0 if worst <= tol else 1)
 PY
 }
 
+# run_ranks <stage> <name> <ranks> [args...]: build/stage-<stage> on <ranks> MPI ranks with the
+# test's "${args[@]}" plus [args...], writing $tmp/<name>/ and $tmp/<name>.log; one check that
+# it exits 0 (tests/mpi_env.sh must be sourced)
+run_ranks() {
+    local stage=$1 name=$2 np=$3
+    shift 3
+    timeout 300 mpirun -np "$np" --bind-to none "build/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" "$@" \
+        >"$tmp/$name.log" 2>&1
+    local rc=$?
+    check '[ $rc -eq 0 ]' "stage $stage $name failed (exit $rc): $(tail -5 "$tmp/$name.log")"
+}
+
 # finish <name>: the summary line tests/run.sh reads, and the exit status
 finish() {
     echo "$1: $passed passed, $failed failed"

@@ -15,17 +15,11 @@ args=(--config configs/tiny.json --stop_iteration=20 --eval_batches=1 --log_inte
 
 OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --out_dir="$tmp/single" >"$tmp/single.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/single.log")"
-run3() { # run3 <name> <ranks> <extra args...>
-    local name=$1 np=$2; shift 2
-    timeout 300 mpirun -np "$np" --bind-to none build/stage-3 "${args[@]}" --out_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1
-    local rc=$?
-    check '[ $rc -eq 0 ]' "stage 3 $name failed (exit $rc): $(tail -5 "$tmp/$name.log")"
-}
-run3 np1 1
-run3 np2 2
-run3 np4 4
-run3 np2acc2 2 --gradient_acc_steps=2
-run3 np4overlap 4 --overlap_communication=true --bucket_size_mb=0.05
+run_ranks 3 np1 1
+run_ranks 3 np2 2
+run_ranks 3 np4 4
+run_ranks 3 np2acc2 2 --gradient_acc_steps=2
+run_ranks 3 np4overlap 4 --overlap_communication=true --bucket_size_mb=0.05
 for name in np1 np2 np4 np2acc2 np4overlap; do
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
 done
@@ -48,7 +42,7 @@ check '[ "$calls" = "20" ]' "accumulation must not communicate on inner micro-ba
 # bf16: stage 3 on 2 ranks against stage 2
 OMP_NUM_THREADS=2 build/stage-2 "${args[@]}" --precision=bf16-mixed --out_dir="$tmp/s2bf16" >"$tmp/s2bf16.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 2 bf16 failed: $(tail -3 "$tmp/s2bf16.log")"
-run3 np2bf16 2 --precision=bf16-mixed
+run_ranks 3 np2bf16 2 --precision=bf16-mixed
 check 'compare_losses "$tmp/s2bf16" "$tmp/np2bf16" 20 1e-3' "bf16 stage 3 strays from stage 2"
 
 # ranks started with different configs stop at once, with a message

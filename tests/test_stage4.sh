@@ -15,22 +15,16 @@ args=(--config configs/tiny.json --stop_iteration=20 --eval_batches=1 --log_inte
 
 OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --out_dir="$tmp/single" >"$tmp/single.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/single.log")"
-run4() { # run4 <name> <ranks> <extra args...>
-    local name=$1 np=$2; shift 2
-    timeout 300 mpirun -np "$np" --bind-to none build/stage-4 "${args[@]}" --out_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1
-    local rc=$?
-    check '[ $rc -eq 0 ]' "stage 4 $name failed (exit $rc): $(tail -5 "$tmp/$name.log")"
-}
-run4 np2 2
-run4 np4 4
-run4 np2acc2prefetch 2 --gradient_acc_steps=2 --overlap_communication=true
+run_ranks 4 np2 2
+run_ranks 4 np4 4
+run_ranks 4 np2acc2prefetch 2 --gradient_acc_steps=2 --overlap_communication=true
 for name in np2 np4 np2acc2prefetch; do
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
 done
 # 3 ranks: a block (49984 elements here) does not split into 3, so the last shard ends in padding
 OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --stop_iteration=5 --global_batch_size=12 --out_dir="$tmp/single12" >"$tmp/single12.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 (batch 12) failed: $(tail -3 "$tmp/single12.log")"
-run4 np3 3 --stop_iteration=5 --global_batch_size=12
+run_ranks 4 np3 3 --stop_iteration=5 --global_batch_size=12
 check 'compare_losses "$tmp/single12" "$tmp/np3" 5 1e-5' "3 ranks (padded shards) do not reproduce stage 01"
 
 # ---- memory and communication, from the model's shape -----------------------------------------
@@ -76,7 +70,7 @@ check '! grep -q "world *all-reduce" "$tmp/np4.log"' "FSDP must not all-reduce g
 # ---- bf16: stage 4 on 2 ranks against stage 2 (10 steps keep the test short) ------------------
 OMP_NUM_THREADS=2 build/stage-2 "${args[@]}" --stop_iteration=10 --precision=bf16-mixed --out_dir="$tmp/s2bf16" >"$tmp/s2bf16.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 2 bf16 failed: $(tail -3 "$tmp/s2bf16.log")"
-run4 np2bf16 2 --stop_iteration=10 --precision=bf16-mixed
+run_ranks 4 np2bf16 2 --stop_iteration=10 --precision=bf16-mixed
 check 'compare_losses "$tmp/s2bf16" "$tmp/np2bf16" 10 1e-3' "bf16 stage 4 strays from stage 2"
 
 # ---- checkpoints: stage 4's loads in stage 1; a run resumes on another number of ranks --------
@@ -92,7 +86,7 @@ b = json.loads(open(sys.argv[2]).readlines()[-1])[\"val_loss\"]
 print(f\"validation loss: stage 4 {a:.8f}, stage 1 from its checkpoint {b:.8f}\")
 sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)" "$tmp/np2/metrics.jsonl" "$tmp/load1/metrics.jsonl"' \
     "stage 1 gets another validation loss from stage 4's checkpoint"
-run4 resume 4 --stop_iteration=10
-run4 resume 2 --resume=true
+run_ranks 4 resume 4 --stop_iteration=10
+run_ranks 4 resume 2 --resume=true
 check 'compare_losses "$tmp/single" "$tmp/resume" 20 1e-5' "stopped on 4 ranks at step 10, resumed on 2: not stage 01's losses"
 finish test_stage4

@@ -8,34 +8,12 @@
 #  - communication per group and kind = the README's formulas, for [4,1,1], [2,2,1], [1,1,4];
 #  - checkpoints: the full format, loaded into another grid, continue like stage 01;
 #  - grids that do not fit are refused before any work, naming the constraint.
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-check() { if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi; }
 L=2 C=64 NH=4 G=8
 args=(--config configs/tiny.json --stop_iteration=20 --eval_batches=1 --log_interval=100 --n_layer=$L
       --n_embd=$C --n_head=$NH --global_batch_size=$G)
 
-compare() { # compare <reference dir> <dir> <tolerance> [steps]
-    python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" "${4:-20}" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-n = int(sys.argv[4])
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) == n else float("inf")
-print(f"{sys.argv[2].split('/')[-2]}: largest relative difference {worst:.2e}")
-sys.exit(0 if worst <= float(sys.argv[3]) else 1)
-PY
-}
-run5() { # run5 <name> <ranks> <extra args...>
-    local name=$1 np=$2; shift 2
-    timeout 300 mpirun -np "$np" --bind-to none build/stage-5 "${args[@]}" --out_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1
-    local rc=$?
-    check '[ $rc -eq 0 ]' "stage 5 $name failed (exit $rc): $(tail -5 "$tmp/$name.log")"
-}
 
 OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --out_dir="$tmp/single" >"$tmp/single.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/single.log")"
@@ -51,15 +29,15 @@ for spec in $grids; do
         g211d2) extra=(--vocab_parallel_loss=false) ;;                       # the gathered loss
         g221) extra=(--overlap_communication=true) ;;
     esac
-    run5 "$name" "$np" --tp_dimensions="$dims" "${extra[@]}"
-    check 'compare "$tmp/single" "$tmp/$name" 1e-5' "[$dims] on $np ranks does not reproduce stage 01"
+    run_ranks 5 "$name" "$np" --tp_dimensions="$dims" "${extra[@]}"
+    check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "[$dims] on $np ranks does not reproduce stage 01"
 done
 
 # ---- bf16-mixed (stage 02's scheme) against stage 02: rounding makes the bound looser ----
 OMP_NUM_THREADS=2 build/stage-2 "${args[@]}" --precision=bf16-mixed --out_dir="$tmp/s2bf16" >"$tmp/s2bf16.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 2 bf16 failed: $(tail -3 "$tmp/s2bf16.log")"
-run5 bf16_212 4 --tp_dimensions=2,1,2 --precision=bf16-mixed --overlap_communication=true
-check 'compare "$tmp/s2bf16" "$tmp/bf16_212" 1e-3' "bf16 [2,1,2] strays from stage 02"
+run_ranks 5 bf16_212 4 --tp_dimensions=2,1,2 --precision=bf16-mixed --overlap_communication=true
+check 'compare_losses "$tmp/s2bf16" "$tmp/bf16_212" 20 1e-3' "bf16 [2,1,2] strays from stage 02"
 
 # ---- memory: 1/(x*y*z) of every parallel weight; the small tensors split over x or y ----
 for spec in g411:4,1,1 g221:2,2,1 g122:1,2,2 g211d2:2,1,1; do
@@ -121,11 +99,11 @@ cargs=(--stop_iteration=3 --eval_batches=0)
 for spec in c411:4,1,1 c221:2,2,1 c114:1,1,4; do
     IFS=: read -r name dims <<<"$spec"
     IFS=, read -r X Y Z <<<"$dims"
-    run5 "$name" 4 --tp_dimensions="$dims" "${cargs[@]}"
+    run_ranks 5 "$name" 4 --tp_dimensions="$dims" "${cargs[@]}"
     echo "[$dims] communication over 3 steps:"
     check 'formula "$tmp/$name.log" $X $Y $Z 1 1 3 1' "[$dims] communication differs from the formula"
 done
-run5 c211d2 4 --tp_dimensions=2,1,1 --gradient_acc_steps=2 --vocab_parallel_loss=false "${cargs[@]}"
+run_ranks 5 c211d2 4 --tp_dimensions=2,1,1 --gradient_acc_steps=2 --vocab_parallel_loss=false "${cargs[@]}"
 echo "[2,1,1] x data 2, 2 micro-batches, gathered loss:"
 check 'formula "$tmp/c211d2.log" 2 1 1 2 2 3 0' "[2,1,1] x data 2 (gathered loss): communication differs from the formula"
 # the total per step in metrics.jsonl is exact: the sum of the groups' payloads
@@ -144,8 +122,8 @@ check '[ $? -eq 0 ]' "[2,2,1]: the steps' comm_bytes do not add up to the table:
 # ---- checkpoints: the full format; [2,2,1]'s loads into [1,2,2] and continues like stage 01 ----
 check '[ -f "$tmp/g221/model.safetensors" ] && [ -f "$tmp/g221/optimizer.safetensors" ]' "[2,2,1] wrote no checkpoint"
 OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --init_from="$tmp/g221" --stop_iteration=3 --out_dir="$tmp/s1load" >"$tmp/s1load.log" 2>&1
-run5 load122 4 --tp_dimensions=1,2,2 --init_from="$tmp/g221" --stop_iteration=3
-check 'compare "$tmp/s1load" "$tmp/load122" 1e-5 3' "a [2,2,1] checkpoint loaded into [1,2,2] does not continue like stage 01"
+run_ranks 5 load122 4 --tp_dimensions=1,2,2 --init_from="$tmp/g221" --stop_iteration=3
+check 'compare_losses "$tmp/s1load" "$tmp/load122" 3 1e-5' "a [2,2,1] checkpoint loaded into [1,2,2] does not continue like stage 01"
 python3 - "$tmp/single/model.safetensors" "$tmp/g221/model.safetensors" >"$tmp/ckpt" <<'PY'
 import json, struct, sys
 def load(p):
@@ -172,5 +150,4 @@ refuse 2 2,2,1 "x\*y\*z must divide the number of ranks"
 refuse 3 3,1,1 "attention heads must divide by x"
 refuse 3 1,3,1 "hidden size must divide by y"
 refuse 4 1,1,4 "global_batch_size must divide by z \* data \* gradient_acc_steps" --gradient_acc_steps=4
-echo "test_stage5: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_stage5
