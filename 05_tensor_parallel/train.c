@@ -74,26 +74,29 @@ static long load_full(const Config *cfg, const TPModel *m, float *params, float 
 }
 
 // ---- evaluation: the forward of the training's layout, no backward ----------------------------
+typedef struct {
+    const TPModel *m;
+    TPActs *a;
+    const TPParams *w;
+    TPWeightStream *s;
+    const float *flat;
+    const bf16 *flat16;
+} TPEval;
+
+static double tp_batch_loss(void *ctx, const Batch *batch) {  // a BatchLossFn of trainer.h
+    TPEval *e = ctx;
+    tp_stream_forward(e->m, e->s, e->flat, e->flat16);
+    tp_forward(e->m, e->a, e->w, e->s, batch->inputs, batch->rows, batch->T);
+    return tp_loss(e->m, e->a, batch->targets, batch->rows, batch->T, 0.0f, false);
+}
+
 static void tp_evaluate(const TPModel *m, TPActs *a, const TPParams *w, TPWeightStream *s,
                         const float *flat, const bf16 *flat16, const Dataset *data, const Config *cfg,
                         int row_rank, int row_ranks, bool counts, double *loss_sum, long *count) {
-    long batches = dataset_batches_per_epoch(data, 1, cfg->global_batch_size);
-    if (batches > cfg->eval_batches) batches = cfg->eval_batches;
-    int acc = cfg->gradient_acc_steps;
-    Batch batch = {0};
-    *loss_sum = 0;
-    *count = 0;
-    for (long b = 0; b < batches; b++)
-        for (int micro = 0; micro < acc; micro++) {
-            dataset_get_batch(data, 1, (uint64_t)cfg->seed, 0, b, cfg->global_batch_size,
-                              row_rank * acc + micro, row_ranks * acc, &batch);
-            tp_stream_forward(m, s, flat, flat16);
-            tp_forward(m, a, w, s, batch.inputs, batch.rows, batch.T);
-            double l = tp_loss(m, a, batch.targets, batch.rows, batch.T, 0.0f, false);
-            // every x, y rank of a row group computed the same rows: one of them counts them
-            if (counts) *loss_sum += l, *count += batch.n_targets_local;
-        }
-    batch_free(&batch);
+    TPEval e = {m, a, w, s, flat, flat16};
+    evaluate_batches(tp_batch_loss, &e, data, cfg, row_rank, row_ranks, loss_sum, count);
+    // every x, y rank of a row group computed the same rows: one of them counts them
+    if (!counts) *loss_sum = 0, *count = 0;
 }
 
 static void print_grid(const TPModel *m, int P) {

@@ -71,6 +71,11 @@ void print_memory_report(const char *title, const MemoryItem *items, int n);
 // ranks, then divide (count 0: no validation split).
 void evaluate_sums(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
                    const Config *cfg, int rank, int world, double *loss_sum, long *count);
+// The loop itself, for a model that is not a gpt.h one (stage 05's): loss(ctx, batch) returns
+// the summed loss of one micro-batch however the stage computes it.
+typedef double (*BatchLossFn)(void *ctx, const Batch *batch);
+void evaluate_batches(BatchLossFn loss, void *ctx, const Dataset *data, const Config *cfg, int rank,
+                      int world, double *loss_sum, long *count);
 // the same with the forward pass supplied by the stage (FSDP gathers its units inside it):
 // forward(ctx, a, inputs, B, T) must leave the logits in a->logits
 typedef void (*ForwardFn)(void *ctx, Activations *a, const int *inputs, int B, int T);
