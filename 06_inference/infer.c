@@ -428,8 +428,11 @@ static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
         printf("tensor parallelism [%d, %d, 1]: %d ranks, each with %d of %d heads, %.2fM parameters "
                "and its heads' share of the KV cache\n", grid->X, grid->Y, grid->X * grid->Y,
                m->tp.NHx, mc->n_head, m->tp.layout.num_params / 1e6);
-    printf("%d prompts in batches of up to %d | %s | context %d | KV cache %s (%.2f MiB per rank) | "
-           "precision %s\n", n_prompts, cfg->max_batch_size,
+    char what[32];  // in evaluation mode the prompts are the held-out records, counted later
+    if (cfg->eval_accuracy) snprintf(what, sizeof what, "held-out records");
+    else snprintf(what, sizeof what, "%d prompts", n_prompts);
+    printf("%s in batches of up to %d | %s | context %d | KV cache %s (%.2f MiB per rank) | "
+           "precision %s\n", what, cfg->max_batch_size,
            cfg->temperature > 0 ? "sampling" : "greedy", m->maxT,
            cfg->kv_cache ? "on" : "off: every step recomputes the whole text",
            cfg->kv_cache ? 2.0 * mc->n_layer * m->B * m->maxT * m->tp.Cx * 4 / 1048576.0 : 0.0,
@@ -491,7 +494,7 @@ int main(int argc, char **argv) {
     g.logits = malloc_or_die((size_t)cfg.max_batch_size * mc.padded_vocab_size * sizeof(float));
     if (!cfg.kv_cache) g.nocache = nocache_alloc(&m, full, cfg.max_batch_size, maxT);
     else dev_free(full);
-    print_setup(&g, &cfg, cfg.eval_accuracy ? 0 : n_prompts);
+    print_setup(&g, &cfg, n_prompts);
 
     if (cfg.eval_accuracy) {
         evaluate(&g, &cfg);

@@ -10,7 +10,7 @@ say() { printf '\n\033[1m== %s\033[0m\n%s\n\n' "$1" "$2"; }
 say "What the model learns from" \
 "Each training record is an instruction in the Alpaca template. Only the response (after
 '### Response:') carries loss; the prompt is context. Here is one record, token by token:"
-build/tokenize --record 0 --max-seq-len 256 | head -n 30
+build/tokenize --record 0 --max-seq-len 256 | sed -n 1,30p  # sed reads it all: no SIGPIPE under pipefail
 
 say "Stage 01: one process trains a GPT from scratch" \
 "Watch the loss fall from ln(257) = 5.55 (a uniform guess over 257 byte tokens) as the model
