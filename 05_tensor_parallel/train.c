@@ -121,16 +121,10 @@ int main(int argc, char **argv) {
 
     // ---- data ----
     Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
-    DatasetOptions dopt = {.data_path = cfg.data_path, .tok = tok, .max_seq_len = cfg.max_seq_len,
-                           .always_input_template = cfg.always_input_template,
-                           .val_fraction = cfg.val_fraction};
-    Dataset *data = dataset_load(&dopt);
-    long batches_per_epoch = dataset_batches_per_epoch(data, 0, cfg.global_batch_size);
-    if (batches_per_epoch == 0)
-        fatal("%s: %d training records make no global batch of %d", cfg.data_path[0] ? cfg.data_path : "synthetic data",
-              dataset_size(data, 0), cfg.global_batch_size);
-    long schedule_steps = batches_per_epoch * cfg.num_epochs, total_steps = schedule_steps;
-    if (cfg.stop_iteration >= 0 && cfg.stop_iteration < total_steps) total_steps = cfg.stop_iteration;
+    Dataset *data = load_dataset(&cfg, tok);
+    // the learning-rate schedule spans every epoch; stop_iteration only ends the run early
+    long batches_per_epoch, schedule_steps, total_steps;
+    plan_steps(&cfg, data, &batches_per_epoch, &schedule_steps, &total_steps);
 
     // ---- the grid: refused before any work if it does not fit the model and the batch ----
     GPTConfig mc = model_shape(&cfg, tok);

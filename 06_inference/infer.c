@@ -318,10 +318,7 @@ static void print_timings(const Generator *g, const Request *r, int n) {
 // ---- evaluation: exact answers on the held-out split ------------------------------------------
 
 static void evaluate(Generator *g, const Config *cfg) {
-    DatasetOptions dopt = {.data_path = cfg->data_path, .tok = g->tok, .max_seq_len = cfg->max_seq_len,
-                           .always_input_template = cfg->always_input_template,
-                           .val_fraction = cfg->val_fraction};
-    Dataset *d = dataset_load(&dopt);
+    Dataset *d = load_dataset(cfg, g->tok);
     int n = dataset_size(d, SPLIT_VAL);
     if (n == 0) fatal("eval_accuracy: %s has no held-out records (val_fraction %g)", dataset_path(d), cfg->val_fraction);
     // a right answer ends with end-of-text right after the longest expected answer; generating

@@ -44,6 +44,26 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
     return mc;
 }
 
+// ---- data and the length of the run ----------------------------------------------------------
+
+Dataset *load_dataset(const Config *cfg, const Tokenizer *tok) {
+    DatasetOptions opt = {.data_path = cfg->data_path, .tok = tok, .max_seq_len = cfg->max_seq_len,
+                          .always_input_template = cfg->always_input_template,
+                          .val_fraction = cfg->val_fraction};
+    return dataset_load(&opt);
+}
+
+void plan_steps(const Config *cfg, const Dataset *data, long *batches_per_epoch, long *schedule_steps,
+                long *total_steps) {
+    *batches_per_epoch = dataset_batches_per_epoch(data, 0, cfg->global_batch_size);
+    if (*batches_per_epoch == 0)
+        fatal("%s: %d training records make no global batch of %d",
+              cfg->data_path[0] ? cfg->data_path : "synthetic data", dataset_size(data, 0),
+              cfg->global_batch_size);
+    *schedule_steps = *total_steps = *batches_per_epoch * cfg->num_epochs;
+    if (cfg->stop_iteration >= 0 && cfg->stop_iteration < *total_steps) *total_steps = cfg->stop_iteration;
+}
+
 // ---- optimisation -----------------------------------------------------------------------------
 
 double learning_rate(const Config *cfg, long step, long total_steps) {

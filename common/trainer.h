@@ -20,6 +20,15 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok);
 // true when the run starts from init_from (not random_init, not resume)
 bool starts_from_checkpoint(const Config *cfg);
 
+// The dataset the config names (data_path, max_seq_len, template, validation share).
+Dataset *load_dataset(const Config *cfg, const Tokenizer *tok);
+// How long a run is: batches per epoch (an error if the training split makes none), the steps
+// the learning-rate schedule spans (every epoch), and the steps the run takes. stop_iteration
+// only ends the run early (as in the tutorial), so a run stopped and resumed follows the same
+// schedule.
+void plan_steps(const Config *cfg, const Dataset *data, long *batches_per_epoch, long *schedule_steps,
+                long *total_steps);
+
 // Linear warm-up from lr/warmup to lr over warmup_steps, then cosine decay to min_lr at the last
 // step. `step` counts from 0.
 double learning_rate(const Config *cfg, long step, long total_steps);

@@ -14,6 +14,40 @@ alive() {
     [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
 }
 
+# Ours = started with our SLURM_CONF ($CONF) in its environment (slurm daemons, slurmstepd)
+has_our_conf() { tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF"; }
+
+# our_pid NAME PIDFILE: print the pid in PIDFILE if that process is our NAME
+our_pid() {
+    local name=$1 pidfile=$2 pid exe want
+    [ -s "$pidfile" ] || return 1
+    pid=$(tr -dc '0-9' <"$pidfile")
+    alive "$pid" || return 1
+    # Debian: /usr/sbin/slurmd -> /etc/alternatives/slurmd -> /usr/sbin/slurmd-wlm
+    exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
+    want=$(readlink -f "$(command -v "$name" || echo "/usr/sbin/$name")")
+    [ -n "$exe" ] && [ "$exe" = "$want" ] || return 1
+    if [ "$name" = munged ]; then
+        tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qxF -- "--socket=$MUNGE_SOCKET" || return 1
+    else
+        has_our_conf "$pid" || return 1
+    fi
+    echo "$pid"
+}
+
+# stop_pid PID LABEL [GRACE]: SIGTERM, wait up to GRACE (10) s, then SIGKILL; non-zero if it survived
+stop_pid() {
+    local pid=$1 grace=${3:-10}
+    alive "$pid" || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq $((grace * 10))); do alive "$pid" || { log "stopped $2 (pid $pid)"; return 0; }; sleep 0.1; done
+    log "$2 (pid $pid) ignored SIGTERM for $grace s: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
+    log "WARNING: $2 (pid $pid) is still alive"
+    return 1
+}
+
 # write_fake_gpus <count> <NodeName expression> <gres.conf to write>: the stage scripts ask for
 # --gpus-per-node, and gres/gpu needs File= entries that are character devices: clones of
 # /dev/null under $DIR/fakegpu (the CPU build runs the job).

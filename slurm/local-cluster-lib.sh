@@ -15,39 +15,6 @@ export SLURM_CONF=$CONF
 LOG_TAG=${LOG_TAG:-local-cluster}
 # shellcheck source=slurm/daemon-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/daemon-lib.sh"
-has_our_conf() { tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF"; }
-
-# our_pid NAME PIDFILE: print the pid in PIDFILE if that process is our NAME
-our_pid() {
-    local name=$1 pidfile=$2 pid exe want
-    [ -s "$pidfile" ] || return 1
-    pid=$(tr -dc '0-9' <"$pidfile")
-    alive "$pid" || return 1
-    # Debian: /usr/sbin/slurmd -> /etc/alternatives/slurmd -> /usr/sbin/slurmd-wlm
-    exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
-    want=$(readlink -f "$(command -v "$name" || echo "/usr/sbin/$name")")
-    [ -n "$exe" ] && [ "$exe" = "$want" ] || return 1
-    if [ "$name" = munged ]; then
-        tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qxF -- "--socket=$MUNGE_SOCKET" || return 1
-    else
-        has_our_conf "$pid" || return 1
-    fi
-    echo "$pid"
-}
-
-# stop_pid PID LABEL: SIGTERM, wait up to 10 s, then SIGKILL
-stop_pid() {
-    local pid=$1
-    alive "$pid" || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do alive "$pid" || { log "stopped $2 (pid $pid)"; return 0; }; sleep 0.1; done
-    log "$2 (pid $pid) ignored SIGTERM for 10 s: SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
-    log "WARNING: $2 (pid $pid) is still alive"
-    return 1
-}
-
 # stop_daemons: cancel our jobs, then stop slurmd, its leftover slurmstepds,
 # slurmctld and munged (in that order). Returns non-zero if one survived.
 stop_daemons() {

@@ -24,36 +24,5 @@ LOG_TAG=${LOG_TAG:-multinode}
 # shellcheck source=slurm/daemon-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/daemon-lib.sh"
 
-# our_pid NAME PIDFILE: print the pid in PIDFILE if that process is our NAME
-our_pid() {
-    local name=$1 pidfile=$2 pid exe want
-    [ -s "$pidfile" ] || return 1
-    pid=$(tr -dc '0-9' <"$pidfile")
-    alive "$pid" || return 1
-    # Debian: /usr/sbin/slurmd -> /etc/alternatives/slurmd -> /usr/sbin/slurmd-wlm
-    exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
-    want=$(readlink -f "$(command -v "$name" || echo "/usr/sbin/$name")")
-    [ -n "$exe" ] && [ "$exe" = "$want" ] || return 1
-    if [ "$name" = munged ]; then
-        tr '\0' '\n' <"/proc/$pid/cmdline" | grep -qxF -- "--socket=$MUNGE_SOCKET" || return 1
-    else
-        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF" || return 1
-    fi
-    echo "$pid"
-}
-
-# stop_pid PID LABEL [GRACE]: SIGTERM, wait up to GRACE (10) s, then SIGKILL; non-zero if it survived
-stop_pid() {
-    local pid=$1 grace=${3:-10}
-    alive "$pid" || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq $((grace * 10))); do alive "$pid" || { log "stopped $2 (pid $pid)"; return 0; }; sleep 0.1; done
-    log "$2 (pid $pid) ignored SIGTERM for $grace s: SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
-    log "WARNING: $2 (pid $pid) is still alive"
-    return 1
-}
-
 # run a command "on" a node (its network + UTS namespace, the cluster's /etc/hosts), bounded
 on_node() { local h=$1; shift; timeout "${ON_NODE_TIMEOUT:-10}" "$DIR/bin/mn-exec" "$h" "$@"; }
