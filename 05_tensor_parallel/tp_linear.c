@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "gpt.h"
 #include "log.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
@@ -60,13 +61,7 @@ void tp_linear_forward(const TPLinear *l, float *out, const float *inp, bf16 *in
     // every rank of the in group computes a partial sum; the bias must enter the total once, so
     // only the group's first rank adds it (before the all-reduce: no extra pass over out)
     const float *b = comm_rank(l->in_group) == 0 ? bias : NULL;
-    if (W.w16) {
-        if (!inp16) fatal("internal: a bf16 weight needs a bf16 buffer for its input");
-        cast_to_bf16(inp16, inp, (size_t)N * K);
-        matmul_forward_bf16(out, inp16, W.w16, b, N, K, M);
-    } else {
-        matmul_forward(out, inp, W.w, b, N, K, M);
-    }
+    gpt_linear_forward(out, inp, inp16, W.w, W.w16, b, N, K, M);  // f32, or stage 02's bf16 recipe
     tp_all_reduce(l->in_group, out, (size_t)N * M);
 }
 

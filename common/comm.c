@@ -87,8 +87,6 @@ Comm *comm_split(Comm *parent, int color, int key, const char *name) {
 
 int comm_rank(const Comm *c) { return c->rank; }
 int comm_size(const Comm *c) { return c->size; }
-const char *comm_name(const Comm *c) { return c->name; }
-void comm_set_timeout(double seconds) { g_comm_timeout = seconds; }
 
 // ---- requests and accounting ------------------------------------------------------------------
 

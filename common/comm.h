@@ -5,7 +5,7 @@
 //
 // Every collective is counted (calls, bytes, seconds) per group and per kind, and every wait is
 // bounded: a collective that does not finish within the timeout (a dead or stuck rank) ends the
-// job with a message instead of hanging it.
+// job with a message instead of hanging it (environment COMM_TIMEOUT, seconds; default 300).
 //
 // Sizes follow nccl-tests: the "size" of all-reduce and broadcast is the buffer, of all-gather
 // the gathered output, of reduce-scatter the input. Bus bandwidth = size / time x factor, with
@@ -29,10 +29,6 @@ void comm_finalize(Comm *world);
 Comm *comm_split(Comm *parent, int color, int key, const char *name);
 int comm_rank(const Comm *c);
 int comm_size(const Comm *c);
-const char *comm_name(const Comm *c);
-
-// Seconds a collective may take before the job is ended (default 300, env COMM_TIMEOUT).
-void comm_set_timeout(double seconds);
 
 // ---- collectives on float buffers (device pointers: host memory on the CPU backend) ----------
 // buf (count) = sum over ranks of buf, in place

@@ -255,8 +255,8 @@ void acts_free(Activations *a) {
 
 // out (N, OC) = inp (N, C) @ w^T + b. With bf16 weights (w16 set) the input is rounded to bf16
 // into inp16, which is also what backward will read, and the matmul accumulates in f32.
-static void linear_forward(float *out, const float *inp, bf16 *inp16, const float *w,
-                           const bf16 *w16, const float *b, int N, int C, int OC) {
+void gpt_linear_forward(float *out, const float *inp, bf16 *inp16, const float *w,
+                        const bf16 *w16, const float *b, int N, int C, int OC) {
     if (!w16) {
         matmul_forward(out, inp, w, b, N, C, OC);
         return;
@@ -264,11 +264,6 @@ static void linear_forward(float *out, const float *inp, bf16 *inp16, const floa
     if (!inp16) fatal("internal: bf16 weights need activations allocated for bf16");
     cast_to_bf16(inp16, inp, (size_t)N * C);
     matmul_forward_bf16(out, inp16, w16, b, N, C, OC);
-}
-
-void gpt_linear_forward(float *out, const float *inp, bf16 *inp16, const float *w, const bf16 *w16,
-                        const float *b, int N, int C, int OC) {
-    linear_forward(out, inp, inp16, w, w16, b, N, C, OC);
 }
 
 // the matching backward: the output gradient is rounded to bf16 too (into a->dout16); the
@@ -295,15 +290,15 @@ void gpt_block_forward(BlockActs *k, const float *x, const BlockWeights *w, cons
     int N = B * T, C = cfg->n_embd, NH = cfg->n_head;
     // attention sub-block: res2 = x + proj(attention(ln1(x)))
     layernorm_forward(k->ln1, k->ln1_mean, k->ln1_rstd, x, w->ln1w, w->ln1b, N, C);
-    linear_forward(k->qkv, k->ln1, k->ln1_16, w->qkvw, w->qkvw16, w->qkvb, N, C, 3 * C);
+    gpt_linear_forward(k->qkv, k->ln1, k->ln1_16, w->qkvw, w->qkvw16, w->qkvb, N, C, 3 * C);
     attention_forward(k->atty, k->att, k->qkv, B, T, C, NH);
-    linear_forward(k->res2, k->atty, k->atty16, w->attprojw, w->attprojw16, w->attprojb, N, C, C);
+    gpt_linear_forward(k->res2, k->atty, k->atty16, w->attprojw, w->attprojw16, w->attprojb, N, C, C);
     add_inplace(k->res2, x, (size_t)N * C);
     // MLP sub-block: out = res2 + proj(gelu(fc(ln2(res2))))
     layernorm_forward(k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, w->ln2w, w->ln2b, N, C);
-    linear_forward(k->fch, k->ln2, k->ln2_16, w->fcw, w->fcw16, w->fcb, N, C, 4 * C);
+    gpt_linear_forward(k->fch, k->ln2, k->ln2_16, w->fcw, w->fcw16, w->fcb, N, C, 4 * C);
     gelu_forward(k->fch_gelu, k->fch, (size_t)N * 4 * C);
-    linear_forward(k->out, k->fch_gelu, k->fch_gelu16, w->fcprojw, w->fcprojw16, w->fcprojb, N, 4 * C, C);
+    gpt_linear_forward(k->out, k->fch_gelu, k->fch_gelu16, w->fcprojw, w->fcprojw16, w->fcprojb, N, 4 * C, C);
     add_inplace(k->out, k->res2, (size_t)N * C);
 }
 
@@ -311,7 +306,7 @@ void gpt_head_forward(Activations *a, const float *x, const Weights *w, const GP
     int N = B * T, C = cfg->n_embd;
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, w->lnfw, w->lnfb, N, C);
     // the lm_head is the token embedding itself (weight tying): logits = lnf @ wte^T
-    linear_forward(a->logits, a->lnf, a->lnf16, w->wte, w->wte16, NULL, N, C, cfg->padded_vocab_size);
+    gpt_linear_forward(a->logits, a->lnf, a->lnf16, w->wte, w->wte16, NULL, N, C, cfg->padded_vocab_size);
 }
 
 double gpt_loss_forward_backward(Activations *a, const GPTConfig *cfg, int B, int T, float dloss) {

@@ -154,8 +154,8 @@ void gpt_block_backward(Activations *a, BlockActs *acts, const float *x, const B
 void gpt_embed_backward(Activations *a, Weights *g, const GPTConfig *cfg, int B, int T);
 
 // out (N, OC) = inp (N, C) @ w^T + b, in f32, or in bf16 when w16 is set (inp is then rounded into
-// inp16, N x C bf16 scratch); the linear layer every block uses, for stages that write their own
-// block (stage 06's cached attention)
+// inp16, N x C bf16 scratch, which backward reads); the linear layer of every block here and of
+// stage 05's parallel layer, so stage 02's recipe is written once
 void gpt_linear_forward(float *out, const float *inp, bf16 *inp16, const float *w, const bf16 *w16,
                         const float *b, int N, int C, int OC);
 
