@@ -349,7 +349,7 @@ static void evaluate(Generator *g, const Config *cfg) {
     enum { MAX_TASKS = 64 };
     const char *task[MAX_TASKS];
     int right[MAX_TASKS] = {0}, total[MAX_TASKS] = {0}, ntasks = 0, all_right = 0;
-    printf("\n%-22s %-12s %-12s %-12s\n", "instruction", "input", "answer", "expected");
+    printf("\n%-26s %-12s %-12s %-12s\n", "instruction", "input", "answer", "expected");
     for (int i = 0; i < n; i++) {
         const AlpacaRecord *rec = dataset_record(d, SPLIT_VAL, i);
         char *answer = tokenizer_decode(g->tok, r[i].out, r[i].n_out);
@@ -359,13 +359,13 @@ static void evaluate(Generator *g, const Config *cfg) {
         if (k == ntasks && ntasks < MAX_TASKS) task[ntasks++] = rec->instruction;
         if (k < MAX_TASKS) right[k] += ok, total[k]++;
         all_right += ok;
-        if (i < 10) printf("%-22.22s %-12.12s %-12.12s %-12.12s %s\n", rec->instruction, rec->input,
+        if (i < 10) printf("%-26.26s %-12.12s %-12.12s %-12.12s %s\n", rec->instruction, rec->input,
                            answer, rec->output, ok ? "right" : "WRONG");
         free(answer);
     }
     printf("\nper instruction:\n");
     for (int k = 0; k < ntasks; k++)
-        printf("  %-22s %4d / %-4d = %5.1f%%\n", task[k], right[k], total[k], 100.0 * right[k] / total[k]);
+        printf("  %-26s %4d / %-4d = %5.1f%%\n", task[k], right[k], total[k], 100.0 * right[k] / total[k]);
     printf("exact-answer accuracy on %s's held-out split: %d / %d = %.1f%% (%.1f s, batches of %d)\n",
            dataset_path(d), all_right, n, 100.0 * all_right / n, seconds, cfg->max_batch_size);
     printf("prefill %.0f tokens/s, decode %.0f tokens/s\n", g->prefill_tokens / g->prefill_seconds,

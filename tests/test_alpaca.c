@@ -344,26 +344,32 @@ static void test_byte_tokens(void) {
 }
 
 // The synthetic set: deterministic, right answers, no input on both sides of the split, short.
+
+// the first digit of `order` that occurs in s: the largest one when order runs 9..0
+static char first_digit_in(const char *order, const char *s) {
+    for (; *order; order++)
+        if (strchr(s, *order)) return *order;
+    return '?';
+}
+
 static int synthetic_answer_is_right(const AlpacaRecord *r) {
     char want[32];
     size_t n = strlen(r->input);
     if (n >= sizeof want) return 0;
-    if (strcmp(r->instruction, "Reverse the word.") == 0) {
-        for (size_t i = 0; i < n; i++) want[i] = r->input[n - 1 - i];
-        want[n] = '\0';
-    } else if (strcmp(r->instruction, "Uppercase the word.") == 0) {
-        for (size_t i = 0; i <= n; i++) want[i] = (char)toupper((unsigned char)r->input[i]);
-    } else if (strcmp(r->instruction, "Sort the letters.") == 0) {
+    for (size_t i = 0; i < n; i++)
+        if (!isdigit((unsigned char)r->input[i])) return 0;
+    if (strcmp(r->instruction, "Sort the digits.") == 0) {
         strcpy(want, r->input);
         for (size_t i = 1; i < n; i++)  // insertion sort: a second, independent way to sort
-            for (size_t j = i; j > 0 && want[j - 1] > want[j]; j--) {
+            for (size_t j = i; j > 0 && want[j - 1] >= want[j]; j--) {
+                if (want[j - 1] == want[j]) return 0;  // the digits to sort are distinct
                 char c = want[j]; want[j] = want[j - 1]; want[j - 1] = c;
             }
-    } else if (strcmp(r->instruction, "Add the numbers.") == 0) {
-        int a, b;
-        if (sscanf(r->input, "%d+%d", &a, &b) != 2) return 0;
-        snprintf(want, sizeof want, "%d", a + b);
-    } else if (strcmp(r->instruction, "Count the letters.") == 0) {
+    } else if (strcmp(r->instruction, "Find the largest digit.") == 0) {
+        snprintf(want, sizeof want, "%c", first_digit_in("9876543210", r->input));
+    } else if (strcmp(r->instruction, "Find the smallest digit.") == 0) {
+        snprintf(want, sizeof want, "%c", first_digit_in("0123456789", r->input));
+    } else if (strcmp(r->instruction, "Count the digits.") == 0) {
         snprintf(want, sizeof want, "%zu", n);
     } else {
         return 0;
@@ -386,7 +392,8 @@ static void test_synthetic(void) {
 
     Tokenizer *bytes = tokenizer_load("");
     Dataset *d = load("", bytes, 256, 0, 0.1);
-    CHECK(dataset_size(d, SPLIT_TRAIN) == 5400 && dataset_size(d, SPLIT_VAL) == 600,
+    int n_val = (SYNTHETIC_RECORDS + 5) / 10;  // round(0.1 * records)
+    CHECK(dataset_size(d, SPLIT_TRAIN) == SYNTHETIC_RECORDS - n_val && dataset_size(d, SPLIT_VAL) == n_val,
           "synthetic split %d + %d", dataset_size(d, SPLIT_TRAIN), dataset_size(d, SPLIT_VAL));
     CHECK(strcmp(dataset_path(d), "(synthetic)") == 0, "path %s", dataset_path(d));
     int overlap = 0, longest = 0, cut = 0;

@@ -98,7 +98,7 @@ expect_error "byte without a token" "lm-buddy-tiny_gpt2" "0x78" -- --tokenizer "
 # ---- options and batches
 expect_error "uneven slices" "global_batch_size 6" "4 ranks" -- --batch 0 --global-batch 6 --slices 4
 expect_error "batch out of range" "batch 100000" -- --batch 100000 --global-batch 8
-expect_error "record out of range" "--record 7000" -- --record 7000
+expect_error "record out of range" "--record 9000" -- --record 9000
 expect_error "max_seq_len too small" "max_seq_len" -- --max-seq-len 1
 expect_error "val_fraction 1" "val_fraction" -- --val-fraction 1
 expect_error "unknown option" "--frobnicate" -- --frobnicate 1
