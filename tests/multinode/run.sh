@@ -37,13 +37,9 @@ WORK=$ROOT/build/multinode-test
 export MN_NODES=2   # the test is written for two hosts (sbatch --nodes=2, the traffic checks)
 T_START=$(date +%s.%N)
 
-passed=0 failed=0 skipped=()
-say() { echo "test-multinode: $*"; }
-pass() { passed=$((passed + 1)); echo "PASS $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL $*"; }
-summary() { say "$passed passed, $failed failed"; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+TEST_NAME=test-multinode
+slurm_cmd() { login "$@"; }   # Slurm's commands run on the login host
+source tests/cluster_lib.sh   # counting, timing, submit, job_state, wait_job, log_tail
 
 # ---- teardown on every path, before the summary line ------------------------------------------------
 cluster_started=0
@@ -170,42 +166,7 @@ check_tp_spans_hosts() {
     echo "control: ${why/seem to span/span}"
 }
 
-# ---- sbatch jobs --------------------------------------------------------------------------------------
-# submit SCRIPT [sbatch options...], with the job's environment in the caller's: sets JID, LOG
-submit() {
-    local script=$1; shift
-    JID=$(login sbatch --parsable --time=$(((JOB_TIMEOUT + 59) / 60)) "$@" "$script" 2>"$WORK/sbatch.err")
-    JID=${JID%%;*}
-    if ! [[ $JID =~ ^[0-9]+$ ]]; then JID=""; return 1; fi
-    LOG=slurm/logs/$(basename "$script" .sh)-$JID.out
-}
-job_state() { # sets STATE and EXIT of $JID
-    local info
-    info=$(login scontrol show job -o "$JID" 2>/dev/null)
-    STATE=$(grep -oE 'JobState=[A-Z_]+' <<<"$info" | cut -d= -f2)
-    EXIT=$(grep -oE ' ExitCode=[0-9:]+' <<<"$info" | cut -d= -f2)
-}
-wait_job() { # poll until the job ended (sbatch --wait only looks after 2, 10 and 42 s)
-    local deadline=$((SECONDS + JOB_TIMEOUT))
-    while :; do
-        job_state
-        case $STATE in
-            PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED | "") ;;
-            *) return 0 ;;
-        esac
-        if [ $SECONDS -ge $deadline ]; then
-            STATE="TIMEOUT(test: still $STATE after $JOB_TIMEOUT s)"
-            login scancel "$JID" 2>/dev/null || true
-            return 1
-        fi
-        sleep 0.2
-    done
-}
-log_tail() {
-    echo "----- job $JID: $STATE exit $EXIT; last lines of $LOG:"
-    if [ -s "$LOG" ]; then tail -n 25 "$LOG" | sed 's/^/    /'; else echo "    (no log file)"; fi
-    echo "-----"
-}
+# ---- sbatch jobs (submit, job_state, wait_job and log_tail: tests/cluster_lib.sh) -----------------
 # The one known flake (reference notes, multinode pitfall 1): about 1% of multi-node srun launches,
 # a rank segfaults inside MPI_Init (Open MPI 4.1.4 + PMIx: a peer's first message arrives before
 # the receiver registered its handlers). Recognised only before training started.

@@ -24,13 +24,9 @@ JOB_TIMEOUT=${SLURM_TEST_JOB_TIMEOUT:-180}
 WORK=$ROOT/build/slurm-test
 T_START=$SECONDS
 
-passed=0 failed=0 skipped=() submitted=()
-say() { echo "test-slurm: $*"; }
-pass() { passed=$((passed + 1)); echo "PASS $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL $*"; }
-summary() { say "$passed passed, $failed failed"; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }  # seconds since $1
+TEST_NAME=test-slurm
+slurm_cmd() { timeout 30 "$@"; }
+source tests/cluster_lib.sh   # counting, timing, submit, wait_job, log_tail
 
 # ---- teardown on every path --------------------------------------------------------------------
 cluster_started=0
@@ -67,42 +63,6 @@ fi
 source "$env_file"   # SLURM_CONF, mpirun-as-root, OMPI_MCA_mpi_yield_when_idle=1
 say "cluster up in $(since "$t0") s: $(timeout 10 sinfo -h -o '%P %T %c CPUs %G' | head -n1)"
 
-# ---- submitting and waiting ---------------------------------------------------------------------
-# submit NAME SCRIPT [sbatch options...] -- with the job's environment in the caller's env;
-# sets JID and LOG. --time makes Slurm itself end a runaway job too.
-submit() {
-    local script=$1; shift
-    JID=$(timeout 30 sbatch --parsable --time=$(((JOB_TIMEOUT + 59) / 60)) "$@" "$script" 2>"$WORK/sbatch.err")
-    JID=${JID%%;*}
-    if ! [[ $JID =~ ^[0-9]+$ ]]; then JID=""; return 1; fi
-    submitted+=("$JID")
-    LOG=slurm/logs/$(basename "$script" .sh)-$JID.out
-}
-# wait_job: poll scontrol (sbatch --wait only checks after 2, 10 and 42 s); sets STATE and EXIT
-wait_job() {
-    local deadline=$((SECONDS + JOB_TIMEOUT)) info
-    while :; do
-        info=$(timeout 10 scontrol show job -o "$JID" 2>/dev/null)
-        STATE=$(grep -oE 'JobState=[A-Z_]+' <<<"$info" | cut -d= -f2)
-        EXIT=$(grep -oE ' ExitCode=[0-9:]+' <<<"$info" | cut -d= -f2)
-        case $STATE in
-            PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED | "") ;;
-            *) return 0 ;;
-        esac
-        if [ $SECONDS -ge $deadline ]; then
-            STATE="TIMEOUT(test: still $STATE after ${JOB_TIMEOUT}s)"
-            [ -n "$(grep -oE 'Reason=[^ ]+' <<<"$info")" ] && STATE+=" $(grep -oE 'Reason=[^ ]+' <<<"$info")"
-            timeout 10 scancel "$JID" 2>/dev/null || true
-            return 1
-        fi
-        sleep 0.2
-    done
-}
-log_tail() {
-    echo "----- job $JID: $STATE exit $EXIT; last lines of $LOG:"
-    if [ -s "$LOG" ]; then tail -n 25 "$LOG" | sed 's/^/    /'; else echo "    (no log file)"; fi
-    echo "-----"
-}
 # run_job NAME SCRIPT CHECK [sbatch options...]: submit, wait, COMPLETED 0:0, then CHECK (a
 # function reading $LOG that prints why it failed). Logs of passing jobs are removed.
 run_job() {
