@@ -16,6 +16,7 @@
 typedef struct {
     ncclComm_t nccl;
     cudaStream_t stream;
+    cudaEvent_t ready;  // recorded on the compute stream before each collective
 } NcclGroup;
 
 #define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
@@ -41,6 +42,7 @@ void comm_backend_init_group(Comm *c) {
     comm_wait_mpi(&req, "NCCL id broadcast", c->name);
     NCCL_CHECK(ncclCommInitRank(&g->nccl, c->size, id, c->rank));
     CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
     c->backend = g;
 }
 
@@ -49,18 +51,18 @@ void comm_backend_free_group(Comm *c) {
     if (!g) return;
     ncclCommDestroy(g->nccl);
     cudaStreamDestroy(g->stream);
+    cudaEventDestroy(g->ready);
     free(g);
     c->backend = NULL;
 }
 
-// The collective must see what the compute stream wrote before it was called.
+// The collective must see what the compute stream wrote before it was called. One event per
+// group serves every call: cudaStreamWaitEvent waits for the record made just before it, and a
+// later record does not change what an earlier wait waits for.
 static NcclGroup *begin(Comm *c) {
     NcclGroup *g = c->backend;
-    cudaEvent_t ready;
-    CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(ready, compute_stream()));
-    CUDA_CHECK(cudaStreamWaitEvent(g->stream, ready, 0));
-    CUDA_CHECK(cudaEventDestroy(ready));
+    CUDA_CHECK(cudaEventRecord(g->ready, compute_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(g->stream, g->ready, 0));
     return g;
 }
 
