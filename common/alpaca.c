@@ -50,7 +50,7 @@ static char *string_field(const cJSON *record, const char *name, int required, c
     if (!utf8_is_valid(value, len, &bad))
         fatal("%s: record %d: field \"%s\" is not valid UTF-8 (bad byte 0x%02X at offset %zu)",
               source, index, name, (unsigned char)value[bad], bad);
-    return memcpy(malloc_or_die(len + 1), value, len + 1);
+    return copy_string_or_die(value);
 }
 
 AlpacaRecord *alpaca_parse(const char *json, size_t len, const char *source, int *n_records) {

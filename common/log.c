@@ -37,6 +37,11 @@ void *malloc_or_die(size_t bytes) {
     return p;
 }
 
+char *copy_string_or_die(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(malloc_or_die(n), s, n);
+}
+
 void *calloc_or_die(size_t count, size_t size) {
     void *p = calloc(count ? count : 1, size ? size : 1);
     if (!p) fatal("out of memory allocating %zu x %zu bytes", count, size);

@@ -20,6 +20,7 @@ void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn))
 FILE *fopen_or_die(const char *path, const char *mode);
 void *malloc_or_die(size_t bytes);
 void *calloc_or_die(size_t count, size_t size);
+char *copy_string_or_die(const char *s);  // a malloc'd copy
 // the whole file as a NUL-terminated string; *len (if not NULL) gets its size
 char *read_file_or_die(const char *path, size_t *len);
 

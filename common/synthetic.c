@@ -26,11 +26,6 @@ static int random_between(uint64_t *state, int lo, int hi) {  // inclusive
     return lo + (int)(next_random(state) % (uint64_t)(hi - lo + 1));
 }
 
-static char *copy_string(const char *s) {
-    size_t n = strlen(s) + 1;
-    return memcpy(malloc_or_die(n), s, n);
-}
-
 // ---- the tasks: each writes a random input and its answer (buffers of 16 bytes) ----------------
 //
 // Why digits: the template around the input is ~170 bytes of English, and the model must find the
@@ -132,9 +127,9 @@ AlpacaRecord *synthetic_generate(int *n_records) {
         char input[16], answer[16];
         do task->make(&rng, input, answer);
         while (!input_set_add(&used, input));  // draw again until the input is new
-        records[k].instruction = copy_string(task->instruction);
-        records[k].input = copy_string(input);
-        records[k].output = copy_string(answer);
+        records[k].instruction = copy_string_or_die(task->instruction);
+        records[k].input = copy_string_or_die(input);
+        records[k].output = copy_string_or_die(answer);
     }
     free(used.slots);
     *n_records = SYNTHETIC_RECORDS;

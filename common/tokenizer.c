@@ -227,14 +227,9 @@ struct Tokenizer {
 
 static const char kEndOfText[] = "<|endoftext|>";
 
-static char *copy_string(const char *s) {
-    size_t n = strlen(s) + 1;
-    return memcpy(malloc_or_die(n), s, n);
-}
-
 static Tokenizer *byte_tokenizer(void) {
     Tokenizer *t = calloc_or_die(1, sizeof *t);
-    t->name = copy_string("byte");
+    t->name = copy_string_or_die("byte");
     t->vocab_size = 257;
     t->eot = 256;
     int eot_len = (int)strlen(kEndOfText);
@@ -436,7 +431,7 @@ Tokenizer *tokenizer_load(const char *path) {
 
     Tokenizer *t = calloc_or_die(1, sizeof *t);
     t->is_bpe = 1;
-    t->name = copy_string(path);
+    t->name = copy_string_or_die(path);
     VocabTable vocab;
     load_vocab(t, vocab_path, &vocab);
     load_merges(t, merges_path, &vocab);
