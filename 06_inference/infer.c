@@ -27,9 +27,11 @@
 
 // ---- prompts ----------------------------------------------------------------------------------
 
-// One prompt per line (the tutorial's data/inference/prompts.txt). Empty lines separate prompts
-// and are skipped; a line of only spaces is an empty prompt, which is an error, as are invalid
-// UTF-8, a NUL byte and a file with no prompt at all. "-" reads standard input.
+// One prompt per line (the tutorial's data/inference/prompts.txt). A tab splits a line into the
+// two fields of an Alpaca record, instruction and input ("Sort the digits.<TAB>52913"). Empty
+// lines separate prompts and are skipped; a line of only spaces is an empty prompt, which is an
+// error, as are an input with no instruction, invalid UTF-8, a NUL byte and a file with no prompt
+// at all. "-" reads standard input.
 static char *read_all_stdin(size_t *len) {
     size_t cap = 4096, n = 0, got;
     char *buf = malloc_or_die(cap);
@@ -71,6 +73,8 @@ static char **read_prompts(const char *path, int *n_prompts) {
         if (l && p[l - 1] == '\r') p[--l] = '\0';  // a file written on Windows
         if (l == 0) continue;
         if (is_blank(p)) fatal("%s: line %d is an empty prompt (only spaces)", name, line);
+        if (p[strspn(p, " ")] == '\t')
+            fatal("%s: line %d has an input but no instruction before the tab", name, line);
         prompts = realloc(prompts, (size_t)(n + 1) * sizeof *prompts);
         if (!prompts) fatal("out of memory reading %s", name);
         prompts[n] = malloc_or_die(l + 1);
@@ -471,10 +475,13 @@ int main(int argc, char **argv) {
         prompts = read_prompts(cfg.prompts_path, &n_prompts);
         r = malloc_or_die((size_t)n_prompts * sizeof *r);
         for (int i = 0; i < n_prompts; i++) {
-            AlpacaRecord rec = {.instruction = prompts[i], .input = "", .output = ""};
+            char *instruction = copy_string_or_die(prompts[i]), *tab = strchr(instruction, '\t');
+            if (tab) *tab = '\0';
+            AlpacaRecord rec = {.instruction = instruction, .input = tab ? tab + 1 : "", .output = ""};
             char *templated = alpaca_format_prompt(&rec, cfg.always_input_template);
             make_request(&r[i], i, prompts[i], templated, tok, maxT, cfg.tokens_to_generate, cfg.prompts_path);
             free(templated);
+            free(instruction);
         }
     }
     // the prefill's capacity: the longest prompt (all of the context for the held-out records)

@@ -53,3 +53,11 @@ step adds one token per prompt, reading the earlier tokens' keys and values from
 (decode). The prompts are the held-out records of the instruction set; an answer counts only
 if it is exactly right. Watch the accuracy, and prefill vs decode tokens/s."
 build/stage-6 --config configs/inference.json --init_from=out/demo-stage-1 --eval_accuracy=true --max_batch_size=16
+
+say "Ask it yourself" \
+"One question per line; a tab separates the instruction from its input (the Alpaca record's two
+fields). Try other digits, or a task it never saw."
+echo "\$ printf 'Sort the digits.\\t8302\\nFind the smallest digit.\\t97531\\n' | build/stage-6 --config configs/inference.json --prompts_path=-"
+printf 'Sort the digits.\t8302\nFind the smallest digit.\t97531\n' |
+    build/stage-6 --config configs/inference.json --init_from=out/demo-stage-1 --prompts_path=- |
+    sed -n '/User:/,/tokens,/p'  # the answers, without the timing table

@@ -20,4 +20,9 @@ tasks=$(sed -nE 's/^  (.*[^ ]) +([0-9]+) \/ ([0-9]+) +=.*/\2 \3/p' "$tmp/eval.lo
 check '[ "$(echo "$tasks" | wc -l)" -eq 4 ]' "expected 4 tasks in the report, found: $(sed -n '/per instruction/,$p' "$tmp/eval.log")"
 check 'echo "$tasks" | awk "{ if (\$1 < 0.8 * \$2) bad = 1 } END { exit bad }"' \
     "a task below 80%: $(sed -n '/per instruction/,/accuracy/p' "$tmp/eval.log")"
+# a question typed as the README shows, instruction<TAB>input: the with-input template, answered
+printf 'Sort the digits.\t52913\nFind the largest digit.\t40172\n' | build/stage-6 --config configs/inference.json \
+    --init_from="$tmp/model" --prompts_path=- >"$tmp/typed.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ] && [ "$(grep -a -A1 "User:" "$tmp/typed.log" | grep -a -o "Assistant:.*" | sed "s/^[^ ]* //" | tr "\n" " ")" = "12359 7 " ]' \
+    "typed questions: $(grep -a -A1 "User:" "$tmp/typed.log")"
 finish test_demo

@@ -9,7 +9,7 @@
 #  - prompts from stdin; eval_accuracy reports an accuracy;
 #  - tensor parallelism: [2,1,1], [4,1,1] and [2,2,1] generate exactly the tokens of [1,1,1]
 #    (fp32, greedy and seeded sampling);
-#  - bad prompts file, empty prompt, prompt longer than the context, checkpoint/tokenizer vocab
+#  - bad prompts file, empty prompt, an input with no instruction, prompt longer than the context, checkpoint/tokenizer vocab
 #    mismatch, z > 1, a grid that does not match the ranks or the model: one clear error each.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
@@ -111,6 +111,8 @@ printf 'caf\xe9\n' >"$tmp/latin1.txt"
 expect_error utf8 "not valid UTF-8" "${base[@]}" --prompts_path="$tmp/latin1.txt"
 printf 'first\n   \nthird\n' >"$tmp/blank.txt"
 expect_error empty_prompt "line 2 is an empty prompt" "${base[@]}" --prompts_path="$tmp/blank.txt"
+printf 'first\n\tan input alone\n' >"$tmp/input_only.txt"
+expect_error input_only "line 2 has an input but no instruction before the tab" "${base[@]}" --prompts_path="$tmp/input_only.txt"
 printf '\n\n' >"$tmp/none.txt"
 expect_error no_prompts "no prompts" "${base[@]}" --prompts_path="$tmp/none.txt"
 expect_error too_long "prompt 4 is 195 tokens long .* the context is 170 tokens" "${base[@]}" \
