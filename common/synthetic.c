@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "synthetic.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,20 +65,22 @@ static void task_sort(uint64_t *rng, char *input, char *answer) {
     qsort(answer, strlen(answer), 1, compare_chars);
 }
 
-static void task_largest(uint64_t *rng, char *input, char *answer) {
+// an input of 4..6 digits and, as the answer, its largest digit (or its smallest)
+static void extreme_digit_task(uint64_t *rng, char *input, char *answer, bool largest) {
     random_digits(rng, 4, 6, input);
-    char largest = '0';
-    for (const char *c = input; *c; c++) if (*c > largest) largest = *c;
-    answer[0] = largest;
+    char best = input[0];
+    for (const char *c = input; *c; c++)
+        if (largest ? *c > best : *c < best) best = *c;
+    answer[0] = best;
     answer[1] = '\0';
 }
 
+static void task_largest(uint64_t *rng, char *input, char *answer) {
+    extreme_digit_task(rng, input, answer, true);
+}
+
 static void task_smallest(uint64_t *rng, char *input, char *answer) {
-    random_digits(rng, 4, 6, input);
-    char smallest = '9';
-    for (const char *c = input; *c; c++) if (*c < smallest) smallest = *c;
-    answer[0] = smallest;
-    answer[1] = '\0';
+    extreme_digit_task(rng, input, answer, false);
 }
 
 static void task_count(uint64_t *rng, char *input, char *answer) {
