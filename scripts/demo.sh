@@ -57,7 +57,8 @@ build/stage-6 --config configs/inference.json --init_from=out/demo-stage-1 --eva
 say "Ask it yourself" \
 "One question per line; a tab separates the instruction from its input (the Alpaca record's two
 fields). Try other digits, or a task it never saw."
-echo "\$ printf 'Sort the digits.\\t8302\\nFind the smallest digit.\\t97531\\n' | build/stage-6 --config configs/inference.json --prompts_path=-"
-printf 'Sort the digits.\t8302\nFind the smallest digit.\t97531\n' |
-    build/stage-6 --config configs/inference.json --init_from=out/demo-stage-1 --prompts_path=- |
+questions='Sort the digits.\t8302\nFind the smallest digit.\t97531\n'
+echo "\$ printf '$questions' | build/stage-6 --config configs/inference.json --prompts_path=-"
+# shellcheck disable=SC2059  # the format is the questions: printf turns \t and \n into the real bytes
+printf "$questions" | build/stage-6 --config configs/inference.json --init_from=out/demo-stage-1 --prompts_path=- |
     sed -n '/User:/,/tokens,/p'  # the answers, without the timing table
