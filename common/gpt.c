@@ -1,5 +1,6 @@
-// gpt.c: GPT-2 (pre-LayerNorm blocks, causal multi-head attention, GELU-tanh MLP, tied lm_head)
-// written as layer steps over the ops.h interface. Backward mirrors forward line for line.
+// gpt.c: GPT-2 (pre-LayerNorm blocks, causal multi-head attention, GELU-tanh MLP, tied lm_head):
+// its description, the layout of its parameters, and its layer steps over a LayerOps table.
+// Backward mirrors forward line for line.
 #include "gpt.h"
 
 #include <math.h>
@@ -12,78 +13,100 @@
 
 int gpt_padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
-// ---- the parameter table ----------------------------------------------------------------------
+// ---- 1. the description -----------------------------------------------------------------------
 
-static TensorInfo *add_tensor(ParamLayout *l, const char *name, int rows, int cols, int block) {
+static const TensorSpec GPT2_ROOT[] = {
+    {"transformer.wte.weight", ROLE_WTE, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false},
+    {"transformer.wpe.weight", ROLE_WPE, DIM_POSITIONS, DIM_C, INIT_NORMAL, true, false},
+    {"transformer.ln_f.weight", ROLE_LNF_W, DIM_C, DIM_NONE, INIT_ONES, false, false},
+    {"transformer.ln_f.bias", ROLE_LNF_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+};
+
+// The projections into the residual stream (INIT_RESIDUAL) are scaled down so that the stream's
+// variance does not grow with depth (GPT-2 paper, section 2.3). Linear weights are Conv1D in
+// Hugging Face files: stored (in, out), here (out, in).
+static const TensorSpec GPT2_BLOCK[] = {
+    {"transformer.h.%d.ln_1.weight", ROLE_LN1_W, DIM_C, DIM_NONE, INIT_ONES, false, false},
+    {"transformer.h.%d.ln_1.bias", ROLE_LN1_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"transformer.h.%d.attn.c_attn.weight", ROLE_QKV_W, DIM_3C, DIM_C, INIT_NORMAL, true, true},
+    {"transformer.h.%d.attn.c_attn.bias", ROLE_QKV_B, DIM_3C, DIM_NONE, INIT_ZEROS, false, false},
+    {"transformer.h.%d.attn.c_proj.weight", ROLE_ATTN_PROJ_W, DIM_C, DIM_C, INIT_RESIDUAL, true, true},
+    {"transformer.h.%d.attn.c_proj.bias", ROLE_ATTN_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"transformer.h.%d.ln_2.weight", ROLE_LN2_W, DIM_C, DIM_NONE, INIT_ONES, false, false},
+    {"transformer.h.%d.ln_2.bias", ROLE_LN2_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"transformer.h.%d.mlp.c_fc.weight", ROLE_FC_W, DIM_4C, DIM_C, INIT_NORMAL, true, true},
+    {"transformer.h.%d.mlp.c_fc.bias", ROLE_FC_B, DIM_4C, DIM_NONE, INIT_ZEROS, false, false},
+    {"transformer.h.%d.mlp.c_proj.weight", ROLE_FC_PROJ_W, DIM_C, DIM_4C, INIT_RESIDUAL, true, true},
+    {"transformer.h.%d.mlp.c_proj.bias", ROLE_FC_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+};
+
+const Arch ARCH_GPT2 = {"gpt2", GPT2_ROOT, 4, GPT2_BLOCK, 12, true};
+
+// ---- 2. the layout ----------------------------------------------------------------------------
+
+static int extent(Dim d, const GPTConfig *cfg) {
+    switch (d) {
+    case DIM_C: return cfg->n_embd;
+    case DIM_3C: return 3 * cfg->n_embd;
+    case DIM_4C: return 4 * cfg->n_embd;
+    case DIM_VOCAB: return cfg->padded_vocab_size;
+    case DIM_POSITIONS: return cfg->max_seq_len;
+    case DIM_NONE: break;
+    }
+    return 0;
+}
+
+static void add_tensor(ParamLayout *l, const TensorSpec *spec, int block, int init_stream) {
+    const GPTConfig *cfg = &l->cfg;
     TensorInfo *t = &l->tensors[l->num_tensors++];
     memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
+    snprintf(t->name, sizeof t->name, spec->hf_name, block);
+    t->role = spec->role;
     t->offset = l->num_params;
-    t->ndim = cols ? 2 : 1;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
-    t->numel = (size_t)rows * (size_t)(cols ? cols : 1);
-    t->hf_rows = rows;
+    t->ndim = spec->cols == DIM_NONE ? 1 : 2;
+    t->shape[0] = extent(spec->rows, cfg);
+    t->shape[1] = extent(spec->cols, cfg);
+    t->numel = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
+    t->hf_rows = spec->rows == DIM_VOCAB ? cfg->vocab_size : t->shape[0];
+    t->hf_transposed = spec->hf_transposed;
+    t->decay = spec->decay;
     t->block = block;
-    t->init_std = 0.02f;
+    t->init_stream = init_stream;
+    t->init_std = spec->init == INIT_NORMAL ? 0.02f
+                  : spec->init == INIT_RESIDUAL ? 0.02f / sqrtf(2.0f * (float)cfg->n_layer) : 0.0f;
+    t->init_value = spec->init == INIT_ONES ? 1.0f : 0.0f;
     l->num_params += t->numel;
-    return t;
 }
 
-static void add_layernorm(ParamLayout *l, const char *prefix, int C, int block) {
-    char name[64];
-    snprintf(name, sizeof name, "%s.weight", prefix);
-    add_tensor(l, name, C, 0, block)->init_value = 1.0f;
-    snprintf(name, sizeof name, "%s.bias", prefix);
-    add_tensor(l, name, C, 0, block);
-    l->tensors[l->num_tensors - 1].init_std = 0;
-    l->tensors[l->num_tensors - 2].init_std = 0;
+// which root tensors a range holds: the embedding's with the embedding, the final LayerNorm
+// (and a tied lm_head's wte) with the head
+static bool holds_root(const ParamLayout *l, TensorRole role) {
+    bool embedding = role == ROLE_WTE || role == ROLE_WPE;
+    if (embedding && l->has_embed) return true;
+    return l->has_head && (!embedding || (role == ROLE_WTE && l->arch->tied_head));
 }
 
-// A Conv1D linear layer: weight stored (in, out) by Hugging Face, (out, in) here.
-static void add_linear(ParamLayout *l, const char *prefix, int out, int in, int block, float std) {
-    char name[64];
-    snprintf(name, sizeof name, "%s.weight", prefix);
-    TensorInfo *w = add_tensor(l, name, out, in, block);
-    w->hf_transposed = 1;
-    w->decay = 1;
-    w->init_std = std;
-    snprintf(name, sizeof name, "%s.bias", prefix);
-    add_tensor(l, name, out, 0, block)->init_std = 0;
+void gpt_layout_range(ParamLayout *l, const GPTConfig *cfg, int first, int n, bool embed, bool head) {
+    const Arch *arch = &ARCH_GPT2;
+    memset(l, 0, sizeof *l);
+    l->cfg = *cfg;
+    l->arch = arch;
+    l->first_block = first;
+    l->n_blocks = n;
+    l->has_embed = embed;
+    l->has_head = head;
+    l->tensors = calloc_or_die((size_t)(arch->n_root + arch->n_block * n), sizeof(TensorInfo));
+    for (int i = 0; i < arch->n_root; i++)
+        if (holds_root(l, arch->root[i].role)) add_tensor(l, &arch->root[i], -1, i);
+    l->root_numel = l->num_params;
+    for (int b = first; b < first + n; b++)
+        for (int i = 0; i < arch->n_block; i++)
+            add_tensor(l, &arch->block[i], b, arch->n_root + b * arch->n_block + i);
+    l->block_numel = n ? (l->num_params - l->root_numel) / (size_t)n : 0;
 }
 
 void gpt_layout(ParamLayout *l, const GPTConfig *cfg) {
-    int C = cfg->n_embd, L = cfg->n_layer;
-    memset(l, 0, sizeof *l);
-    l->cfg = *cfg;
-    l->tensors = calloc_or_die((size_t)(ROOT_TENSORS + BLOCK_TENSORS * L), sizeof(TensorInfo));
-    TensorInfo *wte = add_tensor(l, "transformer.wte.weight", cfg->padded_vocab_size, C, -1);
-    wte->hf_rows = cfg->vocab_size;
-    wte->decay = 1;
-    add_tensor(l, "transformer.wpe.weight", cfg->max_seq_len, C, -1)->decay = 1;
-    add_layernorm(l, "transformer.ln_f", C, -1);
-    l->root_numel = l->num_params;
-    // the projections into the residual stream are scaled down so that the stream's variance
-    // does not grow with depth (GPT-2 paper, section 2.3)
-    float residual_std = 0.02f / sqrtf(2.0f * (float)L);
-    for (int b = 0; b < L; b++) {
-        char p[48];
-        size_t start = l->num_params;
-        snprintf(p, sizeof p, "transformer.h.%d.ln_1", b);
-        add_layernorm(l, p, C, b);
-        snprintf(p, sizeof p, "transformer.h.%d.attn.c_attn", b);
-        add_linear(l, p, 3 * C, C, b, 0.02f);
-        snprintf(p, sizeof p, "transformer.h.%d.attn.c_proj", b);
-        add_linear(l, p, C, C, b, residual_std);
-        snprintf(p, sizeof p, "transformer.h.%d.ln_2", b);
-        add_layernorm(l, p, C, b);
-        snprintf(p, sizeof p, "transformer.h.%d.mlp.c_fc", b);
-        add_linear(l, p, 4 * C, C, b, 0.02f);
-        snprintf(p, sizeof p, "transformer.h.%d.mlp.c_proj", b);
-        add_linear(l, p, C, 4 * C, b, residual_std);
-        if (b == 0) l->block_offset[0] = start;
-        l->block_offset[1] = l->num_params - start;
-    }
+    gpt_layout_range(l, cfg, 0, cfg->n_layer, true, true);
 }
 
 void gpt_layout_free(ParamLayout *l) {
@@ -91,39 +114,91 @@ void gpt_layout_free(ParamLayout *l) {
     l->tensors = NULL;
 }
 
+size_t layout_block_start(const ParamLayout *l, int block) {
+    if (block < l->first_block || block >= l->first_block + l->n_blocks)
+        fatal("internal: block %d is not in this layout's [%d, %d)", block, l->first_block,
+              l->first_block + l->n_blocks);
+    return l->root_numel + (size_t)(block - l->first_block) * l->block_numel;
+}
+
+// where a tensor of a given role is pointed to, by name
+static float **block_slot(BlockWeights *bw, TensorRole role) {
+    switch (role) {
+    case ROLE_LN1_W: return &bw->ln1.w;
+    case ROLE_LN1_B: return &bw->ln1.b;
+    case ROLE_QKV_W: return &bw->qkv.w;
+    case ROLE_QKV_B: return &bw->qkv.b;
+    case ROLE_ATTN_PROJ_W: return &bw->attn_proj.w;
+    case ROLE_ATTN_PROJ_B: return &bw->attn_proj.b;
+    case ROLE_LN2_W: return &bw->ln2.w;
+    case ROLE_LN2_B: return &bw->ln2.b;
+    case ROLE_FC_W: return &bw->fc.w;
+    case ROLE_FC_B: return &bw->fc.b;
+    case ROLE_FC_PROJ_W: return &bw->fc_proj.w;
+    case ROLE_FC_PROJ_B: return &bw->fc_proj.b;
+    default: fatal("internal: tensor role %d is not a block's", (int)role);
+    }
+}
+
+static float **root_slot(Weights *w, TensorRole role) {
+    switch (role) {
+    case ROLE_WTE: return &w->wte;
+    case ROLE_WPE: return &w->wpe;
+    case ROLE_LNF_W: return &w->lnf.w;
+    case ROLE_LNF_B: return &w->lnf.b;
+    default: fatal("internal: tensor role %d is not a root tensor", (int)role);
+    }
+}
+
+// the bf16 copy of a matrix that a linear layer multiplies, or NULL
+static bf16 **block_slot16(BlockWeights *bw, TensorRole role) {
+    switch (role) {
+    case ROLE_QKV_W: return &bw->qkv.w16;
+    case ROLE_ATTN_PROJ_W: return &bw->attn_proj.w16;
+    case ROLE_FC_W: return &bw->fc.w16;
+    case ROLE_FC_PROJ_W: return &bw->fc_proj.w16;
+    default: return NULL;
+    }
+}
+
 void weights_point(Weights *w, const ParamLayout *l, float *flat) {
-    const TensorInfo *t = l->tensors;
-    w->wte = flat + t[0].offset;
-    w->wpe = flat + t[1].offset;
-    w->lnfw = flat + t[2].offset;
-    w->lnfb = flat + t[3].offset;
-    w->wte16 = NULL;
-    w->h = calloc_or_die((size_t)l->cfg.n_layer, sizeof(BlockWeights));
-    for (int b = 0; b < l->cfg.n_layer; b++)
-        block_weights_point(&w->h[b], l, b, flat + t[ROOT_TENSORS + b * BLOCK_TENSORS].offset);
+    memset(w, 0, sizeof *w);
+    w->n_layer = l->cfg.n_layer;
+    w->h = calloc_or_die((size_t)w->n_layer, sizeof(BlockWeights));
+    for (int i = 0; i < l->num_tensors; i++) {
+        const TensorInfo *t = &l->tensors[i];
+        float **slot = t->block < 0 ? root_slot(w, t->role) : block_slot(&w->h[t->block], t->role);
+        *slot = flat + t->offset;
+    }
+    if (l->arch->tied_head) w->head.w = w->wte;  // the lm_head is the embedding itself
 }
 
 void block_weights_point(BlockWeights *bw, const ParamLayout *l, int block, float *unit) {
-    const TensorInfo *t = &l->tensors[ROOT_TENSORS + block * BLOCK_TENSORS];
+    size_t start = layout_block_start(l, block);
     memset(bw, 0, sizeof *bw);
-    // BlockWeights starts with its twelve float pointers in buffer order: fill them as an array
-    float **slots = (float **)bw;
-    for (int i = 0; i < BLOCK_TENSORS; i++) slots[i] = unit + (t[i].offset - t[0].offset);
+    for (int i = 0; i < l->num_tensors; i++)
+        if (l->tensors[i].block == block) *block_slot(bw, l->tensors[i].role) = unit + (l->tensors[i].offset - start);
 }
 
 void weights_point_bf16(Weights *w, const ParamLayout *l, bf16 *flat16) {
-    const TensorInfo *t = l->tensors;
-    w->wte16 = flat16 + t[0].offset;
-    for (int b = 0; b < l->cfg.n_layer; b++)
-        block_weights_point_bf16(&w->h[b], l, b, flat16 + t[ROOT_TENSORS + b * BLOCK_TENSORS].offset);
+    for (int i = 0; i < l->num_tensors; i++) {
+        const TensorInfo *t = &l->tensors[i];
+        if (t->block >= 0) {
+            bf16 **slot = block_slot16(&w->h[t->block], t->role);
+            if (slot) *slot = flat16 + t->offset;
+        } else if (t->role == ROLE_WTE && l->arch->tied_head) {
+            w->head.w16 = flat16 + t->offset;
+        }
+    }
 }
 
 void block_weights_point_bf16(BlockWeights *bw, const ParamLayout *l, int block, bf16 *unit16) {
-    const TensorInfo *t = &l->tensors[ROOT_TENSORS + block * BLOCK_TENSORS];  // this block's twelve
-    bw->qkvw16 = unit16 + (t[2].offset - t[0].offset);
-    bw->attprojw16 = unit16 + (t[4].offset - t[0].offset);
-    bw->fcw16 = unit16 + (t[8].offset - t[0].offset);
-    bw->fcprojw16 = unit16 + (t[10].offset - t[0].offset);
+    size_t start = layout_block_start(l, block);
+    for (int i = 0; i < l->num_tensors; i++) {
+        const TensorInfo *t = &l->tensors[i];
+        bf16 **slot = t->block == block ? block_slot16(bw, t->role) : NULL;
+        if (slot) *slot = unit16 + (t->offset - start);
+    }
 }
 
 void weights_free(Weights *w) {
@@ -132,8 +207,7 @@ void weights_free(Weights *w) {
 }
 
 // Initialises the part of tensor t that falls in the flat range [first, first + n).
-static void init_tensor_part(float *slice, const TensorInfo *t, int tensor_index, size_t first,
-                             size_t n, uint64_t seed) {
+static void init_tensor_part(float *slice, const TensorInfo *t, size_t first, size_t n, uint64_t seed) {
     size_t lo = t->offset > first ? t->offset : first;
     size_t hi = t->offset + t->numel < first + n ? t->offset + t->numel : first + n;
     if (lo >= hi) return;
@@ -146,167 +220,241 @@ static void init_tensor_part(float *slice, const TensorInfo *t, int tensor_index
     // the rows past the real vocabulary never see a token: keep them zero
     size_t real = (size_t)t->hf_rows * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
     size_t random = start < real ? (real - start < count ? real - start : count) : 0;
-    init_normal(out, random, seed, (uint64_t)tensor_index, start, t->init_std);
+    init_normal(out, random, seed, (uint64_t)t->init_stream, start, t->init_std);
     if (random < count) fill_constant(out + random, count - random, 0.0f);
 }
 
 void gpt_init_range(float *slice, const ParamLayout *l, size_t first, size_t n, uint64_t seed) {
-    for (int i = 0; i < l->num_tensors; i++) init_tensor_part(slice, &l->tensors[i], i, first, n, seed);
+    for (int i = 0; i < l->num_tensors; i++) init_tensor_part(slice, &l->tensors[i], first, n, seed);
 }
 
-// ---- activations ------------------------------------------------------------------------------
+// ---- 3. the layers on one rank ----------------------------------------------------------------
 
-static float *alloc_floats(Activations *a, size_t n) {
-    a->bytes += n * sizeof(float);
-    return dev_malloc(n * sizeof(float));
+ModelShape whole_model_shape(const GPTConfig *cfg) {
+    int C = cfg->n_embd;
+    return (ModelShape){.C = C, .C_total = C, .n_head = cfg->n_head, .C_attn = C, .C_mlp = 4 * C,
+                        .v_lo = 0, .v_rows = cfg->padded_vocab_size};
 }
-
-static bf16 *alloc_bf16(Activations *a, size_t n) {
-    a->bytes += n * sizeof(bf16);
-    return dev_malloc(n * sizeof(bf16));
-}
-
-// In bf16 mode a matmul input is needed in f32 only until it is rounded, so one scratch buffer
-// serves every block; in f32 mode each block keeps its own for backward.
-static float *matmul_input(Activations *a, float **shared, size_t n) {
-    if (!a->bf16) return alloc_floats(a, n);
-    if (!*shared) *shared = alloc_floats(a, n);
-    return *shared;
-}
-
-void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int bf16) {
-    size_t N = (size_t)B * T, C = (size_t)cfg->n_embd, NH = (size_t)cfg->n_head;
-    size_t att = (size_t)B * NH * T * T, Vp = (size_t)cfg->padded_vocab_size;
-    memset(a, 0, sizeof *a);
-    a->B = B;
-    a->T = T;
-    a->n_layer = cfg->n_layer;
-    a->bf16 = bf16;
-    float *shared_ln1 = NULL, *shared_atty = NULL, *shared_ln2 = NULL, *shared_fch_gelu = NULL;
-    a->encoded = alloc_floats(a, N * C);
-    a->blocks = calloc_or_die((size_t)cfg->n_layer, sizeof(BlockActs));
-    for (int l = 0; l < cfg->n_layer; l++) {
-        BlockActs *k = &a->blocks[l];
-        k->ln1 = matmul_input(a, &shared_ln1, N * C);
-        k->ln1_mean = alloc_floats(a, N);
-        k->ln1_rstd = alloc_floats(a, N);
-        k->qkv = alloc_floats(a, N * 3 * C);
-        k->att = alloc_floats(a, att);
-        k->atty = matmul_input(a, &shared_atty, N * C);
-        k->res2 = alloc_floats(a, N * C);
-        k->ln2 = matmul_input(a, &shared_ln2, N * C);
-        k->ln2_mean = alloc_floats(a, N);
-        k->ln2_rstd = alloc_floats(a, N);
-        k->fch = alloc_floats(a, N * 4 * C);
-        k->fch_gelu = matmul_input(a, &shared_fch_gelu, N * 4 * C);
-        k->out = alloc_floats(a, N * C);
-        if (bf16) {
-            k->ln1_16 = alloc_bf16(a, N * C);
-            k->atty16 = alloc_bf16(a, N * C);
-            k->ln2_16 = alloc_bf16(a, N * C);
-            k->fch_gelu16 = alloc_bf16(a, N * 4 * C);
-        }
-    }
-    if (bf16) {
-        a->lnf16 = alloc_bf16(a, N * C);
-        a->dout16 = alloc_bf16(a, N * (Vp > 4 * C ? Vp : 4 * C));
-    }
-    a->lnf = alloc_floats(a, N * C);
-    a->lnf_mean = alloc_floats(a, N);
-    a->lnf_rstd = alloc_floats(a, N);
-    a->logits = alloc_floats(a, N * (size_t)cfg->padded_vocab_size);
-    a->losses = alloc_floats(a, N);
-    a->inputs = dev_malloc(N * sizeof(int));
-    a->targets = dev_malloc(N * sizeof(int));
-    a->bytes += 2 * N * sizeof(int);
-    a->dres = alloc_floats(a, N * C);
-    a->dbig = alloc_floats(a, N * 4 * C);
-    a->dbig2 = alloc_floats(a, N * 4 * C);
-    a->dsmall = alloc_floats(a, N * 3 * C);
-    a->datt = alloc_floats(a, att);
-}
-
-void acts_free(Activations *a) {
-    float **all[] = {&a->encoded, &a->lnf, &a->lnf_mean, &a->lnf_rstd, &a->logits, &a->losses,
-                     &a->dres, &a->dbig, &a->dbig2, &a->dsmall, &a->datt};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(*all[i]);
-    dev_free(a->inputs);
-    dev_free(a->targets);
-    for (int l = 0; a->blocks && l < a->n_layer; l++) {
-        BlockActs *k = &a->blocks[l];
-        void *own[] = {k->ln1_mean, k->ln1_rstd, k->qkv, k->att, k->res2, k->ln2_mean,
-                       k->ln2_rstd, k->fch, k->out, k->ln1_16, k->atty16, k->ln2_16, k->fch_gelu16};
-        for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) dev_free(own[i]);
-        // the f32 matmul inputs are shared scratch in bf16 mode: free those once
-        if (!a->bf16 || l == 0) {
-            dev_free(k->ln1);
-            dev_free(k->atty);
-            dev_free(k->ln2);
-            dev_free(k->fch_gelu);
-        }
-    }
-    dev_free(a->lnf16);
-    dev_free(a->dout16);
-    free(a->blocks);
-    memset(a, 0, sizeof *a);
-}
-
-// ---- a linear layer in f32 or bf16 ------------------------------------------------------------
 
 // out (N, OC) = inp (N, C) @ w^T + b. With bf16 weights (w16 set) the input is rounded to bf16
 // into inp16, which is also what backward will read, and the matmul accumulates in f32.
-void gpt_linear_forward(float *out, const float *inp, bf16 *inp16, const float *w,
-                        const bf16 *w16, const float *b, int N, int C, int OC) {
-    if (!w16) {
-        matmul_forward(out, inp, w, b, N, C, OC);
+void linear_forward(float *out, const float *inp, bf16 *inp16, const Linear *w, int N, int C, int OC) {
+    if (!w->w16) {
+        matmul_forward(out, inp, w->w, w->b, N, C, OC);
         return;
     }
     if (!inp16) fatal("internal: bf16 weights need activations allocated for bf16");
     cast_to_bf16(inp16, inp, (size_t)N * C);
-    matmul_forward_bf16(out, inp16, w16, b, N, C, OC);
+    matmul_forward_bf16(out, inp16, w->w16, w->b, N, C, OC);
 }
 
-// the matching backward: the output gradient is rounded to bf16 too (into a->dout16); the
-// gradients come out in f32 and the bias gradient is summed from the f32 dout
-static void linear_backward(Activations *a, float *dinp, float *dw, float *db, const float *dout,
-                            const float *inp, const bf16 *inp16, const float *w, const bf16 *w16,
-                            int N, int C, int OC) {
-    if (!w16) {
-        matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+static void serial_embed_forward(LayerOps *ops, float *out, const int *tokens, const int *start,
+                                 const Weights *w, const ModelShape *s, int B, int T) {
+    (void)ops;
+    embedding_forward(out, tokens, start, w->wte, w->wpe, s->v_lo, s->v_rows, B, T, s->C);
+}
+
+static void serial_embed_backward(LayerOps *ops, Weights *g, const float *dout, const int *tokens,
+                                  const ModelShape *s, int B, int T) {
+    (void)ops;
+    embedding_backward(g->wte, g->wpe, dout, tokens, s->v_lo, s->v_rows, B, T, s->C);
+}
+
+static void serial_linear_forward(LayerOps *ops, LinearKind k, float *out, const float *inp, bf16 *inp16,
+                                  const Linear *w, int N, int in_dim, int out_dim) {
+    (void)ops, (void)k;
+    linear_forward(out, inp, inp16, w, N, in_dim, out_dim);
+}
+
+// the matching backward: in bf16 the output gradient is rounded too (into dout16); the gradients
+// come out in f32 and the bias gradient is summed from the f32 dout
+static void serial_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Linear *g, const float *dout,
+                                   bf16 *dout16, const float *inp, const bf16 *inp16, const Linear *w,
+                                   int N, int in_dim, int out_dim) {
+    (void)ops, (void)k;
+    if (!w->w16) {
+        matmul_backward(dinp, g->w, g->b, dout, inp, w->w, N, in_dim, out_dim);
         return;
     }
-    cast_to_bf16(a->dout16, dout, (size_t)N * OC);
-    matmul_backward_bf16(dinp, dw, db, dout, a->dout16, inp16, w16, N, C, OC);
+    cast_to_bf16(dout16, dout, (size_t)N * out_dim);
+    matmul_backward_bf16(dinp, g->w, g->b, dout, dout16, inp16, w->w16, N, in_dim, out_dim);
 }
+
+static void serial_norm_forward(LayerOps *ops, float *out, float *mean, float *rstd, const float *inp,
+                                const Norm *w, const ModelShape *s, int N) {
+    (void)ops;
+    layernorm_forward(out, mean, rstd, inp, w->w, w->b, N, s->C);
+}
+
+static void serial_norm_backward(LayerOps *ops, float *dinp, Norm *g, const float *dout, const float *inp,
+                                 const Norm *w, const float *mean, const float *rstd, const ModelShape *s,
+                                 int N) {
+    (void)ops;
+    layernorm_backward(dinp, g->w, g->b, dout, inp, w->w, mean, rstd, N, s->C);
+}
+
+static void serial_attention_forward(LayerOps *ops, int layer, float *out, float *att, const float *qkv,
+                                     const ModelShape *s, int B, int T) {
+    (void)ops, (void)layer;
+    attention_forward(out, att, qkv, B, T, s->C_attn, s->n_head);
+}
+
+LayerOps *serial_layer_ops(void) {
+    static LayerOps serial = {serial_embed_forward, serial_embed_backward, serial_linear_forward,
+                              serial_linear_backward, serial_norm_forward, serial_norm_backward,
+                              serial_attention_forward};
+    return &serial;
+}
+
+// ---- activations ------------------------------------------------------------------------------
+
+typedef struct {
+    Activations *a;
+    void **owned;  // every buffer allocated, to free
+    int n_owned;
+} Alloc;
+
+static void *alloc_bytes(Alloc *al, size_t bytes) {
+    void *p = dev_malloc(bytes);
+    al->a->bytes += bytes;
+    al->owned = realloc(al->owned, (size_t)(al->n_owned + 1) * sizeof(void *));
+    if (!al->owned) fatal("out of host memory");
+    al->owned[al->n_owned++] = p;
+    return p;
+}
+
+static float *alloc_floats(Alloc *al, size_t n) { return alloc_bytes(al, n * sizeof(float)); }
+static bf16 *alloc_bf16(Alloc *al, size_t n, bool on) { return on ? alloc_bytes(al, n * sizeof(bf16)) : NULL; }
+
+// In bf16 mode a matmul input is needed in f32 only until it is rounded, so one scratch buffer
+// serves every block; in f32 mode each block keeps its own for backward.
+static float *matmul_input(Alloc *al, float **shared, size_t n) {
+    if (!al->a->spec.bf16) return alloc_floats(al, n);
+    if (!*shared) *shared = alloc_floats(al, n);
+    return *shared;
+}
+
+static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+static void alloc_block(Alloc *al, BlockActs *k, float *shared[4]) {
+    const ActsSpec *sp = &al->a->spec;
+    size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
+    bool b16 = sp->bf16;
+    k->ln1 = matmul_input(al, &shared[0], N * C);
+    k->ln1_mean = alloc_floats(al, N);
+    k->ln1_rstd = alloc_floats(al, N);
+    k->qkv = alloc_floats(al, N * 3 * Ca);
+    k->att = alloc_floats(al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
+    k->atty = matmul_input(al, &shared[1], N * Ca);
+    k->res2 = alloc_floats(al, N * C);
+    k->ln2 = matmul_input(al, &shared[2], N * C);
+    k->ln2_mean = alloc_floats(al, N);
+    k->ln2_rstd = alloc_floats(al, N);
+    k->fch = alloc_floats(al, N * F);
+    k->fch_gelu = matmul_input(al, &shared[3], N * F);
+    k->out = alloc_floats(al, N * C);
+    k->ln1_16 = alloc_bf16(al, N * C, b16);
+    k->atty16 = alloc_bf16(al, N * Ca, b16);
+    k->ln2_16 = alloc_bf16(al, N * C, b16);
+    k->fch_gelu16 = alloc_bf16(al, N * F, b16);
+}
+
+ActsSpec whole_model_acts(const GPTConfig *cfg, int B, int T, bool bf16, bool recompute) {
+    return (ActsSpec){.B = B, .T = T, .keys = T, .shape = whole_model_shape(cfg), .first_layer = 0,
+                      .n_layers = cfg->n_layer, .embed = true, .head = true, .bf16 = bf16,
+                      .recompute = recompute};
+}
+
+void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int flags) {
+    ActsSpec spec = whole_model_acts(cfg, B, T, flags & ACTS_BF16, flags & ACTS_RECOMPUTE);
+    acts_alloc_spec(a, &spec);
+}
+
+void acts_alloc_spec(Activations *a, const ActsSpec *spec) {
+    memset(a, 0, sizeof *a);
+    a->spec = *spec;
+    if (!a->spec.keys) a->spec.keys = spec->T;
+    a->ops = spec->ops ? spec->ops : serial_layer_ops();
+    Alloc al = {.a = a};
+    const ActsSpec *sp = &a->spec;
+    size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
+    size_t V = sp->shape.v_rows;
+    float *shared[4] = {NULL};
+    a->encoded = alloc_floats(&al, N * C);
+    a->blocks = calloc_or_die((size_t)(sp->n_layers > 0 ? sp->n_layers : 1), sizeof(BlockActs));
+    for (int i = 0; i < sp->n_layers; i++) {
+        if (sp->recompute && i > 0) {  // one set of activations, recomputed for each block in
+            a->blocks[i] = a->blocks[0];  // backward; each block keeps its output (the next's input)
+            a->blocks[i].out = alloc_floats(&al, N * C);
+        } else {
+            alloc_block(&al, &a->blocks[i], shared);
+        }
+    }
+    if (sp->embed) a->inputs = alloc_bytes(&al, N * sizeof(int));
+    if (sp->head) {
+        a->lnf = alloc_floats(&al, N * C);
+        a->lnf_mean = alloc_floats(&al, N);
+        a->lnf_rstd = alloc_floats(&al, N);
+        a->lnf16 = alloc_bf16(&al, N * C, sp->bf16);
+        a->logits = alloc_floats(&al, N * V);
+        a->losses = alloc_floats(&al, N);
+        a->targets = alloc_bytes(&al, N * sizeof(int));
+    }
+    a->dres = alloc_floats(&al, N * C);
+    a->dbig = alloc_floats(&al, N * max3(F, Ca, C));
+    a->dbig2 = alloc_floats(&al, N * max3(F, C, 0));
+    a->dsmall = alloc_floats(&al, N * max3(C, 3 * Ca, 0));
+    a->datt = alloc_floats(&al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
+    a->dout16 = alloc_bf16(&al, N * max3(max3(F, 3 * Ca, C), sp->head ? V : 0, 0), sp->bf16);
+    a->owned = al.owned;
+    a->n_owned = al.n_owned;
+}
+
+void acts_free(Activations *a) {
+    for (int i = 0; i < a->n_owned; i++) dev_free(a->owned[i]);
+    free(a->owned);
+    free(a->blocks);
+    memset(a, 0, sizeof *a);
+}
+
+const float *block_input(const Activations *a, int l) {
+    int i = l - a->spec.first_layer;
+    return i == 0 ? a->encoded : a->blocks[i - 1].out;
+}
+
+const float *head_input(const Activations *a) { return block_input(a, a->spec.first_layer + a->spec.n_layers); }
 
 // ---- forward ----------------------------------------------------------------------------------
 
-void gpt_embed_forward(Activations *a, const Weights *w, const GPTConfig *cfg, int B, int T) {
-    encoder_forward(a->encoded, a->inputs, w->wte, w->wpe, B, T, cfg->n_embd);
+void gpt_embed_forward(Activations *a, const Weights *w, int B, int T) {
+    a->ops->embed_forward(a->ops, a->encoded, a->inputs, NULL, w, &a->spec.shape, B, T);
 }
 
-void gpt_block_forward(BlockActs *k, const float *x, const BlockWeights *w, const GPTConfig *cfg,
-                       int B, int T) {
-    int N = B * T, C = cfg->n_embd, NH = cfg->n_head;
+void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int T) {
+    LayerOps *ops = a->ops;
+    const ModelShape *s = &a->spec.shape;
+    BlockActs *k = &a->blocks[l - a->spec.first_layer];
+    const float *x = block_input(a, l);
+    int N = B * T, C = s->C, Ca = s->C_attn, F = s->C_mlp;
     // attention sub-block: res2 = x + proj(attention(ln1(x)))
-    layernorm_forward(k->ln1, k->ln1_mean, k->ln1_rstd, x, w->ln1w, w->ln1b, N, C);
-    gpt_linear_forward(k->qkv, k->ln1, k->ln1_16, w->qkvw, w->qkvw16, w->qkvb, N, C, 3 * C);
-    attention_forward(k->atty, k->att, k->qkv, B, T, C, NH);
-    gpt_linear_forward(k->res2, k->atty, k->atty16, w->attprojw, w->attprojw16, w->attprojb, N, C, C);
+    ops->norm_forward(ops, k->ln1, k->ln1_mean, k->ln1_rstd, x, &w->ln1, s, N);
+    ops->linear_forward(ops, LIN_QKV, k->qkv, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
+    ops->attention_forward(ops, l, k->atty, k->att, k->qkv, s, B, T);
+    ops->linear_forward(ops, LIN_ATTN_PROJ, k->res2, k->atty, k->atty16, &w->attn_proj, N, Ca, C);
     add_inplace(k->res2, x, (size_t)N * C);
     // MLP sub-block: out = res2 + proj(gelu(fc(ln2(res2))))
-    layernorm_forward(k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, w->ln2w, w->ln2b, N, C);
-    gpt_linear_forward(k->fch, k->ln2, k->ln2_16, w->fcw, w->fcw16, w->fcb, N, C, 4 * C);
-    gelu_forward(k->fch_gelu, k->fch, (size_t)N * 4 * C);
-    gpt_linear_forward(k->out, k->fch_gelu, k->fch_gelu16, w->fcprojw, w->fcprojw16, w->fcprojb, N, 4 * C, C);
+    ops->norm_forward(ops, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, &w->ln2, s, N);
+    ops->linear_forward(ops, LIN_FC, k->fch, k->ln2, k->ln2_16, &w->fc, N, C, F);
+    gelu_forward(k->fch_gelu, k->fch, (size_t)N * F);
+    ops->linear_forward(ops, LIN_FC_PROJ, k->out, k->fch_gelu, k->fch_gelu16, &w->fc_proj, N, F, C);
     add_inplace(k->out, k->res2, (size_t)N * C);
 }
 
-void gpt_head_forward(Activations *a, const float *x, const Weights *w, const GPTConfig *cfg, int B, int T) {
-    int N = B * T, C = cfg->n_embd;
-    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, w->lnfw, w->lnfb, N, C);
-    // the lm_head is the token embedding itself (weight tying): logits = lnf @ wte^T
-    gpt_linear_forward(a->logits, a->lnf, a->lnf16, w->wte, w->wte16, NULL, N, C, cfg->padded_vocab_size);
+void gpt_head_forward(Activations *a, const float *x, const Weights *w, int N) {
+    LayerOps *ops = a->ops;
+    const ModelShape *s = &a->spec.shape;
+    ops->norm_forward(ops, a->lnf, a->lnf_mean, a->lnf_rstd, x, &w->lnf, s, N);
+    ops->linear_forward(ops, LIN_HEAD, a->logits, a->lnf, a->lnf16, &w->head, N, s->C, s->v_rows);
 }
 
 double gpt_loss_forward_backward(Activations *a, const GPTConfig *cfg, int B, int T, float dloss) {
@@ -324,80 +472,89 @@ double gpt_loss_forward(Activations *a, const GPTConfig *cfg, int B, int T) {
 
 // ---- backward: each step undoes its forward, in reverse order ---------------------------------
 
-void gpt_head_backward(Activations *a, const float *x, const Weights *w, Weights *g,
-                       const GPTConfig *cfg, int B, int T) {
-    int N = B * T, C = cfg->n_embd;
+static void zero_floats(float *x, size_t n) { dev_zero(x, n * sizeof(float)); }
+
+void gpt_head_backward(Activations *a, const Weights *w, Weights *g, int B, int T) {
+    LayerOps *ops = a->ops;
+    const ModelShape *s = &a->spec.shape;
+    int N = B * T;
     float *dlnf = a->dbig;  // (N, C) scratch
-    dev_zero(dlnf, (size_t)N * C * sizeof(float));
-    dev_zero(a->dres, (size_t)N * C * sizeof(float));
-    linear_backward(a, dlnf, g->wte, NULL, a->logits, a->lnf, a->lnf16, w->wte, w->wte16, N, C,
-                    cfg->padded_vocab_size);
-    layernorm_backward(a->dres, g->lnfw, g->lnfb, dlnf, x, w->lnfw, a->lnf_mean, a->lnf_rstd, N, C);
+    zero_floats(dlnf, (size_t)N * s->C);
+    zero_floats(a->dres, (size_t)N * s->C);
+    ops->linear_backward(ops, LIN_HEAD, dlnf, &g->head, a->logits, a->dout16, a->lnf, a->lnf16, &w->head,
+                         N, s->C, s->v_rows);
+    ops->norm_backward(ops, a->dres, &g->lnf, dlnf, head_input(a), &w->lnf, a->lnf_mean, a->lnf_rstd, s, N);
 }
 
-void gpt_block_backward(Activations *a, BlockActs *k, const float *x, const BlockWeights *w,
-                        BlockWeights *g, const GPTConfig *cfg, int B, int T) {
-    int N = B * T, C = cfg->n_embd, NH = cfg->n_head;
-    size_t NC = (size_t)N * C;
+void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeights *g, int B, int T) {
+    if (a->spec.recompute) gpt_block_forward(a, l, w, B, T);  // the activations it did not keep
+    LayerOps *ops = a->ops;
+    const ModelShape *s = &a->spec.shape;
+    BlockActs *k = &a->blocks[l - a->spec.first_layer];
+    const float *x = block_input(a, l);
+    int N = B * T, C = s->C, Ca = s->C_attn, F = s->C_mlp;
     float *dres = a->dres;  // dL/d(out) now; the residual connection passes it on unchanged
     // MLP sub-block, backwards: out = res2 + proj(gelu(fc(ln2(res2))))
     float *dfch_gelu = a->dbig, *dfch = a->dbig2, *dln2 = a->dsmall;
-    dev_zero(dfch_gelu, 4 * NC * sizeof(float));
-    dev_zero(dfch, 4 * NC * sizeof(float));
-    dev_zero(dln2, NC * sizeof(float));
-    linear_backward(a, dfch_gelu, g->fcprojw, g->fcprojb, dres, k->fch_gelu, k->fch_gelu16,
-                    w->fcprojw, w->fcprojw16, N, 4 * C, C);
-    gelu_backward(dfch, k->fch, dfch_gelu, 4 * NC);
-    linear_backward(a, dln2, g->fcw, g->fcb, dfch, k->ln2, k->ln2_16, w->fcw, w->fcw16, N, C, 4 * C);
-    layernorm_backward(dres, g->ln2w, g->ln2b, dln2, k->res2, w->ln2w, k->ln2_mean, k->ln2_rstd, N, C);
+    zero_floats(dfch_gelu, (size_t)N * F);
+    zero_floats(dfch, (size_t)N * F);
+    zero_floats(dln2, (size_t)N * C);
+    ops->linear_backward(ops, LIN_FC_PROJ, dfch_gelu, &g->fc_proj, dres, a->dout16, k->fch_gelu,
+                         k->fch_gelu16, &w->fc_proj, N, F, C);
+    gelu_backward(dfch, k->fch, dfch_gelu, (size_t)N * F);
+    ops->linear_backward(ops, LIN_FC, dln2, &g->fc, dfch, a->dout16, k->ln2, k->ln2_16, &w->fc, N, C, F);
+    ops->norm_backward(ops, dres, &g->ln2, dln2, k->res2, &w->ln2, k->ln2_mean, k->ln2_rstd, s, N);
     // dres is now dL/d(res2). Attention sub-block, backwards: res2 = x + proj(attention(ln1(x)))
     float *datty = a->dbig, *dqkv = a->dsmall, *dln1 = a->dbig2;
-    dev_zero(datty, NC * sizeof(float));
-    dev_zero(dqkv, 3 * NC * sizeof(float));
-    dev_zero(dln1, NC * sizeof(float));
-    linear_backward(a, datty, g->attprojw, g->attprojb, dres, k->atty, k->atty16, w->attprojw,
-                    w->attprojw16, N, C, C);
-    attention_backward(dqkv, a->datt, datty, k->qkv, k->att, B, T, C, NH);
-    linear_backward(a, dln1, g->qkvw, g->qkvb, dqkv, k->ln1, k->ln1_16, w->qkvw, w->qkvw16, N, C, 3 * C);
-    layernorm_backward(dres, g->ln1w, g->ln1b, dln1, x, w->ln1w, k->ln1_mean, k->ln1_rstd, N, C);
+    zero_floats(datty, (size_t)N * Ca);
+    zero_floats(dqkv, (size_t)N * 3 * Ca);
+    zero_floats(dln1, (size_t)N * C);
+    ops->linear_backward(ops, LIN_ATTN_PROJ, datty, &g->attn_proj, dres, a->dout16, k->atty, k->atty16,
+                         &w->attn_proj, N, Ca, C);
+    attention_backward(dqkv, a->datt, datty, k->qkv, k->att, B, T, Ca, s->n_head);
+    ops->linear_backward(ops, LIN_QKV, dln1, &g->qkv, dqkv, a->dout16, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
+    ops->norm_backward(ops, dres, &g->ln1, dln1, x, &w->ln1, k->ln1_mean, k->ln1_rstd, s, N);
 }
 
-void gpt_embed_backward(Activations *a, Weights *g, const GPTConfig *cfg, int B, int T) {
-    encoder_backward(g->wte, g->wpe, a->dres, a->inputs, B, T, cfg->n_embd);
+void gpt_embed_backward(Activations *a, Weights *g, int B, int T) {
+    a->ops->embed_backward(a->ops, g, a->dres, a->inputs, &a->spec.shape, B, T);
 }
 
-// ---- the whole model --------------------------------------------------------------------------
+// ---- the passes -------------------------------------------------------------------------------
 
 static void upload_tokens(int *dst, const int *src, int B, int T) {
     if (src) copy_to_device(dst, src, (size_t)B * T * sizeof(int));
 }
 
-static const float *block_input(const Activations *a, int l) {
-    return l == 0 ? a->encoded : a->blocks[l - 1].out;
+void gpt_forward(Activations *a, const Weights *w, const int *inputs, int B, int T) {
+    const ActsSpec *sp = &a->spec;
+    if (B > sp->B || T > sp->T) fatal("internal: batch %dx%d exceeds the activations' %dx%d", B, T, sp->B, sp->T);
+    if (sp->embed) {
+        upload_tokens(a->inputs, inputs, B, T);
+        gpt_embed_forward(a, w, B, T);
+    }
+    for (int l = sp->first_layer; l < sp->first_layer + sp->n_layers; l++) gpt_block_forward(a, l, &w->h[l], B, T);
+    if (sp->head) gpt_head_forward(a, head_input(a), w, B * T);
 }
 
-void gpt_forward(Activations *a, const Weights *w, const GPTConfig *cfg, const int *inputs, int B, int T) {
-    if (B > a->B || T > a->T) fatal("internal: batch %dx%d exceeds the activations' %dx%d", B, T, a->B, a->T);
-    upload_tokens(a->inputs, inputs, B, T);
-    gpt_embed_forward(a, w, cfg, B, T);
-    for (int l = 0; l < cfg->n_layer; l++)
-        gpt_block_forward(&a->blocks[l], block_input(a, l), &w->h[l], cfg, B, T);
-    gpt_head_forward(a, block_input(a, cfg->n_layer), w, cfg, B, T);
+void gpt_backward(Activations *a, const Weights *w, Weights *g, int B, int T, GradReadyHook hook, void *ctx) {
+    const ActsSpec *sp = &a->spec;
+    if (sp->head) gpt_head_backward(a, w, g, B, T);
+    for (int l = sp->first_layer + sp->n_layers - 1; l >= sp->first_layer; l--) {
+        gpt_block_backward(a, l, &w->h[l], &g->h[l], B, T);
+        if (hook) hook(l, ctx);
+    }
+    if (sp->embed) gpt_embed_backward(a, g, B, T);
+    if (hook) hook(-1, ctx);
 }
 
 double gpt_forward_backward_hooked(Activations *a, const Weights *w, Weights *g, const GPTConfig *cfg,
                                    const int *inputs, const int *targets, int B, int T, float dloss,
                                    GradReadyHook hook, void *ctx) {
-    gpt_forward(a, w, cfg, inputs, B, T);
+    gpt_forward(a, w, inputs, B, T);
     upload_tokens(a->targets, targets, B, T);
     double loss_sum = gpt_loss_forward_backward(a, cfg, B, T, dloss);
-    gpt_head_backward(a, block_input(a, cfg->n_layer), w, g, cfg, B, T);
-    for (int l = cfg->n_layer - 1; l >= 0; l--) {
-        gpt_block_backward(a, &a->blocks[l], block_input(a, l), &w->h[l], &g->h[l], cfg, B, T);
-        if (hook) hook(l, ctx);
-    }
-    gpt_embed_backward(a, g, cfg, B, T);
-    if (hook) hook(-1, ctx);
+    gpt_backward(a, w, g, B, T, hook, ctx);
     return loss_sum;
 }
 

@@ -1,15 +1,22 @@
-// gpt.h: the GPT-2 model as a set of layer steps. The embedding, one transformer block and the
-// head + loss each have a forward and a backward; a stage strings them together (gpt_forward /
-// gpt_backward do it for a single process) and puts its technique between them.
+// gpt.h: the model, written once for every stage.
 //
-// All parameters live in ONE flat buffer with named pointers into it (and the gradients in a
-// second buffer of the same layout): the optimizer, the checkpoint, an all-reduce or a shard
-// sees one array, while the layer code sees names. The layout is per unit: first the root
-// tensors (wte, wpe, lnfw, lnfb), then block 0's twelve tensors, then block 1's, ... so that one
-// block is one contiguous range (one FSDP unit).
+// Three parts:
+//  1. the description: an architecture is a table of tensors (Hugging Face names, shapes, init,
+//     weight decay, role in the block) that the layout, the initialiser and the checkpoints read;
+//  2. the layout: ONE flat buffer with named pointers into it (and the gradients in a second
+//     buffer of the same layout), for the whole model or for a range of its blocks;
+//  3. the layer steps: the embedding, one transformer block and the head, each with a forward and
+//     a backward, calling their linear layers, LayerNorms and attention through a LayerOps table.
+//     A stage that runs a layer its own way (bf16, tensor-parallel, with a KV cache) plugs in its
+//     version of that layer; the block itself exists only here.
+//
+// The optimizer, the checkpoint, an all-reduce or a shard sees one array; the layer code sees
+// names. The layout is per unit: first the root tensors (wte, wpe, ln_f), then block 0's tensors,
+// then block 1's, ... so that one block is one contiguous range (one FSDP unit).
 #ifndef GPT_H
 #define GPT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,33 +33,54 @@ typedef struct {
 
 int gpt_padded_vocab(int vocab_size);
 
-// one transformer block's tensors, in their order in the flat buffer
-typedef struct {
-    float *ln1w, *ln1b;          // (C), (C)
-    float *qkvw, *qkvb;          // (3C, C), (3C)
-    float *attprojw, *attprojb;  // (C, C), (C)
-    float *ln2w, *ln2b;          // (C), (C)
-    float *fcw, *fcb;            // (4C, C), (4C)
-    float *fcprojw, *fcprojb;    // (C, 4C), (C)
-    // bf16 copies of the four matrices (stage 02). NULL in fp32, where the matmuls use the
-    // float ones; when set, every matmul of the block runs in bf16.
-    bf16 *qkvw16, *attprojw16, *fcw16, *fcprojw16;
-} BlockWeights;
-#define BLOCK_TENSORS 12  // the float tensors above, in buffer order
+// ---- 1. the description -----------------------------------------------------------------------
+
+// what a tensor is to the layer code
+typedef enum {
+    ROLE_WTE, ROLE_WPE, ROLE_LNF_W, ROLE_LNF_B,                  // root
+    ROLE_LN1_W, ROLE_LN1_B, ROLE_QKV_W, ROLE_QKV_B,              // block: attention
+    ROLE_ATTN_PROJ_W, ROLE_ATTN_PROJ_B,
+    ROLE_LN2_W, ROLE_LN2_B, ROLE_FC_W, ROLE_FC_B,                // block: MLP
+    ROLE_FC_PROJ_W, ROLE_FC_PROJ_B,
+} TensorRole;
+
+// a shape's extent, in the config's terms
+typedef enum { DIM_NONE, DIM_C, DIM_3C, DIM_4C, DIM_VOCAB, DIM_POSITIONS } Dim;
+
+typedef enum {
+    INIT_NORMAL,    // N(0, 0.02)
+    INIT_RESIDUAL,  // N(0, 0.02 / sqrt(2L)): a projection into the residual stream
+    INIT_ONES,
+    INIT_ZEROS,
+} Init;
 
 typedef struct {
-    float *wte;         // (Vp, C) token embedding, also the lm_head (tied)
-    float *wpe;         // (maxT, C) position embedding
-    float *lnfw, *lnfb; // (C) final LayerNorm
-    BlockWeights *h;    // [L] blocks
-    bf16 *wte16;        // bf16 copy of wte for the lm_head matmul (stage 02), else NULL
-} Weights;
-#define ROOT_TENSORS 4
+    const char *hf_name;  // Hugging Face name; %d stands for the block index
+    TensorRole role;
+    Dim rows, cols;       // cols DIM_NONE: a vector of `rows`
+    Init init;
+    bool decay;           // weight decay applies (matrices and embeddings, not biases or norms)
+    bool hf_transposed;   // stored (in, out) in Hugging Face files (GPT-2's Conv1D)
+} TensorSpec;
+
+typedef struct {
+    const char *name;                // "gpt2"
+    const TensorSpec *root;          // the tensors outside the blocks, in buffer order
+    int n_root;
+    const TensorSpec *block;         // one block's tensors, in buffer order
+    int n_block;
+    bool tied_head;                  // the lm_head is wte itself
+} Arch;
+
+extern const Arch ARCH_GPT2;
+
+// ---- 2. the layout ----------------------------------------------------------------------------
 
 // The parameter table: one entry per tensor, in buffer order, with what the optimizer, the
 // initialiser and the checkpoint need to know.
 typedef struct {
-    char name[64];      // Hugging Face GPT-2 name, e.g. "transformer.h.3.attn.c_attn.weight"
+    char name[64];      // Hugging Face name, e.g. "transformer.h.3.attn.c_attn.weight"
+    TensorRole role;
     size_t offset;      // first element in the flat buffer
     size_t numel;
     int ndim;
@@ -61,21 +89,60 @@ typedef struct {
     int hf_rows;        // rows in Hugging Face files (V for wte, which we pad to Vp)
     int decay;          // weight decay applies (matrices and embeddings, not biases or norms)
     int block;          // block index, or -1 for root tensors
+    int init_stream;    // the tensor's index in the whole model: its stream of random numbers
     float init_std;     // 0: a constant init (init_value)
     float init_value;
 } TensorInfo;
 
 typedef struct {
     GPTConfig cfg;
+    const Arch *arch;
     size_t num_params;        // elements in the flat buffer (including vocab padding rows)
     int num_tensors;
     TensorInfo *tensors;      // [num_tensors]
-    size_t block_offset[2];   // block 0 starts at [0]; each block has [1] elements
-    size_t root_numel;        // wte + wpe + lnfw + lnfb
+    int first_block, n_blocks;  // the blocks held: [first_block, first_block + n_blocks)
+    bool has_embed, has_head;   // the embedding (wte, wpe), the head (ln_f and, tied, wte)
+    size_t root_numel;        // the root tensors', which come first
+    size_t block_numel;       // one block's
 } ParamLayout;
 
+// the whole model
 void gpt_layout(ParamLayout *layout, const GPTConfig *cfg);
+// blocks [first, first + n) with or without the embedding and the head (a pipeline stage). The
+// tensors keep their names and random streams: any range initialises as the whole model does.
+void gpt_layout_range(ParamLayout *layout, const GPTConfig *cfg, int first, int n, bool embed, bool head);
 void gpt_layout_free(ParamLayout *layout);
+// where block b's elements start in the flat buffer (each block has layout->block_numel)
+size_t layout_block_start(const ParamLayout *layout, int block);
+
+// The weights of a layer, pointing into a flat buffer (bf16 copies: stage 02's matmul inputs)
+typedef struct {
+    float *w;    // (out, in)
+    float *b;    // (out), or NULL
+    bf16 *w16;   // bf16 copy of w, or NULL: when set, the layer multiplies in bf16
+} Linear;
+
+typedef struct {
+    float *w, *b;  // (C), (C)
+} Norm;
+
+typedef struct {
+    Norm ln1, ln2;
+    Linear qkv;        // (3C, C)
+    Linear attn_proj;  // (C, C)
+    Linear fc;         // (4C, C)
+    Linear fc_proj;    // (C, 4C)
+} BlockWeights;
+
+typedef struct {
+    float *wte;        // (Vp, C) token embedding
+    float *wpe;        // (maxT, C) position embedding
+    Norm lnf;          // final LayerNorm
+    Linear head;       // the lm_head (Vp, C): GPT-2's is wte itself (tied), without a bias
+    BlockWeights *h;   // [L], by block index; only a range layout's blocks are set
+    int n_layer;
+} Weights;
+
 // named views into a flat buffer laid out as `layout`; w->h is malloc'd (free with weights_free)
 void weights_point(Weights *w, const ParamLayout *layout, float *flat);
 void weights_free(Weights *w);
@@ -84,90 +151,157 @@ void weights_free(Weights *w);
 void block_weights_point(BlockWeights *bw, const ParamLayout *layout, int block, float *unit);
 // points w's bf16 matrices into flat16, a bf16 copy of the whole flat buffer (same layout)
 void weights_point_bf16(Weights *w, const ParamLayout *layout, bf16 *flat16);
-// points one block's four bf16 matrices into unit16, a bf16 copy of that block's elements in
-// layout order (a gathered FSDP unit, cast)
+// points one block's bf16 matrices into unit16, a bf16 copy of that block's elements in layout
+// order (a gathered FSDP unit, cast)
 void block_weights_point_bf16(BlockWeights *bw, const ParamLayout *layout, int block, bf16 *unit16);
-// fills params[first, first+n) of the flat buffer with the GPT-2 initial values: N(0, 0.02),
-// residual projections N(0, 0.02/sqrt(2L)), LayerNorm weights 1, biases 0, padded vocab rows 0.
+// fills params[first, first+n) of the flat buffer with the initial values: N(0, 0.02), residual
+// projections N(0, 0.02/sqrt(2L)), LayerNorm weights 1, biases 0, padded vocab rows 0.
 // Element-wise counter-based, so any rank can initialise any slice identically.
 void gpt_init_range(float *params_slice, const ParamLayout *layout, size_t first, size_t n, uint64_t seed);
 
-// What one block keeps from its forward for its backward, for N = B*T rows.
+// ---- 3. the layer steps -----------------------------------------------------------------------
+
+// What one rank holds of a block: the whole block, or a tensor-parallel share of it.
+typedef struct {
+    int C;        // residual stream width held (the hidden dimension, or its shard)
+    int C_total;  // the whole hidden dimension (LayerNorm divides by it)
+    int n_head;   // attention heads held
+    int C_attn;   // their width: n_head * head size
+    int C_mlp;    // MLP width held
+    int v_lo, v_rows;  // the vocabulary rows held of wte and the lm_head: [v_lo, v_lo + v_rows)
+} ModelShape;
+
+ModelShape whole_model_shape(const GPTConfig *cfg);
+
+typedef enum { LIN_QKV, LIN_ATTN_PROJ, LIN_FC, LIN_FC_PROJ, LIN_HEAD } LinearKind;
+
+// How the layers run. The block calls these; serial_layer_ops() runs them on one rank (f32, or
+// bf16 when a Linear has w16), and a stage plugs in its own: tensor parallelism (05) adds the
+// collectives of its split layers, generation (06) reads keys and values from a KV cache.
+// Sizes are this rank's (ModelShape); backward functions add into their gradients.
+typedef struct LayerOps LayerOps;
+struct LayerOps {
+    // out (B*T, C) = embedding of tokens at positions t (or start[b] + t, start on the device)
+    void (*embed_forward)(LayerOps *ops, float *out, const int *tokens, const int *start,
+                          const Weights *w, const ModelShape *s, int B, int T);
+    void (*embed_backward)(LayerOps *ops, Weights *g, const float *dout, const int *tokens,
+                           const ModelShape *s, int B, int T);
+    // out (N, out_dim) = inp (N, in_dim) @ w^T + b; inp16: where a bf16 layer rounds its input
+    // (kept for backward)
+    void (*linear_forward)(LayerOps *ops, LinearKind k, float *out, const float *inp, bf16 *inp16,
+                           const Linear *w, int N, int in_dim, int out_dim);
+    // dinp (zeroed by the caller) +=, g->w, g->b +=; dout16: bf16 scratch for dout
+    void (*linear_backward)(LayerOps *ops, LinearKind k, float *dinp, Linear *g, const float *dout,
+                            bf16 *dout16, const float *inp, const bf16 *inp16, const Linear *w,
+                            int N, int in_dim, int out_dim);
+    void (*norm_forward)(LayerOps *ops, float *out, float *mean, float *rstd, const float *inp,
+                         const Norm *w, const ModelShape *s, int N);
+    void (*norm_backward)(LayerOps *ops, float *dinp, Norm *g, const float *dout, const float *inp,
+                          const Norm *w, const float *mean, const float *rstd, const ModelShape *s, int N);
+    // causal attention of block `layer` over qkv (B, T, 3 C_attn) into out (B, T, C_attn); att:
+    // the probabilities kept for backward (or scratch)
+    void (*attention_forward)(LayerOps *ops, int layer, float *out, float *att, const float *qkv,
+                              const ModelShape *s, int B, int T);
+};
+
+LayerOps *serial_layer_ops(void);
+
+// What one block keeps from its forward for its backward, for N = B*T rows (this rank's sizes).
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;  // (N, C), (N), (N)
-    float *qkv;                        // (N, 3C)
-    float *att;                        // (B, NH, T, T) softmax probabilities
-    float *atty;                       // (N, C) attention output before the projection
+    float *qkv;                        // (N, 3 C_attn)
+    float *att;                        // (B, n_head, T, keys) softmax probabilities
+    float *atty;                       // (N, C_attn) attention output before the projection
     float *res2;                       // (N, C) residual after attention
     float *ln2, *ln2_mean, *ln2_rstd;  // (N, C), (N), (N)
-    float *fch, *fch_gelu;             // (N, 4C), (N, 4C)
+    float *fch, *fch_gelu;             // (N, C_mlp), (N, C_mlp)
     float *out;                        // (N, C) block output = residual after the MLP
     // bf16 mode: the four matmul inputs are kept for backward as bf16 copies only (their f32
     // versions above then point to scratch shared by every block)
     bf16 *ln1_16, *atty16, *ln2_16, *fch_gelu16;
 } BlockActs;
 
-// Everything the forward and backward passes need besides the weights, for B sequences of at
-// most T tokens; allocated once.
+// What to allocate activations for.
 typedef struct {
-    int B, T;                   // capacity
-    int n_layer;
-    int bf16;                   // matmul inputs kept in bf16 (stage 02)
-    float *encoded;             // (B, T, C) embedding output = block 0's input
-    BlockActs *blocks;          // [L]
+    int B, T;            // capacity: B sequences of at most T tokens
+    int keys;            // attention keys per query (the attention matrix's width): T, or a cache's length
+    ModelShape shape;
+    LayerOps *ops;       // NULL: serial_layer_ops()
+    int first_layer, n_layers;
+    bool embed, head;    // this rank runs the embedding / the head (and keeps their buffers)
+    bool bf16;           // matmul inputs kept in bf16 (stage 02)
+    bool recompute;      // activation recomputation: blocks keep only their output, and backward
+                         // runs the block's forward again first
+} ActsSpec;
+
+// the whole model on one rank
+ActsSpec whole_model_acts(const GPTConfig *cfg, int B, int T, bool bf16, bool recompute);
+
+// Everything the forward and backward passes need besides the weights; allocated once.
+typedef struct {
+    ActsSpec spec;
+    LayerOps *ops;
+    float *encoded;             // (B, T, C) block first_layer's input: the embedding's output,
+                                // or what a pipeline stage received
+    BlockActs *blocks;          // [n_layers], blocks[i] for layer first_layer + i
     float *lnf, *lnf_mean, *lnf_rstd;  // (N, C), (N), (N)
-    float *logits;              // (N, Vp); overwritten by dlogits in training
+    float *logits;              // (N, v_rows); overwritten by dlogits in training
     float *losses;              // (N)
     int *inputs, *targets;      // (B, T) on the device
     // backward scratch, reused by every block
     float *dres;                // (N, C) gradient flowing down the residual stream
-    float *dbig;                // (N, 4C)
-    float *dbig2;               // (N, 4C)
-    float *dsmall;              // (N, 3C)
-    float *datt;                // (B, NH, T, T)
+    float *dbig, *dbig2, *dsmall;  // the widest gradients of a block
+    float *datt;                // attention probabilities' gradient
     bf16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
-    bf16 *dout16;               // (N, max(4C, Vp)) bf16 mode: a matmul's output gradient
+    bf16 *dout16;               // bf16 mode: a matmul's output gradient
     size_t bytes;
+    void **owned;               // every buffer allocated (some are shared), to free once
+    int n_owned;
 } Activations;
 
-// bf16 != 0 keeps the matmul inputs in bf16 (for weights with bf16 copies)
-void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int bf16);
+// flags for acts_alloc
+enum { ACTS_BF16 = 1, ACTS_RECOMPUTE = 2 };
+// the whole model on one rank, with ACTS_* flags
+void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int flags);
+void acts_alloc_spec(Activations *a, const ActsSpec *spec);
 void acts_free(Activations *a);
+// block l's input (its predecessor's output, or a->encoded), and the head's input
+const float *block_input(const Activations *a, int l);
+const float *head_input(const Activations *a);
 
 // ---- the layer steps (B, T: this micro-batch's shape, within the allocated capacity) ----------
-void gpt_embed_forward(Activations *a, const Weights *w, const GPTConfig *cfg, int B, int T);
-void gpt_block_forward(BlockActs *acts, const float *x, const BlockWeights *w,
-                       const GPTConfig *cfg, int B, int T);
-// forward of the final LayerNorm and the tied lm_head into a->logits; x is the last block's output
-void gpt_head_forward(Activations *a, const float *x, const Weights *w, const GPTConfig *cfg, int B, int T);
+void gpt_embed_forward(Activations *a, const Weights *w, int B, int T);
+void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int T);
+// the final LayerNorm and the lm_head over N rows of x into a->logits
+void gpt_head_forward(Activations *a, const float *x, const Weights *w, int N);
 // loss + its gradient, scaled by dloss (= 1 / target count of the global batch): a->logits
 // becomes dlogits; returns this micro-batch's summed loss (not yet divided).
 double gpt_loss_forward_backward(Activations *a, const GPTConfig *cfg, int B, int T, float dloss);
 // summed loss only, for evaluation
 double gpt_loss_forward(Activations *a, const GPTConfig *cfg, int B, int T);
-// head backward: from dlogits to a->dres = gradient w.r.t. x (the last block's output)
-void gpt_head_backward(Activations *a, const float *x, const Weights *w, Weights *g,
-                       const GPTConfig *cfg, int B, int T);
-// block backward: on entry a->dres holds dL/d(block output); on exit dL/d(block input) = dL/dx.
-void gpt_block_backward(Activations *a, BlockActs *acts, const float *x, const BlockWeights *w,
-                        BlockWeights *g, const GPTConfig *cfg, int B, int T);
-void gpt_embed_backward(Activations *a, Weights *g, const GPTConfig *cfg, int B, int T);
+// head backward: from dlogits to a->dres = gradient w.r.t. the head's input
+void gpt_head_backward(Activations *a, const Weights *w, Weights *g, int B, int T);
+// block backward: on entry a->dres holds dL/d(block output); on exit dL/d(block input).
+void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeights *g, int B, int T);
+void gpt_embed_backward(Activations *a, Weights *g, int B, int T);
 
-// out (N, OC) = inp (N, C) @ w^T + b, in f32, or in bf16 when w16 is set (inp is then rounded into
-// inp16, N x C bf16 scratch, which backward reads); the linear layer of every block here and of
-// stage 05's parallel layer, so stage 02's recipe is written once
-void gpt_linear_forward(float *out, const float *inp, bf16 *inp16, const float *w, const bf16 *w16,
-                        const float *b, int N, int C, int OC);
+// out (N, OC) = inp (N, C) @ w^T + b in f32, or in bf16 when w->w16 is set (inp is then rounded
+// into inp16, N x C bf16 scratch, which backward reads): stage 02's recipe, written once
+void linear_forward(float *out, const float *inp, bf16 *inp16, const Linear *w, int N, int C, int OC);
 
-// ---- the whole model, for a single process (inputs/targets (B, T) host arrays) ----------------
-void gpt_forward(Activations *a, const Weights *w, const GPTConfig *cfg, const int *inputs, int B, int T);
-// forward + loss + backward, adding into g; returns the summed loss of the micro-batch
+// ---- the passes over the layers a rank holds (inputs/targets (B, T) host arrays) --------------
+// embedding (if held), blocks, head (if held): the logits in a->logits
+void gpt_forward(Activations *a, const Weights *w, const int *inputs, int B, int T);
+// from a->logits holding dlogits (or a->dres holding the gradient of the last block's output,
+// without the head) back through the blocks and the embedding, adding into g; hook(l, ctx) is
+// called as soon as block l's gradients are final (l from last to first) and hook(-1, ctx) when
+// the root tensors' are, so that a stage can start communicating gradients while backward goes
+// on (PyTorch's DDP does this with autograd hooks). hook may be NULL.
+typedef void (*GradReadyHook)(int layer, void *ctx);
+void gpt_backward(Activations *a, const Weights *w, Weights *g, int B, int T, GradReadyHook hook, void *ctx);
+// forward + loss + backward on one rank, adding into g; returns the summed loss of the micro-batch
 double gpt_forward_backward(Activations *a, const Weights *w, Weights *g, const GPTConfig *cfg,
                             const int *inputs, const int *targets, int B, int T, float dloss);
-// the same, calling hook(l, ctx) as soon as block l's gradients are final (l = L-1 down to 0) and
-// hook(-1, ctx) when the embedding's are, so that a stage can start communicating gradients
-// while backward goes on (PyTorch's DDP does this with autograd hooks)
-typedef void (*GradReadyHook)(int layer, void *ctx);
 double gpt_forward_backward_hooked(Activations *a, const Weights *w, Weights *g, const GPTConfig *cfg,
                                    const int *inputs, const int *targets, int B, int T, float dloss,
                                    GradReadyHook hook, void *ctx);

@@ -88,26 +88,37 @@ KERNEL_FN uint16_t bf16_from_float(float x) {
 KERNEL_FN float bf16_to_float(uint16_t h) { return float_from_bits((uint32_t)h << 16); }
 
 // ----------------------------------------------------------------------------------------------
-// encoder: out[b,t,:] = wte[token,:] + wpe[t,:]
+// embedding: out[b,t,:] = wte[token,:] + wpe[position,:], for a rank that holds the vocabulary
+// rows [v_lo, v_lo + v_count) of wte (the whole vocabulary on one rank: v_lo 0, v_count Vp). A
+// token outside the shard embeds to 0 here: another rank adds it, so a sum over the shards is the
+// whole embedding. wpe may be NULL (nothing added: another rank adds the positions).
 
-KERNEL_FN float encoder_value(const float *wte, const float *wpe, int token, int t, int c, int C) {
-    return wte[(size_t)token * C + c] + wpe[(size_t)t * C + c];
+KERNEL_FN int vocab_shard_index(int token, int v_lo, int v_count) {
+    int local = token - v_lo;
+    return local >= 0 && local < v_count ? local : -1;
+}
+
+KERNEL_FN float embedding_value(const float *wte, const float *wpe, int token, int pos, int c, int C,
+                                int v_lo, int v_count) {
+    int local = vocab_shard_index(token, v_lo, v_count);
+    float e = local >= 0 ? wte[(size_t)local * C + c] : 0.0f;
+    return wpe ? e + wpe[(size_t)pos * C + c] : e;
 }
 
 // Backward for columns [c0, c1) of every row. The same token can appear many times in a batch,
 // so two rows may add into the same dwte row: whoever owns column c walks all BT rows itself, in
 // order. No two workers ever touch the same element (no atomics), and the sum is deterministic.
 // The CPU gives each thread a block of columns; the GPU can give each thread one column.
-KERNEL_FN void encoder_backward_columns(float *dwte, float *dwpe, const float *dout,
-                                        const int *tokens, int BT, int T, int C, int c0, int c1) {
+KERNEL_FN void embedding_backward_columns(float *dwte, float *dwpe, const float *dout,
+                                          const int *tokens, int BT, int T, int C, int v_lo,
+                                          int v_count, int c0, int c1) {
     for (int bt = 0; bt < BT; bt++) {
         const float *g = dout + (size_t)bt * C;
-        float *dwte_row = dwte + (size_t)tokens[bt] * C;
-        float *dwpe_row = dwpe + (size_t)(bt % T) * C;
-        for (int c = c0; c < c1; c++) {
-            dwte_row[c] += g[c];
-            dwpe_row[c] += g[c];
-        }
+        int local = vocab_shard_index(tokens[bt], v_lo, v_count);
+        if (local >= 0)
+            for (int c = c0; c < c1; c++) dwte[(size_t)local * C + c] += g[c];
+        if (dwpe)
+            for (int c = c0; c < c1; c++) dwpe[(size_t)(bt % T) * C + c] += g[c];
     }
 }
 
@@ -435,35 +446,7 @@ KERNEL_FN float rng_normal(uint64_t seed, uint64_t stream, uint64_t index) {
 
 
 // ----------------------------------------------------------------------------------------------
-// ---- tensor parallelism (stage 05)
-// A rank holding the vocabulary shard [v_lo, v_lo + v_count) of wte: the embedding of a token it
-// does not hold is 0 here (another rank adds it), so a sum over the shards gives encoder_value.
-
-KERNEL_FN int vocab_shard_index(int token, int v_lo, int v_count) {
-    int local = token - v_lo;
-    return local >= 0 && local < v_count ? local : -1;
-}
-
-KERNEL_FN float encoder_shard_value(const float *wte, const float *wpe, int token, int t, int c,
-                                    int C, int v_lo, int v_count) {
-    int local = vocab_shard_index(token, v_lo, v_count);
-    float e = local >= 0 ? wte[(size_t)local * C + c] : 0.0f;
-    return wpe ? e + wpe[(size_t)t * C + c] : e;
-}
-
-// as encoder_backward_columns, for the shard's tokens only; dwpe may be NULL
-KERNEL_FN void encoder_shard_backward_columns(float *dwte, float *dwpe, const float *dout,
-                                              const int *tokens, int BT, int T, int C, int v_lo,
-                                              int v_count, int c0, int c1) {
-    for (int bt = 0; bt < BT; bt++) {
-        const float *g = dout + (size_t)bt * C;
-        int local = vocab_shard_index(tokens[bt], v_lo, v_count);
-        if (local >= 0)
-            for (int c = c0; c < c1; c++) dwte[(size_t)local * C + c] += g[c];
-        if (dwpe)
-            for (int c = c0; c < c1; c++) dwpe[(size_t)(bt % T) * C + c] += g[c];
-    }
-}
+// vocab-parallel cross-entropy
 
 // row n's max over the nmax shards' maxes (stored (nmax, N)): the max of the whole row
 KERNEL_FN float max_over_shards(const float *maxes, int nmax, int N, int n) {

@@ -46,21 +46,53 @@ void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, uint64_t 
 void fill_constant(float *out, size_t n, float value);
 
 // ----------------------------------------------------------------------------------------------
-// layers
+// numbers: bf16 and its casts. A bf16 number is the top 16 bits of a float32: the same 8-bit
+// exponent (so the same range) with 8 bits of mantissa instead of 24.
+
+typedef uint16_t bf16;
+
+void cast_to_bf16(bf16 *out, const float *in, size_t n);  // round to nearest, ties to even
+void cast_to_float(float *out, const bf16 *in, size_t n);
+
+// ----------------------------------------------------------------------------------------------
+// matmuls: the linear layer. out = inp @ weight^T + bias, weight (OC, C).
 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be NULL
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                     int N, int C, int OC);
 // dinp (N, C) += dout @ weight; dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout.
-// dinp and dbias may be NULL (skip).
+// dinp, dweight and dbias may be NULL (skip).
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int N, int C, int OC);
 
-// out (B, T, C) = wte[tokens] + wpe[t]; tokens (B, T); wte (Vp, C); wpe (maxT, C)
-void encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
-                     int B, int T, int C);
-void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                      int B, int T, int C);
+// 1 when the bf16 matmuls below run on bf16 hardware (AVX512-BF16/AMX, tensor cores); 0 when the
+// backend converts the bf16 inputs to f32 and multiplies those (the same numbers, slower)
+int ops_bf16_native(void);
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias: bf16 inputs, f32 accumulation and output
+void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias,
+                         int N, int C, int OC);
+// dinp (N, C) += dout16 @ weight; dweight (OC, C) += dout16^T @ inp; dbias (OC) += column sums of
+// dout (the f32 gradient; dout16 is its bf16 copy). Outputs f32; dinp, dweight and dbias may be NULL.
+void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const bf16 *dout16, const bf16 *inp, const bf16 *weight, int N, int C, int OC);
+
+// ----------------------------------------------------------------------------------------------
+// the embedding: token rows of wte plus position rows of wpe, for a rank holding the vocabulary
+// rows [v_lo, v_lo + v_count) of wte (one rank with the whole vocabulary: 0, Vp). A token outside
+// those rows embeds to 0 (the rank holding it adds it: a sum over the vocabulary shards is the
+// whole embedding); wpe may be NULL (no positions added here).
+
+// out (B, T, C) = wte[tokens[b, t] - v_lo] + wpe[pos], pos = t, or start[b] + t when start (B, a
+// device array) is given: rows that continue a sequence whose first start[b] positions came
+// before (generation with a KV cache)
+void embedding_forward(float *out, const int *tokens, const int *start, const float *wte,
+                       const float *wpe, int v_lo, int v_count, int B, int T, int C);
+// dwte (v_count, C) += dout rows of the shard's tokens; dwpe (maxT, C) += dout (may be NULL)
+void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int v_lo,
+                        int v_count, int B, int T, int C);
+
+// ----------------------------------------------------------------------------------------------
+// LayerNorm
 
 // out (N, C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -69,110 +101,10 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
                         const float *inp, const float *weight, const float *mean,
                         const float *rstd, int N, int C);
 
-// causal self-attention. qkv (B, T, 3C) holds q, k, v side by side, each (NH heads x hs);
-// att (B, NH, T, T) keeps the softmax probabilities for backward; out (B, T, C).
-void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-// dqkv (B, T, 3C) +=; datt is scratch of att's size
-void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                        const float *att, int B, int T, int C, int NH);
-
-// GELU, tanh approximation (GPT-2's "gelu_new"); dinp += dout * gelu'(inp)
-void gelu_forward(float *out, const float *inp, size_t n);
-void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
-
-void add_forward(float *out, const float *a, const float *b, size_t n);  // out = a + b
-void add_inplace(float *acc, const float *x, size_t n);                  // acc += x
-void scale_inplace(float *x, float s, size_t n);                         // x *= s
-
-// Softmax + cross-entropy over the first V of each row's Vp logits (the rest is vocab padding).
-// targets < 0 carry no loss. losses (N) gets each row's loss (0 where ignored).
-void cross_entropy_forward(float *losses, const float *logits, const int *targets,
-                           int N, int V, int Vp);
-// Overwrites logits (N, Vp) with dlogits = dloss * (softmax - onehot(target)) per row; zero for
-// ignored rows and for the padded columns. Fused with the forward: also fills losses (N).
-void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
-                                    float dloss, int N, int V, int Vp);
-
-// ----------------------------------------------------------------------------------------------
-// bf16 (stage 02). A bf16 number is the top 16 bits of a float32: the same 8-bit exponent (so the
-// same range) with 8 bits of mantissa instead of 24.
-
-typedef uint16_t bf16;
-
-void cast_to_bf16(bf16 *out, const float *in, size_t n);  // round to nearest, ties to even
-void cast_to_float(float *out, const bf16 *in, size_t n);
-// 1 when the matmuls below run on bf16 hardware (AVX512-BF16/AMX, tensor cores); 0 when the
-// backend converts the bf16 inputs to f32 and multiplies those (the same numbers, slower)
-int ops_bf16_native(void);
-// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias: bf16 inputs, f32 accumulation and output
-void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias,
-                         int N, int C, int OC);
-// dinp (N, C) += dout16 @ weight; dweight (OC, C) += dout16^T @ inp; dbias (OC) += column sums of
-// dout (the f32 gradient; dout16 is its bf16 copy). Outputs f32; dinp and dbias may be NULL.
-void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const bf16 *dout16, const bf16 *inp, const bf16 *weight, int N, int C, int OC);
-
-// sum of x[i]^2 in double, returned to the host
-double sum_squares(const float *x, size_t n);
-// sum of x[i], returned to the host
-double sum_values(const float *x, size_t n);
-
-// AdamW (decoupled weight decay) on one contiguous range; t is the 1-based step number
-void adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t);
-
-// ----------------------------------------------------------------------------------------------
-// ---- inference (stage 06)
-//
-// Generation with a KV cache processes T new tokens per sequence (T = the prompt in the prefill,
-// T = 1 per decode step) that continue where the sequence's cache ends. start (B) is a *device*
-// array: sequence b's new rows sit at positions start[b] .. start[b] + T - 1 (so sequences of a
-// batch may have different lengths, and a CUDA graph can replay a step with new positions).
-// A cache is (B, maxT, C) per layer for keys and another for values, heads side by side in C.
-
-// out (B, T, C) = wte[tokens[b, t]] + wpe[start[b] + t], for the vocabulary shard [v_lo,
-// v_lo + v_count) of wte as encoder_forward_shard (a token outside it gives 0; wpe may be NULL).
-// The whole vocabulary (v_lo 0, v_count V) on one rank is the serial embedding.
-void encoder_forward_at(float *out, const int *tokens, const int *start, const float *wte,
-                        const float *wpe, int v_lo, int v_count, int B, int T, int C);
-// copies the k and v parts of qkv (B, T, 3C) into rows start[b] + t of k_cache and v_cache
-void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int *start, int B,
-                    int T, int C, int maxT);
-// causal attention of the new rows against the cache (written first with kv_cache_write): query
-// (b, t) sees cache rows 0 .. start[b] + t. qkv (B, T, 3C) (only q is read); out (B, T, C);
-// scores (B, NH, T, maxT) scratch.
-void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_cache,
-                              const float *v_cache, const int *start, int B, int T, int C, int NH,
-                              int maxT);
-
-// CUDA graphs: between ops_graph_begin and ops_graph_end the ops are recorded instead of run;
-// ops_graph_replay runs the recording again, with whatever the same buffers hold by then. Only
-// ops that neither allocate nor copy to the host may be recorded. ops_graphs_supported() is 0 on
-// the CPU backend, where the other three must not be called.
-int ops_graphs_supported(void);
-void ops_graph_begin(void);
-void *ops_graph_end(void);
-void ops_graph_replay(void *graph);
-void ops_graph_free(void *graph);
-
-// ----------------------------------------------------------------------------------------------
-// ---- tensor parallelism (stage 05)
-// Ops for a model whose hidden dimension or vocabulary is split over ranks. Each computes one
-// rank's share; the stage adds up the shares with a collective between two calls (the ops never
-// communicate). Called with the whole dimension on one rank they give the serial ops' results.
-
-// Embedding for the vocabulary shard [v_lo, v_lo + v_count): out (B, T, C) = wte[token - v_lo]
-// for a token of the shard, else 0, plus wpe[t] (wpe may be NULL: nothing added). Summed over
-// the shards (with wpe on one of them) this is encoder_forward.
-void encoder_forward_shard(float *out, const int *tokens, const float *wte, const float *wpe,
-                           int v_lo, int v_count, int B, int T, int C);
-// dwte (v_count, C) += dout rows of the shard's tokens; dwpe (maxT, C) += dout (may be NULL)
-void encoder_backward_shard(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                            int v_lo, int v_count, int B, int T, int C);
-
-// LayerNorm over a row split into shards of C columns (the full row has C_total). Forward:
-//   sums (N) = row sums of inp (mean == NULL) or of (inp - mean)^2; add over shards, then
-//   mean = sum / C_total, and layernorm_forward_stats normalises with the added sum_sqdev.
+// LayerNorm over rows split into shards of C columns (the full row has C_total), in steps with
+// a sum over the shards between them (the ops never communicate; one shard is the whole row).
+// Forward: sums (N) = row sums of inp (mean == NULL) or of (inp - mean)^2; add over shards, then
+// mean = sum / C_total, and layernorm_forward_stats normalises with the added sum_sqdev.
 void layernorm_row_sums(float *sums, const float *inp, const float *mean, int N, int C);
 // out (N, C) = (inp - mean) * rstd * weight + bias with rstd (N) = 1/sqrt(sum_sqdev/C_total + eps)
 void layernorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight,
@@ -186,9 +118,57 @@ void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const f
                               const float *inp, const float *weight, const float *mean,
                               const float *rstd, const float *sums, int N, int C, int C_total);
 
-// Vocab-parallel cross-entropy. logits (N, Vl) hold the vocabulary shard [v_lo, v_lo + Vl), of
-// which the first v_count columns are real tokens (the rest is padding). Three steps, with a
-// collective after each of the first two:
+// ----------------------------------------------------------------------------------------------
+// attention
+
+// causal self-attention. qkv (B, T, 3C) holds q, k, v side by side, each (NH heads x hs);
+// att (B, NH, T, T) keeps the softmax probabilities for backward; out (B, T, C).
+void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+// dqkv (B, T, 3C) +=; datt is scratch of att's size
+void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                        const float *att, int B, int T, int C, int NH);
+
+// With a KV cache (generation): T new rows per sequence that continue where the sequence's cache
+// ends. start (B) is a *device* array: sequence b's new rows sit at positions start[b] ..
+// start[b] + T - 1 (so sequences of a batch may have different lengths, and a CUDA graph can
+// replay a step with new positions). A cache is (B, maxT, C) per layer for keys and another for
+// values, heads side by side in C.
+// copies the k and v parts of qkv (B, T, 3C) into rows start[b] + t of k_cache and v_cache
+void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int *start, int B,
+                    int T, int C, int maxT);
+// causal attention of the new rows against the cache (written first with kv_cache_write): query
+// (b, t) sees cache rows 0 .. start[b] + t. qkv (B, T, 3C) (only q is read); out (B, T, C);
+// scores (B, NH, T, maxT) scratch.
+void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_cache,
+                              const float *v_cache, const int *start, int B, int T, int C, int NH,
+                              int maxT);
+
+// ----------------------------------------------------------------------------------------------
+// element-wise
+
+// GELU, tanh approximation (GPT-2's "gelu_new"); dinp += dout * gelu'(inp)
+void gelu_forward(float *out, const float *inp, size_t n);
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+void add_forward(float *out, const float *a, const float *b, size_t n);  // out = a + b
+void add_inplace(float *acc, const float *x, size_t n);                  // acc += x
+void scale_inplace(float *x, float s, size_t n);                         // x *= s
+
+// ----------------------------------------------------------------------------------------------
+// the loss: softmax + cross-entropy
+
+// Over the first V of each row's Vp logits (the rest is vocab padding). targets < 0 carry no
+// loss. losses (N) gets each row's loss (0 where ignored).
+void cross_entropy_forward(float *losses, const float *logits, const int *targets,
+                           int N, int V, int Vp);
+// Overwrites logits (N, Vp) with dlogits = dloss * (softmax - onehot(target)) per row; zero for
+// ignored rows and for the padded columns. Fused with the forward: also fills losses (N).
+void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
+                                    float dloss, int N, int V, int Vp);
+
+// Over a vocabulary split into shards: logits (N, Vl) hold the shard [v_lo, v_lo + Vl), of which
+// the first v_count columns are real tokens (the rest is padding). Three steps, with a sum or
+// gather over the shards after each of the first two:
 //   1. max (N) = each row's max over the shard's real columns  -> all-gather: maxes (nmax, N)
 //   2. sums (N, 2) = (sum of exp(x - M), the target's logit if the shard has it, else 0), with
 //      M = the max over the nmax gathered maxes                 -> all-reduce (sum)
@@ -200,5 +180,28 @@ void cross_entropy_shard_sums(float *sums, const float *logits, const float *max
 void cross_entropy_shard_finish(float *losses, float *dlogits, const float *logits,
                                 const float *maxes, int nmax, const float *sums, const int *targets,
                                 float dloss, int v_lo, int v_count, int N, int Vl);
+
+// ----------------------------------------------------------------------------------------------
+// reductions and the optimizer
+
+// sum of x[i]^2 in double, returned to the host
+double sum_squares(const float *x, size_t n);
+// sum of x[i], returned to the host
+double sum_values(const float *x, size_t n);
+
+// AdamW (decoupled weight decay) on one contiguous range; t is the 1-based step number
+void adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t);
+
+// ----------------------------------------------------------------------------------------------
+// CUDA graphs: between ops_graph_begin and ops_graph_end the ops are recorded instead of run;
+// ops_graph_replay runs the recording again, with whatever the same buffers hold by then. Only
+// ops that neither allocate nor copy to the host may be recorded. ops_graphs_supported() is 0 on
+// the CPU backend, where the other three must not be called.
+int ops_graphs_supported(void);
+void ops_graph_begin(void);
+void *ops_graph_end(void);
+void ops_graph_replay(void *graph);
+void ops_graph_free(void *graph);
 
 #endif

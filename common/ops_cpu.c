@@ -364,22 +364,23 @@ void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float
     if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
-void encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,
-                     int T, int C) {
+void embedding_forward(float *out, const int *tokens, const int *start, const float *wte,
+                       const float *wpe, int v_lo, int v_count, int B, int T, int C) {
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         float *o = out + (size_t)bt * C;
-        for (int c = 0; c < C; c++) o[c] = encoder_value(wte, wpe, tokens[bt], bt % T, c, C);
+        int pos = (start ? start[bt / T] : 0) + bt % T;
+        for (int c = 0; c < C; c++) o[c] = embedding_value(wte, wpe, tokens[bt], pos, c, C, v_lo, v_count);
     }
 }
 
-void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B,
-                      int T, int C) {
+void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int v_lo,
+                        int v_count, int B, int T, int C) {
 #pragma omp parallel
     {
         int c0, c1;
         column_block(C, &c0, &c1);
-        encoder_backward_columns(dwte, dwpe, dout, tokens, B * T, T, C, c0, c1);
+        embedding_backward_columns(dwte, dwpe, dout, tokens, B * T, T, C, v_lo, v_count, c0, c1);
     }
 }
 
@@ -598,17 +599,7 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
 }
 
 // ----------------------------------------------------------------------------------------------
-// ---- inference (stage 06)
-
-void encoder_forward_at(float *out, const int *tokens, const int *start, const float *wte,
-                        const float *wpe, int v_lo, int v_count, int B, int T, int C) {
-#pragma omp parallel for schedule(static)
-    for (int bt = 0; bt < B * T; bt++) {
-        float *o = out + (size_t)bt * C;
-        int pos = start[bt / T] + bt % T;
-        for (int c = 0; c < C; c++) o[c] = encoder_shard_value(wte, wpe, tokens[bt], pos, c, C, v_lo, v_count);
-    }
-}
+// ---- attention with a KV cache; CUDA graphs
 
 void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int *start, int B,
                     int T, int C, int maxT) {
@@ -653,26 +644,8 @@ void ops_graph_replay(void *graph) {
 void ops_graph_free(void *graph) { (void)graph; }
 
 // ----------------------------------------------------------------------------------------------
-// ---- tensor parallelism (stage 05)
-
-void encoder_forward_shard(float *out, const int *tokens, const float *wte, const float *wpe,
-                           int v_lo, int v_count, int B, int T, int C) {
-#pragma omp parallel for schedule(static)
-    for (int bt = 0; bt < B * T; bt++) {
-        float *o = out + (size_t)bt * C;
-        for (int c = 0; c < C; c++) o[c] = encoder_shard_value(wte, wpe, tokens[bt], bt % T, c, C, v_lo, v_count);
-    }
-}
-
-void encoder_backward_shard(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                            int v_lo, int v_count, int B, int T, int C) {
-#pragma omp parallel
-    {
-        int c0, c1;
-        column_block(C, &c0, &c1);
-        encoder_shard_backward_columns(dwte, dwpe, dout, tokens, B * T, T, C, v_lo, v_count, c0, c1);
-    }
-}
+// ---- LayerNorm and cross-entropy over rows split into shards (the sums between the steps are
+// the caller's)
 
 void layernorm_row_sums(float *sums, const float *inp, const float *mean, int N, int C) {
 #pragma omp parallel for schedule(static)

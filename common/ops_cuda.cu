@@ -11,8 +11,8 @@
 //   layernorm dw, db      row, then a thread per column adds the partial rows in order: the sum
 //                         has a fixed order (deterministic) yet uses N/32 times more threads than
 //                         one thread per column would
-//   encoder forward       a thread per output element
-//   encoder backward      a thread per column walks all rows (kernels.h's column owner: no
+//   embedding forward     a thread per output element
+//   embedding backward    a thread per column walks all rows (kernels.h's column owner: no
 //                         atomics, a fixed order)
 //   layernorm forward,    a warp per row: 32 lanes, partials combined by warp shuffles
 //   layernorm dinp
@@ -641,36 +641,41 @@ void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float
 }
 
 // ----------------------------------------------------------------------------------------------
-// encoder
+// embedding: a thread per output element forward; a thread per column backward (it alone adds
+// into column c of dwte and dwpe, walking the rows in order)
 
-static __global__ void encoder_forward_kernel(float *out, const int *tokens, const float *wte,
-                                              const float *wpe, int BT, int T, int C) {
-    GRID_STRIDE(i, (size_t)BT * C) {
+static __global__ void embedding_forward_kernel(float *out, const int *tokens, const int *start,
+                                                const float *wte, const float *wpe, int v_lo,
+                                                int v_count, int T, size_t n, int C) {
+    GRID_STRIDE(i, n) {
         int bt = (int)(i / C), c = (int)(i % C);
-        out[i] = encoder_value(wte, wpe, tokens[bt], bt % T, c, C);
+        int pos = (start ? start[bt / T] : 0) + bt % T;
+        out[i] = embedding_value(wte, wpe, tokens[bt], pos, c, C, v_lo, v_count);
     }
 }
 
-void encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,
-                     int T, int C) {
+void embedding_forward(float *out, const int *tokens, const int *start, const float *wte,
+                       const float *wpe, int v_lo, int v_count, int B, int T, int C) {
     size_t n = (size_t)B * T * C;
     if (!n) return;
     ensure_init();
-    LAUNCH(encoder_forward_kernel, grid_for(n), THREADS, 0, out, tokens, wte, wpe, B * T, T, C);
+    LAUNCH(embedding_forward_kernel, grid_for(n), THREADS, 0, out, tokens, start, wte, wpe, v_lo,
+           v_count, T, n, C);
 }
 
-// a thread per column c: it alone adds into column c of dwte and dwpe, walking the rows in order
-static __global__ void encoder_backward_kernel(float *dwte, float *dwpe, const float *dout,
-                                               const int *tokens, int BT, int T, int C) {
+static __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float *dout,
+                                                 const int *tokens, int v_lo, int v_count, int BT,
+                                                 int T, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < C) encoder_backward_columns(dwte, dwpe, dout, tokens, BT, T, C, c, c + 1);
+    if (c < C) embedding_backward_columns(dwte, dwpe, dout, tokens, BT, T, C, v_lo, v_count, c, c + 1);
 }
 
-void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T,
-                      int C) {
+void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int v_lo,
+                        int v_count, int B, int T, int C) {
     if (B * T <= 0 || C <= 0) return;
     ensure_init();
-    LAUNCH(encoder_backward_kernel, blocks_for((size_t)C, 64), 64, 0, dwte, dwpe, dout, tokens, B * T, T, C);
+    LAUNCH(embedding_backward_kernel, blocks_for((size_t)C, 64), 64, 0, dwte, dwpe, dout, tokens,
+           v_lo, v_count, B * T, T, C);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1017,9 +1022,8 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
 }
 
 // ----------------------------------------------------------------------------------------------
-// ---- inference (stage 06)
+// ---- attention with a KV cache; CUDA graphs
 //
-//   encoder_forward_at     a thread per output element (as encoder_forward)
 //   kv_cache_write         a thread per (row, column): k and v copied side by side
 //   attention_cached       a block of ATT_CACHED_THREADS per (sequence, head, new row): the lanes
 //                          share the keys for the scores and the value columns for the output
@@ -1029,24 +1033,6 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
 //                          first, since it must not allocate one while being captured
 
 #define ATT_CACHED_THREADS 64
-
-static __global__ void encoder_forward_at_kernel(float *out, const int *tokens, const int *start,
-                                                 const float *wte, const float *wpe, int v_lo,
-                                                 int v_count, int T, size_t n, int C) {
-    GRID_STRIDE(i, n) {
-        int bt = (int)(i / C), c = (int)(i % C);
-        out[i] = encoder_shard_value(wte, wpe, tokens[bt], start[bt / T] + bt % T, c, C, v_lo, v_count);
-    }
-}
-
-void encoder_forward_at(float *out, const int *tokens, const int *start, const float *wte,
-                        const float *wpe, int v_lo, int v_count, int B, int T, int C) {
-    size_t n = (size_t)B * T * C;
-    if (!n) return;
-    ensure_init();
-    LAUNCH(encoder_forward_at_kernel, grid_for(n), THREADS, 0, out, tokens, start, wte, wpe, v_lo,
-           v_count, T, n, C);
-}
 
 static __global__ void kv_cache_write_kernel(float *k_cache, float *v_cache, const float *qkv,
                                              const int *start, int T, size_t n, int C, int maxT) {
@@ -1128,44 +1114,11 @@ void ops_graph_free(void *graph) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// ---- tensor parallelism (stage 05)
+// ---- LayerNorm and cross-entropy over rows split into shards (the sums between the steps are
+// the caller's)
 // The row reductions here run a thread per row (lane 0 of 1 in kernels.h's terms): these ops see
 // a shard of a row (C / y columns, V / x logits), and there are many rows. No barriers, so no
 // uniformity to keep.
-
-static __global__ void encoder_forward_shard_kernel(float *out, const int *tokens, const float *wte,
-                                                    const float *wpe, int v_lo, int v_count, int BT,
-                                                    int T, int C) {
-    GRID_STRIDE(i, (size_t)BT * C) {
-        int bt = (int)(i / C), c = (int)(i % C);
-        out[i] = encoder_shard_value(wte, wpe, tokens[bt], bt % T, c, C, v_lo, v_count);
-    }
-}
-
-void encoder_forward_shard(float *out, const int *tokens, const float *wte, const float *wpe,
-                           int v_lo, int v_count, int B, int T, int C) {
-    size_t n = (size_t)B * T * C;
-    if (!n) return;
-    ensure_init();
-    LAUNCH(encoder_forward_shard_kernel, grid_for(n), THREADS, 0, out, tokens, wte, wpe, v_lo, v_count,
-           B * T, T, C);
-}
-
-// a thread per column, as encoder_backward_kernel
-static __global__ void encoder_backward_shard_kernel(float *dwte, float *dwpe, const float *dout,
-                                                     const int *tokens, int v_lo, int v_count, int BT,
-                                                     int T, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < C) encoder_shard_backward_columns(dwte, dwpe, dout, tokens, BT, T, C, v_lo, v_count, c, c + 1);
-}
-
-void encoder_backward_shard(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                            int v_lo, int v_count, int B, int T, int C) {
-    if (B * T <= 0 || C <= 0) return;
-    ensure_init();
-    LAUNCH(encoder_backward_shard_kernel, blocks_for((size_t)C, 64), 64, 0, dwte, dwpe, dout, tokens,
-           v_lo, v_count, B * T, T, C);
-}
 
 static __global__ void layernorm_row_sums_kernel(float *sums, const float *inp, const float *mean, int N, int C) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;

@@ -174,17 +174,13 @@ void print_memory_report(const char *title, const MemoryItem *items, int n) {
 
 // ---- evaluation -------------------------------------------------------------------------------
 
-typedef struct { const Weights *w; const GPTConfig *mc; } WholeModel;
-
-static void whole_model_forward(void *ctx, Activations *a, const int *inputs, int B, int T) {
-    const WholeModel *m = ctx;
-    gpt_forward(a, m->w, m->mc, inputs, B, T);
+static void whole_model_forward(void *weights, Activations *a, const int *inputs, int B, int T) {
+    gpt_forward(a, weights, inputs, B, T);
 }
 
 void evaluate_sums(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
                    const Config *cfg, int rank, int world, double *loss_sum, long *count) {
-    WholeModel m = {w, mc};
-    evaluate_sums_with(a, whole_model_forward, &m, mc, data, cfg, rank, world, loss_sum, count);
+    evaluate_sums_with(a, whole_model_forward, (void *)w, mc, data, cfg, rank, world, loss_sum, count);
 }
 
 void evaluate_batches(BatchLossFn loss, void *ctx, const Dataset *data, const Config *cfg, int rank,

@@ -508,18 +508,18 @@ static void test_gelu(void) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// encoder
+// embedding
 
 typedef struct { int B, T, C; const int *tokens; } EncShape;
 
-static void ref_encoder(double *out, double *const *in, const void *ctx) {
+static void ref_embedding(double *out, double *const *in, const void *ctx) {
     const EncShape *s = ctx;
     for (int bt = 0; bt < s->B * s->T; bt++)
         for (int c = 0; c < s->C; c++)
             out[bt * s->C + c] = in[0][s->tokens[bt] * s->C + c] + in[1][(bt % s->T) * s->C + c];
 }
 
-static void test_encoder(void) {
+static void test_embedding(void) {
     const int B = 3, T = 4, C = 21, Vp = 11, maxT = 6;
     // token 2 appears four times, including twice at the same position in different sequences
     const int tokens[12] = {2, 5, 2, 0, 2, 10, 7, 7, 1, 2, 3, 9};
@@ -528,31 +528,31 @@ static void test_encoder(void) {
     double *wte = rand_array((size_t)Vp * C, -1, 1), *wpe = rand_array((size_t)maxT * C, -1, 1);
     double *in[2] = {wte, wpe};
     double *want = malloc_or_die(nout * sizeof(double));
-    ref_encoder(want, in, &s);
+    ref_embedding(want, in, &s);
 
     float *d_wte = upload(wte, (size_t)Vp * C), *d_wpe = upload(wpe, (size_t)maxT * C);
     int *d_tokens = dev_malloc(sizeof tokens);
     copy_to_device(d_tokens, tokens, sizeof tokens);
     float *d_out = dev_malloc(nout * sizeof(float));
-    encoder_forward(d_out, d_tokens, d_wte, d_wpe, B, T, C);
+    embedding_forward(d_out, d_tokens, NULL, d_wte, d_wpe, 0, Vp, B, T, C);
     double *got = download(d_out, nout);
     // one float add, correctly rounded: within half an ulp (2^-24 relative) of the exact sum
-    check_array("encoder forward", got, want, nout, 0x1.0p-24, 0);
+    check_array("embedding forward", got, want, nout, 0x1.0p-24, 0);
 
     double *dout = rand_array(nout, -1, 1);
     double *dwte0 = rand_array((size_t)Vp * C, -1, 1), *dwpe0 = rand_array((size_t)maxT * C, -1, 1);
     double *g_wte = malloc_or_die((size_t)Vp * C * sizeof(double));
     double *g_wpe = malloc_or_die((size_t)maxT * C * sizeof(double));
-    numeric_grad(g_wte, ref_encoder, in, 0, (size_t)Vp * C, dout, nout, &s);
-    numeric_grad(g_wpe, ref_encoder, in, 1, (size_t)maxT * C, dout, nout, &s);
+    numeric_grad(g_wte, ref_embedding, in, 0, (size_t)Vp * C, dout, nout, &s);
+    numeric_grad(g_wpe, ref_embedding, in, 1, (size_t)maxT * C, dout, nout, &s);
     float *d_dout = upload(dout, nout), *d_dwte = upload(dwte0, (size_t)Vp * C);
     float *d_dwpe = upload(dwpe0, (size_t)maxT * C);
-    encoder_backward(d_dwte, d_dwpe, d_dout, d_tokens, B, T, C);
+    embedding_backward(d_dwte, d_dwpe, d_dout, d_tokens, 0, Vp, B, T, C);
     double *e_wte = plus(dwte0, g_wte, 1, (size_t)Vp * C), *e_wpe = plus(dwpe0, g_wpe, 1, (size_t)maxT * C);
     double *r_wte = download(d_dwte, (size_t)Vp * C), *r_wpe = download(d_dwpe, (size_t)maxT * C);
-    check_array("encoder dwte (repeated tokens) vs finite differences", r_wte, e_wte,
+    check_array("embedding dwte (repeated tokens) vs finite differences", r_wte, e_wte,
                 (size_t)Vp * C, 1e-5, 1e-6);
-    check_array("encoder dwpe vs finite differences (rows >= T untouched)", r_wpe, e_wpe,
+    check_array("embedding dwpe vs finite differences (rows >= T untouched)", r_wpe, e_wpe,
                 (size_t)maxT * C, 1e-5, 1e-6);
 
     dev_free(d_wte), dev_free(d_wpe), dev_free(d_tokens), dev_free(d_out), dev_free(d_dout);
@@ -808,7 +808,7 @@ static void test_memory(void) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// ---- inference (stage 06): the KV cache ops against a double reference
+// ---- attention with a KV cache: the cache ops against a double reference
 
 // Two sequences continuing at different positions (start 0 and 4): the new rows' keys and values
 // go into the cache at start[b] + t, and query (b, t) attends to cache rows 0 .. start[b] + t,
@@ -870,16 +870,16 @@ static void test_kv_cache(void) {
     float *d_wte = upload(wte, (size_t)Vp * C), *d_wpe = upload(wpe, (size_t)maxT * C);
     int *d_tokens = dev_malloc(sizeof tokens);
     copy_to_device(d_tokens, tokens, sizeof tokens);
-    encoder_forward_at(d_out, d_tokens, d_start, d_wte, d_wpe, 0, Vp, B, T, C);
+    embedding_forward(d_out, d_tokens, d_start, d_wte, d_wpe, 0, Vp, B, T, C);
     double *got_enc = download(d_out, nout);
-    check_array("encoder_forward_at", got_enc, want_enc, nout, 0x1.0p-24, 0);
+    check_array("embedding_forward at start[b]", got_enc, want_enc, nout, 0x1.0p-24, 0);
     // two vocabulary shards (tensor parallelism), wpe on the first: their sum is the embedding
-    encoder_forward_at(d_out, d_tokens, d_start, d_wte, d_wpe, 0, 3, B, T, C);
+    embedding_forward(d_out, d_tokens, d_start, d_wte, d_wpe, 0, 3, B, T, C);
     double *shard0 = download(d_out, nout);
-    encoder_forward_at(d_out, d_tokens, d_start, d_wte + 3 * C, NULL, 3, Vp - 3, B, T, C);
+    embedding_forward(d_out, d_tokens, d_start, d_wte + 3 * C, NULL, 3, Vp - 3, B, T, C);
     double *shard1 = download(d_out, nout);
     for (size_t i = 0; i < nout; i++) shard0[i] += shard1[i];
-    check_array("encoder_forward_at summed over vocabulary shards", shard0, want_enc, nout, 0x1.0p-23, 0);
+    check_array("embedding_forward at start[b] summed over vocabulary shards", shard0, want_enc, nout, 0x1.0p-23, 0);
     free(shard0), free(shard1);
 
     dev_free(d_qkv), dev_free(d_k), dev_free(d_v), dev_free(d_out), dev_free(d_scores);
@@ -889,7 +889,7 @@ static void test_kv_cache(void) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// ---- tensor parallelism (stage 05)
+// ---- ops on rows or a vocabulary split into shards
 // The shard ops run on two shards of a row (or of the vocabulary); the host adds their partial
 // sums, as the stage's collectives do, and the result must be the serial op's, in double.
 
@@ -899,7 +899,7 @@ static int *upload_ints(const int *x, size_t n) {
     return d;
 }
 
-static void test_encoder_shards(void) {
+static void test_embedding_shards(void) {
     enum { B = 2, T = 3, C = 5, V = 7, VL = 4 };
     int tokens[B * T] = {0, 6, 3, 4, 4, 1};
     double *wte = rand_array(V * C, -1, 1), *wpe = rand_array(T * C, -1, 1), *dout = rand_array(B * T * C, -1, 1);
@@ -917,18 +917,18 @@ static void test_encoder_shards(void) {
         int v_lo = s * VL, v_count = V - v_lo < VL ? V - v_lo : VL;
         double *wte_s = copy_array(wte + v_lo * C, (size_t)v_count * C);
         float *d_wte = upload(wte_s, (size_t)v_count * C), *d_dwte = dev_malloc(sizeof(float) * VL * C);
-        encoder_forward_shard(d_out, d_tokens, d_wte, s == 0 ? d_wpe : NULL, v_lo, v_count, B, T, C);
+        embedding_forward(d_out, d_tokens, NULL, d_wte, s == 0 ? d_wpe : NULL, v_lo, v_count, B, T, C);
         double *out = download(d_out, B * T * C);
         for (int i = 0; i < B * T * C; i++) sum[i] += out[i];
-        encoder_backward_shard(d_dwte, s == 0 ? d_dwpe : NULL, d_dout, d_tokens, v_lo, v_count, B, T, C);
+        embedding_backward(d_dwte, s == 0 ? d_dwpe : NULL, d_dout, d_tokens, v_lo, v_count, B, T, C);
         double *dwte = download(d_dwte, (size_t)v_count * C);
-        check_array("encoder_backward_shard dwte", dwte, dwte_want + v_lo * C, (size_t)v_count * C, 1e-6, 1e-6);
+        check_array("embedding_backward over vocabulary shards: dwte", dwte, dwte_want + v_lo * C, (size_t)v_count * C, 1e-6, 1e-6);
         free(wte_s), free(out), free(dwte);
         dev_free(d_wte), dev_free(d_dwte);
     }
-    check_array("encoder_forward_shard summed over shards", sum, want, B * T * C, 1e-6, 1e-6);
+    check_array("embedding_forward summed over shards", sum, want, B * T * C, 1e-6, 1e-6);
     double *dwpe = download(d_dwpe, T * C);
-    check_array("encoder_backward_shard dwpe", dwpe, dwpe_want, T * C, 1e-5, 1e-6);
+    check_array("embedding_backward over vocabulary shards: dwpe", dwpe, dwpe_want, T * C, 1e-5, 1e-6);
     free(wte), free(wpe), free(dout), free(dwpe);
     dev_free(d_tokens), dev_free(d_wpe), dev_free(d_dout), dev_free(d_out), dev_free(d_dwpe);
 }
@@ -1074,13 +1074,13 @@ int main(void) {
     test_layernorm();
     test_attention();
     test_gelu();
-    test_encoder();
+    test_embedding();
     test_cross_entropy();
     test_adamw();
     test_init_normal();
     test_reductions_and_elementwise();
     test_kv_cache();
-    test_encoder_shards();
+    test_embedding_shards();
     test_layernorm_shards();
     test_cross_entropy_shards();
     return test_summary("test_ops");
