@@ -48,14 +48,13 @@ int main(int argc, char **argv) {
     // activations for one micro-batch of the longest sequences
     int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps;
     Activations acts;
-    acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len, 0);
+    acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
+               acts_flags(&cfg));
 
     printf("stage 01 | %s backend (%s) | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
            ops_backend_name(), ops_matmul_engine(), mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size,
            n / 1e6);
-    printf("data: %d train / %d validation records | global batch %d = %d x %d micro-batches | %ld steps\n",
-           dataset_size(data, 0), dataset_size(data, 1), cfg.global_batch_size, cfg.gradient_acc_steps,
-           micro_batch, total_steps);
+    print_batch_plan(&cfg, data, 1, total_steps);
     MemoryItem memory[] = {{"parameters (fp32)", bytes}, {"gradients (fp32)", bytes},
                            {"AdamW m and v (fp32)", 2 * bytes}, {"activations", acts.bytes}};
     print_memory_report("device memory:", memory, 4);

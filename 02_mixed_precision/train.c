@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
     int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps;
     Activations acts;
     acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
-               bf16_mode);
+               acts_flags(&cfg));
 
     printf("stage 02 | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
            ops_backend_name(), ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
@@ -69,21 +69,13 @@ int main(int argc, char **argv) {
     if (bf16_mode && !ops_bf16_native())
         printf("note: this CPU has no bf16 matmul instructions: bf16 inputs are widened to fp32 "
                "(same numbers, no speed-up)\n");
-    printf("data: %d train / %d validation records | global batch %d = %d x %d micro-batches | %ld steps\n",
-           dataset_size(data, 0), dataset_size(data, 1), cfg.global_batch_size, cfg.gradient_acc_steps,
-           micro_batch, total_steps);
-    MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
+    print_batch_plan(&cfg, data, 1, total_steps);
+    MemoryItem memory[] = {{pure_bf16 ? "parameters (bf16 values, no master)" : "parameters (fp32 master)", bytes},
+                           {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
                            {bf16_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)", acts.bytes}};
     print_memory_report("device memory:", memory, 5);
-    if (bf16_mode) {
-        // what the same run holds in fp32, for comparison
-        Activations fp32_acts;
-        acts_alloc(&fp32_acts, &mc, micro_batch, acts.T, 0);
-        printf("  (in fp32 the activations would take %.2f MiB: bf16 saves %.0f%%)\n",
-               fp32_acts.bytes / 1048576.0, 100.0 * (1.0 - (double)acts.bytes / fp32_acts.bytes));
-        acts_free(&fp32_acts);
-    }
+    print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
     Metrics metrics;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "alpaca.h"
+#include "buckets.h"
 #include "comm.h"
 #include "config.h"
 #include "gpt.h"
@@ -23,66 +24,6 @@
 #include "ops.h"
 #include "tokenizer.h"
 #include "trainer.h"
-
-// ---- the second lesson: all-reduce gradient buckets while backward is still running ---------
-// A bucket is a contiguous range of the flat gradient buffer made of whole blocks. Backward
-// finishes the blocks from the last to the first, so buckets are cut from the end of the buffer;
-// the last bucket also holds the root tensors (embeddings, final LayerNorm), whose gradients are
-// final only when the embedding's backward is done.
-typedef struct {
-    size_t first, count;  // the range of the flat buffer
-    int ready_after;      // launch when this block's backward is done (-1: the embedding's)
-    CommRequest *req;
-} Bucket;
-
-typedef struct {
-    Bucket buckets[256];
-    int n, launched;
-    float *grads;
-    Comm *world;
-} BucketPlan;
-
-static void plan_buckets(BucketPlan *p, const ParamLayout *layout, double bucket_mb, float *grads, Comm *world) {
-    size_t limit = (size_t)(bucket_mb * 1e6 / sizeof(float)), end = layout->num_params;
-    p->n = p->launched = 0;
-    p->grads = grads;
-    p->world = world;
-    for (int l = layout->cfg.n_layer - 1; l >= 0; l--) {
-        size_t start = layout->block_offset[0] + (size_t)l * layout->block_offset[1];
-        if (l == 0) start = 0;  // the last bucket takes the root tensors too
-        if (end - start < limit && l > 0) continue;
-        if (p->n == (int)(sizeof p->buckets / sizeof p->buckets[0])) fatal("more than 256 gradient buckets");
-        p->buckets[p->n++] = (Bucket){.first = start, .count = end - start, .ready_after = l == 0 ? -1 : l};
-        end = start;
-    }
-}
-
-// called by backward each time a block's gradients are final (GradReadyHook)
-static void launch_ready_buckets(int layer, void *ctx) {
-    BucketPlan *p = ctx;
-    while (p->launched < p->n && p->buckets[p->launched].ready_after == layer) {
-        Bucket *b = &p->buckets[p->launched++];
-        b->req = comm_all_reduce_start(p->world, p->grads + b->first, b->count);
-    }
-    // MPI moves a non-blocking collective's data only inside MPI calls: give it a nudge
-    for (int i = 0; i < p->launched; i++) comm_test(p->buckets[i].req);
-}
-
-static void wait_buckets(BucketPlan *p) {
-    if (p->launched != p->n) fatal("internal: %d of %d gradient buckets were launched", p->launched, p->n);
-    for (int i = 0; i < p->n; i++) comm_wait(p->buckets[i].req);
-    p->launched = 0;  // ready for the next step
-}
-
-static void check_replicas_identical(Comm *world, const float *params, size_t n) {
-    float *host = malloc_or_die(n * sizeof(float));
-    copy_to_host(host, params, n * sizeof(float));
-    char text[32];
-    snprintf(text, sizeof text, "%016llx", (unsigned long long)hash_bytes(host, n * sizeof(float)));
-    comm_check_same(world, "the trained weights", text);
-    printf("replicas identical on all %d ranks: weights hash %s\n", comm_size(world), text);
-    free(host);
-}
 
 int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
@@ -131,7 +72,7 @@ int main(int argc, char **argv) {
     int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps / P;
     Activations acts;
     acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
-               bf16_mode);
+               acts_flags(&cfg));
 
     BucketPlan buckets;
     plan_buckets(&buckets, &layout, cfg.bucket_size_mb, grads, world);
@@ -147,21 +88,12 @@ int main(int argc, char **argv) {
     if (bf16_mode && !ops_bf16_native())
         printf("note: this CPU has no bf16 matmul instructions: bf16 inputs are widened to fp32 "
                "(same numbers, no speed-up)\n");
-    printf("data: %d train / %d validation records | global batch %d = %d ranks x %d x %d micro-batches | %ld steps\n",
-           dataset_size(data, 0), dataset_size(data, 1), cfg.global_batch_size, P, cfg.gradient_acc_steps,
-           micro_batch, total_steps);
+    print_batch_plan(&cfg, data, P, total_steps);
     MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
                            {bf16_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)", acts.bytes}};
     print_memory_report("device memory:", memory, 5);
-    if (bf16_mode) {
-        // what the same run holds in fp32, for comparison
-        Activations fp32_acts;
-        acts_alloc(&fp32_acts, &mc, micro_batch, acts.T, 0);
-        printf("  (in fp32 the activations would take %.2f MiB: bf16 saves %.0f%%)\n",
-               fp32_acts.bytes / 1048576.0, 100.0 * (1.0 - (double)acts.bytes / fp32_acts.bytes));
-        acts_free(&fp32_acts);
-    }
+    print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
     Metrics metrics = {0};

@@ -42,8 +42,8 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, b
     size_t max_block = 0;
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        u->first = i == 0 ? 0 : layout->block_offset[0] + (size_t)(i - 1) * layout->block_offset[1];
-        u->numel = i == 0 ? layout->root_numel : layout->block_offset[1];
+        u->first = i == 0 ? 0 : layout_block_start(layout, i - 1);
+        u->numel = i == 0 ? layout->root_numel : layout->block_numel;
         u->shard = (u->numel + (size_t)f->P - 1) / (size_t)f->P;
         u->local = f->shard_numel;
         f->shard_numel += u->shard;
@@ -156,20 +156,11 @@ void fsdp_save_checkpoint(Fsdp *f, const Config *cfg, long step) {
 
 // The root's tensors are the flat layout's first ones, so the gathered root is laid out as the
 // start of a whole flat buffer: point the root fields of a Weights there (its blocks stay NULL).
-static void root_point(Weights *w, const ParamLayout *l, float *root, bf16 *root16) {
-    memset(w, 0, sizeof *w);
-    w->wte = root + l->tensors[0].offset;
-    w->wpe = root + l->tensors[1].offset;
-    w->lnfw = root + l->tensors[2].offset;
-    w->lnfb = root + l->tensors[3].offset;
-    w->wte16 = root16 ? root16 + l->tensors[0].offset : NULL;
-}
-
 static void gather_root(Fsdp *f, Weights *w) {
     const FsdpUnit *u = &f->units[0];
     comm_all_gather(f->world, f->root, f->params + u->local, u->shard);
     if (f->use_bf16) cast_to_bf16(f->root16, f->root, u->numel);  // the lm_head matmul reads bf16
-    root_point(w, f->layout, f->root, f->root16);
+    root_weights_point(w, f->layout, f->root, f->root16);
 }
 
 // A pass over the blocks uses them in a known order (forward 0..L-1, backward L-1..0). Use k of
@@ -214,24 +205,23 @@ static void reduce_scatter_unit(Fsdp *f, int i, const float *full_grad) {
 
 // ---- forward and backward ---------------------------------------------------------------------
 
-static const float *block_input(const Activations *a, int l) { return l == 0 ? a->encoded : a->blocks[l - 1].out; }
-
 // the forward; leaves the root gathered in *root for the head's backward
 static void forward(Fsdp *f, Gathers *g, Weights *root, Activations *a, const GPTConfig *cfg,
                     const int *inputs, int B, int T, bool then_backward) {
     int L = cfg->n_layer;
-    if (B > a->B || T > a->T) fatal("internal: batch %dx%d exceeds the activations' %dx%d", B, T, a->B, a->T);
+    if (B > a->spec.B || T > a->spec.T)
+        fatal("internal: batch %dx%d exceeds the activations' %dx%d", B, T, a->spec.B, a->spec.T);
     copy_to_device(a->inputs, inputs, (size_t)B * T * sizeof(int));
     if (f->prefetch && L > 0) g->pending = gather_block_start(f, 0, 0);  // block 0 behind the root
     gather_root(f, root);
-    gpt_embed_forward(a, root, cfg, B, T);
+    gpt_embed_forward(a, root, B, T);
     for (int l = 0; l < L; l++) {
         int next = l + 1 < L ? l + 1 : (then_backward ? L - 1 : -1);
         BlockWeights bw = use_block(g, l, next);
-        gpt_block_forward(&a->blocks[l], block_input(a, l), &bw, cfg, B, T);
+        gpt_block_forward(a, l, &bw, B, T);
         // the block's full weights are now free: the next use overwrites them
     }
-    gpt_head_forward(a, block_input(a, L), root, cfg, B, T);
+    gpt_head_forward(a, head_input(a), root, B * T);
 }
 
 void fsdp_forward(void *fsdp, Activations *a, const int *inputs, int B, int T) {
@@ -252,17 +242,17 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
 
     // the root's gradient collects the head's and (at the very end) the embedding's parts
     dev_zero(f->root_grad, padded(f, &f->units[0]) * sizeof(float));
-    root_point(&root_grad, f->layout, f->root_grad, NULL);
-    gpt_head_backward(a, block_input(a, L), &root, &root_grad, cfg, B, T);
+    root_weights_point(&root_grad, f->layout, f->root_grad, NULL);
+    gpt_head_backward(a, &root, &root_grad, B, T);
     for (int l = L - 1; l >= 0; l--) {
         BlockWeights bw = use_block(&g, l, l - 1), bg;  // gathered again: forward freed it
         // the padding past the unit must stay zero: it is reduce-scattered with the rest
         dev_zero(f->block_grad, padded(f, &f->units[1 + l]) * sizeof(float));
         block_weights_point(&bg, f->layout, l, f->block_grad);
-        gpt_block_backward(a, &a->blocks[l], block_input(a, l), &bw, &bg, cfg, B, T);
+        gpt_block_backward(a, l, &bw, &bg, B, T);
         reduce_scatter_unit(f, 1 + l, f->block_grad);
     }
-    gpt_embed_backward(a, &root_grad, cfg, B, T);
+    gpt_embed_backward(a, &root_grad, B, T);
     reduce_scatter_unit(f, 0, f->root_grad);
     return loss_sum;
 }

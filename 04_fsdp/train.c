@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
     int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps / P;
     Activations acts;
     acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
-               bf16_mode);
+               acts_flags(&cfg));
 
     // only rank 0 prints and writes metrics; saving a checkpoint needs every rank's shard
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
@@ -79,18 +79,9 @@ int main(int argc, char **argv) {
     if (bf16_mode && !ops_bf16_native())
         printf("note: this CPU has no bf16 matmul instructions: bf16 inputs are widened to fp32 "
                "(same numbers, no speed-up)\n");
-    printf("data: %d train / %d validation records | global batch %d = %d ranks x %d x %d micro-batches | %ld steps\n",
-           dataset_size(data, 0), dataset_size(data, 1), cfg.global_batch_size, P, cfg.gradient_acc_steps,
-           micro_batch, total_steps);
+    print_batch_plan(&cfg, data, P, total_steps);
     fsdp_print_memory(&fsdp, acts.bytes);
-    if (bf16_mode) {
-        // what the same run holds in fp32, for comparison
-        Activations fp32_acts;
-        acts_alloc(&fp32_acts, &mc, micro_batch, acts.T, 0);
-        printf("  (in fp32 the activations would take %.2f MiB: bf16 saves %.0f%%)\n",
-               fp32_acts.bytes / 1048576.0, 100.0 * (1.0 - (double)acts.bytes / fp32_acts.bytes));
-        acts_free(&fp32_acts);
-    }
+    print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
     Metrics metrics = {0};

@@ -66,6 +66,8 @@ static const Key KEYS[] = {
     K(overlap_communication, T_BOOL, "false",
       "overlap communication with computation (ddp: bucketed all-reduce during backward; "
       "fsdp: prefetch the next block's all-gather)"),
+    K(activation_checkpointing, T_BOOL, "false",
+      "activation recomputation: each block keeps only its input and recomputes the rest in backward"),
     K(bucket_size_mb, T_FLOAT, "25", "ddp: megabytes of gradients per all-reduce bucket when overlapping"),
     K(vocab_parallel_loss, T_BOOL, "true",
       "axonn: cross-entropy on the vocabulary split over x (false: all-gather the logits first)"),

@@ -33,6 +33,7 @@ typedef struct {
     double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip, val_fraction;
     int warmup_steps, eval_interval, eval_batches, checkpoint_interval;
     bool always_input_template;  // the tutorial's quirk: the with-input prompt for every record
+    bool activation_checkpointing;  // blocks recompute their activations in backward
     bool overlap_communication;  // ddp: bucketed all-reduce during backward; axonn: prefetching
     double bucket_size_mb;       // ddp: gradient bucket size for the overlapped all-reduce
     bool vocab_parallel_loss;    // axonn: loss on the vocabulary split over x (false: gather the logits)

@@ -161,16 +161,23 @@ static bf16 **block_slot16(BlockWeights *bw, TensorRole role) {
     }
 }
 
-void weights_point(Weights *w, const ParamLayout *l, float *flat) {
+void root_weights_point(Weights *w, const ParamLayout *l, float *root, bf16 *root16) {
     memset(w, 0, sizeof *w);
     w->n_layer = l->cfg.n_layer;
+    for (int i = 0; i < l->num_tensors; i++)
+        if (l->tensors[i].block < 0) *root_slot(w, l->tensors[i].role) = root + l->tensors[i].offset;
+    if (!l->arch->tied_head) return;
+    w->head.w = w->wte;  // the lm_head is the embedding itself
+    if (root16) w->head.w16 = root16 + (w->wte - root);
+}
+
+void weights_point(Weights *w, const ParamLayout *l, float *flat) {
+    root_weights_point(w, l, flat, NULL);
     w->h = calloc_or_die((size_t)w->n_layer, sizeof(BlockWeights));
     for (int i = 0; i < l->num_tensors; i++) {
         const TensorInfo *t = &l->tensors[i];
-        float **slot = t->block < 0 ? root_slot(w, t->role) : block_slot(&w->h[t->block], t->role);
-        *slot = flat + t->offset;
+        if (t->block >= 0) *block_slot(&w->h[t->block], t->role) = flat + t->offset;
     }
-    if (l->arch->tied_head) w->head.w = w->wte;  // the lm_head is the embedding itself
 }
 
 void block_weights_point(BlockWeights *bw, const ParamLayout *l, int block, float *unit) {
@@ -326,32 +333,31 @@ static void *alloc_bytes(Alloc *al, size_t bytes) {
 static float *alloc_floats(Alloc *al, size_t n) { return alloc_bytes(al, n * sizeof(float)); }
 static bf16 *alloc_bf16(Alloc *al, size_t n, bool on) { return on ? alloc_bytes(al, n * sizeof(bf16)) : NULL; }
 
-// In bf16 mode a matmul input is needed in f32 only until it is rounded, so one scratch buffer
-// serves every block; in f32 mode each block keeps its own for backward.
-static float *matmul_input(Alloc *al, float **shared, size_t n) {
-    if (!al->a->spec.bf16) return alloc_floats(al, n);
-    if (!*shared) *shared = alloc_floats(al, n);
-    return *shared;
+// In bf16 mode a matmul input is read in f32 only by the cast that rounds it, right before its
+// matmul: the backward scratch (unused during forward) holds it, and each block keeps only its
+// bf16 copy. In f32 mode each block keeps its own for backward.
+static float *matmul_input(Alloc *al, size_t n) {
+    return al->a->spec.bf16 ? al->a->dbig : alloc_floats(al, n);
 }
 
 static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-static void alloc_block(Alloc *al, BlockActs *k, float *shared[4]) {
+static void alloc_block(Alloc *al, BlockActs *k) {
     const ActsSpec *sp = &al->a->spec;
     size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
     bool b16 = sp->bf16;
-    k->ln1 = matmul_input(al, &shared[0], N * C);
+    k->ln1 = matmul_input(al, N * C);
     k->ln1_mean = alloc_floats(al, N);
     k->ln1_rstd = alloc_floats(al, N);
     k->qkv = alloc_floats(al, N * 3 * Ca);
     k->att = alloc_floats(al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
-    k->atty = matmul_input(al, &shared[1], N * Ca);
+    k->atty = matmul_input(al, N * Ca);
     k->res2 = alloc_floats(al, N * C);
-    k->ln2 = matmul_input(al, &shared[2], N * C);
+    k->ln2 = matmul_input(al, N * C);
     k->ln2_mean = alloc_floats(al, N);
     k->ln2_rstd = alloc_floats(al, N);
     k->fch = alloc_floats(al, N * F);
-    k->fch_gelu = matmul_input(al, &shared[3], N * F);
+    k->fch_gelu = matmul_input(al, N * F);
     k->out = alloc_floats(al, N * C);
     k->ln1_16 = alloc_bf16(al, N * C, b16);
     k->atty16 = alloc_bf16(al, N * Ca, b16);
@@ -379,7 +385,13 @@ void acts_alloc_spec(Activations *a, const ActsSpec *spec) {
     const ActsSpec *sp = &a->spec;
     size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
     size_t V = sp->shape.v_rows;
-    float *shared[4] = {NULL};
+    // the backward scratch first: in bf16 mode the forward's f32 matmul inputs pass through dbig
+    a->dres = alloc_floats(&al, N * C);
+    a->dbig = alloc_floats(&al, N * max3(F, Ca, C));
+    a->dbig2 = alloc_floats(&al, N * max3(F, C, 0));
+    a->dsmall = alloc_floats(&al, N * max3(C, 3 * Ca, 0));
+    a->datt = alloc_floats(&al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
+    a->dout16 = alloc_bf16(&al, N * max3(max3(F, 3 * Ca, C), sp->head ? V : 0, 0), sp->bf16);
     a->encoded = alloc_floats(&al, N * C);
     a->blocks = calloc_or_die((size_t)(sp->n_layers > 0 ? sp->n_layers : 1), sizeof(BlockActs));
     for (int i = 0; i < sp->n_layers; i++) {
@@ -387,12 +399,12 @@ void acts_alloc_spec(Activations *a, const ActsSpec *spec) {
             a->blocks[i] = a->blocks[0];  // backward; each block keeps its output (the next's input)
             a->blocks[i].out = alloc_floats(&al, N * C);
         } else {
-            alloc_block(&al, &a->blocks[i], shared);
+            alloc_block(&al, &a->blocks[i]);
         }
     }
     if (sp->embed) a->inputs = alloc_bytes(&al, N * sizeof(int));
     if (sp->head) {
-        a->lnf = alloc_floats(&al, N * C);
+        a->lnf = matmul_input(&al, N * C);
         a->lnf_mean = alloc_floats(&al, N);
         a->lnf_rstd = alloc_floats(&al, N);
         a->lnf16 = alloc_bf16(&al, N * C, sp->bf16);
@@ -400,12 +412,6 @@ void acts_alloc_spec(Activations *a, const ActsSpec *spec) {
         a->losses = alloc_floats(&al, N);
         a->targets = alloc_bytes(&al, N * sizeof(int));
     }
-    a->dres = alloc_floats(&al, N * C);
-    a->dbig = alloc_floats(&al, N * max3(F, Ca, C));
-    a->dbig2 = alloc_floats(&al, N * max3(F, C, 0));
-    a->dsmall = alloc_floats(&al, N * max3(C, 3 * Ca, 0));
-    a->datt = alloc_floats(&al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
-    a->dout16 = alloc_bf16(&al, N * max3(max3(F, 3 * Ca, C), sp->head ? V : 0, 0), sp->bf16);
     a->owned = al.owned;
     a->n_owned = al.n_owned;
 }

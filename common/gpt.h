@@ -146,6 +146,9 @@ typedef struct {
 // named views into a flat buffer laid out as `layout`; w->h is malloc'd (free with weights_free)
 void weights_point(Weights *w, const ParamLayout *layout, float *flat);
 void weights_free(Weights *w);
+// points the root tensors into `root`, a buffer holding exactly the root elements (they come
+// first in the layout; a gathered FSDP unit), and root16 (its bf16 copy, or NULL); w->h NULL
+void root_weights_point(Weights *w, const ParamLayout *layout, float *root, bf16 *root16);
 // points one block's tensors into `unit`, a buffer holding exactly that block's elements in
 // layout order (a gathered FSDP unit); bf16 pointers NULL
 void block_weights_point(BlockWeights *bw, const ParamLayout *layout, int block, float *unit);

@@ -145,16 +145,28 @@ static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias, int
 
     dnnl_primitive_desc_t pd;
 #if DNNL_VERSION_MAJOR >= 3
-    DNNL_CHECK(dnnl_matmul_primitive_desc_create(&pd, g_engine, src, weights,
-                                                 has_bias ? bias : NULL, dst, attr));
+    dnnl_status_t made = dnnl_matmul_primitive_desc_create(&pd, g_engine, src, weights,
+                                                           has_bias ? bias : NULL, dst, attr);
 #else
     dnnl_matmul_desc_t desc;
     DNNL_CHECK(dnnl_matmul_desc_init(&desc, &src, &weights, has_bias ? &bias : NULL, &dst));
-    DNNL_CHECK(dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL));
+    dnnl_status_t made = dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL);
 #endif
 
     MatmulPlan *p = &g_plans[g_nplans++];
     *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias, .bf16 = bf16};
+    // Some oneDNN builds have no bf16 matmul for some layouts on some CPUs (oneDNN 2.6 on Zen 5:
+    // the accumulating backward ones): such a plan has no primitive, and its callers widen to f32
+    if (made == dnnl_unimplemented && bf16) {
+        snprintf(p->impl, sizeof p->impl, "unimplemented");
+        DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+        md_release(src);
+        md_release(weights);
+        md_release(dst);
+        md_release(bias);
+        return p;
+    }
+    DNNL_CHECK(made);
     DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
     const char *impl = NULL;
     DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
@@ -321,10 +333,17 @@ void cast_to_float(float *out, const bf16 *in, size_t n) {
 }
 
 // oneDNN answers a bf16 matmul on any x86 CPU, but without AVX512-BF16 or AMX only with its slow
-// reference implementation ("ref" in the implementation name); then we widen to f32 ourselves.
+// reference implementation ("ref" in the implementation name), and some builds lack some of the
+// three matmuls a linear layer needs: unless all three run natively, we widen to f32 ourselves.
+static int native_plan(int kind, int has_bias) {
+    const MatmulPlan *p = matmul_plan(kind, 256, 768, 768, has_bias, 1);
+    return p->prim && strstr(p->impl, "ref") == NULL;
+}
+
 int ops_bf16_native(void) {
     static int native = -1;
-    if (native < 0) native = strstr(matmul_plan(MM_FORWARD, 256, 768, 768, 1, 1)->impl, "ref") == NULL;
+    if (native < 0)
+        native = native_plan(MM_FORWARD, 1) && native_plan(MM_BACKWARD_DATA, 0) && native_plan(MM_BACKWARD_WEIGHTS, 0);
     return native;
 }
 

@@ -46,6 +46,19 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
 
 // ---- data and the length of the run ----------------------------------------------------------
 
+void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, long total_steps) {
+    int acc = cfg->gradient_acc_steps, rows = cfg->global_batch_size / acc / row_groups;
+    char ranks[32] = "";
+    if (row_groups > 1) snprintf(ranks, sizeof ranks, "%d ranks x ", row_groups);
+    printf("data: %d train / %d validation records | global batch %d = %s%d micro-batch%s of %d "
+           "sequence%s | %ld steps\n", dataset_size(data, 0), dataset_size(data, 1), cfg->global_batch_size,
+           ranks, acc, acc == 1 ? "" : "es", rows, rows == 1 ? "" : "s", total_steps);
+}
+
+int acts_flags(const Config *cfg) {
+    return (config_is_bf16(cfg) ? ACTS_BF16 : 0) | (cfg->activation_checkpointing ? ACTS_RECOMPUTE : 0);
+}
+
 Dataset *load_dataset(const Config *cfg, const Tokenizer *tok) {
     DatasetOptions opt = {.data_path = cfg->data_path, .tok = tok, .max_seq_len = cfg->max_seq_len,
                           .always_input_template = cfg->always_input_template,
@@ -170,6 +183,21 @@ void print_memory_report(const char *title, const MemoryItem *items, int n) {
         total += items[i].bytes;
     }
     printf("  %-28s %10.2f MiB\n", "total", total / 1048576.0);
+}
+
+void print_bf16_activation_saving(const Activations *acts) {
+    if (!acts->spec.bf16) return;
+    // the matmul inputs are kept in bf16; what backward reads outside a matmul stays fp32: the
+    // LayerNorm statistics, q/k/v and the attention probabilities (softmax backward), the
+    // pre-GELU values (GELU backward), the residual stream
+    ActsSpec fp32 = acts->spec;
+    fp32.bf16 = false;
+    Activations fp32_acts;
+    acts_alloc_spec(&fp32_acts, &fp32);
+    printf("  (in fp32 the activations would take %.2f MiB: bf16 matmul inputs save %.0f%%; the "
+           "statistics, attention, pre-GELU values and residual stream stay fp32)\n",
+           fp32_acts.bytes / 1048576.0, 100.0 * (1.0 - (double)acts->bytes / fp32_acts.bytes));
+    acts_free(&fp32_acts);
 }
 
 // ---- evaluation -------------------------------------------------------------------------------

@@ -20,6 +20,10 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok);
 // true when the run starts from init_from (not random_init, not resume)
 bool starts_from_checkpoint(const Config *cfg);
 
+// ACTS_* flags for acts_alloc: bf16 matmul inputs for a bf16 precision, recomputation for
+// activation_checkpointing
+int acts_flags(const Config *cfg);
+
 // The dataset the config names (data_path, max_seq_len, template, validation share).
 Dataset *load_dataset(const Config *cfg, const Tokenizer *tok);
 // How long a run is: batches per epoch (an error if the training split makes none), the steps
@@ -28,6 +32,10 @@ Dataset *load_dataset(const Config *cfg, const Tokenizer *tok);
 // schedule.
 void plan_steps(const Config *cfg, const Dataset *data, long *batches_per_epoch, long *schedule_steps,
                 long *total_steps);
+
+// Prints the data line: records, and how a global batch is cut, e.g. "global batch 16 = 4 ranks x
+// 2 micro-batches of 2 sequences" (row_groups: the ranks that take different rows; 1 alone)
+void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, long total_steps);
 
 // Linear warm-up from lr/warmup to lr over warmup_steps, then cosine decay to min_lr at the last
 // step. `step` counts from 0.
@@ -72,6 +80,8 @@ void metrics_close(Metrics *m);
 // ---- memory -----------------------------------------------------------------------------------
 typedef struct { const char *what; size_t bytes; } MemoryItem;
 void print_memory_report(const char *title, const MemoryItem *items, int n);
+// bf16 modes: what the same activations would take in fp32, and what stays fp32 and why
+void print_bf16_activation_saving(const Activations *acts);
 
 // ---- evaluation and checkpoints (single process) ----------------------------------------------
 // Validation loss over up to cfg->eval_batches global batches of the validation split, cut as

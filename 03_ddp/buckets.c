@@ -1,0 +1,48 @@
+// buckets.c: see buckets.h.
+#include "buckets.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "log.h"
+#include "ops.h"
+
+void plan_buckets(BucketPlan *p, const ParamLayout *layout, double bucket_mb, float *grads, Comm *world) {
+    size_t limit = (size_t)(bucket_mb * 1e6 / sizeof(float)), end = layout->num_params;
+    p->n = p->launched = 0;
+    p->grads = grads;
+    p->world = world;
+    for (int l = layout->cfg.n_layer - 1; l >= 0; l--) {
+        size_t start = l == 0 ? 0 : layout_block_start(layout, l);  // the last bucket takes the root tensors too
+        if (end - start < limit && l > 0) continue;
+        if (p->n == (int)(sizeof p->buckets / sizeof p->buckets[0])) fatal("more than 256 gradient buckets");
+        p->buckets[p->n++] = (Bucket){.first = start, .count = end - start, .ready_after = l == 0 ? -1 : l};
+        end = start;
+    }
+}
+
+void launch_ready_buckets(int layer, void *plan) {
+    BucketPlan *p = plan;
+    while (p->launched < p->n && p->buckets[p->launched].ready_after == layer) {
+        Bucket *b = &p->buckets[p->launched++];
+        b->req = comm_all_reduce_start(p->world, p->grads + b->first, b->count);
+    }
+    // MPI moves a non-blocking collective's data only inside MPI calls: give it a nudge
+    for (int i = 0; i < p->launched; i++) comm_test(p->buckets[i].req);
+}
+
+void wait_buckets(BucketPlan *p) {
+    if (p->launched != p->n) fatal("internal: %d of %d gradient buckets were launched", p->launched, p->n);
+    for (int i = 0; i < p->n; i++) comm_wait(p->buckets[i].req);
+    p->launched = 0;  // ready for the next step
+}
+
+void check_replicas_identical(Comm *world, const float *params, size_t n) {
+    float *host = malloc_or_die(n * sizeof(float));
+    copy_to_host(host, params, n * sizeof(float));
+    char text[32];
+    snprintf(text, sizeof text, "%016llx", (unsigned long long)hash_bytes(host, n * sizeof(float)));
+    comm_check_same(world, "the trained weights", text);
+    printf("replicas identical on all %d ranks: weights hash %s\n", comm_size(world), text);
+    free(host);
+}
