@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
     if (bf16_mode && !ops_bf16_native())
         printf("note: this CPU has no bf16 matmul instructions: bf16 inputs are widened to fp32 "
                "(same numbers, no speed-up)\n");
-    print_batch_plan(&cfg, data, P, total_steps);
+    print_batch_plan(&cfg, data, P, "ranks", total_steps);
     MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
                            {bf16_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)", acts.bytes}};

@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
     if (bf16_mode && !ops_bf16_native())
         printf("note: this CPU has no bf16 matmul instructions: bf16 inputs are widened to fp32 "
                "(same numbers, no speed-up)\n");
-    print_batch_plan(&cfg, data, P, total_steps);
+    print_batch_plan(&cfg, data, P, "ranks", total_steps);
     fsdp_print_memory(&fsdp, acts.bytes);
     print_bf16_activation_saving(&acts);
 

@@ -55,19 +55,17 @@ TPLinear tp_linear_make(const TPGrid *g, int in, int out, bool transposed) {
     return l;
 }
 
-void tp_linear_forward(const TPLinear *l, float *out, const float *inp, bf16 *inp16, TPWeight W,
-                       const float *bias, int N) {
-    int K = l->in_local, M = l->out_local;
+void tp_linear_forward(const TPLinear *l, float *out, const float *inp, bf16 *inp16, Linear W, int N) {
     // every rank of the in group computes a partial sum; the bias must enter the total once, so
     // only the group's first rank adds it (before the all-reduce: no extra pass over out)
-    const float *b = comm_rank(l->in_group) == 0 ? bias : NULL;
-    gpt_linear_forward(out, inp, inp16, W.w, W.w16, b, N, K, M);  // f32, or stage 02's bf16 recipe
-    tp_all_reduce(l->in_group, out, (size_t)N * M);
+    if (comm_rank(l->in_group) != 0) W.b = NULL;
+    linear_forward(out, inp, inp16, &W, N, l->in_local, l->out_local);  // f32, or stage 02's bf16 recipe
+    tp_all_reduce(l->in_group, out, (size_t)N * l->out_local);
 }
 
 void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *dbias,
                         const float *dout, bf16 *dout16, const float *inp, const bf16 *inp16,
-                        TPWeight W, int N, bool overlap) {
+                        Linear W, int N, bool overlap) {
     int K = l->in_local, M = l->out_local;
     if (W.w16) cast_to_bf16(dout16, dout, (size_t)N * M);
     // dX first: its all-reduce over the out group can then travel while dW is computed
@@ -118,11 +116,11 @@ void tp_stream_begin(TPWeightStream *s) {
     if (s->prefetch && stream_gathers(s)) stream_gather(s, 0, true);
 }
 
-TPWeight tp_stream_next(TPWeightStream *s) {
+Linear tp_stream_next(TPWeightStream *s) {
     if (s->next >= s->n) fatal("internal: weight stream used more than its %d weights", s->n);
     int i = s->next++, slot = i % 2;
     const TPWeightUse *u = &s->uses[i];
-    if (!stream_gathers(s)) return (TPWeight){u->shard, s->bf16 ? u->shard16 : NULL};
+    if (!stream_gathers(s)) return (Linear){u->shard, NULL, s->bf16 ? u->shard16 : NULL};
     if (s->prefetch) {
         comm_wait(s->req[slot]);
         s->req[slot] = NULL;
@@ -132,7 +130,7 @@ TPWeight tp_stream_next(TPWeightStream *s) {
         stream_gather(s, i, false);
     }
     if (s->bf16) cast_to_bf16(s->buf16[slot], s->buf[slot], u->layer->block);
-    return (TPWeight){s->buf[slot], s->bf16 ? s->buf16[slot] : NULL};
+    return (Linear){s->buf[slot], NULL, s->bf16 ? s->buf16[slot] : NULL};
 }
 
 void tp_grad_slot_alloc(TPGradSlot *s, size_t max_block) {

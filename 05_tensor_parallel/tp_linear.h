@@ -26,6 +26,7 @@
 #include <stddef.h>
 
 #include "comm.h"
+#include "gpt.h"
 #include "ops.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
@@ -62,16 +63,10 @@ typedef struct {
 // (attention projection, MLP projection). Sizes must divide (validated by the caller).
 TPLinear tp_linear_make(const TPGrid *g, int in, int out, bool transposed);
 
-// A gathered block ready to multiply: fp32, and its bf16 copy in bf16 mode (else NULL).
-typedef struct {
-    const float *w;
-    const bf16 *w16;
-} TPWeight;
-
-// out (N, out_local) = inp (N, in_local) @ W^T + bias (out_local, may be NULL), complete after the
-// all-reduce over in_group. bf16 mode (W.w16 set): inp is rounded into inp16 (kept for backward).
-void tp_linear_forward(const TPLinear *l, float *out, const float *inp, bf16 *inp16, TPWeight W,
-                       const float *bias, int N);
+// out (N, out_local) = inp (N, in_local) @ W.w^T + W.b (out_local, may be NULL), complete after
+// the all-reduce over in_group. W is a gathered block (tp_stream_next) with this rank's bias;
+// bf16 mode (W.w16 set): inp is rounded into inp16 (kept for backward).
+void tp_linear_forward(const TPLinear *l, float *out, const float *inp, bf16 *inp16, Linear W, int N);
 
 // dinp (N, in_local) += complete dX (after the all-reduce over out_group: dinp must hold zeros on
 // entry, as the all-reduce sums the whole buffer); dw_block (out_local, in_local) += dY^T X of
@@ -80,7 +75,7 @@ void tp_linear_forward(const TPLinear *l, float *out, const float *inp, bf16 *in
 // for dout (N * out_local) in bf16 mode.
 void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *dbias,
                         const float *dout, bf16 *dout16, const float *inp, const bf16 *inp16,
-                        TPWeight W, int N, bool overlap);
+                        Linear W, int N, bool overlap);
 
 // ---- depth: gathering weights before use, reduce-scattering their gradients -------------------
 
@@ -89,8 +84,8 @@ void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *
 // once, so it travels while this one is multiplied (AxoNN's overlap of all-gathers).
 typedef struct {
     const TPLinear *layer;
-    const float *shard;
-    const bf16 *shard16;  // bf16 mode with z = 1: the shard's bf16 copy (made once per step)
+    float *shard;
+    bf16 *shard16;  // bf16 mode with z = 1: the shard's bf16 copy (made once per step)
 } TPWeightUse;
 
 #define TP_STREAM_MAX 512
@@ -107,7 +102,7 @@ typedef struct {
 void tp_stream_init(TPWeightStream *s, const TPGrid *g, size_t max_block, bool prefetch, bool bf16_mode);
 void tp_stream_free(TPWeightStream *s);
 void tp_stream_begin(TPWeightStream *s);  // call after filling uses[0..n)
-TPWeight tp_stream_next(TPWeightStream *s);
+Linear tp_stream_next(TPWeightStream *s);  // the next weight (no bias)
 
 // A weight gradient in flight: dW of this micro-batch's rows (block), reduce-scattered over z
 // into `shard`, then added into the gradient shard `grad` (accumulating micro-batches).

@@ -6,9 +6,6 @@
 
 #include "log.h"
 
-// block tensor i of BlockWeights' twelve (the full layout's order)
-enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB };
-
 // ---- the grid must fit ------------------------------------------------------------------------
 
 static void require(bool ok, const char *constraint, const int d[3], const char *fmt, int a, int b) {
@@ -56,24 +53,22 @@ static LocalTensor heads_part(TPKind kind, const TPModel *m, int col0, int cols)
                          .col0 = col0, .cols = cols};
 }
 
-static LocalTensor describe(const TPModel *m, int i) {
+static LocalTensor describe(const TPModel *m, TensorRole role) {
     const TPGrid *g = &m->grid;
-    int y0 = g->y * m->Cy, Cy = m->Cy;
-    if (i == 0) return matrix_part(m->v_lo, m->Vl, y0, Cy);  // wte
-    if (i == 1) {                                              // wpe: every position, hidden over y
+    int y0 = g->y * m->Cy, Cy = m->Cy, x4 = g->x * m->C4x;
+    switch (role) {
+    case ROLE_WTE: return matrix_part(m->v_lo, m->Vl, y0, Cy);
+    case ROLE_WPE: {  // every position, hidden over y
         LocalTensor t = matrix_part(0, m->cfg.max_seq_len, y0, Cy);
         t.kind = TP_SPLIT_Y;
         return t;
     }
-    if (i < ROOT_TENSORS) return vector_part(TP_SPLIT_Y, y0, Cy);  // ln_f
-    int x4 = g->x * m->C4x;
-    switch ((i - ROOT_TENSORS) % BLOCK_TENSORS) {
-    case QKVW: return heads_part(TP_WEIGHT, m, y0, Cy);
-    case QKVB: return heads_part(TP_SPLIT_X, m, 0, 1);
-    case PROJW: return matrix_part(y0, Cy, g->x * m->Cx, m->Cx);  // transposed: out over y, in over x
-    case FCW: return matrix_part(x4, m->C4x, y0, Cy);
-    case FCB: return vector_part(TP_SPLIT_X, x4, m->C4x);
-    case FCPROJW: return matrix_part(y0, Cy, x4, m->C4x);
+    case ROLE_QKV_W: return heads_part(TP_WEIGHT, m, y0, Cy);
+    case ROLE_QKV_B: return heads_part(TP_SPLIT_X, m, 0, 1);
+    case ROLE_ATTN_PROJ_W: return matrix_part(y0, Cy, g->x * m->Cx, m->Cx);  // transposed: out over y, in over x
+    case ROLE_FC_W: return matrix_part(x4, m->C4x, y0, Cy);
+    case ROLE_FC_B: return vector_part(TP_SPLIT_X, x4, m->C4x);
+    case ROLE_FC_PROJ_W: return matrix_part(y0, Cy, x4, m->C4x);
     default: return vector_part(TP_SPLIT_Y, y0, Cy);  // LayerNorms, the projections' biases
     }
 }
@@ -81,13 +76,15 @@ static LocalTensor describe(const TPModel *m, int i) {
 static void build_local_layout(TPModel *m) {
     const ParamLayout *f = &m->full;
     m->local = calloc_or_die((size_t)f->num_tensors, sizeof(LocalTensor));
-    m->layout.cfg = m->cfg;
+    m->layout = *f;  // the same tensors and names: only their offsets and sizes are this rank's
+    m->layout.num_params = 0;
+    m->layout.num_tensors = 0;
     m->layout.tensors = calloc_or_die((size_t)f->num_tensors, sizeof(TensorInfo));
     // two passes: the small replicated tensors first, so that their gradients (summed over z and
     // data) are one contiguous range, then the weight shards (summed over data only)
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < f->num_tensors; i++) {
-            LocalTensor t = describe(m, i);
+            LocalTensor t = describe(m, f->tensors[i].role);
             if ((t.kind == TP_WEIGHT) != (pass == 1)) continue;
             t.block = (size_t)t.nranges * t.rows * t.cols;
             t.numel = t.kind == TP_WEIGHT ? t.block / (size_t)m->grid.Z : t.block;
@@ -130,6 +127,8 @@ void tp_model_init(TPModel *m, Comm *world, const GPTConfig *mc, const int dims[
     const TPLinear *all[] = {&m->qkv, &m->proj, &m->fc, &m->fcproj, &m->head};
     for (int i = 0; i < 5; i++)
         if (all[i]->block > m->max_block) m->max_block = all[i]->block;
+    m->shape = (ModelShape){.C = m->Cy, .C_total = C, .n_head = m->NHx, .C_attn = m->Cx, .C_mlp = m->C4x,
+                            .v_lo = m->v_lo, .v_rows = m->Vl};
 }
 
 void tp_model_free(TPModel *m) {
@@ -137,24 +136,6 @@ void tp_model_free(TPModel *m) {
     free(m->layout.tensors);
     gpt_layout_free(&m->full);
     memset(m, 0, sizeof *m);
-}
-
-void tp_params_point(TPParams *p, const TPModel *m, float *flat) {
-    const LocalTensor *t = m->local;
-    p->wte = flat + t[0].offset;
-    p->wpe = flat + t[1].offset;
-    p->lnfw = flat + t[2].offset;
-    p->lnfb = flat + t[3].offset;
-    p->h = calloc_or_die((size_t)m->cfg.n_layer, sizeof(TPBlock));
-    for (int b = 0; b < m->cfg.n_layer; b++) {
-        float **slots = (float **)&p->h[b];  // TPBlock is twelve float pointers in layout order
-        for (int i = 0; i < BLOCK_TENSORS; i++) slots[i] = flat + t[ROOT_TENSORS + b * BLOCK_TENSORS + i].offset;
-    }
-}
-
-void tp_params_free(TPParams *p) {
-    free(p->h);
-    p->h = NULL;
 }
 
 // ---- moving between the full model and this rank's share -------------------------------------
@@ -241,99 +222,37 @@ double tp_norm_squares(const TPModel *m, const float *grads) {
     return s;
 }
 
-// ---- activations ------------------------------------------------------------------------------
-
-static float *act(TPActs *a, size_t n) {
-    a->bytes += n * sizeof(float);
-    return dev_malloc(n * sizeof(float));
-}
-
-static bf16 *act16(TPActs *a, size_t n, bool on) {  // (a parameter named bf16 would hide the type)
-    if (!on) return NULL;
-    a->bytes += n * sizeof(bf16);
-    return dev_malloc(n * sizeof(bf16));
-}
-
-void tp_acts_alloc(TPActs *a, const TPModel *m, int B, int T, bool bf16_mode) {
-    size_t N = (size_t)B * T, Cy = m->Cy, Cx = m->Cx, C4x = m->C4x, Vl = m->Vl, X = m->grid.X;
-    size_t att = (size_t)B * m->NHx * T * T, widest = C4x > 3 * Cx ? C4x : 3 * Cx;
-    if (Cy > widest) widest = Cy;
-    memset(a, 0, sizeof *a);
-    a->B = B, a->T = T, a->L = m->cfg.n_layer;
-    a->encoded = act(a, N * Cy);
-    a->blocks = calloc_or_die((size_t)a->L, sizeof(TPBlockActs));
-    for (int l = 0; l < a->L; l++) {
-        TPBlockActs *k = &a->blocks[l];
-        k->ln1 = act(a, N * Cy), k->ln1_mean = act(a, N), k->ln1_rstd = act(a, N);
-        k->qkv = act(a, N * 3 * Cx), k->att = act(a, att), k->atty = act(a, N * Cx);
-        k->res2 = act(a, N * Cy), k->ln2 = act(a, N * Cy), k->ln2_mean = act(a, N), k->ln2_rstd = act(a, N);
-        k->fch = act(a, N * C4x), k->fch_gelu = act(a, N * C4x), k->out = act(a, N * Cy);
-        k->ln1_16 = act16(a, N * Cy, bf16_mode), k->atty16 = act16(a, N * Cx, bf16_mode);
-        k->ln2_16 = act16(a, N * Cy, bf16_mode), k->fch_gelu16 = act16(a, N * C4x, bf16_mode);
-    }
-    a->lnf = act(a, N * Cy), a->lnf_mean = act(a, N), a->lnf_rstd = act(a, N);
-    a->lnf16 = act16(a, N * Cy, bf16_mode);
-    a->dout16 = act16(a, N * (Vl > widest ? Vl : widest), bf16_mode);
-    a->logits = act(a, N * Vl), a->losses = act(a, N);
-    a->inputs = dev_malloc(N * sizeof(int)), a->targets = dev_malloc(N * sizeof(int));
-    a->bytes += 2 * N * sizeof(int);
-    a->dres = act(a, N * Cy), a->dbig = act(a, N * widest), a->dbig2 = act(a, N * widest);
-    a->dsmall = act(a, N * widest), a->datt = act(a, att), a->stats = act(a, 2 * N);
-    a->ce_max = act(a, N), a->ce_maxes = act(a, X * N), a->ce_sums = act(a, 2 * N);
-    if (!m->vocab_parallel_loss) {
-        a->gathered = act(a, X * N * Vl);
-        a->full_logits = act(a, N * (size_t)m->cfg.padded_vocab_size);
-    }
-}
-
-void tp_acts_free(TPActs *a) {
-    for (int l = 0; a->blocks && l < a->L; l++) {
-        TPBlockActs *k = &a->blocks[l];
-        void *all[] = {k->ln1, k->ln1_mean, k->ln1_rstd, k->qkv, k->att, k->atty, k->res2, k->ln2,
-                       k->ln2_mean, k->ln2_rstd, k->fch, k->fch_gelu, k->out, k->ln1_16, k->atty16,
-                       k->ln2_16, k->fch_gelu16};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
-    }
-    void *all[] = {a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd, a->lnf16, a->dout16, a->logits,
-                   a->losses, a->inputs, a->targets, a->dres, a->dbig, a->dbig2, a->dsmall, a->datt,
-                   a->stats, a->ce_max, a->ce_maxes, a->ce_sums, a->gathered, a->full_logits};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
-    free(a->blocks);
-    memset(a, 0, sizeof *a);
-}
-
 // ---- weight streams ---------------------------------------------------------------------------
 
-static void add_use(TPWeightStream *s, const TPModel *m, const TPLinear *l, int tensor, const float *flat,
-                    const bf16 *flat16) {
+static void add_use(TPWeightStream *s, const TPLinear *l, const Linear *w) {
     if (s->n == TP_STREAM_MAX) fatal("internal: more than %d weight uses in one pass", TP_STREAM_MAX);
-    size_t off = m->local[tensor].offset;
-    s->uses[s->n++] = (TPWeightUse){l, flat + off, flat16 ? flat16 + off : NULL};
+    s->uses[s->n++] = (TPWeightUse){l, w->w, w->w16};
 }
 
-static int block_tensor(int b, int i) { return ROOT_TENSORS + b * BLOCK_TENSORS + i; }
+static void add_block_forward(const TPModel *m, TPWeightStream *s, const BlockWeights *b) {
+    add_use(s, &m->qkv, &b->qkv);
+    add_use(s, &m->proj, &b->attn_proj);
+    add_use(s, &m->fc, &b->fc);
+    add_use(s, &m->fcproj, &b->fc_proj);
+}
 
-void tp_stream_forward(const TPModel *m, TPWeightStream *s, const float *flat, const bf16 *flat16) {
+void tp_stream_forward(const TPModel *m, TPWeightStream *s, const Weights *w) {
     s->n = 0;
-    add_use(s, m, &m->head, 0, flat, flat16);  // the embedding reads wte's block
-    for (int b = 0; b < m->cfg.n_layer; b++) {
-        add_use(s, m, &m->qkv, block_tensor(b, QKVW), flat, flat16);
-        add_use(s, m, &m->proj, block_tensor(b, PROJW), flat, flat16);
-        add_use(s, m, &m->fc, block_tensor(b, FCW), flat, flat16);
-        add_use(s, m, &m->fcproj, block_tensor(b, FCPROJW), flat, flat16);
-    }
-    add_use(s, m, &m->head, 0, flat, flat16);  // the lm_head
+    add_use(s, &m->head, &w->head);  // the embedding reads wte's block (the tied lm_head's)
+    for (int b = 0; b < m->cfg.n_layer; b++) add_block_forward(m, s, &w->h[b]);
+    add_use(s, &m->head, &w->head);  // the lm_head
     tp_stream_begin(s);
 }
 
-void tp_stream_backward(const TPModel *m, TPWeightStream *s, const float *flat, const bf16 *flat16) {
+void tp_stream_backward(const TPModel *m, TPWeightStream *s, const Weights *w, bool recompute) {
     s->n = 0;
-    add_use(s, m, &m->head, 0, flat, flat16);
+    add_use(s, &m->head, &w->head);
     for (int b = m->cfg.n_layer - 1; b >= 0; b--) {
-        add_use(s, m, &m->fcproj, block_tensor(b, FCPROJW), flat, flat16);
-        add_use(s, m, &m->fc, block_tensor(b, FCW), flat, flat16);
-        add_use(s, m, &m->proj, block_tensor(b, PROJW), flat, flat16);
-        add_use(s, m, &m->qkv, block_tensor(b, QKVW), flat, flat16);
+        if (recompute) add_block_forward(m, s, &w->h[b]);
+        add_use(s, &m->fcproj, &w->h[b].fc_proj);
+        add_use(s, &m->fc, &w->h[b].fc);
+        add_use(s, &m->proj, &w->h[b].attn_proj);
+        add_use(s, &m->qkv, &w->h[b].qkv);
     }
     tp_stream_begin(s);
 }
@@ -354,69 +273,164 @@ void tp_layernorm_forward(const TPModel *m, float *stats, float *out, float *mea
     layernorm_forward_stats(out, rstd, inp, w, b, mean, stats, N, m->Cy, m->cfg.n_embd);
 }
 
-static void tp_layernorm_backward(const TPModel *m, TPActs *a, float *dinp, float *dw, float *db,
-                                  const float *dout, const float *inp, const float *w,
-                                  const float *mean, const float *rstd, int N) {
-    layernorm_backward_row_sums(a->stats, dout, inp, w, mean, rstd, N, m->Cy);
-    tp_all_reduce(m->grid.gy, a->stats, 2 * (size_t)N);
-    layernorm_backward_stats(dinp, dw, db, dout, inp, w, mean, rstd, a->stats, N, m->Cy, m->cfg.n_embd);
+static void tp_norm_forward(LayerOps *ops, float *out, float *mean, float *rstd, const float *inp,
+                            const Norm *w, const ModelShape *s, int N) {
+    (void)s;
+    TPLayers *t = (TPLayers *)ops;
+    tp_layernorm_forward(t->m, t->stats, out, mean, rstd, inp, w->w, w->b, N);
 }
 
-// ---- forward ----------------------------------------------------------------------------------
-
-static void block_forward(const TPModel *m, TPActs *a, TPBlockActs *k, const float *x, const TPBlock *w,
-                          TPWeightStream *s, int B, int T) {
-    int N = B * T;
-    size_t NCy = (size_t)N * m->Cy;
-    // attention: ln1 -> qkv of this rank's heads (all-reduce over y) -> attention on those heads
-    // -> projection back to the hidden dim (all-reduce over x) -> residual
-    tp_layernorm_forward(m, a->stats, k->ln1, k->ln1_mean, k->ln1_rstd, x, w->ln1w, w->ln1b, N);
-    tp_linear_forward(&m->qkv, k->qkv, k->ln1, k->ln1_16, tp_stream_next(s), w->qkvb, N);
-    attention_forward(k->atty, k->att, k->qkv, B, T, m->Cx, m->NHx);
-    tp_linear_forward(&m->proj, k->res2, k->atty, k->atty16, tp_stream_next(s), w->attprojb, N);
-    add_inplace(k->res2, x, NCy);
-    // MLP: ln2 -> fc (columns over x) -> gelu -> proj (all-reduce over x) -> residual
-    tp_layernorm_forward(m, a->stats, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, w->ln2w, w->ln2b, N);
-    tp_linear_forward(&m->fc, k->fch, k->ln2, k->ln2_16, tp_stream_next(s), w->fcb, N);
-    gelu_forward(k->fch_gelu, k->fch, (size_t)N * m->C4x);
-    tp_linear_forward(&m->fcproj, k->out, k->fch_gelu, k->fch_gelu16, tp_stream_next(s), w->fcprojb, N);
-    add_inplace(k->out, k->res2, NCy);
+static void tp_norm_backward(LayerOps *ops, float *dinp, Norm *g, const float *dout, const float *inp,
+                             const Norm *w, const float *mean, const float *rstd, const ModelShape *s, int N) {
+    (void)s;
+    TPLayers *t = (TPLayers *)ops;
+    const TPModel *m = t->m;
+    layernorm_backward_row_sums(t->stats, dout, inp, w->w, mean, rstd, N, m->Cy);
+    tp_all_reduce(m->grid.gy, t->stats, 2 * (size_t)N);
+    layernorm_backward_stats(dinp, g->w, g->b, dout, inp, w->w, mean, rstd, t->stats, N, m->Cy, m->cfg.n_embd);
 }
 
-static const float *block_input(const TPActs *a, int l) { return l == 0 ? a->encoded : a->blocks[l - 1].out; }
+// ---- the linear layers ------------------------------------------------------------------------
 
-void tp_forward(const TPModel *m, TPActs *a, const TPParams *w, TPWeightStream *s, const int *inputs, int B, int T) {
-    if (B > a->B || T > a->T) fatal("internal: batch %dx%d exceeds the activations' %dx%d", B, T, a->B, a->T);
-    int N = B * T;
-    copy_to_device(a->inputs, inputs, (size_t)N * sizeof(int));
-    // embedding: each x rank looks up the tokens of its vocabulary shard (0 for the others) and
-    // the sum over x completes every row; the position embedding is added by x rank 0 only
-    TPWeight wte = tp_stream_next(s);
-    encoder_forward_shard(a->encoded, a->inputs, wte.w, m->grid.x == 0 ? w->wpe : NULL, m->v_lo, m->Vl, B, T, m->Cy);
-    tp_all_reduce(m->grid.gx, a->encoded, (size_t)N * m->Cy);
-    for (int l = 0; l < m->cfg.n_layer; l++) block_forward(m, a, &a->blocks[l], block_input(a, l), &w->h[l], s, B, T);
-    // head: final LayerNorm, then the tied lm_head, a normal layer: logits of this rank's vocabulary
-    tp_layernorm_forward(m, a->stats, a->lnf, a->lnf_mean, a->lnf_rstd, block_input(a, m->cfg.n_layer), w->lnfw, w->lnfb, N);
-    tp_linear_forward(&m->head, a->logits, a->lnf, a->lnf16, tp_stream_next(s), NULL, N);
+static const TPLinear *layer_of(const TPModel *m, LinearKind k) {
+    switch (k) {
+    case LIN_QKV: return &m->qkv;
+    case LIN_ATTN_PROJ: return &m->proj;
+    case LIN_FC: return &m->fc;
+    case LIN_FC_PROJ: return &m->fcproj;
+    case LIN_HEAD: break;
+    }
+    return &m->head;
 }
 
-// ---- the loss ---------------------------------------------------------------------------------
+// forward: the gathered weight from the stream, this rank's bias; the all-reduce over the layer's
+// in group completes the output (tp_linear.h)
+static void tp_layer_forward(LayerOps *ops, LinearKind k, float *out, const float *inp, bf16 *inp16,
+                             const Linear *w, int N, int in_dim, int out_dim) {
+    (void)in_dim, (void)out_dim;
+    TPLayers *t = (TPLayers *)ops;
+    Linear W = tp_stream_next(t->stream);
+    W.b = w->b;
+    tp_linear_forward(layer_of(t->m, k), out, inp, inp16, W, N);
+}
+
+// Where layer l's weight gradient goes: straight into the gradient shard when z = 1, else into a
+// slot's block that is reduce-scattered over z when the layer is done (grad_done).
+static float *grad_target(const TPModel *m, TPGradSlot *slot, const TPLinear *l, float *grad) {
+    return m->grid.Z == 1 ? grad : tp_grad_slot_open(slot, l, grad);
+}
+
+static void grad_done(const TPModel *m, TPGradSlot *slot, bool overlap) {
+    if (m->grid.Z == 1) return;
+    tp_grad_slot_launch(slot);
+    if (!overlap) tp_grad_slot_finish(slot);  // else it travels during the next layers' backward
+}
+
+// backward with the weight gradient's reduce-scatter; the lm_head's (wte's) stays open until the
+// embedding has added its part
+static void tp_layer_backward(LayerOps *ops, LinearKind k, float *dinp, Linear *g, const float *dout,
+                              bf16 *dout16, const float *inp, const bf16 *inp16, const Linear *w, int N,
+                              int in_dim, int out_dim) {
+    (void)w, (void)in_dim, (void)out_dim;
+    TPLayers *t = (TPLayers *)ops;
+    const TPModel *m = t->m;
+    const TPLinear *l = layer_of(m, k);
+    TPGradSlot *slot = k == LIN_HEAD ? &t->slots->wte : &t->slots->mat[t->slots->next++ % 2];
+    float *target = grad_target(m, slot, l, g->w);
+    tp_linear_backward(l, dinp, target, g->b, dout, dout16, inp, inp16, tp_stream_next(t->stream), N, t->overlap);
+    if (k == LIN_HEAD) t->dwte = target;
+    else grad_done(m, slot, t->overlap);
+}
+
+// ---- the embedding over the vocabulary split over x -------------------------------------------
+
+// Each x rank looks up the tokens of its vocabulary shard (0 for the others) and x rank 0 adds
+// the positions; the sum over x completes every row.
+static void tp_embed_forward(LayerOps *ops, float *out, const int *tokens, const int *start,
+                             const Weights *w, const ModelShape *s, int B, int T) {
+    TPLayers *t = (TPLayers *)ops;
+    const TPModel *m = t->m;
+    Linear wte = tp_stream_next(t->stream);
+    embedding_forward(out, tokens, start, wte.w, m->grid.x == 0 ? w->wpe : NULL, s->v_lo, s->v_rows, B, T, s->C);
+    tp_all_reduce(m->grid.gx, out, (size_t)B * T * s->C);
+}
+
+// the gradient of the rows of this rank's vocabulary, into where the head put wte's; wpe's on
+// every x rank (dout is the same there, as wpe is a copy on each)
+static void tp_embed_backward(LayerOps *ops, Weights *g, const float *dout, const int *tokens,
+                              const ModelShape *s, int B, int T) {
+    TPLayers *t = (TPLayers *)ops;
+    embedding_backward(t->dwte, g->wpe, dout, tokens, s->v_lo, s->v_rows, B, T, s->C);
+    grad_done(t->m, &t->slots->wte, t->overlap);
+}
+
+void tp_layers_init(TPLayers *t, const TPModel *m, TPWeightStream *stream, TPGradSlots *slots, bool overlap,
+                    float *stats) {
+    *t = (TPLayers){.base = *serial_layer_ops(), .m = m, .stream = stream, .slots = slots, .overlap = overlap,
+                    .stats = stats};
+    t->base.embed_forward = tp_embed_forward;
+    t->base.embed_backward = tp_embed_backward;
+    t->base.linear_forward = tp_layer_forward;
+    t->base.linear_backward = tp_layer_backward;
+    t->base.norm_forward = tp_norm_forward;
+    t->base.norm_backward = tp_norm_backward;
+}
+
+// ---- activations ------------------------------------------------------------------------------
+
+static float *alloc_floats(TPActs *a, size_t n) {
+    a->bytes += n * sizeof(float);
+    return dev_malloc(n * sizeof(float));
+}
+
+void tp_acts_alloc(TPActs *a, const TPModel *m, TPWeightStream *s, TPGradSlots *slots, int B, int T,
+                   int flags, bool overlap) {
+    size_t N = (size_t)B * T, X = m->grid.X;
+    memset(a, 0, sizeof *a);
+    a->stats = alloc_floats(a, 2 * N);
+    tp_layers_init(&a->layers, m, s, slots, overlap, a->stats);
+    ActsSpec spec = whole_model_acts(&m->cfg, B, T, flags & ACTS_BF16, flags & ACTS_RECOMPUTE);
+    spec.shape = m->shape;
+    spec.ops = &a->layers.base;
+    acts_alloc_spec(&a->acts, &spec);
+    a->bytes += a->acts.bytes;
+    a->ce_max = alloc_floats(a, N), a->ce_maxes = alloc_floats(a, X * N), a->ce_sums = alloc_floats(a, 2 * N);
+    if (!m->vocab_parallel_loss) {
+        a->gathered = alloc_floats(a, X * N * m->Vl);
+        a->full_logits = alloc_floats(a, N * (size_t)m->cfg.padded_vocab_size);
+    }
+}
+
+void tp_acts_free(TPActs *a) {
+    acts_free(&a->acts);
+    void *all[] = {a->stats, a->ce_max, a->ce_maxes, a->ce_sums, a->gathered, a->full_logits};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
+    memset(a, 0, sizeof *a);
+}
+
+// ---- the passes -------------------------------------------------------------------------------
+
+void tp_forward(const TPModel *m, TPActs *a, const Weights *w, const int *inputs, int B, int T) {
+    tp_stream_forward(m, a->layers.stream, w);
+    gpt_forward(&a->acts, w, inputs, B, T);
+}
 
 // Vocab-parallel (the default): softmax over a vocabulary split over x needs only each row's max
 // (an all-gather of N floats) and its sum of exponentials and target logit (an all-reduce of 2N):
 // the (N, V) logits never exist on one rank.
 static void loss_vocab_parallel(const TPModel *m, TPActs *a, int N, float dloss, bool backward) {
     int X = m->grid.X;
-    cross_entropy_shard_max(a->ce_max, a->logits, N, m->v_count, m->Vl);
+    const Activations *k = &a->acts;
+    cross_entropy_shard_max(a->ce_max, k->logits, N, m->v_count, m->Vl);
     const float *maxes = a->ce_max;
     if (X > 1) {
         comm_all_gather(m->grid.gx, a->ce_maxes, a->ce_max, (size_t)N);
         maxes = a->ce_maxes;
     }
-    cross_entropy_shard_sums(a->ce_sums, a->logits, maxes, X, a->targets, m->v_lo, m->v_count, N, m->Vl);
+    cross_entropy_shard_sums(a->ce_sums, k->logits, maxes, X, k->targets, m->v_lo, m->v_count, N, m->Vl);
     tp_all_reduce(m->grid.gx, a->ce_sums, 2 * (size_t)N);
-    cross_entropy_shard_finish(a->losses, backward ? a->logits : NULL, a->logits, maxes, X, a->ce_sums,
-                               a->targets, dloss, m->v_lo, m->v_count, N, m->Vl);
+    cross_entropy_shard_finish(k->losses, backward ? k->logits : NULL, k->logits, maxes, X, a->ce_sums,
+                               k->targets, dloss, m->v_lo, m->v_count, N, m->Vl);
 }
 
 // see tp_model.h: the loss below, and stage 06 (the whole row it samples from), use it
@@ -437,96 +451,29 @@ void tp_gather_vocab(const TPModel *m, float *full, float *gathered, const float
 static void loss_gathered(const TPModel *m, TPActs *a, int N, float dloss, bool backward) {
     int Vl = m->Vl, Vp = m->cfg.padded_vocab_size;
     size_t row = (size_t)Vl * sizeof(float);
-    tp_gather_vocab(m, a->full_logits, a->gathered, a->logits, N);
+    Activations *k = &a->acts;
+    tp_gather_vocab(m, a->full_logits, a->gathered, k->logits, N);
     if (!backward) {
-        cross_entropy_forward(a->losses, a->full_logits, a->targets, N, m->cfg.vocab_size, Vp);
+        cross_entropy_forward(k->losses, a->full_logits, k->targets, N, m->cfg.vocab_size, Vp);
         return;
     }
-    cross_entropy_forward_backward(a->full_logits, a->losses, a->targets, dloss, N, m->cfg.vocab_size, Vp);
-    for (int n = 0; n < N; n++) dev_copy(a->logits + (size_t)n * Vl, a->full_logits + (size_t)n * Vp + m->v_lo, row);
+    cross_entropy_forward_backward(a->full_logits, k->losses, k->targets, dloss, N, m->cfg.vocab_size, Vp);
+    for (int n = 0; n < N; n++) dev_copy(k->logits + (size_t)n * Vl, a->full_logits + (size_t)n * Vp + m->v_lo, row);
 }
 
 double tp_loss(const TPModel *m, TPActs *a, const int *targets, int B, int T, float dloss, bool backward) {
     int N = B * T;
-    copy_to_device(a->targets, targets, (size_t)N * sizeof(int));
+    copy_to_device(a->acts.targets, targets, (size_t)N * sizeof(int));
     if (m->vocab_parallel_loss) loss_vocab_parallel(m, a, N, dloss, backward);
     else loss_gathered(m, a, N, dloss, backward);
-    return sum_values(a->losses, (size_t)N);
+    return sum_values(a->acts.losses, (size_t)N);
 }
 
-// ---- backward ---------------------------------------------------------------------------------
-
-// where layer l's weight gradient goes: straight into the gradient shard when z = 1, else into a
-// slot's block that is reduce-scattered over z when the layer is done (grad_done)
-static float *grad_target(const TPModel *m, TPGradSlot *slot, const TPLinear *l, float *grad) {
-    return m->grid.Z == 1 ? grad : tp_grad_slot_open(slot, l, grad);
-}
-
-static void grad_done(const TPModel *m, TPGradSlot *slot, bool overlap) {
-    if (m->grid.Z == 1) return;
-    tp_grad_slot_launch(slot);
-    if (!overlap) tp_grad_slot_finish(slot);  // else it travels during the next layers' backward
-}
-
-static TPGradSlot *next_slot(TPGradSlots *s) { return &s->mat[s->next++ % 2]; }
-
-// one linear layer's backward with its gradient's reduce-scatter
-static void linear_backward(const TPModel *m, TPActs *a, const TPLinear *l, TPGradSlots *slots, float *dinp,
-                            float *dw, float *db, const float *dout, const float *inp, const bf16 *inp16,
-                            TPWeightStream *s, int N, bool overlap) {
-    TPGradSlot *slot = next_slot(slots);
-    float *target = grad_target(m, slot, l, dw);
-    tp_linear_backward(l, dinp, target, db, dout, a->dout16, inp, inp16, tp_stream_next(s), N, overlap);
-    grad_done(m, slot, overlap);
-}
-
-static void block_backward(const TPModel *m, TPActs *a, TPBlockActs *k, const float *x, const TPBlock *w,
-                           TPBlock *g, TPWeightStream *s, TPGradSlots *slots, int B, int T, bool overlap) {
-    int N = B * T;
-    size_t NCy = (size_t)N * m->Cy, NC4x = (size_t)N * m->C4x, NCx = (size_t)N * m->Cx;
-    float *dres = a->dres;  // dL/d(out); the residual passes it on unchanged
-    // MLP, backwards: the projection's dX is summed over y, fc's over x
-    float *dfch_gelu = a->dbig, *dfch = a->dbig2, *dln2 = a->dsmall;
-    dev_zero(dfch_gelu, NC4x * sizeof(float));
-    dev_zero(dfch, NC4x * sizeof(float));
-    dev_zero(dln2, NCy * sizeof(float));
-    linear_backward(m, a, &m->fcproj, slots, dfch_gelu, g->fcprojw, g->fcprojb, dres, k->fch_gelu, k->fch_gelu16,
-                    s, N, overlap);
-    gelu_backward(dfch, k->fch, dfch_gelu, NC4x);
-    linear_backward(m, a, &m->fc, slots, dln2, g->fcw, g->fcb, dfch, k->ln2, k->ln2_16, s, N, overlap);
-    tp_layernorm_backward(m, a, dres, g->ln2w, g->ln2b, dln2, k->res2, w->ln2w, k->ln2_mean, k->ln2_rstd, N);
-    // attention, backwards
-    float *datty = a->dbig, *dqkv = a->dbig2, *dln1 = a->dsmall;
-    dev_zero(datty, NCx * sizeof(float));
-    dev_zero(dqkv, 3 * NCx * sizeof(float));
-    dev_zero(dln1, NCy * sizeof(float));
-    linear_backward(m, a, &m->proj, slots, datty, g->attprojw, g->attprojb, dres, k->atty, k->atty16, s, N, overlap);
-    attention_backward(dqkv, a->datt, datty, k->qkv, k->att, B, T, m->Cx, m->NHx);
-    linear_backward(m, a, &m->qkv, slots, dln1, g->qkvw, g->qkvb, dqkv, k->ln1, k->ln1_16, s, N, overlap);
-    tp_layernorm_backward(m, a, dres, g->ln1w, g->ln1b, dln1, x, w->ln1w, k->ln1_mean, k->ln1_rstd, N);
-}
-
-void tp_backward(const TPModel *m, TPActs *a, const TPParams *w, TPParams *g, TPWeightStream *s,
-                 TPGradSlots *slots, int B, int T, bool overlap) {
-    int N = B * T, L = m->cfg.n_layer;
-    size_t NCy = (size_t)N * m->Cy;
-    // head: the lm_head's dX is summed over x; wte's gradient stays open until the embedding
-    // has added its part
-    float *dlnf = a->dbig;
-    dev_zero(dlnf, NCy * sizeof(float));
-    dev_zero(a->dres, NCy * sizeof(float));
-    float *dwte = grad_target(m, &slots->wte, &m->head, g->wte);
-    tp_linear_backward(&m->head, dlnf, dwte, NULL, a->logits, a->dout16, a->lnf, a->lnf16, tp_stream_next(s), N,
-                       overlap);
-    tp_layernorm_backward(m, a, a->dres, g->lnfw, g->lnfb, dlnf, block_input(a, L), w->lnfw, a->lnf_mean,
-                          a->lnf_rstd, N);
-    for (int l = L - 1; l >= 0; l--)
-        block_backward(m, a, &a->blocks[l], block_input(a, l), &w->h[l], &g->h[l], s, slots, B, T, overlap);
-    // embedding: the gradient of the rows of this rank's vocabulary; wpe's on every x rank (dres
-    // is the same there, as wpe is a copy on each)
-    encoder_backward_shard(dwte, g->wpe, a->dres, a->inputs, m->v_lo, m->Vl, B, T, m->Cy);
-    grad_done(m, &slots->wte, overlap);
+void tp_backward(const TPModel *m, TPActs *a, const Weights *w, Weights *g, int B, int T) {
+    tp_stream_backward(m, a->layers.stream, w, a->acts.spec.recompute);
+    gpt_backward(&a->acts, w, g, B, T, NULL, NULL);
     if (m->grid.Z > 1) {  // every weight gradient of this micro-batch has arrived
+        TPGradSlots *slots = a->layers.slots;
         for (int i = 0; i < 2; i++) tp_grad_slot_finish(&slots->mat[i]);
         tp_grad_slot_finish(&slots->wte);
     }

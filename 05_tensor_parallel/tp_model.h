@@ -30,15 +30,6 @@ typedef struct {
     size_t offset;  // in this rank's flat buffer
 } LocalTensor;
 
-// this rank's tensors, in the order of BlockWeights (and of the full layout)
-typedef struct {
-    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-} TPBlock;
-typedef struct {
-    float *wte, *wpe, *lnfw, *lnfb;
-    TPBlock *h;
-} TPParams;
-
 typedef struct {
     TPGrid grid;
     GPTConfig cfg;
@@ -52,14 +43,14 @@ typedef struct {
     TPLinear qkv, proj, fc, fcproj, head;
     size_t max_block;
     bool vocab_parallel_loss;
+    ModelShape shape;       // this rank's share of a block, for the common block code
 } TPModel;
 
 // Refuses a grid that does not fit the model or the batch (fatal, naming the constraint).
 void tp_check_grid(const GPTConfig *mc, const int dims[3], int world, int global_batch, int acc);
 void tp_model_init(TPModel *m, Comm *world, const GPTConfig *mc, const int dims[3], bool vocab_parallel_loss);
 void tp_model_free(TPModel *m);
-void tp_params_point(TPParams *p, const TPModel *m, float *flat);
-void tp_params_free(TPParams *p);
+// (this rank's tensors are named with weights_point(&w, &m->layout, flat), as any model's)
 
 // ---- moving between the full model and this rank's share -------------------------------------
 // random init of this rank's share, element for element the serial model's values
@@ -73,29 +64,31 @@ void tp_assemble(const TPModel *m, float *full, const float *local, Comm *group)
 // the replica only: add over the tp group for the model's norm
 double tp_norm_squares(const TPModel *m, const float *grads);
 
-// ---- activations ------------------------------------------------------------------------------
+// ---- the layers, plugged into the common block ------------------------------------------------
+// Where weight gradients go when z > 1: one slot for wte (head and embedding add into it), two
+// alternating ones for the blocks' matrices.
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu, *out;
-    bf16 *ln1_16, *atty16, *ln2_16, *fch_gelu16;
-} TPBlockActs;
+    TPGradSlot wte, mat[2];
+    int next;
+} TPGradSlots;
 
+// The LayerOps of gpt.h for this grid: every linear layer is tp_linear_forward/backward with its
+// weight from the stream, LayerNorm all-reduces its statistics over y, the embedding and the
+// head hold a vocabulary shard over x. Attention is the serial op on this rank's heads.
 typedef struct {
-    int B, T, L;
-    float *encoded, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
-    bf16 *lnf16, *dout16;
-    int *inputs, *targets;
-    TPBlockActs *blocks;
-    float *dres, *dbig, *dbig2, *dsmall, *datt, *stats;
-    float *ce_max, *ce_maxes, *ce_sums;  // vocab-parallel loss
-    float *gathered, *full_logits;       // gathered loss (the lesson's version)
-    size_t bytes;
-} TPActs;
+    LayerOps base;           // what the block calls (first: the block sees a LayerOps *)
+    const TPModel *m;
+    TPWeightStream *stream;  // hands out the gathered weights in the pass's order
+    TPGradSlots *slots;      // where weight gradients go when z > 1
+    bool overlap;            // backward collectives overlapped with compute
+    float *stats;            // (2N) LayerNorm's row sums
+    float *dwte;             // during backward: where wte's gradient collects (head, then embedding)
+} TPLayers;
 
-void tp_acts_alloc(TPActs *a, const TPModel *m, int B, int T, bool bf16_mode);
-void tp_acts_free(TPActs *a);
+// m's layers; stats: 2 * (rows of the largest pass) floats of scratch
+void tp_layers_init(TPLayers *t, const TPModel *m, TPWeightStream *stream, TPGradSlots *slots, bool overlap,
+                    float *stats);
 
-// ---- the pieces that inference (06_inference/kv_model.c) reuses ------------------------------
 // LayerNorm of N rows whose hidden dimension is split over y: the row sums are all-reduced over
 // y (stats: N floats of scratch). With y = 1 it is the serial LayerNorm.
 void tp_layernorm_forward(const TPModel *m, float *stats, float *out, float *mean, float *rstd,
@@ -104,25 +97,31 @@ void tp_layernorm_forward(const TPModel *m, float *stats, float *out, float *mea
 // all-gather over x into gathered, (x, N, Vp/x) scratch, then a reordering)
 void tp_gather_vocab(const TPModel *m, float *full, float *gathered, const float *local, int N);
 
-// ---- the passes -------------------------------------------------------------------------------
-// Weight streams: which weights forward and backward use, in order (the depth prefetch follows it)
-// (flat: this rank's parameter buffer; flat16: its bf16 copy, or NULL)
-void tp_stream_forward(const TPModel *m, TPWeightStream *s, const float *flat, const bf16 *flat16);
-void tp_stream_backward(const TPModel *m, TPWeightStream *s, const float *flat, const bf16 *flat16);
+// Weight streams: which weights forward and backward use, in order (the depth prefetch follows
+// it); w: this rank's weights (with their bf16 copies in bf16 mode). With recomputation every
+// block's backward first runs its forward again: its forward weights come first.
+void tp_stream_forward(const TPModel *m, TPWeightStream *s, const Weights *w);
+void tp_stream_backward(const TPModel *m, TPWeightStream *s, const Weights *w, bool recompute);
 
-// Where weight gradients go when z > 1: one slot for wte (head and embedding add into it), two
-// alternating ones for the blocks' matrices.
+// ---- activations and the passes ---------------------------------------------------------------
 typedef struct {
-    TPGradSlot wte, mat[2];
-    int next;
-} TPGradSlots;
+    Activations acts;                    // the block's, at this rank's sizes
+    TPLayers layers;
+    float *stats;
+    float *ce_max, *ce_maxes, *ce_sums;  // vocab-parallel loss
+    float *gathered, *full_logits;       // gathered loss (the lesson's version)
+    size_t bytes;
+} TPActs;
+
+void tp_acts_alloc(TPActs *a, const TPModel *m, TPWeightStream *s, TPGradSlots *slots, int B, int T,
+                   int flags, bool overlap);
+void tp_acts_free(TPActs *a);
 
 // inputs/targets: host (B, T) token arrays of this rank's rows
-void tp_forward(const TPModel *m, TPActs *a, const TPParams *w, TPWeightStream *s, const int *inputs, int B, int T);
+void tp_forward(const TPModel *m, TPActs *a, const Weights *w, const int *inputs, int B, int T);
 // the loss of the forward's logits (summed, not divided); backward: also dlogits, scaled by dloss
 double tp_loss(const TPModel *m, TPActs *a, const int *targets, int B, int T, float dloss, bool backward);
 // adds this micro-batch's gradients into g (weights: already summed over z)
-void tp_backward(const TPModel *m, TPActs *a, const TPParams *w, TPParams *g, TPWeightStream *s,
-                 TPGradSlots *slots, int B, int T, bool overlap);
+void tp_backward(const TPModel *m, TPActs *a, const Weights *w, Weights *g, int B, int T);
 
 #endif

@@ -77,23 +77,18 @@ static long load_full(const Config *cfg, const TPModel *m, float *params, float 
 typedef struct {
     const TPModel *m;
     TPActs *a;
-    const TPParams *w;
-    TPWeightStream *s;
-    const float *flat;
-    const bf16 *flat16;
+    const Weights *w;
 } TPEval;
 
 static double tp_batch_loss(void *ctx, const Batch *batch) {  // a BatchLossFn of trainer.h
     TPEval *e = ctx;
-    tp_stream_forward(e->m, e->s, e->flat, e->flat16);
-    tp_forward(e->m, e->a, e->w, e->s, batch->inputs, batch->rows, batch->T);
+    tp_forward(e->m, e->a, e->w, batch->inputs, batch->rows, batch->T);
     return tp_loss(e->m, e->a, batch->targets, batch->rows, batch->T, 0.0f, false);
 }
 
-static void tp_evaluate(const TPModel *m, TPActs *a, const TPParams *w, TPWeightStream *s,
-                        const float *flat, const bf16 *flat16, const Dataset *data, const Config *cfg,
+static void tp_evaluate(const TPModel *m, TPActs *a, const Weights *w, const Dataset *data, const Config *cfg,
                         int row_rank, int row_ranks, bool counts, double *loss_sum, long *count) {
-    TPEval e = {m, a, w, s, flat, flat16};
+    TPEval e = {m, a, w};
     evaluate_batches(tp_batch_loss, &e, data, cfg, row_rank, row_ranks, loss_sum, count);
     // every x, y rank of a row group computed the same rows: one of them counts them
     if (!counts) *loss_sum = 0, *count = 0;
@@ -141,19 +136,20 @@ int main(int argc, char **argv) {
     size_t n = model.layout.num_params, bytes = n * sizeof(float);
     float *params = dev_malloc(bytes), *grads = dev_malloc(bytes);
     float *adam_m = dev_malloc(bytes), *adam_v = dev_malloc(bytes);
-    TPParams w, g;
-    tp_params_point(&w, &model, params);
-    tp_params_point(&g, &model, grads);
+    Weights w, g;
+    weights_point(&w, &model.layout, params);
+    weights_point(&g, &model.layout, grads);
     bool bf16_mode = config_is_bf16(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
-    bf16 *params16 = bf16_mode ? dev_malloc(n * sizeof(bf16)) : NULL;
+    bf16 *params16 = NULL;
+    if (bf16_mode) {
+        params16 = dev_malloc(n * sizeof(bf16));
+        weights_point_bf16(&w, &model.layout, params16);
+    }
     long step = 0;
     if (cfg.resume || starts_from_checkpoint(&cfg)) step = load_full(&cfg, &model, params, adam_m, adam_v);
     else tp_init_params(&model, params, (uint64_t)cfg.seed);
 
     int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps / row_ranks;
-    TPActs acts;
-    tp_acts_alloc(&acts, &model, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
-                  bf16_mode);
     bool overlap = cfg.overlap_communication;
     TPWeightStream stream;
     tp_stream_init(&stream, grid, model.max_block, overlap, bf16_mode);
@@ -162,6 +158,9 @@ int main(int argc, char **argv) {
         tp_grad_slot_alloc(&slots.wte, model.head.block);
         for (int i = 0; i < 2; i++) tp_grad_slot_alloc(&slots.mat[i], model.max_block);
     }
+    TPActs acts;
+    tp_acts_alloc(&acts, &model, &stream, &slots, micro_batch,
+                  mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len, acts_flags(&cfg), overlap);
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     printf("stage 05 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
@@ -170,9 +169,7 @@ int main(int argc, char **argv) {
     print_grid(&model, P);
     printf("overlap_communication: %s\n", overlap ? "on (depth all-gathers prefetched, backward collectives "
                                                     "started before the weight-gradient matmul)" : "off");
-    printf("data: %d train / %d validation records | global batch %d = %d row groups (z x data) x %d x %d "
-           "micro-batches | %ld steps\n", dataset_size(data, 0), dataset_size(data, 1), cfg.global_batch_size,
-           row_ranks, cfg.gradient_acc_steps, micro_batch, total_steps);
+    print_batch_plan(&cfg, data, row_ranks, "row groups (z x data)", total_steps);
     size_t full_weights = model.full_weight_numel;
     printf("parallel weights on this rank: %zu of %zu elements (1/%zu); replicated small tensors: %zu\n",
            model.weight_numel, full_weights, full_weights / (model.weight_numel ? model.weight_numel : 1),
@@ -210,11 +207,9 @@ int main(int argc, char **argv) {
                               row_rank * acc + micro, row_ranks * acc, &batch);
             n_targets = batch.n_targets_global;
             float dloss = n_targets ? 1.0f / (float)n_targets : 0.0f;
-            tp_stream_forward(&model, &stream, params, params16);
-            tp_forward(&model, &acts, &w, &stream, batch.inputs, batch.rows, batch.T);
+            tp_forward(&model, &acts, &w, batch.inputs, batch.rows, batch.T);
             double l = tp_loss(&model, &acts, batch.targets, batch.rows, batch.T, dloss, true);
-            tp_stream_backward(&model, &stream, params, params16);
-            tp_backward(&model, &acts, &w, &g, &stream, &slots, batch.rows, batch.T, overlap);
+            tp_backward(&model, &acts, &w, &g, batch.rows, batch.T);
             if (counts_rows) loss_sum += l, tokens += (long)batch.rows * batch.T;
         }
         sum_T += batch.T;
@@ -252,8 +247,7 @@ int main(int argc, char **argv) {
             if (bf16_mode) cast_to_bf16(params16, params, n);
             double val_sum;
             long val_count;
-            tp_evaluate(&model, &acts, &w, &stream, params, params16, data, &cfg, row_rank, row_ranks,
-                        counts_rows, &val_sum, &val_count);
+            tp_evaluate(&model, &acts, &w, data, &cfg, row_rank, row_ranks, counts_rows, &val_sum, &val_count);
             val_sum = comm_sum_double(world, val_sum);
             val_count = comm_sum_long(world, val_count);
             s.val_loss = val_count ? val_sum / (double)val_count : -1;
@@ -275,8 +269,8 @@ int main(int argc, char **argv) {
         tp_grad_slot_free(&slots.wte);
         for (int i = 0; i < 2; i++) tp_grad_slot_free(&slots.mat[i]);
     }
-    tp_params_free(&w);
-    tp_params_free(&g);
+    weights_free(&w);
+    weights_free(&g);
     dev_free(params16);
     dev_free(params);
     dev_free(grads);

@@ -46,10 +46,10 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
 
 // ---- data and the length of the run ----------------------------------------------------------
 
-void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, long total_steps) {
+void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, const char *what, long total_steps) {
     int acc = cfg->gradient_acc_steps, rows = cfg->global_batch_size / acc / row_groups;
-    char ranks[32] = "";
-    if (row_groups > 1) snprintf(ranks, sizeof ranks, "%d ranks x ", row_groups);
+    char ranks[64] = "";
+    if (row_groups > 1) snprintf(ranks, sizeof ranks, "%d %s x ", row_groups, what);
     printf("data: %d train / %d validation records | global batch %d = %s%d micro-batch%s of %d "
            "sequence%s | %ld steps\n", dataset_size(data, 0), dataset_size(data, 1), cfg->global_batch_size,
            ranks, acc, acc == 1 ? "" : "es", rows, rows == 1 ? "" : "s", total_steps);

@@ -34,8 +34,9 @@ void plan_steps(const Config *cfg, const Dataset *data, long *batches_per_epoch,
                 long *total_steps);
 
 // Prints the data line: records, and how a global batch is cut, e.g. "global batch 16 = 4 ranks x
-// 2 micro-batches of 2 sequences" (row_groups: the ranks that take different rows; 1 alone)
-void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, long total_steps);
+// 2 micro-batches of 2 sequences" (row_groups: how many take different rows, named by `what`,
+// e.g. "ranks"; 1: one process)
+void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, const char *what, long total_steps);
 
 // Linear warm-up from lr/warmup to lr over warmup_steps, then cosine decay to min_lr at the last
 // step. `step` counts from 0.

@@ -95,7 +95,9 @@ static void test_layer(const TPGrid *g, const int dims[3], bool transposed, bool
     s.uses[0] = s.uses[1] = (TPWeightUse){&l, d_shard, NULL};
     s.n = 2;
     tp_stream_begin(&s);
-    tp_linear_forward(&l, d_y, d_x, NULL, tp_stream_next(&s), d_bias, ROWS);
+    Linear W = tp_stream_next(&s);
+    W.b = d_bias;
+    tp_linear_forward(&l, d_y, d_x, NULL, W, ROWS);
     TPGradSlot slot;
     tp_grad_slot_alloc(&slot, l.block);
     float *dw = g->Z > 1 ? tp_grad_slot_open(&slot, &l, d_grad) : d_grad;
