@@ -10,11 +10,13 @@
 //   decode:  one row per sequence, writing cache row `pos` and reading 0..pos (weight reads: bound
 //            by memory bandwidth)
 //
-// The same block code does both: T new rows per sequence that start at start[b] (0 in the
-// prefill, the sequence's length in a decode step).
+// The block is the one every stage runs (common/gpt.c): generation plugs in an attention that
+// reads keys and values from the cache (KVLayers below) and runs the same block code for both:
+// T new rows per sequence that start at start[b] (0 in the prefill, the sequence's length in a
+// decode step).
 //
-// Tensor parallelism over [x, y, 1]: the block is stage 05's (05_tensor_parallel/tp_model.h),
-// built from its parallel linear layer. Rank (x, y) holds the heads n_head/x (its qkv rows and
+// Tensor parallelism over [x, y, 1]: the other layers are stage 05's (05_tensor_parallel/
+// tp_model.h), built from its parallel linear layer. Rank (x, y) holds the heads n_head/x (its qkv rows and
 // its share of the KV cache, (B, maxT, C/x) per layer: the cache is split by heads and never
 // moves), the MLP's columns 4C/x, the vocabulary Vp/x, and the hidden dimension C/y of each.
 // [1, 1, 1] is the serial model: every collective is skipped.
@@ -28,27 +30,32 @@
 #include "gpt.h"
 #include "ops.h"
 
+// Stage 05's layers with attention against the KV cache: the new rows' keys and values join
+// the cache of their layer, then their queries attend to all of it.
+typedef struct {
+    TPLayers tp;                 // first: the block sees a LayerOps *
+    float **k_cache, **v_cache;  // [L] of (B, maxT, C/x): this rank's heads
+    const int *start;            // (B) device: where each sequence's new rows begin
+    int maxT;
+} KVLayers;
+
 typedef struct {
     GPTConfig cfg;
     TPModel tp;                // the grid and this rank's share of every tensor (stage 05)
     float *params;             // this rank's share, flat (device)
     bf16 *params16;            // its bf16 copy (precision bf16-mixed), else NULL
-    TPParams w;                // named views into params
+    Weights w;                 // named views into params (and params16)
     TPWeightStream stream;     // hands out the blocks in the forward's order (z = 1: no copies)
+    KVLayers layers;
+    Activations acts;          // one block's activations for B * T rows, reused by every layer:
+                               // nothing is kept for a backward
     int B, T, maxT;            // capacity: B sequences, T new rows each, maxT cached positions
-    float **k_cache, **v_cache;  // [L] of (B, maxT, C/x): this rank's heads
-    // scratch for one forward of N = B * T rows (Cy = C/y, Cx = C/x, C4x = 4C/x: tp_model.h)
-    float *x;                  // (N, Cy) the residual stream
-    float *ln, *mean, *rstd;   // (N, Cy), (N), (N) layernorm output; also the projections' output
-    float *stats;              // (N) layernorm's row sums (all-reduced over y)
-    float *qkv, *atty, *fch;   // (N, 3Cx), (N, Cx), (N, C4x)
-    float *scores;             // (B, NH/x, T, maxT) attention scratch
-    bf16 *inp16;               // (N, max(Cy, C4x)) bf16 copy of a matmul input (bf16 mode)
-    float *last;               // (B, Cy) each sequence's last row, the head's input
-    float *shard, *gathered;   // (B, Vp/x) this rank's logits, (x, B, Vp/x) all of them (x > 1)
+    float *stats;              // (2 B T) LayerNorm's row sums (all-reduced over y)
+    float *last;               // (B, C/y) each sequence's last prompt row, the head's input
+    float *gathered;           // (x, B, Vp/x) every x rank's logits (x > 1)
     float *logits;             // (B, Vp) the whole vocabulary, on every rank
-    int *tokens, *start;       // (B, T) and (B), device
-    size_t bytes;              // device memory of everything above but the weights
+    int *start;                // (B) device
+    size_t bytes;              // device memory of everything above but the weights and the cache
     void *graph;               // the captured decode step (CUDA graph), or NULL
     int graph_B;               // ... and the batch size it was captured for
 } KVModel;
