@@ -747,7 +747,10 @@ static void test_fixtures(void) {
     int64_t shape[2];
     int nd;
     float *raw = raw_floats(&r, "h.0.attn.c_attn.weight", shape, &nd);
-    CHECK(raw && p[l.tensors[ROOT_TENSORS + 2].offset + 4 * 2 + 1] == raw[1 * 6 + 4], "c_attn [4][1] transposed");
+    const TensorInfo *c_attn = NULL;
+    for (int i = 0; i < l.num_tensors; i++)
+        if (strcmp(l.tensors[i].name, "transformer.h.0.attn.c_attn.weight") == 0) c_attn = &l.tensors[i];
+    CHECK(raw && c_attn && p[c_attn->offset + 4 * 2 + 1] == raw[1 * 6 + 4], "c_attn [4][1] transposed");
     free(raw);
     raw_close(&r);
     free(p);
@@ -766,7 +769,7 @@ static double model_loss(const ParamLayout *l, const float *params, const int *x
     weights_point(&w, l, dev);
     Activations a;
     acts_alloc(&a, cfg, B, T, 0);
-    gpt_forward(&a, &w, cfg, x, B, T);
+    gpt_forward(&a, &w, x, B, T);
     copy_to_device(a.targets, y, (size_t)B * T * sizeof(int));
     double loss = gpt_loss_forward(&a, cfg, B, T) / (B * T);
     if (logits) copy_to_host(logits, a.logits, (size_t)B * T * cfg->padded_vocab_size * sizeof(float));

@@ -5,6 +5,10 @@
 //     direction equals the analytic gradient's dot product with it (central differences).
 //  3. Slice-invariant initialisation: initialising the flat buffer in pieces gives the same bits
 //     as initialising it whole (what lets a rank initialise only its shard).
+//  4. Layer ranges: the model cut into two ranges (blocks [0, 2) with the embedding, [2, 3) with
+//     the head), the activation handed from one to the other, gives the whole model's logits and
+//     gradients (what a pipeline stage holds).
+//  5. Activation recomputation: the same loss and gradients, bit for bit, with less memory.
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -71,7 +75,7 @@ static double loss_and_grads(Model *m, const GPTConfig *cfg, const int *x, const
 }
 
 static double loss_only(Model *m, const GPTConfig *cfg, const int *x, const int *y, int B, int T) {
-    gpt_forward(&m->acts, &m->w, cfg, x, B, T);
+    gpt_forward(&m->acts, &m->w, x, B, T);
     copy_to_device(m->acts.targets, y, (size_t)B * T * sizeof(int));
     return gpt_loss_forward(&m->acts, cfg, B, T) / count_targets(y, B * T);
 }
@@ -278,6 +282,155 @@ static void test_init_slices(void) {
     gpt_layout_free(&l);
 }
 
+// ---- 4. layer ranges ---------------------------------------------------------------------------
+
+static GPTConfig small_config(void) {
+    GPTConfig cfg = {.max_seq_len = 8, .vocab_size = 40, .n_layer = 3, .n_head = 2, .n_embd = 16};
+    cfg.padded_vocab_size = gpt_padded_vocab(cfg.vocab_size);
+    return cfg;
+}
+
+static void random_tokens(int *x, int *y, int n, int vocab) {
+    for (int i = 0; i < n; i++) {
+        x[i] = (int)(uniform() * vocab);
+        y[i] = (i % 5 == 1) ? -1 : (int)(uniform() * vocab);
+    }
+}
+
+// one range of the model: its layout, parameters, gradients and activations
+typedef struct {
+    ParamLayout layout;
+    float *params, *grads;
+    Weights w, g;
+    Activations acts;
+} Range;
+
+static void range_build(Range *r, const GPTConfig *cfg, int first, int n, bool embed, bool head, int B, int T) {
+    gpt_layout_range(&r->layout, cfg, first, n, embed, head);
+    size_t count = r->layout.num_params;
+    r->params = dev_malloc(count * sizeof(float));
+    r->grads = dev_malloc(count * sizeof(float));
+    gpt_init_range(r->params, &r->layout, 0, count, 11);
+    weights_point(&r->w, &r->layout, r->params);
+    weights_point(&r->g, &r->layout, r->grads);
+    ActsSpec spec = whole_model_acts(cfg, B, T, false, false);
+    spec.first_layer = first, spec.n_layers = n, spec.embed = embed, spec.head = head;
+    acts_alloc_spec(&r->acts, &spec);
+}
+
+static void range_free(Range *r) {
+    acts_free(&r->acts);
+    weights_free(&r->w);
+    weights_free(&r->g);
+    dev_free(r->params);
+    dev_free(r->grads);
+    gpt_layout_free(&r->layout);
+}
+
+// host copy of tensor `name` of a range's flat buffer (NULL when the range does not hold it)
+static float *tensor_of(const Range *r, const float *flat, const char *name, size_t *numel) {
+    for (int i = 0; i < r->layout.num_tensors; i++) {
+        const TensorInfo *t = &r->layout.tensors[i];
+        if (strcmp(t->name, name) != 0) continue;
+        float *host = malloc_or_die(t->numel * sizeof(float));
+        copy_to_host(host, flat + t->offset, t->numel * sizeof(float));
+        *numel = t->numel;
+        return host;
+    }
+    return NULL;
+}
+
+static void test_layer_ranges(void) {
+    GPTConfig cfg = small_config();
+    int B = 2, T = 7, N = B * T, x[14], y[14];
+    random_tokens(x, y, N, cfg.vocab_size);
+    float dloss = 1.0f / (float)count_targets(y, N);
+    Range whole, first, last;
+    range_build(&whole, &cfg, 0, 3, true, true, B, T);
+    range_build(&first, &cfg, 0, 2, true, false, B, T);
+    range_build(&last, &cfg, 2, 1, false, true, B, T);
+    CHECK(first.layout.num_params + last.layout.num_params ==
+              whole.layout.num_params + (size_t)cfg.padded_vocab_size * cfg.n_embd,
+          "the two ranges hold the whole model plus the tied wte twice");
+
+    float *want = malloc_or_die((size_t)N * cfg.padded_vocab_size * sizeof(float));
+    float *got = malloc_or_die((size_t)N * cfg.padded_vocab_size * sizeof(float));
+    gpt_forward(&whole.acts, &whole.w, x, B, T);
+    copy_to_host(want, whole.acts.logits, (size_t)N * cfg.padded_vocab_size * sizeof(float));
+    dev_zero(whole.grads, whole.layout.num_params * sizeof(float));
+    gpt_forward_backward(&whole.acts, &whole.w, &whole.g, &cfg, x, y, B, T, dloss);
+    // the pipeline: first range forward, its output is the last range's input; backward returns
+    // the gradient of that activation to the first range
+    size_t act_bytes = (size_t)N * cfg.n_embd * sizeof(float);
+    dev_zero(first.grads, first.layout.num_params * sizeof(float));
+    dev_zero(last.grads, last.layout.num_params * sizeof(float));
+    gpt_forward(&first.acts, &first.w, x, B, T);
+    dev_copy(last.acts.encoded, head_input(&first.acts), act_bytes);
+    gpt_forward(&last.acts, &last.w, NULL, B, T);
+    copy_to_host(got, last.acts.logits, (size_t)N * cfg.padded_vocab_size * sizeof(float));
+    double logit_err = 0;
+    for (size_t j = 0; j < (size_t)N * cfg.padded_vocab_size; j++) logit_err = fmax(logit_err, fabs(want[j] - got[j]));
+    CHECK(logit_err == 0, "logits of two ranges differ from the whole model's by up to %g", logit_err);
+    copy_to_device(last.acts.targets, y, (size_t)N * sizeof(int));
+    gpt_loss_forward_backward(&last.acts, &cfg, B, T, dloss);
+    gpt_backward(&last.acts, &last.w, &last.g, B, T, NULL, NULL);
+    dev_copy(first.acts.dres, last.acts.dres, act_bytes);
+    gpt_backward(&first.acts, &first.w, &first.g, B, T, NULL, NULL);
+
+    // every gradient as the whole model's: bit for bit, but wte's, whose two parts (embedding on
+    // the first range, lm_head on the last) are added in another order
+    for (int i = 0; i < whole.layout.num_tensors; i++) {
+        const TensorInfo *t = &whole.layout.tensors[i];
+        size_t n = 0, n1 = 0, n2 = 0;
+        float *w = tensor_of(&whole, whole.grads, t->name, &n);
+        float *g1 = tensor_of(&first, first.grads, t->name, &n1), *g2 = tensor_of(&last, last.grads, t->name, &n2);
+        CHECK(g1 || g2, "no range holds %s", t->name);
+        double err = 0, scale = 0;
+        for (size_t j = 0; j < n; j++) {
+            double sum = (g1 ? g1[j] : 0.0) + (g2 ? g2[j] : 0.0);
+            err = fmax(err, fabs(sum - w[j]));
+            scale = fmax(scale, fabs(w[j]));
+        }
+        if (g1 && g2) CHECK(err <= 1e-6 * scale, "%s: the ranges' parts differ by %g (scale %g)", t->name, err, scale);
+        else CHECK(err == 0, "%s: the range's gradient differs by %g from the whole model's", t->name, err);
+        free(w), free(g1), free(g2);
+    }
+    free(want), free(got);
+    range_free(&whole), range_free(&first), range_free(&last);
+}
+
+// ---- 5. activation recomputation ---------------------------------------------------------------
+
+static void test_recompute(int bf16) {
+    GPTConfig cfg = small_config();
+    int B = 2, T = 7, N = B * T, x[14], y[14];
+    random_tokens(x, y, N, cfg.vocab_size);
+    float dloss = 1.0f / (float)count_targets(y, N);
+    float *grads[2];
+    double loss[2];
+    size_t bytes[2];
+    for (int r = 0; r < 2; r++) {
+        Model m;
+        model_build(&m, &cfg, B, T, bf16);
+        acts_free(&m.acts);
+        acts_alloc(&m.acts, &cfg, B, T, (bf16 ? ACTS_BF16 : 0) | (r ? ACTS_RECOMPUTE : 0));
+        size_t n = m.layout.num_params;
+        gpt_init_range(m.params, &m.layout, 0, n, 5);
+        if (bf16) cast_to_bf16(m.params16, m.params, n);
+        dev_zero(m.grads, n * sizeof(float));
+        loss[r] = gpt_forward_backward(&m.acts, &m.w, &m.g, &cfg, x, y, B, T, dloss);
+        grads[r] = malloc_or_die(n * sizeof(float));
+        copy_to_host(grads[r], m.grads, n * sizeof(float));
+        bytes[r] = m.acts.bytes;
+        if (r) CHECK(memcmp(grads[0], grads[1], n * sizeof(float)) == 0,
+                     "recomputed activations give other gradients (bf16 %d)", bf16);
+        model_free(&m);
+    }
+    CHECK(loss[0] == loss[1], "recomputation changed the loss: %.9g vs %.9g", loss[0], loss[1]);
+    CHECK(bytes[1] < bytes[0], "recomputation saves no memory: %zu vs %zu bytes", bytes[1], bytes[0]);
+    free(grads[0]), free(grads[1]);
+}
+
 int main(int argc, char **argv) {
     ops_init();
     // test_bf16_oracle.sh: compare stage 02's recipe with the PyTorch one written to FILE
@@ -288,5 +441,8 @@ int main(int argc, char **argv) {
     test_pytorch_fixture(FIXTURES "tiny_gpt2_train_step.json", 0, 1e-5);
     test_finite_differences();
     test_init_slices();
+    test_layer_ranges();
+    test_recompute(0);
+    test_recompute(1);
     return test_summary("test_gpt");
 }
