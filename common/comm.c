@@ -12,7 +12,8 @@
 
 static Comm *g_groups = NULL;
 double g_comm_timeout = 300;
-const char *COMM_KIND_NAMES[COLL_KINDS] = {"all-reduce", "all-gather", "reduce-scatter", "broadcast"};
+const char *COMM_KIND_NAMES[COLL_KINDS] = {"all-reduce", "all-gather", "reduce-scatter", "broadcast",
+                                           "send", "recv", "send-recv", "all-to-all"};
 
 void comm_check_mpi(int err, const char *what) {
     if (err == MPI_SUCCESS) return;
@@ -27,14 +28,21 @@ void comm_timeout_exceeded(const char *what, const char *group) {
           "(COMM_TIMEOUT sets the limit)", what, group, g_comm_timeout);
 }
 
-// Polls instead of MPI_Wait so that a dead or stuck peer ends the job after the timeout. The
-// short sleeps give the core back, which matters when ranks outnumber cores.
-void comm_wait_mpi(MPI_Request *req, const char *what, const char *group) {
+// a peer outside the group would otherwise surface as MPI's or NCCL's less specific error
+void comm_check_peer(const Comm *c, int peer, const char *what) {
+    if (peer < 0 || peer >= c->size)
+        fatal("%s with rank %d on group '%s': the group has ranks 0 to %d", what, peer, c->name, c->size - 1);
+}
+
+// Waits for all n requests. Polls instead of MPI_Waitall so that a dead or stuck peer ends the
+// job after the timeout. The short sleeps give the core back, which matters when ranks outnumber
+// cores.
+void comm_wait_mpi(MPI_Request *reqs, int n, const char *what, const char *group) {
     double deadline = wall_seconds() + g_comm_timeout;
     struct timespec nap = {0, 20000};
     for (long polls = 0;; polls++) {
         int done = 0;
-        comm_check_mpi(MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
+        comm_check_mpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), what);
         if (done) return;
         if (polls > 100) nanosleep(&nap, NULL);
         if (wall_seconds() > deadline) comm_timeout_exceeded(what, group);
@@ -96,13 +104,25 @@ CommRequest *comm_new_request(Comm *c, CollKind kind, double bytes) {
     r->kind = kind;
     r->bytes = bytes;
     r->start = wall_seconds();
+    r->mpi[0] = r->mpi[1] = MPI_REQUEST_NULL;
     return r;
 }
 
+double comm_total_count(const size_t *counts, int n) {
+    double total = 0;
+    for (int i = 0; i < n; i++) total += (double)counts[i];
+    return total;
+}
+
+// nccl-tests' factors (comm.h): what each link carries relative to the size
 static double bus_factor(CollKind kind, int n) {
-    if (kind == COLL_ALL_REDUCE) return 2.0 * (n - 1) / n;
-    if (kind == COLL_BROADCAST) return 1.0;
-    return (double)(n - 1) / n;
+    switch (kind) {
+    case COLL_ALL_REDUCE: return 2.0 * (n - 1) / n;
+    case COLL_ALL_GATHER:
+    case COLL_REDUCE_SCATTER:
+    case COLL_ALL_TO_ALL: return (double)(n - 1) / n;
+    default: return 1.0;  // broadcast and the point-to-point kinds
+    }
 }
 
 int comm_test(CommRequest *r) {
@@ -127,11 +147,17 @@ void comm_all_gather(Comm *c, float *out, const float *in, size_t count) {
 void comm_reduce_scatter(Comm *c, float *out, const float *in, size_t count) {
     comm_wait(comm_reduce_scatter_start(c, out, in, count));
 }
+void comm_send(Comm *c, const float *buf, size_t count, int peer) { comm_wait(comm_send_start(c, buf, count, peer)); }
+void comm_recv(Comm *c, float *buf, size_t count, int peer) { comm_wait(comm_recv_start(c, buf, count, peer)); }
+void comm_send_recv(Comm *c, const float *send, size_t send_count, int dst, float *recv, size_t recv_count,
+                    int src) {
+    comm_wait(comm_send_recv_start(c, send, send_count, dst, recv, recv_count, src));
+}
 
 void comm_barrier(Comm *c) {
     MPI_Request req;
     comm_check_mpi(MPI_Ibarrier(c->mpi, &req), "barrier");
-    comm_wait_mpi(&req, "barrier", c->name);
+    comm_wait_mpi(&req, 1, "barrier", c->name);
 }
 
 CommStats comm_totals(void) {
@@ -180,7 +206,7 @@ void comm_print_table(Comm *world) {
 static void reduce_host(Comm *c, void *x, MPI_Datatype type, MPI_Op op, const char *what) {
     MPI_Request req;
     comm_check_mpi(MPI_Iallreduce(MPI_IN_PLACE, x, 1, type, op, c->mpi, &req), what);
-    comm_wait_mpi(&req, what, c->name);
+    comm_wait_mpi(&req, 1, what, c->name);
 }
 
 double comm_sum_double(Comm *c, double x) {

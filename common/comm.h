@@ -3,14 +3,17 @@
 // communicators bootstrapped over MPI). Ranks always come from MPI, so `mpirun -np P` and
 // Slurm's `srun` (PMIx) both start a job.
 //
-// Every collective is counted (calls, bytes, seconds) per group and per kind, and every wait is
-// bounded: a collective that does not finish within the timeout (a dead or stuck rank) ends the
-// job with a message instead of hanging it (environment COMM_TIMEOUT, seconds; default 300).
+// Every collective and point-to-point operation is counted (calls, bytes, seconds) per group and
+// per kind, and every wait is bounded: one that does not finish within the timeout (a dead or
+// stuck peer) ends the job with a message instead of hanging it (environment COMM_TIMEOUT,
+// seconds; default 300).
 //
 // Sizes follow nccl-tests: the "size" of all-reduce and broadcast is the buffer, of all-gather
-// the gathered output, of reduce-scatter the input. Bus bandwidth = size / time x factor, with
-// factor 2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for broadcast:
-// the bandwidth each link must carry with a ring, comparable with the hardware's.
+// the gathered output, of reduce-scatter and all-to-all the input (every block, this rank's own
+// included; for all-to-all-v the sum of the send counts), of a send and a send-recv the message
+// sent, of a receive the message received. Bus bandwidth = size / time x factor, with factor 2(n-1)/n for
+// all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for broadcast and the
+// point-to-point kinds: the bandwidth each link must carry, comparable with the hardware's.
 #ifndef COMM_H
 #define COMM_H
 
@@ -19,7 +22,12 @@
 typedef struct Comm Comm;
 typedef struct CommRequest CommRequest;
 
-typedef enum { COLL_ALL_REDUCE, COLL_ALL_GATHER, COLL_REDUCE_SCATTER, COLL_BROADCAST, COLL_KINDS } CollKind;
+typedef enum {
+    COLL_ALL_REDUCE, COLL_ALL_GATHER, COLL_REDUCE_SCATTER, COLL_BROADCAST,
+    COLL_SEND, COLL_RECV, COLL_SEND_RECV,
+    COLL_ALL_TO_ALL,  // equal and variable counts alike
+    COLL_KINDS
+} CollKind;
 
 // Starts MPI and returns the world group; sets log_set_rank(). Call first in main.
 Comm *comm_init(int *argc, char ***argv);
@@ -39,15 +47,40 @@ void comm_all_gather(Comm *c, float *out, const float *in, size_t count);
 void comm_reduce_scatter(Comm *c, float *out, const float *in, size_t count);
 void comm_broadcast(Comm *c, float *buf, size_t count, int root);
 void comm_barrier(Comm *c);
+// out (n * count): block r = rank r's in block [this rank]; in (n * count): block r goes to rank r
+void comm_all_to_all(Comm *c, float *out, const float *in, size_t count);
+// variable counts (MPI_Alltoallv; counts and offsets in floats): send_counts[r] floats from
+// in + send_offsets[r] go to rank r, recv_counts[r] from rank r land at out + recv_offsets[r].
+// Zero counts are fine; send_counts[r] here must equal recv_counts[this rank] on rank r.
+void comm_all_to_all_v(Comm *c, float *out, const size_t *recv_counts, const size_t *recv_offsets,
+                       const float *in, const size_t *send_counts, const size_t *send_offsets);
 
 // the same, started now and finished by comm_wait (which frees the request)
 CommRequest *comm_all_reduce_start(Comm *c, float *buf, size_t count);
 CommRequest *comm_all_gather_start(Comm *c, float *out, const float *in, size_t count);
 CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, size_t count);
 void comm_wait(CommRequest *r);
-// Lets a started collective make progress without waiting for it (MPI moves data only inside
+// Lets a started operation make progress without waiting for it (MPI moves data only inside
 // MPI calls); returns 1 once it has finished. comm_wait is still needed to end it.
 int comm_test(CommRequest *r);
+
+// ---- point-to-point on float buffers (counted like the collectives, bounded the same way) -----
+// A receive takes exactly the count the peer sent. Messages from one rank to another arrive in
+// the order they were sent, whatever their sizes (one MPI tag; NCCL's own per-peer order).
+// MPI progresses every started send and receive at once; NCCL runs a rank's separately started
+// ones one after another, each waiting for its peer. So where sends form a cycle (a ring, two
+// ranks swapping, a rank sending to itself), use comm_send_recv, which runs both as one step on
+// either backend; separate calls fit a chain such as a pipeline's forward pass.
+void comm_send(Comm *c, const float *buf, size_t count, int peer);
+void comm_recv(Comm *c, float *buf, size_t count, int peer);
+// sends send_count floats to dst while receiving recv_count floats from src (MPI_Sendrecv)
+void comm_send_recv(Comm *c, const float *send, size_t send_count, int dst, float *recv,
+                    size_t recv_count, int src);
+// the same, started now and finished by comm_wait / comm_test, so compute can overlap them
+CommRequest *comm_send_start(Comm *c, const float *buf, size_t count, int peer);
+CommRequest *comm_recv_start(Comm *c, float *buf, size_t count, int peer);
+CommRequest *comm_send_recv_start(Comm *c, const float *send, size_t send_count, int dst,
+                                  float *recv, size_t recv_count, int src);
 
 // ---- small host values (for losses, norms and checks; not counted as payload) ----------------
 double comm_sum_double(Comm *c, double x);

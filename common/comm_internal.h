@@ -21,7 +21,9 @@ struct CommRequest {
     CollKind kind;
     double bytes, start;
     int done;           // comm_test saw it finish
-    MPI_Request mpi;    // comm_mpi.c
+    // comm_mpi.c: a collective, send or receive uses mpi[0]; a send-recv its receive and its
+    // send. Unused entries are MPI_REQUEST_NULL, which MPI counts as finished.
+    MPI_Request mpi[2];
     void *event;        // comm_nccl.c: a cudaEvent_t recorded after the collective
 };
 
@@ -37,7 +39,9 @@ int comm_backend_test(CommRequest *r);  // 1 when finished
 // shared helpers
 CommRequest *comm_new_request(Comm *c, CollKind kind, double bytes);
 void comm_check_mpi(int err, const char *what);
-void comm_wait_mpi(MPI_Request *req, const char *what, const char *group);
+void comm_check_peer(const Comm *c, int peer, const char *what);
+double comm_total_count(const size_t *counts, int n);  // the size of an all-to-all-v, in floats
+void comm_wait_mpi(MPI_Request *reqs, int n, const char *what, const char *group);
 void comm_timeout_exceeded(const char *what, const char *group);
 
 #endif

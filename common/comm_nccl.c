@@ -1,8 +1,11 @@
-// comm_nccl.c: the payload collectives of comm.h over NCCL, for buffers in GPU memory (the CUDA
+// comm_nccl.c: the payload operations of comm.h over NCCL, for buffers in GPU memory (the CUDA
 // backend). Each group gets its own NCCL communicator, bootstrapped by broadcasting rank 0's
 // unique id over the group's MPI communicator, and its own stream, so communication can overlap
 // the compute stream. A collective waits for the compute issued before it (an event), and
-// comm_wait polls its completion with the same timeout as the MPI backend.
+// comm_wait polls its completion with the same timeout as the MPI backend. Point-to-point
+// operations use the same stream, so NCCL runs them in the order they were started; a send-recv
+// and an all-to-all put their sends and receives in one NCCL group, which progresses them
+// together (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/p2p.html).
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -39,7 +42,7 @@ void comm_backend_init_group(Comm *c) {
     if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_Request req;
     comm_check_mpi(MPI_Ibcast(&id, sizeof id, MPI_BYTE, 0, c->mpi, &req), "NCCL id broadcast");
-    comm_wait_mpi(&req, "NCCL id broadcast", c->name);
+    comm_wait_mpi(&req, 1, "NCCL id broadcast", c->name);
     NCCL_CHECK(ncclCommInitRank(&g->nccl, c->size, id, c->rank));
     CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
@@ -129,8 +132,66 @@ CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, siz
 }
 
 void comm_broadcast(Comm *c, float *buf, size_t count, int root) {
+    comm_check_peer(c, root, "broadcast");
     CommRequest *r = comm_new_request(c, COLL_BROADCAST, 4.0 * count);
     NcclGroup *g = begin(c);
     NCCL_CHECK(ncclBroadcast(buf, buf, count, ncclFloat, root, g->nccl, g->stream));
     comm_wait(end(r, g));
+}
+
+// Queues this rank's part of an exchange inside an NCCL group. A zero count queues nothing: the
+// peer's matching count is zero too (comm.h), so both sides skip the pair.
+static void queue_send_recv(NcclGroup *g, const float *send, size_t send_count, int dst, float *recv,
+                            size_t recv_count, int src) {
+    if (send_count) NCCL_CHECK(ncclSend(send, send_count, ncclFloat, dst, g->nccl, g->stream));
+    if (recv_count) NCCL_CHECK(ncclRecv(recv, recv_count, ncclFloat, src, g->nccl, g->stream));
+}
+
+void comm_all_to_all(Comm *c, float *out, const float *in, size_t count) {
+    CommRequest *r = comm_new_request(c, COLL_ALL_TO_ALL, 4.0 * count * c->size);
+    NcclGroup *g = begin(c);
+    NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < c->size; p++)
+        queue_send_recv(g, in + (size_t)p * count, count, p, out + (size_t)p * count, count, p);
+    NCCL_CHECK(ncclGroupEnd());
+    comm_wait(end(r, g));
+}
+
+void comm_all_to_all_v(Comm *c, float *out, const size_t *recv_counts, const size_t *recv_offsets,
+                       const float *in, const size_t *send_counts, const size_t *send_offsets) {
+    CommRequest *r = comm_new_request(c, COLL_ALL_TO_ALL, 4.0 * comm_total_count(send_counts, c->size));
+    NcclGroup *g = begin(c);
+    NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < c->size; p++)
+        queue_send_recv(g, in + send_offsets[p], send_counts[p], p, out + recv_offsets[p], recv_counts[p], p);
+    NCCL_CHECK(ncclGroupEnd());
+    comm_wait(end(r, g));
+}
+
+CommRequest *comm_send_start(Comm *c, const float *buf, size_t count, int peer) {
+    comm_check_peer(c, peer, "send");
+    CommRequest *r = comm_new_request(c, COLL_SEND, 4.0 * count);
+    NcclGroup *g = begin(c);
+    NCCL_CHECK(ncclSend(buf, count, ncclFloat, peer, g->nccl, g->stream));
+    return end(r, g);
+}
+
+CommRequest *comm_recv_start(Comm *c, float *buf, size_t count, int peer) {
+    comm_check_peer(c, peer, "recv");
+    CommRequest *r = comm_new_request(c, COLL_RECV, 4.0 * count);
+    NcclGroup *g = begin(c);
+    NCCL_CHECK(ncclRecv(buf, count, ncclFloat, peer, g->nccl, g->stream));
+    return end(r, g);
+}
+
+CommRequest *comm_send_recv_start(Comm *c, const float *send, size_t send_count, int dst, float *recv,
+                                  size_t recv_count, int src) {
+    comm_check_peer(c, dst, "send-recv");
+    comm_check_peer(c, src, "send-recv");
+    CommRequest *r = comm_new_request(c, COLL_SEND_RECV, 4.0 * send_count);
+    NcclGroup *g = begin(c);
+    NCCL_CHECK(ncclGroupStart());
+    queue_send_recv(g, send, send_count, dst, recv, recv_count, src);
+    NCCL_CHECK(ncclGroupEnd());
+    return end(r, g);
 }
