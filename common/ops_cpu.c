@@ -94,41 +94,45 @@ static dnnl_memory_t memory_for(md_t md) {
     return mem;
 }
 
-static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
+static MatmulPlan *find_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
     for (int i = 0; i < g_nplans; i++) {
         MatmulPlan *p = &g_plans[i];
         if (p->kind == kind && p->N == N && p->C == C && p->OC == OC && p->has_bias == has_bias &&
             p->bf16 == bf16)
             return p;
     }
-    if (g_nplans == MAX_PLANS) fatal("ops_cpu: more than %d matmul shapes in use", MAX_PLANS);
-    ops_init();
+    return NULL;
+}
 
-    md_t src, weights, dst, bias;
+// The memory descriptors of one product; returns 1 when it adds into dst (the backward kinds).
+static int describe_operands(int kind, int N, int C, int OC, int bf16, md_t *src, md_t *weights,
+                             md_t *dst, md_t *bias) {
     dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32, f32 = dnnl_f32;
-    int accumulate = 0;  // backward adds into existing gradients
+    *bias = md_matrix(1, OC, OC, 1, f32);  // broadcast over the rows
     if (kind == MM_FORWARD) {
         // out (N, OC) = inp (N, C) @ weight^T (C, OC): the weight read transposed via strides
-        src = md_matrix(N, C, C, 1, in);
-        weights = md_matrix(C, OC, 1, C, in);
-        dst = md_matrix(N, OC, OC, 1, f32);
-    } else if (kind == MM_BACKWARD_DATA) {
-        // dinp (N, C) += dout (N, OC) @ weight (OC, C): both plain row-major
-        src = md_matrix(N, OC, OC, 1, in);
-        weights = md_matrix(OC, C, C, 1, in);
-        dst = md_matrix(N, C, C, 1, f32);
-        accumulate = 1;
-    } else {
-        // dweight (OC, C) += dout^T (OC, N) @ inp (N, C): dout read transposed via strides
-        src = md_matrix(OC, N, 1, OC, in);
-        weights = md_matrix(N, C, C, 1, in);
-        dst = md_matrix(OC, C, C, 1, f32);
-        accumulate = 1;
+        *src = md_matrix(N, C, C, 1, in);
+        *weights = md_matrix(C, OC, 1, C, in);
+        *dst = md_matrix(N, OC, OC, 1, f32);
+        return 0;
     }
-    bias = md_matrix(1, OC, OC, 1, f32);  // broadcast over the rows
+    if (kind == MM_BACKWARD_DATA) {
+        // dinp (N, C) += dout (N, OC) @ weight (OC, C): both plain row-major
+        *src = md_matrix(N, OC, OC, 1, in);
+        *weights = md_matrix(OC, C, C, 1, in);
+        *dst = md_matrix(N, C, C, 1, f32);
+        return 1;
+    }
+    // dweight (OC, C) += dout^T (OC, N) @ inp (N, C): dout read transposed via strides
+    *src = md_matrix(OC, N, 1, OC, in);
+    *weights = md_matrix(N, C, C, 1, in);
+    *dst = md_matrix(OC, C, C, 1, f32);
+    return 1;
+}
 
-    // The sum post-op turns dst = A @ B into dst = 1.0 * dst + A @ B inside the kernel, so the
-    // accumulation costs no extra pass over memory.
+// The sum post-op turns dst = A @ B into dst = 1.0 * dst + A @ B inside the kernel, so the
+// accumulation costs no extra pass over memory.
+static dnnl_primitive_attr_t attr_for(int accumulate) {
     dnnl_primitive_attr_t attr;
     DNNL_CHECK(dnnl_primitive_attr_create(&attr));
     if (accumulate) {
@@ -142,34 +146,66 @@ static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias, int
         DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, post_ops));
         DNNL_CHECK(dnnl_post_ops_destroy(post_ops));
     }
+    return attr;
+}
 
-    dnnl_primitive_desc_t pd;
+// oneDNN's choice of implementation for one product, or dnnl_unimplemented when it has none on
+// this CPU (oneDNN 2.x has no bf16 matmul at all for a CPU without AVX-512).
+static dnnl_status_t matmul_pd_create(dnnl_primitive_desc_t *pd, md_t src, md_t weights,
+                                      md_t bias, md_t dst, int has_bias,
+                                      dnnl_primitive_attr_t attr) {
 #if DNNL_VERSION_MAJOR >= 3
-    DNNL_CHECK(dnnl_matmul_primitive_desc_create(&pd, g_engine, src, weights,
-                                                 has_bias ? bias : NULL, dst, attr));
+    return dnnl_matmul_primitive_desc_create(pd, g_engine, src, weights, has_bias ? bias : NULL,
+                                             dst, attr);
 #else
     dnnl_matmul_desc_t desc;
     DNNL_CHECK(dnnl_matmul_desc_init(&desc, &src, &weights, has_bias ? &bias : NULL, &dst));
-    DNNL_CHECK(dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL));
+    return dnnl_primitive_desc_create(pd, &desc, attr, g_engine, NULL);
 #endif
+}
 
-    MatmulPlan *p = &g_plans[g_nplans++];
-    *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias, .bf16 = bf16};
-    DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
-    const char *impl = NULL;
-    DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
-    snprintf(p->impl, sizeof p->impl, "%s", impl ? impl : "?");
-    p->src = memory_for(src);
-    p->weights = memory_for(weights);
-    p->dst = memory_for(dst);
-    p->bias = has_bias ? memory_for(bias) : NULL;
+// The plan of one product, created on first use; NULL when oneDNN has no implementation for it
+// here (only ever for bf16: ops_bf16_native() asks this way, the ops through matmul_plan).
+static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
+    MatmulPlan *p = find_plan(kind, N, C, OC, has_bias, bf16);
+    if (p) return p;
+    if (g_nplans == MAX_PLANS) fatal("ops_cpu: more than %d matmul shapes in use", MAX_PLANS);
+    ops_init();
 
-    DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+    md_t src, weights, dst, bias;
+    int accumulate = describe_operands(kind, N, C, OC, bf16, &src, &weights, &dst, &bias);
+    dnnl_primitive_attr_t attr = attr_for(accumulate);
+    dnnl_primitive_desc_t pd;
+    dnnl_status_t status = matmul_pd_create(&pd, src, weights, bias, dst, has_bias, attr);
+    if (status != dnnl_success && status != dnnl_unimplemented)
+        fatal("oneDNN could not set up a %s matmul of shape N=%d C=%d OC=%d: status %d",
+              bf16 ? "bf16" : "f32", N, C, OC, (int)status);
+    if (status == dnnl_success) {
+        p = &g_plans[g_nplans++];
+        *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias, .bf16 = bf16};
+        DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
+        const char *impl = NULL;
+        DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
+        snprintf(p->impl, sizeof p->impl, "%s", impl ? impl : "?");
+        p->src = memory_for(src);
+        p->weights = memory_for(weights);
+        p->dst = memory_for(dst);
+        p->bias = has_bias ? memory_for(bias) : NULL;
+        DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+    }
     DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
     md_release(src);
     md_release(weights);
     md_release(dst);
     md_release(bias);
+    return p;
+}
+
+static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
+    MatmulPlan *p = find_or_create_plan(kind, N, C, OC, has_bias, bf16);
+    if (!p)
+        fatal("oneDNN has no %s matmul implementation on this CPU (shape N=%d C=%d OC=%d)",
+              bf16 ? "bf16" : "f32", N, C, OC);
     return p;
 }
 
@@ -320,11 +356,15 @@ void cast_to_float(float *out, const bf16 *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(in[i]);
 }
 
-// oneDNN answers a bf16 matmul on any x86 CPU, but without AVX512-BF16 or AMX only with its slow
-// reference implementation ("ref" in the implementation name); then we widen to f32 ourselves.
+// Without AVX512-BF16 or AMX, oneDNN answers a bf16 matmul only with its slow reference
+// implementation ("ref" in the implementation name; 3.x), or not at all (2.x on a CPU without
+// AVX-512); then we widen to f32 ourselves.
 int ops_bf16_native(void) {
     static int native = -1;
-    if (native < 0) native = strstr(matmul_plan(MM_FORWARD, 256, 768, 768, 1, 1)->impl, "ref") == NULL;
+    if (native < 0) {
+        MatmulPlan *p = find_or_create_plan(MM_FORWARD, 256, 768, 768, 1, 1);
+        native = p && strstr(p->impl, "ref") == NULL;
+    }
     return native;
 }
 
