@@ -82,11 +82,15 @@ $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
 $(foreach n,$(STAGES),$(eval $(call stage_rule,$(n))))
 
-TOOLS := tokenize
+TOOLS := tokenize peak_flops
 tools: $(addprefix build/,$(TOOLS))
 build/tokenize: $(B)/tokenize
 	@cp $< $@
 $(B)/tokenize: $(B)/tools/tokenize.o $(COMMON_OBJS)
+	$(CC) $^ -o $@ $(LDLIBS)
+build/peak_flops: $(B)/peak_flops
+	@cp $< $@
+$(B)/peak_flops: $(B)/tools/peak_flops.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
 .PHONY: tools $(addprefix build/stage-,$(STAGES)) $(addprefix build/,$(TOOLS))
 

@@ -54,6 +54,7 @@ int main(int argc, char **argv) {
     printf("stage 01 | %s backend (%s) | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
            ops_backend_name(), ops_matmul_engine(), mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size,
            n / 1e6);
+    printf("MFU peak: %s\n", ops_peak_flops_source(0));
     print_batch_plan(&cfg, data, 1, "", total_steps);
     MemoryItem memory[] = {{"parameters (fp32)", bytes}, {"gradients (fp32)", bytes},
                            {"AdamW m and v (fp32)", 2 * bytes}, {"activations", acts.bytes}};

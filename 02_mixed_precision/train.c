@@ -64,11 +64,9 @@ int main(int argc, char **argv) {
                acts_flags(&cfg));
 
     printf("stage 02 | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           ops_backend_name(), ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           ops_backend_name(), bf16_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, n / 1e6);
-    if (bf16_mode && !ops_bf16_native())
-        printf("note: this CPU has no bf16 matmul instructions: bf16 inputs are widened to fp32 "
-               "(same numbers, no speed-up)\n");
+    printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
     print_batch_plan(&cfg, data, 1, "", total_steps);
     MemoryItem memory[] = {{pure_bf16 ? "parameters (bf16 values, no master)" : "parameters (fp32 master)", bytes},
                            {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},

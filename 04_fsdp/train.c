@@ -71,14 +71,12 @@ int main(int argc, char **argv) {
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     printf("stage 04 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           P, ops_backend_name(), ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           P, ops_backend_name(), bf16_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, n / 1e6);
+    printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
     printf("sharding: %d units (root + %d blocks) in %d shards | all-gather %s\n", fsdp.n_units,
            mc.n_layer, P, cfg.overlap_communication ? "of the next block prefetched during this one's compute"
                                                      : "of each unit when it is needed");
-    if (bf16_mode && !ops_bf16_native())
-        printf("note: this CPU has no bf16 matmul instructions: bf16 inputs are widened to fp32 "
-               "(same numbers, no speed-up)\n");
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
     fsdp_print_memory(&fsdp, acts.bytes);
     print_bf16_activation_saving(&acts);

@@ -164,8 +164,9 @@ int main(int argc, char **argv) {
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     printf("stage 05 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           P, ops_backend_name(), ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           P, ops_backend_name(), bf16_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, model.full.num_params / 1e6);
+    printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
     print_grid(&model, P);
     printf("overlap_communication: %s\n", overlap ? "on (depth all-gathers prefetched, backward collectives "
                                                     "started before the weight-gradient matmul)" : "off");

@@ -20,9 +20,21 @@
 
 void ops_init(void);               // select the device; exits with a clear message if none
 const char *ops_backend_name(void);  // "cpu" or "cuda"
-const char *ops_matmul_engine(void);  // what does the matmuls, e.g. "oneDNN 2.6 avx512_core"
-// the peak matmul FLOP/s used for MFU (a stated figure), for f32 or (bf16 != 0) bf16 inputs
+// what does the f32 matmuls, e.g. "oneDNN 3.6.2 f32 matmul (brg:avx512_core), 2 threads"
+const char *ops_matmul_engine(void);
+// what does the bf16 ones (matmul_*_bf16), e.g. "oneDNN 3.6.2 bf16 matmul (brg:avx512_core_bf16),
+// 2 threads", or "bf16 widened to f32 (why): <the f32 engine>" where ops_bf16_native() is 0
+const char *ops_matmul_engine_bf16(void);
+// MFU's peak: the matmul FLOP/s of this process's device for f32 or (bf16 != 0) bf16 inputs,
+// found on the first call and kept. CPU: measured (oneDNN's best rate at a large square product
+// with this run's OpenMP threads, about 0.2 s); CUDA: derived from the device (SMs x clock x
+// FLOPs per clock per SM). OPS_PEAK_FLOPS_F32 / OPS_PEAK_FLOPS_BF16 (FLOP/s) replace it. Ranks
+// sharing a machine should ask at the same point (before the first step), so they measure
+// together and each gets its share of the cores.
 double ops_peak_flops(int bf16);
+// that peak as one sentence: the figure and where it came from, e.g. "812 GFLOP/s bf16, measured:
+// best of 9 oneDNN bf16 matmuls 1024x1024x1024 (brg:avx512_core_bf16) on 2 threads, 0.16 s"
+const char *ops_peak_flops_source(int bf16);
 
 void *dev_malloc(size_t bytes);     // zero-filled; exits with a message on failure
 void dev_free(void *ptr);

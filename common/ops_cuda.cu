@@ -52,6 +52,7 @@
 extern "C" {  // ops.h and log.h are C headers (no extern "C" of their own)
 #include "log.h"
 #include "ops.h"
+#include "ops_peak.h"
 }
 #include "kernels.h"
 
@@ -198,54 +199,117 @@ static void sync_stream(void) {
 
 const char *ops_backend_name(void) { return "cuda"; }
 
+// "cuBLAS 13.0.2"
+static void describe_cublas(char *out, size_t size) {
+    int major = 0, minor = 0, patch = 0;
+    CUBLAS_CHECK(cublasGetProperty(MAJOR_VERSION, &major));
+    CUBLAS_CHECK(cublasGetProperty(MINOR_VERSION, &minor));
+    CUBLAS_CHECK(cublasGetProperty(PATCH_LEVEL, &patch));
+    snprintf(out, size, "cuBLAS %d.%d.%d", major, minor, patch);
+}
+
 const char *ops_matmul_engine(void) {
     static char text[400];
     if (!text[0]) {
         ensure_init();
-        int major = 0, minor = 0, patch = 0;
-        CUBLAS_CHECK(cublasGetProperty(MAJOR_VERSION, &major));
-        CUBLAS_CHECK(cublasGetProperty(MINOR_VERSION, &minor));
-        CUBLAS_CHECK(cublasGetProperty(PATCH_LEVEL, &patch));
-        snprintf(text, sizeof text,
-                 "cuBLAS %d.%d.%d (f32: SGEMM, no TF32; bf16: GemmEx%s) on %s (sm_%d%d, %d SMs, GPU %d)",
-                 major, minor, patch, g.cc_major >= 8 ? " on tensor cores" : " via f32", g.name,
-                 g.cc_major, g.cc_minor, g.sm_count, g.device);
+        char cublas[64];
+        describe_cublas(cublas, sizeof cublas);
+        sentence_printf(text, sizeof text, "%s SGEMM (f32, no TF32) on %s (sm_%d%d, %d SMs, GPU %d)",
+                        cublas, g.name, g.cc_major, g.cc_minor, g.sm_count, g.device);
     }
     return text;
 }
 
-// FP32 lanes (FMA units) per SM, from the CUDA C++ Programming Guide's throughput table:
-// 64 on sm_70 and sm_80 (V100, A100, A30), 128 on sm_86/87/89 (A10, A40, L4, L40, RTX 30/40) and
-// on sm_90 and later (H100, H200, Blackwell).
-static int fp32_lanes_per_sm(int major, int minor) {
-    if (major >= 9) return 128;
-    if (major == 8) return minor == 0 ? 64 : 128;
-    return 64;
+const char *ops_matmul_engine_bf16(void) {
+    static char text[500];
+    if (!text[0]) {
+        ensure_init();
+        char cublas[64];
+        describe_cublas(cublas, sizeof cublas);
+        if (ops_bf16_native())
+            sentence_printf(text, sizeof text, "%s GemmEx (bf16 in, f32 accumulation) on the tensor "
+                            "cores of %s (sm_%d%d, %d SMs, GPU %d)", cublas, g.name, g.cc_major,
+                            g.cc_minor, g.sm_count, g.device);
+        else
+            sentence_printf(text, sizeof text, "bf16 widened to f32 (sm_%d%d has no bf16 tensor "
+                            "cores): %s", g.cc_major, g.cc_minor, ops_matmul_engine());
+    }
+    return text;
 }
 
-// bf16 FLOPs per clock per SM on the tensor cores (dense, f32 accumulation): 2048 on sm_80
-// (A100: 108 SMs x 2048 x 1.41 GHz = 312 TFLOP/s), 1024 on sm_86/89, 4096 on sm_90 (H100).
-static int bf16_flops_per_clock_per_sm(int major, int minor) {
-    if (major >= 9) return 4096;
-    if (major == 8) return minor == 0 ? 2048 : 1024;
-    return 0;
+// MFU's peak is derived from the device: SMs x FLOPs per clock per SM x the clock the device
+// reports (cudaDevAttrClockRate: the maximum boost clock). Unlike a CPU's, a GPU's per-SM rate is
+// fixed by its compute capability and published, and the device tells its SM count and clock, so
+// this is the data-sheet peak, the usual denominator of MFU on GPUs. (The CPU backend measures
+// instead, because there none of the three can be read off the machine: see ops_cpu.c.)
+//
+// FLOPs per clock per SM, from NVIDIA's data sheets and architecture whitepapers (each row's
+// example multiplies back to the data sheet's figure) and the CUDA C++ Programming Guide's
+// arithmetic-instruction throughput table (FP32 lanes per SM):
+//   fp32: FP32 lanes x 2 (an FMA is two FLOPs). The f32 matmuls run as SGEMM on these lanes (TF32
+//         is off, see ops_init), so the FP32 peak is their fair denominator.
+//   bf16: dense bf16 tensor-core FLOPs with f32 accumulation (0: no bf16 tensor cores).
+// A device missing from the table gets the nearest older row, and its sentence says so.
+// GeForce cards run bf16 with f32 accumulation at half the rate of the same chip in a data-centre
+// or workstation card (RTX 3090: 82 x 512 x 1.695 GHz = 71 TFLOP/s; RTX 4090: 128 x 512 x
+// 2.52 GHz = 165; RTX 5090: 170 x 512 x 2.41 GHz = 209.5), so theirs is halved.
+typedef struct {
+    int major, minor, fp32, bf16;
+} SmThroughput;
+static const SmThroughput k_sm_throughput[] = {
+    {7, 0, 128, 0},      // V100: 80 SMs x 128 x 1.53 GHz = 15.7 TFLOP/s f32
+    {7, 5, 128, 0},      // T4: 40 x 128 x 1.59 GHz = 8.1 f32
+    {8, 0, 128, 2048},   // A100: 108 x 2048 x 1.41 GHz = 312 bf16; f32 19.5
+    {8, 6, 256, 1024},   // A40: 84 x 1024 x 1.74 GHz = 150 bf16; f32 37.4 (A10, RTX 30)
+    {8, 9, 256, 1024},   // L40S: 142 x 1024 x 2.52 GHz = 366 bf16 (data sheet: 362); f32 91.6 (L4)
+    {9, 0, 256, 4096},   // H100 SXM: 132 x 4096 x 1.83 GHz = 989 bf16; f32 66.9 at 1.98 GHz (H200)
+    {10, 0, 256, 8192},  // B200: 148 x 8192 x 1.86 GHz = 2250 bf16 (twice Hopper's per SM)
+    {12, 0, 256, 1024},  // RTX PRO 6000 Blackwell: 188 x 1024 x 2.62 GHz = 504 bf16 (RTX 50)
+};
+
+// this device's row: its own, else the nearest older one
+static const SmThroughput *sm_throughput(int major, int minor) {
+    const SmThroughput *row = &k_sm_throughput[0];
+    for (size_t i = 0; i < sizeof k_sm_throughput / sizeof k_sm_throughput[0]; i++) {
+        const SmThroughput *r = &k_sm_throughput[i];
+        if (r->major < major || (r->major == major && r->minor <= minor)) row = r;
+    }
+    return row;
 }
 
-// The peak used for MFU, stated rather than measured (as on the CPU): SMs x FLOPs per clock per
-// SM x the maximum (boost) clock the device reports. f32: the f32 matmuls run as SGEMM on the
-// CUDA cores (no TF32, see ops_init), so the FP32 peak is the honest denominator: FP32 lanes x 2
-// (an FMA is two FLOPs); A100 SXM 108 x 64 x 2 x 1.41 GHz = 19.5 TFLOP/s, H100 SXM 132 x 128 x 2
-// x 1.98 GHz = 66.9 TFLOP/s (NVIDIA's data-sheet figures). bf16: the dense tensor-core peak;
-// A100 312 TFLOP/s (the data sheet's), H100 SXM 132 x 4096 x 1.98 GHz = 1070 TFLOP/s (the data
-// sheet's 989 uses a 1.83 GHz clock: our MFU is the more modest). OPS_GPU_PEAK_TFLOPS overrides.
-double ops_peak_flops(int bf16) {
+static PeakFlops g_peak[2];  // f32, bf16
+
+// The finder for peak_flops_once (ops_peak.h): f32 (bf16 == 0) or bf16 inputs.
+static void derive_peak(PeakFlops *peak, int bf16) {
     ensure_init();
-    const char *env = getenv("OPS_GPU_PEAK_TFLOPS");
-    if (env && atof(env) > 0) return atof(env) * 1e12;
-    double clock_hz = g.clock_khz > 0 ? g.clock_khz * 1e3 : 1.5e9;  // 1.5 GHz if not reported
-    double per_clock = 2.0 * fp32_lanes_per_sm(g.cc_major, g.cc_minor);
-    if (bf16 && ops_bf16_native()) per_clock = bf16_flops_per_clock_per_sm(g.cc_major, g.cc_minor);
-    return (double)g.sm_count * per_clock * clock_hz;
+    if (bf16 && !ops_bf16_native()) {
+        peak_of_widened_bf16(peak, peak_flops_once(g_peak, 0, derive_peak),
+                             "this GPU has no bf16 tensor cores and bf16 matmuls are widened to f32");
+        return;
+    }
+    const SmThroughput *row = sm_throughput(g.cc_major, g.cc_minor);
+    int per_clock = bf16 ? row->bf16 : row->fp32;
+    int geforce = bf16 && strstr(g.name, "GeForce") != NULL;
+    if (geforce) per_clock /= 2;
+    double clock_hz = g.clock_khz > 0 ? g.clock_khz * 1e3 : 1.5e9;
+    peak->flops = (double)g.sm_count * per_clock * clock_hz;
+
+    char table[96] = "";
+    if (row->major != g.cc_major || row->minor != g.cc_minor)
+        snprintf(table, sizeof table, "; sm_%d%d is not in the table: sm_%d%d's figure",
+                 g.cc_major, g.cc_minor, row->major, row->minor);
+    sentence_printf(peak->source, sizeof peak->source,
+                    "derived: %d SMs x %d FLOP/clock/SM (%s%s%s) x %.2f GHz (%s) on %s",
+                    g.sm_count, per_clock, bf16 ? "dense bf16 tensor cores" : "FP32 lanes x 2",
+                    geforce ? ", halved on GeForce" : "", table, clock_hz / 1e9,
+                    g.clock_khz > 0 ? "its boost clock" : "assumed: the device reports none",
+                    g.name);
+}
+
+double ops_peak_flops(int bf16) { return peak_flops_once(g_peak, bf16, derive_peak)->flops; }
+
+const char *ops_peak_flops_source(int bf16) {
+    return peak_flops_once(g_peak, bf16, derive_peak)->source;
 }
 
 int ops_bf16_native(void) {

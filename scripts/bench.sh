@@ -25,9 +25,15 @@ print(f"| {sys.argv[1]:<28} | {med('tokens_per_sec'):>9.0f} | {med('ms'):>9.1f} 
 PY
 }
 
+# MFU's peak, found once here as the stages find it (build/peak_flops: measured on a CPU, derived
+# from the device on a GPU) and handed to every run through OPS_PEAK_FLOPS_F32/_BF16, so all rows
+# divide by the same figure rather than each run measuring its own
+peaks=$(build/peak_flops)
+eval "$peaks"
+echo "$OMP_NUM_THREADS threads; MFU against this peak (build/peak_flops, once for every run):"
+sed 's/^[^#]*# /  /' <<<"$peaks"
 # T=64 windows of the built-in data hold only prompt tokens (the byte-level template is longer),
 # so the loss is 0 there; the work of a step (every matmul and op) is the same.
-echo "$OMP_NUM_THREADS threads; MFU against the stated peak of each precision (ops_peak_flops)"
 echo "| run                          |  tokens/s |   ms/step |    MFU | params MiB | activ. MiB  |"
 echo "|------------------------------|-----------|-----------|--------|------------|-------------|"
 run "stage-1 gpt2-124M B=4 T=64" 1 --config configs/bench_gpt2.json

@@ -16,6 +16,7 @@
 // short sums here (<= a few hundred terms) float results stay within ~1e-5 relative; we allow
 // rtol 1e-4 with a small atol for values that are near zero by cancellation.
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -787,6 +788,38 @@ static void test_reductions_and_elementwise(void) {
     free(a), free(b), free(want);
 }
 
+// An upper bound on what the device could possibly do, to catch a peak that is off by a unit or a
+// factor: every processor at 5 GHz with two 512-bit FMA units (64 f32 FLOP/cycle); bf16 up to
+// AMX's 2048 FLOP/cycle. A GPU: well above any made (B200: 2.25 PFLOP/s dense bf16).
+static double physical_peak_bound(int bf16) {
+    if (strcmp(ops_backend_name(), "cpu") == 0) return omp_get_num_procs() * 5e9 * (bf16 ? 2048 : 64);
+    return bf16 ? 2e16 : 5e14;
+}
+
+// MFU's peak is measured or derived on this machine, so only its sanity can be checked: finite,
+// positive, physically possible, bf16 at least f32 where bf16 matmuls are native and equal to it
+// where they are widened, and a sentence that names the figure; the same on a second call.
+static void test_peak_flops(void) {
+    double peak[2];
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        peak[bf16] = ops_peak_flops(bf16);
+        const char *source = ops_peak_flops_source(bf16);
+        printf("test_ops: MFU peak %s\n", source);
+        CHECK(isfinite(peak[bf16]) && peak[bf16] > 0, "peak (bf16=%d) %g FLOP/s", bf16, peak[bf16]);
+        CHECK(peak[bf16] < physical_peak_bound(bf16), "peak (bf16=%d) %g FLOP/s, above the bound %g",
+              bf16, peak[bf16], physical_peak_bound(bf16));
+        CHECK(strstr(source, "FLOP/s") && strstr(source, bf16 ? "bf16" : "f32"),
+              "the sentence does not name the figure: '%s'", source);
+        CHECK(ops_peak_flops(bf16) == peak[bf16], "a second call measured again");
+    }
+    if (ops_bf16_native()) CHECK(peak[1] >= peak[0], "bf16 peak %g < f32 peak %g", peak[1], peak[0]);
+    else CHECK(peak[1] == peak[0], "widened bf16: peak %g, f32 peak %g", peak[1], peak[0]);
+    const char *engine16 = ops_matmul_engine_bf16();
+    CHECK(*ops_matmul_engine() && *engine16, "an engine without a name");
+    CHECK((strstr(engine16, "widened") == NULL) == (ops_bf16_native() != 0),
+          "bf16 engine '%s' with ops_bf16_native() = %d", engine16, ops_bf16_native());
+}
+
 static void test_memory(void) {
     size_t before = dev_bytes_in_use();
     const size_t bytes = 1000003;
@@ -1070,7 +1103,8 @@ int main(void) {
     test_bf16_rounding();
     test_matmul_bf16(5, 7, 9);
     test_matmul_bf16(67, 96, 81);
-    printf("test_ops: bf16 matmuls %s\n", ops_bf16_native() ? "native" : "widened to f32");
+    printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_bf16());
+    test_peak_flops();
     test_layernorm();
     test_attention();
     test_gelu();
