@@ -82,6 +82,7 @@ int main(int argc, char **argv) {
         acts_alloc(&fp32_acts, &mc, micro_batch, acts.T, 0);
         printf("  (in fp32 the activations would take %.2f MiB: bf16 saves %.0f%%)\n",
                fp32_acts.bytes / 1048576.0, 100.0 * (1.0 - (double)acts.bytes / fp32_acts.bytes));
+        run_stats_number("fp32_activations_bytes", (double)fp32_acts.bytes);
         acts_free(&fp32_acts);
     }
 
@@ -148,6 +149,7 @@ int main(int argc, char **argv) {
     }
     save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+    run_stats_write(&cfg, 2, 1, (RunLayout){.dp = 1}, NULL);
 
     metrics_close(&metrics);
     batch_free(&batch);

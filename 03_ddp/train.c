@@ -160,6 +160,7 @@ int main(int argc, char **argv) {
         acts_alloc(&fp32_acts, &mc, micro_batch, acts.T, 0);
         printf("  (in fp32 the activations would take %.2f MiB: bf16 saves %.0f%%)\n",
                fp32_acts.bytes / 1048576.0, 100.0 * (1.0 - (double)acts.bytes / fp32_acts.bytes));
+        run_stats_number("fp32_activations_bytes", (double)fp32_acts.bytes);
         acts_free(&fp32_acts);
     }
 
@@ -244,6 +245,7 @@ int main(int argc, char **argv) {
     // the proof that data parallelism kept the replicas identical: every rank's weights agree
     check_replicas_identical(world, params, n);
     comm_print_table(world);
+    if (rank == 0) run_stats_write(&cfg, 3, P, (RunLayout){.dp = P}, comm_stats_json());
 
     metrics_close(&metrics);
     batch_free(&batch);
