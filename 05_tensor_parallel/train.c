@@ -194,7 +194,6 @@ int main(int argc, char **argv) {
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
-    long sum_T = 0;  // the batches' lengths, for checking the communication against its formula
     long tokens_trained = 0;  // the global batches' tokens (padding included): x and y traffic scales with it
     for (; step < total_steps; step++) {
         double t0 = wall_seconds();
@@ -222,7 +221,6 @@ int main(int argc, char **argv) {
             tp_backward(&model, &acts, &w, &g, &stream, &slots, batch.rows, batch.T, overlap);
             if (counts_rows) loss_sum += l, tokens += (long)batch.rows * batch.T;
         }
-        sum_T += batch.T;
         // the gradient of a tensor with copies on several ranks must be summed over exactly the
         // copies that saw different rows: the small tensors over z (the weights' reduce-scatter
         // already did), then everything over the data replicas. Over x or y the copies saw the
@@ -270,7 +268,6 @@ int main(int argc, char **argv) {
     }
     save_full(&cfg, &model, ckpt_group, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld, the full model)\n", cfg.out_dir, total_steps);
-    printf("batch lengths summed over the steps: %ld\n", sum_T);
     comm_print_table(world);
     run_stats_number("tokens_trained", (double)tokens_trained);
     if (rank == 0)
