@@ -138,6 +138,7 @@ int main(int argc, char **argv) {
     }
     save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+    run_stats_write(&cfg, 2, 1, (RunLayout){.dp = 1}, NULL);
 
     metrics_close(&metrics);
     batch_free(&batch);

@@ -174,6 +174,7 @@ int main(int argc, char **argv) {
     // the proof that data parallelism kept the replicas identical: every rank's weights agree
     check_replicas_identical(world, params, n);
     comm_print_table(world);
+    if (rank == 0) run_stats_write(&cfg, 3, P, (RunLayout){.dp = P}, comm_stats_json());
 
     metrics_close(&metrics);
     batch_free(&batch);

@@ -298,6 +298,7 @@ void fsdp_print_memory(const Fsdp *f, size_t acts_bytes) {
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         printf("  %-30s %10.2f MiB %10.2f MiB\n", rows[i].what, rows[i].fsdp / 1048576.0, rows[i].ddp / 1048576.0);
         total_fsdp += rows[i].fsdp;
+        run_stats_memory(rows[i].what, rows[i].fsdp);  // this rank's memory (the FSDP column)
         total_ddp += rows[i].ddp;
     }
     printf("  %-30s %10.2f MiB %10.2f MiB\n", "total", total_fsdp / 1048576.0, total_ddp / 1048576.0);
@@ -306,4 +307,5 @@ void fsdp_print_memory(const Fsdp *f, size_t acts_bytes) {
            f->n_units > 1 ? f->units[1].numel : 0);
     printf("  state (parameters + gradients + AdamW) per rank: %zu bytes = 16 x %zu elements "
            "(DDP: 16 x %zu)\n", fsdp_state_bytes(f), s, n);
+    run_stats_number("state_bytes", (double)fsdp_state_bytes(f));
 }

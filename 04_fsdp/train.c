@@ -155,6 +155,7 @@ int main(int argc, char **argv) {
     printf("saved %s/model.safetensors (step %ld): rank 0 held the whole model for it, peak %.1f MiB\n",
            cfg.out_dir, total_steps, peak_resident_bytes() / 1048576.0);
     comm_print_table(world);
+    if (rank == 0) run_stats_write(&cfg, 4, P, (RunLayout){.dp = P, .sharded = true}, comm_stats_json());
 
     metrics_close(&metrics);
     batch_free(&batch);

@@ -175,6 +175,9 @@ int main(int argc, char **argv) {
     printf("parallel weights on this rank: %zu of %zu elements (1/%zu); replicated small tensors: %zu\n",
            model.weight_numel, full_weights, full_weights / (model.weight_numel ? model.weight_numel : 1),
            model.small_numel);
+    run_stats_number("parallel_weight_elements", (double)full_weights);
+    run_stats_number("parallel_weight_elements_per_rank", (double)model.weight_numel);
+    run_stats_number("small_elements_per_rank", (double)model.small_numel);
     size_t gather_bytes = grid->Z > 1 ? 2 * model.max_block * (sizeof(float) + (bf16_mode ? sizeof(bf16) : 0)) : 0;
     size_t slot_bytes = grid->Z > 1 ? 2 * sizeof(float) * (model.head.block + 2 * model.max_block) : 0;
     MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
@@ -183,12 +186,13 @@ int main(int argc, char **argv) {
                            {"activations", acts.bytes}};
     print_memory_report("device memory (this rank):", memory, 7);
     double state_bytes = 4.0 * bytes;
+    run_stats_number("state_bytes", state_bytes);
 
     // ---- the training loop ----
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
-    long sum_T = 0;  // the batches' lengths, for checking the communication against its formula
+    long tokens_trained = 0;  // the global batches' tokens (padding included): x and y traffic scales with it
     for (; step < total_steps; step++) {
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
@@ -213,7 +217,6 @@ int main(int argc, char **argv) {
             tp_backward(&model, &acts, &w, &g, batch.rows, batch.T);
             if (counts_rows) loss_sum += l, tokens += (long)batch.rows * batch.T;
         }
-        sum_T += batch.T;
         // the gradient of a tensor with copies on several ranks must be summed over exactly the
         // copies that saw different rows: the small tensors over z (the weights' reduce-scatter
         // already did), then everything over the data replicas. Over x or y the copies saw the
@@ -222,6 +225,7 @@ int main(int argc, char **argv) {
         tp_all_reduce(grid->gz, grads, model.small_numel);
         tp_all_reduce(grid->gdata, grads, n);
         tokens = comm_sum_long(world, tokens);
+        tokens_trained += tokens;
         double loss = n_targets ? comm_sum_double(world, loss_sum) / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
@@ -259,8 +263,11 @@ int main(int argc, char **argv) {
     }
     save_full(&cfg, &model, ckpt_group, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld, the full model)\n", cfg.out_dir, total_steps);
-    printf("batch lengths summed over the steps: %ld\n", sum_T);
     comm_print_table(world);
+    run_stats_number("tokens_trained", (double)tokens_trained);
+    if (rank == 0)
+        run_stats_write(&cfg, 5, P, (RunLayout){.dp = grid->D, .tp_dimensions = {grid->X, grid->Y, grid->Z}},
+                        comm_stats_json());
 
     metrics_close(&metrics);
     batch_free(&batch);

@@ -684,7 +684,7 @@ static void write_safetensors(const char *dir, const char *name, const OutTensor
     free(json);
 }
 
-static void write_text_file(const char *dir, const char *name, const char *text) {
+void write_text_file(const char *dir, const char *name, const char *text) {
     AtomicFile a;
     atomic_open(&a, dir, name);
     atomic_write(&a, text, strlen(text));

@@ -57,6 +57,10 @@ void checkpoint_save_optimizer(const char *out_dir, const ParamLayout *layout, c
 void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, float *m, float *v,
                                TrainState *state);
 
+// Writes text and a newline to <dir>/<name> (creating dir if missing) the way the checkpoint's
+// files are written: temp file, flush to disk, rename. Other outputs use it too (stats.json).
+void write_text_file(const char *dir, const char *name, const char *text);
+
 // ---- the safetensors reader underneath ---------------------------------------------------------
 
 #define SAFETENSORS_MAX_DIMS 8

@@ -201,6 +201,26 @@ void comm_print_table(Comm *world) {
         }
 }
 
+cJSON *comm_stats_json(void) {
+    cJSON *list = cJSON_CreateArray();
+    for (Comm *c = g_groups; c; c = c->next)
+        for (int k = 0; k < COLL_KINDS; k++) {
+            const CommStats *s = &c->stats;
+            if (!s->calls[k]) continue;
+            double sec = s->seconds[k] > 0 ? s->seconds[k] : 1e-12;  // as the table divides
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "group", c->name);
+            cJSON_AddStringToObject(e, "kind", COMM_KIND_NAMES[k]);
+            cJSON_AddNumberToObject(e, "calls", (double)s->calls[k]);
+            cJSON_AddNumberToObject(e, "bytes", s->bytes[k]);
+            cJSON_AddNumberToObject(e, "seconds", s->seconds[k]);
+            cJSON_AddNumberToObject(e, "algbw_GBps", s->bytes[k] / sec / 1e9);
+            cJSON_AddNumberToObject(e, "busbw_GBps", s->bus_bytes[k] / sec / 1e9);
+            cJSON_AddItemToArray(list, e);
+        }
+    return list;
+}
+
 // ---- small host values ------------------------------------------------------------------------
 
 static void reduce_host(Comm *c, void *x, MPI_Datatype type, MPI_Op op, const char *what) {

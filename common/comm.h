@@ -19,6 +19,8 @@
 
 #include <stddef.h>
 
+#include <cjson/cJSON.h>
+
 typedef struct Comm Comm;
 typedef struct CommRequest CommRequest;
 
@@ -103,5 +105,9 @@ double comm_stats_bytes(const CommStats *s);
 double comm_stats_seconds(const CommStats *s);
 // rank 0 prints a table per group and kind: calls, MB, ms, algorithmic and bus bandwidth
 void comm_print_table(Comm *world);
+// The same figures as data, for stats.json: a list of {group, kind, calls, bytes, seconds,
+// algbw_GBps, busbw_GBps}, one per group and kind with calls, summed since the start. They are
+// this process's counts (the table's are rank 0's); the caller owns the list.
+cJSON *comm_stats_json(void);
 
 #endif

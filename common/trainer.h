@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include <cjson/cJSON.h>
+
 #include "alpaca.h"
 #include "config.h"
 #include "gpt.h"
@@ -80,9 +82,30 @@ void metrics_close(Metrics *m);
 
 // ---- memory -----------------------------------------------------------------------------------
 typedef struct { const char *what; size_t bytes; } MemoryItem;
+// prints the items and their total, and records each item for stats.json (run_stats_memory)
 void print_memory_report(const char *title, const MemoryItem *items, int n);
 // bf16 modes: what the same activations would take in fp32, and what stays fp32 and why
 void print_bf16_activation_saving(const Activations *acts);
+
+// ---- the whole run's figures: <out_dir>/stats.json --------------------------------------------
+// metrics.jsonl holds each step; stats.json holds what describes the run as a whole: the stage,
+// its parallel layout, the memory report's items, the communication per group and kind, and the
+// figures a stage adds (fields: docs/ARCHITECTURE.md, Outputs). Tests read their numbers here;
+// the printed reports and tables are for people. Figures are recorded as the run reports them
+// (print_memory_report records its items) and rank 0 writes the file once, at the end.
+typedef struct {
+    int dp;                // data-parallel replicas (1: none)
+    bool sharded;          // parameters, gradients and optimizer state sharded over them (FSDP)
+    int tp_dimensions[3];  // the tensor-parallel grid [x, y, z]; all 0: no tensor parallelism
+} RunLayout;
+// records one category of this rank's memory, in bytes, under "memory"
+void run_stats_memory(const char *what, size_t bytes);
+// records a figure of the run under `key` (e.g. "state_bytes")
+void run_stats_number(const char *key, double value);
+// writes <out_dir>/stats.json atomically: stage, world_size, layout, precision, what was
+// recorded, and `communication` (comm_stats_json(), whose ownership it takes; NULL: a single
+// process, an empty list). Call it on rank 0 only.
+void run_stats_write(const Config *cfg, int stage, int world_size, RunLayout layout, cJSON *communication);
 
 // ---- evaluation and checkpoints (single process) ----------------------------------------------
 // Validation loss over up to cfg->eval_batches global batches of the validation split, cut as

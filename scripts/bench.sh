@@ -11,15 +11,15 @@ run() { # run <label> <stage> <args...>
     local label=$1 stage=$2; shift 2
     build/stage-$stage "$@" --out_dir="$out/$label" --eval_batches=0 --checkpoint_interval=0 >"$out/$label.log" 2>&1 ||
         { echo "bench: $label failed:"; tail "$out/$label.log"; exit 1; }
-    python3 - "$label" "$out/$label/metrics.jsonl" "$out/$label.log" <<'PY'
-import json, re, statistics, sys
+    python3 - "$label" "$out/$label/metrics.jsonl" "$out/$label/stats.json" <<'PY'
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[2])][1:]
 med = lambda k: statistics.median(r[k] for r in rows)
-# the memory report the stage printed before step 1: "  parameters (...)   12.34 MiB"
+# the memory report's items (stats.json), added up by their first word: "parameters (...)"
 mib = {}
-for line in open(sys.argv[3]):
-    m = re.match(r"\s+(parameters|activations)\b.*?([0-9.]+) MiB$", line)
-    if m: mib[m[1]] = mib.get(m[1], 0) + float(m[2])
+for what, nbytes in json.load(open(sys.argv[3]))["memory"].items():
+    first = what.split()[0]
+    mib[first] = mib.get(first, 0) + nbytes / 1048576
 print(f"| {sys.argv[1]:<28} | {med('tokens_per_sec'):>9.0f} | {med('ms'):>9.1f} | {100*med('mfu'):>6.1f}% "
       f"| {mib.get('parameters', 0):>10.1f} | {mib.get('activations', 0):>11.1f} |")
 PY

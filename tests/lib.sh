@@ -1,5 +1,7 @@
 # tests/lib.sh: what the shell tests share. Source it first: it moves to the repository root,
-# makes $tmp (removed on exit) and gives check, compare_losses and finish.
+# makes $tmp (removed on exit) and gives check, compare_losses, json_value, comm_value, run_ranks
+# and finish. The figures a check compares come from a run's metrics.jsonl and stats.json, not
+# from the text the run prints for people.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -28,6 +30,35 @@ ok_len = len(a) == len(b) == steps
 worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if ok_len else float("inf")
 print(f"{sys.argv[2]}: {len(b)} steps, largest relative difference {worst:.2e}")
 sys.exit(0 if worst <= tol else 1)
+PY
+}
+
+# json_value <file> <key> [key ...]: the value at that path of a JSON file (a run's stats.json),
+# a number or string as is, a list or object as JSON; prints nothing and fails when it is absent.
+json_value() {
+    python3 - "$@" <<'PY'
+import json, sys
+value = json.load(open(sys.argv[1]))
+for key in sys.argv[2:]:
+    if not isinstance(value, dict) or key not in value:
+        sys.exit(1)
+    value = value[key]
+print(value if isinstance(value, (str, int, float)) else json.dumps(value))
+PY
+}
+
+# comm_value <stats.json> <group> <kind> <field>: one field (calls, bytes, seconds, algbw_GBps,
+# busbw_GBps) of the run's communication on that group of that kind (all-reduce, all-gather,
+# ...); prints nothing and fails when the run made no such call.
+comm_value() {
+    python3 - "$@" <<'PY'
+import json, sys
+path, group, kind, field = sys.argv[1:]
+for entry in json.load(open(path))["communication"]:
+    if entry["group"] == group and entry["kind"] == kind:
+        print(entry[field])
+        sys.exit(0)
+sys.exit(1)
 PY
 }
 

@@ -19,6 +19,7 @@ check 'compare_losses "$tmp/s1" "$tmp/bf16-mixed" 40 0.02' "bf16-mixed strays mo
 check '! cmp -s <(grep -o "\"loss\": [^,]*" "$tmp/s1/metrics.jsonl") <(grep -o "\"loss\": [^,]*" "$tmp/bf16-mixed/metrics.jsonl")' \
     "bf16-mixed gives exactly the fp32 losses: the rounding is not happening"
 check 'compare_losses "$tmp/s1" "$tmp/bf16" 40 0.05' "pure bf16 strays more than 5% from fp32"
-check 'grep -q "parameters (bf16 copy)" "$tmp/bf16-mixed.log" && grep -q "in fp32 the activations would take" "$tmp/bf16-mixed.log"' \
-    "no memory report comparing bf16 with fp32"
+check 'json_value "$tmp/bf16-mixed/stats.json" memory "parameters (bf16 copy)" >/dev/null &&
+       json_value "$tmp/bf16-mixed/stats.json" fp32_activations_bytes >/dev/null' \
+    "no memory report comparing bf16 with fp32 in stats.json: $(json_value "$tmp/bf16-mixed/stats.json" memory)"
 finish test_stage2

@@ -3,8 +3,8 @@
 #  - fp32: 1, 2 and 4 ranks, 2 ranks x 2 accumulation steps, and the bucketed overlapped
 #    all-reduce reproduce stage 01's per-step losses within 1e-5 relative over 20 steps;
 #  - bf16-mixed: 2 ranks match stage 02 within 1e-3 (bf16 results depend on summation order);
-#  - comm_bytes per step = 4 x parameters (counted by a formula written here), and the table's
-#    bus bandwidth is 2(P-1)/P times the algorithmic one;
+#  - comm_bytes per step = 4 x parameters (counted by a formula written here), and the bus
+#    bandwidth in stats.json is 2(P-1)/P times the algorithmic one;
 #  - mismatched configs across ranks, and a rank killed mid-run, end the job with a message
 #    within a bounded time.
 source "$(dirname "$0")/lib.sh"
@@ -31,12 +31,14 @@ bytes=$(python3 -c "import json,sys; print(sorted({json.loads(l)['comm_bytes'] f
 check '[ "$bytes" = "[$((4 * params))]" ]' "comm_bytes per step is $bytes, want [$((4 * params))] (4 x $params parameters)"
 bytes=$(python3 -c "import json,sys; print(sorted({json.loads(l)['comm_bytes'] for l in open(sys.argv[1])}))" "$tmp/np4overlap/metrics.jsonl")
 check '[ "$bytes" = "[$((4 * params))]" ]' "bucketed: comm_bytes per step is $bytes, want [$((4 * params))]"
-# (the table prints 4 significant digits)
-ratio=$(awk '$1 == "world" && $2 == "all-reduce" { printf "%.4f", $7 / $6 }' "$tmp/np4.log")
+# (the bounds are the ones the printed table's 4 significant digits needed)
+busbw=$(comm_value "$tmp/np4/stats.json" world all-reduce busbw_GBps)
+algbw=$(comm_value "$tmp/np4/stats.json" world all-reduce algbw_GBps)
+ratio=$(awk -v b="$busbw" -v a="$algbw" 'BEGIN { if (a > 0) printf "%.4f", b / a }')
 check 'awk -v r="$ratio" "BEGIN { exit !(r > 1.4990 && r < 1.5010) }"' "busbw / algbw on 4 ranks is $ratio, want 2(P-1)/P = 1.5"
-calls=$(awk '$1 == "world" && $2 == "all-reduce" { print $3 }' "$tmp/np4.log")
+calls=$(comm_value "$tmp/np4/stats.json" world all-reduce calls)
 check '[ "$calls" = "20" ]' "one all-reduce per step: $calls calls in 20 steps"
-calls=$(awk '$1 == "world" && $2 == "all-reduce" { print $3 }' "$tmp/np2acc2.log")
+calls=$(comm_value "$tmp/np2acc2/stats.json" world all-reduce calls)
 check '[ "$calls" = "20" ]' "accumulation must not communicate on inner micro-batches: $calls calls in 20 steps"
 
 # bf16: stage 3 on 2 ranks against stage 2

@@ -5,7 +5,8 @@
 #    loss ride on some of them);
 #  - bf16-mixed on [2,1,2] stays within 1e-3 of stage 02 (measured ~4e-5);
 #  - state_bytes: each rank holds 1/(x*y*z) of every parallel weight;
-#  - communication per group and kind = the README's formulas, for [4,1,1], [2,2,1], [1,1,4];
+#  - communication per group and kind (stats.json) = the README's formulas, for [4,1,1], [2,2,1],
+#    [1,1,4];
 #  - checkpoints: the full format, loaded into another grid, continue like stage 01;
 #  - grids that do not fit are refused before any work, naming the constraint.
 source "$(dirname "$0")/lib.sh"
@@ -49,23 +50,24 @@ weights = Vp*C + 12*L*C*C
 small = T*C//Y + 2*C//Y + L*(6*C//Y + 7*C//X)
 print(weights, weights//(X*Y*Z), 16*(small + weights//(X*Y*Z)))")
     read -r W w state <<<"$want"
-    check 'grep -q "parallel weights on this rank: $w of $W elements" "$tmp/$name.log"' \
-        "[$dims]: want $w of $W weight elements per rank: $(grep 'parallel weights' "$tmp/$name.log")"
+    got="$(json_value "$tmp/$name/stats.json" parallel_weight_elements_per_rank) of $(json_value "$tmp/$name/stats.json" parallel_weight_elements)"
+    check '[ "$got" = "$w of $W" ]' "[$dims]: want $w of $W weight elements per rank, stats.json has $got"
     got=$(python3 -c "import json,sys; print(sorted({int(json.loads(l)['state_bytes']) for l in open(sys.argv[1])}))" "$tmp/$name/metrics.jsonl")
     check '[ "$got" = "[$state]" ]' "[$dims]: state_bytes $got, want [$state]"
 done
 
 # ---- communication per group = the README's formulas (no evaluation: it would add forwards) ----
-formula() { # formula <log> X Y Z D acc steps vocab_parallel -> checks every (group, kind) row
+formula() { # formula <stats.json> X Y Z D acc steps vocab_parallel -> checks every (group, kind)
     python3 - "$@" <<'PY'
-import re, sys
-log, X, Y, Z, D, acc, steps = sys.argv[1], *map(int, sys.argv[2:8])
+import json, sys
+path, X, Y, Z, D, acc, steps = sys.argv[1], *map(int, sys.argv[2:8])
 vp = sys.argv[8] == "1"
 V, T_max, C, L, G = 257, 256, 64, 2, 8
 Vp = (V + 127) // 128 * 128
-sumT = int(re.search(r"batch lengths summed over the steps: (\d+)", open(log).read()).group(1))
-rows = G // (Z * D * acc)          # sequences per micro-batch on one rank
-N = rows * sumT * acc              # tokens one rank pushes through the model, summed over the run
+stats = json.load(open(path))
+# tokens one rank pushes through the model, summed over the run: its row group's share (z x data
+# row groups) of every global batch's tokens
+N = stats["tokens_trained"] // (Z * D)
 mb = steps * acc                   # micro-batches
 small = T_max * C // Y + 2 * C // Y + L * (6 * C // Y + 7 * C // X)
 local = small + (Vp * C + 12 * L * C * C) // (X * Y * Z)
@@ -80,11 +82,8 @@ if Z > 1:
     want["z", "reduce-scatter"] = mb * (block(Vp * C) + L * block(12 * C * C))
     want["z", "all-reduce"] = steps * small
 if D > 1: want["data", "all-reduce"] = steps * local
-got = {}
-for line in open(log):
-    f = line.split()
-    if len(f) == 7 and f[0] in ("x", "y", "z", "data"):
-        got[f[0], f[1]] = float(f[3])
+got = {(e["group"], e["kind"]): e["bytes"] / 1e6 for e in stats["communication"]
+       if e["group"] in ("x", "y", "z", "data")}
 ok = set(got) == set(want)
 for k in sorted(set(got) | set(want)):
     w = 4 * want.get(k, 0) / 1e6
@@ -101,23 +100,20 @@ for spec in c411:4,1,1 c221:2,2,1 c114:1,1,4; do
     IFS=, read -r X Y Z <<<"$dims"
     run_ranks 5 "$name" 4 --tp_dimensions="$dims" "${cargs[@]}"
     echo "[$dims] communication over 3 steps:"
-    check 'formula "$tmp/$name.log" $X $Y $Z 1 1 3 1' "[$dims] communication differs from the formula"
+    check 'formula "$tmp/$name/stats.json" $X $Y $Z 1 1 3 1' "[$dims] communication differs from the formula"
 done
 run_ranks 5 c211d2 4 --tp_dimensions=2,1,1 --gradient_acc_steps=2 --vocab_parallel_loss=false "${cargs[@]}"
 echo "[2,1,1] x data 2, 2 micro-batches, gathered loss:"
-check 'formula "$tmp/c211d2.log" 2 1 1 2 2 3 0' "[2,1,1] x data 2 (gathered loss): communication differs from the formula"
+check 'formula "$tmp/c211d2/stats.json" 2 1 1 2 2 3 0' "[2,1,1] x data 2 (gathered loss): communication differs from the formula"
 # the total per step in metrics.jsonl is exact: the sum of the groups' payloads
-python3 - "$tmp/c221/metrics.jsonl" "$tmp/c221.log" >"$tmp/total" <<'PY'
-import json, re, sys
+python3 - "$tmp/c221/metrics.jsonl" "$tmp/c221/stats.json" >"$tmp/total" <<'PY'
+import json, sys
 steps = [json.loads(l)["comm_bytes"] for l in open(sys.argv[1])]
-tables = {}
-for line in open(sys.argv[2]):
-    f = line.split()
-    if len(f) == 7 and f[0] in ("x", "y"): tables[f[0], f[1]] = float(f[3])
-print(sum(steps) / 1e6, sum(tables.values()))
-sys.exit(0 if abs(sum(steps) / 1e6 - sum(tables.values())) < 0.02 else 1)
+groups = sum(e["bytes"] for e in json.load(open(sys.argv[2]))["communication"] if e["group"] in ("x", "y")) / 1e6
+print(sum(steps) / 1e6, groups)
+sys.exit(0 if abs(sum(steps) / 1e6 - groups) < 0.02 else 1)
 PY
-check '[ $? -eq 0 ]' "[2,2,1]: the steps' comm_bytes do not add up to the table: $(cat "$tmp/total")"
+check '[ $? -eq 0 ]' "[2,2,1]: the steps' comm_bytes do not add up to the run's totals: $(cat "$tmp/total")"
 
 # ---- checkpoints: the full format; [2,2,1]'s loads into [1,2,2] and continues like stage 01 ----
 check '[ -f "$tmp/g221/model.safetensors" ] && [ -f "$tmp/g221/optimizer.safetensors" ]' "[2,2,1] wrote no checkpoint"
