@@ -31,6 +31,12 @@ void launch_ready_buckets(int layer, void *plan) {
     for (int i = 0; i < p->launched; i++) comm_test(p->buckets[i].req);
 }
 
+void print_gradient_sync(const BucketPlan *p, bool overlap, double bucket_mb) {
+    printf("gradient all-reduce: %s\n", overlap ? "bucketed, launched during backward"
+                                               : "one all-reduce of the flat buffer after backward");
+    if (overlap) printf("  %d buckets of about %g MB\n", p->n, bucket_mb);
+}
+
 void wait_buckets(BucketPlan *p) {
     if (p->launched != p->n) fatal("internal: %d of %d gradient buckets were launched", p->launched, p->n);
     for (int i = 0; i < p->n; i++) comm_wait(p->buckets[i].req);

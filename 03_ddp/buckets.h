@@ -8,6 +8,7 @@
 #ifndef BUCKETS_H
 #define BUCKETS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "comm.h"
@@ -31,6 +32,8 @@ void plan_buckets(BucketPlan *p, const ParamLayout *layout, double bucket_mb, fl
 // the GradReadyHook that backward calls each time a block's gradients are final: launches the
 // buckets that are complete
 void launch_ready_buckets(int layer, void *plan);
+// says how the gradients are summed: buckets during backward (overlap), or one all-reduce after
+void print_gradient_sync(const BucketPlan *p, bool overlap, double bucket_mb);
 // waits for every bucket's all-reduce (all must have been launched)
 void wait_buckets(BucketPlan *p);
 

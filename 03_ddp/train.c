@@ -83,9 +83,7 @@ int main(int argc, char **argv) {
            P, ops_backend_name(), bf16_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, n / 1e6);
     printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
-    printf("gradient all-reduce: %s\n", cfg.overlap_communication
-               ? "bucketed, launched during backward" : "one all-reduce of the flat buffer after backward");
-    if (cfg.overlap_communication) printf("  %d buckets of about %g MB\n", buckets.n, cfg.bucket_size_mb);
+    print_gradient_sync(&buckets, cfg.overlap_communication, cfg.bucket_size_mb);
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
     MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},

@@ -283,6 +283,12 @@ void fsdp_round_to_bf16(Fsdp *f) {
 
 // ---- the memory report ------------------------------------------------------------------------
 
+void fsdp_print_peak_memory(const Fsdp *f) {
+    double rss = (double)peak_resident_bytes();
+    printf("peak resident memory per rank in training: max %.1f MiB, min %.1f MiB\n",
+           comm_max_double(f->world, rss) / 1048576.0, -comm_max_double(f->world, -rss) / 1048576.0);
+}
+
 void fsdp_print_memory(const Fsdp *f, size_t acts_bytes) {
     size_t n = f->layout->num_params, s = f->shard_numel, fl = sizeof(float);
     struct { const char *what; size_t fsdp, ddp; } rows[] = {

@@ -148,9 +148,7 @@ int main(int argc, char **argv) {
             fsdp_save_checkpoint(&fsdp, &cfg, step + 1);
     }
     // the proof that sharding saves memory: every rank's peak resident memory (VmHWM) in training
-    double rss = (double)peak_resident_bytes();
-    printf("peak resident memory per rank in training: max %.1f MiB, min %.1f MiB\n",
-           comm_max_double(world, rss) / 1048576.0, -comm_max_double(world, -rss) / 1048576.0);
+    fsdp_print_peak_memory(&fsdp);
     fsdp_save_checkpoint(&fsdp, &cfg, total_steps);
     printf("saved %s/model.safetensors (step %ld): rank 0 held the whole model for it, peak %.1f MiB\n",
            cfg.out_dir, total_steps, peak_resident_bytes() / 1048576.0);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "trainer.h"
 
 // ---- the grid must fit ------------------------------------------------------------------------
 
@@ -477,4 +478,73 @@ void tp_backward(const TPModel *m, TPActs *a, const Weights *w, Weights *g, int 
         for (int i = 0; i < 2; i++) tp_grad_slot_finish(&slots->mat[i]);
         tp_grad_slot_finish(&slots->wte);
     }
+}
+
+// ---- checkpoints: the full model, whatever the grid (tp_model.h) -------------------------------
+typedef struct {
+    float *params, *m, *v;  // device buffers in the full layout
+} FullState;
+
+static void full_alloc(FullState *f, const TPModel *m) {
+    size_t bytes = m->full.num_params * sizeof(float);
+    f->params = dev_malloc(bytes), f->m = dev_malloc(bytes), f->v = dev_malloc(bytes);
+}
+
+static void full_free(FullState *f) {
+    dev_free(f->params), dev_free(f->m), dev_free(f->v);
+}
+
+void tp_save_checkpoint(const Config *cfg, const TPModel *m, Comm *group, const float *params,
+                      const float *adam_m, const float *adam_v, long step) {
+    FullState f;
+    full_alloc(&f, m);
+    tp_assemble(m, f.params, params, group);
+    tp_assemble(m, f.m, adam_m, group);
+    tp_assemble(m, f.v, adam_v, group);
+    if (comm_rank(group) == 0) save_checkpoint(cfg, &m->full, f.params, f.m, f.v, step);
+    full_free(&f);
+}
+
+long tp_load_checkpoint(const Config *cfg, const TPModel *m, float *params, float *adam_m, float *adam_v) {
+    FullState f;
+    full_alloc(&f, m);
+    long step = 0;
+    if (cfg->resume) step = resume_checkpoint(cfg, &m->full, f.params, f.m, f.v);
+    else load_initial_weights(cfg, &m->full, f.params);
+    tp_extract(m, params, f.params);
+    tp_extract(m, adam_m, f.m);
+    tp_extract(m, adam_v, f.v);
+    full_free(&f);
+    return step;
+}
+
+// ---- evaluation: the forward of the training's layout, no backward ----------------------------
+typedef struct {
+    const TPModel *m;
+    TPActs *a;
+    const Weights *w;
+} TPEval;
+
+static double tp_batch_loss(void *ctx, const Batch *batch) {  // a BatchLossFn of trainer.h
+    TPEval *e = ctx;
+    tp_forward(e->m, e->a, e->w, batch->inputs, batch->rows, batch->T);
+    return tp_loss(e->m, e->a, batch->targets, batch->rows, batch->T, 0.0f, false);
+}
+
+void tp_evaluate(const TPModel *m, TPActs *a, const Weights *w, const Dataset *data, const Config *cfg,
+                        int row_rank, int row_ranks, bool counts, double *loss_sum, long *count) {
+    TPEval e = {m, a, w};
+    evaluate_batches(tp_batch_loss, &e, data, cfg, row_rank, row_ranks, loss_sum, count);
+    // every x, y rank of a row group computed the same rows: one of them counts them
+    if (!counts) *loss_sum = 0, *count = 0;
+}
+
+void tp_print_grid(const TPModel *m, int P) {
+    const TPGrid *g = &m->grid;
+    printf("grid [x=%d, y=%d, z=%d] x data %d = %d ranks (rank = ((data*z_size + z)*x_size + x)*y_size + y)\n",
+           g->X, g->Y, g->Z, g->D, P);
+    printf("  x: %d heads, %d MLP columns, %d vocabulary rows per rank | y: %d of %d hidden columns | "
+           "z, data: rows of the batch\n", m->NHx, m->C4x, m->Vl, m->Cy, m->cfg.n_embd);
+    printf("loss: %s\n", m->vocab_parallel_loss ? "vocab-parallel (max and sum-exp all-reduced over x)"
+                                                : "on logits all-gathered over x");
 }

@@ -15,6 +15,8 @@
 
 #include <stdbool.h>
 
+#include "alpaca.h"
+#include "config.h"
 #include "gpt.h"
 #include "tp_linear.h"
 
@@ -123,5 +125,21 @@ void tp_forward(const TPModel *m, TPActs *a, const Weights *w, const int *inputs
 double tp_loss(const TPModel *m, TPActs *a, const int *targets, int B, int T, float dloss, bool backward);
 // adds this micro-batch's gradients into g (weights: already summed over z)
 void tp_backward(const TPModel *m, TPActs *a, const Weights *w, Weights *g, int B, int T);
+
+// ---- around the training loop -----------------------------------------------------------------
+// Checkpoints hold the full model, whatever the grid. Saving puts every rank's share together (an
+// all-reduce over `group`, a "checkpoint" group, so that it is not counted with the training's
+// x, y, z, data traffic) and its rank 0 writes the same files as every stage; loading reads the
+// full model and keeps this rank's share: any grid loads any checkpoint.
+void tp_save_checkpoint(const Config *cfg, const TPModel *m, Comm *group, const float *params,
+                        const float *adam_m, const float *adam_v, long step);
+// init_from or (resume) out_dir; returns the step to continue from (0 unless resuming)
+long tp_load_checkpoint(const Config *cfg, const TPModel *m, float *params, float *adam_m, float *adam_v);
+// validation loss of this row group's slices (row_rank of row_ranks), the forward of the
+// training's layout; counts: this rank is the one of its row group whose sums count
+void tp_evaluate(const TPModel *m, TPActs *a, const Weights *w, const Dataset *data, const Config *cfg,
+                 int row_rank, int row_ranks, bool counts, double *loss_sum, long *count);
+// the grid, what each coordinate splits, and the loss's form
+void tp_print_grid(const TPModel *m, int P);
 
 #endif

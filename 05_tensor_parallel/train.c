@@ -30,80 +30,6 @@
 #include "tp_model.h"
 #include "trainer.h"
 
-// ---- checkpoints: the full model, whatever the grid -------------------------------------------
-// Saving puts every rank's share together (an all-reduce over a "checkpoint" group, so that it is
-// not counted with the training's x, y, z, data traffic) and rank 0 writes the same files as
-// every stage. Loading reads the full model and keeps this rank's share: any grid loads any
-// checkpoint.
-typedef struct {
-    float *params, *m, *v;  // device buffers in the full layout
-} FullState;
-
-static void full_alloc(FullState *f, const TPModel *m) {
-    size_t bytes = m->full.num_params * sizeof(float);
-    f->params = dev_malloc(bytes), f->m = dev_malloc(bytes), f->v = dev_malloc(bytes);
-}
-
-static void full_free(FullState *f) {
-    dev_free(f->params), dev_free(f->m), dev_free(f->v);
-}
-
-static void save_full(const Config *cfg, const TPModel *m, Comm *group, const float *params,
-                      const float *adam_m, const float *adam_v, long step) {
-    FullState f;
-    full_alloc(&f, m);
-    tp_assemble(m, f.params, params, group);
-    tp_assemble(m, f.m, adam_m, group);
-    tp_assemble(m, f.v, adam_v, group);
-    if (comm_rank(group) == 0) save_checkpoint(cfg, &m->full, f.params, f.m, f.v, step);
-    full_free(&f);
-}
-
-// returns the step to continue from (0 unless resuming)
-static long load_full(const Config *cfg, const TPModel *m, float *params, float *adam_m, float *adam_v) {
-    FullState f;
-    full_alloc(&f, m);
-    long step = 0;
-    if (cfg->resume) step = resume_checkpoint(cfg, &m->full, f.params, f.m, f.v);
-    else load_initial_weights(cfg, &m->full, f.params);
-    tp_extract(m, params, f.params);
-    tp_extract(m, adam_m, f.m);
-    tp_extract(m, adam_v, f.v);
-    full_free(&f);
-    return step;
-}
-
-// ---- evaluation: the forward of the training's layout, no backward ----------------------------
-typedef struct {
-    const TPModel *m;
-    TPActs *a;
-    const Weights *w;
-} TPEval;
-
-static double tp_batch_loss(void *ctx, const Batch *batch) {  // a BatchLossFn of trainer.h
-    TPEval *e = ctx;
-    tp_forward(e->m, e->a, e->w, batch->inputs, batch->rows, batch->T);
-    return tp_loss(e->m, e->a, batch->targets, batch->rows, batch->T, 0.0f, false);
-}
-
-static void tp_evaluate(const TPModel *m, TPActs *a, const Weights *w, const Dataset *data, const Config *cfg,
-                        int row_rank, int row_ranks, bool counts, double *loss_sum, long *count) {
-    TPEval e = {m, a, w};
-    evaluate_batches(tp_batch_loss, &e, data, cfg, row_rank, row_ranks, loss_sum, count);
-    // every x, y rank of a row group computed the same rows: one of them counts them
-    if (!counts) *loss_sum = 0, *count = 0;
-}
-
-static void print_grid(const TPModel *m, int P) {
-    const TPGrid *g = &m->grid;
-    printf("grid [x=%d, y=%d, z=%d] x data %d = %d ranks (rank = ((data*z_size + z)*x_size + x)*y_size + y)\n",
-           g->X, g->Y, g->Z, g->D, P);
-    printf("  x: %d heads, %d MLP columns, %d vocabulary rows per rank | y: %d of %d hidden columns | "
-           "z, data: rows of the batch\n", m->NHx, m->C4x, m->Vl, m->Cy, m->cfg.n_embd);
-    printf("loss: %s\n", m->vocab_parallel_loss ? "vocab-parallel (max and sum-exp all-reduced over x)"
-                                                : "on logits all-gathered over x");
-}
-
 int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
     int rank = comm_rank(world), P = comm_size(world);
@@ -146,7 +72,7 @@ int main(int argc, char **argv) {
         weights_point_bf16(&w, &model.layout, params16);
     }
     long step = 0;
-    if (cfg.resume || starts_from_checkpoint(&cfg)) step = load_full(&cfg, &model, params, adam_m, adam_v);
+    if (cfg.resume || starts_from_checkpoint(&cfg)) step = tp_load_checkpoint(&cfg, &model, params, adam_m, adam_v);
     else tp_init_params(&model, params, (uint64_t)cfg.seed);
 
     int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps / row_ranks;
@@ -167,7 +93,7 @@ int main(int argc, char **argv) {
            P, ops_backend_name(), bf16_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, model.full.num_params / 1e6);
     printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
-    print_grid(&model, P);
+    tp_print_grid(&model, P);
     printf("overlap_communication: %s\n", overlap ? "on (depth all-gathers prefetched, backward collectives "
                                                     "started before the weight-gradient matmul)" : "off");
     print_batch_plan(&cfg, data, row_ranks, "row groups (z x data)", total_steps);
@@ -259,9 +185,9 @@ int main(int argc, char **argv) {
         }
         if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
         if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
-            save_full(&cfg, &model, ckpt_group, params, adam_m, adam_v, step + 1);
+            tp_save_checkpoint(&cfg, &model, ckpt_group, params, adam_m, adam_v, step + 1);
     }
-    save_full(&cfg, &model, ckpt_group, params, adam_m, adam_v, total_steps);
+    tp_save_checkpoint(&cfg, &model, ckpt_group, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld, the full model)\n", cfg.out_dir, total_steps);
     comm_print_table(world);
     run_stats_number("tokens_trained", (double)tokens_trained);
