@@ -246,6 +246,8 @@ ModelShape whole_model_shape(const GPTConfig *cfg) {
 // out (N, OC) = inp (N, C) @ w^T + b. With bf16 weights (w16 set) the input is rounded to bf16
 // into inp16, which is also what backward will read, and the matmul accumulates in f32.
 void linear_forward(float *out, const float *inp, bf16 *inp16, const Linear *w, int N, int C, int OC) {
+    // bf16 activations keep no f32 matmul input for backward: an f32 layer there would read scratch
+    if (inp16 && !w->w16) fatal("internal: activations allocated for bf16, weights without a bf16 copy");
     if (!w->w16) {
         matmul_forward(out, inp, w->w, w->b, N, C, OC);
         return;
