@@ -238,10 +238,34 @@ bad:
     fatal("%s: key '%s': expected %s, found %s", where, k->name, TYPE_NAMES[k->type], found);
 }
 
+// ---- where values came from -------------------------------------------------------------------
+
+// Where each key's value was set last: "defaults", the config file's path or "command line".
+// Validation blames that place, so a bad --lr=... points at the command line, not at the file.
+typedef struct { const char *of[NKEYS]; } Sources;
+
+static void note_source(Sources *src, const Key *k, const char *where) { src->of[k - KEYS] = where; }
+
+static const char *source_of(const Sources *src, const char *key) { return src->of[find_key(key) - KEYS]; }
+
+// For a rule over two keys: the place the user wrote them, or each key's place when they differ
+// (a default is nobody's writing, so it names no place when the other key has one).
+static const char *sources_of_pair(const Sources *src, const char *a, const char *b, char *buf, size_t size) {
+    const char *wa = source_of(src, a), *wb = source_of(src, b);
+    if (strcmp(wa, wb) == 0 || strcmp(wb, "defaults") == 0) return wa;
+    if (strcmp(wa, "defaults") == 0) return wb;
+    snprintf(buf, size, "%s (%s), %s (%s)", wa, a, wb, b);
+    return buf;
+}
+
 // ---- reading the file and the command line ----------------------------------------------------
 
-static void apply_json_file(Config *cfg, const char *path) {
+static bool is_blank(const char *text) { return text[strspn(text, " \t\r\n")] == '\0'; }
+
+static void apply_json_file(Config *cfg, Sources *src, const char *path) {
     char *text = read_file_or_die(path, NULL);
+    // cJSON calls an empty file invalid JSON near line 1, which hides that the file is empty
+    if (is_blank(text)) fatal("%s: the file is empty: expected a JSON object of key: value ({} keeps every default)", path);
     cJSON *root = cJSON_Parse(text);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
@@ -250,8 +274,11 @@ static void apply_json_file(Config *cfg, const char *path) {
         fatal("%s: not valid JSON (near line %d)", path, line);
     }
     if (!cJSON_IsObject(root)) fatal("%s: expected a JSON object of key: value, found %s", path, json_type_name(root));
-    for (const cJSON *item = root->child; item; item = item->next)
-        set_from_json(cfg, find_key_or_die(item->string, path), item, path);
+    for (const cJSON *item = root->child; item; item = item->next) {
+        const Key *k = find_key_or_die(item->string, path);
+        set_from_json(cfg, k, item, path);
+        note_source(src, k, path);
+    }
     cJSON_Delete(root);
     free(text);
 }
@@ -264,19 +291,27 @@ static void print_help(const char *default_file) {
         printf("  --%-22s %s [%s]\n", KEYS[i].name, KEYS[i].help, KEYS[i].dflt);
 }
 
+// --config FILE or --config=FILE, at most once: a second file would silently replace the first.
+// Without one, $CONFIG_FILE, then the stage's own.
 static const char *config_file_from_args(int argc, char **argv, const char *stage_default) {
+    const char *path = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--config") == 0) {
-            if (i + 1 >= argc) fatal("command line: --config needs a file name");
-            return argv[i + 1];
-        }
-        if (strncmp(argv[i], "--config=", 9) == 0) return argv[i] + 9;
+        const char *given;
+        if (strcmp(argv[i], "--config") == 0) given = i + 1 < argc ? argv[++i] : "";
+        else if (strncmp(argv[i], "--config=", 9) == 0) given = argv[i] + 9;
+        else continue;
+        if (!*given) fatal("command line: --config needs a file name");
+        if (path)
+            fatal("command line: --config given twice ('%s' and '%s'): give one file and change "
+                  "its keys with --key=value", path, given);
+        path = given;
     }
+    if (path) return path;
     const char *env = getenv("CONFIG_FILE");
     return (env && *env) ? env : stage_default;
 }
 
-static void apply_overrides(Config *cfg, int argc, char **argv) {
+static void apply_overrides(Config *cfg, Sources *src, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--config") == 0) { i++; continue; }
@@ -288,7 +323,9 @@ static void apply_overrides(Config *cfg, int argc, char **argv) {
         if (len >= sizeof name) len = sizeof name - 1;
         memcpy(name, arg + 2, len);
         name[len] = '\0';
-        set_from_text(cfg, find_key_or_die(name, "command line"), strchr(arg, '=') + 1, "command line");
+        const Key *k = find_key_or_die(name, "command line");
+        set_from_text(cfg, k, strchr(arg, '=') + 1, "command line");
+        note_source(src, k, "command line");
     }
 }
 
@@ -300,7 +337,7 @@ static const Preset PRESETS[] = {
     {"gpt2-xl", 48, 25, 1600}, {"custom", 0, 0, 0},
 };
 
-static void apply_model_preset(Config *cfg, const char *where) {
+static void apply_model_preset(Config *cfg, const Sources *src) {
     for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) {
         const Preset *p = &PRESETS[i];
         if (strcmp(cfg->model_id, p->id) != 0) continue;
@@ -310,46 +347,60 @@ static void apply_model_preset(Config *cfg, const char *where) {
         return;
     }
     fatal("%s: key 'model_id': expected gpt2, gpt2-medium, gpt2-large, gpt2-xl or custom, found '%s'",
-          where, cfg->model_id);
+          source_of(src, "model_id"), cfg->model_id);
 }
 
-static void require_positive(const char *where, const char *key, double value) {
-    if (!(value > 0)) fatal("%s: key '%s': expected a positive value, found %g", where, key, value);
+static void require_positive(const Sources *src, const char *key, double value) {
+    if (!(value > 0)) fatal("%s: key '%s': expected a positive value, found %g", source_of(src, key), key, value);
 }
 
-static void validate(Config *cfg, const char *where) {
-    static const char *precisions[] = {"32", "32-true", "bf16-mixed", "bf16"};
-    bool ok = false;
-    for (int i = 0; i < 4; i++) ok |= strcmp(cfg->precision, precisions[i]) == 0;
-    if (!ok) fatal("%s: key 'precision': expected 32, 32-true, bf16-mixed or bf16, found '%s'", where, cfg->precision);
-    static const char *strategies[] = {"single_device", "ddp", "fsdp", "axonn"};
-    ok = false;
-    for (int i = 0; i < 4; i++) ok |= strcmp(cfg->strategy, strategies[i]) == 0;
-    if (!ok) fatal("%s: key 'strategy': expected single_device, ddp, fsdp or axonn, found '%s'", where, cfg->strategy);
-    apply_model_preset(cfg, where);
-    require_positive(where, "n_layer", cfg->n_layer);
-    require_positive(where, "n_head", cfg->n_head);
-    require_positive(where, "n_embd", cfg->n_embd);
-    require_positive(where, "max_seq_len", cfg->max_seq_len);
-    require_positive(where, "global_batch_size", cfg->global_batch_size);
-    require_positive(where, "gradient_acc_steps", cfg->gradient_acc_steps);
-    require_positive(where, "log_interval", cfg->log_interval);
-    require_positive(where, "num_epochs", cfg->num_epochs);
-    require_positive(where, "lr", cfg->lr);
-    for (int i = 0; i < 3; i++) require_positive(where, "tp_dimensions", cfg->tp_dimensions[i]);
-    if (cfg->vocab_size < 0) fatal("%s: key 'vocab_size': expected 0 or more, found %d", where, cfg->vocab_size);
+static void require_not_negative(const Sources *src, const char *key, double value) {
+    if (value < 0) fatal("%s: key '%s': expected 0 or more, found %g", source_of(src, key), key, value);
+}
+
+static void require_one_of(const Sources *src, const char *key, const char *value, const char *const *allowed,
+                           int n, const char *expected) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(value, allowed[i]) == 0) return;
+    fatal("%s: key '%s': expected %s, found '%s'", source_of(src, key), key, expected, value);
+}
+
+static void validate(Config *cfg, const Sources *src) {
+    static const char *const precisions[] = {"32", "32-true", "bf16-mixed", "bf16"};
+    require_one_of(src, "precision", cfg->precision, precisions, 4, "32, 32-true, bf16-mixed or bf16");
+    static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn"};
+    require_one_of(src, "strategy", cfg->strategy, strategies, 4, "single_device, ddp, fsdp or axonn");
+    apply_model_preset(cfg, src);
+    require_positive(src, "n_layer", cfg->n_layer);
+    require_positive(src, "n_head", cfg->n_head);
+    require_positive(src, "n_embd", cfg->n_embd);
+    require_positive(src, "max_seq_len", cfg->max_seq_len);
+    require_positive(src, "global_batch_size", cfg->global_batch_size);
+    require_positive(src, "gradient_acc_steps", cfg->gradient_acc_steps);
+    require_positive(src, "log_interval", cfg->log_interval);
+    require_positive(src, "num_epochs", cfg->num_epochs);
+    require_positive(src, "lr", cfg->lr);
+    for (int i = 0; i < 3; i++) require_positive(src, "tp_dimensions", cfg->tp_dimensions[i]);
+    require_not_negative(src, "vocab_size", cfg->vocab_size);
+    require_not_negative(src, "warmup_steps", cfg->warmup_steps);
+    require_not_negative(src, "eval_interval", cfg->eval_interval);
+    require_not_negative(src, "checkpoint_interval", cfg->checkpoint_interval);
+    require_not_negative(src, "grad_clip", cfg->grad_clip);
+    char where[1200];
     if (cfg->n_embd % cfg->n_head != 0)
         fatal("%s: keys 'n_embd' and 'n_head': n_embd must be divisible by n_head, found %d and %d",
-              where, cfg->n_embd, cfg->n_head);
+              sources_of_pair(src, "n_embd", "n_head", where, sizeof where), cfg->n_embd, cfg->n_head);
     if (cfg->global_batch_size % cfg->gradient_acc_steps != 0)
         fatal("%s: keys 'global_batch_size' and 'gradient_acc_steps': the batch must split into "
-              "equal micro-batches, found %d and %d", where, cfg->global_batch_size, cfg->gradient_acc_steps);
+              "equal micro-batches, found %d and %d",
+              sources_of_pair(src, "global_batch_size", "gradient_acc_steps", where, sizeof where),
+              cfg->global_batch_size, cfg->gradient_acc_steps);
     if (cfg->min_lr < 0 || cfg->min_lr > cfg->lr)
-        fatal("%s: key 'min_lr': expected a value between 0 and lr (%g), found %g", where, cfg->lr, cfg->min_lr);
+        fatal("%s: key 'min_lr': expected a value between 0 and lr (%g), found %g",
+              sources_of_pair(src, "min_lr", "lr", where, sizeof where), cfg->lr, cfg->min_lr);
     if (cfg->val_fraction < 0 || cfg->val_fraction >= 1)
-        fatal("%s: key 'val_fraction': expected a value in [0, 1), found %g", where, cfg->val_fraction);
-    if (cfg->warmup_steps < 0 || cfg->eval_interval < 0 || cfg->checkpoint_interval < 0 || cfg->grad_clip < 0)
-        fatal("%s: warmup_steps, eval_interval, checkpoint_interval and grad_clip must not be negative", where);
+        fatal("%s: key 'val_fraction': expected a value in [0, 1), found %g", source_of(src, "val_fraction"),
+              cfg->val_fraction);
 }
 
 void config_load(Config *cfg, int argc, char **argv, const char *stage_default_file) {
@@ -359,11 +410,14 @@ void config_load(Config *cfg, int argc, char **argv, const char *stage_default_f
             exit(0);
         }
     memset(cfg, 0, sizeof *cfg);
-    for (size_t i = 0; i < NKEYS; i++) set_from_text(cfg, &KEYS[i], KEYS[i].dflt, "defaults");
-    const char *path = config_file_from_args(argc, argv, stage_default_file);
-    apply_json_file(cfg, path);
-    apply_overrides(cfg, argc, argv);
-    validate(cfg, path);
+    Sources src;
+    for (size_t i = 0; i < NKEYS; i++) {
+        set_from_text(cfg, &KEYS[i], KEYS[i].dflt, "defaults");
+        note_source(&src, &KEYS[i], "defaults");
+    }
+    apply_json_file(cfg, &src, config_file_from_args(argc, argv, stage_default_file));
+    apply_overrides(cfg, &src, argc, argv);
+    validate(cfg, &src);
 }
 
 char *config_to_json(const Config *cfg) {

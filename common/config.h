@@ -48,7 +48,8 @@ typedef struct {
 
 // Reads the config for `stage_default_file` (used when neither --config nor $CONFIG_FILE is
 // given), applies --key=value overrides, validates. Prints usage and exits 0 on --help; any
-// error goes through fatal() naming the file, the key, what was expected and what was found.
+// error goes through fatal() naming where the value came from (the file, the command line or
+// the defaults), the key, what was expected and what was found.
 void config_load(Config *cfg, int argc, char **argv, const char *stage_default_file);
 
 // The config as one JSON line (for the log and for checkpoints); malloc'd.

@@ -38,13 +38,7 @@ build/stage-1 --config configs/tiny.json --init_from=$hf --tokenizer_path=$hf --
 rc=$?; check '[ $rc -eq 0 ] && grep -q "L=1 H=1 C=2 V=50257" "$tmp/hf.log"' "init_from the HF checkpoint: $(tail -3 "$tmp/hf.log")"
 
 # 3. bad input: one message naming what is wrong, exit 1
-expect_error() { # expect_error <description> <pattern> <args...>
-    local what=$1 pattern=$2; shift 2
-    build/stage-1 "$@" >"$tmp/err.out" 2>"$tmp/err.log"
-    local rc=$?
-    check '[ $rc -eq 1 ] && grep -q -- "$pattern" "$tmp/err.log" && [ "$(grep -c "^error" "$tmp/err.log")" -eq 1 ]' \
-        "$what: exit $rc, stderr: $(cat "$tmp/err.log")"
-}
+expect_error() { expect_one_error "$1" "$2" build/stage-1 "${@:3}"; } # <description> <pattern> <args...>
 echo '{"global_bach_size": 8}' >"$tmp/typo.json"
 expect_error "unknown key" "unknown key 'global_bach_size' (did you mean 'global_batch_size'" --config "$tmp/typo.json"
 echo '{"n_layer": "four"}' >"$tmp/type.json"
