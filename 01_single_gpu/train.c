@@ -20,7 +20,7 @@
 
 int main(int argc, char **argv) {
     Config cfg;
-    config_load(&cfg, argc, argv, "configs/single_gpu.json");
+    config_load(&cfg, argc, argv, STAGE_SINGLE_GPU);
     ops_init();
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----

@@ -31,7 +31,7 @@ static const Key KEYS[] = {
     K(dataset_id, T_STRING, "alpaca", "dataset family (alpaca format)"),
     K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
     K(precision, T_STRING, "32", "32, 32-true, bf16-mixed or bf16"),
-    K(strategy, T_STRING, "single_device", "single_device, ddp, fsdp or axonn"),
+    K(strategy, T_STRING, "", "single_device, ddp, fsdp or axonn; empty: the stage's own (above)"),
     K(tp_dimensions, T_INT3, "1,1,1", "tensor-parallel grid [x, y, z] (strategy axonn)"),
     K(global_batch_size, T_INT, "32", "sequences per optimizer step, over all ranks"),
     K(gradient_acc_steps, T_INT, "1", "micro-batches per optimizer step"),
@@ -238,6 +238,37 @@ bad:
     fatal("%s: key '%s': expected %s, found %s", where, k->name, TYPE_NAMES[k->type], found);
 }
 
+// ---- the stages -------------------------------------------------------------------------------
+
+// What each stage implements and reads by default. A learner runs one config through several
+// stages, so a strategy another stage implements is refused with a pointer to that stage rather
+// than ignored (the tutorial's strategy key picked the code path; here the program does).
+typedef struct {
+    const char *strategy;      // the one it implements (and what an empty strategy means)
+    const char *also;          // another it accepts, or NULL (stage 06: one device is the 1x1 grid)
+    const char *default_file;  // read when neither --config nor $CONFIG_FILE names one
+} StageInfo;
+
+static const StageInfo STAGES[] = {
+    [STAGE_SINGLE_GPU] = {"single_device", NULL, "configs/single_gpu.json"},
+    [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json"},
+    [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json"},
+    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json"},
+    [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json"},
+    [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json"},
+};
+
+static bool stage_runs(const StageInfo *s, const char *strategy) {
+    return strcmp(s->strategy, strategy) == 0 || (s->also && strcmp(s->also, strategy) == 0);
+}
+
+// The first stage that trains with `strategy`: where the refusal sends the learner.
+static int stage_training_with(const char *strategy) {
+    for (int n = STAGE_SINGLE_GPU; n <= STAGE_INFERENCE; n++)
+        if (strcmp(STAGES[n].strategy, strategy) == 0) return n;
+    return 0;  // not reached: every strategy validate() accepts has a stage
+}
+
 // ---- where values came from -------------------------------------------------------------------
 
 // Where each key's value was set last: "defaults", the config file's path or "command line".
@@ -283,10 +314,19 @@ static void apply_json_file(Config *cfg, Sources *src, const char *path) {
     free(text);
 }
 
-static void print_help(const char *default_file) {
-    printf("usage: [mpirun -np P] %s [--config FILE] [--key=value ...]\n\n"
-           "FILE defaults to $CONFIG_FILE, then to %s. Keys (default in brackets):\n",
-           "build/stage-N", default_file);
+// "ddp"; or "axonn" or "single_device" for the stage that accepts two
+static const char *strategies_of(const StageInfo *s, char *buf, size_t size) {
+    if (s->also) snprintf(buf, size, "\"%s\" or \"%s\"", s->strategy, s->also);
+    else snprintf(buf, size, "\"%s\"", s->strategy);
+    return buf;
+}
+
+static void print_help(Stage stage) {
+    char runs[64];
+    printf("usage: [mpirun -np P] build/stage-%d [--config FILE] [--key=value ...]\n\n"
+           "Stage %02d runs strategy %s. FILE defaults to $CONFIG_FILE, then to %s.\n"
+           "Keys (default in brackets):\n", (int)stage, (int)stage,
+           strategies_of(&STAGES[stage], runs, sizeof runs), STAGES[stage].default_file);
     for (size_t i = 0; i < NKEYS; i++)
         printf("  --%-22s %s [%s]\n", KEYS[i].name, KEYS[i].help, KEYS[i].dflt);
 }
@@ -365,11 +405,37 @@ static void require_one_of(const Sources *src, const char *key, const char *valu
     fatal("%s: key '%s': expected %s, found '%s'", source_of(src, key), key, expected, value);
 }
 
-static void validate(Config *cfg, const Sources *src) {
+// An empty strategy is the stage's own; another stage's strategy is refused with where to go.
+static void resolve_strategy(Config *cfg, const Sources *src, Stage stage) {
+    static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn"};
+    const StageInfo *s = &STAGES[stage];
+    if (!cfg->strategy[0]) {
+        strcpy(cfg->strategy, s->strategy);
+        return;
+    }
+    require_one_of(src, "strategy", cfg->strategy, strategies, 4, "single_device, ddp, fsdp or axonn");
+    if (stage_runs(s, cfg->strategy)) return;
+    char runs[64];
+    fatal("%s: key 'strategy' is \"%s\" but stage %02d runs %s; run build/stage-%d for %s",
+          source_of(src, "strategy"), cfg->strategy, (int)stage, strategies_of(s, runs, sizeof runs),
+          stage_training_with(cfg->strategy), cfg->strategy);
+}
+
+// A grid other than [1, 1, 1] splits every layer over ranks, which only strategy axonn does; on
+// another strategy it would be ignored.
+static void require_grid_fits_strategy(const Config *cfg, const Sources *src) {
+    const int *tp = cfg->tp_dimensions;
+    if (tp[0] * tp[1] * tp[2] == 1 || strcmp(cfg->strategy, "axonn") == 0) return;
+    fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but strategy \"%s\" does not split layers: a "
+          "tensor-parallel grid is strategy axonn (build/stage-5; build/stage-6 for inference)",
+          source_of(src, "tp_dimensions"), tp[0], tp[1], tp[2], cfg->strategy);
+}
+
+static void validate(Config *cfg, const Sources *src, Stage stage) {
     static const char *const precisions[] = {"32", "32-true", "bf16-mixed", "bf16"};
     require_one_of(src, "precision", cfg->precision, precisions, 4, "32, 32-true, bf16-mixed or bf16");
-    static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn"};
-    require_one_of(src, "strategy", cfg->strategy, strategies, 4, "single_device, ddp, fsdp or axonn");
+    resolve_strategy(cfg, src, stage);
+    require_grid_fits_strategy(cfg, src);
     apply_model_preset(cfg, src);
     require_positive(src, "n_layer", cfg->n_layer);
     require_positive(src, "n_head", cfg->n_head);
@@ -403,10 +469,10 @@ static void validate(Config *cfg, const Sources *src) {
               cfg->val_fraction);
 }
 
-void config_load(Config *cfg, int argc, char **argv, const char *stage_default_file) {
+void config_load(Config *cfg, int argc, char **argv, Stage stage) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            print_help(stage_default_file);
+            print_help(stage);
             exit(0);
         }
     memset(cfg, 0, sizeof *cfg);
@@ -415,9 +481,9 @@ void config_load(Config *cfg, int argc, char **argv, const char *stage_default_f
         set_from_text(cfg, &KEYS[i], KEYS[i].dflt, "defaults");
         note_source(&src, &KEYS[i], "defaults");
     }
-    apply_json_file(cfg, &src, config_file_from_args(argc, argv, stage_default_file));
+    apply_json_file(cfg, &src, config_file_from_args(argc, argv, STAGES[stage].default_file));
     apply_overrides(cfg, &src, argc, argv);
-    validate(cfg, &src);
+    validate(cfg, &src, stage);
 }
 
 char *config_to_json(const Config *cfg) {
