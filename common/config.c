@@ -28,7 +28,9 @@ typedef struct {
 
 static const Key KEYS[] = {
     K(model_id, T_STRING, "gpt2", "model shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, custom"),
-    K(dataset_id, T_STRING, "alpaca", "dataset family (alpaca format)"),
+    K(dataset_id, T_STRING, "",
+      "tatsu-lab/alpaca or alpaca (the alpaca JSON file in data_path), synthetic (the built-in "
+      "set); empty: data_path decides"),
     K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
     K(precision, T_STRING, "32", "32, 32-true, bf16-mixed or bf16"),
     K(strategy, T_STRING, "", "single_device, ddp, fsdp or axonn; empty: the stage's own (above)"),
@@ -431,11 +433,37 @@ static void require_grid_fits_strategy(const Config *cfg, const Sources *src) {
           source_of(src, "tp_dimensions"), tp[0], tp[1], tp[2], cfg->strategy);
 }
 
+// dataset_id names the data and data_path holds the file: both must say the same. An empty
+// dataset_id takes what data_path says (the file, else the built-in synthetic set).
+static void resolve_dataset(Config *cfg, const Sources *src) {
+    const char *id = cfg->dataset_id;
+    bool has_file = cfg->data_path[0] != '\0';
+    char where[1200];
+    if (!*id) {
+        strcpy(cfg->dataset_id, has_file ? "alpaca" : "synthetic");
+    } else if (strcmp(id, "alpaca") == 0 || strcmp(id, "tatsu-lab/alpaca") == 0) {
+        if (!has_file)
+            fatal("%s: key 'dataset_id' is \"%s\", an alpaca JSON file, but data_path is empty: set "
+                  "data_path to the file (the tutorial's is alpaca_data.json from "
+                  "github.com/tatsu-lab/stanford_alpaca), or dataset_id to synthetic for the built-in set",
+                  sources_of_pair(src, "dataset_id", "data_path", where, sizeof where), id);
+    } else if (strcmp(id, "synthetic") == 0) {
+        if (has_file)
+            fatal("%s: key 'dataset_id' is \"synthetic\" (the built-in set) but data_path is '%s': "
+                  "set dataset_id to alpaca to train on the file, or leave data_path empty",
+                  sources_of_pair(src, "dataset_id", "data_path", where, sizeof where), cfg->data_path);
+    } else {
+        fatal("%s: key 'dataset_id': expected tatsu-lab/alpaca or alpaca (the alpaca JSON file in "
+              "data_path), or synthetic (the built-in set), found '%s'", source_of(src, "dataset_id"), id);
+    }
+}
+
 static void validate(Config *cfg, const Sources *src, Stage stage) {
     static const char *const precisions[] = {"32", "32-true", "bf16-mixed", "bf16"};
     require_one_of(src, "precision", cfg->precision, precisions, 4, "32, 32-true, bf16-mixed or bf16");
     resolve_strategy(cfg, src, stage);
     require_grid_fits_strategy(cfg, src);
+    resolve_dataset(cfg, src);
     apply_model_preset(cfg, src);
     require_positive(src, "n_layer", cfg->n_layer);
     require_positive(src, "n_head", cfg->n_head);

@@ -9,7 +9,7 @@
 typedef struct {
     // the tutorial's keys
     char model_id[64];        // "gpt2", "gpt2-medium", ... picks n_layer/n_head/n_embd; "custom"
-    char dataset_id[64];      // "alpaca" (the only dataset the tutorial used)
+    char dataset_id[64];      // "synthetic", or "alpaca"/"tatsu-lab/alpaca": the file in data_path
     int seed;
     char precision[16];       // "32", "32-true", "bf16-mixed", "bf16"
     char strategy[16];        // "single_device", "ddp", "fsdp", "axonn": the stage's own
@@ -58,8 +58,8 @@ typedef enum {
     STAGE_INFERENCE,            // axonn over [x, y, 1] (single_device: the [1, 1, 1] grid only)
 } Stage;
 
-// Reads the stage's config, applies --key=value overrides, validates, and fills in what an
-// empty strategy means (the stage's own). Prints usage and
+// Reads the stage's config, applies --key=value overrides, validates, and fills in what empty
+// keys mean (strategy: the stage's own; dataset_id: what data_path names). Prints usage and
 // exits 0 on --help; any error goes through fatal() naming where the value came from (the file,
 // the command line or the defaults), the key, what was expected and what was found.
 void config_load(Config *cfg, int argc, char **argv, Stage stage);

@@ -4,9 +4,12 @@
 #  - a second --config and an empty config file are errors, not silently something else;
 #  - strategy: empty means the stage's own; another stage's strategy is refused with the stage
 #    that runs it, on every rank of a parallel stage; a tensor-parallel grid needs axonn;
+#  - dataset_id: the alpaca file in data_path, or the built-in synthetic set, or refused;
 #  - every shipped config agrees with the stage that reads it.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
+FIX=${FIXTURES:-../shared/fixtures}
+ALPACA=$FIX/alpaca/rasbt-LLMs-from-scratch_instruction-examples.json
 # run_config <out_dir> <key>: the key as the run resolved it (the checkpoint's run_config)
 run_config() {
     python3 - "$1/model.safetensors" "$2" <<'PY'
@@ -76,7 +79,21 @@ timeout 120 mpirun -np 2 --bind-to none build/stage-3 --config configs/tiny.json
 rc=$?; check '[ $rc -eq 0 ] && [ "$(run_config "$tmp/ddp" strategy)" = ddp ]' \
     "stage 03 on configs/tiny.json did not run as ddp (exit $rc): $(tail -3 "$tmp/ddp.log")"
 
-# ---- 3. the shipped configs agree with their stages: validation gets past strategy to
+# ---- 3. dataset_id ----------------------------------------------------------------------------
+expect_one_error "alpaca without a file" "^error: command line: key 'dataset_id' is \"tatsu-lab/alpaca\", an alpaca JSON file, but data_path is empty" \
+    build/stage-1 --config configs/tiny.json --dataset_id=tatsu-lab/alpaca
+expect_one_error "synthetic with a file" "key 'dataset_id' is \"synthetic\" (the built-in set) but data_path is '$ALPACA'" \
+    build/stage-1 --config configs/tiny.json --dataset_id=synthetic --data_path="$ALPACA"
+expect_one_error "unknown dataset" "key 'dataset_id': expected tatsu-lab/alpaca or alpaca .*, found 'squad'" \
+    build/stage-1 --config configs/tiny.json --dataset_id=squad
+check '[ "$(run_config "$tmp/own" dataset_id)" = synthetic ]' "no data_path did not record dataset_id synthetic"
+train_one_step tatsu --dataset_id=tatsu-lab/alpaca --data_path="$ALPACA" --max_seq_len=128
+check '[ "$(run_config "$tmp/tatsu" dataset_id)" = tatsu-lab/alpaca ] && grep -q "data: 190 train / 10 validation" "$tmp/tatsu.log"' \
+    "tatsu-lab/alpaca did not train on $ALPACA: $(grep data: "$tmp/tatsu.log")"
+train_one_step file --data_path="$ALPACA" --max_seq_len=128
+check '[ "$(run_config "$tmp/file" dataset_id)" = alpaca ]' "a data_path alone did not record dataset_id alpaca"
+
+# ---- 4. the shipped configs agree with their stages: validation gets past strategy and data to
 # a key set wrong on purpose (so nothing starts)
 for pair in 1:single_gpu 2:mixed_precision 3:ddp 4:fsdp 5:axonn 6:inference 6:inference_axonn \
             1:tiny 2:tiny 3:tiny 4:tiny 5:tiny 6:tiny 1:bench_gpt2 6:bench_gpt2; do
