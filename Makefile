@@ -56,16 +56,19 @@ $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 .PHONY: all setup test test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
 
+# scripts/setup.sh installs missing packages (apt) and only checks when none is missing; the
+# stamp runs it once per build tree (again when the script changes). Objects need the packages
+# first but not rebuilding when the stamp is renewed: an order-only prerequisite.
 SETUP_STAMP := build/.setup-ok
 setup: $(SETUP_STAMP)
 $(SETUP_STAMP): scripts/setup.sh
 	@bash scripts/setup.sh
-	@mkdir -p build && touch $@
+	@mkdir -p $(dir $@) && touch $@
 
-$(B)/%.o: %.c $(SETUP_STAMP)
+$(B)/%.o: %.c | $(SETUP_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
-$(B)/%.o: %.cu $(SETUP_STAMP)
+$(B)/%.o: %.cu | $(SETUP_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 

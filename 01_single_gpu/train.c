@@ -20,10 +20,7 @@
 
 int main(int argc, char **argv) {
     Config cfg;
-    config_load(&cfg, argc, argv, "configs/single_gpu.json");
-    if (config_is_bf16(&cfg))  // what the weights and activations below are made for
-        fatal("key 'precision': stage 01 trains in fp32 (32, 32-true), found '%s': bf16 is stage 02 (build/stage-2)",
-              cfg.precision);
+    config_load(&cfg, argc, argv, STAGE_SINGLE_GPU);
     ops_init();
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----

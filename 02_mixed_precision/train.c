@@ -25,7 +25,7 @@
 
 int main(int argc, char **argv) {
     Config cfg;
-    config_load(&cfg, argc, argv, "configs/mixed_precision.json");
+    config_load(&cfg, argc, argv, STAGE_MIXED_PRECISION);
     ops_init();
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----

@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
     int rank = comm_rank(world), P = comm_size(world);
     Config cfg;
-    config_load(&cfg, argc, argv, "configs/fsdp.json");
+    config_load(&cfg, argc, argv, STAGE_FSDP);
     // every rank must train the same model on the same batches: compare the configs
     char *config_json = config_to_json(&cfg);
     comm_check_same(world, "the config", config_json);

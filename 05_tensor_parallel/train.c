@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
     int rank = comm_rank(world), P = comm_size(world);
     Config cfg;
-    config_load(&cfg, argc, argv, "configs/axonn.json");
+    config_load(&cfg, argc, argv, STAGE_TENSOR_PARALLEL);
     char *config_json = config_to_json(&cfg);
     comm_check_same(world, "the config", config_json);
     free(config_json);

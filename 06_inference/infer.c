@@ -454,7 +454,7 @@ int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
     int rank = comm_rank(world);
     Config cfg;
-    config_load(&cfg, argc, argv, "configs/inference.json");
+    config_load(&cfg, argc, argv, STAGE_INFERENCE);
     validate_inference_keys(&cfg);
     check_layout(&cfg, world);
     ops_init();

@@ -28,10 +28,12 @@ typedef struct {
 
 static const Key KEYS[] = {
     K(model_id, T_STRING, "gpt2", "model shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, custom"),
-    K(dataset_id, T_STRING, "alpaca", "dataset family (alpaca format)"),
+    K(dataset_id, T_STRING, "",
+      "tatsu-lab/alpaca or alpaca (the alpaca JSON file in data_path), synthetic (the built-in "
+      "set); empty: data_path decides"),
     K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
     K(precision, T_STRING, "32", "32, 32-true, bf16-mixed or bf16"),
-    K(strategy, T_STRING, "single_device", "single_device, ddp, fsdp or axonn"),
+    K(strategy, T_STRING, "", "single_device, ddp, fsdp or axonn; empty: the stage's own (above)"),
     K(tp_dimensions, T_INT3, "1,1,1", "tensor-parallel grid [x, y, z] (strategy axonn)"),
     K(global_batch_size, T_INT, "32", "sequences per optimizer step, over all ranks"),
     K(gradient_acc_steps, T_INT, "1", "micro-batches per optimizer step"),
@@ -240,10 +242,65 @@ bad:
     fatal("%s: key '%s': expected %s, found %s", where, k->name, TYPE_NAMES[k->type], found);
 }
 
+// ---- the stages -------------------------------------------------------------------------------
+
+// What each stage implements and reads by default. A learner runs one config through several
+// stages, so a strategy another stage implements is refused with a pointer to that stage rather
+// than ignored (the tutorial's strategy key picked the code path; here the program does).
+typedef struct {
+    const char *strategy;      // the one it implements (and what an empty strategy means)
+    const char *also;          // another it accepts, or NULL (stage 06: one device is the 1x1 grid)
+    const char *default_file;  // read when neither --config nor $CONFIG_FILE names one
+} StageInfo;
+
+static const StageInfo STAGES[] = {
+    [STAGE_SINGLE_GPU] = {"single_device", NULL, "configs/single_gpu.json"},
+    [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json"},
+    [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json"},
+    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json"},
+    [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json"},
+    [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json"},
+};
+
+static bool stage_runs(const StageInfo *s, const char *strategy) {
+    return strcmp(s->strategy, strategy) == 0 || (s->also && strcmp(s->also, strategy) == 0);
+}
+
+// The first stage that trains with `strategy`: where the refusal sends the learner.
+static int stage_training_with(const char *strategy) {
+    for (int n = STAGE_SINGLE_GPU; n <= STAGE_INFERENCE; n++)
+        if (strcmp(STAGES[n].strategy, strategy) == 0) return n;
+    return 0;  // not reached: every strategy validate() accepts has a stage
+}
+
+// ---- where values came from -------------------------------------------------------------------
+
+// Where each key's value was set last: "defaults", the config file's path or "command line".
+// Validation blames that place, so a bad --lr=... points at the command line, not at the file.
+typedef struct { const char *of[NKEYS]; } Sources;
+
+static void note_source(Sources *src, const Key *k, const char *where) { src->of[k - KEYS] = where; }
+
+static const char *source_of(const Sources *src, const char *key) { return src->of[find_key(key) - KEYS]; }
+
+// For a rule over two keys: the place the user wrote them, or each key's place when they differ
+// (a default is nobody's writing, so it names no place when the other key has one).
+static const char *sources_of_pair(const Sources *src, const char *a, const char *b, char *buf, size_t size) {
+    const char *wa = source_of(src, a), *wb = source_of(src, b);
+    if (strcmp(wa, wb) == 0 || strcmp(wb, "defaults") == 0) return wa;
+    if (strcmp(wa, "defaults") == 0) return wb;
+    snprintf(buf, size, "%s (%s), %s (%s)", wa, a, wb, b);
+    return buf;
+}
+
 // ---- reading the file and the command line ----------------------------------------------------
 
-static void apply_json_file(Config *cfg, const char *path) {
+static bool is_blank(const char *text) { return text[strspn(text, " \t\r\n")] == '\0'; }
+
+static void apply_json_file(Config *cfg, Sources *src, const char *path) {
     char *text = read_file_or_die(path, NULL);
+    // cJSON calls an empty file invalid JSON near line 1, which hides that the file is empty
+    if (is_blank(text)) fatal("%s: the file is empty: expected a JSON object of key: value ({} keeps every default)", path);
     cJSON *root = cJSON_Parse(text);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
@@ -252,33 +309,53 @@ static void apply_json_file(Config *cfg, const char *path) {
         fatal("%s: not valid JSON (near line %d)", path, line);
     }
     if (!cJSON_IsObject(root)) fatal("%s: expected a JSON object of key: value, found %s", path, json_type_name(root));
-    for (const cJSON *item = root->child; item; item = item->next)
-        set_from_json(cfg, find_key_or_die(item->string, path), item, path);
+    for (const cJSON *item = root->child; item; item = item->next) {
+        const Key *k = find_key_or_die(item->string, path);
+        set_from_json(cfg, k, item, path);
+        note_source(src, k, path);
+    }
     cJSON_Delete(root);
     free(text);
 }
 
-static void print_help(const char *default_file) {
-    printf("usage: [mpirun -np P] %s [--config FILE] [--key=value ...]\n\n"
-           "FILE defaults to $CONFIG_FILE, then to %s. Keys (default in brackets):\n",
-           "build/stage-N", default_file);
+// "ddp"; or "axonn" or "single_device" for the stage that accepts two
+static const char *strategies_of(const StageInfo *s, char *buf, size_t size) {
+    if (s->also) snprintf(buf, size, "\"%s\" or \"%s\"", s->strategy, s->also);
+    else snprintf(buf, size, "\"%s\"", s->strategy);
+    return buf;
+}
+
+static void print_help(Stage stage) {
+    char runs[64];
+    printf("usage: [mpirun -np P] build/stage-%d [--config FILE] [--key=value ...]\n\n"
+           "Stage %02d runs strategy %s. FILE defaults to $CONFIG_FILE, then to %s.\n"
+           "Keys (default in brackets):\n", (int)stage, (int)stage,
+           strategies_of(&STAGES[stage], runs, sizeof runs), STAGES[stage].default_file);
     for (size_t i = 0; i < NKEYS; i++)
         printf("  --%-22s %s [%s]\n", KEYS[i].name, KEYS[i].help, KEYS[i].dflt);
 }
 
+// --config FILE or --config=FILE, at most once: a second file would silently replace the first.
+// Without one, $CONFIG_FILE, then the stage's own.
 static const char *config_file_from_args(int argc, char **argv, const char *stage_default) {
+    const char *path = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--config") == 0) {
-            if (i + 1 >= argc) fatal("command line: --config needs a file name");
-            return argv[i + 1];
-        }
-        if (strncmp(argv[i], "--config=", 9) == 0) return argv[i] + 9;
+        const char *given;
+        if (strcmp(argv[i], "--config") == 0) given = i + 1 < argc ? argv[++i] : "";
+        else if (strncmp(argv[i], "--config=", 9) == 0) given = argv[i] + 9;
+        else continue;
+        if (!*given) fatal("command line: --config needs a file name");
+        if (path)
+            fatal("command line: --config given twice ('%s' and '%s'): give one file and change "
+                  "its keys with --key=value", path, given);
+        path = given;
     }
+    if (path) return path;
     const char *env = getenv("CONFIG_FILE");
     return (env && *env) ? env : stage_default;
 }
 
-static void apply_overrides(Config *cfg, int argc, char **argv) {
+static void apply_overrides(Config *cfg, Sources *src, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--config") == 0) { i++; continue; }
@@ -290,7 +367,9 @@ static void apply_overrides(Config *cfg, int argc, char **argv) {
         if (len >= sizeof name) len = sizeof name - 1;
         memcpy(name, arg + 2, len);
         name[len] = '\0';
-        set_from_text(cfg, find_key_or_die(name, "command line"), strchr(arg, '=') + 1, "command line");
+        const Key *k = find_key_or_die(name, "command line");
+        set_from_text(cfg, k, strchr(arg, '=') + 1, "command line");
+        note_source(src, k, "command line");
     }
 }
 
@@ -302,7 +381,7 @@ static const Preset PRESETS[] = {
     {"gpt2-xl", 48, 25, 1600}, {"custom", 0, 0, 0},
 };
 
-static void apply_model_preset(Config *cfg, const char *where) {
+static void apply_model_preset(Config *cfg, const Sources *src) {
     for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) {
         const Preset *p = &PRESETS[i];
         if (strcmp(cfg->model_id, p->id) != 0) continue;
@@ -312,60 +391,137 @@ static void apply_model_preset(Config *cfg, const char *where) {
         return;
     }
     fatal("%s: key 'model_id': expected gpt2, gpt2-medium, gpt2-large, gpt2-xl or custom, found '%s'",
-          where, cfg->model_id);
+          source_of(src, "model_id"), cfg->model_id);
 }
 
-static void require_positive(const char *where, const char *key, double value) {
-    if (!(value > 0)) fatal("%s: key '%s': expected a positive value, found %g", where, key, value);
+static void require_positive(const Sources *src, const char *key, double value) {
+    if (!(value > 0)) fatal("%s: key '%s': expected a positive value, found %g", source_of(src, key), key, value);
 }
 
-static void validate(Config *cfg, const char *where) {
-    static const char *precisions[] = {"32", "32-true", "bf16-mixed", "bf16"};
-    bool ok = false;
-    for (int i = 0; i < 4; i++) ok |= strcmp(cfg->precision, precisions[i]) == 0;
-    if (!ok) fatal("%s: key 'precision': expected 32, 32-true, bf16-mixed or bf16, found '%s'", where, cfg->precision);
-    static const char *strategies[] = {"single_device", "ddp", "fsdp", "axonn"};
-    ok = false;
-    for (int i = 0; i < 4; i++) ok |= strcmp(cfg->strategy, strategies[i]) == 0;
-    if (!ok) fatal("%s: key 'strategy': expected single_device, ddp, fsdp or axonn, found '%s'", where, cfg->strategy);
-    apply_model_preset(cfg, where);
-    require_positive(where, "n_layer", cfg->n_layer);
-    require_positive(where, "n_head", cfg->n_head);
-    require_positive(where, "n_embd", cfg->n_embd);
-    require_positive(where, "max_seq_len", cfg->max_seq_len);
-    require_positive(where, "global_batch_size", cfg->global_batch_size);
-    require_positive(where, "gradient_acc_steps", cfg->gradient_acc_steps);
-    require_positive(where, "log_interval", cfg->log_interval);
-    require_positive(where, "num_epochs", cfg->num_epochs);
-    require_positive(where, "lr", cfg->lr);
-    for (int i = 0; i < 3; i++) require_positive(where, "tp_dimensions", cfg->tp_dimensions[i]);
-    if (cfg->vocab_size < 0) fatal("%s: key 'vocab_size': expected 0 or more, found %d", where, cfg->vocab_size);
+static void require_not_negative(const Sources *src, const char *key, double value) {
+    if (value < 0) fatal("%s: key '%s': expected 0 or more, found %g", source_of(src, key), key, value);
+}
+
+static void require_one_of(const Sources *src, const char *key, const char *value, const char *const *allowed,
+                           int n, const char *expected) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(value, allowed[i]) == 0) return;
+    fatal("%s: key '%s': expected %s, found '%s'", source_of(src, key), key, expected, value);
+}
+
+// An empty strategy is the stage's own; another stage's strategy is refused with where to go.
+static void resolve_strategy(Config *cfg, const Sources *src, Stage stage) {
+    static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn"};
+    const StageInfo *s = &STAGES[stage];
+    if (!cfg->strategy[0]) {
+        strcpy(cfg->strategy, s->strategy);
+        return;
+    }
+    require_one_of(src, "strategy", cfg->strategy, strategies, 4, "single_device, ddp, fsdp or axonn");
+    if (stage_runs(s, cfg->strategy)) return;
+    char runs[64];
+    fatal("%s: key 'strategy' is \"%s\" but stage %02d runs %s; run build/stage-%d for %s",
+          source_of(src, "strategy"), cfg->strategy, (int)stage, strategies_of(s, runs, sizeof runs),
+          stage_training_with(cfg->strategy), cfg->strategy);
+}
+
+// Stage 01 is the fp32 loop: bf16 (its weight copies, its activations) is what stage 02 adds.
+static void require_precision_of_stage(const Config *cfg, const Sources *src, Stage stage) {
+    if (stage != STAGE_SINGLE_GPU || !config_is_bf16(cfg)) return;
+    fatal("%s: key 'precision' is '%s' but stage 01 trains in fp32 (32 or 32-true); bf16 is stage 02 "
+          "(build/stage-2)", source_of(src, "precision"), cfg->precision);
+}
+
+// A grid other than [1, 1, 1] splits every layer over ranks, which only strategy axonn does; on
+// another strategy it would be ignored.
+static void require_grid_fits_strategy(const Config *cfg, const Sources *src) {
+    const int *tp = cfg->tp_dimensions;
+    if (tp[0] * tp[1] * tp[2] == 1 || strcmp(cfg->strategy, "axonn") == 0) return;
+    fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but strategy \"%s\" does not split layers: a "
+          "tensor-parallel grid is strategy axonn (build/stage-5; build/stage-6 for inference)",
+          source_of(src, "tp_dimensions"), tp[0], tp[1], tp[2], cfg->strategy);
+}
+
+// dataset_id names the data and data_path holds the file: both must say the same. An empty
+// dataset_id takes what data_path says (the file, else the built-in synthetic set).
+static void resolve_dataset(Config *cfg, const Sources *src) {
+    const char *id = cfg->dataset_id;
+    bool has_file = cfg->data_path[0] != '\0';
+    char where[1200];
+    if (!*id) {
+        strcpy(cfg->dataset_id, has_file ? "alpaca" : "synthetic");
+    } else if (strcmp(id, "alpaca") == 0 || strcmp(id, "tatsu-lab/alpaca") == 0) {
+        if (!has_file)
+            fatal("%s: key 'dataset_id' is \"%s\", an alpaca JSON file, but data_path is empty: set "
+                  "data_path to the file (the tutorial's is alpaca_data.json from "
+                  "github.com/tatsu-lab/stanford_alpaca), or dataset_id to synthetic for the built-in set",
+                  sources_of_pair(src, "dataset_id", "data_path", where, sizeof where), id);
+    } else if (strcmp(id, "synthetic") == 0) {
+        if (has_file)
+            fatal("%s: key 'dataset_id' is \"synthetic\" (the built-in set) but data_path is '%s': "
+                  "set dataset_id to alpaca to train on the file, or leave data_path empty",
+                  sources_of_pair(src, "dataset_id", "data_path", where, sizeof where), cfg->data_path);
+    } else {
+        fatal("%s: key 'dataset_id': expected tatsu-lab/alpaca or alpaca (the alpaca JSON file in "
+              "data_path), or synthetic (the built-in set), found '%s'", source_of(src, "dataset_id"), id);
+    }
+}
+
+static void validate(Config *cfg, const Sources *src, Stage stage) {
+    static const char *const precisions[] = {"32", "32-true", "bf16-mixed", "bf16"};
+    require_one_of(src, "precision", cfg->precision, precisions, 4, "32, 32-true, bf16-mixed or bf16");
+    resolve_strategy(cfg, src, stage);
+    require_grid_fits_strategy(cfg, src);
+    require_precision_of_stage(cfg, src, stage);
+    resolve_dataset(cfg, src);
+    apply_model_preset(cfg, src);
+    require_positive(src, "n_layer", cfg->n_layer);
+    require_positive(src, "n_head", cfg->n_head);
+    require_positive(src, "n_embd", cfg->n_embd);
+    require_positive(src, "max_seq_len", cfg->max_seq_len);
+    require_positive(src, "global_batch_size", cfg->global_batch_size);
+    require_positive(src, "gradient_acc_steps", cfg->gradient_acc_steps);
+    require_positive(src, "log_interval", cfg->log_interval);
+    require_positive(src, "num_epochs", cfg->num_epochs);
+    require_positive(src, "lr", cfg->lr);
+    for (int i = 0; i < 3; i++) require_positive(src, "tp_dimensions", cfg->tp_dimensions[i]);
+    require_not_negative(src, "vocab_size", cfg->vocab_size);
+    require_not_negative(src, "warmup_steps", cfg->warmup_steps);
+    require_not_negative(src, "eval_interval", cfg->eval_interval);
+    require_not_negative(src, "checkpoint_interval", cfg->checkpoint_interval);
+    require_not_negative(src, "grad_clip", cfg->grad_clip);
+    char where[1200];
     if (cfg->n_embd % cfg->n_head != 0)
         fatal("%s: keys 'n_embd' and 'n_head': n_embd must be divisible by n_head, found %d and %d",
-              where, cfg->n_embd, cfg->n_head);
+              sources_of_pair(src, "n_embd", "n_head", where, sizeof where), cfg->n_embd, cfg->n_head);
     if (cfg->global_batch_size % cfg->gradient_acc_steps != 0)
         fatal("%s: keys 'global_batch_size' and 'gradient_acc_steps': the batch must split into "
-              "equal micro-batches, found %d and %d", where, cfg->global_batch_size, cfg->gradient_acc_steps);
+              "equal micro-batches, found %d and %d",
+              sources_of_pair(src, "global_batch_size", "gradient_acc_steps", where, sizeof where),
+              cfg->global_batch_size, cfg->gradient_acc_steps);
     if (cfg->min_lr < 0 || cfg->min_lr > cfg->lr)
-        fatal("%s: key 'min_lr': expected a value between 0 and lr (%g), found %g", where, cfg->lr, cfg->min_lr);
+        fatal("%s: key 'min_lr': expected a value between 0 and lr (%g), found %g",
+              sources_of_pair(src, "min_lr", "lr", where, sizeof where), cfg->lr, cfg->min_lr);
     if (cfg->val_fraction < 0 || cfg->val_fraction >= 1)
-        fatal("%s: key 'val_fraction': expected a value in [0, 1), found %g", where, cfg->val_fraction);
-    if (cfg->warmup_steps < 0 || cfg->eval_interval < 0 || cfg->checkpoint_interval < 0 || cfg->grad_clip < 0)
-        fatal("%s: warmup_steps, eval_interval, checkpoint_interval and grad_clip must not be negative", where);
+        fatal("%s: key 'val_fraction': expected a value in [0, 1), found %g", source_of(src, "val_fraction"),
+              cfg->val_fraction);
 }
 
-void config_load(Config *cfg, int argc, char **argv, const char *stage_default_file) {
+void config_load(Config *cfg, int argc, char **argv, Stage stage) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            print_help(stage_default_file);
+            print_help(stage);
             exit(0);
         }
     memset(cfg, 0, sizeof *cfg);
-    for (size_t i = 0; i < NKEYS; i++) set_from_text(cfg, &KEYS[i], KEYS[i].dflt, "defaults");
-    const char *path = config_file_from_args(argc, argv, stage_default_file);
-    apply_json_file(cfg, path);
-    apply_overrides(cfg, argc, argv);
-    validate(cfg, path);
+    Sources src;
+    for (size_t i = 0; i < NKEYS; i++) {
+        set_from_text(cfg, &KEYS[i], KEYS[i].dflt, "defaults");
+        note_source(&src, &KEYS[i], "defaults");
+    }
+    apply_json_file(cfg, &src, config_file_from_args(argc, argv, STAGES[stage].default_file));
+    apply_overrides(cfg, &src, argc, argv);
+    validate(cfg, &src, stage);
 }
 
 char *config_to_json(const Config *cfg) {

@@ -9,10 +9,10 @@
 typedef struct {
     // the tutorial's keys
     char model_id[64];        // "gpt2", "gpt2-medium", ... picks n_layer/n_head/n_embd; "custom"
-    char dataset_id[64];      // "alpaca" (the only dataset the tutorial used)
+    char dataset_id[64];      // "synthetic", or "alpaca"/"tatsu-lab/alpaca": the file in data_path
     int seed;
     char precision[16];       // "32", "32-true", "bf16-mixed", "bf16"
-    char strategy[16];        // "single_device", "ddp", "fsdp", "axonn"
+    char strategy[16];        // "single_device", "ddp", "fsdp", "axonn": the stage's own
     int tp_dimensions[3];     // [x, y, z] for strategy axonn
     int global_batch_size;    // sequences per optimizer step, over all ranks
     int gradient_acc_steps;   // micro-batches per optimizer step
@@ -47,10 +47,23 @@ typedef struct {
     bool show_token_ids;         // print each prompt's and answer's token ids
 } Config;
 
-// Reads the config for `stage_default_file` (used when neither --config nor $CONFIG_FILE is
-// given), applies --key=value overrides, validates. Prints usage and exits 0 on --help; any
-// error goes through fatal() naming the file, the key, what was expected and what was found.
-void config_load(Config *cfg, int argc, char **argv, const char *stage_default_file);
+// The program loading the config. Each stage implements one strategy and reads its own config
+// when neither --config nor $CONFIG_FILE is given (the table in config.c): a config whose
+// strategy another stage implements is refused with the stage to run instead.
+typedef enum {
+    STAGE_SINGLE_GPU = 1,       // single_device
+    STAGE_MIXED_PRECISION,      // single_device
+    STAGE_DDP,                  // ddp
+    STAGE_FSDP,                 // fsdp
+    STAGE_TENSOR_PARALLEL,      // axonn
+    STAGE_INFERENCE,            // axonn over [x, y, 1] (single_device: the [1, 1, 1] grid only)
+} Stage;
+
+// Reads the stage's config, applies --key=value overrides, validates, and fills in what empty
+// keys mean (strategy: the stage's own; dataset_id: what data_path names). Prints usage and
+// exits 0 on --help; any error goes through fatal() naming where the value came from (the file,
+// the command line or the defaults), the key, what was expected and what was found.
+void config_load(Config *cfg, int argc, char **argv, Stage stage);
 
 // The config as one JSON line (for the log and for checkpoints); malloc'd.
 char *config_to_json(const Config *cfg);

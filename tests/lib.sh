@@ -74,6 +74,18 @@ run_ranks() {
     check '[ $rc -eq 0 ]' "stage $stage $name failed (exit $rc): $(tail -5 "$tmp/$name.log")"
 }
 
+# expect_one_error <what> <pattern> <command...>: one check that the command exits 1 and that its
+# stderr holds exactly one line starting with "error", which matches <pattern> (grep). Under
+# mpirun that means every rank stopped and only one of them spoke for the job.
+expect_one_error() {
+    local what=$1 pattern=$2
+    shift 2
+    "$@" >"$tmp/err.out" 2>"$tmp/err.log"
+    local rc=$?
+    check '[ $rc -eq 1 ] && grep -q -- "$pattern" "$tmp/err.log" && [ "$(grep -c "^error" "$tmp/err.log")" -eq 1 ]' \
+        "$what: exit $rc, stderr: $(cat "$tmp/err.log")"
+}
+
 # finish <name>: the summary line tests/run.sh reads, and the exit status
 finish() {
     echo "$1: $passed passed, $failed failed"

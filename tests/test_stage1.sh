@@ -38,13 +38,7 @@ build/stage-1 --config configs/tiny.json --init_from=$hf --tokenizer_path=$hf --
 rc=$?; check '[ $rc -eq 0 ] && grep -q "L=1 H=1 C=2 V=50257" "$tmp/hf.log"' "init_from the HF checkpoint: $(tail -3 "$tmp/hf.log")"
 
 # 3. bad input: one message naming what is wrong, exit 1
-expect_error() { # expect_error <description> <pattern> <args...>
-    local what=$1 pattern=$2; shift 2
-    build/stage-1 "$@" >"$tmp/err.out" 2>"$tmp/err.log"
-    local rc=$?
-    check '[ $rc -eq 1 ] && grep -q -- "$pattern" "$tmp/err.log" && [ "$(grep -c "^error" "$tmp/err.log")" -eq 1 ]' \
-        "$what: exit $rc, stderr: $(cat "$tmp/err.log")"
-}
+expect_error() { expect_one_error "$1" "$2" build/stage-1 "${@:3}"; } # <description> <pattern> <args...>
 echo '{"global_bach_size": 8}' >"$tmp/typo.json"
 expect_error "unknown key" "unknown key 'global_bach_size' (did you mean 'global_batch_size'" --config "$tmp/typo.json"
 echo '{"n_layer": "four"}' >"$tmp/type.json"
@@ -52,6 +46,7 @@ expect_error "wrong type" "key 'n_layer': expected an integer, found a string" -
 echo '{"lr": 1e-3,}' >"$tmp/broken.json"
 expect_error "not JSON" "not valid JSON" --config "$tmp/broken.json"
 expect_error "missing config" "cannot open $tmp/none.json" --config "$tmp/none.json"
+expect_error "bf16 on stage 01" "command line: key 'precision' is 'bf16-mixed' but stage 01 trains in fp32 (32 or 32-true); bf16 is stage 02" --config configs/tiny.json --precision=bf16-mixed
 expect_error "bad shape" "n_embd must be divisible by n_head, found 130 and 4" --config configs/tiny.json --n_embd=130
 expect_error "bad override" "expected a number, found 'fast'" --config configs/tiny.json --lr=fast
 expect_error "unknown override" "unknown key 'lrate'" --config configs/tiny.json --lrate=1
