@@ -543,8 +543,8 @@ void tp_print_grid(const TPModel *m, int P) {
     const TPGrid *g = &m->grid;
     printf("grid [x=%d, y=%d, z=%d] x data %d = %d ranks (rank = ((data*z_size + z)*x_size + x)*y_size + y)\n",
            g->X, g->Y, g->Z, g->D, P);
-    printf("  x: %d heads, %d MLP columns, %d vocabulary rows per rank | y: %d of %d hidden columns | "
-           "z, data: rows of the batch\n", m->NHx, m->C4x, m->Vl, m->Cy, m->cfg.n_embd);
+    printf("  x: %d head%s, %d MLP columns, %d vocabulary rows per rank | y: %d of %d hidden columns | "
+           "z, data: rows of the batch\n", m->NHx, m->NHx == 1 ? "" : "s", m->C4x, m->Vl, m->Cy, m->cfg.n_embd);
     printf("loss: %s\n", m->vocab_parallel_loss ? "vocab-parallel (max and sum-exp all-reduced over x)"
                                                 : "on logits all-gathered over x");
 }
