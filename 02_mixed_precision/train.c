@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
            mc.vocab_size, n / 1e6);
     printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
     print_batch_plan(&cfg, data, 1, "", total_steps);
-    MemoryItem memory[] = {{pure_bf16 ? "parameters (bf16 values, no master)" : "parameters (fp32 master)", bytes},
+    MemoryItem memory[] = {{parameters_label(&cfg), bytes},
                            {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
                            {bf16_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)", acts.bytes}};

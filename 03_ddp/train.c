@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
     printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
     print_gradient_sync(&buckets, cfg.overlap_communication, cfg.bucket_size_mb);
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
-    MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
+    MemoryItem memory[] = {{parameters_label(&cfg), bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
                            {bf16_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)", acts.bytes}};
     print_memory_report("device memory:", memory, 5);

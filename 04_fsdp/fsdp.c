@@ -289,10 +289,10 @@ void fsdp_print_peak_memory(const Fsdp *f) {
            comm_max_double(f->world, rss) / 1048576.0, -comm_max_double(f->world, -rss) / 1048576.0);
 }
 
-void fsdp_print_memory(const Fsdp *f, size_t acts_bytes) {
+void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_bytes) {
     size_t n = f->layout->num_params, s = f->shard_numel, fl = sizeof(float);
     struct { const char *what; size_t fsdp, ddp; } rows[] = {
-        {"parameters (fp32 master)", s * fl, n * fl},
+        {params_label, s * fl, n * fl},
         {"gradients (fp32)", s * fl, n * fl},
         {"AdamW m and v (fp32)", 2 * s * fl, 2 * n * fl},
         {"gathered units (fp32 w + grad)", f->gathered_bytes, 0},

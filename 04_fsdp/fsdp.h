@@ -82,8 +82,8 @@ void fsdp_round_to_bf16(Fsdp *f);
 
 // Rank 0 prints this rank's memory next to what DDP would hold for the same run.
 // (The activations are the same: both cut the global batch into P x acc micro-batches.)
+void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_bytes);
 // the ranks' largest and smallest peak resident memory (VmHWM) so far
 void fsdp_print_peak_memory(const Fsdp *f);
-void fsdp_print_memory(const Fsdp *f, size_t acts_bytes);
 
 #endif

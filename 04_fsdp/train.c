@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
            mc.n_layer, P, cfg.overlap_communication ? "of the next block prefetched during this one's compute"
                                                      : "of each unit when it is needed");
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
-    fsdp_print_memory(&fsdp, acts.bytes);
+    fsdp_print_memory(&fsdp, parameters_label(&cfg), acts.bytes);
     print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----

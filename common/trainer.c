@@ -186,6 +186,11 @@ void print_memory_report(const char *title, const MemoryItem *items, int n) {
     printf("  %-28s %10.2f MiB\n", "total", total / 1048576.0);
 }
 
+const char *parameters_label(const Config *cfg) {
+    if (!config_is_bf16(cfg)) return "parameters (fp32)";
+    return strcmp(cfg->precision, "bf16") == 0 ? "parameters (bf16 values, no master)" : "parameters (fp32 master)";
+}
+
 void print_bf16_activation_saving(const Activations *acts) {
     if (!acts->spec.bf16) return;
     // the matmul inputs are kept in bf16; what backward reads outside a matmul stays fp32: the
