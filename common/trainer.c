@@ -188,7 +188,7 @@ void print_memory_report(const char *title, const MemoryItem *items, int n) {
 
 const char *parameters_label(const Config *cfg) {
     if (!config_is_bf16(cfg)) return "parameters (fp32)";
-    return strcmp(cfg->precision, "bf16") == 0 ? "parameters (bf16 values, no master)" : "parameters (fp32 master)";
+    return strcmp(cfg->precision, "bf16") == 0 ? "parameters (bf16, no master)" : "parameters (fp32 master)";
 }
 
 void print_bf16_activation_saving(const Activations *acts) {

@@ -85,7 +85,7 @@ typedef struct { const char *what; size_t bytes; } MemoryItem;
 // prints the items and their total, and records each item for stats.json (run_stats_memory)
 void print_memory_report(const char *title, const MemoryItem *items, int n);
 // the memory report's name for the fp32 parameters: "(fp32)", the "(fp32 master)" of bf16-mixed,
-// or pure bf16's "(bf16 values, no master)" (its weights are rounded to bf16 after each update)
+// or pure bf16's "(bf16, no master)" (its weights are rounded to bf16 after each update)
 const char *parameters_label(const Config *cfg);
 // bf16 modes: what the same activations would take in fp32, and what stays fp32 and why
 void print_bf16_activation_saving(const Activations *acts);
