@@ -143,66 +143,120 @@ static void wait_send(CommRequest **r) {
     *r = NULL;
 }
 
-static void trace(Pipeline *p, const char *fmt, int micro, bool received, bool sent) {
+// One op's messages: what it receives before its compute and sends after (count 0: none).
+typedef struct {
+    float *buf;
+    size_t count;
+    int peer;       // the stage
+    int slot;
+    bool backward;  // the gradient going back (else the activation going forward)
+} Message;
+
+static void trace(Pipeline *p, const PipeOp *op, bool received, bool sent) {
     if (!p->tracing) return;
     size_t len = strlen(p->trace);
-    snprintf(p->trace + len, sizeof p->trace - len, "%s%s%d%s ", received ? "r" : "", fmt, micro, sent ? "s" : "");
+    snprintf(p->trace + len, sizeof p->trace - len, "%s%s%d%s ", received ? "r" : "", op->backward ? "B" : "F",
+             op->micro, sent ? "s" : "");
 }
 
-// Forward of micro-batch i: the embedding reads tokens on the first stage, the other stages
-// receive the previous stage's output into `encoded`; the last stage computes the loss and its
-// gradient at once (dlogits wait in the slot for the backward), the others send their output on.
-// Sends are started, not waited for, so that two neighbours sending to each other (1F1B) cannot
-// wait on each other; a slot's sends are finished before the slot is reused.
-static double forward_micro(Pipeline *p, const Weights *w, const Batch *batch, int i, float dloss, bool with_loss) {
+// A forward receives the previous stage's output into `encoded` (the first stage embeds tokens
+// instead) and sends its own output on; a backward receives the gradient of its output into
+// `dres` (the last stage starts from its dlogits instead) and sends back what backward leaves
+// there, the gradient of its input.
+static Message op_recv(const Pipeline *p, const PipeOp *op, const Batch *b) {
     const PipeGrid *g = p->grid;
-    int slot = i % p->n_slots;
-    Activations *a = &p->slots[slot];
-    size_t count = (size_t)batch->rows * batch->T * p->mc->n_embd;
-    wait_send(&p->fwd_sends[slot]);
-    wait_send(&p->bwd_sends[slot]);
-    if (!g->is_first) comm_recv(g->pipe, a->encoded, count, g->stage - 1);
+    int slot = op->micro % p->n_slots;
+    size_t count = (size_t)b->rows * b->T * p->mc->n_embd;
+    if (!op->backward && !g->is_first) return (Message){p->slots[slot].encoded, count, g->stage - 1, slot, false};
+    if (op->backward && !g->is_last) return (Message){p->slots[slot].dres, count, g->stage + 1, slot, true};
+    return (Message){0};
+}
+
+static Message op_send(const Pipeline *p, const PipeOp *op, const Batch *b) {
+    const PipeGrid *g = p->grid;
+    int slot = op->micro % p->n_slots;
+    size_t count = (size_t)b->rows * b->T * p->mc->n_embd;
+    if (!op->backward && !g->is_last)
+        return (Message){(float *)head_input(&p->slots[slot]), count, g->stage + 1, slot, false};
+    if (op->backward && !g->is_first) return (Message){p->slots[slot].dres, count, g->stage - 1, slot, true};
+    return (Message){0};
+}
+
+// Starts a send; its slot's buffer is not touched again before the send is waited for.
+static void start_send(Pipeline *p, Message *m) {
+    if (!m->count) return;
+    CommRequest **r = m->backward ? &p->bwd_sends[m->slot] : &p->fwd_sends[m->slot];
+    wait_send(r);
+    *r = comm_send_start(p->grid->pipe, m->buf, m->count, m->peer);
+    m->count = 0;
+}
+
+// The messages between two ops: the previous op's send, then this op's receive. When both go
+// to the same neighbour (1F1B's steady state: an activation out, a gradient in) they travel as
+// one send-recv, as the neighbour's matching pair does: on NCCL, where a rank's operations run
+// in the order started, two neighbours each sending first would wait on each other for ever.
+static void exchange(Pipeline *p, Message *pending, const Message *recv) {
+    if (pending->count && recv->count && pending->peer == recv->peer) {
+        comm_send_recv(p->grid->pipe, pending->buf, pending->count, pending->peer, recv->buf, recv->count, recv->peer);
+        pending->count = 0;
+        return;
+    }
+    start_send(p, pending);
+    if (recv->count) comm_recv(p->grid->pipe, recv->buf, recv->count, recv->peer);
+}
+
+// The compute of one op. The last stage's forward computes the loss and its gradient at once
+// (dlogits wait in the slot for the backward); evaluation (with_grad false) only the loss.
+static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *grads, float dloss, bool with_grad) {
+    const PipeGrid *g = p->grid;
+    Activations *a = &p->slots[op->micro % p->n_slots];
     double t0 = wall_seconds(), loss = 0;
-    gpt_forward(a, w, g->is_first ? batch->inputs : NULL, batch->rows, batch->T);
-    if (g->is_last) {
-        copy_to_device(a->targets, batch->targets, (size_t)batch->rows * batch->T * sizeof(int));
-        loss = with_loss ? gpt_loss_forward_backward(a, p->mc, batch->rows, batch->T, dloss)
-                         : gpt_loss_forward(a, p->mc, batch->rows, batch->T);
+    if (op->backward) {
+        gpt_backward(a, p->w, grads, b->rows, b->T, NULL, NULL);
+    } else {
+        gpt_forward(a, p->w, g->is_first ? b->inputs : NULL, b->rows, b->T);
+        if (g->is_last) {
+            copy_to_device(a->targets, b->targets, (size_t)b->rows * b->T * sizeof(int));
+            loss = with_grad ? gpt_loss_forward_backward(a, p->mc, b->rows, b->T, dloss)
+                             : gpt_loss_forward(a, p->mc, b->rows, b->T);
+        }
     }
     dev_synchronize();
     p->compute_s += wall_seconds() - t0;
-    if (!g->is_last) p->fwd_sends[slot] = comm_send_start(g->pipe, head_input(a), count, g->stage + 1);
-    trace(p, "F", i, !g->is_first, !g->is_last);
     return loss;
 }
 
-// Backward of micro-batch i: the last stage starts from its dlogits, the others receive the
-// gradient of their output into `dres`; what is left in `dres` (the gradient of the stage's
-// input) goes back to the previous stage.
-static void backward_micro(Pipeline *p, const Weights *w, Weights *g_w, const Batch *batch, int i) {
-    const PipeGrid *g = p->grid;
-    int slot = i % p->n_slots;
-    Activations *a = &p->slots[slot];
-    size_t count = (size_t)batch->rows * batch->T * p->mc->n_embd;
-    if (!g->is_last) comm_recv(g->pipe, a->dres, count, g->stage + 1);
-    double t0 = wall_seconds();
-    gpt_backward(a, w, g_w, batch->rows, batch->T, NULL, NULL);
-    dev_synchronize();
-    p->compute_s += wall_seconds() - t0;
-    if (!g->is_first) p->bwd_sends[slot] = comm_send_start(g->pipe, a->dres, count, g->stage - 1);
-    trace(p, "B", i, !g->is_last, !g->is_first);
+// the sends still reading a slot's buffers finish before a new micro-batch takes the slot
+static void claim_slot(Pipeline *p, const PipeOp *op) {
+    if (op->backward) return;
+    int slot = op->micro % p->n_slots;
+    wait_send(&p->fwd_sends[slot]);
+    wait_send(&p->bwd_sends[slot]);
 }
 
-double pipeline_step(Pipeline *p, const Weights *w, Weights *g, const Batch *batches, float dloss) {
-    PipeOp *ops = malloc_or_die(2 * (size_t)p->m * sizeof *ops);
-    int n = pipe_schedule(ops, p->schedule, p->m, p->grid->pp, p->grid->stage);
-    double t0 = wall_seconds(), loss = 0;
+static double run_ops(Pipeline *p, const PipeOp *ops, int n, const Batch *batches, Weights *grads, float dloss,
+                      bool with_grad) {
+    double loss = 0;
+    Message pending = {0};
     for (int k = 0; k < n; k++) {
         const Batch *b = &batches[ops[k].micro];
-        if (ops[k].backward) backward_micro(p, w, g, b, ops[k].micro);
-        else loss += forward_micro(p, w, b, ops[k].micro, dloss, true);
+        claim_slot(p, &ops[k]);
+        Message recv = op_recv(p, &ops[k], b);
+        exchange(p, &pending, &recv);
+        loss += compute(p, &ops[k], b, grads, dloss, with_grad);
+        pending = op_send(p, &ops[k], b);
+        trace(p, &ops[k], recv.count > 0, pending.count > 0);
     }
+    start_send(p, &pending);
     for (int s = 0; s < p->n_slots; s++) wait_send(&p->fwd_sends[s]), wait_send(&p->bwd_sends[s]);
+    return loss;
+}
+
+double pipeline_step(Pipeline *p, Weights *g, const Batch *batches, float dloss) {
+    PipeOp *ops = malloc_or_die(2 * (size_t)p->m * sizeof *ops);
+    int n = pipe_schedule(ops, p->schedule, p->m, p->grid->pp, p->grid->stage);
+    double t0 = wall_seconds();
+    double loss = run_ops(p, ops, n, batches, g, dloss, true);
     p->schedule_s += wall_seconds() - t0;
     free(ops);
     return loss;
@@ -211,11 +265,11 @@ double pipeline_step(Pipeline *p, const Weights *w, Weights *g, const Batch *bat
 double pipeline_eval_loss(void *ctx, const Batch *batch) {
     Pipeline *p = ctx;
     bool tracing = p->tracing;
-    double compute = p->compute_s;  // evaluation is not part of the measured bubble
+    double compute_s = p->compute_s;  // evaluation is not part of the measured bubble
     p->tracing = false;
-    double loss = forward_micro(p, p->w, batch, 0, 0, false);
-    wait_send(&p->fwd_sends[0]);
-    p->tracing = tracing, p->compute_s = compute;
+    PipeOp forward = {false, 0};
+    double loss = run_ops(p, &forward, 1, batch, NULL, 0, false);
+    p->tracing = tracing, p->compute_s = compute_s;
     return loss;
 }
 

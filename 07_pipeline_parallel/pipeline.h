@@ -65,15 +65,16 @@ typedef struct {
 } Pipeline;
 
 // one slot per micro-batch in flight, each allocated as `spec` says (its B: a micro-batch's
-// rows) for this stage's blocks; w: the weights evaluation runs
+// rows) for this stage's blocks; w: the stage's weights
 void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, ActsSpec spec,
                    const Weights *w);
 void pipeline_free(Pipeline *p);
 size_t pipeline_activation_bytes(const Pipeline *p);
 
-// Runs the schedule over this replica's m micro-batches, adding the gradients into g. Returns the
+// Runs the schedule over this replica's m micro-batches, adding the gradients into g. A send
+// followed by a receive from the same neighbour travels as one send-recv (pipeline.c). Returns the
 // summed loss (the last stage's; 0 elsewhere); dloss = 1 / target tokens of the global batch.
-double pipeline_step(Pipeline *p, const Weights *w, Weights *g, const Batch *batches, float dloss);
+double pipeline_step(Pipeline *p, Weights *g, const Batch *batches, float dloss);
 
 // Summed loss of one micro-batch through the stages, forward only (a BatchLossFn for evaluation;
 // ctx is a Pipeline). Non-zero on the last stage only.

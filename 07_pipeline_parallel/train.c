@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
         // gradients add up in `grads`, the loss on the last stage
         dev_zero(grads, bytes);
         pipe.tracing = step == first_step;
-        double loss_sum = pipeline_step(&pipe, &w, &g, batches, dloss);
+        double loss_sum = pipeline_step(&pipe, &g, batches, dloss);
         if (grid.is_first)
             for (int micro = 0; micro < m; micro++) tokens += (long)batches[micro].rows * batches[micro].T;
         // GPT-2's lm_head is wte: the first stage holds its embedding half of the gradient, the

@@ -62,17 +62,22 @@ check 'grep -q "theory (p-1)/(m+p-1) = 3/7 = 42.9%" "$tmp/pp4_gpipe.log"' "no bu
 
 # communication on rank 0 (stage 0 of replica 0) per step, with T fixed by a short max_seq_len:
 # m micro-batches' activations sent and their gradients received (rows/m x T x C floats each),
-# the tied wte's gradient all-reduced with the last stage, and stage 0's gradient with replica 1
-T=64 rows=8 m=2
-run_ranks 7 bytes 4 --n_layer=2 --pp_size=2 --num_microbatches=$m --max_seq_len=$T --stop_iteration=3
+# the tied wte's gradient all-reduced with the last stage, and stage 0's gradient with replica 1.
+# A send-recv counts the message sent: under 1F1B the gradients received together with an
+# activation sent (the steady state, m - min(m, p - 1) of them) add nothing of their own.
+T=64 rows=8 m=2 p=2
+run_ranks 7 bytes 4 --n_layer=2 --pp_size=$p --num_microbatches=$m --max_seq_len=$T --stop_iteration=3
 want=$(python3 -c "
-V=257; Vp=(V+127)//128*128; C=$C; T=$T; rows=$rows; m=$m
-p2p = 2 * m * (rows // m) * T * C * 4       # activations out, their gradients in
+V=257; Vp=(V+127)//128*128; C=$C; T=$T; rows=$rows; m=$m; p=$p
+alone = min(m, p - 1)                       # gradients received on their own (warm-up's)
+p2p = (m + alone) * (rows // m) * T * C * 4 # activations out, gradients in
 wte = Vp * C * 4                            # the tied wte's gradient (all-reduce, 2 ranks)
 stage0 = Vp*C + T*C + 1 * (12*C*C + 13*C)   # wte, wpe and block 0
 print(p2p + wte + 4 * stage0)")
 bytes=$(python3 -c "import json,sys; print(sorted({json.loads(l)['comm_bytes'] for l in open(sys.argv[1])}))" "$tmp/bytes/metrics.jsonl")
 check '[ "$bytes" = "[$want]" ]' "comm_bytes per step on rank 0 is $bytes, want [$want]"
+calls=$(comm_value "$tmp/bytes/stats.json" pipeline send-recv calls)
+check '[ "$calls" = 3 ]' "1F1B on stage 0 (p 2, m 2): $calls send-recv calls in 3 steps, want one a step"
 
 # bad input: one error, every rank stops
 bad=(timeout 120 mpirun -np 2 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad")
