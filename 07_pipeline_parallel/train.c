@@ -36,6 +36,9 @@ int main(int argc, char **argv) {
     char *config_json = config_to_json(&cfg);
     comm_check_same(world, "the config", config_json);
     free(config_json);
+    // stage 03's bucketed all-reduce is not part of this stage: refused, not silently ignored
+    if (cfg.overlap_communication)
+        fatal("key 'overlap_communication': stage 07 has no overlapped variant (stage 03 and 04 do); set it to false");
     ops_init();
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----

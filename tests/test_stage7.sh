@@ -9,6 +9,7 @@
 #  - comm_bytes per step on rank 0 = the formula written here (activations, their gradients, the
 #    tied wte and the data-parallel all-reduce);
 #  - bad grids and mismatched configs give one error and a non-zero exit;
+#  - a stage-07 run resumed from its checkpoint gives the straight run's losses bit for bit;
 #  - a stage-07 checkpoint loads in stage 01 and gives stage 07's first loss.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
@@ -89,6 +90,8 @@ expect_one_error "pp_size not dividing the ranks" "2 stages do not divide the 3 
     timeout 120 mpirun -np 3 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad" --n_layer=2 --pp_size=2
 expect_one_error "gradient_acc_steps beside num_microbatches" "set num_microbatches instead" \
     "${bad[@]}" --pp_size=2 --gradient_acc_steps=2
+expect_one_error "overlap_communication" "stage 07 has no overlapped variant" \
+    "${bad[@]}" --pp_size=2 --overlap_communication=true
 expect_one_error "pp_size on another stage" "strategy \"ddp\" runs no pipeline" \
     timeout 60 build/stage-3 "${args[@]}" --out_dir="$tmp/bad" --pp_size=2
 timeout 120 mpirun --bind-to none -np 1 build/stage-7 "${args[@]}" --pp_size=2 --out_dir="$tmp/mm" : \
@@ -96,6 +99,12 @@ timeout 120 mpirun --bind-to none -np 1 build/stage-7 "${args[@]}" --pp_size=2 -
 rc=$?
 check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "do not agree on the config" "$tmp/mismatch.log"' \
     "mismatched configs: exit $rc: $(tail -3 "$tmp/mismatch.log")"
+
+# resume: 10 steps + resume + 10 steps give the straight run's losses to the last bit (the
+# optimizer state goes through the whole-model checkpoint too)
+run_ranks 7 resumed 2 --n_layer=2 --pp_size=2 --num_microbatches=4 --stop_iteration=10 --checkpoint_interval=5
+run_ranks 7 resumed 2 --n_layer=2 --pp_size=2 --num_microbatches=4 --resume=true
+check '[ "$(losses "$tmp/pp2_1f1b_m4")" = "$(losses "$tmp/resumed")" ]' "10 + resumed 10 steps differ from 20 straight ones"
 
 # the checkpoint holds the whole model: stage 01 starts from it with stage 07's first loss
 run_ranks 7 from_pp 2 --n_layer=2 --pp_size=2 --num_microbatches=2 --init_from="$tmp/pp2_1f1b_m4" --stop_iteration=1
