@@ -2,7 +2,8 @@
 # Stage 07 (pipeline parallelism) under mpirun:
 #  - pp 1, 2, 3 (an uneven split of 4 blocks) and 4 stages, GPipe and 1F1B, 1 and 4
 #    micro-batches, pp 2 x dp 2, and recomputation reproduce stage 01's per-step losses within
-#    1e-5 relative over 20 steps (stage 01 run with the same n_layer);
+#    1e-5 relative over 20 steps (stage 01 run with the same n_layer); bf16-mixed matches stage
+#    02 within 1e-3;
 #  - recomputation on and off give bit-identical losses, and keep fewer activations;
 #  - GPipe holds m micro-batches' activations on stage 0, 1F1B min(m, p);
 #  - the first step's op sequence of each schedule, and the bubble beside its theory, are printed;
@@ -40,6 +41,12 @@ check 'grep -q "stage 0: blocks 0-1 + embedding" "$tmp/pp3_uneven.log" && grep -
 check 'grep -q "replicas identical on all 2 ranks" "$tmp/pp2_dp2.log"' "no replica check on pp 2 x dp 2"
 check '[ "$(json_value "$tmp/pp2_dp2/stats.json" layout)" = "{\"pp\": 2, \"dp\": 2}" ]' \
     "stats.json layout is $(json_value "$tmp/pp2_dp2/stats.json" layout)"
+
+# bf16: the pipeline against stage 02 (bf16 results depend on summation order: 1e-3, as stage 03)
+OMP_NUM_THREADS=2 build/stage-2 "${args[@]}" --n_layer=2 --precision=bf16-mixed --out_dir="$tmp/s2bf16" >"$tmp/s2bf16.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 2 bf16 failed: $(tail -3 "$tmp/s2bf16.log")"
+run_ranks 7 pp2bf16 2 --n_layer=2 --pp_size=2 --num_microbatches=4 --precision=bf16-mixed
+check 'compare_losses "$tmp/s2bf16" "$tmp/pp2bf16" 20 1e-3' "bf16 stage 7 strays from stage 2"
 
 # recomputation (2 blocks a stage: with one there is nothing to save): the same arithmetic, so
 # the same losses to the last bit, with less memory
