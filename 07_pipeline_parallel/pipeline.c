@@ -44,7 +44,7 @@ void pipe_grid_init(PipeGrid *g, Comm *world, const Config *cfg, int n_layer) {
     g->is_last = g->stage == g->pp - 1;
     stage_blocks(n_layer, g->pp, g->stage, &g->first_block, &g->n_blocks);
     g->pipe = comm_split(world, g->replica, g->stage, "pipeline");
-    g->dp_group = comm_split(world, g->stage, g->replica, "data-parallel");
+    g->dp_group = comm_split(world, g->stage, g->replica, "replicas");
     if (g->pp > 1) {
         // the middle stages take a colour of their own: a group of one they never use
         bool holds_wte = g->is_first || g->is_last;
