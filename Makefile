@@ -132,7 +132,7 @@ test-slurm:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/slurm/run.sh
 
-# several hosts on one machine (network namespaces, a real Slurm): stages 3-5 across 2 hosts
+# several hosts on one machine (network namespaces, a real Slurm): stages 3-5 and 7 across 2 hosts
 test-multinode:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/multinode/run.sh
