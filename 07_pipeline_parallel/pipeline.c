@@ -226,12 +226,13 @@ static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *gr
     return loss;
 }
 
-// the sends still reading a slot's buffers finish before a new micro-batch takes the slot
+// The sends still reading a slot's buffers finish before the slot is written again: before a
+// new micro-batch takes it, and before a backward (recomputation rewrites the block outputs,
+// the activation sent forward among them).
 static void claim_slot(Pipeline *p, const PipeOp *op) {
-    if (op->backward) return;
     int slot = op->micro % p->n_slots;
     wait_send(&p->fwd_sends[slot]);
-    wait_send(&p->bwd_sends[slot]);
+    if (!op->backward) wait_send(&p->bwd_sends[slot]);
 }
 
 static double run_ops(Pipeline *p, const PipeOp *ops, int n, const Batch *batches, Weights *grads, float dloss,
