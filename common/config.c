@@ -73,6 +73,10 @@ static const Key KEYS[] = {
     K(bucket_size_mb, T_FLOAT, "25", "ddp: megabytes of gradients per all-reduce bucket when overlapping"),
     K(vocab_parallel_loss, T_BOOL, "true",
       "axonn: cross-entropy on the vocabulary split over x (false: all-gather the logits first)"),
+    K(pp_size, T_INT, "1", "pipeline: stages the blocks are split over (ranks / pp_size data-parallel replicas)"),
+    K(num_microbatches, T_INT, "1",
+      "pipeline: micro-batches each replica's rows are cut into (takes the place of gradient_acc_steps)"),
+    K(pp_schedule, T_STRING, "1f1b", "pipeline: gpipe (all forwards, then all backwards) or 1f1b"),
     K(always_input_template, T_BOOL, "false",
       "the tutorial's quirk: use the with-input prompt template for every record"),
     K(prompts_path, T_STRING, "data/inference/prompts.txt", "inference: prompts, one per line ('-': stdin)"),
@@ -260,7 +264,9 @@ static const StageInfo STAGES[] = {
     [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json"},
     [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json"},
     [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json"},
+    [STAGE_PIPELINE_PARALLEL] = {"pipeline", NULL, "configs/pipeline.json"},
 };
+#define LAST_STAGE STAGE_PIPELINE_PARALLEL
 
 static bool stage_runs(const StageInfo *s, const char *strategy) {
     return strcmp(s->strategy, strategy) == 0 || (s->also && strcmp(s->also, strategy) == 0);
@@ -268,7 +274,7 @@ static bool stage_runs(const StageInfo *s, const char *strategy) {
 
 // The first stage that trains with `strategy`: where the refusal sends the learner.
 static int stage_training_with(const char *strategy) {
-    for (int n = STAGE_SINGLE_GPU; n <= STAGE_INFERENCE; n++)
+    for (int n = STAGE_SINGLE_GPU; n <= LAST_STAGE; n++)
         if (strcmp(STAGES[n].strategy, strategy) == 0) return n;
     return 0;  // not reached: every strategy validate() accepts has a stage
 }
@@ -411,13 +417,13 @@ static void require_one_of(const Sources *src, const char *key, const char *valu
 
 // An empty strategy is the stage's own; another stage's strategy is refused with where to go.
 static void resolve_strategy(Config *cfg, const Sources *src, Stage stage) {
-    static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn"};
+    static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn", "pipeline"};
     const StageInfo *s = &STAGES[stage];
     if (!cfg->strategy[0]) {
         strcpy(cfg->strategy, s->strategy);
         return;
     }
-    require_one_of(src, "strategy", cfg->strategy, strategies, 4, "single_device, ddp, fsdp or axonn");
+    require_one_of(src, "strategy", cfg->strategy, strategies, 5, "single_device, ddp, fsdp, axonn or pipeline");
     if (stage_runs(s, cfg->strategy)) return;
     char runs[64];
     fatal("%s: key 'strategy' is \"%s\" but stage %02d runs %s; run build/stage-%d for %s",
@@ -440,6 +446,26 @@ static void require_grid_fits_strategy(const Config *cfg, const Sources *src) {
     fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but strategy \"%s\" does not split layers: a "
           "tensor-parallel grid is strategy axonn (build/stage-5; build/stage-6 for inference)",
           source_of(src, "tp_dimensions"), tp[0], tp[1], tp[2], cfg->strategy);
+}
+
+// pp_size > 1 splits the blocks over ranks, which only strategy pipeline does; elsewhere it would
+// be ignored. Stage 07 cuts the batch with num_microbatches: a gradient_acc_steps beside it would
+// be a second, conflicting answer to the same question.
+static void require_pipeline_keys_fit_strategy(const Config *cfg, const Sources *src) {
+    static const char *const schedules[] = {"gpipe", "1f1b"};
+    require_positive(src, "pp_size", cfg->pp_size);
+    require_positive(src, "num_microbatches", cfg->num_microbatches);
+    require_one_of(src, "pp_schedule", cfg->pp_schedule, schedules, 2, "gpipe or 1f1b");
+    bool pipeline = strcmp(cfg->strategy, "pipeline") == 0;
+    if (!pipeline && (cfg->pp_size != 1 || cfg->num_microbatches != 1))
+        fatal("%s: keys 'pp_size' and 'num_microbatches' are %d and %d but strategy \"%s\" runs no "
+              "pipeline: pipeline parallelism is strategy pipeline (build/stage-7)",
+              source_of(src, cfg->pp_size != 1 ? "pp_size" : "num_microbatches"), cfg->pp_size,
+              cfg->num_microbatches, cfg->strategy);
+    if (pipeline && cfg->gradient_acc_steps != 1)
+        fatal("%s: key 'gradient_acc_steps' is %d but strategy pipeline cuts the batch with "
+              "num_microbatches: set num_microbatches instead", source_of(src, "gradient_acc_steps"),
+              cfg->gradient_acc_steps);
 }
 
 // dataset_id names the data and data_path holds the file: both must say the same. An empty
@@ -472,6 +498,7 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     require_one_of(src, "precision", cfg->precision, precisions, 4, "32, 32-true, bf16-mixed or bf16");
     resolve_strategy(cfg, src, stage);
     require_grid_fits_strategy(cfg, src);
+    require_pipeline_keys_fit_strategy(cfg, src);
     require_precision_of_stage(cfg, src, stage);
     resolve_dataset(cfg, src);
     apply_model_preset(cfg, src);

@@ -12,7 +12,7 @@ typedef struct {
     char dataset_id[64];      // "synthetic", or "alpaca"/"tatsu-lab/alpaca": the file in data_path
     int seed;
     char precision[16];       // "32", "32-true", "bf16-mixed", "bf16"
-    char strategy[16];        // "single_device", "ddp", "fsdp", "axonn": the stage's own
+    char strategy[16];        // "single_device", "ddp", "fsdp", "axonn", "pipeline": the stage's own
     int tp_dimensions[3];     // [x, y, z] for strategy axonn
     int global_batch_size;    // sequences per optimizer step, over all ranks
     int gradient_acc_steps;   // micro-batches per optimizer step
@@ -37,6 +37,10 @@ typedef struct {
     bool overlap_communication;  // ddp: bucketed all-reduce during backward; axonn: prefetching
     double bucket_size_mb;       // ddp: gradient bucket size for the overlapped all-reduce
     bool vocab_parallel_loss;    // axonn: loss on the vocabulary split over x (false: gather the logits)
+    // pipeline (stage 07)
+    int pp_size;                 // pipeline stages; the ranks / pp_size replicas are data-parallel
+    int num_microbatches;        // micro-batches a replica's rows are cut into (in place of gradient_acc_steps)
+    char pp_schedule[16];        // "gpipe" or "1f1b"
     // inference (stage 06)
     char prompts_path[512];      // prompts, one per line ("-": stdin)
     int max_batch_size;          // prompts generated together
@@ -57,6 +61,7 @@ typedef enum {
     STAGE_FSDP,                 // fsdp
     STAGE_TENSOR_PARALLEL,      // axonn
     STAGE_INFERENCE,            // axonn over [x, y, 1] (single_device: the [1, 1, 1] grid only)
+    STAGE_PIPELINE_PARALLEL,    // pipeline
 } Stage;
 
 // Reads the stage's config, applies --key=value overrides, validates, and fills in what empty

@@ -239,6 +239,7 @@ static cJSON *layout_json(RunLayout layout) {
     cJSON *j = cJSON_CreateObject();
     if (layout.tp_dimensions[0])
         cJSON_AddItemToObject(j, "tp_dimensions", cJSON_CreateIntArray(layout.tp_dimensions, 3));
+    if (layout.pp) cJSON_AddNumberToObject(j, "pp", layout.pp);
     cJSON_AddNumberToObject(j, "dp", layout.dp);
     if (layout.sharded) cJSON_AddTrueToObject(j, "sharded");
     return j;

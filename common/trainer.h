@@ -100,6 +100,7 @@ typedef struct {
     int dp;                // data-parallel replicas (1: none)
     bool sharded;          // parameters, gradients and optimizer state sharded over them (FSDP)
     int tp_dimensions[3];  // the tensor-parallel grid [x, y, z]; all 0: no tensor parallelism
+    int pp;                // pipeline stages; 0: no pipeline parallelism
 } RunLayout;
 // records one category of this rank's memory, in bytes, under "memory"
 void run_stats_memory(const char *what, size_t bytes);

@@ -47,6 +47,14 @@ end: all-reduces over the x and y groups in every layer, and still stage 01's lo
 mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-5 --config configs/tiny.json \
     --tp_dimensions=2,2,1 --stop_iteration=20 --log_interval=10 --out_dir=out/demo-stage-5
 
+say "Stage 07: the blocks split into 2 pipeline stages, times 2 data-parallel replicas" \
+"Stage 0 holds the embedding and block 0, stage 1 block 1 and the head; 4 micro-batches flow
+through them in the 1F1B order. Watch each rank's op sequence after step 1 (F/B: forward and
+backward of a micro-batch, r/s: received and sent), the measured bubble beside (p-1)/(m+p-1),
+and again stage 01's loss. 20 steps."
+mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-7 --config configs/tiny.json \
+    --pp_size=2 --num_microbatches=4 --stop_iteration=20 --log_interval=10 --out_dir=out/demo-stage-7
+
 say "Stage 06: the model from stage 01 answers questions it never saw" \
 "Generation with a KV cache: each batch of prompts is read in one pass (prefill), then every
 step adds one token per prompt, reading the earlier tokens' keys and values from the cache

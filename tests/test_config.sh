@@ -54,7 +54,7 @@ expect_one_error "stage 02 given axonn" "stage 02 runs \"single_device\"; run bu
     build/stage-2 --config configs/tiny.json --strategy=axonn
 expect_one_error "stage 05 given single_device" "stage 05 runs \"axonn\"; run build/stage-1 for single_device" \
     build/stage-5 --config configs/tiny.json --strategy=single_device
-expect_one_error "unknown strategy" "key 'strategy': expected single_device, ddp, fsdp or axonn, found 'zero3'" \
+expect_one_error "unknown strategy" "key 'strategy': expected single_device, ddp, fsdp, axonn or pipeline, found 'zero3'" \
     build/stage-1 --config configs/tiny.json --strategy=zero3
 expect_one_error "stage 06 given fsdp" "stage 06 runs \"axonn\" or \"single_device\"; run build/stage-4 for fsdp" \
     build/stage-6 --config configs/inference.json --strategy=fsdp
@@ -95,8 +95,8 @@ check '[ "$(run_config "$tmp/file" dataset_id)" = alpaca ]' "a data_path alone d
 
 # ---- 4. the shipped configs agree with their stages: validation gets past strategy and data to
 # a key set wrong on purpose (so nothing starts)
-for pair in 1:single_gpu 2:mixed_precision 3:ddp 4:fsdp 5:axonn 6:inference 6:inference_axonn \
-            1:tiny 2:tiny 3:tiny 4:tiny 5:tiny 6:tiny 1:bench_gpt2 6:bench_gpt2; do
+for pair in 1:single_gpu 2:mixed_precision 3:ddp 4:fsdp 5:axonn 6:inference 6:inference_axonn 7:pipeline \
+            1:tiny 2:tiny 3:tiny 4:tiny 5:tiny 6:tiny 7:tiny 1:bench_gpt2 6:bench_gpt2; do
     IFS=: read -r n config <<<"$pair"
     expect_one_error "stage $n with configs/$config.json" "^error: command line: key 'num_epochs'" \
         timeout 60 "build/stage-$n" --config "configs/$config.json" --num_epochs=0

@@ -132,7 +132,7 @@ fi
 
 # ---- 3. every stage that exists, on the CPU build ---------------------------------------------------
 # (make test-slurm builds BACKEND=cpu first; build/stage-N is the backend built last)
-for n in 1 2 3 4 5 6; do
+for n in 1 2 3 4 5 6 7; do
     if [ ! -x "build/stage-$n" ]; then
         skipped+=("stage-$n (build/stage-$n does not exist yet)")
         continue
@@ -151,6 +151,10 @@ for n in 1 2 3 4 5 6; do
                     EXTRA_ARGS="--stop_iteration=$STEPS --log_interval=1 --out_dir=$out-$launcher" \
                     run_job "stage $n: slurm/stage-$n.sh, 4 ranks, $launcher, $STEPS steps" slurm/stage-$n.sh check_training
             done ;;
+        7) # 2 pipeline stages x 2 replicas, 4 micro-batches each
+            OMP_NUM_THREADS=1 CONFIG_FILE=configs/tiny.json \
+                EXTRA_ARGS="--pp_size=2 --num_microbatches=4 --stop_iteration=$STEPS --log_interval=1 --out_dir=$out" \
+                run_job "stage 7: slurm/stage-7.sh, 4 ranks (pp 2 x dp 2), $STEPS steps" slurm/stage-7.sh check_training ;;
         6) # generation from the checkpoint the stage-1 job wrote, if there is one
             init=""; [ -e "$WORK/out/stage-1/model.safetensors" ] && init="--init_from=$WORK/out/stage-1"
             OMP_NUM_THREADS=$(nproc) CONFIG_FILE=configs/tiny.json \

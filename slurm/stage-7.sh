@@ -1,0 +1,27 @@
+#!/bin/bash
+# slurm/stage-7.sh - stage 07, pipeline-parallel training (4 ranks: pp_size stages x replicas) under Slurm.
+# Submit from the repository root (the log directory slurm/logs/ is relative to it):
+#   CONFIG_FILE=configs/pipeline.json sbatch slurm/stage-7.sh
+# Log: slurm/logs/stage-7-<jobid>.out   Watch: squeue --me ; tail -f slurm/logs/stage-7-*.out
+# Options: CONFIG_FILE, EXTRA_ARGS, LAUNCHER=srun|mpirun and the NCCL / Open MPI settings in
+# slurm/common.sh. More nodes: change --nodes; ranks = nodes x tasks per node, a multiple of pp_size
+# (a pipeline's stages are consecutive ranks, so keep pp_size <= tasks per node).
+#SBATCH --job-name=stage-7
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH --time=01:00:00
+#SBATCH --output=slurm/logs/%x-%j.out
+# Site-specific, if your cluster wants them:
+##SBATCH --partition=gpu
+##SBATCH --account=my_project
+##SBATCH --cpus-per-task=8
+##SBATCH --exclusive
+set -euo pipefail
+STAGE=7
+DEFAULT_CONFIG=configs/pipeline.json
+MAX_TASKS=any
+# the job runs a copy of this script from Slurm's spool directory: find common.sh from the
+# directory sbatch was run in (the repository root)
+source "${SLURM_SUBMIT_DIR:-.}/slurm/common.sh"
+run_stage "$@"
