@@ -91,3 +91,22 @@ finish() {
     echo "$1: $passed passed, $failed failed"
     [ "$failed" -eq 0 ]
 }
+
+# killed_rank_ends_job <stage> <ranks> <args incl. --out_dir=DIR>: kills one rank with SIGKILL once
+# training has started; the job must end (non-zero, before the 120 s guard) with the launcher
+# naming the rank, not hang in a collective or a receive waiting for the dead rank
+killed_rank_ends_job() {
+    local n=$1 np=$2 out log start launcher victim rc; shift 2
+    out=$(printf '%s\n' "$@" | sed -n 's/^--out_dir=//p' | tail -1)
+    log=$out.log
+    start=$SECONDS
+    timeout 120 mpirun -np "$np" --bind-to none build/stage-"$n" "$@" --stop_iteration=100000 >"$log" 2>&1 &
+    launcher=$!
+    for _ in $(seq 100); do [ -f "$out/metrics.jsonl" ] && break; sleep 0.2; done
+    victim=$(pgrep -f "build/stage-$n .*--out_dir=$out" | tail -1)
+    [ -n "$victim" ] && kill -9 "$victim"
+    wait $launcher
+    rc=$?
+    check '[ -n "$victim" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qi "rank" "$log"' \
+        "stage $n, a killed rank: exit $rc after $((SECONDS - start)) s (want non-zero before the 120 s guard, the rank named): $(tail -2 "$log")"
+}

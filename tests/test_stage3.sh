@@ -56,14 +56,5 @@ check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "do not agree on the config" 
     "mismatched configs: exit $rc after $((SECONDS - start)) s: $(tail -3 "$tmp/mismatch.log")"
 
 # a rank killed mid-run ends the job, not a hang
-start=$SECONDS
-timeout 120 mpirun -np 4 --bind-to none build/stage-3 "${args[@]}" --stop_iteration=100000 --out_dir="$tmp/kill" \
-    >"$tmp/kill.log" 2>&1 &
-launcher=$!
-for _ in $(seq 50); do [ -f "$tmp/kill/metrics.jsonl" ] && break; sleep 0.2; done
-victim=$(pgrep -f "build/stage-3 .*$tmp/kill" | tail -1)
-[ -n "$victim" ] && kill -9 "$victim"
-wait $launcher
-rc=$?
-check '[ -n "$victim" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ]' "a killed rank: exit $rc after $((SECONDS - start)) s (want non-zero, before the 120 s guard)"
+killed_rank_ends_job 3 4 "${args[@]}" --out_dir="$tmp/kill"
 finish test_stage3

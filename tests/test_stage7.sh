@@ -107,6 +107,9 @@ rc=$?
 check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "do not agree on the config" "$tmp/mismatch.log"' \
     "mismatched configs: exit $rc: $(tail -3 "$tmp/mismatch.log")"
 
+# a pipeline rank killed mid-step ends the job: its neighbours wait in a receive that never comes
+killed_rank_ends_job 7 4 "${args[@]}" --n_layer=2 --pp_size=2 --num_microbatches=2 --out_dir="$tmp/kill"
+
 # resume: 10 steps + resume + 10 steps give the straight run's losses to the last bit (the
 # optimizer state goes through the whole-model checkpoint too)
 run_ranks 7 resumed 2 --n_layer=2 --pp_size=2 --num_microbatches=4 --stop_iteration=10 --checkpoint_interval=5
