@@ -8,7 +8,8 @@
 #   - stages 3, 4, 5 and 7 through `sbatch --nodes=2 --ntasks-per-node=2 slurm/stage-N.sh` with the
 #     stage scripts unchanged (stage 5 on the grid [2,1,1] x data 2: the tensor-parallel pair in
 #     a host, the data dimension across the hosts; stage 7 likewise with 2 pipeline stages in a
-#     host x 2 replicas); stage 3 once more with LAUNCHER=mpirun;
+#     host x 2 replicas, then dealt round-robin so that the pipeline boundary crosses the hosts
+#     and its bytes must go over the network); stage 3 once more with LAUNCHER=mpirun;
 #   - stage 3 with plain `mpirun --host wbn1:2,wbn2:2` (no Slurm; remote start through mn-rsh);
 #   - each run must complete, reproduce the single-process (stage 1) losses within 1e-5
 #     relative per step over 20 fp32 steps, and move at least half a gradient's bytes per step
@@ -167,6 +168,28 @@ check_tp_spans_hosts() {
     echo "control: ${why/seem to span/span}"
 }
 
+# Stage 7: where the pipeline's boundary runs. Rank 0 (stage 0 of replica 0) says in stats.json
+# how many bytes it sent to stage 1; ranks 0 and 2 (stage 0 of each replica) send that much
+# each. Dealt round-robin over the hosts (--distribution=cyclic), stage 0 and stage 1 of every
+# replica sit on different hosts: the host of the stage-0 ranks must send at least both ranks'
+# pipeline bytes over the network, while the replicas' all-reduce (ranks 0 and 2) stays inside it.
+pipe_sent_bytes() {
+    python3 -c "import json, sys; s = json.load(open(sys.argv[1])); print(int(sum(c['bytes'] for c in s['communication'] if c['group'] == 'pipeline' and c['kind'] in ('send', 'send-recv'))))" \
+        "$out/stats.json"
+}
+# shellcheck disable=SC2317  # (called through EXTRA_CHECK)
+check_pipe_crosses_hosts() { # <before> <after>
+    local pipe max_sent
+    pipe=$(pipe_sent_bytes) || { echo "no pipeline bytes in $out/stats.json"; return 1; }
+    max_sent=$(join <(sort <<<"$1") <(sort <<<"$2") | awk '{ d = $4 - $2; if (d > m) m = d } END { print m + 0 }')
+    if [ "$pipe" -gt 0 ] && [ "$max_sent" -ge $((2 * pipe)) ]; then
+        echo "the pipeline boundary crossed the hosts: rank 0 sent $((pipe / 1000)) kB to stage 1, its host sent $((max_sent / 1000)) kB"
+    else
+        echo "the pipeline's sends did not cross the hosts: rank 0 sent $((pipe / 1000)) kB to stage 1 (x2 for its host), a host sent at most $((max_sent / 1000)) kB"
+        return 1
+    fi
+}
+
 # ---- sbatch jobs (submit, job_state, wait_job and log_tail: tests/cluster_lib.sh) -----------------
 # The one known flake (reference notes, multinode pitfall 1): about 1% of multi-node srun launches,
 # a rank segfaults inside MPI_Init (Open MPI 4.1.4 + PMIx: a peer's first message arrives before
@@ -230,7 +253,10 @@ for n in 3 4 5 7; do
                "stage 5, control: the same with sbatch --distribution=cyclic (x groups across hosts)" 5 "$WORK/out/s5-cyclic" \
                --tp_dimensions=2,1,1 ;;
         7) run_sbatch "stage 7: sbatch --nodes=2 slurm/stage-7.sh, 2 pipeline stages per host x 2 replicas" 7 "$WORK/out/s7" \
-               --pp_size=2 --num_microbatches=2 ;;
+               --pp_size=2 --num_microbatches=2
+           SBATCH_OPTS=--distribution=cyclic EXTRA_CHECK=check_pipe_crosses_hosts run_sbatch \
+               "stage 7: sbatch --distribution=cyclic slurm/stage-7.sh, pp 2 x dp 2 (the pipeline boundary across the hosts)" \
+               7 "$WORK/out/s7-cyclic" --pp_size=2 --num_microbatches=2 ;;
     esac
 done
 
