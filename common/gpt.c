@@ -319,13 +319,15 @@ LayerOps *serial_layer_ops(void) {
 
 typedef struct {
     Activations *a;
-    void **owned;  // every buffer allocated, to free
+    bool count_only;  // add up the bytes, allocate nothing (acts_bytes)
+    void **owned;     // every buffer allocated, to free
     int n_owned;
 } Alloc;
 
 static void *alloc_bytes(Alloc *al, size_t bytes) {
-    void *p = dev_malloc(bytes);
     al->a->bytes += bytes;
+    if (al->count_only) return NULL;
+    void *p = dev_malloc(bytes);
     al->owned = realloc(al->owned, (size_t)(al->n_owned + 1) * sizeof(void *));
     if (!al->owned) fatal("out of host memory");
     al->owned[al->n_owned++] = p;
@@ -378,12 +380,14 @@ void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int flags) {
     acts_alloc_spec(a, &spec);
 }
 
-void acts_alloc_spec(Activations *a, const ActsSpec *spec) {
+// Lays out the activations of spec, allocating each buffer, or (count_only) adding up their bytes
+// alone: the one place that says what a rank keeps, so what is allocated and what is reported agree.
+static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) {
     memset(a, 0, sizeof *a);
     a->spec = *spec;
     if (!a->spec.keys) a->spec.keys = spec->T;
     a->ops = spec->ops ? spec->ops : serial_layer_ops();
-    Alloc al = {.a = a};
+    Alloc al = {.a = a, .count_only = count_only};
     const ActsSpec *sp = &a->spec;
     size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
     size_t V = sp->shape.v_rows;
@@ -416,6 +420,15 @@ void acts_alloc_spec(Activations *a, const ActsSpec *spec) {
     }
     a->owned = al.owned;
     a->n_owned = al.n_owned;
+}
+
+void acts_alloc_spec(Activations *a, const ActsSpec *spec) { lay_out_acts(a, spec, false); }
+
+size_t acts_bytes(const ActsSpec *spec) {
+    Activations a;
+    lay_out_acts(&a, spec, true);
+    free(a.blocks);
+    return a.bytes;
 }
 
 void acts_free(Activations *a) {

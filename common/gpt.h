@@ -267,6 +267,8 @@ enum { ACTS_BF16 = 1, ACTS_RECOMPUTE = 2 };
 // the whole model on one rank, with ACTS_* flags
 void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int flags);
 void acts_alloc_spec(Activations *a, const ActsSpec *spec);
+// the device bytes acts_alloc_spec would allocate for spec, allocating nothing
+size_t acts_bytes(const ActsSpec *spec);
 void acts_free(Activations *a);
 // block l's input (its predecessor's output, or a->encoded), and the head's input
 const float *block_input(const Activations *a, int l);

@@ -198,13 +198,11 @@ void print_bf16_activation_saving(const Activations *acts) {
     // pre-GELU values (GELU backward), the residual stream
     ActsSpec fp32 = acts->spec;
     fp32.bf16 = false;
-    Activations fp32_acts;
-    acts_alloc_spec(&fp32_acts, &fp32);
+    size_t fp32_bytes = acts_bytes(&fp32);
     printf("  (in fp32 the activations would take %.2f MiB: bf16 matmul inputs save %.0f%%; the "
            "statistics, attention, pre-GELU values and residual stream stay fp32)\n",
-           fp32_acts.bytes / 1048576.0, 100.0 * (1.0 - (double)acts->bytes / fp32_acts.bytes));
-    run_stats_number("fp32_activations_bytes", (double)fp32_acts.bytes);
-    acts_free(&fp32_acts);
+           fp32_bytes / 1048576.0, 100.0 * (1.0 - (double)acts->bytes / fp32_bytes));
+    run_stats_number("fp32_activations_bytes", (double)fp32_bytes);
 }
 
 // ---- stats.json -------------------------------------------------------------------------------
