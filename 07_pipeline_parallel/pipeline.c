@@ -64,11 +64,14 @@ void print_pipeline_plan(const PipeGrid *g, const Config *cfg, int n_layer, size
     printf("  rank 0 holds %.2fM parameters and activations for %d micro-batches\n", stage_params / 1e6, slots);
 }
 
+// the last stage's wte is a copy of the first's (the tied lm_head): counted and saved once, there
+static bool holds_wte_copy(const PipeGrid *g) { return g->is_last && !g->is_first; }
+
 double stage_sum_squares(const PipeGrid *g, const ParamLayout *layout, const float *grads) {
     double sum = 0;
     for (int i = 0; i < layout->num_tensors; i++) {
         const TensorInfo *t = &layout->tensors[i];
-        if (t->role == ROLE_WTE && g->is_last && !g->is_first) continue;
+        if (t->role == ROLE_WTE && holds_wte_copy(g)) continue;
         sum += sum_squares(grads + t->offset, t->numel);
     }
     return sum;
@@ -338,12 +341,6 @@ void print_bubble(Comm *world, const Pipeline *p, const char *when) {
 
 // ---- checkpoints ------------------------------------------------------------------------------
 
-static const TensorInfo *tensor_named(const ParamLayout *layout, const char *name) {
-    for (int i = 0; i < layout->num_tensors; i++)
-        if (strcmp(layout->tensors[i].name, name) == 0) return &layout->tensors[i];
-    fatal("internal: the whole model has no tensor %s", name);
-}
-
 // copies this stage's tensors between its buffer and a whole-model one, by name; to_full: into
 // the whole model's. skip_wte: leave the tied wte out (the last stage's copy of the first's).
 static void copy_stage_tensors(const ParamLayout *local, float *local_buf, const ParamLayout *full,
@@ -351,7 +348,8 @@ static void copy_stage_tensors(const ParamLayout *local, float *local_buf, const
     for (int i = 0; i < local->num_tensors; i++) {
         const TensorInfo *t = &local->tensors[i];
         if (skip_wte && t->role == ROLE_WTE) continue;
-        const TensorInfo *f = tensor_named(full, t->name);
+        const TensorInfo *f = layout_tensor(full, t->name);
+        if (!f) fatal("internal: the whole model has no tensor %s", t->name);
         float *dst = to_full ? full_buf + f->offset : local_buf + t->offset;
         const float *src = to_full ? local_buf + t->offset : full_buf + f->offset;
         dev_copy(dst, src, t->numel * sizeof(float));
@@ -361,7 +359,7 @@ static void copy_stage_tensors(const ParamLayout *local, float *local_buf, const
 static void assemble(const PipeGrid *g, const ParamLayout *local, const ParamLayout *full, float *out,
                      const float *in) {
     dev_zero(out, full->num_params * sizeof(float));
-    copy_stage_tensors(local, (float *)in, full, out, true, g->is_last && !g->is_first);
+    copy_stage_tensors(local, (float *)in, full, out, true, holds_wte_copy(g));
     // each element is non-zero on exactly one stage: the sum puts the model together
     comm_all_reduce(g->pipe, out, full->num_params);
 }

@@ -114,6 +114,12 @@ void gpt_layout_free(ParamLayout *l) {
     l->tensors = NULL;
 }
 
+const TensorInfo *layout_tensor(const ParamLayout *l, const char *name) {
+    for (int i = 0; i < l->num_tensors; i++)
+        if (strcmp(l->tensors[i].name, name) == 0) return &l->tensors[i];
+    return NULL;
+}
+
 size_t layout_block_start(const ParamLayout *l, int block) {
     if (block < l->first_block || block >= l->first_block + l->n_blocks)
         fatal("internal: block %d is not in this layout's [%d, %d)", block, l->first_block,

@@ -112,6 +112,8 @@ void gpt_layout(ParamLayout *layout, const GPTConfig *cfg);
 // tensors keep their names and random streams: any range initialises as the whole model does.
 void gpt_layout_range(ParamLayout *layout, const GPTConfig *cfg, int first, int n, bool embed, bool head);
 void gpt_layout_free(ParamLayout *layout);
+// the tensor of that Hugging Face name, or NULL when the layout does not hold it
+const TensorInfo *layout_tensor(const ParamLayout *layout, const char *name);
 // where block b's elements start in the flat buffer (each block has layout->block_numel)
 size_t layout_block_start(const ParamLayout *layout, int block);
 

@@ -747,9 +747,7 @@ static void test_fixtures(void) {
     int64_t shape[2];
     int nd;
     float *raw = raw_floats(&r, "h.0.attn.c_attn.weight", shape, &nd);
-    const TensorInfo *c_attn = NULL;
-    for (int i = 0; i < l.num_tensors; i++)
-        if (strcmp(l.tensors[i].name, "transformer.h.0.attn.c_attn.weight") == 0) c_attn = &l.tensors[i];
+    const TensorInfo *c_attn = layout_tensor(&l, "transformer.h.0.attn.c_attn.weight");
     CHECK(raw && c_attn && p[c_attn->offset + 4 * 2 + 1] == raw[1 * 6 + 4], "c_attn [4][1] transposed");
     free(raw);
     raw_close(&r);

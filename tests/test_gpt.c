@@ -329,15 +329,12 @@ static void range_free(Range *r) {
 
 // host copy of tensor `name` of a range's flat buffer (NULL when the range does not hold it)
 static float *tensor_of(const Range *r, const float *flat, const char *name, size_t *numel) {
-    for (int i = 0; i < r->layout.num_tensors; i++) {
-        const TensorInfo *t = &r->layout.tensors[i];
-        if (strcmp(t->name, name) != 0) continue;
-        float *host = malloc_or_die(t->numel * sizeof(float));
-        copy_to_host(host, flat + t->offset, t->numel * sizeof(float));
-        *numel = t->numel;
-        return host;
-    }
-    return NULL;
+    const TensorInfo *t = layout_tensor(&r->layout, name);
+    if (!t) return NULL;
+    float *host = malloc_or_die(t->numel * sizeof(float));
+    copy_to_host(host, flat + t->offset, t->numel * sizeof(float));
+    *numel = t->numel;
+    return host;
 }
 
 static void test_layer_ranges(void) {
