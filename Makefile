@@ -13,13 +13,17 @@ CC      := gcc
 MPICC   ?= mpicc
 NVCC    ?= nvcc
 CUDA_HOME ?= /usr/local/cuda
-CUDA_ARCHS ?= 80 90
+# T4 (sm_75), A100 (sm_80), A10/RTX 30 (sm_86), L4/RTX 40 (sm_89), H100 (sm_90) as machine code,
+# and sm_90's PTX, which the driver compiles for newer GPUs (Blackwell) when the program starts
+CUDA_ARCHS ?= 75 80 86 89 90
+CUDA_PTX ?= 90
 CFLAGS  ?= -O3 -march=native
 # -fno-math-errno lets gcc vectorise sqrtf (AdamW is 8x faster); nothing reads errno from math
 CFLAGS  += -std=c11 -Wall -Wextra -Werror -fopenmp -fno-math-errno -Icommon -MMD -MP
 LDLIBS  := -lcjson -lm -fopenmp
 NVFLAGS ?= -O3
 NVFLAGS += -std=c++17 -Icommon $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+           $(foreach a,$(CUDA_PTX),-gencode arch=compute_$(a),code=compute_$(a)) \
            -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
 
 B := build/$(BACKEND)

@@ -135,7 +135,7 @@ void comm_wait(CommRequest *r) {
     CommStats *s = &r->comm->stats;
     s->calls[r->kind]++;
     s->bytes[r->kind] += r->bytes;
-    s->seconds[r->kind] += wall_seconds() - r->start;
+    s->seconds[r->kind] += comm_backend_seconds(r);
     s->bus_bytes[r->kind] += r->bytes * bus_factor(r->kind, r->comm->size);
     free(r);
 }

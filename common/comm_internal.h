@@ -35,6 +35,9 @@ void comm_backend_init_group(Comm *c);  // after the MPI communicator exists
 void comm_backend_free_group(Comm *c);
 void comm_backend_wait(CommRequest *r); // bounded by g_comm_timeout
 int comm_backend_test(CommRequest *r);  // 1 when finished
+// the seconds comm_wait books for r: MPI's host time from start to wait; 0 on NCCL, which books
+// the GPU's own time of the collective when it finishes
+double comm_backend_seconds(const CommRequest *r);
 
 // shared helpers
 CommRequest *comm_new_request(Comm *c, CollKind kind, double bytes);

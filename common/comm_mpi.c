@@ -19,6 +19,8 @@ void comm_backend_free_group(Comm *c) { (void)c; }
 
 void comm_backend_wait(CommRequest *r) { comm_wait_mpi(r->mpi, 2, COMM_KIND_NAMES[r->kind], r->comm->name); }
 
+double comm_backend_seconds(const CommRequest *r) { return wall_seconds() - r->start; }
+
 int comm_backend_test(CommRequest *r) {
     int done = 0;
     comm_check_mpi(MPI_Testall(2, r->mpi, &done, MPI_STATUSES_IGNORE), COMM_KIND_NAMES[r->kind]);

@@ -1,16 +1,35 @@
 // comm_nccl.c: the payload operations of comm.h over NCCL, for buffers in GPU memory (the CUDA
-// backend). Each group gets its own NCCL communicator, bootstrapped by broadcasting rank 0's
-// unique id over the group's MPI communicator, and its own stream, so communication can overlap
-// the compute stream. A collective waits for the compute issued before it (an event), and
-// comm_wait polls its completion with the same timeout as the MPI backend. Point-to-point
-// operations use the same stream, so NCCL runs them in the order they were started; a send-recv
-// and an all-to-all put their sends and receives in one NCCL group, which progresses them
-// together (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/p2p.html).
+// backend). Each group of two or more ranks gets its own NCCL communicator, bootstrapped by
+// broadcasting rank 0's unique id over the group's MPI communicator, and its own stream, so
+// communication can overlap the compute stream. A group of one rank has no communicator: its
+// collectives are copies on the compute stream.
+//
+// Ordering, and why nothing waits on the host:
+//   - a collective waits for the compute issued before it (an event the comm stream waits for);
+//   - comm_wait makes the compute stream wait for the collective's event and returns at once: the
+//     host runs ahead and queues the next compute, which is what lets communication overlap it;
+//   - the host blocks only where the ops must (a copy to the host, a sum, dev_synchronize); while
+//     it waits there, watch() checks every collective the compute stream waits for: finished ones
+//     have their GPU time booked, a failed one (ncclCommGetAsyncError) or one past COMM_TIMEOUT
+//     aborts its communicator and ends the job with a message, so a dead peer cannot hang it;
+//   - communicators are non-blocking: set-up and every call that returns ncclInProgress are
+//     polled against the same deadline (settle).
+// Several communicators can have collectives in flight together (FSDP's prefetch all-gather
+// beside its reduce-scatters are one communicator; stage 05's depth all-gather beside the x and
+// y all-reduces are three). NCCL requires that ranks sharing communicators start their
+// operations in one order: every rank runs the same program and starts its collectives in
+// program order, so the order is the same on all of them, and no call here synchronises the
+// whole device (the ops free memory in stream order), which could otherwise wait for a
+// collective whose peers are waiting for us. Point-to-point operations use their group's stream,
+// so NCCL runs them in the order they were started; a send-recv and an all-to-all put their sends
+// and receives in one NCCL group, which progresses them together
+// (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/p2p.html).
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "comm_internal.h"
 #include "log.h"
@@ -22,28 +41,87 @@ typedef struct {
     cudaEvent_t ready;  // recorded on the compute stream before each collective
 } NcclGroup;
 
-#define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
-#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+// A collective the compute stream has been made to wait for, watched until it finishes.
+typedef struct {
+    Comm *comm;
+    CollKind kind;
+    cudaEvent_t start, done;  // on the group's stream, around the collective: its GPU time
+    double deadline;
+} Watched;
 
-static void nccl_check(ncclResult_t r, const char *what, const char *file, int line) {
-    if (r != ncclSuccess) fatal("%s:%d: %s: NCCL error: %s", file, line, what, ncclGetErrorString(r));
-}
+static Watched *g_watched;
+static int g_nwatched, g_watched_cap;
+
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 
 static void cuda_check(cudaError_t e, const char *what, const char *file, int line) {
     if (e != cudaSuccess) fatal("%s:%d: %s: CUDA error: %s", file, line, what, cudaGetErrorString(e));
 }
 
+static void nccl_failed(const Comm *c, ncclComm_t nccl, ncclResult_t r, const char *what) {
+    fatal("%s on group '%s': NCCL error: %s (%s)", what, c->name, ncclGetErrorString(r),
+          nccl ? ncclGetLastError(nccl) : "no communicator");
+}
+
+// A non-blocking communicator's calls may return ncclInProgress and go on in NCCL's threads:
+// poll until they are done, bounded by COMM_TIMEOUT, so that no NCCL call can hang the job.
+static void settle(const Comm *c, ncclComm_t nccl, ncclResult_t r, const char *what) {
+    double deadline = wall_seconds() + g_comm_timeout;
+    struct timespec nap = {0, 20000};
+    while (r == ncclInProgress) {
+        if (wall_seconds() > deadline) {
+            ncclCommAbort(nccl);
+            comm_timeout_exceeded(what, c->name);
+        }
+        nanosleep(&nap, NULL);
+        ncclResult_t q = ncclCommGetAsyncError(nccl, &r);
+        if (q != ncclSuccess) r = q;
+    }
+    if (r != ncclSuccess) nccl_failed(c, nccl, r, what);
+}
+
+#define NCCL_CALL(c, g, call) settle((c), (g)->nccl, (call), #call)
+
 static cudaStream_t compute_stream(void) { return (cudaStream_t)ops_stream(); }
+
+// More ranks on a host than GPUs would put two ranks on one GPU, which NCCL refuses obscurely.
+static void check_gpus_per_host(Comm *world) {
+    MPI_Comm host;
+    comm_check_mpi(MPI_Comm_split_type(world->mpi, MPI_COMM_TYPE_SHARED, world->rank, MPI_INFO_NULL, &host),
+                   "split by host");
+    int ranks_here = 0, gpus = 0;
+    MPI_Comm_size(host, &ranks_here);
+    MPI_Comm_free(&host);
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+    if (ranks_here > gpus) {
+        char name[256] = "this host";
+        gethostname(name, sizeof name);
+        fatal("%d ranks run on %s but it has %d visible GPU%s: start at most %d ranks per host "
+              "(one per GPU; CUDA_VISIBLE_DEVICES limits what is visible)",
+              ranks_here, name, gpus, gpus == 1 ? "" : "s", gpus);
+    }
+}
+
+static void watch(void);
 
 void comm_backend_init_group(Comm *c) {
     ops_init();  // picks this rank's GPU: the communicator is bound to the current device
+    if (c->mpi == MPI_COMM_WORLD) {
+        check_gpus_per_host(c);
+        ops_on_device_wait(watch);
+    }
+    if (c->size == 1) return;  // a group of one needs no communicator
     NcclGroup *g = calloc_or_die(1, sizeof *g);
     ncclUniqueId id;
-    if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    if (c->rank == 0) settle(c, NULL, ncclGetUniqueId(&id), "ncclGetUniqueId");
     MPI_Request req;
     comm_check_mpi(MPI_Ibcast(&id, sizeof id, MPI_BYTE, 0, c->mpi, &req), "NCCL id broadcast");
     comm_wait_mpi(&req, 1, "NCCL id broadcast", c->name);
-    NCCL_CHECK(ncclCommInitRank(&g->nccl, c->size, id, c->rank));
+    // non-blocking set-up: a rank that died before reaching it ends the job after COMM_TIMEOUT
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&g->nccl, c->size, id, c->rank, &config);
+    settle(c, g->nccl, r, "NCCL communicator set-up (ncclCommInitRankConfig)");
     CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
     c->backend = g;
@@ -52,9 +130,12 @@ void comm_backend_init_group(Comm *c) {
 void comm_backend_free_group(Comm *c) {
     NcclGroup *g = c->backend;
     if (!g) return;
-    ncclCommDestroy(g->nccl);
-    cudaStreamDestroy(g->stream);
-    cudaEventDestroy(g->ready);
+    dev_synchronize();  // every collective waited for has finished, and its time is booked
+    NCCL_CALL(c, g, ncclCommFinalize(g->nccl));
+    ncclResult_t r = ncclCommDestroy(g->nccl);
+    if (r != ncclSuccess) nccl_failed(c, NULL, r, "ncclCommDestroy");
+    CUDA_CHECK(cudaStreamDestroy(g->stream));
+    CUDA_CHECK(cudaEventDestroy(g->ready));
     free(g);
     c->backend = NULL;
 }
@@ -62,125 +143,198 @@ void comm_backend_free_group(Comm *c) {
 // The collective must see what the compute stream wrote before it was called. One event per
 // group serves every call: cudaStreamWaitEvent waits for the record made just before it, and a
 // later record does not change what an earlier wait waits for.
-static NcclGroup *begin(Comm *c) {
+static NcclGroup *begin(Comm *c, CommRequest *r) {
     NcclGroup *g = c->backend;
     CUDA_CHECK(cudaEventRecord(g->ready, compute_stream()));
     CUDA_CHECK(cudaStreamWaitEvent(g->stream, g->ready, 0));
+    cudaEvent_t *ev = calloc_or_die(2, sizeof *ev);  // start, done: timed, for the GPU's own clock
+    CUDA_CHECK(cudaEventCreate(&ev[0]));
+    CUDA_CHECK(cudaEventCreate(&ev[1]));
+    CUDA_CHECK(cudaEventRecord(ev[0], g->stream));
+    r->event = ev;
     return g;
 }
 
 static CommRequest *end(CommRequest *r, NcclGroup *g) {
-    cudaEvent_t done;
-    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(done, g->stream));
-    r->event = done;
+    cudaEvent_t *ev = r->event;
+    CUDA_CHECK(cudaEventRecord(ev[1], g->stream));
     return r;
 }
 
-void comm_backend_wait(CommRequest *r) {
-    NcclGroup *g = r->comm->backend;
-    cudaEvent_t done = r->event;
-    double deadline = wall_seconds() + g_comm_timeout;
-    struct timespec nap = {0, 20000};
-    for (;;) {
-        cudaError_t e = cudaEventQuery(done);
-        if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady) cuda_check(e, COMM_KIND_NAMES[r->kind], __FILE__, __LINE__);
-        ncclResult_t async;
-        NCCL_CHECK(ncclCommGetAsyncError(g->nccl, &async));
-        NCCL_CHECK(async);
-        if (wall_seconds() > deadline) {
-            ncclCommAbort(g->nccl);  // frees the GPU from the collective before we exit
-            comm_timeout_exceeded(COMM_KIND_NAMES[r->kind], r->comm->name);
-        }
-        nanosleep(&nap, NULL);
-    }
-    // later compute on the compute stream must see the result
-    CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), done, 0));
+static void book_gpu_time(Comm *c, CollKind kind, cudaEvent_t start, cudaEvent_t done) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, done));
+    c->stats.seconds[kind] += ms / 1e3;
+    CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(done));
 }
 
+// 1 when w has finished (its time booked); 0 while it runs; ends the job when it failed or is late
+static int watched_finished(Watched *w) {
+    cudaError_t e = cudaEventQuery(w->done);
+    if (e == cudaSuccess) {
+        book_gpu_time(w->comm, w->kind, w->start, w->done);
+        return 1;
+    }
+    if (e != cudaErrorNotReady) cuda_check(e, COMM_KIND_NAMES[w->kind], __FILE__, __LINE__);
+    NcclGroup *g = w->comm->backend;
+    ncclResult_t async;
+    ncclResult_t q = ncclCommGetAsyncError(g->nccl, &async);
+    if (q != ncclSuccess) async = q;
+    if (async != ncclSuccess && async != ncclInProgress) {
+        ncclCommAbort(g->nccl);
+        nccl_failed(w->comm, NULL, async, COMM_KIND_NAMES[w->kind]);
+    }
+    if (wall_seconds() > w->deadline) {
+        ncclCommAbort(g->nccl);  // frees the GPU from the collective before we exit
+        comm_timeout_exceeded(COMM_KIND_NAMES[w->kind], w->comm->name);
+    }
+    return 0;
+}
+
+// ops_on_device_wait's check: drops the finished collectives, ends the job on a failed or late one
+static void watch(void) {
+    int kept = 0;
+    for (int i = 0; i < g_nwatched; i++)
+        if (!watched_finished(&g_watched[i])) g_watched[kept++] = g_watched[i];
+    g_nwatched = kept;
+}
+
+static void add_watched(CommRequest *r, cudaEvent_t start, cudaEvent_t done) {
+    if (g_nwatched == g_watched_cap) {
+        g_watched_cap = g_watched_cap ? 2 * g_watched_cap : 64;
+        g_watched = realloc(g_watched, (size_t)g_watched_cap * sizeof *g_watched);
+        if (!g_watched) fatal("out of host memory for the list of collectives in flight");
+    }
+    g_watched[g_nwatched++] = (Watched){r->comm, r->kind, start, done, wall_seconds() + g_comm_timeout};
+}
+
+// Stream-ordered: later compute waits for the collective on the GPU; the host goes on.
+void comm_backend_wait(CommRequest *r) {
+    cudaEvent_t *ev = r->event;
+    if (!ev) return;  // a group of one: a copy on the compute stream, already in order
+    CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), ev[1], 0));
+    add_watched(r, ev[0], ev[1]);
+    free(ev);
+    watch();
+}
+
 int comm_backend_test(CommRequest *r) {
-    cudaError_t e = cudaEventQuery((cudaEvent_t)r->event);
+    cudaEvent_t *ev = r->event;
+    if (!ev) return 1;
+    cudaError_t e = cudaEventQuery(ev[1]);
     if (e == cudaErrorNotReady) return 0;
     cuda_check(e, COMM_KIND_NAMES[r->kind], __FILE__, __LINE__);
     // finish the ordering and clean-up that comm_backend_wait would do
-    CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), (cudaEvent_t)r->event, 0));
-    CUDA_CHECK(cudaEventDestroy((cudaEvent_t)r->event));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), ev[1], 0));
+    book_gpu_time(r->comm, r->kind, ev[0], ev[1]);
+    free(ev);
     return 1;
+}
+
+double comm_backend_seconds(const CommRequest *r) {
+    (void)r;
+    return 0;  // booked by book_gpu_time
+}
+
+// A group of one: the collective is a copy of count floats (or nothing when in place).
+static CommRequest *lone(CommRequest *r, float *out, const float *in, size_t count) {
+    if (out != in) dev_copy(out, in, count * sizeof(float));
+    return r;
 }
 
 CommRequest *comm_all_reduce_start(Comm *c, float *buf, size_t count) {
     CommRequest *r = comm_new_request(c, COLL_ALL_REDUCE, 4.0 * count);
-    NcclGroup *g = begin(c);
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, g->nccl, g->stream));
+    if (!c->backend) return r;  // the sum over one rank
+    NcclGroup *g = begin(c, r);
+    NCCL_CALL(c, g, ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, g->nccl, g->stream));
     return end(r, g);
 }
 
 CommRequest *comm_all_gather_start(Comm *c, float *out, const float *in, size_t count) {
     CommRequest *r = comm_new_request(c, COLL_ALL_GATHER, 4.0 * count * c->size);
-    NcclGroup *g = begin(c);
-    NCCL_CHECK(ncclAllGather(in, out, count, ncclFloat, g->nccl, g->stream));
+    if (!c->backend) return lone(r, out, in, count);
+    NcclGroup *g = begin(c, r);
+    NCCL_CALL(c, g, ncclAllGather(in, out, count, ncclFloat, g->nccl, g->stream));
     return end(r, g);
 }
 
 CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, size_t count) {
     CommRequest *r = comm_new_request(c, COLL_REDUCE_SCATTER, 4.0 * count * c->size);
-    NcclGroup *g = begin(c);
-    NCCL_CHECK(ncclReduceScatter(in, out, count, ncclFloat, ncclSum, g->nccl, g->stream));
+    if (!c->backend) return lone(r, out, in, count);
+    NcclGroup *g = begin(c, r);
+    NCCL_CALL(c, g, ncclReduceScatter(in, out, count, ncclFloat, ncclSum, g->nccl, g->stream));
     return end(r, g);
 }
 
 void comm_broadcast(Comm *c, float *buf, size_t count, int root) {
     comm_check_peer(c, root, "broadcast");
     CommRequest *r = comm_new_request(c, COLL_BROADCAST, 4.0 * count);
-    NcclGroup *g = begin(c);
-    NCCL_CHECK(ncclBroadcast(buf, buf, count, ncclFloat, root, g->nccl, g->stream));
-    comm_wait(end(r, g));
+    if (c->backend) {
+        NcclGroup *g = begin(c, r);
+        NCCL_CALL(c, g, ncclBroadcast(buf, buf, count, ncclFloat, root, g->nccl, g->stream));
+        end(r, g);
+    }
+    comm_wait(r);
 }
 
 // Queues this rank's part of an exchange inside an NCCL group. A zero count queues nothing: the
 // peer's matching count is zero too (comm.h), so both sides skip the pair.
-static void queue_send_recv(NcclGroup *g, const float *send, size_t send_count, int dst, float *recv,
-                            size_t recv_count, int src) {
-    if (send_count) NCCL_CHECK(ncclSend(send, send_count, ncclFloat, dst, g->nccl, g->stream));
-    if (recv_count) NCCL_CHECK(ncclRecv(recv, recv_count, ncclFloat, src, g->nccl, g->stream));
+static void queue_send_recv(const Comm *c, NcclGroup *g, const float *send, size_t send_count, int dst,
+                            float *recv, size_t recv_count, int src) {
+    if (send_count) NCCL_CALL(c, g, ncclSend(send, send_count, ncclFloat, dst, g->nccl, g->stream));
+    if (recv_count) NCCL_CALL(c, g, ncclRecv(recv, recv_count, ncclFloat, src, g->nccl, g->stream));
 }
 
 void comm_all_to_all(Comm *c, float *out, const float *in, size_t count) {
     CommRequest *r = comm_new_request(c, COLL_ALL_TO_ALL, 4.0 * count * c->size);
-    NcclGroup *g = begin(c);
-    NCCL_CHECK(ncclGroupStart());
+    if (!c->backend) {
+        comm_wait(lone(r, out, in, count));
+        return;
+    }
+    NcclGroup *g = begin(c, r);
+    NCCL_CALL(c, g, ncclGroupStart());
     for (int p = 0; p < c->size; p++)
-        queue_send_recv(g, in + (size_t)p * count, count, p, out + (size_t)p * count, count, p);
-    NCCL_CHECK(ncclGroupEnd());
+        queue_send_recv(c, g, in + (size_t)p * count, count, p, out + (size_t)p * count, count, p);
+    NCCL_CALL(c, g, ncclGroupEnd());
     comm_wait(end(r, g));
 }
 
 void comm_all_to_all_v(Comm *c, float *out, const size_t *recv_counts, const size_t *recv_offsets,
                        const float *in, const size_t *send_counts, const size_t *send_offsets) {
     CommRequest *r = comm_new_request(c, COLL_ALL_TO_ALL, 4.0 * comm_total_count(send_counts, c->size));
-    NcclGroup *g = begin(c);
-    NCCL_CHECK(ncclGroupStart());
+    if (!c->backend) {
+        comm_wait(lone(r, out + recv_offsets[0], in + send_offsets[0], send_counts[0]));
+        return;
+    }
+    NcclGroup *g = begin(c, r);
+    NCCL_CALL(c, g, ncclGroupStart());
     for (int p = 0; p < c->size; p++)
-        queue_send_recv(g, in + send_offsets[p], send_counts[p], p, out + recv_offsets[p], recv_counts[p], p);
-    NCCL_CHECK(ncclGroupEnd());
+        queue_send_recv(c, g, in + send_offsets[p], send_counts[p], p, out + recv_offsets[p], recv_counts[p], p);
+    NCCL_CALL(c, g, ncclGroupEnd());
     comm_wait(end(r, g));
+}
+
+// A lone send or receive needs a peer: in a group of one there is none to match it.
+static void require_peer_group(const Comm *c, const char *what) {
+    if (!c->backend) fatal("%s on group '%s' of one rank: there is no other rank to exchange with", what, c->name);
 }
 
 CommRequest *comm_send_start(Comm *c, const float *buf, size_t count, int peer) {
     comm_check_peer(c, peer, "send");
+    require_peer_group(c, "send");
     CommRequest *r = comm_new_request(c, COLL_SEND, 4.0 * count);
-    NcclGroup *g = begin(c);
-    NCCL_CHECK(ncclSend(buf, count, ncclFloat, peer, g->nccl, g->stream));
+    NcclGroup *g = begin(c, r);
+    NCCL_CALL(c, g, ncclSend(buf, count, ncclFloat, peer, g->nccl, g->stream));
     return end(r, g);
 }
 
 CommRequest *comm_recv_start(Comm *c, float *buf, size_t count, int peer) {
     comm_check_peer(c, peer, "recv");
+    require_peer_group(c, "recv");
     CommRequest *r = comm_new_request(c, COLL_RECV, 4.0 * count);
-    NcclGroup *g = begin(c);
-    NCCL_CHECK(ncclRecv(buf, count, ncclFloat, peer, g->nccl, g->stream));
+    NcclGroup *g = begin(c, r);
+    NCCL_CALL(c, g, ncclRecv(buf, count, ncclFloat, peer, g->nccl, g->stream));
     return end(r, g);
 }
 
@@ -189,9 +343,10 @@ CommRequest *comm_send_recv_start(Comm *c, const float *send, size_t send_count,
     comm_check_peer(c, dst, "send-recv");
     comm_check_peer(c, src, "send-recv");
     CommRequest *r = comm_new_request(c, COLL_SEND_RECV, 4.0 * send_count);
-    NcclGroup *g = begin(c);
-    NCCL_CHECK(ncclGroupStart());
-    queue_send_recv(g, send, send_count, dst, recv, recv_count, src);
-    NCCL_CHECK(ncclGroupEnd());
+    if (!c->backend) return lone(r, recv, send, send_count);  // to itself
+    NcclGroup *g = begin(c, r);
+    NCCL_CALL(c, g, ncclGroupStart());
+    queue_send_recv(c, g, send, send_count, dst, recv, recv_count, src);
+    NCCL_CALL(c, g, ncclGroupEnd());
     return end(r, g);
 }

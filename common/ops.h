@@ -46,6 +46,11 @@ void dev_synchronize(void);
 // the CUDA stream the ops run on (a cudaStream_t), so that communication can order itself after
 // them; NULL on the CPU backend
 void *ops_stream(void);
+// While the host waits for the device (a copy to the host, a sum, dev_synchronize), the backend
+// calls check every few microseconds: the NCCL comm layer checks there that no collective the ops
+// wait for has failed or passed its deadline, so a dead peer ends the job instead of hanging it.
+// The CPU backend never waits (its ops run to completion), so it never calls check.
+void ops_on_device_wait(void (*check)(void));
 size_t dev_bytes_in_use(void);      // what dev_malloc currently holds
 size_t dev_bytes_peak(void);
 

@@ -383,6 +383,7 @@ void copy_to_device(void *dst, const void *src, size_t bytes) { if (bytes) memcp
 void copy_to_host(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
 void dev_synchronize(void) {}
 void *ops_stream(void) { return NULL; }  // the CPU runs every op to completion in order
+void ops_on_device_wait(void (*check)(void)) { (void)check; }
 size_t dev_bytes_in_use(void) { return g_bytes_in_use; }
 size_t dev_bytes_peak(void) { return g_bytes_peak; }
 

@@ -31,7 +31,8 @@
 //
 // Streams. Every op runs on one stream (ops_stream(), created by ops_init), so ops are ordered
 // among themselves without synchronising; the host waits only where it must read a result
-// (copy_to_host, sum_*, dev_synchronize) or hand memory back (dev_free). Errors: every CUDA and
+// (copy_to_host, sum_*, dev_synchronize), and then for the ops stream alone, never the whole
+// device (ops_on_device_wait says why). Memory is freed in stream order. Errors: every CUDA and
 // cuBLAS call is checked and reported through fatal() with file, line and the library's error
 // string; every kernel launch is checked with cudaGetLastError(). A kernel that fails while
 // running is reported at the next synchronisation (run with CUDA_LAUNCH_BLOCKING=1 to have it
@@ -47,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 extern "C" {  // ops.h and log.h are C headers (no extern "C" of their own)
@@ -192,8 +194,22 @@ static void check_device_errors(void) {
               (int)(unsigned)(rt & 0xffffffffu), (int)(rt >> 32) - 1, g.bad_host->V);
 }
 
+static void (*g_wait_check)(void);  // ops_on_device_wait's check, NULL until a comm layer sets one
+
+void ops_on_device_wait(void (*check)(void)) { g_wait_check = check; }
+
+// Waits for the ops stream, and with it for every collective the stream was made to wait for.
+// Polled rather than cudaStreamSynchronize so that the comm layer's check runs while we wait: a
+// collective that never finishes would otherwise hang the host here.
 static void sync_stream(void) {
-    CUDA_CHECK(cudaStreamSynchronize(g.stream));
+    struct timespec nap = {0, 20000};
+    for (long polls = 0;; polls++) {
+        cudaError_t e = cudaStreamQuery(g.stream);
+        if (g_wait_check) g_wait_check();
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) cuda_check(e, "cudaStreamQuery", __FILE__, __LINE__);
+        if (polls > 100) nanosleep(&nap, NULL);
+    }
     check_device_errors();
 }
 
@@ -323,7 +339,11 @@ void *ops_stream(void) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// memory. cudaMalloc aligns to 256 bytes. A table remembers each block's size for the counts.
+// memory, from CUDA's stream-ordered allocator (cudaMallocAsync/cudaFreeAsync on the ops stream):
+// a block is freed after the ops queued before the free, with no device-wide synchronisation,
+// which would wait for every collective in flight on the communication streams (and deadlock
+// if a peer were waiting for this rank). A collective's buffers are freed only after comm_wait,
+// which orders the ops stream after the collective. A table remembers each block's size.
 
 typedef struct {
     void *ptr;
@@ -336,7 +356,7 @@ static size_t g_bytes_in_use = 0, g_bytes_peak = 0;
 
 static void *device_alloc_or_die(size_t bytes, const char *what) {
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    cudaError_t e = cudaMallocAsync(&p, bytes ? bytes : 1, g.stream);
     if (e != cudaSuccess) {
         size_t free_b = 0, total_b = 0;
         (void)cudaGetLastError();
@@ -371,21 +391,40 @@ void dev_free(void *ptr) {
     size_t i = 0;
     while (i < g_nallocs && g_allocs[i].ptr != ptr) i++;
     if (i == g_nallocs) fatal("dev_free: %p was not allocated by dev_malloc (or was freed twice)", ptr);
-    // no kernel (ours or a communication stream's) may still be using the block
-    CUDA_CHECK(cudaDeviceSynchronize());
-    CUDA_CHECK(cudaFree(ptr));
+    CUDA_CHECK(cudaFreeAsync(ptr, g.stream));
     g_bytes_in_use -= g_allocs[i].bytes;
     g_allocs[i] = g_allocs[--g_nallocs];
 }
 
 // A workspace the ops use internally (partial sums, bf16 -> f32 copies). It only grows; the ops
-// are stream-ordered, so one op's use is finished before the next op's kernels start.
+// are stream-ordered, so one op's use is finished before the next op's kernels start. A CUDA graph
+// replays its kernels on the addresses it was recorded with, so while a graph exists an outgrown
+// block is kept (retired) and freed only when the last graph goes.
+static struct {
+    void *blocks[64];  // the workspace doubles each time: 64 growths cannot happen
+    int n;
+} g_retired;
+static int g_graphs_alive, g_capturing;
+
+static void retire_or_free(void *block) {
+    if (g_graphs_alive == 0) {
+        CUDA_CHECK(cudaFreeAsync(block, g.stream));
+        return;
+    }
+    if (g_retired.n == (int)(sizeof g_retired.blocks / sizeof g_retired.blocks[0]))
+        fatal("the ops' workspace grew %d times while CUDA graphs exist", g_retired.n);
+    g_retired.blocks[g_retired.n++] = block;
+}
+
 static void *scratch(size_t bytes) {
     if (bytes > g.scratch_bytes) {
-        if (g.scratch) {
-            CUDA_CHECK(cudaDeviceSynchronize());  // earlier ops may still read the old one
-            CUDA_CHECK(cudaFree(g.scratch));
-        }
+        // allocating is not allowed while a graph is recorded; the step being recorded has run
+        // once without recording first (kv_decode does), which sized the workspace
+        if (g_capturing)
+            fatal("the ops' workspace must grow from %zu to %zu bytes while a CUDA graph is "
+                  "recorded: run the recorded step once without recording first",
+                  g.scratch_bytes, bytes);
+        if (g.scratch) retire_or_free(g.scratch);
         size_t want = bytes > 2 * g.scratch_bytes ? bytes : 2 * g.scratch_bytes;
         g.scratch = device_alloc_or_die(want, "the ops' workspace");
         g.scratch_bytes = want;
@@ -424,8 +463,7 @@ void copy_to_host(void *dst, const void *src, size_t bytes) {
 
 void dev_synchronize(void) {
     ensure_init();
-    CUDA_CHECK(cudaDeviceSynchronize());  // the ops stream and any communication stream
-    check_device_errors();
+    sync_stream();
 }
 
 size_t dev_bytes_in_use(void) { return g_bytes_in_use; }
@@ -1158,14 +1196,17 @@ void ops_graph_begin(void) {
     }
     sync_stream();  // nothing earlier may still be queued when recording starts
     CUDA_CHECK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
+    g_capturing = 1;
 }
 
 void *ops_graph_end(void) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaStreamEndCapture(g.stream, &graph));
+    g_capturing = 0;
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));  // the executable graph keeps what it needs
+    g_graphs_alive++;
     return (void *)exec;
 }
 
@@ -1174,7 +1215,11 @@ void ops_graph_replay(void *graph) {
 }
 
 void ops_graph_free(void *graph) {
-    if (graph) CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+    if (!graph) return;
+    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+    // stream-ordered: a replay queued before this point still finishes on the retired blocks
+    if (--g_graphs_alive == 0)
+        while (g_retired.n) CUDA_CHECK(cudaFreeAsync(g_retired.blocks[--g_retired.n], g.stream));
 }
 
 // ----------------------------------------------------------------------------------------------

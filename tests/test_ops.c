@@ -1091,6 +1091,38 @@ static void test_cross_entropy_shards(void) {
     dev_free(d_targets), dev_free(d_maxes), dev_free(d_sums), dev_free(d_losses);
 }
 
+// A CUDA graph replays its kernels on the addresses it was recorded with. Stage 06's sequence:
+// a decode step recorded, a longer prefill run eagerly (the ops' workspace grows), the decode
+// replayed: the replay must still compute the right thing, on memory that is still its own.
+// The op is a bias gradient, whose partial sums live in the workspace.
+static void test_graph_after_workspace_growth(void) {
+    if (!ops_graphs_supported()) return;  // nothing is recorded on the CPU backend
+    const int N = 96, C = 4, OC = 40, big_N = 1 << 16, big_OC = 512;
+    double *dout = rand_array((size_t)N * OC, -1, 1), *want = calloc_or_die(OC, sizeof(double));
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) want[o] += dout[(size_t)n * OC + o];
+    float *d_dout = upload(dout, (size_t)N * OC), *d_inp = dev_malloc((size_t)N * C * sizeof(float));
+    float *d_w = dev_malloc((size_t)OC * C * sizeof(float)), *d_db = dev_malloc(OC * sizeof(float));
+    matmul_backward(NULL, NULL, d_db, d_dout, d_inp, d_w, N, C, OC);  // sizes the workspace
+    ops_graph_begin();
+    matmul_backward(NULL, NULL, d_db, d_dout, d_inp, d_w, N, C, OC);
+    void *graph = ops_graph_end();
+    // the "long prefill": a bias gradient whose partials need a far bigger workspace
+    float *big_dout = dev_malloc((size_t)big_N * big_OC * sizeof(float));
+    float *big_db = dev_malloc(big_OC * sizeof(float));
+    matmul_backward(NULL, NULL, big_db, big_dout, d_inp, d_w, big_N, C, big_OC);
+    dev_zero(d_db, OC * sizeof(float));
+    ops_graph_replay(graph);
+    double *got = download(d_db, OC);
+    check_array("bias gradient replayed by a CUDA graph after the workspace grew", got, want, OC, 1e-5, 1e-5);
+    ops_graph_free(graph);
+    float *bufs[] = {d_dout, d_inp, d_w, d_db, big_dout, big_db};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(bufs[i]);
+    free(dout);
+    free(want);
+    free(got);
+}
+
 int main(void) {
     ops_init();
     printf("test_ops: backend %s, matmuls by %s\n", ops_backend_name(), ops_matmul_engine());
@@ -1117,5 +1149,6 @@ int main(void) {
     test_embedding_shards();
     test_layernorm_shards();
     test_cross_entropy_shards();
+    test_graph_after_workspace_growth();
     return test_summary("test_ops");
 }
