@@ -5,7 +5,10 @@
 #            leaving the CPU binaries in build/ alone;
 #   no GPU:  a CUDA binary prints one "no CUDA device" error, exits 1 and writes nothing;
 #   a GPU:   test_ops runs every op on the GPU against its double-precision reference, and stage
-#            01 (fp32) on the GPU follows the CPU backend's loss curve step by step.
+#            01 (fp32) on the GPU follows the CPU backend's loss curve step by step; stage 06
+#            replays a CUDA graph after a longer prefill grew the workspace and generates what it
+#            generates without graphs; compute-sanitizer's memcheck, racecheck and synccheck find
+#            nothing in test_ops and in two steps of stage 01.
 set -u
 cd "$(dirname "$0")/.."
 name=test_ops_cuda
@@ -88,6 +91,40 @@ EOF
         cat "$tmp/cmp.log"
         check '[ $rc -eq 0 ]' "stage 01 on the GPU does not follow the CPU loss curve (rtol 1e-4)"
     fi
+fi
+if nvidia-smi -L >/dev/null 2>&1 && [ -f "$tmp/gpu/model.safetensors" ]; then
+    # stage 06 with CUDA graphs: the decode step is recorded on a batch of two short prompts, then
+    # replayed after a batch of two long ones (same batch size: the same graph) whose prefill
+    # grows the ops' workspace. Tokens must equal those of the run without graphs.
+    make --no-print-directory BACKEND=cuda build/cuda/stage-6 >>"$tmp/build.log" 2>&1
+    long="Explain, in three careful paragraphs, how a transformer block turns a sequence of tokens into the next token"
+    printf 'Hi.\nSort 3 1 2.\n%s, please.\n%s, again.\n' "$long" "$long" >"$tmp/prompts.txt"
+    for compile in false true; do
+        build/cuda/stage-6 --config configs/inference.json --init_from="$tmp/gpu" --prompts_path="$tmp/prompts.txt" \
+            --max_batch_size=2 --tokens_to_generate=24 --compile=$compile >"$tmp/gen-$compile.log" 2>&1
+        echo $? >"$tmp/gen-$compile.rc"
+    done
+    check '[ "$(cat "$tmp/gen-false.rc")" = 0 ] && [ "$(cat "$tmp/gen-true.rc")" = 0 ]' \
+        "stage 06 on the GPU failed: $(tail -3 "$tmp/gen-true.log")"
+    answers() { sed -n '/User:/,/^prompt | in tokens/p' "$1" | grep -v '^prompt | in tokens'; }
+    check '[ -n "$(answers "$tmp/gen-true.log")" ] && [ "$(answers "$tmp/gen-false.log")" = "$(answers "$tmp/gen-true.log")" ]' \
+        "stage 06: a replayed CUDA graph generated other tokens than the run without graphs"
+fi
+
+# compute-sanitizer (CUDA's memcheck, racecheck, synccheck) over test_ops and two steps of stage 01
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if nvidia-smi -L >/dev/null 2>&1 && [ -x "$sanitizer" ] && [ -x build/cuda/tests/test_ops ]; then
+    for tool in memcheck racecheck synccheck; do
+        "$sanitizer" --tool $tool --error-exitcode 99 build/cuda/tests/test_ops >"$tmp/san-$tool.log" 2>&1
+        rc=$?
+        check '[ $rc -eq 0 ]' "compute-sanitizer --tool $tool over test_ops: exit $rc
+$(grep -m5 -E "=========" "$tmp/san-$tool.log")"
+    done
+    "$sanitizer" --tool memcheck --error-exitcode 99 build/cuda/stage-1 "${args[@]}" --stop_iteration=2 \
+        --out_dir="$tmp/san-stage1" >"$tmp/san-stage1.log" 2>&1
+    rc=$?
+    check '[ $rc -eq 0 ]' "compute-sanitizer memcheck over stage 01: exit $rc
+$(grep -m5 -E "=========" "$tmp/san-stage1.log")"
 fi
 echo "$name: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
