@@ -93,7 +93,7 @@ $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
 $(foreach n,$(STAGES),$(eval $(call stage_rule,$(n))))
 
-TOOLS := tokenize peak_flops
+TOOLS := tokenize peak_flops ceilings
 tools: $(addprefix build/,$(TOOLS))
 build/tokenize: $(B)/tokenize
 	@cp $< $@
@@ -102,6 +102,10 @@ $(B)/tokenize: $(B)/tools/tokenize.o $(COMMON_OBJS)
 build/peak_flops: $(B)/peak_flops
 	@cp $< $@
 $(B)/peak_flops: $(B)/tools/peak_flops.o $(COMMON_OBJS)
+	$(CC) $^ -o $@ $(LDLIBS)
+build/ceilings: $(B)/ceilings
+	@cp $< $@
+$(B)/ceilings: $(B)/tools/ceilings.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
 .PHONY: tools $(addprefix build/stage-,$(STAGES)) $(addprefix build/,$(TOOLS))
 

@@ -129,8 +129,10 @@ int main(int argc, char **argv) {
         // sum the gradients over the ranks: afterwards every rank holds the global gradient
         if (cfg.overlap_communication) wait_buckets(&buckets);
         else comm_all_reduce(world, grads, n);
-        tokens = comm_sum_long(world, tokens);
-        double loss = n_targets ? comm_sum_double(world, loss_sum) / (double)n_targets : 0.0;
+        double totals[2] = {loss_sum, (double)tokens};  // one reduction for both numbers
+        comm_sum_doubles(world, totals, 2);
+        tokens = (long)totals[1];
+        double loss = n_targets ? totals[0] / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
         // clip the global gradient norm, then one AdamW step

@@ -150,9 +150,11 @@ int main(int argc, char **argv) {
         // bias bug is the opposite mistake: its biases were never summed over depth).
         tp_all_reduce(grid->gz, grads, model.small_numel);
         tp_all_reduce(grid->gdata, grads, n);
-        tokens = comm_sum_long(world, tokens);
+        double totals[2] = {loss_sum, (double)tokens};  // one reduction for both numbers
+        comm_sum_doubles(world, totals, 2);
+        tokens = (long)totals[1];
         tokens_trained += tokens;
-        double loss = n_targets ? comm_sum_double(world, loss_sum) / (double)n_targets : 0.0;
+        double loss = n_targets ? totals[0] / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
         double norm = sqrt(comm_sum_double(grid->tp, tp_norm_squares(&model, grads)));

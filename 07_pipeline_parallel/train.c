@@ -138,8 +138,10 @@ int main(int argc, char **argv) {
         if (grid.tied) comm_all_reduce(grid.tied, g.wte, (size_t)mc.padded_vocab_size * mc.n_embd);
         // sum each stage's gradients over the replicas, as stage 03 does for the whole model
         if (grid.dp > 1) comm_all_reduce(grid.dp_group, grads, n);
-        tokens = comm_sum_long(world, tokens);
-        double loss = n_targets ? comm_sum_double(world, loss_sum) / (double)n_targets : 0.0;
+        double totals[2] = {loss_sum, (double)tokens};  // one reduction for both numbers
+        comm_sum_doubles(world, totals, 2);
+        tokens = (long)totals[1];
+        double loss = n_targets ? totals[0] / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
         // clip the global gradient norm (the stages' squares summed, the shared wte once), then

@@ -223,32 +223,36 @@ cJSON *comm_stats_json(void) {
 
 // ---- small host values ------------------------------------------------------------------------
 
-static void reduce_host(Comm *c, void *x, MPI_Datatype type, MPI_Op op, const char *what) {
+static void reduce_host(Comm *c, void *x, int n, MPI_Datatype type, MPI_Op op, const char *what) {
     MPI_Request req;
-    comm_check_mpi(MPI_Iallreduce(MPI_IN_PLACE, x, 1, type, op, c->mpi, &req), what);
+    comm_check_mpi(MPI_Iallreduce(MPI_IN_PLACE, x, n, type, op, c->mpi, &req), what);
     comm_wait_mpi(&req, 1, what, c->name);
 }
 
 double comm_sum_double(Comm *c, double x) {
-    reduce_host(c, &x, MPI_DOUBLE, MPI_SUM, "sum of a value");
+    reduce_host(c, &x, 1, MPI_DOUBLE, MPI_SUM, "sum of a value");
     return x;
 }
 
+void comm_sum_doubles(Comm *c, double *x, int n) {
+    reduce_host(c, x, n, MPI_DOUBLE, MPI_SUM, "sum of values");
+}
+
 long comm_sum_long(Comm *c, long x) {
-    reduce_host(c, &x, MPI_LONG, MPI_SUM, "sum of a count");
+    reduce_host(c, &x, 1, MPI_LONG, MPI_SUM, "sum of a count");
     return x;
 }
 
 double comm_max_double(Comm *c, double x) {
-    reduce_host(c, &x, MPI_DOUBLE, MPI_MAX, "max of a value");
+    reduce_host(c, &x, 1, MPI_DOUBLE, MPI_MAX, "max of a value");
     return x;
 }
 
 void comm_check_same(Comm *c, const char *what, const char *text) {
     // the min and the max of the hashes agree only if every rank's is the same
     uint64_t lo = hash_bytes(text, strlen(text)), hi = lo;
-    reduce_host(c, &lo, MPI_UINT64_T, MPI_MIN, what);
-    reduce_host(c, &hi, MPI_UINT64_T, MPI_MAX, what);
+    reduce_host(c, &lo, 1, MPI_UINT64_T, MPI_MIN, what);
+    reduce_host(c, &hi, 1, MPI_UINT64_T, MPI_MAX, what);
     if (lo != hi)
         fatal("the ranks of group '%s' do not agree on %s (rank %d has %s); start every rank with "
               "the same config and arguments", c->name, what, c->rank, text);

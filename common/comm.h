@@ -86,6 +86,8 @@ CommRequest *comm_send_recv_start(Comm *c, const float *send, size_t send_count,
 
 // ---- small host values (for losses, norms and checks; not counted as payload) ----------------
 double comm_sum_double(Comm *c, double x);
+// x[0..n) summed element-wise over the group in one reduction: several numbers, one round trip
+void comm_sum_doubles(Comm *c, double *x, int n);
 long comm_sum_long(Comm *c, long x);
 double comm_max_double(Comm *c, double x);
 // Ends the job with a message on every rank unless all ranks passed the same text (e.g. the

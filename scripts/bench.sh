@@ -7,20 +7,27 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-run() { # run <label> <stage> <args...>
-    local label=$1 stage=$2; shift 2
+run() { # run <label> <stage> <f32|bf16> <args...>
+    local label=$1 stage=$2 precision=$3; shift 3
     build/stage-$stage "$@" --out_dir="$out/$label" --eval_batches=0 --checkpoint_interval=0 >"$out/$label.log" 2>&1 ||
         { echo "bench: $label failed:"; tail "$out/$label.log"; exit 1; }
-    python3 - "$label" "$out/$label/metrics.jsonl" "$out/$label/stats.json" <<'PY'
-import json, statistics, sys
+    python3 - "$label" "$out/$label/metrics.jsonl" "$out/$label/stats.json" "$precision" <<'PY'
+import json, os, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[2])][1:]
+if any(r["loss"] == 0 for r in rows):  # a batch with no target measures less than a real step
+    sys.exit(f"bench: {sys.argv[1]}: a step without response tokens to predict (loss 0): use a longer max_seq_len")
 med = lambda k: statistics.median(r[k] for r in rows)
 # the memory report's items (stats.json), added up by their first word: "parameters (...)"
 mib = {}
 for what, nbytes in json.load(open(sys.argv[3]))["memory"].items():
     first = what.split()[0]
     mib[first] = mib.get(first, 0) + nbytes / 1048576
+# whole-step FLOP/s: MFU x the peak it was taken against (the same FLOP count per token)
+bf16 = sys.argv[4] == "bf16"
+flops = med('mfu') * float(os.environ["OPS_PEAK_FLOPS_BF16" if bf16 else "OPS_PEAK_FLOPS_F32"])
+ceiling = float(os.environ["CEILING_MATMUL_BF16" if bf16 else "CEILING_MATMUL_F32"])
 print(f"| {sys.argv[1]:<28} | {med('tokens_per_sec'):>9.0f} | {med('ms'):>9.1f} | {100*med('mfu'):>6.1f}% "
+      f"| {flops/1e9:>8.0f} | {100*flops/ceiling:>7.1f}% "
       f"| {mib.get('parameters', 0):>10.1f} | {mib.get('activations', 0):>11.1f} |")
 PY
 }
@@ -32,19 +39,34 @@ peaks=$(build/peak_flops)
 eval "$peaks"
 echo "$OMP_NUM_THREADS threads; MFU against this peak (build/peak_flops, once for every run):"
 sed 's/^[^#]*# /  /' <<<"$peaks"
-# T=64 windows of the built-in data hold only prompt tokens (the byte-level template is longer),
-# so the loss is 0 there; the work of a step (every matmul and op) is the same.
-echo "| run                          |  tokens/s |   ms/step |    MFU | params MiB | activ. MiB  |"
-echo "|------------------------------|-----------|-----------|--------|------------|-------------|"
-run "stage-1 gpt2-124M B=4 T=64" 1 --config configs/bench_gpt2.json
-run "stage-2 gpt2-124M bf16-mixed" 2 --config configs/bench_gpt2.json --precision=bf16-mixed
-run "stage-1 tiny.json" 1 --config configs/tiny.json --stop_iteration=12
-run "stage-2 tiny.json bf16-mixed" 2 --config configs/tiny.json --stop_iteration=12 --precision=bf16-mixed
+# the ceilings at GPT-2 124M's shapes (256 rows a step), measured now, in this run: each figure
+# below is also given as a share of its ceiling, so that it means something on any machine
+ceilings=$(build/ceilings 256 768 50304)
+eval "$ceilings"
+python3 - <<'PY'
+import os
+e = {k: float(v) / 1e9 for k, v in os.environ.items() if k.startswith("CEILING_")}
+print(f"ceilings at the GPT-2 124M bench shape: {e['CEILING_MATMUL_F32']:.0f} GFLOP/s f32 matmul, "
+      f"{e['CEILING_MATMUL_BF16']:.0f} GFLOP/s bf16 matmul, {e['CEILING_READ']:.1f} GB/s read "
+      "(build/ceilings 256 768 50304):")
+PY
+sed 's/^[^#]*# /    /' <<<"$ceilings"
+echo "step GFLOP/s = FLOP per token x tokens/s, FLOP per token = 6 (12 L C^2 + V C) + 12 L C T"
+echo "(common/trainer.c: flops_per_token, as MFU counts it); % ceil = step GFLOP/s / matmul ceiling"
+# GPT-2 124M at 1 x 256 tokens: the matmuls see 256 rows, as at 4 x 64, but a 256-token window
+# holds a whole record of the built-in data (the byte-level template alone is longer than 64), so
+# every step has response tokens to predict: a real loss, the softmax of every row computed.
+echo "| run                          |  tokens/s |   ms/step |    MFU |  GFLOP/s |  % ceil | params MiB | activ. MiB  |"
+echo "|------------------------------|-----------|-----------|--------|----------|---------|------------|-------------|"
+run "stage-1 gpt2-124M B=1 T=256" 1 f32 --config configs/bench_gpt2.json
+run "stage-2 gpt2-124M bf16-mixed" 2 bf16 --config configs/bench_gpt2.json --precision=bf16-mixed
+run "stage-1 tiny.json" 1 f32 --config configs/tiny.json --stop_iteration=12
+run "stage-2 tiny.json bf16-mixed" 2 bf16 --config configs/tiny.json --stop_iteration=12 --precision=bf16-mixed
 
 # Stage 06: decode speed at batch 1 and 8, random weights (the speed does not depend on them). At
 # batch 1 a decode step reads every weight once to produce one token, so tokens/s is bounded by
-# memory bandwidth / bytes of weights; the bandwidth is measured here (one core reading 1 GiB).
-bw=$(/usr/bin/python3 -c "import numpy as np, time; a = np.ones(1 << 27); a.sum(); t = time.perf_counter(); [a.sum() for _ in range(5)]; print(5 * a.nbytes / (time.perf_counter() - t))")
+# memory bandwidth / bytes of weights; the bandwidth is the read ceiling measured above.
+bw=$CEILING_READ
 head -4 data/inference/prompts.txt >"$out/prompts8.txt"
 head -4 data/inference/prompts.txt >>"$out/prompts8.txt"
 decode() { # decode <label> <batch> <args...>
@@ -65,7 +87,7 @@ print(f"| {sys.argv[1]:<28} | {decode_tps:>12.0f} | {1e3 * batch / decode_tps:>9
 PY
 }
 echo
-echo "stage 06 decode (fp32 weights, greedy, 8 prompts); read bandwidth $(python3 -c "print(f'{$bw/1e9:.1f}')") GB/s (1 core)"
+echo "stage 06 decode (fp32 weights, greedy, 8 prompts); read ceiling $(python3 -c "print(f'{$bw/1e9:.1f}')") GB/s ($OMP_NUM_THREADS threads)"
 echo "| run                          | decode tok/s | ms/step   | prefill/s | batch-1 bound tok/s |"
 echo "|------------------------------|--------------|-----------|-----------|---------------------|"
 decode "stage-6 tiny.json B=1" 1 --config configs/tiny.json
