@@ -57,11 +57,13 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, b
     size_t max_shard = f->units[0].shard > max_block / (size_t)f->P ? f->units[0].shard : max_block / (size_t)f->P;
     f->root = dev_malloc(root * sizeof(float));
     f->root_grad = dev_malloc(root * sizeof(float));
-    f->block_grad = dev_malloc(max_block * sizeof(float));
-    f->shard_scratch = dev_malloc(max_shard * sizeof(float));
     int slots = prefetch ? 2 : 1;
-    for (int s = 0; s < slots; s++) f->block[s] = dev_malloc(max_block * sizeof(float));
-    f->gathered_bytes = (2 * root + (size_t)(slots + 1) * max_block) * sizeof(float);
+    for (int s = 0; s < slots; s++) {
+        f->block[s] = dev_malloc(max_block * sizeof(float));
+        f->block_grad[s] = dev_malloc(max_block * sizeof(float));
+        f->shard_scratch[s] = dev_malloc(max_shard * sizeof(float));
+    }
+    f->gathered_bytes = (2 * root + (size_t)(2 * slots) * max_block) * sizeof(float);
     if (use_bf16) {
         f->root16 = dev_malloc(root * sizeof(bf16));
         for (int s = 0; s < slots; s++) f->block16[s] = dev_malloc(max_block * sizeof(bf16));
@@ -71,7 +73,8 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, b
 
 void fsdp_free(Fsdp *f) {
     void *all[] = {f->params, f->grads, f->adam_m, f->adam_v, f->root, f->root_grad, f->block[0],
-                   f->block[1], f->block_grad, f->shard_scratch, f->root16, f->block16[0], f->block16[1]};
+                   f->block[1], f->block_grad[0], f->block_grad[1], f->shard_scratch[0],
+                   f->shard_scratch[1], f->root16, f->block16[0], f->block16[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
     free(f->units);
     memset(f, 0, sizeof *f);
@@ -195,12 +198,25 @@ static BlockWeights use_block(Gathers *g, int l, int next) {
     return bw;
 }
 
-// reduce-scatter a unit's full gradient and add this rank's slice into its gradient shard (the
-// shards accumulate over micro-batches as DDP's gradients do)
-static void reduce_scatter_unit(Fsdp *f, int i, const float *full_grad) {
-    const FsdpUnit *u = &f->units[i];
-    comm_reduce_scatter(f->world, f->shard_scratch, full_grad, u->shard);
-    add_inplace(f->grads + u->local, f->shard_scratch, u->shard);
+// A unit's gradient on its way to the shards: its full gradient is reduce-scattered into a
+// scratch shard, which is then added into this rank's gradient shard (the shards accumulate over
+// micro-batches as DDP's gradients do).
+typedef struct {
+    CommRequest *req;  // NULL: nothing in flight
+    int unit;
+    float *shard;
+} GradScatter;
+
+static void reduce_scatter_start(Fsdp *f, GradScatter *s, int i, const float *full_grad, float *shard) {
+    *s = (GradScatter){comm_reduce_scatter_start(f->world, shard, full_grad, f->units[i].shard), i, shard};
+}
+
+static void reduce_scatter_finish(Fsdp *f, GradScatter *s) {
+    if (!s->req) return;
+    comm_wait(s->req);
+    const FsdpUnit *u = &f->units[s->unit];
+    add_inplace(f->grads + u->local, s->shard, u->shard);
+    s->req = NULL;
 }
 
 // ---- forward and backward ---------------------------------------------------------------------
@@ -244,16 +260,24 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
     dev_zero(f->root_grad, padded(f, &f->units[0]) * sizeof(float));
     root_weights_point(&root_grad, f->layout, f->root_grad, NULL);
     gpt_head_backward(a, &root, &root_grad, B, T);
+    // with overlap, block l's gradient is reduce-scattered while block l - 1's backward computes
+    // into the other slot; a slot is reused two blocks later, after its reduce-scatter finished
+    GradScatter scatters[2] = {{0}};
     for (int l = L - 1; l >= 0; l--) {
+        int slot = f->prefetch ? l % 2 : 0;
         BlockWeights bw = use_block(&g, l, l - 1), bg;  // gathered again: forward freed it
+        reduce_scatter_finish(f, &scatters[slot]);
         // the padding past the unit must stay zero: it is reduce-scattered with the rest
-        dev_zero(f->block_grad, padded(f, &f->units[1 + l]) * sizeof(float));
-        block_weights_point(&bg, f->layout, l, f->block_grad);
+        dev_zero(f->block_grad[slot], padded(f, &f->units[1 + l]) * sizeof(float));
+        block_weights_point(&bg, f->layout, l, f->block_grad[slot]);
         gpt_block_backward(a, l, &bw, &bg, B, T);
-        reduce_scatter_unit(f, 1 + l, f->block_grad);
+        reduce_scatter_start(f, &scatters[slot], 1 + l, f->block_grad[slot], f->shard_scratch[slot]);
+        if (!f->prefetch) reduce_scatter_finish(f, &scatters[slot]);
     }
     gpt_embed_backward(a, &root_grad, B, T);
-    reduce_scatter_unit(f, 0, f->root_grad);
+    for (int s = 0; s < 2; s++) reduce_scatter_finish(f, &scatters[s]);
+    reduce_scatter_start(f, &scatters[0], 0, f->root_grad, f->shard_scratch[0]);
+    reduce_scatter_finish(f, &scatters[0]);
     return loss_sum;
 }
 
@@ -309,7 +333,8 @@ void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_byte
     }
     printf("  %-30s %10.2f MiB %10.2f MiB\n", "total", total_fsdp / 1048576.0, total_ddp / 1048576.0);
     printf("  the gathered units: the root (%zu elements, held for a micro-batch) and %d block slot%s "
-           "(%zu elements each)\n", f->units[0].numel, f->prefetch ? 2 : 1, f->prefetch ? "s" : "",
+           "and gradient%s (%zu elements each)\n", f->units[0].numel, f->prefetch ? 2 : 1, f->prefetch ? "s" : "",
+           f->prefetch ? "s" : "",
            f->n_units > 1 ? f->units[1].numel : 0);
     printf("  state (parameters + gradients + AdamW) per rank: %zu bytes = 16 x %zu elements "
            "(DDP: 16 x %zu)\n", fsdp_state_bytes(f), s, n);

@@ -42,10 +42,11 @@ typedef struct {
     // the gathered ("full") units, allocated once and reused: "free" = let the next unit in
     float *root, *root_grad;   // the root unit, held through a whole micro-batch
     float *block[2];           // a block's gathered parameters; [1] is the prefetch slot
-    float *block_grad;         // a block's full gradient, before its reduce-scatter
-    float *shard_scratch;      // one unit's reduce-scattered gradient shard
+    // a block's full gradient, and the shard its reduce-scatter returns; [1] when overlapping:
+    // block l's reduce-scatter runs while block l - 1's backward computes into the other slot
+    float *block_grad[2], *shard_scratch[2];
     bf16 *root16, *block16[2]; // bf16 copies of the gathered units (bf16 precisions)
-    size_t gathered_bytes;     // what the fp32 gathered buffers above take
+    size_t gathered_bytes;     // what the fp32 gathered buffers above take (grads included)
     size_t gathered16_bytes;   // and their bf16 copies
 } Fsdp;
 
