@@ -26,6 +26,7 @@
 int main(int argc, char **argv) {
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_MIXED_PRECISION);
+    ops_set_half_format(config_half_format(&cfg));  // 16-mixed: the 16-bit copies are fp16
     ops_init();
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----
@@ -46,9 +47,9 @@ int main(int argc, char **argv) {
     weights_point(&w, &layout, params);
     weights_point(&g, &layout, grads);
     // the bf16 working copy of the weights, which every matmul reads
-    bool bf16_mode = config_is_bf16(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    bool half_mode = config_is_half(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
     bf16 *params16 = NULL;
-    if (bf16_mode) {
+    if (half_mode) {
         params16 = dev_malloc(n * sizeof(bf16));
         weights_point_bf16(&w, &layout, params16);
     }
@@ -64,18 +65,21 @@ int main(int argc, char **argv) {
                acts_flags(&cfg));
 
     printf("stage 02 | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           ops_backend_name(), bf16_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, n / 1e6);
-    printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
+    printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
     print_batch_plan(&cfg, data, 1, "", total_steps);
     MemoryItem memory[] = {{parameters_label(&cfg), bytes},
-                           {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
+                           {"parameters (bf16 copy)", half_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
-                           {bf16_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)", acts.bytes}};
+                           {half_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)", acts.bytes}};
     print_memory_report("device memory:", memory, 5);
     print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
+    LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
+    loss_scaler_init(&scaler, &cfg);
+    if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     Metrics metrics;
     metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
@@ -86,7 +90,7 @@ int main(int argc, char **argv) {
         double lr = learning_rate(&cfg, step, schedule_steps);
 
         // the bf16 copy of this step's weights: made once, read by every matmul of the step
-        if (bf16_mode) cast_to_bf16(params16, params, n);
+        if (half_mode) cast_to_bf16(params16, params, n);
 
         // forward + backward over the micro-batches; gradients add up in `grads`. Each token's
         // loss is divided by the number of target tokens in the WHOLE global batch, so the
@@ -99,7 +103,7 @@ int main(int argc, char **argv) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size, micro,
                               cfg.gradient_acc_steps, &batch);
             n_targets = batch.n_targets_global;
-            float dloss = n_targets ? 1.0f / (float)n_targets : 0.0f;
+            float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
             loss_sum += gpt_forward_backward(&acts, &w, &g, &mc, batch.inputs, batch.targets,
                                              batch.rows, batch.T, dloss);
             tokens += (long)batch.rows * batch.T;
@@ -107,10 +111,13 @@ int main(int argc, char **argv) {
         double loss = n_targets ? loss_sum / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
-        // clip the global gradient norm, then one AdamW step
+        // clip the global gradient norm, then one AdamW step; in 16-mixed the gradients are first
+        // divided by the loss scale, and a step whose gradients overflowed is skipped
         double norm = sqrt(sum_squares(grads, n));
-        clip_gradients(grads, n, norm, cfg.grad_clip);
-        adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+        if (loss_scaler_unscale(&scaler, grads, n, &norm)) {
+            clip_gradients(grads, n, norm, cfg.grad_clip);
+            adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+        }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
         if (pure_bf16) {
@@ -121,12 +128,12 @@ int main(int argc, char **argv) {
 
         double seconds = wall_seconds() - t0;
         StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
-                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds,
+                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds, .scaler = &scaler,
                        .mem_bytes = dev_bytes_in_use(), .val_loss = -1};
-        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / ops_peak_flops(bf16_mode);
+        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / ops_peak_flops(half_mode);
         bool last = step + 1 == total_steps;
         if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
-            if (bf16_mode) cast_to_bf16(params16, params, n);  // evaluate the updated weights
+            if (half_mode) cast_to_bf16(params16, params, n);  // evaluate the updated weights
             double val_sum;
             long val_count;
             evaluate_sums(&acts, &w, &mc, data, &cfg, 0, 1, &val_sum, &val_count);

@@ -31,6 +31,7 @@ int main(int argc, char **argv) {
     int rank = comm_rank(world), P = comm_size(world);
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_FSDP);
+    ops_set_half_format(config_half_format(&cfg));  // 16-mixed: the 16-bit copies are fp16
     // every rank must train the same model on the same batches: compare the configs
     char *config_json = config_to_json(&cfg);
     comm_check_same(world, "the config", config_json);
@@ -53,9 +54,9 @@ int main(int argc, char **argv) {
     gpt_layout(&layout, &mc);
     size_t n = layout.num_params;
     // bf16: each gathered unit is cast to bf16 on arrival (the shards and the gathers stay fp32)
-    bool bf16_mode = config_is_bf16(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    bool half_mode = config_is_half(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
     Fsdp fsdp;
-    fsdp_init(&fsdp, world, &layout, cfg.overlap_communication, bf16_mode);
+    fsdp_init(&fsdp, world, &layout, cfg.overlap_communication, half_mode);
     // sharded initialisation: each rank computes only its own elements (never the whole model)
     long step = 0;
     if (cfg.resume || starts_from_checkpoint(&cfg)) step = fsdp_load_checkpoint(&fsdp, &cfg);
@@ -71,9 +72,9 @@ int main(int argc, char **argv) {
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     printf("stage 04 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           P, ops_backend_name(), bf16_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, n / 1e6);
-    printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
+    printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
     printf("sharding: %d units (root + %d blocks) in %d shards | all-gather %s\n", fsdp.n_units,
            mc.n_layer, P, cfg.overlap_communication ? "of the next block prefetched during this one's compute"
                                                      : "of each unit when it is needed");
@@ -82,6 +83,9 @@ int main(int argc, char **argv) {
     print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
+    LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
+    loss_scaler_init(&scaler, &cfg);
+    if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
@@ -107,7 +111,7 @@ int main(int argc, char **argv) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
                               rank * acc + micro, P * acc, &batch);
             n_targets = batch.n_targets_global;
-            float dloss = n_targets ? 1.0f / (float)n_targets : 0.0f;
+            float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
             loss_sum += fsdp_forward_backward(&fsdp, &acts, &mc, batch.inputs, batch.targets,
                                               batch.rows, batch.T, dloss);
             tokens += (long)batch.rows * batch.T;
@@ -120,8 +124,10 @@ int main(int argc, char **argv) {
 
         // clip the global gradient norm (summed over the shards), then AdamW on the shards
         double norm = fsdp_grad_norm(&fsdp);
-        clip_gradients(fsdp.grads, fsdp.shard_numel, norm, cfg.grad_clip);
-        fsdp_adamw_step(&fsdp, &cfg, lr, step + 1);
+        if (loss_scaler_unscale(&scaler, fsdp.grads, fsdp.shard_numel, &norm)) {
+            clip_gradients(fsdp.grads, fsdp.shard_numel, norm, cfg.grad_clip);
+            fsdp_adamw_step(&fsdp, &cfg, lr, step + 1);
+        }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
         if (pure_bf16) fsdp_round_to_bf16(&fsdp);
@@ -130,12 +136,12 @@ int main(int argc, char **argv) {
         double seconds = wall_seconds() - t0;
         CommStats comm_after = comm_totals();
         StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
-                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds,
+                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds, .scaler = &scaler,
                        .mem_bytes = dev_bytes_in_use(), .val_loss = -1, .has_comm = true,
                        .comm_bytes = comm_stats_bytes(&comm_after) - comm_stats_bytes(&comm_before),
                        .comm_ms = 1e3 * (comm_stats_seconds(&comm_after) - comm_stats_seconds(&comm_before)),
                        .has_state = true, .state_bytes = (double)fsdp_state_bytes(&fsdp)};
-        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / (P * ops_peak_flops(bf16_mode));
+        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / (P * ops_peak_flops(half_mode));
         bool last = step + 1 == total_steps;
         if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
             double val_sum;

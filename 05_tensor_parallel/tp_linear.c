@@ -67,7 +67,7 @@ void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *
                         const float *dout, bf16 *dout16, const float *inp, const bf16 *inp16,
                         Linear W, int N, bool overlap) {
     int K = l->in_local, M = l->out_local;
-    if (W.w16) cast_to_bf16(dout16, dout, (size_t)N * M);
+    if (W.w16) cast_gradient_to_bf16(dout16, dout, (size_t)N * M);
     // dX first: its all-reduce over the out group can then travel while dW is computed
     if (W.w16) matmul_backward_bf16(dinp, NULL, NULL, dout, dout16, inp16, W.w16, N, K, M);
     else matmul_backward(dinp, NULL, NULL, dout, inp, W.w, N, K, M);
@@ -82,14 +82,14 @@ void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *
 
 // ---- depth ------------------------------------------------------------------------------------
 
-void tp_stream_init(TPWeightStream *s, const TPGrid *g, size_t max_block, bool prefetch, bool bf16_mode) {
+void tp_stream_init(TPWeightStream *s, const TPGrid *g, size_t max_block, bool prefetch, bool half_mode) {
     memset(s, 0, sizeof *s);
     s->prefetch = prefetch;
-    s->bf16 = bf16_mode;
+    s->bf16 = half_mode;
     if (g->Z == 1) return;  // every weight is whole on its rank: nothing to gather
     for (int i = 0; i < 2; i++) {
         s->buf[i] = dev_malloc(max_block * sizeof(float));
-        if (bf16_mode) s->buf16[i] = dev_malloc(max_block * sizeof(bf16));
+        if (half_mode) s->buf16[i] = dev_malloc(max_block * sizeof(bf16));
     }
 }
 

@@ -99,7 +99,7 @@ typedef struct {
 } TPWeightStream;
 
 // buffers for blocks of up to max_block elements (none when z = 1)
-void tp_stream_init(TPWeightStream *s, const TPGrid *g, size_t max_block, bool prefetch, bool bf16_mode);
+void tp_stream_init(TPWeightStream *s, const TPGrid *g, size_t max_block, bool prefetch, bool half_mode);
 void tp_stream_free(TPWeightStream *s);
 void tp_stream_begin(TPWeightStream *s);  // call after filling uses[0..n)
 Linear tp_stream_next(TPWeightStream *s);  // the next weight (no bias)

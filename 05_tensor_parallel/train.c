@@ -35,6 +35,7 @@ int main(int argc, char **argv) {
     int rank = comm_rank(world), P = comm_size(world);
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_TENSOR_PARALLEL);
+    ops_set_half_format(config_half_format(&cfg));  // 16-mixed: the 16-bit copies are fp16
     char *config_json = config_to_json(&cfg);
     comm_check_same(world, "the config", config_json);
     free(config_json);
@@ -65,9 +66,9 @@ int main(int argc, char **argv) {
     Weights w, g;
     weights_point(&w, &model.layout, params);
     weights_point(&g, &model.layout, grads);
-    bool bf16_mode = config_is_bf16(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    bool half_mode = config_is_half(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
     bf16 *params16 = NULL;
-    if (bf16_mode) {
+    if (half_mode) {
         params16 = dev_malloc(n * sizeof(bf16));
         weights_point_bf16(&w, &model.layout, params16);
     }
@@ -78,7 +79,7 @@ int main(int argc, char **argv) {
     int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps / row_ranks;
     bool overlap = cfg.overlap_communication;
     TPWeightStream stream;
-    tp_stream_init(&stream, grid, model.max_block, overlap, bf16_mode);
+    tp_stream_init(&stream, grid, model.max_block, overlap, half_mode);
     TPGradSlots slots = {0};
     if (grid->Z > 1) {
         tp_grad_slot_alloc(&slots.wte, model.head.block);
@@ -90,9 +91,9 @@ int main(int argc, char **argv) {
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     printf("stage 05 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           P, ops_backend_name(), bf16_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, model.full.num_params / 1e6);
-    printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
+    printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
     tp_print_grid(&model, P);
     printf("overlap_communication: %s\n", overlap ? "on (depth all-gathers prefetched, backward collectives "
                                                     "started before the weight-gradient matmul)" : "off");
@@ -104,9 +105,9 @@ int main(int argc, char **argv) {
     run_stats_number("parallel_weight_elements", (double)full_weights);
     run_stats_number("parallel_weight_elements_per_rank", (double)model.weight_numel);
     run_stats_number("small_elements_per_rank", (double)model.small_numel);
-    size_t gather_bytes = grid->Z > 1 ? 2 * model.max_block * (sizeof(float) + (bf16_mode ? sizeof(bf16) : 0)) : 0;
+    size_t gather_bytes = grid->Z > 1 ? 2 * model.max_block * (sizeof(float) + (half_mode ? sizeof(bf16) : 0)) : 0;
     size_t slot_bytes = grid->Z > 1 ? 2 * sizeof(float) * (model.head.block + 2 * model.max_block) : 0;
-    MemoryItem memory[] = {{parameters_label(&cfg), bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
+    MemoryItem memory[] = {{parameters_label(&cfg), bytes}, {"parameters (bf16 copy)", half_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
                            {"gathered weight blocks", gather_bytes}, {"weight-gradient blocks", slot_bytes},
                            {"activations", acts.bytes}};
@@ -115,6 +116,9 @@ int main(int argc, char **argv) {
     run_stats_number("state_bytes", state_bytes);
 
     // ---- the training loop ----
+    LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
+    loss_scaler_init(&scaler, &cfg);
+    if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
@@ -125,7 +129,7 @@ int main(int argc, char **argv) {
         long b = step % batches_per_epoch;
         double lr = learning_rate(&cfg, step, schedule_steps);
         CommStats comm_before = comm_totals();
-        if (bf16_mode) cast_to_bf16(params16, params, n);
+        if (half_mode) cast_to_bf16(params16, params, n);
 
         // forward + backward over this row group's micro-batches. Every x, y rank of the group
         // holds the same rows and computes the same loss; gradients add up in `grads`.
@@ -137,7 +141,7 @@ int main(int argc, char **argv) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
                               row_rank * acc + micro, row_ranks * acc, &batch);
             n_targets = batch.n_targets_global;
-            float dloss = n_targets ? 1.0f / (float)n_targets : 0.0f;
+            float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
             tp_forward(&model, &acts, &w, batch.inputs, batch.rows, batch.T);
             double l = tp_loss(&model, &acts, batch.targets, batch.rows, batch.T, dloss, true);
             tp_backward(&model, &acts, &w, &g, batch.rows, batch.T);
@@ -158,8 +162,10 @@ int main(int argc, char **argv) {
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
         double norm = sqrt(comm_sum_double(grid->tp, tp_norm_squares(&model, grads)));
-        clip_gradients(grads, n, norm, cfg.grad_clip);
-        adamw_step(&model.layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+        if (loss_scaler_unscale(&scaler, grads, n, &norm)) {
+            clip_gradients(grads, n, norm, cfg.grad_clip);
+            adamw_step(&model.layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+        }
         if (pure_bf16) {
             cast_to_bf16(params16, params, n);
             cast_to_float(params, params16, n);
@@ -169,15 +175,15 @@ int main(int argc, char **argv) {
         double seconds = wall_seconds() - t0;
         CommStats comm_after = comm_totals();
         StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
-                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds,
+                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds, .scaler = &scaler,
                        .mem_bytes = dev_bytes_in_use(), .val_loss = -1, .has_comm = true,
                        .comm_bytes = comm_stats_bytes(&comm_after) - comm_stats_bytes(&comm_before),
                        .comm_ms = 1e3 * (comm_stats_seconds(&comm_after) - comm_stats_seconds(&comm_before)),
                        .has_state = true, .state_bytes = state_bytes};
-        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / (P * ops_peak_flops(bf16_mode));
+        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / (P * ops_peak_flops(half_mode));
         bool last = step + 1 == total_steps;
         if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
-            if (bf16_mode) cast_to_bf16(params16, params, n);
+            if (half_mode) cast_to_bf16(params16, params, n);
             double val_sum;
             long val_count;
             tp_evaluate(&model, &acts, &w, data, &cfg, row_rank, row_ranks, counts_rows, &val_sum, &val_count);

@@ -455,6 +455,7 @@ int main(int argc, char **argv) {
     int rank = comm_rank(world);
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_INFERENCE);
+    ops_set_half_format(config_half_format(&cfg));  // 16-mixed: fp16 weight copies
     validate_inference_keys(&cfg);
     check_layout(&cfg, world);
     ops_init();
@@ -489,7 +490,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_prompts; i++) longest = r[i].n_ids > longest ? r[i].n_ids : longest;
 
     KVModel m;
-    kv_model_alloc(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT, config_is_bf16(&cfg));
+    kv_model_alloc(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT, config_is_half(&cfg));
     float *full = load_weights(&m, &cfg);
     Generator g = {.cfg = &cfg, .m = &m, .tok = tok, .stream = true,
                    .use_graph = cfg.compile && ops_graphs_supported() && comm_size(world) == 1};

@@ -41,7 +41,7 @@ static void alloc_caches(KVModel *m) {
 // ---- the model --------------------------------------------------------------------------------
 
 void kv_model_alloc(KVModel *m, Comm *world, const GPTConfig *cfg, const int dims[3], int B, int T,
-                    int maxT, bool bf16_mode) {
+                    int maxT, bool half_mode) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->B = B;
@@ -50,18 +50,18 @@ void kv_model_alloc(KVModel *m, Comm *world, const GPTConfig *cfg, const int dim
     tp_model_init(&m->tp, world, cfg, dims, true);
     m->params = dev_malloc(m->tp.layout.num_params * sizeof(float));
     weights_point(&m->w, &m->tp.layout, m->params);
-    if (bf16_mode) {
+    if (half_mode) {
         m->params16 = dev_malloc(m->tp.layout.num_params * sizeof(bf16));
         weights_point_bf16(&m->w, &m->tp.layout, m->params16);
     }
-    tp_stream_init(&m->stream, &m->tp.grid, m->tp.max_block, false, bf16_mode);
+    tp_stream_init(&m->stream, &m->tp.grid, m->tp.max_block, false, half_mode);
     size_t N = (size_t)B * T;
     m->stats = alloc_floats(m, 2 * N);
     m->start = dev_malloc((size_t)B * sizeof(int));
     m->bytes += (size_t)B * sizeof(int);
     tp_layers_init(&m->layers.tp, &m->tp, &m->stream, NULL, false, m->stats);
     alloc_caches(m);
-    ActsSpec spec = whole_model_acts(cfg, B, T, bf16_mode, true);  // one block's set, for every layer
+    ActsSpec spec = whole_model_acts(cfg, B, T, half_mode, true);  // one block's set, for every layer
     spec.keys = maxT;  // the attention scores of T new rows against the whole cache
     spec.shape = m->tp.shape;
     spec.ops = &m->layers.tp.base;

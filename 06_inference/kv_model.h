@@ -63,7 +63,7 @@ typedef struct {
 // Allocates the model's buffers for cfg on the grid dims = [x, y, 1] of world (every rank calls
 // it; the grid was checked with tp_check_grid). Load the weights with kv_model_load.
 void kv_model_alloc(KVModel *m, Comm *world, const GPTConfig *cfg, const int dims[3], int B, int T,
-                    int maxT, bool bf16_mode);
+                    int maxT, bool half_mode);
 // Takes this rank's share of full (device, the serial model's layout: m->tp.full) and makes the
 // bf16 copy when bf16 was asked for.
 void kv_model_load(KVModel *m, const float *full);

@@ -32,6 +32,7 @@ int main(int argc, char **argv) {
     int rank = comm_rank(world), P = comm_size(world);
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_PIPELINE_PARALLEL);
+    ops_set_half_format(config_half_format(&cfg));  // 16-mixed: the 16-bit copies are fp16
     // every rank must train the same model on the same batches: compare the configs
     char *config_json = config_to_json(&cfg);
     comm_check_same(world, "the config", config_json);
@@ -63,9 +64,9 @@ int main(int argc, char **argv) {
     weights_point(&w, &layout, params);
     weights_point(&g, &layout, grads);
     // the bf16 working copy of the weights, which every matmul reads
-    bool bf16_mode = config_is_bf16(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    bool half_mode = config_is_half(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
     bf16 *params16 = NULL;
-    if (bf16_mode) {
+    if (half_mode) {
         params16 = dev_malloc(n * sizeof(bf16));
         weights_point_bf16(&w, &layout, params16);
     }
@@ -86,16 +87,16 @@ int main(int argc, char **argv) {
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     printf("stage 07 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           P, ops_backend_name(), bf16_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+           P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, n / 1e6);
-    printf("MFU peak: %s\n", ops_peak_flops_source(bf16_mode));
+    printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
     print_pipeline_plan(&grid, &cfg, mc.n_layer, n, pipe.n_slots);
     Config plan_cfg = cfg;
     plan_cfg.gradient_acc_steps = m;  // the batch plan's micro-batches are the pipeline's
     print_batch_plan(&plan_cfg, data, grid.dp, "replicas", total_steps);
-    MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", bf16_mode ? n * sizeof(bf16) : 0},
+    MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", half_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
-                           {bf16_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)",
+                           {half_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)",
                             pipeline_activation_bytes(&pipe)}};
     print_memory_report("device memory (rank 0: stage 0):", memory, 5);
     printf("  activations: %d micro-batches in flight x %.2f MB (%s keeps %s)\n", pipe.n_slots,
@@ -104,6 +105,9 @@ int main(int argc, char **argv) {
     print_bf16_activation_saving(&pipe.slots[0]);
 
     // ---- the training loop ----
+    LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
+    loss_scaler_init(&scaler, &cfg);
+    if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch *batches = calloc_or_die((size_t)m, sizeof *batches);
@@ -116,7 +120,7 @@ int main(int argc, char **argv) {
         CommStats comm_before = comm_totals();
 
         // the bf16 copy of this step's weights: made once, read by every matmul of the step
-        if (bf16_mode) cast_to_bf16(params16, params, n);
+        if (half_mode) cast_to_bf16(params16, params, n);
 
         // this replica's micro-batches (slices replica * m ... of dp * m), each stage fetching the
         // same ones: the first reads their tokens, the last their targets, every stage their shape.
@@ -125,7 +129,7 @@ int main(int argc, char **argv) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
                               grid.replica * m + micro, grid.dp * m, &batches[micro]);
         long n_targets = batches[0].n_targets_global, tokens = 0;
-        float dloss = n_targets ? 1.0f / (float)n_targets : 0.0f;
+        float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
         // the schedule: forwards and backwards of the micro-batches through the stages;
         // gradients add up in `grads`, the loss on the last stage
         dev_zero(grads, bytes);
@@ -147,8 +151,10 @@ int main(int argc, char **argv) {
         // clip the global gradient norm (the stages' squares summed, the shared wte once), then
         // one AdamW step on this stage's tensors
         double norm = sqrt(comm_sum_double(grid.pipe, stage_sum_squares(&grid, &layout, grads)));
-        clip_gradients(grads, n, norm, cfg.grad_clip);
-        adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+        if (loss_scaler_unscale(&scaler, grads, n, &norm)) {
+            clip_gradients(grads, n, norm, cfg.grad_clip);
+            adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+        }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
         if (pure_bf16) {
@@ -160,14 +166,14 @@ int main(int argc, char **argv) {
         double seconds = wall_seconds() - t0;
         CommStats comm_after = comm_totals();
         StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
-                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds,
+                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds, .scaler = &scaler,
                        .mem_bytes = dev_bytes_in_use(), .val_loss = -1, .has_comm = true,
                        .comm_bytes = comm_stats_bytes(&comm_after) - comm_stats_bytes(&comm_before),
                        .comm_ms = 1e3 * (comm_stats_seconds(&comm_after) - comm_stats_seconds(&comm_before))};
-        s.mfu = flops_per_token(&mc, batches[0].T) * s.tokens_per_sec / (P * ops_peak_flops(bf16_mode));
+        s.mfu = flops_per_token(&mc, batches[0].T) * s.tokens_per_sec / (P * ops_peak_flops(half_mode));
         bool last = step + 1 == total_steps;
         if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
-            if (bf16_mode) cast_to_bf16(params16, params, n);  // evaluate the updated weights
+            if (half_mode) cast_to_bf16(params16, params, n);  // evaluate the updated weights
             // the pipeline's forward on each replica's micro-batches; the last stages count
             double val_sum;
             long val_count;

@@ -32,7 +32,7 @@ static const Key KEYS[] = {
       "tatsu-lab/alpaca or alpaca (the alpaca JSON file in data_path), synthetic (the built-in "
       "set); empty: data_path decides"),
     K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
-    K(precision, T_STRING, "32", "32, 32-true, bf16-mixed or bf16"),
+    K(precision, T_STRING, "32", "32, 32-true, bf16-mixed, bf16 or 16-mixed (fp16 with loss scaling)"),
     K(strategy, T_STRING, "", "single_device, ddp, fsdp or axonn; empty: the stage's own (above)"),
     K(tp_dimensions, T_INT3, "1,1,1", "tensor-parallel grid [x, y, z] (strategy axonn)"),
     K(global_batch_size, T_INT, "32", "sequences per optimizer step, over all ranks"),
@@ -61,6 +61,10 @@ static const Key KEYS[] = {
     K(eps, T_FLOAT, "1e-8", "AdamW epsilon"),
     K(weight_decay, T_FLOAT, "0.0", "AdamW decoupled weight decay (not on biases and norms)"),
     K(grad_clip, T_FLOAT, "1.0", "clip the global gradient norm to this (0: off)"),
+    K(loss_scale, T_FLOAT, "65536", "16-mixed: the initial loss scale (the loss, and so every gradient, times it)"),
+    K(loss_scale_window, T_INT, "1000",
+      "16-mixed: good steps before the loss scale doubles; a step with an inf or NaN gradient is "
+      "skipped and halves it (0: a fixed scale, never changed)"),
     K(eval_interval, T_INT, "0", "validation loss every N steps (0: only at the end)"),
     K(eval_batches, T_INT, "4", "validation batches per evaluation"),
     K(checkpoint_interval, T_INT, "0", "save a checkpoint every N steps (0: only at the end)"),
@@ -433,9 +437,9 @@ static void resolve_strategy(Config *cfg, const Sources *src, Stage stage) {
 
 // Stage 01 is the fp32 loop: bf16 (its weight copies, its activations) is what stage 02 adds.
 static void require_precision_of_stage(const Config *cfg, const Sources *src, Stage stage) {
-    if (stage != STAGE_SINGLE_GPU || !config_is_bf16(cfg)) return;
-    fatal("%s: key 'precision' is '%s' but stage 01 trains in fp32 (32 or 32-true); bf16 is stage 02 "
-          "(build/stage-2)", source_of(src, "precision"), cfg->precision);
+    if (stage != STAGE_SINGLE_GPU || !config_is_half(cfg)) return;
+    fatal("%s: key 'precision' is '%s' but stage 01 trains in fp32 (32 or 32-true); bf16 and fp16 "
+          "are stage 02 (build/stage-2)", source_of(src, "precision"), cfg->precision);
 }
 
 // A grid other than [1, 1, 1] splits every layer over ranks, which only strategy axonn does; on
@@ -494,8 +498,8 @@ static void resolve_dataset(Config *cfg, const Sources *src) {
 }
 
 static void validate(Config *cfg, const Sources *src, Stage stage) {
-    static const char *const precisions[] = {"32", "32-true", "bf16-mixed", "bf16"};
-    require_one_of(src, "precision", cfg->precision, precisions, 4, "32, 32-true, bf16-mixed or bf16");
+    static const char *const precisions[] = {"32", "32-true", "bf16-mixed", "bf16", "16-mixed"};
+    require_one_of(src, "precision", cfg->precision, precisions, 5, "32, 32-true, bf16-mixed, bf16 or 16-mixed");
     resolve_strategy(cfg, src, stage);
     require_grid_fits_strategy(cfg, src);
     require_pipeline_keys_fit_strategy(cfg, src);
@@ -517,6 +521,8 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     require_not_negative(src, "eval_interval", cfg->eval_interval);
     require_not_negative(src, "checkpoint_interval", cfg->checkpoint_interval);
     require_not_negative(src, "grad_clip", cfg->grad_clip);
+    require_positive(src, "loss_scale", cfg->loss_scale);
+    require_not_negative(src, "loss_scale_window", cfg->loss_scale_window);
     char where[1200];
     if (cfg->n_embd % cfg->n_head != 0)
         fatal("%s: keys 'n_embd' and 'n_head': n_embd must be divisible by n_head, found %d and %d",
@@ -569,4 +575,10 @@ char *config_to_json(const Config *cfg) {
     return s;
 }
 
-bool config_is_bf16(const Config *cfg) { return strncmp(cfg->precision, "bf16", 4) == 0; }
+bool config_is_half(const Config *cfg) {
+    return strncmp(cfg->precision, "bf16", 4) == 0 || strcmp(cfg->precision, "16-mixed") == 0;
+}
+
+HalfFormat config_half_format(const Config *cfg) {
+    return strcmp(cfg->precision, "16-mixed") == 0 ? HALF_FP16 : HALF_BF16;
+}

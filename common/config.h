@@ -6,12 +6,14 @@
 
 #include <stdbool.h>
 
+#include "ops.h"  // HalfFormat
+
 typedef struct {
     // the tutorial's keys
     char model_id[64];        // "gpt2", "gpt2-medium", ... picks n_layer/n_head/n_embd; "custom"
     char dataset_id[64];      // "synthetic", or "alpaca"/"tatsu-lab/alpaca": the file in data_path
     int seed;
-    char precision[16];       // "32", "32-true", "bf16-mixed", "bf16"
+    char precision[16];       // "32", "32-true", "bf16-mixed", "bf16", "16-mixed" (fp16)
     char strategy[16];        // "single_device", "ddp", "fsdp", "axonn", "pipeline": the stage's own
     int tp_dimensions[3];     // [x, y, z] for strategy axonn
     int global_batch_size;    // sequences per optimizer step, over all ranks
@@ -31,6 +33,8 @@ typedef struct {
     bool resume;              // continue the run saved in out_dir
     char out_dir[512];
     double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip, val_fraction;
+    double loss_scale;           // 16-mixed: the initial loss scale
+    int loss_scale_window;       // 16-mixed: good steps before the scale doubles (0: fixed scale)
     int warmup_steps, eval_interval, eval_batches, checkpoint_interval;
     bool always_input_template;  // the tutorial's quirk: the with-input prompt for every record
     bool activation_checkpointing;  // blocks recompute their activations in backward
@@ -73,7 +77,9 @@ void config_load(Config *cfg, int argc, char **argv, Stage stage);
 // The config as one JSON line (for the log and for checkpoints); malloc'd.
 char *config_to_json(const Config *cfg);
 
-// precision helpers: true for "bf16-mixed" and "bf16"
-bool config_is_bf16(const Config *cfg);
+// precision helpers: matmul inputs in 16 bits ("bf16-mixed", "bf16", "16-mixed"), and in which
+// format (HALF_FP16 for "16-mixed", else HALF_BF16)
+bool config_is_half(const Config *cfg);
+HalfFormat config_half_format(const Config *cfg);
 
 #endif

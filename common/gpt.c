@@ -291,7 +291,7 @@ static void serial_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Lin
         matmul_backward(dinp, g->w, g->b, dout, inp, w->w, N, in_dim, out_dim);
         return;
     }
-    cast_to_bf16(dout16, dout, (size_t)N * out_dim);
+    cast_gradient_to_bf16(dout16, dout, (size_t)N * out_dim);
     matmul_backward_bf16(dinp, g->w, g->b, dout, dout16, inp16, w->w16, N, in_dim, out_dim);
 }
 

@@ -88,6 +88,41 @@ KERNEL_FN uint16_t bf16_from_float(float x) {
 KERNEL_FN float bf16_to_float(uint16_t h) { return float_from_bits((uint32_t)h << 16); }
 
 // ----------------------------------------------------------------------------------------------
+// fp16, IEEE binary16 (precision 16-mixed): sign, 5 exponent bits (bias 15), 10 mantissa bits.
+// Largest finite 65504; smallest normal 2^-14; subnormals down to 2^-24. Far less range than bf16
+// (whose exponent is float32's), three more mantissa bits: what loss scaling is about.
+
+// Rounds to the nearest fp16, ties to the even one, as the hardware does: overflow becomes
+// infinity, tiny values become subnormals or zero.
+KERNEL_FN uint16_t fp16_from_float(float x) {
+    uint32_t u = float_bits(x), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x1FFu));  // NaN, quiet
+    // 65520 is halfway between 65504 and the next step (65536, which does not exist): from there
+    // on, ties included (65504 is odd), everything rounds to infinity
+    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);
+    if (a >= 0x38800000u) {  // a normal fp16: re-bias the exponent (127 -> 15) and round at bit 13
+        uint32_t r = a + 0x0FFFu + ((a >> 13) & 1u);
+        return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+    }
+    // below 2^-14: a multiple m of 2^-24. Adding 0.5 (whose float ulp is 2^-24) makes the FPU round
+    // |x| to that multiple, to nearest even; m is then the low bits (m = 1024 is 2^-14, the
+    // smallest normal, which the bits also read correctly)
+    float f = float_from_bits(a) + 0.5f;
+    return (uint16_t)(sign | (float_bits(f) - 0x3F000000u));
+}
+
+KERNEL_FN float fp16_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0x1F) return float_from_bits(sign | 0x7F800000u | (m << 13));  // infinity, NaN
+    if (e == 0) return float_from_bits(sign | float_bits((float)m * 5.9604644775390625e-8f));  // m 2^-24
+    return float_from_bits(sign | ((e + 112) << 23) | (m << 13));
+}
+
+// the run's 16-bit format (ops.h: HalfFormat): 0 bf16, 1 fp16
+KERNEL_FN uint16_t half_from_float(float x, int fp16) { return fp16 ? fp16_from_float(x) : bf16_from_float(x); }
+KERNEL_FN float half_to_float(uint16_t h, int fp16) { return fp16 ? fp16_to_float(h) : bf16_to_float(h); }
+
+// ----------------------------------------------------------------------------------------------
 // embedding: out[b,t,:] = wte[token,:] + wpe[position,:], for a rank that holds the vocabulary
 // rows [v_lo, v_lo + v_count) of wte (the whole vocabulary on one rank: v_lo 0, v_count Vp). A
 // token outside the shard embeds to 0 here: another rank adds it, so a sum over the shards is the

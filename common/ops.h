@@ -63,13 +63,29 @@ void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, uint64_t 
 void fill_constant(float *out, size_t n, float value);
 
 // ----------------------------------------------------------------------------------------------
-// numbers: bf16 and its casts. A bf16 number is the top 16 bits of a float32: the same 8-bit
-// exponent (so the same range) with 8 bits of mantissa instead of 24.
+// numbers: the 16-bit copies and their casts. A bf16 number is the top 16 bits of a float32: the
+// same 8-bit exponent (so the same range) with 8 bits of mantissa instead of 24. An fp16 number
+// (IEEE half, precision 16-mixed) has 5 exponent bits and 11 of mantissa: more precision, far
+// less range (largest 65504, smallest subnormal 2^-24).
+//
+// The copies are bf16 unless the run asks for fp16 with ops_set_half_format, once, before any
+// cast: then the `bf16` buffers below hold fp16 numbers, and the casts and the 16-bit matmuls
+// read and write fp16. (One set of buffers and functions for both formats: what differs is only
+// the rounding, the type is 16 bits either way.)
 
 typedef uint16_t bf16;
+typedef enum { HALF_BF16, HALF_FP16 } HalfFormat;
+void ops_set_half_format(HalfFormat format);
+HalfFormat ops_half_format(void);
 
 void cast_to_bf16(bf16 *out, const float *in, size_t n);  // round to nearest, ties to even
 void cast_to_float(float *out, const bf16 *in, size_t n);
+// cast_to_bf16 for a gradient, counting for ops_half_underflow the nonzero values and those that
+// rounded to zero: what an fp16 run loses below its smallest subnormal (2^-24)
+void cast_gradient_to_bf16(bf16 *out, const float *in, size_t n);
+// since the last call (which resets them): the nonzero gradient values cast, and how many of them
+// became zero
+void ops_half_underflow(double *nonzero, double *flushed);
 
 // ----------------------------------------------------------------------------------------------
 // matmuls: the linear layer. out = inp @ weight^T + bias, weight (OC, C).

@@ -251,6 +251,17 @@ const char *ops_matmul_engine(void) {
     return name;
 }
 
+// the 16-bit copies' format: bf16, or fp16 (precision 16-mixed)
+static HalfFormat g_half = HALF_BF16;
+static double g_grad_nonzero, g_grad_flushed;  // cast_gradient_to_bf16's counts
+
+void ops_set_half_format(HalfFormat format) { g_half = format; }
+HalfFormat ops_half_format(void) { return g_half; }
+
+// fp16 inputs are always widened here: a product of two fp16 numbers is exact in f32, so an f32
+// matmul over the widened values is what fp16 hardware with f32 accumulation computes
+static int widen_half(void) { return g_half == HALF_FP16 || !ops_bf16_native(); }
+
 // Why bf16 matmuls are widened to f32 here, as a phrase ("" where they are not).
 static const char *why_bf16_widened(void) {
     if (ops_bf16_native()) return "";
@@ -261,7 +272,10 @@ static const char *why_bf16_widened(void) {
 const char *ops_matmul_engine_bf16(void) {
     static char name[400];
     if (!name[0]) {
-        if (ops_bf16_native()) describe_engine(name, sizeof name, "bf16", probe_plan(1)->impl);
+        if (g_half == HALF_FP16)
+            sentence_printf(name, sizeof name, "fp16 widened to f32 (exact: a product of two fp16 "
+                            "numbers fits in f32): %s", ops_matmul_engine());
+        else if (ops_bf16_native()) describe_engine(name, sizeof name, "bf16", probe_plan(1)->impl);
         else sentence_printf(name, sizeof name, "bf16 widened to f32 (%s): %s",
                              why_bf16_widened(), ops_matmul_engine());
     }
@@ -314,9 +328,10 @@ static PeakFlops g_peak[2];  // f32, bf16
 
 // The finder for peak_flops_once (ops_peak.h): f32 (bf16 == 0) or bf16 inputs.
 static void measure_peak(PeakFlops *peak, int bf16) {
-    if (bf16 && !ops_bf16_native()) {
+    if (bf16 && widen_half()) {
         char why[160];
-        sentence_printf(why, sizeof why, "bf16 matmuls are widened to f32 (%s)", why_bf16_widened());
+        if (g_half == HALF_FP16) sentence_printf(why, sizeof why, "fp16 matmuls are widened to f32");
+        else sentence_printf(why, sizeof why, "bf16 matmuls are widened to f32 (%s)", why_bf16_widened());
         peak_of_widened_bf16(peak, peak_flops_once(g_peak, 0, measure_peak), why);
         return;
     }
@@ -438,16 +453,37 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
 }
 
 // ----------------------------------------------------------------------------------------------
-// bf16
+// the 16-bit copies: bf16, or fp16 (precision 16-mixed)
+
 
 void cast_to_bf16(bf16 *out, const float *in, size_t n) {
+    int fp16 = g_half == HALF_FP16;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) out[i] = bf16_from_float(in[i]);
+    for (size_t i = 0; i < n; i++) out[i] = half_from_float(in[i], fp16);
 }
 
 void cast_to_float(float *out, const bf16 *in, size_t n) {
+    int fp16 = g_half == HALF_FP16;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(in[i]);
+    for (size_t i = 0; i < n; i++) out[i] = half_to_float(in[i], fp16);
+}
+
+void cast_gradient_to_bf16(bf16 *out, const float *in, size_t n) {
+    int fp16 = g_half == HALF_FP16;
+    long nonzero = 0, flushed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : nonzero, flushed)
+    for (size_t i = 0; i < n; i++) {
+        out[i] = half_from_float(in[i], fp16);
+        nonzero += in[i] != 0.0f;
+        flushed += in[i] != 0.0f && (out[i] & 0x7FFFu) == 0;
+    }
+    g_grad_nonzero += (double)nonzero;
+    g_grad_flushed += (double)flushed;
+}
+
+void ops_half_underflow(double *nonzero, double *flushed) {
+    *nonzero = g_grad_nonzero, *flushed = g_grad_flushed;
+    g_grad_nonzero = g_grad_flushed = 0;
 }
 
 // Without AVX512-BF16 or AMX, oneDNN answers a bf16 matmul only with its slow reference
@@ -475,9 +511,10 @@ static const float *widened(const bf16 *x, size_t n, int which) {
     return scratch[which];
 }
 
+
 void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias, int N,
                          int C, int OC) {
-    if (!ops_bf16_native()) {
+    if (widen_half()) {
         matmul_forward(out, widened(inp, (size_t)N * C, 0), widened(weight, (size_t)OC * C, 1), bias,
                        N, C, OC);
         return;
@@ -487,7 +524,7 @@ void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const 
 
 void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
                           const bf16 *dout16, const bf16 *inp, const bf16 *weight, int N, int C, int OC) {
-    if (!ops_bf16_native()) {
+    if (widen_half()) {
         const float *g = widened(dout16, (size_t)N * OC, 0);
         if (dinp) matmul_backward(dinp, NULL, NULL, g, NULL, widened(weight, (size_t)OC * C, 1), N, C, OC);
         if (dweight) matmul_backward(NULL, dweight, NULL, g, widened(inp, (size_t)N * C, 1), NULL, N, C, OC);

@@ -110,6 +110,8 @@ static struct {
     size_t scratch_bytes;
 } g;
 
+static HalfFormat g_half = HALF_BF16;  // the 16-bit copies' format (ops_set_half_format)
+
 #define THREADS 256  // block size of the element-wise and column kernels
 
 // the local rank from the launcher's environment (Open MPI, Slurm, torchrun-style), else 0
@@ -242,7 +244,11 @@ const char *ops_matmul_engine_bf16(void) {
         ensure_init();
         char cublas[64];
         describe_cublas(cublas, sizeof cublas);
-        if (ops_bf16_native())
+        if (g_half == HALF_FP16)
+            sentence_printf(text, sizeof text, "%s GemmEx (fp16 in, f32 accumulation) on the tensor "
+                            "cores of %s (sm_%d%d, %d SMs, GPU %d)", cublas, g.name, g.cc_major,
+                            g.cc_minor, g.sm_count, g.device);
+        else if (ops_bf16_native())
             sentence_printf(text, sizeof text, "%s GemmEx (bf16 in, f32 accumulation) on the tensor "
                             "cores of %s (sm_%d%d, %d SMs, GPU %d)", cublas, g.name, g.cc_major,
                             g.cc_minor, g.sm_count, g.device);
@@ -669,44 +675,83 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
 }
 
 // ----------------------------------------------------------------------------------------------
-// bf16
+// the 16-bit copies: bf16, or fp16 (precision 16-mixed). The gradient casts count what they flush
+// to zero into two device counters (integer atomics: the counts do not depend on the order).
 
-static __global__ void cast_to_bf16_kernel(bf16 *out, const float *in, size_t n) {
-    GRID_STRIDE(i, n) out[i] = bf16_from_float(in[i]);
+static unsigned long long *g_underflow;  // device: nonzero values cast, and those flushed to zero
+
+void ops_set_half_format(HalfFormat format) { g_half = format; }
+HalfFormat ops_half_format(void) { return g_half; }
+
+static __global__ void cast_to_bf16_kernel(bf16 *out, const float *in, size_t n, int fp16) {
+    GRID_STRIDE(i, n) out[i] = half_from_float(in[i], fp16);
 }
 
-static __global__ void cast_to_float_kernel(float *out, const bf16 *in, size_t n) {
-    GRID_STRIDE(i, n) out[i] = bf16_to_float(in[i]);
+static __global__ void cast_to_float_kernel(float *out, const bf16 *in, size_t n, int fp16) {
+    GRID_STRIDE(i, n) out[i] = half_to_float(in[i], fp16);
+}
+
+static __global__ void cast_gradient_kernel(bf16 *out, const float *in, size_t n, int fp16,
+                                            unsigned long long *counts) {
+    unsigned long long nonzero = 0, flushed = 0;
+    GRID_STRIDE(i, n) {
+        out[i] = half_from_float(in[i], fp16);
+        nonzero += in[i] != 0.0f;
+        flushed += in[i] != 0.0f && (out[i] & 0x7FFFu) == 0;
+    }
+    if (nonzero) atomicAdd(&counts[0], nonzero);
+    if (flushed) atomicAdd(&counts[1], flushed);
 }
 
 void cast_to_bf16(bf16 *out, const float *in, size_t n) {
     if (!n) return;
     ensure_init();
-    LAUNCH(cast_to_bf16_kernel, grid_for(n), THREADS, 0, out, in, n);
+    LAUNCH(cast_to_bf16_kernel, grid_for(n), THREADS, 0, out, in, n, g_half == HALF_FP16);
 }
 
 void cast_to_float(float *out, const bf16 *in, size_t n) {
     if (!n) return;
     ensure_init();
-    LAUNCH(cast_to_float_kernel, grid_for(n), THREADS, 0, out, in, n);
+    LAUNCH(cast_to_float_kernel, grid_for(n), THREADS, 0, out, in, n, g_half == HALF_FP16);
 }
 
-// The same three products as the f32 ones (same argument mapping), with bf16 A and B, f32 C, and
-// f32 accumulation (CUBLAS_COMPUTE_32F): tensor cores on sm_80 and later. On an older GPU
-// (ops_bf16_native() == 0, only with a CUDA_ARCHS that includes it) the bf16 inputs are widened to
-// f32 in the workspace and the f32 path multiplies those: the same numbers, slower.
+void cast_gradient_to_bf16(bf16 *out, const float *in, size_t n) {
+    if (!n) return;
+    ensure_init();
+    if (!g_underflow) g_underflow = (unsigned long long *)dev_malloc(2 * sizeof(unsigned long long));
+    LAUNCH(cast_gradient_kernel, grid_for(n), THREADS, 0, out, in, n, g_half == HALF_FP16, g_underflow);
+}
+
+void ops_half_underflow(double *nonzero, double *flushed) {
+    unsigned long long counts[2] = {0, 0};
+    if (g_underflow) {
+        copy_to_host(counts, g_underflow, sizeof counts);
+        dev_zero(g_underflow, sizeof counts);
+    }
+    *nonzero = (double)counts[0], *flushed = (double)counts[1];
+}
+
+// bf16 is widened to f32 on a GPU without bf16 tensor cores; fp16 runs on the tensor cores of
+// every GPU this build targets (sm_75 on)
+static int widen_half(void) { return g_half == HALF_BF16 && !ops_bf16_native(); }
+
+// The same three products as the f32 ones (same argument mapping), with 16-bit A and B (bf16, or
+// fp16 in 16-mixed), f32 C, and f32 accumulation (CUBLAS_COMPUTE_32F): tensor cores. Where bf16
+// has none (widen_half), the inputs are widened to f32 in the workspace and the f32 path
+// multiplies those: the same numbers, slower.
 static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                       const bf16 *A, int lda, const bf16 *B, int ldb, const float *beta, float *Cm,
                       int ldc) {
-    CUBLAS_CHECK(cublasGemmEx(g.cublas, ta, tb, m, n, k, &ONE, A, CUDA_R_16BF, lda, B, CUDA_R_16BF,
-                              ldb, beta, Cm, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    cudaDataType_t t = g_half == HALF_FP16 ? CUDA_R_16F : CUDA_R_16BF;
+    CUBLAS_CHECK(cublasGemmEx(g.cublas, ta, tb, m, n, k, &ONE, A, t, lda, B, t, ldb, beta, Cm,
+                              CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias, int N,
                          int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     ensure_init();
-    if (!ops_bf16_native()) {
+    if (widen_half()) {
         float *inp32 = (float *)scratch(((size_t)N * C + (size_t)OC * C) * sizeof(float));
         float *w32 = inp32 + (size_t)N * C;
         cast_to_float(inp32, inp, (size_t)N * C);
@@ -727,7 +772,7 @@ void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float
                           int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     ensure_init();
-    if (!ops_bf16_native()) {
+    if (widen_half()) {
         size_t nd = (size_t)N * OC, ni = (size_t)N * C, nw = (size_t)OC * C;
         float *dout32 = (float *)scratch((nd + ni + nw) * sizeof(float));
         float *inp32 = dout32 + nd, *w32 = inp32 + ni;

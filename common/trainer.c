@@ -56,7 +56,7 @@ void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, co
 }
 
 int acts_flags(const Config *cfg) {
-    return (config_is_bf16(cfg) ? ACTS_BF16 : 0) | (cfg->activation_checkpointing ? ACTS_RECOMPUTE : 0);
+    return (config_is_half(cfg) ? ACTS_BF16 : 0) | (cfg->activation_checkpointing ? ACTS_RECOMPUTE : 0);
 }
 
 Dataset *load_dataset(const Config *cfg, const Tokenizer *tok) {
@@ -109,6 +109,73 @@ void clip_gradients(float *grads, size_t n, double norm, double max_norm) {
     if (max_norm > 0 && norm > max_norm) scale_inplace(grads, (float)(max_norm / (norm + 1e-6)), n);
 }
 
+// ---- fp16 loss scaling -------------------------------------------------------------------------
+
+static const LossScaler *g_saved_scaler;  // the scaler whose state save_checkpoint writes
+
+void loss_scaler_init(LossScaler *s, const Config *cfg) {
+    g_saved_scaler = s;
+    *s = (LossScaler){.on = strcmp(cfg->precision, "16-mixed") == 0, .scale = 1, .inject_inf_at = -1};
+    if (!s->on) return;
+    s->scale = cfg->loss_scale;
+    s->window = cfg->loss_scale_window;
+    const char *hook = getenv("WORKBOOK_INJECT_INF_STEP");
+    if (hook && *hook) s->inject_inf_at = atol(hook);
+}
+
+float loss_scaler_dloss(const LossScaler *s, long n_targets, long step) {
+    if (!n_targets) return 0.0f;
+    if (step + 1 == s->inject_inf_at) return INFINITY;  // the test hook: every gradient inf or NaN
+    return (float)(s->scale / (double)n_targets);
+}
+
+bool loss_scaler_unscale(LossScaler *s, float *grads, size_t n, double *norm) {
+    if (!s->on) return true;
+    double nonzero, flushed;
+    ops_half_underflow(&nonzero, &flushed);
+    s->underflow = nonzero > 0 ? flushed / nonzero : 0;
+    s->skipped_now = !isfinite(*norm);
+    if (s->skipped_now) {
+        s->skipped++;
+        s->good = 0;
+        if (s->window) s->scale /= 2;
+        return false;
+    }
+    scale_inplace(grads, (float)(1.0 / s->scale), n);
+    *norm /= s->scale;
+    if (s->window && ++s->good == s->window) {
+        s->scale *= 2;
+        s->good = 0;
+    }
+    return true;
+}
+
+static void loss_scaler_save(const LossScaler *s, const Config *cfg) {
+    if (!s || !s->on) return;
+    char text[200];
+    snprintf(text, sizeof text, "{\"loss_scale\": %.17g, \"good_steps\": %d, \"skipped_steps\": %ld}",
+             s->scale, s->good, s->skipped);
+    write_text_file(cfg->out_dir, "loss_scale.json", text);
+}
+
+void loss_scaler_resume(LossScaler *s, const Config *cfg) {
+    if (!s->on) return;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/loss_scale.json", cfg->out_dir);
+    char *text = read_file_or_die(path, NULL);
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *scale = cJSON_GetObjectItem(j, "loss_scale"), *good = cJSON_GetObjectItem(j, "good_steps"),
+                *skipped = cJSON_GetObjectItem(j, "skipped_steps");
+    if (!cJSON_IsNumber(scale) || !cJSON_IsNumber(good) || !cJSON_IsNumber(skipped) || !(scale->valuedouble > 0))
+        fatal("%s: expected loss_scale (> 0), good_steps and skipped_steps, as a 16-mixed checkpoint "
+              "writes them", path);
+    s->scale = scale->valuedouble;
+    s->good = good->valueint;
+    s->skipped = (long)skipped->valuedouble;
+    cJSON_Delete(j);
+    free(text);
+}
+
 double flops_per_token(const GPTConfig *c, int T) {
     double L = c->n_layer, C = c->n_embd;
     double matmul_params = L * 12 * C * C + (double)c->padded_vocab_size * C;
@@ -154,18 +221,28 @@ static void print_progress(const Metrics *m, const StepStats *s) {
            100 * s->mfu, s->mem_bytes / 1048576.0);
     if (s->has_comm) printf(" | comm %.2f MB %.1f ms", s->comm_bytes / 1e6, s->comm_ms);
     if (s->val_loss >= 0) printf(" | val %.4f", s->val_loss);
+    if (s->scaler && s->scaler->on)
+        printf(" | scale %.0f%s, %ld skipped", s->scaler->scale, s->scaler->skipped_now ? " (skipped: inf)" : "",
+               s->scaler->skipped);
     printf(" | eta %s\n", eta);
     fflush(stdout);
 }
 
 void metrics_log(Metrics *m, const StepStats *s, bool print_line) {
     if (print_line) print_progress(m, s);
-    fprintf(m->f, "{\"step\": %ld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
+    // a skipped fp16 step's norm is inf or NaN, which JSON cannot hold: null
+    char norm[32] = "null";
+    if (isfinite(s->grad_norm)) snprintf(norm, sizeof norm, "%.9g", s->grad_norm);
+    fprintf(m->f, "{\"step\": %ld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %s, \"ms\": %.3f, "
                   "\"tokens_per_sec\": %.1f, \"mfu\": %.5f, \"mem_bytes\": %zu",
-            s->step, s->loss, s->lr, s->grad_norm, s->ms, s->tokens_per_sec, s->mfu, s->mem_bytes);
+            s->step, s->loss, s->lr, norm, s->ms, s->tokens_per_sec, s->mfu, s->mem_bytes);
     if (s->val_loss >= 0) fprintf(m->f, ", \"val_loss\": %.9g", s->val_loss);
     if (s->has_comm) fprintf(m->f, ", \"comm_bytes\": %.0f, \"comm_ms\": %.3f", s->comm_bytes, s->comm_ms);
     if (s->has_state) fprintf(m->f, ", \"state_bytes\": %.0f", s->state_bytes);
+    if (s->scaler && s->scaler->on)
+        fprintf(m->f, ", \"loss_scale\": %.17g, \"skipped\": %s, \"skipped_steps\": %ld, \"grad_underflow\": %.9g",
+                s->scaler->scale, s->scaler->skipped_now ? "true" : "false", s->scaler->skipped,
+                s->scaler->underflow);
     fprintf(m->f, "}\n");
     fflush(m->f);
 }
@@ -187,7 +264,7 @@ void print_memory_report(const char *title, const MemoryItem *items, int n) {
 }
 
 const char *parameters_label(const Config *cfg) {
-    if (!config_is_bf16(cfg)) return "parameters (fp32)";
+    if (!config_is_half(cfg)) return "parameters (fp32)";
     return strcmp(cfg->precision, "bf16") == 0 ? "parameters (bf16, no master)" : "parameters (fp32 master)";
 }
 
@@ -331,6 +408,7 @@ void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *
     checkpoint_save_model(cfg->out_dir, layout, hp, json);
     TrainState state = {.step = step, .seed = (uint64_t)cfg->seed};
     checkpoint_save_optimizer(cfg->out_dir, layout, hm, hv, &state);
+    loss_scaler_save(g_saved_scaler, cfg);
     free(json);
     free(hp);
     free(hm);

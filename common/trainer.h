@@ -52,6 +52,36 @@ void adamw_step(const ParamLayout *layout, float *params, const float *grads, fl
 // Scales grads so that their global norm is at most max_norm (when max_norm > 0), given the norm.
 void clip_gradients(float *grads, size_t n, double norm, double max_norm);
 
+// ---- fp16's dynamic loss scaling (precision 16-mixed) ------------------------------------------
+// fp16 has 5 exponent bits: its smallest subnormal is 2^-24, and smaller gradients round to zero
+// in the 16-bit copies the backward matmuls read. Multiplying the loss by a large scale (2^16)
+// multiplies every gradient by it, lifting them into fp16's range; the gradients are divided by it
+// again before clipping and the update, so the step is the one fp32 would take. A scale too large
+// makes some gradient overflow to inf: that step is skipped (no update) and the scale halved;
+// after loss_scale_window good steps it doubles again. bf16 has float32's exponent and needs none
+// of this: in every other precision the scale is 1 and no step is skipped.
+typedef struct {
+    bool on;            // precision 16-mixed
+    double scale;
+    int window, good;   // window 0: a fixed scale; good: steps since the scale last changed
+    long skipped;       // steps skipped so far
+    bool skipped_now;   // the last step was skipped
+    double underflow;   // the last step: share of the nonzero gradients cast to fp16 that became 0
+    long inject_inf_at; // test hook WORKBOOK_INJECT_INF_STEP=N: step N's gradients are inf
+} LossScaler;
+
+// s starts at loss_scale; save_checkpoint writes its state (<out_dir>/loss_scale.json) from now on
+void loss_scaler_init(LossScaler *s, const Config *cfg);
+// the backward's dloss for a step with n_targets target tokens: 1 / n_targets, times the scale
+float loss_scaler_dloss(const LossScaler *s, long n_targets, long step);
+// After the gradients are complete (summed over ranks), with norm their global norm (scaled):
+// false when the step must be skipped (an inf or NaN; every rank sees the same global norm, so
+// all skip the same steps), updating the scale; else divides grads[0..n) by the scale, sets
+// *norm to the unscaled norm and returns true.
+bool loss_scaler_unscale(LossScaler *s, float *grads, size_t n, double *norm);
+// the state save_checkpoint wrote, read back when resuming (on every rank)
+void loss_scaler_resume(LossScaler *s, const Config *cfg);
+
 // Model FLOPs per token for forward + backward (6 per parameter per token for the matmuls,
 // plus attention's 12 * L * C * T), for MFU.
 double flops_per_token(const GPTConfig *cfg, int T);
@@ -67,6 +97,7 @@ typedef struct {
     bool has_comm, has_state;
     double comm_bytes, comm_ms;
     double state_bytes;
+    const LossScaler *scaler;     // 16-mixed: the scale, skipped steps, fp16 underflow (else NULL)
 } StepStats;
 
 typedef struct {

@@ -249,6 +249,72 @@ static void test_bf16_rounding(void) {
     dev_free(wide);
 }
 
+// The nearest fp16 to x, found by comparing x with every finite fp16 value (independent of the
+// bit manipulation under test): ties go to the even mantissa, and from 65520 (halfway between
+// 65504, the largest, and 65536, which fp16 lacks) on, to infinity
+static uint16_t fp16_nearest_by_search(float x) {
+    double ax = fabs((double)x);
+    uint16_t sign = signbit(x) ? 0x8000u : 0;
+    if (ax >= 65520.0) return sign | 0x7C00u;
+    uint16_t best = 0;
+    double best_err = INFINITY;
+    for (uint32_t h = 0; h < 0x7C00u; h++) {  // the non-negative finite values, in increasing order
+        double err = fabs(ax - (double)fp16_to_float((uint16_t)h));
+        if (err < best_err || (err == best_err && (h & 1u) == 0)) best = (uint16_t)h, best_err = err;
+    }
+    return sign | best;
+}
+
+// fp16 (precision 16-mixed) through the backend's casts: IEEE binary16 rounding
+static void test_fp16_rounding(void) {
+    // (float, fp16 bits) from the IEEE 754 format: 1, the largest finite (65504), just below and
+    // at the overflow tie (65520 -> inf), the smallest normal (2^-14) and subnormal (2^-24), 2^-25
+    // (a tie: to 0, even), 1.5 x 2^-24 (a tie: to 2 x 2^-24, even), 1 + 2^-11 (a tie: to 1), 1 +
+    // 3 x 2^-11 (a tie: up, to the even 1 + 2^-9), -0, a value that rounds up into the normals
+    static const struct { float x; uint16_t want; } cases[] = {
+        {1.0f, 0x3C00u}, {65504.0f, 0x7BFFu}, {65519.99f, 0x7BFFu}, {65520.0f, 0x7C00u},
+        {6.103515625e-05f, 0x0400u}, {5.9604644775390625e-08f, 0x0001u},
+        {2.98023223876953125e-08f, 0x0000u}, {8.940696716308594e-08f, 0x0002u},
+        {1.00048828125f, 0x3C00u}, {1.00146484375f, 0x3C02u}, {-0.0f, 0x8000u},
+        {6.1031e-05f, 0x0400u}, {-2.5f, 0xC100u}, {1e6f, 0x7C00u}};
+    int n = (int)(sizeof cases / sizeof cases[0]), m = 2000;
+    float *host = malloc_or_die((size_t)(n + m + 1) * sizeof(float));
+    for (int i = 0; i < n; i++) host[i] = cases[i].x;
+    // random values over fp16's whole range and below it (magnitudes 2^-30 .. 2^17)
+    for (int i = 0; i < m; i++) host[n + i] = (float)((urand() < 0.5 ? -1 : 1) * exp2(-30 + 47 * urand()));
+    host[n + m] = bits_to_float(0x7FC00001u);  // NaN
+    size_t total = (size_t)(n + m + 1);
+    float *in = dev_malloc(total * sizeof(float)), *wide = dev_malloc(total * sizeof(float));
+    bf16 *out = dev_malloc(total * sizeof(bf16));
+    copy_to_device(in, host, total * sizeof(float));
+    ops_set_half_format(HALF_FP16);
+    cast_to_bf16(out, in, total);
+    cast_to_float(wide, out, total);
+    ops_set_half_format(HALF_BF16);
+    uint16_t *got = malloc_or_die(total * sizeof(uint16_t));
+    float *back = malloc_or_die(total * sizeof(float));
+    copy_to_host(got, out, total * sizeof(uint16_t));
+    copy_to_host(back, wide, total * sizeof(float));
+    for (int i = 0; i < n; i++)
+        CHECK(got[i] == cases[i].want, "fp16 of %.9g: got 0x%04X, want 0x%04X", cases[i].x, got[i], cases[i].want);
+    int wrong = 0, first = -1;
+    for (int i = n; i < n + m; i++)
+        if (got[i] != fp16_nearest_by_search(host[i]) && wrong++ == 0) first = i;
+    CHECK(wrong == 0, "%d of %d random values rounded to another fp16 than the nearest (first: %.9g -> 0x%04X, "
+          "want 0x%04X)", wrong, m, first >= 0 ? host[first] : 0.0f, first >= 0 ? got[first] : 0,
+          first >= 0 ? fp16_nearest_by_search(host[first]) : 0);
+    CHECK((got[n + m] & 0x7C00u) == 0x7C00u && (got[n + m] & 0x3FFu) != 0, "NaN became 0x%04X", got[n + m]);
+    // widening is exact, and gives back the value the search found nearest
+    int bad_widen = 0;
+    for (int i = 0; i < n + m; i++) bad_widen += back[i] != fp16_to_float(got[i]);
+    CHECK(bad_widen == 0, "%d fp16 values widened to another float", bad_widen);
+    CHECK(fp16_to_float(0x0001u) == 5.9604644775390625e-08f && fp16_to_float(0x7BFFu) == 65504.0f &&
+              fp16_to_float(0x3555u) == 0.333251953125f && isinf(fp16_to_float(0xFC00u)),
+          "fp16_to_float of known values");
+    free(host), free(got), free(back);
+    dev_free(in), dev_free(wide), dev_free(out);
+}
+
 // rounds a host array to bf16 values (still doubles) and uploads its bf16 bits
 static bf16 *upload_bf16(double *x, size_t n) {
     bf16 *h = malloc_or_die(n * sizeof(bf16));
@@ -1133,6 +1199,7 @@ int main(void) {
     test_matmul(67, 96, 81, 1, 0);  // big enough for oneDNN's blocked kernels, odd edges
     test_matmul(67, 96, 81, 0, 0);
     test_bf16_rounding();
+    test_fp16_rounding();
     test_matmul_bf16(5, 7, 9);
     test_matmul_bf16(67, 96, 81);
     printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_bf16());
