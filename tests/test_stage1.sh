@@ -46,12 +46,12 @@ expect_error "wrong type" "key 'n_layer': expected an integer, found a string" -
 echo '{"lr": 1e-3,}' >"$tmp/broken.json"
 expect_error "not JSON" "not valid JSON" --config "$tmp/broken.json"
 expect_error "missing config" "cannot open $tmp/none.json" --config "$tmp/none.json"
-expect_error "bf16 on stage 01" "command line: key 'precision' is 'bf16-mixed' but stage 01 trains in fp32 (32 or 32-true); bf16 is stage 02" --config configs/tiny.json --precision=bf16-mixed
+expect_error "bf16 on stage 01" "command line: key 'precision' is 'bf16-mixed' but stage 01 trains in fp32 (32 or 32-true); bf16 and fp16 are stage 02" --config configs/tiny.json --precision=bf16-mixed
 expect_error "bad shape" "n_embd must be divisible by n_head, found 130 and 4" --config configs/tiny.json --n_embd=130
 expect_error "bad override" "expected a number, found 'fast'" --config configs/tiny.json --lr=fast
 expect_error "unknown override" "unknown key 'lrate'" --config configs/tiny.json --lrate=1
 expect_error "missing data" "cannot open $tmp/no.json" --config configs/tiny.json --data_path="$tmp/no.json"
-expect_error "bad precision" "expected 32, 32-true, bf16-mixed or bf16, found 'fp8'" --config configs/tiny.json --precision=fp8
+expect_error "bad precision" "expected 32, 32-true, bf16-mixed, bf16 or 16-mixed, found 'fp8'" --config configs/tiny.json --precision=fp8
 expect_error "diverging run" "step [0-9]*: the loss is" --config configs/tiny.json --n_layer=1 --n_embd=32 \
     --lr=1e30 --grad_clip=0 --warmup_steps=0 --stop_iteration=5 --out_dir="$tmp/nan"
 expect_error "vocab mismatch" "has 50257 tokens but the tokenizer ('byte tokenizer') has 257" --config configs/tiny.json \
