@@ -407,7 +407,7 @@ static int config_required(const cJSON *root, const char *key, const char *file)
 static void check_variant(const cJSON *root, const char *file, int n_embd) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2")))
-        fatal("%s: \"model_type\" must be \"gpt2\"", file);
+        fatal("%s: \"model_type\" must be \"gpt2\" or \"phi\"", file);
     v = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
     if (v && (!cJSON_IsString(v) || (strcmp(v->valuestring, "gelu_new") && strcmp(v->valuestring, "gelu_pytorch_tanh"))))
         fatal("%s: \"activation_function\" must be \"gelu_new\" (GELU, tanh approximation), found %s", file,
@@ -424,6 +424,57 @@ static void check_variant(const cJSON *root, const char *file, int n_embd) {
     if (v && !cJSON_IsFalse(v)) fatal("%s: \"scale_attn_by_inverse_layer_idx\" must be false", file);
 }
 
+// A number of config.json, or `otherwise` when the key is absent or null.
+static double config_number(const cJSON *root, const char *key, const char *file, double otherwise) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) return otherwise;
+    if (!cJSON_IsNumber(v)) fatal("%s: \"%s\" must be a number", file, key);
+    return v->valuedouble;
+}
+
+// the switches of transformers' PhiConfig that change the computation: refused by name unless
+// they are what phi-1_5 uses (and what we implement)
+static void check_phi_variant(const cJSON *root, const char *file, const GPTConfig *cfg) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "gelu_new")))
+        fatal("%s: \"hidden_act\" must be \"gelu_new\" (GELU, tanh approximation), found %s", file,
+              cJSON_IsString(v) ? v->valuestring : "a non-string");
+    v = cJSON_GetObjectItemCaseSensitive(root, "qk_layernorm");
+    if (v && !cJSON_IsFalse(v)) fatal("%s: \"qk_layernorm\" is not implemented; it must be false", file);
+    v = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (v && !cJSON_IsNull(v)) fatal("%s: \"rope_scaling\" is not implemented; it must be null", file);
+    v = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    if (v && !cJSON_IsFalse(v)) fatal("%s: \"tie_word_embeddings\" must be false (phi's lm_head is its own)", file);
+    if (config_number(root, "intermediate_size", file, 4.0 * cfg->n_embd) != 4.0 * cfg->n_embd)
+        fatal("%s: \"intermediate_size\" must be 4 * hidden_size = %d", file, 4 * cfg->n_embd);
+    if (config_number(root, "num_key_value_heads", file, cfg->n_head) != cfg->n_head)
+        fatal("%s: \"num_key_value_heads\" must be null or num_attention_heads = %d (grouped-query attention "
+              "is not implemented)", file, cfg->n_head);
+    if (fabs(config_number(root, "layer_norm_eps", file, 1e-5) - 1e-5) > 1e-12)
+        fatal("%s: \"layer_norm_eps\" must be 1e-5 (what our LayerNorm uses)", file);
+}
+
+// transformers' PhiConfig: the keys, and the defaults, of PhiForCausalLM's config.json
+static void read_phi_config(const cJSON *root, const char *file, GPTConfig *cfg) {
+    cfg->arch = &ARCH_PHI;
+    cfg->n_embd = config_required(root, "hidden_size", file);
+    cfg->n_layer = config_required(root, "num_hidden_layers", file);
+    cfg->n_head = config_required(root, "num_attention_heads", file);
+    cfg->vocab_size = config_required(root, "vocab_size", file);
+    cfg->max_seq_len = config_int(root, "max_position_embeddings", file);
+    if (cfg->max_seq_len < 0) cfg->max_seq_len = 2048;
+    if (cfg->n_embd % cfg->n_head)
+        fatal("%s: hidden_size %d is not a multiple of num_attention_heads %d", file, cfg->n_embd, cfg->n_head);
+    check_phi_variant(root, file, cfg);
+    int head_size = cfg->n_embd / cfg->n_head;
+    double factor = config_number(root, "partial_rotary_factor", file, 0.5);
+    cfg->rotary_dim = (int)(head_size * factor);  // as transformers rounds it
+    if (factor <= 0 || factor > 1 || cfg->rotary_dim % 2)
+        fatal("%s: \"partial_rotary_factor\" %g gives %d rotary dims of a %d-dim head; expected an even number "
+              "in (0, %d]", file, factor, cfg->rotary_dim, head_size, head_size);
+    cfg->rope_theta = (float)config_number(root, "rope_theta", file, 10000.0);
+}
+
 void checkpoint_read_config(const char *path, GPTConfig *cfg) {
     char model_file[PATH_LEN], file[PATH_LEN];
     checkpoint_files(path, model_file, file);
@@ -436,6 +487,13 @@ void checkpoint_read_config(const char *path, GPTConfig *cfg) {
     free(text);
     if (!cJSON_IsObject(root)) fatal("%s: not a JSON object", file);
     memset(cfg, 0, sizeof *cfg);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (cJSON_IsString(type) && strcmp(type->valuestring, "phi") == 0) {
+        read_phi_config(root, file, cfg);
+        cfg->padded_vocab_size = gpt_padded_vocab(cfg->vocab_size);
+        cJSON_Delete(root);
+        return;
+    }
     cfg->n_embd = config_required(root, "n_embd", file);
     cfg->n_layer = config_required(root, "n_layer", file);
     cfg->n_head = config_required(root, "n_head", file);
@@ -456,7 +514,7 @@ void checkpoint_read_config(const char *path, GPTConfig *cfg) {
 // ours, and wte has V rows where we have Vp.
 static int hf_shape(const TensorInfo *t, int64_t shape[2]) {
     if (t->ndim == 1) {
-        shape[0] = t->shape[0];
+        shape[0] = t->hf_rows;  // phi's lm_head.bias: V of our Vp
         return 1;
     }
     shape[0] = t->hf_transposed ? t->shape[1] : t->hf_rows;
@@ -530,9 +588,10 @@ static void check_lm_head(const SafeTensors *st, const TensorInfo *wte, const GP
 // blocks and silently drop the rest.
 static void check_no_extra_blocks(const SafeTensors *st, const GPTConfig *cfg) {
     for (int i = 0; i < st->num_tensors; i++) {
-        const char *name = strip_prefix(st->tensors[i].name);
-        if (strncmp(name, "h.", 2) != 0) continue;
-        long block = strtol(name + 2, NULL, 10);
+        const char *name = strip_prefix(st->tensors[i].name), *blocks = "h.";
+        if (strncmp(name, "model.layers.", 13) == 0) blocks = "model.layers.";  // phi
+        if (strncmp(name, blocks, strlen(blocks)) != 0) continue;
+        long block = strtol(name + strlen(blocks), NULL, 10);
         if (block >= cfg->n_layer)
             fatal("%s: tensor %s belongs to block %ld, but the configured model has n_layer %d", st->path,
                   st->tensors[i].name, block, cfg->n_layer);
@@ -546,7 +605,7 @@ void checkpoint_load_model(const char *path, const ParamLayout *layout, float *p
     safetensors_open(&st, model_file);
     check_no_extra_blocks(&st, &layout->cfg);
     for (int i = 0; i < layout->num_tensors; i++) load_tensor(&st, &layout->tensors[i], &layout->cfg, params);
-    check_lm_head(&st, &layout->tensors[0], &layout->cfg, params);
+    if (layout->arch->tied_head) check_lm_head(&st, &layout->tensors[0], &layout->cfg, params);
     safetensors_close(&st);
 }
 
@@ -723,6 +782,36 @@ static char *hf_config_json(const GPTConfig *cfg) {
     return text;
 }
 
+// What transformers' PhiConfig needs to rebuild this model as PhiForCausalLM (dropout off).
+static char *phi_config_json(const GPTConfig *cfg) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "model_type", "phi");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "architectures"), cJSON_CreateString("PhiForCausalLM"));
+    cJSON_AddNumberToObject(c, "vocab_size", cfg->vocab_size);
+    cJSON_AddNumberToObject(c, "hidden_size", cfg->n_embd);
+    cJSON_AddNumberToObject(c, "intermediate_size", 4 * cfg->n_embd);
+    cJSON_AddNumberToObject(c, "num_hidden_layers", cfg->n_layer);
+    cJSON_AddNumberToObject(c, "num_attention_heads", cfg->n_head);
+    cJSON_AddNumberToObject(c, "num_key_value_heads", cfg->n_head);
+    cJSON_AddNumberToObject(c, "max_position_embeddings", cfg->max_seq_len);
+    cJSON_AddNumberToObject(c, "partial_rotary_factor", (double)cfg->rotary_dim / (cfg->n_embd / cfg->n_head));
+    cJSON_AddNumberToObject(c, "rope_theta", cfg->rope_theta);
+    cJSON_AddNullToObject(c, "rope_scaling");
+    cJSON_AddStringToObject(c, "hidden_act", "gelu_new");
+    cJSON_AddNumberToObject(c, "layer_norm_eps", 1e-5);
+    cJSON_AddNumberToObject(c, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(c, "resid_pdrop", 0);
+    cJSON_AddNumberToObject(c, "embd_pdrop", 0);
+    cJSON_AddNumberToObject(c, "attention_dropout", 0);
+    cJSON_AddBoolToObject(c, "qk_layernorm", 0);
+    cJSON_AddBoolToObject(c, "tie_word_embeddings", 0);
+    cJSON_AddStringToObject(c, "torch_dtype", "float32");
+    char *text = cJSON_Print(c);
+    cJSON_Delete(c);
+    if (!text) fatal("out of memory building config.json");
+    return text;
+}
+
 void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const float *params,
                            const char *run_config_json) {
     OutTensor *t = calloc_or_die((size_t)layout->num_tensors, sizeof(OutTensor));
@@ -739,7 +828,7 @@ void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const
     if (run_config_json) cJSON_AddStringToObject(meta, "run_config", run_config_json);
     write_safetensors(out_dir, "model.safetensors", t, layout->num_tensors, meta);
     free(t);
-    char *config = hf_config_json(&layout->cfg);
+    char *config = layout->arch == &ARCH_PHI ? phi_config_json(&layout->cfg) : hf_config_json(&layout->cfg);
     write_text_file(out_dir, "config.json", config);
     free(config);
 }
