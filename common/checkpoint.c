@@ -528,9 +528,67 @@ static const char *strip_prefix(const char *name) {
     return strncmp(name, prefix, strlen(prefix)) == 0 ? name + strlen(prefix) : name;
 }
 
-static const SafeTensor *find_hf_tensor(const SafeTensors *st, const char *name) {
-    const SafeTensor *t = safetensors_find(st, name);
-    return t ? t : safetensors_find(st, strip_prefix(name));
+// The model's weights: model.safetensors, or the shards a model.safetensors.index.json lists (how
+// transformers saves a large model such as phi-1_5).
+typedef struct {
+    SafeTensors *files;
+    int n;
+} ModelFiles;
+
+static void open_shards(ModelFiles *mf, const char *index_file) {
+    size_t len;
+    char *text = read_file_or_die(index_file, &len);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(map)) fatal("%s: expected a JSON object with a \"weight_map\" object", index_file);
+    char dir[PATH_LEN], shard[PATH_LEN];
+    const char *slash = strrchr(index_file, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - index_file) : 1, slash ? index_file : ".");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, map) {
+        if (!cJSON_IsString(e)) fatal("%s: weight_map[\"%s\"] must be a file name", index_file, e->string);
+        join_path(shard, dir, e->valuestring);
+        bool seen = false;
+        for (int i = 0; i < mf->n && !seen; i++) seen = strcmp(mf->files[i].path, shard) == 0;
+        if (seen) continue;
+        mf->files = realloc(mf->files, (size_t)(mf->n + 1) * sizeof(SafeTensors));
+        if (!mf->files) fatal("out of host memory");
+        safetensors_open(&mf->files[mf->n++], shard);
+    }
+    cJSON_Delete(root);
+    if (!mf->n) fatal("%s: its weight_map lists no files", index_file);
+}
+
+static void model_files_open(ModelFiles *mf, const char *model_file) {
+    memset(mf, 0, sizeof *mf);
+    char index_file[PATH_LEN];
+    if (snprintf(index_file, sizeof index_file, "%s.index.json", model_file) >= PATH_LEN)
+        fatal("path too long: %s.index.json", model_file);
+    if (access(model_file, F_OK) != 0 && access(index_file, F_OK) == 0) {
+        open_shards(mf, index_file);
+        return;
+    }
+    mf->files = malloc_or_die(sizeof(SafeTensors));
+    mf->n = 1;
+    safetensors_open(&mf->files[0], model_file);
+}
+
+static void model_files_close(ModelFiles *mf) {
+    for (int i = 0; i < mf->n; i++) safetensors_close(&mf->files[i]);
+    free(mf->files);
+}
+
+// the tensor of that name (with or without "transformer."), and the file holding it; NULL if none
+static const SafeTensor *find_hf_tensor(const ModelFiles *mf, const char *name, const SafeTensors **in) {
+    *in = &mf->files[0];
+    for (int i = 0; i < mf->n; i++) {
+        const SafeTensor *t = safetensors_find(&mf->files[i], name);
+        if (!t) t = safetensors_find(&mf->files[i], strip_prefix(name));
+        *in = &mf->files[i];
+        if (t) return t;
+    }
+    return NULL;
 }
 
 static void check_shape(const SafeTensors *st, const SafeTensor *t, const char *name, int ndim,
@@ -546,12 +604,13 @@ static void check_shape(const SafeTensors *st, const SafeTensor *t, const char *
 }
 
 // Reads one tensor into its place in the flat buffer.
-static void load_tensor(const SafeTensors *st, const TensorInfo *info, const GPTConfig *cfg, float *params) {
-    const SafeTensor *t = find_hf_tensor(st, info->name);
+static void load_tensor(const ModelFiles *mf, const TensorInfo *info, const GPTConfig *cfg, float *params) {
+    const SafeTensors *st;
+    const SafeTensor *t = find_hf_tensor(mf, info->name, &st);
     if (!t)
-        fatal("%s: tensor %s (or %s) is missing; the file has %d tensors%s%s", st->path, info->name,
-              strip_prefix(info->name), st->num_tensors, st->num_tensors ? ", the first is " : "",
-              st->num_tensors ? st->tensors[0].name : "");
+        fatal("%s%s: tensor %s (or %s) is missing; the file has %d tensors%s%s", st->path,
+              mf->n > 1 ? " (and the other shards)" : "", info->name, strip_prefix(info->name), st->num_tensors,
+              st->num_tensors ? ", the first is " : "", st->num_tensors ? st->tensors[0].name : "");
     int64_t shape[2];
     int ndim = hf_shape(info, shape);
     check_shape(st, t, info->name, ndim, shape, cfg);
@@ -601,12 +660,12 @@ static void check_no_extra_blocks(const SafeTensors *st, const GPTConfig *cfg) {
 void checkpoint_load_model(const char *path, const ParamLayout *layout, float *params) {
     char model_file[PATH_LEN], config_file[PATH_LEN];
     checkpoint_files(path, model_file, config_file);
-    SafeTensors st;
-    safetensors_open(&st, model_file);
-    check_no_extra_blocks(&st, &layout->cfg);
-    for (int i = 0; i < layout->num_tensors; i++) load_tensor(&st, &layout->tensors[i], &layout->cfg, params);
-    if (layout->arch->tied_head) check_lm_head(&st, &layout->tensors[0], &layout->cfg, params);
-    safetensors_close(&st);
+    ModelFiles mf;
+    model_files_open(&mf, model_file);
+    for (int i = 0; i < mf.n; i++) check_no_extra_blocks(&mf.files[i], &layout->cfg);
+    for (int i = 0; i < layout->num_tensors; i++) load_tensor(&mf, &layout->tensors[i], &layout->cfg, params);
+    if (layout->arch->tied_head) check_lm_head(&mf.files[0], &layout->tensors[0], &layout->cfg, params);
+    model_files_close(&mf);
 }
 
 // ================================================================================================

@@ -6,9 +6,11 @@ Builds transformers' PhiForCausalLM offline from a tiny random PhiConfig (eager 
 dropout; biases and LayerNorms random too, so a misplaced one shows), saves it with
 save_pretrained, runs `OUR_BINARY --oracle WORKDIR/ckpt` (tests/test_phi.c) on it and compares:
 our logits, one training step's loss, per-tensor gradient norms, the weights after one AdamW
-step, and a checkpoint we saved loaded back into transformers. Prints "ok: ..." or "FAIL: ..."
+step, and a checkpoint we saved loaded back into transformers; and our logits from fp16 and bf16
+copies saved in shards (model.safetensors.index.json). Prints "ok: ..." or "FAIL: ..."
 per check.
 """
+import copy
 import json
 import os
 import subprocess
@@ -52,6 +54,38 @@ def close(ours, theirs, rtol, atol):
     return np.allclose(ours, theirs, rtol=rtol, atol=atol)
 
 
+def run_ours(binary, ckpt, x, y):
+    """tokens.bin into ckpt, then our --oracle run there; True when it succeeded"""
+    B, T = x.shape
+    np.concatenate([[B, T], x.flatten().numpy(), y.flatten().numpy()]).astype(np.int32).tofile(
+        os.path.join(ckpt, "tokens.bin"))
+    run = subprocess.run([binary, "--oracle", ckpt], capture_output=True, text=True)
+    check(run.returncode == 0, f"our --oracle run on {os.path.basename(ckpt)} exits 0 ({run.stderr.strip()[-300:]})")
+    return run.returncode == 0
+
+
+def check_stored_dtypes(binary, work, model, x, y):
+    """fp16 and bf16 files, in shards with model.safetensors.index.json: our logits equal those of
+    transformers' model with the weights rounded the same way"""
+    for dtype in (torch.float16, torch.bfloat16):
+        ckpt = os.path.join(work, str(dtype).split(".")[1])
+        rounded = tiny_phi()
+        with torch.no_grad():
+            for p, q in zip(rounded.parameters(), model.parameters()):
+                p.copy_(q.to(dtype).float())
+        copy.deepcopy(model).to(dtype).save_pretrained(ckpt, safe_serialization=True, max_shard_size="40KB")
+        shards = [f for f in os.listdir(ckpt) if f.endswith(".safetensors")]
+        check(len(shards) > 1 and os.path.exists(os.path.join(ckpt, "model.safetensors.index.json")),
+              f"transformers saved {dtype} in {len(shards)} shards with an index")
+        if not run_ours(binary, ckpt, x, y):
+            continue
+        B, T = x.shape
+        ours = np.fromfile(os.path.join(ckpt, "logits.bin"), dtype=np.float32).reshape(B, T, -1)
+        theirs = rounded(input_ids=x.long()).logits.detach().numpy()
+        check(close(ours, theirs, 1e-5, 1e-5),
+              f"{dtype} shards: logits equal transformers' (max |diff| {float(np.abs(ours - theirs).max()):.3g})")
+
+
 def main():
     binary, work = sys.argv[1], sys.argv[2]
     ckpt = os.path.join(work, "ckpt")
@@ -61,11 +95,8 @@ def main():
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
     y = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
-    np.concatenate([[B, T], x.flatten().numpy(), y.flatten().numpy()]).astype(np.int32).tofile(
-        os.path.join(ckpt, "tokens.bin"))
-    run = subprocess.run([binary, "--oracle", ckpt], capture_output=True, text=True)
-    check(run.returncode == 0, f"our --oracle run exits 0 ({run.stderr.strip()[-300:]})")
-    if run.returncode != 0:
+    check_stored_dtypes(binary, work, model, x, y)
+    if not run_ours(binary, ckpt, x, y):
         return
 
     ours = np.fromfile(os.path.join(ckpt, "logits.bin"), dtype=np.float32).reshape(B, T, V)
