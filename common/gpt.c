@@ -397,7 +397,8 @@ static void alloc_block(Alloc *al, BlockActs *k) {
     const ActsSpec *sp = &al->a->spec;
     size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
     bool b16 = sp->bf16;
-    k->ln1 = matmul_input(al, N * C);
+    // a parallel block's MLP reads ln1 after attention has reused the bf16 mode's scratch: its own
+    k->ln1 = sp->shape.parallel_block ? alloc_floats(al, N * C) : matmul_input(al, N * C);
     k->ln1_mean = alloc_floats(al, N);
     k->ln1_rstd = alloc_floats(al, N);
     k->qkv = alloc_floats(al, N * 3 * Ca);
@@ -503,7 +504,7 @@ void gpt_embed_forward(Activations *a, const Weights *w, int B, int T) {
 
 // The MLP's input: ln2(res2), or in a parallel block ln1(x), which attention reads too
 static const float *mlp_input(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1 : k->ln2; }
-static const bf16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
+static bf16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
 
 void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int T) {
     LayerOps *ops = a->ops;
@@ -514,19 +515,14 @@ void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int 
     // attention sub-block: res2 = x + proj(attention(rotary(qkv(ln1(x)))))
     ops->norm_forward(ops, k->ln1, k->ln1_mean, k->ln1_rstd, x, &w->ln1, s, N);
     ops->linear_forward(ops, LIN_QKV, k->qkv, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
-    // a parallel block's MLP reads ln1 now, while it is still there (in bf16 mode its f32 copy
-    // lives in scratch that attention reuses)
-    if (s->parallel_block) ops->linear_forward(ops, LIN_FC, k->fch, k->ln1, k->ln1_16, &w->fc, N, C, F);
     if (s->rotary_dim) rotary_forward(k->qkv, NULL, B, T, Ca, s->n_head, s->rotary_dim, s->rope_theta);
     ops->attention_forward(ops, l, k->atty, k->att, k->qkv, s, B, T);
     ops->linear_forward(ops, LIN_ATTN_PROJ, k->res2, k->atty, k->atty16, &w->attn_proj, N, Ca, C);
     add_inplace(k->res2, x, (size_t)N * C);
     // MLP sub-block: out = res2 + proj(gelu(fc(ln2(res2)))), or in a parallel block
     // out = res2 + proj(gelu(fc(ln1(x))))
-    if (!s->parallel_block) {
-        ops->norm_forward(ops, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, &w->ln2, s, N);
-        ops->linear_forward(ops, LIN_FC, k->fch, k->ln2, k->ln2_16, &w->fc, N, C, F);
-    }
+    if (!s->parallel_block) ops->norm_forward(ops, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, &w->ln2, s, N);
+    ops->linear_forward(ops, LIN_FC, k->fch, mlp_input(k, s), mlp_input16(k, s), &w->fc, N, C, F);
     gelu_forward(k->fch_gelu, k->fch, (size_t)N * F);
     ops->linear_forward(ops, LIN_FC_PROJ, k->out, k->fch_gelu, k->fch_gelu16, &w->fc_proj, N, F, C);
     add_inplace(k->out, k->res2, (size_t)N * C);
@@ -577,7 +573,7 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     int N = B * T, C = s->C, Ca = s->C_attn, F = s->C_mlp;
     float *dres = a->dres;  // dL/d(out) now; the residual connection passes it on unchanged
     // MLP sub-block, backwards: out = res2 + proj(gelu(fc(ln2(res2)))). In a parallel block the
-    // MLP's input is ln1(x): its gradient goes to dln, where attention's adds to it below.
+    // MLP's input is ln1(x): its gradient waits in dln for attention's (dsmall is attention's dqkv).
     float *dfch_gelu = a->dbig, *dfch = a->dbig2, *dln2 = s->parallel_block ? a->dln : a->dsmall;
     zero_floats(dfch_gelu, (size_t)N * F);
     zero_floats(dfch, (size_t)N * F);
@@ -590,15 +586,18 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     if (!s->parallel_block)
         ops->norm_backward(ops, dres, &g->ln2, dln2, k->res2, &w->ln2, k->ln2_mean, k->ln2_rstd, s, N);
     // dres is now dL/d(res2). Attention sub-block, backwards: res2 = x + proj(attention(ln1(x)))
-    float *datty = a->dbig, *dqkv = a->dsmall, *dln1 = s->parallel_block ? a->dln : a->dbig2;
+    float *datty = a->dbig, *dqkv = a->dsmall, *dln1 = a->dbig2;
     zero_floats(datty, (size_t)N * Ca);
     zero_floats(dqkv, (size_t)N * 3 * Ca);
-    if (!s->parallel_block) zero_floats(dln1, (size_t)N * C);
+    zero_floats(dln1, (size_t)N * C);
     ops->linear_backward(ops, LIN_ATTN_PROJ, datty, &g->attn_proj, dres, a->dout16, k->atty, k->atty16,
                          &w->attn_proj, N, Ca, C);
     attention_backward(dqkv, a->datt, datty, k->qkv, k->att, B, T, Ca, s->n_head);
     if (s->rotary_dim) rotary_backward(dqkv, NULL, B, T, Ca, s->n_head, s->rotary_dim, s->rope_theta);
     ops->linear_backward(ops, LIN_QKV, dln1, &g->qkv, dqkv, a->dout16, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
+    // ln1(x) fed attention and the MLP: its gradient is the sum. (Each linear layer's backward
+    // completes its own dinp, a tensor-parallel one with an all-reduce: the two must not share one.)
+    if (s->parallel_block) add_inplace(dln1, a->dln, (size_t)N * C);
     ops->norm_backward(ops, dres, &g->ln1, dln1, x, &w->ln1, k->ln1_mean, k->ln1_rstd, s, N);
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# phi (configs/tiny_phi.json: parallel block, rotary, untied lm_head with bias) in stages 01-04:
-#  - DDP on 2 and 4 ranks and FSDP on 2 and 3 ranks reproduce stage 01's per-step losses within
-#    1e-5 relative over 20 steps (3 ranks: batch 12, whose shards end in padding);
+# phi (configs/tiny_phi.json: parallel block, rotary, untied lm_head with bias) in stages 01-05:
+#  - DDP on 2 and 4 ranks, FSDP on 2 and 3 ranks and tensor parallelism on [2,1,1], [2,2,1],
+#    [1,1,2] and [2,1,1] x data 2 reproduce stage 01's per-step losses within 1e-5 relative over
+#    20 steps (FSDP on 3 ranks: batch 12, whose shards end in padding);
 #  - stage 02 (bf16-mixed) stays within 1e-2 of stage 01 (bf16 rounds every matmul input);
 #  - a phi checkpoint with a missing tensor, a wrong shape or an option we do not implement
 #    (qk_layernorm, another activation, grouped-query attention) is one clear error naming it.
@@ -23,7 +24,11 @@ run_ranks 3 ddp2 2
 run_ranks 3 ddp4 4
 run_ranks 4 fsdp2 2
 run_ranks 4 fsdp3 3 --stop_iteration=5 --global_batch_size=12
-for name in ddp2 ddp4 fsdp2; do
+run_ranks 5 tp211 2 --tp_dimensions=2,1,1
+run_ranks 5 tp221 4 --tp_dimensions=2,2,1
+run_ranks 5 tp112 2 --tp_dimensions=1,1,2
+run_ranks 5 tp211data2 4 --tp_dimensions=2,1,1
+for name in ddp2 ddp4 fsdp2 tp211 tp221 tp112 tp211data2; do
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01's phi losses"
 done
 check 'compare_losses "$tmp/single12" "$tmp/fsdp3" 5 1e-5' "fsdp3 does not reproduce stage 01's phi losses"
