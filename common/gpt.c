@@ -515,7 +515,7 @@ void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int 
     // attention sub-block: res2 = x + proj(attention(rotary(qkv(ln1(x)))))
     ops->norm_forward(ops, k->ln1, k->ln1_mean, k->ln1_rstd, x, &w->ln1, s, N);
     ops->linear_forward(ops, LIN_QKV, k->qkv, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
-    if (s->rotary_dim) rotary_forward(k->qkv, NULL, B, T, Ca, s->n_head, s->rotary_dim, s->rope_theta);
+    if (s->rotary_dim) rotary_forward(k->qkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope_theta);
     ops->attention_forward(ops, l, k->atty, k->att, k->qkv, s, B, T);
     ops->linear_forward(ops, LIN_ATTN_PROJ, k->res2, k->atty, k->atty16, &w->attn_proj, N, Ca, C);
     add_inplace(k->res2, x, (size_t)N * C);
@@ -593,7 +593,7 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     ops->linear_backward(ops, LIN_ATTN_PROJ, datty, &g->attn_proj, dres, a->dout16, k->atty, k->atty16,
                          &w->attn_proj, N, Ca, C);
     attention_backward(dqkv, a->datt, datty, k->qkv, k->att, B, T, Ca, s->n_head);
-    if (s->rotary_dim) rotary_backward(dqkv, NULL, B, T, Ca, s->n_head, s->rotary_dim, s->rope_theta);
+    if (s->rotary_dim) rotary_backward(dqkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope_theta);
     ops->linear_backward(ops, LIN_QKV, dln1, &g->qkv, dqkv, a->dout16, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
     // ln1(x) fed attention and the MLP: its gradient is the sum. (Each linear layer's backward
     // completes its own dinp, a tensor-parallel one with an all-reduce: the two must not share one.)

@@ -273,7 +273,9 @@ typedef struct {
     float *dres;                // (N, C) gradient flowing down the residual stream
     float *dbig, *dbig2, *dsmall;  // the widest gradients of a block
     float *datt;                // attention probabilities' gradient
-    float *dln;                 // (N, C) parallel block: ln(x)'s gradient from attention and MLP
+    float *dln;                 // (N, C) parallel block: the MLP's input gradient, until attention's joins it
+    const int *start;           // (B) on the device: sequence b's rows are positions start[b] + t (a
+                                // KV cache's decode); NULL: 0 + t. Rotary embeddings turn by it.
     bf16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
     bf16 *dout16;               // bf16 mode: a matmul's output gradient
     size_t bytes;

@@ -1,13 +1,15 @@
 """The transformers side of tests/test_phi_oracle.sh.
 
-usage: PYTHON tests/oracle_phi.py OUR_BINARY WORKDIR   (PYTHON: a venv with transformers 4.49.0)
+usage: PYTHON tests/oracle_phi.py OUR_BINARY STAGE_6 WORKDIR   (PYTHON: a venv with transformers 4.49.0)
 
 Builds transformers' PhiForCausalLM offline from a tiny random PhiConfig (eager attention, no
 dropout; biases and LayerNorms random too, so a misplaced one shows), saves it with
 save_pretrained, runs `OUR_BINARY --oracle WORKDIR/ckpt` (tests/test_phi.c) on it and compares:
 our logits, one training step's loss, per-tensor gradient norms, the weights after one AdamW
 step, and a checkpoint we saved loaded back into transformers; and our logits from fp16 and bf16
-copies saved in shards (model.safetensors.index.json). Prints "ok: ..." or "FAIL: ..."
+copies saved in shards (model.safetensors.index.json); and stage 06's greedy continuation (KV
+cache, two prompts of different lengths in one batch) against a greedy loop without a cache
+written here. Prints "ok: ..." or "FAIL: ..."
 per check.
 """
 import copy
@@ -33,11 +35,11 @@ def check(cond, what):
     failures += 0 if cond else 1
 
 
-def tiny_phi():
+def tiny_phi(scale=0.1):
     torch.manual_seed(0)
     # vocab 300: not a multiple of 128, so our padding rows are exercised
     cfg = PhiConfig(vocab_size=300, hidden_size=32, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, max_position_embeddings=64, partial_rotary_factor=0.5,
+                    num_attention_heads=4, max_position_embeddings=512, partial_rotary_factor=0.5,
                     rope_theta=10000.0, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
                     attn_implementation="eager")
     model = PhiForCausalLM(cfg).float().eval()
@@ -46,7 +48,7 @@ def tiny_phi():
             if p.dim() == 1:
                 p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "layernorm" in name else 0.0))
             else:
-                p.copy_(torch.randn_like(p) * 0.1)
+                p.copy_(torch.randn_like(p) * scale)
     return model
 
 
@@ -86,8 +88,44 @@ def check_stored_dtypes(binary, work, model, x, y):
               f"{dtype} shards: logits equal transformers' (max |diff| {float(np.abs(ours - theirs).max()):.3g})")
 
 
+def greedy_no_cache(model, prompt, n, vocab, eot):
+    """the plainest greedy loop: the whole sequence so far, every step; argmax over the tokenizer's
+    vocabulary (stage 06 draws only from it); stop at end-of-text, which is not returned"""
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(input_ids=torch.tensor([prompt + out])).logits
+            token = int(torch.argmax(logits[0, -1, :vocab]))
+            if token == eot:
+                break
+            out.append(token)
+    return out
+
+
+def check_greedy(stage6, work):
+    # larger weights than the other checks': a model this small and this random otherwise repeats
+    # one token whatever the positions, and a wrong rotation in decode would go unseen
+    model = tiny_phi(scale=0.5)
+    ckpt = os.path.join(work, "greedy")
+    model.save_pretrained(ckpt, safe_serialization=True)
+    prompts = os.path.join(work, "prompts.txt")
+    with open(prompts, "w") as f:
+        f.write("Sort the digits.\nCount the letters in this rather longer sentence.\n")
+    run = subprocess.run([stage6, "--config", "configs/inference.json", f"--init_from={ckpt}",
+                          f"--prompts_path={prompts}", "--tokens_to_generate=12", "--show_token_ids=true",
+                          "--max_batch_size=2", "--max_seq_len=512"], capture_output=True, text=True,
+                         errors="replace")  # a random model writes any bytes
+    check(run.returncode == 0, f"stage 06 generates from the transformers checkpoint ({run.stderr.strip()[-300:]})")
+    ids = lambda key: [[int(t) for t in line.split(key)[1].split()] for line in run.stdout.splitlines() if key in line]
+    prompt_ids, answers = ids("prompt ids:"), ids("answer ids:")
+    check(len(prompt_ids) == 2 and len(answers) == 2, f"stage 06 printed 2 prompts and 2 answers")
+    for p, a in zip(prompt_ids, answers):
+        want = greedy_no_cache(model, p, 12, 257, 256)  # the byte tokenizer: 257 tokens, end-of-text 256
+        check(a == want, f"KV-cache greedy continuation of a {len(p)}-token prompt: ours {a}, no-cache loop {want}")
+
+
 def main():
-    binary, work = sys.argv[1], sys.argv[2]
+    binary, stage6, work = sys.argv[1], sys.argv[2], sys.argv[3]
     ckpt = os.path.join(work, "ckpt")
     model = tiny_phi()
     model.save_pretrained(ckpt, safe_serialization=True)
@@ -96,6 +134,7 @@ def main():
     x = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
     y = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
     check_stored_dtypes(binary, work, model, x, y)
+    check_greedy(stage6, work)
     if not run_ours(binary, ckpt, x, y):
         return
 
