@@ -9,7 +9,7 @@ our logits, one training step's loss, per-tensor gradient norms, the weights aft
 step, and a checkpoint we saved loaded back into transformers; and our logits from fp16 and bf16
 copies saved in shards (model.safetensors.index.json); and stage 06's greedy continuation (KV
 cache, two prompts of different lengths in one batch) against a greedy loop without a cache
-written here. Prints "ok: ..." or "FAIL: ..."
+written here; and our tokenizer with phi's added tokens against CodeGenTokenizerFast. Prints "ok: ..." or "FAIL: ..."
 per check.
 """
 import copy
@@ -124,8 +124,50 @@ def check_greedy(stage6, work):
         check(a == want, f"KV-cache greedy continuation of a {len(p)}-token prompt: ours {a}, no-cache loop {want}")
 
 
+# phi-1_5's added tokens (its added_tokens.json): runs of 31 down to 2 spaces, then 9 down to 2 tabs
+PHI_ADDED = {**{" " * n: 50257 + 31 - n for n in range(31, 1, -1)}, **{"\t" * n: 50287 + 9 - n for n in range(9, 1, -1)}}
+TEXTS = [
+    "a  b", "a b", "x" + " " * 40 + "y", "\t\tif x:\n\t\t\treturn 1\n", "  \t  \t\t \n",
+    "def f(x):\n    return x  # two spaces\n\n\n        deep = [1,  2,   3]\n",
+    "line one\r\nline two\r\n\r\n  indented\r\n", "café naïve 日本語 emoji 🎉  and  spaces ",
+    "trailing spaces     ", "     leading", "mixed \t \t\t   \t\tend",
+]
+
+
+def check_tokenizer(binary, work, fixtures):
+    """our CodeGen tokenizer (GPT-2's files + phi's added tokens) against transformers'
+    CodeGenTokenizerFast built from the same files"""
+    from transformers import CodeGenTokenizerFast
+    d = os.path.join(work, "tokenizer")
+    os.makedirs(d)
+    os.symlink(os.path.join(fixtures, "gpt2-tokenizer", "encoder.json"), os.path.join(d, "vocab.json"))
+    os.symlink(os.path.join(fixtures, "gpt2-tokenizer", "vocab.bpe"), os.path.join(d, "merges.txt"))
+    json.dump(PHI_ADDED, open(os.path.join(d, "added_tokens.json"), "w"))
+    hf = CodeGenTokenizerFast.from_pretrained(d)
+    check(len(hf) == 50295, f"transformers' CodeGen tokenizer has phi-1_5's 50295 tokens ({len(hf)})")
+    for i, text in enumerate(TEXTS):
+        path = os.path.join(work, f"text{i}.txt")
+        open(path, "w", encoding="utf-8", newline="").write(text)
+        run = subprocess.run([binary, "--encode", d, path], capture_output=True, text=True)
+        ours = json.loads(run.stdout) if run.returncode == 0 else run.stderr.strip()
+        theirs = hf(text)["input_ids"]
+        check(ours == theirs, f"tokenizer on {text!r}: ours {ours}, transformers {theirs}")
+    check(hf("a  b")["input_ids"] == [64, 50286, 65], "transformers gives [64, 50286, 65] for 'a  b'")
+    # the same tokenizer as transformers saves it, its added tokens in tokenizer.json only
+    saved = os.path.join(work, "tokenizer_saved")
+    hf.save_pretrained(saved)
+    if os.path.exists(os.path.join(saved, "added_tokens.json")):
+        os.remove(os.path.join(saved, "added_tokens.json"))
+    path = os.path.join(work, "text5.txt")
+    run = subprocess.run([binary, "--encode", saved, path], capture_output=True, text=True)
+    ours = json.loads(run.stdout) if run.returncode == 0 else run.stderr.strip()
+    check(ours == hf(TEXTS[5])["input_ids"], f"added tokens read from tokenizer.json: ours {ours}")
+
+
 def main():
     binary, stage6, work = sys.argv[1], sys.argv[2], sys.argv[3]
+    check_tokenizer(binary, work, os.environ.get("FIXTURES", os.path.join(os.path.dirname(__file__), "..", "..",
+                                                                          "shared", "fixtures")))
     ckpt = os.path.join(work, "ckpt")
     model = tiny_phi()
     model.save_pretrained(ckpt, safe_serialization=True)

@@ -9,6 +9,9 @@
 //   DIR/grads.json     {"loss": mean loss, "<tensor name>": gradient norm, ...}
 //   DIR/resaved/       the loaded weights saved again (transformers must load them)
 //   DIR/stepped/       the weights after one AdamW step (ORACLE_* hyper-parameters below)
+//
+// `test_phi --encode TOKENIZER_DIR FILE`: prints FILE's token ids as one JSON array (the
+// tokenizer oracle compares them with transformers' CodeGenTokenizerFast).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +22,7 @@
 #include "gpt.h"
 #include "log.h"
 #include "ops.h"
+#include "tokenizer.h"
 
 // the AdamW step tests/oracle_phi.py takes too
 #define ORACLE_LR 1e-3f
@@ -128,7 +132,21 @@ static int run_oracle(const char *dir) {
     return 0;
 }
 
+static int run_encode(const char *dir, const char *file) {
+    Tokenizer *t = tokenizer_load(dir);
+    size_t len;
+    char *text = read_file_or_die(file, &len);
+    int *ids, n = tokenizer_encode(t, text, len, &ids);
+    printf("[");
+    for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", ids[i]);
+    printf("]\n");
+    free(ids), free(text);
+    tokenizer_free(t);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--encode") == 0) return run_encode(argv[2], argv[3]);
     ops_init();
     if (argc == 3 && strcmp(argv[1], "--oracle") == 0) return run_oracle(argv[2]);
     test_rotary();

@@ -7,7 +7,8 @@
 #  - stage 06 generates from stage 01's phi checkpoint (seeded sampling, which walks through varied
 #    text): the KV cache gives the tokens of no cache, and [2,1,1] and [2,2,1] those of one rank;
 #  - a phi checkpoint with a missing tensor, a wrong shape or an option we do not implement
-#    (qk_layernorm, another activation, grouped-query attention) is one clear error naming it.
+#    (qk_layernorm, another activation, grouped-query attention) is one clear error naming it, as
+#    is an added token (CodeGen's tokenizer) whose id does not follow the vocabulary.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 args=(--config configs/tiny_phi.json --stop_iteration=20 --eval_batches=1 --log_interval=100 --n_embd=64)
@@ -88,5 +89,17 @@ edit_tensors missing 'h["renamed.fc1.weight"] = h.pop("model.layers.1.mlp.fc1.we
 expect_one_error "a missing tensor" 'model.layers.1.mlp.fc1.weight.*is missing' load missing
 edit_tensors shape 'h["lm_head.bias"]["shape"] = [1, h["lm_head.bias"]["shape"][0]]'
 expect_one_error "a wrong shape" 'lm_head.bias has shape' load shape
+
+# ---- bad added tokens: the CodeGen tokenizer's added_tokens.json must follow the vocabulary ------
+mkdir -p "$tmp/tok"
+ln -s "$(realpath "${FIXTURES:-../shared/fixtures}/gpt2-tokenizer/encoder.json")" "$tmp/tok/vocab.json"
+ln -s "$(realpath "${FIXTURES:-../shared/fixtures}/gpt2-tokenizer/vocab.bpe")" "$tmp/tok/merges.txt"
+printf 'a  b' >"$tmp/text.txt"
+printf '{"  ": 50260}' >"$tmp/tok/added_tokens.json"
+expect_one_error "an added token's id leaves a gap" 'added_tokens.json: added token "  " has id 50260; expected 50257' \
+    build/tests/test_phi --encode "$tmp/tok" "$tmp/text.txt"
+printf '{"  ": 50257}' >"$tmp/tok/added_tokens.json"
+check '[ "$(build/tests/test_phi --encode "$tmp/tok" "$tmp/text.txt")" = "[64, 50257, 65]" ]' \
+    "an added token is not matched before BPE: $(build/tests/test_phi --encode "$tmp/tok" "$tmp/text.txt" 2>&1)"
 
 finish test_phi_stages
