@@ -27,7 +27,10 @@ fetch() {
     local file=$1 need=$2 url="$hub/$name/resolve/main/$1" rc=0
     [ -f "$dir/$file" ] && { echo "have  $dir/$file"; return 0; }
     echo "fetch $url"
-    curl -fL -# --retry 3 --connect-timeout 20 -C - "${auth[@]}" -o "$dir/$file.part" "$url" || rc=$?
+    [ -s "$dir/$file.part" ] && echo "resume $file from byte $(stat -c %s "$dir/$file.part")"
+    local quiet=(-#)  # a progress bar; an optional file is small, and its absence no error
+    [ "$need" = optional ] && quiet=(-s)
+    curl -fL "${quiet[@]}" --retry 3 --connect-timeout 20 -C - "${auth[@]}" -o "$dir/$file.part" "$url" || rc=$?
     if [ "$rc" -eq 0 ]; then
         mv "$dir/$file.part" "$dir/$file"
         return 0
