@@ -810,12 +810,26 @@ void write_text_file(const char *dir, const char *name, const char *text) {
     atomic_commit(&a);
 }
 
+// a config.json's object, with the keys transformers picks the model class by
+static cJSON *new_config(const char *model_type, const char *architecture) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "model_type", model_type);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "architectures"), cJSON_CreateString(architecture));
+    return c;
+}
+
+// the text of a config.json (c is freed)
+static char *config_text(cJSON *c) {
+    char *text = cJSON_Print(c);
+    cJSON_Delete(c);
+    if (!text) fatal("out of memory building config.json");
+    return text;
+}
+
 // What transformers' GPT2Config needs to rebuild this model (dropout off: these are weights to
 // run or fine-tune, and our training has none).
 static char *hf_config_json(const GPTConfig *cfg) {
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "model_type", "gpt2");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
+    cJSON *c = new_config("gpt2", "GPT2LMHeadModel");
     cJSON_AddNumberToObject(c, "vocab_size", cfg->vocab_size);
     cJSON_AddNumberToObject(c, "n_positions", cfg->max_seq_len);
     cJSON_AddNumberToObject(c, "n_ctx", cfg->max_seq_len);
@@ -835,17 +849,12 @@ static char *hf_config_json(const GPTConfig *cfg) {
     cJSON_AddNumberToObject(c, "bos_token_id", cfg->vocab_size - 1);
     cJSON_AddNumberToObject(c, "eos_token_id", cfg->vocab_size - 1);
     cJSON_AddStringToObject(c, "torch_dtype", "float32");
-    char *text = cJSON_Print(c);
-    cJSON_Delete(c);
-    if (!text) fatal("out of memory building config.json");
-    return text;
+    return config_text(c);
 }
 
 // What transformers' PhiConfig needs to rebuild this model as PhiForCausalLM (dropout off).
 static char *phi_config_json(const GPTConfig *cfg) {
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "model_type", "phi");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "architectures"), cJSON_CreateString("PhiForCausalLM"));
+    cJSON *c = new_config("phi", "PhiForCausalLM");
     cJSON_AddNumberToObject(c, "vocab_size", cfg->vocab_size);
     cJSON_AddNumberToObject(c, "hidden_size", cfg->n_embd);
     cJSON_AddNumberToObject(c, "intermediate_size", 4 * cfg->n_embd);
@@ -865,10 +874,7 @@ static char *phi_config_json(const GPTConfig *cfg) {
     cJSON_AddBoolToObject(c, "qk_layernorm", 0);
     cJSON_AddBoolToObject(c, "tie_word_embeddings", 0);
     cJSON_AddStringToObject(c, "torch_dtype", "float32");
-    char *text = cJSON_Print(c);
-    cJSON_Delete(c);
-    if (!text) fatal("out of memory building config.json");
-    return text;
+    return config_text(c);
 }
 
 void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const float *params,
