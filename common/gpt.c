@@ -1,5 +1,7 @@
-// gpt.c: GPT-2 (pre-LayerNorm blocks, causal multi-head attention, GELU-tanh MLP, tied lm_head):
-// its description, the layout of its parameters, and its layer steps over a LayerOps table.
+// gpt.c: GPT-2 (pre-LayerNorm blocks, causal multi-head attention, GELU-tanh MLP, tied lm_head)
+// and phi-1_5 (the same block with one LayerNorm feeding attention and MLP in parallel, rotary
+// positions, an untied lm_head with a bias): their descriptions, the layout of their parameters,
+// and the one block's layer steps over a LayerOps table.
 // Backward mirrors forward line for line.
 #include "gpt.h"
 
