@@ -51,8 +51,8 @@ int main(int argc, char **argv) {
     acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
                acts_flags(&cfg));
 
-    printf("stage 01 | %s backend (%s) | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           ops_backend_name(), ops_matmul_engine(), mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size,
+    printf("stage 01 | %s backend (%s) | %s L=%d H=%d C=%d V=%d | %.2fM parameters\n",
+           ops_backend_name(), ops_matmul_engine(), gpt_arch(&mc)->name, mc.n_layer, mc.n_head, mc.n_embd, mc.vocab_size,
            n / 1e6);
     printf("MFU peak: %s\n", ops_peak_flops_source(0));
     print_batch_plan(&cfg, data, 1, "", total_steps);

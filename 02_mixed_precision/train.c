@@ -64,8 +64,8 @@ int main(int argc, char **argv) {
     acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
                acts_flags(&cfg));
 
-    printf("stage 02 | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+    printf("stage 02 | %s backend (%s) | precision %s | %s L=%d H=%d C=%d V=%d | %.2fM parameters\n",
+           ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, gpt_arch(&mc)->name, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, n / 1e6);
     printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
     print_batch_plan(&cfg, data, 1, "", total_steps);

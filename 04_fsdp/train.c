@@ -71,8 +71,8 @@ int main(int argc, char **argv) {
     // only rank 0 prints and writes metrics; saving a checkpoint needs every rank's shard
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
-    printf("stage 04 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+    printf("stage 04 | %d ranks | %s backend (%s) | precision %s | %s L=%d H=%d C=%d V=%d | %.2fM parameters\n",
+           P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, gpt_arch(&mc)->name, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, n / 1e6);
     printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
     printf("sharding: %d units (root + %d blocks) in %d shards | all-gather %s\n", fsdp.n_units,

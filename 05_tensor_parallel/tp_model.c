@@ -64,6 +64,8 @@ static LocalTensor describe(const TPModel *m, TensorRole role) {
         t.kind = TP_SPLIT_Y;
         return t;
     }
+    case ROLE_HEAD_W: return matrix_part(m->v_lo, m->Vl, y0, Cy);  // an untied lm_head (phi): as wte
+    case ROLE_HEAD_B: return vector_part(TP_SPLIT_X, m->v_lo, m->Vl);
     case ROLE_QKV_W: return heads_part(TP_WEIGHT, m, y0, Cy);
     case ROLE_QKV_B: return heads_part(TP_SPLIT_X, m, 0, 1);
     case ROLE_ATTN_PROJ_W: return matrix_part(y0, Cy, g->x * m->Cx, m->Cx);  // transposed: out over y, in over x
@@ -72,6 +74,13 @@ static LocalTensor describe(const TPModel *m, TensorRole role) {
     case ROLE_FC_PROJ_W: return matrix_part(y0, Cy, x4, m->C4x);
     default: return vector_part(TP_SPLIT_Y, y0, Cy);  // LayerNorms, the projections' biases
     }
+}
+
+// phi's k and v follow q in the full buffer, so q's part above (three row ranges of a 3C-row
+// tensor) reaches them: they hold nothing of their own here
+static LocalTensor describe_tensor(const TPModel *m, const TensorInfo *t) {
+    if (t->role != ROLE_QKV_PART) return describe(m, t->role);
+    return (LocalTensor){.kind = t->ndim == 2 ? TP_WEIGHT : TP_SPLIT_X, .nranges = 1, .rows = 0, .cols = 1};
 }
 
 static void build_local_layout(TPModel *m) {
@@ -85,7 +94,7 @@ static void build_local_layout(TPModel *m) {
     // data) are one contiguous range, then the weight shards (summed over data only)
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < f->num_tensors; i++) {
-            LocalTensor t = describe(m, f->tensors[i].role);
+            LocalTensor t = describe_tensor(m, &f->tensors[i]);
             if ((t.kind == TP_WEIGHT) != (pass == 1)) continue;
             t.block = (size_t)t.nranges * t.rows * t.cols;
             t.numel = t.kind == TP_WEIGHT ? t.block / (size_t)m->grid.Z : t.block;
@@ -128,8 +137,13 @@ void tp_model_init(TPModel *m, Comm *world, const GPTConfig *mc, const int dims[
     const TPLinear *all[] = {&m->qkv, &m->proj, &m->fc, &m->fcproj, &m->head};
     for (int i = 0; i < 5; i++)
         if (all[i]->block > m->max_block) m->max_block = all[i]->block;
-    m->shape = (ModelShape){.C = m->Cy, .C_total = C, .n_head = m->NHx, .C_attn = m->Cx, .C_mlp = m->C4x,
-                            .v_lo = m->v_lo, .v_rows = m->Vl};
+    m->shape = whole_model_shape(mc);  // the architecture's block and position encoding, then our share:
+    m->shape.C = m->Cy;                // rotary turns each local head as a whole one
+    m->shape.n_head = m->NHx;
+    m->shape.C_attn = m->Cx;
+    m->shape.C_mlp = m->C4x;
+    m->shape.v_lo = m->v_lo;
+    m->shape.v_rows = m->Vl;
 }
 
 void tp_model_free(TPModel *m) {
@@ -239,7 +253,8 @@ static void add_block_forward(const TPModel *m, TPWeightStream *s, const BlockWe
 
 void tp_stream_forward(const TPModel *m, TPWeightStream *s, const Weights *w) {
     s->n = 0;
-    add_use(s, &m->head, &w->head);  // the embedding reads wte's block (the tied lm_head's)
+    Linear wte = {.w = w->wte};
+    add_use(s, &m->head, m->full.arch->tied_head ? &w->head : &wte);  // the embedding reads wte's block
     for (int b = 0; b < m->cfg.n_layer; b++) add_block_forward(m, s, &w->h[b]);
     add_use(s, &m->head, &w->head);  // the lm_head
     tp_stream_begin(s);
@@ -336,10 +351,11 @@ static void tp_layer_backward(LayerOps *ops, LinearKind k, float *dinp, Linear *
     TPLayers *t = (TPLayers *)ops;
     const TPModel *m = t->m;
     const TPLinear *l = layer_of(m, k);
-    TPGradSlot *slot = k == LIN_HEAD ? &t->slots->wte : &t->slots->mat[t->slots->next++ % 2];
+    bool tied_head = k == LIN_HEAD && m->full.arch->tied_head;  // wte's gradient: the embedding adds to it
+    TPGradSlot *slot = tied_head ? &t->slots->wte : &t->slots->mat[t->slots->next++ % 2];
     float *target = grad_target(m, slot, l, g->w);
     tp_linear_backward(l, dinp, target, g->b, dout, dout16, inp, inp16, tp_stream_next(t->stream), N, t->overlap);
-    if (k == LIN_HEAD) t->dwte = target;
+    if (tied_head) t->dwte = target;
     else grad_done(m, slot, t->overlap);
 }
 
@@ -361,6 +377,7 @@ static void tp_embed_forward(LayerOps *ops, float *out, const int *tokens, const
 static void tp_embed_backward(LayerOps *ops, Weights *g, const float *dout, const int *tokens,
                               const ModelShape *s, int B, int T) {
     TPLayers *t = (TPLayers *)ops;
+    if (!t->m->full.arch->tied_head) t->dwte = grad_target(t->m, &t->slots->wte, &t->m->head, g->wte);
     embedding_backward(t->dwte, g->wpe, dout, tokens, s->v_lo, s->v_rows, B, T, s->C);
     grad_done(t->m, &t->slots->wte, t->overlap);
 }

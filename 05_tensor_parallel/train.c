@@ -90,8 +90,8 @@ int main(int argc, char **argv) {
                   mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len, acts_flags(&cfg), overlap);
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
-    printf("stage 05 | %d ranks | %s backend (%s) | precision %s | GPT-2 L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, mc.n_layer, mc.n_head, mc.n_embd,
+    printf("stage 05 | %d ranks | %s backend (%s) | precision %s | %s L=%d H=%d C=%d V=%d | %.2fM parameters\n",
+           P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, gpt_arch(&mc)->name, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, model.full.num_params / 1e6);
     printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
     tp_print_grid(&model, P);

@@ -66,6 +66,7 @@ void kv_model_alloc(KVModel *m, Comm *world, const GPTConfig *cfg, const int dim
     spec.shape = m->tp.shape;
     spec.ops = &m->layers.tp.base;
     acts_alloc_spec(&m->acts, &spec);
+    m->acts.start = m->start;  // rotary embeddings turn each new row by its position in the cache
     m->bytes += m->acts.bytes;
     m->last = alloc_floats(m, (size_t)B * m->tp.Cy);
     if (m->tp.grid.X > 1) {  // with x = 1 the head's logits are the whole rows already

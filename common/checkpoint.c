@@ -407,7 +407,7 @@ static int config_required(const cJSON *root, const char *key, const char *file)
 static void check_variant(const cJSON *root, const char *file, int n_embd) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2")))
-        fatal("%s: \"model_type\" must be \"gpt2\"", file);
+        fatal("%s: \"model_type\" must be \"gpt2\" or \"phi\"", file);
     v = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
     if (v && (!cJSON_IsString(v) || (strcmp(v->valuestring, "gelu_new") && strcmp(v->valuestring, "gelu_pytorch_tanh"))))
         fatal("%s: \"activation_function\" must be \"gelu_new\" (GELU, tanh approximation), found %s", file,
@@ -424,6 +424,57 @@ static void check_variant(const cJSON *root, const char *file, int n_embd) {
     if (v && !cJSON_IsFalse(v)) fatal("%s: \"scale_attn_by_inverse_layer_idx\" must be false", file);
 }
 
+// A number of config.json, or `otherwise` when the key is absent or null.
+static double config_number(const cJSON *root, const char *key, const char *file, double otherwise) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) return otherwise;
+    if (!cJSON_IsNumber(v)) fatal("%s: \"%s\" must be a number", file, key);
+    return v->valuedouble;
+}
+
+// the switches of transformers' PhiConfig that change the computation: refused by name unless
+// they are what phi-1_5 uses (and what we implement)
+static void check_phi_variant(const cJSON *root, const char *file, const GPTConfig *cfg) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "gelu_new")))
+        fatal("%s: \"hidden_act\" must be \"gelu_new\" (GELU, tanh approximation), found %s", file,
+              cJSON_IsString(v) ? v->valuestring : "a non-string");
+    v = cJSON_GetObjectItemCaseSensitive(root, "qk_layernorm");
+    if (v && !cJSON_IsFalse(v)) fatal("%s: \"qk_layernorm\" is not implemented; it must be false", file);
+    v = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (v && !cJSON_IsNull(v)) fatal("%s: \"rope_scaling\" is not implemented; it must be null", file);
+    v = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    if (v && !cJSON_IsFalse(v)) fatal("%s: \"tie_word_embeddings\" must be false (phi's lm_head is its own)", file);
+    if (config_number(root, "intermediate_size", file, 4.0 * cfg->n_embd) != 4.0 * cfg->n_embd)
+        fatal("%s: \"intermediate_size\" must be 4 * hidden_size = %d", file, 4 * cfg->n_embd);
+    if (config_number(root, "num_key_value_heads", file, cfg->n_head) != cfg->n_head)
+        fatal("%s: \"num_key_value_heads\" must be null or num_attention_heads = %d (grouped-query attention "
+              "is not implemented)", file, cfg->n_head);
+    if (fabs(config_number(root, "layer_norm_eps", file, 1e-5) - 1e-5) > 1e-12)
+        fatal("%s: \"layer_norm_eps\" must be 1e-5 (what our LayerNorm uses)", file);
+}
+
+// transformers' PhiConfig: the keys, and the defaults, of PhiForCausalLM's config.json
+static void read_phi_config(const cJSON *root, const char *file, GPTConfig *cfg) {
+    cfg->arch = &ARCH_PHI;
+    cfg->n_embd = config_required(root, "hidden_size", file);
+    cfg->n_layer = config_required(root, "num_hidden_layers", file);
+    cfg->n_head = config_required(root, "num_attention_heads", file);
+    cfg->vocab_size = config_required(root, "vocab_size", file);
+    cfg->max_seq_len = config_int(root, "max_position_embeddings", file);
+    if (cfg->max_seq_len < 0) cfg->max_seq_len = 2048;
+    if (cfg->n_embd % cfg->n_head)
+        fatal("%s: hidden_size %d is not a multiple of num_attention_heads %d", file, cfg->n_embd, cfg->n_head);
+    check_phi_variant(root, file, cfg);
+    int head_size = cfg->n_embd / cfg->n_head;
+    double factor = config_number(root, "partial_rotary_factor", file, 0.5);
+    cfg->rotary_dim = (int)(head_size * factor);  // as transformers rounds it
+    if (factor <= 0 || factor > 1 || cfg->rotary_dim % 2)
+        fatal("%s: \"partial_rotary_factor\" %g gives %d rotary dims of a %d-dim head; expected an even number "
+              "in (0, %d]", file, factor, cfg->rotary_dim, head_size, head_size);
+    cfg->rope_theta = (float)config_number(root, "rope_theta", file, 10000.0);
+}
+
 void checkpoint_read_config(const char *path, GPTConfig *cfg) {
     char model_file[PATH_LEN], file[PATH_LEN];
     checkpoint_files(path, model_file, file);
@@ -436,6 +487,13 @@ void checkpoint_read_config(const char *path, GPTConfig *cfg) {
     free(text);
     if (!cJSON_IsObject(root)) fatal("%s: not a JSON object", file);
     memset(cfg, 0, sizeof *cfg);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (cJSON_IsString(type) && strcmp(type->valuestring, "phi") == 0) {
+        read_phi_config(root, file, cfg);
+        cfg->padded_vocab_size = gpt_padded_vocab(cfg->vocab_size);
+        cJSON_Delete(root);
+        return;
+    }
     cfg->n_embd = config_required(root, "n_embd", file);
     cfg->n_layer = config_required(root, "n_layer", file);
     cfg->n_head = config_required(root, "n_head", file);
@@ -456,7 +514,7 @@ void checkpoint_read_config(const char *path, GPTConfig *cfg) {
 // ours, and wte has V rows where we have Vp.
 static int hf_shape(const TensorInfo *t, int64_t shape[2]) {
     if (t->ndim == 1) {
-        shape[0] = t->shape[0];
+        shape[0] = t->hf_rows;  // phi's lm_head.bias: V of our Vp
         return 1;
     }
     shape[0] = t->hf_transposed ? t->shape[1] : t->hf_rows;
@@ -470,9 +528,67 @@ static const char *strip_prefix(const char *name) {
     return strncmp(name, prefix, strlen(prefix)) == 0 ? name + strlen(prefix) : name;
 }
 
-static const SafeTensor *find_hf_tensor(const SafeTensors *st, const char *name) {
-    const SafeTensor *t = safetensors_find(st, name);
-    return t ? t : safetensors_find(st, strip_prefix(name));
+// The model's weights: model.safetensors, or the shards a model.safetensors.index.json lists (how
+// transformers saves a large model such as phi-1_5).
+typedef struct {
+    SafeTensors *files;
+    int n;
+} ModelFiles;
+
+static void open_shards(ModelFiles *mf, const char *index_file) {
+    size_t len;
+    char *text = read_file_or_die(index_file, &len);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(map)) fatal("%s: expected a JSON object with a \"weight_map\" object", index_file);
+    char dir[PATH_LEN], shard[PATH_LEN];
+    const char *slash = strrchr(index_file, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - index_file) : 1, slash ? index_file : ".");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, map) {
+        if (!cJSON_IsString(e)) fatal("%s: weight_map[\"%s\"] must be a file name", index_file, e->string);
+        join_path(shard, dir, e->valuestring);
+        bool seen = false;
+        for (int i = 0; i < mf->n && !seen; i++) seen = strcmp(mf->files[i].path, shard) == 0;
+        if (seen) continue;
+        mf->files = realloc(mf->files, (size_t)(mf->n + 1) * sizeof(SafeTensors));
+        if (!mf->files) fatal("out of host memory");
+        safetensors_open(&mf->files[mf->n++], shard);
+    }
+    cJSON_Delete(root);
+    if (!mf->n) fatal("%s: its weight_map lists no files", index_file);
+}
+
+static void model_files_open(ModelFiles *mf, const char *model_file) {
+    memset(mf, 0, sizeof *mf);
+    char index_file[PATH_LEN];
+    if (snprintf(index_file, sizeof index_file, "%s.index.json", model_file) >= PATH_LEN)
+        fatal("path too long: %s.index.json", model_file);
+    if (access(model_file, F_OK) != 0 && access(index_file, F_OK) == 0) {
+        open_shards(mf, index_file);
+        return;
+    }
+    mf->files = malloc_or_die(sizeof(SafeTensors));
+    mf->n = 1;
+    safetensors_open(&mf->files[0], model_file);
+}
+
+static void model_files_close(ModelFiles *mf) {
+    for (int i = 0; i < mf->n; i++) safetensors_close(&mf->files[i]);
+    free(mf->files);
+}
+
+// the tensor of that name (with or without "transformer."), and the file holding it; NULL if none
+static const SafeTensor *find_hf_tensor(const ModelFiles *mf, const char *name, const SafeTensors **in) {
+    *in = &mf->files[0];
+    for (int i = 0; i < mf->n; i++) {
+        const SafeTensor *t = safetensors_find(&mf->files[i], name);
+        if (!t) t = safetensors_find(&mf->files[i], strip_prefix(name));
+        *in = &mf->files[i];
+        if (t) return t;
+    }
+    return NULL;
 }
 
 static void check_shape(const SafeTensors *st, const SafeTensor *t, const char *name, int ndim,
@@ -488,12 +604,13 @@ static void check_shape(const SafeTensors *st, const SafeTensor *t, const char *
 }
 
 // Reads one tensor into its place in the flat buffer.
-static void load_tensor(const SafeTensors *st, const TensorInfo *info, const GPTConfig *cfg, float *params) {
-    const SafeTensor *t = find_hf_tensor(st, info->name);
+static void load_tensor(const ModelFiles *mf, const TensorInfo *info, const GPTConfig *cfg, float *params) {
+    const SafeTensors *st;
+    const SafeTensor *t = find_hf_tensor(mf, info->name, &st);
     if (!t)
-        fatal("%s: tensor %s (or %s) is missing; the file has %d tensors%s%s", st->path, info->name,
-              strip_prefix(info->name), st->num_tensors, st->num_tensors ? ", the first is " : "",
-              st->num_tensors ? st->tensors[0].name : "");
+        fatal("%s%s: tensor %s (or %s) is missing; the file has %d tensors%s%s", st->path,
+              mf->n > 1 ? " (and the other shards)" : "", info->name, strip_prefix(info->name), st->num_tensors,
+              st->num_tensors ? ", the first is " : "", st->num_tensors ? st->tensors[0].name : "");
     int64_t shape[2];
     int ndim = hf_shape(info, shape);
     check_shape(st, t, info->name, ndim, shape, cfg);
@@ -530,9 +647,10 @@ static void check_lm_head(const SafeTensors *st, const TensorInfo *wte, const GP
 // blocks and silently drop the rest.
 static void check_no_extra_blocks(const SafeTensors *st, const GPTConfig *cfg) {
     for (int i = 0; i < st->num_tensors; i++) {
-        const char *name = strip_prefix(st->tensors[i].name);
-        if (strncmp(name, "h.", 2) != 0) continue;
-        long block = strtol(name + 2, NULL, 10);
+        const char *name = strip_prefix(st->tensors[i].name), *blocks = "h.";
+        if (strncmp(name, "model.layers.", 13) == 0) blocks = "model.layers.";  // phi
+        if (strncmp(name, blocks, strlen(blocks)) != 0) continue;
+        long block = strtol(name + strlen(blocks), NULL, 10);
         if (block >= cfg->n_layer)
             fatal("%s: tensor %s belongs to block %ld, but the configured model has n_layer %d", st->path,
                   st->tensors[i].name, block, cfg->n_layer);
@@ -542,12 +660,12 @@ static void check_no_extra_blocks(const SafeTensors *st, const GPTConfig *cfg) {
 void checkpoint_load_model(const char *path, const ParamLayout *layout, float *params) {
     char model_file[PATH_LEN], config_file[PATH_LEN];
     checkpoint_files(path, model_file, config_file);
-    SafeTensors st;
-    safetensors_open(&st, model_file);
-    check_no_extra_blocks(&st, &layout->cfg);
-    for (int i = 0; i < layout->num_tensors; i++) load_tensor(&st, &layout->tensors[i], &layout->cfg, params);
-    check_lm_head(&st, &layout->tensors[0], &layout->cfg, params);
-    safetensors_close(&st);
+    ModelFiles mf;
+    model_files_open(&mf, model_file);
+    for (int i = 0; i < mf.n; i++) check_no_extra_blocks(&mf.files[i], &layout->cfg);
+    for (int i = 0; i < layout->num_tensors; i++) load_tensor(&mf, &layout->tensors[i], &layout->cfg, params);
+    if (layout->arch->tied_head) check_lm_head(&mf.files[0], &layout->tensors[0], &layout->cfg, params);
+    model_files_close(&mf);
 }
 
 // ================================================================================================
@@ -692,12 +810,26 @@ void write_text_file(const char *dir, const char *name, const char *text) {
     atomic_commit(&a);
 }
 
+// a config.json's object, with the keys transformers picks the model class by
+static cJSON *new_config(const char *model_type, const char *architecture) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "model_type", model_type);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "architectures"), cJSON_CreateString(architecture));
+    return c;
+}
+
+// the text of a config.json (c is freed)
+static char *config_text(cJSON *c) {
+    char *text = cJSON_Print(c);
+    cJSON_Delete(c);
+    if (!text) fatal("out of memory building config.json");
+    return text;
+}
+
 // What transformers' GPT2Config needs to rebuild this model (dropout off: these are weights to
 // run or fine-tune, and our training has none).
 static char *hf_config_json(const GPTConfig *cfg) {
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "model_type", "gpt2");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
+    cJSON *c = new_config("gpt2", "GPT2LMHeadModel");
     cJSON_AddNumberToObject(c, "vocab_size", cfg->vocab_size);
     cJSON_AddNumberToObject(c, "n_positions", cfg->max_seq_len);
     cJSON_AddNumberToObject(c, "n_ctx", cfg->max_seq_len);
@@ -717,10 +849,32 @@ static char *hf_config_json(const GPTConfig *cfg) {
     cJSON_AddNumberToObject(c, "bos_token_id", cfg->vocab_size - 1);
     cJSON_AddNumberToObject(c, "eos_token_id", cfg->vocab_size - 1);
     cJSON_AddStringToObject(c, "torch_dtype", "float32");
-    char *text = cJSON_Print(c);
-    cJSON_Delete(c);
-    if (!text) fatal("out of memory building config.json");
-    return text;
+    return config_text(c);
+}
+
+// What transformers' PhiConfig needs to rebuild this model as PhiForCausalLM (dropout off).
+static char *phi_config_json(const GPTConfig *cfg) {
+    cJSON *c = new_config("phi", "PhiForCausalLM");
+    cJSON_AddNumberToObject(c, "vocab_size", cfg->vocab_size);
+    cJSON_AddNumberToObject(c, "hidden_size", cfg->n_embd);
+    cJSON_AddNumberToObject(c, "intermediate_size", 4 * cfg->n_embd);
+    cJSON_AddNumberToObject(c, "num_hidden_layers", cfg->n_layer);
+    cJSON_AddNumberToObject(c, "num_attention_heads", cfg->n_head);
+    cJSON_AddNumberToObject(c, "num_key_value_heads", cfg->n_head);
+    cJSON_AddNumberToObject(c, "max_position_embeddings", cfg->max_seq_len);
+    cJSON_AddNumberToObject(c, "partial_rotary_factor", (double)cfg->rotary_dim / (cfg->n_embd / cfg->n_head));
+    cJSON_AddNumberToObject(c, "rope_theta", cfg->rope_theta);
+    cJSON_AddNullToObject(c, "rope_scaling");
+    cJSON_AddStringToObject(c, "hidden_act", "gelu_new");
+    cJSON_AddNumberToObject(c, "layer_norm_eps", 1e-5);
+    cJSON_AddNumberToObject(c, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(c, "resid_pdrop", 0);
+    cJSON_AddNumberToObject(c, "embd_pdrop", 0);
+    cJSON_AddNumberToObject(c, "attention_dropout", 0);
+    cJSON_AddBoolToObject(c, "qk_layernorm", 0);
+    cJSON_AddBoolToObject(c, "tie_word_embeddings", 0);
+    cJSON_AddStringToObject(c, "torch_dtype", "float32");
+    return config_text(c);
 }
 
 void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const float *params,
@@ -739,7 +893,7 @@ void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const
     if (run_config_json) cJSON_AddStringToObject(meta, "run_config", run_config_json);
     write_safetensors(out_dir, "model.safetensors", t, layout->num_tensors, meta);
     free(t);
-    char *config = hf_config_json(&layout->cfg);
+    char *config = layout->arch == &ARCH_PHI ? phi_config_json(&layout->cfg) : hf_config_json(&layout->cfg);
     write_text_file(out_dir, "config.json", config);
     free(config);
 }

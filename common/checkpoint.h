@@ -1,8 +1,11 @@
 // checkpoint.h: checkpoints as safetensors files that Hugging Face tools open.
 //
 // A checkpoint directory holds
-//   model.safetensors      the weights, F32, under Hugging Face GPT-2 names and layouts
-//   config.json            the model shape, as transformers' GPT2LMHeadModel reads it
+//   model.safetensors      the weights, F32, under Hugging Face names and layouts (GPT-2's or
+//                          phi's: the architecture's description in gpt.c names them); loading
+//                          also reads shards listed in model.safetensors.index.json
+//   config.json            the model shape, as transformers' GPT2LMHeadModel or PhiForCausalLM
+//                          reads it
 //   optimizer.safetensors  AdamW's m and v (our flat layout) + step and seed, for resume
 // Every file is written to a temp file, flushed to disk, then renamed over the real name: a
 // crash while saving leaves the previous checkpoint intact, never a half-written one.
@@ -29,12 +32,14 @@
 
 // Reads the model shape from a checkpoint's config.json. `path` is a directory (with
 // model.safetensors and config.json in it) or a .safetensors file (config.json beside it).
-// Fills every field of cfg, padded_vocab_size included.
+// Fills every field of cfg, padded_vocab_size included. model_type "phi" selects ARCH_PHI (its
+// options that we do not implement, such as qk_layernorm, are refused by name).
 void checkpoint_read_config(const char *path, GPTConfig *cfg);
 
 // Loads every tensor of `layout` into params (host memory, layout->num_params floats).
-// Accepts names with or without the "transformer." prefix; F32, F16 and BF16; an optional
-// lm_head.weight (it must equal wte: our head is tied). Conv1D weights are transposed from
+// Accepts names with or without the "transformer." prefix; F32, F16 and BF16; one file or the
+// shards of model.safetensors.index.json; for GPT-2 an optional lm_head.weight (it must equal wte:
+// GPT-2's head is tied). Conv1D weights are transposed from
 // Hugging Face's (in, out) into our (out, in); wte's V rows fill the first V of our Vp rows and
 // the padding rows are zeroed. A missing tensor or a wrong shape is fatal.
 void checkpoint_load_model(const char *path, const ParamLayout *layout, float *params);

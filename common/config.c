@@ -27,7 +27,8 @@ typedef struct {
 #define K(name, type, dflt, help) {#name, type, offsetof(Config, name), sizeof(((Config *)0)->name), dflt, help}
 
 static const Key KEYS[] = {
-    K(model_id, T_STRING, "gpt2", "model shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, custom"),
+    K(model_id, T_STRING, "gpt2", "model shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, microsoft/phi-1_5, custom"),
+    K(arch, T_STRING, "", "architecture: gpt2 or phi (empty: model_id's; custom is gpt2)"),
     K(dataset_id, T_STRING, "",
       "tatsu-lab/alpaca or alpaca (the alpaca JSON file in data_path), synthetic (the built-in "
       "set); empty: data_path decides"),
@@ -385,10 +386,12 @@ static void apply_overrides(Config *cfg, Sources *src, int argc, char **argv) {
 
 // ---- model presets and validation -------------------------------------------------------------
 
-typedef struct { const char *id; int n_layer, n_head, n_embd; } Preset;
+typedef struct { const char *id; int n_layer, n_head, n_embd; const char *arch; int vocab_size; } Preset;
 static const Preset PRESETS[] = {
-    {"gpt2", 12, 12, 768}, {"gpt2-medium", 24, 16, 1024}, {"gpt2-large", 36, 20, 1280},
-    {"gpt2-xl", 48, 25, 1600}, {"custom", 0, 0, 0},
+    {"gpt2", 12, 12, 768, "gpt2", 0}, {"gpt2-medium", 24, 16, 1024, "gpt2", 0},
+    {"gpt2-large", 36, 20, 1280, "gpt2", 0}, {"gpt2-xl", 48, 25, 1600, "gpt2", 0},
+    {"microsoft/phi-1_5", 24, 32, 2048, "phi", 51200},  // its vocabulary as its checkpoint pads it
+    {"custom", 0, 0, 0, "gpt2", 0},
 };
 
 static void apply_model_preset(Config *cfg, const Sources *src) {
@@ -398,9 +401,14 @@ static void apply_model_preset(Config *cfg, const Sources *src) {
         if (!cfg->n_layer) cfg->n_layer = p->n_layer;
         if (!cfg->n_head) cfg->n_head = p->n_head;
         if (!cfg->n_embd) cfg->n_embd = p->n_embd;
+        if (!cfg->vocab_size) cfg->vocab_size = p->vocab_size;
+        if (!cfg->arch[0]) snprintf(cfg->arch, sizeof cfg->arch, "%s", p->arch);
+        if (strcmp(cfg->arch, "gpt2") && strcmp(cfg->arch, "phi"))
+            fatal("%s: key 'arch': expected gpt2 or phi, found '%s'", source_of(src, "arch"), cfg->arch);
         return;
     }
-    fatal("%s: key 'model_id': expected gpt2, gpt2-medium, gpt2-large, gpt2-xl or custom, found '%s'",
+    fatal("%s: key 'model_id': expected gpt2, gpt2-medium, gpt2-large, gpt2-xl, microsoft/phi-1_5 or custom, "
+          "found '%s'",
           source_of(src, "model_id"), cfg->model_id);
 }
 

@@ -11,6 +11,7 @@
 typedef struct {
     // the tutorial's keys
     char model_id[64];        // "gpt2", "gpt2-medium", ... picks n_layer/n_head/n_embd; "custom"
+    char arch[16];            // "gpt2" or "phi" (empty: model_id's)
     char dataset_id[64];      // "synthetic", or "alpaca"/"tatsu-lab/alpaca": the file in data_path
     int seed;
     char precision[16];       // "32", "32-true", "bf16-mixed", "bf16", "16-mixed" (fp16)

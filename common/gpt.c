@@ -1,5 +1,7 @@
-// gpt.c: GPT-2 (pre-LayerNorm blocks, causal multi-head attention, GELU-tanh MLP, tied lm_head):
-// its description, the layout of its parameters, and its layer steps over a LayerOps table.
+// gpt.c: GPT-2 (pre-LayerNorm blocks, causal multi-head attention, GELU-tanh MLP, tied lm_head)
+// and phi-1_5 (the same block with one LayerNorm feeding attention and MLP in parallel, rotary
+// positions, an untied lm_head with a bias): their descriptions, the layout of their parameters,
+// and the one block's layer steps over a LayerOps table.
 // Backward mirrors forward line for line.
 #include "gpt.h"
 
@@ -40,7 +42,39 @@ static const TensorSpec GPT2_BLOCK[] = {
     {"transformer.h.%d.mlp.c_proj.bias", ROLE_FC_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
 };
 
-const Arch ARCH_GPT2 = {"gpt2", GPT2_ROOT, 4, GPT2_BLOCK, 12, true};
+const Arch ARCH_GPT2 = {"gpt2", GPT2_ROOT, 4, GPT2_BLOCK, 12, true, false, false};
+
+// phi-1_5 (Hugging Face PhiForCausalLM): no position embedding (rotary instead), an untied lm_head
+// with a bias, one LayerNorm per block. Its linear layers are nn.Linear, stored (out, in) as ours.
+static const TensorSpec PHI_ROOT[] = {
+    {"model.embed_tokens.weight", ROLE_WTE, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false},
+    {"model.final_layernorm.weight", ROLE_LNF_W, DIM_C, DIM_NONE, INIT_ONES, false, false},
+    {"model.final_layernorm.bias", ROLE_LNF_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"lm_head.weight", ROLE_HEAD_W, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false},
+    {"lm_head.bias", ROLE_HEAD_B, DIM_VOCAB, DIM_NONE, INIT_ZEROS, false, false},
+};
+
+// q, k and v are three files' tensors but one matrix to the block: laid out one after the other
+static const TensorSpec PHI_BLOCK[] = {
+    {"model.layers.%d.input_layernorm.weight", ROLE_LN1_W, DIM_C, DIM_NONE, INIT_ONES, false, false},
+    {"model.layers.%d.input_layernorm.bias", ROLE_LN1_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"model.layers.%d.self_attn.q_proj.weight", ROLE_QKV_W, DIM_C, DIM_C, INIT_NORMAL, true, false},
+    {"model.layers.%d.self_attn.k_proj.weight", ROLE_QKV_PART, DIM_C, DIM_C, INIT_NORMAL, true, false},
+    {"model.layers.%d.self_attn.v_proj.weight", ROLE_QKV_PART, DIM_C, DIM_C, INIT_NORMAL, true, false},
+    {"model.layers.%d.self_attn.q_proj.bias", ROLE_QKV_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"model.layers.%d.self_attn.k_proj.bias", ROLE_QKV_PART, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"model.layers.%d.self_attn.v_proj.bias", ROLE_QKV_PART, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"model.layers.%d.self_attn.dense.weight", ROLE_ATTN_PROJ_W, DIM_C, DIM_C, INIT_NORMAL, true, false},
+    {"model.layers.%d.self_attn.dense.bias", ROLE_ATTN_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"model.layers.%d.mlp.fc1.weight", ROLE_FC_W, DIM_4C, DIM_C, INIT_NORMAL, true, false},
+    {"model.layers.%d.mlp.fc1.bias", ROLE_FC_B, DIM_4C, DIM_NONE, INIT_ZEROS, false, false},
+    {"model.layers.%d.mlp.fc2.weight", ROLE_FC_PROJ_W, DIM_C, DIM_4C, INIT_NORMAL, true, false},
+    {"model.layers.%d.mlp.fc2.bias", ROLE_FC_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+};
+
+const Arch ARCH_PHI = {"phi", PHI_ROOT, 5, PHI_BLOCK, 14, false, true, true};
+
+const Arch *gpt_arch(const GPTConfig *cfg) { return cfg->arch ? cfg->arch : &ARCH_GPT2; }
 
 // ---- 2. the layout ----------------------------------------------------------------------------
 
@@ -87,7 +121,7 @@ static bool holds_root(const ParamLayout *l, TensorRole role) {
 }
 
 void gpt_layout_range(ParamLayout *l, const GPTConfig *cfg, int first, int n, bool embed, bool head) {
-    const Arch *arch = &ARCH_GPT2;
+    const Arch *arch = gpt_arch(cfg);
     memset(l, 0, sizeof *l);
     l->cfg = *cfg;
     l->arch = arch;
@@ -142,6 +176,7 @@ static float **block_slot(BlockWeights *bw, TensorRole role) {
     case ROLE_FC_B: return &bw->fc.b;
     case ROLE_FC_PROJ_W: return &bw->fc_proj.w;
     case ROLE_FC_PROJ_B: return &bw->fc_proj.b;
+    case ROLE_QKV_PART: return NULL;  // reached through the q tensor before it
     default: fatal("internal: tensor role %d is not a block's", (int)role);
     }
 }
@@ -152,6 +187,8 @@ static float **root_slot(Weights *w, TensorRole role) {
     case ROLE_WPE: return &w->wpe;
     case ROLE_LNF_W: return &w->lnf.w;
     case ROLE_LNF_B: return &w->lnf.b;
+    case ROLE_HEAD_W: return &w->head.w;
+    case ROLE_HEAD_B: return &w->head.b;
     default: fatal("internal: tensor role %d is not a root tensor", (int)role);
     }
 }
@@ -172,9 +209,13 @@ void root_weights_point(Weights *w, const ParamLayout *l, float *root, bf16 *roo
     w->n_layer = l->cfg.n_layer;
     for (int i = 0; i < l->num_tensors; i++)
         if (l->tensors[i].block < 0) *root_slot(w, l->tensors[i].role) = root + l->tensors[i].offset;
-    if (!l->arch->tied_head) return;
-    w->head.w = w->wte;  // the lm_head is the embedding itself
-    if (root16) w->head.w16 = root16 + (w->wte - root);
+    if (l->arch->tied_head) w->head.w = w->wte;  // the lm_head is the embedding itself
+    if (root16 && w->head.w) w->head.w16 = root16 + (w->head.w - root);
+}
+
+static void point_block_tensor(BlockWeights *bw, TensorRole role, float *at) {
+    float **slot = block_slot(bw, role);
+    if (slot) *slot = at;
 }
 
 void weights_point(Weights *w, const ParamLayout *l, float *flat) {
@@ -182,7 +223,7 @@ void weights_point(Weights *w, const ParamLayout *l, float *flat) {
     w->h = calloc_or_die((size_t)w->n_layer, sizeof(BlockWeights));
     for (int i = 0; i < l->num_tensors; i++) {
         const TensorInfo *t = &l->tensors[i];
-        if (t->block >= 0) *block_slot(&w->h[t->block], t->role) = flat + t->offset;
+        if (t->block >= 0) point_block_tensor(&w->h[t->block], t->role, flat + t->offset);
     }
 }
 
@@ -190,7 +231,7 @@ void block_weights_point(BlockWeights *bw, const ParamLayout *l, int block, floa
     size_t start = layout_block_start(l, block);
     memset(bw, 0, sizeof *bw);
     for (int i = 0; i < l->num_tensors; i++)
-        if (l->tensors[i].block == block) *block_slot(bw, l->tensors[i].role) = unit + (l->tensors[i].offset - start);
+        if (l->tensors[i].block == block) point_block_tensor(bw, l->tensors[i].role, unit + (l->tensors[i].offset - start));
 }
 
 void weights_point_bf16(Weights *w, const ParamLayout *l, bf16 *flat16) {
@@ -199,7 +240,7 @@ void weights_point_bf16(Weights *w, const ParamLayout *l, bf16 *flat16) {
         if (t->block >= 0) {
             bf16 **slot = block_slot16(&w->h[t->block], t->role);
             if (slot) *slot = flat16 + t->offset;
-        } else if (t->role == ROLE_WTE && l->arch->tied_head) {
+        } else if ((t->role == ROLE_WTE && l->arch->tied_head) || t->role == ROLE_HEAD_W) {
             w->head.w16 = flat16 + t->offset;
         }
     }
@@ -246,7 +287,9 @@ void gpt_init_range(float *slice, const ParamLayout *l, size_t first, size_t n, 
 ModelShape whole_model_shape(const GPTConfig *cfg) {
     int C = cfg->n_embd;
     return (ModelShape){.C = C, .C_total = C, .n_head = cfg->n_head, .C_attn = C, .C_mlp = 4 * C,
-                        .v_lo = 0, .v_rows = cfg->padded_vocab_size};
+                        .v_lo = 0, .v_rows = cfg->padded_vocab_size,
+                        .parallel_block = gpt_arch(cfg)->parallel_block,
+                        .rotary_dim = gpt_arch(cfg)->rotary ? cfg->rotary_dim : 0, .rope_theta = cfg->rope_theta};
 }
 
 // out (N, OC) = inp (N, C) @ w^T + b. With bf16 weights (w16 set) the input is rounded to bf16
@@ -356,22 +399,25 @@ static void alloc_block(Alloc *al, BlockActs *k) {
     const ActsSpec *sp = &al->a->spec;
     size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
     bool b16 = sp->bf16;
-    k->ln1 = matmul_input(al, N * C);
+    // a parallel block's MLP reads ln1 after attention has reused the bf16 mode's scratch: its own
+    k->ln1 = sp->shape.parallel_block ? alloc_floats(al, N * C) : matmul_input(al, N * C);
     k->ln1_mean = alloc_floats(al, N);
     k->ln1_rstd = alloc_floats(al, N);
     k->qkv = alloc_floats(al, N * 3 * Ca);
     k->att = alloc_floats(al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
     k->atty = matmul_input(al, N * Ca);
     k->res2 = alloc_floats(al, N * C);
-    k->ln2 = matmul_input(al, N * C);
-    k->ln2_mean = alloc_floats(al, N);
-    k->ln2_rstd = alloc_floats(al, N);
+    if (!sp->shape.parallel_block) {  // a parallel block's MLP reads ln1
+        k->ln2 = matmul_input(al, N * C);
+        k->ln2_mean = alloc_floats(al, N);
+        k->ln2_rstd = alloc_floats(al, N);
+    }
     k->fch = alloc_floats(al, N * F);
     k->fch_gelu = matmul_input(al, N * F);
     k->out = alloc_floats(al, N * C);
     k->ln1_16 = alloc_bf16(al, N * C, b16);
     k->atty16 = alloc_bf16(al, N * Ca, b16);
-    k->ln2_16 = alloc_bf16(al, N * C, b16);
+    k->ln2_16 = alloc_bf16(al, N * C, b16 && !sp->shape.parallel_block);
     k->fch_gelu16 = alloc_bf16(al, N * F, b16);
 }
 
@@ -403,6 +449,7 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
     a->dbig2 = alloc_floats(&al, N * max3(F, C, 0));
     a->dsmall = alloc_floats(&al, N * max3(C, 3 * Ca, 0));
     a->datt = alloc_floats(&al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
+    if (sp->shape.parallel_block) a->dln = alloc_floats(&al, N * C);
     a->dout16 = alloc_bf16(&al, N * max3(max3(F, 3 * Ca, C), sp->head ? V : 0, 0), sp->bf16);
     a->encoded = alloc_floats(&al, N * C);
     a->blocks = calloc_or_die((size_t)(sp->n_layers > 0 ? sp->n_layers : 1), sizeof(BlockActs));
@@ -457,21 +504,27 @@ void gpt_embed_forward(Activations *a, const Weights *w, int B, int T) {
     a->ops->embed_forward(a->ops, a->encoded, a->inputs, NULL, w, &a->spec.shape, B, T);
 }
 
+// The MLP's input: ln2(res2), or in a parallel block ln1(x), which attention reads too
+static const float *mlp_input(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1 : k->ln2; }
+static bf16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
+
 void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int T) {
     LayerOps *ops = a->ops;
     const ModelShape *s = &a->spec.shape;
     BlockActs *k = &a->blocks[l - a->spec.first_layer];
     const float *x = block_input(a, l);
     int N = B * T, C = s->C, Ca = s->C_attn, F = s->C_mlp;
-    // attention sub-block: res2 = x + proj(attention(ln1(x)))
+    // attention sub-block: res2 = x + proj(attention(rotary(qkv(ln1(x)))))
     ops->norm_forward(ops, k->ln1, k->ln1_mean, k->ln1_rstd, x, &w->ln1, s, N);
     ops->linear_forward(ops, LIN_QKV, k->qkv, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
+    if (s->rotary_dim) rotary_forward(k->qkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope_theta);
     ops->attention_forward(ops, l, k->atty, k->att, k->qkv, s, B, T);
     ops->linear_forward(ops, LIN_ATTN_PROJ, k->res2, k->atty, k->atty16, &w->attn_proj, N, Ca, C);
     add_inplace(k->res2, x, (size_t)N * C);
-    // MLP sub-block: out = res2 + proj(gelu(fc(ln2(res2))))
-    ops->norm_forward(ops, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, &w->ln2, s, N);
-    ops->linear_forward(ops, LIN_FC, k->fch, k->ln2, k->ln2_16, &w->fc, N, C, F);
+    // MLP sub-block: out = res2 + proj(gelu(fc(ln2(res2)))), or in a parallel block
+    // out = res2 + proj(gelu(fc(ln1(x))))
+    if (!s->parallel_block) ops->norm_forward(ops, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, &w->ln2, s, N);
+    ops->linear_forward(ops, LIN_FC, k->fch, mlp_input(k, s), mlp_input16(k, s), &w->fc, N, C, F);
     gelu_forward(k->fch_gelu, k->fch, (size_t)N * F);
     ops->linear_forward(ops, LIN_FC_PROJ, k->out, k->fch_gelu, k->fch_gelu16, &w->fc_proj, N, F, C);
     add_inplace(k->out, k->res2, (size_t)N * C);
@@ -521,16 +574,19 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     const float *x = block_input(a, l);
     int N = B * T, C = s->C, Ca = s->C_attn, F = s->C_mlp;
     float *dres = a->dres;  // dL/d(out) now; the residual connection passes it on unchanged
-    // MLP sub-block, backwards: out = res2 + proj(gelu(fc(ln2(res2))))
-    float *dfch_gelu = a->dbig, *dfch = a->dbig2, *dln2 = a->dsmall;
+    // MLP sub-block, backwards: out = res2 + proj(gelu(fc(ln2(res2)))). In a parallel block the
+    // MLP's input is ln1(x): its gradient waits in dln for attention's (dsmall is attention's dqkv).
+    float *dfch_gelu = a->dbig, *dfch = a->dbig2, *dln2 = s->parallel_block ? a->dln : a->dsmall;
     zero_floats(dfch_gelu, (size_t)N * F);
     zero_floats(dfch, (size_t)N * F);
     zero_floats(dln2, (size_t)N * C);
     ops->linear_backward(ops, LIN_FC_PROJ, dfch_gelu, &g->fc_proj, dres, a->dout16, k->fch_gelu,
                          k->fch_gelu16, &w->fc_proj, N, F, C);
     gelu_backward(dfch, k->fch, dfch_gelu, (size_t)N * F);
-    ops->linear_backward(ops, LIN_FC, dln2, &g->fc, dfch, a->dout16, k->ln2, k->ln2_16, &w->fc, N, C, F);
-    ops->norm_backward(ops, dres, &g->ln2, dln2, k->res2, &w->ln2, k->ln2_mean, k->ln2_rstd, s, N);
+    ops->linear_backward(ops, LIN_FC, dln2, &g->fc, dfch, a->dout16, mlp_input(k, s), mlp_input16(k, s), &w->fc,
+                         N, C, F);
+    if (!s->parallel_block)
+        ops->norm_backward(ops, dres, &g->ln2, dln2, k->res2, &w->ln2, k->ln2_mean, k->ln2_rstd, s, N);
     // dres is now dL/d(res2). Attention sub-block, backwards: res2 = x + proj(attention(ln1(x)))
     float *datty = a->dbig, *dqkv = a->dsmall, *dln1 = a->dbig2;
     zero_floats(datty, (size_t)N * Ca);
@@ -539,7 +595,11 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     ops->linear_backward(ops, LIN_ATTN_PROJ, datty, &g->attn_proj, dres, a->dout16, k->atty, k->atty16,
                          &w->attn_proj, N, Ca, C);
     attention_backward(dqkv, a->datt, datty, k->qkv, k->att, B, T, Ca, s->n_head);
+    if (s->rotary_dim) rotary_backward(dqkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope_theta);
     ops->linear_backward(ops, LIN_QKV, dln1, &g->qkv, dqkv, a->dout16, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
+    // ln1(x) fed attention and the MLP: its gradient is the sum. (Each linear layer's backward
+    // completes its own dinp, a tensor-parallel one with an all-reduce: the two must not share one.)
+    if (s->parallel_block) add_inplace(dln1, a->dln, (size_t)N * C);
     ops->norm_backward(ops, dres, &g->ln1, dln1, x, &w->ln1, k->ln1_mean, k->ln1_rstd, s, N);
 }
 

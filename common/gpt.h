@@ -22,13 +22,18 @@
 
 #include "ops.h"
 
+typedef struct Arch Arch;
+
 typedef struct {
+    const Arch *arch;       // the architecture's description; NULL: GPT-2
     int max_seq_len;        // maxT: rows of the position embedding
     int vocab_size;         // V: 257 for the byte tokenizer, 50257 for GPT-2's
     int padded_vocab_size;  // Vp: V rounded up to a multiple of 128, for fast matmuls
     int n_layer;            // L
     int n_head;             // NH
     int n_embd;             // C
+    int rotary_dim;         // rotary position embedding: dims of each head it turns (phi)
+    float rope_theta;       // and its base
 } GPTConfig;
 
 int gpt_padded_vocab(int vocab_size);
@@ -42,6 +47,9 @@ typedef enum {
     ROLE_ATTN_PROJ_W, ROLE_ATTN_PROJ_B,
     ROLE_LN2_W, ROLE_LN2_B, ROLE_FC_W, ROLE_FC_B,                // block: MLP
     ROLE_FC_PROJ_W, ROLE_FC_PROJ_B,
+    ROLE_HEAD_W, ROLE_HEAD_B,                                    // an untied lm_head (phi)
+    ROLE_QKV_PART,  // continues the tensor before it: phi's k and v projections follow q's in the
+                    // buffer, so that q, k, v make one (3C, C) matrix and one (3C) bias
 } TensorRole;
 
 // a shape's extent, in the config's terms
@@ -63,16 +71,21 @@ typedef struct {
     bool hf_transposed;   // stored (in, out) in Hugging Face files (GPT-2's Conv1D)
 } TensorSpec;
 
-typedef struct {
-    const char *name;                // "gpt2"
+struct Arch {
+    const char *name;                // "gpt2", "phi"
     const TensorSpec *root;          // the tensors outside the blocks, in buffer order
     int n_root;
     const TensorSpec *block;         // one block's tensors, in buffer order
     int n_block;
     bool tied_head;                  // the lm_head is wte itself
-} Arch;
+    bool parallel_block;             // x + attn(ln(x)) + mlp(ln(x)): one LayerNorm, no ln2 (phi)
+    bool rotary;                     // rotary position embedding on q and k instead of wpe (phi)
+};
 
 extern const Arch ARCH_GPT2;
+extern const Arch ARCH_PHI;
+// cfg's architecture (GPT-2 when cfg->arch is NULL)
+const Arch *gpt_arch(const GPTConfig *cfg);
 
 // ---- 2. the layout ----------------------------------------------------------------------------
 
@@ -174,6 +187,9 @@ typedef struct {
     int C_attn;   // their width: n_head * head size
     int C_mlp;    // MLP width held
     int v_lo, v_rows;  // the vocabulary rows held of wte and the lm_head: [v_lo, v_lo + v_rows)
+    bool parallel_block;  // the architecture's block and position encoding (Arch, GPTConfig)
+    int rotary_dim;       // 0: no rotary embedding
+    float rope_theta;
 } ModelShape;
 
 ModelShape whole_model_shape(const GPTConfig *cfg);
@@ -257,6 +273,9 @@ typedef struct {
     float *dres;                // (N, C) gradient flowing down the residual stream
     float *dbig, *dbig2, *dsmall;  // the widest gradients of a block
     float *datt;                // attention probabilities' gradient
+    float *dln;                 // (N, C) parallel block: the MLP's input gradient, until attention's joins it
+    const int *start;           // (B) on the device: sequence b's rows are positions start[b] + t (a
+                                // KV cache's decode); NULL: 0 + t. Rotary embeddings turn by it.
     bf16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
     bf16 *dout16;               // bf16 mode: a matmul's output gradient
     size_t bytes;

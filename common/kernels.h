@@ -256,6 +256,34 @@ KERNEL_FN float gelu_grad(float x) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// Rotary position embedding (phi-1_5; Hugging Face's rotate_half layout): within one head, dims
+// i and i + rot_dim/2 (i < rot_dim/2) turn together by the angle pos * theta^(-2i/rot_dim); the
+// dims past rot_dim pass through. The angle is computed in f32 in the order transformers does
+// (inverse frequency first, then times the position), so both give the same rounding.
+// direction -1 turns back by the same angle: a rotation's transpose is its inverse, so that is
+// the backward of direction +1.
+KERNEL_FN void rotary_pair(float *head, int i, int rot_dim, int pos, float theta, float direction) {
+    int half = rot_dim / 2;
+    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)rot_dim);
+    float angle = (float)pos * inv_freq;
+    float c = cosf(angle), s = direction * sinf(angle);
+    float x1 = head[i], x2 = head[i + half];
+    head[i] = x1 * c - x2 * s;
+    head[i + half] = x2 * c + x1 * s;
+}
+
+// pair p of the rotary work over qkv (B*T rows of 3 C_attn): row, query or key, head, index
+KERNEL_FN void rotary_qkv_pair(float *qkv, const int *start, long p, int T, int C_attn, int NH,
+                               int rot_dim, float theta, float direction) {
+    int half = rot_dim / 2, hs = C_attn / NH;
+    int i = (int)(p % half), h = (int)(p / half % NH), qk = (int)(p / half / NH % 2);
+    long bt = p / half / NH / 2;
+    int pos = (start ? start[bt / T] : 0) + (int)(bt % T);
+    float *head = qkv + bt * 3 * C_attn + (size_t)qk * C_attn + (size_t)h * hs;
+    rotary_pair(head, i, rot_dim, pos, theta, direction);
+}
+
+// ----------------------------------------------------------------------------------------------
 // softmax + cross-entropy over one row of logits (only its first V columns are real vocabulary).
 // loss = -log softmax(x)[target] = log(sum_i exp(x_i - max)) + max - x_target.
 // Subtracting the row max first keeps every exp in (0, 1]: exp(x) alone overflows a float for

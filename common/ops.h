@@ -179,6 +179,11 @@ void attention_cached_forward(float *out, float *scores, const float *qkv, const
 // ----------------------------------------------------------------------------------------------
 // element-wise
 
+// rotary position embedding on the queries and keys of qkv (B, T, 3 C_attn), in place: the first
+// rot_dim dims of each of the NH heads, at positions t (or start[b] + t, start on the device)
+void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta);
+// its backward on dqkv, in place (the inverse rotation)
+void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta);
 // GELU, tanh approximation (GPT-2's "gelu_new"); dinp += dout * gelu'(inp)
 void gelu_forward(float *out, const float *inp, size_t n);
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);

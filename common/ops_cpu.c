@@ -647,6 +647,21 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * gelu_grad(inp[i]);
 }
 
+static void rotary_apply(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim,
+                         float theta, float direction) {
+    long pairs = (long)B * T * 2 * NH * (rot_dim / 2);
+#pragma omp parallel for schedule(static)
+    for (long p = 0; p < pairs; p++) rotary_qkv_pair(qkv, start, p, T, C_attn, NH, rot_dim, theta, direction);
+}
+
+void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta) {
+    rotary_apply(qkv, start, B, T, C_attn, NH, rot_dim, theta, 1.0f);
+}
+
+void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta) {
+    rotary_apply(dqkv, start, B, T, C_attn, NH, rot_dim, theta, -1.0f);
+}
+
 void add_forward(float *out, const float *a, const float *b, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];

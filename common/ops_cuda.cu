@@ -1008,6 +1008,11 @@ static __global__ void gelu_backward_kernel(float *dinp, const float *inp, const
     GRID_STRIDE(i, n) dinp[i] += dout[i] * gelu_grad(inp[i]);
 }
 
+static __global__ void rotary_kernel(float *qkv, const int *start, size_t pairs, int T, int C_attn, int NH,
+                                     int rot_dim, float theta, float direction) {
+    GRID_STRIDE(p, pairs) rotary_qkv_pair(qkv, start, (long)p, T, C_attn, NH, rot_dim, theta, direction);
+}
+
 static __global__ void add_kernel(float *out, const float *a, const float *b, size_t n) {
     GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
@@ -1030,6 +1035,23 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     if (!n) return;
     ensure_init();
     LAUNCH(gelu_backward_kernel, grid_for(n), THREADS, 0, dinp, inp, dout, n);
+}
+
+static void rotary_apply(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim,
+                         float theta, float direction) {
+    size_t pairs = (size_t)B * T * 2 * NH * (rot_dim / 2);
+    if (!pairs) return;
+    ensure_init();
+    LAUNCH(rotary_kernel, grid_for(pairs), THREADS, 0, qkv, start, pairs, T, C_attn, NH, rot_dim, theta,
+           direction);
+}
+
+void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta) {
+    rotary_apply(qkv, start, B, T, C_attn, NH, rot_dim, theta, 1.0f);
+}
+
+void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta) {
+    rotary_apply(dqkv, start, B, T, C_attn, NH, rot_dim, theta, -1.0f);
 }
 
 void add_forward(float *out, const float *a, const float *b, size_t n) {

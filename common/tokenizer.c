@@ -18,6 +18,7 @@
 #include "tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,6 +224,9 @@ struct Tokenizer {
     int *token_offset;   // token id's bytes are token_bytes[token_offset[id] .. token_offset[id+1])
     int byte_token[256]; // id of the one-byte token for each byte (-1: the vocabulary has none)
     MergeTable merges;   // BPE only
+    int first_added;     // ids [first_added, vocab_size) are added tokens (CodeGen's runs of spaces
+                         // and tabs), matched in the text before BPE; first_added = vocab_size: none
+    unsigned char starts_added[256];  // 1: some added token starts with this byte
 };
 
 static const char kEndOfText[] = "<|endoftext|>";
@@ -424,6 +428,75 @@ static void find_tokenizer_files(const char *dir, char *vocab, char *merges, siz
           dir);
 }
 
+// ---- added tokens (phi-1_5's CodeGen tokenizer: runs of 2..31 spaces and 2..9 tabs) -------------
+
+// One added token: its raw text (not GPT-2's byte stand-ins) and id. Ids below the vocabulary's
+// size must name that token already (tokenizer.json lists <|endoftext|> again); the others must
+// follow the vocabulary without a gap, as Hugging Face appends them.
+static void add_token(Tokenizer *t, const char *path, const char *text, double id) {
+    int len = (int)strlen(text), tlen;
+    if (id >= 0 && id < t->vocab_size && id == (int)id) {
+        const char *have = tokenizer_token_bytes(t, (int)id, &tlen);
+        if (tlen == len && memcmp(have, text, (size_t)len) == 0) return;
+        fatal("%s: added token \"%s\" has id %d, which the vocabulary gives to another token", path, text, (int)id);
+    }
+    if (id != t->vocab_size)
+        fatal("%s: added token \"%s\" has id %g; expected %d (added tokens follow the vocabulary, in order)",
+              path, text, id, t->vocab_size);
+    if (!len) fatal("%s: added token %d is empty", path, (int)id);
+    int end = t->token_offset[t->vocab_size];
+    t->token_bytes = realloc(t->token_bytes, (size_t)end + (size_t)len);
+    t->token_offset = realloc(t->token_offset, ((size_t)t->vocab_size + 2) * sizeof(int));
+    if (!t->token_bytes || !t->token_offset) fatal("out of host memory");
+    memcpy(t->token_bytes + end, text, (size_t)len);
+    t->token_offset[++t->vocab_size] = end + len;
+    t->starts_added[(unsigned char)text[0]] = 1;
+}
+
+typedef struct { double id; const char *text; } AddedToken;
+
+static int by_id(const void *a, const void *b) {
+    double x = ((const AddedToken *)a)->id, y = ((const AddedToken *)b)->id;
+    return (x > y) - (x < y);
+}
+
+// added_tokens.json {"text": id, ...}, or else tokenizer.json's "added_tokens": [{"id": n,
+// "content": "text"}, ...]; either may list them in any order
+static void load_added_tokens(Tokenizer *t, const char *dir) {
+    char path[4096];
+    t->first_added = t->vocab_size;
+    bool plain = file_exists(dir, "added_tokens.json", path, sizeof path);
+    if (!plain && !file_exists(dir, "tokenizer.json", path, sizeof path)) return;
+    cJSON *json = parse_json_file_or_die(path);
+    const cJSON *list = plain ? json : cJSON_GetObjectItemCaseSensitive(json, "added_tokens");
+    int n = 0;
+    AddedToken *added = calloc_or_die((size_t)cJSON_GetArraySize(list) + 1, sizeof *added);
+    for (const cJSON *e = list ? list->child : NULL; e; e = e->next, n++) {
+        const cJSON *id = plain ? e : cJSON_GetObjectItemCaseSensitive(e, "id");
+        added[n].text = plain ? e->string : cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "content"));
+        if (!cJSON_IsNumber(id) || !added[n].text)
+            fatal("%s: expected %s", path, plain ? "{\"token\": id, ...}" : "\"added_tokens\": [{\"id\": n, \"content\": \"text\"}, ...]");
+        added[n].id = id->valuedouble;
+    }
+    qsort(added, (size_t)n, sizeof *added, by_id);
+    for (int i = 0; i < n; i++) add_token(t, path, added[i].text, added[i].id);
+    free(added);
+    cJSON_Delete(json);
+}
+
+// The added token that starts at s[i], the longest if several do, or -1
+static int added_token_at(const Tokenizer *t, const unsigned char *s, size_t n, size_t i, int *len) {
+    int best = -1;
+    *len = 0;
+    if (!t->starts_added[s[i]]) return -1;
+    for (int id = t->first_added; id < t->vocab_size; id++) {
+        int l = t->token_offset[id + 1] - t->token_offset[id];
+        if (l > *len && (size_t)l <= n - i && memcmp(s + i, t->token_bytes + t->token_offset[id], (size_t)l) == 0)
+            best = id, *len = l;
+    }
+    return best;
+}
+
 Tokenizer *tokenizer_load(const char *path) {
     if (!path || !*path) return byte_tokenizer();
     char vocab_path[4096], merges_path[4096];
@@ -436,6 +509,7 @@ Tokenizer *tokenizer_load(const char *path) {
     load_vocab(t, vocab_path, &vocab);
     load_merges(t, merges_path, &vocab);
     free(vocab.slots);
+    load_added_tokens(t, path);
     return t;
 }
 
@@ -566,11 +640,19 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int **ids
     if (!t->is_bpe) {
         for (size_t i = 0; i < len; i++) out[count++] = s[i];
     } else {
+        // as Hugging Face does: the text is cut at added tokens first (leftmost, then longest),
+        // and the pieces between them are pre-tokenized and BPE'd on their own
         BpeScratch w = {0};
         for (size_t i = 0; i < len;) {
-            size_t end = next_pretoken(s, len, i);
-            count += bpe_chunk(t, s + i, (int)(end - i), &w, out + count);
-            i = end;
+            size_t piece = i;
+            int added = -1, added_len = 0;
+            while (piece < len && (added = added_token_at(t, s, len, piece, &added_len)) < 0) piece++;
+            while (i < piece) {
+                size_t end = next_pretoken(s, piece, i);
+                count += bpe_chunk(t, s + i, (int)(end - i), &w, out + count);
+                i = end;
+            }
+            if (added >= 0) out[count++] = added, i += (size_t)added_len;
         }
         free(w.id); free(w.prev); free(w.next); free(w.heap);
     }

@@ -5,7 +5,10 @@
 //     plus one end-of-text token, id 256. Vocabulary 257.
 //   * GPT-2's byte-level BPE, read from a directory holding either OpenAI's files
 //     (encoder.json + vocab.bpe) or Hugging Face's (vocab.json + merges.txt). Vocabulary 50257,
-//     end-of-text "<|endoftext|>" = 50256.
+//     end-of-text "<|endoftext|>" = 50256. Added tokens (added_tokens.json, or tokenizer.json's
+//     "added_tokens") follow the vocabulary: phi-1_5's CodeGen tokenizer adds runs of spaces and
+//     tabs (50257..50294). As Hugging Face does, they are matched in the text before BPE
+//     (leftmost, then longest), so "a  b" is [64, 50286, 65], not GPT-2's [64, 220, 275].
 //
 // Both encode any byte string and decode back to exactly the same bytes. As GPT-2's own encode()
 // does, a literal "<|endoftext|>" inside the text is ordinary text (7 BPE tokens, not the

@@ -18,13 +18,21 @@ bool starts_from_checkpoint(const Config *cfg) {
     return cfg->init_from[0] && !cfg->random_init && !cfg->resume;
 }
 
+// phi-1_5's position encoding: rotary on half of each head's dims, base 10000
+static void phi_rotary_defaults(GPTConfig *mc) {
+    mc->arch = &ARCH_PHI;
+    mc->rotary_dim = mc->n_embd / mc->n_head / 4 * 2;  // half the head, in pairs
+    mc->rope_theta = 10000.0f;
+}
+
 GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
     GPTConfig mc = {0};
     int vocab = tokenizer_vocab_size(tok);
     if (starts_from_checkpoint(cfg) || cfg->resume) {
         const char *path = cfg->resume ? cfg->out_dir : cfg->init_from;
         checkpoint_read_config(path, &mc);
-        if (mc.vocab_size != vocab)
+        // phi's checkpoint pads its vocabulary (51200 rows for 50295 tokens); GPT-2's does not
+        if (mc.arch == &ARCH_PHI ? mc.vocab_size < vocab : mc.vocab_size != vocab)
             fatal("%s: the checkpoint's vocabulary has %d tokens but the tokenizer ('%s') has %d; "
                   "set tokenizer_path to the tokenizer it was trained with", path, mc.vocab_size,
                   cfg->tokenizer_path[0] ? cfg->tokenizer_path : "byte tokenizer", vocab);
@@ -41,6 +49,7 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
     mc.n_layer = cfg->n_layer;
     mc.n_head = cfg->n_head;
     mc.n_embd = cfg->n_embd;
+    if (strcmp(cfg->arch, "phi") == 0) phi_rotary_defaults(&mc);
     return mc;
 }
 
