@@ -70,9 +70,9 @@ int main(int argc, char **argv) {
     printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
     print_batch_plan(&cfg, data, 1, "", total_steps);
     MemoryItem memory[] = {{parameters_label(&cfg), bytes},
-                           {"parameters (bf16 copy)", half_mode ? n * sizeof(bf16) : 0},
+                           {copy_label(&cfg), half_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
-                           {half_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)", acts.bytes}};
+                           {activations_label(&cfg), acts.bytes}};
     print_memory_report("device memory:", memory, 5);
     print_bf16_activation_saving(&acts);
 

@@ -320,7 +320,8 @@ void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_byte
         {"gradients (fp32)", s * fl, n * fl},
         {"AdamW m and v (fp32)", 2 * s * fl, 2 * n * fl},
         {"gathered units (fp32 w + grad)", f->gathered_bytes, 0},
-        {"bf16 weight copies", f->gathered16_bytes, f->use_bf16 ? n * sizeof(bf16) : 0},
+        {ops_half_format() == HALF_FP16 ? "fp16 weight copies" : "bf16 weight copies", f->gathered16_bytes,
+         f->use_bf16 ? n * sizeof(bf16) : 0},
         {"activations", acts_bytes, acts_bytes},
     };
     size_t total_fsdp = 0, total_ddp = 0;

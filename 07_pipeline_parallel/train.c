@@ -94,9 +94,9 @@ int main(int argc, char **argv) {
     Config plan_cfg = cfg;
     plan_cfg.gradient_acc_steps = m;  // the batch plan's micro-batches are the pipeline's
     print_batch_plan(&plan_cfg, data, grid.dp, "replicas", total_steps);
-    MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {"parameters (bf16 copy)", half_mode ? n * sizeof(bf16) : 0},
+    MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {copy_label(&cfg), half_mode ? n * sizeof(bf16) : 0},
                            {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
-                           {half_mode ? "activations (bf16 matmul inputs)" : "activations (fp32)",
+                           {activations_label(&cfg),
                             pipeline_activation_bytes(&pipe)}};
     print_memory_report("device memory (rank 0: stage 0):", memory, 5);
     printf("  activations: %d micro-batches in flight x %.2f MB (%s keeps %s)\n", pipe.n_slots,

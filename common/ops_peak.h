@@ -45,7 +45,7 @@ static inline void sentence_printf(char *out, size_t size, const char *fmt, ...)
 
 // "812 GFLOP/s bf16" or "989.4 TFLOP/s bf16": GFLOP/s for CPUs, TFLOP/s from 10 TFLOP/s on
 static inline void peak_figure(char *out, size_t size, double flops, int bf16) {
-    const char *type = bf16 ? "bf16" : "f32";
+    const char *type = !bf16 ? "f32" : ops_half_format() == HALF_FP16 ? "fp16" : "bf16";
     if (flops >= 1e13) snprintf(out, size, "%.1f TFLOP/s %s", flops / 1e12, type);
     else snprintf(out, size, "%.0f GFLOP/s %s", flops / 1e9, type);
 }

@@ -277,6 +277,17 @@ const char *parameters_label(const Config *cfg) {
     return strcmp(cfg->precision, "bf16") == 0 ? "parameters (bf16, no master)" : "parameters (fp32 master)";
 }
 
+static bool is_fp16(const Config *cfg) { return config_half_format(cfg) == HALF_FP16; }
+
+const char *copy_label(const Config *cfg) {
+    return is_fp16(cfg) ? "parameters (fp16 copy)" : "parameters (bf16 copy)";
+}
+
+const char *activations_label(const Config *cfg) {
+    if (!config_is_half(cfg)) return "activations (fp32)";
+    return is_fp16(cfg) ? "activations (fp16 matmul inputs)" : "activations (bf16 matmul inputs)";
+}
+
 void print_bf16_activation_saving(const Activations *acts) {
     if (!acts->spec.bf16) return;
     // the matmul inputs are kept in bf16; what backward reads outside a matmul stays fp32: the
@@ -285,9 +296,9 @@ void print_bf16_activation_saving(const Activations *acts) {
     ActsSpec fp32 = acts->spec;
     fp32.bf16 = false;
     size_t fp32_bytes = acts_bytes(&fp32);
-    printf("  (in fp32 the activations would take %.2f MiB: bf16 matmul inputs save %.0f%%; the "
+    printf("  (in fp32 the activations would take %.2f MiB: %s matmul inputs save %.0f%%; the "
            "statistics, attention, pre-GELU values and residual stream stay fp32)\n",
-           fp32_bytes / 1048576.0, 100.0 * (1.0 - (double)acts->bytes / fp32_bytes));
+           fp32_bytes / 1048576.0, ops_half_format() == HALF_FP16 ? "fp16" : "bf16", 100.0 * (1.0 - (double)acts->bytes / fp32_bytes));
     run_stats_number("fp32_activations_bytes", (double)fp32_bytes);
 }
 

@@ -118,6 +118,10 @@ void print_memory_report(const char *title, const MemoryItem *items, int n);
 // the memory report's name for the fp32 parameters: "(fp32)", the "(fp32 master)" of bf16-mixed,
 // or pure bf16's "(bf16, no master)" (its weights are rounded to bf16 after each update)
 const char *parameters_label(const Config *cfg);
+// and for the 16-bit copies, naming the run's format: "parameters (bf16 copy)" or "(fp16 copy)";
+// "activations (bf16 matmul inputs)", "(fp16 matmul inputs)", or "activations (fp32)"
+const char *copy_label(const Config *cfg);
+const char *activations_label(const Config *cfg);
 // bf16 modes: what the same activations would take in fp32, and what stays fp32 and why
 void print_bf16_activation_saving(const Activations *acts);
 
