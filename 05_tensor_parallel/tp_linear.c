@@ -102,11 +102,18 @@ void tp_stream_free(TPWeightStream *s) {
     memset(s, 0, sizeof *s);
 }
 
+// A weight a matmul reads in 16 bits is gathered as the shards' 16-bit copies: half the bytes of
+// gathering the fp32 shards and rounding after, and the same numbers. The embedding reads wte in
+// fp32 (its use has no 16-bit copy): that one is gathered in fp32.
+static bool gathers_16bit(const TPWeightStream *s, const TPWeightUse *u) { return s->bf16 && u->shard16; }
+
 static void stream_gather(TPWeightStream *s, int i, bool async) {
     const TPWeightUse *u = &s->uses[i];
     const TPLinear *l = u->layer;
-    if (async) s->req[i % 2] = comm_all_gather_start(l->depth, s->buf[i % 2], u->shard, l->shard);
-    else comm_all_gather(l->depth, s->buf[i % 2], u->shard, l->shard);
+    CommRequest *r = gathers_16bit(s, u) ? comm_all_gather16_start(l->depth, s->buf16[i % 2], u->shard16, l->shard)
+                                         : comm_all_gather_start(l->depth, s->buf[i % 2], u->shard, l->shard);
+    if (async) s->req[i % 2] = r;
+    else comm_wait(r);
 }
 
 static bool stream_gathers(const TPWeightStream *s) { return s->n && comm_size(s->uses[0].layer->depth) > 1; }
@@ -129,8 +136,8 @@ Linear tp_stream_next(TPWeightStream *s) {
     } else {
         stream_gather(s, i, false);
     }
-    if (s->bf16) cast_to_bf16(s->buf16[slot], s->buf[slot], u->layer->block);
-    return (Linear){s->buf[slot], NULL, s->bf16 ? s->buf16[slot] : NULL};
+    if (gathers_16bit(s, u)) return (Linear){NULL, NULL, s->buf16[slot]};
+    return (Linear){s->buf[slot], NULL, NULL};
 }
 
 void tp_grad_slot_alloc(TPGradSlot *s, size_t max_block) {

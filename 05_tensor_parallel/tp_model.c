@@ -253,8 +253,8 @@ static void add_block_forward(const TPModel *m, TPWeightStream *s, const BlockWe
 
 void tp_stream_forward(const TPModel *m, TPWeightStream *s, const Weights *w) {
     s->n = 0;
-    Linear wte = {.w = w->wte};
-    add_use(s, &m->head, m->full.arch->tied_head ? &w->head : &wte);  // the embedding reads wte's block
+    Linear wte = {.w = w->wte};  // the embedding reads wte's block in fp32 (no 16-bit copy)
+    add_use(s, &m->head, &wte);
     for (int b = 0; b < m->cfg.n_layer; b++) add_block_forward(m, s, &w->h[b]);
     add_use(s, &m->head, &w->head);  // the lm_head
     tp_stream_begin(s);

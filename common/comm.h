@@ -18,6 +18,7 @@
 #define COMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cjson/cJSON.h>
 
@@ -60,6 +61,8 @@ void comm_all_to_all_v(Comm *c, float *out, const size_t *recv_counts, const siz
 // the same, started now and finished by comm_wait (which frees the request)
 CommRequest *comm_all_reduce_start(Comm *c, float *buf, size_t count);
 CommRequest *comm_all_gather_start(Comm *c, float *out, const float *in, size_t count);
+// the same for 16-bit values (the bf16 or fp16 weight copies, moved as they are): half the bytes
+CommRequest *comm_all_gather16_start(Comm *c, uint16_t *out, const uint16_t *in, size_t count);
 CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, size_t count);
 void comm_wait(CommRequest *r);
 // Lets a started operation make progress without waiting for it (MPI moves data only inside

@@ -56,6 +56,13 @@ CommRequest *comm_all_gather_start(Comm *c, float *out, const float *in, size_t 
     return r;
 }
 
+CommRequest *comm_all_gather16_start(Comm *c, uint16_t *out, const uint16_t *in, size_t count) {
+    CommRequest *r = comm_new_request(c, COLL_ALL_GATHER, 2.0 * count * c->size);
+    int n = mpi_count(count, "all-gather");
+    comm_check_mpi(MPI_Iallgather(in, n, MPI_UINT16_T, out, n, MPI_UINT16_T, c->mpi, &r->mpi[0]), "all-gather");
+    return r;
+}
+
 CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, size_t count) {
     CommRequest *r = comm_new_request(c, COLL_REDUCE_SCATTER, 4.0 * count * c->size);
     comm_check_mpi(MPI_Ireduce_scatter_block(in, out, mpi_count(count, "reduce-scatter"), MPI_FLOAT, MPI_SUM,

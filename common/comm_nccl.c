@@ -259,6 +259,18 @@ CommRequest *comm_all_gather_start(Comm *c, float *out, const float *in, size_t 
     return end(r, g);
 }
 
+// 16-bit values move as pairs of bytes: a gather does no arithmetic, so the type is only a size
+CommRequest *comm_all_gather16_start(Comm *c, uint16_t *out, const uint16_t *in, size_t count) {
+    CommRequest *r = comm_new_request(c, COLL_ALL_GATHER, 2.0 * count * c->size);
+    if (!c->backend) {
+        if (out != in) dev_copy(out, in, count * sizeof(uint16_t));
+        return r;
+    }
+    NcclGroup *g = begin(c, r);
+    NCCL_CALL(c, g, ncclAllGather(in, out, 2 * count, ncclUint8, g->nccl, g->stream));
+    return end(r, g);
+}
+
 CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, size_t count) {
     CommRequest *r = comm_new_request(c, COLL_REDUCE_SCATTER, 4.0 * count * c->size);
     if (!c->backend) return lone(r, out, in, count);

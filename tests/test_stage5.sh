@@ -3,7 +3,8 @@
 #  - fp32 equivalence: every grid of the issue, on 1, 2 and 4 ranks, reproduces stage 01's
 #    per-step losses within 1e-5 relative over 20 steps (overlap, accumulation and the gathered
 #    loss ride on some of them);
-#  - bf16-mixed on [2,1,2] stays within 1e-3 of stage 02 (measured ~4e-5);
+#  - bf16-mixed on [2,1,2] stays within 1e-3 of stage 02 (measured ~4e-5), and its depth
+#    all-gathers move the weights' bf16 copies: half the bytes (the formula below, exactly);
 #  - state_bytes: each rank holds 1/(x*y*z) of every parallel weight;
 #  - communication per group and kind (stats.json) = the README's formulas, for [4,1,1], [2,2,1],
 #    [1,1,4];
@@ -57,11 +58,12 @@ print(weights, weights//(X*Y*Z), 16*(small + weights//(X*Y*Z)))")
 done
 
 # ---- communication per group = the README's formulas (no evaluation: it would add forwards) ----
-formula() { # formula <stats.json> X Y Z D acc steps vocab_parallel -> checks every (group, kind)
+formula() { # formula <stats.json> X Y Z D acc steps vocab_parallel [16] -> checks every (group, kind)
     python3 - "$@" <<'PY'
 import json, sys
 path, X, Y, Z, D, acc, steps = sys.argv[1], *map(int, sys.argv[2:8])
 vp = sys.argv[8] == "1"
+half = len(sys.argv) > 9  # 16-bit matmul inputs: the depth gathers move 2-byte copies
 V, T_max, C, L, G = 257, 256, 64, 2, 8
 Vp = (V + 127) // 128 * 128
 stats = json.load(open(path))
@@ -71,14 +73,17 @@ N = stats["tokens_trained"] // (Z * D)
 mb = steps * acc                   # micro-batches
 small = T_max * C // Y + 2 * C // Y + L * (6 * C // Y + 7 * C // X)
 local = small + (Vp * C + 12 * L * C * C) // (X * Y * Z)
-want = {}  # (group, kind) -> elements
+want = {}  # (group, kind) -> elements (4 bytes each)
 if Y > 1: want["y", "all-reduce"] = N * (12 * L * C // X + Vp // X + (2 * L + 1) * 4)
 if X > 1:
     want["x", "all-reduce"] = N * (C // Y * (4 * L + 2) + (2 if vp else 0))
     want["x", "all-gather"] = N * X if vp else N * Vp
 if Z > 1:
     block = lambda n: n // (X * Y)
-    want["z", "all-gather"] = mb * (3 * block(Vp * C) + 2 * L * block(12 * C * C))
+    # wte three times a micro-batch (embedding, head forward and backward), each block's matrices
+    # twice; in 16 bits only the embedding's gather (it reads wte in fp32) stays 4 bytes
+    matmul_reads = 2 * block(Vp * C) + 2 * L * block(12 * C * C)
+    want["z", "all-gather"] = mb * (block(Vp * C) + (matmul_reads / 2 if half else matmul_reads))
     want["z", "reduce-scatter"] = mb * (block(Vp * C) + L * block(12 * C * C))
     want["z", "all-reduce"] = steps * small
 if D > 1: want["data", "all-reduce"] = steps * local
@@ -102,6 +107,9 @@ for spec in c411:4,1,1 c221:2,2,1 c114:1,1,4; do
     echo "[$dims] communication over 3 steps:"
     check 'formula "$tmp/$name/stats.json" $X $Y $Z 1 1 3 1' "[$dims] communication differs from the formula"
 done
+run_ranks 5 c212h 4 --tp_dimensions=2,1,2 --precision=bf16-mixed "${cargs[@]}"
+echo "[2,1,2] bf16-mixed: the depth all-gathers move bf16 copies:"
+check 'formula "$tmp/c212h/stats.json" 2 1 2 1 1 3 1 16' "[2,1,2] bf16-mixed: communication differs from the formula"
 run_ranks 5 c211d2 4 --tp_dimensions=2,1,1 --gradient_acc_steps=2 --vocab_parallel_loss=false "${cargs[@]}"
 echo "[2,1,1] x data 2, 2 micro-batches, gathered loss:"
 check 'formula "$tmp/c211d2/stats.json" 2 1 1 2 2 3 0' "[2,1,1] x data 2 (gathered loss): communication differs from the formula"
