@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -361,4 +362,30 @@ void load_initial_weights(const Config *cfg, const ParamLayout *layout, float *p
     checkpoint_load_model(cfg->init_from, layout, host);
     copy_to_device(params, host, bytes);
     free(host);
+}
+
+// ---- preemption -------------------------------------------------------------------------------
+
+static volatile sig_atomic_t signalled;
+
+static void note_signal(int sig) {
+    (void)sig;
+    signalled = 1;  // all a handler may safely do; the step loop acts on it
+}
+
+void preemption_watch(void) {
+    struct sigaction sa = {.sa_handler = note_signal};
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // a read or an MPI wait that the signal interrupts carries on
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0)
+        fatal("cannot install the SIGTERM/SIGUSR1 handlers: %s", strerror(errno));
+}
+
+long preemption_signalled(void) { return signalled; }
+
+void exit_to_be_resumed(const Config *cfg, long step) {
+    printf("stopped by a signal after step %ld; checkpoint in %s; run again with the same config "
+           "to resume (exit code %d)\n", step, cfg->out_dir, EXIT_TO_BE_RESUMED);
+    fflush(stdout);
+    exit(EXIT_TO_BE_RESUMED);
 }
