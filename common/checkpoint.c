@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -607,8 +608,26 @@ static void atomic_fail(AtomicFile *a) {
           (unsigned long long)a->size, why, a->final);
 }
 
+// Test hook: CHECKPOINT_KILL_AT_BYTE=N kills the process (SIGKILL, like scancel after KillWait)
+// once it has written N bytes of output files in all, so that a test can stop a save at a
+// chosen point inside a chosen file (tests/test_kill_during_save.sh).
+static void kill_if_test_asks(size_t bytes) {
+    static unsigned long long written, kill_at;
+    static int read_env;
+    if (!read_env++) {
+        const char *env = getenv("CHECKPOINT_KILL_AT_BYTE");
+        kill_at = env ? strtoull(env, NULL, 10) : 0;
+    }
+    written += bytes;
+    if (kill_at && written >= kill_at) {
+        fflush(NULL);
+        raise(SIGKILL);
+    }
+}
+
 static void atomic_write(AtomicFile *a, const void *data, size_t bytes) {
     if (bytes && fwrite(data, 1, bytes, a->f) != bytes) atomic_fail(a);
+    kill_if_test_asks(bytes);
 }
 
 static void rename_into_place(const AtomicFile *a);
