@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Preemption: a run that gets SIGUSR1 (Slurm's warning) or SIGTERM (scancel) saves at the next
+# Preemption (stages 1, 3, 4, 5, 7): a run that gets SIGUSR1 (Slurm's warning) or SIGTERM (scancel) saves at the next
 # step boundary and exits with 75 ("stopped to be resumed"); resumed, it logs per-step losses
 # identical to a run that was never stopped, and no rank is left running.
 source "$(dirname "$0")/lib.sh"
@@ -41,4 +41,13 @@ run_ranks 3 s3_straight 2
 stop_midway USR1 s3 mpirun -np 2 --bind-to none build/stage-3 "${args[@]}"
 run_ranks 3 s3 2 --resume=true
 check 'compare_losses "$tmp/s3_straight" "$tmp/s3" $steps 0' "stage 3: resumed losses differ from the straight run"
+
+# FSDP (2 ranks, sharded save), tensor parallelism on [2,2,1] (4 ranks) and the pipeline (2 stages)
+for spec in "4 2" "5 4 --tp_dimensions=2,2,1" "7 2 --pp_size=2"; do
+    read -r n np extra <<<"$spec"
+    run_ranks "$n" "s${n}_straight" "$np" $extra
+    stop_midway USR1 "s$n" mpirun -np "$np" --bind-to none "build/stage-$n" "${args[@]}" $extra
+    run_ranks "$n" "s$n" "$np" $extra --resume=true
+    check 'compare_losses "$tmp/s${n}_straight" "$tmp/s$n" $steps 0' "stage $n: resumed losses differ from the straight run"
+done
 finish test_preempt
