@@ -99,6 +99,7 @@ int main(int argc, char **argv) {
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
+    preemption_watch();
     for (; step < total_steps; step++) {
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
@@ -174,6 +175,12 @@ int main(int argc, char **argv) {
         if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
         if (rank == 0 && cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
             save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
+        // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
+        if (!last && comm_sum_long(world, preemption_signalled())) {
+            if (rank == 0) save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
+            comm_finalize(world);
+            exit_to_be_resumed(&cfg, step + 1);
+        }
     }
     if (rank == 0) save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);

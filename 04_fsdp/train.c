@@ -89,6 +89,7 @@ int main(int argc, char **argv) {
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
+    preemption_watch();
     for (; step < total_steps; step++) {
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
@@ -154,6 +155,12 @@ int main(int argc, char **argv) {
         if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
         if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
             fsdp_save_checkpoint(&fsdp, &cfg, step + 1);
+        // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
+        if (!last && comm_sum_long(world, preemption_signalled())) {
+            fsdp_save_checkpoint(&fsdp, &cfg, step + 1);
+            comm_finalize(world);
+            exit_to_be_resumed(&cfg, step + 1);
+        }
     }
     // the proof that sharding saves memory: every rank's peak resident memory (VmHWM) in training
     fsdp_print_peak_memory(&fsdp);

@@ -123,6 +123,7 @@ int main(int argc, char **argv) {
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
     long tokens_trained = 0;  // the global batches' tokens (padding included): x and y traffic scales with it
+    preemption_watch();
     for (; step < total_steps; step++) {
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
@@ -194,6 +195,12 @@ int main(int argc, char **argv) {
         if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
         if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
             tp_save_checkpoint(&cfg, &model, ckpt_group, params, adam_m, adam_v, step + 1);
+        // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
+        if (!last && comm_sum_long(world, preemption_signalled())) {
+            tp_save_checkpoint(&cfg, &model, ckpt_group, params, adam_m, adam_v, step + 1);
+            comm_finalize(world);
+            exit_to_be_resumed(&cfg, step + 1);
+        }
     }
     tp_save_checkpoint(&cfg, &model, ckpt_group, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld, the full model)\n", cfg.out_dir, total_steps);

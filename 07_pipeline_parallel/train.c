@@ -112,6 +112,7 @@ int main(int argc, char **argv) {
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch *batches = calloc_or_die((size_t)m, sizeof *batches);
     long first_step = step;
+    preemption_watch();
     for (; step < total_steps; step++) {
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
@@ -191,6 +192,12 @@ int main(int argc, char **argv) {
         }
         if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
             pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, params, adam_m, adam_v, step + 1);
+        // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
+        if (!last && comm_sum_long(world, preemption_signalled())) {
+            pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, params, adam_m, adam_v, step + 1);
+            comm_finalize(world);
+            exit_to_be_resumed(&cfg, step + 1);
+        }
     }
     if (total_steps - first_step > 1) print_bubble(world, &pipe, "over steps 2 on");
     pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, params, adam_m, adam_v, total_steps);

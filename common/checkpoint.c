@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -676,6 +677,7 @@ void checkpoint_load_model(const char *path, const ParamLayout *layout, float *p
 typedef struct {
     FILE *f;
     char tmp[PATH_LEN], final[PATH_LEN], dir[PATH_LEN];
+    uint64_t size;  // the whole file's bytes, for the message when the disk cannot take them
 } AtomicFile;
 
 static void mkdir_p(const char *dir) {
@@ -693,26 +695,60 @@ static void mkdir_p(const char *dir) {
     if (!is_directory(dir)) fatal("cannot create directory %s: a file of that name exists", dir);
 }
 
-static void atomic_open(AtomicFile *a, const char *dir, const char *name) {
+static void atomic_open(AtomicFile *a, const char *dir, const char *name, uint64_t size) {
     mkdir_p(dir);
+    a->size = size;
     snprintf(a->dir, sizeof a->dir, "%s", dir);
     join_path(a->final, dir, name);
     if (snprintf(a->tmp, sizeof a->tmp, "%s.tmp", a->final) >= PATH_LEN) fatal("path too long: %s.tmp", a->final);
     a->f = fopen(a->tmp, "wb");
-    if (!a->f) fatal("cannot create %s: %s", a->tmp, strerror(errno));
+    if (!a->f) fatal("cannot create %s (%llu bytes to write): %s", a->tmp, (unsigned long long)size, strerror(errno));
 }
 
-// A failed write (disk full, quota) removes the temp file: no partial output is left behind.
+// A whole checkpoint is several files. While one is being saved, the files written so far wait
+// here, synced but not renamed: the renames come together at the end, so that a full disk or a
+// kill while writing leaves every file of the previous checkpoint in place.
+static AtomicFile pending[4];
+static int num_pending = -1;  // -1: no checkpoint being saved, rename each file at once
+
+static void remove_pending(void) {
+    for (int i = 0; i < num_pending; i++) remove(pending[i].tmp);
+    num_pending = -1;
+}
+
+// A failed write (disk full, quota) removes the temp files: no partial output is left behind.
 static void atomic_fail(AtomicFile *a) {
     const char *why = strerror(errno);
     fclose(a->f);
     remove(a->tmp);
-    fatal("cannot write %s: %s", a->tmp, why);
+    remove_pending();
+    fatal("cannot write %s (%llu bytes needed): %s; the previous %s is untouched", a->tmp,
+          (unsigned long long)a->size, why, a->final);
+}
+
+// Test hook: CHECKPOINT_KILL_AT_BYTE=N kills the process (SIGKILL, like scancel after KillWait)
+// once it has written N bytes of output files in all, so that a test can stop a save at a
+// chosen point inside a chosen file (tests/test_kill_during_save.sh).
+static void kill_if_test_asks(size_t bytes) {
+    static unsigned long long written, kill_at;
+    static int read_env;
+    if (!read_env++) {
+        const char *env = getenv("CHECKPOINT_KILL_AT_BYTE");
+        kill_at = env ? strtoull(env, NULL, 10) : 0;
+    }
+    written += bytes;
+    if (kill_at && written >= kill_at) {
+        fflush(NULL);
+        raise(SIGKILL);
+    }
 }
 
 static void atomic_write(AtomicFile *a, const void *data, size_t bytes) {
     if (bytes && fwrite(data, 1, bytes, a->f) != bytes) atomic_fail(a);
+    kill_if_test_asks(bytes);
 }
+
+static void rename_into_place(const AtomicFile *a);
 
 static void atomic_commit(AtomicFile *a) {
     // fflush hands stdio's buffer to the kernel; fsync makes the kernel put it on the disk, so
@@ -720,8 +756,17 @@ static void atomic_commit(AtomicFile *a) {
     if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0) atomic_fail(a);
     if (fclose(a->f) != 0) {
         remove(a->tmp);
-        fatal("cannot write %s: %s", a->tmp, strerror(errno));
+        remove_pending();
+        fatal("cannot write %s (%llu bytes needed): %s", a->tmp, (unsigned long long)a->size, strerror(errno));
     }
+    if (num_pending >= 0 && num_pending < (int)(sizeof pending / sizeof pending[0])) {
+        pending[num_pending++] = *a;
+        return;
+    }
+    rename_into_place(a);
+}
+
+static void rename_into_place(const AtomicFile *a) {
     if (rename(a->tmp, a->final) != 0) {
         const char *why = strerror(errno);
         remove(a->tmp);
@@ -792,8 +837,10 @@ static void write_safetensors(const char *dir, const char *name, const OutTensor
     size_t padded = (len + 7) / 8 * 8;  // spaces up to a multiple of 8: the data starts aligned
     unsigned char prefix[8];
     for (int i = 0; i < 8; i++) prefix[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    uint64_t size = 8 + padded;
+    for (int i = 0; i < n; i++) size += out_numel(&t[i]) * sizeof(float);
     AtomicFile a;
-    atomic_open(&a, dir, name);
+    atomic_open(&a, dir, name, size);
     atomic_write(&a, prefix, 8);
     atomic_write(&a, json, len);
     atomic_write(&a, "        ", padded - len);
@@ -804,7 +851,7 @@ static void write_safetensors(const char *dir, const char *name, const OutTensor
 
 void write_text_file(const char *dir, const char *name, const char *text) {
     AtomicFile a;
-    atomic_open(&a, dir, name);
+    atomic_open(&a, dir, name, strlen(text) + 1);
     atomic_write(&a, text, strlen(text));
     atomic_write(&a, "\n", 1);
     atomic_commit(&a);
@@ -945,4 +992,14 @@ void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, f
     state->step = (long)metadata_number(&st, "step", (unsigned long long)LONG_MAX);
     state->seed = (uint64_t)metadata_number(&st, "seed", UINT64_MAX);
     safetensors_close(&st);
+}
+
+void checkpoint_save(const char *out_dir, const ParamLayout *layout, const float *params, const float *m,
+                     const float *v, const TrainState *state, const char *run_config_json) {
+    num_pending = 0;
+    checkpoint_save_model(out_dir, layout, params, run_config_json);
+    checkpoint_save_optimizer(out_dir, layout, m, v, state);
+    int n = num_pending;
+    num_pending = -1;
+    for (int i = 0; i < n; i++) rename_into_place(&pending[i]);
 }

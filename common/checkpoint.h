@@ -62,6 +62,12 @@ void checkpoint_save_optimizer(const char *out_dir, const ParamLayout *layout, c
 void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, float *m, float *v,
                                TrainState *state);
 
+// The whole checkpoint: model.safetensors, config.json and optimizer.safetensors. Every temp
+// file is written and synced before the first rename, so a failure while writing (a full disk)
+// leaves the previous checkpoint whole; only a kill in the instant between the renames mixes two.
+void checkpoint_save(const char *out_dir, const ParamLayout *layout, const float *params, const float *m,
+                     const float *v, const TrainState *state, const char *run_config_json);
+
 // Writes text and a newline to <dir>/<name> (creating dir if missing) the way the checkpoint's
 // files are written: temp file, flush to disk, rename. Other outputs use it too (stats.json).
 void write_text_file(const char *dir, const char *name, const char *text);

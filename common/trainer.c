@@ -4,9 +4,11 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "log.h"
@@ -205,10 +207,23 @@ static void make_dir(const char *dir) {
     if (mkdir(path, 0755) != 0 && errno != EEXIST) fatal("cannot create %s: %s", path, strerror(errno));
 }
 
+// A run stopped after its last checkpoint (killed, or a save that failed) logged steps that the
+// resumed run will log again: keep the first `steps` lines only, so every step appears once.
+static void keep_first_steps(const char *path, long steps) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return;  // nothing logged yet
+    long lines = 0, offset = 0;
+    for (int c; lines < steps && (c = getc(f)) != EOF; offset++)
+        if (c == '\n') lines++;
+    fclose(f);
+    if (truncate(path, offset) != 0) fatal("cannot truncate %s: %s", path, strerror(errno));
+}
+
 void metrics_open(Metrics *m, const char *out_dir, bool resume, long start_step) {
     char path[1100];
     make_dir(out_dir);
     snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+    if (resume) keep_first_steps(path, start_step);
     m->f = fopen_or_die(path, resume ? "a" : "w");
     m->start_time = wall_seconds();
     m->start_step = start_step;
@@ -425,9 +440,8 @@ void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *
     size_t n = layout->num_params;
     float *hp = to_host(params, n), *hm = to_host(m, n), *hv = to_host(v, n);
     char *json = config_to_json(cfg);
-    checkpoint_save_model(cfg->out_dir, layout, hp, json);
     TrainState state = {.step = step, .seed = (uint64_t)cfg->seed};
-    checkpoint_save_optimizer(cfg->out_dir, layout, hm, hv, &state);
+    checkpoint_save(cfg->out_dir, layout, hp, hm, hv, &state, json);
     loss_scaler_save(g_saved_scaler, cfg);
     free(json);
     free(hp);
@@ -459,4 +473,30 @@ void load_initial_weights(const Config *cfg, const ParamLayout *layout, float *p
     checkpoint_load_model(cfg->init_from, layout, host);
     copy_to_device(params, host, bytes);
     free(host);
+}
+
+// ---- preemption -------------------------------------------------------------------------------
+
+static volatile sig_atomic_t signalled;
+
+static void note_signal(int sig) {
+    (void)sig;
+    signalled = 1;  // all a handler may safely do; the step loop acts on it
+}
+
+void preemption_watch(void) {
+    struct sigaction sa = {.sa_handler = note_signal};
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // a read or an MPI wait that the signal interrupts carries on
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0)
+        fatal("cannot install the SIGTERM/SIGUSR1 handlers: %s", strerror(errno));
+}
+
+long preemption_signalled(void) { return signalled; }
+
+void exit_to_be_resumed(const Config *cfg, long step) {
+    printf("stopped by a signal after step %ld; checkpoint in %s; run again with the same config "
+           "to resume (exit code %d)\n", step, cfg->out_dir, EXIT_TO_BE_RESUMED);
+    fflush(stdout);
+    exit(EXIT_TO_BE_RESUMED);
 }

@@ -173,4 +173,21 @@ long resume_checkpoint(const Config *cfg, const ParamLayout *layout, float *para
 // fills the device buffer params from init_from
 void load_initial_weights(const Config *cfg, const ParamLayout *layout, float *params);
 
+// ---- preemption: stop at a step boundary, save, exit to be resumed ----------------------------
+// Slurm warns a job before its time limit or a preemption with SIGUSR1 (--signal=B:USR1@N) and
+// cancels it with SIGTERM. Neither kills the run: the handler only sets a flag, and the stage's
+// step loop looks at it after a whole step, where the weights and optimizer agree.
+
+// sysexits.h's EX_TEMPFAIL, "try again later": the run saved its state and should be resumed
+#define EXIT_TO_BE_RESUMED 75
+
+// installs the SIGTERM and SIGUSR1 handlers; call once, before the step loop
+void preemption_watch(void);
+// 1 if this process has been signalled (a long, ready for comm_sum_long: the ranks agree when
+// any one of them was signalled, since mpirun or srun may deliver it to only some)
+long preemption_signalled(void);
+// prints where the checkpoint of `step` is and exits with EXIT_TO_BE_RESUMED; MPI stages call
+// comm_finalize first
+_Noreturn void exit_to_be_resumed(const Config *cfg, long step);
+
 #endif

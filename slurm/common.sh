@@ -67,6 +67,8 @@ run_stage() {
     # shellcheck disable=SC2206  # EXTRA_ARGS / MPIRUN_ARGS are split on spaces on purpose
     local extra=(${EXTRA_ARGS:-}) mpirun_args=(${MPIRUN_ARGS:-})
     local cmd=("$bin" --config "$CONFIG_FILE" "${extra[@]}" "$@")
+    # a requeued job continues from the checkpoint its first run saved in its out_dir
+    [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && cmd+=(--resume=true)
     case $launcher in
         # --kill-on-bad-exit: one failing rank ends the step instead of leaving the others
         # waiting forever in a collective
@@ -82,10 +84,31 @@ run_stage() {
     echo "=== config $CONFIG_FILE | launcher $launcher | cwd $PWD"
     echo "=== ${cmd[*]}"
     local t0=$SECONDS rc=0
-    "${cmd[@]}" || rc=$?
+    run_forwarding_signals "${cmd[@]}" || rc=$?
+    if [ $rc -eq 75 ]; then  # EXIT_TO_BE_RESUMED: the ranks saved a checkpoint and stopped
+        echo "=== stage $STAGE stopped to be resumed after $((SECONDS - t0)) s: requeueing job $SLURM_JOB_ID"
+        scontrol requeue "$SLURM_JOB_ID" || job_die "scontrol requeue $SLURM_JOB_ID failed; resubmit with --resume=true"
+        exit 0
+    fi
     if [ $rc -ne 0 ]; then
         echo "=== stage $STAGE FAILED: exit $rc after $((SECONDS - t0)) s" >&2
         exit $rc
     fi
     echo "=== stage $STAGE done in $((SECONDS - t0)) s"
+}
+
+# run_forwarding_signals <command...>: runs the launcher in the background and passes on the
+# SIGUSR1 (--signal=B:USR1@N: "B:" sends it to this batch shell only) or SIGTERM the job gets, so
+# that every rank saves and stops at its next step boundary. bash runs a trap only between
+# commands, hence the background launcher and `wait`, which a trapped signal interrupts.
+run_forwarding_signals() {
+    "$@" &
+    local pid=$! rc
+    trap 'kill -USR1 $pid 2>/dev/null' USR1 TERM
+    while :; do
+        wait $pid && rc=0 || rc=$?
+        kill -0 $pid 2>/dev/null || break  # wait returned for the launcher, not for a signal
+    done
+    trap - USR1 TERM
+    return $rc
 }

@@ -10,6 +10,10 @@
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=1
 #SBATCH --time=01:00:00
+# 120 s before the time limit (or a preemption) Slurm sends SIGUSR1: the ranks save, stop, and
+# the job requeues itself and resumes (docs/CLUSTER.md "Preemption and requeue")
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
 #SBATCH --output=slurm/logs/%x-%j.out
 # Site-specific, if your cluster wants them:
 ##SBATCH --partition=gpu
