@@ -146,7 +146,8 @@ int main(int argc, char **argv) {
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
         if (!last && preemption_signalled()) {
             save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
-            exit_to_be_resumed(&cfg, step + 1);
+            print_stopped_to_be_resumed(&cfg, step + 1);
+            exit(EXIT_TO_BE_RESUMED);
         }
     }
     save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);

@@ -134,8 +134,9 @@ int main(int argc, char **argv) {
         // sum the gradients over the ranks: afterwards every rank holds the global gradient
         if (cfg.overlap_communication) wait_buckets(&buckets);
         else comm_all_reduce(world, grads, n);
-        double totals[2] = {loss_sum, (double)tokens};  // one reduction for both numbers
-        comm_sum_doubles(world, totals, 2);
+        // one host reduction for the step's numbers: loss, tokens, and whether a signal came
+        double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
+        comm_sum_doubles(world, totals, 3);
         tokens = (long)totals[1];
         double loss = n_targets ? totals[0] / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
@@ -176,10 +177,11 @@ int main(int argc, char **argv) {
         if (rank == 0 && cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
             save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
-        if (!last && comm_sum_long(world, preemption_signalled())) {
+        if (!last && totals[2] > 0) {
             if (rank == 0) save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
+            print_stopped_to_be_resumed(&cfg, step + 1);
             comm_finalize(world);
-            exit_to_be_resumed(&cfg, step + 1);
+            exit(EXIT_TO_BE_RESUMED);
         }
     }
     if (rank == 0) save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);

@@ -155,8 +155,9 @@ int main(int argc, char **argv) {
         // bias bug is the opposite mistake: its biases were never summed over depth).
         tp_all_reduce(grid->gz, grads, model.small_numel);
         tp_all_reduce(grid->gdata, grads, n);
-        double totals[2] = {loss_sum, (double)tokens};  // one reduction for both numbers
-        comm_sum_doubles(world, totals, 2);
+        // one host reduction for the step's numbers: loss, tokens, and whether a signal came
+        double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
+        comm_sum_doubles(world, totals, 3);
         tokens = (long)totals[1];
         tokens_trained += tokens;
         double loss = n_targets ? totals[0] / (double)n_targets : 0.0;
@@ -196,10 +197,11 @@ int main(int argc, char **argv) {
         if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
             tp_save_checkpoint(&cfg, &model, ckpt_group, params, adam_m, adam_v, step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
-        if (!last && comm_sum_long(world, preemption_signalled())) {
+        if (!last && totals[2] > 0) {
             tp_save_checkpoint(&cfg, &model, ckpt_group, params, adam_m, adam_v, step + 1);
+            print_stopped_to_be_resumed(&cfg, step + 1);
             comm_finalize(world);
-            exit_to_be_resumed(&cfg, step + 1);
+            exit(EXIT_TO_BE_RESUMED);
         }
     }
     tp_save_checkpoint(&cfg, &model, ckpt_group, params, adam_m, adam_v, total_steps);

@@ -143,8 +143,9 @@ int main(int argc, char **argv) {
         if (grid.tied) comm_all_reduce(grid.tied, g.wte, (size_t)mc.padded_vocab_size * mc.n_embd);
         // sum each stage's gradients over the replicas, as stage 03 does for the whole model
         if (grid.dp > 1) comm_all_reduce(grid.dp_group, grads, n);
-        double totals[2] = {loss_sum, (double)tokens};  // one reduction for both numbers
-        comm_sum_doubles(world, totals, 2);
+        // one host reduction for the step's numbers: loss, tokens, and whether a signal came
+        double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
+        comm_sum_doubles(world, totals, 3);
         tokens = (long)totals[1];
         double loss = n_targets ? totals[0] / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
@@ -193,10 +194,11 @@ int main(int argc, char **argv) {
         if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
             pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, params, adam_m, adam_v, step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
-        if (!last && comm_sum_long(world, preemption_signalled())) {
+        if (!last && totals[2] > 0) {
             pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, params, adam_m, adam_v, step + 1);
+            print_stopped_to_be_resumed(&cfg, step + 1);
             comm_finalize(world);
-            exit_to_be_resumed(&cfg, step + 1);
+            exit(EXIT_TO_BE_RESUMED);
         }
     }
     if (total_steps - first_step > 1) print_bubble(world, &pipe, "over steps 2 on");

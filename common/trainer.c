@@ -494,9 +494,8 @@ void preemption_watch(void) {
 
 long preemption_signalled(void) { return signalled; }
 
-void exit_to_be_resumed(const Config *cfg, long step) {
+void print_stopped_to_be_resumed(const Config *cfg, long step) {
     printf("stopped by a signal after step %ld; checkpoint in %s; run again with the same config "
            "to resume (exit code %d)\n", step, cfg->out_dir, EXIT_TO_BE_RESUMED);
     fflush(stdout);
-    exit(EXIT_TO_BE_RESUMED);
 }

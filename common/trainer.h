@@ -186,8 +186,9 @@ void preemption_watch(void);
 // 1 if this process has been signalled (a long, ready for comm_sum_long: the ranks agree when
 // any one of them was signalled, since mpirun or srun may deliver it to only some)
 long preemption_signalled(void);
-// prints where the checkpoint of `step` is and exits with EXIT_TO_BE_RESUMED; MPI stages call
-// comm_finalize first
-_Noreturn void exit_to_be_resumed(const Config *cfg, long step);
+// prints where the checkpoint of `step` is, for a run a signal stopped; the stage then exits with
+// EXIT_TO_BE_RESUMED. MPI stages print before comm_finalize: once one rank has exited non-zero,
+// the launcher may kill the others, so nothing may be left to do after it
+void print_stopped_to_be_resumed(const Config *cfg, long step);
 
 #endif
