@@ -21,6 +21,7 @@
 #include "log.h"
 #include "ops.h"
 #include "tokenizer.h"
+#include "trace.h"
 #include "trainer.h"
 
 int main(int argc, char **argv) {
@@ -76,10 +77,12 @@ int main(int argc, char **argv) {
     print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
+    trace_open(cfg.trace, cfg.trace_steps, 0, wall_seconds());
     Metrics metrics;
     metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
     for (; step < total_steps; step++) {
+        trace_step();
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
         long b = step % batches_per_epoch;
@@ -140,6 +143,7 @@ int main(int argc, char **argv) {
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
     run_stats_write(&cfg, 2, 1, (RunLayout){.dp = 1}, NULL);
 
+    trace_write(cfg.out_dir);
     metrics_close(&metrics);
     batch_free(&batch);
     acts_free(&acts);

@@ -23,6 +23,7 @@
 #include "log.h"
 #include "ops.h"
 #include "tokenizer.h"
+#include "trace.h"
 #include "trainer.h"
 
 int main(int argc, char **argv) {
@@ -92,10 +93,12 @@ int main(int argc, char **argv) {
     print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
+    comm_trace_open(world, cfg.trace, cfg.trace_steps);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
     for (; step < total_steps; step++) {
+        trace_step();
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
         long b = step % batches_per_epoch;
@@ -174,6 +177,7 @@ int main(int argc, char **argv) {
     comm_print_table(world);
     if (rank == 0) run_stats_write(&cfg, 3, P, (RunLayout){.dp = P}, comm_stats_json());
 
+    comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     batch_free(&batch);
     acts_free(&acts);

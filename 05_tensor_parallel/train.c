@@ -28,6 +28,7 @@
 #include "tokenizer.h"
 #include "tp_linear.h"
 #include "tp_model.h"
+#include "trace.h"
 #include "trainer.h"
 
 int main(int argc, char **argv) {
@@ -115,11 +116,13 @@ int main(int argc, char **argv) {
     run_stats_number("state_bytes", state_bytes);
 
     // ---- the training loop ----
+    comm_trace_open(world, cfg.trace, cfg.trace_steps);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
     long tokens_trained = 0;  // the global batches' tokens (padding included): x and y traffic scales with it
     for (; step < total_steps; step++) {
+        trace_step();
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
         long b = step % batches_per_epoch;
@@ -195,6 +198,7 @@ int main(int argc, char **argv) {
         run_stats_write(&cfg, 5, P, (RunLayout){.dp = grid->D, .tp_dimensions = {grid->X, grid->Y, grid->Z}},
                         comm_stats_json());
 
+    comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     batch_free(&batch);
     tp_acts_free(&acts);
