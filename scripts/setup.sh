@@ -25,6 +25,8 @@ find_missing() { # sets missing=(packages whose check fails)
     # the tests compare with an independent PyTorch GPT-2 (Debian's python3 and torch)
     need python3-torch    /usr/bin/python3 -c "import torch"
     need python3-numpy    /usr/bin/python3 -c "import numpy"
+    # plots and the report page of `make demo`, `make plot` and `make report`
+    need gnuplot-nox      command -v gnuplot
 }
 
 step() { # step <what> <command...>: one line for the step, the command's output to $log
