@@ -41,8 +41,10 @@ browse() { # browse <page dir>: <dir>.dom (the DOM after load), <dir>.log (conso
 browse "$tmp/report"
 check '[ -s "$tmp/report.png" ]' "headless Chromium took no screenshot: $(tail -3 "$tmp/report.log")"
 check '! grep -q "CONSOLE" "$tmp/report.log"' "the page logged to the console: $(grep CONSOLE "$tmp/report.log")"
-loaded=$(grep -o 'data-images-loaded="[0-9]*"' "$tmp/report.dom")
-check '[ "$loaded" = "data-images-loaded=\"3\"" ]' "images loaded: '$loaded', want all 3"
+loaded=$(sed -n 's/.*data-images-loaded="\([0-9]*\)".*/\1/p' "$tmp/report.dom")
+images=$(sed -n 's/.*data-images="\([0-9]*\)".*/\1/p' "$tmp/report.dom")
+# 3 plots and the traced run's timeline
+check '[ "$images" = 4 ] && [ "$loaded" = "$images" ]' "images loaded: '$loaded' of '$images', want all of 4"
 
 # the control: a missing image is reported by the same checks
 cp -r "$tmp/report" "$tmp/broken" && sed -i 's/src="memory.svg"/src="missing.svg"/' "$tmp/broken/index.html"

@@ -4,7 +4,7 @@ disk and needs nothing but a browser. It shows the loss overlay of every run (sc
 gnuplot SVGs) and per run: stage, layout, precision, tokens/s, MFU and memory of the last step,
 memory per rank by category, communication by group and collective (bytes per step, bus
 bandwidth), the overlap of communication with block backward compute measured from the trace,
-and a link to the trace. Every number is printed as the run's files hold it."""
+a link to the trace and the trace drawn as a timeline (one row per rank and track). Every number is printed as the run's files hold it."""
 import html
 import json
 import os
@@ -46,25 +46,69 @@ def cell(value, key=None):
     return f"<td{attr}>{html.escape(str(value))}</td>"
 
 
-def overlap_text(run, out_dir):
+COLORS = [(" forward", "#4c9be8"), (" backward", "#e8884c"), ("wait ", "#d62728"), ("optimizer", "#9467bd"),
+          ("data load", "#8c564b"), ("loss", "#bcbd22"), ("checkpoint", "#17becf")]
+COMM_COLOR, OTHER_COLOR = "#2ca02c", "#7f7f7f"
+
+
+def color_of(event):
+    if event["tid"] >= 1:
+        return COMM_COLOR
+    return next((c for key, c in COLORS if key in event["name"]), OTHER_COLOR)
+
+
+def timeline_svg(events, width=1100, row=16, label=110):
+    """The trace drawn as boxes: one row per rank and track, time left to right."""
+    spans = trace_check.spans(events)
+    tracks = sorted({(e["pid"], e["tid"]) for e in spans})
+    t0 = min(e["ts"] for e in spans)
+    t1 = max(e["ts"] + e["dur"] for e in spans)
+    scale = (width - label - 10) / max(t1 - t0, 1e-9)
+    y = {track: 20 + i * row for i, track in enumerate(tracks)}
+    height = 20 + len(tracks) * row + 30
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+           f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
+           f'<text x="4" y="13">timeline, {(t1 - t0) / 1e3:.1f} ms (green: collectives from launch to end)</text>']
+    for (pid, tid), ty in y.items():
+        name = f"rank {pid} " + ("compute" if tid == 0 else f"comm {tid}")
+        out.append(f'<text x="4" y="{ty + row - 4}">{name}</text>')
+    for e in sorted(spans, key=lambda e: (e["ts"], -e["dur"])):
+        x, w = label + (e["ts"] - t0) * scale, max(e["dur"] * scale, 0.5)
+        tip = html.escape(f"{e['name']} {e['dur'] / 1e3:.3f} ms" + (f" {e['args']}" if "args" in e else ""))
+        out.append(f'<rect x="{x:.2f}" y="{y[(e["pid"], e["tid"])] + 2}" width="{w:.2f}" height="{row - 3}" '
+                   f'fill="{color_of(e)}" stroke="black" stroke-width="0.2"><title>{tip}</title></rect>')
+    legend = [("forward", "#4c9be8"), ("backward", "#e8884c"), ("collective", COMM_COLOR), ("wait", "#d62728"),
+              ("optimizer", "#9467bd"), ("data load", "#8c564b")]
+    for i, (name, c) in enumerate(legend):
+        lx = label + i * 110
+        out.append(f'<rect x="{lx}" y="{height - 20}" width="12" height="12" fill="{c}"/>'
+                   f'<text x="{lx + 16}" y="{height - 10}">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def overlap_text(run, out_dir, i):
     path = os.path.join(run, "trace.json")
     if not os.path.isfile(path):
         return "no trace (run with --trace=true)", ""
     events = trace_check.load(path)
+    with open(os.path.join(out_dir, f"timeline_{i}.svg"), "w") as f:
+        f.write(timeline_svg(events))
     traced_steps = max(1, sum(1 for e in events if e.get("name") == "optimizer" and e.get("pid") == 0))
     comm_us = sum(e["dur"] for e in trace_check.spans(events) if e["tid"] >= 1)
     overlap = trace_check.overlap_us(events)
     link = os.path.relpath(os.path.abspath(path), os.path.abspath(out_dir))
     share = f"{100 * overlap / comm_us:.1f}% of collective time" if comm_us > 0 else "no collectives"
     text = f"{overlap / 1e3 / traced_steps:.3f} ms per step summed over ranks ({share})"
-    return text, f'<a href="{html.escape(link)}">trace.json</a> (open in ui.perfetto.dev)'
+    return text, (f'<a href="{html.escape(link)}">trace.json</a> (open in ui.perfetto.dev)<br>'
+                  f'<img src="timeline_{i}.svg" alt="timeline of {html.escape(run)}" onerror="imageFailed(this)">')
 
 
 def run_section(i, run, out_dir):
     metrics, stats = read_run(run)
     last = metrics[-1]
     steps = len(metrics)
-    overlap, trace_link = overlap_text(run, out_dir)
+    overlap, trace_link = overlap_text(run, out_dir, i)
     rows = [
         "<table class=summary>",
         "<tr><th>stage</th><th>ranks</th><th>layout</th><th>precision</th><th>steps</th>"
@@ -102,6 +146,7 @@ def main():
         out_dir, args = args[1], args[2:]
     if not args:
         fail("usage: tools/report.py [-o DIR] RUN_DIR...")
+    os.makedirs(out_dir, exist_ok=True)
     sections = [run_section(i, run, out_dir) for i, run in enumerate(args)]  # checks every run first
     here = os.path.dirname(os.path.abspath(__file__))
     subprocess.run(["bash", os.path.join(here, "..", "scripts", "plot.sh"), "-o", out_dir, *args],
@@ -119,6 +164,7 @@ img {{ max-width: 100%; }}
 function imageFailed(img) {{ console.error("image did not load: " + img.src); }}
 window.addEventListener("load", () => {{
   document.body.dataset.imagesLoaded = [...document.images].filter(i => i.naturalWidth > 0).length;
+  document.body.dataset.images = document.images.length;
 }});
 </script></head><body>
 <h1>{len(args)} run(s)</h1>
