@@ -34,7 +34,8 @@ done
 
 # plot <file stem> <y label> <gnuplot "using" columns> [validation columns]
 plot() {
-    local stem=$1 ylabel=$2 cols=$3 valcols=${4:-} curves="" j=0
+    local stem=$1 ylabel=$2 cols=$3 valcols=${4:-} curves="" j=0 range=""
+    [ "$stem" != loss ] && range="set yrange [0:*];"  # throughput and memory from zero
     for run in "${runs[@]}"; do
         curves+="${curves:+, }'$data/$j.dat' using $cols with lines lw 2 lc $((j + 1)) title '$run'"
         [ -n "$valcols" ] && curves+=", '$data/$j.dat' using $valcols with points pt 7 lc $((j + 1)) title '$run (validation)'"
@@ -43,7 +44,7 @@ plot() {
     for term in "pngcairo size 900,500" "svg size 900,500 dynamic"; do
         local ext=${term%% *}; ext=${ext%cairo}
         gnuplot -e "set terminal $term; set output '$out/$stem.$ext'; set grid; set key outside right top;
-                    set xlabel 'step'; set ylabel '$ylabel'; set datafile missing 'NaN'; plot $curves"
+                    set xlabel 'step'; set ylabel '$ylabel'; $range set datafile missing 'NaN'; plot $curves"
     done
 }
 runs=("$@")
