@@ -92,6 +92,8 @@ def overlap_text(run, out_dir, i):
     if not os.path.isfile(path):
         return "no trace (run with --trace=true)", ""
     events = trace_check.load(path)
+    if not trace_check.spans(events):
+        return "the trace holds no steps", ""
     with open(os.path.join(out_dir, f"timeline_{i}.svg"), "w") as f:
         f.write(timeline_svg(events))
     traced_steps = max(1, sum(1 for e in events if e.get("name") == "optimizer" and e.get("pid") == 0))
