@@ -27,7 +27,7 @@ NVFLAGS += -std=c++17 -Icommon $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$
            -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
 
 B := build/$(BACKEND)
-COMMON := log config tokenizer alpaca synthetic gpt checkpoint trainer
+COMMON := log config tokenizer alpaca synthetic gpt checkpoint trainer trace
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o
@@ -61,7 +61,7 @@ $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 STAGE_EXTRA_7 := 03_ddp/buckets.c
 $(B)/07_pipeline_parallel/%.o: CFLAGS += -I03_ddp
 
-.PHONY: all setup test test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
+.PHONY: plot report all setup test test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
 
 # scripts/setup.sh installs missing packages (apt) and only checks when none is missing; the
@@ -152,6 +152,12 @@ bench:
 demo:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash scripts/demo.sh
+
+# gnuplot plots of any runs overlaid, and the static report page about them (tools/report.py)
+plot:
+	@bash scripts/plot.sh $(if $(PLOTS),-o $(PLOTS)) $(RUNS)
+report:
+	@python3 tools/report.py $(if $(REPORT),-o $(REPORT)) $(RUNS)
 
 clean:
 	rm -rf build

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "ops.h"
 #include "tokenizer.h"
+#include "trace.h"
 #include "trainer.h"
 
 int main(int argc, char **argv) {
@@ -61,11 +62,13 @@ int main(int argc, char **argv) {
     print_memory_report("device memory:", memory, 4);
 
     // ---- the training loop ----
+    trace_open(cfg.trace, cfg.trace_steps, 0, wall_seconds());
     Metrics metrics;
     metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
     preemption_watch();
     for (; step < total_steps; step++) {
+        trace_step();
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
         long b = step % batches_per_epoch;
@@ -122,6 +125,7 @@ int main(int argc, char **argv) {
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
     run_stats_write(&cfg, 1, 1, (RunLayout){.dp = 1}, NULL);
 
+    trace_write(cfg.out_dir);
     metrics_close(&metrics);
     batch_free(&batch);
     acts_free(&acts);

@@ -21,6 +21,7 @@
 #include "log.h"
 #include "ops.h"
 #include "tokenizer.h"
+#include "trace.h"
 #include "trainer.h"
 
 int main(int argc, char **argv) {
@@ -80,11 +81,13 @@ int main(int argc, char **argv) {
     LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
     if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
+    trace_open(cfg.trace, cfg.trace_steps, 0, wall_seconds());
     Metrics metrics;
     metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
     preemption_watch();
     for (; step < total_steps; step++) {
+        trace_step();
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
         long b = step % batches_per_epoch;
@@ -154,6 +157,7 @@ int main(int argc, char **argv) {
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
     run_stats_write(&cfg, 2, 1, (RunLayout){.dp = 1}, NULL);
 
+    trace_write(cfg.out_dir);
     metrics_close(&metrics);
     batch_free(&batch);
     acts_free(&acts);

@@ -23,6 +23,7 @@
 #include "log.h"
 #include "ops.h"
 #include "tokenizer.h"
+#include "trace.h"
 #include "trainer.h"
 
 int main(int argc, char **argv) {
@@ -96,11 +97,13 @@ int main(int argc, char **argv) {
     LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
     if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
+    comm_trace_open(world, cfg.trace, cfg.trace_steps);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
     preemption_watch();
     for (; step < total_steps; step++) {
+        trace_step();
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
         long b = step % batches_per_epoch;
@@ -191,6 +194,7 @@ int main(int argc, char **argv) {
     comm_print_table(world);
     if (rank == 0) run_stats_write(&cfg, 3, P, (RunLayout){.dp = P}, comm_stats_json());
 
+    comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     batch_free(&batch);
     acts_free(&acts);

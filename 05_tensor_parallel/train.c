@@ -28,6 +28,7 @@
 #include "tokenizer.h"
 #include "tp_linear.h"
 #include "tp_model.h"
+#include "trace.h"
 #include "trainer.h"
 
 int main(int argc, char **argv) {
@@ -119,12 +120,14 @@ int main(int argc, char **argv) {
     LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
     if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
+    comm_trace_open(world, cfg.trace, cfg.trace_steps);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
     long tokens_trained = 0;  // the global batches' tokens (padding included): x and y traffic scales with it
     preemption_watch();
     for (; step < total_steps; step++) {
+        trace_step();
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
         long b = step % batches_per_epoch;
@@ -212,6 +215,7 @@ int main(int argc, char **argv) {
         run_stats_write(&cfg, 5, P, (RunLayout){.dp = grid->D, .tp_dimensions = {grid->X, grid->Y, grid->Z}},
                         comm_stats_json());
 
+    comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     batch_free(&batch);
     tp_acts_free(&acts);

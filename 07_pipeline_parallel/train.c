@@ -25,6 +25,7 @@
 #include "ops.h"
 #include "pipeline.h"
 #include "tokenizer.h"
+#include "trace.h"
 #include "trainer.h"
 
 int main(int argc, char **argv) {
@@ -108,12 +109,14 @@ int main(int argc, char **argv) {
     LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
     if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
+    comm_trace_open(world, cfg.trace, cfg.trace_steps);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch *batches = calloc_or_die((size_t)m, sizeof *batches);
     long first_step = step;
     preemption_watch();
     for (; step < total_steps; step++) {
+        trace_step();
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
         long b = step % batches_per_epoch;
@@ -209,6 +212,7 @@ int main(int argc, char **argv) {
     comm_print_table(world);
     if (rank == 0) run_stats_write(&cfg, 7, P, (RunLayout){.dp = grid.dp, .pp = grid.pp}, comm_stats_json());
 
+    comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     for (int micro = 0; micro < m; micro++) batch_free(&batches[micro]);
     free(batches);

@@ -9,6 +9,7 @@
 
 #include "comm_internal.h"
 #include "log.h"
+#include "trace.h"
 
 static Comm *g_groups = NULL;
 double g_comm_timeout = 300;
@@ -131,7 +132,10 @@ int comm_test(CommRequest *r) {
 }
 
 void comm_wait(CommRequest *r) {
+    double wait = wall_seconds();
     if (!r->done) comm_backend_wait(r);
+    double end = wall_seconds();
+    trace_collective(COMM_KIND_NAMES[r->kind], r->comm->name, r->bytes, r->start, wait, end);
     CommStats *s = &r->comm->stats;
     s->calls[r->kind]++;
     s->bytes[r->kind] += r->bytes;
@@ -219,6 +223,67 @@ cJSON *comm_stats_json(void) {
             cJSON_AddItemToArray(list, e);
         }
     return list;
+}
+
+// ---- the trace ------------------------------------------------------------------------------
+
+// How far rank 0's clock is ahead of this rank's, from ping-pongs with rank 0 (Cristian's method):
+// the rank sends, rank 0 answers with its clock reading, and the reading is taken to belong to
+// the middle of the round trip. The round trip of the fastest of a few tries bounds the error.
+static double clock_offset_to_rank0(Comm *world) {
+    enum { TRIES = 8 };
+    double best_rtt = 1e30, offset = 0;
+    for (int r = 1; r < world->size; r++)
+        for (int i = 0; i < TRIES; i++) {
+            double t = 0;
+            if (world->rank == 0) {
+                comm_check_mpi(MPI_Recv(&t, 1, MPI_DOUBLE, r, 0, world->mpi, MPI_STATUS_IGNORE), "clock sync");
+                t = wall_seconds();
+                comm_check_mpi(MPI_Send(&t, 1, MPI_DOUBLE, r, 0, world->mpi), "clock sync");
+            } else if (world->rank == r) {
+                double sent = wall_seconds();
+                comm_check_mpi(MPI_Send(&t, 1, MPI_DOUBLE, 0, 0, world->mpi), "clock sync");
+                comm_check_mpi(MPI_Recv(&t, 1, MPI_DOUBLE, 0, 0, world->mpi, MPI_STATUS_IGNORE), "clock sync");
+                double back = wall_seconds();
+                if (back - sent < best_rtt) best_rtt = back - sent, offset = t - (sent + back) / 2;
+            }
+        }
+    return offset;
+}
+
+// One clock for every rank: rank 0's. Each rank's epoch is rank 0's epoch moved onto its own
+// clock by the measured offset, so the ranks' timestamps agree within half a round trip.
+void comm_trace_open(Comm *world, bool enabled, int trace_steps) {
+    double epoch = wall_seconds();
+    if (enabled) {
+        double offset = clock_offset_to_rank0(world);
+        comm_check_mpi(MPI_Bcast(&epoch, 1, MPI_DOUBLE, 0, world->mpi), "clock sync");
+        epoch -= offset;
+    }
+    trace_open(enabled, trace_steps, world->rank, epoch);
+}
+
+// Rank 0 gathers every rank's event text and writes the one merged file.
+void comm_trace_write(Comm *world, const char *out_dir, bool enabled) {
+    if (!enabled) return;
+    char *mine = trace_events_text();
+    int len = (int)strlen(mine) + 1, P = world->size;
+    int *lens = calloc_or_die((size_t)P, sizeof *lens), *offs = calloc_or_die((size_t)P, sizeof *offs);
+    comm_check_mpi(MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, world->mpi), "trace gather");
+    long total = 0;
+    for (int r = 0; r < P; r++) offs[r] = (int)total, total += lens[r];
+    char *all = world->rank == 0 ? malloc_or_die((size_t)total) : NULL;
+    comm_check_mpi(MPI_Gatherv(mine, len, MPI_CHAR, all, lens, offs, MPI_CHAR, 0, world->mpi), "trace gather");
+    if (world->rank == 0) {
+        char **texts = calloc_or_die((size_t)P, sizeof *texts);
+        for (int r = 0; r < P; r++) texts[r] = all + offs[r];
+        trace_write_file(out_dir, texts, P);
+        free(texts);
+        free(all);
+    }
+    free(mine);
+    free(lens);
+    free(offs);
 }
 
 // ---- small host values ------------------------------------------------------------------------

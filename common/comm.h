@@ -17,6 +17,7 @@
 #ifndef COMM_H
 #define COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -114,5 +115,11 @@ void comm_print_table(Comm *world);
 // algbw_GBps, busbw_GBps}, one per group and kind with calls, summed since the start. They are
 // this process's counts (the table's are rank 0's); the caller owns the list.
 cJSON *comm_stats_json(void);
+
+// ---- the trace (trace.h) on every rank, merged ---------------------------------------------------
+// Call on every rank: opens the trace on rank 0's clock (each rank's offset from ping-pongs).
+void comm_trace_open(Comm *world, bool enabled, int trace_steps);
+// Call on every rank at the end: rank 0 writes <out_dir>/trace.json with every rank's events.
+void comm_trace_write(Comm *world, const char *out_dir, bool enabled);
 
 #endif

@@ -73,6 +73,8 @@ static const Key KEYS[] = {
     K(overlap_communication, T_BOOL, "false",
       "overlap communication with computation (ddp: bucketed all-reduce during backward; "
       "fsdp: prefetch the next block's all-gather)"),
+    K(trace, T_BOOL, "false", "write <out_dir>/trace.json, a Chrome trace-event timeline of every rank"),
+    K(trace_steps, T_INT, "3", "the first N steps of the run go into the trace"),
     K(activation_checkpointing, T_BOOL, "false",
       "activation recomputation: each block keeps only its input and recomputes the rest in backward"),
     K(bucket_size_mb, T_FLOAT, "25", "ddp: megabytes of gradients per all-reduce bucket when overlapping"),
@@ -523,6 +525,7 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     require_positive(src, "log_interval", cfg->log_interval);
     require_positive(src, "num_epochs", cfg->num_epochs);
     require_positive(src, "lr", cfg->lr);
+    require_positive(src, "trace_steps", cfg->trace_steps);
     for (int i = 0; i < 3; i++) require_positive(src, "tp_dimensions", cfg->tp_dimensions[i]);
     require_not_negative(src, "vocab_size", cfg->vocab_size);
     require_not_negative(src, "warmup_steps", cfg->warmup_steps);

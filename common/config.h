@@ -39,6 +39,8 @@ typedef struct {
     int warmup_steps, eval_interval, eval_batches, checkpoint_interval;
     bool always_input_template;  // the tutorial's quirk: the with-input prompt for every record
     bool activation_checkpointing;  // blocks recompute their activations in backward
+    bool trace;       // <out_dir>/trace.json (trace.h)
+    int trace_steps;  // the first N steps are traced
     bool overlap_communication;  // ddp: bucketed all-reduce during backward; axonn: prefetching
     double bucket_size_mb;       // ddp: gradient bucket size for the overlapped all-reduce
     bool vocab_parallel_loss;    // axonn: loss on the vocabulary split over x (false: gather the logits)

@@ -12,6 +12,7 @@
 
 #include "log.h"
 #include "ops.h"
+#include "trace.h"
 
 int gpt_padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
@@ -500,8 +501,20 @@ const float *head_input(const Activations *a) { return block_input(a, a->spec.fi
 
 // ---- forward ----------------------------------------------------------------------------------
 
+// one span on the trace's compute track (trace.h); layer < 0 for the embedding and the head
+static void trace_layer(const char *what, int layer, double t0) {
+    if (!trace_recording()) return;
+    char name[48];
+    if (layer >= 0) snprintf(name, sizeof name, "block %d %s", layer, what);
+    else snprintf(name, sizeof name, "%s", what);
+    trace_span(name, TRACK_COMPUTE, t0, wall_seconds(), NULL);
+}
+
+
 void gpt_embed_forward(Activations *a, const Weights *w, int B, int T) {
+    double t0 = wall_seconds();
     a->ops->embed_forward(a->ops, a->encoded, a->inputs, NULL, w, &a->spec.shape, B, T);
+    trace_layer("embedding forward", -1, t0);
 }
 
 // The MLP's input: ln2(res2), or in a parallel block ln1(x), which attention reads too
@@ -509,6 +522,7 @@ static const float *mlp_input(const BlockActs *k, const ModelShape *s) { return 
 static bf16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
 
 void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int T) {
+    double t0 = wall_seconds();
     LayerOps *ops = a->ops;
     const ModelShape *s = &a->spec.shape;
     BlockActs *k = &a->blocks[l - a->spec.first_layer];
@@ -528,20 +542,26 @@ void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int 
     gelu_forward(k->fch_gelu, k->fch, (size_t)N * F);
     ops->linear_forward(ops, LIN_FC_PROJ, k->out, k->fch_gelu, k->fch_gelu16, &w->fc_proj, N, F, C);
     add_inplace(k->out, k->res2, (size_t)N * C);
+    trace_layer("forward", l, t0);
 }
 
 void gpt_head_forward(Activations *a, const float *x, const Weights *w, int N) {
+    double t0 = wall_seconds();
     LayerOps *ops = a->ops;
     const ModelShape *s = &a->spec.shape;
     ops->norm_forward(ops, a->lnf, a->lnf_mean, a->lnf_rstd, x, &w->lnf, s, N);
     ops->linear_forward(ops, LIN_HEAD, a->logits, a->lnf, a->lnf16, &w->head, N, s->C, s->v_rows);
+    trace_layer("head forward", -1, t0);
 }
 
 double gpt_loss_forward_backward(Activations *a, const GPTConfig *cfg, int B, int T, float dloss) {
+    double t0 = wall_seconds();
     int N = B * T;
     cross_entropy_forward_backward(a->logits, a->losses, a->targets, dloss, N, cfg->vocab_size,
                                    cfg->padded_vocab_size);
-    return sum_values(a->losses, (size_t)N);
+    double sum = sum_values(a->losses, (size_t)N);
+    trace_layer("loss", -1, t0);
+    return sum;
 }
 
 double gpt_loss_forward(Activations *a, const GPTConfig *cfg, int B, int T) {
@@ -555,6 +575,7 @@ double gpt_loss_forward(Activations *a, const GPTConfig *cfg, int B, int T) {
 static void zero_floats(float *x, size_t n) { dev_zero(x, n * sizeof(float)); }
 
 void gpt_head_backward(Activations *a, const Weights *w, Weights *g, int B, int T) {
+    double t0 = wall_seconds();
     LayerOps *ops = a->ops;
     const ModelShape *s = &a->spec.shape;
     int N = B * T;
@@ -564,9 +585,11 @@ void gpt_head_backward(Activations *a, const Weights *w, Weights *g, int B, int 
     ops->linear_backward(ops, LIN_HEAD, dlnf, &g->head, a->logits, a->dout16, a->lnf, a->lnf16, &w->head,
                          N, s->C, s->v_rows);
     ops->norm_backward(ops, a->dres, &g->lnf, dlnf, head_input(a), &w->lnf, a->lnf_mean, a->lnf_rstd, s, N);
+    trace_layer("head backward", -1, t0);
 }
 
 void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeights *g, int B, int T) {
+    double t0 = wall_seconds();
     if (a->spec.recompute) gpt_block_forward(a, l, w, B, T);  // the activations it did not keep
     LayerOps *ops = a->ops;
     const ModelShape *s = &a->spec.shape;
@@ -601,10 +624,13 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     // completes its own dinp, a tensor-parallel one with an all-reduce: the two must not share one.)
     if (s->parallel_block) add_inplace(dln1, a->dln, (size_t)N * C);
     ops->norm_backward(ops, dres, &g->ln1, dln1, x, &w->ln1, k->ln1_mean, k->ln1_rstd, s, N);
+    trace_layer("backward", l, t0);
 }
 
 void gpt_embed_backward(Activations *a, Weights *g, int B, int T) {
+    double t0 = wall_seconds();
     a->ops->embed_backward(a->ops, g, a->dres, a->inputs, &a->spec.shape, B, T);
+    trace_layer("embedding backward", -1, t0);
 }
 
 // ---- the passes -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include "checkpoint.h"
 #include "log.h"
 #include "ops.h"
+#include "trace.h"
 
 // ---- model shape ------------------------------------------------------------------------------
 
@@ -102,6 +103,7 @@ double learning_rate(const Config *cfg, long step, long total_steps) {
 
 void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
                 size_t first, size_t n, const Config *cfg, double lr, long t) {
+    double t0 = wall_seconds();
     // One call per tensor (or per part of one inside [first, first + n)), because the weight
     // decay differs between tensors; the pointers are to the range's first element.
     for (int i = 0; i < layout->num_tensors; i++) {
@@ -114,6 +116,7 @@ void adamw_step(const ParamLayout *layout, float *params, const float *grads, fl
                      (float)cfg->beta2, (float)cfg->eps, ti->decay ? (float)cfg->weight_decay : 0.0f,
                      (int)t);
     }
+    trace_span("optimizer", TRACK_COMPUTE, t0, wall_seconds(), NULL);
 }
 
 void clip_gradients(float *grads, size_t n, double norm, double max_norm) {
@@ -437,6 +440,7 @@ static float *to_host(const float *dev, size_t n) {
 
 void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
                      const float *m, const float *v, long step) {
+    double t0 = wall_seconds();
     size_t n = layout->num_params;
     float *hp = to_host(params, n), *hm = to_host(m, n), *hv = to_host(v, n);
     char *json = config_to_json(cfg);
@@ -447,6 +451,7 @@ void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *
     free(hp);
     free(hm);
     free(hv);
+    trace_span("checkpoint write", TRACK_COMPUTE, t0, wall_seconds(), NULL);
 }
 
 long resume_checkpoint(const Config *cfg, const ParamLayout *layout, float *params, float *m, float *v) {

@@ -32,20 +32,20 @@ all-reduce. Watch the loss: it is stage 01's, step for step, to about 8 digits (
 with stage 01's), and the table at the end: one all-reduce of all gradients per step."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-3 --config configs/tiny.json \
-    --stop_iteration=50 --log_interval=10 --out_dir=out/demo-stage-3
+    --stop_iteration=50 --log_interval=10 --trace=true --out_dir=out/demo-stage-3
 
 say "Stage 04: four ranks, each holding a quarter of the model (FSDP)" \
 "Before step 1, compare the per-rank memory with DDP's: parameters, gradients and AdamW state
 are split four ways, and each block is gathered just before it is used. The loss is again
 stage 01's (compare steps 10 and 20 with stage 03's). 20 steps."
 mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-4 --config configs/tiny.json \
-    --stop_iteration=20 --log_interval=10 --out_dir=out/demo-stage-4
+    --stop_iteration=20 --log_interval=10 --trace=true --out_dir=out/demo-stage-4
 
 say "Stage 05: one model cut over a 2 x 2 grid of ranks (AxoNN tensor parallelism)" \
 "Every linear layer is split: out-features over x, in-features over y. Watch the table at the
 end: all-reduces over the x and y groups in every layer, and still stage 01's loss. 20 steps."
 mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-5 --config configs/tiny.json \
-    --tp_dimensions=2,2,1 --stop_iteration=20 --log_interval=10 --out_dir=out/demo-stage-5
+    --tp_dimensions=2,2,1 --stop_iteration=20 --log_interval=10 --trace=true --out_dir=out/demo-stage-5
 
 say "Stage 07: the blocks split into 2 pipeline stages, times 2 data-parallel replicas" \
 "Stage 0 holds the embedding and block 0, stage 1 block 1 and the head; 4 micro-batches flow
@@ -53,7 +53,7 @@ through them in the 1F1B order. Watch each rank's op sequence after step 1 (F/B:
 backward of a micro-batch, r/s: received and sent), the measured bubble beside (p-1)/(m+p-1),
 and again stage 01's loss. 20 steps."
 mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-7 --config configs/tiny.json \
-    --pp_size=2 --num_microbatches=4 --stop_iteration=20 --log_interval=10 --out_dir=out/demo-stage-7
+    --pp_size=2 --num_microbatches=4 --stop_iteration=20 --log_interval=10 --trace=true --out_dir=out/demo-stage-7
 
 say "Stage 06: the model from stage 01 answers questions it never saw" \
 "Generation with a KV cache: each batch of prompts is read in one pass (prefill), then every
@@ -70,3 +70,11 @@ echo "\$ printf '$questions' | build/stage-6 --config configs/inference.json --p
 # shellcheck disable=SC2059  # the format is the questions: printf turns \t and \n into the real bytes
 printf "$questions" | build/stage-6 --config configs/inference.json --init_from=out/demo-stage-1 --prompts_path=- |
     sed -n '/User:/,/tokens,/p'  # the answers, without the timing table
+
+say "The report: every run above on one page" \
+"Open it in a browser (it is a file; no server): the loss curves of every layout lie on one
+another; below, each run's tokens/s, memory by category, communication with bus bandwidth, and
+how much of it overlapped compute, measured from its trace (open trace.json in ui.perfetto.dev)."
+python3 tools/report.py -o out/demo-report out/demo-stage-1 out/demo-stage-2 out/demo-stage-3 out/demo-stage-4 \
+    out/demo-stage-5 out/demo-stage-7
+echo "open file://$PWD/out/demo-report/index.html"

@@ -27,6 +27,8 @@ find_missing() { # sets missing=(packages whose check fails)
     need python3-numpy    /usr/bin/python3 -c "import numpy"
     # the phi oracle (transformers from PyPI) runs in a venv over Debian's python3 and its torch
     need python3-venv     /usr/bin/python3 -c "import ensurepip, venv"
+    # plots and the report page of `make demo`, `make plot` and `make report`
+    need gnuplot-nox      command -v gnuplot
 }
 
 step() { # step <what> <command...>: one line for the step, the command's output to $log

@@ -1,0 +1,37 @@
+// trace.h: a timeline of a run in Chrome's trace-event format (Perfetto and chrome://tracing open
+// it). With `trace: true` every rank records complete events ("ph": "X", microseconds) while the
+// step it is in is among the first `trace_steps` it runs: the data load, each block's forward and
+// backward, the embedding and head, every collective (its group, kind and bytes), the optimizer
+// and checkpoint writes. One track per kind of work on each rank (pid = rank):
+//   tid 0 "compute": what the rank's thread is doing, nested (a block's forward inside the step);
+//   tid 1.. "comm": each collective from its launch to the end of its wait, a lane per collective
+//   in flight at once (so the lanes nest too); a wait that blocks the thread also shows on tid 0.
+// Times are host clock readings since the trace's epoch; on the CUDA backend an op's span is its
+// launch, not its GPU time (the device work shows in the waits that follow it).
+// The merge (comm_trace_write in comm.h for MPI stages, trace_write for one process) puts
+// every rank's events in <out_dir>/trace.json.
+#ifndef TRACE_H
+#define TRACE_H
+
+#include <stdbool.h>
+
+enum { TRACK_COMPUTE = 0, TRACK_COMM = 1 };
+
+// starts recording for this rank; epoch = the clock reading that becomes ts 0 (every rank's
+// clock reading taken at the same moment, e.g. just after a barrier)
+void trace_open(bool enabled, int trace_steps, int rank, double epoch);
+// called as each step starts: events are kept in the first trace_steps steps this run makes
+void trace_step(void);
+bool trace_recording(void);
+// one complete event from t0 to t1 (wall_seconds()); args: a JSON object's text or NULL
+void trace_span(const char *name, int tid, double t0, double t1, const char *args);
+// a collective from launch to end; its lane is one not busy in that time
+void trace_collective(const char *kind, const char *group, double bytes, double launch, double wait, double end);
+// this rank's events as the text of JSON objects separated by commas ("" if none); caller frees
+char *trace_events_text(void);
+// the merged file: <out_dir>/trace.json from the ranks' event texts (rank 0 or the only process)
+void trace_write_file(const char *out_dir, char **rank_texts, int n_ranks);
+// one process: writes its own events
+void trace_write(const char *out_dir);
+
+#endif
