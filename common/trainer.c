@@ -129,7 +129,7 @@ static const LossScaler *g_saved_scaler;  // the scaler whose state save_checkpo
 
 void loss_scaler_init(LossScaler *s, const Config *cfg) {
     g_saved_scaler = s;
-    *s = (LossScaler){.on = strcmp(cfg->precision, "16-mixed") == 0, .scale = 1, .inject_inf_at = -1};
+    *s = (LossScaler){.on = config_half_format(cfg) == HALF_FP16, .scale = 1, .inject_inf_at = -1};
     if (!s->on) return;
     s->scale = cfg->loss_scale;
     s->window = cfg->loss_scale_window;
