@@ -43,7 +43,7 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, b
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
         u->first = i == 0 ? 0 : layout_block_start(layout, i - 1);
-        u->numel = i == 0 ? layout->root_numel : layout->block_numel;
+        u->numel = i == 0 ? layout->root_numel : layout_block_numel(layout, i - 1);
         u->shard = (u->numel + (size_t)f->P - 1) / (size_t)f->P;
         u->local = f->shard_numel;
         f->shard_numel += u->shard;

@@ -341,25 +341,10 @@ void print_bubble(Comm *world, const Pipeline *p, const char *when) {
 
 // ---- checkpoints ------------------------------------------------------------------------------
 
-// copies this stage's tensors between its buffer and a whole-model one, by name; to_full: into
-// the whole model's. skip_wte: leave the tied wte out (the last stage's copy of the first's).
-static void copy_stage_tensors(const ParamLayout *local, float *local_buf, const ParamLayout *full,
-                               float *full_buf, bool to_full, bool skip_wte) {
-    for (int i = 0; i < local->num_tensors; i++) {
-        const TensorInfo *t = &local->tensors[i];
-        if (skip_wte && t->role == ROLE_WTE) continue;
-        const TensorInfo *f = layout_tensor(full, t->name);
-        if (!f) fatal("internal: the whole model has no tensor %s", t->name);
-        float *dst = to_full ? full_buf + f->offset : local_buf + t->offset;
-        const float *src = to_full ? local_buf + t->offset : full_buf + f->offset;
-        dev_copy(dst, src, t->numel * sizeof(float));
-    }
-}
-
 static void assemble(const PipeGrid *g, const ParamLayout *local, const ParamLayout *full, float *out,
                      const float *in) {
     dev_zero(out, full->num_params * sizeof(float));
-    copy_stage_tensors(local, (float *)in, full, out, true, holds_wte_copy(g));
+    layout_copy_tensors(local, (float *)in, full, out, true, holds_wte_copy(g) ? ROLE_WTE : -1);
     // each element is non-zero on exactly one stage: the sum puts the model together
     comm_all_reduce(g->pipe, out, full->num_params);
 }
@@ -384,10 +369,10 @@ long pipe_load_checkpoint(const Config *cfg, const ParamLayout *local, const Par
     long step = 0;
     if (cfg->resume) step = resume_checkpoint(cfg, full, fp, fm, fv);
     else load_initial_weights(cfg, full, fp);
-    copy_stage_tensors(local, params, full, fp, false, false);
+    layout_copy_tensors(local, params, full, fp, false, -1);
     if (cfg->resume) {
-        copy_stage_tensors(local, m, full, fm, false, false);
-        copy_stage_tensors(local, v, full, fv, false, false);
+        layout_copy_tensors(local, m, full, fm, false, -1);
+        layout_copy_tensors(local, v, full, fv, false, -1);
     }
     dev_free(fp), dev_free(fm), dev_free(fv);
     return step;

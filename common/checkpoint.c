@@ -476,6 +476,19 @@ static void read_phi_config(const cJSON *root, const char *file, GPTConfig *cfg)
     cfg->rope_theta = (float)config_number(root, "rope_theta", file, 10000.0);
 }
 
+// A mixture-of-experts GPT-2 (stage 08) names its experts the way Mixtral's config does. The
+// capacity and the load-balancing loss's weight are how it is trained, not what it is: the run's.
+static void read_moe_config(const cJSON *root, const char *file, GPTConfig *cfg) {
+    int experts = config_int(root, "num_local_experts", file);
+    if (experts < 0) return;
+    if (experts > MAX_EXPERTS) fatal("%s: \"num_local_experts\" is %d; at most %d are supported", file, experts, MAX_EXPERTS);
+    cfg->n_experts = experts;
+    cfg->experts_per_token = config_required(root, "num_experts_per_tok", file);
+    cfg->moe_every = config_required(root, "moe_every", file);
+    if (cfg->experts_per_token > experts)
+        fatal("%s: \"num_experts_per_tok\" is %d but there are %d experts", file, cfg->experts_per_token, experts);
+}
+
 void checkpoint_read_config(const char *path, GPTConfig *cfg) {
     char model_file[PATH_LEN], file[PATH_LEN];
     checkpoint_files(path, model_file, file);
@@ -505,6 +518,7 @@ void checkpoint_read_config(const char *path, GPTConfig *cfg) {
     if (cfg->n_embd % cfg->n_head)
         fatal("%s: n_embd %d is not a multiple of n_head %d", file, cfg->n_embd, cfg->n_head);
     check_variant(root, file, cfg->n_embd);
+    read_moe_config(root, file, cfg);
     cfg->padded_vocab_size = gpt_padded_vocab(cfg->vocab_size);
     cJSON_Delete(root);
 }
@@ -655,6 +669,11 @@ static void check_no_extra_blocks(const SafeTensors *st, const GPTConfig *cfg) {
         if (block >= cfg->n_layer)
             fatal("%s: tensor %s belongs to block %ld, but the configured model has n_layer %d", st->path,
                   st->tensors[i].name, block, cfg->n_layer);
+        const char *expert = strstr(name, ".mlp.experts.");
+        long e = expert ? strtol(expert + strlen(".mlp.experts."), NULL, 10) : -1;
+        if (e >= cfg->n_experts)
+            fatal("%s: tensor %s belongs to expert %ld, but the configured model has %d experts per block",
+                  st->path, st->tensors[i].name, e, cfg->n_experts);
     }
 }
 
@@ -896,6 +915,12 @@ static char *hf_config_json(const GPTConfig *cfg) {
     cJSON_AddNumberToObject(c, "bos_token_id", cfg->vocab_size - 1);
     cJSON_AddNumberToObject(c, "eos_token_id", cfg->vocab_size - 1);
     cJSON_AddStringToObject(c, "torch_dtype", "float32");
+    if (cfg->n_experts) {  // stage 08's experts, named as Mixtral's config names them
+        cJSON_AddNumberToObject(c, "num_local_experts", cfg->n_experts);
+        cJSON_AddNumberToObject(c, "num_experts_per_tok", cfg->experts_per_token);
+        cJSON_AddNumberToObject(c, "moe_every", cfg->moe_every);
+        cJSON_AddNumberToObject(c, "router_aux_loss_coef", cfg->aux_loss_coef);
+    }
     return config_text(c);
 }
 

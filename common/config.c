@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpt.h"  // MAX_EXPERTS
 #include "log.h"
 
 typedef enum { T_INT, T_FLOAT, T_BOOL, T_STRING, T_INT3 } KeyType;
@@ -34,7 +35,8 @@ static const Key KEYS[] = {
       "set); empty: data_path decides"),
     K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
     K(precision, T_STRING, "32", "32, 32-true, bf16-mixed, bf16 or 16-mixed (fp16 with loss scaling)"),
-    K(strategy, T_STRING, "", "single_device, ddp, fsdp or axonn; empty: the stage's own (above)"),
+    K(strategy, T_STRING, "",
+      "single_device, ddp, fsdp, axonn, pipeline or expert_parallel; empty: the stage's own (above)"),
     K(tp_dimensions, T_INT3, "1,1,1", "tensor-parallel grid [x, y, z] (strategy axonn)"),
     K(global_batch_size, T_INT, "32", "sequences per optimizer step, over all ranks"),
     K(gradient_acc_steps, T_INT, "1", "micro-batches per optimizer step"),
@@ -84,6 +86,14 @@ static const Key KEYS[] = {
     K(num_microbatches, T_INT, "1",
       "pipeline: micro-batches each replica's rows are cut into (takes the place of gradient_acc_steps)"),
     K(pp_schedule, T_STRING, "1f1b", "pipeline: gpipe (all forwards, then all backwards) or 1f1b"),
+    K(num_experts, T_INT, "0", "experts of each mixture-of-experts block (0: dense MLPs; stage 08)"),
+    K(experts_per_token, T_INT, "2", "experts each token is sent to (top-k of the router's softmax)"),
+    K(moe_every, T_INT, "1", "every N-th block is a mixture-of-experts block"),
+    K(capacity_factor, T_FLOAT, "1.25",
+      "rows an expert takes per sequence: ceil(factor x tokens x experts_per_token / num_experts); "
+      "pairs over it are dropped (0: no limit)"),
+    K(aux_loss_coef, T_FLOAT, "0.01", "weight of the load-balancing loss (Switch/Mixtral) in the objective"),
+    K(ep_size, T_INT, "1", "expert_parallel: ranks the experts are spread over (ranks / ep_size replicas)"),
     K(always_input_template, T_BOOL, "false",
       "the tutorial's quirk: use the with-input prompt template for every record"),
     K(prompts_path, T_STRING, "data/inference/prompts.txt", "inference: prompts, one per line ('-': stdin)"),
@@ -272,8 +282,9 @@ static const StageInfo STAGES[] = {
     [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json"},
     [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json"},
     [STAGE_PIPELINE_PARALLEL] = {"pipeline", NULL, "configs/pipeline.json"},
+    [STAGE_MIXTURE_OF_EXPERTS] = {"expert_parallel", NULL, "configs/moe.json"},
 };
-#define LAST_STAGE STAGE_PIPELINE_PARALLEL
+#define LAST_STAGE STAGE_MIXTURE_OF_EXPERTS
 
 static bool stage_runs(const StageInfo *s, const char *strategy) {
     return strcmp(s->strategy, strategy) == 0 || (s->also && strcmp(s->also, strategy) == 0);
@@ -431,13 +442,14 @@ static void require_one_of(const Sources *src, const char *key, const char *valu
 
 // An empty strategy is the stage's own; another stage's strategy is refused with where to go.
 static void resolve_strategy(Config *cfg, const Sources *src, Stage stage) {
-    static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn", "pipeline"};
+    static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn", "pipeline", "expert_parallel"};
     const StageInfo *s = &STAGES[stage];
     if (!cfg->strategy[0]) {
         strcpy(cfg->strategy, s->strategy);
         return;
     }
-    require_one_of(src, "strategy", cfg->strategy, strategies, 5, "single_device, ddp, fsdp, axonn or pipeline");
+    require_one_of(src, "strategy", cfg->strategy, strategies, 6,
+                   "single_device, ddp, fsdp, axonn, pipeline or expert_parallel");
     if (stage_runs(s, cfg->strategy)) return;
     char runs[64];
     fatal("%s: key 'strategy' is \"%s\" but stage %02d runs %s; run build/stage-%d for %s",
@@ -482,6 +494,46 @@ static void require_pipeline_keys_fit_strategy(const Config *cfg, const Sources 
               cfg->gradient_acc_steps);
 }
 
+// Experts are stage 08's (and stage 06 generates with them): elsewhere num_experts would be ignored
+// or need each stage's own version of the experts. They run in fp32, keep every activation and
+// are described for GPT-2 only.
+static void require_moe_keys_fit_stage(const Config *cfg, const Sources *src, Stage stage) {
+    char where[1200];
+    require_not_negative(src, "num_experts", cfg->num_experts);
+    require_positive(src, "moe_every", cfg->moe_every);
+    require_positive(src, "ep_size", cfg->ep_size);
+    require_not_negative(src, "capacity_factor", cfg->capacity_factor);
+    require_not_negative(src, "aux_loss_coef", cfg->aux_loss_coef);
+    bool experts_stage = stage == STAGE_MIXTURE_OF_EXPERTS || stage == STAGE_INFERENCE;
+    if (cfg->ep_size != 1 && stage != STAGE_MIXTURE_OF_EXPERTS)
+        fatal("%s: key 'ep_size' is %d but stage %02d spreads no experts: expert parallelism is "
+              "strategy expert_parallel (build/stage-8)", source_of(src, "ep_size"), cfg->ep_size, (int)stage);
+    if (!cfg->num_experts) return;
+    if (!experts_stage)
+        fatal("%s: key 'num_experts' is %d but stage %02d trains dense MLPs: a mixture of experts "
+              "is strategy expert_parallel (build/stage-8)", source_of(src, "num_experts"), cfg->num_experts,
+              (int)stage);
+    if (cfg->num_experts > MAX_EXPERTS)
+        fatal("%s: key 'num_experts': expected at most %d, found %d", source_of(src, "num_experts"), MAX_EXPERTS,
+              cfg->num_experts);
+    if (cfg->experts_per_token < 1 || cfg->experts_per_token > cfg->num_experts)
+        fatal("%s: keys 'experts_per_token' and 'num_experts': expected 1 to %d experts per token, found %d",
+              sources_of_pair(src, "experts_per_token", "num_experts", where, sizeof where), cfg->num_experts,
+              cfg->experts_per_token);
+    if (cfg->num_experts % cfg->ep_size != 0)
+        fatal("%s: keys 'num_experts' and 'ep_size': the experts must split evenly over the ranks, found "
+              "%d experts and ep_size %d", sources_of_pair(src, "num_experts", "ep_size", where, sizeof where),
+              cfg->num_experts, cfg->ep_size);
+    if (stage == STAGE_MIXTURE_OF_EXPERTS && strcmp(cfg->precision, "32") && strcmp(cfg->precision, "32-true"))
+        fatal("%s: key 'precision' is '%s' but stage 08's experts train in fp32 (32 or 32-true)",
+              source_of(src, "precision"), cfg->precision);
+    if (cfg->activation_checkpointing)
+        fatal("%s: key 'activation_checkpointing' is true but mixture-of-experts blocks keep their "
+              "activations (recomputing would route the tokens again)", source_of(src, "activation_checkpointing"));
+    if (strcmp(cfg->arch, "phi") == 0)
+        fatal("%s: key 'arch' is phi but the experts are GPT-2 MLPs: use arch gpt2", source_of(src, "arch"));
+}
+
 // dataset_id names the data and data_path holds the file: both must say the same. An empty
 // dataset_id takes what data_path says (the file, else the built-in synthetic set).
 static void resolve_dataset(Config *cfg, const Sources *src) {
@@ -514,6 +566,7 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     require_grid_fits_strategy(cfg, src);
     require_pipeline_keys_fit_strategy(cfg, src);
     require_precision_of_stage(cfg, src, stage);
+    require_moe_keys_fit_stage(cfg, src, stage);
     resolve_dataset(cfg, src);
     apply_model_preset(cfg, src);
     require_positive(src, "n_layer", cfg->n_layer);

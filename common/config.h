@@ -15,7 +15,8 @@ typedef struct {
     char dataset_id[64];      // "synthetic", or "alpaca"/"tatsu-lab/alpaca": the file in data_path
     int seed;
     char precision[16];       // "32", "32-true", "bf16-mixed", "bf16", "16-mixed" (fp16)
-    char strategy[16];        // "single_device", "ddp", "fsdp", "axonn", "pipeline": the stage's own
+    char strategy[16];        // "single_device", "ddp", "fsdp", "axonn", "pipeline", "expert_parallel":
+                              // the stage's own
     int tp_dimensions[3];     // [x, y, z] for strategy axonn
     int global_batch_size;    // sequences per optimizer step, over all ranks
     int gradient_acc_steps;   // micro-batches per optimizer step
@@ -48,6 +49,13 @@ typedef struct {
     int pp_size;                 // pipeline stages; the ranks / pp_size replicas are data-parallel
     int num_microbatches;        // micro-batches a replica's rows are cut into (in place of gradient_acc_steps)
     char pp_schedule[16];        // "gpipe" or "1f1b"
+    // mixture of experts (stage 08; stage 06 generates with such a model)
+    int num_experts;             // experts of each MoE block (0: every block has its dense MLP)
+    int experts_per_token;       // k: the experts each token goes to
+    int moe_every;               // every moe_every-th block is a MoE block
+    double capacity_factor;      // rows per expert per sequence: ceil(factor * T * k / E); 0: no limit
+    double aux_loss_coef;        // weight of the load-balancing loss in the objective
+    int ep_size;                 // ranks the experts are spread over; ranks / ep_size replicas
     // inference (stage 06)
     char prompts_path[512];      // prompts, one per line ("-": stdin)
     int max_batch_size;          // prompts generated together
@@ -69,6 +77,7 @@ typedef enum {
     STAGE_TENSOR_PARALLEL,      // axonn
     STAGE_INFERENCE,            // axonn over [x, y, 1] (single_device: the [1, 1, 1] grid only)
     STAGE_PIPELINE_PARALLEL,    // pipeline
+    STAGE_MIXTURE_OF_EXPERTS,   // expert_parallel
 } Stage;
 
 // Reads the stage's config, applies --key=value overrides, validates, and fills in what empty

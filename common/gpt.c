@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "moe.h"
 #include "ops.h"
 #include "trace.h"
 
@@ -19,63 +20,82 @@ int gpt_padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 // ---- 1. the description -----------------------------------------------------------------------
 
 static const TensorSpec GPT2_ROOT[] = {
-    {"transformer.wte.weight", ROLE_WTE, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false},
-    {"transformer.wpe.weight", ROLE_WPE, DIM_POSITIONS, DIM_C, INIT_NORMAL, true, false},
-    {"transformer.ln_f.weight", ROLE_LNF_W, DIM_C, DIM_NONE, INIT_ONES, false, false},
-    {"transformer.ln_f.bias", ROLE_LNF_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"transformer.wte.weight", ROLE_WTE, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false, false},
+    {"transformer.wpe.weight", ROLE_WPE, DIM_POSITIONS, DIM_C, INIT_NORMAL, true, false, false},
+    {"transformer.ln_f.weight", ROLE_LNF_W, DIM_C, DIM_NONE, INIT_ONES, false, false, false},
+    {"transformer.ln_f.bias", ROLE_LNF_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
 };
 
 // The projections into the residual stream (INIT_RESIDUAL) are scaled down so that the stream's
 // variance does not grow with depth (GPT-2 paper, section 2.3). Linear weights are Conv1D in
 // Hugging Face files: stored (in, out), here (out, in).
 static const TensorSpec GPT2_BLOCK[] = {
-    {"transformer.h.%d.ln_1.weight", ROLE_LN1_W, DIM_C, DIM_NONE, INIT_ONES, false, false},
-    {"transformer.h.%d.ln_1.bias", ROLE_LN1_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
-    {"transformer.h.%d.attn.c_attn.weight", ROLE_QKV_W, DIM_3C, DIM_C, INIT_NORMAL, true, true},
-    {"transformer.h.%d.attn.c_attn.bias", ROLE_QKV_B, DIM_3C, DIM_NONE, INIT_ZEROS, false, false},
-    {"transformer.h.%d.attn.c_proj.weight", ROLE_ATTN_PROJ_W, DIM_C, DIM_C, INIT_RESIDUAL, true, true},
-    {"transformer.h.%d.attn.c_proj.bias", ROLE_ATTN_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
-    {"transformer.h.%d.ln_2.weight", ROLE_LN2_W, DIM_C, DIM_NONE, INIT_ONES, false, false},
-    {"transformer.h.%d.ln_2.bias", ROLE_LN2_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
-    {"transformer.h.%d.mlp.c_fc.weight", ROLE_FC_W, DIM_4C, DIM_C, INIT_NORMAL, true, true},
-    {"transformer.h.%d.mlp.c_fc.bias", ROLE_FC_B, DIM_4C, DIM_NONE, INIT_ZEROS, false, false},
-    {"transformer.h.%d.mlp.c_proj.weight", ROLE_FC_PROJ_W, DIM_C, DIM_4C, INIT_RESIDUAL, true, true},
-    {"transformer.h.%d.mlp.c_proj.bias", ROLE_FC_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"transformer.h.%d.ln_1.weight", ROLE_LN1_W, DIM_C, DIM_NONE, INIT_ONES, false, false, false},
+    {"transformer.h.%d.ln_1.bias", ROLE_LN1_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"transformer.h.%d.attn.c_attn.weight", ROLE_QKV_W, DIM_3C, DIM_C, INIT_NORMAL, true, true, false},
+    {"transformer.h.%d.attn.c_attn.bias", ROLE_QKV_B, DIM_3C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"transformer.h.%d.attn.c_proj.weight", ROLE_ATTN_PROJ_W, DIM_C, DIM_C, INIT_RESIDUAL, true, true, false},
+    {"transformer.h.%d.attn.c_proj.bias", ROLE_ATTN_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"transformer.h.%d.ln_2.weight", ROLE_LN2_W, DIM_C, DIM_NONE, INIT_ONES, false, false, false},
+    {"transformer.h.%d.ln_2.bias", ROLE_LN2_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"transformer.h.%d.mlp.c_fc.weight", ROLE_FC_W, DIM_4C, DIM_C, INIT_NORMAL, true, true, false},
+    {"transformer.h.%d.mlp.c_fc.bias", ROLE_FC_B, DIM_4C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"transformer.h.%d.mlp.c_proj.weight", ROLE_FC_PROJ_W, DIM_C, DIM_4C, INIT_RESIDUAL, true, true, false},
+    {"transformer.h.%d.mlp.c_proj.bias", ROLE_FC_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
 };
 
-const Arch ARCH_GPT2 = {"gpt2", GPT2_ROOT, 4, GPT2_BLOCK, 12, true, false, false};
+// A MoE block's MLP: a router and E experts, each a GPT-2 MLP. Named as Mixtral names its
+// sparse block's parts (block_sparse_moe.gate, .experts.N), with GPT-2's names inside an expert.
+static const TensorSpec GPT2_MOE_MLP[] = {
+    {"transformer.h.%d.mlp.gate.weight", ROLE_ROUTER_W, DIM_EXPERTS, DIM_C, INIT_NORMAL, true, false, false},
+    {"transformer.h.%d.mlp.experts.%d.c_fc.weight", ROLE_EXPERT_FC_W, DIM_4C, DIM_C, INIT_NORMAL, true, true, true},
+    {"transformer.h.%d.mlp.experts.%d.c_fc.bias", ROLE_EXPERT_FC_B, DIM_4C, DIM_NONE, INIT_ZEROS, false, false, true},
+    {"transformer.h.%d.mlp.experts.%d.c_proj.weight", ROLE_EXPERT_PROJ_W, DIM_C, DIM_4C, INIT_RESIDUAL, true, true, true},
+    {"transformer.h.%d.mlp.experts.%d.c_proj.bias", ROLE_EXPERT_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, true},
+};
+
+const Arch ARCH_GPT2 = {"gpt2", GPT2_ROOT, 4, GPT2_BLOCK, 12, true, false, false, GPT2_MOE_MLP, 5};
 
 // phi-1_5 (Hugging Face PhiForCausalLM): no position embedding (rotary instead), an untied lm_head
 // with a bias, one LayerNorm per block. Its linear layers are nn.Linear, stored (out, in) as ours.
 static const TensorSpec PHI_ROOT[] = {
-    {"model.embed_tokens.weight", ROLE_WTE, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false},
-    {"model.final_layernorm.weight", ROLE_LNF_W, DIM_C, DIM_NONE, INIT_ONES, false, false},
-    {"model.final_layernorm.bias", ROLE_LNF_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
-    {"lm_head.weight", ROLE_HEAD_W, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false},
-    {"lm_head.bias", ROLE_HEAD_B, DIM_VOCAB, DIM_NONE, INIT_ZEROS, false, false},
+    {"model.embed_tokens.weight", ROLE_WTE, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.final_layernorm.weight", ROLE_LNF_W, DIM_C, DIM_NONE, INIT_ONES, false, false, false},
+    {"model.final_layernorm.bias", ROLE_LNF_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"lm_head.weight", ROLE_HEAD_W, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false, false},
+    {"lm_head.bias", ROLE_HEAD_B, DIM_VOCAB, DIM_NONE, INIT_ZEROS, false, false, false},
 };
 
 // q, k and v are three files' tensors but one matrix to the block: laid out one after the other
 static const TensorSpec PHI_BLOCK[] = {
-    {"model.layers.%d.input_layernorm.weight", ROLE_LN1_W, DIM_C, DIM_NONE, INIT_ONES, false, false},
-    {"model.layers.%d.input_layernorm.bias", ROLE_LN1_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
-    {"model.layers.%d.self_attn.q_proj.weight", ROLE_QKV_W, DIM_C, DIM_C, INIT_NORMAL, true, false},
-    {"model.layers.%d.self_attn.k_proj.weight", ROLE_QKV_PART, DIM_C, DIM_C, INIT_NORMAL, true, false},
-    {"model.layers.%d.self_attn.v_proj.weight", ROLE_QKV_PART, DIM_C, DIM_C, INIT_NORMAL, true, false},
-    {"model.layers.%d.self_attn.q_proj.bias", ROLE_QKV_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
-    {"model.layers.%d.self_attn.k_proj.bias", ROLE_QKV_PART, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
-    {"model.layers.%d.self_attn.v_proj.bias", ROLE_QKV_PART, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
-    {"model.layers.%d.self_attn.dense.weight", ROLE_ATTN_PROJ_W, DIM_C, DIM_C, INIT_NORMAL, true, false},
-    {"model.layers.%d.self_attn.dense.bias", ROLE_ATTN_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
-    {"model.layers.%d.mlp.fc1.weight", ROLE_FC_W, DIM_4C, DIM_C, INIT_NORMAL, true, false},
-    {"model.layers.%d.mlp.fc1.bias", ROLE_FC_B, DIM_4C, DIM_NONE, INIT_ZEROS, false, false},
-    {"model.layers.%d.mlp.fc2.weight", ROLE_FC_PROJ_W, DIM_C, DIM_4C, INIT_NORMAL, true, false},
-    {"model.layers.%d.mlp.fc2.bias", ROLE_FC_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false},
+    {"model.layers.%d.input_layernorm.weight", ROLE_LN1_W, DIM_C, DIM_NONE, INIT_ONES, false, false, false},
+    {"model.layers.%d.input_layernorm.bias", ROLE_LN1_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"model.layers.%d.self_attn.q_proj.weight", ROLE_QKV_W, DIM_C, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.self_attn.k_proj.weight", ROLE_QKV_PART, DIM_C, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.self_attn.v_proj.weight", ROLE_QKV_PART, DIM_C, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.self_attn.q_proj.bias", ROLE_QKV_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"model.layers.%d.self_attn.k_proj.bias", ROLE_QKV_PART, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"model.layers.%d.self_attn.v_proj.bias", ROLE_QKV_PART, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"model.layers.%d.self_attn.dense.weight", ROLE_ATTN_PROJ_W, DIM_C, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.self_attn.dense.bias", ROLE_ATTN_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"model.layers.%d.mlp.fc1.weight", ROLE_FC_W, DIM_4C, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.mlp.fc1.bias", ROLE_FC_B, DIM_4C, DIM_NONE, INIT_ZEROS, false, false, false},
+    {"model.layers.%d.mlp.fc2.weight", ROLE_FC_PROJ_W, DIM_C, DIM_4C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.mlp.fc2.bias", ROLE_FC_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
 };
 
-const Arch ARCH_PHI = {"phi", PHI_ROOT, 5, PHI_BLOCK, 14, false, true, true};
+const Arch ARCH_PHI = {"phi", PHI_ROOT, 5, PHI_BLOCK, 14, false, true, true, NULL, 0};
 
 const Arch *gpt_arch(const GPTConfig *cfg) { return cfg->arch ? cfg->arch : &ARCH_GPT2; }
+
+static bool is_moe(int n_experts, int moe_every, int l) { return n_experts > 0 && (l + 1) % moe_every == 0; }
+bool gpt_block_is_moe(const GPTConfig *cfg, int l) { return is_moe(cfg->n_experts, cfg->moe_every, l); }
+
+int gpt_moe_blocks(const GPTConfig *cfg, int first, int n) {
+    int count = 0;
+    for (int l = first; l < first + n; l++) count += gpt_block_is_moe(cfg, l);
+    return count;
+}
 
 // ---- 2. the layout ----------------------------------------------------------------------------
 
@@ -86,17 +106,19 @@ static int extent(Dim d, const GPTConfig *cfg) {
     case DIM_4C: return 4 * cfg->n_embd;
     case DIM_VOCAB: return cfg->padded_vocab_size;
     case DIM_POSITIONS: return cfg->max_seq_len;
+    case DIM_EXPERTS: return cfg->n_experts;
     case DIM_NONE: break;
     }
     return 0;
 }
 
-static void add_tensor(ParamLayout *l, const TensorSpec *spec, int block, int init_stream) {
+static void add_tensor(ParamLayout *l, const TensorSpec *spec, int block, int expert, int init_stream) {
     const GPTConfig *cfg = &l->cfg;
     TensorInfo *t = &l->tensors[l->num_tensors++];
     memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, spec->hf_name, block);
+    snprintf(t->name, sizeof t->name, spec->hf_name, block, expert);
     t->role = spec->role;
+    t->expert = expert;
     t->offset = l->num_params;
     t->ndim = spec->cols == DIM_NONE ? 1 : 2;
     t->shape[0] = extent(spec->rows, cfg);
@@ -121,8 +143,45 @@ static bool holds_root(const ParamLayout *l, TensorRole role) {
     return l->has_head && (!embedding || (role == ROLE_WTE && l->arch->tied_head));
 }
 
-void gpt_layout_range(ParamLayout *l, const GPTConfig *cfg, int first, int n, bool embed, bool head) {
+static bool is_mlp_role(TensorRole r) {
+    return r == ROLE_FC_W || r == ROLE_FC_B || r == ROLE_FC_PROJ_W || r == ROLE_FC_PROJ_B;
+}
+
+// the tensors of a MoE block's MLP: the router, then each expert's, expert by expert
+static int moe_mlp_tensors(const Arch *arch, int n_experts) {
+    int n = 0;
+    for (int i = 0; i < arch->n_moe_mlp; i++) n += arch->moe_mlp[i].per_expert ? n_experts : 1;
+    return n;
+}
+
+static int block_tensors(const Arch *arch, const GPTConfig *cfg, int b) {
+    int n = arch->n_block;
+    if (!gpt_block_is_moe(cfg, b)) return n;
+    for (int i = 0; i < arch->n_block; i++) n -= is_mlp_role(arch->block[i].role);
+    return n + moe_mlp_tensors(arch, cfg->n_experts);
+}
+
+// A block's tensors in buffer order; a MoE block's MLP holds the experts [e_first, e_first + e_n).
+// Each tensor's random stream is its index in the whole model, whatever the range holds.
+static void add_block(ParamLayout *l, int b, int stream) {
+    const Arch *arch = l->arch;
+    bool moe = gpt_block_is_moe(&l->cfg, b);
+    for (int i = 0; i < arch->n_block; i++)
+        if (!moe || !is_mlp_role(arch->block[i].role)) add_tensor(l, &arch->block[i], b, -1, stream++);
+    if (!moe) return;
+    int n_per_expert = 0;
+    for (int i = 0; i < arch->n_moe_mlp; i++) n_per_expert += arch->moe_mlp[i].per_expert;
+    for (int i = 0; i < arch->n_moe_mlp; i++)
+        if (!arch->moe_mlp[i].per_expert) add_tensor(l, &arch->moe_mlp[i], b, -1, stream++);
+    for (int e = l->first_expert; e < l->first_expert + l->n_experts_held; e++)
+        for (int i = 0, j = 0; i < arch->n_moe_mlp; i++)
+            if (arch->moe_mlp[i].per_expert) add_tensor(l, &arch->moe_mlp[i], b, e, stream + e * n_per_expert + j++);
+}
+
+static void lay_out(ParamLayout *l, const GPTConfig *cfg, int first, int n, bool embed, bool head,
+                    int first_expert, int n_experts) {
     const Arch *arch = gpt_arch(cfg);
+    if (cfg->n_experts && !arch->moe_mlp) fatal("the %s architecture has no mixture-of-experts version", arch->name);
     memset(l, 0, sizeof *l);
     l->cfg = *cfg;
     l->arch = arch;
@@ -130,14 +189,30 @@ void gpt_layout_range(ParamLayout *l, const GPTConfig *cfg, int first, int n, bo
     l->n_blocks = n;
     l->has_embed = embed;
     l->has_head = head;
-    l->tensors = calloc_or_die((size_t)(arch->n_root + arch->n_block * n), sizeof(TensorInfo));
+    l->first_expert = first_expert;
+    l->n_experts_held = n_experts;
+    int max_tensors = arch->n_root, stream = arch->n_root;
+    for (int b = first; b < first + n; b++) max_tensors += block_tensors(arch, cfg, b);
+    l->tensors = calloc_or_die((size_t)max_tensors, sizeof(TensorInfo));
+    l->block_first = calloc_or_die((size_t)n + 1, sizeof(size_t));
     for (int i = 0; i < arch->n_root; i++)
-        if (holds_root(l, arch->root[i].role)) add_tensor(l, &arch->root[i], -1, i);
+        if (holds_root(l, arch->root[i].role)) add_tensor(l, &arch->root[i], -1, -1, i);
     l->root_numel = l->num_params;
-    for (int b = first; b < first + n; b++)
-        for (int i = 0; i < arch->n_block; i++)
-            add_tensor(l, &arch->block[i], b, arch->n_root + b * arch->n_block + i);
-    l->block_numel = n ? (l->num_params - l->root_numel) / (size_t)n : 0;
+    for (int b = 0; b < first; b++) stream += block_tensors(arch, cfg, b);
+    for (int b = first; b < first + n; b++) {
+        l->block_first[b - first] = l->num_params;
+        add_block(l, b, stream);
+        stream += block_tensors(arch, cfg, b);
+    }
+    l->block_first[n] = l->num_params;
+}
+
+void gpt_layout_range(ParamLayout *l, const GPTConfig *cfg, int first, int n, bool embed, bool head) {
+    lay_out(l, cfg, first, n, embed, head, 0, cfg->n_experts);
+}
+
+void gpt_layout_experts(ParamLayout *l, const GPTConfig *cfg, int first_expert, int n) {
+    lay_out(l, cfg, 0, cfg->n_layer, true, true, first_expert, n);
 }
 
 void gpt_layout(ParamLayout *l, const GPTConfig *cfg) {
@@ -146,7 +221,9 @@ void gpt_layout(ParamLayout *l, const GPTConfig *cfg) {
 
 void gpt_layout_free(ParamLayout *l) {
     free(l->tensors);
+    free(l->block_first);
     l->tensors = NULL;
+    l->block_first = NULL;
 }
 
 const TensorInfo *layout_tensor(const ParamLayout *l, const char *name) {
@@ -155,16 +232,36 @@ const TensorInfo *layout_tensor(const ParamLayout *l, const char *name) {
     return NULL;
 }
 
-size_t layout_block_start(const ParamLayout *l, int block) {
+static int held_block(const ParamLayout *l, int block) {
     if (block < l->first_block || block >= l->first_block + l->n_blocks)
         fatal("internal: block %d is not in this layout's [%d, %d)", block, l->first_block,
               l->first_block + l->n_blocks);
-    return l->root_numel + (size_t)(block - l->first_block) * l->block_numel;
+    return block - l->first_block;
+}
+
+size_t layout_block_start(const ParamLayout *l, int block) { return l->block_first[held_block(l, block)]; }
+
+size_t layout_block_numel(const ParamLayout *l, int block) {
+    int i = held_block(l, block);
+    return l->block_first[i + 1] - l->block_first[i];
+}
+
+void layout_copy_tensors(const ParamLayout *part, float *part_buf, const ParamLayout *whole, float *whole_buf,
+                         bool to_whole, int skip_role) {
+    for (int i = 0; i < part->num_tensors; i++) {
+        const TensorInfo *t = &part->tensors[i];
+        if ((int)t->role == skip_role) continue;
+        const TensorInfo *f = layout_tensor(whole, t->name);
+        if (!f) fatal("internal: the whole model has no tensor %s", t->name);
+        float *dst = to_whole ? whole_buf + f->offset : part_buf + t->offset;
+        const float *src = to_whole ? part_buf + t->offset : whole_buf + f->offset;
+        dev_copy(dst, src, t->numel * sizeof(float));
+    }
 }
 
 // where a tensor of a given role is pointed to, by name
-static float **block_slot(BlockWeights *bw, TensorRole role) {
-    switch (role) {
+static float **block_slot(BlockWeights *bw, const TensorInfo *t) {
+    switch (t->role) {
     case ROLE_LN1_W: return &bw->ln1.w;
     case ROLE_LN1_B: return &bw->ln1.b;
     case ROLE_QKV_W: return &bw->qkv.w;
@@ -177,8 +274,13 @@ static float **block_slot(BlockWeights *bw, TensorRole role) {
     case ROLE_FC_B: return &bw->fc.b;
     case ROLE_FC_PROJ_W: return &bw->fc_proj.w;
     case ROLE_FC_PROJ_B: return &bw->fc_proj.b;
+    case ROLE_ROUTER_W: return &bw->router.w;
+    case ROLE_EXPERT_FC_W: return &bw->expert_fc[t->expert].w;
+    case ROLE_EXPERT_FC_B: return &bw->expert_fc[t->expert].b;
+    case ROLE_EXPERT_PROJ_W: return &bw->expert_proj[t->expert].w;
+    case ROLE_EXPERT_PROJ_B: return &bw->expert_proj[t->expert].b;
     case ROLE_QKV_PART: return NULL;  // reached through the q tensor before it
-    default: fatal("internal: tensor role %d is not a block's", (int)role);
+    default: fatal("internal: tensor role %d is not a block's", (int)t->role);
     }
 }
 
@@ -214,8 +316,8 @@ void root_weights_point(Weights *w, const ParamLayout *l, float *root, bf16 *roo
     if (root16 && w->head.w) w->head.w16 = root16 + (w->head.w - root);
 }
 
-static void point_block_tensor(BlockWeights *bw, TensorRole role, float *at) {
-    float **slot = block_slot(bw, role);
+static void point_block_tensor(BlockWeights *bw, const TensorInfo *t, float *at) {
+    float **slot = block_slot(bw, t);
     if (slot) *slot = at;
 }
 
@@ -224,7 +326,7 @@ void weights_point(Weights *w, const ParamLayout *l, float *flat) {
     w->h = calloc_or_die((size_t)w->n_layer, sizeof(BlockWeights));
     for (int i = 0; i < l->num_tensors; i++) {
         const TensorInfo *t = &l->tensors[i];
-        if (t->block >= 0) point_block_tensor(&w->h[t->block], t->role, flat + t->offset);
+        if (t->block >= 0) point_block_tensor(&w->h[t->block], t, flat + t->offset);
     }
 }
 
@@ -232,7 +334,7 @@ void block_weights_point(BlockWeights *bw, const ParamLayout *l, int block, floa
     size_t start = layout_block_start(l, block);
     memset(bw, 0, sizeof *bw);
     for (int i = 0; i < l->num_tensors; i++)
-        if (l->tensors[i].block == block) point_block_tensor(bw, l->tensors[i].role, unit + (l->tensors[i].offset - start));
+        if (l->tensors[i].block == block) point_block_tensor(bw, &l->tensors[i], unit + (l->tensors[i].offset - start));
 }
 
 void weights_point_bf16(Weights *w, const ParamLayout *l, bf16 *flat16) {
@@ -290,8 +392,13 @@ ModelShape whole_model_shape(const GPTConfig *cfg) {
     return (ModelShape){.C = C, .C_total = C, .n_head = cfg->n_head, .C_attn = C, .C_mlp = 4 * C,
                         .v_lo = 0, .v_rows = cfg->padded_vocab_size,
                         .parallel_block = gpt_arch(cfg)->parallel_block,
-                        .rotary_dim = gpt_arch(cfg)->rotary ? cfg->rotary_dim : 0, .rope_theta = cfg->rope_theta};
+                        .rotary_dim = gpt_arch(cfg)->rotary ? cfg->rotary_dim : 0, .rope_theta = cfg->rope_theta,
+                        .n_experts = cfg->n_experts, .top_k = cfg->experts_per_token,
+                        .capacity_factor = cfg->capacity_factor, .aux_loss_coef = cfg->aux_loss_coef,
+                        .moe_every = cfg->moe_every, .first_expert = 0, .n_local_experts = cfg->n_experts, .ep = 1};
 }
+
+bool shape_block_is_moe(const ModelShape *s, int l) { return is_moe(s->n_experts, s->moe_every, l); }
 
 // out (N, OC) = inp (N, C) @ w^T + b. With bf16 weights (w16 set) the input is rounded to bf16
 // into inp16, which is also what backward will read, and the matmul accumulates in f32.
@@ -306,6 +413,8 @@ void linear_forward(float *out, const float *inp, bf16 *inp16, const Linear *w, 
     cast_to_bf16(inp16, inp, (size_t)N * C);
     matmul_forward_bf16(out, inp16, w->w16, w->b, N, C, OC);
 }
+
+static void zero_floats(float *x, size_t n) { dev_zero(x, n * sizeof(float)); }
 
 static void serial_embed_forward(LayerOps *ops, float *out, const int *tokens, const int *start,
                                  const Weights *w, const ModelShape *s, int B, int T) {
@@ -358,10 +467,39 @@ static void serial_attention_forward(LayerOps *ops, int layer, float *out, float
     attention_forward(out, att, qkv, B, T, s->C_attn, s->n_head);
 }
 
+static BlockActs *block_acts(const Activations *a, int l) { return &a->blocks[l - a->spec.first_layer]; }
+static bf16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
+
+// out = fc_proj(gelu(fc(inp)))
+static void dense_mlp_forward(LayerOps *ops, Activations *a, int l, const BlockWeights *w, int B, int T) {
+    const ModelShape *s = &a->spec.shape;
+    BlockActs *k = block_acts(a, l);
+    int N = B * T, C = s->C, F = s->C_mlp;
+    ops->linear_forward(ops, LIN_FC, k->fch, block_mlp_input(a, l), mlp_input16(k, s), &w->fc, N, C, F);
+    gelu_forward(k->fch_gelu, k->fch, (size_t)N * F);
+    ops->linear_forward(ops, LIN_FC_PROJ, k->out, k->fch_gelu, k->fch_gelu16, &w->fc_proj, N, F, C);
+}
+
+static void dense_mlp_backward(LayerOps *ops, Activations *a, int l, float *dinp, const BlockWeights *w,
+                               BlockWeights *g, const float *dout, int B, int T) {
+    const ModelShape *s = &a->spec.shape;
+    BlockActs *k = block_acts(a, l);
+    int N = B * T, C = s->C, F = s->C_mlp;
+    float *dfch_gelu = a->dbig, *dfch = a->dbig2;
+    zero_floats(dfch_gelu, (size_t)N * F);
+    zero_floats(dfch, (size_t)N * F);
+    ops->linear_backward(ops, LIN_FC_PROJ, dfch_gelu, &g->fc_proj, dout, a->dout16, k->fch_gelu,
+                         k->fch_gelu16, &w->fc_proj, N, F, C);
+    gelu_backward(dfch, k->fch, dfch_gelu, (size_t)N * F);
+    ops->linear_backward(ops, LIN_FC, dinp, &g->fc, dfch, a->dout16, block_mlp_input(a, l), mlp_input16(k, s),
+                         &w->fc, N, C, F);
+}
+
 LayerOps *serial_layer_ops(void) {
     static LayerOps serial = {serial_embed_forward, serial_embed_backward, serial_linear_forward,
                               serial_linear_backward, serial_norm_forward, serial_norm_backward,
-                              serial_attention_forward};
+                              serial_attention_forward, dense_mlp_forward, dense_mlp_backward,
+                              moe_forward, moe_backward};
     return &serial;
 }
 
@@ -372,15 +510,29 @@ typedef struct {
     bool count_only;  // add up the bytes, allocate nothing (acts_bytes)
     void **owned;     // every buffer allocated, to free
     int n_owned;
+    void **host_owned;  // and every host one
+    int n_host_owned;
 } Alloc;
+
+static void own(void ***list, int *n, void *p) {
+    *list = realloc(*list, (size_t)(*n + 1) * sizeof(void *));
+    if (!*list) fatal("out of host memory");
+    (*list)[(*n)++] = p;
+}
 
 static void *alloc_bytes(Alloc *al, size_t bytes) {
     al->a->bytes += bytes;
     if (al->count_only) return NULL;
     void *p = dev_malloc(bytes);
-    al->owned = realloc(al->owned, (size_t)(al->n_owned + 1) * sizeof(void *));
-    if (!al->owned) fatal("out of host memory");
-    al->owned[al->n_owned++] = p;
+    own(&al->owned, &al->n_owned, p);
+    return p;
+}
+
+// host memory (the MoE routing), which the device bytes do not count
+static void *alloc_host(Alloc *al, size_t bytes) {
+    if (al->count_only) return NULL;
+    void *p = calloc_or_die(1, bytes);
+    own(&al->host_owned, &al->n_host_owned, p);
     return p;
 }
 
@@ -396,7 +548,57 @@ static float *matmul_input(Alloc *al, size_t n) {
 
 static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-static void alloc_block(Alloc *al, BlockActs *k) {
+// A MoE block's routing and expert rows. The held experts receive at most R rows: every token of
+// the group's ranks routed here, or with a capacity, the held experts' capacity per sequence.
+static MoEActs *alloc_moe(Alloc *al) {
+    const ActsSpec *sp = &al->a->spec;
+    const ModelShape *s = &sp->shape;
+    size_t N = (size_t)sp->B * sp->T, C = s->C, F = s->C_mlp, E = s->n_experts, k = s->top_k;
+    MoEActs *m = alloc_host(al, sizeof(MoEActs));
+    MoEActs shape = {.N = (int)N, .R = moe_receive_capacity(s, sp->B, sp->T)};
+    if (!m) m = &shape;  // counting only: the sizes, nothing kept
+    *m = shape;
+    size_t R = (size_t)m->R;
+    m->logits = alloc_floats(al, N * E);
+    m->probs = alloc_host(al, N * E * sizeof(float));
+    m->choice = alloc_host(al, N * k * sizeof(int));
+    m->weight = alloc_host(al, N * k * sizeof(float));
+    m->slot = alloc_host(al, N * k * sizeof(int));
+    m->routed = alloc_host(al, E * sizeof(int));
+    m->expert_rows = alloc_host(al, ((size_t)s->n_local_experts + 1) * sizeof(int));
+    m->slot_dev = alloc_bytes(al, N * k * sizeof(int));
+    m->weight_dev = alloc_floats(al, N * k);
+    m->packed = alloc_floats(al, N * k * C);
+    m->expert_in = s->ep > 1 ? alloc_floats(al, R * C) : m->packed;
+    m->fch = alloc_floats(al, R * F);
+    m->fch_gelu = alloc_floats(al, R * F);
+    m->expert_out = alloc_floats(al, R * C);
+    m->returned = s->ep > 1 ? alloc_floats(al, N * k * C) : m->expert_out;
+    return m == &shape ? NULL : m;
+}
+
+static void alloc_moe_scratch(Alloc *al) {
+    const ActsSpec *sp = &al->a->spec;
+    const ModelShape *s = &sp->shape;
+    size_t N = (size_t)sp->B * sp->T, C = s->C, F = s->C_mlp, E = s->n_experts, k = s->top_k;
+    size_t R = (size_t)moe_receive_capacity(s, sp->B, sp->T);
+    MoEScratch *d = &al->a->moe;
+    if (s->ep > 1) {  // the rows' gradients before and after their trip to the experts' ranks
+        d->dreturned = alloc_floats(al, N * k * C);
+        d->dpacked = alloc_floats(al, N * k * C);
+    }
+    d->dexpert_out = alloc_floats(al, R * C);
+    d->dexpert_in = alloc_floats(al, R * C);
+    d->dfch = alloc_floats(al, R * F);
+    d->dfch_gelu = alloc_floats(al, R * F);
+    d->dlogits = alloc_floats(al, N * E);
+    d->dprobs = alloc_host(al, N * E * sizeof(float));
+    d->dweight = alloc_host(al, N * k * sizeof(float));
+    d->dweight_dev = alloc_floats(al, N * k);
+    al->a->moe_stats.load = alloc_host(al, (size_t)sp->n_layers * E * sizeof(long));
+}
+
+static void alloc_block(Alloc *al, BlockActs *k, int l) {
     const ActsSpec *sp = &al->a->spec;
     size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
     bool b16 = sp->bf16;
@@ -413,13 +615,17 @@ static void alloc_block(Alloc *al, BlockActs *k) {
         k->ln2_mean = alloc_floats(al, N);
         k->ln2_rstd = alloc_floats(al, N);
     }
-    k->fch = alloc_floats(al, N * F);
-    k->fch_gelu = matmul_input(al, N * F);
+    if (shape_block_is_moe(&sp->shape, l)) {
+        k->moe = alloc_moe(al);
+    } else {
+        k->fch = alloc_floats(al, N * F);
+        k->fch_gelu = matmul_input(al, N * F);
+    }
     k->out = alloc_floats(al, N * C);
     k->ln1_16 = alloc_bf16(al, N * C, b16);
     k->atty16 = alloc_bf16(al, N * Ca, b16);
     k->ln2_16 = alloc_bf16(al, N * C, b16 && !sp->shape.parallel_block);
-    k->fch_gelu16 = alloc_bf16(al, N * F, b16);
+    k->fch_gelu16 = alloc_bf16(al, N * F, b16 && !k->moe);
 }
 
 ActsSpec whole_model_acts(const GPTConfig *cfg, int B, int T, bool bf16, bool recompute) {
@@ -454,12 +660,17 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
     a->dout16 = alloc_bf16(&al, N * max3(max3(F, 3 * Ca, C), sp->head ? V : 0, 0), sp->bf16);
     a->encoded = alloc_floats(&al, N * C);
     a->blocks = calloc_or_die((size_t)(sp->n_layers > 0 ? sp->n_layers : 1), sizeof(BlockActs));
+    bool moe = false;
+    for (int l = sp->first_layer; l < sp->first_layer + sp->n_layers; l++) moe |= shape_block_is_moe(&sp->shape, l);
+    if (moe && (sp->recompute || sp->bf16))
+        fatal("internal: mixture-of-experts blocks run in fp32 without activation recomputation");
+    if (moe) alloc_moe_scratch(&al);
     for (int i = 0; i < sp->n_layers; i++) {
         if (sp->recompute && i > 0) {  // one set of activations, recomputed for each block in
             a->blocks[i] = a->blocks[0];  // backward; each block keeps its output (the next's input)
             a->blocks[i].out = alloc_floats(&al, N * C);
         } else {
-            alloc_block(&al, &a->blocks[i]);
+            alloc_block(&al, &a->blocks[i], sp->first_layer + i);
         }
     }
     if (sp->embed) a->inputs = alloc_bytes(&al, N * sizeof(int));
@@ -474,6 +685,8 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
     }
     a->owned = al.owned;
     a->n_owned = al.n_owned;
+    a->host_owned = al.host_owned;
+    a->n_host_owned = al.n_host_owned;
 }
 
 void acts_alloc_spec(Activations *a, const ActsSpec *spec) { lay_out_acts(a, spec, false); }
@@ -487,7 +700,9 @@ size_t acts_bytes(const ActsSpec *spec) {
 
 void acts_free(Activations *a) {
     for (int i = 0; i < a->n_owned; i++) dev_free(a->owned[i]);
+    for (int i = 0; i < a->n_host_owned; i++) free(a->host_owned[i]);
     free(a->owned);
+    free(a->host_owned);
     free(a->blocks);
     memset(a, 0, sizeof *a);
 }
@@ -495,6 +710,11 @@ void acts_free(Activations *a) {
 const float *block_input(const Activations *a, int l) {
     int i = l - a->spec.first_layer;
     return i == 0 ? a->encoded : a->blocks[i - 1].out;
+}
+
+const float *block_mlp_input(const Activations *a, int l) {
+    const BlockActs *k = block_acts(a, l);
+    return a->spec.shape.parallel_block ? k->ln1 : k->ln2;
 }
 
 const float *head_input(const Activations *a) { return block_input(a, a->spec.first_layer + a->spec.n_layers); }
@@ -517,9 +737,6 @@ void gpt_embed_forward(Activations *a, const Weights *w, int B, int T) {
     trace_layer("embedding forward", -1, t0);
 }
 
-// The MLP's input: ln2(res2), or in a parallel block ln1(x), which attention reads too
-static const float *mlp_input(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1 : k->ln2; }
-static bf16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
 
 void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int T) {
     double t0 = wall_seconds();
@@ -527,7 +744,7 @@ void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int 
     const ModelShape *s = &a->spec.shape;
     BlockActs *k = &a->blocks[l - a->spec.first_layer];
     const float *x = block_input(a, l);
-    int N = B * T, C = s->C, Ca = s->C_attn, F = s->C_mlp;
+    int N = B * T, C = s->C, Ca = s->C_attn;
     // attention sub-block: res2 = x + proj(attention(rotary(qkv(ln1(x)))))
     ops->norm_forward(ops, k->ln1, k->ln1_mean, k->ln1_rstd, x, &w->ln1, s, N);
     ops->linear_forward(ops, LIN_QKV, k->qkv, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
@@ -535,12 +752,11 @@ void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int 
     ops->attention_forward(ops, l, k->atty, k->att, k->qkv, s, B, T);
     ops->linear_forward(ops, LIN_ATTN_PROJ, k->res2, k->atty, k->atty16, &w->attn_proj, N, Ca, C);
     add_inplace(k->res2, x, (size_t)N * C);
-    // MLP sub-block: out = res2 + proj(gelu(fc(ln2(res2)))), or in a parallel block
-    // out = res2 + proj(gelu(fc(ln1(x))))
+    // MLP sub-block: out = res2 + mlp(ln2(res2)), or in a parallel block out = res2 + mlp(ln1(x));
+    // the MLP is proj(gelu(fc(.))), or in a MoE block the router's experts
     if (!s->parallel_block) ops->norm_forward(ops, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, &w->ln2, s, N);
-    ops->linear_forward(ops, LIN_FC, k->fch, mlp_input(k, s), mlp_input16(k, s), &w->fc, N, C, F);
-    gelu_forward(k->fch_gelu, k->fch, (size_t)N * F);
-    ops->linear_forward(ops, LIN_FC_PROJ, k->out, k->fch_gelu, k->fch_gelu16, &w->fc_proj, N, F, C);
+    if (k->moe) ops->moe_forward(ops, a, l, w, B, T);
+    else ops->mlp_forward(ops, a, l, w, B, T);
     add_inplace(k->out, k->res2, (size_t)N * C);
     trace_layer("forward", l, t0);
 }
@@ -572,8 +788,6 @@ double gpt_loss_forward(Activations *a, const GPTConfig *cfg, int B, int T) {
 
 // ---- backward: each step undoes its forward, in reverse order ---------------------------------
 
-static void zero_floats(float *x, size_t n) { dev_zero(x, n * sizeof(float)); }
-
 void gpt_head_backward(Activations *a, const Weights *w, Weights *g, int B, int T) {
     double t0 = wall_seconds();
     LayerOps *ops = a->ops;
@@ -595,19 +809,14 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     const ModelShape *s = &a->spec.shape;
     BlockActs *k = &a->blocks[l - a->spec.first_layer];
     const float *x = block_input(a, l);
-    int N = B * T, C = s->C, Ca = s->C_attn, F = s->C_mlp;
+    int N = B * T, C = s->C, Ca = s->C_attn;
     float *dres = a->dres;  // dL/d(out) now; the residual connection passes it on unchanged
-    // MLP sub-block, backwards: out = res2 + proj(gelu(fc(ln2(res2)))). In a parallel block the
-    // MLP's input is ln1(x): its gradient waits in dln for attention's (dsmall is attention's dqkv).
-    float *dfch_gelu = a->dbig, *dfch = a->dbig2, *dln2 = s->parallel_block ? a->dln : a->dsmall;
-    zero_floats(dfch_gelu, (size_t)N * F);
-    zero_floats(dfch, (size_t)N * F);
+    // MLP sub-block, backwards: out = res2 + mlp(ln2(res2)). In a parallel block the MLP's input
+    // is ln1(x): its gradient waits in dln for attention's (dsmall is attention's dqkv).
+    float *dln2 = s->parallel_block ? a->dln : a->dsmall;
     zero_floats(dln2, (size_t)N * C);
-    ops->linear_backward(ops, LIN_FC_PROJ, dfch_gelu, &g->fc_proj, dres, a->dout16, k->fch_gelu,
-                         k->fch_gelu16, &w->fc_proj, N, F, C);
-    gelu_backward(dfch, k->fch, dfch_gelu, (size_t)N * F);
-    ops->linear_backward(ops, LIN_FC, dln2, &g->fc, dfch, a->dout16, mlp_input(k, s), mlp_input16(k, s), &w->fc,
-                         N, C, F);
+    if (k->moe) ops->moe_backward(ops, a, l, dln2, w, g, dres, B, T);
+    else ops->mlp_backward(ops, a, l, dln2, w, g, dres, B, T);
     if (!s->parallel_block)
         ops->norm_backward(ops, dres, &g->ln2, dln2, k->res2, &w->ln2, k->ln2_mean, k->ln2_rstd, s, N);
     // dres is now dL/d(res2). Attention sub-block, backwards: res2 = x + proj(attention(ln1(x)))

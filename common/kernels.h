@@ -230,6 +230,60 @@ KERNEL_FN void column_sums(float *dbias, const float *dout, int N, int OC, int c
 }
 
 // ----------------------------------------------------------------------------------------------
+// mixture of experts: moving token rows to the rows their experts run on and back. Token n went
+// to k experts; slot[j] is the packed row of its j-th (-1: dropped, over capacity). The packed
+// rows are distinct, so each token row is written, and read back, by one worker alone.
+
+// packed rows of token n = its input row x (columns lane, lane + nlanes, ...)
+KERNEL_FN void moe_dispatch_row(float *packed, const float *x, const int *slot, int k, int C, int lane, int nlanes) {
+    for (int j = 0; j < k; j++) {
+        if (slot[j] < 0) continue;
+        float *row = packed + (size_t)slot[j] * C;
+        for (int c = lane; c < C; c += nlanes) row[c] = x[c];
+    }
+}
+
+// dx += the gradients of token n's packed rows
+KERNEL_FN void moe_dispatch_backward_row(float *dx, const float *dpacked, const int *slot, int k, int C,
+                                         int lane, int nlanes) {
+    for (int c = lane; c < C; c += nlanes) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++)
+            if (slot[j] >= 0) acc += dpacked[(size_t)slot[j] * C + c];
+        dx[c] += acc;
+    }
+}
+
+// out row of token n = sum over its kept experts of weight[j] x that expert's output row
+KERNEL_FN void moe_combine_row(float *out, const float *y, const int *slot, const float *weight, int k, int C,
+                               int lane, int nlanes) {
+    for (int c = lane; c < C; c += nlanes) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++)
+            if (slot[j] >= 0) acc += weight[j] * y[(size_t)slot[j] * C + c];
+        out[c] = acc;
+    }
+}
+
+// the expert rows' gradient: dy row slot[j] = weight[j] x dout row n
+KERNEL_FN void moe_combine_backward_row(float *dy, const float *dout, const int *slot, const float *weight, int k,
+                                        int C, int lane, int nlanes) {
+    for (int j = 0; j < k; j++) {
+        if (slot[j] < 0) continue;
+        float *row = dy + (size_t)slot[j] * C;
+        for (int c = lane; c < C; c += nlanes) row[c] = weight[j] * dout[c];
+    }
+}
+
+// this lane's part of the weight's gradient: dout row . expert output row (0 when dropped)
+KERNEL_FN float moe_weight_grad_partial(const float *dout, const float *y, int slot, int C, int lane, int nlanes) {
+    float acc = 0.0f;
+    if (slot < 0) return acc;
+    for (int c = lane; c < C; c += nlanes) acc += dout[c] * y[(size_t)slot * C + c];
+    return acc;
+}
+
+// ----------------------------------------------------------------------------------------------
 // GELU, GPT-2's tanh approximation: gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 //
 // Since 0.5 (1 + tanh(a)) = sigmoid(2a) = 1 / (1 + exp(-2a)), this is x * sigmoid(z) with z = 2a,

@@ -193,6 +193,21 @@ void add_inplace(float *acc, const float *x, size_t n);                  // acc 
 void scale_inplace(float *x, float s, size_t n);                         // x *= s
 
 // ----------------------------------------------------------------------------------------------
+// mixture of experts: token rows to their experts' rows and back. slot (N, k) (device): the row
+// of packed that token n's j-th expert runs, -1 when it was dropped; the rows are distinct.
+
+// packed (rows, C): row slot[n, j] = x row n
+void moe_dispatch(float *packed, const float *x, const int *slot, int N, int k, int C);
+// dx (N, C) += sum over j of dpacked row slot[n, j]
+void moe_dispatch_backward(float *dx, const float *dpacked, const int *slot, int N, int k, int C);
+// out (N, C) = sum over j of weight[n, j] x y row slot[n, j] (zero when every expert dropped it)
+void moe_combine(float *out, const float *y, const int *slot, const float *weight, int N, int k, int C);
+// dy row slot[n, j] = weight[n, j] x dout row n (rows no token uses are left alone);
+// dweight (N, k) = dout row n . y row slot[n, j] (0 when dropped)
+void moe_combine_backward(float *dy, float *dweight, const float *dout, const float *y, const int *slot,
+                          const float *weight, int N, int k, int C);
+
+// ----------------------------------------------------------------------------------------------
 // the loss: softmax + cross-entropy
 
 // Over the first V of each row's Vp logits (the rest is vocab padding). targets < 0 carry no

@@ -667,6 +667,34 @@ void add_forward(float *out, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+// one thread per token: its rows are its own
+void moe_dispatch(float *packed, const float *x, const int *slot, int N, int k, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) moe_dispatch_row(packed, x + (size_t)n * C, slot + (size_t)n * k, k, C, 0, 1);
+}
+
+void moe_dispatch_backward(float *dx, const float *dpacked, const int *slot, int N, int k, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        moe_dispatch_backward_row(dx + (size_t)n * C, dpacked, slot + (size_t)n * k, k, C, 0, 1);
+}
+
+void moe_combine(float *out, const float *y, const int *slot, const float *weight, int N, int k, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        moe_combine_row(out + (size_t)n * C, y, slot + (size_t)n * k, weight + (size_t)n * k, k, C, 0, 1);
+}
+
+void moe_combine_backward(float *dy, float *dweight, const float *dout, const float *y, const int *slot,
+                          const float *weight, int N, int k, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + (size_t)n * C;
+        moe_combine_backward_row(dy, d, slot + (size_t)n * k, weight + (size_t)n * k, k, C, 0, 1);
+        for (int j = 0; j < k; j++) dweight[(size_t)n * k + j] = moe_weight_grad_partial(d, y, slot[(size_t)n * k + j], C, 0, 1);
+    }
+}
+
 void add_inplace(float *acc, const float *x, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) acc[i] += x[i];

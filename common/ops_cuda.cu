@@ -1054,6 +1054,65 @@ void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, in
     rotary_apply(dqkv, start, B, T, C_attn, NH, rot_dim, theta, -1.0f);
 }
 
+// ----------------------------------------------------------------------------------------------
+// mixture of experts: a warp per token (its rows are its own), lanes over the columns
+
+static __global__ void moe_dispatch_kernel(float *packed, const float *x, const int *slot, int N, int k, int C) {
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n < N) moe_dispatch_row(packed, x + (size_t)n * C, slot + (size_t)n * k, k, C, threadIdx.x % 32, 32);
+}
+
+static __global__ void moe_dispatch_backward_kernel(float *dx, const float *dpacked, const int *slot, int N, int k,
+                                                    int C) {
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n < N) moe_dispatch_backward_row(dx + (size_t)n * C, dpacked, slot + (size_t)n * k, k, C, threadIdx.x % 32, 32);
+}
+
+static __global__ void moe_combine_kernel(float *out, const float *y, const int *slot, const float *weight, int N,
+                                          int k, int C) {
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n < N)
+        moe_combine_row(out + (size_t)n * C, y, slot + (size_t)n * k, weight + (size_t)n * k, k, C, threadIdx.x % 32, 32);
+}
+
+static __global__ void moe_combine_backward_kernel(float *dy, float *dweight, const float *dout, const float *y,
+                                                   const int *slot, const float *weight, int N, int k, int C) {
+    int lane = threadIdx.x % 32, n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (n >= N) return;  // the whole warp leaves together, so the shuffles stay full-warp
+    const float *d = dout + (size_t)n * C;
+    moe_combine_backward_row(dy, d, slot + (size_t)n * k, weight + (size_t)n * k, k, C, lane, 32);
+    for (int j = 0; j < k; j++) {
+        float g = warp_reduce(moe_weight_grad_partial(d, y, slot[(size_t)n * k + j], C, lane, 32), SumOp());
+        if (lane == 0) dweight[(size_t)n * k + j] = g;
+    }
+}
+
+void moe_dispatch(float *packed, const float *x, const int *slot, int N, int k, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(moe_dispatch_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, packed, x, slot, N, k, C);
+}
+
+void moe_dispatch_backward(float *dx, const float *dpacked, const int *slot, int N, int k, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(moe_dispatch_backward_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dx, dpacked, slot, N, k, C);
+}
+
+void moe_combine(float *out, const float *y, const int *slot, const float *weight, int N, int k, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(moe_combine_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, out, y, slot, weight, N, k, C);
+}
+
+void moe_combine_backward(float *dy, float *dweight, const float *dout, const float *y, const int *slot,
+                          const float *weight, int N, int k, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(moe_combine_backward_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dy, dweight, dout, y,
+           slot, weight, N, k, C);
+}
+
 void add_forward(float *out, const float *a, const float *b, size_t n) {
     if (!n) return;
     ensure_init();

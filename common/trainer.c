@@ -28,6 +28,20 @@ static void phi_rotary_defaults(GPTConfig *mc) {
     mc->rope_theta = 10000.0f;
 }
 
+// the experts' routing as the run trains it (capacity_factor and aux_loss_coef are the run's)
+static void moe_training_settings(GPTConfig *mc, const Config *cfg) {
+    mc->capacity_factor = (float)cfg->capacity_factor;
+    mc->aux_loss_coef = (float)cfg->aux_loss_coef;
+}
+
+// a checkpoint's experts: num_experts 0 takes them, as n_layer 0 takes its blocks
+static void check_checkpoint_experts(const GPTConfig *mc, const Config *cfg, const char *path) {
+    if (cfg->num_experts && mc->n_experts != cfg->num_experts)
+        fatal("%s: the checkpoint has %d experts per mixture-of-experts block but key 'num_experts' is %d; "
+              "set num_experts to %d (or 0: the checkpoint's)", path, mc->n_experts, cfg->num_experts,
+              mc->n_experts);
+}
+
 GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
     GPTConfig mc = {0};
     int vocab = tokenizer_vocab_size(tok);
@@ -42,6 +56,8 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
         if (mc.max_seq_len < cfg->max_seq_len)
             fatal("%s: the checkpoint has %d positions but max_seq_len is %d", path, mc.max_seq_len,
                   cfg->max_seq_len);
+        check_checkpoint_experts(&mc, cfg, path);
+        moe_training_settings(&mc, cfg);
         return mc;
     }
     mc.max_seq_len = cfg->max_seq_len;
@@ -52,6 +68,10 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
     mc.n_layer = cfg->n_layer;
     mc.n_head = cfg->n_head;
     mc.n_embd = cfg->n_embd;
+    mc.n_experts = cfg->num_experts;
+    mc.experts_per_token = cfg->experts_per_token;
+    mc.moe_every = cfg->moe_every;
+    moe_training_settings(&mc, cfg);
     if (strcmp(cfg->arch, "phi") == 0) phi_rotary_defaults(&mc);
     return mc;
 }
