@@ -51,15 +51,19 @@ STAGE_DIR_4 := 04_fsdp
 STAGE_DIR_5 := 05_tensor_parallel
 STAGE_DIR_6 := 06_inference
 STAGE_DIR_7 := 07_pipeline_parallel
+STAGE_DIR_8 := 08_mixture_of_experts
 # the stages whose directory holds C files; from 03 on they talk MPI
-STAGES := $(foreach n,1 2 3 4 5 6 7,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
-MPI_STAGES := $(filter 3 4 5 6 7,$(STAGES))
+STAGES := $(foreach n,1 2 3 4 5 6 7 8,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
+MPI_STAGES := $(filter 3 4 5 6 7 8,$(STAGES))
 # files of an earlier stage that a stage builds on (stage 06 runs stage 05's tensor-parallel block)
 STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 # stage 07 starts from 03: its replica check (03_ddp/buckets.c)
 STAGE_EXTRA_7 := 03_ddp/buckets.c
 $(B)/07_pipeline_parallel/%.o: CFLAGS += -I03_ddp
+# stage 08 starts from 03 too: its replica check
+STAGE_EXTRA_8 := 03_ddp/buckets.c
+$(B)/08_mixture_of_experts/%.o: CFLAGS += -I03_ddp
 
 .PHONY: plot report all setup test test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools

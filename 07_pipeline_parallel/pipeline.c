@@ -341,10 +341,15 @@ void print_bubble(Comm *world, const Pipeline *p, const char *when) {
 
 // ---- checkpoints ------------------------------------------------------------------------------
 
+// every tensor but the last stage's copy of the tied wte (the first stage's is the one)
+static bool not_wte_copy(const TensorInfo *t, const void *grid) {
+    return t->role != ROLE_WTE || !holds_wte_copy(grid);
+}
+
 static void assemble(const PipeGrid *g, const ParamLayout *local, const ParamLayout *full, float *out,
                      const float *in) {
     dev_zero(out, full->num_params * sizeof(float));
-    layout_copy_tensors(local, (float *)in, full, out, true, holds_wte_copy(g) ? ROLE_WTE : -1);
+    layout_copy_tensors(local, (float *)in, full, out, true, not_wte_copy, g);
     // each element is non-zero on exactly one stage: the sum puts the model together
     comm_all_reduce(g->pipe, out, full->num_params);
 }
@@ -360,20 +365,4 @@ void pipe_save_checkpoint(const Config *cfg, const PipeGrid *g, const ParamLayou
     assemble(g, local, full, fv, v);
     if (g->is_first) save_checkpoint(cfg, full, fp, fm, fv, step);
     dev_free(fp), dev_free(fm), dev_free(fv);
-}
-
-long pipe_load_checkpoint(const Config *cfg, const ParamLayout *local, const ParamLayout *full,
-                          float *params, float *m, float *v) {
-    size_t bytes = full->num_params * sizeof(float);
-    float *fp = dev_malloc(bytes), *fm = dev_malloc(bytes), *fv = dev_malloc(bytes);
-    long step = 0;
-    if (cfg->resume) step = resume_checkpoint(cfg, full, fp, fm, fv);
-    else load_initial_weights(cfg, full, fp);
-    layout_copy_tensors(local, params, full, fp, false, -1);
-    if (cfg->resume) {
-        layout_copy_tensors(local, m, full, fm, false, -1);
-        layout_copy_tensors(local, v, full, fv, false, -1);
-    }
-    dev_free(fp), dev_free(fm), dev_free(fv);
-    return step;
 }

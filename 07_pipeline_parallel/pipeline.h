@@ -91,7 +91,4 @@ void print_bubble(Comm *world, const Pipeline *p, const char *when);
 void pipe_save_checkpoint(const Config *cfg, const PipeGrid *g, const ParamLayout *local,
                           const ParamLayout *full, const float *params, const float *m,
                           const float *v, long step);
-long pipe_load_checkpoint(const Config *cfg, const ParamLayout *local, const ParamLayout *full,
-                          float *params, float *m, float *v);
-
 #endif

@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
     }
     long step = 0;
     if (cfg.resume || starts_from_checkpoint(&cfg))
-        step = pipe_load_checkpoint(&cfg, &layout, &full_layout, params, adam_m, adam_v);
+        step = load_checkpoint_part(&cfg, &layout, &full_layout, params, adam_m, adam_v);
     else gpt_init_range(params, &layout, 0, n, (uint64_t)cfg.seed);  // a range initialises as the whole model
 
     // activations for one micro-batch of the longest sequences, once per micro-batch in flight

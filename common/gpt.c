@@ -247,10 +247,10 @@ size_t layout_block_numel(const ParamLayout *l, int block) {
 }
 
 void layout_copy_tensors(const ParamLayout *part, float *part_buf, const ParamLayout *whole, float *whole_buf,
-                         bool to_whole, int skip_role) {
+                         bool to_whole, TensorFilter take, const void *ctx) {
     for (int i = 0; i < part->num_tensors; i++) {
         const TensorInfo *t = &part->tensors[i];
-        if ((int)t->role == skip_role) continue;
+        if (take && !take(t, ctx)) continue;
         const TensorInfo *f = layout_tensor(whole, t->name);
         if (!f) fatal("internal: the whole model has no tensor %s", t->name);
         float *dst = to_whole ? whole_buf + f->offset : part_buf + t->offset;

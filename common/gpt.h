@@ -152,9 +152,10 @@ const TensorInfo *layout_tensor(const ParamLayout *layout, const char *name);
 size_t layout_block_start(const ParamLayout *layout, int block);
 size_t layout_block_numel(const ParamLayout *layout, int block);
 // copies the tensors `part` holds between its buffer and a buffer laid out as `whole`, by name
-// (to_whole: into whole_buf); tensors of role skip_role are left out (-1: none)
+// (to_whole: into whole_buf); only those take(t, ctx) accepts, or all when take is NULL
+typedef bool (*TensorFilter)(const TensorInfo *t, const void *ctx);
 void layout_copy_tensors(const ParamLayout *part, float *part_buf, const ParamLayout *whole, float *whole_buf,
-                         bool to_whole, int skip_role);
+                         bool to_whole, TensorFilter take, const void *ctx);
 
 // The weights of a layer, pointing into a flat buffer (bf16 copies: stage 02's matmul inputs)
 typedef struct {

@@ -57,37 +57,30 @@ static void top_k(const float *p, int E, int k, int *choice, float *weight) {
     for (int j = 0; j < k; j++) weight[j] = p[choice[j]] / sum;
 }
 
-// Which token-expert pairs fit: per sequence, first choices before second ones, in position
-// order, at most `capacity` rows per expert. Kept pairs get packed rows grouped by expert (in the
-// same order); m->routed counts them. Returns the pairs dropped.
+// Which token-expert pairs fit: per sequence, token by token in position order, at most
+// `capacity` rows per expert (a token's own pairs go to distinct experts, so the order of its
+// choices never matters). Kept pairs get packed rows grouped by expert, in the same order;
+// m->routed counts them. Returns the pairs dropped.
 static long place_rows(MoEActs *m, const ModelShape *s, int B, int T, long *load) {
     int E = s->n_experts, k = s->top_k, cap = moe_capacity(s, T);
     int used[MAX_EXPERTS], next[MAX_EXPERTS];
-    long dropped = 0;
+    long dropped = 0, pairs = (long)B * T * k;
     memset(m->routed, 0, (size_t)E * sizeof(int));
-    for (int b = 0; b < B; b++) {
-        memset(used, 0, sizeof used);
-        for (int j = 0; j < k; j++)
-            for (int t = 0; t < T; t++) {
-                long pair = ((long)b * T + t) * k + j;
-                int e = m->choice[pair];
-                bool fits = !cap || used[e] < cap;
-                used[e] += fits;
-                m->routed[e] += fits;
-                m->slot[pair] = fits ? e : -1;
-                dropped += !fits;
-            }
+    for (long pair = 0; pair < pairs; pair++) {
+        if (pair % ((long)T * k) == 0) memset(used, 0, sizeof used);  // a new sequence
+        int e = m->choice[pair];
+        bool fits = !cap || used[e] < cap;
+        used[e] += fits;
+        m->routed[e] += fits;
+        m->slot[pair] = fits ? e : -1;
+        dropped += !fits;
     }
     for (int e = 0, row = 0; e < E; row += m->routed[e], e++) {
         next[e] = row;
         load[e] += m->routed[e];
     }
-    for (int b = 0; b < B; b++)
-        for (int j = 0; j < k; j++)
-            for (int t = 0; t < T; t++) {
-                long pair = ((long)b * T + t) * k + j;
-                if (m->slot[pair] >= 0) m->slot[pair] = next[m->slot[pair]]++;
-            }
+    for (long pair = 0; pair < pairs; pair++)
+        if (m->slot[pair] >= 0) m->slot[pair] = next[m->slot[pair]]++;
     return dropped;
 }
 
@@ -134,6 +127,31 @@ void moe_route(Activations *a, int l, const BlockWeights *w, int B, int T) {
 
 // ---- the experts ------------------------------------------------------------------------------
 
+// An expert's row count changes every step. The matmuls run on power-of-two chunks of the rows,
+// so that a backend which prepares one kernel per shape (oneDNN on the CPU) sees a few shapes
+// (log2 of the rows) instead of a new one at every step; the rows are independent, and the
+// weights' gradients add up over the chunks.
+static int chunk_rows(int rows) {
+    int c = 1;
+    while (c * 2 <= rows) c *= 2;
+    return c;
+}
+
+static void expert_linear_forward(float *out, const float *inp, const Linear *w, int rows, int C, int OC) {
+    for (int r = 0, n; r < rows; r += n) {
+        n = chunk_rows(rows - r);
+        matmul_forward(out + (size_t)r * OC, inp + (size_t)r * C, w->w, w->b, n, C, OC);
+    }
+}
+
+static void expert_linear_backward(float *dinp, Linear *g, const float *dout, const float *inp, const Linear *w,
+                                   int rows, int C, int OC) {
+    for (int r = 0, n; r < rows; r += n) {
+        n = chunk_rows(rows - r);
+        matmul_backward(dinp + (size_t)r * C, g->w, g->b, dout + (size_t)r * OC, inp + (size_t)r * C, w->w, n, C, OC);
+    }
+}
+
 void moe_experts_forward(Activations *a, int l, const BlockWeights *w) {
     const ModelShape *s = &a->spec.shape;
     MoEActs *m = moe_acts(a, l);
@@ -141,10 +159,9 @@ void moe_experts_forward(Activations *a, int l, const BlockWeights *w) {
     for (int i = 0; i < s->n_local_experts; i++) {
         int e = s->first_expert + i, r0 = m->expert_rows[i], rows = m->expert_rows[i + 1] - r0;
         if (!rows) continue;
-        matmul_forward(m->fch + r0 * F, m->expert_in + r0 * C, w->expert_fc[e].w, w->expert_fc[e].b, rows, (int)C, (int)F);
+        expert_linear_forward(m->fch + r0 * F, m->expert_in + r0 * C, &w->expert_fc[e], rows, (int)C, (int)F);
         gelu_forward(m->fch_gelu + r0 * F, m->fch + r0 * F, rows * F);
-        matmul_forward(m->expert_out + r0 * C, m->fch_gelu + r0 * F, w->expert_proj[e].w, w->expert_proj[e].b, rows,
-                       (int)F, (int)C);
+        expert_linear_forward(m->expert_out + r0 * C, m->fch_gelu + r0 * F, &w->expert_proj[e], rows, (int)F, (int)C);
     }
 }
 
@@ -161,11 +178,11 @@ void moe_experts_backward(Activations *a, int l, const BlockWeights *w, BlockWei
         dev_zero(dfch_gelu, rows * F * sizeof(float));
         dev_zero(dfch, rows * F * sizeof(float));
         dev_zero(din, rows * C * sizeof(float));
-        matmul_backward(dfch_gelu, g->expert_proj[e].w, g->expert_proj[e].b, dexpert_out + r0 * C,
-                        m->fch_gelu + r0 * F, w->expert_proj[e].w, rows, (int)F, (int)C);
+        expert_linear_backward(dfch_gelu, &g->expert_proj[e], dexpert_out + r0 * C, m->fch_gelu + r0 * F,
+                               &w->expert_proj[e], rows, (int)F, (int)C);
         gelu_backward(dfch, m->fch + r0 * F, dfch_gelu, rows * F);
-        matmul_backward(din, g->expert_fc[e].w, g->expert_fc[e].b, dfch, m->expert_in + r0 * C, w->expert_fc[e].w,
-                        rows, (int)C, (int)F);
+        expert_linear_backward(din, &g->expert_fc[e], dfch, m->expert_in + r0 * C, &w->expert_fc[e], rows, (int)C,
+                               (int)F);
     }
 }
 

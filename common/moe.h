@@ -4,10 +4,10 @@
 // layer C -> E. For each token the router's softmax picks the k most probable experts; the
 // token's MLP output is the sum of those experts' outputs, each weighted by its probability
 // renormalised over the k (Mixtral's sparse block). Each expert takes at most `capacity` rows of
-// each sequence, ceil(capacity_factor * T * k / E): the first choices of the sequence's tokens are
-// placed first, in position order, then the second choices; a token-expert pair over capacity is
-// dropped (that expert's output is left out; the residual still carries the token). Capacity is
-// counted per sequence so that the same tokens are dropped however the batch is split over ranks.
+// each sequence, ceil(capacity_factor * T * k / E), first come first served in position order; a
+// token-expert pair over capacity is dropped (that expert's output is left out; the residual still
+// carries the token). Capacity is counted per sequence so that the same tokens are dropped however
+// the batch is split over ranks.
 //
 // The load-balancing loss (Switch Transformer, Mixtral): for each sequence s and MoE block,
 // aux = E * sum_e f_e * P_e, where f_e is the share of the sequence's tokens routed to expert e

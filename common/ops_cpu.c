@@ -85,7 +85,7 @@ typedef struct {
     char impl[64];  // which oneDNN implementation was picked, e.g. "brg:avx512_core"
 } MatmulPlan;
 
-#define MAX_PLANS 128
+#define MAX_PLANS 512  // a run's shapes: each linear at each batch length, the experts' row chunks
 static MatmulPlan g_plans[MAX_PLANS];
 static int g_nplans = 0;
 

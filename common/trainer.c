@@ -213,6 +213,9 @@ void loss_scaler_resume(LossScaler *s, const Config *cfg) {
 double flops_per_token(const GPTConfig *c, int T) {
     double L = c->n_layer, C = c->n_embd;
     double matmul_params = L * 12 * C * C + (double)c->padded_vocab_size * C;
+    // a MoE block's token runs k experts' MLPs (8 C^2 each) instead of one, and the router (E C)
+    double moe = gpt_moe_blocks(c, 0, c->n_layer);
+    matmul_params += moe * ((c->experts_per_token - 1) * 8 * C * C + (double)c->n_experts * C);
     return 6 * matmul_params + 12 * L * C * T;
 }
 
@@ -258,6 +261,26 @@ static void format_duration(char *buf, size_t size, double seconds) {
     else snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
 }
 
+// the load-balancing loss, the dropped pairs, and the rows each expert ran, summed over the blocks
+static void print_expert_load(const MoEStepStats *moe) {
+    printf(" | aux %.4f | dropped %ld | experts", moe->aux_loss, moe->dropped);
+    for (int e = 0; e < moe->experts; e++) {
+        long rows = 0;
+        for (int b = 0; b < moe->blocks; b++) rows += moe->load[b * moe->experts + e];
+        printf(" %ld", rows);
+    }
+}
+
+static void write_expert_load(FILE *f, const MoEStepStats *moe) {
+    fprintf(f, ", \"aux_loss\": %.17g, \"dropped\": %ld, \"expert_load\": [", moe->aux_loss, moe->dropped);
+    for (int b = 0; b < moe->blocks; b++) {
+        fprintf(f, "%s[", b ? ", " : "");
+        for (int e = 0; e < moe->experts; e++) fprintf(f, "%s%ld", e ? ", " : "", moe->load[b * moe->experts + e]);
+        fprintf(f, "]");
+    }
+    fprintf(f, "]");
+}
+
 static void print_progress(const Metrics *m, const StepStats *s) {
     double elapsed = wall_seconds() - m->start_time;
     long done = s->step - m->start_step;
@@ -271,6 +294,7 @@ static void print_progress(const Metrics *m, const StepStats *s) {
     if (s->scaler && s->scaler->on)
         printf(" | scale %.0f%s, %ld skipped", s->scaler->scale, s->scaler->skipped_now ? " (skipped: inf)" : "",
                s->scaler->skipped);
+    if (s->moe) print_expert_load(s->moe);
     printf(" | eta %s\n", eta);
     fflush(stdout);
 }
@@ -290,6 +314,7 @@ void metrics_log(Metrics *m, const StepStats *s, bool print_line) {
         fprintf(m->f, ", \"loss_scale\": %.17g, \"skipped\": %s, \"skipped_steps\": %ld, \"grad_underflow\": %.9g",
                 s->scaler->scale, s->scaler->skipped_now ? "true" : "false", s->scaler->skipped,
                 s->scaler->underflow);
+    if (s->moe) write_expert_load(m->f, s->moe);
     fprintf(m->f, "}\n");
     fflush(m->f);
 }
@@ -373,6 +398,7 @@ static cJSON *layout_json(RunLayout layout) {
     if (layout.tp_dimensions[0])
         cJSON_AddItemToObject(j, "tp_dimensions", cJSON_CreateIntArray(layout.tp_dimensions, 3));
     if (layout.pp) cJSON_AddNumberToObject(j, "pp", layout.pp);
+    if (layout.ep) cJSON_AddNumberToObject(j, "ep", layout.ep);
     cJSON_AddNumberToObject(j, "dp", layout.dp);
     if (layout.sharded) cJSON_AddTrueToObject(j, "sharded");
     return j;
@@ -498,6 +524,22 @@ void load_initial_weights(const Config *cfg, const ParamLayout *layout, float *p
     checkpoint_load_model(cfg->init_from, layout, host);
     copy_to_device(params, host, bytes);
     free(host);
+}
+
+long load_checkpoint_part(const Config *cfg, const ParamLayout *part, const ParamLayout *whole, float *params,
+                          float *m, float *v) {
+    size_t bytes = whole->num_params * sizeof(float);
+    float *wp = dev_malloc(bytes), *wm = dev_malloc(bytes), *wv = dev_malloc(bytes);
+    long step = 0;
+    if (cfg->resume) step = resume_checkpoint(cfg, whole, wp, wm, wv);
+    else load_initial_weights(cfg, whole, wp);
+    layout_copy_tensors(part, params, whole, wp, false, NULL, NULL);
+    if (cfg->resume) {
+        layout_copy_tensors(part, m, whole, wm, false, NULL, NULL);
+        layout_copy_tensors(part, v, whole, wv, false, NULL, NULL);
+    }
+    dev_free(wp), dev_free(wm), dev_free(wv);
+    return step;
 }
 
 // ---- preemption -------------------------------------------------------------------------------

@@ -82,11 +82,19 @@ bool loss_scaler_unscale(LossScaler *s, float *grads, size_t n, double *norm);
 // the state save_checkpoint wrote, read back when resuming (on every rank)
 void loss_scaler_resume(LossScaler *s, const Config *cfg);
 
-// Model FLOPs per token for forward + backward (6 per parameter per token for the matmuls,
-// plus attention's 12 * L * C * T), for MFU.
+// Model FLOPs per token for forward + backward (6 per parameter per token for the matmuls a
+// token runs through, plus attention's 12 * L * C * T), for MFU.
 double flops_per_token(const GPTConfig *cfg, int T);
 
 // ---- one step's numbers, printed as a line and appended to metrics.jsonl ----------------------
+// what the experts did in a step, over every rank
+typedef struct {
+    double aux_loss;      // the load-balancing loss: its mean over sequences and MoE blocks
+    long dropped;         // token-expert pairs over capacity
+    const long *load;     // [blocks x experts] rows each expert ran
+    int blocks, experts;
+} MoEStepStats;
+
 typedef struct {
     long step, total_steps;
     double loss, lr, grad_norm;
@@ -98,6 +106,7 @@ typedef struct {
     double comm_bytes, comm_ms;
     double state_bytes;
     const LossScaler *scaler;     // 16-mixed: the scale, skipped steps, fp16 underflow (else NULL)
+    const MoEStepStats *moe;      // mixture of experts (stage 08), else NULL
 } StepStats;
 
 typedef struct {
@@ -136,6 +145,7 @@ typedef struct {
     bool sharded;          // parameters, gradients and optimizer state sharded over them (FSDP)
     int tp_dimensions[3];  // the tensor-parallel grid [x, y, z]; all 0: no tensor parallelism
     int pp;                // pipeline stages; 0: no pipeline parallelism
+    int ep;                // ranks the experts are spread over; 0: no expert parallelism
 } RunLayout;
 // records one category of this rank's memory, in bytes, under "memory"
 void run_stats_memory(const char *what, size_t bytes);
@@ -172,6 +182,11 @@ void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *
 long resume_checkpoint(const Config *cfg, const ParamLayout *layout, float *params, float *m, float *v);
 // fills the device buffer params from init_from
 void load_initial_weights(const Config *cfg, const ParamLayout *layout, float *params);
+// A rank holding part of the model (a pipeline stage's blocks, an expert range) starts from a
+// whole-model checkpoint laid out as `whole`, taking its own tensors by name: resuming (out_dir,
+// with AdamW's moments; returns the step) or from init_from.
+long load_checkpoint_part(const Config *cfg, const ParamLayout *part, const ParamLayout *whole, float *params,
+                          float *m, float *v);
 
 // ---- preemption: stop at a step boundary, save, exit to be resumed ----------------------------
 // Slurm warns a job before its time limit or a preemption with SIGUSR1 (--signal=B:USR1@N) and

@@ -1,0 +1,280 @@
+// experts.c: the grid, the expert-parallel MoE layer, the gradients and the checkpoints of stage
+// 08 (experts.h).
+#include "experts.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "moe.h"
+#include "ops.h"
+#include "trainer.h"
+
+// ---- the grid ---------------------------------------------------------------------------------
+
+void expert_grid_init(ExpertGrid *g, Comm *world, const Config *cfg) {
+    int rank = comm_rank(world), ranks = comm_size(world), ep = cfg->ep_size;
+    if (ranks % ep != 0)
+        fatal("key 'ep_size': expert groups of %d ranks do not divide the %d ranks", ep, ranks);
+    if (ep > 1 && !cfg->num_experts)
+        fatal("key 'ep_size' is %d but num_experts is 0: there are no experts to spread", ep);
+    memset(g, 0, sizeof *g);
+    g->ep = ep;
+    g->dp = ranks / ep;
+    g->ep_rank = rank % ep;
+    g->replica = rank / ep;
+    g->n_local = cfg->num_experts / ep;
+    g->first_expert = g->ep_rank * g->n_local;
+    g->world = world;
+    g->ep_group = comm_split(world, g->replica, g->ep_rank, "experts");
+    g->expert_dp = comm_split(world, g->ep_rank, g->replica, "expert-replicas");
+}
+
+ModelShape expert_shape(const ExpertGrid *g, const GPTConfig *mc) {
+    ModelShape s = whole_model_shape(mc);
+    s.first_expert = g->first_expert;
+    s.n_local_experts = g->n_local;
+    s.ep = g->ep;
+    return s;
+}
+
+void print_expert_plan(const ExpertGrid *g, const GPTConfig *mc) {
+    if (!mc->n_experts) {
+        printf("experts: none (num_experts 0): every block has its dense MLP; %d data-parallel ranks\n", g->dp);
+        return;
+    }
+    printf("experts: %d per MoE block (%d of %d blocks), top-%d, capacity factor %g (%s), aux loss x %g\n",
+           mc->n_experts, gpt_moe_blocks(mc, 0, mc->n_layer), mc->n_layer, mc->experts_per_token,
+           mc->capacity_factor, mc->capacity_factor > 0 ? "rows per expert per sequence: ceil(factor T k / E)" : "no limit",
+           mc->aux_loss_coef);
+    printf("grid: %d expert ranks x %d data-parallel replicas (rank = replica * %d + expert rank); expert rank r "
+           "holds experts [r * %d, (r + 1) * %d)\n", g->ep, g->dp, g->ep, g->n_local, g->n_local);
+}
+
+// ---- the expert-parallel MoE layer ------------------------------------------------------------
+
+static ExpertLayers *layers_of(LayerOps *ops) { return (ExpertLayers *)ops; }
+static MoEActs *moe_of(const Activations *a, int l) { return a->blocks[l - a->spec.first_layer].moe; }
+
+static int *block_counts(const ExpertLayers *x, const Activations *a, int l) {
+    return x->counts + (size_t)(l - a->spec.first_layer) * x->grid->ep * x->E;
+}
+
+// Every rank of the replica learns how many rows each rank sends to each expert: what it will
+// receive, and where those rows go.
+static void exchange_counts(ExpertLayers *x, const MoEActs *m, int *counts) {
+    int E = x->E, ep = x->grid->ep;
+    float host[MAX_EXPERTS * 64];  // ep * E: at most 64 ranks per expert group here
+    if (ep * E > (int)(sizeof host / sizeof host[0])) fatal("expert groups of more than %d ranks x %d experts", 64, MAX_EXPERTS);
+    for (int e = 0; e < E; e++) host[e] = (float)m->routed[e];
+    copy_to_device(x->count_buf, host, (size_t)E * sizeof(float));
+    comm_all_gather(x->grid->ep_group, x->count_buf + E, x->count_buf, (size_t)E);
+    copy_to_host(host, x->count_buf + E, (size_t)ep * E * sizeof(float));
+    for (int i = 0; i < ep * E; i++) counts[i] = (int)host[i];
+}
+
+// rows rank `from` sends to the experts rank `to` holds
+static int rows_between(const ExpertLayers *x, const int *counts, int from, int to) {
+    int rows = 0, n = x->grid->n_local;
+    for (int e = to * n; e < (to + 1) * n; e++) rows += counts[from * x->E + e];
+    return rows;
+}
+
+// The all-to-all's counts and offsets (in floats): `packed` holds this rank's rows in expert
+// order, so those for rank d's experts are one run; rows arrive grouped by sender, and the held
+// experts run on them expert by expert (m->expert_rows), so x->order says where received row i
+// goes. Returns the rows received.
+static int plan_exchange(ExpertLayers *x, const int *counts, MoEActs *m, int C) {
+    const ExpertGrid *g = x->grid;
+    int me = g->ep_rank, first = g->first_expert, sent = 0, got = 0;
+    for (int d = 0; d < g->ep; d++) {
+        int out = rows_between(x, counts, me, d), in = rows_between(x, counts, d, me);
+        x->send_counts[d] = (size_t)out * C, x->send_offsets[d] = (size_t)sent * C;
+        x->recv_counts[d] = (size_t)in * C, x->recv_offsets[d] = (size_t)got * C;
+        sent += out, got += in;
+    }
+    if (got > m->R) fatal("internal: %d rows received, room for %d", got, m->R);
+    m->expert_rows[0] = 0;
+    for (int i = 0; i < g->n_local; i++) {
+        int rows = 0;
+        for (int d = 0; d < g->ep; d++) rows += counts[d * x->E + first + i];
+        m->expert_rows[i + 1] = m->expert_rows[i] + rows;
+    }
+    for (int d = 0, r = 0; d < g->ep; d++)
+        for (int i = 0; i < g->n_local; i++) {
+            int start = m->expert_rows[i];
+            for (int s = 0; s < d; s++) start += counts[s * x->E + first + i];
+            for (int j = 0; j < counts[d * x->E + first + i]; j++) x->order[r++] = start + j;
+        }
+    copy_to_device(x->order_dev, x->order, (size_t)got * sizeof(int));
+    return got;
+}
+
+// rows of this rank's tokens (home, in expert order) to the ranks of their experts, into the
+// expert-major rows those run on
+static void send_to_experts(ExpertLayers *x, const float *home, float *expert_rows, int got, int C) {
+    comm_all_to_all_v(x->grid->ep_group, x->received, x->recv_counts, x->recv_offsets, home, x->send_counts,
+                      x->send_offsets);
+    moe_dispatch(expert_rows, x->received, x->order_dev, got, 1, C);
+}
+
+// and back: the experts' rows, regrouped by the rank they came from, return to it
+static void send_home(ExpertLayers *x, const float *expert_rows, float *home, int got, int C) {
+    dev_zero(x->received, (size_t)got * C * sizeof(float));
+    moe_dispatch_backward(x->received, expert_rows, x->order_dev, got, 1, C);
+    comm_all_to_all_v(x->grid->ep_group, home, x->send_counts, x->send_offsets, x->received, x->recv_counts,
+                      x->recv_offsets);
+}
+
+static void expert_parallel_forward(LayerOps *ops, Activations *a, int l, const BlockWeights *w, int B, int T) {
+    ExpertLayers *x = layers_of(ops);
+    MoEActs *m = moe_of(a, l);
+    int C = a->spec.shape.C, *counts = block_counts(x, a, l);
+    moe_route(a, l, w, B, T);
+    exchange_counts(x, m, counts);
+    int got = plan_exchange(x, counts, m, C);
+    send_to_experts(x, m->packed, m->expert_in, got, C);
+    moe_experts_forward(a, l, w);
+    send_home(x, m->expert_out, m->returned, got, C);
+    moe_combine_outputs(a, l, B, T);
+    for (int e = 0; e < x->E; e++) x->rows_to_experts += m->routed[e];
+    x->rows_at_experts += got;
+}
+
+// the same trips in reverse order, with the gradients, on the forward's counts
+static void expert_parallel_backward(LayerOps *ops, Activations *a, int l, float *dinp, const BlockWeights *w,
+                                     BlockWeights *g, const float *dout, int B, int T) {
+    ExpertLayers *x = layers_of(ops);
+    MoEScratch *d = &a->moe;
+    int C = a->spec.shape.C;
+    int got = plan_exchange(x, block_counts(x, a, l), moe_of(a, l), C);
+    moe_combine_outputs_backward(a, l, dout, d->dreturned, B, T);
+    send_to_experts(x, d->dreturned, d->dexpert_out, got, C);
+    moe_experts_backward(a, l, w, g, d->dexpert_out, d->dexpert_in);
+    send_home(x, d->dexpert_in, d->dpacked, got, C);
+    moe_route_backward(a, l, dinp, w, g, d->dpacked, B, T);
+}
+
+void expert_layers_init(ExpertLayers *x, const ExpertGrid *g, const GPTConfig *mc, int B, int T) {
+    memset(x, 0, sizeof *x);
+    x->base = *serial_layer_ops();
+    x->grid = g;
+    if (g->ep == 1) return;
+    x->base.moe_forward = expert_parallel_forward;
+    x->base.moe_backward = expert_parallel_backward;
+    ModelShape s = expert_shape(g, mc);
+    int R = moe_receive_capacity(&s, B, T);
+    x->n_layers = mc->n_layer;
+    x->E = mc->n_experts;
+    x->counts = calloc_or_die((size_t)mc->n_layer * g->ep * x->E, sizeof(int));
+    x->order = calloc_or_die((size_t)R, sizeof(int));
+    x->order_dev = dev_malloc((size_t)R * sizeof(int));
+    x->received = dev_malloc((size_t)R * s.C * sizeof(float));
+    x->count_buf = dev_malloc((size_t)(g->ep + 1) * x->E * sizeof(float));
+    x->send_counts = calloc_or_die((size_t)g->ep * 4, sizeof(size_t));
+    x->send_offsets = x->send_counts + g->ep;
+    x->recv_counts = x->send_counts + 2 * g->ep;
+    x->recv_offsets = x->send_counts + 3 * g->ep;
+}
+
+void expert_layers_free(ExpertLayers *x) {
+    free(x->counts);
+    free(x->order);
+    free(x->send_counts);
+    dev_free(x->order_dev);
+    dev_free(x->received);
+    dev_free(x->count_buf);
+}
+
+// ---- gradients --------------------------------------------------------------------------------
+
+// Runs of consecutive tensors that are all experts' or all not: f(first element, count, expert).
+static void for_each_run(const ParamLayout *layout, void (*f)(size_t first, size_t n, bool expert, void *ctx),
+                         void *ctx) {
+    for (int i = 0; i < layout->num_tensors;) {
+        bool expert = layout->tensors[i].expert >= 0;
+        int j = i;
+        while (j < layout->num_tensors && (layout->tensors[j].expert >= 0) == expert) j++;
+        const TensorInfo *last = &layout->tensors[j - 1];
+        f(layout->tensors[i].offset, last->offset + last->numel - layout->tensors[i].offset, expert, ctx);
+        i = j;
+    }
+}
+
+typedef struct {
+    const ExpertGrid *g;
+    float *grads;
+    double squares[2];  // the replicated tensors', the experts'
+} GradientRuns;
+
+static void all_reduce_run(size_t first, size_t n, bool expert, void *ctx) {
+    GradientRuns *r = ctx;
+    comm_all_reduce(expert ? r->g->expert_dp : r->g->world, r->grads + first, n);
+}
+
+void all_reduce_gradients(const ExpertGrid *g, const ParamLayout *layout, float *grads) {
+    GradientRuns r = {.g = g, .grads = grads};
+    for_each_run(layout, all_reduce_run, &r);
+}
+
+static void add_squares(size_t first, size_t n, bool expert, void *ctx) {
+    GradientRuns *r = ctx;
+    r->squares[expert] += sum_squares(r->grads + first, n);
+}
+
+double expert_sum_squares(const ExpertGrid *g, const ParamLayout *layout, const float *grads) {
+    GradientRuns r = {.g = g, .grads = (float *)grads};
+    for_each_run(layout, add_squares, &r);
+    // each rank of a replica holds other experts: their squares add up over the replica
+    return r.squares[0] + comm_sum_double(g->ep_group, r.squares[1]);
+}
+
+// ---- what the experts did ---------------------------------------------------------------------
+
+void reduce_expert_stats(const ExpertGrid *g, Activations *a, const GPTConfig *mc, int global_sequences,
+                         long *load, double *aux_loss, long *dropped) {
+    int E = mc->n_experts, blocks = gpt_moe_blocks(mc, 0, mc->n_layer);
+    MoEStats *st = &a->moe_stats;
+    double *sums = calloc_or_die((size_t)blocks * E + 2, sizeof(double));
+    sums[0] = st->aux_sum;
+    sums[1] = (double)st->dropped;
+    for (int l = 0, b = 0; l < mc->n_layer; l++)
+        if (gpt_block_is_moe(mc, l)) {
+            for (int e = 0; e < E; e++) sums[2 + b * E + e] = (double)st->load[l * E + e];
+            b++;
+        }
+    comm_sum_doubles(g->world, sums, blocks * E + 2);
+    *aux_loss = sums[0] / ((double)global_sequences * blocks);
+    *dropped = (long)sums[1];
+    for (int i = 0; i < blocks * E; i++) load[i] = (long)sums[2 + i];
+    free(sums);
+    moe_stats_reset(a);
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+// a replica's rank 0 gives the tensors every rank holds; each rank gives its experts
+static bool own_share(const TensorInfo *t, const void *grid) {
+    return t->expert >= 0 || ((const ExpertGrid *)grid)->ep_rank == 0;
+}
+
+static void assemble(const ExpertGrid *g, const ParamLayout *local, const ParamLayout *whole, float *out,
+                     const float *in) {
+    dev_zero(out, whole->num_params * sizeof(float));
+    layout_copy_tensors(local, (float *)in, whole, out, true, own_share, g);
+    comm_all_reduce(g->ep_group, out, whole->num_params);  // each element comes from one rank
+}
+
+void expert_save_checkpoint(const Config *cfg, const ExpertGrid *g, const ParamLayout *local,
+                            const ParamLayout *whole, const float *params, const float *m, const float *v,
+                            long step) {
+    if (g->replica != 0) return;  // the replicas are identical
+    size_t bytes = whole->num_params * sizeof(float);
+    float *wp = dev_malloc(bytes), *wm = dev_malloc(bytes), *wv = dev_malloc(bytes);
+    assemble(g, local, whole, wp, params);
+    assemble(g, local, whole, wm, m);
+    assemble(g, local, whole, wv, v);
+    if (g->ep_rank == 0) save_checkpoint(cfg, whole, wp, wm, wv, step);
+    dev_free(wp), dev_free(wm), dev_free(wv);
+}

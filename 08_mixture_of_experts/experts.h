@@ -1,0 +1,73 @@
+// experts.h: stage 08's expert parallelism. The ranks form an ep x dp grid: a replica's ep ranks
+// each hold E / ep of every MoE block's experts (and all of the rest of the model), and each rank
+// trains on its own slice of the batch, as in stage 03. In a MoE block every rank routes its own
+// tokens (common/moe.c), then one all-to-all sends each token row to the rank holding its expert,
+// the experts run, and a second all-to-all brings their outputs back; backward sends the
+// gradients the same two ways. train.c reads like stage 03 with this layer plugged in and the
+// gradient all-reduce split in two.
+#ifndef EXPERTS_H
+#define EXPERTS_H
+
+#include "comm.h"
+#include "config.h"
+#include "gpt.h"
+
+// Where this rank sits. Rank = replica * ep + ep_rank: a replica's ranks, which exchange tokens in
+// every MoE block, are consecutive, so that traffic stays on one node.
+typedef struct {
+    int ep, dp;            // ranks the experts are spread over, replicas
+    int ep_rank, replica;
+    int first_expert, n_local;  // the experts held: [first_expert, first_expert + n_local)
+    Comm *world;
+    Comm *ep_group;        // this replica's ranks: the all-to-alls
+    Comm *expert_dp;       // the ranks holding the same experts: their gradients' all-reduce
+} ExpertGrid;
+
+// Checks the grid against the ranks, the experts and the batch (fatal() on every rank alike),
+// then makes the groups.
+void expert_grid_init(ExpertGrid *g, Comm *world, const Config *cfg);
+// what this rank holds of a block: all of it but the experts, and n_local experts of those
+ModelShape expert_shape(const ExpertGrid *g, const GPTConfig *mc);
+void print_expert_plan(const ExpertGrid *g, const GPTConfig *mc);
+
+// The LayerOps of this grid: serial_layer_ops() with the MoE MLP replaced by its expert-parallel
+// version. Sized for micro-batches of B x T tokens per rank.
+typedef struct {
+    LayerOps base;         // what the block calls (first: the block sees a LayerOps *)
+    const ExpertGrid *grid;
+    int n_layers, E;
+    int *counts;           // [n_layers][ep * E]: rows each rank of the replica sent to each expert,
+                           // from the forward's exchange (backward reuses it)
+    int *order;            // (R) host, and its device copy: where received row i goes among the
+    int *order_dev;        // expert-major rows the experts run on
+    float *received;       // (R, C) rows as they arrive, grouped by sending rank
+    float *count_buf;      // (ep * E) device: the counts' all-gather
+    size_t *send_counts, *send_offsets, *recv_counts, *recv_offsets;  // (ep) each, in floats
+    // over the forwards so far: this rank's token rows sent to experts, and the rows its experts
+    // ran. A forward and its backward move each of them twice (there and back): all-to-all
+    // bytes = 2 x 2 x (to + at) x C x 4.
+    long rows_to_experts, rows_at_experts;
+} ExpertLayers;
+
+// With ep 1 every rank holds every expert: nothing to exchange, and the block runs common/moe.c's
+// one-rank MoE.
+void expert_layers_init(ExpertLayers *x, const ExpertGrid *g, const GPTConfig *mc, int B, int T);
+void expert_layers_free(ExpertLayers *x);
+
+// The gradients' all-reduce: the experts' over the ranks holding the same experts, the rest of
+// the model (which every rank holds) over every rank. Blocking, after backward.
+void all_reduce_gradients(const ExpertGrid *g, const ParamLayout *layout, float *grads);
+// the squared norm of the whole model's gradient: the replicated tensors once, each expert once
+double expert_sum_squares(const ExpertGrid *g, const ParamLayout *layout, const float *grads);
+
+// the step's MoE figures over every rank (MoEStepStats in trainer.h); sums a->moe_stats, then
+// resets it. load: [MoE blocks x E], owned by the caller.
+void reduce_expert_stats(const ExpertGrid *g, Activations *a, const GPTConfig *mc, int global_sequences,
+                         long *load, double *aux_loss, long *dropped);
+
+// checkpoints hold the whole model: replica 0's ranks put their experts together on its rank 0
+void expert_save_checkpoint(const Config *cfg, const ExpertGrid *g, const ParamLayout *local,
+                            const ParamLayout *whole, const float *params, const float *m, const float *v,
+                            long step);
+
+#endif
