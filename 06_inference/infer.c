@@ -462,6 +462,9 @@ int main(int argc, char **argv) {
 
     Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
     GPTConfig mc = model_shape(&cfg, tok);  // checks the checkpoint's vocabulary against tok's
+    // a mixture of experts generates without a capacity: with one, whether a token reaches its
+    // expert would depend on how many tokens came in the same step (the whole prompt, or one)
+    mc.capacity_factor = 0;
     tp_check_grid(&mc, cfg.tp_dimensions, comm_size(world), 1, 1);
     int maxT = cfg.max_seq_len;
     // every rank computes the same logits (after the head's all-gather) and so samples the same

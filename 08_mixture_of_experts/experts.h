@@ -44,8 +44,7 @@ typedef struct {
     float *count_buf;      // (ep * E) device: the counts' all-gather
     size_t *send_counts, *send_offsets, *recv_counts, *recv_offsets;  // (ep) each, in floats
     // over the forwards so far: this rank's token rows sent to experts, and the rows its experts
-    // ran. A forward and its backward move each of them twice (there and back): all-to-all
-    // bytes = 2 x 2 x (to + at) x C x 4.
+    // ran, which go back. Backward sends each again: all-to-all bytes = 2 x (to + at) x C x 4.
     long rows_to_experts, rows_at_experts;
 } ExpertLayers;
 

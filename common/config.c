@@ -535,6 +535,13 @@ static void require_moe_keys_fit_stage(const Config *cfg, const Sources *src, St
               "activations (recomputing would route the tokens again)", source_of(src, "activation_checkpointing"));
     if (strcmp(cfg->arch, "phi") == 0)
         fatal("%s: key 'arch' is phi but the experts are GPT-2 MLPs: use arch gpt2", source_of(src, "arch"));
+    const int *tp = cfg->tp_dimensions;
+    if (tp[0] * tp[1] * tp[2] != 1)
+        fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but a mixture of experts generates on one grid "
+              "cell ([1, 1, 1]): its experts are not split", source_of(src, "tp_dimensions"), tp[0], tp[1], tp[2]);
+    if (cfg->compile)
+        fatal("%s: key 'compile' is true but a mixture of experts routes its tokens on the host at every "
+              "step, which a CUDA graph cannot record", source_of(src, "compile"));
 }
 
 // dataset_id names the data and data_path holds the file: both must say the same. An empty

@@ -598,7 +598,9 @@ static void alloc_moe_scratch(Alloc *al) {
     al->a->moe_stats.load = alloc_host(al, (size_t)sp->n_layers * E * sizeof(long));
 }
 
-static void alloc_block(Alloc *al, BlockActs *k, int l) {
+// One block's activations: its dense MLP's, its MoE MLP's, or (one set shared by every block, when
+// recomputing) both.
+static void alloc_block(Alloc *al, BlockActs *k, bool dense, bool moe) {
     const ActsSpec *sp = &al->a->spec;
     size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
     bool b16 = sp->bf16;
@@ -615,9 +617,8 @@ static void alloc_block(Alloc *al, BlockActs *k, int l) {
         k->ln2_mean = alloc_floats(al, N);
         k->ln2_rstd = alloc_floats(al, N);
     }
-    if (shape_block_is_moe(&sp->shape, l)) {
-        k->moe = alloc_moe(al);
-    } else {
+    if (moe) k->moe = alloc_moe(al);
+    if (dense) {
         k->fch = alloc_floats(al, N * F);
         k->fch_gelu = matmul_input(al, N * F);
     }
@@ -625,7 +626,7 @@ static void alloc_block(Alloc *al, BlockActs *k, int l) {
     k->ln1_16 = alloc_bf16(al, N * C, b16);
     k->atty16 = alloc_bf16(al, N * Ca, b16);
     k->ln2_16 = alloc_bf16(al, N * C, b16 && !sp->shape.parallel_block);
-    k->fch_gelu16 = alloc_bf16(al, N * F, b16 && !k->moe);
+    k->fch_gelu16 = alloc_bf16(al, N * F, b16 && dense);
 }
 
 ActsSpec whole_model_acts(const GPTConfig *cfg, int B, int T, bool bf16, bool recompute) {
@@ -660,18 +661,22 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
     a->dout16 = alloc_bf16(&al, N * max3(max3(F, 3 * Ca, C), sp->head ? V : 0, 0), sp->bf16);
     a->encoded = alloc_floats(&al, N * C);
     a->blocks = calloc_or_die((size_t)(sp->n_layers > 0 ? sp->n_layers : 1), sizeof(BlockActs));
-    bool moe = false;
-    for (int l = sp->first_layer; l < sp->first_layer + sp->n_layers; l++) moe |= shape_block_is_moe(&sp->shape, l);
-    if (moe && (sp->recompute || sp->bf16))
-        fatal("internal: mixture-of-experts blocks run in fp32 without activation recomputation");
-    if (moe) alloc_moe_scratch(&al);
+    int moe_blocks = 0;
+    for (int l = sp->first_layer; l < sp->first_layer + sp->n_layers; l++) moe_blocks += shape_block_is_moe(&sp->shape, l);
+    if (moe_blocks) alloc_moe_scratch(&al);
+    MoEActs *shared_moe = NULL;
     for (int i = 0; i < sp->n_layers; i++) {
+        bool moe = shape_block_is_moe(&sp->shape, sp->first_layer + i);
         if (sp->recompute && i > 0) {  // one set of activations, recomputed for each block in
             a->blocks[i] = a->blocks[0];  // backward; each block keeps its output (the next's input)
             a->blocks[i].out = alloc_floats(&al, N * C);
+        } else if (sp->recompute) {  // the shared set serves dense and MoE blocks alike
+            alloc_block(&al, &a->blocks[i], moe_blocks < sp->n_layers, moe_blocks > 0);
+            shared_moe = a->blocks[i].moe;
         } else {
-            alloc_block(&al, &a->blocks[i], sp->first_layer + i);
+            alloc_block(&al, &a->blocks[i], !moe, moe);
         }
+        if (sp->recompute) a->blocks[i].moe = moe ? shared_moe : NULL;  // what makes it a MoE block
     }
     if (sp->embed) a->inputs = alloc_bytes(&al, N * sizeof(int));
     if (sp->head) {

@@ -55,6 +55,15 @@ and again stage 01's loss. 20 steps."
 mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-7 --config configs/tiny.json \
     --pp_size=2 --num_microbatches=4 --stop_iteration=20 --log_interval=10 --trace=true --out_dir=out/demo-stage-7
 
+say "Stage 08: a mixture of experts, 4 experts spread over 2 ranks, times 2 replicas" \
+"Each block's MLP is 4 MLPs and a router that sends every token to its 2 most probable experts.
+A token's row travels to the rank holding its expert and back (two all-to-alls per block, and
+two more in backward). Watch the rows each expert ran and the dropped pairs (over the capacity)
+in each line, the load-balancing loss (aux; 2 is perfectly balanced for top-2), and the
+all-to-all rows of the table at the end. 20 steps."
+mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-8 --config configs/moe.json \
+    --ep_size=2 --stop_iteration=20 --log_interval=10 --trace=true --out_dir=out/demo-stage-8
+
 say "Stage 06: the model from stage 01 answers questions it never saw" \
 "Generation with a KV cache: each batch of prompts is read in one pass (prefill), then every
 step adds one token per prompt, reading the earlier tokens' keys and values from the cache
@@ -76,5 +85,5 @@ say "The report: every run above on one page" \
 another; below, each run's tokens/s, memory by category, communication with bus bandwidth, and
 how much of it overlapped compute, measured from its trace (open trace.json in ui.perfetto.dev)."
 python3 tools/report.py -o out/demo-report out/demo-stage-1 out/demo-stage-2 out/demo-stage-3 out/demo-stage-4 \
-    out/demo-stage-5 out/demo-stage-7
+    out/demo-stage-5 out/demo-stage-7 out/demo-stage-8
 echo "open file://$PWD/out/demo-report/index.html"

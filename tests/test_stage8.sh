@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Stage 08 (a mixture of experts, expert parallelism) under mpirun:
+#  - ep 2, ep 4 and ep 2 x dp 2 reproduce one rank's (ep 1) per-step losses within 1e-5 relative
+#    over 20 steps, with the same dropped pairs and the same rows per expert at every step;
+#  - the all-to-all bytes on rank 0 equal the formula from the rows it routed and the rows its
+#    experts ran, and those rows equal the per-expert counts of metrics.jsonl (all ranks');
+#  - a checkpoint holds the whole model: a run resumes from it on another grid, stage 08 starts
+#    from it with any ep_size, and stage 06 generates with it (the same tokens with and without
+#    its KV cache);
+#  - bad input gives one error and a non-zero exit on every rank.
+source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
+C=64 E=4
+args=(--config configs/moe.json --stop_iteration=20 --eval_batches=0 --log_interval=100 --n_embd=$C)
+
+# the per-step numbers two runs must share exactly: dropped pairs and rows per expert
+same_routing() {
+    python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+keys = ("dropped", "expert_load")
+sys.exit(0 if len(a) == len(b) and all(x[k] == y[k] for x, y in zip(a, b) for k in keys) else 1)
+PY
+}
+
+run_ranks 8 ep1 1
+run_ranks 8 ep2 2 --ep_size=2
+run_ranks 8 ep4 4 --ep_size=4
+run_ranks 8 ep2_dp2 4 --ep_size=2
+for name in ep2 ep4 ep2_dp2; do
+    check 'compare_losses "$tmp/ep1" "$tmp/$name" 20 1e-5' "$name does not reproduce one rank's losses"
+    check 'same_routing "$tmp/ep1" "$tmp/$name"' "$name drops other pairs or loads the experts otherwise than one rank"
+done
+dropped=$(python3 -c "import json,sys; print(sum(json.loads(l)['dropped'] for l in open(sys.argv[1])))" "$tmp/ep1/metrics.jsonl")
+check '[ "$dropped" -gt 0 ]' "capacity 1.25 dropped no pair in 20 steps: the comparison proves nothing about dropping"
+check '[ "$(json_value "$tmp/ep2_dp2/stats.json" layout)" = "{\"ep\": 2, \"dp\": 2}" ]' \
+    "stats.json layout is $(json_value "$tmp/ep2_dp2/stats.json" layout)"
+check 'grep -q "replicas identical on all 2 ranks" "$tmp/ep2_dp2.log"' "no replica check on ep 2 x dp 2"
+
+# communication on rank 0 of ep 2: each row it routed goes out and each row its experts ran comes
+# back, in forward and again in backward, C floats each: 2 x (routed + ran) x C x 4 bytes
+a2a=$(comm_value "$tmp/ep2/stats.json" experts all-to-all bytes)
+to=$(json_value "$tmp/ep2/stats.json" rows_to_experts)
+at=$(json_value "$tmp/ep2/stats.json" rows_at_experts)
+check '[ "$a2a" = "$(python3 -c "print(float(8 * ($to + $at) * $C))")" ]' \
+    "rank 0's all-to-all bytes $a2a, want 8 x ($to + $at) x $C"
+# rank 0 holds experts 0 and 1: the rows they ran are theirs in every step's per-expert counts
+ran=$(python3 -c "
+import json, sys
+print(sum(sum(block[:$E // 2]) for l in open(sys.argv[1]) for block in json.loads(l)['expert_load']))" "$tmp/ep2/metrics.jsonl")
+check '[ "$ran" = "$at" ]' "rank 0's experts ran $at rows, metrics.jsonl counts $ran for experts 0-1"
+
+# checkpoints hold the whole model: resume on another grid, start from it with any ep_size
+run_ranks 8 resumed 2 --ep_size=2 --stop_iteration=10 --checkpoint_interval=5
+run_ranks 8 resumed 4 --ep_size=4 --resume=true
+check 'compare_losses "$tmp/ep1" "$tmp/resumed" 20 1e-5' "10 steps on ep 2 + 10 resumed on ep 4 differ from one rank's 20"
+for ep in 1 4; do
+    run_ranks 8 from_ep2_$ep $ep --ep_size=$ep --init_from="$tmp/ep2" --stop_iteration=1
+done
+check 'compare_losses "$tmp/from_ep2_1" "$tmp/from_ep2_4" 1 1e-6' "ep 1 and ep 4 start from ep 2's checkpoint with other losses"
+names=$(python3 -c "
+import json, struct, sys
+with open(sys.argv[1], 'rb') as f:
+    header = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+print(sum(1 for n in header if '.mlp.experts.' in n), 'gate' if 'transformer.h.1.mlp.gate.weight' in header else '')" \
+    "$tmp/ep2/model.safetensors")
+check '[ "$names" = "32 gate" ]' "the checkpoint holds '$names' expert tensors, want 2 blocks x $E experts x 2 layers x (weight, bias) = 32 and the gate"
+
+# stage 06 generates with the experts (one rank, no capacity): the cache changes nothing
+run_ranks 8 trained 1 --stop_iteration=150
+gen() { build/stage-6 --config configs/inference.json --init_from="$tmp/trained" --show_token_ids=true \
+        --tokens_to_generate=24 "$@" 2>&1 | grep "answer ids"; }
+with=$(gen) without=$(gen --kv_cache=false)
+check '[ -n "$with" ] && [ "$with" = "$without" ]' "stage 06 with the KV cache: '$with'; without: '$without'"
+check 'echo "$with" | grep -q "[0-9] [0-9]"' "stage 06 generated nothing with the trained experts: '$with'"
+
+# bad input: one error, every rank stops
+bad=(timeout 120 mpirun -np 2 --bind-to none build/stage-8 "${args[@]}" --out_dir="$tmp/bad")
+expect_one_error "experts_per_token > num_experts" "expected 1 to 4 experts per token, found 5" \
+    "${bad[@]}" --experts_per_token=5
+expect_one_error "num_experts not divisible by ep_size" "the experts must split evenly over the ranks, found 6 experts and ep_size 4" \
+    timeout 120 mpirun -np 4 --bind-to none build/stage-8 "${args[@]}" --out_dir="$tmp/bad" --num_experts=6 --ep_size=4
+expect_one_error "ep_size not dividing the ranks" "expert groups of 2 ranks do not divide the 3 ranks" \
+    timeout 120 mpirun -np 3 --bind-to none build/stage-8 "${args[@]}" --out_dir="$tmp/bad" --ep_size=2 --global_batch_size=12
+expect_one_error "a checkpoint with another expert count" "the checkpoint has 4 experts per mixture-of-experts block but key 'num_experts' is 8" \
+    "${bad[@]}" --init_from="$tmp/ep2" --num_experts=8
+expect_one_error "experts on stage 03" "a mixture of experts is strategy expert_parallel" \
+    timeout 60 build/stage-3 "${args[@]}" --out_dir="$tmp/bad"
+expect_one_error "bf16 experts" "stage 08's experts train in fp32" "${bad[@]}" --precision=bf16-mixed
+expect_one_error "overlap_communication" "stage 08 all-reduces its gradients after backward" \
+    "${bad[@]}" --overlap_communication=true
+finish test_stage8
