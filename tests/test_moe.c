@@ -208,10 +208,9 @@ static int capacity_of(const GPTConfig *cfg, int T) {
     return cfg->capacity_factor > 0 ? (int)ceil((double)cfg->capacity_factor * T * cfg->experts_per_token / cfg->n_experts) : 0;
 }
 
-// block l's router probabilities of token n, in double, from the MLP input and the router weights
-static void router_probs(const Model *m, int l, int n, double *p) {
+// a router's probabilities of one token, in double, from its MLP input x (C) and the router w (E, C)
+static void router_probs(const Model *m, const float *x, const float *w, double *p) {
     int C = m->cfg.n_embd, E = m->cfg.n_experts;
-    const float *x = block_mlp_input(&m->acts, l) + (size_t)n * C, *w = m->w.h[l].router.w;
     double max = -INFINITY, sum = 0;
     for (int e = 0; e < E; e++) {
         p[e] = 0;
@@ -223,11 +222,11 @@ static void router_probs(const Model *m, int l, int n, double *p) {
 }
 
 // token n's router: probabilities, the top-k (best first) and its renormalised weights
-static void check_router(const Model *m, int l, int n, const char *what) {
+static void check_router(const Model *m, int l, int n, const float *x, const float *w, const char *what) {
     const MoEActs *a = moe_of(m, l);
     int E = m->cfg.n_experts, k = m->cfg.experts_per_token;
     double p[MAX_EXPERTS], chosen = 0;
-    router_probs(m, l, n, p);
+    router_probs(m, x, w, p);
     for (int e = 0; e < E; e++) CHECK_CLOSE(a->probs[(size_t)n * E + e], p[e], 1e-5, 1e-7, what);
     for (int j = 0; j < k; j++) chosen += p[a->choice[(size_t)n * k + j]];
     for (int j = 0; j < k; j++) {
@@ -255,7 +254,13 @@ static long check_block_routing(const Model *m, int l, const char *what, double 
     int B = m->B, T = m->T, E = m->cfg.n_experts, k = m->cfg.experts_per_token, cap = capacity_of(&m->cfg, T);
     int N = B * T;
     long kept[MAX_EXPERTS] = {0}, dropped = 0, first_row[MAX_EXPERTS + 1] = {0};
-    for (int n = 0; n < N; n++) check_router(m, l, n, what);
+    char router[64];
+    snprintf(router, sizeof router, "transformer.h.%d.mlp.gate.weight", l);
+    const float *w = m->host + layout_tensor(&m->layout, router)->offset;
+    float *x = malloc_or_die((size_t)N * m->cfg.n_embd * sizeof(float));
+    copy_to_host(x, block_mlp_input(&m->acts, l), (size_t)N * m->cfg.n_embd * sizeof(float));
+    for (int n = 0; n < N; n++) check_router(m, l, n, x + (size_t)n * m->cfg.n_embd, w, what);
+    free(x);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int j = 0; j < k; j++) {
@@ -359,16 +364,20 @@ static void test_capacity_per_sequence(const GPTConfig *cfg) {
     Activations one;
     acts_alloc(&one, cfg, 1, T, 0);
     int V = cfg->vocab_size, Vp = cfg->padded_vocab_size, k = cfg->experts_per_token;
+    size_t row_bytes = (size_t)T * Vp * sizeof(float);
+    float *batch_logits = malloc_or_die(whole.B * row_bytes), *alone_logits = malloc_or_die(row_bytes);
+    copy_to_host(batch_logits, whole.acts.logits, whole.B * row_bytes);
     long dropped = 0;
     double aux = 0;
     for (int b = 0; b < whole.B; b++) {
         moe_stats_reset(&one);
         gpt_forward(&one, &whole.w, whole.x + b * T, 1, T);
+        copy_to_host(alone_logits, one.logits, row_bytes);
         dropped += one.moe_stats.dropped, aux += one.moe_stats.aux_sum;
         double worst = 0;
         for (int t = 0; t < T; t++)
             for (int v = 0; v < V; v++)
-                worst = fmax(worst, fabs(one.logits[(size_t)t * Vp + v] - whole.acts.logits[((size_t)b * T + t) * Vp + v]));
+                worst = fmax(worst, fabs(alone_logits[(size_t)t * Vp + v] - batch_logits[((size_t)b * T + t) * Vp + v]));
         CHECK(worst < 1e-5, "sequence %d alone: logits differ by %g from the batch's", b, worst);
         for (int l = 0; l < cfg->n_layer; l++) {
             if (!moe_of(&whole, l)) continue;
@@ -384,6 +393,7 @@ static void test_capacity_per_sequence(const GPTConfig *cfg) {
     CHECK(dropped == whole.acts.moe_stats.dropped && dropped > 0, "sequences alone drop %ld, the batch %ld", dropped,
           whole.acts.moe_stats.dropped);
     CHECK_CLOSE(aux, whole.acts.moe_stats.aux_sum, 1e-5, 0, "load-balancing loss of the sequences alone");
+    free(batch_logits), free(alone_logits);
     acts_free(&one);
     model_free(&whole);
 }
