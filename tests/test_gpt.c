@@ -17,6 +17,7 @@
 #include "check.h"
 #include "checkpoint.h"
 #include "gpt.h"
+#include "inputs.h"
 #include "log.h"
 #include "ops.h"
 
@@ -181,14 +182,6 @@ static void test_pytorch_fixture(const char *expected, int bf16, double rtol) {
 }
 
 // ---- 2. finite differences ---------------------------------------------------------------------
-
-static uint64_t rng_state = 88172645463325252ull;
-static double uniform(void) {  // xorshift64, for test inputs only
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
 
 static void test_finite_differences(void) {
     GPTConfig cfg = {.max_seq_len = 8, .vocab_size = 40, .n_layer = 2, .n_head = 2, .n_embd = 16};

@@ -31,17 +31,10 @@
 #include "check.h"
 #include "checkpoint.h"
 #include "gpt.h"
+#include "inputs.h"
 #include "log.h"
 #include "moe.h"
 #include "ops.h"
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static double uniform(void) {  // xorshift64, for test inputs only
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
 
 static GPTConfig moe_config(int n_layer, int moe_every, int E, int k, float capacity_factor, float coef) {
     GPTConfig cfg = {.max_seq_len = 8, .vocab_size = 40, .n_layer = n_layer, .n_head = 2, .n_embd = 16,
@@ -400,16 +393,6 @@ static void test_capacity_per_sequence(const GPTConfig *cfg) {
 
 // ---- the oracle run ------------------------------------------------------------------------------
 
-static int *read_tokens(const char *dir, int *B, int *T) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tokens.bin", dir);
-    size_t len;
-    int *raw = (int *)read_file_or_die(path, &len);
-    *B = raw[0], *T = raw[1];
-    if (len != (size_t)(2 + 2 * *B * *T) * sizeof(int)) fatal("%s: %zu bytes, expected B=%d T=%d", path, len, *B, *T);
-    return raw;
-}
-
 // the run's routing settings, which config.json carries for the oracle (the checkpoint reader
 // leaves them to the run's config)
 static void read_routing(const char *dir, GPTConfig *cfg) {
@@ -438,7 +421,7 @@ static int run_oracle(const char *dir) {
     Model m = {0};
     checkpoint_read_config(dir, &m.cfg);
     read_routing(dir, &m.cfg);
-    int *tokens = read_tokens(dir, &m.B, &m.T);
+    int *tokens = read_oracle_tokens(dir, &m.B, &m.T);
     m.x = tokens + 2, m.y = tokens + 2 + m.B * m.T;
     m.blocks = gpt_moe_blocks(&m.cfg, 0, m.cfg.n_layer);
     gpt_layout(&m.layout, &m.cfg);
