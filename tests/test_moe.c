@@ -11,7 +11,8 @@
 //     each expert ran, the packing, the load-balancing loss.
 //  3. With k = 1 the router's gradient comes from the load-balancing loss alone (coef 0: exactly 0).
 //  4. Capacity is per sequence: it does not depend on how the experts are spread over ranks, and
-//     the batch run whole routes, drops and outputs as its sequences run one by one.
+//     the batch run whole routes, drops and outputs as its sequences run one by one; a micro-batch
+//     smaller than the activations' allocation gives what activations of its exact size give.
 //
 // `test_moe --oracle DIR`: DIR holds a MoE GPT-2 checkpoint (config.json with num_local_experts,
 // num_experts_per_tok, moe_every, and for the run capacity_factor and router_aux_loss_coef;
@@ -391,6 +392,36 @@ static void test_capacity_per_sequence(const GPTConfig *cfg) {
     model_free(&whole);
 }
 
+// A micro-batch smaller than the activations were allocated for (fewer, shorter sequences: its
+// capacity is its own T's) runs as in activations of its exact size: the same loss, aux and
+// gradients.
+static void test_smaller_than_allocated(const GPTConfig *cfg) {
+    Model m;
+    model_build(&m, cfg, 3, 8);
+    m.B = 2, m.T = 5;
+    double loss = forward_backward(&m), aux = mean_aux(&m), aux_here = 0;
+    long dropped = m.acts.moe_stats.dropped, dropped_here = 0;
+    for (int l = 0; l < cfg->n_layer; l++)  // routed with the capacity of T = 5, not 8
+        if (moe_of(&m, l)) dropped_here += check_block_routing(&m, l, "B=2, T=5 in activations for 3 x 8", &aux_here);
+    CHECK(dropped_here == dropped, "B=2, T=5 in activations for 3 x 8: dropped %ld, counted %ld", dropped, dropped_here);
+    size_t n = m.layout.num_params;
+    float *big = malloc_or_die(n * sizeof(float)), *exact = malloc_or_die(n * sizeof(float));
+    copy_to_host(big, m.grads, n * sizeof(float));
+    acts_free(&m.acts);
+    acts_alloc(&m.acts, cfg, m.B, m.T, 0);
+    CHECK_CLOSE(forward_backward(&m), loss, 1e-6, 0, "loss in activations of the exact size");
+    CHECK_CLOSE(mean_aux(&m), aux, 1e-6, 0, "aux loss in activations of the exact size");
+    CHECK(m.acts.moe_stats.dropped == dropped && dropped > 0, "dropped %ld in activations of the exact size, %ld",
+          m.acts.moe_stats.dropped, dropped);
+    copy_to_host(exact, m.grads, n * sizeof(float));
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(big[i] - exact[i])), scale = fmax(scale, fabs(exact[i]));
+    CHECK(worst <= 1e-6 * scale, "gradients differ by %g (largest %g) from those in activations of the exact size",
+          worst, scale);
+    free(big), free(exact);
+    model_free(&m);
+}
+
 // ---- the oracle run ------------------------------------------------------------------------------
 
 // the run's routing settings, which config.json carries for the oracle (the checkpoint reader
@@ -482,5 +513,6 @@ int main(int argc, char **argv) {
     test_top1_router_gradient();
     GPTConfig dropping = moe_config(2, 1, 4, 2, 1.0f, 0.5f);
     test_capacity_per_sequence(&dropping);
+    test_smaller_than_allocated(&dropping);
     return test_summary("test_moe");
 }
