@@ -9,7 +9,10 @@ and router_aux_loss_coef) and a batch (tokens.bin), runs `OUR_BINARY --oracle DI
 (tests/test_moe.c) and recomputes everything in float64 with a GPT-2 and a Mixtral-style sparse
 MoE block written here (the capacity and dropping too) and autograd: each MoE block's router
 probabilities, chosen experts and dropped pairs, the logits, the loss, the load-balancing loss,
-and the gradient of every tensor of CE + coef x mean aux. Prints "ok: ..." or "FAIL: ..." per check.
+the gradient of every tensor of CE + coef x mean aux, and the experts' keys of the config.json we
+save. Without a capacity, the reference's sparse block and aux loss are checked against
+transformers' MixtralSparseMoeBlock and load_balancing_loss_func. Prints "ok: ..." or "FAIL: ..."
+per check.
 """
 import json
 import math
@@ -156,6 +159,43 @@ def forward(p, case, x, y):
     return logits, ce, aux / (x.shape[0] * len(routing)), routing
 
 
+# ---- the reference against transformers' Mixtral --------------------------------------------------
+
+class GPT2Expert(torch.nn.Module):
+    """one of our experts, as a module MixtralSparseMoeBlock can call"""
+
+    def __init__(self, p, prefix):
+        super().__init__()
+        self.p, self.prefix = p, prefix
+
+    def forward(self, x):
+        return mlp(self.p, self.prefix, x)
+
+
+def check_reference_against_mixtral(case):
+    """Without a capacity, sparse_moe above is transformers' MixtralSparseMoeBlock with our experts
+    plugged in, and its aux loss is load_balancing_loss_func's, summed over the sequences (Mixtral's
+    routes in float32: VALUE_RTOL)."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock, load_balancing_loss_func
+    gen = torch.Generator().manual_seed(case["seed"])
+    p = {k: torch.tensor(v, dtype=torch.float64) for k, v in random_params(case, gen).items()}
+    B, T, C, E, k = case["B"], case["T"], case["C"], case["E"], case["k"]
+    prefix = f"transformer.h.{case['moe_every'] - 1}.mlp."  # the first MoE block
+    block = MixtralSparseMoeBlock(MixtralConfig(hidden_size=C, intermediate_size=4 * C, num_local_experts=E,
+                                                num_experts_per_tok=k)).double().eval()
+    with torch.no_grad():
+        block.gate.weight.copy_(p[prefix + "gate.weight"])
+    block.experts = torch.nn.ModuleList(GPT2Expert(p, prefix + f"experts.{e}.") for e in range(E))
+    x = torch.randn(B, T, C, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        theirs, router_logits = block(x)
+        ours, _, _, _, aux = sparse_moe(p, prefix, x, case)
+        their_aux = sum(load_balancing_loss_func((router_logits.reshape(B, T, E)[b],), E, k) for b in range(B))
+    check_close(ours.numpy(), theirs.numpy(), VALUE_RTOL, f"k={k}: the reference's sparse block is Mixtral's")
+    check_close(aux.item(), float(their_aux), VALUE_RTOL, f"k={k}: the reference's aux loss is Mixtral's, per sequence")
+
+
 # ---- one case ----------------------------------------------------------------------------------
 
 def write_case(case, ckpt, params, x, y):
@@ -212,6 +252,11 @@ def run_case(binary, work, case):
                 f"{name}: logits")
     check_close(ours["loss"], ce.item(), VALUE_RTOL, f"{name}: cross-entropy loss {ce.item():.6f}")
     check_close(ours["aux"], aux.item(), VALUE_RTOL, f"{name}: load-balancing loss {aux.item():.6f}")
+    saved = json.load(open(os.path.join(ckpt, "grads", "config.json")))
+    keys = {"num_local_experts": "E", "num_experts_per_tok": "k", "moe_every": "moe_every"}
+    check(all(saved.get(key) == case[ours] for key, ours in keys.items()),
+          f"{name}: the config.json we save names the experts as Mixtral's does "
+          f"({ {key: saved.get(key) for key in keys} })")
     grads = load_file(os.path.join(ckpt, "grads", "model.safetensors"))
     check(set(grads) == set(p), f"{name}: our gradients name the {len(p)} tensors ({sorted(set(grads) ^ set(p))[:4]})")
     worst, worst_name = 0.0, ""
@@ -238,6 +283,8 @@ def main():
     ]
     for case in cases:
         run_case(binary, work, {**base, **case})
+        if case["capacity_factor"] == 0:
+            check_reference_against_mixtral({**base, **case})
     print(f"oracle_moe: every case ran ({failures} failed)")
 
 
