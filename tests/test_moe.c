@@ -13,6 +13,8 @@
 //  4. Capacity is per sequence: it does not depend on how the experts are spread over ranks, and
 //     the batch run whole routes, drops and outputs as its sequences run one by one; a micro-batch
 //     smaller than the activations' allocation gives what activations of its exact size give.
+//  5. Each rank's share of the experts (gpt_layout_experts) has the whole model's names and initial
+//     values, and the ranks' shares hold each expert once.
 //
 // `test_moe --oracle DIR`: DIR holds a MoE GPT-2 checkpoint (config.json with num_local_experts,
 // num_experts_per_tok, moe_every, and for the run capacity_factor and router_aux_loss_coef;
@@ -422,6 +424,50 @@ static void test_smaller_than_allocated(const GPTConfig *cfg) {
     model_free(&m);
 }
 
+// ---- 5. the experts a rank holds ------------------------------------------------------------------
+
+// gpt_layout_experts (expert parallelism): each rank's share holds every tensor but the other
+// ranks' experts, under the same names and with the same initial values as the whole model, and
+// the shares of the ranks hold each expert once.
+static void test_expert_layouts(const GPTConfig *cfg) {
+    ParamLayout whole;
+    gpt_layout(&whole, cfg);
+    float *init = dev_malloc(whole.num_params * sizeof(float)), *all = malloc_or_die(whole.num_params * sizeof(float));
+    gpt_init_range(init, &whole, 0, whole.num_params, 9);
+    copy_to_host(all, init, whole.num_params * sizeof(float));
+    int E = cfg->n_experts, blocks = gpt_moe_blocks(cfg, 0, cfg->n_layer), per_expert = 4;
+    for (int ep = 1; ep <= E; ep *= 2) {
+        int expert_tensors = 0;
+        for (int r = 0; r < ep; r++) {
+            int first = r * E / ep, n = E / ep, elsewhere = 0, outside = 0;
+            ParamLayout part;
+            gpt_layout_experts(&part, cfg, first, n);
+            float *dev = dev_malloc(part.num_params * sizeof(float)), *mine = malloc_or_die(part.num_params * sizeof(float));
+            gpt_init_range(dev, &part, 0, part.num_params, 9);
+            copy_to_host(mine, dev, part.num_params * sizeof(float));
+            for (int i = 0; i < part.num_tensors; i++) {
+                const TensorInfo *t = &part.tensors[i], *same = layout_tensor(&whole, t->name);
+                expert_tensors += t->expert >= 0;
+                outside += t->expert >= 0 && (t->expert < first || t->expert >= first + n);
+                if (!same || same->numel != t->numel ||
+                    memcmp(mine + t->offset, all + same->offset, t->numel * sizeof(float)) != 0)
+                    elsewhere++;
+            }
+            CHECK(elsewhere == 0 && outside == 0, "ep=%d rank %d: %d tensors differ from the whole model's, %d hold "
+                  "another rank's experts", ep, r, elsewhere, outside);
+            CHECK(part.num_tensors == whole.num_tensors - blocks * per_expert * (E - n),
+                  "ep=%d rank %d: %d tensors, expected %d", ep, r, part.num_tensors,
+                  whole.num_tensors - blocks * per_expert * (E - n));
+            dev_free(dev), free(mine);
+            gpt_layout_free(&part);
+        }
+        CHECK(expert_tensors == blocks * per_expert * E, "ep=%d: the ranks hold %d expert tensors, expected %d", ep,
+              expert_tensors, blocks * per_expert * E);
+    }
+    dev_free(init), free(all);
+    gpt_layout_free(&whole);
+}
+
 // ---- the oracle run ------------------------------------------------------------------------------
 
 // the run's routing settings, which config.json carries for the oracle (the checkpoint reader
@@ -514,5 +560,7 @@ int main(int argc, char **argv) {
     GPTConfig dropping = moe_config(2, 1, 4, 2, 1.0f, 0.5f);
     test_capacity_per_sequence(&dropping);
     test_smaller_than_allocated(&dropping);
+    GPTConfig every_second = moe_config(3, 2, 4, 2, 1.0f, 0.5f);
+    test_expert_layouts(&every_second);
     return test_summary("test_moe");
 }
