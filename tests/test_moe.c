@@ -12,7 +12,8 @@
 //  3. With k = 1 the router's gradient comes from the load-balancing loss alone (coef 0: exactly 0).
 //  4. Capacity is per sequence: it does not depend on how the experts are spread over ranks, and
 //     the batch run whole routes, drops and outputs as its sequences run one by one; a micro-batch
-//     smaller than the activations' allocation gives what activations of its exact size give.
+//     smaller than the activations' allocation gives what activations of its exact size give;
+//     two micro-batches accumulate the sum of their gradients.
 //  5. Each rank's share of the experts (gpt_layout_experts) has the whole model's names and initial
 //     values, and the ranks' shares hold each expert once.
 //
@@ -424,6 +425,39 @@ static void test_smaller_than_allocated(const GPTConfig *cfg) {
     model_free(&m);
 }
 
+// Gradient accumulation: backward adds into the gradients, so two micro-batches run one after the
+// other give the sum of their gradients run apart (the MoE blocks' shared scratch carries nothing
+// from one micro-batch or block to the next).
+static void test_accumulation(const GPTConfig *cfg) {
+    Model m;
+    model_build(&m, cfg, 4, 7);
+    size_t n = m.layout.num_params;
+    float *apart = calloc_or_die(n, sizeof(float)), *one = malloc_or_die(n * sizeof(float));
+    int *x = m.x, *y = m.y;
+    m.B = 2;
+    for (int half = 0; half < 2; half++) {  // each half alone, its gradients summed here
+        m.x = x + half * m.B * m.T, m.y = y + half * m.B * m.T;
+        forward_backward(&m);
+        copy_to_host(one, m.grads, n * sizeof(float));
+        for (size_t i = 0; i < n; i++) apart[i] += one[i];
+    }
+    dev_zero(m.grads, n * sizeof(float));
+    for (int half = 0; half < 2; half++) {  // the same halves added up by backward itself
+        m.x = x + half * m.B * m.T, m.y = y + half * m.B * m.T;
+        int count = count_targets(m.y, m.B * m.T);
+        moe_set_global_batch(&m.acts, &m.cfg, m.B);
+        gpt_forward_backward(&m.acts, &m.w, &m.g, &m.cfg, m.x, m.y, m.B, m.T, 1.0f / count);
+    }
+    copy_to_host(one, m.grads, n * sizeof(float));
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(one[i] - apart[i])), scale = fmax(scale, fabs(apart[i]));
+    CHECK(worst <= 1e-6 * scale, "two accumulated micro-batches: gradients differ by %g (largest %g) from their sum",
+          worst, scale);
+    m.x = x, m.y = y;
+    free(apart), free(one);
+    model_free(&m);
+}
+
 // ---- 5. the experts a rank holds ------------------------------------------------------------------
 
 // gpt_layout_experts (expert parallelism): each rank's share holds every tensor but the other
@@ -560,6 +594,7 @@ int main(int argc, char **argv) {
     GPTConfig dropping = moe_config(2, 1, 4, 2, 1.0f, 0.5f);
     test_capacity_per_sequence(&dropping);
     test_smaller_than_allocated(&dropping);
+    test_accumulation(&dropping);
     GPTConfig every_second = moe_config(3, 2, 4, 2, 1.0f, 0.5f);
     test_expert_layouts(&every_second);
     return test_summary("test_moe");
