@@ -126,14 +126,13 @@ static double forward_backward(Model *m) {
 static MoEActs *moe_of(const Model *m, int l) { return m->acts.blocks[l].moe; }
 
 // every MoE block's choices and slots after the last forward, one after the other
-static size_t routing_snapshot(const Model *m, int *out) {
+static void routing_snapshot(const Model *m, int *out) {
     size_t pairs = (size_t)m->B * m->T * m->cfg.experts_per_token, n = 0;
     for (int l = 0; l < m->cfg.n_layer; l++) {
         if (!moe_of(m, l)) continue;
         memcpy(out + n, moe_of(m, l)->choice, pairs * sizeof(int)), n += pairs;
         memcpy(out + n, moe_of(m, l)->slot, pairs * sizeof(int)), n += pairs;
     }
-    return n;
 }
 
 // ---- 1. finite differences ----------------------------------------------------------------------
