@@ -572,8 +572,9 @@ static int run_oracle(const char *dir) {
 int main(int argc, char **argv) {
     ops_init();
     if (argc == 3 && strcmp(argv[1], "--oracle") == 0) return run_oracle(argv[2]);
-    // (layers, moe_every, E, k, capacity_factor, aux_loss_coef): with T = 7 and 8, E = 4, factor
-    // 1 gives 2 rows per expert for k = 1 and 4 for k = 2, which the routed tokens overflow
+    // (layers, moe_every, k, capacity_factor) with E = 4 and aux_loss_coef 0.5: with T = 7 and 8,
+    // factor 1 gives 2 rows per expert for k = 1 and 4 for k = 2, which the routed tokens overflow;
+    // k = E sends every token to every expert, half of whose rows fit
     static const struct {
         int L, every, k;
         float factor;
@@ -583,6 +584,7 @@ int main(int argc, char **argv) {
         {2, 1, 1, 1.0f, "every block, k=1, dropping"},
         {2, 2, 2, 0.0f, "every second block, k=2, no capacity"},
         {3, 2, 1, 0.0f, "every second block, k=1, no capacity"},
+        {2, 1, 4, 0.5f, "every block, k=E=4, dropping half"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         GPTConfig cfg = moe_config(cases[i].L, cases[i].every, 4, cases[i].k, cases[i].factor, 0.5f);
