@@ -7,7 +7,8 @@
 //     as initialising it whole (what lets a rank initialise only its shard).
 //  4. Layer ranges: the model cut into two ranges (blocks [0, 2) with the embedding, [2, 3) with
 //     the head), the activation handed from one to the other, gives the whole model's logits and
-//     gradients (what a pipeline stage holds).
+//     gradients (what a pipeline stage holds); also with mixture-of-experts blocks on both sides,
+//     whose load-balancing loss each range adds to its gradients.
 //  5. Activation recomputation: the same loss and gradients, bit for bit, with less memory.
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -19,6 +20,7 @@
 #include "gpt.h"
 #include "inputs.h"
 #include "log.h"
+#include "moe.h"
 #include "ops.h"
 
 #define FIXTURES "../shared/fixtures/reference/"
@@ -309,6 +311,7 @@ static void range_build(Range *r, const GPTConfig *cfg, int first, int n, bool e
     ActsSpec spec = whole_model_acts(cfg, B, T, false, false);
     spec.first_layer = first, spec.n_layers = n, spec.embed = embed, spec.head = head;
     acts_alloc_spec(&r->acts, &spec);
+    moe_set_global_batch(&r->acts, cfg, B);
 }
 
 static void range_free(Range *r) {
@@ -330,8 +333,8 @@ static float *tensor_of(const Range *r, const float *flat, const char *name, siz
     return host;
 }
 
-static void test_layer_ranges(void) {
-    GPTConfig cfg = small_config();
+static void test_layer_ranges(const GPTConfig *config) {
+    GPTConfig cfg = *config;
     int B = 2, T = 7, N = B * T, x[14], y[14];
     random_tokens(x, y, N, cfg.vocab_size);
     float dloss = 1.0f / (float)count_targets(y, N);
@@ -431,7 +434,10 @@ int main(int argc, char **argv) {
     test_pytorch_fixture(FIXTURES "tiny_gpt2_train_step.json", 0, 1e-5);
     test_finite_differences();
     test_init_slices();
-    test_layer_ranges();
+    GPTConfig dense = small_config(), moe = dense;  // moe: every block a mixture of experts, dropping
+    moe.n_experts = 4, moe.experts_per_token = 2, moe.moe_every = 1, moe.capacity_factor = 1.0f, moe.aux_loss_coef = 0.5f;
+    test_layer_ranges(&dense);
+    test_layer_ranges(&moe);
     test_recompute(0);
     test_recompute(1);
     return test_summary("test_gpt");
