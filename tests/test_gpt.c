@@ -8,7 +8,8 @@
 //  4. Layer ranges: the model cut into two ranges (blocks [0, 2) with the embedding, [2, 3) with
 //     the head), the activation handed from one to the other, gives the whole model's logits and
 //     gradients (what a pipeline stage holds); also with mixture-of-experts blocks on both sides,
-//     whose load-balancing loss each range adds to its gradients.
+//     whose load-balancing loss each range adds to its gradients, and whose stats (dropped pairs,
+//     load-balancing loss, rows per expert) add up to the whole model's.
 //  5. Activation recomputation: the same loss and gradients, bit for bit, with less memory.
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -333,6 +334,20 @@ static float *tensor_of(const Range *r, const float *flat, const char *name, siz
     return host;
 }
 
+// the MoE blocks' stats of two ranges, cut before block `cut`, are the whole model's
+static void check_range_moe_stats(const GPTConfig *cfg, const MoEStats *whole, const MoEStats *first,
+                                  const MoEStats *last, int cut) {
+    CHECK(whole->dropped == first->dropped + last->dropped, "the ranges drop %ld + %ld pairs, the whole model %ld",
+          first->dropped, last->dropped, whole->dropped);
+    CHECK(whole->aux_sum == first->aux_sum + last->aux_sum, "the ranges' load-balancing losses %.9g + %.9g, the "
+          "whole model's %.9g", first->aux_sum, last->aux_sum, whole->aux_sum);
+    size_t E = (size_t)cfg->n_experts, before = (size_t)cut * E, after = (size_t)(cfg->n_layer - cut) * E;
+    if (E)
+        CHECK(memcmp(whole->load, first->load, before * sizeof(long)) == 0 &&
+                  memcmp(whole->load + before, last->load, after * sizeof(long)) == 0,
+              "the rows each expert ran differ between the ranges and the whole model");
+}
+
 static void test_layer_ranges(const GPTConfig *config) {
     GPTConfig cfg = *config;
     int B = 2, T = 7, N = B * T, x[14], y[14];
@@ -351,6 +366,7 @@ static void test_layer_ranges(const GPTConfig *config) {
     gpt_forward(&whole.acts, &whole.w, x, B, T);
     copy_to_host(want, whole.acts.logits, (size_t)N * cfg.padded_vocab_size * sizeof(float));
     dev_zero(whole.grads, whole.layout.num_params * sizeof(float));
+    moe_stats_reset(&whole.acts);
     gpt_forward_backward(&whole.acts, &whole.w, &whole.g, &cfg, x, y, B, T, dloss);
     // the pipeline: first range forward, its output is the last range's input; backward returns
     // the gradient of that activation to the first range
@@ -364,6 +380,7 @@ static void test_layer_ranges(const GPTConfig *config) {
     double logit_err = 0;
     for (size_t j = 0; j < (size_t)N * cfg.padded_vocab_size; j++) logit_err = fmax(logit_err, fabs(want[j] - got[j]));
     CHECK(logit_err == 0, "logits of two ranges differ from the whole model's by up to %g", logit_err);
+    check_range_moe_stats(&cfg, &whole.acts.moe_stats, &first.acts.moe_stats, &last.acts.moe_stats, 2);
     copy_to_device(last.acts.targets, y, (size_t)N * sizeof(int));
     gpt_loss_forward_backward(&last.acts, &cfg, B, T, dloss);
     gpt_backward(&last.acts, &last.w, &last.g, B, T, NULL, NULL);
