@@ -15,7 +15,8 @@
 //     smaller than the activations' allocation gives what activations of its exact size give;
 //     two micro-batches accumulate the sum of their gradients.
 //  5. Each rank's share of the experts (gpt_layout_experts) has the whole model's names and initial
-//     values, and the ranks' shares hold each expert once.
+//     values, and the ranks' shares hold each expert once; acts_bytes is what the activations of
+//     one rank (every expert, or its share) take.
 //
 // `test_moe --oracle DIR`: DIR holds a MoE GPT-2 checkpoint (config.json with num_local_experts,
 // num_experts_per_tok, moe_every, and for the run capacity_factor and router_aux_loss_coef;
@@ -501,6 +502,21 @@ static void test_expert_layouts(const GPTConfig *cfg) {
     gpt_layout_free(&whole);
 }
 
+// What acts_bytes reports for a MoE model (one rank with every expert, or with its share) is what
+// acts_alloc_spec allocates on the device.
+static void test_activation_bytes(const GPTConfig *cfg) {
+    for (int ep = 1; ep <= 2; ep++) {
+        ActsSpec spec = whole_model_acts(cfg, 3, 8, false, false);
+        spec.shape.ep = ep, spec.shape.n_local_experts = cfg->n_experts / ep, spec.shape.first_expert = 0;
+        size_t before = dev_bytes_in_use(), reported = acts_bytes(&spec);
+        Activations a;
+        acts_alloc_spec(&a, &spec);
+        CHECK(dev_bytes_in_use() - before == reported && a.bytes == reported,
+              "ep=%d: activations take %zu device bytes, acts_bytes says %zu", ep, dev_bytes_in_use() - before, reported);
+        acts_free(&a);
+    }
+}
+
 // ---- the oracle run ------------------------------------------------------------------------------
 
 // the run's routing settings, which config.json carries for the oracle (the checkpoint reader
@@ -598,5 +614,6 @@ int main(int argc, char **argv) {
     test_accumulation(&dropping);
     GPTConfig every_second = moe_config(3, 2, 4, 2, 1.0f, 0.5f);
     test_expert_layouts(&every_second);
+    test_activation_bytes(&every_second);
     return test_summary("test_moe");
 }
