@@ -86,6 +86,20 @@ expect_one_error() {
         "$what: exit $rc, stderr: $(cat "$tmp/err.log")"
 }
 
+# oracle_venv: makes, once, the venv the oracle tests (test_phi_oracle, test_moe_oracle) run their
+# Python in: Debian's python3 and its torch, plus transformers 4.49.0 (and its safetensors) from
+# PyPI; one check that it imports. The venv is $ORACLE_VENV.
+ORACLE_VENV=build/phi-oracle-venv
+oracle_venv() {
+    if ! "$ORACLE_VENV/bin/python" -c 'import transformers' 2>/dev/null; then
+        rm -rf "$ORACLE_VENV"
+        /usr/bin/python3 -m venv --system-site-packages "$ORACLE_VENV" &&
+            "$ORACLE_VENV/bin/pip" install -q transformers==4.49.0 >"$tmp/pip.log" 2>&1
+    fi
+    check '"$ORACLE_VENV/bin/python" -c "import transformers, torch; assert transformers.__version__ == \"4.49.0\""' \
+        "transformers 4.49.0 does not import in $ORACLE_VENV (pip: $(tail -2 "$tmp/pip.log" 2>/dev/null))"
+}
+
 # finish <name>: the summary line tests/run.sh reads, and the exit status
 finish() {
     echo "$1: $passed passed, $failed failed"

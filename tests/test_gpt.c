@@ -7,7 +7,9 @@
 //     as initialising it whole (what lets a rank initialise only its shard).
 //  4. Layer ranges: the model cut into two ranges (blocks [0, 2) with the embedding, [2, 3) with
 //     the head), the activation handed from one to the other, gives the whole model's logits and
-//     gradients (what a pipeline stage holds).
+//     gradients (what a pipeline stage holds); also with mixture-of-experts blocks on both sides,
+//     whose load-balancing loss each range adds to its gradients, and whose stats (dropped pairs,
+//     load-balancing loss, rows per expert) add up to the whole model's.
 //  5. Activation recomputation: the same loss and gradients, bit for bit, with less memory.
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -17,7 +19,9 @@
 #include "check.h"
 #include "checkpoint.h"
 #include "gpt.h"
+#include "inputs.h"
 #include "log.h"
+#include "moe.h"
 #include "ops.h"
 
 #define FIXTURES "../shared/fixtures/reference/"
@@ -182,14 +186,6 @@ static void test_pytorch_fixture(const char *expected, int bf16, double rtol) {
 
 // ---- 2. finite differences ---------------------------------------------------------------------
 
-static uint64_t rng_state = 88172645463325252ull;
-static double uniform(void) {  // xorshift64, for test inputs only
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
 static void test_finite_differences(void) {
     GPTConfig cfg = {.max_seq_len = 8, .vocab_size = 40, .n_layer = 2, .n_head = 2, .n_embd = 16};
     cfg.padded_vocab_size = gpt_padded_vocab(cfg.vocab_size);
@@ -316,6 +312,7 @@ static void range_build(Range *r, const GPTConfig *cfg, int first, int n, bool e
     ActsSpec spec = whole_model_acts(cfg, B, T, false, false);
     spec.first_layer = first, spec.n_layers = n, spec.embed = embed, spec.head = head;
     acts_alloc_spec(&r->acts, &spec);
+    moe_set_global_batch(&r->acts, cfg, B);
 }
 
 static void range_free(Range *r) {
@@ -337,8 +334,22 @@ static float *tensor_of(const Range *r, const float *flat, const char *name, siz
     return host;
 }
 
-static void test_layer_ranges(void) {
-    GPTConfig cfg = small_config();
+// the MoE blocks' stats of two ranges, cut before block `cut`, are the whole model's
+static void check_range_moe_stats(const GPTConfig *cfg, const MoEStats *whole, const MoEStats *first,
+                                  const MoEStats *last, int cut) {
+    CHECK(whole->dropped == first->dropped + last->dropped, "the ranges drop %ld + %ld pairs, the whole model %ld",
+          first->dropped, last->dropped, whole->dropped);
+    CHECK(whole->aux_sum == first->aux_sum + last->aux_sum, "the ranges' load-balancing losses %.9g + %.9g, the "
+          "whole model's %.9g", first->aux_sum, last->aux_sum, whole->aux_sum);
+    size_t E = (size_t)cfg->n_experts, before = (size_t)cut * E, after = (size_t)(cfg->n_layer - cut) * E;
+    if (E)
+        CHECK(memcmp(whole->load, first->load, before * sizeof(long)) == 0 &&
+                  memcmp(whole->load + before, last->load, after * sizeof(long)) == 0,
+              "the rows each expert ran differ between the ranges and the whole model");
+}
+
+static void test_layer_ranges(const GPTConfig *config) {
+    GPTConfig cfg = *config;
     int B = 2, T = 7, N = B * T, x[14], y[14];
     random_tokens(x, y, N, cfg.vocab_size);
     float dloss = 1.0f / (float)count_targets(y, N);
@@ -355,6 +366,7 @@ static void test_layer_ranges(void) {
     gpt_forward(&whole.acts, &whole.w, x, B, T);
     copy_to_host(want, whole.acts.logits, (size_t)N * cfg.padded_vocab_size * sizeof(float));
     dev_zero(whole.grads, whole.layout.num_params * sizeof(float));
+    moe_stats_reset(&whole.acts);
     gpt_forward_backward(&whole.acts, &whole.w, &whole.g, &cfg, x, y, B, T, dloss);
     // the pipeline: first range forward, its output is the last range's input; backward returns
     // the gradient of that activation to the first range
@@ -368,6 +380,7 @@ static void test_layer_ranges(void) {
     double logit_err = 0;
     for (size_t j = 0; j < (size_t)N * cfg.padded_vocab_size; j++) logit_err = fmax(logit_err, fabs(want[j] - got[j]));
     CHECK(logit_err == 0, "logits of two ranges differ from the whole model's by up to %g", logit_err);
+    check_range_moe_stats(&cfg, &whole.acts.moe_stats, &first.acts.moe_stats, &last.acts.moe_stats, 2);
     copy_to_device(last.acts.targets, y, (size_t)N * sizeof(int));
     gpt_loss_forward_backward(&last.acts, &cfg, B, T, dloss);
     gpt_backward(&last.acts, &last.w, &last.g, B, T, NULL, NULL);
@@ -438,7 +451,10 @@ int main(int argc, char **argv) {
     test_pytorch_fixture(FIXTURES "tiny_gpt2_train_step.json", 0, 1e-5);
     test_finite_differences();
     test_init_slices();
-    test_layer_ranges();
+    GPTConfig dense = small_config(), moe = dense;  // moe: every block a mixture of experts, dropping
+    moe.n_experts = 4, moe.experts_per_token = 2, moe.moe_every = 1, moe.capacity_factor = 1.0f, moe.aux_loss_coef = 0.5f;
+    test_layer_ranges(&dense);
+    test_layer_ranges(&moe);
     test_recompute(0);
     test_recompute(1);
     return test_summary("test_gpt");

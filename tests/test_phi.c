@@ -20,6 +20,7 @@
 #include "check.h"
 #include "checkpoint.h"
 #include "gpt.h"
+#include "inputs.h"
 #include "log.h"
 #include "ops.h"
 #include "tokenizer.h"
@@ -64,16 +65,6 @@ static void test_rotary(void) {
     free(x), free(y), free(rx), free(ry);
 }
 
-static int *read_tokens(const char *dir, int *B, int *T) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tokens.bin", dir);
-    size_t len;
-    int *raw = (int *)read_file_or_die(path, &len);
-    *B = raw[0], *T = raw[1];
-    if (len != (size_t)(2 + 2 * *B * *T) * sizeof(int)) fatal("%s: %zu bytes, expected B=%d T=%d", path, len, *B, *T);
-    return raw;
-}
-
 static void write_rows(const char *path, const float *rows, int N, int stride, int width) {
     FILE *f = fopen_or_die(path, "wb");
     for (int n = 0; n < N; n++) fwrite(rows + (size_t)n * stride, sizeof(float), (size_t)width, f);
@@ -104,7 +95,7 @@ static int run_oracle(const char *dir) {
     snprintf(path, sizeof path, "%s/resaved", dir);
     checkpoint_save_model(path, &l, params, NULL);
     int B, T;
-    int *tokens = read_tokens(dir, &B, &T);
+    int *tokens = read_oracle_tokens(dir, &B, &T);
     const int *x = tokens + 2, *y = tokens + 2 + B * T;
     Weights w, g;
     weights_point(&w, &l, params);  // the CPU backend: device pointers are host pointers

@@ -8,22 +8,14 @@ set -u
 cd "$(dirname "$0")/.."
 source tests/lib.sh
 
-VENV=build/phi-oracle-venv
 BIN=build/tests/test_phi
 tmp=$(mktemp -d /tmp/test_phi_oracle_XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
-# the venv, made once: Debian's python3 (its torch), plus transformers from PyPI
-if ! "$VENV/bin/python" -c 'import transformers' 2>/dev/null; then
-    rm -rf "$VENV"
-    /usr/bin/python3 -m venv --system-site-packages "$VENV" &&
-        "$VENV/bin/pip" install -q transformers==4.49.0 >"$tmp/pip.log" 2>&1
-fi
-check '"$VENV/bin/python" -c "import transformers, torch; assert transformers.__version__ == \"4.49.0\""' \
-    "transformers 4.49.0 does not import in $VENV (pip: $(tail -2 "$tmp/pip.log" 2>/dev/null))"
+oracle_venv
 check '[ -x "$BIN" ] && [ -x build/stage-6 ]' "$BIN or build/stage-6 is not built (make test builds them)"
 
-"$VENV/bin/python" tests/oracle_phi.py "$BIN" build/stage-6 "$tmp" >"$tmp/oracle.txt" 2>"$tmp/oracle.err"
+"$ORACLE_VENV/bin/python" tests/oracle_phi.py "$BIN" build/stage-6 "$tmp" >"$tmp/oracle.txt" 2>"$tmp/oracle.err"
 cat "$tmp/oracle.txt"
 passed=$((passed + $(grep -c '^ok: ' "$tmp/oracle.txt")))
 failed=$((failed + $(grep -c '^FAIL: ' "$tmp/oracle.txt")))
