@@ -90,14 +90,14 @@ def mlp(p, prefix, x):
 
 
 def kept_pairs(choice, capacity, E):
-    """(B, T, k) bool: which token-expert pairs fit, per sequence, first choices before second ones
-    in position order, at most `capacity` per expert (0: no limit)"""
+    """(B, T, k) bool: which token-expert pairs fit, per sequence, token by token in position
+    order, at most `capacity` per expert (0: no limit)"""
     B, T, k = choice.shape
     kept = torch.zeros(B, T, k, dtype=torch.bool)
     for b in range(B):
         used = [0] * E
-        for j in range(k):
-            for t in range(T):
+        for t in range(T):
+            for j in range(k):
                 e = int(choice[b, t, j])
                 if not capacity or used[e] < capacity:
                     kept[b, t, j] = True

@@ -7,7 +7,7 @@
 //     alone, moved by +-eps on sampled elements of every tensor, against the analytic gradient.
 //     Routing is piecewise constant: an element whose +-eps changes any choice or slot is skipped.
 //  2. Routing against a reimplementation here: the router's softmax, the top-k and its weights,
-//     which pairs fit (counted per sequence, first choices first), the dropped count, the rows
+//     which pairs fit (counted per sequence, token by token), the dropped count, the rows
 //     each expert ran, the packing, the load-balancing loss.
 //  3. With k = 1 the router's gradient comes from the load-balancing loss alone (coef 0: exactly 0).
 //  4. Capacity is per sequence: it does not depend on how the experts are spread over ranks, and
@@ -239,8 +239,8 @@ static void check_router(const Model *m, int l, int n, const float *x, const flo
 // choice of an earlier token.
 static bool fits(const int *choice, int b, int t, int j, int T, int k, int cap) {
     int e = choice[((size_t)b * T + t) * k + j], before = 0;
-    for (int jj = 0; jj <= j; jj++)
-        for (int tt = 0; tt < (jj < j ? T : t); tt++) before += choice[((size_t)b * T + tt) * k + jj] == e;
+    for (int tt = 0; tt < t; tt++)  // the earlier tokens' pairs (a token's own go to other experts)
+        for (int jj = 0; jj < k; jj++) before += choice[((size_t)b * T + tt) * k + jj] == e;
     return !cap || before < cap;
 }
 
