@@ -19,10 +19,12 @@
 // broadcast waits stay within the communicator's timeout.
 #include "server.h"
 
+#include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -925,17 +927,22 @@ static void model_name(const Config *cfg, char *name, size_t size) {
     if (dot && strcmp(dot, ".safetensors") == 0) *dot = '\0';
 }
 
+// One thread per connection: a connection's thread may wait in read_response for its tokens
+// without holding up the others or the scheduler.
 static struct MHD_Daemon *start_http(Server *s) {
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg->port)};
+    if (inet_pton(AF_INET, s->cfg->host, &addr.sin_addr) != 1)
+        fatal("key 'host': expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, found '%s'", s->cfg->host);
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-        (uint16_t)s->cfg->port, NULL, NULL, route, s, MHD_OPTION_NOTIFY_COMPLETED, request_done, s,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)120, MHD_OPTION_END);
-    if (!d) fatal("key 'port': cannot listen on port %d (%s)", s->cfg->port, strerror(errno));
+        (uint16_t)s->cfg->port, NULL, NULL, route, s, MHD_OPTION_SOCK_ADDR, &addr,
+        MHD_OPTION_NOTIFY_COMPLETED, request_done, s, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
+    if (!d) fatal("key 'port': cannot listen on %s:%d (%s)", s->cfg->host, s->cfg->port, strerror(errno));
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    printf("server: model '%s' on http://0.0.0.0:%u/v1 | %d slots (max_batch_size), queue of %d "
-           "(max_queue) | SIGTERM stops it\n", s->model, info ? info->port : (unsigned)s->cfg->port,
-           s->n_slots, s->cfg->max_queue);
+    printf("server: model '%s' on http://%s:%u/v1 | %d slots (max_batch_size), queue of %d "
+           "(max_queue) | SIGTERM stops it\n", s->model, s->cfg->host,
+           info ? info->port : (unsigned)s->cfg->port, s->n_slots, s->cfg->max_queue);
     fflush(stdout);
     return d;
 }
