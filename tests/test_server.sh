@@ -122,6 +122,16 @@ python3 -c 'import json,sys; [print(json.dumps(x["text"])) for i, x in enumerate
 check '[ "$(wc -l <"$tmp/reference.txt")" -eq 16 ] && cmp -s "$tmp/reference.txt" "$tmp/served.txt"' \
     "served greedy answers differ from stage 06's own: $(diff "$tmp/reference.txt" "$tmp/served.txt" | head -4)"
 
+# a stop string: the answer ends before it, finish reason "stop"
+python3 - "$tmp" <<'PY'
+import json, sys
+req, got = json.load(open(f"{sys.argv[1]}/requests.json"))[0], json.load(open(f"{sys.argv[1]}/serial.json"))[0]
+json.dump([dict(req, stop=[got["text"][2:4], "never"])], open(f"{sys.argv[1]}/stop.json", "w"))
+PY
+client answers "$url" "$tmp/stop.json" 1 >"$tmp/stopped.json"
+check '[ "$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; print(json.dumps(r[\"text\"]), r[\"finish_reason\"])" "$tmp/stopped.json")" = "$(python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))[0][\"text\"][:2]))" "$tmp/serial.json") stop" ]' \
+    "a stop string did not cut the answer: $(cat "$tmp/stopped.json") (without it: $(head -c 200 "$tmp/serial.json"))"
+
 # ---- 3. bad requests: 400 and an OpenAI error object each; the server keeps serving
 long=$(python3 -c 'print("x" * 300)')
 bad=('{"model":"model","prompt":' '{"model":"model"}' '{"prompt":"hi"}' '{"model":7,"prompt":"hi"}'
