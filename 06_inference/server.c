@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "alpaca.h"
 #include "log.h"
@@ -934,9 +935,10 @@ static struct MHD_Daemon *start_http(Server *s) {
         (unsigned)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
     if (!d) fatal("key 'port': cannot listen on %s:%d (%s)", s->cfg->host, s->cfg->port, strerror(errno));
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    // under mpirun, signal this process: mpirun itself, signalled, kills every rank soon after
     printf("server: model '%s' on http://%s:%u/v1 | %d slots (max_batch_size), queue of %d "
-           "(max_queue) | SIGTERM stops it\n", s->model, s->cfg->host,
-           info ? info->port : (unsigned)s->cfg->port, s->n_slots, s->cfg->max_queue);
+           "(max_queue) | kill -TERM %ld stops it\n", s->model, s->cfg->host,
+           info ? info->port : (unsigned)s->cfg->port, s->n_slots, s->cfg->max_queue, (long)getpid());
     fflush(stdout);
     return d;
 }

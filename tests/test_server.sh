@@ -30,8 +30,9 @@ stop_servers() {
 }
 trap 'stop_servers; rm -rf "$tmp"' EXIT
 
-# start_server <name> <ranks> <args...>: stage 6 serving on a free port of 127.0.0.1; sets $url
-# and $pid (mpirun's with several ranks), the log in $tmp/<name>.log
+# start_server <name> <ranks> <args...>: stage 6 serving on a free port of 127.0.0.1; sets $url,
+# $pid (of the launcher: timeout, then mpirun with several ranks) and $rank0 (the process that
+# serves, which a graceful stop signals), the log in $tmp/<name>.log
 start_server() {
     local name=$1 np=$2; shift 2
     if [ "$np" -eq 1 ]; then
@@ -43,6 +44,7 @@ start_server() {
     servers+=("$pid")
     for _ in $(seq 300); do grep -q "^server: model" "$tmp/$name.log" && break; sleep 0.1; done
     url=http://127.0.0.1:$(grep -ao 'http://127.0.0.1:[0-9]*' "$tmp/$name.log" | sed 's/.*://')
+    rank0=$(grep -ao 'kill -TERM [0-9]*' "$tmp/$name.log" | sed 's/.* //')
     check 'grep -q "^server: model" "$tmp/$name.log"' "server $name did not start: $(tail -3 "$tmp/$name.log")"
 }
 
@@ -181,7 +183,8 @@ PY
 check 'grep -q "^completion as curl.s True$" "$tmp/openai.txt" && grep -q "^streamed chats equal 4$" "$tmp/openai.txt" && grep -q "^unknown model 400$" "$tmp/openai.txt"' \
     "openai package: $(tail -5 "$tmp/openai.txt")"
 
-# ---- 5. tensor parallelism: the same answers from [2,1,1] and [2,2,1]
+# ---- 5. tensor parallelism: the same answers from [2,1,1] and [2,2,1]; SIGTERM to rank 0 stops
+# every rank, exit 0
 python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))[:8]))' "$tmp/serial.json" >"$tmp/serial8.json"
 for grid in 2,1,1:2 2,2,1:4; do
     dims=${grid%:*} np=${grid#*:}
@@ -189,6 +192,8 @@ for grid in 2,1,1:2 2,2,1:4; do
     client answers "$url" "$tmp/eight.json" 8 >"$tmp/tp$dims.json"
     check 'cmp -s "$tmp/serial8.json" "$tmp/tp$dims.json"' \
         "[$dims] serves other answers than one rank: $(diff <(tr "}" "\n" <"$tmp/serial8.json") <(tr "}" "\n" <"$tmp/tp$dims.json") | head -4; tail -2 "$tmp/tp$dims.log")"
+    kill -TERM "$rank0"; wait "$pid"; rc=$?
+    check '[ $rc -eq 0 ] && grep -q "^server: stopped" "$tmp/tp$dims.log"' "[$dims]: SIGTERM to rank 0: exit $rc, $(tail -3 "$tmp/tp$dims.log")"
 done
 
 # ---- 6. with a slower model (random weights, 4 wide layers, ~2 ms a token): a request joining a
@@ -206,13 +211,13 @@ check 'python3 -c "import json,sys; a,b=json.load(open(sys.argv[1])); m=json.loa
 client disconnect "$url" "$tmp/long.json" >"$tmp/disconnect.json"
 check '[ "$(json_value "$tmp/disconnect.json" running_back_to_zero)" = True ] && python3 -c "import json,sys; sys.exit(not json.load(open(sys.argv[1]))[\"generated_tokens\"] < 1000)" "$tmp/disconnect.json"' \
     "a client gone mid-stream did not free its slot (or its answer ran on to the end): $(cat "$tmp/disconnect.json")"
-kill -TERM "$pid"; wait "$pid"
+kill -TERM "$rank0"; wait "$pid"
 start_server queue 1 "${slow[@]}" --max_batch_size=1 --max_queue=1
 client queue "$url" "$tmp/long.json" >"$tmp/queue.json"
 check '[ "$(json_value "$tmp/queue.json" queued)" = True ] && [ "$(json_value "$tmp/queue.json" c)" = 429 ] && [ "$(json_value "$tmp/queue.json" c_error)" = rate_limit_error ] && [ "$(json_value "$tmp/queue.json" b)" = 200 ]' \
     "a full queue: $(cat "$tmp/queue.json")"
 echo '{"model":"random","prompt":"Hello","max_tokens":300,"temperature":0}' >"$tmp/term.json"
-client sigterm "$url" "$pid" "$tmp/term.json" >"$tmp/sigterm.json"
+client sigterm "$url" "$rank0" "$tmp/term.json" >"$tmp/sigterm.json"
 wait "$pid"; rc=$?
 check '[ $rc -eq 0 ] && [ "$(json_value "$tmp/sigterm.json" started)" = True ] && [ "$(json_value "$tmp/sigterm.json" a completion_tokens)" = 300 ] && [ "$(json_value "$tmp/sigterm.json" after)" != 200 ]' \
     "SIGTERM: exit $rc (want 0), $(cat "$tmp/sigterm.json"); $(tail -3 "$tmp/queue.log")"
