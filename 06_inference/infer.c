@@ -390,6 +390,7 @@ static void validate_inference_keys(const Config *cfg) {
     if (cfg->top_k < 0) fatal("key 'top_k': expected 0 (no limit) or more, found %d", cfg->top_k);
     if (!(cfg->top_p > 0 && cfg->top_p <= 1)) fatal("key 'top_p': expected a value in (0, 1], found %g", cfg->top_p);
     if (cfg->serve && !cfg->kv_cache) fatal("key 'kv_cache': the server (serve: true) needs the KV cache, found false");
+    if (cfg->serve && cfg->eval_accuracy) fatal("keys 'serve' and 'eval_accuracy': a run either serves or evaluates, found both true");
     if (!starts_from_checkpoint(cfg) && !cfg->random_init)
         fatal("key 'init_from': stage 06 needs a checkpoint to generate with (a directory or a "
               ".safetensors file, e.g. --init_from=out/demo-stage-1), or random_init: true");

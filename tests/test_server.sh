@@ -73,7 +73,10 @@ for i, (instruction, digits) in enumerate(prompts):
     r.update({"temperature": 0} if i % 2 == 0 else {"temperature": 1, "seed": 100 + i, "max_tokens": 3 + i % 5})
     reqs.append(r)
 json.dump(reqs, open(f"{sys.argv[1]}/requests.json", "w"))
-json.dump([r for i, r in enumerate(reqs) if i % 2 == 0], open(f"{sys.argv[1]}/greedy.json", "w"))
+greedy = [dict(r, temperature=0) for r in reqs]
+for r in greedy:
+    r.pop("seed", None), r.pop("max_tokens", None)
+json.dump(greedy, open(f"{sys.argv[1]}/greedy.json", "w"))
 json.dump(reqs[:8], open(f"{sys.argv[1]}/eight.json", "w"))
 PY
 
@@ -105,24 +108,33 @@ curl -s -m 10 "$url/metrics" >"$tmp/metrics.txt"
 check 'grep -q "^# TYPE workbook_time_to_first_token_seconds histogram" "$tmp/metrics.txt" && grep -q "^workbook_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3$" "$tmp/metrics.txt" && grep -q "^workbook_time_to_first_token_seconds_count 3$" "$tmp/metrics.txt" && grep -q "^# TYPE workbook_time_per_output_token_seconds histogram" "$tmp/metrics.txt" && grep -q "^workbook_requests_total{code=\"200\"} 3$" "$tmp/metrics.txt" && grep -q "^workbook_queue_length 0$" "$tmp/metrics.txt" && grep -q "^workbook_running_batch_size 0$" "$tmp/metrics.txt"' \
     "/metrics: $(head -30 "$tmp/metrics.txt")"
 
-# ---- 2. continuous batching: concurrent = one at a time = stage 06 without a server
+# ---- 2. continuous batching: 32 concurrent = one at a time (all greedy; then half of them
+# sampled, with their own seeds and limits) = stage 06 without a server (the greedy ones)
+same_answers() { # same_answers <what> <a.json> <b.json>
+    local a=$2 b=$3
+    check '[ -s "$a" ] && cmp -s "$a" "$b"' "$1: $(diff <(tr "}" "\n" <"$a") <(tr "}" "\n" <"$b") | head -4)"
+}
+client answers "$url" "$tmp/greedy.json" 1 >"$tmp/greedy_serial.json"
+client answers "$url" "$tmp/greedy.json" 32 >"$tmp/greedy_concurrent.json"
+same_answers "32 concurrent greedy requests differ from one at a time" "$tmp/greedy_serial.json" "$tmp/greedy_concurrent.json"
 client answers "$url" "$tmp/requests.json" 1 >"$tmp/serial.json"
 client answers "$url" "$tmp/requests.json" 32 >"$tmp/concurrent.json"
-check '[ -s "$tmp/serial.json" ] && cmp -s "$tmp/serial.json" "$tmp/concurrent.json"' \
-    "32 concurrent requests differ from one at a time: $(diff <(tr "}" "\n" <"$tmp/serial.json") <(tr "}" "\n" <"$tmp/concurrent.json") | head -4)"
+same_answers "32 concurrent requests (half sampled) differ from one at a time" "$tmp/serial.json" "$tmp/concurrent.json"
 check 'python3 -c "import json,sys; a=json.load(open(sys.argv[1])); sys.exit(not (all(x[\"status\"]==200 for x in a) and len(set(x[\"text\"] for x in a)) >= 8))" "$tmp/serial.json"' \
     "the answers are not 32 successes with varied text: $(head -c 400 "$tmp/serial.json")"
 timeout 120 build/stage-6 "${model[@]}" --prompts_path="$tmp/prompts.txt" --show_token_ids=true >"$tmp/stage6.log" 2>&1
 python3 - "$tmp" <<'PY' >"$tmp/reference.txt"
 import json, sys
 ids = [l.split(":", 1)[1].split() for l in open(f"{sys.argv[1]}/stage6.log", errors="replace") if "answer ids:" in l]
-for i, answer in enumerate(ids):
-    if i % 2 == 0:  # the greedy ones; the byte tokenizer: a token is a byte
-        print(json.dumps(bytes(int(t) for t in answer).decode("utf-8", "replace")))
+for answer in ids:  # the byte tokenizer: a token is a byte
+    print(json.dumps(bytes(int(t) for t in answer).decode("utf-8", "replace")))
 PY
-python3 -c 'import json,sys; [print(json.dumps(x["text"])) for i, x in enumerate(json.load(open(sys.argv[1]))) if i % 2 == 0]' "$tmp/serial.json" >"$tmp/served.txt"
-check '[ "$(wc -l <"$tmp/reference.txt")" -eq 16 ] && cmp -s "$tmp/reference.txt" "$tmp/served.txt"' \
+python3 -c 'import json,sys; [print(json.dumps(x["text"])) for x in json.load(open(sys.argv[1]))]' "$tmp/greedy_concurrent.json" >"$tmp/served.txt"
+check '[ "$(wc -l <"$tmp/reference.txt")" -eq 32 ] && cmp -s "$tmp/reference.txt" "$tmp/served.txt"' \
     "served greedy answers differ from stage 06's own: $(diff "$tmp/reference.txt" "$tmp/served.txt" | head -4)"
+python3 -c 'import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); sys.exit(not all(a[i]==b[i] for i in range(0, 32, 2)))' \
+    "$tmp/greedy_serial.json" "$tmp/serial.json"
+rc=$?; check '[ $rc -eq 0 ]' "a greedy answer changed when the requests beside it were sampled"
 
 # a stop string: the answer ends before it, finish reason "stop"
 python3 - "$tmp" <<'PY'
@@ -224,6 +236,7 @@ check '[ $rc -eq 0 ] && [ "$(json_value "$tmp/sigterm.json" started)" = True ] &
 
 # ---- 7. bad configs: one clear error
 expect_one_error "serve without the KV cache" "needs the KV cache" build/stage-6 "${model[@]}" --serve=true --kv_cache=false
+expect_one_error "serve and evaluate" "either serves or evaluates" build/stage-6 "${model[@]}" --serve=true --eval_accuracy=true
 expect_one_error "a bad host" "key 'host': expected an IPv4 address" build/stage-6 "${model[@]}" --serve=true --host=localhost --port=0
 
 finish test_server
