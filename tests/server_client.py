@@ -3,7 +3,8 @@ and `make bench`, over the standard library's HTTP only (the official `openai` p
 tested separately). Every call has a timeout; every result is printed as JSON for the shell.
 
   answers <url> <requests.json> <threads>   each request's status, text and finish reason, in order
-  midjoin <url> <a.json> <b.json>           a streamed; b sent after a's 5th token; both answers
+  midjoin <url> <a.json> <b.json>           a streamed; b sent after a's 5th token; both answers,
+                                            and whether b was done before a
   disconnect <url> <body.json>              a stream read for 3 tokens, then the socket closed
   queue <url> <body.json>                   one slot, one place in the queue: the third gets 429
   sigterm <url> <pid> <body.json>           SIGTERM while a request runs: it still finishes
@@ -122,9 +123,10 @@ def midjoin(url, a, b):
         if i == 5:  # a is running: b joins the batch now
             t = threading.Thread(target=lambda: joined.update(summary(*post(url, path_of(b), b))))
             t.start()
+    b_within_a = bool(joined)  # b came and went while a ran: they shared decode steps
     if t:
         t.join(TIMEOUT)
-    return {"a": "".join(text), "b": joined.get("text"), "a_finish": finish}
+    return {"a": "".join(text), "b": joined.get("text"), "a_finish": finish, "b_within_a": b_within_a}
 
 
 def disconnect(url, body):

@@ -212,13 +212,14 @@ done
 # running one, a client going away, a full queue, SIGTERM
 slow=(--config configs/inference.json --model_id=custom --n_layer=4 --n_head=4 --n_embd=256
       --max_seq_len=2048 --random_init=true --init_from= --max_batch_size=4)
-echo '{"model":"random","prompt":"Once upon a time","max_tokens":60,"temperature":1,"seed":3}' >"$tmp/a.json"
+# a: 400 tokens with no end-of-text for this seed; b joins at a's 5th token and is done long before
+echo '{"model":"random","prompt":"Once upon a time","max_tokens":400,"temperature":1,"seed":8}' >"$tmp/a.json"
 echo '{"model":"random","prompt":"Sort the digits.","max_tokens":40,"temperature":1,"seed":5}' >"$tmp/b.json"
 echo '{"model":"random","prompt":"Hello","max_tokens":1500,"temperature":0}' >"$tmp/long.json"
 start_server slow 1 "${slow[@]}"
 client answers "$url" <(echo "[$(cat "$tmp/a.json"),$(cat "$tmp/b.json")]") 1 >"$tmp/alone.json"
 client midjoin "$url" "$tmp/a.json" "$tmp/b.json" >"$tmp/midjoin.json"
-check 'python3 -c "import json,sys; a,b=json.load(open(sys.argv[1])); m=json.load(open(sys.argv[2])); sys.exit(not (m[\"a\"]==a[\"text\"] and m[\"b\"]==b[\"text\"] and a[\"finish_reason\"]==\"length\"))" "$tmp/alone.json" "$tmp/midjoin.json"' \
+check 'python3 -c "import json,sys; a,b=json.load(open(sys.argv[1])); m=json.load(open(sys.argv[2])); sys.exit(not (m[\"a\"]==a[\"text\"] and m[\"b\"]==b[\"text\"] and a[\"finish_reason\"]==\"length\" and m[\"b_within_a\"]))" "$tmp/alone.json" "$tmp/midjoin.json"' \
     "a request joining mid-batch changed an answer: alone $(head -c 300 "$tmp/alone.json"), joined $(head -c 300 "$tmp/midjoin.json")"
 client disconnect "$url" "$tmp/long.json" >"$tmp/disconnect.json"
 check '[ "$(json_value "$tmp/disconnect.json" running_back_to_zero)" = True ] && python3 -c "import json,sys; sys.exit(not json.load(open(sys.argv[1]))[\"generated_tokens\"] < 1000)" "$tmp/disconnect.json"' \
