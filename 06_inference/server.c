@@ -25,6 +25,7 @@
 #include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -94,6 +95,16 @@ static size_t append_utf8(Buf *out, const char *s, size_t n, bool final) {
         }
     }
     return i;
+}
+
+// the absolute time `seconds` from now, for pthread_cond_timedwait
+static struct timespec deadline_in(double seconds) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    long ns = t.tv_nsec + (long)(seconds * 1e9);
+    t.tv_sec += ns / 1000000000;
+    t.tv_nsec = ns % 1000000000;
+    return t;
 }
 
 // ---- a request and its generation ------------------------------------------------------------
@@ -540,7 +551,17 @@ static void append_events(const Server *s, Job *j) {
 typedef struct {
     Server *s;
     Job *j;
+    struct MHD_Connection *c;
 } Reader;
+
+// A client sends nothing while it waits for its answer: a socket that reads as closed (recv
+// returns 0) means the client has gone. It is how a request that is still waiting for a slot, or
+// for its whole answer, notices, before any write to the client could fail.
+static bool client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    char byte;
+    return info && recv(info->connect_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
 
 static bool has_news(const Job *j) {
     return j->done_written || j->finish != FINISH_NONE || (j->stream && j->n_written < j->n_out);
@@ -555,7 +576,18 @@ static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
     if (j->out_off == j->out.len) {
         j->out.len = j->out_off = 0;
         pthread_mutex_lock(&r->s->lock);
-        while (!has_news(j)) pthread_cond_wait(&r->s->progress, &r->s->lock);
+        // every step wakes every waiting connection: look at the client every 0.2 s of waiting
+        double look = wall_seconds() + 0.2;
+        while (!has_news(j)) {
+            struct timespec until = deadline_in(0.2);
+            pthread_cond_timedwait(&r->s->progress, &r->s->lock, &until);
+            if (wall_seconds() < look) continue;
+            look += 0.2;
+            if (client_gone(r->c)) {
+                pthread_mutex_unlock(&r->s->lock);
+                return MHD_CONTENT_READER_END_WITH_ERROR;  // release_response cancels the job
+            }
+        }
         if (!j->done_written) {
             if (j->stream) append_events(r->s, j);
             else append_whole_answer(r->s, j);
@@ -628,7 +660,7 @@ static enum MHD_Result serve_completion(Server *s, struct MHD_Connection *c, con
         return send_error(s, c, &e, false);
     }
     Reader *r = malloc_or_die(sizeof *r);
-    *r = (Reader){s, j};
+    *r = (Reader){s, j, c};
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_response, r, release_response);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, j->stream ? "text/event-stream" : "application/json");
     if (j->stream) MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -830,9 +862,7 @@ static bool wait_and_admit(Server *s, Engine *g, int *admitted, int *n_new) {
             pthread_mutex_unlock(&s->lock);
             return false;
         }
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 1;
+        struct timespec until = deadline_in(1);
         if (pthread_cond_timedwait(&s->work, &s->lock, &until) == ETIMEDOUT) {
             pthread_mutex_unlock(&s->lock);
             send_plan(g, PLAN_IDLE, 0, 0);
@@ -948,10 +978,7 @@ static void stop_http(Server *s, struct MHD_Daemon *d) {
     double t0 = wall_seconds();
     pthread_mutex_lock(&s->lock);
     while (s->live_jobs > 0 && wall_seconds() - t0 < 30) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 10 * 1000 * 1000;
-        if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
+        struct timespec until = deadline_in(0.01);
         pthread_cond_timedwait(&s->work, &s->lock, &until);
     }
     long left = s->live_jobs;

@@ -5,7 +5,7 @@ tested separately). Every call has a timeout; every result is printed as JSON fo
   answers <url> <requests.json> <threads>   each request's status, text and finish reason, in order
   midjoin <url> <a.json> <b.json>           a streamed; b sent after a's 5th token; both answers,
                                             and whether b was done before a
-  disconnect <url> <body.json>              a stream read for 3 tokens, then the socket closed
+  disconnect <url> <body.json>              a client hangs up mid-stream, another while it waits
   queue <url> <body.json>                   one slot, one place in the queue: the third gets 429
   sigterm <url> <pid> <body.json>           SIGTERM while a request runs: it still finishes
   metric <url> <name>                       one value of /metrics
@@ -129,16 +129,32 @@ def midjoin(url, a, b):
     return {"a": "".join(text), "b": joined.get("text"), "a_finish": finish, "b_within_a": b_within_a}
 
 
+def hang_up(conn):
+    # close alone would leave the socket open while a response's file object holds it
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.sock.close()
+
+
+def gone(url, before):
+    return {"running_back_to_zero": wait_metric(url, "workbook_running_batch_size", 0),
+            "generated_tokens": metric(url, "workbook_generated_tokens_total") - before}
+
+
 def disconnect(url, body):
+    """a streamed answer whose client goes away after 3 tokens; then a whole (not streamed) one
+    whose client goes away while it waits"""
+    before = metric(url, "workbook_generated_tokens_total")
     for i, (_, _, conn) in enumerate(stream(url, body)):
         if i == 3:
-            # the client goes away in the middle of the answer (close alone would leave the
-            # socket open while the response's file object holds it)
-            conn.sock.shutdown(socket.SHUT_RDWR)
-            conn.sock.close()
+            hang_up(conn)
             break
-    return {"running_back_to_zero": wait_metric(url, "workbook_running_batch_size", 0),
-            "generated_tokens": metric(url, "workbook_generated_tokens_total")}
+    streamed = gone(url, before)
+    before = metric(url, "workbook_generated_tokens_total")
+    conn = connect(url)
+    conn.request("POST", path_of(body), body=json.dumps(body), headers={"Content-Type": "application/json"})
+    running = wait_metric(url, "workbook_running_batch_size", 1)
+    hang_up(conn)
+    return {"streamed": streamed, "whole": dict(gone(url, before), started=running)}
 
 
 def queue(url, body):
