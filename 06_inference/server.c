@@ -12,7 +12,7 @@
 // conditions. The decode loop never waits for a client: it appends tokens to the job under the
 // lock and wakes the connection threads, which write them at their client's pace.
 //
-// Tensor parallelism: rank 0 broadcasts each step (a Plan: which slots, their tokens and
+// Tensor parallelism: rank 0 broadcasts each step (its plan: which slots, their tokens and
 // positions) and every rank of the [x, y, 1] grid runs it; the logits are whole on every rank
 // after the head's all-gather, and rank 0 alone samples: its tokens reach the others in the
 // next plan. When idle, rank 0 still sends an empty plan every second, so that the others'
