@@ -58,6 +58,8 @@ MPI_STAGES := $(filter 3 4 5 6 7 8,$(STAGES))
 # files of an earlier stage that a stage builds on (stage 06 runs stage 05's tensor-parallel block)
 STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
+# ... and its server mode speaks HTTP through libmicrohttpd
+STAGE_LIBS_6 := -lmicrohttpd -pthread
 # stage 07 starts from 03: its replica check (03_ddp/buckets.c)
 STAGE_EXTRA_7 := 03_ddp/buckets.c
 $(B)/07_pipeline_parallel/%.o: CFLAGS += -I03_ddp
@@ -92,7 +94,7 @@ stage-$(1): build/stage-$(1)
 build/stage-$(1): $(B)/stage-$(1)
 	@cp $$< $$@
 $(B)/stage-$(1): $(patsubst %.c,$(B)/%.o,$(wildcard $(STAGE_DIR_$(1))/*.c) $(STAGE_EXTRA_$(1))) $(COMMON_OBJS) $(if $(filter $(1),$(MPI_STAGES)),$(COMM_OBJS))
-	$(if $(filter $(1),$(MPI_STAGES)),$(MPICC),$(CC)) $$^ -o $$@ $(LDLIBS)
+	$(if $(filter $(1),$(MPI_STAGES)),$(MPICC),$(CC)) $$^ -o $$@ $(LDLIBS) $(STAGE_LIBS_$(1))
 $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
 $(foreach n,$(STAGES),$(eval $(call stage_rule,$(n))))

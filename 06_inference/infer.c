@@ -22,6 +22,7 @@
 #include "log.h"
 #include "ops.h"
 #include "sampler.h"
+#include "server.h"
 #include "tokenizer.h"
 #include "trainer.h"
 
@@ -388,6 +389,8 @@ static void validate_inference_keys(const Config *cfg) {
     if (cfg->temperature < 0) fatal("key 'temperature': expected 0 (greedy) or more, found %g", cfg->temperature);
     if (cfg->top_k < 0) fatal("key 'top_k': expected 0 (no limit) or more, found %d", cfg->top_k);
     if (!(cfg->top_p > 0 && cfg->top_p <= 1)) fatal("key 'top_p': expected a value in (0, 1], found %g", cfg->top_p);
+    if (cfg->serve && !cfg->kv_cache) fatal("key 'kv_cache': the server (serve: true) needs the KV cache, found false");
+    if (cfg->serve && cfg->eval_accuracy) fatal("keys 'serve' and 'eval_accuracy': a run either serves or evaluates, found both true");
     if (!starts_from_checkpoint(cfg) && !cfg->random_init)
         fatal("key 'init_from': stage 06 needs a checkpoint to generate with (a directory or a "
               ".safetensors file, e.g. --init_from=out/demo-stage-1), or random_init: true");
@@ -430,7 +433,8 @@ static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
                "and its heads' share of the KV cache\n", grid->X, grid->Y, grid->X * grid->Y,
                m->tp.NHx, mc->n_head, m->tp.layout.num_params / 1e6);
     char what[32];  // in evaluation mode the prompts are the held-out records, counted later
-    if (cfg->eval_accuracy) snprintf(what, sizeof what, "held-out records");
+    if (cfg->serve) snprintf(what, sizeof what, "requests");
+    else if (cfg->eval_accuracy) snprintf(what, sizeof what, "held-out records");
     else snprintf(what, sizeof what, "%d prompts", n_prompts);
     printf("%s in batches of up to %d | %s | context %d | KV cache %s (%.2f MiB per rank) | "
            "precision %s\n", what, cfg->max_batch_size,
@@ -475,7 +479,7 @@ int main(int argc, char **argv) {
     int n_prompts = 0;
     char **prompts = NULL;
     Request *r = NULL;
-    if (!cfg.eval_accuracy) {
+    if (!cfg.eval_accuracy && !cfg.serve) {
         prompts = read_prompts(cfg.prompts_path, &n_prompts);
         r = malloc_or_die((size_t)n_prompts * sizeof *r);
         for (int i = 0; i < n_prompts; i++) {
@@ -488,8 +492,9 @@ int main(int argc, char **argv) {
             free(instruction);
         }
     }
-    // the prefill's capacity: the longest prompt (all of the context for the held-out records)
-    int longest = cfg.eval_accuracy ? maxT : 1;
+    // the prefill's capacity: the longest prompt (all of the context for the held-out records and
+    // the server's requests)
+    int longest = cfg.eval_accuracy || cfg.serve ? maxT : 1;
     for (int i = 0; i < n_prompts; i++) longest = r[i].n_ids > longest ? r[i].n_ids : longest;
 
     KVModel m;
@@ -504,7 +509,9 @@ int main(int argc, char **argv) {
     else dev_free(full);
     print_setup(&g, &cfg, n_prompts);
 
-    if (cfg.eval_accuracy) {
+    if (cfg.serve) {
+        serve(&cfg, &m, tok, &g.sampler, world, g.use_graph);
+    } else if (cfg.eval_accuracy) {
         evaluate(&g, &cfg);
     } else {
         generate_all(&g, r, n_prompts);

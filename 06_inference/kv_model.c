@@ -147,6 +147,17 @@ void kv_forward(KVModel *m, const int *tokens, const int *start, int B, int T, c
     forward_on_device(m, B, T, last_row);
 }
 
+// a one-sequence forward pass whose cache is slot `slot`'s: the layers' cache pointers are moved
+// to that slot for the pass (a captured decode graph keeps the unmoved ones)
+void kv_prefill_slot(KVModel *m, int slot, const int *tokens, int T) {
+    if (slot < 0 || slot >= m->B) fatal("internal: cache slot %d of %d", slot, m->B);
+    size_t offset = (size_t)slot * m->maxT * m->tp.Cx;
+    for (int l = 0; l < m->cfg.n_layer; l++) m->layers.k_cache[l] += offset, m->layers.v_cache[l] += offset;
+    int start = 0;
+    kv_forward(m, tokens, &start, 1, T, NULL);
+    for (int l = 0; l < m->cfg.n_layer; l++) m->layers.k_cache[l] -= offset, m->layers.v_cache[l] -= offset;
+}
+
 void kv_decode(KVModel *m, const int *tokens, const int *start, int B, bool use_graph) {
     upload_inputs(m, tokens, start, B, 1);
     if (!use_graph) {

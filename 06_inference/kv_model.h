@@ -73,6 +73,10 @@ void kv_model_free(KVModel *m);
 // sequence b's rows sit at positions start[b] .. start[b] + T - 1 and its logits are taken at
 // row last_row[b] (NULL: row T - 1). Fills m->logits (B, Vp) on the device, on every rank.
 void kv_forward(KVModel *m, const int *tokens, const int *start, int B, int T, const int *last_row);
+// The prefill of one sequence, T rows from position 0, into cache slot `slot` of the B: the
+// other slots are untouched (the server admits each request into whichever slot is free). Its
+// logits are row 0 of m->logits.
+void kv_prefill_slot(KVModel *m, int slot, const int *tokens, int T);
 // A decode step (T = 1). With use_graph (CUDA backend, one rank) the step's ops are captured as a
 // CUDA graph the first time (for this B) and replayed afterwards: the inputs are copied into the
 // same device buffers before each replay, which is all that changes between steps.

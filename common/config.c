@@ -104,6 +104,11 @@ static const Key KEYS[] = {
     K(kv_cache, T_BOOL, "true", "inference: keep keys and values (false: recompute every step)"),
     K(eval_accuracy, T_BOOL, "false", "inference: answer the held-out split, report exact-answer accuracy"),
     K(show_token_ids, T_BOOL, "false", "inference: print the token ids of every prompt and answer"),
+    K(serve, T_BOOL, "false", "inference: serve an OpenAI-compatible HTTP API instead of reading prompts"),
+    K(host, T_STRING, "127.0.0.1", "inference: the server's IPv4 address to listen on (0.0.0.0: every interface)"),
+    K(port, T_INT, "8000", "inference: the server's TCP port (0: any free one, printed at start)"),
+    K(max_queue, T_INT, "64", "inference: requests waiting for a batch slot before the server answers 429"),
+    K(served_model_name, T_STRING, "", "inference: the model name the server answers to (empty: init_from's base name)"),
 };
 #define NKEYS (sizeof(KEYS) / sizeof(KEYS[0]))
 

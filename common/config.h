@@ -64,6 +64,11 @@ typedef struct {
     bool kv_cache;               // false: recompute the whole sequence every step (the reference)
     bool eval_accuracy;          // generate for the held-out split and report exact-answer accuracy
     bool show_token_ids;         // print each prompt's and answer's token ids
+    bool serve;                  // an OpenAI-compatible HTTP server instead of the prompts file
+    char host[64];               // the IPv4 address it listens on
+    int port;                    // its TCP port (0: any free one)
+    int max_queue;               // requests waiting for a slot before it answers 429
+    char served_model_name[128]; // the "model" it answers to ("": init_from's base name)
 } Config;
 
 // The program loading the config. Each stage implements one strategy and reads its own config

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make bench: tokens/s, ms/step and MFU of the training stages, as a table. Each run's first
+# make bench: tokens/s, ms/step and MFU of the training stages, as a table; stage 06's decode
+# speed and its server's throughput and time to first token under load. Each run's first
 # step (warm-up: page faults, primitive creation) is left out; the median of the rest is shown.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -94,3 +95,35 @@ decode "stage-6 tiny.json B=1" 1 --config configs/tiny.json
 decode "stage-6 tiny.json B=8" 8 --config configs/tiny.json
 decode "stage-6 gpt2-124M B=1" 1 --config configs/bench_gpt2.json
 decode "stage-6 gpt2-124M B=8" 8 --config configs/bench_gpt2.json
+
+# Stage 06 as a server (--serve=true): tests/server_client.py's load generator streams completions
+# from 1, 4 and 16 clients at once, each sending its next request when its answer is done. The
+# server batches whatever is running (continuous batching, 16 slots): more clients give more
+# tokens/s until the step is no longer bound by reading the weights, and a longer wait for the
+# first token (a new request's prefill shares the loop with everyone's decode steps). The server
+# runs one thread: the load generator needs a core too, and OpenMP threads waiting for a busy
+# core cost more than a tiny model's matmuls gain from them.
+server_log=$out/server.log
+OMP_NUM_THREADS=1 build/stage-6 --config configs/tiny.json --random_init=true --max_seq_len=256 --max_batch_size=16 \
+    --serve=true --host=127.0.0.1 --port=0 >"$server_log" 2>&1 &
+server=$!
+trap 'kill -TERM $server 2>/dev/null || true; rm -rf "$out"' EXIT
+for _ in $(seq 300); do grep -q "^server: model" "$server_log" && break; sleep 0.1; done
+grep -q "^server: model" "$server_log" || { echo "bench: the server did not start:"; tail "$server_log"; exit 1; }
+url=http://127.0.0.1:$(grep -ao 'http://127.0.0.1:[0-9]*' "$server_log" | sed 's/.*://')
+echo '{"model":"random","prompt":"Once upon a time there was","max_tokens":64,"temperature":0}' >"$out/request.json"
+echo
+echo "stage 06 server: tiny.json, random weights, 1 thread, 16 slots, 64 tokens per request, streamed (load: tests/server_client.py)"
+echo "| clients | requests | tokens/s | TTFT p50 ms | TTFT p99 ms |"
+echo "|---------|----------|----------|-------------|-------------|"
+for clients in 1 4 16; do
+    python3 tests/server_client.py bench "$url" "$clients" $((clients * 8)) "$out/request.json" >"$out/load$clients.json" ||
+        { echo "bench: the load generator failed at $clients clients"; tail "$server_log"; exit 1; }
+    python3 - "$out/load$clients.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"| {r['clients']:>7} | {r['requests']:>8} | {r['tokens_per_second']:>8.0f} | {r['ttft_p50_ms']:>11.1f} | {r['ttft_p99_ms']:>11.1f} |")
+PY
+done
+kill -TERM $server
+wait $server || { echo "bench: the server did not exit 0 on SIGTERM:"; tail "$server_log"; exit 1; }

@@ -1,0 +1,1018 @@
+// server.c: stage 06 behind an OpenAI-compatible HTTP endpoint, with continuous batching.
+//
+//   connection threads (libmicrohttpd, one per client)    rank 0's main thread: the scheduler
+//   parse and check the JSON -> a Job --- queue --->      admit it into a free KV-cache slot: its
+//                                                         prefill, its first token
+//   write its tokens as they come (server-sent   <------  one decode step over every busy slot,
+//   events, or one JSON when it is done)                  a token each; finished jobs leave
+//                                                         ... every other rank runs the same steps
+//
+// Continuous batching: a request joins the running batch at any step (its own prefill into its
+// own cache slot) and leaves it at any step; each has its own sampling settings and stop
+// conditions. The decode loop never waits for a client: it appends tokens to the job under the
+// lock and wakes the connection threads, which write them at their client's pace.
+//
+// Tensor parallelism: rank 0 broadcasts each step (its plan: which slots, their tokens and
+// positions) and every rank of the [x, y, 1] grid runs it; the logits are whole on every rank
+// after the head's all-gather, and rank 0 alone samples: its tokens reach the others in the
+// next plan. When idle, rank 0 still sends an empty plan every second, so that the others'
+// broadcast waits stay within the communicator's timeout.
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "alpaca.h"
+#include "log.h"
+#include "trainer.h"
+
+enum { FINISH_NONE, FINISH_STOP, FINISH_LENGTH };
+static const char *FINISH_NAMES[] = {"", "stop", "length"};
+enum { MAX_STOPS = 4, MAX_BODY = 1 << 20, MAX_CONNECTIONS = 512 };
+
+// ---- a growable byte buffer -----------------------------------------------------------------
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Buf;
+
+static void buf_append(Buf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        char *grown = realloc(b->p, b->cap);
+        if (!grown) fatal("out of memory in the server");
+        b->p = grown;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void buf_printf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void buf_printf(Buf *b, const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static bool all_continuation_bytes(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (((unsigned char)s[i] & 0xC0) != 0x80) return false;
+    return true;
+}
+
+// Appends the valid UTF-8 of s[0..n) to out, a bad byte as U+FFFD; an incomplete character at the
+// end is held back (its other bytes come with the next token) unless `final`. Returns the bytes
+// of s it used. A BPE or byte token can end in the middle of a character, and JSON wants text.
+static size_t append_utf8(Buf *out, const char *s, size_t n, bool final) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = (unsigned char)s[i];
+        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        if (len > 1 && i + len > n && !final && all_continuation_bytes(s + i + 1, n - i - 1)) break;
+        if (len > 0 && i + len <= n && utf8_is_valid(s + i, len, NULL)) {
+            buf_append(out, s + i, len);
+            i += len;
+        } else {
+            buf_append(out, "\xEF\xBF\xBD", 3);
+            i++;
+        }
+    }
+    return i;
+}
+
+// the absolute time `seconds` from now, for pthread_cond_timedwait
+static struct timespec deadline_in(double seconds) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    long ns = t.tv_nsec + (long)(seconds * 1e9);
+    t.tv_sec += ns / 1000000000;
+    t.tv_nsec = ns % 1000000000;
+    return t;
+}
+
+// ---- a request and its generation ------------------------------------------------------------
+
+typedef struct {
+    long id;
+    int refs;                    // the connection and the scheduler; freed at 0
+    bool chat, stream, cancelled;
+    int *ids, n_ids;             // the prompt as tokens
+    int max_tokens;
+    float temperature, top_p;
+    int top_k;
+    uint64_t seed;
+    long key;                    // picks the random numbers with the seed (sampler_next)
+    char *stops[MAX_STOPS];
+    int n_stops;
+    time_t created;
+    double t_arrival, t_last;    // when it came, when its last token did
+    // written by the scheduler, under the lock
+    int n_out, finish;
+    Buf text;                    // the generated bytes
+    size_t *ends;                // ends[i]: the bytes of text after token i
+    size_t visible;              // text[0..visible) is the answer (a stop string is cut off)
+    int last_token;              // the next decode step's input
+    // the connection's own
+    int n_written;               // tokens written to the client
+    size_t used;                 // bytes of text written (an incomplete character is held back)
+    bool done_written;
+    Buf out;                     // formatted, not yet handed to libmicrohttpd
+    size_t out_off;
+} Job;
+
+static void job_free(Job *j) {
+    free(j->ids);
+    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
+    free(j->text.p);
+    free(j->ends);
+    free(j->out.p);
+    free(j);
+}
+
+// ---- metrics (Prometheus text format) ----------------------------------------------------------
+
+static const double TTFT_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+static const double TPOT_BUCKETS[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+enum { N_BUCKETS = sizeof TTFT_BUCKETS / sizeof TTFT_BUCKETS[0] };
+
+typedef struct {
+    const double *le;
+    long counts[N_BUCKETS];  // per bucket (made cumulative when printed)
+    long count;
+    double sum;
+} Histogram;
+
+static void histogram_observe(Histogram *h, double x) {
+    int i = 0;
+    while (i < N_BUCKETS && x > h->le[i]) i++;
+    if (i < N_BUCKETS) h->counts[i]++;
+    h->count++;
+    h->sum += x;
+}
+
+static void histogram_print(Buf *b, const char *name, const char *help, const Histogram *h) {
+    buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    long cumulative = 0;
+    for (int i = 0; i < N_BUCKETS; i++) {
+        cumulative += h->counts[i];
+        buf_printf(b, "%s_bucket{le=\"%g\"} %ld\n", name, h->le[i], cumulative);
+    }
+    buf_printf(b, "%s_bucket{le=\"+Inf\"} %ld\n%s_sum %.6f\n%s_count %ld\n", name, h->count, name,
+               h->sum, name, h->count);
+}
+
+static const int STATUS_CODES[] = {200, 400, 404, 405, 413, 429, 503};
+enum { N_CODES = sizeof STATUS_CODES / sizeof STATUS_CODES[0] };
+
+typedef struct {
+    long requests[N_CODES];
+    long prompt_tokens, generated_tokens;
+    Histogram ttft, tpot;
+} ServerMetrics;
+
+// ---- the server's shared state -----------------------------------------------------------------
+
+typedef struct {
+    const Config *cfg;
+    const Tokenizer *tok;
+    char model[128];
+    pthread_mutex_t lock;
+    pthread_cond_t work;      // the scheduler: a job arrived (or a stop)
+    pthread_cond_t progress;  // the connections: tokens arrived
+    Job **queue;              // waiting jobs, a ring of max_queue
+    int queue_head, queue_len;
+    Job **slots;              // the job in each KV-cache slot, or NULL
+    int n_slots, busy;
+    long next_id, live_jobs;  // live: not yet released by their connection
+    bool stopping;            // SIGTERM: new requests get 503, the accepted ones are finished
+    ServerMetrics metrics;
+} Server;
+
+static void count_status(Server *s, int code) {
+    for (int i = 0; i < N_CODES; i++)
+        if (STATUS_CODES[i] == code) s->metrics.requests[i]++;
+}
+
+static void job_release(Server *s, Job *j) {  // under the lock
+    if (--j->refs > 0) return;
+    job_free(j);
+    s->live_jobs--;
+}
+
+static char *metrics_text(Server *s) {
+    Buf b = {0};
+    pthread_mutex_lock(&s->lock);
+    const ServerMetrics *m = &s->metrics;
+    buf_printf(&b, "# HELP workbook_requests_total HTTP requests to the completion endpoints, by status\n"
+                   "# TYPE workbook_requests_total counter\n");
+    for (int i = 0; i < N_CODES; i++)
+        buf_printf(&b, "workbook_requests_total{code=\"%d\"} %ld\n", STATUS_CODES[i], m->requests[i]);
+    buf_printf(&b, "# HELP workbook_prompt_tokens_total prompt tokens prefilled\n"
+                   "# TYPE workbook_prompt_tokens_total counter\nworkbook_prompt_tokens_total %ld\n",
+               m->prompt_tokens);
+    buf_printf(&b, "# HELP workbook_generated_tokens_total tokens sampled\n"
+                   "# TYPE workbook_generated_tokens_total counter\nworkbook_generated_tokens_total %ld\n",
+               m->generated_tokens);
+    buf_printf(&b, "# HELP workbook_queue_length requests waiting for a batch slot\n"
+                   "# TYPE workbook_queue_length gauge\nworkbook_queue_length %d\n", s->queue_len);
+    buf_printf(&b, "# HELP workbook_running_batch_size KV-cache slots in use: the decode batch\n"
+                   "# TYPE workbook_running_batch_size gauge\nworkbook_running_batch_size %d\n", s->busy);
+    buf_printf(&b, "# HELP workbook_batch_slots KV-cache slots (max_batch_size)\n"
+                   "# TYPE workbook_batch_slots gauge\nworkbook_batch_slots %d\n", s->n_slots);
+    histogram_print(&b, "workbook_time_to_first_token_seconds",
+                    "from the request's arrival to its first token", &m->ttft);
+    histogram_print(&b, "workbook_time_per_output_token_seconds",
+                    "between a request's consecutive tokens", &m->tpot);
+    pthread_mutex_unlock(&s->lock);
+    return b.p;
+}
+
+// ---- requests: OpenAI's JSON in, a Job out -----------------------------------------------------
+
+// An OpenAI-style error: {"error": {"message", "type", "param", "code"}}
+typedef struct {
+    int status;
+    char message[512];
+    const char *param, *code;
+} ApiError;
+
+static bool fail(ApiError *e, int status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static bool fail(ApiError *e, int status, const char *param, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    e->status = status;
+    e->param = param;
+    e->code = code;
+    return false;
+}
+
+static char *error_json(const ApiError *e) {
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->status == 429 ? "rate_limit_error"
+                                         : e->status == 503 ? "server_error" : "invalid_request_error");
+    if (e->param) cJSON_AddStringToObject(err, "param", e->param);
+    else cJSON_AddNullToObject(err, "param");
+    if (e->code) cJSON_AddStringToObject(err, "code", e->code);
+    else cJSON_AddNullToObject(err, "code");
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+// Reads an optional number field into *x; false (and the error) if it is there but not a number
+// in [lo, hi].
+static bool optional_number(const cJSON *req, const char *key, double lo, double hi, double *x, ApiError *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, key);
+    if (!v || cJSON_IsNull(v)) return true;
+    if (!cJSON_IsNumber(v)) return fail(e, 400, key, "invalid_type", "'%s' must be a number", key);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return fail(e, 400, key, "invalid_value", "'%s' is %g, expected a value in [%g, %g]", key,
+                    v->valuedouble, lo, hi);
+    *x = v->valuedouble;
+    return true;
+}
+
+static bool optional_integer(const cJSON *req, const char *key, double lo, double hi, long *x, ApiError *e) {
+    double d = (double)*x;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, key);
+    if (v && cJSON_IsNumber(v) && v->valuedouble != floor(v->valuedouble))
+        return fail(e, 400, key, "invalid_type", "'%s' must be an integer, found %g", key, v->valuedouble);
+    if (!optional_number(req, key, lo, hi, &d, e)) return false;
+    *x = (long)d;
+    return true;
+}
+
+static const char *string_field(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+// The chat as one Alpaca prompt: each user message is an instruction (a system message before it
+// becomes that instruction's input, the template's "further context"), each assistant message
+// the response to the one before; the last message is the user's, whose response is wanted.
+// One user message gives exactly the prompt stage 06 makes from a line of the prompts file.
+static char *chat_prompt(const cJSON *messages, bool always_input, ApiError *e) {
+    if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0)
+        return fail(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array"), NULL;
+    Buf prompt = {0};
+    buf_append(&prompt, "", 0);
+    const char *system = "", *last_role = "";
+    int i = 0;
+    const cJSON *msg;
+    cJSON_ArrayForEach(msg, messages) {
+        const char *role = string_field(msg, "role"), *content = string_field(msg, "content");
+        if (!cJSON_IsObject(msg) || !role || !content) {
+            free(prompt.p);
+            return fail(e, 400, "messages", "invalid_type", "messages[%d] must be an object with "
+                        "string 'role' and 'content'", i), NULL;
+        }
+        if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0) {
+            system = content;
+        } else if (strcmp(role, "user") == 0) {
+            AlpacaRecord rec = {.instruction = (char *)content, .input = (char *)system, .output = ""};
+            char *turn = alpaca_format_prompt(&rec, always_input);
+            buf_append(&prompt, turn, strlen(turn));
+            free(turn);
+            system = "";
+        } else if (strcmp(role, "assistant") == 0) {
+            buf_append(&prompt, content, strlen(content));
+            buf_append(&prompt, "\n\n", 2);
+        } else {
+            free(prompt.p);
+            return fail(e, 400, "messages", "invalid_value", "messages[%d]: unknown role '%s' "
+                        "(expected system, user or assistant)", i, role), NULL;
+        }
+        last_role = role;
+        i++;
+    }
+    if (strcmp(last_role, "user") != 0) {
+        free(prompt.p);
+        return fail(e, 400, "messages", "invalid_value", "the last message must be the user's"), NULL;
+    }
+    return prompt.p;
+}
+
+static bool read_stops(const cJSON *req, Job *j, ApiError *e) {
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(req, "stop"), *item;
+    if (!stop || cJSON_IsNull(stop)) return true;
+    if (cJSON_IsString(stop)) {
+        j->stops[j->n_stops++] = copy_string_or_die(stop->valuestring);
+        return true;
+    }
+    if (!cJSON_IsArray(stop) || cJSON_GetArraySize(stop) > MAX_STOPS)
+        return fail(e, 400, "stop", "invalid_type", "'stop' must be a string or up to %d strings", MAX_STOPS);
+    cJSON_ArrayForEach(item, stop) {
+        if (!cJSON_IsString(item) || !item->valuestring[0])
+            return fail(e, 400, "stop", "invalid_type", "'stop' must hold non-empty strings");
+        j->stops[j->n_stops++] = copy_string_or_die(item->valuestring);
+    }
+    return true;
+}
+
+static bool read_sampling(const cJSON *req, const Config *cfg, Job *j, ApiError *e) {
+    double temperature = cfg->temperature, top_p = cfg->top_p;
+    long top_k = cfg->top_k, seed = -1, n = 1;
+    if (!optional_number(req, "temperature", 0, 2, &temperature, e) ||
+        !optional_number(req, "top_p", 1e-9, 1, &top_p, e) ||
+        !optional_integer(req, "top_k", 0, 1e9, &top_k, e) ||
+        !optional_integer(req, "seed", 0, 9007199254740991.0, &seed, e) ||
+        !optional_integer(req, "n", 1, 1, &n, e))
+        return false;
+    const cJSON *stream = cJSON_GetObjectItemCaseSensitive(req, "stream");
+    if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream))
+        return fail(e, 400, "stream", "invalid_type", "'stream' must be true or false");
+    j->stream = cJSON_IsTrue(stream);
+    j->temperature = (float)temperature;
+    j->top_p = (float)top_p;
+    j->top_k = (int)top_k;
+    // a request's own seed makes its sample a function of the seed alone; otherwise the server's
+    // seed and the request's number pick it
+    j->seed = seed >= 0 ? (uint64_t)seed : (uint64_t)cfg->seed;
+    j->key = seed >= 0 ? 0 : j->id;
+    return read_stops(req, j, e);
+}
+
+static bool read_prompt(const cJSON *req, const Server *s, Job *j, ApiError *e) {
+    char *text;
+    if (j->chat) {
+        text = chat_prompt(cJSON_GetObjectItemCaseSensitive(req, "messages"), s->cfg->always_input_template, e);
+        if (!text) return false;
+    } else {  // completions: the text as it is (a string, or a list of one)
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1) p = cJSON_GetArrayItem(p, 0);
+        if (!cJSON_IsString(p) || !p->valuestring[0])
+            return fail(e, 400, "prompt", "invalid_type", "'prompt' must be a non-empty string");
+        text = copy_string_or_die(p->valuestring);
+    }
+    j->n_ids = tokenizer_encode(s->tok, text, strlen(text), &j->ids);
+    free(text);
+    int maxT = s->cfg->max_seq_len;
+    if (j->n_ids >= maxT)
+        return fail(e, 400, j->chat ? "messages" : "prompt", "context_length_exceeded",
+                    "the prompt is %d tokens, but this model's context is %d tokens and the answer "
+                    "needs at least one", j->n_ids, maxT);
+    return true;
+}
+
+// The answer may fill the context: max_tokens in [1, context - prompt]; omitted, the server's
+// tokens_to_generate as far as the context allows.
+static bool read_max_tokens(const cJSON *req, const Config *cfg, Job *j, ApiError *e) {
+    long room = cfg->max_seq_len - j->n_ids;
+    long max_tokens = cfg->tokens_to_generate < room ? cfg->tokens_to_generate : room;
+    const char *key = j->chat && cJSON_GetObjectItemCaseSensitive(req, "max_completion_tokens")
+                          ? "max_completion_tokens" : "max_tokens";
+    if (!optional_integer(req, key, -1e18, 1e18, &max_tokens, e)) return false;
+    if (max_tokens < 1 || max_tokens > room)
+        return fail(e, 400, key, "invalid_value", "'%s' is %ld, expected 1 to %ld (the context of "
+                    "%d tokens less the prompt's %d)", key, max_tokens, room, cfg->max_seq_len, j->n_ids);
+    j->max_tokens = (int)max_tokens;
+    return true;
+}
+
+static Job *parse_request(Server *s, const char *body, size_t len, bool chat, ApiError *e) {
+    cJSON *req = cJSON_ParseWithLength(body, len);
+    if (!cJSON_IsObject(req)) {
+        cJSON_Delete(req);
+        return fail(e, 400, NULL, NULL, "the body is not a JSON object"), NULL;
+    }
+    Job *j = calloc_or_die(1, sizeof *j);
+    j->chat = chat;
+    pthread_mutex_lock(&s->lock);
+    j->id = ++s->next_id;
+    pthread_mutex_unlock(&s->lock);
+    const char *model = string_field(req, "model");
+    bool ok = model ? strcmp(model, s->model) == 0 ||
+                          fail(e, 400, "model", "model_not_found", "the model '%s' does not exist "
+                               "(this server has '%s')", model, s->model)
+                    : fail(e, 400, "model", "invalid_type", "'model' must be a string (this server has '%s')", s->model);
+    ok = ok && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e);
+    cJSON_Delete(req);
+    if (!ok) {
+        job_free(j);
+        return NULL;
+    }
+    j->ends = malloc_or_die((size_t)j->max_tokens * sizeof(size_t));
+    j->created = time(NULL);
+    j->t_arrival = wall_seconds();
+    j->refs = 2;
+    return j;
+}
+
+// ---- responses: a Job's tokens as OpenAI's JSON --------------------------------------------------
+
+static cJSON *response_head(const Server *s, const Job *j, const char *object) {
+    cJSON *root = cJSON_CreateObject();
+    char id[48];
+    snprintf(id, sizeof id, "%s-%ld", j->chat ? "chatcmpl" : "cmpl", j->id);
+    cJSON_AddStringToObject(root, "id", id);
+    cJSON_AddStringToObject(root, "object", object);
+    cJSON_AddNumberToObject(root, "created", (double)j->created);
+    cJSON_AddStringToObject(root, "model", s->model);
+    return root;
+}
+
+// one choice: the text (NULL: none), the finish reason (NULL: not yet); chat puts the text in a
+// message, or in a delta when streaming
+static void add_choice(cJSON *root, const Job *j, const char *text, const char *finish, bool role) {
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddNumberToObject(choice, "index", 0);
+    if (j->chat) {
+        cJSON *msg = cJSON_AddObjectToObject(choice, j->stream ? "delta" : "message");
+        if (role) cJSON_AddStringToObject(msg, "role", "assistant");
+        if (text) cJSON_AddStringToObject(msg, "content", text);
+    } else {
+        cJSON_AddStringToObject(choice, "text", text ? text : "");
+        cJSON_AddNullToObject(choice, "logprobs");
+    }
+    if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
+    else cJSON_AddNullToObject(choice, "finish_reason");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+}
+
+static void append_json(Buf *b, cJSON *root, bool event) {
+    char *text = cJSON_PrintUnformatted(root);
+    if (event) buf_append(b, "data: ", 6);
+    buf_append(b, text, strlen(text));
+    buf_append(b, event ? "\n\n" : "\n", event ? 2 : 1);
+    free(text);
+    cJSON_Delete(root);
+}
+
+static void append_usage(cJSON *root, const Job *j) {
+    cJSON *usage = cJSON_AddObjectToObject(root, "usage");
+    cJSON_AddNumberToObject(usage, "prompt_tokens", j->n_ids);
+    cJSON_AddNumberToObject(usage, "completion_tokens", j->n_out);
+    cJSON_AddNumberToObject(usage, "total_tokens", j->n_ids + j->n_out);
+}
+
+static void append_whole_answer(const Server *s, Job *j) {
+    Buf text = {0};
+    buf_append(&text, "", 0);
+    append_utf8(&text, j->text.p ? j->text.p : "", j->visible, true);
+    cJSON *root = response_head(s, j, j->chat ? "chat.completion" : "text_completion");
+    add_choice(root, j, text.p, FINISH_NAMES[j->finish], true);
+    append_usage(root, j);
+    append_json(&j->out, root, false);
+    free(text.p);
+    j->done_written = true;
+}
+
+// the events for the tokens that came since the last call: one per token, then the finish
+static void append_events(const Server *s, Job *j) {
+    const char *object = j->chat ? "chat.completion.chunk" : "text_completion";
+    if (j->chat && j->n_written == 0 && !j->done_written) {
+        cJSON *root = response_head(s, j, object);  // OpenAI's first chunk: the role
+        add_choice(root, j, "", NULL, true);
+        append_json(&j->out, root, true);
+    }
+    for (; j->n_written < j->n_out; j->n_written++) {
+        size_t end = j->ends[j->n_written] < j->visible ? j->ends[j->n_written] : j->visible;
+        Buf piece = {0};
+        buf_append(&piece, "", 0);
+        if (end > j->used) j->used += append_utf8(&piece, j->text.p + j->used, end - j->used, false);
+        cJSON *root = response_head(s, j, object);
+        add_choice(root, j, piece.p, NULL, false);
+        append_json(&j->out, root, true);
+        free(piece.p);
+    }
+    if (j->finish == FINISH_NONE) return;
+    Buf rest = {0};  // what an incomplete last character held back
+    buf_append(&rest, "", 0);
+    if (j->visible > j->used) j->used += append_utf8(&rest, j->text.p + j->used, j->visible - j->used, true);
+    cJSON *root = response_head(s, j, object);
+    add_choice(root, j, j->chat && !rest.len ? NULL : rest.p, FINISH_NAMES[j->finish], false);
+    append_json(&j->out, root, true);
+    free(rest.p);
+    buf_append(&j->out, "data: [DONE]\n\n", 14);
+    j->done_written = true;
+}
+
+typedef struct {
+    Server *s;
+    Job *j;
+    struct MHD_Connection *c;
+} Reader;
+
+// A client sends nothing while it waits for its answer: a socket that reads as closed (recv
+// returns 0) means the client has gone. It is how a request that is still waiting for a slot, or
+// for its whole answer, notices, before any write to the client could fail.
+static bool client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    char byte;
+    return info && recv(info->connect_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+static bool has_news(const Job *j) {
+    return j->done_written || j->finish != FINISH_NONE || (j->stream && j->n_written < j->n_out);
+}
+
+// libmicrohttpd asks for the next bytes of a response (on the connection's own thread, which may
+// wait): the formatted bytes still pending, or, once they are out, the tokens that came since
+static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    Reader *r = cls;
+    Job *j = r->j;
+    if (j->out_off == j->out.len) {
+        j->out.len = j->out_off = 0;
+        pthread_mutex_lock(&r->s->lock);
+        // every step wakes every waiting connection: look at the client every 0.2 s of waiting
+        double look = wall_seconds() + 0.2;
+        while (!has_news(j)) {
+            struct timespec until = deadline_in(0.2);
+            pthread_cond_timedwait(&r->s->progress, &r->s->lock, &until);
+            if (wall_seconds() < look) continue;
+            look += 0.2;
+            if (client_gone(r->c)) {
+                pthread_mutex_unlock(&r->s->lock);
+                return MHD_CONTENT_READER_END_WITH_ERROR;  // release_response cancels the job
+            }
+        }
+        if (!j->done_written) {
+            if (j->stream) append_events(r->s, j);
+            else append_whole_answer(r->s, j);
+        }
+        pthread_mutex_unlock(&r->s->lock);
+        if (j->out.len == 0) return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    size_t n = j->out.len - j->out_off < max ? j->out.len - j->out_off : max;
+    memcpy(buf, j->out.p + j->out_off, n);
+    j->out_off += n;
+    return (ssize_t)n;
+}
+
+// the response is gone: sent, or its client went away (then the job is cancelled: the scheduler
+// frees its slot at the next step)
+static void release_response(void *cls) {
+    Reader *r = cls;
+    pthread_mutex_lock(&r->s->lock);
+    r->j->cancelled = true;
+    job_release(r->s, r->j);
+    pthread_cond_signal(&r->s->work);
+    pthread_mutex_unlock(&r->s->lock);
+    free(r);
+}
+
+// ---- HTTP ------------------------------------------------------------------------------------
+
+static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, char *text) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static enum MHD_Result send_error(Server *s, struct MHD_Connection *c, const ApiError *e, bool counted) {
+    if (counted) {
+        pthread_mutex_lock(&s->lock);
+        count_status(s, e->status);
+        pthread_mutex_unlock(&s->lock);
+    }
+    return send_text(c, e->status, "application/json", error_json(e));
+}
+
+// queues a checked job, or says why not (429: the queue is full; 503: the server is stopping)
+static bool enqueue(Server *s, Job *j, ApiError *e) {
+    pthread_mutex_lock(&s->lock);
+    bool ok = !s->stopping && s->queue_len < s->cfg->max_queue;
+    if (s->stopping) fail(e, 503, NULL, NULL, "the server is shutting down");
+    else if (!ok) fail(e, 429, NULL, "queue_full", "%d requests are waiting already (max_queue): try again later",
+                       s->queue_len);
+    if (ok) {
+        s->queue[(s->queue_head + s->queue_len++) % s->cfg->max_queue] = j;
+        s->live_jobs++;
+        count_status(s, 200);
+        pthread_cond_signal(&s->work);
+    } else {
+        count_status(s, e->status);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ok;
+}
+
+static enum MHD_Result serve_completion(Server *s, struct MHD_Connection *c, const Buf *body, bool chat) {
+    ApiError e;
+    Job *j = parse_request(s, body->p ? body->p : "", body->len, chat, &e);
+    if (!j) return send_error(s, c, &e, true);
+    if (!enqueue(s, j, &e)) {
+        job_free(j);
+        return send_error(s, c, &e, false);
+    }
+    Reader *r = malloc_or_die(sizeof *r);
+    *r = (Reader){s, j, c};
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_response, r, release_response);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, j->stream ? "text/event-stream" : "application/json");
+    if (j->stream) MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static enum MHD_Result serve_models(Server *s, struct MHD_Connection *c) {
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON_AddStringToObject(model, "id", s->model);
+    cJSON_AddStringToObject(model, "object", "model");
+    cJSON_AddNumberToObject(model, "created", 0);
+    cJSON_AddStringToObject(model, "owned_by", "workbook");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), model);
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return send_text(c, 200, "application/json", text);
+}
+
+typedef struct {
+    Buf body;
+    bool too_big;
+} Upload;
+
+static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                             const char *version, const char *data, size_t *data_size, void **con_cls) {
+    (void)version;
+    Server *s = cls;
+    Upload *up = *con_cls;
+    if (!up) {  // the headers: the body follows in later calls
+        *con_cls = calloc_or_die(1, sizeof(Upload));
+        return MHD_YES;
+    }
+    if (*data_size) {
+        if (up->body.len + *data_size > MAX_BODY) up->too_big = true;
+        else buf_append(&up->body, data, *data_size);
+        *data_size = 0;
+        return MHD_YES;
+    }
+    bool post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0;
+    bool chat = strcmp(url, "/v1/chat/completions") == 0, completion = strcmp(url, "/v1/completions") == 0;
+    ApiError e;
+    if (get && strcmp(url, "/health") == 0) return send_text(c, 200, "application/json", copy_string_or_die("{\"status\":\"ok\"}\n"));
+    if (get && strcmp(url, "/metrics") == 0) return send_text(c, 200, "text/plain; version=0.0.4", metrics_text(s));
+    if (get && strcmp(url, "/v1/models") == 0) return serve_models(s, c);
+    if ((chat || completion) && !post)
+        return fail(&e, 405, NULL, NULL, "%s %s: use POST", method, url), send_error(s, c, &e, true);
+    if (!chat && !completion)
+        return fail(&e, 404, NULL, "unknown_url", "%s %s: no such endpoint (POST /v1/completions, "
+                    "/v1/chat/completions; GET /health, /metrics, /v1/models)", method, url),
+               send_error(s, c, &e, true);
+    if (up->too_big) return fail(&e, 413, NULL, NULL, "the body is over %d bytes", MAX_BODY), send_error(s, c, &e, true);
+    return serve_completion(s, c, &up->body, chat);
+}
+
+static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
+    (void)cls, (void)c, (void)why;
+    Upload *up = *con_cls;
+    if (!up) return;
+    free(up->body.p);
+    free(up);
+    *con_cls = NULL;
+}
+
+// ---- the steps every rank runs -------------------------------------------------------------------
+
+// A step as floats (token ids and positions are exact in a float: below 2^24), broadcast by rank 0.
+enum { PLAN_IDLE, PLAN_PREFILL, PLAN_DECODE, PLAN_STOP };
+typedef struct {
+    const Config *cfg;
+    KVModel *m;
+    Comm *world;
+    bool use_graph;
+    size_t len;          // floats in a plan: 3 + the larger of a prefill's maxT and a decode's 2 B
+    float *plan, *plan_dev;
+    int *tokens, *start; // a step's inputs (maxT)
+    float *logits;       // (B, Vp) host, rank 0
+} Engine;
+
+static void engine_init(Engine *g, const Config *cfg, KVModel *m, Comm *world, bool use_graph) {
+    *g = (Engine){.cfg = cfg, .m = m, .world = world, .use_graph = use_graph};
+    int most = m->maxT > 2 * m->B ? m->maxT : 2 * m->B;
+    g->len = 3 + (size_t)most;
+    g->plan = calloc_or_die(g->len, sizeof(float));
+    g->plan_dev = dev_malloc(g->len * sizeof(float));  // NCCL broadcasts device memory
+    g->tokens = calloc_or_die((size_t)most, sizeof(int));
+    g->start = calloc_or_die((size_t)most, sizeof(int));
+    g->logits = calloc_or_die((size_t)m->B * m->cfg.padded_vocab_size, sizeof(float));
+}
+
+static void engine_free(Engine *g) {
+    free(g->plan);
+    dev_free(g->plan_dev);
+    free(g->tokens);
+    free(g->start);
+    free(g->logits);
+}
+
+static void broadcast_plan(Engine *g) {
+    if (comm_size(g->world) == 1) return;
+    copy_to_device(g->plan_dev, g->plan, g->len * sizeof(float));
+    comm_broadcast(g->world, g->plan_dev, g->len, 0);
+    copy_to_host(g->plan, g->plan_dev, g->len * sizeof(float));
+}
+
+// runs the plan in g->plan (on every rank); returns its kind
+static int run_plan(Engine *g) {
+    int kind = (int)g->plan[0], n = (int)g->plan[1];
+    if (kind == PLAN_PREFILL) {
+        int slot = (int)g->plan[2];
+        for (int t = 0; t < n; t++) g->tokens[t] = (int)g->plan[3 + t];
+        kv_prefill_slot(g->m, slot, g->tokens, n);
+        copy_to_host(g->logits, g->m->logits, (size_t)g->m->cfg.padded_vocab_size * sizeof(float));
+    } else if (kind == PLAN_DECODE) {
+        for (int b = 0; b < n; b++) g->tokens[b] = (int)g->plan[3 + b], g->start[b] = (int)g->plan[3 + n + b];
+        kv_decode(g->m, g->tokens, g->start, n, g->use_graph);
+        copy_to_host(g->logits, g->m->logits, (size_t)n * g->m->cfg.padded_vocab_size * sizeof(float));
+    }
+    return kind;
+}
+
+static void send_plan(Engine *g, int kind, int n, int slot) {
+    g->plan[0] = (float)kind;
+    g->plan[1] = (float)n;
+    g->plan[2] = (float)slot;
+    broadcast_plan(g);
+    run_plan(g);
+}
+
+// ranks other than 0: every step rank 0 sends, until it stops
+static void follow(Engine *g) {
+    do broadcast_plan(g);
+    while (run_plan(g) != PLAN_STOP);
+}
+
+// ---- the scheduler (rank 0) ------------------------------------------------------------------
+
+// Takes token `token` for the job in `slot` (the lock held): its text, stop conditions and timings.
+static void accept_token(Server *s, const Tokenizer *tok, Job *j, int token) {
+    double now = wall_seconds();
+    if (j->n_out == 0) histogram_observe(&s->metrics.ttft, now - j->t_arrival);
+    else histogram_observe(&s->metrics.tpot, now - j->t_last);
+    j->t_last = now;
+    j->last_token = token;
+    s->metrics.generated_tokens++;
+    if (token == tokenizer_eot(tok)) {
+        j->finish = FINISH_STOP;
+        return;
+    }
+    int len;
+    const char *bytes = tokenizer_token_bytes(tok, token, &len);
+    size_t before = j->text.len;
+    buf_append(&j->text, bytes, (size_t)len);
+    j->ends[j->n_out++] = j->visible = j->text.len;
+    for (int i = 0; i < j->n_stops; i++) {  // a stop string ends the answer before it
+        size_t n = strlen(j->stops[i]), from = before + 1 > n ? before + 1 - n : 0;
+        char *hit = strstr(j->text.p + from, j->stops[i]);
+        if (hit && (size_t)(hit - j->text.p) < j->visible) j->visible = (size_t)(hit - j->text.p), j->finish = FINISH_STOP;
+    }
+    if (j->finish == FINISH_NONE && j->n_out >= j->max_tokens) j->finish = FINISH_LENGTH;
+}
+
+static void free_slot(Server *s, int slot) {  // the lock held
+    job_release(s, s->slots[slot]);
+    s->slots[slot] = NULL;
+    s->busy--;
+}
+
+static int sample(Sampler *sampler, const float *logits, const Job *j) {
+    sampler->temperature = j->temperature;
+    sampler->top_k = j->top_k;
+    sampler->top_p = j->top_p;
+    sampler->seed = j->seed;
+    return sampler_next(sampler, logits, j->key, j->n_out);
+}
+
+// Waits for work (a job in the queue or a busy slot), sending an idle plan every second; moves
+// waiting jobs into free slots. Returns the slots admitted (n_new of them); false once stopped.
+static bool wait_and_admit(Server *s, Engine *g, int *admitted, int *n_new) {
+    *n_new = 0;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        if (preemption_signalled() && !s->stopping) {
+            s->stopping = true;
+            printf("server: SIGTERM: finishing %d running and %d waiting requests, refusing new ones\n",
+                   s->busy, s->queue_len);
+            fflush(stdout);
+        }
+        for (int b = 0; b < s->n_slots; b++)  // their clients went away
+            if (s->slots[b] && s->slots[b]->cancelled) free_slot(s, b);
+        while (s->queue_len && s->queue[s->queue_head]->cancelled) {
+            job_release(s, s->queue[s->queue_head]);
+            s->queue_head = (s->queue_head + 1) % s->cfg->max_queue, s->queue_len--;
+        }
+        if (s->busy || s->queue_len) break;
+        if (s->stopping) {
+            pthread_mutex_unlock(&s->lock);
+            return false;
+        }
+        struct timespec until = deadline_in(1);
+        if (pthread_cond_timedwait(&s->work, &s->lock, &until) == ETIMEDOUT) {
+            pthread_mutex_unlock(&s->lock);
+            send_plan(g, PLAN_IDLE, 0, 0);
+            pthread_mutex_lock(&s->lock);
+        }
+    }
+    for (int b = 0; b < s->n_slots && s->queue_len; b++) {
+        if (s->slots[b]) continue;
+        Job *j = s->queue[s->queue_head];
+        s->queue_head = (s->queue_head + 1) % s->cfg->max_queue, s->queue_len--;
+        s->slots[b] = j;
+        s->busy++;
+        admitted[(*n_new)++] = b;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return true;
+}
+
+// a new job's prefill in its slot, and its first token
+static void prefill(Server *s, Engine *g, Sampler *sampler, const Tokenizer *tok, int slot) {
+    Job *j = s->slots[slot];  // only the scheduler moves jobs in and out of slots
+    for (int t = 0; t < j->n_ids; t++) g->plan[3 + t] = (float)j->ids[t];
+    send_plan(g, PLAN_PREFILL, j->n_ids, slot);
+    int token = sample(sampler, g->logits, j);
+    pthread_mutex_lock(&s->lock);
+    s->metrics.prompt_tokens += j->n_ids;
+    accept_token(s, tok, j, token);
+    if (j->finish != FINISH_NONE) free_slot(s, slot);
+    pthread_cond_broadcast(&s->progress);
+    pthread_mutex_unlock(&s->lock);
+}
+
+// One decode step over slots 0 .. the last busy one: a free slot in between takes part with
+// token 0 at position 0 (its cache row 0 is rewritten before a new job could read it), so the
+// batch is a prefix of the slots and its shape changes only when the last busy slot does.
+// Every busy slot has its first token here: the prefill gave it.
+static void decode(Server *s, Engine *g, Sampler *sampler, const Tokenizer *tok) {
+    int B = 0;
+    for (int b = 0; b < s->n_slots; b++)
+        if (s->slots[b]) B = b + 1;
+    if (B == 0) return;
+    for (int b = 0; b < B; b++) {
+        const Job *j = s->slots[b];
+        g->plan[3 + b] = j ? (float)j->last_token : 0.0f;
+        g->plan[3 + B + b] = j ? (float)(j->n_ids + j->n_out - 1) : 0.0f;
+    }
+    send_plan(g, PLAN_DECODE, B, 0);
+    size_t Vp = (size_t)g->m->cfg.padded_vocab_size;
+    pthread_mutex_lock(&s->lock);
+    for (int b = 0; b < B; b++) {
+        Job *j = s->slots[b];
+        if (!j) continue;
+        pthread_mutex_unlock(&s->lock);  // sampling reads only the scheduler's own fields
+        int token = sample(sampler, g->logits + b * Vp, j);
+        pthread_mutex_lock(&s->lock);
+        accept_token(s, tok, j, token);
+        if (j->finish != FINISH_NONE) free_slot(s, b);
+    }
+    pthread_cond_broadcast(&s->progress);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void scheduler(Server *s, Engine *g, Sampler *sampler, const Tokenizer *tok) {
+    int *admitted = malloc_or_die((size_t)s->n_slots * sizeof(int)), n_new;
+    while (wait_and_admit(s, g, admitted, &n_new)) {
+        for (int i = 0; i < n_new; i++) prefill(s, g, sampler, tok, admitted[i]);
+        decode(s, g, sampler, tok);
+    }
+    free(admitted);
+    send_plan(g, PLAN_STOP, 0, 0);
+}
+
+// ---- start and stop ----------------------------------------------------------------------------
+
+// the name clients put in "model": served_model_name, else init_from's last path component
+// without an extension ("out/demo-stage-1" -> "demo-stage-1", "x/model.safetensors" -> "model")
+static void model_name(const Config *cfg, char *name, size_t size) {
+    const char *from = cfg->served_model_name[0] ? cfg->served_model_name
+                       : cfg->random_init || !cfg->init_from[0] ? "random" : cfg->init_from;
+    char path[512];
+    snprintf(path, sizeof path, "%s", from);
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
+    const char *base = cfg->served_model_name[0] ? path : strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    snprintf(name, size, "%s", base);
+    char *dot = cfg->served_model_name[0] ? NULL : strrchr(name, '.');
+    if (dot && strcmp(dot, ".safetensors") == 0) *dot = '\0';
+}
+
+// One thread per connection: a connection's thread may wait in read_response for its tokens
+// without holding up the others or the scheduler.
+static struct MHD_Daemon *start_http(Server *s) {
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg->port)};
+    if (inet_pton(AF_INET, s->cfg->host, &addr.sin_addr) != 1)
+        fatal("key 'host': expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, found '%s'", s->cfg->host);
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+        (uint16_t)s->cfg->port, NULL, NULL, route, s, MHD_OPTION_SOCK_ADDR, &addr,
+        MHD_OPTION_NOTIFY_COMPLETED, request_done, s, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
+    if (!d) fatal("key 'port': cannot listen on %s:%d (%s)", s->cfg->host, s->cfg->port, strerror(errno));
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    // under mpirun, signal this process: mpirun itself, signalled, kills every rank soon after
+    printf("server: model '%s' on http://%s:%u/v1 | %d slots (max_batch_size), queue of %d "
+           "(max_queue) | kill -TERM %ld stops it\n", s->model, s->cfg->host,
+           info ? info->port : (unsigned)s->cfg->port, s->n_slots, s->cfg->max_queue, (long)getpid());
+    fflush(stdout);
+    return d;
+}
+
+// after the last step: the connections still writing answers finish before the daemon stops
+static void stop_http(Server *s, struct MHD_Daemon *d) {
+    double t0 = wall_seconds();
+    pthread_mutex_lock(&s->lock);
+    while (s->live_jobs > 0 && wall_seconds() - t0 < 30) {
+        struct timespec until = deadline_in(0.01);
+        pthread_cond_timedwait(&s->work, &s->lock, &until);
+    }
+    long left = s->live_jobs;
+    pthread_mutex_unlock(&s->lock);
+    if (left) printf("server: %ld answers were still being written after 30 s: closing them\n", left);
+    MHD_stop_daemon(d);
+    printf("server: stopped\n");
+}
+
+void serve(const Config *cfg, KVModel *m, const Tokenizer *tok, Sampler *sampler, Comm *world,
+           bool use_graph) {
+    if (cfg->max_queue < 1) fatal("key 'max_queue': expected a positive number, found %d", cfg->max_queue);
+    if (cfg->port < 0 || cfg->port > 65535) fatal("key 'port': expected 0 to 65535, found %d", cfg->port);
+    preemption_watch();  // SIGTERM sets a flag on every rank: only rank 0 acts on it
+    Engine g;
+    engine_init(&g, cfg, m, world, use_graph);
+    if (comm_rank(world) != 0) {
+        follow(&g);
+        engine_free(&g);
+        return;
+    }
+    Server s = {.cfg = cfg, .tok = tok, .n_slots = m->B};
+    model_name(cfg, s.model, sizeof s.model);
+    pthread_mutex_init(&s.lock, NULL);
+    pthread_cond_init(&s.work, NULL);
+    pthread_cond_init(&s.progress, NULL);
+    s.queue = calloc_or_die((size_t)cfg->max_queue, sizeof(Job *));
+    s.slots = calloc_or_die((size_t)s.n_slots, sizeof(Job *));
+    s.metrics.ttft.le = TTFT_BUCKETS;
+    s.metrics.tpot.le = TPOT_BUCKETS;
+    struct MHD_Daemon *d = start_http(&s);
+    scheduler(&s, &g, sampler, tok);
+    stop_http(&s, d);
+    free(s.queue);
+    free(s.slots);
+    engine_free(&g);
+}
