@@ -38,6 +38,8 @@ def layout_text(stats):
         parts.append("tp " + "x".join(str(d) for d in lay["tp_dimensions"]))
     if "pp" in lay:
         parts.append(f"pp {lay['pp']}")
+    if "ep" in lay:
+        parts.append(f"ep {lay['ep']}")
     return ", ".join(parts)
 
 
