@@ -574,26 +574,27 @@ static const char *const RUN_KEYS[] = {
     "grad_clip", "precision", "loss_scale", "loss_scale_window", "init_from", "random_init",
 };
 
-static const char *const NOT_OVERWRITTEN =
-    "it is neither resumed nor overwritten: set resume=false to start over in it (its files are "
-    "replaced), or choose another out_dir";
+static const char *const START_OVER = "set resume=false to start over in it (its files are replaced), or choose "
+                                      "another out_dir";
 
 // Refuses a checkpoint saved under other values of the RUN_KEYS. A key the saved config lacks
 // (a checkpoint older than the key) is not compared.
 static void require_same_run(const Config *cfg, const Sources *src, const char *saved_json) {
     cJSON *saved = cJSON_Parse(saved_json);
     if (!cJSON_IsObject(saved))
-        fatal("%s/model.safetensors: its run_config is not a JSON object; %s", cfg->out_dir, NOT_OVERWRITTEN);
+        fatal("%s/model.safetensors: its run_config is not a JSON object; it is neither resumed nor "
+              "overwritten: %s", cfg->out_dir, START_OVER);
     char *now_json = config_to_json(cfg);
     cJSON *now = cJSON_Parse(now_json);
     for (size_t i = 0; i < sizeof RUN_KEYS / sizeof RUN_KEYS[0]; i++) {
         const cJSON *was = cJSON_GetObjectItemCaseSensitive(saved, RUN_KEYS[i]),
                     *is = cJSON_GetObjectItemCaseSensitive(now, RUN_KEYS[i]);
+        if (!is) fatal("config.c: RUN_KEYS names '%s', which is not a key", RUN_KEYS[i]);
         if (!was || cJSON_Compare(was, is, true)) continue;
         char *was_text = cJSON_PrintUnformatted(was), *is_text = cJSON_PrintUnformatted(is);
-        fatal("%s holds the checkpoint of another run: key '%s' was %s there but is %s now (%s); "
-              "to resume it, run with the config it was saved with; %s", cfg->out_dir, RUN_KEYS[i],
-              was_text, is_text, source_of(src, RUN_KEYS[i]), NOT_OVERWRITTEN);
+        fatal("%s holds the checkpoint of another run: key '%s' was %s there but is %s now (%s); it is "
+              "neither resumed nor overwritten: run with the config it was saved with to resume it, %s",
+              cfg->out_dir, RUN_KEYS[i], was_text, is_text, source_of(src, RUN_KEYS[i]), START_OVER);
     }
     cJSON_Delete(now);
     free(now_json);
@@ -615,13 +616,14 @@ static void resolve_resume(Config *cfg, const Sources *src, Stage stage) {
               "optimizer.safetensors) to resume; with resume=auto a run starts there",
               source_of(src, "resume"), cfg->out_dir);
     if (missing)
-        fatal("%s holds an incomplete checkpoint: %s is missing; %s", cfg->out_dir, missing, NOT_OVERWRITTEN);
+        fatal("%s holds an incomplete checkpoint: %s is missing; it is neither resumed nor overwritten: %s",
+              cfg->out_dir, missing, START_OVER);
     char *saved = checkpoint_run_config(cfg->out_dir);
     if (saved) require_same_run(cfg, src, saved);
     else if (!must)
         fatal("%s holds a checkpoint saved without its run's config (not by these stages), so "
-              "whether it is this run's is unknown: set resume=true to resume it anyway; %s",
-              cfg->out_dir, NOT_OVERWRITTEN);
+              "whether it is this run's is unknown; it is neither resumed nor overwritten: set "
+              "resume=true to resume it anyway, %s", cfg->out_dir, START_OVER);
     free(saved);
     cfg->resume = true;
 }

@@ -203,27 +203,14 @@ until_trained_a_step() {
     done
 }
 
-# until_ended_after_requeue: waits for the job's end, through its requeue. Slurm holds a requeued
-# job for about two minutes (Reason=BeginTime); the test lets it start once the first run's step
-# daemons are gone (a step N.0 started again while the old one lingers finds its PMIx socket
-# taken, and srun then fails to launch yet exits 0).
-until_ended_after_requeue() {
-    local deadline=$((SECONDS + JOB_TIMEOUT))
-    while :; do
-        job_state
-        case $STATE in
-            COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE) return 0 ;;
-        esac
-        if [ "$REASON" = Reason=BeginTime ] && ! pgrep -f "slurmstepd: \[$JID\." >/dev/null; then
-            slurm_cmd scontrol update jobid="$JID" StartTime=now 2>/dev/null
-        fi
-        if [ $SECONDS -ge $deadline ]; then
-            STATE="TIMEOUT(test: still $STATE after $JOB_TIMEOUT s ${REASON})"
-            slurm_cmd scancel "$JID" 2>/dev/null || true
-            return 1
-        fi
-        sleep 0.2
-    done
+# release_requeued (a wait_job hook): Slurm holds a requeued job for about two minutes
+# (Reason=BeginTime); the test starts it once the first run's step daemons are gone (a step N.0
+# started again while the old one lingers finds its PMIx socket taken, and srun then fails to
+# launch yet exits 0)
+release_requeued() {
+    if [ "$REASON" = Reason=BeginTime ] && ! pgrep -f "slurmstepd: \[$JID\." >/dev/null; then
+        slurm_cmd scontrol update jobid="$JID" StartTime=now 2>/dev/null
+    fi
 }
 
 # ranks_left <out_dir>: the processes of a stage still running with that out_dir (none, after a
@@ -247,7 +234,7 @@ preempt_job() { # preempt_job <stage>: section 4 for one stage
     fi
     until_trained_a_step "$out"
     slurm_cmd scancel --signal=USR1 --batch "$JID"
-    until_ended_after_requeue
+    wait_job release_requeued
     restarts=$(slurm_cmd scontrol show job -o "$JID" | grep -oE 'Restarts=[0-9]+' | cut -d= -f2)
     from=$(sed -nE "s|^resuming the run saved in $out after step ([0-9]+)$|\1|p" "$LOG" 2>/dev/null)
     if [ "$STATE" != COMPLETED ] || [ "$EXIT" != 0:0 ] || [ "${restarts:-0}" != 1 ]; then
