@@ -972,17 +972,30 @@ void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const
 
 // ---- optimizer state ----------------------------------------------------------------------------
 
+// __metadata__ values are strings: a number goes in as its text
+__attribute__((format(printf, 3, 4)))
+static void add_metadata(cJSON *meta, const char *key, const char *fmt, ...) {
+    char text[64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    cJSON_AddStringToObject(meta, key, text);
+}
+
 void checkpoint_save_optimizer(const char *out_dir, const ParamLayout *layout, const float *m,
                                const float *v, const TrainState *state) {
     int64_t n = (int64_t)layout->num_params;
     OutTensor t[2] = {{"m", 1, {n, 0}, m, 0}, {"v", 1, {n, 0}, v, 0}};
-    char step[32], seed[32];
-    snprintf(step, sizeof step, "%ld", state->step);
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)state->seed);
     cJSON *meta = cJSON_CreateObject();
     cJSON_AddStringToObject(meta, "format", "adamw");
-    cJSON_AddStringToObject(meta, "step", step);
-    cJSON_AddStringToObject(meta, "seed", seed);
+    add_metadata(meta, "step", "%ld", state->step);
+    add_metadata(meta, "seed", "%llu", (unsigned long long)state->seed);
+    if (state->has_loss_scale) {
+        add_metadata(meta, "loss_scale", "%.17g", state->loss_scale);
+        add_metadata(meta, "loss_scale_good_steps", "%ld", state->loss_scale_good_steps);
+        add_metadata(meta, "loss_scale_skipped_steps", "%ld", state->loss_scale_skipped_steps);
+    }
     write_safetensors(out_dir, "optimizer.safetensors", t, 2, meta);
 }
 
@@ -1006,6 +1019,27 @@ static void load_moment(const SafeTensors *st, const char *name, const ParamLayo
     safetensors_read_floats(st, t, out);
 }
 
+// A positive finite loss scale (strtod alone would accept "inf", "-1" and "0x10")
+static double metadata_scale(const SafeTensors *st, const char *key) {
+    const char *s = safetensors_metadata(st, key);
+    char *end;
+    double x = strtod(s, &end);
+    if (s[0] < '0' || s[0] > '9' || *end != '\0' || !isfinite(x) || !(x > 0))
+        fatal("%s: __metadata__ \"%s\" must be a positive number, found \"%s\"", st->path, key, s);
+    return x;
+}
+
+static void read_train_state(const SafeTensors *st, TrainState *state) {
+    *state = (TrainState){0};
+    state->step = (long)metadata_number(st, "step", (unsigned long long)LONG_MAX);
+    state->seed = (uint64_t)metadata_number(st, "seed", UINT64_MAX);
+    state->has_loss_scale = safetensors_metadata(st, "loss_scale") != NULL;
+    if (!state->has_loss_scale) return;
+    state->loss_scale = metadata_scale(st, "loss_scale");
+    state->loss_scale_good_steps = (long)metadata_number(st, "loss_scale_good_steps", INT_MAX);
+    state->loss_scale_skipped_steps = (long)metadata_number(st, "loss_scale_skipped_steps", LONG_MAX);
+}
+
 void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, float *m, float *v,
                                TrainState *state) {
     char file[PATH_LEN];
@@ -1014,9 +1048,43 @@ void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, f
     safetensors_open(&st, file);
     load_moment(&st, "m", layout, m);
     load_moment(&st, "v", layout, v);
-    state->step = (long)metadata_number(&st, "step", (unsigned long long)LONG_MAX);
-    state->seed = (uint64_t)metadata_number(&st, "seed", UINT64_MAX);
+    read_train_state(&st, state);
     safetensors_close(&st);
+}
+
+void checkpoint_load_train_state(const char *out_dir, TrainState *state) {
+    char file[PATH_LEN];
+    join_path(file, out_dir, "optimizer.safetensors");
+    SafeTensors st;
+    safetensors_open(&st, file);
+    read_train_state(&st, state);
+    safetensors_close(&st);
+}
+
+// ---- what a directory holds ---------------------------------------------------------------------
+
+int checkpoint_files_in(const char *dir, const char **missing) {
+    static const char *const files[] = {"model.safetensors", "config.json", "optimizer.safetensors"};
+    int present = 0;
+    *missing = NULL;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[PATH_LEN];
+        join_path(path, dir, files[i]);
+        if (access(path, F_OK) == 0) present++;
+        else if (!*missing) *missing = files[i];
+    }
+    return present;
+}
+
+char *checkpoint_run_config(const char *dir) {
+    char file[PATH_LEN];
+    join_path(file, dir, "model.safetensors");
+    SafeTensors st;
+    safetensors_open(&st, file);
+    const char *json = safetensors_metadata(&st, "run_config");
+    char *copy = json ? copy_string_or_die(json) : NULL;
+    safetensors_close(&st);
+    return copy;
 }
 
 void checkpoint_save(const char *out_dir, const ParamLayout *layout, const float *params, const float *m,

@@ -20,6 +20,7 @@
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -53,14 +54,29 @@ void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const
 typedef struct {
     long step;      // optimizer steps done
     uint64_t seed;
+    // fp16's loss scaler (trainer.h), saved beside the step it belongs to so that one atomic
+    // group holds both; has_loss_scale false: none saved (another precision, or an older file)
+    bool has_loss_scale;
+    double loss_scale;
+    long loss_scale_good_steps, loss_scale_skipped_steps;
 } TrainState;
 
 // <out_dir>/optimizer.safetensors: tensors "m" and "v", each [num_params] F32 in our flat layout,
-// and step/seed in __metadata__.
+// and the TrainState in __metadata__ (step, seed; loss_scale, loss_scale_good_steps and
+// loss_scale_skipped_steps when it has a loss scale).
 void checkpoint_save_optimizer(const char *out_dir, const ParamLayout *layout, const float *m,
                                const float *v, const TrainState *state);
 void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, float *m, float *v,
                                TrainState *state);
+// the TrainState alone (the header, not the moments): what every rank needs when only one loads
+void checkpoint_load_train_state(const char *out_dir, TrainState *state);
+
+// What a directory holds of a checkpoint: how many of its three files (model.safetensors,
+// config.json, optimizer.safetensors) are there, and the first one missing (NULL: none).
+int checkpoint_files_in(const char *dir, const char **missing);
+// The run_config a checkpoint's model.safetensors was saved with (malloc'd JSON text), or NULL
+// when it has none (written by another tool).
+char *checkpoint_run_config(const char *dir);
 
 // The whole checkpoint: model.safetensors, config.json and optimizer.safetensors. Every temp
 // file is written and synced before the first rename, so a failure while writing (a full disk)

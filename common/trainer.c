@@ -184,16 +184,17 @@ bool loss_scaler_unscale(LossScaler *s, float *grads, size_t n, double *norm) {
     return true;
 }
 
-static void loss_scaler_save(const LossScaler *s, const Config *cfg) {
+// the scaler's state goes into the optimizer file's metadata, in the checkpoint's atomic group
+static void loss_scaler_save(const LossScaler *s, TrainState *state) {
     if (!s || !s->on) return;
-    char text[200];
-    snprintf(text, sizeof text, "{\"loss_scale\": %.17g, \"good_steps\": %d, \"skipped_steps\": %ld}",
-             s->scale, s->good, s->skipped);
-    write_text_file(cfg->out_dir, "loss_scale.json", text);
+    state->has_loss_scale = true;
+    state->loss_scale = s->scale;
+    state->loss_scale_good_steps = s->good;
+    state->loss_scale_skipped_steps = s->skipped;
 }
 
-void loss_scaler_resume(LossScaler *s, const Config *cfg) {
-    if (!s->on) return;
+// Checkpoints saved before the scale moved into the optimizer file kept it in loss_scale.json.
+static void loss_scaler_read_old_file(LossScaler *s, const Config *cfg) {
     char path[1100];
     snprintf(path, sizeof path, "%s/loss_scale.json", cfg->out_dir);
     char *text = read_file_or_die(path, NULL);
@@ -208,6 +209,19 @@ void loss_scaler_resume(LossScaler *s, const Config *cfg) {
     s->skipped = (long)skipped->valuedouble;
     cJSON_Delete(j);
     free(text);
+}
+
+void loss_scaler_resume(LossScaler *s, const Config *cfg) {
+    if (!s->on) return;
+    TrainState state;
+    checkpoint_load_train_state(cfg->out_dir, &state);
+    if (!state.has_loss_scale) {
+        loss_scaler_read_old_file(s, cfg);
+        return;
+    }
+    s->scale = state.loss_scale;
+    s->good = (int)state.loss_scale_good_steps;
+    s->skipped = state.loss_scale_skipped_steps;
 }
 
 double flops_per_token(const GPTConfig *c, int T) {
@@ -249,7 +263,10 @@ void metrics_open(Metrics *m, const char *out_dir, bool resume, long start_step)
     char path[1100];
     make_dir(out_dir);
     snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-    if (resume) keep_first_steps(path, start_step);
+    if (resume) {
+        keep_first_steps(path, start_step);
+        printf("resuming the run saved in %s after step %ld\n", out_dir, start_step);
+    }
     m->f = fopen_or_die(path, resume ? "a" : "w");
     m->start_time = wall_seconds();
     m->start_step = start_step;
@@ -491,8 +508,8 @@ void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *
     float *hp = to_host(params, n), *hm = to_host(m, n), *hv = to_host(v, n);
     char *json = config_to_json(cfg);
     TrainState state = {.step = step, .seed = (uint64_t)cfg->seed};
+    loss_scaler_save(g_saved_scaler, &state);
     checkpoint_save(cfg->out_dir, layout, hp, hm, hv, &state, json);
-    loss_scaler_save(g_saved_scaler, cfg);
     free(json);
     free(hp);
     free(hm);

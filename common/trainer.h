@@ -70,7 +70,8 @@ typedef struct {
     long inject_inf_at; // test hook WORKBOOK_INJECT_INF_STEP=N: step N's gradients are inf
 } LossScaler;
 
-// s starts at loss_scale; save_checkpoint writes its state (<out_dir>/loss_scale.json) from now on
+// s starts at loss_scale; save_checkpoint saves its state from now on, in the optimizer file's
+// metadata beside the step (checkpoint.h, TrainState)
 void loss_scaler_init(LossScaler *s, const Config *cfg);
 // the backward's dloss for a step with n_targets target tokens: 1 / n_targets, times the scale
 float loss_scaler_dloss(const LossScaler *s, long n_targets, long step);
@@ -79,7 +80,8 @@ float loss_scaler_dloss(const LossScaler *s, long n_targets, long step);
 // all skip the same steps), updating the scale; else divides grads[0..n) by the scale, sets
 // *norm to the unscaled norm and returns true.
 bool loss_scaler_unscale(LossScaler *s, float *grads, size_t n, double *norm);
-// the state save_checkpoint wrote, read back when resuming (on every rank)
+// the state save_checkpoint saved, read back when resuming (on every rank); a checkpoint from before
+// the state moved into the optimizer file has it in <out_dir>/loss_scale.json
 void loss_scaler_resume(LossScaler *s, const Config *cfg);
 
 // Model FLOPs per token for forward + backward (6 per parameter per token for the matmuls a
@@ -115,7 +117,7 @@ typedef struct {
     long start_step;
 } Metrics;
 
-// opens <out_dir>/metrics.jsonl (truncated, or appended to when resuming); rank 0 only
+// opens <out_dir>/metrics.jsonl (truncated, or appended to when resuming, which it says); rank 0 only
 void metrics_open(Metrics *m, const char *out_dir, bool resume, long start_step);
 void metrics_log(Metrics *m, const StepStats *s, bool print_line);
 void metrics_close(Metrics *m);

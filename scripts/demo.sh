@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 
+# every demo starts from scratch: a second make demo would otherwise resume each finished run
+# from its out_dir (resume=auto, docs/CLUSTER.md "Resume") and train no step
+rm -rf out/demo-stage-*
+
 say() { printf '\n\033[1m== %s\033[0m\n%s\n\n' "$1" "$2"; }
 
 say "What the model learns from" \

@@ -67,8 +67,9 @@ run_stage() {
     # shellcheck disable=SC2206  # EXTRA_ARGS / MPIRUN_ARGS are split on spaces on purpose
     local extra=(${EXTRA_ARGS:-}) mpirun_args=(${MPIRUN_ARGS:-})
     local cmd=("$bin" --config "$CONFIG_FILE" "${extra[@]}" "$@")
-    # a requeued job continues from the checkpoint its first run saved in its out_dir
-    [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && cmd+=(--resume=true)
+    # A requeued job runs this same command again: the stage resumes by itself from the
+    # checkpoint its first run saved in out_dir (resume=auto). No --resume=true here: a job Slurm
+    # requeues after a node failure, before its first checkpoint, must start, not fail.
     case $launcher in
         # --kill-on-bad-exit: one failing rank ends the step instead of leaving the others
         # waiting forever in a collective
@@ -87,7 +88,7 @@ run_stage() {
     run_forwarding_signals "${cmd[@]}" || rc=$?
     if [ $rc -eq 75 ]; then  # EXIT_TO_BE_RESUMED: the ranks saved a checkpoint and stopped
         echo "=== stage $STAGE stopped to be resumed after $((SECONDS - t0)) s: requeueing job $SLURM_JOB_ID"
-        scontrol requeue "$SLURM_JOB_ID" || job_die "scontrol requeue $SLURM_JOB_ID failed; resubmit with --resume=true"
+        scontrol requeue "$SLURM_JOB_ID" || job_die "scontrol requeue $SLURM_JOB_ID failed; submit the job again: it resumes from its out_dir"
         exit 0
     fi
     if [ $rc -ne 0 ]; then

@@ -31,16 +31,18 @@ job_state() {
     REASON=$(grep -oE 'Reason=[^ ]+' <<<"$info")
 }
 
-# wait_job: polls until the job ended (sbatch --wait only looks after 2, 10 and 42 s); past
-# JOB_TIMEOUT cancels it and returns 1
+# wait_job [HOOK]: polls until the job ended (sbatch --wait only looks after 2, 10 and 42 s),
+# through a requeue; past JOB_TIMEOUT cancels it and returns 1. HOOK, a function, runs at every
+# poll while the job goes on.
 wait_job() {
-    local deadline=$((SECONDS + JOB_TIMEOUT))
+    local deadline=$((SECONDS + JOB_TIMEOUT)) hook=${1:-}
     while :; do
         job_state
         case $STATE in
-            PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED | "") ;;
+            PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED | REQUEUED | "") ;;
             *) return 0 ;;
         esac
+        [ -n "$hook" ] && $hook
         if [ $SECONDS -ge $deadline ]; then
             STATE="TIMEOUT(test: still $STATE after $JOB_TIMEOUT s${REASON:+ $REASON})"
             slurm_cmd scancel "$JID" 2>/dev/null || true

@@ -437,13 +437,23 @@ static void test_round_trip(void) {
     float *m = malloc_or_die(l.num_params * sizeof(float)), *v = malloc_or_die(l.num_params * sizeof(float));
     float *m2 = malloc_or_die(l.num_params * sizeof(float)), *v2 = malloc_or_die(l.num_params * sizeof(float));
     for (size_t i = 0; i < l.num_params; i++) m[i] = uniform(-1, 1), v[i] = uniform(0, 1e-3f);
-    TrainState s = {1234, 0xdeadbeefcafebabeull}, s2 = {0, 0};
+    TrainState s = {.step = 1234, .seed = 0xdeadbeefcafebabeull}, s2 = {.step = 0};
     checkpoint_save_optimizer(dir, &l, m, v, &s);
     checkpoint_load_optimizer(dir, &l, m2, v2, &s2);
     CHECK(!memcmp(m, m2, l.num_params * sizeof(float)) && !memcmp(v, v2, l.num_params * sizeof(float)),
           "optimizer m, v bit-identical");
     CHECK(s2.step == 1234 && s2.seed == 0xdeadbeefcafebabeull, "train state: step %ld seed %llx", s2.step,
           (unsigned long long)s2.seed);
+    // fp16's loss scaler rides in the same metadata; without one, has_loss_scale reads false
+    CHECK(!s2.has_loss_scale, "a state saved without a loss scale reads one back");
+    TrainState scaled = {.step = 7, .seed = 1, .has_loss_scale = true, .loss_scale = 32768.5,
+                         .loss_scale_good_steps = 3, .loss_scale_skipped_steps = 2}, back_state;
+    checkpoint_save_optimizer(dir, &l, m, v, &scaled);
+    checkpoint_load_train_state(dir, &back_state);
+    CHECK(back_state.has_loss_scale && back_state.loss_scale == 32768.5 && back_state.loss_scale_good_steps == 3 &&
+          back_state.loss_scale_skipped_steps == 2 && back_state.step == 7,
+          "loss scale state: %g %ld %ld", back_state.loss_scale, back_state.loss_scale_good_steps,
+          back_state.loss_scale_skipped_steps);
     list_dir(dir, listing, sizeof listing);
     CHECK(!strcmp(listing, "config.json,model.safetensors,optimizer.safetensors"), "files: %s", listing);
 
@@ -572,7 +582,7 @@ static void test_wrong_model_shape(void) {
     float *p = calloc_or_die(l.num_params, sizeof(float));
     const char *dir = make_temp_dir();
     checkpoint_save_model(dir, &l, p, NULL);
-    TrainState s = {5, 1};
+    TrainState s = {.step = 5, .seed = 1};
     checkpoint_save_optimizer(dir, &l, p, p, &s);
 
     struct { GPTConfig cfg; const char *what, *needle; } cases[] = {

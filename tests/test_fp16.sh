@@ -6,7 +6,8 @@
 #  - an overflow injected at step 3 (the test hook WORKBOOK_INJECT_INF_STEP) skips exactly that
 #    step on both ranks of stage 03 (they end with identical weights: stage 03 checks that), halves
 #    the scale, and the run goes on; with loss_scale_window 4 the scale doubles 4 good steps later;
-#  - a run stopped at step 6 and resumed gets the saved scale back: steps 7-10 equal those of the
+#  - a run stopped at step 6 and resumed gets the saved scale back (from the optimizer file's
+#    metadata, or from the loss_scale.json of an older checkpoint): steps 7-10 equal those of the
 #    uninterrupted run to 17 digits;
 #  - at a fixed scale of 1 more of the gradients cast to fp16 round to zero than at 2^16 (the
 #    share is in metrics.jsonl as grad_underflow);
@@ -50,13 +51,42 @@ check '[ "$(field "$m" loss_scale | tr "\n" " ")" = "65536 65536 32768 32768 327
 check '[ "$(field "$m" grad_norm | sed -n 3p)" = None ] && grep -q "scale 32768 (skipped: inf), 1 skipped" "$tmp/inject.log"' \
     "the skipped step is not reported as skipped"
 
-# stopped after step 6 (the scale halved, 3 good steps since) and resumed
+# stopped after step 6 (the scale halved, 3 good steps since) and resumed. The scale is saved
+# in optimizer.safetensors' metadata, beside the step, in the checkpoint's one atomic group.
+# optimizer_meta <out_dir>: the optimizer file's __metadata__ as JSON
+optimizer_meta() {
+    python3 - "$1/optimizer.safetensors" <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], "rb")
+print(json.dumps(json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))["__metadata__"]))
+PY
+}
 WORKBOOK_INJECT_INF_STEP=3 run_ranks 3 resumed 2 "${window[@]}" --stop_iteration=6
-check '[ "$(json_value "$tmp/resumed/loss_scale.json" loss_scale)" = 32768 ]' \
-    "the checkpoint did not save the scale: $(cat "$tmp/resumed/loss_scale.json")"
+cp -r "$tmp/resumed" "$tmp/old_format"
+optimizer_meta "$tmp/resumed" >"$tmp/meta.json"
+check '[ "$(json_value "$tmp/meta.json" loss_scale) $(json_value "$tmp/meta.json" loss_scale_good_steps) $(json_value "$tmp/meta.json" loss_scale_skipped_steps)" = "32768 3 1" ] && [ ! -e "$tmp/resumed/loss_scale.json" ]' \
+    "the checkpoint did not save the scale in the optimizer file: $(cat "$tmp/meta.json")"
 WORKBOOK_INJECT_INF_STEP=3 run_ranks 3 resumed 2 "${window[@]}" --resume=true
 check '[ "$(field "$m" loss) $(field "$m" loss_scale)" = "$(field "$tmp/resumed/metrics.jsonl" loss) $(field "$tmp/resumed/metrics.jsonl" loss_scale)" ]' \
     "the resumed run's losses and scales differ from the uninterrupted run's"
+# a checkpoint saved before the scale moved there kept it in loss_scale.json: still resumed
+python3 - "$tmp/old_format" <<'PY'
+import json, struct, sys
+path = sys.argv[1] + "/optimizer.safetensors"
+data = open(path, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+meta = header["__metadata__"]
+old = {"loss_scale": float(meta.pop("loss_scale")), "good_steps": int(meta.pop("loss_scale_good_steps")),
+       "skipped_steps": int(meta.pop("loss_scale_skipped_steps"))}
+text = json.dumps(header).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open(path, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+json.dump(old, open(sys.argv[1] + "/loss_scale.json", "w"))
+PY
+WORKBOOK_INJECT_INF_STEP=3 run_ranks 3 old_format 2 "${window[@]}"
+check '[ "$(field "$m" loss) $(field "$m" loss_scale)" = "$(field "$tmp/old_format/metrics.jsonl" loss) $(field "$tmp/old_format/metrics.jsonl" loss_scale)" ]' \
+    "a checkpoint with the old loss_scale.json did not resume to the uninterrupted run's losses and scales"
 
 # underflow: what scaling is for
 for scale in 1 65536; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Preemption (stages 1, 3, 4, 5, 7): a run that gets SIGUSR1 (Slurm's warning) or SIGTERM (scancel) saves at the next
 # step boundary and exits with 75 ("stopped to be resumed"); resumed, it logs per-step losses
-# identical to a run that was never stopped, and no rank is left running.
+# identical to a run that was never stopped, and no rank is left running. Stage 1 resumes with
+# resume=true, the others by running the same command again (resume=auto, the default).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/mpi_env.sh"
 steps=30
@@ -39,7 +40,7 @@ check 'compare_losses "$tmp/s1_straight" "$tmp/s1" $steps 0' "stage 1: resumed l
 # DDP on 2 ranks, SIGUSR1 sent to mpirun, which forwards it to every rank
 run_ranks 3 s3_straight 2
 stop_midway USR1 s3 mpirun -np 2 --bind-to none build/stage-3 "${args[@]}"
-run_ranks 3 s3 2 --resume=true
+run_ranks 3 s3 2
 check 'compare_losses "$tmp/s3_straight" "$tmp/s3" $steps 0' "stage 3: resumed losses differ from the straight run"
 
 # FSDP (2 ranks, sharded save), tensor parallelism on [2,2,1] (4 ranks) and the pipeline (2 stages)
@@ -47,7 +48,7 @@ for spec in "4 2" "5 4 --tp_dimensions=2,2,1" "7 2 --pp_size=2"; do
     read -r n np extra <<<"$spec"
     run_ranks "$n" "s${n}_straight" "$np" $extra
     stop_midway USR1 "s$n" mpirun -np "$np" --bind-to none "build/stage-$n" "${args[@]}" $extra
-    run_ranks "$n" "s$n" "$np" $extra --resume=true
+    run_ranks "$n" "s$n" "$np" $extra
     check 'compare_losses "$tmp/s${n}_straight" "$tmp/s$n" $steps 0' "stage $n: resumed losses differ from the straight run"
 done
 finish test_preempt

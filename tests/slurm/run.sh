@@ -9,17 +9,25 @@
 #   - a job that must fail (missing config) fails at once with a clear message;
 #   - every stage whose binary exists (build/stage-N) on configs/tiny.json, a short run:
 #     COMPLETED, exit 0, progress lines in its log and a falling loss (stage 6: generation
-#     output). Stage 3 runs with both launchers. Missing stages are listed as skipped.
+#     output). Stage 3 runs with both launchers, stage 5 on the [2,2,1] grid. Missing stages are
+#     listed as skipped.
+#   - preemption (stages 3, 4 and 5 on [2,2,1], 4 ranks): a job sent the warning signal mid-run
+#     (scancel --signal=USR1 --batch, what --signal=B:USR1@N sends) saves, requeues itself,
+#     resumes from its out_dir with no flag, and ends with the per-step losses of the
+#     uninterrupted job above to the last digit; no rank of it is left running.
 # A failing job prints its log tail. The cluster is torn down on every path (trap).
 # Nothing can hang: the bring-up, each job and each Slurm command have time limits.
 # Last line: "test-slurm: N passed, N failed"; exit status 1 if anything failed.
 #
-# Settings: SLURM_TEST_STEPS=6 (training steps per job), SLURM_TEST_JOB_TIMEOUT=180 (s per job),
+# Settings: SLURM_TEST_STEPS=6 (training steps per job), SLURM_TEST_PREEMPT_STEPS=20 (steps of
+#           the jobs preempted and of the srun jobs of stages 3-5 they are compared with: room
+#           for the signal to land mid-run), SLURM_TEST_JOB_TIMEOUT=180 (s per job),
 #           SLURM_TEST_KEEP_CLUSTER=1 (leave the cluster up afterwards, for debugging)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 STEPS=${SLURM_TEST_STEPS:-6}
+PREEMPT_STEPS=${SLURM_TEST_PREEMPT_STEPS:-20}
 JOB_TIMEOUT=${SLURM_TEST_JOB_TIMEOUT:-180}
 WORK=$ROOT/build/slurm-test
 T_START=$SECONDS
@@ -104,6 +112,8 @@ check_inference() { # generation finished and reported its speed
     echo "generated"
 }
 
+grid_of() { [ "$1" = 5 ] && echo "--tp_dimensions=2,2,1"; }  # stage 5's grid in sections 3 and 4
+
 # ---- 1. the launch path, with a stand-in MPI program -----------------------------------------------
 HELLO=$WORK/mpi_hello
 if ! timeout 60 mpicc -std=c11 -O2 -Wall -Wextra -Werror -o "$HELLO" tests/slurm/mpi_hello.c 2>"$WORK/mpicc.err"; then
@@ -138,18 +148,20 @@ for n in 1 2 3 4 5 6 7 8; do
         continue
     fi
     out=$WORK/out/stage-$n
-    rm -rf "$out"
+    rm -rf "$out" "$out"-*  # each job starts: a checkpoint left by an earlier test-slurm would be resumed
     case $n in
         1 | 2) # one process: let OpenMP use the cores
             OMP_NUM_THREADS=$(nproc) CONFIG_FILE=configs/tiny.json \
                 EXTRA_ARGS="--stop_iteration=$STEPS --log_interval=1 --out_dir=$out" \
                 run_job "stage $n: slurm/stage-$n.sh, 1 task, $STEPS steps" slurm/stage-$n.sh check_training ;;
         3 | 4 | 5) # 4 ranks on few cores: one thread each. Stage 3 with both launchers.
+            # The srun jobs are the uninterrupted runs the preemption jobs (section 4) match.
             launchers=srun; [ $n = 3 ] && launchers="srun mpirun"
             for launcher in $launchers; do
+                steps=$STEPS; [ $launcher = srun ] && steps=$PREEMPT_STEPS
                 LAUNCHER=$launcher OMP_NUM_THREADS=1 CONFIG_FILE=configs/tiny.json \
-                    EXTRA_ARGS="--stop_iteration=$STEPS --log_interval=1 --out_dir=$out-$launcher" \
-                    run_job "stage $n: slurm/stage-$n.sh, 4 ranks, $launcher, $STEPS steps" slurm/stage-$n.sh check_training
+                    EXTRA_ARGS="--stop_iteration=$steps --log_interval=1 $(grid_of $n) --out_dir=$out-$launcher" \
+                    run_job "stage $n: slurm/stage-$n.sh, 4 ranks, $launcher, $steps steps" slurm/stage-$n.sh check_training
             done ;;
         7) # 2 pipeline stages x 2 replicas, 4 micro-batches each
             OMP_NUM_THREADS=1 CONFIG_FILE=configs/tiny.json \
@@ -165,6 +177,86 @@ for n in 1 2 3 4 5 6 7 8; do
                 EXTRA_ARGS="--tokens_to_generate=16 --out_dir=$out $init" \
                 run_job "stage 6: slurm/stage-6.sh, 1 task, 16 tokens" slurm/stage-6.sh check_inference ;;
     esac
+done
+
+# ---- 4. preemption: the warning signal, requeue, automatic resume ------------------------------------
+# same_losses <reference out_dir> <out_dir>: every step's loss as metrics.jsonl writes it (17
+# digits) is the same text in both; prints where they part
+same_losses() {
+    python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
+import re, sys
+def losses(path):
+    try:
+        return [re.search(r'"loss": ([^,]+),', line).group(1) for line in open(path)]
+    except OSError:
+        return []
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+if not a or a != b:
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    sys.exit(f"{len(b)} steps logged against {len(a)} uninterrupted; they part at step {at + 1}")
+PY
+}
+
+# until_trained_a_step <out_dir>: waits (within the job's time) until the job has logged a step
+until_trained_a_step() {
+    local deadline=$((SECONDS + JOB_TIMEOUT))
+    until [ -s "$1/metrics.jsonl" ] || [ $SECONDS -ge $deadline ]; do
+        job_state
+        case $STATE in PENDING | CONFIGURING | RUNNING | "") ;; *) return ;; esac
+        sleep 0.1
+    done
+}
+
+# release_requeued (a wait_job hook): Slurm holds a requeued job for about two minutes
+# (Reason=BeginTime); the test starts it once the first run's step daemons are gone (a step N.0
+# started again while the old one lingers finds its PMIx socket taken, and srun then fails to
+# launch yet exits 0)
+release_requeued() {
+    if [ "$REASON" = Reason=BeginTime ] && ! pgrep -f "slurmstepd: \[$JID\." >/dev/null; then
+        slurm_cmd scontrol update jobid="$JID" StartTime=now 2>/dev/null
+    fi
+}
+
+# ranks_left <out_dir>: the processes of a stage still running with that out_dir (none, after a
+# second's grace for the last ones to be reaped)
+ranks_left() {
+    local i
+    for i in 1 2 3 4 5; do pgrep -f -- "--out_dir=$1" >/dev/null || return 0; sleep 0.2; done
+    pgrep -af -- "--out_dir=$1"
+}
+
+preempt_job() { # preempt_job <stage>: section 4 for one stage
+    local n=$1 ref=$WORK/out/stage-$1-srun out=$WORK/out/stage-$1-requeue name t0 restarts from why
+    name="preemption, stage $n ($([ "$n" = 5 ] && echo "[2,2,1], ")4 ranks): USR1 mid-run, requeued, resumed"
+    [ -s "$ref/metrics.jsonl" ] || { fail "$name: no uninterrupted run to compare with ($ref)"; return; }
+    rm -rf "$out"
+    t0=$(now)
+    if ! OMP_NUM_THREADS=1 CONFIG_FILE=configs/tiny.json \
+        EXTRA_ARGS="--stop_iteration=$PREEMPT_STEPS --log_interval=1 $(grid_of "$n") --out_dir=$out" \
+        submit slurm/stage-$n.sh; then
+        fail "$name: sbatch refused the job: $(cat "$WORK/sbatch.err")"; return
+    fi
+    until_trained_a_step "$out"
+    slurm_cmd scancel --signal=USR1 --batch "$JID"
+    wait_job release_requeued
+    restarts=$(slurm_cmd scontrol show job -o "$JID" | grep -oE 'Restarts=[0-9]+' | cut -d= -f2)
+    from=$(sed -nE "s|^resuming the run saved in $out after step ([0-9]+)$|\1|p" "$LOG" 2>/dev/null)
+    if [ "$STATE" != COMPLETED ] || [ "$EXIT" != 0:0 ] || [ "${restarts:-0}" != 1 ]; then
+        fail "$name: job $JID ended $STATE (exit $EXIT) after ${restarts:-0} restarts, want COMPLETED 0:0 after 1"
+        log_tail; return
+    fi
+    if [ -z "$from" ] || [ "$from" -lt 1 ] || [ "$from" -ge "$PREEMPT_STEPS" ]; then
+        fail "$name: job $JID did not resume mid-run (want 'resuming the run saved in $out after step K', 0 < K < $PREEMPT_STEPS)"
+        log_tail; return
+    fi
+    if ! why=$(same_losses "$ref" "$out"); then fail "$name: job $JID: $why"; log_tail; return; fi
+    if why=$(ranks_left "$out") && [ -n "$why" ]; then fail "$name: job $JID left ranks running: $why"; return; fi
+    pass "$name [job $JID, $(since "$t0") s]: stopped after step $from, $PREEMPT_STEPS losses identical, no rank left"
+    rm -f "$LOG"
+}
+
+for n in 3 4 5; do
+    if [ -x "build/stage-$n" ]; then preempt_job "$n"; else skipped+=("preemption, stage $n (no build/stage-$n)"); fi
 done
 
 for s in "${skipped[@]}"; do say "SKIPPED $s"; done
