@@ -113,10 +113,16 @@ static void build_local_layout(TPModel *m) {
 }
 
 void tp_model_init(TPModel *m, Comm *world, const GPTConfig *mc, const int dims[3], bool vocab_parallel_loss) {
+    TPGrid grid;
+    tp_grid_init(&grid, world, dims);
+    tp_model_layout(m, mc, &grid, vocab_parallel_loss);
+}
+
+void tp_model_layout(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool vocab_parallel_loss) {
     memset(m, 0, sizeof *m);
     m->cfg = *mc;
     m->vocab_parallel_loss = vocab_parallel_loss;
-    tp_grid_init(&m->grid, world, dims);
+    m->grid = *grid;
     const TPGrid *g = &m->grid;
     int C = mc->n_embd;
     m->Cy = C / g->Y;
@@ -396,27 +402,53 @@ void tp_layers_init(TPLayers *t, const TPModel *m, TPWeightStream *stream, TPGra
 
 // ---- activations ------------------------------------------------------------------------------
 
-static float *alloc_floats(TPActs *a, size_t n) {
-    a->bytes += n * sizeof(float);
-    return dev_malloc(n * sizeof(float));
+static float *alloc_floats(size_t n) { return dev_malloc(n * sizeof(float)); }
+
+// the block's activations at this rank's sizes
+static ActsSpec tp_acts_spec(const TPModel *m, int B, int T, int flags) {
+    ActsSpec spec = whole_model_acts(&m->cfg, B, T, flags & ACTS_BF16, flags & ACTS_RECOMPUTE);
+    spec.shape = m->shape;
+    return spec;
+}
+
+size_t tp_acts_bytes(const TPModel *m, int B, int T, int flags) {
+    size_t N = (size_t)B * T, X = m->grid.X;
+    ActsSpec spec = tp_acts_spec(m, B, T, flags);
+    size_t floats = 2 * N + N + X * N + 2 * N;  // stats, ce_max, ce_maxes, ce_sums
+    if (!m->vocab_parallel_loss) floats += X * N * m->Vl + N * (size_t)m->cfg.padded_vocab_size;
+    return acts_bytes(&spec) + floats * sizeof(float);
 }
 
 void tp_acts_alloc(TPActs *a, const TPModel *m, TPWeightStream *s, TPGradSlots *slots, int B, int T,
                    int flags, bool overlap) {
     size_t N = (size_t)B * T, X = m->grid.X;
     memset(a, 0, sizeof *a);
-    a->stats = alloc_floats(a, 2 * N);
+    a->stats = alloc_floats(2 * N);
     tp_layers_init(&a->layers, m, s, slots, overlap, a->stats);
-    ActsSpec spec = whole_model_acts(&m->cfg, B, T, flags & ACTS_BF16, flags & ACTS_RECOMPUTE);
-    spec.shape = m->shape;
+    ActsSpec spec = tp_acts_spec(m, B, T, flags);
     spec.ops = &a->layers.base;
     acts_alloc_spec(&a->acts, &spec);
-    a->bytes += a->acts.bytes;
-    a->ce_max = alloc_floats(a, N), a->ce_maxes = alloc_floats(a, X * N), a->ce_sums = alloc_floats(a, 2 * N);
+    a->ce_max = alloc_floats(N), a->ce_maxes = alloc_floats(X * N), a->ce_sums = alloc_floats(2 * N);
     if (!m->vocab_parallel_loss) {
-        a->gathered = alloc_floats(a, X * N * m->Vl);
-        a->full_logits = alloc_floats(a, N * (size_t)m->cfg.padded_vocab_size);
+        a->gathered = alloc_floats(X * N * m->Vl);
+        a->full_logits = alloc_floats(N * (size_t)m->cfg.padded_vocab_size);
     }
+    a->bytes = tp_acts_bytes(m, B, T, flags);
+}
+
+void tp_memory_items(const TPModel *m, const Config *cfg, size_t acts_bytes, MemoryItem items[TP_MEMORY_ITEMS]) {
+    bool half_mode = config_is_half(cfg);
+    size_t n = m->layout.num_params, bytes = n * sizeof(float);
+    // with z > 1: two gathered blocks (this one and the prefetched next) with their 16-bit copies,
+    // and the weight-gradient slots (wte's and two alternating ones), each a block and its shard
+    size_t gather_bytes = m->grid.Z > 1 ? 2 * m->max_block * (sizeof(float) + (half_mode ? sizeof(bf16) : 0)) : 0;
+    size_t slot_bytes = m->grid.Z > 1 ? 2 * sizeof(float) * (m->head.block + 2 * m->max_block) : 0;
+    MemoryItem all[TP_MEMORY_ITEMS] = {
+        {parameters_label(cfg), bytes}, {copy_label(cfg), half_mode ? n * sizeof(bf16) : 0},
+        {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
+        {"gathered weight blocks", gather_bytes}, {"weight-gradient blocks", slot_bytes},
+        {"activations", acts_bytes}};
+    memcpy(items, all, sizeof all);
 }
 
 void tp_acts_free(TPActs *a) {
