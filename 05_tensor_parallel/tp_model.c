@@ -9,32 +9,46 @@
 
 // ---- the grid must fit ------------------------------------------------------------------------
 
-static void require(bool ok, const char *constraint, const int d[3], const char *fmt, int a, int b) {
-    if (ok) return;
+// false, with why = the constraint broken (and the numbers that break it), unless ok
+static bool require(bool ok, const char *constraint, const int d[3], char *why, size_t why_size, const char *fmt,
+                    int a, int b) {
+    if (ok) return true;
     char detail[160];
     snprintf(detail, sizeof detail, fmt, a, b);
-    fatal("key 'tp_dimensions' [%d, %d, %d] does not fit: %s (%s)", d[0], d[1], d[2], constraint, detail);
+    snprintf(why, why_size, "key 'tp_dimensions' [%d, %d, %d] does not fit: %s (%s)", d[0], d[1], d[2], constraint,
+             detail);
+    return false;
 }
 
-void tp_check_grid(const GPTConfig *mc, const int d[3], int world, int global_batch, int acc) {
+bool tp_grid_fits(const GPTConfig *mc, const int d[3], int world, int global_batch, int acc, char *why,
+                  size_t why_size) {
     int X = d[0], Y = d[1], Z = d[2], C = mc->n_embd, Vp = mc->padded_vocab_size;
-    require(world % (X * Y * Z) == 0, "x*y*z must divide the number of ranks (the rest is data parallelism)", d,
-            "%d ranks, x*y*z = %d", world, X * Y * Z);
-    require(mc->n_head % X == 0, "attention heads must divide by x (heads are split over x)", d,
-            "n_head %d, x %d", mc->n_head, X);
-    require(C % Y == 0, "the hidden size must divide by y (it is split over y)", d, "n_embd %d, y %d", C, Y);
-    require(4 * C % X == 0, "the MLP width 4*n_embd must divide by x", d, "4*n_embd %d, x %d", 4 * C, X);
-    require(Vp % X == 0, "the padded vocabulary must divide by x (it is split over x)", d,
-            "padded vocabulary %d, x %d", Vp, X);
+    if (!require(world % (X * Y * Z) == 0, "x*y*z must divide the number of ranks (the rest is data parallelism)",
+                 d, why, why_size, "%d ranks, x*y*z = %d", world, X * Y * Z) ||
+        !require(mc->n_head % X == 0, "attention heads must divide by x (heads are split over x)", d, why, why_size,
+                 "n_head %d, x %d", mc->n_head, X) ||
+        !require(C % Y == 0, "the hidden size must divide by y (it is split over y)", d, why, why_size,
+                 "n_embd %d, y %d", C, Y) ||
+        !require(4 * C % X == 0, "the MLP width 4*n_embd must divide by x", d, why, why_size, "4*n_embd %d, x %d",
+                 4 * C, X) ||
+        !require(Vp % X == 0, "the padded vocabulary must divide by x (it is split over x)", d, why, why_size,
+                 "padded vocabulary %d, x %d", Vp, X))
+        return false;
     size_t blocks[] = {(size_t)Vp / X * (C / Y), (size_t)3 * C / X * (C / Y), (size_t)C / Y * (C / X),
                        (size_t)4 * C / X * (C / Y)};
     for (int i = 0; i < 4; i++)
-        require(blocks[i] % Z == 0, "every weight block must divide by z (depth shards are equal)", d,
-                "block of %d elements, z %d", (int)blocks[i], Z);
+        if (!require(blocks[i] % Z == 0, "every weight block must divide by z (depth shards are equal)", d, why,
+                     why_size, "block of %d elements, z %d", (int)blocks[i], Z))
+            return false;
     int rows = world / (X * Y) * acc;  // z * data ranks, each taking acc micro-batches
-    require(global_batch % rows == 0,
-            "global_batch_size must divide by z * data * gradient_acc_steps (rows are split over z and data)",
-            d, "global_batch_size %d, z*data*acc %d", global_batch, rows);
+    return require(global_batch % rows == 0,
+                   "global_batch_size must divide by z * data * gradient_acc_steps (rows are split over z and data)",
+                   d, why, why_size, "global_batch_size %d, z*data*acc %d", global_batch, rows);
+}
+
+void tp_check_grid(const GPTConfig *mc, const int d[3], int world, int global_batch, int acc) {
+    char why[320];
+    if (!tp_grid_fits(mc, d, world, global_batch, acc, why, sizeof why)) fatal("%s", why);
 }
 
 // ---- this rank's tensors ----------------------------------------------------------------------

@@ -51,6 +51,9 @@ typedef struct {
 
 // Refuses a grid that does not fit the model or the batch (fatal, naming the constraint).
 void tp_check_grid(const GPTConfig *mc, const int dims[3], int world, int global_batch, int acc);
+// the same test as a question: false, with the message in why, when the grid does not fit
+bool tp_grid_fits(const GPTConfig *mc, const int dims[3], int world, int global_batch, int acc, char *why,
+                  size_t why_size);
 void tp_model_init(TPModel *m, Comm *world, const GPTConfig *mc, const int dims[3], bool vocab_parallel_loss);
 // the same on a grid already made, or one with only sizes and coordinates (no groups: the
 // planner, tools/plan.c, sizes a rank's share without running it)
