@@ -416,7 +416,10 @@ void tp_layers_init(TPLayers *t, const TPModel *m, TPWeightStream *stream, TPGra
 
 // ---- activations ------------------------------------------------------------------------------
 
-static float *alloc_floats(size_t n) { return dev_malloc(n * sizeof(float)); }
+static float *alloc_floats(TPActs *a, size_t n) {
+    a->bytes += n * sizeof(float);
+    return dev_malloc(n * sizeof(float));
+}
 
 // the block's activations at this rank's sizes
 static ActsSpec tp_acts_spec(const TPModel *m, int B, int T, int flags) {
@@ -425,29 +428,30 @@ static ActsSpec tp_acts_spec(const TPModel *m, int B, int T, int flags) {
     return spec;
 }
 
+void tp_acts_alloc(TPActs *a, const TPModel *m, TPWeightStream *s, TPGradSlots *slots, int B, int T,
+                   int flags, bool overlap) {
+    size_t N = (size_t)B * T, X = m->grid.X;
+    memset(a, 0, sizeof *a);
+    a->stats = alloc_floats(a, 2 * N);
+    tp_layers_init(&a->layers, m, s, slots, overlap, a->stats);
+    ActsSpec spec = tp_acts_spec(m, B, T, flags);
+    spec.ops = &a->layers.base;
+    acts_alloc_spec(&a->acts, &spec);
+    a->bytes += a->acts.bytes;
+    a->ce_max = alloc_floats(a, N), a->ce_maxes = alloc_floats(a, X * N), a->ce_sums = alloc_floats(a, 2 * N);
+    if (!m->vocab_parallel_loss) {
+        a->gathered = alloc_floats(a, X * N * m->Vl);
+        a->full_logits = alloc_floats(a, N * (size_t)m->cfg.padded_vocab_size);
+    }
+}
+
+// what tp_acts_alloc allocates, buffer for buffer (test_plan.sh checks the two agree)
 size_t tp_acts_bytes(const TPModel *m, int B, int T, int flags) {
     size_t N = (size_t)B * T, X = m->grid.X;
     ActsSpec spec = tp_acts_spec(m, B, T, flags);
     size_t floats = 2 * N + N + X * N + 2 * N;  // stats, ce_max, ce_maxes, ce_sums
     if (!m->vocab_parallel_loss) floats += X * N * m->Vl + N * (size_t)m->cfg.padded_vocab_size;
     return acts_bytes(&spec) + floats * sizeof(float);
-}
-
-void tp_acts_alloc(TPActs *a, const TPModel *m, TPWeightStream *s, TPGradSlots *slots, int B, int T,
-                   int flags, bool overlap) {
-    size_t N = (size_t)B * T, X = m->grid.X;
-    memset(a, 0, sizeof *a);
-    a->stats = alloc_floats(2 * N);
-    tp_layers_init(&a->layers, m, s, slots, overlap, a->stats);
-    ActsSpec spec = tp_acts_spec(m, B, T, flags);
-    spec.ops = &a->layers.base;
-    acts_alloc_spec(&a->acts, &spec);
-    a->ce_max = alloc_floats(N), a->ce_maxes = alloc_floats(X * N), a->ce_sums = alloc_floats(2 * N);
-    if (!m->vocab_parallel_loss) {
-        a->gathered = alloc_floats(X * N * m->Vl);
-        a->full_logits = alloc_floats(N * (size_t)m->cfg.padded_vocab_size);
-    }
-    a->bytes = tp_acts_bytes(m, B, T, flags);
 }
 
 void tp_memory_items(const TPModel *m, const Config *cfg, size_t acts_bytes, MemoryItem items[TP_MEMORY_ITEMS]) {

@@ -1,0 +1,484 @@
+// plan: plan before you launch. Given a training config and a cluster description, lists every
+// layout the workbook can run on that many ranks -- DDP (stage 03), FSDP (04), every
+// tensor-parallel grid [x, y, z] x data (05) -- and predicts for each: rank 0's memory report row
+// for row, whether it fits, the communication of a step per group and collective (bytes exactly
+// as the stages count them; time by the alpha-beta model of plan_cluster.h), what overlaps, the
+// step time and tokens/s. Sorted by step time, with why the best layout wins.
+//
+//   build/plan --cluster=configs/clusters/h100-sxm.json --config configs/tiny.json [--key=value ...]
+//   options: --ranks=P (default: the cluster's nodes x gpus_per_node), --nodes=N, --layout=ddp|fsdp|X,Y,Z
+//            (only that one), --json=FILE (the plan as data), --measure[=STEPS] (run each layout
+//            here with mpirun and print predicted and measured side by side), --calibrate=FILE
+//            (describe this machine), --seq_len=T (tokens per sequence; default max_seq_len)
+//
+// Memory and bytes come from the stages' own arithmetic (fsdp_plan, tp_model_layout,
+// tp_acts_bytes, acts_bytes, the memory reports' rows), so they equal the runs' stats.json and
+// metrics.jsonl exactly when every sequence of a batch is T tokens long (a batch is padded to its
+// longest sequence: shorter batches move fewer activation bytes over x and y). Pipeline layouts
+// (stage 07) and experts (stage 08) are not planned yet.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp.h"
+#include "gpt.h"
+#include "log.h"
+#include "ops.h"
+#include "plan.h"
+#include "tokenizer.h"
+#include "tp_model.h"
+
+typedef struct {
+    const Config *cfg;
+    const GPTConfig *mc;
+    const Cluster *cluster;
+    int P, T;          // ranks; tokens per sequence
+    int flags;         // ACTS_* of the config
+    bool half;
+} Setup;
+
+// ---- memory: the stages' own rows -------------------------------------------------------------
+
+static void add_memory(Plan *p, const char *what, size_t bytes) {
+    p->memory[p->n_memory++] = (MemoryItem){what, bytes};
+    p->memory_total += bytes;
+}
+
+// stage 03: every rank a whole replica (03_ddp/train.c's report)
+static size_t ddp_memory(const Setup *s, Plan *p, const ParamLayout *layout) {
+    size_t n = layout->num_params, bytes = n * sizeof(float);
+    int micro_batch = s->cfg->global_batch_size / s->cfg->gradient_acc_steps / s->P;
+    ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
+    add_memory(p, parameters_label(s->cfg), bytes);
+    add_memory(p, copy_label(s->cfg), s->half ? n * sizeof(bf16) : 0);
+    add_memory(p, "gradients (fp32)", bytes);
+    add_memory(p, "AdamW m and v (fp32)", 2 * bytes);
+    add_memory(p, activations_label(s->cfg), acts_bytes(&spec));
+    return n;
+}
+
+// the category of a memory report row, for the table
+typedef enum { CAT_PARAMS, CAT_GRADS, CAT_OPTIM, CAT_ACTS, CAT_GATHERED, CATS } Category;
+static const char *const CATEGORY_NAMES[CATS] = {"parameters", "gradients", "optimizer", "activations", "gathered"};
+
+static Category category_of(const char *what) {
+    if (strncmp(what, "parameters", 10) == 0) return CAT_PARAMS;
+    if (strncmp(what, "gradients", 9) == 0) return CAT_GRADS;
+    if (strncmp(what, "AdamW", 5) == 0) return CAT_OPTIM;
+    if (strncmp(what, "activations", 11) == 0) return CAT_ACTS;
+    return CAT_GATHERED;  // FSDP's gathered units and weight copies, stage 05's z buffers
+}
+
+// ---- communication per step -------------------------------------------------------------------
+
+static void add_comm(Plan *p, const char *group, const char *kind, double bytes, long calls, int n, int stride,
+                     bool hideable) {
+    if (n < 2 || bytes <= 0) return;  // a group of one rank communicates nothing (and is not called)
+    CostKind cost = strcmp(kind, "all-reduce") == 0 ? COST_ALL_REDUCE : COST_GATHER_SCATTER;
+    p->comm[p->n_comm++] = (Collective){.group = group, .kind = kind, .bytes = bytes, .calls = calls, .n = n,
+                                        .stride = stride, .cost = cost, .hideable = hideable};
+    p->comm_bytes += bytes;
+}
+
+static void plan_ddp(const Setup *s, Plan *p, const ParamLayout *layout) {
+    snprintf(p->name, sizeof p->name, "DDP");
+    p->stage = 3;
+    p->dp = s->P;
+    size_t n = ddp_memory(s, p, layout);
+    // one all-reduce of the flat gradient, or the same bytes as buckets of whole blocks launched
+    // during backward (03_ddp/buckets.c); calls only set the latency term
+    double bytes = (double)n * sizeof(float), bucket = s->cfg->bucket_size_mb * 1e6;
+    bool overlap = s->cfg->overlap_communication;
+    long calls = overlap ? (long)(bytes / bucket) + 1 : 1;
+    add_comm(p, "world", "all-reduce", bytes, calls, s->P, 1, overlap);
+}
+
+static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout) {
+    snprintf(p->name, sizeof p->name, "FSDP");
+    p->stage = 4;
+    p->dp = s->P;
+    Fsdp f;
+    fsdp_plan(&f, layout, 0, s->P, s->cfg->overlap_communication, s->half);
+    int micro_batch = s->cfg->global_batch_size / s->cfg->gradient_acc_steps / s->P;
+    ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
+    MemoryItem rows[FSDP_MEMORY_ITEMS];
+    fsdp_memory_items(&f, parameters_label(s->cfg), acts_bytes(&spec), rows, NULL);
+    for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) add_memory(p, rows[i].what, rows[i].bytes);
+    // each micro-batch gathers the root once and every block twice (forward, then again for
+    // backward), and reduce-scatters every unit's gradient once; sizes are the padded units
+    // (comm.h: all-gather = the output, reduce-scatter = the input), in fp32 whatever the precision
+    int L = s->mc->n_layer, acc = s->cfg->gradient_acc_steps;
+    double root = (double)f.units[0].shard * s->P, block = L ? (double)f.units[1].shard * s->P : 0;
+    double fl = sizeof(float);
+    add_comm(p, "world", "all-gather", acc * (root + 2 * L * block) * fl, acc * (1 + 2L * L), s->P, 1,
+             f.prefetch);
+    add_comm(p, "world", "reduce-scatter", acc * (root + L * block) * fl, acc * (1L + L), s->P, 1, f.prefetch);
+    fsdp_free(&f);
+}
+
+// Stage 05 on [x, y, z] x data: rank 0's share (x = y = z = data = 0) of the model, sized by the
+// stage's own tp_model_layout. The collectives, per micro-batch of N = rows x T tokens (the
+// formulas of 05_tensor_parallel/README.md, written with the layers' local sizes):
+//   y all-reduce  the outputs of the layers whose input is split over y (qkv, fc, lm_head) and
+//                 the input gradients of the transposed ones (proj, MLP proj), plus LayerNorm's
+//                 row statistics (2 forward + 2 backward floats per row, 2L + 1 LayerNorms)
+//   x all-reduce  the transposed layers' outputs and the normal layers' input gradients, the
+//                 embedding's output and the lm_head's input gradient, and 2 loss sums per row
+//   x all-gather  each row's logit maximum from every x rank (the gathered loss: all logits)
+//   z all-gather  every weight block before each use (wte 3 uses, each block's matrices 2); in
+//                 16 bits the matmuls' gathers move the 2-byte copies, the embedding's stays fp32
+//   z reduce-scatter  every weight block's gradient; per step: the small tensors' gradients
+//                 all-reduced over z and every local gradient over data
+static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
+    int X = dims[0], Y = dims[1], Z = dims[2], D = s->P / (X * Y * Z);
+    snprintf(p->name, sizeof p->name, "TP [%d,%d,%d] x %d", X, Y, Z, D);
+    snprintf(p->args, sizeof p->args, "--tp_dimensions=%d,%d,%d", X, Y, Z);
+    p->stage = 5;
+    memcpy(p->dims, dims, sizeof p->dims);
+    p->dp = D;
+    TPGrid grid = {.X = X, .Y = Y, .Z = Z, .D = D};
+    TPModel m;
+    tp_model_layout(&m, s->mc, &grid, s->cfg->vocab_parallel_loss);
+    int acc = s->cfg->gradient_acc_steps, rows = s->cfg->global_batch_size / acc / (Z * D);
+    MemoryItem items[TP_MEMORY_ITEMS];
+    tp_memory_items(&m, s->cfg, tp_acts_bytes(&m, rows, s->T, s->flags), items);
+    for (int i = 0; i < TP_MEMORY_ITEMS; i++) add_memory(p, items[i].what, items[i].bytes);
+
+    double N = (double)rows * s->T, L = s->mc->n_layer, fl = sizeof(float);
+    bool vp = s->cfg->vocab_parallel_loss, overlap = s->cfg->overlap_communication;
+    double y_rows = L * (m.qkv.out_local + m.fc.out_local + m.proj.in_local + m.fcproj.in_local) +
+                    m.head.out_local + 4 * (2 * L + 1);
+    double x_rows = L * (m.proj.out_local + m.fcproj.out_local + m.qkv.in_local + m.fc.in_local) + m.Cy +
+                    m.head.in_local + (vp ? 2 : 0);
+    double x_gather = vp ? X : (double)X * m.Vl;
+    double blocks = (double)(m.qkv.block + m.proj.block + m.fc.block + m.fcproj.block), wte = (double)m.head.block;
+    double gathers = wte * fl + (2 * wte + 2 * L * blocks) * (s->half ? sizeof(bf16) : fl);
+    // ranks: y fastest, then x, z, data (tp_linear.h); calls: the stage's, for the latency term
+    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(8 * L + 3), Y, 1, false);
+    add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)(4 * L + 3), X, Y, false);
+    add_comm(p, "x", "all-gather", acc * N * x_gather * fl, acc, X, Y, false);
+    add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + 8 * L), Z, X * Y, overlap);
+    add_comm(p, "z", "reduce-scatter", acc * (wte + L * blocks) * fl, acc * (long)(1 + 4 * L), Z, X * Y, overlap);
+    add_comm(p, "z", "all-reduce", (double)m.small_numel * fl, 1, Z, X * Y, false);
+    add_comm(p, "data", "all-reduce", (double)m.layout.num_params * fl, 1, D, X * Y * Z, false);
+    tp_model_free(&m);
+}
+
+// ---- time: compute, communication, what hides under what ---------------------------------------
+
+// Compute: the model's FLOPs (trainer.h's flops_per_token, plus one more forward of the blocks
+// when they recompute) split evenly over the ranks, at the peak times the efficiency the model
+// reaches; CPU ranks beyond the cores share them. Every layout does the same arithmetic, split
+// differently, so layouts differ by communication and by what it hides under.
+// Communication: each collective's alpha-beta time on the link its group crosses. Hidden: a
+// collective the stage runs under compute (DDP's buckets under backward, FSDP's prefetched
+// gathers and overlapped reduce-scatters, stage 05's depth prefetch), on a machine whose
+// communication progresses during compute; at least one call's worth always shows (the last
+// bucket, the first gather).
+static void predict_time(const Setup *s, Plan *p) {
+    const Cluster *c = s->cluster;
+    double tokens = (double)s->cfg->global_batch_size * s->T;
+    double flops = flops_per_token(s->mc, s->T) * tokens / s->P;
+    if (s->flags & ACTS_RECOMPUTE) flops *= 8.0 / 6.0;
+    double share = c->cores && s->P > c->cores ? (double)c->cores / s->P : 1.0;
+    double peak = s->half ? c->peak_flops_16 : c->peak_flops_f32;
+    p->compute_s = flops / (peak * c->efficiency * share);
+    double backward = p->compute_s * 2.0 / 3.0, hideable = 0, shown_anyway = 0;
+    p->comm_s = p->exposed_s = 0;
+    for (int i = 0; i < p->n_comm; i++) {
+        Collective *k = &p->comm[i];
+        k->intra = group_is_intra_node(c, k->n, k->stride);
+        k->seconds = collective_seconds(k->cost, k->bytes, k->calls, k->n, k->intra ? c->intra : c->inter,
+                                        &k->algorithm);
+        p->comm_s += k->seconds;
+        if (k->hideable && c->overlaps) {
+            hideable += k->seconds;
+            shown_anyway += k->seconds / k->calls;
+        } else {
+            p->exposed_s += k->seconds;
+        }
+    }
+    double cover = p->stage == 3 ? backward : p->compute_s;  // DDP's buckets fill during backward only
+    double hidden_exposed = hideable - cover > shown_anyway ? hideable - cover : shown_anyway;
+    p->exposed_s += hideable > 0 ? hidden_exposed : 0;
+    p->step_s = p->compute_s + p->exposed_s;
+    p->tokens_per_s = tokens / p->step_s;
+    p->fits = (double)p->memory_total <= c->memory_bytes;
+}
+
+// ---- the layouts ------------------------------------------------------------------------------
+
+// every layout the stages can run on P ranks with this config; why_not: the first reason one did
+// not fit, for the error when none does
+static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int max, const char *only,
+                     char *why_not, size_t why_size) {
+    int n = 0;
+    const Config *cfg = s->cfg;
+    bool batch_splits = cfg->global_batch_size % (s->P * cfg->gradient_acc_steps) == 0;
+    if (!batch_splits)
+        snprintf(why_not, why_size, "DDP and FSDP: global_batch_size %d does not split into %d ranks x %d "
+                 "micro-batches", cfg->global_batch_size, s->P, cfg->gradient_acc_steps);
+    bool any = !only[0];
+    if (batch_splits && (any || strcmp(only, "ddp") == 0)) plan_ddp(s, &plans[n++], layout);
+    if (batch_splits && (any || strcmp(only, "fsdp") == 0)) plan_fsdp(s, &plans[n++], layout);
+    bool tp_modelled = gpt_arch(s->mc) == &ARCH_GPT2 && !(s->flags & ACTS_RECOMPUTE);
+    for (int X = 1; X <= s->P && tp_modelled; X++)
+        for (int Y = 1; X * Y <= s->P; Y++)
+            for (int Z = 1; X * Y * Z <= s->P; Z++) {
+                int dims[3] = {X, Y, Z};
+                char name[48], why[320];
+                snprintf(name, sizeof name, "%d,%d,%d", X, Y, Z);
+                if (!any && strcmp(only, name) != 0) continue;
+                if (!tp_grid_fits(s->mc, dims, s->P, cfg->global_batch_size, cfg->gradient_acc_steps, why, sizeof why)) {
+                    if (!why_not[0] || !any) snprintf(why_not, why_size, "%s", why);
+                    continue;
+                }
+                if (n == max) fatal("internal: more than %d layouts", max);
+                plan_tp(s, &plans[n++], dims);
+            }
+    if (!tp_modelled && !why_not[0])
+        snprintf(why_not, why_size, "tensor-parallel layouts are planned for GPT-2 without activation_checkpointing");
+    for (int i = 0; i < n; i++) predict_time(s, &plans[i]);
+    return n;
+}
+
+static int by_step_time(const void *a, const void *b) {
+    const Plan *x = a, *y = b;
+    if (x->fits != y->fits) return x->fits ? -1 : 1;
+    return (x->step_s > y->step_s) - (x->step_s < y->step_s);
+}
+
+// ---- output -----------------------------------------------------------------------------------
+
+static double mib(double bytes) { return bytes / 1048576.0; }
+
+static void print_plan(const Setup *s, const Plan *plans, int n) {
+    const Cluster *c = s->cluster;
+    printf("plan | %s | %d ranks (%d per node) | %s L=%d H=%d C=%d V=%d | batch %d x %d tokens, %d micro-batch%s | "
+           "precision %s\n", c->name, s->P, c->gpus_per_node, gpt_arch(s->mc)->name, s->mc->n_layer, s->mc->n_head,
+           s->mc->n_embd, s->mc->vocab_size, s->cfg->global_batch_size, s->T, s->cfg->gradient_acc_steps,
+           s->cfg->gradient_acc_steps > 1 ? "es" : "", s->cfg->precision);
+    printf("machine: %.3g TFLOP/s %s x %.2f efficiency per rank%s; links: intra %.3g GB/s %.3g us, inter %.3g GB/s "
+           "%.3g us; %s\n", 1e-12 * (s->half ? c->peak_flops_16 : c->peak_flops_f32), s->half ? "16-bit" : "fp32",
+           c->efficiency, c->cores && s->P > c->cores ? " (ranks share the cores)" : "", c->intra.bandwidth / 1e9,
+           c->intra.latency * 1e6, c->inter.bandwidth / 1e9, c->inter.latency * 1e6,
+           c->overlaps ? "communication overlaps compute" : "communication does not overlap compute");
+    printf("\nmemory per rank (MiB) and step time, fastest first:\n");
+    printf("  %-17s %8s %8s %8s %8s %8s %9s %4s %10s %10s %10s %10s %11s\n", "layout", "params", "grads", "optim",
+           "acts", "gathered", "total", "fits", "compute ms", "comm MB", "exposed ms", "step ms", "tokens/s");
+    for (int i = 0; i < n; i++) {
+        const Plan *p = &plans[i];
+        double cat[CATS] = {0};
+        for (int k = 0; k < p->n_memory; k++) cat[category_of(p->memory[k].what)] += (double)p->memory[k].bytes;
+        printf("  %-17s", p->name);
+        for (int k = 0; k < CATS; k++) printf(" %8.2f", mib(cat[k]));
+        printf(" %9.2f %4s %10.2f %10.3f %10.2f %10.2f %11.0f\n", mib((double)p->memory_total), p->fits ? "yes" : "NO",
+               1e3 * p->compute_s, p->comm_bytes / 1e6, 1e3 * p->exposed_s, 1e3 * p->step_s, p->tokens_per_s);
+    }
+    printf("\ncommunication per step (rank 0; alpha-beta on the link each group crosses):\n");
+    for (int i = 0; i < n; i++) {
+        const Plan *p = &plans[i];
+        printf("  %s:%s\n", p->name, p->n_comm ? "" : " none");
+        for (int k = 0; k < p->n_comm; k++) {
+            const Collective *q = &p->comm[k];
+            printf("    %-5s %-15s %10.3f MB %6ld calls %2d ranks %-5s %-4s %9.3f ms%s\n", q->group, q->kind,
+                   q->bytes / 1e6, q->calls, q->n, q->intra ? "intra" : "inter", q->algorithm, 1e3 * q->seconds,
+                   q->hideable && s->cluster->overlaps ? "  overlaps compute" : "");
+        }
+    }
+}
+
+// the one sentence: what the best layout does better than the runner-up
+static void why_best(const Plan *plans, int n, char *out, size_t size) {
+    if (n == 0 || !plans[0].fits) {
+        snprintf(out, size, "no layout fits in memory");
+        return;
+    }
+    if (n == 1 || !plans[1].fits) {
+        snprintf(out, size, "%s is the only layout that fits", plans[0].name);
+        return;
+    }
+    const Plan *a = &plans[0], *b = &plans[1];
+    double dc = b->compute_s - a->compute_s, de = b->exposed_s - a->exposed_s;
+    if (de >= dc && a->comm_bytes < b->comm_bytes)
+        snprintf(out, size, "%s wins: it moves %.1fx fewer bytes per step than %s at this batch (%.2f vs %.2f MB), "
+                 "%.2f ms less exposed communication", a->name, b->comm_bytes / a->comm_bytes, b->name,
+                 a->comm_bytes / 1e6, b->comm_bytes / 1e6, 1e3 * de);
+    else if (de >= dc)
+        snprintf(out, size, "%s wins: its communication shows %.2f ms less than %s's (%.2f vs %.2f MB per step, "
+                 "on faster links or under compute)", a->name, 1e3 * de, b->name, a->comm_bytes / 1e6,
+                 b->comm_bytes / 1e6);
+    else
+        snprintf(out, size, "%s wins: %.2f ms less compute per step than %s", a->name, 1e3 * dc, b->name);
+}
+
+static void write_json(const char *path, const Setup *s, const Plan *plans, int n, const char *why) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "cluster", s->cluster->path);
+    cJSON_AddNumberToObject(root, "ranks", s->P);
+    cJSON_AddNumberToObject(root, "seq_len", s->T);
+    cJSON_AddStringToObject(root, "why", why);
+    cJSON *list = cJSON_AddArrayToObject(root, "layouts");
+    for (int i = 0; i < n; i++) {
+        const Plan *p = &plans[i];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "name", p->name);
+        cJSON_AddNumberToObject(j, "stage", p->stage);
+        cJSON_AddStringToObject(j, "args", p->args);
+        cJSON_AddNumberToObject(j, "dp", p->dp);
+        if (p->stage == 5) cJSON_AddItemToObject(j, "tp_dimensions", cJSON_CreateIntArray(p->dims, 3));
+        cJSON *mem = cJSON_AddObjectToObject(j, "memory");
+        cJSON *cats = cJSON_AddObjectToObject(j, "memory_by_category");
+        double cat[CATS] = {0};
+        for (int k = 0; k < p->n_memory; k++) {
+            cJSON_AddNumberToObject(mem, p->memory[k].what, (double)p->memory[k].bytes);
+            cat[category_of(p->memory[k].what)] += (double)p->memory[k].bytes;
+        }
+        for (int k = 0; k < CATS; k++) cJSON_AddNumberToObject(cats, CATEGORY_NAMES[k], cat[k]);
+        cJSON_AddNumberToObject(j, "memory_total", (double)p->memory_total);
+        cJSON_AddBoolToObject(j, "fits", p->fits);
+        cJSON *comm = cJSON_AddArrayToObject(j, "communication");
+        for (int k = 0; k < p->n_comm; k++) {
+            const Collective *q = &p->comm[k];
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "group", q->group);
+            cJSON_AddStringToObject(e, "kind", q->kind);
+            cJSON_AddNumberToObject(e, "bytes", q->bytes);
+            cJSON_AddNumberToObject(e, "calls", (double)q->calls);
+            cJSON_AddNumberToObject(e, "ranks", q->n);
+            cJSON_AddStringToObject(e, "link", q->intra ? "intra" : "inter");
+            cJSON_AddStringToObject(e, "algorithm", q->algorithm);
+            cJSON_AddNumberToObject(e, "seconds", q->seconds);
+            cJSON_AddBoolToObject(e, "overlaps_compute", q->hideable && s->cluster->overlaps);
+            cJSON_AddItemToArray(comm, e);
+        }
+        cJSON_AddNumberToObject(j, "comm_bytes", p->comm_bytes);
+        cJSON_AddNumberToObject(j, "compute_s", p->compute_s);
+        cJSON_AddNumberToObject(j, "comm_s", p->comm_s);
+        cJSON_AddNumberToObject(j, "exposed_comm_s", p->exposed_s);
+        cJSON_AddNumberToObject(j, "step_s", p->step_s);
+        cJSON_AddNumberToObject(j, "tokens_per_s", p->tokens_per_s);
+        if (p->measured) {
+            cJSON *m = cJSON_AddObjectToObject(j, "measured");
+            cJSON_AddNumberToObject(m, "step_s", p->measured_step_s);
+            cJSON_AddNumberToObject(m, "comm_bytes", p->measured_comm_bytes);
+            cJSON_AddNumberToObject(m, "memory_total", (double)p->measured_memory_total);
+            cJSON_AddBoolToObject(m, "memory_agrees", p->memory_agrees);
+        }
+        cJSON_AddItemToArray(list, j);
+    }
+    char *text = cJSON_Print(root);
+    if (!text) fatal("out of memory writing %s", path);
+    FILE *f = fopen_or_die(path, "w");
+    if (fputs(text, f) == EOF || fclose(f) != 0) fatal("%s: cannot write the plan", path);
+    free(text);
+    cJSON_Delete(root);
+}
+
+static void print_measured(const Plan *plans, int n) {
+    printf("\npredicted and measured here (step: median of the measured steps after the first):\n");
+    printf("  %-17s %10s %10s %7s %12s %12s %11s %11s\n", "layout", "step ms", "measured", "ratio", "comm MB",
+           "measured", "memory MiB", "measured");
+    for (int i = 0; i < n; i++) {
+        const Plan *p = &plans[i];
+        if (!p->measured) continue;
+        printf("  %-17s %10.2f %10.2f %7.2f %12.4f %12.4f %11.2f %11.2f%s\n", p->name, 1e3 * p->step_s,
+               1e3 * p->measured_step_s, p->measured_step_s / p->step_s, p->comm_bytes / 1e6,
+               p->measured_comm_bytes / 1e6, mib((double)p->memory_total), mib((double)p->measured_memory_total),
+               p->memory_agrees ? "" : "  (memory rows differ)");
+    }
+}
+
+// ---- the command line -------------------------------------------------------------------------
+
+typedef struct {
+    const char *cluster, *layout, *json, *calibrate;
+    int ranks, nodes, measure_steps, seq_len;
+    char **config_args;  // argv[0], then what is not the planner's: --config, --key=value
+    int n_config_args;
+} Options;
+
+static int positive_option(const char *arg, const char *name) {
+    char *end;
+    long v = strtol(arg, &end, 10);
+    if (*end || v < 1 || v > 1 << 20) fatal("command line: option '%s': expected a positive integer, found '%s'", name, arg);
+    return (int)v;
+}
+
+// the planner's own options; the rest is the config's, passed to config_load (and to the runs)
+static void parse_options(Options *o, int argc, char **argv) {
+    memset(o, 0, sizeof *o);
+    o->layout = "";
+    o->config_args = calloc_or_die((size_t)argc + 1, sizeof(char *));
+    o->config_args[o->n_config_args++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--cluster=", 10) == 0) o->cluster = a + 10;
+        else if (strncmp(a, "--layout=", 9) == 0) o->layout = a + 9;
+        else if (strncmp(a, "--json=", 7) == 0) o->json = a + 7;
+        else if (strncmp(a, "--calibrate=", 12) == 0) o->calibrate = a + 12;
+        else if (strncmp(a, "--ranks=", 8) == 0) o->ranks = positive_option(a + 8, "--ranks");
+        else if (strncmp(a, "--nodes=", 8) == 0) o->nodes = positive_option(a + 8, "--nodes");
+        else if (strncmp(a, "--seq_len=", 10) == 0) o->seq_len = positive_option(a + 10, "--seq_len");
+        else if (strcmp(a, "--measure") == 0) o->measure_steps = 6;
+        else if (strncmp(a, "--measure=", 10) == 0) o->measure_steps = positive_option(a + 10, "--measure");
+        else o->config_args[o->n_config_args++] = argv[i];
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--pingpong") == 0) {
+        pingpong(&argc, &argv);
+        return 0;
+    }
+    Options o;
+    parse_options(&o, argc, argv);
+    if (o.calibrate) {
+        calibrate_machine(o.calibrate, o.ranks ? o.ranks : 4, o.config_args, o.n_config_args);
+        return 0;
+    }
+    if (!o.cluster) fatal("command line: option '--cluster': expected a cluster description (configs/clusters/*.json "
+                          "or one --calibrate wrote), found none");
+    Cluster cluster;
+    cluster_load(&cluster, o.cluster);
+    if (o.nodes) cluster.nodes = o.nodes;
+    Config cfg;
+    config_load(&cfg, o.n_config_args, o.config_args, STAGE_DDP);
+    ops_set_half_format(config_half_format(&cfg));  // the memory report names fp16 or bf16 copies
+    Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
+    GPTConfig mc = model_shape(&cfg, tok);
+    ParamLayout layout;
+    gpt_layout(&layout, &mc);
+    int T = mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len;
+    if (o.seq_len && o.seq_len > T) fatal("command line: option '--seq_len': expected at most max_seq_len %d, found %d", T, o.seq_len);
+    Setup s = {.cfg = &cfg, .mc = &mc, .cluster = &cluster, .P = o.ranks ? o.ranks : cluster.nodes * cluster.gpus_per_node,
+               .T = o.seq_len ? o.seq_len : T, .flags = acts_flags(&cfg), .half = config_is_half(&cfg)};
+
+    enum { MAX_PLANS = 512 };
+    Plan *plans = calloc_or_die(MAX_PLANS, sizeof(Plan));
+    char why_not[400] = "";
+    int n = enumerate(&s, &layout, plans, MAX_PLANS, o.layout, why_not, sizeof why_not);
+    if (n == 0 && o.layout[0])
+        fatal("command line: option '--layout': %s cannot run on %d ranks: %s", o.layout, s.P,
+              why_not[0] ? why_not : "expected ddp, fsdp or x,y,z");
+    if (n == 0) fatal("%d ranks: no layout can run this config on them (%s)", s.P, why_not);
+    qsort(plans, (size_t)n, sizeof(Plan), by_step_time);
+    if (o.measure_steps) measure_plans(plans, n, s.P, o.config_args + 1, o.n_config_args - 1, o.measure_steps);
+    char why[400];
+    why_best(plans, n, why, sizeof why);
+    print_plan(&s, plans, n);
+    if (o.measure_steps) print_measured(plans, n);
+    printf("\n%s.\n", why);
+    if (o.json) write_json(o.json, &s, plans, n, why);
+    size_t smallest = plans[0].memory_total;
+    for (int i = 0; i < n; i++) smallest = plans[i].memory_total < smallest ? plans[i].memory_total : smallest;
+    if (!plans[0].fits)  // sorted: a layout that fits comes first
+        fatal("%s: no layout fits in %.1f GiB per GPU on %d ranks (the smallest needs %.2f GiB): add ranks, "
+              "shard (FSDP, z) or lower the batch", o.cluster, cluster.memory_bytes / 1073741824.0, s.P,
+              smallest / 1073741824.0);
+    free(plans);
+    gpt_layout_free(&layout);
+    tokenizer_free(tok);
+    free(o.config_args);
+    return 0;
+}
