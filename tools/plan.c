@@ -24,6 +24,7 @@
 #include "gpt.h"
 #include "log.h"
 #include "ops.h"
+#include "pipeline.h"
 #include "plan.h"
 #include "tokenizer.h"
 #include "tp_model.h"
@@ -35,6 +36,7 @@ typedef struct {
     int P, T;          // ranks; tokens per sequence
     int flags;         // ACTS_* of the config
     bool half;
+    int microbatches;  // pipelines: --microbatches (0: 4 per stage, or the most below that fit)
 } Setup;
 
 // ---- memory: the stages' own rows -------------------------------------------------------------
@@ -74,7 +76,8 @@ static Category category_of(const char *what) {
 static void add_comm(Plan *p, const char *group, const char *kind, double bytes, long calls, int n, int stride,
                      bool hideable) {
     if (n < 2 || bytes <= 0) return;  // a group of one rank communicates nothing (and is not called)
-    CostKind cost = strcmp(kind, "all-reduce") == 0 ? COST_ALL_REDUCE : COST_GATHER_SCATTER;
+    bool p2p = strncmp(kind, "send", 4) == 0 || strcmp(kind, "recv") == 0;
+    CostKind cost = p2p ? COST_POINT_TO_POINT : strcmp(kind, "all-reduce") == 0 ? COST_ALL_REDUCE : COST_GATHER_SCATTER;
     p->comm[p->n_comm++] = (Collective){.group = group, .kind = kind, .bytes = bytes, .calls = calls, .n = n,
                                         .stride = stride, .cost = cost, .hideable = hideable};
     p->comm_bytes += bytes;
@@ -132,7 +135,7 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout) {
 static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     int X = dims[0], Y = dims[1], Z = dims[2], D = s->P / (X * Y * Z);
     snprintf(p->name, sizeof p->name, "TP [%d,%d,%d] x %d", X, Y, Z, D);
-    snprintf(p->args, sizeof p->args, "--tp_dimensions=%d,%d,%d", X, Y, Z);
+    snprintf(p->args[p->n_args++], sizeof p->args[0], "--tp_dimensions=%d,%d,%d", X, Y, Z);
     p->stage = 5;
     memcpy(p->dims, dims, sizeof p->dims);
     p->dp = D;
@@ -164,6 +167,54 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     tp_model_free(&m);
 }
 
+// Stage 07 on pp stages x dp replicas (rank = replica * pp + stage), m micro-batches per step:
+// rank 0 is stage 0 of replica 0, sized by the stage's own stage_blocks, gpt_layout_range and
+// pipe_slots. Its messages go to stage 1 only: an activation after each forward, a gradient
+// before each backward, A = rows x T x C floats each. Where a forward's send is followed by a
+// backward's receive they travel as one send-recv, counted as the message sent (comm.h); the
+// op order is the stage's pipe_schedule. Per step also: wte's gradient all-reduced between the
+// first and last stage (GPT-2's tied lm_head), and the stage's gradients over the replicas.
+static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
+    int dp = s->P / pp, L = s->mc->n_layer, first, blocks;
+    snprintf(p->name, sizeof p->name, "PP %d x %d, %.5s m%d", pp, dp, s->cfg->pp_schedule, m);
+    snprintf(p->args[p->n_args++], sizeof p->args[0], "--pp_size=%d", pp);
+    snprintf(p->args[p->n_args++], sizeof p->args[0], "--num_microbatches=%d", m);
+    snprintf(p->args[p->n_args++], sizeof p->args[0], "--gradient_acc_steps=1");
+    p->stage = 7, p->pp = pp, p->microbatches = m, p->dp = dp;
+    stage_blocks(L, pp, 0, &first, &blocks);
+    ParamLayout layout;
+    gpt_layout_range(&layout, s->mc, first, blocks, true, pp == 1);
+    size_t n = layout.num_params, bytes = n * sizeof(float);
+    int rows = s->cfg->global_batch_size / dp / m;
+    ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
+    spec.first_layer = first, spec.n_layers = blocks, spec.embed = true, spec.head = pp == 1;
+    // 07_pipeline_parallel/train.c's report (its parameters are labelled fp32 master in every precision)
+    add_memory(p, "parameters (fp32 master)", bytes);
+    add_memory(p, copy_label(s->cfg), s->half ? n * sizeof(bf16) : 0);
+    add_memory(p, "gradients (fp32)", bytes);
+    add_memory(p, "AdamW m and v (fp32)", 2 * bytes);
+    add_memory(p, activations_label(s->cfg), (size_t)pipe_slots(s->cfg->pp_schedule, m, pp, 0) * acts_bytes(&spec));
+    gpt_layout_free(&layout);
+
+    PipeOp *ops = calloc_or_die(2 * (size_t)m, sizeof *ops);
+    int n_ops = pipe_schedule(ops, s->cfg->pp_schedule, m, pp, 0);
+    long sends = 0, send_recvs = 0, recvs = 0;
+    for (int k = 0; k < n_ops && pp > 1; k++) {
+        bool fused_before = k > 0 && !ops[k - 1].backward && ops[k].backward;
+        bool fused_after = k + 1 < n_ops && !ops[k].backward && ops[k + 1].backward;
+        if (!ops[k].backward) fused_after ? send_recvs++ : sends++;
+        else if (!fused_before) recvs++;
+    }
+    free(ops);
+    double A = (double)rows * s->T * s->mc->n_embd * sizeof(float);
+    add_comm(p, "pipeline", "send", sends * A, sends, 2, 1, false);
+    add_comm(p, "pipeline", "send-recv", send_recvs * A, send_recvs, 2, 1, false);
+    add_comm(p, "pipeline", "recv", recvs * A, recvs, 2, 1, false);
+    add_comm(p, "tied-wte", "all-reduce", pp > 1 ? (double)s->mc->padded_vocab_size * s->mc->n_embd * sizeof(float) : 0,
+             1, 2, pp - 1, false);
+    add_comm(p, "replicas", "all-reduce", (double)bytes, 1, dp, pp, false);
+}
+
 // ---- time: compute, communication, what hides under what ---------------------------------------
 
 // Compute: the model's FLOPs (trainer.h's flops_per_token, plus one more forward of the blocks
@@ -183,6 +234,8 @@ static void predict_time(const Setup *s, Plan *p) {
     double share = c->cores && s->P > c->cores ? (double)c->cores / s->P : 1.0;
     double peak = s->half ? c->peak_flops_16 : c->peak_flops_f32;
     p->compute_s = flops / (peak * c->efficiency * share);
+    // a pipeline's bubble: filling and draining pp stages idles (pp - 1) / m of the ideal time
+    p->bubble_s = p->stage == 7 ? p->compute_s * (p->pp - 1) / p->microbatches : 0;
     double backward = p->compute_s * 2.0 / 3.0, hideable = 0, shown_anyway = 0;
     p->comm_s = p->exposed_s = 0;
     for (int i = 0; i < p->n_comm; i++) {
@@ -201,7 +254,7 @@ static void predict_time(const Setup *s, Plan *p) {
     double cover = p->stage == 3 ? backward : p->compute_s;  // DDP's buckets fill during backward only
     double hidden_exposed = hideable - cover > shown_anyway ? hideable - cover : shown_anyway;
     p->exposed_s += hideable > 0 ? hidden_exposed : 0;
-    p->step_s = p->compute_s + p->exposed_s;
+    p->step_s = p->compute_s + p->bubble_s + p->exposed_s;
     p->tokens_per_s = tokens / p->step_s;
     p->fits = (double)p->memory_total <= c->memory_bytes;
 }
@@ -236,8 +289,27 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
                 if (n == max) fatal("internal: more than %d layouts", max);
                 plan_tp(s, &plans[n++], dims);
             }
+    for (int pp = 2; pp <= s->P && tp_modelled; pp++) {
+        char name[16], why[320];
+        snprintf(name, sizeof name, "pp%d", pp);
+        if (!any && strcmp(only, name) != 0) continue;
+        // the config's micro-batches when the planner is given them, else 4 per stage where they fit
+        Config pipe = *cfg;
+        pipe.pp_size = pp;
+        pipe.num_microbatches = s->microbatches ? s->microbatches : 4 * pp;
+        while (!s->microbatches && pipe.num_microbatches > 1 && s->P % pp == 0 &&
+               cfg->global_batch_size % (s->P / pp * pipe.num_microbatches) != 0)
+            pipe.num_microbatches--;
+        if (!pipe_grid_fits(&pipe, s->P, s->mc->n_layer, why, sizeof why)) {
+            if (!why_not[0] || !any) snprintf(why_not, why_size, "%s", why);
+            continue;
+        }
+        if (n == max) fatal("internal: more than %d layouts", max);
+        plan_pipeline(s, &plans[n++], pp, pipe.num_microbatches);
+    }
     if (!tp_modelled && !why_not[0])
-        snprintf(why_not, why_size, "tensor-parallel layouts are planned for GPT-2 without activation_checkpointing");
+        snprintf(why_not, why_size, "tensor-parallel and pipeline layouts are planned for GPT-2 without "
+                 "activation_checkpointing");
     for (int i = 0; i < n; i++) predict_time(s, &plans[i]);
     return n;
 }
@@ -324,9 +396,11 @@ static void write_json(const char *path, const Setup *s, const Plan *plans, int 
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "name", p->name);
         cJSON_AddNumberToObject(j, "stage", p->stage);
-        cJSON_AddStringToObject(j, "args", p->args);
+        cJSON *args = cJSON_AddArrayToObject(j, "args");
+        for (int k = 0; k < p->n_args; k++) cJSON_AddItemToArray(args, cJSON_CreateString(p->args[k]));
         cJSON_AddNumberToObject(j, "dp", p->dp);
         if (p->stage == 5) cJSON_AddItemToObject(j, "tp_dimensions", cJSON_CreateIntArray(p->dims, 3));
+        if (p->stage == 7) cJSON_AddNumberToObject(j, "pp", p->pp), cJSON_AddNumberToObject(j, "microbatches", p->microbatches);
         cJSON *mem = cJSON_AddObjectToObject(j, "memory");
         cJSON *cats = cJSON_AddObjectToObject(j, "memory_by_category");
         double cat[CATS] = {0};
@@ -354,6 +428,7 @@ static void write_json(const char *path, const Setup *s, const Plan *plans, int 
         }
         cJSON_AddNumberToObject(j, "comm_bytes", p->comm_bytes);
         cJSON_AddNumberToObject(j, "compute_s", p->compute_s);
+        cJSON_AddNumberToObject(j, "bubble_s", p->bubble_s);
         cJSON_AddNumberToObject(j, "comm_s", p->comm_s);
         cJSON_AddNumberToObject(j, "exposed_comm_s", p->exposed_s);
         cJSON_AddNumberToObject(j, "step_s", p->step_s);
@@ -393,7 +468,7 @@ static void print_measured(const Plan *plans, int n) {
 
 typedef struct {
     const char *cluster, *layout, *json, *calibrate;
-    int ranks, nodes, measure_steps, seq_len;
+    int ranks, nodes, measure_steps, seq_len, microbatches;
     char **config_args;  // argv[0], then what is not the planner's: --config, --key=value
     int n_config_args;
 } Options;
@@ -420,6 +495,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (strncmp(a, "--ranks=", 8) == 0) o->ranks = positive_option(a + 8, "--ranks");
         else if (strncmp(a, "--nodes=", 8) == 0) o->nodes = positive_option(a + 8, "--nodes");
         else if (strncmp(a, "--seq_len=", 10) == 0) o->seq_len = positive_option(a + 10, "--seq_len");
+        else if (strncmp(a, "--microbatches=", 15) == 0) o->microbatches = positive_option(a + 15, "--microbatches");
         else if (strcmp(a, "--measure") == 0) o->measure_steps = 6;
         else if (strncmp(a, "--measure=", 10) == 0) o->measure_steps = positive_option(a + 10, "--measure");
         else o->config_args[o->n_config_args++] = argv[i];
@@ -452,7 +528,8 @@ int main(int argc, char **argv) {
     int T = mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len;
     if (o.seq_len && o.seq_len > T) fatal("command line: option '--seq_len': expected at most max_seq_len %d, found %d", T, o.seq_len);
     Setup s = {.cfg = &cfg, .mc = &mc, .cluster = &cluster, .P = o.ranks ? o.ranks : cluster.nodes * cluster.gpus_per_node,
-               .T = o.seq_len ? o.seq_len : T, .flags = acts_flags(&cfg), .half = config_is_half(&cfg)};
+               .T = o.seq_len ? o.seq_len : T, .flags = acts_flags(&cfg), .half = config_is_half(&cfg),
+               .microbatches = o.microbatches};
 
     enum { MAX_PLANS = 512 };
     Plan *plans = calloc_or_die(MAX_PLANS, sizeof(Plan));
@@ -460,7 +537,7 @@ int main(int argc, char **argv) {
     int n = enumerate(&s, &layout, plans, MAX_PLANS, o.layout, why_not, sizeof why_not);
     if (n == 0 && o.layout[0])
         fatal("command line: option '--layout': %s cannot run on %d ranks: %s", o.layout, s.P,
-              why_not[0] ? why_not : "expected ddp, fsdp or x,y,z");
+              why_not[0] ? why_not : "expected ddp, fsdp, x,y,z (a tensor-parallel grid) or ppN (N pipeline stages)");
     if (n == 0) fatal("%d ranks: no layout can run this config on them (%s)", s.P, why_not);
     qsort(plans, (size_t)n, sizeof(Plan), by_step_time);
     if (o.measure_steps) measure_plans(plans, n, s.P, o.config_args + 1, o.n_config_args - 1, o.measure_steps);

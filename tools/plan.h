@@ -23,13 +23,15 @@ typedef struct {
     bool intra;                // stays on one node
 } Collective;
 
-enum { PLAN_MAX_MEMORY = 8, PLAN_MAX_COMM = 8 };
+enum { PLAN_MAX_MEMORY = 8, PLAN_MAX_COMM = 10 };
 
 typedef struct {
     char name[48];            // "DDP", "FSDP", "TP [2,2,1] x 1"
     int stage;                // the binary that runs it: build/stage-N
-    char args[64];            // what it adds to the config: "--tp_dimensions=2,2,1"
+    char args[3][48];         // what it adds to the config: "--tp_dimensions=2,2,1"
+    int n_args;
     int dims[3], dp;
+    int pp, microbatches;     // pipelines: stages, micro-batches per step
     MemoryItem memory[PLAN_MAX_MEMORY];  // rank 0's memory report, row for row
     int n_memory;
     size_t memory_total;
@@ -37,7 +39,7 @@ typedef struct {
     Collective comm[PLAN_MAX_COMM];
     int n_comm;
     double comm_bytes;        // per step: what metrics.jsonl's comm_bytes counts
-    double compute_s, comm_s, exposed_s, step_s, tokens_per_s;
+    double compute_s, bubble_s, comm_s, exposed_s, step_s, tokens_per_s;
     // --measure
     bool measured;
     double measured_step_s, measured_comm_bytes;

@@ -45,14 +45,14 @@ static void append_quoted(char *cmd, size_t size, const char *arg) {
     cmd[len] = 0;
 }
 
-// runs `np` ranks of build/stage-<stage> with the config arguments, `extra` (one argument or "")
-// and the short-run keys, writing dir/ and dir.log; fatal with the log's name when it fails
-static void run_stage(int np, int stage, char **config_args, int n_config_args, const char *extra, int steps,
-                      const char *dir) {
+// runs `np` ranks of build/stage-<stage> with the config arguments, the layout's (extra) and the
+// short-run keys, writing dir/ and dir.log; fatal with the log's name when it fails
+static void run_stage(int np, int stage, char **config_args, int n_config_args, char (*extra)[48], int n_extra,
+                      int steps, const char *dir) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s -np %d build/stage-%d", mpirun(), np, stage);
     for (int i = 0; i < n_config_args; i++) append_quoted(cmd, sizeof cmd, config_args[i]);
-    if (extra[0]) append_quoted(cmd, sizeof cmd, extra);
+    for (int i = 0; i < n_extra; i++) append_quoted(cmd, sizeof cmd, extra[i]);
     char keys[1200];
     snprintf(keys, sizeof keys, " --stop_iteration=%d --eval_batches=0 --eval_interval=0 --checkpoint_interval=0 "
              "--log_interval=1000 --out_dir=", steps);
@@ -64,7 +64,7 @@ static void run_stage(int np, int stage, char **config_args, int n_config_args, 
     append_quoted(cmd, sizeof cmd, log);
     strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
     int rc = system(cmd);
-    if (rc != 0) fatal("build/stage-%d on %d ranks (%s) failed (status %d): see %s", stage, np, extra, rc, log);
+    if (rc != 0) fatal("build/stage-%d on %d ranks failed (status %d): see %s", stage, np, rc, log);
 }
 
 static cJSON *read_json(const char *path) {
@@ -135,8 +135,9 @@ void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_conf
         snprintf(dir, sizeof dir, "%s/%s", out_root(), p->stage == 3 ? "ddp" : p->stage == 4 ? "fsdp" : "");
         if (p->stage == 5)
             snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "tp-%d-%d-%d", p->dims[0], p->dims[1], p->dims[2]);
+        if (p->stage == 7) snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "pp-%d-m%d", p->pp, p->microbatches);
         fprintf(stderr, "measuring %s: %d ranks, %d steps ...\n", p->name, ranks, steps);
-        run_stage(ranks, p->stage, config_args, n_config_args, p->args, steps, dir);
+        run_stage(ranks, p->stage, config_args, n_config_args, p->args, p->n_args, steps, dir);
         p->measured_step_s = median_after_first(dir, "ms", &p->measured_comm_bytes) / 1e3;
         compare_memory(p, dir);
         p->measured = true;
@@ -202,7 +203,7 @@ static double measure_efficiency(char **config_args, int n_config_args, double p
     snprintf(dir, sizeof dir, "%s/calibrate", out_root());
     mkdir("out", 0755);
     mkdir(out_root(), 0755);
-    run_stage(1, 3, config_args, n_config_args, "", 6, dir);
+    run_stage(1, 3, config_args, n_config_args, NULL, 0, 6, dir);
     return median_after_first(dir, "mfu", NULL);
 }
 
