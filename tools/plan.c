@@ -157,7 +157,7 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     double blocks = (double)(m.qkv.block + m.proj.block + m.fc.block + m.fcproj.block), wte = (double)m.head.block;
     double gathers = wte * fl + (2 * wte + 2 * L * blocks) * (s->half ? sizeof(bf16) : fl);
     // ranks: y fastest, then x, z, data (tp_linear.h); calls: the stage's, for the latency term
-    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(8 * L + 3), Y, 1, false);
+    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(10 * L + 4), Y, 1, false);
     add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)(4 * L + 3), X, Y, false);
     add_comm(p, "x", "all-gather", acc * N * x_gather * fl, acc, X, Y, false);
     add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + 8 * L), Z, X * Y, overlap);
@@ -233,7 +233,8 @@ static void predict_time(const Setup *s, Plan *p) {
     if (s->flags & ACTS_RECOMPUTE) flops *= 8.0 / 6.0;
     double share = c->cores && s->P > c->cores ? (double)c->cores / s->P : 1.0;
     double peak = s->half ? c->peak_flops_16 : c->peak_flops_f32;
-    p->compute_s = flops / (peak * c->efficiency * share);
+    double efficiency = c->stage_efficiency[p->stage] ? c->stage_efficiency[p->stage] : c->efficiency;
+    p->compute_s = flops / (peak * efficiency * share);
     // a pipeline's bubble: filling and draining pp stages idles (pp - 1) / m of the ideal time
     p->bubble_s = p->stage == 7 ? p->compute_s * (p->pp - 1) / p->microbatches : 0;
     double backward = p->compute_s * 2.0 / 3.0, hideable = 0, shown_anyway = 0;

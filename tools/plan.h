@@ -53,9 +53,10 @@ void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_conf
 
 // --calibrate: writes a cluster description of this machine to `path`: matmul FLOP/s
 // (ops_peak_flops, as the stages measure it), the model's efficiency (stage 03 on one rank with
-// config_args), MPI latency and bandwidth between two ranks (a ping-pong, --pingpong)
+// config_args), MPI latency and bandwidth between ranks (ping-pongs in pairs, --pingpong)
 void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args);
-// the ping-pong itself, under mpirun -np 2: prints "latency_us L bandwidth_GBps B" on rank 0
+// the ping-pong itself, under mpirun with an even number of ranks, in pairs: prints
+// "latency_us L bandwidth_GBps B" (rank 0's pair) on rank 0
 void pingpong(int *argc, char ***argv);
 
 #endif

@@ -56,14 +56,14 @@ static Link link_of(const Cluster *c, const cJSON *root, const char *key) {
 
 // every key a description may hold: another is a typo, refused as the stages refuse one
 static const char *const KEYS[] = {"name", "source", "nodes", "gpus_per_node", "peak_tflops", "efficiency",
-                                   "memory_gib", "intra_node", "inter_node", "overlaps_compute", "cores"};
+                                   "memory_gib", "intra_node", "inter_node", "overlaps_compute", "cores", "stage_efficiency"};
 
 static void refuse_unknown_keys(const Cluster *c, const cJSON *root) {
     for (const cJSON *k = root->child; k; k = k->next) {
         bool known = false;
         for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++) known |= strcmp(k->string, KEYS[i]) == 0;
         if (!known) fatal("%s: key '%s': expected one of name, source, nodes, gpus_per_node, peak_tflops, "
-                          "efficiency, memory_gib, intra_node, inter_node, overlaps_compute, cores; "
+                          "efficiency, stage_efficiency, memory_gib, intra_node, inter_node, overlaps_compute, cores; "
                           "found an unknown key", c->path, k->string);
     }
 }
@@ -94,6 +94,17 @@ void cluster_load(Cluster *c, const char *path) {
         fatal("%s: key 'overlaps_compute': expected true or false, found %s", path, found(overlaps, buf, sizeof buf));
     c->overlaps = cJSON_IsTrue(overlaps);
     if (cJSON_GetObjectItemCaseSensitive(root, "cores")) c->cores = (int)number(c, root, "cores", "cores", 1, 1e6);
+    // {"3": 0.54, "5": 0.44}: each stage's own, where the stages reach different shares of peak
+    if (cJSON_GetObjectItemCaseSensitive(root, "stage_efficiency")) {
+        const cJSON *per = object(c, root, "stage_efficiency");
+        for (const cJSON *e = per->child; e; e = e->next) {
+            int stage = atoi(e->string);
+            char where[64];
+            snprintf(where, sizeof where, "stage_efficiency.%s", e->string);
+            if (stage < 1 || stage > 7) fatal("%s: key '%s': expected a stage from 1 to 7, found '%s'", path, where, e->string);
+            c->stage_efficiency[stage] = number(c, per, e->string, where, 1e-4, 1);
+        }
+    }
     cJSON_Delete(root);
     free(json);
 }

@@ -53,11 +53,12 @@ static void run_stage(int np, int stage, char **config_args, int n_config_args, 
     snprintf(cmd, sizeof cmd, "%s -np %d build/stage-%d", mpirun(), np, stage);
     for (int i = 0; i < n_config_args; i++) append_quoted(cmd, sizeof cmd, config_args[i]);
     for (int i = 0; i < n_extra; i++) append_quoted(cmd, sizeof cmd, extra[i]);
-    char keys[1200];
+    char keys[200], out_dir[600];
     snprintf(keys, sizeof keys, " --stop_iteration=%d --eval_batches=0 --eval_interval=0 --checkpoint_interval=0 "
-             "--log_interval=1000 --out_dir=", steps);
+             "--log_interval=1000", steps);
     strncat(cmd, keys, sizeof cmd - strlen(cmd) - 1);
-    append_quoted(cmd, sizeof cmd, dir);
+    snprintf(out_dir, sizeof out_dir, "--out_dir=%s", dir);
+    append_quoted(cmd, sizeof cmd, out_dir);
     strncat(cmd, " >", sizeof cmd - strlen(cmd) - 1);
     char log[600];
     snprintf(log, sizeof log, "%s.log", dir);
@@ -148,8 +149,10 @@ void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_conf
 
 void pingpong(int *argc, char ***argv) {
     Comm *world = comm_init(argc, argv);
-    int rank = comm_rank(world);
-    if (comm_size(world) != 2) fatal("--pingpong: expected 2 ranks (mpirun -np 2), found %d", comm_size(world));
+    int rank = comm_rank(world), peer = rank ^ 1;
+    // every pair (0, 1), (2, 3), ... at once: with as many ranks as the runs, ranks that share a
+    // core (more ranks than cores) pay for it here as they will there
+    if (comm_size(world) % 2) fatal("--pingpong: expected an even number of ranks, found %d", comm_size(world));
     enum { SMALL_TRIES = 200, BIG_TRIES = 20 };
     size_t big = 1 << 20;  // floats: 4 MiB, where the bandwidth term dominates
     float *buf = calloc_or_die(big, sizeof(float));
@@ -159,12 +162,12 @@ void pingpong(int *argc, char ***argv) {
         int tries = k ? BIG_TRIES : SMALL_TRIES;
         for (int i = 0; i < tries; i++) {
             double t0 = wall_seconds();
-            if (rank == 0) {
-                comm_send(world, buf, count, 1);
-                comm_recv(world, buf, count, 1);
+            if (rank % 2 == 0) {
+                comm_send(world, buf, count, peer);
+                comm_recv(world, buf, count, peer);
             } else {
-                comm_recv(world, buf, count, 0);
-                comm_send(world, buf, count, 0);
+                comm_recv(world, buf, count, peer);
+                comm_send(world, buf, count, peer);
             }
             (k ? big_rtt : small_rtt)[i] = wall_seconds() - t0;
         }
@@ -179,9 +182,9 @@ void pingpong(int *argc, char ***argv) {
     comm_finalize(world);
 }
 
-static void measure_link(double *latency_us, double *bandwidth_gbps) {
+static void measure_link(int ranks, double *latency_us, double *bandwidth_gbps) {
     char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s -np 2 build/plan --pingpong", mpirun());
+    snprintf(cmd, sizeof cmd, "%s -np %d build/plan --pingpong", mpirun(), ranks % 2 ? ranks + 1 : ranks);
     FILE *p = popen(cmd, "r");
     if (!p) fatal("cannot start '%s'", cmd);
     char line[256];
@@ -192,19 +195,25 @@ static void measure_link(double *latency_us, double *bandwidth_gbps) {
     if (rc != 0 || !got) fatal("'%s' failed (status %d) or printed no 'latency_us ... bandwidth_GBps ...' line", cmd, rc);
 }
 
-// the model's efficiency: stage 03's median MFU on one rank against the peak just measured
-static double measure_efficiency(char **config_args, int n_config_args, double peak_f32, double peak_16) {
+// Each stage's efficiency: its median MFU on one rank, against the peak just measured (the
+// stages differ: stage 05's layers and stage 07's schedule cost more than stage 03's loop).
+// Stage 05 runs the [1, 1, 1] grid, stage 07 one stage.
+static void measure_efficiency(char **config_args, int n_config_args, double peak_f32, double peak_16,
+                               double efficiency[8]) {
     char text[64];
     snprintf(text, sizeof text, "%.6e", peak_f32);
     setenv("OPS_PEAK_FLOPS_F32", text, 1);
     snprintf(text, sizeof text, "%.6e", peak_16);
     setenv("OPS_PEAK_FLOPS_BF16", text, 1);
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/calibrate", out_root());
     mkdir("out", 0755);
     mkdir(out_root(), 0755);
-    run_stage(1, 3, config_args, n_config_args, NULL, 0, 6, dir);
-    return median_after_first(dir, "mfu", NULL);
+    static const int stages[] = {3, 4, 5, 7};
+    for (int i = 0; i < 4; i++) {
+        char dir[512], keys[1][48] = {"--gradient_acc_steps=1"};
+        snprintf(dir, sizeof dir, "%s/calibrate-stage-%d", out_root(), stages[i]);
+        run_stage(1, stages[i], config_args, n_config_args, keys, stages[i] == 7, 6, dir);
+        efficiency[stages[i]] = median_after_first(dir, "mfu", NULL);
+    }
 }
 
 static size_t memory_total_bytes(void) {
@@ -216,8 +225,9 @@ void calibrate_machine(const char *path, int ranks, char **config_args, int n_co
     ops_init();
     double peak_f32 = ops_peak_flops(0), peak_16 = ops_peak_flops(1);
     double latency_us, bandwidth_gbps;
-    measure_link(&latency_us, &bandwidth_gbps);
-    double efficiency = measure_efficiency(config_args + 1, n_config_args - 1, peak_f32, peak_16);
+    measure_link(ranks, &latency_us, &bandwidth_gbps);
+    double efficiency[8] = {0};
+    measure_efficiency(config_args + 1, n_config_args - 1, peak_f32, peak_16, efficiency);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     char host[128] = "localhost", when[64];
     gethostname(host, sizeof host - 1);
@@ -229,16 +239,23 @@ void calibrate_machine(const char *path, int ranks, char **config_args, int n_co
     cJSON_AddStringToObject(c, "name", name);
     char source[1024];
     snprintf(source, sizeof source, "measured by build/plan --calibrate on %s: matmul peak as the stages measure it "
-             "(ops_peak_flops: %s); efficiency = stage 03's median MFU on one rank over steps 2-6; link = "
-             "median MPI ping-pong between 2 ranks (1 float for latency, 4 MiB for bandwidth)", when,
-             ops_peak_flops_source(0));
+             "(ops_peak_flops: %s); efficiency = each stage's median MFU on one rank over steps 2-6; link = "
+             "median MPI ping-pong between the pairs of %d ranks at once (1 float for latency, 4 MiB for "
+             "bandwidth)", when, ops_peak_flops_source(0), ranks % 2 ? ranks + 1 : ranks);
     cJSON_AddStringToObject(c, "source", source);
     cJSON_AddNumberToObject(c, "nodes", 1);
     cJSON_AddNumberToObject(c, "gpus_per_node", ranks);
     cJSON *peak = cJSON_AddObjectToObject(c, "peak_tflops");
     cJSON_AddNumberToObject(peak, "fp32", peak_f32 / 1e12);
     cJSON_AddNumberToObject(peak, "bf16", peak_16 / 1e12);
-    cJSON_AddNumberToObject(c, "efficiency", efficiency);
+    cJSON_AddNumberToObject(c, "efficiency", efficiency[3]);
+    cJSON *per = cJSON_AddObjectToObject(c, "stage_efficiency");
+    for (int st = 1; st < 8; st++)
+        if (efficiency[st] > 0) {
+            char key[4];
+            snprintf(key, sizeof key, "%d", st);
+            cJSON_AddNumberToObject(per, key, efficiency[st]);
+        }
     cJSON_AddNumberToObject(c, "memory_gib", (double)memory_total_bytes() / ranks / 1073741824.0);
     for (int k = 0; k < 2; k++) {  // one node: the inter-node link is never crossed; the same figures
         cJSON *l = cJSON_AddObjectToObject(c, k ? "inter_node" : "intra_node");
@@ -252,8 +269,8 @@ void calibrate_machine(const char *path, int ranks, char **config_args, int n_co
     char *text = cJSON_Print(c);
     FILE *f = fopen_or_die(path, "w");
     if (!text || fputs(text, f) == EOF || fclose(f) != 0) fatal("%s: cannot write the cluster description", path);
-    printf("wrote %s: %.3g GFLOP/s fp32 (%.3g 16-bit), efficiency %.2f, %.2f us, %.2f GB/s between ranks, %ld cores\n",
-           path, peak_f32 / 1e9, peak_16 / 1e9, efficiency, latency_us, bandwidth_gbps, cores);
+    printf("wrote %s: %.3g GFLOP/s fp32 (%.3g 16-bit), efficiency %.2f (stage 03), %.2f us, %.2f GB/s between ranks, %ld cores\n",
+           path, peak_f32 / 1e9, peak_16 / 1e9, efficiency[3], latency_us, bandwidth_gbps, cores);
     free(text);
     cJSON_Delete(c);
 }
