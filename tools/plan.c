@@ -6,8 +6,9 @@
 // step time and tokens/s. Sorted by step time, with why the best layout wins.
 //
 //   build/plan --cluster=configs/clusters/h100-sxm.json --config configs/tiny.json [--key=value ...]
-//   options: --ranks=P (default: the cluster's nodes x gpus_per_node), --nodes=N, --layout=ddp|fsdp|X,Y,Z
-//            (only that one), --json=FILE (the plan as data), --measure[=STEPS] (run each layout
+//   options: --ranks=P (default: the cluster's nodes x gpus_per_node), --nodes=N, --layout=L[+L...]
+//            (only those: ddp, fsdp, X,Y,Z a tensor-parallel grid, ppN N pipeline stages),
+//            --microbatches=M (pipelines; default 4 per stage, or the most below that fit), --json=FILE (the plan as data), --measure[=STEPS] (run each layout
 //            here with mpirun and print predicted and measured side by side), --calibrate=FILE
 //            (describe this machine), --seq_len=T (tokens per sequence; default max_seq_len)
 //
@@ -262,6 +263,15 @@ static void predict_time(const Setup *s, Plan *p) {
 
 // ---- the layouts ------------------------------------------------------------------------------
 
+// whether `name` is one of the '+'-separated layouts of `only` ("ddp+2,2,1"; "": every layout)
+static bool wanted(const char *only, const char *name) {
+    if (!only[0]) return true;
+    size_t n = strlen(name);
+    for (const char *p = only; p; p = strchr(p, '+') ? strchr(p, '+') + 1 : NULL)
+        if (strncmp(p, name, n) == 0 && (p[n] == '+' || p[n] == '\0')) return true;
+    return false;
+}
+
 // every layout the stages can run on P ranks with this config; why_not: the first reason one did
 // not fit, for the error when none does
 static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int max, const char *only,
@@ -273,8 +283,8 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
         snprintf(why_not, why_size, "DDP and FSDP: global_batch_size %d does not split into %d ranks x %d "
                  "micro-batches", cfg->global_batch_size, s->P, cfg->gradient_acc_steps);
     bool any = !only[0];
-    if (batch_splits && (any || strcmp(only, "ddp") == 0)) plan_ddp(s, &plans[n++], layout);
-    if (batch_splits && (any || strcmp(only, "fsdp") == 0)) plan_fsdp(s, &plans[n++], layout);
+    if (batch_splits && wanted(only, "ddp")) plan_ddp(s, &plans[n++], layout);
+    if (batch_splits && wanted(only, "fsdp")) plan_fsdp(s, &plans[n++], layout);
     bool tp_modelled = gpt_arch(s->mc) == &ARCH_GPT2 && !(s->flags & ACTS_RECOMPUTE);
     for (int X = 1; X <= s->P && tp_modelled; X++)
         for (int Y = 1; X * Y <= s->P; Y++)
@@ -282,7 +292,7 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
                 int dims[3] = {X, Y, Z};
                 char name[48], why[320];
                 snprintf(name, sizeof name, "%d,%d,%d", X, Y, Z);
-                if (!any && strcmp(only, name) != 0) continue;
+                if (!wanted(only, name)) continue;
                 if (!tp_grid_fits(s->mc, dims, s->P, cfg->global_batch_size, cfg->gradient_acc_steps, why, sizeof why)) {
                     if (!why_not[0] || !any) snprintf(why_not, why_size, "%s", why);
                     continue;
@@ -293,7 +303,7 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
     for (int pp = 2; pp <= s->P && tp_modelled; pp++) {
         char name[16], why[320];
         snprintf(name, sizeof name, "pp%d", pp);
-        if (!any && strcmp(only, name) != 0) continue;
+        if (!wanted(only, name)) continue;
         // the config's micro-batches when the planner is given them, else 4 per stage where they fit
         Config pipe = *cfg;
         pipe.pp_size = pp;
@@ -536,7 +546,10 @@ int main(int argc, char **argv) {
     Plan *plans = calloc_or_die(MAX_PLANS, sizeof(Plan));
     char why_not[400] = "";
     int n = enumerate(&s, &layout, plans, MAX_PLANS, o.layout, why_not, sizeof why_not);
-    if (n == 0 && o.layout[0])
+    int named = 0;  // layouts --layout names: each must run
+    for (const char *c = o.layout; *c; c++) named += *c == '+';
+    named += o.layout[0] != '\0';
+    if (n < named)
         fatal("command line: option '--layout': %s cannot run on %d ranks: %s", o.layout, s.P,
               why_not[0] ? why_not : "expected ddp, fsdp, x,y,z (a tensor-parallel grid) or ppN (N pipeline stages)");
     if (n == 0) fatal("%d ranks: no layout can run this config on them (%s)", s.P, why_not);
