@@ -83,6 +83,8 @@ same g211d2 4 2,1,1 --vocab_parallel_loss=false
 same ddp2h 2 ddp --precision=bf16-mixed
 same fsdp2h 2 fsdp --precision=bf16-mixed --overlap_communication=true
 same g112h 2 1,1,2 --precision=16-mixed
+# a config written for another strategy (stage 05's, with its grid) plans and runs every layout
+same from_axonn 2 ddp --strategy=axonn --tp_dimensions=2,1,1
 # pipelines: rank 0's sends, send-recvs (a send followed by a receive) and receives follow the schedule
 same pp2_1f1b 2 pp2 --microbatches=4 --pp_schedule=1f1b
 same pp2_gpipe 2 pp2 --microbatches=4 --pp_schedule=gpipe

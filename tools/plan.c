@@ -17,9 +17,12 @@
 // metrics.jsonl exactly when every sequence of a batch is T tokens long (a batch is padded to its
 // longest sequence: shorter batches move fewer activation bytes over x and y). Pipeline layouts
 // (stage 07) and experts (stage 08) are not planned yet.
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "fsdp.h"
 #include "gpt.h"
@@ -41,6 +44,24 @@ typedef struct {
 } Setup;
 
 // ---- memory: the stages' own rows -------------------------------------------------------------
+
+// one key the layout's run adds to the config
+static void add_arg(Plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_arg(Plan *p, const char *fmt, ...) {
+    if (p->n_args == (int)(sizeof p->args / sizeof p->args[0])) fatal("internal: too many keys for %s", p->name);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->args[p->n_args++], sizeof p->args[0], fmt, ap);
+    va_end(ap);
+}
+
+// The run's strategy, and the other strategies' layout keys set back to none, so that any config
+// (configs/axonn.json names axonn and [2, 2, 1]) runs every layout
+static void add_strategy(Plan *p, const char *strategy) {
+    add_arg(p, "--strategy=%s", strategy);
+    if (p->stage != 5) add_arg(p, "--tp_dimensions=1,1,1");
+    if (p->stage != 7) add_arg(p, "--pp_size=1"), add_arg(p, "--num_microbatches=1");
+}
 
 static void add_memory(Plan *p, const char *what, size_t bytes) {
     p->memory[p->n_memory++] = (MemoryItem){what, bytes};
@@ -87,6 +108,7 @@ static void add_comm(Plan *p, const char *group, const char *kind, double bytes,
 static void plan_ddp(const Setup *s, Plan *p, const ParamLayout *layout) {
     snprintf(p->name, sizeof p->name, "DDP");
     p->stage = 3;
+    add_strategy(p, "ddp");
     p->dp = s->P;
     size_t n = ddp_memory(s, p, layout);
     // one all-reduce of the flat gradient, or the same bytes as buckets of whole blocks launched
@@ -100,6 +122,7 @@ static void plan_ddp(const Setup *s, Plan *p, const ParamLayout *layout) {
 static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout) {
     snprintf(p->name, sizeof p->name, "FSDP");
     p->stage = 4;
+    add_strategy(p, "fsdp");
     p->dp = s->P;
     Fsdp f;
     fsdp_plan(&f, layout, 0, s->P, s->cfg->overlap_communication, s->half);
@@ -136,8 +159,9 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout) {
 static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     int X = dims[0], Y = dims[1], Z = dims[2], D = s->P / (X * Y * Z);
     snprintf(p->name, sizeof p->name, "TP [%d,%d,%d] x %d", X, Y, Z, D);
-    snprintf(p->args[p->n_args++], sizeof p->args[0], "--tp_dimensions=%d,%d,%d", X, Y, Z);
     p->stage = 5;
+    add_strategy(p, "axonn");
+    add_arg(p, "--tp_dimensions=%d,%d,%d", X, Y, Z);
     memcpy(p->dims, dims, sizeof p->dims);
     p->dp = D;
     TPGrid grid = {.X = X, .Y = Y, .Z = Z, .D = D};
@@ -178,10 +202,11 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
 static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     int dp = s->P / pp, L = s->mc->n_layer, first, blocks;
     snprintf(p->name, sizeof p->name, "PP %d x %d, %.5s m%d", pp, dp, s->cfg->pp_schedule, m);
-    snprintf(p->args[p->n_args++], sizeof p->args[0], "--pp_size=%d", pp);
-    snprintf(p->args[p->n_args++], sizeof p->args[0], "--num_microbatches=%d", m);
-    snprintf(p->args[p->n_args++], sizeof p->args[0], "--gradient_acc_steps=1");
     p->stage = 7, p->pp = pp, p->microbatches = m, p->dp = dp;
+    add_strategy(p, "pipeline");
+    add_arg(p, "--pp_size=%d", pp);
+    add_arg(p, "--num_microbatches=%d", m);
+    add_arg(p, "--gradient_acc_steps=1");
     stage_blocks(L, pp, 0, &first, &blocks);
     ParamLayout layout;
     gpt_layout_range(&layout, s->mc, first, blocks, true, pp == 1);
@@ -513,6 +538,30 @@ static void parse_options(Options *o, int argc, char **argv) {
     }
 }
 
+// The stage to load the config as: the one whose strategy it names (configs/axonn.json names
+// axonn, stage 05's), so that its own keys are accepted; stage 03's when it names none. The file
+// is read again by config_load, which reports whatever is wrong in it.
+static Stage stage_of_config(int argc, char **argv) {
+    const char *path = getenv("CONFIG_FILE"), *strategy = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) path = argv[i + 1];
+        else if (strncmp(argv[i], "--config=", 9) == 0) path = argv[i] + 9;
+        else if (strncmp(argv[i], "--strategy=", 11) == 0) strategy = argv[i] + 11;
+    }
+    char *text = !strategy && path && *path ? read_file_or_die(path, NULL) : NULL;
+    cJSON *json = text ? cJSON_Parse(text) : NULL;
+    const cJSON *named = cJSON_GetObjectItemCaseSensitive(json, "strategy");
+    if (!strategy && cJSON_IsString(named)) strategy = named->valuestring;
+    Stage stage = !strategy ? STAGE_DDP
+                  : strcmp(strategy, "single_device") == 0 ? STAGE_MIXED_PRECISION
+                  : strcmp(strategy, "fsdp") == 0 ? STAGE_FSDP
+                  : strcmp(strategy, "axonn") == 0 ? STAGE_TENSOR_PARALLEL
+                  : strcmp(strategy, "pipeline") == 0 ? STAGE_PIPELINE_PARALLEL : STAGE_DDP;
+    cJSON_Delete(json);
+    free(text);
+    return stage;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--pingpong") == 0) {
         pingpong(&argc, &argv);
@@ -530,7 +579,7 @@ int main(int argc, char **argv) {
     cluster_load(&cluster, o.cluster);
     if (o.nodes) cluster.nodes = o.nodes;
     Config cfg;
-    config_load(&cfg, o.n_config_args, o.config_args, STAGE_DDP);
+    config_load(&cfg, o.n_config_args, o.config_args, stage_of_config(o.n_config_args, o.config_args));
     ops_set_half_format(config_half_format(&cfg));  // the memory report names fp16 or bf16 copies
     Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
     GPTConfig mc = model_shape(&cfg, tok);
@@ -540,7 +589,7 @@ int main(int argc, char **argv) {
     if (o.seq_len && o.seq_len > T) fatal("command line: option '--seq_len': expected at most max_seq_len %d, found %d", T, o.seq_len);
     Setup s = {.cfg = &cfg, .mc = &mc, .cluster = &cluster, .P = o.ranks ? o.ranks : cluster.nodes * cluster.gpus_per_node,
                .T = o.seq_len ? o.seq_len : T, .flags = acts_flags(&cfg), .half = config_is_half(&cfg),
-               .microbatches = o.microbatches};
+               .microbatches = o.microbatches ? o.microbatches : cfg.num_microbatches > 1 ? cfg.num_microbatches : 0};
 
     enum { MAX_PLANS = 512 };
     Plan *plans = calloc_or_die(MAX_PLANS, sizeof(Plan));
