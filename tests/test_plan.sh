@@ -6,7 +6,8 @@
 #    communication per step equals every step's comm_bytes in metrics.jsonl and, per group and
 #    collective, stats.json's totals divided by the steps -- exactly. Sequences are cut at
 #    max_seq_len=64, shorter than every record, so every batch is T = 64 tokens as planned;
-#  - the shipped cluster descriptions load;
+#  - the shipped cluster descriptions load; --calibrate describes this machine and --measure
+#    reads its runs back (their bytes and memory as planned; no timing is checked);
 #  - a malformed cluster description, a layout that cannot run and a rank count no layout fits
 #    are each one clear error.
 # Step times are not checked here (timing belongs to make bench: scripts/bench.sh).
@@ -98,6 +99,24 @@ for c in configs/clusters/*.json; do
     n=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['layouts']))" "$tmp/shipped.json" 2>/dev/null)
     check '[ $rc -eq 0 ] && [ "${n:-0}" -gt 2 ]' "$c: exit $rc, ${n:-no} layouts: $(tail -2 "$tmp/shipped.log")"
 done
+
+# ---- this machine: --calibrate describes it, --measure runs the plan and reads the runs back ----
+PLAN_OUT="$tmp/runs" build/plan --calibrate="$tmp/here.json" --ranks=2 "${args[@]}" >"$tmp/calibrate.log" 2>&1
+rc=$?
+check '[ $rc -eq 0 ]' "--calibrate failed: $(tail -3 "$tmp/calibrate.log")"
+PLAN_OUT="$tmp/runs" build/plan --cluster="$tmp/here.json" --ranks=2 --layout=ddp+1,2,1 --measure=3 \
+    --json="$tmp/measured.json" "${args[@]}" >"$tmp/measure.log" 2>&1
+rc=$?
+python3 - "$tmp/measured.json" >"$tmp/measure.cmp" 2>&1 <<'PY'
+import json, sys
+layouts = json.load(open(sys.argv[1]))["layouts"]
+bad = [l["name"] for l in layouts if not (l["measured"]["memory_agrees"] and l["measured"]["comm_bytes"] == l["comm_bytes"]
+                                          and l["measured"]["step_s"] > 0 and l["step_s"] > 0)]
+print(f"{len(layouts)} layouts measured; differing: {bad}")
+sys.exit(1 if bad or len(layouts) != 2 else 0)
+PY
+same_here=$?
+check '[ $rc -eq 0 ] && [ $same_here -eq 0 ]' "--measure on this machine: exit $rc, $(cat "$tmp/measure.cmp") $(tail -3 "$tmp/measure.log")"
 
 # ---- bad input: one clear error each ----
 plan=(build/plan --ranks=4 "${args[@]}")

@@ -408,7 +408,11 @@ static void why_best(const Plan *plans, int n, char *out, size_t size) {
     }
     const Plan *a = &plans[0], *b = &plans[1];
     double dc = b->compute_s - a->compute_s, de = b->exposed_s - a->exposed_s;
-    if (de >= dc && a->comm_bytes < b->comm_bytes)
+    if (b->step_s - a->step_s < 0.01 * a->step_s)
+        snprintf(out, size, "%s and %s tie (%.2f and %.2f ms per step): %s moves %.2f MB per step, %s %.2f MB",
+                 a->name, b->name, 1e3 * a->step_s, 1e3 * b->step_s, a->name, a->comm_bytes / 1e6, b->name,
+                 b->comm_bytes / 1e6);
+    else if (de >= dc && a->comm_bytes < b->comm_bytes)
         snprintf(out, size, "%s wins: it moves %.1fx fewer bytes per step than %s at this batch (%.2f vs %.2f MB), "
                  "%.2f ms less exposed communication", a->name, b->comm_bytes / a->comm_bytes, b->name,
                  a->comm_bytes / 1e6, b->comm_bytes / 1e6, 1e3 * de);
@@ -524,6 +528,12 @@ static void parse_options(Options *o, int argc, char **argv) {
     o->config_args[o->n_config_args++] = argv[0];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+            printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--layout=L[+L...]] [--microbatches=M]\n"
+                   "                  [--seq_len=T] [--json=FILE] [--measure[=STEPS]] [--config FILE] [--key=value ...]\n"
+                   "       build/plan --calibrate=FILE [--ranks=P] [--config FILE] [--key=value ...]\n"
+                   "layouts: ddp, fsdp, X,Y,Z (a tensor-parallel grid), ppN (N pipeline stages); docs/PLANNER.md\n"
+                   "the training config's keys follow (the planner reads them as the stages do)\n\n");
         if (strncmp(a, "--cluster=", 10) == 0) o->cluster = a + 10;
         else if (strncmp(a, "--layout=", 9) == 0) o->layout = a + 9;
         else if (strncmp(a, "--json=", 7) == 0) o->json = a + 7;
