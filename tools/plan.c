@@ -509,6 +509,7 @@ static void print_measured(const Plan *plans, int n) {
 typedef struct {
     const char *cluster, *layout, *json, *calibrate;
     int ranks, nodes, measure_steps, seq_len, microbatches;
+    bool help;
     char **config_args;  // argv[0], then what is not the planner's: --config, --key=value
     int n_config_args;
 } Options;
@@ -529,7 +530,7 @@ static void parse_options(Options *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
-            printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--layout=L[+L...]] [--microbatches=M]\n"
+            o->help = true, printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--layout=L[+L...]] [--microbatches=M]\n"
                    "                  [--seq_len=T] [--json=FILE] [--measure[=STEPS]] [--config FILE] [--key=value ...]\n"
                    "       build/plan --calibrate=FILE [--ranks=P] [--config FILE] [--key=value ...]\n"
                    "layouts: ddp, fsdp, X,Y,Z (a tensor-parallel grid), ppN (N pipeline stages); docs/PLANNER.md\n"
@@ -583,13 +584,15 @@ int main(int argc, char **argv) {
         calibrate_machine(o.calibrate, o.ranks ? o.ranks : 4, o.config_args, o.n_config_args);
         return 0;
     }
+    Config cfg;
+    Stage stage = stage_of_config(o.n_config_args, o.config_args);
+    if (!o.cluster && o.help) config_load(&cfg, o.n_config_args, o.config_args, stage);  // prints the keys, exits
     if (!o.cluster) fatal("command line: option '--cluster': expected a cluster description (configs/clusters/*.json "
                           "or one --calibrate wrote), found none");
     Cluster cluster;
     cluster_load(&cluster, o.cluster);
     if (o.nodes) cluster.nodes = o.nodes;
-    Config cfg;
-    config_load(&cfg, o.n_config_args, o.config_args, stage_of_config(o.n_config_args, o.config_args));
+    config_load(&cfg, o.n_config_args, o.config_args, stage);
     ops_set_half_format(config_half_format(&cfg));  // the memory report names fp16 or bf16 copies
     Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
     GPTConfig mc = model_shape(&cfg, tok);
