@@ -1,22 +1,16 @@
 // plan: plan before you launch. Given a training config and a cluster description, lists every
 // layout the workbook can run on that many ranks -- DDP (stage 03), FSDP (04), every
-// tensor-parallel grid [x, y, z] x data (05) -- and predicts for each: rank 0's memory report row
-// for row, whether it fits, the communication of a step per group and collective (bytes exactly
-// as the stages count them; time by the alpha-beta model of plan_cluster.h), what overlaps, the
-// step time and tokens/s. Sorted by step time, with why the best layout wins.
-//
-//   build/plan --cluster=configs/clusters/h100-sxm.json --config configs/tiny.json [--key=value ...]
-//   options: --ranks=P (default: the cluster's nodes x gpus_per_node), --nodes=N, --layout=L[+L...]
-//            (only those: ddp, fsdp, X,Y,Z a tensor-parallel grid, ppN N pipeline stages),
-//            --microbatches=M (pipelines; default 4 per stage, or the most below that fit), --json=FILE (the plan as data), --measure[=STEPS] (run each layout
-//            here with mpirun and print predicted and measured side by side), --calibrate=FILE
-//            (describe this machine), --seq_len=T (tokens per sequence; default max_seq_len)
+// tensor-parallel grid [x, y, z] x data (05), every pipeline pp x data (07) -- and predicts for
+// each: rank 0's memory report row for row, whether it fits, the communication of a step per
+// group and collective (bytes exactly as the stages count them; time by the alpha-beta model of
+// plan_cluster.h), what overlaps, the step time and tokens/s. Sorted by step time, with why the
+// best layout wins. Usage and the model: docs/PLANNER.md (and --help).
 //
 // Memory and bytes come from the stages' own arithmetic (fsdp_plan, tp_model_layout,
-// tp_acts_bytes, acts_bytes, the memory reports' rows), so they equal the runs' stats.json and
-// metrics.jsonl exactly when every sequence of a batch is T tokens long (a batch is padded to its
-// longest sequence: shorter batches move fewer activation bytes over x and y). Pipeline layouts
-// (stage 07) and experts (stage 08) are not planned yet.
+// tp_acts_bytes, stage_blocks, pipe_slots, acts_bytes, the memory reports' rows), so they equal
+// the runs' stats.json and metrics.jsonl exactly when every sequence of a batch is T tokens long
+// (a batch is padded to its longest sequence: shorter batches move fewer activation bytes over
+// x, y and the pipeline). Experts (stage 08) are not planned yet.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
