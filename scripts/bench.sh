@@ -97,7 +97,8 @@ decode "stage-6 gpt2-124M B=8" 8 --config configs/bench_gpt2.json
 
 # ---- the planner (build/plan, docs/PLANNER.md): predicted step time against measured, 4 ranks ----
 # "this machine" calibrated now (matmul peak, each stage's efficiency, MPI links between 4 ranks),
-# then the candidate layouts planned and each run here for 6 steps (--measure). Bytes and memory
+# then the candidate layouts planned and each run here for 6 steps, twice, the faster pass kept
+# (--measure --passes=2: the machine may be shared). Bytes and memory
 # equal the plan exactly (tests/test_plan.sh); here: do the orders by step time agree, and how far
 # are the predicted times? Ranks outnumber the cores: one thread each, as the tests run them.
 plan_bench() { # plan_bench <label> <config args...>
@@ -107,7 +108,7 @@ plan_bench() { # plan_bench <label> <config args...>
      unset OPS_PEAK_FLOPS_F32 OPS_PEAK_FLOPS_BF16  # calibration measures the peak at one thread
      build/plan --calibrate="$out/machine-$label.json" --ranks=4 "$@" >"$out/calibrate-$label.log" 2>&1 &&
      build/plan --cluster="$out/machine-$label.json" --ranks=4 --layout="ddp+fsdp+4,1,1+2,2,1+1,1,4+pp2" \
-         --measure=6 --json="$out/plan-$label.json" "$@" >"$out/plan-$label.log" 2>&1) ||
+         --measure=6 --passes=2 --json="$out/plan-$label.json" "$@" >"$out/plan-$label.log" 2>&1) ||
         { echo "bench: plan $label failed:"; tail "$out/calibrate-$label.log" "$out/plan-$label.log"; exit 1; }
     python3 - "$label" "$out/plan-$label.json" <<'PY'
 import json, sys

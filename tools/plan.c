@@ -502,7 +502,7 @@ static void print_measured(const Plan *plans, int n) {
 
 typedef struct {
     const char *cluster, *layout, *json, *calibrate;
-    int ranks, nodes, measure_steps, seq_len, microbatches;
+    int ranks, nodes, measure_steps, passes, seq_len, microbatches;
     bool help;
     char **config_args;  // argv[0], then what is not the planner's: --config, --key=value
     int n_config_args;
@@ -525,7 +525,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
             o->help = true, printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--layout=L[+L...]] [--microbatches=M]\n"
-                   "                  [--seq_len=T] [--json=FILE] [--measure[=STEPS]] [--config FILE] [--key=value ...]\n"
+                   "                  [--seq_len=T] [--json=FILE] [--measure[=STEPS] [--passes=N]] [--config FILE] [--key=value ...]\n"
                    "       build/plan --calibrate=FILE [--ranks=P] [--config FILE] [--key=value ...]\n"
                    "layouts: ddp, fsdp, X,Y,Z (a tensor-parallel grid), ppN (N pipeline stages); docs/PLANNER.md\n"
                    "the training config's keys follow (the planner reads them as the stages do)\n\n");
@@ -539,6 +539,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (strncmp(a, "--microbatches=", 15) == 0) o->microbatches = positive_option(a + 15, "--microbatches");
         else if (strcmp(a, "--measure") == 0) o->measure_steps = 6;
         else if (strncmp(a, "--measure=", 10) == 0) o->measure_steps = positive_option(a + 10, "--measure");
+        else if (strncmp(a, "--passes=", 9) == 0) o->passes = positive_option(a + 9, "--passes");
         else o->config_args[o->n_config_args++] = argv[i];
     }
 }
@@ -610,7 +611,8 @@ int main(int argc, char **argv) {
               why_not[0] ? why_not : "expected ddp, fsdp, x,y,z (a tensor-parallel grid) or ppN (N pipeline stages)");
     if (n == 0) fatal("%d ranks: no layout can run this config on them (%s)", s.P, why_not);
     qsort(plans, (size_t)n, sizeof(Plan), by_step_time);
-    if (o.measure_steps) measure_plans(plans, n, s.P, o.config_args + 1, o.n_config_args - 1, o.measure_steps);
+    if (o.measure_steps)
+        measure_plans(plans, n, s.P, o.config_args + 1, o.n_config_args - 1, o.measure_steps, o.passes ? o.passes : 1);
     char why[400];
     why_best(plans, n, why, sizeof why);
     print_plan(&s, plans, n);

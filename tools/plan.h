@@ -48,8 +48,9 @@ typedef struct {
 } Plan;
 
 // --measure: runs each plan for `steps` steps with mpirun on this machine (config_args: the
-// --config and --key=value arguments the planner was given) and fills the measured fields
-void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_config_args, int steps);
+// --config and --key=value arguments the planner was given) and fills the measured fields; with
+// passes > 1, over every layout again, the fastest median step of each layout kept
+void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_config_args, int steps, int passes);
 
 // --calibrate: writes a cluster description of this machine to `path`: matmul FLOP/s
 // (ops_peak_flops, as the stages measure it), the model's efficiency (stage 03 on one rank with
