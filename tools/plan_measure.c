@@ -217,7 +217,12 @@ static void measure_efficiency(char **config_args, int n_config_args, double pea
         char dir[512], keys[1][48] = {"--gradient_acc_steps=1"};
         snprintf(dir, sizeof dir, "%s/calibrate-stage-%d", out_root(), stages[i]);
         run_stage(1, stages[i], config_args, n_config_args, keys, stages[i] == 7, 6, dir);
-        efficiency[stages[i]] = median_after_first(dir, "mfu", NULL);
+        double mfu = median_after_first(dir, "mfu", NULL);
+        // above 1: the peak was measured while other jobs held the cores, the run after they left
+        if (mfu > 1)
+            fprintf(stderr, "calibrate: stage %d reached %.2f of the peak measured before it (the machine was "
+                    "busier then): its efficiency is taken as 1\n", stages[i], mfu);
+        efficiency[stages[i]] = mfu > 1 ? 1 : mfu;
     }
 }
 
