@@ -99,7 +99,7 @@ $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
 $(foreach n,$(STAGES),$(eval $(call stage_rule,$(n))))
 
-TOOLS := tokenize peak_flops ceilings
+TOOLS := tokenize peak_flops ceilings plan
 tools: $(addprefix build/,$(TOOLS))
 build/tokenize: $(B)/tokenize
 	@cp $< $@
@@ -113,6 +113,18 @@ build/ceilings: $(B)/ceilings
 	@cp $< $@
 $(B)/ceilings: $(B)/tools/ceilings.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
+# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, pipeline.c): it links them,
+# and with them the comm layer (mpicc), which its ping-pong calibration uses too
+PLAN_TOOL_OBJS := $(addprefix $(B)/tools/,plan.o plan_cluster.o plan_measure.o)
+PLAN_OBJS := $(PLAN_TOOL_OBJS) \
+             $(addprefix $(B)/,04_fsdp/fsdp.o 05_tensor_parallel/tp_linear.o 05_tensor_parallel/tp_model.o \
+                               07_pipeline_parallel/pipeline.o)
+$(PLAN_TOOL_OBJS): CC := $(MPICC)
+$(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel
+build/plan: $(B)/plan
+	@cp $< $@
+$(B)/plan: $(PLAN_OBJS) $(COMMON_OBJS) $(COMM_OBJS)
+	$(MPICC) $^ -o $@ $(LDLIBS)
 .PHONY: tools $(addprefix build/stage-,$(STAGES)) $(addprefix build/,$(TOOLS))
 
 # ---- tests: every tests/test_*.c is a program, every tests/test_*.sh a script; run.sh runs all.

@@ -26,20 +26,16 @@ static size_t real_in_shard(const Fsdp *f, const FsdpUnit *u) {
 // where this rank's shard starts in the flat layout
 static size_t shard_first(const Fsdp *f, const FsdpUnit *u) { return u->first + (size_t)f->rank * u->shard; }
 
-void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_bf16) {
+void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_bf16) {
     memset(f, 0, sizeof *f);
-    f->world = world;
-    f->rank = comm_rank(world);
-    f->P = comm_size(world);
+    f->rank = rank;
+    f->P = P;
     f->layout = layout;
     f->prefetch = prefetch;
     f->use_bf16 = use_bf16;
-    // checkpoints travel on their own group, so that the "world" statistics are training's alone
-    f->io = comm_split(world, 0, f->rank, "ckpt");
     int L = layout->cfg.n_layer;
     f->n_units = 1 + L;
     f->units = calloc_or_die((size_t)f->n_units, sizeof(FsdpUnit));
-    size_t max_block = 0;
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
         u->first = i == 0 ? 0 : layout_block_start(layout, i - 1);
@@ -47,9 +43,19 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, b
         u->shard = (u->numel + (size_t)f->P - 1) / (size_t)f->P;
         u->local = f->shard_numel;
         f->shard_numel += u->shard;
-        if (i > 0 && padded(f, u) > max_block) max_block = padded(f, u);
+        if (i > 0 && padded(f, u) > f->max_block) f->max_block = padded(f, u);
     }
-    size_t shard_bytes = f->shard_numel * sizeof(float), root = padded(f, &f->units[0]);
+    size_t root = padded(f, &f->units[0]), slots = prefetch ? 2 : 1;
+    f->gathered_bytes = (2 * root + 2 * slots * f->max_block) * sizeof(float);
+    if (use_bf16) f->gathered16_bytes = (root + slots * f->max_block) * sizeof(bf16);
+}
+
+void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_bf16) {
+    fsdp_plan(f, layout, comm_rank(world), comm_size(world), prefetch, use_bf16);
+    f->world = world;
+    // checkpoints travel on their own group, so that the "world" statistics are training's alone
+    f->io = comm_split(world, 0, f->rank, "ckpt");
+    size_t shard_bytes = f->shard_numel * sizeof(float), root = padded(f, &f->units[0]), max_block = f->max_block;
     f->params = dev_malloc(shard_bytes);
     f->grads = dev_malloc(shard_bytes);
     f->adam_m = dev_malloc(shard_bytes);
@@ -63,11 +69,9 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, b
         f->block_grad[s] = dev_malloc(max_block * sizeof(float));
         f->shard_scratch[s] = dev_malloc(max_shard * sizeof(float));
     }
-    f->gathered_bytes = (2 * root + (size_t)(2 * slots) * max_block) * sizeof(float);
     if (use_bf16) {
         f->root16 = dev_malloc(root * sizeof(bf16));
         for (int s = 0; s < slots; s++) f->block16[s] = dev_malloc(max_block * sizeof(bf16));
-        f->gathered16_bytes = (root + (size_t)slots * max_block) * sizeof(bf16);
     }
 }
 
@@ -313,24 +317,34 @@ void fsdp_print_peak_memory(const Fsdp *f) {
            comm_max_double(f->world, rss) / 1048576.0, -comm_max_double(f->world, -rss) / 1048576.0);
 }
 
-void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_bytes) {
+void fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_bytes,
+                       MemoryItem fsdp[FSDP_MEMORY_ITEMS], MemoryItem ddp[FSDP_MEMORY_ITEMS]) {
     size_t n = f->layout->num_params, s = f->shard_numel, fl = sizeof(float);
-    struct { const char *what; size_t fsdp, ddp; } rows[] = {
+    const char *copies = ops_half_format() == HALF_FP16 ? "fp16 weight copies" : "bf16 weight copies";
+    struct { const char *what; size_t fsdp, ddp; } rows[FSDP_MEMORY_ITEMS] = {
         {params_label, s * fl, n * fl},
         {"gradients (fp32)", s * fl, n * fl},
         {"AdamW m and v (fp32)", 2 * s * fl, 2 * n * fl},
         {"gathered units (fp32 w + grad)", f->gathered_bytes, 0},
-        {ops_half_format() == HALF_FP16 ? "fp16 weight copies" : "bf16 weight copies", f->gathered16_bytes,
-         f->use_bf16 ? n * sizeof(bf16) : 0},
+        {copies, f->gathered16_bytes, f->use_bf16 ? n * sizeof(bf16) : 0},
         {"activations", acts_bytes, acts_bytes},
     };
-    size_t total_fsdp = 0, total_ddp = 0;
+    for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) {
+        fsdp[i] = (MemoryItem){rows[i].what, rows[i].fsdp};
+        if (ddp) ddp[i] = (MemoryItem){rows[i].what, rows[i].ddp};
+    }
+}
+
+void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_bytes) {
+    MemoryItem fsdp[FSDP_MEMORY_ITEMS], ddp[FSDP_MEMORY_ITEMS];
+    fsdp_memory_items(f, params_label, acts_bytes, fsdp, ddp);
+    size_t n = f->layout->num_params, s = f->shard_numel, total_fsdp = 0, total_ddp = 0;
     printf("memory per rank:                  FSDP (%d ranks)          DDP\n", f->P);
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        printf("  %-30s %10.2f MiB %10.2f MiB\n", rows[i].what, rows[i].fsdp / 1048576.0, rows[i].ddp / 1048576.0);
-        total_fsdp += rows[i].fsdp;
-        run_stats_memory(rows[i].what, rows[i].fsdp);  // this rank's memory (the FSDP column)
-        total_ddp += rows[i].ddp;
+    for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) {
+        printf("  %-30s %10.2f MiB %10.2f MiB\n", fsdp[i].what, fsdp[i].bytes / 1048576.0, ddp[i].bytes / 1048576.0);
+        total_fsdp += fsdp[i].bytes;
+        run_stats_memory(fsdp[i].what, fsdp[i].bytes);  // this rank's memory (the FSDP column)
+        total_ddp += ddp[i].bytes;
     }
     printf("  %-30s %10.2f MiB %10.2f MiB\n", "total", total_fsdp / 1048576.0, total_ddp / 1048576.0);
     printf("  the gathered units: the root (%zu elements, held for a micro-batch) and %d block slot%s "

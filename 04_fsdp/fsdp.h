@@ -21,6 +21,7 @@
 #include "comm.h"
 #include "config.h"
 #include "gpt.h"
+#include "trainer.h"
 
 typedef struct {
     size_t first, numel;  // the unit's range of the flat layout
@@ -36,6 +37,7 @@ typedef struct {
     int n_units;           // 1 + L
     FsdpUnit *units;       // [n_units]
     size_t shard_numel;    // elements this rank holds of each of params, grads, m, v
+    size_t max_block;      // elements of the largest block unit, padded
     bool prefetch, use_bf16;
     // this rank's shards of every unit, one after the other
     float *params, *grads, *adam_m, *adam_v;
@@ -50,7 +52,10 @@ typedef struct {
     size_t gathered16_bytes;   // and their bf16 copies
 } Fsdp;
 
-// Cuts the layout into units and allocates this rank's shards (zero) and the gathered buffers.
+// Cuts the layout into units for rank `rank` of P and sizes every buffer, allocating nothing and
+// making no group: what fsdp_init allocates, and what the planner (tools/plan.c) predicts.
+void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_bf16);
+// fsdp_plan, then makes the groups and allocates this rank's shards (zero) and the gathered buffers.
 void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_bf16);
 void fsdp_free(Fsdp *f);
 // bytes of parameters + gradients + optimizer state this rank holds (the shards)
@@ -81,6 +86,10 @@ void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t);
 // pure bf16 keeps no fp32 master: round this rank's parameter shards to bf16 and back
 void fsdp_round_to_bf16(Fsdp *f);
 
+// the memory report's rows for this rank (FSDP) and for DDP on the same run (NULL: not wanted)
+enum { FSDP_MEMORY_ITEMS = 6 };
+void fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_bytes,
+                       MemoryItem fsdp[FSDP_MEMORY_ITEMS], MemoryItem ddp[FSDP_MEMORY_ITEMS]);
 // Rank 0 prints this rank's memory next to what DDP would hold for the same run.
 // (The activations are the same: both cut the global batch into P x acc micro-batches.)
 void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_bytes);

@@ -48,10 +48,11 @@ void tp_wait(CommRequest *r) {
 TPLinear tp_linear_make(const TPGrid *g, int in, int out, bool transposed) {
     TPLinear l = {.in_group = transposed ? g->gx : g->gy, .out_group = transposed ? g->gy : g->gx,
                   .depth = g->gz, .in = in, .out = out};
-    l.in_local = in / comm_size(l.in_group);
-    l.out_local = out / comm_size(l.out_group);
+    // sizes from the grid's, not the groups': a grid without groups (the planner's) sizes alike
+    l.in_local = in / (transposed ? g->X : g->Y);
+    l.out_local = out / (transposed ? g->Y : g->X);
     l.block = (size_t)l.in_local * l.out_local;
-    l.shard = l.block / (size_t)comm_size(l.depth);
+    l.shard = l.block / (size_t)g->Z;
     return l;
 }
 

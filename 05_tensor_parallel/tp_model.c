@@ -9,32 +9,46 @@
 
 // ---- the grid must fit ------------------------------------------------------------------------
 
-static void require(bool ok, const char *constraint, const int d[3], const char *fmt, int a, int b) {
-    if (ok) return;
+// false, with why = the constraint broken (and the numbers that break it), unless ok
+static bool require(bool ok, const char *constraint, const int d[3], char *why, size_t why_size, const char *fmt,
+                    int a, int b) {
+    if (ok) return true;
     char detail[160];
     snprintf(detail, sizeof detail, fmt, a, b);
-    fatal("key 'tp_dimensions' [%d, %d, %d] does not fit: %s (%s)", d[0], d[1], d[2], constraint, detail);
+    snprintf(why, why_size, "key 'tp_dimensions' [%d, %d, %d] does not fit: %s (%s)", d[0], d[1], d[2], constraint,
+             detail);
+    return false;
 }
 
-void tp_check_grid(const GPTConfig *mc, const int d[3], int world, int global_batch, int acc) {
+bool tp_grid_fits(const GPTConfig *mc, const int d[3], int world, int global_batch, int acc, char *why,
+                  size_t why_size) {
     int X = d[0], Y = d[1], Z = d[2], C = mc->n_embd, Vp = mc->padded_vocab_size;
-    require(world % (X * Y * Z) == 0, "x*y*z must divide the number of ranks (the rest is data parallelism)", d,
-            "%d ranks, x*y*z = %d", world, X * Y * Z);
-    require(mc->n_head % X == 0, "attention heads must divide by x (heads are split over x)", d,
-            "n_head %d, x %d", mc->n_head, X);
-    require(C % Y == 0, "the hidden size must divide by y (it is split over y)", d, "n_embd %d, y %d", C, Y);
-    require(4 * C % X == 0, "the MLP width 4*n_embd must divide by x", d, "4*n_embd %d, x %d", 4 * C, X);
-    require(Vp % X == 0, "the padded vocabulary must divide by x (it is split over x)", d,
-            "padded vocabulary %d, x %d", Vp, X);
+    if (!require(world % (X * Y * Z) == 0, "x*y*z must divide the number of ranks (the rest is data parallelism)",
+                 d, why, why_size, "%d ranks, x*y*z = %d", world, X * Y * Z) ||
+        !require(mc->n_head % X == 0, "attention heads must divide by x (heads are split over x)", d, why, why_size,
+                 "n_head %d, x %d", mc->n_head, X) ||
+        !require(C % Y == 0, "the hidden size must divide by y (it is split over y)", d, why, why_size,
+                 "n_embd %d, y %d", C, Y) ||
+        !require(4 * C % X == 0, "the MLP width 4*n_embd must divide by x", d, why, why_size, "4*n_embd %d, x %d",
+                 4 * C, X) ||
+        !require(Vp % X == 0, "the padded vocabulary must divide by x (it is split over x)", d, why, why_size,
+                 "padded vocabulary %d, x %d", Vp, X))
+        return false;
     size_t blocks[] = {(size_t)Vp / X * (C / Y), (size_t)3 * C / X * (C / Y), (size_t)C / Y * (C / X),
                        (size_t)4 * C / X * (C / Y)};
     for (int i = 0; i < 4; i++)
-        require(blocks[i] % Z == 0, "every weight block must divide by z (depth shards are equal)", d,
-                "block of %d elements, z %d", (int)blocks[i], Z);
+        if (!require(blocks[i] % Z == 0, "every weight block must divide by z (depth shards are equal)", d, why,
+                     why_size, "block of %d elements, z %d", (int)blocks[i], Z))
+            return false;
     int rows = world / (X * Y) * acc;  // z * data ranks, each taking acc micro-batches
-    require(global_batch % rows == 0,
-            "global_batch_size must divide by z * data * gradient_acc_steps (rows are split over z and data)",
-            d, "global_batch_size %d, z*data*acc %d", global_batch, rows);
+    return require(global_batch % rows == 0,
+                   "global_batch_size must divide by z * data * gradient_acc_steps (rows are split over z and data)",
+                   d, why, why_size, "global_batch_size %d, z*data*acc %d", global_batch, rows);
+}
+
+void tp_check_grid(const GPTConfig *mc, const int d[3], int world, int global_batch, int acc) {
+    char why[320];
+    if (!tp_grid_fits(mc, d, world, global_batch, acc, why, sizeof why)) fatal("%s", why);
 }
 
 // ---- this rank's tensors ----------------------------------------------------------------------
@@ -117,10 +131,16 @@ static void build_local_layout(TPModel *m) {
 }
 
 void tp_model_init(TPModel *m, Comm *world, const GPTConfig *mc, const int dims[3], bool vocab_parallel_loss) {
+    TPGrid grid;
+    tp_grid_init(&grid, world, dims);
+    tp_model_layout(m, mc, &grid, vocab_parallel_loss);
+}
+
+void tp_model_layout(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool vocab_parallel_loss) {
     memset(m, 0, sizeof *m);
     m->cfg = *mc;
     m->vocab_parallel_loss = vocab_parallel_loss;
-    tp_grid_init(&m->grid, world, dims);
+    m->grid = *grid;
     const TPGrid *g = &m->grid;
     int C = mc->n_embd;
     m->Cy = C / g->Y;
@@ -411,14 +431,20 @@ static float *alloc_floats(TPActs *a, size_t n) {
     return dev_malloc(n * sizeof(float));
 }
 
+// the block's activations at this rank's sizes
+static ActsSpec tp_acts_spec(const TPModel *m, int B, int T, int flags) {
+    ActsSpec spec = whole_model_acts(&m->cfg, B, T, flags & ACTS_BF16, flags & ACTS_RECOMPUTE);
+    spec.shape = m->shape;
+    return spec;
+}
+
 void tp_acts_alloc(TPActs *a, const TPModel *m, TPWeightStream *s, TPGradSlots *slots, int B, int T,
                    int flags, bool overlap) {
     size_t N = (size_t)B * T, X = m->grid.X;
     memset(a, 0, sizeof *a);
     a->stats = alloc_floats(a, 2 * N);
     tp_layers_init(&a->layers, m, s, slots, overlap, a->stats);
-    ActsSpec spec = whole_model_acts(&m->cfg, B, T, flags & ACTS_BF16, flags & ACTS_RECOMPUTE);
-    spec.shape = m->shape;
+    ActsSpec spec = tp_acts_spec(m, B, T, flags);
     spec.ops = &a->layers.base;
     acts_alloc_spec(&a->acts, &spec);
     a->bytes += a->acts.bytes;
@@ -427,6 +453,30 @@ void tp_acts_alloc(TPActs *a, const TPModel *m, TPWeightStream *s, TPGradSlots *
         a->gathered = alloc_floats(a, X * N * m->Vl);
         a->full_logits = alloc_floats(a, N * (size_t)m->cfg.padded_vocab_size);
     }
+}
+
+// what tp_acts_alloc allocates, buffer for buffer (test_plan.sh checks the two agree)
+size_t tp_acts_bytes(const TPModel *m, int B, int T, int flags) {
+    size_t N = (size_t)B * T, X = m->grid.X;
+    ActsSpec spec = tp_acts_spec(m, B, T, flags);
+    size_t floats = 2 * N + N + X * N + 2 * N;  // stats, ce_max, ce_maxes, ce_sums
+    if (!m->vocab_parallel_loss) floats += X * N * m->Vl + N * (size_t)m->cfg.padded_vocab_size;
+    return acts_bytes(&spec) + floats * sizeof(float);
+}
+
+void tp_memory_items(const TPModel *m, const Config *cfg, size_t acts_bytes, MemoryItem items[TP_MEMORY_ITEMS]) {
+    bool half_mode = config_is_half(cfg);
+    size_t n = m->layout.num_params, bytes = n * sizeof(float);
+    // with z > 1: two gathered blocks (this one and the prefetched next) with their 16-bit copies,
+    // and the weight-gradient slots (wte's and two alternating ones), each a block and its shard
+    size_t gather_bytes = m->grid.Z > 1 ? 2 * m->max_block * (sizeof(float) + (half_mode ? sizeof(bf16) : 0)) : 0;
+    size_t slot_bytes = m->grid.Z > 1 ? 2 * sizeof(float) * (m->head.block + 2 * m->max_block) : 0;
+    MemoryItem all[TP_MEMORY_ITEMS] = {
+        {parameters_label(cfg), bytes}, {copy_label(cfg), half_mode ? n * sizeof(bf16) : 0},
+        {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
+        {"gathered weight blocks", gather_bytes}, {"weight-gradient blocks", slot_bytes},
+        {"activations", acts_bytes}};
+    memcpy(items, all, sizeof all);
 }
 
 void tp_acts_free(TPActs *a) {

@@ -19,6 +19,7 @@
 #include "config.h"
 #include "gpt.h"
 #include "tp_linear.h"
+#include "trainer.h"
 
 typedef enum { TP_WEIGHT, TP_SPLIT_X, TP_SPLIT_Y } TPKind;
 
@@ -50,7 +51,13 @@ typedef struct {
 
 // Refuses a grid that does not fit the model or the batch (fatal, naming the constraint).
 void tp_check_grid(const GPTConfig *mc, const int dims[3], int world, int global_batch, int acc);
+// the same test as a question: false, with the message in why, when the grid does not fit
+bool tp_grid_fits(const GPTConfig *mc, const int dims[3], int world, int global_batch, int acc, char *why,
+                  size_t why_size);
 void tp_model_init(TPModel *m, Comm *world, const GPTConfig *mc, const int dims[3], bool vocab_parallel_loss);
+// the same on a grid already made, or one with only sizes and coordinates (no groups: the
+// planner, tools/plan.c, sizes a rank's share without running it)
+void tp_model_layout(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool vocab_parallel_loss);
 void tp_model_free(TPModel *m);
 // (this rank's tensors are named with weights_point(&w, &m->layout, flat), as any model's)
 
@@ -118,6 +125,11 @@ typedef struct {
 void tp_acts_alloc(TPActs *a, const TPModel *m, TPWeightStream *s, TPGradSlots *slots, int B, int T,
                    int flags, bool overlap);
 void tp_acts_free(TPActs *a);
+// the bytes tp_acts_alloc allocates, allocating nothing
+size_t tp_acts_bytes(const TPModel *m, int B, int T, int flags);
+// the memory report's rows for this rank: its share of the model, its buffers, its activations
+enum { TP_MEMORY_ITEMS = 7 };
+void tp_memory_items(const TPModel *m, const Config *cfg, size_t acts_bytes, MemoryItem items[TP_MEMORY_ITEMS]);
 
 // inputs/targets: host (B, T) token arrays of this rank's rows
 void tp_forward(const TPModel *m, TPActs *a, const Weights *w, const int *inputs, int B, int T);

@@ -106,13 +106,9 @@ int main(int argc, char **argv) {
     run_stats_number("parallel_weight_elements", (double)full_weights);
     run_stats_number("parallel_weight_elements_per_rank", (double)model.weight_numel);
     run_stats_number("small_elements_per_rank", (double)model.small_numel);
-    size_t gather_bytes = grid->Z > 1 ? 2 * model.max_block * (sizeof(float) + (half_mode ? sizeof(bf16) : 0)) : 0;
-    size_t slot_bytes = grid->Z > 1 ? 2 * sizeof(float) * (model.head.block + 2 * model.max_block) : 0;
-    MemoryItem memory[] = {{parameters_label(&cfg), bytes}, {copy_label(&cfg), half_mode ? n * sizeof(bf16) : 0},
-                           {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
-                           {"gathered weight blocks", gather_bytes}, {"weight-gradient blocks", slot_bytes},
-                           {"activations", acts.bytes}};
-    print_memory_report("device memory (this rank):", memory, 7);
+    MemoryItem memory[TP_MEMORY_ITEMS];
+    tp_memory_items(&model, &cfg, acts.bytes, memory);
+    print_memory_report("device memory (this rank):", memory, TP_MEMORY_ITEMS);
     double state_bytes = 4.0 * bytes;
     run_stats_number("state_bytes", state_bytes);
 

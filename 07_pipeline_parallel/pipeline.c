@@ -20,16 +20,24 @@ void stage_blocks(int n_layer, int pp, int stage, int *first, int *n) {
     *first = stage * base + (stage < extra ? stage : extra);
 }
 
-static void check_grid(const Config *cfg, int ranks, int n_layer) {
+bool pipe_grid_fits(const Config *cfg, int ranks, int n_layer, char *why, size_t why_size) {
     int pp = cfg->pp_size, m = cfg->num_microbatches;
     if (ranks % pp != 0)
-        fatal("key 'pp_size': %d stages do not divide the %d ranks into whole pipelines", pp, ranks);
-    if (pp > n_layer)
-        fatal("key 'pp_size': %d stages for %d blocks (n_layer): a stage would hold no block", pp, n_layer);
-    int dp = ranks / pp;
-    if (cfg->global_batch_size % (dp * m) != 0)
-        fatal("key 'num_microbatches': %d micro-batches do not divide a replica's share of the batch "
-              "(global_batch_size %d over %d replicas)", m, cfg->global_batch_size, dp);
+        snprintf(why, why_size, "key 'pp_size': %d stages do not divide the %d ranks into whole pipelines", pp, ranks);
+    else if (pp > n_layer)
+        snprintf(why, why_size, "key 'pp_size': %d stages for %d blocks (n_layer): a stage would hold no block", pp,
+                 n_layer);
+    else if (cfg->global_batch_size % (ranks / pp * m) != 0)
+        snprintf(why, why_size, "key 'num_microbatches': %d micro-batches do not divide a replica's share of the "
+                 "batch (global_batch_size %d over %d replicas)", m, cfg->global_batch_size, ranks / pp);
+    else
+        return true;
+    return false;
+}
+
+static void check_grid(const Config *cfg, int ranks, int n_layer) {
+    char why[320];
+    if (!pipe_grid_fits(cfg, ranks, n_layer, why, sizeof why)) fatal("%s", why);
 }
 
 void pipe_grid_init(PipeGrid *g, Comm *world, const Config *cfg, int n_layer) {

@@ -28,6 +28,8 @@ typedef struct {
 // Checks the grid against the ranks, the model and the batch (fatal() on every rank alike), then
 // makes the groups.
 void pipe_grid_init(PipeGrid *g, Comm *world, const Config *cfg, int n_layer);
+// the same check as a question: false, with the message in why, when cfg's grid does not fit
+bool pipe_grid_fits(const Config *cfg, int ranks, int n_layer, char *why, size_t why_size);
 // blocks [*first, *first + *n) of stage `stage`: L / pp each, the first L % pp stages one more
 void stage_blocks(int n_layer, int pp, int stage, int *first, int *n);
 

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The planner (build/plan) against the runs it predicts:
+#  - for DDP on 2 and 4 ranks, FSDP on 2, 3 and 4, the ten tensor-parallel grids of
+#    test_stage5.sh (with the same switches) and a few 16-bit layouts, the predicted memory
+#    report equals the run's stats.json row for row, byte for byte, and the predicted
+#    communication per step equals every step's comm_bytes in metrics.jsonl and, per group and
+#    collective, stats.json's totals divided by the steps -- exactly. Sequences are cut at
+#    max_seq_len=64, shorter than every record, so every batch is T = 64 tokens as planned;
+#  - the shipped cluster descriptions load; --calibrate describes this machine and --measure
+#    reads its runs back (their bytes and memory as planned; no timing is checked);
+#  - a malformed cluster description, a layout that cannot run and a rank count no layout fits
+#    are each one clear error.
+# Step times are not checked here (timing belongs to make bench: scripts/bench.sh).
+source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
+steps=3
+args=(--config configs/tiny.json --max_seq_len=64 --eval_batches=0 --log_interval=100)
+cluster=configs/clusters/h100-sxm.json
+
+# same <name> <ranks> <plan --layout> [stage args...]: plans the layout, runs it, compares
+same() {
+    local name=$1 np=$2 layout=$3 stage
+    shift 3
+    local plan_args=() run_args=()
+    for a in "$@"; do case $a in --microbatches=*) plan_args+=("$a") ;; *) plan_args+=("$a"); run_args+=("$a") ;; esac; done
+    build/plan --cluster=$cluster --ranks="$np" --layout="$layout" --json="$tmp/$name.plan.json" "${args[@]}" \
+        "${plan_args[@]}" >"$tmp/$name.plan.log" 2>&1
+    local rc=$?
+    check '[ $rc -eq 0 ]' "plan $name ($layout on $np ranks) failed: $(tail -3 "$tmp/$name.plan.log")"
+    # the run: the binary and the layout's keys as the plan names them (what --measure runs)
+    stage=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['layouts'][0]['stage'])" "$tmp/$name.plan.json")
+    mapfile -t layout_args < <(python3 -c \
+        "import json,sys; [print(a) for a in json.load(open(sys.argv[1]))['layouts'][0]['args']]" "$tmp/$name.plan.json")
+    run_ranks "$stage" "$name" "$np" --stop_iteration=$steps "${run_args[@]}" "${layout_args[@]}"
+    python3 - "$tmp/$name.plan.json" "$tmp/$name" $steps >"$tmp/$name.cmp" 2>&1 <<'PY'
+import json, sys
+plan_path, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+plan = json.load(open(plan_path))["layouts"]
+assert len(plan) == 1, f"the plan holds {len(plan)} layouts, want 1"
+plan = plan[0]
+stats = json.load(open(out + "/stats.json"))
+lines = [json.loads(l) for l in open(out + "/metrics.jsonl")]
+bad = []
+if plan["memory"] != stats["memory"]:
+    bad.append(f"memory: planned {plan['memory']}, stats.json {stats['memory']}")
+if sum(plan["memory_by_category"].values()) != sum(stats["memory"].values()):
+    bad.append("the categories do not add up to the report")
+per_step = {l["comm_bytes"] for l in lines}
+if len(lines) != steps or per_step != {plan["comm_bytes"]}:
+    bad.append(f"comm_bytes per step: planned {plan['comm_bytes']:.0f}, metrics.jsonl {sorted(per_step)}")
+planned = {(c["group"], c["kind"]): c["bytes"] for c in plan["communication"]}
+# after the steps: the final save (FSDP's "ckpt", stage 05's "checkpoint" group; stage 07
+# assembles the model over "pipeline") and stage 07's schedule printout (a "world" all-gather)
+after = {("pipeline", "all-reduce"), ("world", "all-gather")} if stats["stage"] == 7 else set()
+measured = {(e["group"], e["kind"]): e["bytes"] / steps for e in stats["communication"]
+            if e["group"] not in ("ckpt", "checkpoint") and (e["group"], e["kind"]) not in after}
+if planned != measured:
+    bad.append(f"per group and collective: planned {planned}, stats.json / steps {measured}")
+print("\n".join(bad) if bad else f"{plan['name']}: memory {sum(plan['memory'].values())} B and "
+      f"{plan['comm_bytes']:.0f} B per step, as planned")
+sys.exit(1 if bad else 0)
+PY
+    rc=$?
+    check '[ $rc -eq 0 ]' "$name: the plan differs from the run: $(cat "$tmp/$name.cmp")"
+}
+
+same ddp2 2 ddp
+same ddp4 4 ddp --overlap_communication=true --bucket_size_mb=0.1
+same fsdp2 2 fsdp
+same fsdp3 3 fsdp --global_batch_size=12 --overlap_communication=true
+same fsdp4 4 fsdp --gradient_acc_steps=2
+# the grids of test_stage5.sh, with its switches
+same g111 1 1,1,1
+same g211 2 2,1,1
+same g121 2 1,2,1
+same g112 2 1,1,2
+same g411 4 4,1,1
+same g141 4 1,4,1
+same g221 4 2,2,1 --overlap_communication=true
+same g212 4 2,1,2 --overlap_communication=true --gradient_acc_steps=2
+same g122 4 1,2,2
+same g211d2 4 2,1,1 --vocab_parallel_loss=false
+# 16 bits: copies in the memory report; stage 05's depth gathers move them, FSDP's stay fp32
+same ddp2h 2 ddp --precision=bf16-mixed
+same fsdp2h 2 fsdp --precision=bf16-mixed --overlap_communication=true
+same g112h 2 1,1,2 --precision=16-mixed
+# a config written for another strategy (stage 05's, with its grid) plans and runs every layout
+same from_axonn 2 ddp --strategy=axonn --tp_dimensions=2,1,1
+# pipelines: rank 0's sends, send-recvs (a send followed by a receive) and receives follow the schedule
+same pp2_1f1b 2 pp2 --microbatches=4 --pp_schedule=1f1b
+same pp2_gpipe 2 pp2 --microbatches=4 --pp_schedule=gpipe
+same pp2_dp2 4 pp2 --microbatches=2
+same pp4_gpipe 4 pp4 --microbatches=4 --pp_schedule=gpipe --n_layer=4 --precision=bf16-mixed
+
+# ---- the shipped cluster descriptions load and plan every layout of 8 ranks ----
+for c in configs/clusters/*.json; do
+    build/plan --cluster="$c" --json="$tmp/shipped.json" "${args[@]}" >"$tmp/shipped.log" 2>&1
+    rc=$?
+    n=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['layouts']))" "$tmp/shipped.json" 2>/dev/null)
+    check '[ $rc -eq 0 ] && [ "${n:-0}" -gt 2 ]' "$c: exit $rc, ${n:-no} layouts: $(tail -2 "$tmp/shipped.log")"
+done
+
+# ---- this machine: --calibrate describes it, --measure runs the plan and reads the runs back ----
+PLAN_OUT="$tmp/runs" build/plan --calibrate="$tmp/here.json" --ranks=2 "${args[@]}" >"$tmp/calibrate.log" 2>&1
+rc=$?
+check '[ $rc -eq 0 ]' "--calibrate failed: $(tail -3 "$tmp/calibrate.log")"
+PLAN_OUT="$tmp/runs" build/plan --cluster="$tmp/here.json" --ranks=2 --layout=ddp+1,2,1 --measure=3 \
+    --json="$tmp/measured.json" "${args[@]}" >"$tmp/measure.log" 2>&1
+rc=$?
+python3 - "$tmp/measured.json" >"$tmp/measure.cmp" 2>&1 <<'PY'
+import json, sys
+layouts = json.load(open(sys.argv[1]))["layouts"]
+bad = [l["name"] for l in layouts if not (l["measured"]["memory_agrees"] and l["measured"]["comm_bytes"] == l["comm_bytes"]
+                                          and l["measured"]["step_s"] > 0 and l["step_s"] > 0)]
+print(f"{len(layouts)} layouts measured; differing: {bad}")
+sys.exit(1 if bad or len(layouts) != 2 else 0)
+PY
+same_here=$?
+check '[ $rc -eq 0 ] && [ $same_here -eq 0 ]' "--measure on this machine: exit $rc, $(cat "$tmp/measure.cmp") $(tail -3 "$tmp/measure.log")"
+
+# ---- bad input: one clear error each ----
+plan=(build/plan --ranks=4 "${args[@]}")
+echo '{"name": "x", "source": "y", "nodes": 1, "gpus_per_node": 8,' >"$tmp/truncated.json"
+expect_one_error "truncated cluster JSON" "truncated.json: expected a JSON object" "${plan[@]}" --cluster="$tmp/truncated.json"
+sed 's/"bandwidth_GBps": 450/"bandwidth_GBps": "fast"/' $cluster >"$tmp/words.json"
+expect_one_error "a bandwidth in words" "words.json: key 'intra_node.bandwidth_GBps': expected a number from .* found \"fast\"" \
+    "${plan[@]}" --cluster="$tmp/words.json"
+grep -v '"memory_gib"' $cluster >"$tmp/nomemory.json"
+expect_one_error "no memory_gib" "nomemory.json: key 'memory_gib': expected a number .* found nothing" \
+    "${plan[@]}" --cluster="$tmp/nomemory.json"
+sed 's/"nodes"/"node"/' $cluster >"$tmp/typo.json"
+expect_one_error "a misspelt key" "typo.json: key 'node': expected one of" "${plan[@]}" --cluster="$tmp/typo.json"
+expect_one_error "a missing cluster file" "nothere.json" "${plan[@]}" --cluster="$tmp/nothere.json"
+expect_one_error "a grid that cannot run" "3,1,1 cannot run on 4 ranks: key 'tp_dimensions' \[3, 1, 1\] does not fit: x\*y\*z must divide" \
+    "${plan[@]}" --cluster=$cluster --layout=3,1,1
+expect_one_error "an unknown layout" "option '--layout': pipeline cannot run on 4 ranks: expected ddp, fsdp" \
+    "${plan[@]}" --cluster=$cluster --layout=pipeline
+expect_one_error "more stages than blocks" "pp4 cannot run on 4 ranks: key 'pp_size': 4 stages for 2 blocks" \
+    "${plan[@]}" --cluster=$cluster --layout=pp4
+expect_one_error "a rank count no layout fits" "7 ranks: no layout can run this config" \
+    build/plan --ranks=7 "${args[@]}" --cluster=$cluster
+sed 's/"memory_gib": 74.5/"memory_gib": 0.002/' $cluster >"$tmp/small.json"
+expect_one_error "no layout fits in memory" "small.json: no layout fits in 0.0 GiB per GPU on 4 ranks" \
+    "${plan[@]}" --cluster="$tmp/small.json"
+finish test_plan

@@ -1,0 +1,633 @@
+// plan: plan before you launch. Given a training config and a cluster description, lists every
+// layout the workbook can run on that many ranks -- DDP (stage 03), FSDP (04), every
+// tensor-parallel grid [x, y, z] x data (05), every pipeline pp x data (07) -- and predicts for
+// each: rank 0's memory report row for row, whether it fits, the communication of a step per
+// group and collective (bytes exactly as the stages count them; time by the alpha-beta model of
+// plan_cluster.h), what overlaps, the step time and tokens/s. Sorted by step time, with why the
+// best layout wins. Usage and the model: docs/PLANNER.md (and --help).
+//
+// Memory and bytes come from the stages' own arithmetic (fsdp_plan, tp_model_layout,
+// tp_acts_bytes, stage_blocks, pipe_slots, acts_bytes, the memory reports' rows), so they equal
+// the runs' stats.json and metrics.jsonl exactly when every sequence of a batch is T tokens long
+// (a batch is padded to its longest sequence: shorter batches move fewer activation bytes over
+// x, y and the pipeline). Experts (stage 08) are not planned yet.
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "fsdp.h"
+#include "gpt.h"
+#include "log.h"
+#include "ops.h"
+#include "pipeline.h"
+#include "plan.h"
+#include "tokenizer.h"
+#include "tp_model.h"
+
+typedef struct {
+    const Config *cfg;
+    const GPTConfig *mc;
+    const Cluster *cluster;
+    int P, T;          // ranks; tokens per sequence
+    int flags;         // ACTS_* of the config
+    bool half;
+    int microbatches;  // pipelines: --microbatches (0: 4 per stage, or the most below that fit)
+} Setup;
+
+// ---- memory: the stages' own rows -------------------------------------------------------------
+
+// one key the layout's run adds to the config
+static void add_arg(Plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_arg(Plan *p, const char *fmt, ...) {
+    if (p->n_args == (int)(sizeof p->args / sizeof p->args[0])) fatal("internal: too many keys for %s", p->name);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->args[p->n_args++], sizeof p->args[0], fmt, ap);
+    va_end(ap);
+}
+
+// The run's strategy, and the other strategies' layout keys set back to none, so that any config
+// (configs/axonn.json names axonn and [2, 2, 1]) runs every layout
+static void add_strategy(Plan *p, const char *strategy) {
+    add_arg(p, "--strategy=%s", strategy);
+    if (p->stage != 5) add_arg(p, "--tp_dimensions=1,1,1");
+    if (p->stage != 7) add_arg(p, "--pp_size=1"), add_arg(p, "--num_microbatches=1");
+}
+
+static void add_memory(Plan *p, const char *what, size_t bytes) {
+    p->memory[p->n_memory++] = (MemoryItem){what, bytes};
+    p->memory_total += bytes;
+}
+
+// stage 03: every rank a whole replica (03_ddp/train.c's report)
+static size_t ddp_memory(const Setup *s, Plan *p, const ParamLayout *layout) {
+    size_t n = layout->num_params, bytes = n * sizeof(float);
+    int micro_batch = s->cfg->global_batch_size / s->cfg->gradient_acc_steps / s->P;
+    ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
+    add_memory(p, parameters_label(s->cfg), bytes);
+    add_memory(p, copy_label(s->cfg), s->half ? n * sizeof(bf16) : 0);
+    add_memory(p, "gradients (fp32)", bytes);
+    add_memory(p, "AdamW m and v (fp32)", 2 * bytes);
+    add_memory(p, activations_label(s->cfg), acts_bytes(&spec));
+    return n;
+}
+
+// the category of a memory report row, for the table
+typedef enum { CAT_PARAMS, CAT_GRADS, CAT_OPTIM, CAT_ACTS, CAT_GATHERED, CATS } Category;
+static const char *const CATEGORY_NAMES[CATS] = {"parameters", "gradients", "optimizer", "activations", "gathered"};
+
+static Category category_of(const char *what) {
+    if (strncmp(what, "parameters", 10) == 0) return CAT_PARAMS;
+    if (strncmp(what, "gradients", 9) == 0) return CAT_GRADS;
+    if (strncmp(what, "AdamW", 5) == 0) return CAT_OPTIM;
+    if (strncmp(what, "activations", 11) == 0) return CAT_ACTS;
+    return CAT_GATHERED;  // FSDP's gathered units and weight copies, stage 05's z buffers
+}
+
+// ---- communication per step -------------------------------------------------------------------
+
+static void add_comm(Plan *p, const char *group, const char *kind, double bytes, long calls, int n, int stride,
+                     bool hideable) {
+    if (n < 2 || bytes <= 0) return;  // a group of one rank communicates nothing (and is not called)
+    bool p2p = strncmp(kind, "send", 4) == 0 || strcmp(kind, "recv") == 0;
+    CostKind cost = p2p ? COST_POINT_TO_POINT : strcmp(kind, "all-reduce") == 0 ? COST_ALL_REDUCE : COST_GATHER_SCATTER;
+    p->comm[p->n_comm++] = (Collective){.group = group, .kind = kind, .bytes = bytes, .calls = calls, .n = n,
+                                        .stride = stride, .cost = cost, .hideable = hideable};
+    p->comm_bytes += bytes;
+}
+
+static void plan_ddp(const Setup *s, Plan *p, const ParamLayout *layout) {
+    snprintf(p->name, sizeof p->name, "DDP");
+    p->stage = 3;
+    add_strategy(p, "ddp");
+    p->dp = s->P;
+    size_t n = ddp_memory(s, p, layout);
+    // one all-reduce of the flat gradient, or the same bytes as buckets of whole blocks launched
+    // during backward (03_ddp/buckets.c); calls only set the latency term
+    double bytes = (double)n * sizeof(float), bucket = s->cfg->bucket_size_mb * 1e6;
+    bool overlap = s->cfg->overlap_communication;
+    long calls = overlap ? (long)(bytes / bucket) + 1 : 1;
+    add_comm(p, "world", "all-reduce", bytes, calls, s->P, 1, overlap);
+}
+
+static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout) {
+    snprintf(p->name, sizeof p->name, "FSDP");
+    p->stage = 4;
+    add_strategy(p, "fsdp");
+    p->dp = s->P;
+    Fsdp f;
+    fsdp_plan(&f, layout, 0, s->P, s->cfg->overlap_communication, s->half);
+    int micro_batch = s->cfg->global_batch_size / s->cfg->gradient_acc_steps / s->P;
+    ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
+    MemoryItem rows[FSDP_MEMORY_ITEMS];
+    fsdp_memory_items(&f, parameters_label(s->cfg), acts_bytes(&spec), rows, NULL);
+    for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) add_memory(p, rows[i].what, rows[i].bytes);
+    // each micro-batch gathers the root once and every block twice (forward, then again for
+    // backward), and reduce-scatters every unit's gradient once; sizes are the padded units
+    // (comm.h: all-gather = the output, reduce-scatter = the input), in fp32 whatever the precision
+    int L = s->mc->n_layer, acc = s->cfg->gradient_acc_steps;
+    double root = (double)f.units[0].shard * s->P, block = L ? (double)f.units[1].shard * s->P : 0;
+    double fl = sizeof(float);
+    add_comm(p, "world", "all-gather", acc * (root + 2 * L * block) * fl, acc * (1 + 2L * L), s->P, 1,
+             f.prefetch);
+    add_comm(p, "world", "reduce-scatter", acc * (root + L * block) * fl, acc * (1L + L), s->P, 1, f.prefetch);
+    fsdp_free(&f);
+}
+
+// Stage 05 on [x, y, z] x data: rank 0's share (x = y = z = data = 0) of the model, sized by the
+// stage's own tp_model_layout. The collectives, per micro-batch of N = rows x T tokens (the
+// formulas of 05_tensor_parallel/README.md, written with the layers' local sizes):
+//   y all-reduce  the outputs of the layers whose input is split over y (qkv, fc, lm_head) and
+//                 the input gradients of the transposed ones (proj, MLP proj), plus LayerNorm's
+//                 row statistics (2 forward + 2 backward floats per row, 2L + 1 LayerNorms)
+//   x all-reduce  the transposed layers' outputs and the normal layers' input gradients, the
+//                 embedding's output and the lm_head's input gradient, and 2 loss sums per row
+//   x all-gather  each row's logit maximum from every x rank (the gathered loss: all logits)
+//   z all-gather  every weight block before each use (wte 3 uses, each block's matrices 2); in
+//                 16 bits the matmuls' gathers move the 2-byte copies, the embedding's stays fp32
+//   z reduce-scatter  every weight block's gradient; per step: the small tensors' gradients
+//                 all-reduced over z and every local gradient over data
+static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
+    int X = dims[0], Y = dims[1], Z = dims[2], D = s->P / (X * Y * Z);
+    snprintf(p->name, sizeof p->name, "TP [%d,%d,%d] x %d", X, Y, Z, D);
+    p->stage = 5;
+    add_strategy(p, "axonn");
+    add_arg(p, "--tp_dimensions=%d,%d,%d", X, Y, Z);
+    memcpy(p->dims, dims, sizeof p->dims);
+    p->dp = D;
+    TPGrid grid = {.X = X, .Y = Y, .Z = Z, .D = D};
+    TPModel m;
+    tp_model_layout(&m, s->mc, &grid, s->cfg->vocab_parallel_loss);
+    int acc = s->cfg->gradient_acc_steps, rows = s->cfg->global_batch_size / acc / (Z * D);
+    MemoryItem items[TP_MEMORY_ITEMS];
+    tp_memory_items(&m, s->cfg, tp_acts_bytes(&m, rows, s->T, s->flags), items);
+    for (int i = 0; i < TP_MEMORY_ITEMS; i++) add_memory(p, items[i].what, items[i].bytes);
+
+    double N = (double)rows * s->T, L = s->mc->n_layer, fl = sizeof(float);
+    bool vp = s->cfg->vocab_parallel_loss, overlap = s->cfg->overlap_communication;
+    double y_rows = L * (m.qkv.out_local + m.fc.out_local + m.proj.in_local + m.fcproj.in_local) +
+                    m.head.out_local + 4 * (2 * L + 1);
+    double x_rows = L * (m.proj.out_local + m.fcproj.out_local + m.qkv.in_local + m.fc.in_local) + m.Cy +
+                    m.head.in_local + (vp ? 2 : 0);
+    double x_gather = vp ? X : (double)X * m.Vl;
+    double blocks = (double)(m.qkv.block + m.proj.block + m.fc.block + m.fcproj.block), wte = (double)m.head.block;
+    double gathers = wte * fl + (2 * wte + 2 * L * blocks) * (s->half ? sizeof(bf16) : fl);
+    // ranks: y fastest, then x, z, data (tp_linear.h); calls: the stage's, for the latency term
+    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(10 * L + 4), Y, 1, false);
+    add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)(4 * L + 3), X, Y, false);
+    add_comm(p, "x", "all-gather", acc * N * x_gather * fl, acc, X, Y, false);
+    add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + 8 * L), Z, X * Y, overlap);
+    add_comm(p, "z", "reduce-scatter", acc * (wte + L * blocks) * fl, acc * (long)(1 + 4 * L), Z, X * Y, overlap);
+    add_comm(p, "z", "all-reduce", (double)m.small_numel * fl, 1, Z, X * Y, false);
+    add_comm(p, "data", "all-reduce", (double)m.layout.num_params * fl, 1, D, X * Y * Z, false);
+    tp_model_free(&m);
+}
+
+// Stage 07 on pp stages x dp replicas (rank = replica * pp + stage), m micro-batches per step:
+// rank 0 is stage 0 of replica 0, sized by the stage's own stage_blocks, gpt_layout_range and
+// pipe_slots. Its messages go to stage 1 only: an activation after each forward, a gradient
+// before each backward, A = rows x T x C floats each. Where a forward's send is followed by a
+// backward's receive they travel as one send-recv, counted as the message sent (comm.h); the
+// op order is the stage's pipe_schedule. Per step also: wte's gradient all-reduced between the
+// first and last stage (GPT-2's tied lm_head), and the stage's gradients over the replicas.
+static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
+    int dp = s->P / pp, L = s->mc->n_layer, first, blocks;
+    snprintf(p->name, sizeof p->name, "PP %d x %d, %.5s m%d", pp, dp, s->cfg->pp_schedule, m);
+    p->stage = 7, p->pp = pp, p->microbatches = m, p->dp = dp;
+    add_strategy(p, "pipeline");
+    add_arg(p, "--pp_size=%d", pp);
+    add_arg(p, "--num_microbatches=%d", m);
+    add_arg(p, "--gradient_acc_steps=1");
+    stage_blocks(L, pp, 0, &first, &blocks);
+    ParamLayout layout;
+    gpt_layout_range(&layout, s->mc, first, blocks, true, pp == 1);
+    size_t n = layout.num_params, bytes = n * sizeof(float);
+    int rows = s->cfg->global_batch_size / dp / m;
+    ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
+    spec.first_layer = first, spec.n_layers = blocks, spec.embed = true, spec.head = pp == 1;
+    // 07_pipeline_parallel/train.c's report (its parameters are labelled fp32 master in every precision)
+    add_memory(p, "parameters (fp32 master)", bytes);
+    add_memory(p, copy_label(s->cfg), s->half ? n * sizeof(bf16) : 0);
+    add_memory(p, "gradients (fp32)", bytes);
+    add_memory(p, "AdamW m and v (fp32)", 2 * bytes);
+    add_memory(p, activations_label(s->cfg), (size_t)pipe_slots(s->cfg->pp_schedule, m, pp, 0) * acts_bytes(&spec));
+    gpt_layout_free(&layout);
+
+    PipeOp *ops = calloc_or_die(2 * (size_t)m, sizeof *ops);
+    int n_ops = pipe_schedule(ops, s->cfg->pp_schedule, m, pp, 0);
+    long sends = 0, send_recvs = 0, recvs = 0;
+    for (int k = 0; k < n_ops && pp > 1; k++) {
+        bool fused_before = k > 0 && !ops[k - 1].backward && ops[k].backward;
+        bool fused_after = k + 1 < n_ops && !ops[k].backward && ops[k + 1].backward;
+        if (!ops[k].backward) fused_after ? send_recvs++ : sends++;
+        else if (!fused_before) recvs++;
+    }
+    free(ops);
+    double A = (double)rows * s->T * s->mc->n_embd * sizeof(float);
+    add_comm(p, "pipeline", "send", sends * A, sends, 2, 1, false);
+    add_comm(p, "pipeline", "send-recv", send_recvs * A, send_recvs, 2, 1, false);
+    add_comm(p, "pipeline", "recv", recvs * A, recvs, 2, 1, false);
+    add_comm(p, "tied-wte", "all-reduce", pp > 1 ? (double)s->mc->padded_vocab_size * s->mc->n_embd * sizeof(float) : 0,
+             1, 2, pp - 1, false);
+    add_comm(p, "replicas", "all-reduce", (double)bytes, 1, dp, pp, false);
+}
+
+// ---- time: compute, communication, what hides under what ---------------------------------------
+
+// Compute: the model's FLOPs (trainer.h's flops_per_token, plus one more forward of the blocks
+// when they recompute) split evenly over the ranks, at the peak times the efficiency the model
+// reaches; CPU ranks beyond the cores share them. Every layout does the same arithmetic, split
+// differently, so layouts differ by communication and by what it hides under.
+// Communication: each collective's alpha-beta time on the link its group crosses. Hidden: a
+// collective the stage runs under compute (DDP's buckets under backward, FSDP's prefetched
+// gathers and overlapped reduce-scatters, stage 05's depth prefetch), on a machine whose
+// communication progresses during compute; at least one call's worth always shows (the last
+// bucket, the first gather).
+static void predict_time(const Setup *s, Plan *p) {
+    const Cluster *c = s->cluster;
+    double tokens = (double)s->cfg->global_batch_size * s->T;
+    double flops = flops_per_token(s->mc, s->T) * tokens / s->P;
+    if (s->flags & ACTS_RECOMPUTE) flops *= 8.0 / 6.0;
+    double share = c->cores && s->P > c->cores ? (double)c->cores / s->P : 1.0;
+    double peak = s->half ? c->peak_flops_16 : c->peak_flops_f32;
+    double efficiency = c->stage_efficiency[p->stage] ? c->stage_efficiency[p->stage] : c->efficiency;
+    p->compute_s = flops / (peak * efficiency * share);
+    // a pipeline's bubble: filling and draining pp stages idles (pp - 1) / m of the ideal time
+    p->bubble_s = p->stage == 7 ? p->compute_s * (p->pp - 1) / p->microbatches : 0;
+    double backward = p->compute_s * 2.0 / 3.0, hideable = 0, shown_anyway = 0;
+    p->comm_s = p->exposed_s = 0;
+    for (int i = 0; i < p->n_comm; i++) {
+        Collective *k = &p->comm[i];
+        k->intra = group_is_intra_node(c, k->n, k->stride);
+        k->seconds = collective_seconds(k->cost, k->bytes, k->calls, k->n, k->intra ? c->intra : c->inter,
+                                        &k->algorithm);
+        p->comm_s += k->seconds;
+        if (k->hideable && c->overlaps) {
+            hideable += k->seconds;
+            shown_anyway += k->seconds / k->calls;
+        } else {
+            p->exposed_s += k->seconds;
+        }
+    }
+    double cover = p->stage == 3 ? backward : p->compute_s;  // DDP's buckets fill during backward only
+    double hidden_exposed = hideable - cover > shown_anyway ? hideable - cover : shown_anyway;
+    p->exposed_s += hideable > 0 ? hidden_exposed : 0;
+    p->step_s = p->compute_s + p->bubble_s + p->exposed_s;
+    p->tokens_per_s = tokens / p->step_s;
+    p->fits = (double)p->memory_total <= c->memory_bytes;
+}
+
+// ---- the layouts ------------------------------------------------------------------------------
+
+// whether `name` is one of the '+'-separated layouts of `only` ("ddp+2,2,1"; "": every layout)
+static bool wanted(const char *only, const char *name) {
+    if (!only[0]) return true;
+    size_t n = strlen(name);
+    for (const char *p = only; p; p = strchr(p, '+') ? strchr(p, '+') + 1 : NULL)
+        if (strncmp(p, name, n) == 0 && (p[n] == '+' || p[n] == '\0')) return true;
+    return false;
+}
+
+// every layout the stages can run on P ranks with this config; why_not: the first reason one did
+// not fit, for the error when none does
+static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int max, const char *only,
+                     char *why_not, size_t why_size) {
+    int n = 0;
+    const Config *cfg = s->cfg;
+    bool batch_splits = cfg->global_batch_size % (s->P * cfg->gradient_acc_steps) == 0;
+    if (!batch_splits)
+        snprintf(why_not, why_size, "DDP and FSDP: global_batch_size %d does not split into %d ranks x %d "
+                 "micro-batches", cfg->global_batch_size, s->P, cfg->gradient_acc_steps);
+    bool any = !only[0];
+    if (batch_splits && wanted(only, "ddp")) plan_ddp(s, &plans[n++], layout);
+    if (batch_splits && wanted(only, "fsdp")) plan_fsdp(s, &plans[n++], layout);
+    bool tp_modelled = gpt_arch(s->mc) == &ARCH_GPT2 && !(s->flags & ACTS_RECOMPUTE);
+    for (int X = 1; X <= s->P && tp_modelled; X++)
+        for (int Y = 1; X * Y <= s->P; Y++)
+            for (int Z = 1; X * Y * Z <= s->P; Z++) {
+                int dims[3] = {X, Y, Z};
+                char name[48], why[320];
+                snprintf(name, sizeof name, "%d,%d,%d", X, Y, Z);
+                if (!wanted(only, name)) continue;
+                if (!tp_grid_fits(s->mc, dims, s->P, cfg->global_batch_size, cfg->gradient_acc_steps, why, sizeof why)) {
+                    if (!why_not[0] || !any) snprintf(why_not, why_size, "%s", why);
+                    continue;
+                }
+                if (n == max) fatal("internal: more than %d layouts", max);
+                plan_tp(s, &plans[n++], dims);
+            }
+    for (int pp = 2; pp <= s->P && tp_modelled; pp++) {
+        char name[16], why[320];
+        snprintf(name, sizeof name, "pp%d", pp);
+        if (!wanted(only, name)) continue;
+        // the config's micro-batches when the planner is given them, else 4 per stage where they fit
+        Config pipe = *cfg;
+        pipe.pp_size = pp;
+        pipe.num_microbatches = s->microbatches ? s->microbatches : 4 * pp;
+        while (!s->microbatches && pipe.num_microbatches > 1 && s->P % pp == 0 &&
+               cfg->global_batch_size % (s->P / pp * pipe.num_microbatches) != 0)
+            pipe.num_microbatches--;
+        if (!pipe_grid_fits(&pipe, s->P, s->mc->n_layer, why, sizeof why)) {
+            if (!why_not[0] || !any) snprintf(why_not, why_size, "%s", why);
+            continue;
+        }
+        if (n == max) fatal("internal: more than %d layouts", max);
+        plan_pipeline(s, &plans[n++], pp, pipe.num_microbatches);
+    }
+    if (!tp_modelled && !why_not[0])
+        snprintf(why_not, why_size, "tensor-parallel and pipeline layouts are planned for GPT-2 without "
+                 "activation_checkpointing");
+    for (int i = 0; i < n; i++) predict_time(s, &plans[i]);
+    return n;
+}
+
+static int by_step_time(const void *a, const void *b) {
+    const Plan *x = a, *y = b;
+    if (x->fits != y->fits) return x->fits ? -1 : 1;
+    return (x->step_s > y->step_s) - (x->step_s < y->step_s);
+}
+
+// ---- output -----------------------------------------------------------------------------------
+
+static double mib(double bytes) { return bytes / 1048576.0; }
+
+static void print_plan(const Setup *s, const Plan *plans, int n) {
+    const Cluster *c = s->cluster;
+    printf("plan | %s | %d ranks (%d per node) | %s L=%d H=%d C=%d V=%d | batch %d x %d tokens, %d micro-batch%s | "
+           "precision %s\n", c->name, s->P, c->gpus_per_node, gpt_arch(s->mc)->name, s->mc->n_layer, s->mc->n_head,
+           s->mc->n_embd, s->mc->vocab_size, s->cfg->global_batch_size, s->T, s->cfg->gradient_acc_steps,
+           s->cfg->gradient_acc_steps > 1 ? "es" : "", s->cfg->precision);
+    printf("machine: %.3g TFLOP/s %s x %.2f efficiency per rank%s; links: intra %.3g GB/s %.3g us, inter %.3g GB/s "
+           "%.3g us; %s\n", 1e-12 * (s->half ? c->peak_flops_16 : c->peak_flops_f32), s->half ? "16-bit" : "fp32",
+           c->efficiency, c->cores && s->P > c->cores ? " (ranks share the cores)" : "", c->intra.bandwidth / 1e9,
+           c->intra.latency * 1e6, c->inter.bandwidth / 1e9, c->inter.latency * 1e6,
+           c->overlaps ? "communication overlaps compute" : "communication does not overlap compute");
+    printf("\nmemory per rank (MiB) and step time, fastest first:\n");
+    printf("  %-17s %8s %8s %8s %8s %8s %9s %4s %10s %10s %10s %10s %11s\n", "layout", "params", "grads", "optim",
+           "acts", "gathered", "total", "fits", "compute ms", "comm MB", "exposed ms", "step ms", "tokens/s");
+    for (int i = 0; i < n; i++) {
+        const Plan *p = &plans[i];
+        double cat[CATS] = {0};
+        for (int k = 0; k < p->n_memory; k++) cat[category_of(p->memory[k].what)] += (double)p->memory[k].bytes;
+        printf("  %-17s", p->name);
+        for (int k = 0; k < CATS; k++) printf(" %8.2f", mib(cat[k]));
+        printf(" %9.2f %4s %10.2f %10.3f %10.2f %10.2f %11.0f\n", mib((double)p->memory_total), p->fits ? "yes" : "NO",
+               1e3 * p->compute_s, p->comm_bytes / 1e6, 1e3 * p->exposed_s, 1e3 * p->step_s, p->tokens_per_s);
+    }
+    printf("\ncommunication per step (rank 0; alpha-beta on the link each group crosses):\n");
+    for (int i = 0; i < n; i++) {
+        const Plan *p = &plans[i];
+        printf("  %s:%s\n", p->name, p->n_comm ? "" : " none");
+        for (int k = 0; k < p->n_comm; k++) {
+            const Collective *q = &p->comm[k];
+            printf("    %-5s %-15s %10.3f MB %6ld calls %2d ranks %-5s %-4s %9.3f ms%s\n", q->group, q->kind,
+                   q->bytes / 1e6, q->calls, q->n, q->intra ? "intra" : "inter", q->algorithm, 1e3 * q->seconds,
+                   q->hideable && s->cluster->overlaps ? "  overlaps compute" : "");
+        }
+    }
+}
+
+// the one sentence: what the best layout does better than the runner-up
+static void why_best(const Plan *plans, int n, char *out, size_t size) {
+    if (n == 0 || !plans[0].fits) {
+        snprintf(out, size, "no layout fits in memory");
+        return;
+    }
+    if (n == 1 || !plans[1].fits) {
+        snprintf(out, size, "%s is the only layout that fits", plans[0].name);
+        return;
+    }
+    const Plan *a = &plans[0], *b = &plans[1];
+    double dc = b->compute_s - a->compute_s, de = b->exposed_s - a->exposed_s;
+    if (b->step_s - a->step_s < 0.01 * a->step_s)
+        snprintf(out, size, "%s and %s tie (%.2f and %.2f ms per step): %s moves %.2f MB per step, %s %.2f MB",
+                 a->name, b->name, 1e3 * a->step_s, 1e3 * b->step_s, a->name, a->comm_bytes / 1e6, b->name,
+                 b->comm_bytes / 1e6);
+    else if (de >= dc && a->comm_bytes < b->comm_bytes)
+        snprintf(out, size, "%s wins: it moves %.1fx fewer bytes per step than %s at this batch (%.2f vs %.2f MB), "
+                 "%.2f ms less exposed communication", a->name, b->comm_bytes / a->comm_bytes, b->name,
+                 a->comm_bytes / 1e6, b->comm_bytes / 1e6, 1e3 * de);
+    else if (de >= dc)
+        snprintf(out, size, "%s wins: its communication shows %.2f ms less than %s's (%.2f vs %.2f MB per step, "
+                 "on faster links or under compute)", a->name, 1e3 * de, b->name, a->comm_bytes / 1e6,
+                 b->comm_bytes / 1e6);
+    else
+        snprintf(out, size, "%s wins: %.2f ms less compute per step than %s", a->name, 1e3 * dc, b->name);
+}
+
+static void write_json(const char *path, const Setup *s, const Plan *plans, int n, const char *why) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "cluster", s->cluster->path);
+    cJSON_AddNumberToObject(root, "ranks", s->P);
+    cJSON_AddNumberToObject(root, "seq_len", s->T);
+    cJSON_AddStringToObject(root, "why", why);
+    cJSON *list = cJSON_AddArrayToObject(root, "layouts");
+    for (int i = 0; i < n; i++) {
+        const Plan *p = &plans[i];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "name", p->name);
+        cJSON_AddNumberToObject(j, "stage", p->stage);
+        cJSON *args = cJSON_AddArrayToObject(j, "args");
+        for (int k = 0; k < p->n_args; k++) cJSON_AddItemToArray(args, cJSON_CreateString(p->args[k]));
+        cJSON_AddNumberToObject(j, "dp", p->dp);
+        if (p->stage == 5) cJSON_AddItemToObject(j, "tp_dimensions", cJSON_CreateIntArray(p->dims, 3));
+        if (p->stage == 7) cJSON_AddNumberToObject(j, "pp", p->pp), cJSON_AddNumberToObject(j, "microbatches", p->microbatches);
+        cJSON *mem = cJSON_AddObjectToObject(j, "memory");
+        cJSON *cats = cJSON_AddObjectToObject(j, "memory_by_category");
+        double cat[CATS] = {0};
+        for (int k = 0; k < p->n_memory; k++) {
+            cJSON_AddNumberToObject(mem, p->memory[k].what, (double)p->memory[k].bytes);
+            cat[category_of(p->memory[k].what)] += (double)p->memory[k].bytes;
+        }
+        for (int k = 0; k < CATS; k++) cJSON_AddNumberToObject(cats, CATEGORY_NAMES[k], cat[k]);
+        cJSON_AddNumberToObject(j, "memory_total", (double)p->memory_total);
+        cJSON_AddBoolToObject(j, "fits", p->fits);
+        cJSON *comm = cJSON_AddArrayToObject(j, "communication");
+        for (int k = 0; k < p->n_comm; k++) {
+            const Collective *q = &p->comm[k];
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "group", q->group);
+            cJSON_AddStringToObject(e, "kind", q->kind);
+            cJSON_AddNumberToObject(e, "bytes", q->bytes);
+            cJSON_AddNumberToObject(e, "calls", (double)q->calls);
+            cJSON_AddNumberToObject(e, "ranks", q->n);
+            cJSON_AddStringToObject(e, "link", q->intra ? "intra" : "inter");
+            cJSON_AddStringToObject(e, "algorithm", q->algorithm);
+            cJSON_AddNumberToObject(e, "seconds", q->seconds);
+            cJSON_AddBoolToObject(e, "overlaps_compute", q->hideable && s->cluster->overlaps);
+            cJSON_AddItemToArray(comm, e);
+        }
+        cJSON_AddNumberToObject(j, "comm_bytes", p->comm_bytes);
+        cJSON_AddNumberToObject(j, "compute_s", p->compute_s);
+        cJSON_AddNumberToObject(j, "bubble_s", p->bubble_s);
+        cJSON_AddNumberToObject(j, "comm_s", p->comm_s);
+        cJSON_AddNumberToObject(j, "exposed_comm_s", p->exposed_s);
+        cJSON_AddNumberToObject(j, "step_s", p->step_s);
+        cJSON_AddNumberToObject(j, "tokens_per_s", p->tokens_per_s);
+        if (p->measured) {
+            cJSON *m = cJSON_AddObjectToObject(j, "measured");
+            cJSON_AddNumberToObject(m, "step_s", p->measured_step_s);
+            cJSON_AddNumberToObject(m, "comm_bytes", p->measured_comm_bytes);
+            cJSON_AddNumberToObject(m, "memory_total", (double)p->measured_memory_total);
+            cJSON_AddBoolToObject(m, "memory_agrees", p->memory_agrees);
+        }
+        cJSON_AddItemToArray(list, j);
+    }
+    char *text = cJSON_Print(root);
+    if (!text) fatal("out of memory writing %s", path);
+    FILE *f = fopen_or_die(path, "w");
+    if (fputs(text, f) == EOF || fclose(f) != 0) fatal("%s: cannot write the plan", path);
+    free(text);
+    cJSON_Delete(root);
+}
+
+static void print_measured(const Plan *plans, int n) {
+    printf("\npredicted and measured here (step: median of the measured steps after the first):\n");
+    printf("  %-17s %10s %10s %7s %12s %12s %11s %11s\n", "layout", "step ms", "measured", "ratio", "comm MB",
+           "measured", "memory MiB", "measured");
+    for (int i = 0; i < n; i++) {
+        const Plan *p = &plans[i];
+        if (!p->measured) continue;
+        printf("  %-17s %10.2f %10.2f %7.2f %12.4f %12.4f %11.2f %11.2f%s\n", p->name, 1e3 * p->step_s,
+               1e3 * p->measured_step_s, p->measured_step_s / p->step_s, p->comm_bytes / 1e6,
+               p->measured_comm_bytes / 1e6, mib((double)p->memory_total), mib((double)p->measured_memory_total),
+               p->memory_agrees ? "" : "  (memory rows differ)");
+    }
+}
+
+// ---- the command line -------------------------------------------------------------------------
+
+typedef struct {
+    const char *cluster, *layout, *json, *calibrate;
+    int ranks, nodes, measure_steps, passes, seq_len, microbatches;
+    bool help;
+    char **config_args;  // argv[0], then what is not the planner's: --config, --key=value
+    int n_config_args;
+} Options;
+
+static int positive_option(const char *arg, const char *name) {
+    char *end;
+    long v = strtol(arg, &end, 10);
+    if (*end || v < 1 || v > 1 << 20) fatal("command line: option '%s': expected a positive integer, found '%s'", name, arg);
+    return (int)v;
+}
+
+// the planner's own options; the rest is the config's, passed to config_load (and to the runs)
+static void parse_options(Options *o, int argc, char **argv) {
+    memset(o, 0, sizeof *o);
+    o->layout = "";
+    o->config_args = calloc_or_die((size_t)argc + 1, sizeof(char *));
+    o->config_args[o->n_config_args++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+            o->help = true, printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--layout=L[+L...]] [--microbatches=M]\n"
+                   "                  [--seq_len=T] [--json=FILE] [--measure[=STEPS] [--passes=N]] [--config FILE] [--key=value ...]\n"
+                   "       build/plan --calibrate=FILE [--ranks=P] [--config FILE] [--key=value ...]\n"
+                   "layouts: ddp, fsdp, X,Y,Z (a tensor-parallel grid), ppN (N pipeline stages); docs/PLANNER.md\n"
+                   "the training config's keys follow (the planner reads them as the stages do)\n\n");
+        if (strncmp(a, "--cluster=", 10) == 0) o->cluster = a + 10;
+        else if (strncmp(a, "--layout=", 9) == 0) o->layout = a + 9;
+        else if (strncmp(a, "--json=", 7) == 0) o->json = a + 7;
+        else if (strncmp(a, "--calibrate=", 12) == 0) o->calibrate = a + 12;
+        else if (strncmp(a, "--ranks=", 8) == 0) o->ranks = positive_option(a + 8, "--ranks");
+        else if (strncmp(a, "--nodes=", 8) == 0) o->nodes = positive_option(a + 8, "--nodes");
+        else if (strncmp(a, "--seq_len=", 10) == 0) o->seq_len = positive_option(a + 10, "--seq_len");
+        else if (strncmp(a, "--microbatches=", 15) == 0) o->microbatches = positive_option(a + 15, "--microbatches");
+        else if (strcmp(a, "--measure") == 0) o->measure_steps = 6;
+        else if (strncmp(a, "--measure=", 10) == 0) o->measure_steps = positive_option(a + 10, "--measure");
+        else if (strncmp(a, "--passes=", 9) == 0) o->passes = positive_option(a + 9, "--passes");
+        else o->config_args[o->n_config_args++] = argv[i];
+    }
+}
+
+// The stage to load the config as: the one whose strategy it names (configs/axonn.json names
+// axonn, stage 05's), so that its own keys are accepted; stage 03's when it names none. The file
+// is read again by config_load, which reports whatever is wrong in it.
+static Stage stage_of_config(int argc, char **argv) {
+    const char *path = getenv("CONFIG_FILE"), *strategy = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) path = argv[i + 1];
+        else if (strncmp(argv[i], "--config=", 9) == 0) path = argv[i] + 9;
+        else if (strncmp(argv[i], "--strategy=", 11) == 0) strategy = argv[i] + 11;
+    }
+    char *text = !strategy && path && *path ? read_file_or_die(path, NULL) : NULL;
+    cJSON *json = text ? cJSON_Parse(text) : NULL;
+    const cJSON *named = cJSON_GetObjectItemCaseSensitive(json, "strategy");
+    if (!strategy && cJSON_IsString(named)) strategy = named->valuestring;
+    Stage stage = !strategy ? STAGE_DDP
+                  : strcmp(strategy, "single_device") == 0 ? STAGE_MIXED_PRECISION
+                  : strcmp(strategy, "fsdp") == 0 ? STAGE_FSDP
+                  : strcmp(strategy, "axonn") == 0 ? STAGE_TENSOR_PARALLEL
+                  : strcmp(strategy, "pipeline") == 0 ? STAGE_PIPELINE_PARALLEL : STAGE_DDP;
+    cJSON_Delete(json);
+    free(text);
+    return stage;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--pingpong") == 0) {
+        pingpong(&argc, &argv);
+        return 0;
+    }
+    Options o;
+    parse_options(&o, argc, argv);
+    if (o.calibrate) {
+        calibrate_machine(o.calibrate, o.ranks ? o.ranks : 4, o.config_args, o.n_config_args);
+        return 0;
+    }
+    Config cfg;
+    Stage stage = stage_of_config(o.n_config_args, o.config_args);
+    if (!o.cluster && o.help) config_load(&cfg, o.n_config_args, o.config_args, stage);  // prints the keys, exits
+    if (!o.cluster) fatal("command line: option '--cluster': expected a cluster description (configs/clusters/*.json "
+                          "or one --calibrate wrote), found none");
+    Cluster cluster;
+    cluster_load(&cluster, o.cluster);
+    if (o.nodes) cluster.nodes = o.nodes;
+    config_load(&cfg, o.n_config_args, o.config_args, stage);
+    ops_set_half_format(config_half_format(&cfg));  // the memory report names fp16 or bf16 copies
+    Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
+    GPTConfig mc = model_shape(&cfg, tok);
+    ParamLayout layout;
+    gpt_layout(&layout, &mc);
+    int T = mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len;
+    if (o.seq_len && o.seq_len > T) fatal("command line: option '--seq_len': expected at most max_seq_len %d, found %d", T, o.seq_len);
+    Setup s = {.cfg = &cfg, .mc = &mc, .cluster = &cluster, .P = o.ranks ? o.ranks : cluster.nodes * cluster.gpus_per_node,
+               .T = o.seq_len ? o.seq_len : T, .flags = acts_flags(&cfg), .half = config_is_half(&cfg),
+               .microbatches = o.microbatches ? o.microbatches : cfg.num_microbatches > 1 ? cfg.num_microbatches : 0};
+
+    enum { MAX_PLANS = 512 };
+    Plan *plans = calloc_or_die(MAX_PLANS, sizeof(Plan));
+    char why_not[400] = "";
+    int n = enumerate(&s, &layout, plans, MAX_PLANS, o.layout, why_not, sizeof why_not);
+    int named = 0;  // layouts --layout names: each must run
+    for (const char *c = o.layout; *c; c++) named += *c == '+';
+    named += o.layout[0] != '\0';
+    if (n < named)
+        fatal("command line: option '--layout': %s cannot run on %d ranks: %s", o.layout, s.P,
+              why_not[0] ? why_not : "expected ddp, fsdp, x,y,z (a tensor-parallel grid) or ppN (N pipeline stages)");
+    if (n == 0) fatal("%d ranks: no layout can run this config on them (%s)", s.P, why_not);
+    qsort(plans, (size_t)n, sizeof(Plan), by_step_time);
+    if (o.measure_steps)
+        measure_plans(plans, n, s.P, o.config_args + 1, o.n_config_args - 1, o.measure_steps, o.passes ? o.passes : 1);
+    char why[400];
+    why_best(plans, n, why, sizeof why);
+    print_plan(&s, plans, n);
+    if (o.measure_steps) print_measured(plans, n);
+    printf("\n%s.\n", why);
+    if (o.json) write_json(o.json, &s, plans, n, why);
+    size_t smallest = plans[0].memory_total;
+    for (int i = 0; i < n; i++) smallest = plans[i].memory_total < smallest ? plans[i].memory_total : smallest;
+    if (!plans[0].fits)  // sorted: a layout that fits comes first
+        fatal("%s: no layout fits in %.1f GiB per GPU on %d ranks (the smallest needs %.2f GiB): add ranks, "
+              "shard (FSDP, z) or lower the batch", o.cluster, cluster.memory_bytes / 1073741824.0, s.P,
+              smallest / 1073741824.0);
+    free(plans);
+    gpt_layout_free(&layout);
+    tokenizer_free(tok);
+    free(o.config_args);
+    return 0;
+}

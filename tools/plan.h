@@ -1,0 +1,63 @@
+// plan.h: what the planner predicts for one parallel layout (tools/plan.c), and what --measure
+// finds when it runs the layout (tools/plan_measure.c).
+#ifndef PLAN_H
+#define PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "config.h"
+#include "plan_cluster.h"
+#include "trainer.h"
+
+// one collective of a step, as rank 0 counts it (comm.h's sizes)
+typedef struct {
+    const char *group, *kind;  // as the stages name them in stats.json: "data", "all-reduce"
+    double bytes;              // per step
+    long calls;                // per step (the latency term; the stages' count, approximately)
+    int n, stride;             // ranks in the group, world-rank distance between them
+    CostKind cost;
+    bool hideable;             // the stage can run it under compute (when the machine overlaps)
+    double seconds;            // alpha-beta, on the link it crosses
+    const char *algorithm;
+    bool intra;                // stays on one node
+} Collective;
+
+enum { PLAN_MAX_MEMORY = 8, PLAN_MAX_COMM = 10 };
+
+typedef struct {
+    char name[48];            // "DDP", "FSDP", "TP [2,2,1] x 1"
+    int stage;                // the binary that runs it: build/stage-N
+    char args[6][48];         // what it adds to the config: "--strategy=axonn", "--tp_dimensions=2,2,1"
+    int n_args;
+    int dims[3], dp;
+    int pp, microbatches;     // pipelines: stages, micro-batches per step
+    MemoryItem memory[PLAN_MAX_MEMORY];  // rank 0's memory report, row for row
+    int n_memory;
+    size_t memory_total;
+    bool fits;
+    Collective comm[PLAN_MAX_COMM];
+    int n_comm;
+    double comm_bytes;        // per step: what metrics.jsonl's comm_bytes counts
+    double compute_s, bubble_s, comm_s, exposed_s, step_s, tokens_per_s;
+    // --measure
+    bool measured;
+    double measured_step_s, measured_comm_bytes;
+    size_t measured_memory_total;
+    bool memory_agrees;       // every row of stats.json's memory equals the prediction's
+} Plan;
+
+// --measure: runs each plan for `steps` steps with mpirun on this machine (config_args: the
+// --config and --key=value arguments the planner was given) and fills the measured fields; with
+// passes > 1, over every layout again, the fastest median step of each layout kept
+void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_config_args, int steps, int passes);
+
+// --calibrate: writes a cluster description of this machine to `path`: matmul FLOP/s
+// (ops_peak_flops, as the stages measure it), the model's efficiency (stage 03 on one rank with
+// config_args), MPI latency and bandwidth between ranks (ping-pongs in pairs, --pingpong)
+void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args);
+// the ping-pong itself, under mpirun with an even number of ranks, in pairs: prints
+// "latency_us L bandwidth_GBps B" (rank 0's pair) on rank 0
+void pingpong(int *argc, char ***argv);
+
+#endif
