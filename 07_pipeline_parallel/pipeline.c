@@ -354,23 +354,12 @@ static bool not_wte_copy(const TensorInfo *t, const void *grid) {
     return t->role != ROLE_WTE || !holds_wte_copy(grid);
 }
 
-static void assemble(const PipeGrid *g, const ParamLayout *local, const ParamLayout *full, float *out,
-                     const float *in) {
-    dev_zero(out, full->num_params * sizeof(float));
-    layout_copy_tensors(local, (float *)in, full, out, true, not_wte_copy, g);
-    // each element is non-zero on exactly one stage: the sum puts the model together
-    comm_all_reduce(g->pipe, out, full->num_params);
-}
+static void sum_over_pipeline(float *buf, size_t n, void *pipe) { comm_all_reduce(pipe, buf, n); }
 
 void pipe_save_checkpoint(const Config *cfg, const PipeGrid *g, const ParamLayout *local,
                           const ParamLayout *full, const float *params, const float *m,
                           const float *v, long step) {
     if (g->replica != 0) return;  // the replicas are identical
-    size_t bytes = full->num_params * sizeof(float);
-    float *fp = dev_malloc(bytes), *fm = dev_malloc(bytes), *fv = dev_malloc(bytes);
-    assemble(g, local, full, fp, params);
-    assemble(g, local, full, fm, m);
-    assemble(g, local, full, fv, v);
-    if (g->is_first) save_checkpoint(cfg, full, fp, fm, fv, step);
-    dev_free(fp), dev_free(fm), dev_free(fv);
+    save_checkpoint_from_parts(cfg, local, full, params, m, v, step, not_wte_copy, g, sum_over_pipeline, g->pipe,
+                               g->is_first);
 }

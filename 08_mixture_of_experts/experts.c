@@ -259,22 +259,12 @@ static bool own_share(const TensorInfo *t, const void *grid) {
     return t->expert >= 0 || ((const ExpertGrid *)grid)->ep_rank == 0;
 }
 
-static void assemble(const ExpertGrid *g, const ParamLayout *local, const ParamLayout *whole, float *out,
-                     const float *in) {
-    dev_zero(out, whole->num_params * sizeof(float));
-    layout_copy_tensors(local, (float *)in, whole, out, true, own_share, g);
-    comm_all_reduce(g->ep_group, out, whole->num_params);  // each element comes from one rank
-}
+static void sum_over_replica(float *buf, size_t n, void *ep_group) { comm_all_reduce(ep_group, buf, n); }
 
 void expert_save_checkpoint(const Config *cfg, const ExpertGrid *g, const ParamLayout *local,
                             const ParamLayout *whole, const float *params, const float *m, const float *v,
                             long step) {
     if (g->replica != 0) return;  // the replicas are identical
-    size_t bytes = whole->num_params * sizeof(float);
-    float *wp = dev_malloc(bytes), *wm = dev_malloc(bytes), *wv = dev_malloc(bytes);
-    assemble(g, local, whole, wp, params);
-    assemble(g, local, whole, wm, m);
-    assemble(g, local, whole, wv, v);
-    if (g->ep_rank == 0) save_checkpoint(cfg, whole, wp, wm, wv, step);
-    dev_free(wp), dev_free(wm), dev_free(wv);
+    save_checkpoint_from_parts(cfg, local, whole, params, m, v, step, own_share, g, sum_over_replica, g->ep_group,
+                               g->ep_rank == 0);
 }

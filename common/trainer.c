@@ -559,6 +559,21 @@ long load_checkpoint_part(const Config *cfg, const ParamLayout *part, const Para
     return step;
 }
 
+void save_checkpoint_from_parts(const Config *cfg, const ParamLayout *part, const ParamLayout *whole,
+                                const float *params, const float *m, const float *v, long step, TensorFilter take,
+                                const void *take_ctx, PartsSum sum, void *sum_ctx, bool saves) {
+    size_t n = whole->num_params;
+    const float *parts[3] = {params, m, v};
+    float *bufs[3];
+    for (int i = 0; i < 3; i++) {
+        bufs[i] = dev_malloc(n * sizeof(float));  // zero-filled: the other parts' elements stay 0
+        layout_copy_tensors(part, (float *)parts[i], whole, bufs[i], true, take, take_ctx);
+        sum(bufs[i], n, sum_ctx);  // each element is non-zero on exactly one rank
+    }
+    if (saves) save_checkpoint(cfg, whole, bufs[0], bufs[1], bufs[2], step);
+    for (int i = 0; i < 3; i++) dev_free(bufs[i]);
+}
+
 // ---- preemption -------------------------------------------------------------------------------
 
 static volatile sig_atomic_t signalled;

@@ -189,6 +189,14 @@ void load_initial_weights(const Config *cfg, const ParamLayout *layout, float *p
 // with AdamW's moments; returns the step) or from init_from.
 long load_checkpoint_part(const Config *cfg, const ParamLayout *part, const ParamLayout *whole, float *params,
                           float *m, float *v);
+// And the other way: the ranks holding the parts of the model put the whole together. Each lays
+// out its share of params, m and v (the tensors take accepts, all when NULL) in a whole-model
+// buffer of zeros; sum(buf, n, sum_ctx) adds the buffers of the ranks holding the other parts (an
+// all-reduce over them); the rank with `saves` writes the checkpoint.
+typedef void (*PartsSum)(float *buf, size_t n, void *ctx);
+void save_checkpoint_from_parts(const Config *cfg, const ParamLayout *part, const ParamLayout *whole,
+                                const float *params, const float *m, const float *v, long step, TensorFilter take,
+                                const void *take_ctx, PartsSum sum, void *sum_ctx, bool saves);
 
 // ---- preemption: stop at a step boundary, save, exit to be resumed ----------------------------
 // Slurm warns a job before its time limit or a preemption with SIGUSR1 (--signal=B:USR1@N) and
