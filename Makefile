@@ -113,14 +113,14 @@ build/ceilings: $(B)/ceilings
 	@cp $< $@
 $(B)/ceilings: $(B)/tools/ceilings.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
-# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, pipeline.c): it links them,
+# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, pipeline.c, experts.c): it links them,
 # and with them the comm layer (mpicc), which its ping-pong calibration uses too
 PLAN_TOOL_OBJS := $(addprefix $(B)/tools/,plan.o plan_cluster.o plan_measure.o)
 PLAN_OBJS := $(PLAN_TOOL_OBJS) \
              $(addprefix $(B)/,04_fsdp/fsdp.o 05_tensor_parallel/tp_linear.o 05_tensor_parallel/tp_model.o \
-                               07_pipeline_parallel/pipeline.o)
+                               07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o)
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
-$(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel
+$(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel -I08_mixture_of_experts
 build/plan: $(B)/plan
 	@cp $< $@
 $(B)/plan: $(PLAN_OBJS) $(COMMON_OBJS) $(COMM_OBJS)

@@ -210,7 +210,8 @@ typedef struct {
 
 static void all_reduce_run(size_t first, size_t n, bool expert, void *ctx) {
     GradientRuns *r = ctx;
-    comm_all_reduce(expert ? r->g->expert_dp : r->g->world, r->grads + first, n);
+    Comm *group = expert ? r->g->expert_dp : r->g->world;
+    if (comm_size(group) > 1) comm_all_reduce(group, r->grads + first, n);  // one rank: nothing to add
 }
 
 void all_reduce_gradients(const ExpertGrid *g, const ParamLayout *layout, float *grads) {
@@ -259,7 +260,9 @@ static bool own_share(const TensorInfo *t, const void *grid) {
     return t->expert >= 0 || ((const ExpertGrid *)grid)->ep_rank == 0;
 }
 
-static void sum_over_replica(float *buf, size_t n, void *ep_group) { comm_all_reduce(ep_group, buf, n); }
+static void sum_over_replica(float *buf, size_t n, void *ep_group) {
+    if (comm_size(ep_group) > 1) comm_all_reduce(ep_group, buf, n);  // one rank holds it all
+}
 
 void expert_save_checkpoint(const Config *cfg, const ExpertGrid *g, const ParamLayout *local,
                             const ParamLayout *whole, const float *params, const float *m, const float *v,

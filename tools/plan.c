@@ -10,7 +10,9 @@
 // tp_acts_bytes, stage_blocks, pipe_slots, acts_bytes, the memory reports' rows), so they equal
 // the runs' stats.json and metrics.jsonl exactly when every sequence of a batch is T tokens long
 // (a batch is padded to its longest sequence: shorter batches move fewer activation bytes over
-// x, y and the pipeline). Experts (stage 08) are not planned yet.
+// x, y and the pipeline). A mixture of experts runs on stage 08 alone: its layouts are ep x dp, with
+// memory exact and the all-to-all bytes those of balanced routing without drops (the real ones
+// depend on where the router sends the tokens).
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "experts.h"
 #include "fsdp.h"
 #include "gpt.h"
 #include "log.h"
@@ -55,6 +58,7 @@ static void add_strategy(Plan *p, const char *strategy) {
     add_arg(p, "--strategy=%s", strategy);
     if (p->stage != 5) add_arg(p, "--tp_dimensions=1,1,1");
     if (p->stage != 7) add_arg(p, "--pp_size=1"), add_arg(p, "--num_microbatches=1");
+    if (p->stage == 8) add_arg(p, "--ep_size=%d", p->ep);
 }
 
 static void add_memory(Plan *p, const char *what, size_t bytes) {
@@ -235,6 +239,48 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     add_comm(p, "replicas", "all-reduce", (double)bytes, 1, dp, pp, false);
 }
 
+// Stage 08 on ep expert ranks x dp replicas: rank 0 holds every non-expert tensor and E / ep of
+// each MoE block's experts (the stage's gpt_layout_experts, expert_shape, acts_bytes). Per step:
+// the non-expert gradients all-reduced over every rank and the experts' over the replicas (one
+// call per run of tensors of one kind, all_reduce_gradients); with ep > 1, per MoE block and
+// micro-batch, the routed rows' counts all-gathered (E floats a rank) and four all-to-alls of C
+// floats a row (the rows out and back, forward and backward: 8 C (routed + ran) bytes). Balanced
+// routing without drops sends k N rows out and runs k N rows here, N the rank's tokens.
+static void plan_experts(const Setup *s, Plan *p, int ep) {
+    int dp = s->P / ep, E = s->mc->n_experts, acc = s->cfg->gradient_acc_steps;
+    snprintf(p->name, sizeof p->name, "EP %d x %d", ep, dp);
+    p->stage = 8, p->ep = ep, p->dp = dp;
+    add_strategy(p, "expert_parallel");
+    ExpertGrid grid = {.ep = ep, .dp = dp, .n_local = E / ep};
+    ParamLayout layout;
+    gpt_layout_experts(&layout, s->mc, 0, grid.n_local);
+    int rows = s->cfg->global_batch_size / acc / s->P;
+    ActsSpec spec = whole_model_acts(s->mc, rows, s->T, false, false);
+    spec.shape = expert_shape(&grid, s->mc);
+    size_t n = layout.num_params, bytes = n * sizeof(float), experts = 0;
+    long expert_runs = 0, shared_runs = 0;
+    for (int i = 0; i < layout.num_tensors; i++) {
+        bool expert = layout.tensors[i].expert >= 0;
+        experts += expert ? layout.tensors[i].numel : 0;
+        bool starts_run = i == 0 || (layout.tensors[i - 1].expert >= 0) != expert;
+        expert_runs += starts_run && expert;
+        shared_runs += starts_run && !expert;
+    }
+    add_memory(p, parameters_label(s->cfg), bytes);
+    add_memory(p, copy_label(s->cfg), 0);
+    add_memory(p, "gradients (fp32)", bytes);
+    add_memory(p, "AdamW m and v (fp32)", 2 * bytes);
+    add_memory(p, activations_label(s->cfg), acts_bytes(&spec));
+    gpt_layout_free(&layout);
+    double fl = sizeof(float), moe = gpt_moe_blocks(s->mc, 0, s->mc->n_layer);
+    double routed = (double)s->mc->experts_per_token * rows * s->T;
+    add_comm(p, "world", "all-reduce", (double)(n - experts) * fl, shared_runs, s->P, 1, false);
+    add_comm(p, "expert-replicas", "all-reduce", (double)experts * fl, expert_runs, dp, ep, false);
+    add_comm(p, "experts", "all-gather", acc * moe * E * ep * fl, (long)(acc * moe), ep, 1, false);
+    add_comm(p, "experts", "all-to-all", acc * moe * 2 * (routed + routed) * s->mc->n_embd * fl, (long)(4 * acc * moe),
+             ep, 1, false);
+}
+
 // ---- time: compute, communication, what hides under what ---------------------------------------
 
 // Compute: the model's FLOPs (trainer.h's flops_per_token, plus one more forward of the blocks
@@ -302,6 +348,19 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
         snprintf(why_not, why_size, "DDP and FSDP: global_batch_size %d does not split into %d ranks x %d "
                  "micro-batches", cfg->global_batch_size, s->P, cfg->gradient_acc_steps);
     bool any = !only[0];
+    if (s->mc->n_experts) {  // experts train on stage 08 alone
+        for (int ep = 1; ep <= s->P; ep++) {
+            char name[16];
+            snprintf(name, sizeof name, "ep%d", ep);
+            if (s->P % ep || s->mc->n_experts % ep || !batch_splits || !wanted(only, name)) continue;
+            plan_experts(s, &plans[n++], ep);
+        }
+        if (!n && !why_not[0])
+            snprintf(why_not, why_size, "a mixture of experts runs on stage 08: ep must divide the %d ranks and the %d "
+                     "experts", s->P, s->mc->n_experts);
+        for (int i = 0; i < n; i++) predict_time(s, &plans[i]);
+        return n;
+    }
     if (batch_splits && wanted(only, "ddp")) plan_ddp(s, &plans[n++], layout);
     if (batch_splits && wanted(only, "fsdp")) plan_fsdp(s, &plans[n++], layout);
     bool tp_modelled = gpt_arch(s->mc) == &ARCH_GPT2 && !(s->flags & ACTS_RECOMPUTE);
@@ -545,8 +604,20 @@ static void parse_options(Options *o, int argc, char **argv) {
 }
 
 // The stage to load the config as: the one whose strategy it names (configs/axonn.json names
-// axonn, stage 05's), so that its own keys are accepted; stage 03's when it names none. The file
+// axonn, stage 05's), so that its own keys are accepted; stage 08's when it has experts; stage
+// 03's otherwise. The file
 // is read again by config_load, which reports whatever is wrong in it.
+static bool has_experts(const cJSON *json) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(json, "num_experts");
+    return cJSON_IsNumber(e) && e->valuedouble > 0;
+}
+
+static bool experts_on_command_line(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], "--num_experts=", 14) == 0 && atoi(argv[i] + 14) > 0) return true;
+    return false;
+}
+
 static Stage stage_of_config(int argc, char **argv) {
     const char *path = getenv("CONFIG_FILE"), *strategy = NULL;
     for (int i = 1; i < argc; i++) {
@@ -562,7 +633,9 @@ static Stage stage_of_config(int argc, char **argv) {
                   : strcmp(strategy, "single_device") == 0 ? STAGE_MIXED_PRECISION
                   : strcmp(strategy, "fsdp") == 0 ? STAGE_FSDP
                   : strcmp(strategy, "axonn") == 0 ? STAGE_TENSOR_PARALLEL
-                  : strcmp(strategy, "pipeline") == 0 ? STAGE_PIPELINE_PARALLEL : STAGE_DDP;
+                  : strcmp(strategy, "pipeline") == 0 ? STAGE_PIPELINE_PARALLEL
+                  : strcmp(strategy, "expert_parallel") == 0 ? STAGE_MIXTURE_OF_EXPERTS : STAGE_DDP;
+    if (!strategy && (has_experts(json) || experts_on_command_line(argc, argv))) stage = STAGE_MIXTURE_OF_EXPERTS;
     cJSON_Delete(json);
     free(text);
     return stage;
@@ -608,7 +681,8 @@ int main(int argc, char **argv) {
     named += o.layout[0] != '\0';
     if (n < named)
         fatal("command line: option '--layout': %s cannot run on %d ranks: %s", o.layout, s.P,
-              why_not[0] ? why_not : "expected ddp, fsdp, x,y,z (a tensor-parallel grid) or ppN (N pipeline stages)");
+              why_not[0] ? why_not : "expected ddp, fsdp, x,y,z (a tensor-parallel grid), ppN (N pipeline stages) "
+              "or epN (experts over N ranks)");
     if (n == 0) fatal("%d ranks: no layout can run this config on them (%s)", s.P, why_not);
     qsort(plans, (size_t)n, sizeof(Plan), by_step_time);
     if (o.measure_steps)

@@ -32,6 +32,7 @@ typedef struct {
     int n_args;
     int dims[3], dp;
     int pp, microbatches;     // pipelines: stages, micro-batches per step
+    int ep;                   // experts: ranks a replica's experts are spread over
     MemoryItem memory[PLAN_MAX_MEMORY];  // rank 0's memory report, row for row
     int n_memory;
     size_t memory_total;

@@ -140,6 +140,7 @@ void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_conf
             if (p->stage == 5)
                 snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "tp-%d-%d-%d", p->dims[0], p->dims[1], p->dims[2]);
             if (p->stage == 7) snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "pp-%d-m%d", p->pp, p->microbatches);
+            if (p->stage == 8) snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "ep-%d", p->ep);
             fprintf(stderr, "measuring %s: %d ranks, %d steps (pass %d of %d) ...\n", p->name, ranks, steps, pass + 1,
                     passes);
             run_stage(ranks, p->stage, config_args, n_config_args, p->args, p->n_args, steps, dir);
