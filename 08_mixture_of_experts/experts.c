@@ -55,7 +55,6 @@ void print_expert_plan(const ExpertGrid *g, const GPTConfig *mc) {
 // ---- the expert-parallel MoE layer ------------------------------------------------------------
 
 static ExpertLayers *layers_of(LayerOps *ops) { return (ExpertLayers *)ops; }
-static MoEActs *moe_of(const Activations *a, int l) { return a->blocks[l - a->spec.first_layer].moe; }
 
 static int *block_counts(const ExpertLayers *x, const Activations *a, int l) {
     return x->counts + (size_t)(l - a->spec.first_layer) * x->grid->ep * x->E;
@@ -65,8 +64,7 @@ static int *block_counts(const ExpertLayers *x, const Activations *a, int l) {
 // receive, and where those rows go.
 static void exchange_counts(ExpertLayers *x, const MoEActs *m, int *counts) {
     int E = x->E, ep = x->grid->ep;
-    float host[MAX_EXPERTS * 64];  // ep * E: at most 64 ranks per expert group here
-    if (ep * E > (int)(sizeof host / sizeof host[0])) fatal("expert groups of more than %d ranks x %d experts", 64, MAX_EXPERTS);
+    float *host = x->count_host;
     for (int e = 0; e < E; e++) host[e] = (float)m->routed[e];
     copy_to_device(x->count_buf, host, (size_t)E * sizeof(float));
     comm_all_gather(x->grid->ep_group, x->count_buf + E, x->count_buf, (size_t)E);
@@ -129,7 +127,7 @@ static void send_home(ExpertLayers *x, const float *expert_rows, float *home, in
 
 static void expert_parallel_forward(LayerOps *ops, Activations *a, int l, const BlockWeights *w, int B, int T) {
     ExpertLayers *x = layers_of(ops);
-    MoEActs *m = moe_of(a, l);
+    MoEActs *m = moe_acts(a, l);
     int C = a->spec.shape.C, *counts = block_counts(x, a, l);
     moe_route(a, l, w, B, T);
     exchange_counts(x, m, counts);
@@ -148,7 +146,7 @@ static void expert_parallel_backward(LayerOps *ops, Activations *a, int l, float
     ExpertLayers *x = layers_of(ops);
     MoEScratch *d = &a->moe;
     int C = a->spec.shape.C;
-    int got = plan_exchange(x, block_counts(x, a, l), moe_of(a, l), C);
+    int got = plan_exchange(x, block_counts(x, a, l), moe_acts(a, l), C);
     moe_combine_outputs_backward(a, l, dout, d->dreturned, B, T);
     send_to_experts(x, d->dreturned, d->dexpert_out, got, C);
     moe_experts_backward(a, l, w, g, d->dexpert_out, d->dexpert_in);
@@ -172,6 +170,7 @@ void expert_layers_init(ExpertLayers *x, const ExpertGrid *g, const GPTConfig *m
     x->order_dev = dev_malloc((size_t)R * sizeof(int));
     x->received = dev_malloc((size_t)R * s.C * sizeof(float));
     x->count_buf = dev_malloc((size_t)(g->ep + 1) * x->E * sizeof(float));
+    x->count_host = calloc_or_die((size_t)g->ep * x->E, sizeof(float));
     x->send_counts = calloc_or_die((size_t)g->ep * 4, sizeof(size_t));
     x->send_offsets = x->send_counts + g->ep;
     x->recv_counts = x->send_counts + 2 * g->ep;
@@ -185,6 +184,7 @@ void expert_layers_free(ExpertLayers *x) {
     dev_free(x->order_dev);
     dev_free(x->received);
     dev_free(x->count_buf);
+    free(x->count_host);
 }
 
 // ---- gradients --------------------------------------------------------------------------------
@@ -229,6 +229,25 @@ double expert_sum_squares(const ExpertGrid *g, const ParamLayout *layout, const 
     for_each_run(layout, add_squares, &r);
     // each rank of a replica holds other experts: their squares add up over the replica
     return r.squares[0] + comm_sum_double(g->ep_group, r.squares[1]);
+}
+
+typedef struct {
+    long *runs;
+    size_t *numel;
+} RunCount;
+
+static void count_run(size_t first, size_t n, bool expert, void *ctx) {
+    (void)first;
+    RunCount *c = ctx;
+    c->runs[expert]++;
+    c->numel[expert] += n;
+}
+
+void count_gradient_runs(const ParamLayout *layout, long runs[2], size_t numel[2]) {
+    runs[0] = runs[1] = 0;
+    numel[0] = numel[1] = 0;
+    RunCount c = {runs, numel};
+    for_each_run(layout, count_run, &c);
 }
 
 // ---- what the experts did ---------------------------------------------------------------------

@@ -41,7 +41,8 @@ typedef struct {
     int *order;            // (R) host, and its device copy: where received row i goes among the
     int *order_dev;        // expert-major rows the experts run on
     float *received;       // (R, C) rows as they arrive, grouped by sending rank
-    float *count_buf;      // (ep * E) device: the counts' all-gather
+    float *count_buf;      // ((ep + 1) * E) device: the counts' all-gather (this rank's, then all)
+    float *count_host;     // (ep * E) host: the same counts, read back
     size_t *send_counts, *send_offsets, *recv_counts, *recv_offsets;  // (ep) each, in floats
     // over the forwards so far: this rank's token rows sent to experts, and the rows its experts
     // ran, which go back. Backward sends each again: all-to-all bytes = 2 x (to + at) x C x 4.
@@ -56,6 +57,9 @@ void expert_layers_free(ExpertLayers *x);
 // The gradients' all-reduce: the experts' over the ranks holding the same experts, the rest of
 // the model (which every rank holds) over every rank. Blocking, after backward.
 void all_reduce_gradients(const ExpertGrid *g, const ParamLayout *layout, float *grads);
+// what all_reduce_gradients sends, as the planner counts it: the all-reduces (runs of tensors of
+// one kind) and their elements, [0] the replicated tensors', [1] the experts'
+void count_gradient_runs(const ParamLayout *layout, long runs[2], size_t numel[2]);
 // the squared norm of the whole model's gradient: the replicated tensors once, each expert once
 double expert_sum_squares(const ExpertGrid *g, const ParamLayout *layout, const float *grads);
 

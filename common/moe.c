@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "log.h"
 #include "ops.h"
 
@@ -30,15 +31,14 @@ void moe_stats_reset(Activations *a) {
     if (st->load) memset(st->load, 0, (size_t)a->spec.n_layers * a->spec.shape.n_experts * sizeof(long));
 }
 
-static MoEActs *moe_acts(const Activations *a, int l) { return a->blocks[l - a->spec.first_layer].moe; }
+MoEActs *moe_acts(const Activations *a, int l) { return a->blocks[l - a->spec.first_layer].moe; }
 
 // ---- routing, on the host ---------------------------------------------------------------------
 
+// the router's softmax, with the loss's row math (kernels.h), one worker per row
 static void softmax_row(float *p, int E) {
-    float max = p[0], sum = 0.0f;
-    for (int e = 1; e < E; e++) max = p[e] > max ? p[e] : max;
-    for (int e = 0; e < E; e++) sum += p[e] = expf(p[e] - max);
-    for (int e = 0; e < E; e++) p[e] /= sum;
+    float max = row_partial_max(p, E, 0, 1), sum = row_partial_sumexp(p, max, E, 0, 1);
+    for (int e = 0; e < E; e++) p[e] = softmax_exp(p[e], max) / sum;
 }
 
 // the k most probable experts, best first (ties: the lower index), and their renormalised weights

@@ -31,6 +31,9 @@ int moe_receive_capacity(const ModelShape *s, int B, int T);
 void moe_set_global_batch(Activations *a, const GPTConfig *cfg, int global_sequences);
 void moe_stats_reset(Activations *a);
 
+// block l's routing and expert rows
+MoEActs *moe_acts(const Activations *a, int l);
+
 // ---- the steps --------------------------------------------------------------------------------
 // Routes the block's MLP input: router logits, softmax, top-k, capacity; packs each kept token row
 // into `packed`, grouped by expert (m->counts[0..E) rows each); adds the load-balancing loss, the

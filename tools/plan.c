@@ -257,15 +257,9 @@ static void plan_experts(const Setup *s, Plan *p, int ep) {
     int rows = s->cfg->global_batch_size / acc / s->P;
     ActsSpec spec = whole_model_acts(s->mc, rows, s->T, false, false);
     spec.shape = expert_shape(&grid, s->mc);
-    size_t n = layout.num_params, bytes = n * sizeof(float), experts = 0;
-    long expert_runs = 0, shared_runs = 0;
-    for (int i = 0; i < layout.num_tensors; i++) {
-        bool expert = layout.tensors[i].expert >= 0;
-        experts += expert ? layout.tensors[i].numel : 0;
-        bool starts_run = i == 0 || (layout.tensors[i - 1].expert >= 0) != expert;
-        expert_runs += starts_run && expert;
-        shared_runs += starts_run && !expert;
-    }
+    size_t n = layout.num_params, bytes = n * sizeof(float), numel[2];
+    long runs[2];
+    count_gradient_runs(&layout, runs, numel);
     add_memory(p, parameters_label(s->cfg), bytes);
     add_memory(p, copy_label(s->cfg), 0);
     add_memory(p, "gradients (fp32)", bytes);
@@ -274,8 +268,8 @@ static void plan_experts(const Setup *s, Plan *p, int ep) {
     gpt_layout_free(&layout);
     double fl = sizeof(float), moe = gpt_moe_blocks(s->mc, 0, s->mc->n_layer);
     double routed = (double)s->mc->experts_per_token * rows * s->T;
-    add_comm(p, "world", "all-reduce", (double)(n - experts) * fl, shared_runs, s->P, 1, false);
-    add_comm(p, "expert-replicas", "all-reduce", (double)experts * fl, expert_runs, dp, ep, false);
+    add_comm(p, "world", "all-reduce", (double)numel[0] * fl, runs[0], s->P, 1, false);
+    add_comm(p, "expert-replicas", "all-reduce", (double)numel[1] * fl, runs[1], dp, ep, false);
     add_comm(p, "experts", "all-gather", acc * moe * E * ep * fl, (long)(acc * moe), ep, 1, false);
     add_comm(p, "experts", "all-to-all", acc * moe * 2 * (routed + routed) * s->mc->n_embd * fl, (long)(4 * acc * moe),
              ep, 1, false);
