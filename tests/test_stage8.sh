@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Stage 08 (a mixture of experts, expert parallelism) under mpirun:
+#  - without experts (num_experts 0) stage 08 on 2 ranks reproduces stage 01's losses within 1e-5;
 #  - ep 2, ep 4 and ep 2 x dp 2 reproduce one rank's (ep 1) per-step losses within 1e-5 relative
 #    over 20 steps, with the same dropped pairs and the same rows per expert at every step;
 #  - the all-to-all bytes on rank 0 equal the formula from the rows it routed and the rows its
@@ -25,6 +26,14 @@ keys = ("dropped", "expert_load")
 sys.exit(0 if len(a) == len(b) and all(x[k] == y[k] for x, y in zip(a, b) for k in keys) else 1)
 PY
 }
+
+# no experts: the dense model of stage 01, data-parallel
+dense=(--config configs/tiny.json --stop_iteration=20 --eval_batches=0 --log_interval=100 --n_embd=$C)
+build/stage-1 "${dense[@]}" --out_dir="$tmp/single" >"$tmp/single.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/single.log")"
+timeout 300 mpirun -np 2 --bind-to none build/stage-8 "${dense[@]}" --out_dir="$tmp/dense2" >"$tmp/dense2.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 8 without experts failed: $(tail -3 "$tmp/dense2.log")"
+check 'compare_losses "$tmp/single" "$tmp/dense2" 20 1e-5' "stage 08 without experts does not reproduce stage 01"
 
 run_ranks 8 ep1 1
 run_ranks 8 ep2 2 --ep_size=2
