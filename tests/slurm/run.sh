@@ -208,13 +208,30 @@ until_trained_a_step() {
 }
 
 # release_requeued (a wait_job hook): Slurm holds a requeued job for about two minutes
-# (Reason=BeginTime); the test starts it once the first run's step daemons are gone (a step N.0
-# started again while the old one lingers finds its PMIx socket taken, and srun then fails to
-# launch yet exits 0)
+# (Reason=BeginTime) so that the first run's job credential, revoked at the requeue, is not
+# mistaken for the second's. The test starts it sooner, once both are safe:
+#   - the first run's step daemons are gone (a step N.0 started again while the old one lingers
+#     finds its PMIx socket taken, and srun then fails to launch yet exits 0);
+#   - 2 s have passed since the test first saw the hold: slurmd compares the new credential's
+#     creation time with the revocation in whole seconds, so one made in the same second is
+#     refused as revoked and the batch script never starts (the job ends FAILED 1:0, its log
+#     silent after the requeue).
 release_requeued() {
-    if [ "$REASON" = Reason=BeginTime ] && ! pgrep -f "slurmstepd: \[$JID\." >/dev/null; then
+    [ "$REASON" = Reason=BeginTime ] || return 0
+    held_since=${held_since:-$SECONDS}
+    if [ $((SECONDS - held_since)) -ge 2 ] && ! pgrep -f "slurmstepd: \[$JID\." >/dev/null; then
         slurm_cmd scontrol update jobid="$JID" StartTime=now 2>/dev/null
     fi
+}
+
+# daemon_log_lines: what slurmctld and slurmd logged about $JID (why a launch failed)
+daemon_log_lines() {
+    local logs
+    logs=$(dirname "$(dirname "$SLURM_CONF")")/log
+    echo "----- job $JID in $logs/slurmctld.log and slurmd.log:"
+    grep -hE "(JobId=|job |StepId=|\[)$JID([^0-9]|$)" "$logs/slurmctld.log" "$logs/slurmd.log" 2>/dev/null |
+        tail -n 30 | sed 's/^/    /'
+    echo "-----"
 }
 
 # ranks_left <out_dir>: the processes of a stage still running with that out_dir (none, after a
@@ -226,7 +243,7 @@ ranks_left() {
 }
 
 preempt_job() { # preempt_job <stage>: section 4 for one stage
-    local n=$1 ref=$WORK/out/stage-$1-srun out=$WORK/out/stage-$1-requeue name t0 restarts from why
+    local n=$1 ref=$WORK/out/stage-$1-srun out=$WORK/out/stage-$1-requeue name t0 restarts from why held_since
     name="preemption, stage $n ($([ "$n" = 5 ] && echo "[2,2,1], ")4 ranks): USR1 mid-run, requeued, resumed"
     [ -s "$ref/metrics.jsonl" ] || { fail "$name: no uninterrupted run to compare with ($ref)"; return; }
     rm -rf "$out"
@@ -243,7 +260,7 @@ preempt_job() { # preempt_job <stage>: section 4 for one stage
     from=$(sed -nE "s|^resuming the run saved in $out after step ([0-9]+)$|\1|p" "$LOG" 2>/dev/null)
     if [ "$STATE" != COMPLETED ] || [ "$EXIT" != 0:0 ] || [ "${restarts:-0}" != 1 ]; then
         fail "$name: job $JID ended $STATE (exit $EXIT) after ${restarts:-0} restarts, want COMPLETED 0:0 after 1"
-        log_tail; return
+        log_tail; daemon_log_lines; return
     fi
     if [ -z "$from" ] || [ "$from" -lt 1 ] || [ "$from" -ge "$PREEMPT_STEPS" ]; then
         fail "$name: job $JID did not resume mid-run (want 'resuming the run saved in $out after step K', 0 < K < $PREEMPT_STEPS)"
