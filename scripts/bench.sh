@@ -66,35 +66,40 @@ run "stage-2 tiny.json bf16-mixed" 2 bf16 --config configs/tiny.json --stop_iter
 
 # Stage 06: decode speed at batch 1 and 8, random weights (the speed does not depend on them). At
 # batch 1 a decode step reads every weight once to produce one token, so tokens/s is bounded by
-# memory bandwidth / bytes of weights; the bandwidth is the read ceiling measured above.
+# memory bandwidth / bytes of weights; the bandwidth is the read ceiling measured above. bf16
+# weights (--precision=bf16-mixed) are half the bytes: the bound doubles.
 bw=$CEILING_READ
 head -4 data/inference/prompts.txt >"$out/prompts8.txt"
 head -4 data/inference/prompts.txt >>"$out/prompts8.txt"
-decode() { # decode <label> <batch> <args...>
-    local label=$1 batch=$2; shift 2
+decode() { # decode <label> <batch> <bytes per weight> <args...>
+    local label=$1 batch=$2 weight_bytes=$3; shift 3
     build/stage-6 "$@" --random_init=true --tokens_to_generate=48 --max_seq_len=256 \
         --prompts_path="$out/prompts8.txt" --max_batch_size="$batch" >"$out/$label.log" 2>&1 ||
         { echo "bench: $label failed:"; tail "$out/$label.log"; exit 1; }
-    python3 - "$label" "$out/$label.log" "$batch" "$bw" <<'PY'
+    python3 - "$label" "$out/$label.log" "$batch" "$bw" "$weight_bytes" <<'PY'
 import re, sys
 log = open(sys.argv[2], errors="replace").read()
 params = float(re.search(r"\| ([0-9.]+)M parameters", log)[1]) * 1e6
 m = re.search(r"prefill: (\d+) tokens in ([0-9.]+) ms = (\d+) tokens/s \| decode: (\d+) tokens in ([0-9.]+) ms = (\d+) tokens/s", log)
-batch, bw = int(sys.argv[3]), float(sys.argv[4])
+batch, bw, weight_bytes = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 decode_tps, prefill_tps = float(m[6]), float(m[3])
-bound = bw / (4 * params)  # fp32: every weight read once per step, batch tokens per step
+bound = bw / (weight_bytes * params)  # every weight read once per step, batch tokens per step
 share = f"{100 * decode_tps / batch / bound:5.1f}% of {bound:6.0f}" if batch == 1 else "         -    "
 print(f"| {sys.argv[1]:<28} | {decode_tps:>12.0f} | {1e3 * batch / decode_tps:>9.2f} | {prefill_tps:>9.0f} | {share} |")
+open(f"{sys.argv[2]}.tps", "w").write(f"{decode_tps}\n")
 PY
 }
 echo
-echo "stage 06 decode (fp32 weights, greedy, 8 prompts); read ceiling $(python3 -c "print(f'{$bw/1e9:.1f}')") GB/s ($OMP_NUM_THREADS threads)"
+echo "stage 06 decode (greedy, 8 prompts); read ceiling $(python3 -c "print(f'{$bw/1e9:.1f}')") GB/s ($OMP_NUM_THREADS threads)"
 echo "| run                          | decode tok/s | ms/step   | prefill/s | batch-1 bound tok/s |"
 echo "|------------------------------|--------------|-----------|-----------|---------------------|"
-decode "stage-6 tiny.json B=1" 1 --config configs/tiny.json
-decode "stage-6 tiny.json B=8" 8 --config configs/tiny.json
-decode "stage-6 gpt2-124M B=1" 1 --config configs/bench_gpt2.json
-decode "stage-6 gpt2-124M B=8" 8 --config configs/bench_gpt2.json
+decode "stage-6 tiny.json B=1" 1 4 --config configs/tiny.json
+decode "stage-6 tiny.json B=8" 8 4 --config configs/tiny.json
+decode "stage-6 gpt2-124M B=1" 1 4 --config configs/bench_gpt2.json
+decode "stage-6 gpt2-124M B=8" 8 4 --config configs/bench_gpt2.json
+decode "stage-6 gpt2-124M B=1 bf16" 1 2 --config configs/bench_gpt2.json --precision=bf16-mixed
+python3 -c "import sys; print(f'bf16 weights decode {float(sys.argv[2]) / float(sys.argv[1]):.2f}x as fast as fp32 at batch 1')" \
+    "$(cat "$out/stage-6 gpt2-124M B=1.log.tps")" "$(cat "$out/stage-6 gpt2-124M B=1 bf16.log.tps")"
 
 # Stage 06 as a server (--serve=true): tests/server_client.py's load generator streams completions
 # from 1, 4 and 16 clients at once, each sending its next request when its answer is done. The

@@ -1198,10 +1198,13 @@ int main(void) {
     test_matmul(3, 16, 1, 1, 1);
     test_matmul(67, 96, 81, 1, 0);  // big enough for oneDNN's blocked kernels, odd edges
     test_matmul(67, 96, 81, 0, 0);
+    test_matmul(1, 7, 9, 1, 1);      // one row (a decode step): the matrix-vector path
+    test_matmul(1, 771, 40, 0, 0);   // ... with a tail past its vector width
     test_bf16_rounding();
     test_fp16_rounding();
     test_matmul_bf16(5, 7, 9);
     test_matmul_bf16(67, 96, 81);
+    test_matmul_bf16(1, 771, 40);
     printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_bf16());
     test_peak_flops();
     test_layernorm();
