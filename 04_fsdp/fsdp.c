@@ -26,6 +26,30 @@ static size_t real_in_shard(const Fsdp *f, const FsdpUnit *u) {
 // where this rank's shard starts in the flat layout
 static size_t shard_first(const Fsdp *f, const FsdpUnit *u) { return u->first + (size_t)f->rank * u->shard; }
 
+// Block l's tensors that no matmul reads in 16 bits stay fp32. Walks their elements in shard r
+// (relative to the unit: [r x shard, (r + 1) x shard)) in layout order, and copies them between
+// `packed` and `unit`, where unit[x - base] is the unit's element x: into packed (to_packed) or
+// back out of it. NULL buffers: only counts. Returns the number of elements.
+static size_t move_fp32_part(const Fsdp *f, int l, int r, float *unit, size_t base, float *packed, bool to_packed) {
+    const FsdpUnit *u = &f->units[1 + l];
+    size_t lo = (size_t)r * u->shard, hi = lo + u->shard, n = 0;
+    for (int i = 0; i < f->layout->num_tensors; i++) {
+        const TensorInfo *t = &f->layout->tensors[i];
+        if (t->block != l || block_role_read_in_16_bits(t->role)) continue;
+        size_t a = t->offset - u->first, b = a + t->numel;
+        if (a < lo) a = lo;
+        if (b > hi) b = hi;
+        if (a >= b) continue;
+        if (unit && packed) {
+            size_t bytes = (b - a) * sizeof(float);
+            if (to_packed) dev_copy(packed + n, unit + (a - base), bytes);
+            else dev_copy(unit + (a - base), packed + n, bytes);
+        }
+        n += b - a;
+    }
+    return n;
+}
+
 void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_bf16) {
     memset(f, 0, sizeof *f);
     f->rank = rank;
@@ -45,9 +69,14 @@ void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetc
         f->shard_numel += u->shard;
         if (i > 0 && padded(f, u) > f->max_block) f->max_block = padded(f, u);
     }
+    for (int l = 0; use_bf16 && l < L; l++)
+        for (int r = 0; r < P; r++) {
+            size_t n = move_fp32_part(f, l, r, NULL, 0, NULL, true);
+            if (n > f->fp32_pack) f->fp32_pack = n;
+        }
     size_t root = padded(f, &f->units[0]), slots = prefetch ? 2 : 1;
-    f->gathered_bytes = (2 * root + 2 * slots * f->max_block) * sizeof(float);
-    if (use_bf16) f->gathered16_bytes = (root + slots * f->max_block) * sizeof(bf16);
+    f->gathered_bytes = (2 * root + 2 * slots * f->max_block + slots * (1 + (size_t)P) * f->fp32_pack) * sizeof(float);
+    if (use_bf16) f->gathered16_bytes = (root + slots * (f->max_block + f->max_block / (size_t)P)) * sizeof(bf16);
 }
 
 void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_bf16) {
@@ -71,14 +100,20 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, b
     }
     if (use_bf16) {
         f->root16 = dev_malloc(root * sizeof(bf16));
-        for (int s = 0; s < slots; s++) f->block16[s] = dev_malloc(max_block * sizeof(bf16));
+        for (int s = 0; s < slots; s++) {
+            f->block16[s] = dev_malloc(max_block * sizeof(bf16));
+            f->shard16[s] = dev_malloc(max_block / (size_t)f->P * sizeof(bf16));
+            f->pack_send[s] = dev_malloc(f->fp32_pack * sizeof(float));
+            f->pack_recv[s] = dev_malloc((size_t)f->P * f->fp32_pack * sizeof(float));
+        }
     }
 }
 
 void fsdp_free(Fsdp *f) {
     void *all[] = {f->params, f->grads, f->adam_m, f->adam_v, f->root, f->root_grad, f->block[0],
                    f->block[1], f->block_grad[0], f->block_grad[1], f->shard_scratch[0],
-                   f->shard_scratch[1], f->root16, f->block16[0], f->block16[1]};
+                   f->shard_scratch[1], f->root16, f->block16[0], f->block16[1], f->shard16[0],
+                   f->shard16[1], f->pack_send[0], f->pack_send[1], f->pack_recv[0], f->pack_recv[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
     free(f->units);
     memset(f, 0, sizeof *f);
@@ -174,14 +209,36 @@ static void gather_root(Fsdp *f, Weights *w) {
 // a pass goes into slot k % 2 when prefetching, so that use k + 1 can be gathered into the other
 // slot while use k computes; without prefetching everything goes through slot 0.
 typedef struct {
+    CommRequest *weights;    // the block: fp32, or its bf16 copy
+    CommRequest *fp32_part;  // bf16 precisions: the tensors that stay fp32 (NULL: none)
+    int block, slot;
+} BlockGather;
+
+typedef struct {
     Fsdp *f;
     int uses;                // blocks used so far in this micro-batch
-    CommRequest *pending;    // the prefetched gather, into slot uses % 2
+    BlockGather pending;     // the prefetched gather, into slot uses % 2 (weights NULL: none)
 } Gathers;
 
-static CommRequest *gather_block_start(Fsdp *f, int l, int slot) {
+static BlockGather gather_block_start(Fsdp *f, int l, int slot) {
     const FsdpUnit *u = &f->units[1 + l];
-    return comm_all_gather_start(f->world, f->block[slot], f->params + u->local, u->shard);
+    float *shard = f->params + u->local;
+    if (!f->use_bf16)
+        return (BlockGather){comm_all_gather_start(f->world, f->block[slot], shard, u->shard), NULL, l, slot};
+    cast_to_bf16(f->shard16[slot], shard, u->shard);
+    move_fp32_part(f, l, f->rank, shard, (size_t)f->rank * u->shard, f->pack_send[slot], true);
+    return (BlockGather){comm_all_gather16_start(f->world, f->block16[slot], f->shard16[slot], u->shard),
+                         comm_all_gather_start(f->world, f->pack_recv[slot], f->pack_send[slot], f->fp32_pack),
+                         l, slot};
+}
+
+// waits for a block's gather; in bf16 precisions, unpacks every rank's fp32 part into the slot
+static void gather_block_finish(Fsdp *f, BlockGather g) {
+    comm_wait(g.weights);
+    if (!g.fp32_part) return;
+    comm_wait(g.fp32_part);
+    for (int r = 0; r < f->P; r++)
+        move_fp32_part(f, g.block, r, f->block[g.slot], 0, f->pack_recv[g.slot] + (size_t)r * f->fp32_pack, false);
 }
 
 // Returns block l's gathered weights (bf16 copies included); `next` (-1: none) is the block the
@@ -189,16 +246,13 @@ static CommRequest *gather_block_start(Fsdp *f, int l, int slot) {
 static BlockWeights use_block(Gathers *g, int l, int next) {
     Fsdp *f = g->f;
     int slot = f->prefetch ? g->uses % 2 : 0;
-    CommRequest *req = g->pending ? g->pending : gather_block_start(f, l, slot);
-    comm_wait(req);
-    g->pending = f->prefetch && next >= 0 ? gather_block_start(f, next, (g->uses + 1) % 2) : NULL;
+    gather_block_finish(f, g->pending.weights ? g->pending : gather_block_start(f, l, slot));
+    g->pending = f->prefetch && next >= 0 ? gather_block_start(f, next, (g->uses + 1) % 2) : (BlockGather){0};
     g->uses++;
+    // bf16 precisions: the slot's fp32 matrices are stale; the linears read the bf16 copies
     BlockWeights bw;
     block_weights_point(&bw, f->layout, l, f->block[slot]);
-    if (f->use_bf16) {
-        cast_to_bf16(f->block16[slot], f->block[slot], f->units[1 + l].numel);
-        block_weights_point_bf16(&bw, f->layout, l, f->block16[slot]);
-    }
+    if (f->use_bf16) block_weights_point_bf16(&bw, f->layout, l, f->block16[slot]);
     return bw;
 }
 

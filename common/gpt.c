@@ -307,6 +307,11 @@ static bf16 **block_slot16(BlockWeights *bw, TensorRole role) {
     }
 }
 
+bool block_role_read_in_16_bits(TensorRole role) {
+    BlockWeights bw;
+    return block_slot16(&bw, role) != NULL;
+}
+
 void root_weights_point(Weights *w, const ParamLayout *l, float *root, bf16 *root16) {
     memset(w, 0, sizeof *w);
     w->n_layer = l->cfg.n_layer;

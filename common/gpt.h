@@ -203,6 +203,9 @@ void weights_point_bf16(Weights *w, const ParamLayout *layout, bf16 *flat16);
 // points one block's bf16 matrices into unit16, a bf16 copy of that block's elements in layout
 // order (a gathered FSDP unit, cast)
 void block_weights_point_bf16(BlockWeights *bw, const ParamLayout *layout, int block, bf16 *unit16);
+// whether a block's tensor of this role is a matrix that the linears read as a bf16 copy when
+// there is one (the rest, biases and LayerNorm weights, are always read in fp32)
+bool block_role_read_in_16_bits(TensorRole role);
 // fills params[first, first+n) of the flat buffer with the initial values: N(0, 0.02), residual
 // projections N(0, 0.02/sqrt(2L)), LayerNorm weights 1, biases 0, padded vocab rows 0.
 // Element-wise counter-based, so any rank can initialise any slice identically.

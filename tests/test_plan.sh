@@ -87,9 +87,11 @@ same g221 4 2,2,1 --overlap_communication=true
 same g212 4 2,1,2 --overlap_communication=true --gradient_acc_steps=2
 same g122 4 1,2,2
 same g211d2 4 2,1,1 --vocab_parallel_loss=false
-# 16 bits: copies in the memory report; stage 05's depth gathers move them, FSDP's stay fp32
+# 16 bits: copies in the memory report; stage 05's depth gathers and FSDP's block gathers move them
+# (FSDP with the fp32 biases and LayerNorms packed apart: 3 ranks cut them unevenly)
 same ddp2h 2 ddp --precision=bf16-mixed
 same fsdp2h 2 fsdp --precision=bf16-mixed --overlap_communication=true
+same fsdp3h 3 fsdp --precision=16-mixed --global_batch_size=12
 same g112h 2 1,1,2 --precision=16-mixed
 # a config written for another strategy (stage 05's, with its grid) plans and runs every layout
 same from_axonn 2 ddp --strategy=axonn --tp_dimensions=2,1,1

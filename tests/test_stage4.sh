@@ -2,7 +2,8 @@
 # Stage 04 (FSDP) under mpirun:
 #  - fp32: 2 and 4 ranks, 2 ranks x 2 accumulation steps with prefetching, and 3 ranks (whose
 #    shards end in padding) reproduce stage 01's per-step losses within 1e-5 relative;
-#  - bf16-mixed: 2 ranks match stage 02 within 1e-3 (stage 03's bound);
+#  - bf16-mixed: 2 ranks match stage 02 within 1e-3 (stage 03's bound), and gather bf16 copies of the
+#    blocks (their fp32 biases and LayerNorms packed apart): comm_bytes per step from the shape;
 #  - state_bytes per rank = 16 x the rank's shard elements, at most DDP's / P + the units' padding
 #    (DDP's computed here from the model's shape, not read from the program);
 #  - per-step all-gather and reduce-scatter bytes and call counts match the README's formula;
@@ -77,6 +78,33 @@ OMP_NUM_THREADS=2 build/stage-2 "${args[@]}" --stop_iteration=10 --precision=bf1
 rc=$?; check '[ $rc -eq 0 ]' "stage 2 bf16 failed: $(tail -3 "$tmp/s2bf16.log")"
 run_ranks 4 np2bf16 2 --stop_iteration=10 --precision=bf16-mixed
 check 'compare_losses "$tmp/s2bf16" "$tmp/np2bf16" 10 1e-3' "bf16 stage 4 strays from stage 2"
+# in bf16 a block travels as its shards' bf16 copies (2 bytes an element), and the tensors that
+# stay fp32 (biases, LayerNorms) as each rank's part packed to the largest part; the root, whose
+# wte the embedding reads in fp32, and the gradients stay fp32
+bf16_comm=$(python3 -c "
+P, L, C, T, V = 2, $L, $C, 256, 257
+Vp = (V + 127) // 128 * 128
+root = Vp * C + T * C + 2 * C
+# one block in layout order: (elements, read by a matmul in bf16?)
+tensors = [(C, 0), (C, 0), (3 * C * C, 1), (3 * C, 0), (C * C, 1), (C, 0), (C, 0), (C, 0),
+           (4 * C * C, 1), (4 * C, 0), (4 * C * C, 1), (C, 0)]
+block = sum(n for n, _ in tensors)
+pad = lambda n: (n + P - 1) // P * P
+shard = pad(block) // P
+def fp32_in(r):  # fp32 elements of shard r
+    at, n = 0, 0
+    for size, half in tensors:
+        if not half: n += max(0, min(at + size, (r + 1) * shard) - max(at, r * shard))
+        at += size
+    return n
+pack = max(fp32_in(r) for r in range(P))
+ag = 4 * pad(root) + 2 * L * (2 * pad(block) + 4 * P * pack)
+rs = 4 * (pad(root) + L * pad(block))
+fp32_ag = 4 * pad(root) + 2 * L * 4 * pad(block)
+print(ag + rs, ag, fp32_ag)")
+read -r want ag fp32_ag <<<"$bf16_comm"
+got=$(field "$tmp/np2bf16/metrics.jsonl" comm_bytes)
+check '[ "$got" = "$want" ]' "bf16 on 2 ranks: comm_bytes per step $got, want $want (all-gather $ag, fp32's $fp32_ag)"
 
 # ---- checkpoints: stage 4's loads in stage 1; a run resumes on another number of ranks --------
 # an lr of 1e-30 leaves the loaded weights as they are (lr must be positive), so stage 1's

@@ -131,12 +131,14 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout) {
     for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) add_memory(p, rows[i].what, rows[i].bytes);
     // each micro-batch gathers the root once and every block twice (forward, then again for
     // backward), and reduce-scatters every unit's gradient once; sizes are the padded units
-    // (comm.h: all-gather = the output, reduce-scatter = the input), in fp32 whatever the precision
+    // (comm.h: all-gather = the output, reduce-scatter = the input). In 16 bits a block's gather
+    // moves its 2-byte copy plus every rank's packed fp32 part (biases, LayerNorms): two calls.
     int L = s->mc->n_layer, acc = s->cfg->gradient_acc_steps;
     double root = (double)f.units[0].shard * s->P, block = L ? (double)f.units[1].shard * s->P : 0;
     double fl = sizeof(float);
-    add_comm(p, "world", "all-gather", acc * (root + 2 * L * block) * fl, acc * (1 + 2L * L), s->P, 1,
-             f.prefetch);
+    double block_gather = s->half ? block * sizeof(bf16) + (double)s->P * f.fp32_pack * fl : block * fl;
+    add_comm(p, "world", "all-gather", acc * (root * fl + 2 * L * block_gather), acc * (1 + 2L * L * (s->half ? 2 : 1)),
+             s->P, 1, f.prefetch);
     add_comm(p, "world", "reduce-scatter", acc * (root + L * block) * fl, acc * (1L + L), s->P, 1, f.prefetch);
     fsdp_free(&f);
 }
