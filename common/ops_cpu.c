@@ -434,13 +434,32 @@ static void column_block(int ncols, int *c0, int *c1) {
 // the memory's. oneDNN's matmul streams the weights at ~60% of the read ceiling with one row on
 // Zen 5; a dot product per output reads them at ~90% (make bench: stage-6 gpt2-124M B=1). With
 // more rows oneDNN's blocking wins, and the weights are no longer the whole cost.
-static void matvec(float *out, const float *inp, const float *weight, const float *bias, int C, int OC) {
+// dot_f32 and dot_bf16 are the two element types' dot products of a weight row with the input.
+typedef float (*RowDot)(const void *w, const void *x, int C);
+
+static float dot_f32(const void *w_row, const void *x_row, int C) {
+    const float *w = w_row, *x = x_row;
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < C; c++) sum += w[c] * x[c];
+    return sum;
+}
+
+// bf16: half the bytes, so twice the rows a second. Products of two bf16 values are exact in
+// f32, and the sum accumulates in f32, as the matmul's does.
+static float dot_bf16(const void *w_row, const void *x_row, int C) {
+    const bf16 *w = w_row, *x = x_row;
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < C; c++) sum += bf16_to_float(w[c]) * bf16_to_float(x[c]);
+    return sum;
+}
+
+static void matvec(float *out, const void *inp, const void *weight, size_t elem_bytes, RowDot dot,
+                   const float *bias, int C, int OC) {
 #pragma omp parallel for schedule(static)
     for (int o = 0; o < OC; o++) {
-        const float *w = weight + (size_t)o * C;
-        float sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int c = 0; c < C; c++) sum += w[c] * inp[c];
+        float sum = dot((const char *)weight + (size_t)o * C * elem_bytes, inp, C);
         out[o] = bias ? sum + bias[o] : sum;
     }
 }
@@ -448,7 +467,7 @@ static void matvec(float *out, const float *inp, const float *weight, const floa
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                     int C, int OC) {
     if (N == 1) {
-        matvec(out, inp, weight, bias, C, OC);
+        matvec(out, inp, weight, sizeof(float), dot_f32, bias, C, OC);
         return;
     }
     matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 0), inp, weight, bias, out);
@@ -473,7 +492,6 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
 
 // ----------------------------------------------------------------------------------------------
 // the 16-bit copies: bf16, or fp16 (precision 16-mixed)
-
 
 void cast_to_bf16(bf16 *out, const float *in, size_t n) {
     int fp16 = g_half == HALF_FP16;
@@ -530,24 +548,10 @@ static const float *widened(const bf16 *x, size_t n, int which) {
     return scratch[which];
 }
 
-
-// matvec's bf16 twin: half the bytes, so twice the rows a second. Products of two bf16 values are
-// exact in f32, and the sum accumulates in f32, as the matmul's does.
-static void matvec_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias, int C, int OC) {
-#pragma omp parallel for schedule(static)
-    for (int o = 0; o < OC; o++) {
-        const bf16 *w = weight + (size_t)o * C;
-        float sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int c = 0; c < C; c++) sum += bf16_to_float(w[c]) * bf16_to_float(inp[c]);
-        out[o] = bias ? sum + bias[o] : sum;
-    }
-}
-
 void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias, int N,
                          int C, int OC) {
     if (N == 1 && g_half == HALF_BF16) {
-        matvec_bf16(out, inp, weight, bias, C, OC);
+        matvec(out, inp, weight, sizeof(bf16), dot_bf16, bias, C, OC);
         return;
     }
     if (widen_half()) {
