@@ -95,8 +95,8 @@ int main(int argc, char **argv) {
 
         // clip the global gradient norm, then one AdamW step
         double norm = sqrt(sum_squares(grads, n));
-        clip_gradients(grads, n, norm, cfg.grad_clip);
-        adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+        float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
+        adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1, clip);
         dev_synchronize();
 
         double seconds = wall_seconds() - t0;

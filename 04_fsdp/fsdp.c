@@ -345,12 +345,12 @@ double fsdp_grad_norm(Fsdp *f) {
     return sqrt(comm_sum_double(f->world, sum_squares(f->grads, f->shard_numel)));
 }
 
-void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t) {
+void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
     for (int i = 0; i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
         size_t at = u->local;
         adamw_step(f->layout, f->params + at, f->grads + at, f->adam_m + at, f->adam_v + at,
-                   shard_first(f, u), real_in_shard(f, u), cfg, lr, t);
+                   shard_first(f, u), real_in_shard(f, u), cfg, lr, t, clip);
     }
 }
 

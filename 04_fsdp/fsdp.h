@@ -88,8 +88,9 @@ void fsdp_forward(void *fsdp, Activations *a, const int *inputs, int B, int T);
 
 // the global gradient norm: each rank sums the squares of its shard, the ranks add the sums
 double fsdp_grad_norm(Fsdp *f);
-// AdamW on this rank's shard of every unit (the padding is not a parameter: skipped)
-void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t);
+// AdamW on this rank's shard of every unit (the padding is not a parameter: skipped), reading
+// the gradients times `clip` (clip_factor)
+void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t, float clip);
 // pure bf16 keeps no fp32 master: round this rank's parameter shards to bf16 and back
 void fsdp_round_to_bf16(Fsdp *f);
 

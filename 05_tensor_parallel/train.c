@@ -164,8 +164,8 @@ int main(int argc, char **argv) {
 
         double norm = sqrt(comm_sum_double(grid->tp, tp_norm_squares(&model, grads)));
         if (loss_scaler_unscale(&scaler, grads, n, &norm)) {
-            clip_gradients(grads, n, norm, cfg.grad_clip);
-            adamw_step(&model.layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+            float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
+            adamw_step(&model.layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1, clip);
         }
         if (pure_bf16) {
             cast_to_bf16(params16, params, n);

@@ -161,8 +161,8 @@ int main(int argc, char **argv) {
         // clip the global gradient norm, then one AdamW step
         double norm = sqrt(expert_sum_squares(&grid, &layout, grads));
         if (loss_scaler_unscale(&scaler, grads, n, &norm)) {
-            clip_gradients(grads, n, norm, cfg.grad_clip);
-            adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1);
+            float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
+            adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost

@@ -242,8 +242,9 @@ double sum_squares(const float *x, size_t n);
 // sum of x[i], returned to the host
 double sum_values(const float *x, size_t n);
 
-// AdamW (decoupled weight decay) on one contiguous range; t is the 1-based step number
-void adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+// AdamW (decoupled weight decay) on one contiguous range; t is the 1-based step number. Each
+// gradient is read as grad[i] x grad_scale (gradient clipping's factor, 1 for none).
+void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t);
 
 // ----------------------------------------------------------------------------------------------

@@ -842,14 +842,14 @@ double sum_values(const float *x, size_t n) {
 // memory bandwidth, not arithmetic). That holds only if gcc vectorises the loop, and it does so
 // only under -fno-math-errno (otherwise sqrtf must be able to set errno, and the loop stays
 // scalar and compute-bound: measured 330 ms instead of 55 ms for 124M parameters).
-void adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t) {
     float bc1 = (float)(1.0 - pow(beta1, t));
     float bc2 = (float)(1.0 - pow(beta2, t));
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++)
-        adamw_element(&param[i], &m[i], &v[i], grad[i], lr, beta1, beta2, eps, weight_decay, bc1,
-                      bc2);
+        adamw_element(&param[i], &m[i], &v[i], grad[i] * grad_scale, lr, beta1, beta2, eps, weight_decay,
+                      bc1, bc2);
 }
 
 // ----------------------------------------------------------------------------------------------

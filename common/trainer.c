@@ -122,7 +122,7 @@ double learning_rate(const Config *cfg, long step, long total_steps) {
 }
 
 void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
-                size_t first, size_t n, const Config *cfg, double lr, long t) {
+                size_t first, size_t n, const Config *cfg, double lr, long t, float clip) {
     double t0 = wall_seconds();
     // One call per tensor (or per part of one inside [first, first + n)), because the weight
     // decay differs between tensors; the pointers are to the range's first element.
@@ -132,15 +132,15 @@ void adamw_step(const ParamLayout *layout, float *params, const float *grads, fl
         size_t hi = ti->offset + ti->numel < first + n ? ti->offset + ti->numel : first + n;
         if (lo >= hi) continue;
         size_t at = lo - first;
-        adamw_update(params + at, grads + at, m + at, v + at, hi - lo, (float)lr, (float)cfg->beta1,
+        adamw_update(params + at, grads + at, clip, m + at, v + at, hi - lo, (float)lr, (float)cfg->beta1,
                      (float)cfg->beta2, (float)cfg->eps, ti->decay ? (float)cfg->weight_decay : 0.0f,
                      (int)t);
     }
     trace_span("optimizer", TRACK_COMPUTE, t0, wall_seconds(), NULL);
 }
 
-void clip_gradients(float *grads, size_t n, double norm, double max_norm) {
-    if (max_norm > 0 && norm > max_norm) scale_inplace(grads, (float)(max_norm / (norm + 1e-6)), n);
+float clip_factor(double norm, double max_norm) {
+    return max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
 }
 
 // ---- fp16 loss scaling -------------------------------------------------------------------------

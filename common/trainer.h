@@ -46,11 +46,13 @@ double learning_rate(const Config *cfg, long step, long total_steps);
 
 // AdamW over the flat range [first, first + n) of the parameter table: weight decay only where
 // the table says so (matrices and embeddings). Works on a whole model or on any shard of it.
+// It reads each gradient times `clip` (clip_factor): clipping costs no pass of its own.
 void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
-                size_t first, size_t n, const Config *cfg, double lr, long t);
+                size_t first, size_t n, const Config *cfg, double lr, long t, float clip);
 
-// Scales grads so that their global norm is at most max_norm (when max_norm > 0), given the norm.
-void clip_gradients(float *grads, size_t n, double norm, double max_norm);
+// The factor that brings gradients of global norm `norm` down to max_norm (1 when they are
+// within it, or max_norm is 0: no clipping).
+float clip_factor(double norm, double max_norm);
 
 // ---- fp16's dynamic loss scaling (precision 16-mixed) ------------------------------------------
 // fp16 has 5 exponent bits: its smallest subnormal is 2^-24, and smaller gradients round to zero

@@ -164,7 +164,7 @@ static void test_pytorch_fixture(const char *expected, int bf16, double rtol) {
     // one torch.optim.AdamW step; torch decays every parameter, so this test does too
     const cJSON *opt = cJSON_GetObjectItem(ref, "adamw");
     float *mom = dev_malloc(n * sizeof(float)), *var = dev_malloc(n * sizeof(float));
-    adamw_update(m.params, m.grads, mom, var, n, (float)cJSON_GetObjectItem(opt, "lr")->valuedouble,
+    adamw_update(m.params, m.grads, 1.0f, mom, var, n, (float)cJSON_GetObjectItem(opt, "lr")->valuedouble,
                  (float)cJSON_GetObjectItem(opt, "beta1")->valuedouble,
                  (float)cJSON_GetObjectItem(opt, "beta2")->valuedouble,
                  (float)cJSON_GetObjectItem(opt, "eps")->valuedouble,

@@ -693,7 +693,8 @@ static void test_cross_entropy(void) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// AdamW, three steps against the textbook update written out in double
+// AdamW, three steps against the textbook update written out in double; step 2 clips (the
+// gradients are read times a factor)
 
 static void test_adamw(void) {
     const size_t n = 1001;
@@ -705,14 +706,16 @@ static void test_adamw(void) {
     for (int t = 1; t <= 3; t++) {
         double *g = rand_array(n, -1, 1);
         g[0] = 0.0;  // a zero gradient still decays the weight
+        double clip = t == 2 ? 0.25 : 1.0;
         for (size_t i = 0; i < n; i++) {
-            m[i] = b1 * m[i] + (1 - b1) * g[i];
-            v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+            double gc = g[i] * clip;
+            m[i] = b1 * m[i] + (1 - b1) * gc;
+            v[i] = b2 * v[i] + (1 - b2) * gc * gc;
             double m_hat = m[i] / (1 - pow(b1, t)), v_hat = v[i] / (1 - pow(b2, t));
             p[i] -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p[i]);
         }
         float *d_g = upload(g, n);
-        adamw_update(d_p, d_g, d_m, d_v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t);
+        adamw_update(d_p, d_g, (float)clip, d_m, d_v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t);
         double *rp = download(d_p, n), *rm = download(d_m, n), *rv = download(d_v, n);
         snprintf(what, sizeof what, "adamw params after step %d", t);
         check_array(what, rp, p, n, 1e-5, 1e-6);

@@ -111,7 +111,7 @@ static int run_oracle(const char *dir) {
     write_grads(path, &l, grads, loss);
     for (int i = 0; i < l.num_tensors; i++) {
         const TensorInfo *t = &l.tensors[i];
-        adamw_update(params + t->offset, grads + t->offset, m + t->offset, v + t->offset, t->numel, ORACLE_LR,
+        adamw_update(params + t->offset, grads + t->offset, 1.0f, m + t->offset, v + t->offset, t->numel, ORACLE_LR,
                      ORACLE_BETA1, ORACLE_BETA2, ORACLE_EPS, t->decay ? ORACLE_WD : 0.0f, 1);
     }
     snprintf(path, sizeof path, "%s/stepped", dir);
