@@ -114,6 +114,49 @@ for c in configs/clusters/*.json; do
     check '[ $rc -eq 0 ] && [ "${n:-0}" -gt 2 ]' "$c: exit $rc, ${n:-no} layouts: $(tail -2 "$tmp/shipped.log")"
 done
 
+# ---- the compute model as docs/PLANNER.md writes it, recomputed here from the model's shape ----
+# a one-rank step = FLOPs / (peak x efficiency): the matmuls at the peak, the rest between them;
+# rows split both; tensor parallelism splits the matmuls over x y and the rest over x (3T+21 per
+# C) or y (20 per C); ranks beyond the cores share them; a pipeline's bubble only where the
+# critical path exceeds the shared compute (cores: 2), (pp-1)/m of a rank's work otherwise (GPUs)
+cat >"$tmp/model.json" <<'JSON'
+{"name": "model check", "source": "test_plan.sh", "nodes": 1, "gpus_per_node": 4,
+ "peak_tflops": {"fp32": 1, "bf16": 2}, "efficiency": 0.4, "memory_gib": 8,
+ "intra_node": {"bandwidth_GBps": 10, "latency_us": 1}, "inter_node": {"bandwidth_GBps": 10, "latency_us": 1},
+ "overlaps_compute": false, "cores": 2}
+JSON
+sed 's/, "cores": 2}/}/' "$tmp/model.json" >"$tmp/model_gpu.json"
+for m in model model_gpu; do
+    build/plan --cluster="$tmp/$m.json" --ranks=4 --layout="ddp+fsdp+4,1,1+2,2,1+1,1,4+2,1,1+pp2" \
+        --json="$tmp/$m.plan.json" "${args[@]}" >"$tmp/$m.log" 2>&1
+    rc=$?
+    why=$(python3 - "$tmp/$m.plan.json" $([ $m = model ] && echo 2 || echo 0) 2>&1 <<'PY'
+import json, sys
+cores = int(sys.argv[2])
+L, C, T, Vp, P, tokens = 2, 128, 64, 384, 4, 16 * 64
+flops = (6 * (12 * L * C * C + Vp * C) + 12 * L * C * T) * tokens
+matmuls = flops / 1e12
+between = flops / (1e12 * 0.4) - matmuls
+share = cores / P if cores and P > cores else 1.0
+bad = []
+for p in json.load(open(sys.argv[1]))["layouts"]:
+    if p["stage"] == 5:
+        x, y, z = p["tp_dimensions"]
+        own = matmuls / P + between * ((3 * T + 21) / x + 20 / y) / (3 * T + 41) / (z * p["dp"])
+    else:
+        own = (matmuls + between) / P
+    compute = own / share
+    bubble = max(0.0, own * (1 + (p["pp"] - 1) / p["microbatches"]) - compute) if p["stage"] == 7 else 0.0
+    for key, want in (("compute_s", compute), ("bubble_s", bubble)):
+        if abs(p[key] - want) > 1e-9 * max(want, 1e-3):
+            bad.append(f"{p['name']}: {key} {p[key]:.9g}, want {want:.9g}")
+print("; ".join(bad))
+sys.exit(1 if bad else 0)
+PY
+)
+    check '[ $rc -eq 0 ] && [ -z "$why" ]' "$m: compute and bubble not as documented: ${why:-$(tail -2 "$tmp/$m.log")}"
+done
+
 # ---- this machine: --calibrate describes it, --measure runs the plan and reads the runs back ----
 PLAN_OUT="$tmp/runs" build/plan --calibrate="$tmp/here.json" --ranks=2 "${args[@]}" >"$tmp/calibrate.log" 2>&1
 rc=$?

@@ -280,25 +280,45 @@ static void plan_experts(const Setup *s, Plan *p, int ep) {
 // ---- time: compute, communication, what hides under what ---------------------------------------
 
 // Compute: the model's FLOPs (trainer.h's flops_per_token, plus one more forward of the blocks
-// when they recompute) split evenly over the ranks, at the peak times the efficiency the model
-// reaches; CPU ranks beyond the cores share them. Every layout does the same arithmetic, split
-// differently, so layouts differ by communication and by what it hides under.
+// when they recompute). A one-rank step takes FLOPs / (peak x the efficiency it reaches): its
+// matmuls, at the peak, and the work between them (attention, GELU, LayerNorm, the loss), the
+// rest. Layouts that split rows (data, FSDP, z, pipeline stages, experts) split both evenly over
+// the ranks. Tensor parallelism splits the matmuls over x and y but the work between them over
+// one axis only (tensor_parallel_share); CPU ranks beyond the cores share them.
 // Communication: each collective's alpha-beta time on the link its group crosses. Hidden: a
 // collective the stage runs under compute (DDP's buckets under backward, FSDP's prefetched
 // gathers and overlapped reduce-scatters, stage 05's depth prefetch), on a machine whose
 // communication progresses during compute; at least one call's worth always shows (the last
 // bucket, the first gather).
+
+// The share of the work between the matmuls that one [x, y, z] x data rank does. Attention,
+// GELU, the qkv and fc biases and the vocabulary's softmax act on tensors split over x (heads,
+// MLP width, vocabulary), with copies on every y rank; LayerNorm and the residual adds act on
+// the residual stream split over y, with copies on every x rank. Counted in element passes per
+// token and block: x-side 3 T C (causal attention, forward and backward) + 21 C (GELU and
+// biases on 7C, three passes), y-side 20 C (two LayerNorms, two residual adds).
+static double tensor_parallel_share(const Plan *p, int T) {
+    double x_side = 3.0 * T + 21, y_side = 20, rows = (double)p->dims[2] * p->dp;
+    return (x_side / p->dims[0] + y_side / p->dims[1]) / (x_side + y_side) / rows;
+}
+
 static void predict_time(const Setup *s, Plan *p) {
     const Cluster *c = s->cluster;
     double tokens = (double)s->cfg->global_batch_size * s->T;
-    double flops = flops_per_token(s->mc, s->T) * tokens / s->P;
+    double flops = flops_per_token(s->mc, s->T) * tokens;
     if (s->flags & ACTS_RECOMPUTE) flops *= 8.0 / 6.0;
     double share = c->cores && s->P > c->cores ? (double)c->cores / s->P : 1.0;
     double peak = s->half ? c->peak_flops_16 : c->peak_flops_f32;
     double efficiency = c->stage_efficiency[p->stage] ? c->stage_efficiency[p->stage] : c->efficiency;
-    p->compute_s = flops / (peak * efficiency * share);
-    // a pipeline's bubble: filling and draining pp stages idles (pp - 1) / m of the ideal time
-    p->bubble_s = p->stage == 7 ? p->compute_s * (p->pp - 1) / p->microbatches : 0;
+    double matmuls = flops / peak, between = flops / (peak * efficiency) - matmuls;
+    double own = p->stage == 5 ? matmuls / s->P + between * tensor_parallel_share(p, s->T)
+                               : (matmuls + between) / s->P;  // a rank's work, on a core of its own
+    p->compute_s = own / share;
+    // a pipeline's bubble: filling and draining pp stages idles (pp - 1) / m of a rank's work.
+    // Where ranks share cores, an idle rank's core runs the others: the bubble costs only what
+    // the critical path (own work plus idling) exceeds the shared compute by.
+    double critical = p->stage == 7 ? own * (1.0 + (double)(p->pp - 1) / p->microbatches) : 0;
+    p->bubble_s = critical > p->compute_s ? critical - p->compute_s : 0;
     double backward = p->compute_s * 2.0 / 3.0, hideable = 0, shown_anyway = 0;
     p->comm_s = p->exposed_s = 0;
     for (int i = 0; i < p->n_comm; i++) {
