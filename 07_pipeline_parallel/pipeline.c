@@ -40,8 +40,8 @@ static void check_grid(const Config *cfg, int ranks, int n_layer) {
     if (!pipe_grid_fits(cfg, ranks, n_layer, why, sizeof why)) fatal("%s", why);
 }
 
-void pipe_grid_init(PipeGrid *g, Comm *world, const Config *cfg, int n_layer) {
-    int rank = comm_rank(world), ranks = comm_size(world);
+void pipe_grid_init(PipeGrid *g, Comm *world, const Config *cfg, const GPTConfig *mc) {
+    int rank = comm_rank(world), ranks = comm_size(world), n_layer = mc->n_layer;
     check_grid(cfg, ranks, n_layer);
     memset(g, 0, sizeof *g);
     g->pp = cfg->pp_size;
@@ -53,21 +53,24 @@ void pipe_grid_init(PipeGrid *g, Comm *world, const Config *cfg, int n_layer) {
     stage_blocks(n_layer, g->pp, g->stage, &g->first_block, &g->n_blocks);
     g->pipe = comm_split(world, g->replica, g->stage, "pipeline");
     g->dp_group = comm_split(world, g->stage, g->replica, "replicas");
-    if (g->pp > 1) {
+    if (g->pp > 1 && gpt_arch(mc)->tied_head) {  // phi's lm_head is a tensor of its own
         // the middle stages take a colour of their own: a group of one they never use
         bool holds_wte = g->is_first || g->is_last;
         g->tied = comm_split(world, holds_wte ? g->replica : g->dp + rank, g->stage, "tied-wte");
     }
 }
 
-void print_pipeline_plan(const PipeGrid *g, const Config *cfg, int n_layer, size_t stage_params, int slots) {
+void print_pipeline_plan(const PipeGrid *g, const Config *cfg, const GPTConfig *mc, size_t stage_params, int slots) {
+    int n_layer = mc->n_layer;
+    const char *head = gpt_arch(mc)->tied_head ? " + final LayerNorm, head (tied wte) and loss"
+                                               : " + final LayerNorm, head (lm_head) and loss";
     printf("pipeline: %d stages x %d data-parallel replicas (rank = replica * %d + stage), schedule %s, "
            "%d micro-batches\n", g->pp, g->dp, g->pp, cfg->pp_schedule, cfg->num_microbatches);
     for (int s = 0; s < g->pp; s++) {
         int first, n;
         stage_blocks(n_layer, g->pp, s, &first, &n);
         printf("  stage %d: blocks %d-%d%s%s\n", s, first, first + n - 1, s == 0 ? " + embedding" : "",
-               s == g->pp - 1 ? " + final LayerNorm, head (tied wte) and loss" : "");
+               s == g->pp - 1 ? head : "");
     }
     printf("  rank 0 holds %.2fM parameters and activations for %d micro-batches\n", stage_params / 1e6, slots);
 }

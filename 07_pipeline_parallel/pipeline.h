@@ -27,14 +27,14 @@ typedef struct {
 
 // Checks the grid against the ranks, the model and the batch (fatal() on every rank alike), then
 // makes the groups.
-void pipe_grid_init(PipeGrid *g, Comm *world, const Config *cfg, int n_layer);
+void pipe_grid_init(PipeGrid *g, Comm *world, const Config *cfg, const GPTConfig *mc);
 // the same check as a question: false, with the message in why, when cfg's grid does not fit
 bool pipe_grid_fits(const Config *cfg, int ranks, int n_layer, char *why, size_t why_size);
 // blocks [*first, *first + *n) of stage `stage`: L / pp each, the first L % pp stages one more
 void stage_blocks(int n_layer, int pp, int stage, int *first, int *n);
 
 // Prints the grid and which blocks each stage holds.
-void print_pipeline_plan(const PipeGrid *g, const Config *cfg, int n_layer, size_t stage_params, int slots);
+void print_pipeline_plan(const PipeGrid *g, const Config *cfg, const GPTConfig *mc, size_t stage_params, int slots);
 // this stage's part of the squared gradient norm: the last stage leaves out its copy of the tied
 // wte, which the first stage counts
 double stage_sum_squares(const PipeGrid *g, const ParamLayout *layout, const float *grads);

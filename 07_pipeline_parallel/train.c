@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
     // two moments; the whole model's layout is what checkpoints hold ----
     GPTConfig mc = model_shape(&cfg, tok);
     PipeGrid grid;
-    pipe_grid_init(&grid, world, &cfg, mc.n_layer);
+    pipe_grid_init(&grid, world, &cfg, &mc);
     ParamLayout layout, full_layout;
     gpt_layout_range(&layout, &mc, grid.first_block, grid.n_blocks, grid.is_first, grid.is_last);
     gpt_layout(&full_layout, &mc);
@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
            P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, gpt_arch(&mc)->name, mc.n_layer, mc.n_head, mc.n_embd,
            mc.vocab_size, n / 1e6);
     printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
-    print_pipeline_plan(&grid, &cfg, mc.n_layer, n, pipe.n_slots);
+    print_pipeline_plan(&grid, &cfg, &mc, n, pipe.n_slots);
     Config plan_cfg = cfg;
     plan_cfg.gradient_acc_steps = m;  // the batch plan's micro-batches are the pipeline's
     print_batch_plan(&plan_cfg, data, grid.dp, "replicas", total_steps);

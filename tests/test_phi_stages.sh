@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# phi (configs/tiny_phi.json: parallel block, rotary, untied lm_head with bias) in stages 01-06:
-#  - DDP on 2 and 4 ranks, FSDP on 2 and 3 ranks and tensor parallelism on [2,1,1], [2,2,1],
-#    [1,1,2] and [2,1,1] x data 2 reproduce stage 01's per-step losses within 1e-5 relative over
-#    20 steps (FSDP on 3 ranks: batch 12, whose shards end in padding);
+# phi (configs/tiny_phi.json: parallel block, rotary, untied lm_head with bias) in stages 01-07:
+#  - DDP on 2 and 4 ranks, FSDP on 2 and 3 ranks, tensor parallelism on [2,1,1], [2,2,1],
+#    [1,1,2] and [2,1,1] x data 2, and pipelines of 2 stages (1F1B, and GPipe x data 2)
+#    reproduce stage 01's per-step losses within 1e-5 relative over 20 steps (FSDP on 3 ranks:
+#    batch 12, whose shards end in padding); the pipeline's checkpoint loads in stage 01;
 #  - stage 02 (bf16-mixed) stays within 1e-2 of stage 01 (bf16 rounds every matmul input);
 #  - stage 06 generates from stage 01's phi checkpoint (seeded sampling, which walks through varied
 #    text): the KV cache gives the tokens of no cache, and [2,1,1] and [2,2,1] those of one rank;
@@ -31,10 +32,22 @@ run_ranks 5 tp211 2 --tp_dimensions=2,1,1
 run_ranks 5 tp221 4 --tp_dimensions=2,2,1
 run_ranks 5 tp112 2 --tp_dimensions=1,1,2
 run_ranks 5 tp211data2 4 --tp_dimensions=2,1,1
-for name in ddp2 ddp4 fsdp2 tp211 tp221 tp112 tp211data2; do
+# pipelines: the last stage holds phi's own lm_head (no tied wte to share with the first)
+run_ranks 7 pp2 2 --pp_size=2 --num_microbatches=4
+run_ranks 7 pp2data2 4 --pp_size=2 --num_microbatches=2 --pp_schedule=gpipe
+for name in ddp2 ddp4 fsdp2 tp211 tp221 tp112 tp211data2 pp2 pp2data2; do
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01's phi losses"
 done
 check 'compare_losses "$tmp/single12" "$tmp/fsdp3" 5 1e-5' "fsdp3 does not reproduce stage 01's phi losses"
+# the pipeline's checkpoint (each stage's tensors, lm_head from the last) is the whole model: stage
+# 01 loads it (an lr of 1e-30 keeps the weights) and its validation loss is the pipeline's last
+single 1 load_pp2 --init_from="$tmp/pp2" --stop_iteration=1 --lr=1e-30 --min_lr=0
+check 'python3 -c "
+import json, sys
+a = json.loads(open(sys.argv[1]).readlines()[-1])[\"val_loss\"]
+b = json.loads(open(sys.argv[2]).readlines()[-1])[\"val_loss\"]
+sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)" "$tmp/pp2/metrics.jsonl" "$tmp/load_pp2/metrics.jsonl"' \
+    "phi: stage 01 from the pipeline's checkpoint has another validation loss: $(tail -1 "$tmp/load_pp2/metrics.jsonl")"
 single 2 bf16 --precision=bf16-mixed
 check 'compare_losses "$tmp/single" "$tmp/bf16" 20 1e-2' "stage 02 bf16-mixed strays from stage 01's phi losses"
 

@@ -100,6 +100,9 @@ same pp2_1f1b 2 pp2 --microbatches=4 --pp_schedule=1f1b
 same pp2_gpipe 2 pp2 --microbatches=4 --pp_schedule=gpipe
 same pp2_dp2 4 pp2 --microbatches=2
 same pp4_gpipe 4 pp4 --microbatches=4 --pp_schedule=gpipe --n_layer=4 --precision=bf16-mixed
+# ... with phi (its own lm_head on the last stage: no tied-wte all-reduce) and with recomputation
+same pp2_phi 2 pp2 --microbatches=4 --arch=phi
+same pp2_dp2_recompute 4 pp2 --microbatches=2 --activation_checkpointing=true
 # experts (stage 08): every byte with ep 1; with ep > 1 the memory and everything but the rows'
 # all-to-alls (whose bytes depend on the routing)
 same ep1 4 ep1 --num_experts=4
