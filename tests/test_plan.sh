@@ -177,6 +177,16 @@ sys.exit(1 if bad or len(layouts) != 2 else 0)
 PY
 same_here=$?
 check '[ $rc -eq 0 ] && [ $same_here -eq 0 ]' "--measure on this machine: exit $rc, $(cat "$tmp/measure.cmp") $(tail -3 "$tmp/measure.log")"
+# a mixture of experts calibrates on stage 08, the one stage that runs it: its efficiency is the
+# description's, and the plan of its layouts uses it
+PLAN_OUT="$tmp/runs" build/plan --calibrate="$tmp/here_moe.json" --ranks=2 "${args[@]}" --num_experts=4 \
+    >"$tmp/calibrate_moe.log" 2>&1
+rc=$?
+check '[ $rc -eq 0 ] && python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+sys.exit(0 if list(d[\"stage_efficiency\"]) == [\"8\"] and d[\"efficiency\"] == d[\"stage_efficiency\"][\"8\"] and 0 < d[\"efficiency\"] <= 1 else 1)
+" "$tmp/here_moe.json"' "--calibrate with experts: exit $rc, $(tail -2 "$tmp/calibrate_moe.log") $(cat "$tmp/here_moe.json" 2>/dev/null | tr -d '\n' | head -c 400)"
 
 # ---- bad input: one clear error each ----
 plan=(build/plan --ranks=4 "${args[@]}")

@@ -666,7 +666,8 @@ int main(int argc, char **argv) {
     Options o;
     parse_options(&o, argc, argv);
     if (o.calibrate) {
-        calibrate_machine(o.calibrate, o.ranks ? o.ranks : 4, o.config_args, o.n_config_args);
+        bool experts = stage_of_config(o.n_config_args, o.config_args) == STAGE_MIXTURE_OF_EXPERTS;
+        calibrate_machine(o.calibrate, o.ranks ? o.ranks : 4, o.config_args, o.n_config_args, experts);
         return 0;
     }
     Config cfg;

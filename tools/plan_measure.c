@@ -203,9 +203,10 @@ static void measure_link(int ranks, double *latency_us, double *bandwidth_gbps) 
 
 // Each stage's efficiency: its median MFU on one rank, against the peak just measured (the
 // stages differ: stage 05's layers and stage 07's schedule cost more than stage 03's loop).
-// Stage 05 runs the [1, 1, 1] grid, stage 07 one stage.
-static void measure_efficiency(char **config_args, int n_config_args, double peak_f32, double peak_16,
-                               double efficiency[8]) {
+// Stage 05 runs the [1, 1, 1] grid, stage 07 one stage; a mixture of experts runs on stage 08
+// alone (all experts on the one rank), the others refuse it.
+static void measure_efficiency(char **config_args, int n_config_args, bool experts, double peak_f32, double peak_16,
+                               double efficiency[9]) {
     char text[64];
     snprintf(text, sizeof text, "%.6e", peak_f32);
     setenv("OPS_PEAK_FLOPS_F32", text, 1);
@@ -213,8 +214,9 @@ static void measure_efficiency(char **config_args, int n_config_args, double pea
     setenv("OPS_PEAK_FLOPS_BF16", text, 1);
     mkdir("out", 0755);
     mkdir(out_root(), 0755);
-    static const int stages[] = {3, 4, 5, 7};
-    for (int i = 0; i < 4; i++) {
+    static const int dense[] = {3, 4, 5, 7}, moe[] = {8};
+    const int *stages = experts ? moe : dense, n = experts ? 1 : 4;
+    for (int i = 0; i < n; i++) {
         char dir[512], keys[1][48] = {"--gradient_acc_steps=1"};
         snprintf(dir, sizeof dir, "%s/calibrate-stage-%d", out_root(), stages[i]);
         run_stage(1, stages[i], config_args, n_config_args, keys, stages[i] == 7, 6, dir);
@@ -232,13 +234,14 @@ static size_t memory_total_bytes(void) {
     return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
 }
 
-void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args) {
+void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args, bool experts) {
     ops_init();
     double peak_f32 = ops_peak_flops(0), peak_16 = ops_peak_flops(1);
     double latency_us, bandwidth_gbps;
     measure_link(ranks, &latency_us, &bandwidth_gbps);
-    double efficiency[8] = {0};
-    measure_efficiency(config_args + 1, n_config_args - 1, peak_f32, peak_16, efficiency);
+    double efficiency[9] = {0};
+    measure_efficiency(config_args + 1, n_config_args - 1, experts, peak_f32, peak_16, efficiency);
+    int main_stage = experts ? 8 : 3;  // the description's `efficiency`
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     char host[128] = "localhost", when[64];
     gethostname(host, sizeof host - 1);
@@ -259,9 +262,9 @@ void calibrate_machine(const char *path, int ranks, char **config_args, int n_co
     cJSON *peak = cJSON_AddObjectToObject(c, "peak_tflops");
     cJSON_AddNumberToObject(peak, "fp32", peak_f32 / 1e12);
     cJSON_AddNumberToObject(peak, "bf16", peak_16 / 1e12);
-    cJSON_AddNumberToObject(c, "efficiency", efficiency[3]);
+    cJSON_AddNumberToObject(c, "efficiency", efficiency[main_stage]);
     cJSON *per = cJSON_AddObjectToObject(c, "stage_efficiency");
-    for (int st = 1; st < 8; st++)
+    for (int st = 1; st < 9; st++)
         if (efficiency[st] > 0) {
             char key[4];
             snprintf(key, sizeof key, "%d", st);
@@ -280,8 +283,8 @@ void calibrate_machine(const char *path, int ranks, char **config_args, int n_co
     char *text = cJSON_Print(c);
     FILE *f = fopen_or_die(path, "w");
     if (!text || fputs(text, f) == EOF || fclose(f) != 0) fatal("%s: cannot write the cluster description", path);
-    printf("wrote %s: %.3g GFLOP/s fp32 (%.3g 16-bit), efficiency %.2f (stage 03), %.2f us, %.2f GB/s between ranks, %ld cores\n",
-           path, peak_f32 / 1e9, peak_16 / 1e9, efficiency[3], latency_us, bandwidth_gbps, cores);
+    printf("wrote %s: %.3g GFLOP/s fp32 (%.3g 16-bit), efficiency %.2f (stage 0%d), %.2f us, %.2f GB/s between ranks, %ld cores\n",
+           path, peak_f32 / 1e9, peak_16 / 1e9, efficiency[main_stage], main_stage, latency_us, bandwidth_gbps, cores);
     free(text);
     cJSON_Delete(c);
 }
