@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The planner (build/plan) against the runs it predicts:
 #  - for DDP on 2 and 4 ranks, FSDP on 2, 3 and 4, the ten tensor-parallel grids of
-#    test_stage5.sh (with the same switches) and a few 16-bit layouts, the predicted memory
+#    test_stage5.sh (with the same switches), a few 16-bit layouts, pipelines (phi's too),
+#    recomputation in tensor-parallel grids and pipelines, and experts, the predicted memory
 #    report equals the run's stats.json row for row, byte for byte, and the predicted
 #    communication per step equals every step's comm_bytes in metrics.jsonl and, per group and
 #    collective, stats.json's totals divided by the steps -- exactly. Sequences are cut at
 #    max_seq_len=64, shorter than every record, so every batch is T = 64 tokens as planned;
-#  - the shipped cluster descriptions load; --calibrate describes this machine and --measure
-#    reads its runs back (their bytes and memory as planned; no timing is checked);
+#  - the compute and bubble times follow docs/PLANNER.md's model, recomputed from the shape;
+#  - the shipped cluster descriptions load; --calibrate describes this machine (on stage 08 for a
+#    mixture of experts) and --measure reads its runs back (bytes and memory as planned);
 #  - a malformed cluster description, a layout that cannot run and a rank count no layout fits
 #    are each one clear error.
-# Step times are not checked here (timing belongs to make bench: scripts/bench.sh).
+# Measured step times are not checked here (timing belongs to make bench: scripts/bench.sh).
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 steps=3
@@ -103,6 +105,10 @@ same pp4_gpipe 4 pp4 --microbatches=4 --pp_schedule=gpipe --n_layer=4 --precisio
 # ... with phi (its own lm_head on the last stage: no tied-wte all-reduce) and with recomputation
 same pp2_phi 2 pp2 --microbatches=4 --arch=phi
 same pp2_dp2_recompute 4 pp2 --microbatches=2 --activation_checkpointing=true
+# recomputation repeats each block's forward collectives: x, y and z, fp32 and 16-bit gathers
+same g221rc 4 2,2,1 --activation_checkpointing=true
+same g112rc 2 1,1,2 --activation_checkpointing=true --precision=bf16-mixed --overlap_communication=true
+same g211x2rc 4 2,1,2 --activation_checkpointing=true --gradient_acc_steps=2
 # experts (stage 08): every byte with ep 1; with ep > 1 the memory and everything but the rows'
 # all-to-alls (whose bytes depend on the routing)
 same ep1 4 ep1 --num_experts=4

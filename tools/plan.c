@@ -181,11 +181,19 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     double x_gather = vp ? X : (double)X * m.Vl;
     double blocks = (double)(m.qkv.block + m.proj.block + m.fc.block + m.fcproj.block), wte = (double)m.head.block;
     double gathers = wte * fl + (2 * wte + 2 * L * blocks) * (s->half ? sizeof(bf16) : fl);
+    // recomputation runs every block's forward again in backward: its y all-reduces (qkv and fc
+    // outputs, 2 LayerNorms' 2 statistics), x all-reduces (both projections) and z gathers again
+    bool again = s->flags & ACTS_RECOMPUTE;
+    if (again) {
+        y_rows += L * (m.qkv.out_local + m.fc.out_local + 4);
+        x_rows += L * (m.proj.out_local + m.fcproj.out_local);
+        gathers += L * blocks * (s->half ? sizeof(bf16) : fl);
+    }
     // ranks: y fastest, then x, z, data (tp_linear.h); calls: the stage's, for the latency term
-    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(10 * L + 4), Y, 1, false);
-    add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)(4 * L + 3), X, Y, false);
+    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)((again ? 16 : 10) * L + 4), Y, 1, false);
+    add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)((again ? 6 : 4) * L + 3), X, Y, false);
     add_comm(p, "x", "all-gather", acc * N * x_gather * fl, acc, X, Y, false);
-    add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + 8 * L), Z, X * Y, overlap);
+    add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + (again ? 12 : 8) * L), Z, X * Y, overlap);
     add_comm(p, "z", "reduce-scatter", acc * (wte + L * blocks) * fl, acc * (long)(1 + 4 * L), Z, X * Y, overlap);
     add_comm(p, "z", "all-reduce", (double)m.small_numel * fl, 1, Z, X * Y, false);
     add_comm(p, "data", "all-reduce", (double)m.layout.num_params * fl, 1, D, X * Y * Z, false);
@@ -380,8 +388,7 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
     }
     if (batch_splits && wanted(only, "ddp")) plan_ddp(s, &plans[n++], layout);
     if (batch_splits && wanted(only, "fsdp")) plan_fsdp(s, &plans[n++], layout);
-    // stage 05's recomputation repeats collectives, and its phi layers differ: not counted yet
-    bool tp_modelled = gpt_arch(s->mc) == &ARCH_GPT2 && !(s->flags & ACTS_RECOMPUTE);
+    bool tp_modelled = gpt_arch(s->mc) == &ARCH_GPT2;  // stage 05's phi layers: not counted yet
     for (int X = 1; X <= s->P && tp_modelled; X++)
         for (int Y = 1; X * Y <= s->P; Y++)
             for (int Z = 1; X * Y * Z <= s->P; Z++) {
@@ -415,7 +422,7 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
         plan_pipeline(s, &plans[n++], pp, pipe.num_microbatches);
     }
     if (!tp_modelled && !why_not[0])
-        snprintf(why_not, why_size, "tensor-parallel layouts are planned for GPT-2 without activation_checkpointing");
+        snprintf(why_not, why_size, "tensor-parallel layouts are planned for GPT-2's block, not phi's");
     for (int i = 0; i < n; i++) predict_time(s, &plans[i]);
     return n;
 }
