@@ -109,6 +109,10 @@ same pp2_dp2_recompute 4 pp2 --microbatches=2 --activation_checkpointing=true
 same g221rc 4 2,2,1 --activation_checkpointing=true
 same g112rc 2 1,1,2 --activation_checkpointing=true --precision=bf16-mixed --overlap_communication=true
 same g211x2rc 4 2,1,2 --activation_checkpointing=true --gradient_acc_steps=2
+# phi-1_5's block: one LayerNorm, its own lm_head (reduce-scattered apart from wte)
+same phi221 4 2,2,1 --arch=phi
+same phi221rc 4 2,2,1 --arch=phi --activation_checkpointing=true
+same phi112h 2 1,1,2 --arch=phi --precision=bf16-mixed
 # experts (stage 08): every byte with ep 1; with ep > 1 the memory and everything but the rows'
 # all-to-alls (whose bytes depend on the routing)
 same ep1 4 ep1 --num_experts=4

@@ -173,9 +173,13 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     for (int i = 0; i < TP_MEMORY_ITEMS; i++) add_memory(p, items[i].what, items[i].bytes);
 
     double N = (double)rows * s->T, L = s->mc->n_layer, fl = sizeof(float);
+    // phi's parallel block has one LayerNorm, GPT-2's two; phi's lm_head is not wte, so its
+    // gradient is reduce-scattered apart from the embedding's
+    bool parallel = gpt_arch(s->mc)->parallel_block, tied = gpt_arch(s->mc)->tied_head;
+    double block_norms = parallel ? 1 : 2;
     bool vp = s->cfg->vocab_parallel_loss, overlap = s->cfg->overlap_communication;
     double y_rows = L * (m.qkv.out_local + m.fc.out_local + m.proj.in_local + m.fcproj.in_local) +
-                    m.head.out_local + 4 * (2 * L + 1);
+                    m.head.out_local + 4 * (block_norms * L + 1);
     double x_rows = L * (m.proj.out_local + m.fcproj.out_local + m.qkv.in_local + m.fc.in_local) + m.Cy +
                     m.head.in_local + (vp ? 2 : 0);
     double x_gather = vp ? X : (double)X * m.Vl;
@@ -185,7 +189,7 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     // outputs, 2 LayerNorms' 2 statistics), x all-reduces (both projections) and z gathers again
     bool again = s->flags & ACTS_RECOMPUTE;
     if (again) {
-        y_rows += L * (m.qkv.out_local + m.fc.out_local + 4);
+        y_rows += L * (m.qkv.out_local + m.fc.out_local + 2 * block_norms);
         x_rows += L * (m.proj.out_local + m.fcproj.out_local);
         gathers += L * blocks * (s->half ? sizeof(bf16) : fl);
     }
@@ -194,7 +198,8 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)((again ? 6 : 4) * L + 3), X, Y, false);
     add_comm(p, "x", "all-gather", acc * N * x_gather * fl, acc, X, Y, false);
     add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + (again ? 12 : 8) * L), Z, X * Y, overlap);
-    add_comm(p, "z", "reduce-scatter", acc * (wte + L * blocks) * fl, acc * (long)(1 + 4 * L), Z, X * Y, overlap);
+    add_comm(p, "z", "reduce-scatter", acc * ((tied ? 1 : 2) * wte + L * blocks) * fl, acc * (long)((tied ? 1 : 2) + 4 * L),
+             Z, X * Y, overlap);
     add_comm(p, "z", "all-reduce", (double)m.small_numel * fl, 1, Z, X * Y, false);
     add_comm(p, "data", "all-reduce", (double)m.layout.num_params * fl, 1, D, X * Y * Z, false);
     tp_model_free(&m);
@@ -388,8 +393,7 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
     }
     if (batch_splits && wanted(only, "ddp")) plan_ddp(s, &plans[n++], layout);
     if (batch_splits && wanted(only, "fsdp")) plan_fsdp(s, &plans[n++], layout);
-    bool tp_modelled = gpt_arch(s->mc) == &ARCH_GPT2;  // stage 05's phi layers: not counted yet
-    for (int X = 1; X <= s->P && tp_modelled; X++)
+    for (int X = 1; X <= s->P; X++)
         for (int Y = 1; X * Y <= s->P; Y++)
             for (int Z = 1; X * Y * Z <= s->P; Z++) {
                 int dims[3] = {X, Y, Z};
@@ -421,8 +425,6 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
         if (n == max) fatal("internal: more than %d layouts", max);
         plan_pipeline(s, &plans[n++], pp, pipe.num_microbatches);
     }
-    if (!tp_modelled && !why_not[0])
-        snprintf(why_not, why_size, "tensor-parallel layouts are planned for GPT-2's block, not phi's");
     for (int i = 0; i < n; i++) predict_time(s, &plans[i]);
     return n;
 }
