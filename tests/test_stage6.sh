@@ -3,6 +3,7 @@
 #  - greedy with the KV cache gives exactly the tokens of greedy without it (the training
 #    model's forward over the whole text every step), prompts of different lengths batched;
 #    batch 1 gives the same tokens as batch 4; compile: true on the CPU changes nothing (and says so);
+#    with bf16 weights, cache, no cache and batch 1 agree among themselves (bf16 against bf16);
 #  - greedy continuation matches an independent PyTorch GPT-2 (tests/oracle_generate.py) on the
 #    Hugging Face fixture checkpoint with the GPT-2 tokenizer, and on a model stage 01 trained;
 #  - sampling: the same seed repeats, top_k 1 is greedy, another seed differs;
@@ -47,6 +48,14 @@ check '[ "$(ids s1 | sort -u | wc -l)" -eq 4 ] && [ "$(ids s1)" = "$(ids s1nocac
     "sampled: KV cache and no cache differ: $(diff <(ids s1) <(ids s1nocache) | head -4)"
 run6 s1batch1 "${args[@]}" --max_batch_size=1 "${sample[@]}"
 check '[ "$(ids s1)" = "$(ids s1batch1)" ]' "batch 3 and batch 1 differ: $(diff <(ids s1) <(ids s1batch1) | head -4)"
+# bf16 weights (precision bf16-mixed): compared with bf16 runs, not fp32 (rounding the weights may
+# change a greedy choice). One row at a time (batch 1, cached) multiplies through a dot product
+# per output, the prompt and the uncached passes through oneDNN's matmul: the same tokens.
+run6 b16 "${args[@]}" --max_batch_size=3 "${sample[@]}" --precision=bf16-mixed
+run6 b16nocache "${args[@]}" --max_batch_size=3 "${sample[@]}" --precision=bf16-mixed --kv_cache=false
+run6 b16batch1 "${args[@]}" --max_batch_size=1 "${sample[@]}" --precision=bf16-mixed
+check '[ "$(ids b16 | sort -u | wc -l)" -eq 4 ] && [ "$(ids b16)" = "$(ids b16nocache)" ] && [ "$(ids b16)" = "$(ids b16batch1)" ]' \
+    "bf16 weights: cache, no cache and batch 1 differ: $(diff <(ids b16) <(ids b16nocache) | head -4; diff <(ids b16) <(ids b16batch1) | head -4; tail -2 "$tmp/b16.log")"
 run6 compile "${args[@]}" "${sample[@]}" --compile=true --max_batch_size=3
 check 'grep -q "CUDA graphs are a CUDA feature" "$tmp/compile.log" && [ "$(ids s1)" = "$(ids compile)" ]' \
     "compile: true on the CPU: no note, or different tokens"
