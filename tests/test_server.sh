@@ -208,7 +208,7 @@ for grid in 2,1,1:2 2,2,1:4; do
     check '[ $rc -eq 0 ] && grep -q "^server: stopped" "$tmp/tp$dims.log"' "[$dims]: SIGTERM to rank 0: exit $rc, $(tail -3 "$tmp/tp$dims.log")"
 done
 
-# ---- 6. with a slower model (random weights, 4 wide layers, ~2 ms a token): a request joining a
+# ---- 6. with a slower model (random weights, 4 wide layers, ~1 ms a token): a request joining a
 # running one, a client going away, a full queue, SIGTERM
 slow=(--config configs/inference.json --model_id=custom --n_layer=4 --n_head=4 --n_embd=256
       --max_seq_len=2048 --random_init=true --init_from= --max_batch_size=4)
