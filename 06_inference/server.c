@@ -554,6 +554,8 @@ typedef struct {
     struct MHD_Connection *c;
 } Reader;
 
+static const double LOOK_AT_CLIENT_S = 0.05;  // how often a waiting answer checks its client
+
 // A client sends nothing while it waits for its answer: a socket that reads as closed (recv
 // returns 0) means the client has gone. It is how a request that is still waiting for a slot, or
 // for its whole answer, notices, before any write to the client could fail.
@@ -576,14 +578,14 @@ static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
     if (j->out_off == j->out.len) {
         j->out.len = j->out_off = 0;
         pthread_mutex_lock(&r->s->lock);
-        // every step wakes every waiting connection: look at the client every 0.05 s of waiting
-        // (a gone client's slot runs on until then: ~50 tokens of a 1 ms-a-token model)
-        double look = wall_seconds() + 0.05;
+        // every step wakes every waiting connection: look at the client every LOOK_AT_CLIENT_S of
+        // waiting (a gone client's slot runs on until then: ~50 tokens of a 1 ms-a-token model)
+        double look = wall_seconds() + LOOK_AT_CLIENT_S;
         while (!has_news(j)) {
-            struct timespec until = deadline_in(0.05);
+            struct timespec until = deadline_in(LOOK_AT_CLIENT_S);
             pthread_cond_timedwait(&r->s->progress, &r->s->lock, &until);
             if (wall_seconds() < look) continue;
-            look += 0.05;
+            look += LOOK_AT_CLIENT_S;
             if (client_gone(r->c)) {
                 pthread_mutex_unlock(&r->s->lock);
                 return MHD_CONTENT_READER_END_WITH_ERROR;  // release_response cancels the job

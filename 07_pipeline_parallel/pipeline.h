@@ -22,7 +22,8 @@ typedef struct {
     bool is_first, is_last;    // holds the embedding / the head and the loss
     Comm *pipe;                // this replica's stages, ranked by stage: the activations' path
     Comm *dp_group;            // this stage in every replica: the gradient all-reduce
-    Comm *tied;                // this replica's first and last stage: the tied wte (NULL: pp 1)
+    Comm *tied;                // this replica's first and last stage: the tied wte (NULL: pp 1, or
+                               // an untied head such as phi's lm_head)
 } PipeGrid;
 
 // Checks the grid against the ranks, the model and the batch (fatal() on every rank alike), then

@@ -174,9 +174,8 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
 
     double N = (double)rows * s->T, L = s->mc->n_layer, fl = sizeof(float);
     // phi's parallel block has one LayerNorm, GPT-2's two; phi's lm_head is not wte, so its
-    // gradient is reduce-scattered apart from the embedding's
-    bool parallel = gpt_arch(s->mc)->parallel_block, tied = gpt_arch(s->mc)->tied_head;
-    double block_norms = parallel ? 1 : 2;
+    // gradient is reduce-scattered apart from the embedding's (two head gradients, not one)
+    double block_norms = gpt_arch(s->mc)->parallel_block ? 1 : 2, head_grads = gpt_arch(s->mc)->tied_head ? 1 : 2;
     bool vp = s->cfg->vocab_parallel_loss, overlap = s->cfg->overlap_communication;
     double y_rows = L * (m.qkv.out_local + m.fc.out_local + m.proj.in_local + m.fcproj.in_local) +
                     m.head.out_local + 4 * (block_norms * L + 1);
@@ -185,20 +184,22 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     double x_gather = vp ? X : (double)X * m.Vl;
     double blocks = (double)(m.qkv.block + m.proj.block + m.fc.block + m.fcproj.block), wte = (double)m.head.block;
     double gathers = wte * fl + (2 * wte + 2 * L * blocks) * (s->half ? sizeof(bf16) : fl);
+    // calls per block: y 4 for the linears and 3 per LayerNorm, x 4, z 8 gathers
+    double y_calls = 4 + 3 * block_norms, x_calls = 4, z_gathers = 8;
     // recomputation runs every block's forward again in backward: its y all-reduces (qkv and fc
-    // outputs, 2 LayerNorms' 2 statistics), x all-reduces (both projections) and z gathers again
-    bool again = s->flags & ACTS_RECOMPUTE;
-    if (again) {
+    // outputs, each LayerNorm's 2 statistics), x all-reduces (both projections) and z gathers
+    if (s->flags & ACTS_RECOMPUTE) {
         y_rows += L * (m.qkv.out_local + m.fc.out_local + 2 * block_norms);
         x_rows += L * (m.proj.out_local + m.fcproj.out_local);
         gathers += L * blocks * (s->half ? sizeof(bf16) : fl);
+        y_calls += 2 + 2 * block_norms, x_calls += 2, z_gathers += 4;
     }
     // ranks: y fastest, then x, z, data (tp_linear.h); calls: the stage's, for the latency term
-    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)((again ? 16 : 10) * L + 4), Y, 1, false);
-    add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)((again ? 6 : 4) * L + 3), X, Y, false);
+    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(y_calls * L + 4), Y, 1, false);
+    add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)(x_calls * L + 3), X, Y, false);
     add_comm(p, "x", "all-gather", acc * N * x_gather * fl, acc, X, Y, false);
-    add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + (again ? 12 : 8) * L), Z, X * Y, overlap);
-    add_comm(p, "z", "reduce-scatter", acc * ((tied ? 1 : 2) * wte + L * blocks) * fl, acc * (long)((tied ? 1 : 2) + 4 * L),
+    add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + z_gathers * L), Z, X * Y, overlap);
+    add_comm(p, "z", "reduce-scatter", acc * (head_grads * wte + L * blocks) * fl, acc * (long)(head_grads + 4 * L),
              Z, X * Y, overlap);
     add_comm(p, "z", "all-reduce", (double)m.small_numel * fl, 1, Z, X * Y, false);
     add_comm(p, "data", "all-reduce", (double)m.layout.num_params * fl, 1, D, X * Y * Z, false);
@@ -631,8 +632,7 @@ static void parse_options(Options *o, int argc, char **argv) {
 
 // The stage to load the config as: the one whose strategy it names (configs/axonn.json names
 // axonn, stage 05's), so that its own keys are accepted; stage 08's when it has experts; stage
-// 03's otherwise. The file
-// is read again by config_load, which reports whatever is wrong in it.
+// 03's otherwise. The file is read again by config_load, which reports whatever is wrong in it.
 static bool has_experts(const cJSON *json) {
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(json, "num_experts");
     return cJSON_IsNumber(e) && e->valuedouble > 0;
