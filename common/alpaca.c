@@ -346,7 +346,7 @@ void dataset_epoch_order(const Dataset *d, int split, uint64_t seed, int epoch, 
 
 void dataset_get_batch(const Dataset *d, int split, uint64_t seed, int epoch, long b,
                        int global_batch, int slice, int nslices, Batch *out) {
-    double t0 = wall_seconds();
+    int m0 = trace_mark();
     long n_batches = dataset_batches_per_epoch(d, split, global_batch);
     if (nslices < 1) fatal("the number of batch slices (ranks) must be at least 1, got %d", nslices);
     if (global_batch % nslices != 0)
@@ -384,7 +384,7 @@ void dataset_get_batch(const Dataset *d, int split, uint64_t seed, int epoch, lo
         out->n_targets_local += fill_row(t, T, out->inputs + (size_t)r * T, out->targets + (size_t)r * T);
     }
     free(order);
-    trace_span("data load", TRACK_COMPUTE, t0, wall_seconds(), NULL);
+    trace_span("data load", TRACK_COMPUTE, m0, trace_mark(), NULL);
 }
 
 void batch_free(Batch *b) {

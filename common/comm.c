@@ -105,6 +105,8 @@ CommRequest *comm_new_request(Comm *c, CollKind kind, double bytes) {
     r->kind = kind;
     r->bytes = bytes;
     r->start = wall_seconds();
+    r->launch_mark = trace_mark();
+    r->end_mark = -1;
     r->mpi[0] = r->mpi[1] = MPI_REQUEST_NULL;
     return r;
 }
@@ -132,10 +134,10 @@ int comm_test(CommRequest *r) {
 }
 
 void comm_wait(CommRequest *r) {
-    double wait = wall_seconds();
+    int wait = trace_mark();
     if (!r->done) comm_backend_wait(r);
-    double end = wall_seconds();
-    trace_collective(COMM_KIND_NAMES[r->kind], r->comm->name, r->bytes, r->start, wait, end);
+    int end = r->end_mark >= 0 ? r->end_mark : trace_mark();
+    trace_collective(COMM_KIND_NAMES[r->kind], r->comm->name, r->bytes, r->launch_mark, wait, end);
     CommStats *s = &r->comm->stats;
     s->calls[r->kind]++;
     s->bytes[r->kind] += r->bytes;

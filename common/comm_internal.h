@@ -25,6 +25,10 @@ struct CommRequest {
     // send. Unused entries are MPI_REQUEST_NULL, which MPI counts as finished.
     MPI_Request mpi[2];
     void *event;        // comm_nccl.c: a cudaEvent_t recorded after the collective
+    // the trace's marks (trace.h) of its launch and end, -1 when not recording; comm.c marks the
+    // launch on the compute stream and the end when the wait returns, which is right for MPI and
+    // for a group of one; NCCL marks both on its group's stream, around the collective itself
+    int launch_mark, end_mark;
 };
 
 extern double g_comm_timeout;

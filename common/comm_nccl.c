@@ -152,12 +152,14 @@ static NcclGroup *begin(Comm *c, CommRequest *r) {
     CUDA_CHECK(cudaEventCreate(&ev[1]));
     CUDA_CHECK(cudaEventRecord(ev[0], g->stream));
     r->event = ev;
+    if (r->launch_mark >= 0) r->launch_mark = dev_mark_stream(g->stream);  // the trace's, likewise
     return g;
 }
 
 static CommRequest *end(CommRequest *r, NcclGroup *g) {
     cudaEvent_t *ev = r->event;
     CUDA_CHECK(cudaEventRecord(ev[1], g->stream));
+    if (r->launch_mark >= 0) r->end_mark = dev_mark_stream(g->stream);
     return r;
 }
 

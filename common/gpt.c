@@ -732,24 +732,24 @@ const float *head_input(const Activations *a) { return block_input(a, a->spec.fi
 // ---- forward ----------------------------------------------------------------------------------
 
 // one span on the trace's compute track (trace.h); layer < 0 for the embedding and the head
-static void trace_layer(const char *what, int layer, double t0) {
-    if (!trace_recording()) return;
+static void trace_layer(const char *what, int layer, int m0) {
+    if (m0 < 0) return;
     char name[48];
     if (layer >= 0) snprintf(name, sizeof name, "block %d %s", layer, what);
     else snprintf(name, sizeof name, "%s", what);
-    trace_span(name, TRACK_COMPUTE, t0, wall_seconds(), NULL);
+    trace_span(name, TRACK_COMPUTE, m0, trace_mark(), NULL);
 }
 
 
 void gpt_embed_forward(Activations *a, const Weights *w, int B, int T) {
-    double t0 = wall_seconds();
+    int m0 = trace_mark();
     a->ops->embed_forward(a->ops, a->encoded, a->inputs, NULL, w, &a->spec.shape, B, T);
-    trace_layer("embedding forward", -1, t0);
+    trace_layer("embedding forward", -1, m0);
 }
 
 
 void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int T) {
-    double t0 = wall_seconds();
+    int m0 = trace_mark();
     LayerOps *ops = a->ops;
     const ModelShape *s = &a->spec.shape;
     BlockActs *k = &a->blocks[l - a->spec.first_layer];
@@ -768,25 +768,25 @@ void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int 
     if (k->moe) ops->moe_forward(ops, a, l, w, B, T);
     else ops->mlp_forward(ops, a, l, w, B, T);
     add_inplace(k->out, k->res2, (size_t)N * C);
-    trace_layer("forward", l, t0);
+    trace_layer("forward", l, m0);
 }
 
 void gpt_head_forward(Activations *a, const float *x, const Weights *w, int N) {
-    double t0 = wall_seconds();
+    int m0 = trace_mark();
     LayerOps *ops = a->ops;
     const ModelShape *s = &a->spec.shape;
     ops->norm_forward(ops, a->lnf, a->lnf_mean, a->lnf_rstd, x, &w->lnf, s, N);
     ops->linear_forward(ops, LIN_HEAD, a->logits, a->lnf, a->lnf16, &w->head, N, s->C, s->v_rows);
-    trace_layer("head forward", -1, t0);
+    trace_layer("head forward", -1, m0);
 }
 
 double gpt_loss_forward_backward(Activations *a, const GPTConfig *cfg, int B, int T, float dloss) {
-    double t0 = wall_seconds();
+    int m0 = trace_mark();
     int N = B * T;
     cross_entropy_forward_backward(a->logits, a->losses, a->targets, dloss, N, cfg->vocab_size,
                                    cfg->padded_vocab_size);
     double sum = sum_values(a->losses, (size_t)N);
-    trace_layer("loss", -1, t0);
+    trace_layer("loss", -1, m0);
     return sum;
 }
 
@@ -799,7 +799,7 @@ double gpt_loss_forward(Activations *a, const GPTConfig *cfg, int B, int T) {
 // ---- backward: each step undoes its forward, in reverse order ---------------------------------
 
 void gpt_head_backward(Activations *a, const Weights *w, Weights *g, int B, int T) {
-    double t0 = wall_seconds();
+    int m0 = trace_mark();
     LayerOps *ops = a->ops;
     const ModelShape *s = &a->spec.shape;
     int N = B * T;
@@ -809,11 +809,11 @@ void gpt_head_backward(Activations *a, const Weights *w, Weights *g, int B, int 
     ops->linear_backward(ops, LIN_HEAD, dlnf, &g->head, a->logits, a->dout16, a->lnf, a->lnf16, &w->head,
                          N, s->C, s->v_rows);
     ops->norm_backward(ops, a->dres, &g->lnf, dlnf, head_input(a), &w->lnf, a->lnf_mean, a->lnf_rstd, s, N);
-    trace_layer("head backward", -1, t0);
+    trace_layer("head backward", -1, m0);
 }
 
 void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeights *g, int B, int T) {
-    double t0 = wall_seconds();
+    int m0 = trace_mark();
     if (a->spec.recompute) gpt_block_forward(a, l, w, B, T);  // the activations it did not keep
     LayerOps *ops = a->ops;
     const ModelShape *s = &a->spec.shape;
@@ -843,13 +843,13 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     // completes its own dinp, a tensor-parallel one with an all-reduce: the two must not share one.)
     if (s->parallel_block) add_inplace(dln1, a->dln, (size_t)N * C);
     ops->norm_backward(ops, dres, &g->ln1, dln1, x, &w->ln1, k->ln1_mean, k->ln1_rstd, s, N);
-    trace_layer("backward", l, t0);
+    trace_layer("backward", l, m0);
 }
 
 void gpt_embed_backward(Activations *a, Weights *g, int B, int T) {
-    double t0 = wall_seconds();
+    int m0 = trace_mark();
     a->ops->embed_backward(a->ops, g, a->dres, a->inputs, &a->spec.shape, B, T);
-    trace_layer("embedding backward", -1, t0);
+    trace_layer("embedding backward", -1, m0);
 }
 
 // ---- the passes -------------------------------------------------------------------------------

@@ -51,6 +51,16 @@ void *ops_stream(void);
 // wait for has failed or passed its deadline, so a dead peer ends the job instead of hanging it.
 // The CPU backend never waits (its ops run to completion), so it never calls check.
 void ops_on_device_wait(void (*check)(void));
+// Marks: the trace's clock (trace.h). dev_mark() notes where the ops stream has got to, and
+// dev_mark_seconds() says when the device passed that point, in wall_seconds() terms (waiting
+// until it has). On the CUDA backend a mark is an event on the stream, so the span between two
+// marks is the GPU's own time, not the host's launch time, which runs ahead of it; on the CPU
+// the device is the host and a mark is the clock reading. dev_mark_stream marks another stream
+// of the device (an NCCL group's, a cudaStream_t); the CPU has one. dev_marks_clear forgets them.
+int dev_mark(void);
+int dev_mark_stream(void *stream);
+double dev_mark_seconds(int mark);
+void dev_marks_clear(void);
 size_t dev_bytes_in_use(void);      // what dev_malloc currently holds
 size_t dev_bytes_peak(void);
 

@@ -399,6 +399,27 @@ void copy_to_host(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(
 void dev_synchronize(void) {}
 void *ops_stream(void) { return NULL; }  // the CPU runs every op to completion in order
 void ops_on_device_wait(void (*check)(void)) { (void)check; }
+
+// marks are clock readings: every op has finished by the time it returns
+static struct { double *seconds; int n, cap; } g_marks;
+
+int dev_mark(void) {
+    if (g_marks.n == g_marks.cap) {
+        g_marks.cap = g_marks.cap ? 2 * g_marks.cap : 1024;
+        g_marks.seconds = realloc(g_marks.seconds, (size_t)g_marks.cap * sizeof *g_marks.seconds);
+        if (!g_marks.seconds) fatal("out of memory for %d trace marks; lower trace_steps", g_marks.cap);
+    }
+    g_marks.seconds[g_marks.n] = wall_seconds();
+    return g_marks.n++;
+}
+
+int dev_mark_stream(void *stream) {
+    (void)stream;
+    return dev_mark();
+}
+
+double dev_mark_seconds(int mark) { return g_marks.seconds[mark]; }
+void dev_marks_clear(void) { g_marks.n = 0; }
 size_t dev_bytes_in_use(void) { return g_bytes_in_use; }
 size_t dev_bytes_peak(void) { return g_bytes_peak; }
 

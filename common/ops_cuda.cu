@@ -475,6 +475,55 @@ void dev_synchronize(void) {
 size_t dev_bytes_in_use(void) { return g_bytes_in_use; }
 size_t dev_bytes_peak(void) { return g_bytes_peak; }
 
+// Marks are timed events. Their times come from cudaEventElapsedTime against an anchor event
+// that the host saw the device pass (the stream drained, so the anchor's time is the host
+// clock's reading just after it): one host/GPU clock pairing per trace, drift over a few steps
+// being far below the microseconds the trace shows. The events are kept for the next trace.
+static struct {
+    cudaEvent_t *events, anchor;
+    int n, cap;
+    double anchor_seconds;  // < 0: no anchor yet since the last clear
+} g_marks = {NULL, NULL, 0, 0, -1};
+
+static void anchor_marks(void) {
+    if (!g_marks.anchor) CUDA_CHECK(cudaEventCreate(&g_marks.anchor));
+    sync_stream();  // (with the comm layer's check: a hung collective cannot hang this)
+    CUDA_CHECK(cudaEventRecord(g_marks.anchor, g.stream));
+    CUDA_CHECK(cudaEventSynchronize(g_marks.anchor));
+    g_marks.anchor_seconds = wall_seconds();
+}
+
+int dev_mark_stream(void *stream) {
+    ensure_init();
+    if (g_marks.anchor_seconds < 0) anchor_marks();
+    if (g_marks.n == g_marks.cap) {
+        int cap = g_marks.cap ? 2 * g_marks.cap : 1024;
+        g_marks.events = (cudaEvent_t *)realloc(g_marks.events, (size_t)cap * sizeof(cudaEvent_t));
+        if (!g_marks.events) fatal("out of memory for %d trace marks; lower trace_steps", cap);
+        for (int i = g_marks.cap; i < cap; i++) CUDA_CHECK(cudaEventCreate(&g_marks.events[i]));
+        g_marks.cap = cap;
+    }
+    CUDA_CHECK(cudaEventRecord(g_marks.events[g_marks.n], (cudaStream_t)stream));
+    return g_marks.n++;
+}
+
+int dev_mark(void) {
+    ensure_init();
+    return dev_mark_stream(g.stream);
+}
+
+double dev_mark_seconds(int mark) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventSynchronize(g_marks.events[mark]));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, g_marks.anchor, g_marks.events[mark]));
+    return g_marks.anchor_seconds + ms / 1e3;
+}
+
+void dev_marks_clear(void) {
+    g_marks.n = 0;
+    g_marks.anchor_seconds = -1;
+}
+
 // ----------------------------------------------------------------------------------------------
 // launch geometry and the combine step of row reductions
 

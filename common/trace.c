@@ -1,5 +1,7 @@
-// trace.c: the trace-event recorder of trace.h. Events are formatted into one growing text
-// buffer as they end, so recording costs a snprintf and the merge only concatenates texts.
+// trace.c: the trace-event recorder of trace.h. While recording, an event is kept as its name,
+// arguments and marks; the marks are read and the events formatted only when the trace is
+// written, because on a GPU a mark's time is known once the device has passed it, and reading
+// it sooner would make the host wait for the device in the middle of the steps being traced.
 #include "trace.h"
 
 #include <stdio.h>
@@ -8,13 +10,22 @@
 
 #include "checkpoint.h"
 #include "log.h"
+#include "ops.h"
 
 #define MAX_LANES 64  // collectives in flight at once on one rank
+
+typedef struct {
+    char name[48], args[160];  // args: a JSON object's text, "" for none
+    int tid;                   // the compute track, or TRACK_COMM for a collective (lane: when read)
+    int begin, wait, end;      // marks; wait: a collective's only
+} Pending;
 
 static struct {
     bool enabled, in_window;
     int steps, steps_seen, rank;
     double epoch;
+    Pending *pending;
+    int n_pending, cap_pending;
     char *text;
     size_t len, cap;
     double lane_end[MAX_LANES];  // the latest end of a collective on each comm lane
@@ -31,6 +42,32 @@ void trace_step(void) { g_trace.in_window = g_trace.enabled && g_trace.steps_see
 
 bool trace_recording(void) { return g_trace.in_window; }
 
+int trace_mark(void) { return g_trace.in_window ? dev_mark() : -1; }
+
+static void keep(const char *name, const char *args, int tid, int begin, int wait, int end) {
+    if (!g_trace.in_window || begin < 0 || end < 0) return;
+    if (g_trace.n_pending == g_trace.cap_pending) {
+        g_trace.cap_pending = g_trace.cap_pending ? 2 * g_trace.cap_pending : 1024;
+        g_trace.pending = realloc(g_trace.pending, (size_t)g_trace.cap_pending * sizeof(Pending));
+        if (!g_trace.pending) fatal("out of memory for %d trace events; lower trace_steps", g_trace.cap_pending);
+    }
+    Pending *p = &g_trace.pending[g_trace.n_pending++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->args, sizeof p->args, "%s", args ? args : "");
+    p->tid = tid;
+    p->begin = begin;
+    p->wait = wait;
+    p->end = end;
+}
+
+void trace_span(const char *name, int tid, int m0, int m1, const char *args) { keep(name, args, tid, m0, -1, m1); }
+
+void trace_collective(const char *kind, const char *group, double bytes, int launch, int wait, int end) {
+    char args[160];
+    snprintf(args, sizeof args, "{\"group\":\"%s\",\"bytes\":%.0f}", group, bytes);
+    keep(kind, args, TRACK_COMM, launch, wait, end);
+}
+
 static void append(const char *s) {
     size_t n = strlen(s);
     if (g_trace.len + n + 1 > g_trace.cap) {
@@ -44,12 +81,11 @@ static void append(const char *s) {
 
 static double micros(double t) { return 1e6 * (t - g_trace.epoch); }
 
-void trace_span(const char *name, int tid, double t0, double t1, const char *args) {
-    if (!g_trace.in_window) return;
+static void append_event(const char *name, int tid, double t0, double t1, const char *args) {
     char ev[512];
     snprintf(ev, sizeof ev, "%s{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f%s%s}",
              g_trace.len ? ",\n" : "", name, g_trace.rank, tid, micros(t0), 1e6 * (t1 - t0),
-             args ? ",\"args\":" : "", args ? args : "");
+             args[0] ? ",\"args\":" : "", args);
     append(ev);
 }
 
@@ -64,16 +100,31 @@ static int free_lane(double launch, double end) {
           MAX_LANES, g_trace.rank);
 }
 
-void trace_collective(const char *kind, const char *group, double bytes, double launch, double wait, double end) {
-    if (!g_trace.in_window) return;
-    char args[160], name[64];
-    snprintf(args, sizeof args, "{\"group\":\"%s\",\"bytes\":%.0f}", group, bytes);
-    trace_span(kind, TRACK_COMM + free_lane(launch, end), launch, end, args);
-    snprintf(name, sizeof name, "wait %s", kind);
-    trace_span(name, TRACK_COMPUTE, wait, end, args);
+static void append_collective(const Pending *p) {
+    double launch = dev_mark_seconds(p->begin), wait = dev_mark_seconds(p->wait), end = dev_mark_seconds(p->end);
+    append_event(p->name, TRACK_COMM + free_lane(launch, end), launch, end, p->args);
+    char name[64];
+    snprintf(name, sizeof name, "wait %s", p->name);
+    // a GPU collective may have ended before the compute stream reached its wait: nothing waited
+    append_event(name, TRACK_COMPUTE, wait, end > wait ? end : wait, p->args);
 }
 
-char *trace_events_text(void) { return copy_string_or_die(g_trace.text ? g_trace.text : ""); }
+// reads every kept event's marks and formats it (the lanes are given in the order of launch
+// calls, as they were kept); the marks are then free for another trace
+static void format_pending(void) {
+    for (int i = 0; i < g_trace.n_pending; i++) {
+        const Pending *p = &g_trace.pending[i];
+        if (p->tid == TRACK_COMM) append_collective(p);
+        else append_event(p->name, p->tid, dev_mark_seconds(p->begin), dev_mark_seconds(p->end), p->args);
+    }
+    g_trace.n_pending = 0;
+    dev_marks_clear();
+}
+
+char *trace_events_text(void) {
+    format_pending();
+    return copy_string_or_die(g_trace.text ? g_trace.text : "");
+}
 
 // (after_events: a comma must separate the names from the events before them)
 static void append_track_names(char **out, size_t *len, int n_ranks, bool after_events) {

@@ -6,8 +6,11 @@
 //   tid 0 "compute": what the rank's thread is doing, nested (a block's forward inside the step);
 //   tid 1.. "comm": each collective from its launch to the end of its wait, a lane per collective
 //   in flight at once (so the lanes nest too); a wait that blocks the thread also shows on tid 0.
-// Times are host clock readings since the trace's epoch; on the CUDA backend an op's span is its
-// launch, not its GPU time (the device work shows in the waits that follow it).
+// Every time is a mark on the device's clock (ops.h: dev_mark), read as microseconds since the
+// trace's epoch: on the CUDA backend an event on the stream, so a block's span is the GPU's time
+// for it and a collective's is NCCL's own (from the events on its group's stream), not the host's
+// launch times, which run ahead of the GPU; on the CPU a clock reading. Marks are read when the
+// events are written (trace_events_text), after the device has passed them.
 // The merge (comm_trace_write in comm.h for MPI stages, trace_write for one process) puts
 // every rank's events in <out_dir>/trace.json.
 #ifndef TRACE_H
@@ -23,10 +26,14 @@ void trace_open(bool enabled, int trace_steps, int rank, double epoch);
 // called as each step starts: events are kept in the first trace_steps steps this run makes
 void trace_step(void);
 bool trace_recording(void);
-// one complete event from t0 to t1 (wall_seconds()); args: a JSON object's text or NULL
-void trace_span(const char *name, int tid, double t0, double t1, const char *args);
-// a collective from launch to end; its lane is one not busy in that time
-void trace_collective(const char *kind, const char *group, double bytes, double launch, double wait, double end);
+// a mark (dev_mark) while recording, else -1: what spans begin and end with
+int trace_mark(void);
+// one complete event from mark m0 to mark m1; args: a JSON object's text or NULL. Nothing is
+// kept when either mark is -1 (the span began or ended outside the recorded steps).
+void trace_span(const char *name, int tid, int m0, int m1, const char *args);
+// a collective from launch to end on a comm lane not busy in that time, and on the compute
+// track the wait from `wait` until it ended (empty when it had ended before)
+void trace_collective(const char *kind, const char *group, double bytes, int launch, int wait, int end);
 // this rank's events as the text of JSON objects separated by commas ("" if none); caller frees
 char *trace_events_text(void);
 // the merged file: <out_dir>/trace.json from the ranks' event texts (rank 0 or the only process)

@@ -123,7 +123,7 @@ double learning_rate(const Config *cfg, long step, long total_steps) {
 
 void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
                 size_t first, size_t n, const Config *cfg, double lr, long t, float clip) {
-    double t0 = wall_seconds();
+    int m0 = trace_mark();
     // One call per tensor (or per part of one inside [first, first + n)), because the weight
     // decay differs between tensors; the pointers are to the range's first element.
     for (int i = 0; i < layout->num_tensors; i++) {
@@ -136,7 +136,7 @@ void adamw_step(const ParamLayout *layout, float *params, const float *grads, fl
                      (float)cfg->beta2, (float)cfg->eps, ti->decay ? (float)cfg->weight_decay : 0.0f,
                      (int)t);
     }
-    trace_span("optimizer", TRACK_COMPUTE, t0, wall_seconds(), NULL);
+    trace_span("optimizer", TRACK_COMPUTE, m0, trace_mark(), NULL);
 }
 
 float clip_factor(double norm, double max_norm) {
@@ -503,7 +503,7 @@ static float *to_host(const float *dev, size_t n) {
 
 void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
                      const float *m, const float *v, long step) {
-    double t0 = wall_seconds();
+    int m0 = trace_mark();
     size_t n = layout->num_params;
     float *hp = to_host(params, n), *hm = to_host(m, n), *hv = to_host(v, n);
     char *json = config_to_json(cfg);
@@ -514,7 +514,7 @@ void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *
     free(hp);
     free(hm);
     free(hv);
-    trace_span("checkpoint write", TRACK_COMPUTE, t0, wall_seconds(), NULL);
+    trace_span("checkpoint write", TRACK_COMPUTE, m0, trace_mark(), NULL);
 }
 
 long resume_checkpoint(const Config *cfg, const ParamLayout *layout, float *params, float *m, float *v) {
