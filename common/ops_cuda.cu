@@ -1292,9 +1292,9 @@ static __global__ void attention_cached_kernel(float *out, float *scores, const 
     const float *k = k_cache + (size_t)b * maxT * C + (size_t)h * hs;
     const float *v = v_cache + (size_t)b * maxT * C + (size_t)h * hs;
     float *s = scores + (size_t)blockIdx.x * maxT;
-    float max = block_reduce(attention_cached_scores(s, q, k, npos, hs, C, lane, nlanes), -INFINITY, MaxOp());
+    float max = block_reduce(attention_scores(s, q, k, C, npos, hs, lane, nlanes), -INFINITY, MaxOp());
     // the barriers inside block_reduce also make every lane's scores visible to the others
-    float sum = block_reduce(attention_cached_exp(s, max, npos, lane, nlanes), 0.0f, SumOp());
+    float sum = block_reduce(attention_exp(s, max, npos, lane, nlanes), 0.0f, SumOp());
     attention_cached_values(out + ((size_t)b * T + t) * C + (size_t)h * hs, s, 1.0f / sum, v, npos,
                             hs, C, lane, nlanes);
 }
