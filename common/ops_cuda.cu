@@ -16,10 +16,12 @@
 //                         atomics, a fixed order)
 //   layernorm forward,    a warp per row: 32 lanes, partials combined by warp shuffles
 //   layernorm dinp
-//   attention             a thread per (sequence, head, query row), calling kernels.h's row
-//                         functions; the forward's output row goes through shared memory so the
-//                         write to out is coalesced; backward is two launches (query rows, then
-//                         key rows), as kernels.h requires
+//   attention             tiled (FlashAttention-2's shape): a block of 4 warps holds 16 rows of
+//                         one (sequence, head) in shared memory and walks tiles of 32 keys (or
+//                         queries), a warp per row and a lane per tile row, with kernels.h's
+//                         block functions; online softmax forward, keeping each row's
+//                         log-sum-exp; backward recomputes the probabilities: one launch over
+//                         query blocks (delta, then dq), one over key blocks (dk, dv)
 //   cross-entropy         a block per row: partial max / sum of exponentials, combined by a
 //                         shared-memory tree
 //   elementwise, AdamW,   grid-stride loops, a thread per element
@@ -99,6 +101,7 @@ typedef struct {
 static struct {
     int ready;
     int device, sm_count, cc_major, cc_minor, clock_khz;
+    int smem_optin;                    // shared memory a block may have when its kernel asks
     char name[256];
     cudaStream_t stream;
     cublasHandle_t cublas;
@@ -153,6 +156,7 @@ void ops_init(void) {
     g.sm_count = prop.multiProcessorCount;
     g.cc_major = prop.major;
     g.cc_minor = prop.minor;
+    g.smem_optin = (int)prop.sharedMemPerBlockOptin;
     if (cudaDeviceGetAttribute(&g.clock_khz, cudaDevAttrClockRate, g.device) != cudaSuccess)
         g.clock_khz = 0;
     (void)cudaGetLastError();  // the attribute query is optional: forget its error, if any
@@ -913,88 +917,254 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
 }
 
 // ----------------------------------------------------------------------------------------------
-// attention: a thread per (sequence b, head h, row t). A block holds `qb` consecutive rows of one
-// (b, h); blockIdx.x = bh * qblocks + which block of rows.
-//
-// kernels.h's row functions take the whole sequence's qkv block and a head index h; we pass
-// pointers already offset to head h's columns and h = 0, which addresses the same elements
-// (every access there is base + row * stride + h * hs). That is what lets the forward point its
-// output row at shared memory.
+// attention, tiled: kernels.h's block functions in FlashAttention-2's shape (on the CUDA cores,
+// in f32). A block of ATT_WARPS warps keeps ATT_ROWS rows of one (sequence, head) in shared
+// memory and walks the other side of the (T, T) square in tiles of ATT_COLS rows, one per lane,
+// loaded by the whole block (consecutive threads, consecutive columns: coalesced):
+//   forward      rows: queries; tiles: keys and values. An online softmax per query row; writes
+//                out and each row's log-sum-exp, into the first B*NH*T floats of att
+//   backward 1   rows: queries; tiles: keys and values, swept twice: delta (into datt), then dq
+//   backward 2   rows: keys and values; tiles: queries with their dout, lse and delta: dk, dv
+// Nothing of size T x T is stored, and backward recomputes the probabilities from q, k and lse.
+// Warp w owns rows w, w + ATT_WARPS, ... of its block (interleaved, so the causal diagonal's
+// extra keys are shared out) and alone writes their accumulators: no atomics, every sum in a
+// fixed order. Its lanes split a row's tile as kernels.h's lanes, partials combined by shuffles;
+// every branch around a shuffle or __syncwarp depends on the warp's row, around __syncthreads on
+// the block's tile. Shared rows are hs + 1 floats apart, so 32 lanes reading one column of 32
+// rows hit 32 different banks.
 
-static int attention_rows_per_block(int hs) {
-    // the forward's shared memory: qb rows of hs + 1 floats (the + 1 staggers the rows over the
-    // 32 banks, so a warp's lanes, each writing its own row, do not collide), within 48 KB
-    int qb = 64;
-    while (qb > 32 && (size_t)qb * (hs + 1) * sizeof(float) > 48 * 1024) qb /= 2;
-    if ((size_t)qb * (hs + 1) * sizeof(float) > 48 * 1024)
-        fatal("attention: head size %d is too large for this CUDA backend (at most 383)", hs);
-    return qb;
+#define ATT_WARPS 4
+#define ATT_ROWS 16
+#define ATT_COLS 32  // a tile row per lane
+#define ATT_ROWS_PER_WARP (ATT_ROWS / ATT_WARPS)
+#define ATT_STATIC_SMEM (48 * 1024)  // what a kernel may use without opting in
+
+// A kernel's shared memory: matrices of ATT_ROWS and of ATT_COLS rows (hs + 1 floats each),
+// vectors of ATT_COLS floats, and per-warp vectors of ATT_COLS floats.
+typedef struct {
+    int row_mats, col_mats, col_vecs, warp_vecs;
+} AttSmem;
+static const AttSmem ATT_FORWARD_SMEM = {2, 2, 0, 1};         // q, o | k, v | - | p
+static const AttSmem ATT_QUERY_BACKWARD_SMEM = {3, 2, 0, 1};  // q, dout, dq | k, v | - | ds
+static const AttSmem ATT_KEY_BACKWARD_SMEM = {4, 2, 2, 2};    // k, v, dk, dv | q, dout | lse, delta | p, ds
+
+static size_t att_smem_bytes(AttSmem m, int hs) {
+    size_t mats = (size_t)m.row_mats * ATT_ROWS + (size_t)m.col_mats * ATT_COLS;
+    size_t vecs = (size_t)(m.col_vecs + m.warp_vecs * ATT_WARPS) * ATT_COLS;
+    return (mats * (hs + 1) + vecs) * sizeof(float);
 }
 
-static __global__ void attention_forward_kernel(float *out, float *att, const float *qkv, int T,
-                                                int C, int NH, int qblocks) {
-    extern __shared__ float orows[];  // blockDim.x rows of hs + 1
-    int hs = C / NH;
-    int bh = blockIdx.x / qblocks, t0 = (blockIdx.x % qblocks) * blockDim.x;
-    int b = bh / NH, h = bh % NH;
-    int t = t0 + threadIdx.x;
-    const float *qkv_bh = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-    float *orow = orows + (size_t)threadIdx.x * (hs + 1);
-    if (t < T) attention_query_forward(orow, att + ((size_t)bh * T + t) * T, qkv_bh, t, 0, T, C, NH);
-    __syncthreads();  // outside the if: every thread of the block reaches it
-    // copy the block's output rows out, consecutive threads writing consecutive columns
-    int nq = T - t0 < (int)blockDim.x ? T - t0 : (int)blockDim.x;
-    for (int i = threadIdx.x; i < nq * hs; i += blockDim.x) {
-        int r = i / hs, j = i % hs;
-        out[((size_t)b * T + t0 + r) * C + (size_t)h * hs + j] = orows[(size_t)r * (hs + 1) + j];
+// the shared memory the kernel needs for head size hs, allowed beyond 48 KB up to the device's
+// opt-in limit; a head size that cannot fit is refused, with the largest one that can
+template <typename Kernel> static size_t att_prepare(Kernel kernel, AttSmem m, int hs) {
+    size_t bytes = att_smem_bytes(m, hs);
+    if (bytes > (size_t)g.smem_optin) {
+        int largest = 0;
+        while (att_smem_bytes(m, largest + 1) <= (size_t)g.smem_optin) largest++;
+        fatal("attention: head size %d needs %zu bytes of shared memory per block, more than the %d "
+              "that GPU %d (%s) allows; head sizes up to %d fit", hs, bytes, g.smem_optin, g.device,
+              g.name, largest);
+    }
+    if (bytes > ATT_STATIC_SMEM)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return bytes;
+}
+
+// rows [0, n) of a head's (., hs) slice, src_stride floats apart, into shared rows hs + 1 apart
+static __device__ void att_load(float *dst, const float *src, size_t src_stride, int n, int hs) {
+    for (int e = threadIdx.x; e < n * hs; e += blockDim.x)
+        dst[(e / hs) * (hs + 1) + e % hs] = src[(size_t)(e / hs) * src_stride + e % hs];
+}
+
+static __device__ void att_zero(float *dst, int n, int hs) {
+    for (int e = threadIdx.x; e < n * (hs + 1); e += blockDim.x) dst[e] = 0.0f;
+}
+
+static __device__ void att_load_vector(float *dst, const float *src, int n) {
+    for (int e = threadIdx.x; e < n; e += blockDim.x) dst[e] = src[e];
+}
+
+// a warp's accumulated row added into its place in global memory, this lane's columns
+static __device__ void att_add_row(float *dst, const float *src, int hs, int lane) {
+    for (int c = lane; c < hs; c += 32) dst[c] += src[c];
+}
+
+static __device__ int att_min(int a, int b) { return a < b ? a : b; }
+
+// blockIdx.x = (b * NH + h) * row_blocks + which block of ATT_ROWS queries
+static __global__ void attention_forward_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH,
+                                                int row_blocks) {
+    extern __shared__ float smem[];
+    int hs = C / NH, S = hs + 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x / row_blocks, q0 = (blockIdx.x % row_blocks) * ATT_ROWS, b = bh / NH, h = bh % NH;
+    int nq = att_min(ATT_ROWS, T - q0), nkeys = q0 + nq;  // the last query sees keys 0 .. q0 + nq - 1
+    size_t C3 = 3 * (size_t)C;
+    const float *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;  // row 0's q; its k at + C, v at + 2C
+    float *q = smem, *o = q + ATT_ROWS * S, *k = o + ATT_ROWS * S, *v = k + ATT_COLS * S;
+    float *p = v + ATT_COLS * S + warp * ATT_COLS;
+    att_load(q, seq + q0 * C3, C3, nq, hs);
+    att_zero(o, nq, hs);
+    OnlineSoftmax run[ATT_ROWS_PER_WARP];
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS_PER_WARP; i++) run[i] = online_softmax_start();
+    for (int k0 = 0; k0 < nkeys; k0 += ATT_COLS) {
+        int nk = att_min(ATT_COLS, nkeys - k0);
+        __syncthreads();  // the previous tile is no longer read
+        att_load(k, seq + C + k0 * C3, C3, nk, hs);
+        att_load(v, seq + 2 * C + k0 * C3, C3, nk, hs);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+            int r = warp + i * ATT_WARPS, n = att_min(nk, q0 + r + 1 - k0);  // causal: keys up to the query
+            if (r >= nq || n <= 0) continue;
+            float m = warp_reduce(attention_scores(p, q + r * S, k, S, n, hs, lane, 32), MaxOp());
+            float alpha = online_softmax_rescale(&run[i], m);
+            run[i].sum += warp_reduce(attention_exp(p, run[i].max, n, lane, 32), SumOp());
+            __syncwarp();  // every lane's p, seen by all
+            attention_block_values(o + r * S, alpha, p, v, S, n, hs, lane, 32);
+            __syncwarp();  // p is free for the next row
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+        int r = warp + i * ATT_WARPS, t = q0 + r;
+        if (r >= nq) continue;
+        float l = attention_finish(out + ((size_t)b * T + t) * C + (size_t)h * hs, o + r * S, &run[i], hs, lane, 32);
+        if (lane == 0) lse[(size_t)bh * T + t] = l;
     }
 }
 
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) return;
     ensure_init();
-    int hs = C / NH, qb = attention_rows_per_block(hs), qblocks = (T + qb - 1) / qb;
-    size_t smem = (size_t)qb * (hs + 1) * sizeof(float);
-    LAUNCH(attention_forward_kernel, (unsigned)((size_t)B * NH * qblocks), qb, smem, out, att, qkv,
-           T, C, NH, qblocks);
+    int hs = C / NH, row_blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
+    size_t smem = att_prepare(attention_forward_kernel, ATT_FORWARD_SMEM, hs);
+    LAUNCH(attention_forward_kernel, (unsigned)((size_t)B * NH * row_blocks), ATT_WARPS * 32, smem, out, att,
+           qkv, T, C, NH, row_blocks);
 }
 
-// pass 1: a thread per query row t (dq, and the pre-softmax gradient into datt)
-static __global__ void attention_query_backward_kernel(float *dqkv, float *datt, const float *dout,
-                                                       const float *qkv, const float *att, int T,
-                                                       int C, int NH, int qblocks) {
-    int hs = C / NH;
-    int bh = blockIdx.x / qblocks, t = (blockIdx.x % qblocks) * blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    int b = bh / NH, h = bh % NH;
-    size_t seq3 = (size_t)b * T * 3 * C + (size_t)h * hs, row = ((size_t)bh * T + t) * T;
-    attention_query_backward(dqkv + seq3, datt + row, dout + (size_t)b * T * C + (size_t)h * hs,
-                             qkv + seq3, att + row, t, 0, T, C, NH);
+// backward 1: a block of queries against every key tile up to the diagonal, twice: sweep 0 sums
+// delta (every key is needed before any ds), sweep 1 adds dq
+static __global__ void attention_query_backward_kernel(float *dqkv, float *delta, const float *dout,
+                                                       const float *qkv, const float *lse, int T, int C, int NH,
+                                                       int row_blocks) {
+    extern __shared__ float smem[];
+    int hs = C / NH, S = hs + 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x / row_blocks, q0 = (blockIdx.x % row_blocks) * ATT_ROWS, b = bh / NH, h = bh % NH;
+    int nq = att_min(ATT_ROWS, T - q0), nkeys = q0 + nq;
+    size_t C3 = 3 * (size_t)C;
+    const float *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+    const float *dseq = dout + (size_t)b * T * C + (size_t)h * hs;
+    float *q = smem, *g = q + ATT_ROWS * S, *dq = g + ATT_ROWS * S, *k = dq + ATT_ROWS * S, *v = k + ATT_COLS * S;
+    float *ds = v + ATT_COLS * S + warp * ATT_COLS;
+    att_load(q, seq + q0 * C3, C3, nq, hs);
+    att_load(g, dseq + (size_t)q0 * C, C, nq, hs);
+    att_zero(dq, nq, hs);
+    float row_lse[ATT_ROWS_PER_WARP], row_delta[ATT_ROWS_PER_WARP];
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+        int r = warp + i * ATT_WARPS;
+        row_lse[i] = r < nq ? lse[(size_t)bh * T + q0 + r] : 0.0f;
+        row_delta[i] = 0.0f;
+    }
+    for (int sweep = 0; sweep < 2; sweep++) {
+        for (int k0 = 0; k0 < nkeys; k0 += ATT_COLS) {
+            int nk = att_min(ATT_COLS, nkeys - k0);
+            __syncthreads();
+            att_load(k, seq + C + k0 * C3, C3, nk, hs);
+            att_load(v, seq + 2 * C + k0 * C3, C3, nk, hs);
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+                int r = warp + i * ATT_WARPS, n = att_min(nk, q0 + r + 1 - k0);
+                if (r >= nq || n <= 0) continue;
+                const float *qr = q + r * S, *gr = g + r * S;
+                if (sweep == 0) {
+                    row_delta[i] += warp_reduce(attention_row_delta(qr, gr, k, v, S, n, hs, row_lse[i], lane, 32),
+                                                SumOp());
+                    continue;
+                }
+                attention_row_dscores(ds, qr, gr, k, v, S, n, hs, row_lse[i], row_delta[i], lane, 32);
+                __syncwarp();
+                attention_add_rows(dq + r * S, ds, k, S, n, hs, lane, 32);
+                __syncwarp();
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+        int r = warp + i * ATT_WARPS, t = q0 + r;
+        if (r >= nq) continue;
+        att_add_row(dqkv + ((size_t)b * T + t) * C3 + (size_t)h * hs, dq + r * S, hs, lane);
+        if (lane == 0) delta[(size_t)bh * T + t] = row_delta[i];
+    }
 }
 
-// pass 2: a thread per key row t2 (dk and dv), after pass 1 has finished (a separate launch)
-static __global__ void attention_key_backward_kernel(float *dqkv, const float *datt,
-                                                     const float *dout, const float *qkv,
-                                                     const float *att, int T, int C, int NH,
-                                                     int qblocks) {
-    int hs = C / NH;
-    int bh = blockIdx.x / qblocks, t2 = (blockIdx.x % qblocks) * blockDim.x + threadIdx.x;
-    if (t2 >= T) return;
-    int b = bh / NH, h = bh % NH;
-    size_t seq3 = (size_t)b * T * 3 * C + (size_t)h * hs, block = (size_t)bh * T * T;
-    attention_key_backward(dqkv + seq3, datt + block, att + block,
-                           dout + (size_t)b * T * C + (size_t)h * hs, qkv + seq3, t2, 0, T, C, NH);
+// backward 2: a block of keys against every query tile from the block's first key on (earlier
+// queries do not see these keys), after backward 1 has written every row's delta
+static __global__ void attention_key_backward_kernel(float *dqkv, const float *dout, const float *qkv,
+                                                     const float *lse, const float *delta, int T, int C, int NH,
+                                                     int row_blocks) {
+    extern __shared__ float smem[];
+    int hs = C / NH, S = hs + 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x / row_blocks, k0 = (blockIdx.x % row_blocks) * ATT_ROWS, b = bh / NH, h = bh % NH;
+    int nk = att_min(ATT_ROWS, T - k0);
+    size_t C3 = 3 * (size_t)C;
+    const float *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+    const float *dseq = dout + (size_t)b * T * C + (size_t)h * hs;
+    float *k = smem, *v = k + ATT_ROWS * S, *dk = v + ATT_ROWS * S, *dv = dk + ATT_ROWS * S;
+    float *q = dv + ATT_ROWS * S, *g = q + ATT_COLS * S, *lse_q = g + ATT_COLS * S, *delta_q = lse_q + ATT_COLS;
+    float *p = delta_q + ATT_COLS + warp * 2 * ATT_COLS, *ds = p + ATT_COLS;
+    att_load(k, seq + C + k0 * C3, C3, nk, hs);
+    att_load(v, seq + 2 * C + k0 * C3, C3, nk, hs);
+    att_zero(dk, nk, hs);
+    att_zero(dv, nk, hs);
+    for (int i0 = k0; i0 < T; i0 += ATT_COLS) {
+        int nq = att_min(ATT_COLS, T - i0);
+        __syncthreads();
+        att_load(q, seq + i0 * C3, C3, nq, hs);
+        att_load(g, dseq + (size_t)i0 * C, C, nq, hs);
+        att_load_vector(lse_q, lse + (size_t)bh * T + i0, nq);
+        att_load_vector(delta_q, delta + (size_t)bh * T + i0, nq);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+            int r = warp + i * ATT_WARPS, first = k0 + r - i0;  // causal: queries from the key on
+            if (first < 0) first = 0;
+            int n = nq - first;
+            if (r >= nk || n <= 0) continue;
+            const float *qf = q + first * S, *gf = g + first * S;
+            attention_column_grads(p, ds, k + r * S, v + r * S, qf, gf, S, lse_q + first, delta_q + first, n, hs,
+                                   lane, 32);
+            __syncwarp();
+            attention_add_rows(dv + r * S, p, gf, S, n, hs, lane, 32);
+            attention_add_rows(dk + r * S, ds, qf, S, n, hs, lane, 32);
+            __syncwarp();
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+        int r = warp + i * ATT_WARPS;
+        if (r >= nk) continue;
+        float *row = dqkv + ((size_t)b * T + k0 + r) * C3 + (size_t)h * hs;
+        att_add_row(row + C, dk + r * S, hs, lane);
+        att_add_row(row + 2 * C, dv + r * S, hs, lane);
+    }
 }
 
+// att holds the forward's log-sum-exps; datt, scratch, gets each row's delta
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) return;
     ensure_init();
-    const int qb = 64;
-    int qblocks = (T + qb - 1) / qb;
-    unsigned blocks = (unsigned)((size_t)B * NH * qblocks);
-    LAUNCH(attention_query_backward_kernel, blocks, qb, 0, dqkv, datt, dout, qkv, att, T, C, NH, qblocks);
-    LAUNCH(attention_key_backward_kernel, blocks, qb, 0, dqkv, datt, dout, qkv, att, T, C, NH, qblocks);
+    int hs = C / NH, row_blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
+    unsigned blocks = (unsigned)((size_t)B * NH * row_blocks);
+    size_t smem = att_prepare(attention_query_backward_kernel, ATT_QUERY_BACKWARD_SMEM, hs);
+    LAUNCH(attention_query_backward_kernel, blocks, ATT_WARPS * 32, smem, dqkv, datt, dout, qkv, att, T, C, NH,
+           row_blocks);
+    smem = att_prepare(attention_key_backward_kernel, ATT_KEY_BACKWARD_SMEM, hs);
+    LAUNCH(attention_key_backward_kernel, blocks, ATT_WARPS * 32, smem, dqkv, dout, qkv, att, datt, T, C, NH,
+           row_blocks);
 }
 
 // ----------------------------------------------------------------------------------------------
