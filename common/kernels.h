@@ -143,7 +143,7 @@ KERNEL_FN float embedding_value(const float *wte, const float *wpe, int token, i
 // Backward for columns [c0, c1) of every row. The same token can appear many times in a batch,
 // so two rows may add into the same dwte row: whoever owns column c walks all BT rows itself, in
 // order. No two workers ever touch the same element (no atomics), and the sum is deterministic.
-// The CPU gives each thread a block of columns; the GPU can give each thread one column.
+// The CPU gives each of its few threads a block of columns.
 KERNEL_FN void embedding_backward_columns(float *dwte, float *dwpe, const float *dout,
                                           const int *tokens, int BT, int T, int C, int v_lo,
                                           int v_count, int c0, int c1) {
@@ -155,6 +155,39 @@ KERNEL_FN void embedding_backward_columns(float *dwte, float *dwpe, const float 
         if (dwpe)
             for (int c = c0; c < c1; c++) dwpe[(size_t)(bt % T) * C + c] += g[c];
     }
+}
+
+// The same sums with a worker per element (the GPU's way: C workers alone leave it nearly idle).
+// dwpe[t][c] adds the B rows at position t, in sequence order; dwte[token][c] adds the rows that
+// hold the token, in row order, found by a stable sort of the rows by sort key (the local token;
+// tokens outside the shard sort last, as v_count, and are skipped). Each element adds its rows
+// one by one into itself in the order embedding_backward_columns does: the same bits.
+KERNEL_FN void embedding_position_grad(float *dwpe, const float *dout, int B, int T, int C, int t, int c) {
+    float acc = dwpe[(size_t)t * C + c];
+    for (int b = 0; b < B; b++) acc += dout[((size_t)b * T + t) * C + c];
+    dwpe[(size_t)t * C + c] = acc;
+}
+
+KERNEL_FN int embedding_sort_key(int token, int v_lo, int v_count) {
+    int local = vocab_shard_index(token, v_lo, v_count);
+    return local >= 0 ? local : v_count;
+}
+
+// the number of rows from sorted position i on with the same key, when i starts such a run in
+// the shard; 0 otherwise (the run is its first position's to sum)
+KERNEL_FN int embedding_token_run(const int *sorted_keys, int BT, int v_count, int i) {
+    int key = sorted_keys[i];
+    if (key >= v_count || (i > 0 && sorted_keys[i - 1] == key)) return 0;
+    int n = 1;
+    while (i + n < BT && sorted_keys[i + n] == key) n++;
+    return n;
+}
+
+// dwte_row[c] += the n rows listed in rows (increasing)
+KERNEL_FN void embedding_token_grad(float *dwte_row, const float *dout, const int *rows, int n, int C, int c) {
+    float acc = dwte_row[c];
+    for (int k = 0; k < n; k++) acc += dout[(size_t)rows[k] * C + c];
+    dwte_row[c] = acc;
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@
 //                         has a fixed order (deterministic) yet uses N/32 times more threads than
 //                         one thread per column would
 //   embedding forward     a thread per output element
-//   embedding backward    a thread per column walks all rows (kernels.h's column owner: no
-//                         atomics, a fixed order)
+//   embedding backward    dwpe: a thread per (position, column) over the B sequences; dwte: the
+//                         rows radix-sorted by token (CUB, stable), then a thread per (run of one
+//                         token, column) adds the run's rows in row order. No atomics, and the
+//                         CPU's order of adds: the same bits
 //   layernorm forward,    a warp per row: 32 lanes, partials combined by warp shuffles
 //   layernorm dinp
 //   attention             tiled (FlashAttention-2's shape): a block of 4 warps holds 16 rows of
@@ -41,6 +43,7 @@
 // reported at its own launch).
 //
 // Not thread-safe: ops are called from one host thread, like the CPU backend.
+#include <cub/device/device_radix_sort.cuh>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -792,8 +795,10 @@ void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float
 }
 
 // ----------------------------------------------------------------------------------------------
-// embedding: a thread per output element forward; a thread per column backward (it alone adds
-// into column c of dwte and dwpe, walking the rows in order)
+// embedding: a thread per output element forward. Backward, without atomics and in the CPU's order
+// (kernels.h: the same bits): dwpe a thread per (position, column); dwte by rows sorted by token
+// (CUB's radix sort, stable: a token's rows stay in row order), then a thread per (run of one
+// token, column) adds the run's rows
 
 static __global__ void embedding_forward_kernel(float *out, const int *tokens, const int *start,
                                                 const float *wte, const float *wpe, int v_lo,
@@ -814,19 +819,58 @@ void embedding_forward(float *out, const int *tokens, const int *start, const fl
            v_count, T, n, C);
 }
 
-static __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float *dout,
-                                                 const int *tokens, int v_lo, int v_count, int BT,
-                                                 int T, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < C) embedding_backward_columns(dwte, dwpe, dout, tokens, BT, T, C, v_lo, v_count, c, c + 1);
+static __global__ void embedding_position_grad_kernel(float *dwpe, const float *dout, int B, int T, int C) {
+    GRID_STRIDE(i, (size_t)T * C) embedding_position_grad(dwpe, dout, B, T, C, (int)(i / C), (int)(i % C));
+}
+
+static __global__ void embedding_sort_keys_kernel(int *keys, int *rows, const int *tokens, int BT, int v_lo,
+                                                  int v_count) {
+    GRID_STRIDE(i, (size_t)BT) {
+        keys[i] = embedding_sort_key(tokens[i], v_lo, v_count);
+        rows[i] = (int)i;
+    }
+}
+
+// blockIdx.x: a sorted position (the whole block leaves unless a run starts there); the block's
+// threads: consecutive columns
+static __global__ void embedding_token_grad_kernel(float *dwte, const float *dout, const int *keys,
+                                                   const int *rows, int BT, int C, int v_count) {
+    int i = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    int n = embedding_token_run(keys, BT, v_count, i);
+    if (n > 0 && c < C) embedding_token_grad(dwte + (size_t)keys[i] * C, dout, rows + i, n, C, c);
+}
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// the bits of the sort keys 0 .. v_count (the radix sort looks at no more)
+static int key_bits(int v_count) {
+    int bits = 1;
+    while (bits < 31 && (1 << bits) <= v_count) bits++;
+    return bits;
+}
+
+static void embedding_token_grads(float *dwte, const float *dout, const int *tokens, int v_lo, int v_count,
+                                  int BT, int C) {
+    size_t sort_bytes = 0, ints = round_up((size_t)BT * sizeof(int), 256);
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const int *)NULL, (int *)NULL,
+                                               (const int *)NULL, (int *)NULL, BT, 0, key_bits(v_count), g.stream));
+    size_t head = round_up(sort_bytes, 256);  // the sort's own workspace, then four arrays of BT
+    char *work = (char *)scratch(head + 4 * ints);
+    int *keys = (int *)(work + head), *rows = (int *)(work + head + ints);
+    int *sorted_keys = (int *)(work + head + 2 * ints), *sorted_rows = (int *)(work + head + 3 * ints);
+    LAUNCH(embedding_sort_keys_kernel, grid_for((size_t)BT), THREADS, 0, keys, rows, tokens, BT, v_lo, v_count);
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(work, sort_bytes, keys, sorted_keys, rows, sorted_rows, BT, 0,
+                                               key_bits(v_count), g.stream));
+    dim3 grid((unsigned)BT, blocks_for((size_t)C, THREADS));
+    LAUNCH(embedding_token_grad_kernel, grid, THREADS, 0, dwte, dout, sorted_keys, sorted_rows, BT, C, v_count);
 }
 
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int v_lo,
                         int v_count, int B, int T, int C) {
     if (B * T <= 0 || C <= 0) return;
     ensure_init();
-    LAUNCH(embedding_backward_kernel, blocks_for((size_t)C, 64), 64, 0, dwte, dwpe, dout, tokens,
-           v_lo, v_count, B * T, T, C);
+    if (v_count > 0) embedding_token_grads(dwte, dout, tokens, v_lo, v_count, B * T, C);
+    if (dwpe) LAUNCH(embedding_position_grad_kernel, grid_for((size_t)T * C), THREADS, 0, dwpe, dout, B, T, C);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -1236,6 +1236,60 @@ static void test_embedding_shards(void) {
     dev_free(d_tokens), dev_free(d_wpe), dev_free(d_dout), dev_free(d_out), dev_free(d_dwpe);
 }
 
+// kernels.h's per-element embedding backward, driven on the host the way ops_cuda.cu drives it:
+// the rows stably sorted by embedding_sort_key, a worker per (run of one token, column) and per
+// (position, column). Each element adds the same rows in the same order as the CPU backend's
+// column owners, so it must give the backend's bits exactly: on a vocabulary shard, a token
+// repeated, tokens outside the shard, against embedding_backward on this backend.
+static void test_embedding_elements(void) {
+    enum { B = 3, T = 5, C = 6, N = B * T, VL = 5 };
+    const int v_lo = 2, v_count = VL;  // tokens 2..6 are this shard's
+    const int tokens[N] = {4, 0, 4, 6, 8, 2, 4, 4, 1, 5, 3, 4, 7, 2, 6};
+    double *dout = rand_array((size_t)N * C, -1, 1), *dwte0 = rand_array((size_t)v_count * C, -1, 1);
+    double *dwpe0 = rand_array((size_t)T * C, -1, 1);
+    float fdout[N * C], dwte[VL * C], dwpe[T * C];
+    for (int i = 0; i < N * C; i++) fdout[i] = (float)dout[i];
+    for (int i = 0; i < v_count * C; i++) dwte[i] = (float)dwte0[i];
+    for (int i = 0; i < T * C; i++) dwpe[i] = (float)dwpe0[i];
+    int keys[N], rows[N];
+    for (int i = 0; i < N; i++) {  // insertion sort: stable, as the radix sort
+        int key = embedding_sort_key(tokens[i], v_lo, v_count), at = i;
+        for (; at > 0 && keys[at - 1] > key; at--) keys[at] = keys[at - 1], rows[at] = rows[at - 1];
+        keys[at] = key, rows[at] = i;
+    }
+    for (int i = 0; i < N; i++) {
+        int n = embedding_token_run(keys, N, v_count, i);
+        for (int c = 0; n > 0 && c < C; c++) embedding_token_grad(dwte + keys[i] * C, fdout, rows + i, n, C, c);
+    }
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) embedding_position_grad(dwpe, fdout, B, T, C, t, c);
+
+    int *d_tokens = upload_ints(tokens, N);
+    float *d_dout = upload(dout, (size_t)N * C), *d_dwte = upload(dwte0, (size_t)v_count * C);
+    float *d_dwpe = upload(dwpe0, (size_t)T * C);
+    embedding_backward(d_dwte, d_dwpe, d_dout, d_tokens, v_lo, v_count, B, T, C);
+    double *op_wte = download(d_dwte, (size_t)v_count * C), *op_wpe = download(d_dwpe, (size_t)T * C);
+    int differ = 0;
+    for (int i = 0; i < v_count * C; i++) differ += op_wte[i] != dwte[i];
+    for (int i = 0; i < T * C; i++) differ += op_wpe[i] != dwpe[i];
+    CHECK(differ == 0, "embedding backward a worker per element: %d of %d values differ from embedding_backward's",
+          differ, (v_count + T) * C);
+    double want_wte[VL * C], want_wpe[T * C], got_wte[VL * C], got_wpe[T * C];
+    memcpy(want_wte, dwte0, sizeof want_wte), memcpy(want_wpe, dwpe0, sizeof want_wpe);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) {
+            int local = tokens[r] - v_lo;
+            if (local >= 0 && local < v_count) want_wte[local * C + c] += dout[r * C + c];
+            want_wpe[(r % T) * C + c] += dout[r * C + c];
+        }
+    for (int i = 0; i < v_count * C; i++) got_wte[i] = dwte[i];
+    for (int i = 0; i < T * C; i++) got_wpe[i] = dwpe[i];
+    check_array("embedding backward a worker per element: dwte", got_wte, want_wte, (size_t)v_count * C, 1e-6, 1e-6);
+    check_array("embedding backward a worker per element: dwpe", got_wpe, want_wpe, (size_t)T * C, 1e-6, 1e-6);
+    free(dout), free(dwte0), free(dwpe0), free(op_wte), free(op_wpe);
+    dev_free(d_tokens), dev_free(d_dout), dev_free(d_dwte), dev_free(d_dwpe);
+}
+
 // rows of N x C split into columns [0, C0) and [C0, C): each shard as its own (N, Cs) array
 static float *upload_cols(const double *x, int N, int C, int c0, int cs) {
     double *part = malloc_or_die(sizeof(double) * N * cs);
@@ -1429,6 +1483,7 @@ int main(void) {
     test_reductions_and_elementwise();
     test_kv_cache();
     test_embedding_shards();
+    test_embedding_elements();
     test_layernorm_shards();
     test_cross_entropy_shards();
     test_graph_after_workspace_growth();
