@@ -9,8 +9,8 @@
 //                         above matmul_forward for the row-major -> column-major argument mapping
 //   matmul dbias,         a thread per (chunk of 32 rows, column) adds its chunk into a partial
 //   layernorm dw, db      row, then a thread per column adds the partial rows in order: the sum
-//                         has a fixed order (deterministic) yet uses N/32 times more threads than
-//                         one thread per column would
+//   (whole rows and       has a fixed order (deterministic) yet uses N/32 times more threads than
+//   shards of rows)       one thread per column would
 //   embedding forward     a thread per output element
 //   embedding backward    dwpe: a thread per (position, column) over the B sequences; dwte: the
 //                         rows radix-sorted by token (CUB, stable), then a thread per (run of one
@@ -943,13 +943,9 @@ static __global__ void layernorm_param_sum_kernel(float *dweight, float *dbias, 
     column_sums(dbias, pb, nchunks, C, c, c + 1);
 }
 
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const float *mean,
-                        const float *rstd, int N, int C) {
-    if (N <= 0 || C <= 0) return;
-    ensure_init();
-    LAUNCH(layernorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout,
-           inp, weight, mean, rstd, N, C);
+// the whole row's LayerNorm and a shard of it (layernorm_backward_stats) alike
+static void layernorm_param_grads(float *dweight, float *dbias, const float *dout, const float *inp,
+                                  const float *mean, const float *rstd, int N, int C) {
     int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
     size_t part = (size_t)nchunks * C;
     float *pw = (float *)scratch(2 * part * sizeof(float)), *pb = pw + part;
@@ -958,6 +954,16 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
            mean, rstd, N, C);
     LAUNCH(layernorm_param_sum_kernel, blocks_for((size_t)C, THREADS), THREADS, 0, dweight, dbias,
            pw, pb, nchunks, C);
+}
+
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean,
+                        const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(layernorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout,
+           inp, weight, mean, rstd, N, C);
+    layernorm_param_grads(dweight, dbias, dout, inp, mean, rstd, N, C);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1633,13 +1639,6 @@ static __global__ void layernorm_dinp_stats_kernel(float *dinp, const float *dou
     }
 }
 
-static __global__ void layernorm_param_columns_kernel(float *dweight, float *dbias, const float *dout,
-                                                      const float *inp, const float *mean, const float *rstd,
-                                                      int N, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < C) layernorm_param_grad_columns(dweight, dbias, dout, inp, mean, rstd, N, C, c, c + 1);
-}
-
 void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const float *dout,
                               const float *inp, const float *weight, const float *mean,
                               const float *rstd, const float *sums, int N, int C, int C_total) {
@@ -1647,8 +1646,7 @@ void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const f
     ensure_init();
     LAUNCH(layernorm_dinp_stats_kernel, grid_for((size_t)N * C), THREADS, 0, dinp, dout, inp, weight, mean,
            rstd, sums, N, C, C_total);
-    LAUNCH(layernorm_param_columns_kernel, blocks_for((size_t)C, 64), 64, 0, dweight, dbias, dout, inp, mean,
-           rstd, N, C);
+    layernorm_param_grads(dweight, dbias, dout, inp, mean, rstd, N, C);
 }
 
 static __global__ void cross_entropy_shard_max_kernel(float *max, const float *logits, int N, int v_count, int Vl) {
