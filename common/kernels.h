@@ -549,7 +549,8 @@ KERNEL_FN void attention_add_rows(float *out, const float *weights, const float 
     }
 }
 
-// step 3 with every key in one block (the KV cache): out[i] = sum over j of p[j] v[j][i] / sum
+// step 3 with every key in one block (the KV cache): out[i] = sum over j of p[j] v[j][i] / sum.
+// A query at position p reads npos = p + 1 cache rows: its own key was written there just before.
 KERNEL_FN void attention_cached_values(float *out, const float *p, float inv_sum, const float *v_cache,
                                        int npos, int hs, int C, int lane, int nlanes) {
     for (int i = lane; i < hs; i += nlanes) out[i] = 0.0f;
@@ -561,7 +562,8 @@ KERNEL_FN void attention_cached_values(float *out, const float *p, float inv_sum
 // far and the sum of exp(score - that max); its output accumulates the values weighted by the
 // same exponentials. When a block brings a larger max, everything summed so far was taken against
 // a max that is now too small, and multiplying it by exp(old max - new max) puts it on the new
-// one. After the last block the output divided by the sum is exactly softmax(scores) @ v.
+// one. After the last block the output divided by the sum is softmax(scores) @ v, with no pass
+// over the row's scores before the values are read.
 typedef struct {
     float max, sum;
 } OnlineSoftmax;
