@@ -262,7 +262,7 @@ struct LayerOps {
     void (*norm_backward)(LayerOps *ops, float *dinp, Norm *g, const float *dout, const float *inp,
                           const Norm *w, const float *mean, const float *rstd, const ModelShape *s, int N);
     // causal attention of block `layer` over qkv (B, T, 3 C_attn) into out (B, T, C_attn); att:
-    // the probabilities kept for backward (or scratch)
+    // what backward needs (ops.h: the probabilities, or each row's log-sum-exp), or scratch
     void (*attention_forward)(LayerOps *ops, int layer, float *out, float *att, const float *qkv,
                               const ModelShape *s, int B, int T);
     // block `layer`'s MLP, from its input (ln2(res2), or ln1(x) in a parallel block) into the
@@ -283,7 +283,7 @@ LayerOps *serial_layer_ops(void);
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;  // (N, C), (N), (N)
     float *qkv;                        // (N, 3 C_attn)
-    float *att;                        // (B, n_head, T, keys) softmax probabilities
+    float *att;                        // (B, n_head, T, keys) softmax probabilities (ops.h)
     float *atty;                       // (N, C_attn) attention output before the projection
     float *res2;                       // (N, C) residual after attention
     float *ln2, *ln2_mean, *ln2_rstd;  // (N, C), (N), (N)

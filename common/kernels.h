@@ -143,7 +143,7 @@ KERNEL_FN float embedding_value(const float *wte, const float *wpe, int token, i
 // Backward for columns [c0, c1) of every row. The same token can appear many times in a batch,
 // so two rows may add into the same dwte row: whoever owns column c walks all BT rows itself, in
 // order. No two workers ever touch the same element (no atomics), and the sum is deterministic.
-// The CPU gives each thread a block of columns; the GPU can give each thread one column.
+// The CPU gives each of its few threads a block of columns.
 KERNEL_FN void embedding_backward_columns(float *dwte, float *dwpe, const float *dout,
                                           const int *tokens, int BT, int T, int C, int v_lo,
                                           int v_count, int c0, int c1) {
@@ -155,6 +155,39 @@ KERNEL_FN void embedding_backward_columns(float *dwte, float *dwpe, const float 
         if (dwpe)
             for (int c = c0; c < c1; c++) dwpe[(size_t)(bt % T) * C + c] += g[c];
     }
+}
+
+// The same sums with a worker per element (the GPU's way: C workers alone leave it nearly idle).
+// dwpe[t][c] adds the B rows at position t, in sequence order; dwte[token][c] adds the rows that
+// hold the token, in row order, found by a stable sort of the rows by sort key (the local token;
+// tokens outside the shard sort last, as v_count, and are skipped). Each element adds its rows
+// one by one into itself in the order embedding_backward_columns does: the same bits.
+KERNEL_FN void embedding_position_grad(float *dwpe, const float *dout, int B, int T, int C, int t, int c) {
+    float acc = dwpe[(size_t)t * C + c];
+    for (int b = 0; b < B; b++) acc += dout[((size_t)b * T + t) * C + c];
+    dwpe[(size_t)t * C + c] = acc;
+}
+
+KERNEL_FN int embedding_sort_key(int token, int v_lo, int v_count) {
+    int local = vocab_shard_index(token, v_lo, v_count);
+    return local >= 0 ? local : v_count;
+}
+
+// the number of rows from sorted position i on with the same key, when i starts such a run in
+// the shard; 0 otherwise (the run is its first position's to sum)
+KERNEL_FN int embedding_token_run(const int *sorted_keys, int BT, int v_count, int i) {
+    int key = sorted_keys[i];
+    if (key >= v_count || (i > 0 && sorted_keys[i - 1] == key)) return 0;
+    int n = 1;
+    while (i + n < BT && sorted_keys[i + n] == key) n++;
+    return n;
+}
+
+// dwte_row[c] += the n rows listed in rows (increasing)
+KERNEL_FN void embedding_token_grad(float *dwte_row, const float *dout, const int *rows, int n, int C, int c) {
+    float acc = dwte_row[c];
+    for (int k = 0; k < n; k++) acc += dout[(size_t)rows[k] * C + c];
+    dwte_row[c] = acc;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -363,9 +396,14 @@ KERNEL_FN float cross_entropy_dlogit(float p, int is_target, float dloss) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// causal self-attention, one (sequence, head, query position t) row at a time.
+// causal self-attention, one (sequence, head, query position t) row at a time: the CPU backend's
+// (a thread owns a row, and the row of T probabilities it keeps for backward stays in its cache).
+// The CUDA backend takes the keys a block at a time instead (further below).
 // qkv points at one sequence's (T, 3C) block: row t holds q | k | v, each C = NH * hs wide, and
 // head h owns columns h*hs .. h*hs + hs - 1 of each. Query t may look at keys t2 = 0..t only.
+
+// scores are q . k / sqrt(hs): keeps their variance near 1 whatever hs is
+KERNEL_FN float attention_scale(int hs) { return 1.0f / sqrtf((float)hs); }
 
 // Forward of one query row: scores, softmax, weighted sum of values.
 // att points at this row's T probabilities (zero for t2 > t, so backward can read the whole
@@ -374,7 +412,7 @@ KERNEL_FN void attention_query_forward(float *out, float *att, const float *qkv,
                                        int T, int C, int NH) {
     int hs = C / NH;
     size_t C3 = 3 * (size_t)C;
-    float scale = 1.0f / sqrtf((float)hs);  // keeps the scores' variance near 1 whatever hs is
+    float scale = attention_scale(hs);
     const float *q = qkv + t * C3 + h * hs;
 
     float max = -INFINITY;
@@ -416,7 +454,7 @@ KERNEL_FN void attention_query_backward(float *dqkv, float *dpre, const float *d
                                         int C, int NH) {
     int hs = C / NH;
     size_t C3 = 3 * (size_t)C;
-    float scale = 1.0f / sqrtf((float)hs);
+    float scale = attention_scale(hs);
     const float *dout_t = dout + (size_t)t * C + h * hs;
 
     float att_dot_datt = 0.0f;
@@ -460,53 +498,156 @@ KERNEL_FN void attention_key_backward(float *dqkv, const float *dpre, const floa
 }
 
 // ----------------------------------------------------------------------------------------------
-// ---- inference (stage 06): attention of new query rows against a KV cache
+// attention a block of keys at a time: the KV cache (stage 06) and the CUDA backend's kernels
 //
-// Generation keeps every earlier token's key and value in a cache, (maxT, C) per sequence and
-// layer with head h in columns h*hs .. h*hs + hs - 1, so that a new token's query is compared
-// with them instead of recomputing them. A query at position p sees cache rows 0..p (npos = p + 1,
-// its own key included: it was written into the cache just before). The row is split between
-// `nlanes` workers as at the top of the file: each lane takes keys t2 = lane, lane + nlanes, ...
-// for the scores and value columns i = lane, lane + nlanes, ... for the output; between the steps
-// the caller combines the partials (max, then sum) and makes the scores visible to every lane.
+// The row functions above keep each query row's T probabilities in memory and read them back in
+// backward: (T, T) floats per head written and read again. Here one query meets a block of keys
+// at a time, rows `stride` floats apart: the whole KV cache ((maxT, C) per sequence, head h in
+// columns h*hs .. h*hs + hs - 1; stride C), or a tile of keys a GPU block holds in shared memory.
+// Each call is split between `nlanes` workers as at the top of the file: a lane takes keys
+// j = lane, lane + nlanes, ... for scores and column i = lane, lane + nlanes, ... for outputs;
+// between the steps the caller combines the partials (max, sum) and makes every lane's scores
+// visible to the others. Loop bounds depend on sizes and positions only, never on data.
+//
+// Nothing of size T x T survives the forward: softmax over blocks is done online (below), and
+// the forward keeps each row's log-sum-exp, from which backward recomputes any probability.
 
-// step 1: scores[t2] = q . k[t2] * scale for this lane's keys; returns this lane's max
-KERNEL_FN float attention_cached_scores(float *scores, const float *q, const float *k_cache,
-                                        int npos, int hs, int C, int lane, int nlanes) {
-    float scale = 1.0f / sqrtf((float)hs), max = -INFINITY;
-    for (int t2 = lane; t2 < npos; t2 += nlanes) {
-        scores[t2] = dot_product(q, k_cache + (size_t)t2 * C, hs) * scale;
-        max = fmaxf(max, scores[t2]);
+// step 1: scores[j] = q . k[j] * scale for this lane's keys; returns this lane's max
+KERNEL_FN float attention_scores(float *scores, const float *q, const float *keys, int stride, int nkeys,
+                                 int hs, int lane, int nlanes) {
+    float scale = attention_scale(hs), max = -INFINITY;
+    for (int j = lane; j < nkeys; j += nlanes) {
+        scores[j] = dot_product(q, keys + (size_t)j * stride, hs) * scale;
+        max = fmaxf(max, scores[j]);
     }
     return max;
 }
 
-// step 2: scores[t2] = exp(scores[t2] - max) for this lane's keys; returns this lane's sum
-KERNEL_FN float attention_cached_exp(float *scores, float max, int npos, int lane, int nlanes) {
+// step 2: scores[j] = exp(scores[j] - max) for this lane's keys; returns this lane's sum
+KERNEL_FN float attention_exp(float *scores, float max, int nkeys, int lane, int nlanes) {
     float sum = 0.0f;
-    for (int t2 = lane; t2 < npos; t2 += nlanes) {
-        scores[t2] = softmax_exp(scores[t2], max);
-        sum += scores[t2];
+    for (int j = lane; j < nkeys; j += nlanes) {
+        scores[j] = softmax_exp(scores[j], max);
+        sum += scores[j];
     }
     return sum;
 }
 
-// step 3: out[i] = sum over t2 of scores[t2] * v[t2][i] / sum, for this lane's columns i. The
-// cache is walked row by row, each row's columns added into out: a row is contiguous, so the
-// inner loop is vector adds into independent columns. Walking a column down the rows instead
-// makes one chain of dependent adds per column, each waiting for the last (at batch 8 on a CPU
-// that chain cost more than all the matmuls of a decode step). Each out[i] adds the same terms
-// in the same order either way: the same bits.
-KERNEL_FN void attention_cached_values(float *out, const float *scores, float inv_sum,
-                                       const float *v_cache, int npos, int hs, int C, int lane,
-                                       int nlanes) {
-    for (int i = lane; i < hs; i += nlanes) out[i] = 0.0f;
-    for (int t2 = 0; t2 < npos; t2++) {
-        float p = scores[t2];
-        const float *v = v_cache + (size_t)t2 * C;
-        for (int i = lane; i < hs; i += nlanes) out[i] += p * v[i];
+// out[i] += sum over rows j of weights[j] * rows[j][i], for this lane's columns i: the weighted
+// sum of value rows in the forward, and in the backward dq (key rows weighted by the scores'
+// gradients), dk (query rows) and dv (output-gradient rows). Walked row by row, each row's
+// columns added into out: a row is contiguous, so the inner loop is vector adds into independent
+// columns. Walking a column down the rows instead makes one chain of dependent adds per column,
+// each waiting for the last (at batch 8 on a CPU that chain cost more than all the matmuls of a
+// decode step). Each out[i] adds the same terms in the same order either way: the same bits.
+KERNEL_FN void attention_add_rows(float *out, const float *weights, const float *rows, int stride,
+                                  int nrows, int hs, int lane, int nlanes) {
+    for (int j = 0; j < nrows; j++) {
+        float w = weights[j];
+        const float *r = rows + (size_t)j * stride;
+        for (int i = lane; i < hs; i += nlanes) out[i] += w * r[i];
     }
+}
+
+// step 3 with every key in one block (the KV cache): out[i] = sum over j of p[j] v[j][i] / sum.
+// A query at position p reads npos = p + 1 cache rows: its own key was written there just before.
+KERNEL_FN void attention_cached_values(float *out, const float *p, float inv_sum, const float *v_cache,
+                                       int npos, int hs, int C, int lane, int nlanes) {
+    for (int i = lane; i < hs; i += nlanes) out[i] = 0.0f;
+    attention_add_rows(out, p, v_cache, C, npos, hs, lane, nlanes);
     for (int i = lane; i < hs; i += nlanes) out[i] *= inv_sum;
+}
+
+// Online softmax over blocks of keys (FlashAttention's): a row keeps the largest score seen so
+// far and the sum of exp(score - that max); its output accumulates the values weighted by the
+// same exponentials. When a block brings a larger max, everything summed so far was taken against
+// a max that is now too small, and multiplying it by exp(old max - new max) puts it on the new
+// one. After the last block the output divided by the sum is softmax(scores) @ v, with no pass
+// over the row's scores before the values are read.
+typedef struct {
+    float max, sum;
+} OnlineSoftmax;
+
+KERNEL_FN OnlineSoftmax online_softmax_start(void) {
+    OnlineSoftmax run;
+    run.max = -INFINITY;
+    run.sum = 0.0f;
+    return run;
+}
+
+// step 2 of a block, its scores' max combined: moves the running max up to the block's and
+// returns the factor that rescales what was accumulated before (0 for the first block: exp(-inf)).
+// Then the lanes take attention_exp(scores, run->max, ...) and their combined sum is added to
+// run->sum.
+KERNEL_FN float online_softmax_rescale(OnlineSoftmax *run, float block_max) {
+    float max = fmaxf(run->max, block_max);
+    float alpha = expf(run->max - max);
+    run->max = max;
+    run->sum *= alpha;
+    return alpha;
+}
+
+// step 3 of a block: o = alpha * o + sum over j of p[j] v[j], this lane's columns of the row's
+// unnormalised output
+KERNEL_FN void attention_block_values(float *o, float alpha, const float *p, const float *v, int stride,
+                                      int nkeys, int hs, int lane, int nlanes) {
+    for (int i = lane; i < hs; i += nlanes) o[i] *= alpha;
+    attention_add_rows(o, p, v, stride, nkeys, hs, lane, nlanes);
+}
+
+// after the last block: out = o / sum, this lane's columns. Returns the row's log-sum-exp,
+// max + log(sum), what backward recomputes each probability from: p = exp(score - lse).
+KERNEL_FN float attention_finish(float *out, const float *o, const OnlineSoftmax *run, int hs, int lane,
+                                 int nlanes) {
+    float inv_sum = 1.0f / run->sum;
+    for (int i = lane; i < hs; i += nlanes) out[i] = o[i] * inv_sum;
+    return run->max + logf(run->sum);
+}
+
+// Backward from the log-sum-exp, for one (query i, key j) pair:
+//   p  = exp(q_i . k_j * scale - lse_i)              the probability, recomputed
+//   dp = dout_i . v_j                                 its gradient (out_i = sum_j p v_j)
+//   ds = scale * p * (dp - delta_i), delta_i = sum_j p dp over the row   (softmax backward)
+// and then dq_i += sum_j ds k_j, dk_j += sum_i ds q_i, dv_j += sum_i p dout_i (attention_add_rows).
+// delta needs the whole row first: it is a reduction of its own, before any ds.
+KERNEL_FN float attention_prob(const float *q, const float *k, int hs, float lse) {
+    return expf(dot_product(q, k, hs) * attention_scale(hs) - lse);
+}
+
+KERNEL_FN float attention_dscore(float p, float dp, float delta, int hs) {
+    return p * (dp - delta) * attention_scale(hs);
+}
+
+// Query i against a block of keys, lanes over the keys. This lane's share of delta_i:
+KERNEL_FN float attention_row_delta(const float *q, const float *dout, const float *k, const float *v,
+                                    int stride, int nkeys, int hs, float lse, int lane, int nlanes) {
+    float delta = 0.0f;
+    for (int j = lane; j < nkeys; j += nlanes)
+        delta += attention_prob(q, k + (size_t)j * stride, hs, lse) * dot_product(dout, v + (size_t)j * stride, hs);
+    return delta;
+}
+
+// ... and, with delta_i combined, ds[j] for this lane's keys (then dq_i += sum_j ds[j] k_j)
+KERNEL_FN void attention_row_dscores(float *ds, const float *q, const float *dout, const float *k,
+                                     const float *v, int stride, int nkeys, int hs, float lse, float delta,
+                                     int lane, int nlanes) {
+    for (int j = lane; j < nkeys; j += nlanes) {
+        const float *kj = k + (size_t)j * stride, *vj = v + (size_t)j * stride;
+        ds[j] = attention_dscore(attention_prob(q, kj, hs, lse), dot_product(dout, vj, hs), delta, hs);
+    }
+}
+
+// Key j against a block of queries (rows `stride` apart, with their lse and delta), lanes over
+// the queries: p[i] and ds[i] for this lane's queries (then dv_j += sum_i p[i] dout_i and
+// dk_j += sum_i ds[i] q_i)
+KERNEL_FN void attention_column_grads(float *p, float *ds, const float *k, const float *v, const float *q,
+                                      const float *dout, int stride, const float *lse, const float *delta,
+                                      int nq, int hs, int lane, int nlanes) {
+    for (int i = lane; i < nq; i += nlanes) {
+        const float *qi = q + (size_t)i * stride, *di = dout + (size_t)i * stride;
+        p[i] = attention_prob(qi, k, hs, lse[i]);
+        ds[i] = attention_dscore(p[i], dot_product(di, v, hs), delta[i], hs);
+    }
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -165,7 +165,9 @@ void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const f
 // attention
 
 // causal self-attention. qkv (B, T, 3C) holds q, k, v side by side, each (NH heads x hs);
-// att (B, NH, T, T) keeps the softmax probabilities for backward; out (B, T, C).
+// out (B, T, C). att (B, NH, T, T) keeps what backward needs, as the backend lays it out: the
+// CPU, the softmax probabilities (zero above the diagonal); CUDA, each query row's log-sum-exp
+// of its scores in the first B*NH*T floats (backward recomputes the probabilities from it).
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 // dqkv (B, T, 3C) +=; datt is scratch of att's size
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,

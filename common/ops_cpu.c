@@ -900,8 +900,8 @@ void attention_cached_forward(float *out, float *scores, const float *qkv, const
             const float *k = k_cache + (size_t)b * maxT * C + (size_t)h * hs;
             const float *v = v_cache + (size_t)b * maxT * C + (size_t)h * hs;
             float *s = scores + ((size_t)bh * T + t) * maxT;
-            float max = attention_cached_scores(s, q, k, npos, hs, C, 0, 1);
-            float sum = attention_cached_exp(s, max, npos, 0, 1);
+            float max = attention_scores(s, q, k, C, npos, hs, 0, 1);
+            float sum = attention_exp(s, max, npos, 0, 1);
             attention_cached_values(out + ((size_t)b * T + t) * C + (size_t)h * hs, s, 1.0f / sum, v,
                                     npos, hs, C, 0, 1);
         }

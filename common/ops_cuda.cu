@@ -9,17 +9,21 @@
 //                         above matmul_forward for the row-major -> column-major argument mapping
 //   matmul dbias,         a thread per (chunk of 32 rows, column) adds its chunk into a partial
 //   layernorm dw, db      row, then a thread per column adds the partial rows in order: the sum
-//                         has a fixed order (deterministic) yet uses N/32 times more threads than
-//                         one thread per column would
+//   (whole rows and       has a fixed order (deterministic) yet uses N/32 times more threads than
+//   shards of rows)       one thread per column would
 //   embedding forward     a thread per output element
-//   embedding backward    a thread per column walks all rows (kernels.h's column owner: no
-//                         atomics, a fixed order)
+//   embedding backward    dwpe: a thread per (position, column) over the B sequences; dwte: the
+//                         rows radix-sorted by token (CUB, stable), then a thread per (run of one
+//                         token, column) adds the run's rows in row order. No atomics, and the
+//                         CPU's order of adds: the same bits
 //   layernorm forward,    a warp per row: 32 lanes, partials combined by warp shuffles
 //   layernorm dinp
-//   attention             a thread per (sequence, head, query row), calling kernels.h's row
-//                         functions; the forward's output row goes through shared memory so the
-//                         write to out is coalesced; backward is two launches (query rows, then
-//                         key rows), as kernels.h requires
+//   attention             tiled (FlashAttention-2's shape): a block of 4 warps holds 16 rows of
+//                         one (sequence, head) in shared memory and walks tiles of 32 keys (or
+//                         queries), a warp per row and a lane per tile row, with kernels.h's
+//                         block functions; online softmax forward, keeping each row's
+//                         log-sum-exp; backward recomputes the probabilities: one launch over
+//                         query blocks (delta, then dq), one over key blocks (dk, dv)
 //   cross-entropy         a block per row: partial max / sum of exponentials, combined by a
 //                         shared-memory tree
 //   elementwise, AdamW,   grid-stride loops, a thread per element
@@ -39,6 +43,7 @@
 // reported at its own launch).
 //
 // Not thread-safe: ops are called from one host thread, like the CPU backend.
+#include <cub/device/device_radix_sort.cuh>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -99,6 +104,7 @@ typedef struct {
 static struct {
     int ready;
     int device, sm_count, cc_major, cc_minor, clock_khz;
+    int smem_optin;                    // shared memory a block may have when its kernel asks
     char name[256];
     cudaStream_t stream;
     cublasHandle_t cublas;
@@ -153,6 +159,7 @@ void ops_init(void) {
     g.sm_count = prop.multiProcessorCount;
     g.cc_major = prop.major;
     g.cc_minor = prop.minor;
+    g.smem_optin = (int)prop.sharedMemPerBlockOptin;
     if (cudaDeviceGetAttribute(&g.clock_khz, cudaDevAttrClockRate, g.device) != cudaSuccess)
         g.clock_khz = 0;
     (void)cudaGetLastError();  // the attribute query is optional: forget its error, if any
@@ -837,8 +844,10 @@ void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float
 }
 
 // ----------------------------------------------------------------------------------------------
-// embedding: a thread per output element forward; a thread per column backward (it alone adds
-// into column c of dwte and dwpe, walking the rows in order)
+// embedding: a thread per output element forward. Backward, without atomics and in the CPU's order
+// (kernels.h: the same bits): dwpe a thread per (position, column); dwte by rows sorted by token
+// (CUB's radix sort, stable: a token's rows stay in row order), then a thread per (run of one
+// token, column) adds the run's rows
 
 static __global__ void embedding_forward_kernel(float *out, const int *tokens, const int *start,
                                                 const float *wte, const float *wpe, int v_lo,
@@ -859,19 +868,58 @@ void embedding_forward(float *out, const int *tokens, const int *start, const fl
            v_count, T, n, C);
 }
 
-static __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float *dout,
-                                                 const int *tokens, int v_lo, int v_count, int BT,
-                                                 int T, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < C) embedding_backward_columns(dwte, dwpe, dout, tokens, BT, T, C, v_lo, v_count, c, c + 1);
+static __global__ void embedding_position_grad_kernel(float *dwpe, const float *dout, int B, int T, int C) {
+    GRID_STRIDE(i, (size_t)T * C) embedding_position_grad(dwpe, dout, B, T, C, (int)(i / C), (int)(i % C));
+}
+
+static __global__ void embedding_sort_keys_kernel(int *keys, int *rows, const int *tokens, int BT, int v_lo,
+                                                  int v_count) {
+    GRID_STRIDE(i, (size_t)BT) {
+        keys[i] = embedding_sort_key(tokens[i], v_lo, v_count);
+        rows[i] = (int)i;
+    }
+}
+
+// blockIdx.x: a sorted position (the whole block leaves unless a run starts there); the block's
+// threads: consecutive columns
+static __global__ void embedding_token_grad_kernel(float *dwte, const float *dout, const int *keys,
+                                                   const int *rows, int BT, int C, int v_count) {
+    int i = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    int n = embedding_token_run(keys, BT, v_count, i);
+    if (n > 0 && c < C) embedding_token_grad(dwte + (size_t)keys[i] * C, dout, rows + i, n, C, c);
+}
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// the bits of the sort keys 0 .. v_count (the radix sort looks at no more)
+static int key_bits(int v_count) {
+    int bits = 1;
+    while (bits < 31 && (1 << bits) <= v_count) bits++;
+    return bits;
+}
+
+static void embedding_token_grads(float *dwte, const float *dout, const int *tokens, int v_lo, int v_count,
+                                  int BT, int C) {
+    size_t sort_bytes = 0, ints = round_up((size_t)BT * sizeof(int), 256);
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const int *)NULL, (int *)NULL,
+                                               (const int *)NULL, (int *)NULL, BT, 0, key_bits(v_count), g.stream));
+    size_t head = round_up(sort_bytes, 256);  // the sort's own workspace, then four arrays of BT
+    char *work = (char *)scratch(head + 4 * ints);
+    int *keys = (int *)(work + head), *rows = (int *)(work + head + ints);
+    int *sorted_keys = (int *)(work + head + 2 * ints), *sorted_rows = (int *)(work + head + 3 * ints);
+    LAUNCH(embedding_sort_keys_kernel, grid_for((size_t)BT), THREADS, 0, keys, rows, tokens, BT, v_lo, v_count);
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(work, sort_bytes, keys, sorted_keys, rows, sorted_rows, BT, 0,
+                                               key_bits(v_count), g.stream));
+    dim3 grid((unsigned)BT, blocks_for((size_t)C, THREADS));
+    LAUNCH(embedding_token_grad_kernel, grid, THREADS, 0, dwte, dout, sorted_keys, sorted_rows, BT, C, v_count);
 }
 
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int v_lo,
                         int v_count, int B, int T, int C) {
     if (B * T <= 0 || C <= 0) return;
     ensure_init();
-    LAUNCH(embedding_backward_kernel, blocks_for((size_t)C, 64), 64, 0, dwte, dwpe, dout, tokens,
-           v_lo, v_count, B * T, T, C);
+    if (v_count > 0) embedding_token_grads(dwte, dout, tokens, v_lo, v_count, B * T, C);
+    if (dwpe) LAUNCH(embedding_position_grad_kernel, grid_for((size_t)T * C), THREADS, 0, dwpe, dout, B, T, C);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -944,13 +992,9 @@ static __global__ void layernorm_param_sum_kernel(float *dweight, float *dbias, 
     column_sums(dbias, pb, nchunks, C, c, c + 1);
 }
 
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const float *mean,
-                        const float *rstd, int N, int C) {
-    if (N <= 0 || C <= 0) return;
-    ensure_init();
-    LAUNCH(layernorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout,
-           inp, weight, mean, rstd, N, C);
+// the whole row's LayerNorm and a shard of it (layernorm_backward_stats) alike
+static void layernorm_param_grads(float *dweight, float *dbias, const float *dout, const float *inp,
+                                  const float *mean, const float *rstd, int N, int C) {
     int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
     size_t part = (size_t)nchunks * C;
     float *pw = (float *)scratch(2 * part * sizeof(float)), *pb = pw + part;
@@ -961,89 +1005,265 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
            pw, pb, nchunks, C);
 }
 
-// ----------------------------------------------------------------------------------------------
-// attention: a thread per (sequence b, head h, row t). A block holds `qb` consecutive rows of one
-// (b, h); blockIdx.x = bh * qblocks + which block of rows.
-//
-// kernels.h's row functions take the whole sequence's qkv block and a head index h; we pass
-// pointers already offset to head h's columns and h = 0, which addresses the same elements
-// (every access there is base + row * stride + h * hs). That is what lets the forward point its
-// output row at shared memory.
-
-static int attention_rows_per_block(int hs) {
-    // the forward's shared memory: qb rows of hs + 1 floats (the + 1 staggers the rows over the
-    // 32 banks, so a warp's lanes, each writing its own row, do not collide), within 48 KB
-    int qb = 64;
-    while (qb > 32 && (size_t)qb * (hs + 1) * sizeof(float) > 48 * 1024) qb /= 2;
-    if ((size_t)qb * (hs + 1) * sizeof(float) > 48 * 1024)
-        fatal("attention: head size %d is too large for this CUDA backend (at most 383)", hs);
-    return qb;
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean,
+                        const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(layernorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout,
+           inp, weight, mean, rstd, N, C);
+    layernorm_param_grads(dweight, dbias, dout, inp, mean, rstd, N, C);
 }
 
-static __global__ void attention_forward_kernel(float *out, float *att, const float *qkv, int T,
-                                                int C, int NH, int qblocks) {
-    extern __shared__ float orows[];  // blockDim.x rows of hs + 1
-    int hs = C / NH;
-    int bh = blockIdx.x / qblocks, t0 = (blockIdx.x % qblocks) * blockDim.x;
-    int b = bh / NH, h = bh % NH;
-    int t = t0 + threadIdx.x;
-    const float *qkv_bh = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-    float *orow = orows + (size_t)threadIdx.x * (hs + 1);
-    if (t < T) attention_query_forward(orow, att + ((size_t)bh * T + t) * T, qkv_bh, t, 0, T, C, NH);
-    __syncthreads();  // outside the if: every thread of the block reaches it
-    // copy the block's output rows out, consecutive threads writing consecutive columns
-    int nq = T - t0 < (int)blockDim.x ? T - t0 : (int)blockDim.x;
-    for (int i = threadIdx.x; i < nq * hs; i += blockDim.x) {
-        int r = i / hs, j = i % hs;
-        out[((size_t)b * T + t0 + r) * C + (size_t)h * hs + j] = orows[(size_t)r * (hs + 1) + j];
+// ----------------------------------------------------------------------------------------------
+// attention, tiled: kernels.h's block functions in FlashAttention-2's shape (on the CUDA cores,
+// in f32). A block of ATT_WARPS warps keeps ATT_ROWS rows of one (sequence, head) in shared
+// memory and walks the other side of the (T, T) square in tiles of ATT_COLS rows, one per lane,
+// loaded by the whole block (consecutive threads, consecutive columns: coalesced):
+//   forward      rows: queries; tiles: keys and values. An online softmax per query row; writes
+//                out and each row's log-sum-exp, into the first B*NH*T floats of att
+//   backward 1   rows: queries; tiles: keys and values, swept twice: delta (into datt), then dq
+//   backward 2   rows: keys and values; tiles: queries with their dout, lse and delta: dk, dv
+// Nothing of size T x T is stored, and backward recomputes the probabilities from q, k and lse.
+// Warp w owns rows w, w + ATT_WARPS, ... of its block (interleaved, so the causal diagonal's
+// extra keys are shared out) and alone writes their accumulators: no atomics, every sum in a
+// fixed order. Its lanes split a row's tile as kernels.h's lanes, partials combined by shuffles;
+// every branch around a shuffle or __syncwarp depends on the warp's row, around __syncthreads on
+// the block's tile. Shared rows are hs + 1 floats apart, so 32 lanes reading one column of 32
+// rows hit 32 different banks.
+
+#define ATT_WARPS 4
+#define ATT_ROWS 16
+#define ATT_COLS 32  // a tile row per lane
+#define ATT_ROWS_PER_WARP (ATT_ROWS / ATT_WARPS)
+#define ATT_STATIC_SMEM (48 * 1024)  // what a kernel may use without opting in
+
+// A kernel's shared memory: matrices of ATT_ROWS and of ATT_COLS rows (hs + 1 floats each),
+// vectors of ATT_COLS floats, and per-warp vectors of ATT_COLS floats.
+typedef struct {
+    int row_mats, col_mats, col_vecs, warp_vecs;
+} AttSmem;
+static const AttSmem ATT_FORWARD_SMEM = {2, 2, 0, 1};         // q, o | k, v | - | p
+static const AttSmem ATT_QUERY_BACKWARD_SMEM = {3, 2, 0, 1};  // q, dout, dq | k, v | - | ds
+static const AttSmem ATT_KEY_BACKWARD_SMEM = {4, 2, 2, 2};    // k, v, dk, dv | q, dout | lse, delta | p, ds
+
+static size_t att_smem_bytes(AttSmem m, int hs) {
+    size_t mats = (size_t)m.row_mats * ATT_ROWS + (size_t)m.col_mats * ATT_COLS;
+    size_t vecs = (size_t)(m.col_vecs + m.warp_vecs * ATT_WARPS) * ATT_COLS;
+    return (mats * (hs + 1) + vecs) * sizeof(float);
+}
+
+// the shared memory the kernel needs for head size hs, allowed beyond 48 KB up to the device's
+// opt-in limit; a head size that cannot fit is refused, with the largest one that can
+template <typename Kernel> static size_t att_prepare(Kernel kernel, AttSmem m, int hs) {
+    size_t bytes = att_smem_bytes(m, hs);
+    if (bytes > (size_t)g.smem_optin) {
+        int largest = 0;
+        while (att_smem_bytes(m, largest + 1) <= (size_t)g.smem_optin) largest++;
+        fatal("attention: head size %d needs %zu bytes of shared memory per block, more than the %d "
+              "that GPU %d (%s) allows; head sizes up to %d fit", hs, bytes, g.smem_optin, g.device,
+              g.name, largest);
+    }
+    if (bytes > ATT_STATIC_SMEM)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return bytes;
+}
+
+// rows [0, n) of a head's (., hs) slice, src_stride floats apart, into shared rows hs + 1 apart
+static __device__ void att_load(float *dst, const float *src, size_t src_stride, int n, int hs) {
+    for (int e = threadIdx.x; e < n * hs; e += blockDim.x)
+        dst[(e / hs) * (hs + 1) + e % hs] = src[(size_t)(e / hs) * src_stride + e % hs];
+}
+
+static __device__ void att_zero(float *dst, int n, int hs) {
+    for (int e = threadIdx.x; e < n * (hs + 1); e += blockDim.x) dst[e] = 0.0f;
+}
+
+static __device__ void att_load_vector(float *dst, const float *src, int n) {
+    for (int e = threadIdx.x; e < n; e += blockDim.x) dst[e] = src[e];
+}
+
+// a warp's accumulated row added into its place in global memory, this lane's columns
+static __device__ void att_add_row(float *dst, const float *src, int hs, int lane) {
+    for (int c = lane; c < hs; c += 32) dst[c] += src[c];
+}
+
+static __device__ int att_min(int a, int b) { return a < b ? a : b; }
+
+// blockIdx.x = (b * NH + h) * row_blocks + which block of ATT_ROWS queries
+static __global__ void attention_forward_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH,
+                                                int row_blocks) {
+    extern __shared__ float smem[];
+    int hs = C / NH, S = hs + 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x / row_blocks, q0 = (blockIdx.x % row_blocks) * ATT_ROWS, b = bh / NH, h = bh % NH;
+    int nq = att_min(ATT_ROWS, T - q0), nkeys = q0 + nq;  // the last query sees keys 0 .. q0 + nq - 1
+    size_t C3 = 3 * (size_t)C;
+    const float *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;  // row 0's q; its k at + C, v at + 2C
+    float *q = smem, *o = q + ATT_ROWS * S, *k = o + ATT_ROWS * S, *v = k + ATT_COLS * S;
+    float *p = v + ATT_COLS * S + warp * ATT_COLS;
+    att_load(q, seq + q0 * C3, C3, nq, hs);
+    att_zero(o, nq, hs);
+    OnlineSoftmax run[ATT_ROWS_PER_WARP];
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS_PER_WARP; i++) run[i] = online_softmax_start();
+    for (int k0 = 0; k0 < nkeys; k0 += ATT_COLS) {
+        int nk = att_min(ATT_COLS, nkeys - k0);
+        __syncthreads();  // the previous tile is no longer read
+        att_load(k, seq + C + k0 * C3, C3, nk, hs);
+        att_load(v, seq + 2 * C + k0 * C3, C3, nk, hs);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+            int r = warp + i * ATT_WARPS, n = att_min(nk, q0 + r + 1 - k0);  // causal: keys up to the query
+            if (r >= nq || n <= 0) continue;
+            float m = warp_reduce(attention_scores(p, q + r * S, k, S, n, hs, lane, 32), MaxOp());
+            float alpha = online_softmax_rescale(&run[i], m);
+            run[i].sum += warp_reduce(attention_exp(p, run[i].max, n, lane, 32), SumOp());
+            __syncwarp();  // every lane's p, seen by all
+            attention_block_values(o + r * S, alpha, p, v, S, n, hs, lane, 32);
+            __syncwarp();  // p is free for the next row
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+        int r = warp + i * ATT_WARPS, t = q0 + r;
+        if (r >= nq) continue;
+        float l = attention_finish(out + ((size_t)b * T + t) * C + (size_t)h * hs, o + r * S, &run[i], hs, lane, 32);
+        if (lane == 0) lse[(size_t)bh * T + t] = l;
     }
 }
 
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) return;
     ensure_init();
-    int hs = C / NH, qb = attention_rows_per_block(hs), qblocks = (T + qb - 1) / qb;
-    size_t smem = (size_t)qb * (hs + 1) * sizeof(float);
-    LAUNCH(attention_forward_kernel, (unsigned)((size_t)B * NH * qblocks), qb, smem, out, att, qkv,
-           T, C, NH, qblocks);
+    int hs = C / NH, row_blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
+    size_t smem = att_prepare(attention_forward_kernel, ATT_FORWARD_SMEM, hs);
+    LAUNCH(attention_forward_kernel, (unsigned)((size_t)B * NH * row_blocks), ATT_WARPS * 32, smem, out, att,
+           qkv, T, C, NH, row_blocks);
 }
 
-// pass 1: a thread per query row t (dq, and the pre-softmax gradient into datt)
-static __global__ void attention_query_backward_kernel(float *dqkv, float *datt, const float *dout,
-                                                       const float *qkv, const float *att, int T,
-                                                       int C, int NH, int qblocks) {
-    int hs = C / NH;
-    int bh = blockIdx.x / qblocks, t = (blockIdx.x % qblocks) * blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    int b = bh / NH, h = bh % NH;
-    size_t seq3 = (size_t)b * T * 3 * C + (size_t)h * hs, row = ((size_t)bh * T + t) * T;
-    attention_query_backward(dqkv + seq3, datt + row, dout + (size_t)b * T * C + (size_t)h * hs,
-                             qkv + seq3, att + row, t, 0, T, C, NH);
+// backward 1: a block of queries against every key tile up to the diagonal, twice: sweep 0 sums
+// delta (every key is needed before any ds), sweep 1 adds dq
+static __global__ void attention_query_backward_kernel(float *dqkv, float *delta, const float *dout,
+                                                       const float *qkv, const float *lse, int T, int C, int NH,
+                                                       int row_blocks) {
+    extern __shared__ float smem[];
+    int hs = C / NH, S = hs + 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x / row_blocks, q0 = (blockIdx.x % row_blocks) * ATT_ROWS, b = bh / NH, h = bh % NH;
+    int nq = att_min(ATT_ROWS, T - q0), nkeys = q0 + nq;
+    size_t C3 = 3 * (size_t)C;
+    const float *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+    const float *dseq = dout + (size_t)b * T * C + (size_t)h * hs;
+    float *q = smem, *g = q + ATT_ROWS * S, *dq = g + ATT_ROWS * S, *k = dq + ATT_ROWS * S, *v = k + ATT_COLS * S;
+    float *ds = v + ATT_COLS * S + warp * ATT_COLS;
+    att_load(q, seq + q0 * C3, C3, nq, hs);
+    att_load(g, dseq + (size_t)q0 * C, C, nq, hs);
+    att_zero(dq, nq, hs);
+    float row_lse[ATT_ROWS_PER_WARP], row_delta[ATT_ROWS_PER_WARP];
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+        int r = warp + i * ATT_WARPS;
+        row_lse[i] = r < nq ? lse[(size_t)bh * T + q0 + r] : 0.0f;
+        row_delta[i] = 0.0f;
+    }
+    for (int sweep = 0; sweep < 2; sweep++) {
+        for (int k0 = 0; k0 < nkeys; k0 += ATT_COLS) {
+            int nk = att_min(ATT_COLS, nkeys - k0);
+            __syncthreads();
+            att_load(k, seq + C + k0 * C3, C3, nk, hs);
+            att_load(v, seq + 2 * C + k0 * C3, C3, nk, hs);
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+                int r = warp + i * ATT_WARPS, n = att_min(nk, q0 + r + 1 - k0);
+                if (r >= nq || n <= 0) continue;
+                const float *qr = q + r * S, *gr = g + r * S;
+                if (sweep == 0) {
+                    row_delta[i] += warp_reduce(attention_row_delta(qr, gr, k, v, S, n, hs, row_lse[i], lane, 32),
+                                                SumOp());
+                    continue;
+                }
+                attention_row_dscores(ds, qr, gr, k, v, S, n, hs, row_lse[i], row_delta[i], lane, 32);
+                __syncwarp();
+                attention_add_rows(dq + r * S, ds, k, S, n, hs, lane, 32);
+                __syncwarp();
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+        int r = warp + i * ATT_WARPS, t = q0 + r;
+        if (r >= nq) continue;
+        att_add_row(dqkv + ((size_t)b * T + t) * C3 + (size_t)h * hs, dq + r * S, hs, lane);
+        if (lane == 0) delta[(size_t)bh * T + t] = row_delta[i];
+    }
 }
 
-// pass 2: a thread per key row t2 (dk and dv), after pass 1 has finished (a separate launch)
-static __global__ void attention_key_backward_kernel(float *dqkv, const float *datt,
-                                                     const float *dout, const float *qkv,
-                                                     const float *att, int T, int C, int NH,
-                                                     int qblocks) {
-    int hs = C / NH;
-    int bh = blockIdx.x / qblocks, t2 = (blockIdx.x % qblocks) * blockDim.x + threadIdx.x;
-    if (t2 >= T) return;
-    int b = bh / NH, h = bh % NH;
-    size_t seq3 = (size_t)b * T * 3 * C + (size_t)h * hs, block = (size_t)bh * T * T;
-    attention_key_backward(dqkv + seq3, datt + block, att + block,
-                           dout + (size_t)b * T * C + (size_t)h * hs, qkv + seq3, t2, 0, T, C, NH);
+// backward 2: a block of keys against every query tile from the block's first key on (earlier
+// queries do not see these keys), after backward 1 has written every row's delta
+static __global__ void attention_key_backward_kernel(float *dqkv, const float *dout, const float *qkv,
+                                                     const float *lse, const float *delta, int T, int C, int NH,
+                                                     int row_blocks) {
+    extern __shared__ float smem[];
+    int hs = C / NH, S = hs + 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x / row_blocks, k0 = (blockIdx.x % row_blocks) * ATT_ROWS, b = bh / NH, h = bh % NH;
+    int nk = att_min(ATT_ROWS, T - k0);
+    size_t C3 = 3 * (size_t)C;
+    const float *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+    const float *dseq = dout + (size_t)b * T * C + (size_t)h * hs;
+    float *k = smem, *v = k + ATT_ROWS * S, *dk = v + ATT_ROWS * S, *dv = dk + ATT_ROWS * S;
+    float *q = dv + ATT_ROWS * S, *g = q + ATT_COLS * S, *lse_q = g + ATT_COLS * S, *delta_q = lse_q + ATT_COLS;
+    float *p = delta_q + ATT_COLS + warp * 2 * ATT_COLS, *ds = p + ATT_COLS;
+    att_load(k, seq + C + k0 * C3, C3, nk, hs);
+    att_load(v, seq + 2 * C + k0 * C3, C3, nk, hs);
+    att_zero(dk, nk, hs);
+    att_zero(dv, nk, hs);
+    for (int i0 = k0; i0 < T; i0 += ATT_COLS) {
+        int nq = att_min(ATT_COLS, T - i0);
+        __syncthreads();
+        att_load(q, seq + i0 * C3, C3, nq, hs);
+        att_load(g, dseq + (size_t)i0 * C, C, nq, hs);
+        att_load_vector(lse_q, lse + (size_t)bh * T + i0, nq);
+        att_load_vector(delta_q, delta + (size_t)bh * T + i0, nq);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+            int r = warp + i * ATT_WARPS, first = k0 + r - i0;  // causal: queries from the key on
+            if (first < 0) first = 0;
+            int n = nq - first;
+            if (r >= nk || n <= 0) continue;
+            const float *qf = q + first * S, *gf = g + first * S;
+            attention_column_grads(p, ds, k + r * S, v + r * S, qf, gf, S, lse_q + first, delta_q + first, n, hs,
+                                   lane, 32);
+            __syncwarp();
+            attention_add_rows(dv + r * S, p, gf, S, n, hs, lane, 32);
+            attention_add_rows(dk + r * S, ds, qf, S, n, hs, lane, 32);
+            __syncwarp();
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS_PER_WARP; i++) {
+        int r = warp + i * ATT_WARPS;
+        if (r >= nk) continue;
+        float *row = dqkv + ((size_t)b * T + k0 + r) * C3 + (size_t)h * hs;
+        att_add_row(row + C, dk + r * S, hs, lane);
+        att_add_row(row + 2 * C, dv + r * S, hs, lane);
+    }
 }
 
+// att holds the forward's log-sum-exps; datt, scratch, gets each row's delta
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) return;
     ensure_init();
-    const int qb = 64;
-    int qblocks = (T + qb - 1) / qb;
-    unsigned blocks = (unsigned)((size_t)B * NH * qblocks);
-    LAUNCH(attention_query_backward_kernel, blocks, qb, 0, dqkv, datt, dout, qkv, att, T, C, NH, qblocks);
-    LAUNCH(attention_key_backward_kernel, blocks, qb, 0, dqkv, datt, dout, qkv, att, T, C, NH, qblocks);
+    int hs = C / NH, row_blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
+    unsigned blocks = (unsigned)((size_t)B * NH * row_blocks);
+    size_t smem = att_prepare(attention_query_backward_kernel, ATT_QUERY_BACKWARD_SMEM, hs);
+    LAUNCH(attention_query_backward_kernel, blocks, ATT_WARPS * 32, smem, dqkv, datt, dout, qkv, att, T, C, NH,
+           row_blocks);
+    smem = att_prepare(attention_key_backward_kernel, ATT_KEY_BACKWARD_SMEM, hs);
+    LAUNCH(attention_key_backward_kernel, blocks, ATT_WARPS * 32, smem, dqkv, dout, qkv, att, datt, T, C, NH,
+           row_blocks);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1341,9 +1561,9 @@ static __global__ void attention_cached_kernel(float *out, float *scores, const 
     const float *k = k_cache + (size_t)b * maxT * C + (size_t)h * hs;
     const float *v = v_cache + (size_t)b * maxT * C + (size_t)h * hs;
     float *s = scores + (size_t)blockIdx.x * maxT;
-    float max = block_reduce(attention_cached_scores(s, q, k, npos, hs, C, lane, nlanes), -INFINITY, MaxOp());
+    float max = block_reduce(attention_scores(s, q, k, C, npos, hs, lane, nlanes), -INFINITY, MaxOp());
     // the barriers inside block_reduce also make every lane's scores visible to the others
-    float sum = block_reduce(attention_cached_exp(s, max, npos, lane, nlanes), 0.0f, SumOp());
+    float sum = block_reduce(attention_exp(s, max, npos, lane, nlanes), 0.0f, SumOp());
     attention_cached_values(out + ((size_t)b * T + t) * C + (size_t)h * hs, s, 1.0f / sum, v, npos,
                             hs, C, lane, nlanes);
 }
@@ -1468,13 +1688,6 @@ static __global__ void layernorm_dinp_stats_kernel(float *dinp, const float *dou
     }
 }
 
-static __global__ void layernorm_param_columns_kernel(float *dweight, float *dbias, const float *dout,
-                                                      const float *inp, const float *mean, const float *rstd,
-                                                      int N, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < C) layernorm_param_grad_columns(dweight, dbias, dout, inp, mean, rstd, N, C, c, c + 1);
-}
-
 void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const float *dout,
                               const float *inp, const float *weight, const float *mean,
                               const float *rstd, const float *sums, int N, int C, int C_total) {
@@ -1482,8 +1695,7 @@ void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const f
     ensure_init();
     LAUNCH(layernorm_dinp_stats_kernel, grid_for((size_t)N * C), THREADS, 0, dinp, dout, inp, weight, mean,
            rstd, sums, N, C, C_total);
-    LAUNCH(layernorm_param_columns_kernel, blocks_for((size_t)C, 64), 64, 0, dweight, dbias, dout, inp, mean,
-           rstd, N, C);
+    layernorm_param_grads(dweight, dbias, dout, inp, mean, rstd, N, C);
 }
 
 static __global__ void cross_entropy_shard_max_kernel(float *max, const float *logits, int N, int v_count, int Vl) {

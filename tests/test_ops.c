@@ -451,8 +451,9 @@ static void test_layernorm(void) {
 
 typedef struct { int B, T, C, NH; } AttnShape;
 
-// att (B, NH, T, T) and out (B, T, C) from qkv (B, T, 3C), causal, softmax(q.k / sqrt(hs))
-static void ref_attention_full(double *out, double *att, const double *qkv, const AttnShape *s) {
+// att (B, NH, T, T), lse (B, NH, T) (may be NULL) and out (B, T, C) from qkv (B, T, 3C), causal,
+// softmax(q.k / sqrt(hs)); lse is each row's log of the sum of exp(score)
+static void ref_attention_full(double *out, double *att, double *lse, const double *qkv, const AttnShape *s) {
     int B = s->B, T = s->T, C = s->C, NH = s->NH, hs = C / NH;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
@@ -471,6 +472,7 @@ static void ref_attention_full(double *out, double *att, const double *qkv, cons
                 }
                 for (int t2 = 0; t2 <= t; t2++) sum += (a[t2] = exp(a[t2] - max));
                 for (int t2 = 0; t2 <= t; t2++) a[t2] /= sum;
+                if (lse) lse[((size_t)b * NH + h) * T + t] = max + log(sum);
                 double *o = out + ((size_t)b * T + t) * C + h * hs;
                 for (int i = 0; i < hs; i++) {
                     o[i] = 0.0;
@@ -483,27 +485,89 @@ static void ref_attention_full(double *out, double *att, const double *qkv, cons
 static void ref_attention(double *out, double *const *in, const void *ctx) {
     const AttnShape *s = ctx;
     double *att = malloc_or_die((size_t)s->B * s->NH * s->T * s->T * sizeof(double));
-    ref_attention_full(out, att, in[0], s);
+    ref_attention_full(out, att, NULL, in[0], s);
     free(att);
 }
 
-static void test_attention(void) {
-    AttnShape s = {2, 7, 12, 3};  // hs = 4: shorter than dot_product's 8-wide blocks
+// dqkv (B, T, 3C) = d sum(dout * out) / d qkv in closed form, for shapes too big for finite
+// differences: per row dp_j = dout . v_j, delta = sum_j p_j dp_j, ds_j = p_j (dp_j - delta) /
+// sqrt(hs); dq += ds_j k_j, dk_j += ds_j q, dv_j += p_j dout
+static void ref_attention_backward(double *dqkv, const double *dout, const double *qkv, const AttnShape *s) {
+    int B = s->B, T = s->T, C = s->C, NH = s->NH, hs = C / NH;
+    double *att = malloc_or_die((size_t)B * NH * T * T * sizeof(double));
+    double *out = malloc_or_die((size_t)B * T * C * sizeof(double)), *dp = malloc_or_die(T * sizeof(double));
+    ref_attention_full(out, att, NULL, qkv, s);
+    memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const double *a = att + (((size_t)b * NH + h) * T + t) * T, *g = dout + ((size_t)b * T + t) * C + h * hs;
+                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double *dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs, delta = 0.0;
+                for (int j = 0; j <= t; j++) {
+                    const double *v = qkv + ((size_t)b * T + j) * 3 * C + 2 * C + h * hs;
+                    dp[j] = 0.0;
+                    for (int i = 0; i < hs; i++) dp[j] += g[i] * v[i];
+                    delta += a[j] * dp[j];
+                }
+                for (int j = 0; j <= t; j++) {
+                    const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+                    double *dk = dqkv + ((size_t)b * T + j) * 3 * C + C + h * hs, *dv = dk + C;
+                    double ds = a[j] * (dp[j] - delta) / sqrt((double)hs);
+                    for (int i = 0; i < hs; i++) {
+                        dq[i] += ds * k[i];
+                        dk[i] += ds * q[i];
+                        dv[i] += a[j] * g[i];
+                    }
+                }
+            }
+    free(att), free(out), free(dp);
+}
+
+// which of q, k, v (part 0, 1, 2) of every row of dqkv (B*T rows of 3C), into a new array
+static double *qkv_part(const double *dqkv, int BT, int C, int part) {
+    double *x = malloc_or_die((size_t)BT * C * sizeof(double));
+    for (int r = 0; r < BT; r++) memcpy(x + (size_t)r * C, dqkv + (size_t)r * 3 * C + (size_t)part * C, C * sizeof(double));
+    return x;
+}
+
+// dq, dk and dv of got against want, one check each
+static void check_dqkv(const char *what, const double *got, const double *want, int BT, int C, double rtol,
+                       double atol) {
+    const char *names[3] = {"dq", "dk", "dv"};
+    for (int part = 0; part < 3; part++) {
+        double *g = qkv_part(got, BT, C, part), *w = qkv_part(want, BT, C, part);
+        char label[160];
+        snprintf(label, sizeof label, "%s: %s", what, names[part]);
+        check_array(label, g, w, (size_t)BT * C, rtol, atol);
+        free(g), free(w);
+    }
+}
+
+// The ops, on this backend. The CPU keeps the probabilities in att and the CUDA backend each
+// row's log-sum-exp (ops.h): each is checked against the reference's.
+static void test_attention(AttnShape s, int finite_differences) {
     int B = s.B, T = s.T, C = s.C, NH = s.NH;
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    size_t nlse = (size_t)B * NH * T;
+    char what[160];
     double *qkv = rand_array(nqkv, -1.5, 1.5);
     double *in[1] = {qkv};
     double *want = malloc_or_die(nout * sizeof(double)), *want_att = malloc_or_die(natt * sizeof(double));
-    ref_attention_full(want, want_att, qkv, &s);
+    double *want_lse = malloc_or_die(nlse * sizeof(double));
+    ref_attention_full(want, want_att, want_lse, qkv, &s);
 
     float *d_qkv = upload(qkv, nqkv), *d_out = dev_malloc(nout * sizeof(float));
     double *garbage = rand_array(natt, 5, 6);  // att must be fully written, future included
     float *d_att = upload(garbage, natt), *d_datt = upload(garbage, natt);
     attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
     double *got = download(d_out, nout), *got_att = download(d_att, natt);
-    check_array("attention out", got, want, nout, 1e-4, 1e-5);
-    check_array("attention probabilities (zero above the diagonal)", got_att, want_att, natt, 1e-4,
-                1e-6);
+    snprintf(what, sizeof what, "attention out B=%d T=%d C=%d NH=%d", B, T, C, NH);
+    check_array(what, got, want, nout, 1e-4, 1e-5);
+    if (strcmp(ops_backend_name(), "cpu") == 0)
+        check_array("attention probabilities (zero above the diagonal)", got_att, want_att, natt, 1e-4, 1e-6);
+    else
+        check_array("attention log-sum-exp per row", got_att, want_lse, nlse, 1e-5, 1e-5);
 
     // causality: changing the last token's q, k and v changes nothing at earlier positions
     double *qkv2 = copy_array(qkv, nqkv);
@@ -526,16 +590,153 @@ static void test_attention(void) {
 
     double *dout = rand_array(nout, -1, 1), *dqkv0 = rand_array(nqkv, -1, 1);
     double *g = malloc_or_die(nqkv * sizeof(double));
-    numeric_grad(g, ref_attention, in, 0, nqkv, dout, nout, &s);
+    ref_attention_backward(g, dout, qkv, &s);
+    if (finite_differences) {  // the closed form above, itself checked
+        double *numeric = malloc_or_die(nqkv * sizeof(double));
+        numeric_grad(numeric, ref_attention, in, 0, nqkv, dout, nout, &s);
+        check_array("attention reference backward vs finite differences", g, numeric, nqkv, 1e-6, 1e-8);
+        free(numeric);
+    }
     float *d_dout = upload(dout, nout), *d_dqkv = upload(dqkv0, nqkv);
     attention_backward(d_dqkv, d_datt, d_dout, d_qkv, d_att, B, T, C, NH);
     double *e = plus(dqkv0, g, 1, nqkv), *r = download(d_dqkv, nqkv);
-    check_array("attention dqkv vs finite differences", r, e, nqkv, 1e-4, 1e-5);
+    snprintf(what, sizeof what, "attention backward B=%d T=%d C=%d NH=%d", B, T, C, NH);
+    check_dqkv(what, r, e, B * T, C, 1e-4, 1e-5);
 
     dev_free(d_qkv), dev_free(d_out), dev_free(d_att), dev_free(d_datt), dev_free(d_qkv2);
     dev_free(d_out2), dev_free(d_att2), dev_free(d_dout), dev_free(d_dqkv);
-    free(qkv), free(want), free(want_att), free(garbage), free(got), free(got_att), free(qkv2);
+    free(qkv), free(want), free(want_att), free(want_lse), free(garbage), free(got), free(got_att), free(qkv2);
     free(got2), free(dout), free(dqkv0), free(g), free(e), free(r);
+}
+
+// kernels.h's block functions, driven on the host the way ops_cuda.cu's tiled kernels drive them:
+// one head's rows hs + 1 floats apart (as in shared memory); the other side of the (T, T) square
+// in blocks of `block` rows (keys for a query, queries from the key on for a key); each call split
+// over `nlanes` lanes run one after another, their partials combined between the steps (max, and
+// sums in lane order, where a warp uses shuffles). CUDA: blocks of 32, 32 lanes; a smaller block
+// and fewer lanes make a lane own several keys and blocks split short rows.
+typedef struct { int block, nlanes; } Blocking;
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+// T rows of hs from src (rows src_stride apart), rows hs + 1 apart
+static float *head_rows(const float *src, size_t src_stride, int T, int hs) {
+    float *x = calloc_or_die((size_t)T * (hs + 1), sizeof(float));
+    for (int t = 0; t < T; t++) memcpy(x + (size_t)t * (hs + 1), src + (size_t)t * src_stride, hs * sizeof(float));
+    return x;
+}
+
+// out rows out_stride apart, lse (T): attention_forward_kernel's sequence for each query row
+static void blocks_forward(float *out, size_t out_stride, float *lse, const float *q, const float *k, const float *v,
+                           int T, int hs, Blocking bk) {
+    int S = hs + 1, L = bk.nlanes;
+    float *p = malloc_or_die(bk.block * sizeof(float)), *o = malloc_or_die(hs * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        const float *qt = q + (size_t)t * S;
+        OnlineSoftmax run = online_softmax_start();
+        for (int i = 0; i < hs; i++) o[i] = 0.0f;
+        for (int k0 = 0; k0 <= t; k0 += bk.block) {
+            int n = imin(bk.block, t + 1 - k0);
+            const float *kb = k + (size_t)k0 * S, *vb = v + (size_t)k0 * S;
+            float max = -INFINITY, sum = 0.0f;
+            for (int lane = 0; lane < L; lane++) max = fmaxf(max, attention_scores(p, qt, kb, S, n, hs, lane, L));
+            float alpha = online_softmax_rescale(&run, max);
+            for (int lane = 0; lane < L; lane++) sum += attention_exp(p, run.max, n, lane, L);
+            run.sum += sum;
+            for (int lane = 0; lane < L; lane++) attention_block_values(o, alpha, p, vb, S, n, hs, lane, L);
+        }
+        for (int lane = 0; lane < L; lane++) lse[t] = attention_finish(out + t * out_stride, o, &run, hs, lane, L);
+    }
+    free(p), free(o);
+}
+
+// dq, dk, dv rows d_stride apart (+=): attention_query_backward_kernel's two sweeps for each
+// query row (delta, then dq), then attention_key_backward_kernel's sweep for each key row
+static void blocks_backward(float *dq, float *dk, float *dv, size_t d_stride, const float *q, const float *k,
+                            const float *v, const float *dout, const float *lse, int T, int hs, Blocking bk) {
+    int S = hs + 1, L = bk.nlanes;
+    float *ds = malloc_or_die(bk.block * sizeof(float)), *p = malloc_or_die(bk.block * sizeof(float));
+    float *acc = malloc_or_die(hs * sizeof(float)), *acc2 = malloc_or_die(hs * sizeof(float));
+    float *delta = malloc_or_die(T * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        const float *qt = q + (size_t)t * S, *gt = dout + (size_t)t * S;
+        delta[t] = 0.0f;
+        for (int k0 = 0; k0 <= t; k0 += bk.block) {
+            int n = imin(bk.block, t + 1 - k0);
+            float part = 0.0f;
+            for (int lane = 0; lane < L; lane++)
+                part += attention_row_delta(qt, gt, k + (size_t)k0 * S, v + (size_t)k0 * S, S, n, hs, lse[t], lane, L);
+            delta[t] += part;
+        }
+        for (int i = 0; i < hs; i++) acc[i] = 0.0f;
+        for (int k0 = 0; k0 <= t; k0 += bk.block) {
+            int n = imin(bk.block, t + 1 - k0);
+            const float *kb = k + (size_t)k0 * S, *vb = v + (size_t)k0 * S;
+            for (int lane = 0; lane < L; lane++)
+                attention_row_dscores(ds, qt, gt, kb, vb, S, n, hs, lse[t], delta[t], lane, L);
+            for (int lane = 0; lane < L; lane++) attention_add_rows(acc, ds, kb, S, n, hs, lane, L);
+        }
+        for (int i = 0; i < hs; i++) dq[t * d_stride + i] += acc[i];
+    }
+    for (int j = 0; j < T; j++) {
+        for (int i = 0; i < hs; i++) acc[i] = acc2[i] = 0.0f;
+        for (int i0 = j; i0 < T; i0 += bk.block) {
+            int n = imin(bk.block, T - i0);
+            const float *qb = q + (size_t)i0 * S, *gb = dout + (size_t)i0 * S;
+            for (int lane = 0; lane < L; lane++)
+                attention_column_grads(p, ds, k + (size_t)j * S, v + (size_t)j * S, qb, gb, S, lse + i0, delta + i0,
+                                       n, hs, lane, L);
+            for (int lane = 0; lane < L; lane++) {
+                attention_add_rows(acc2, p, gb, S, n, hs, lane, L);
+                attention_add_rows(acc, ds, qb, S, n, hs, lane, L);
+            }
+        }
+        for (int i = 0; i < hs; i++) {
+            dk[j * d_stride + i] += acc[i];
+            dv[j * d_stride + i] += acc2[i];
+        }
+    }
+    free(ds), free(p), free(acc), free(acc2), free(delta);
+}
+
+static void test_attention_blocks(AttnShape s, Blocking bk) {
+    int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    double *qkv = rand_array(nqkv, -1.5, 1.5), *dout = rand_array(nout, -1, 1);
+    double *want = malloc_or_die(nout * sizeof(double)), *want_lse = malloc_or_die(nlse * sizeof(double));
+    double *att = malloc_or_die((size_t)B * NH * T * T * sizeof(double)), *want_d = malloc_or_die(nqkv * sizeof(double));
+    ref_attention_full(want, att, want_lse, qkv, &s);
+    ref_attention_backward(want_d, dout, qkv, &s);
+
+    float *fqkv = malloc_or_die(nqkv * sizeof(float)), *fdout = malloc_or_die(nout * sizeof(float));
+    for (size_t i = 0; i < nqkv; i++) fqkv[i] = (float)qkv[i];
+    for (size_t i = 0; i < nout; i++) fdout[i] = (float)dout[i];
+    float *out = calloc_or_die(nout, sizeof(float)), *lse = calloc_or_die(nlse, sizeof(float));
+    float *dqkv = calloc_or_die(nqkv, sizeof(float));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            size_t row0 = (size_t)b * T * 3 * C + (size_t)h * hs, bh = (size_t)b * NH + h;
+            float *q = head_rows(fqkv + row0, 3 * C, T, hs), *k = head_rows(fqkv + row0 + C, 3 * C, T, hs);
+            float *v = head_rows(fqkv + row0 + 2 * C, 3 * C, T, hs);
+            float *g = head_rows(fdout + (size_t)b * T * C + (size_t)h * hs, C, T, hs);
+            blocks_forward(out + (size_t)b * T * C + (size_t)h * hs, C, lse + bh * T, q, k, v, T, hs, bk);
+            blocks_backward(dqkv + row0, dqkv + row0 + C, dqkv + row0 + 2 * C, 3 * C, q, k, v, g, lse + bh * T, T, hs,
+                            bk);
+            free(q), free(k), free(v), free(g);
+        }
+    double *got = malloc_or_die(nout * sizeof(double)), *got_lse = malloc_or_die(nlse * sizeof(double));
+    double *got_d = malloc_or_die(nqkv * sizeof(double));
+    for (size_t i = 0; i < nout; i++) got[i] = out[i];
+    for (size_t i = 0; i < nlse; i++) got_lse[i] = lse[i];
+    for (size_t i = 0; i < nqkv; i++) got_d[i] = dqkv[i];
+    char what[160];
+    snprintf(what, sizeof what, "attention in blocks of %d keys, %d lanes, B=%d T=%d hs=%d NH=%d", bk.block,
+             bk.nlanes, B, T, hs, NH);
+    check_array(what, got, want, nout, 1e-4, 1e-5);
+    check_array("... its log-sum-exp per row", got_lse, want_lse, nlse, 1e-5, 1e-5);
+    check_dqkv(what, got_d, want_d, B * T, C, 1e-4, 1e-5);
+    free(qkv), free(dout), free(want), free(want_lse), free(att), free(want_d), free(fqkv), free(fdout);
+    free(out), free(lse), free(dqkv), free(got), free(got_lse), free(got_d);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1035,6 +1236,60 @@ static void test_embedding_shards(void) {
     dev_free(d_tokens), dev_free(d_wpe), dev_free(d_dout), dev_free(d_out), dev_free(d_dwpe);
 }
 
+// kernels.h's per-element embedding backward, driven on the host the way ops_cuda.cu drives it:
+// the rows stably sorted by embedding_sort_key, a worker per (run of one token, column) and per
+// (position, column). Each element adds the same rows in the same order as the CPU backend's
+// column owners, so it must give the backend's bits exactly: on a vocabulary shard, a token
+// repeated, tokens outside the shard, against embedding_backward on this backend.
+static void test_embedding_elements(void) {
+    enum { B = 3, T = 5, C = 6, N = B * T, VL = 5 };
+    const int v_lo = 2, v_count = VL;  // tokens 2..6 are this shard's
+    const int tokens[N] = {4, 0, 4, 6, 8, 2, 4, 4, 1, 5, 3, 4, 7, 2, 6};
+    double *dout = rand_array((size_t)N * C, -1, 1), *dwte0 = rand_array((size_t)v_count * C, -1, 1);
+    double *dwpe0 = rand_array((size_t)T * C, -1, 1);
+    float fdout[N * C], dwte[VL * C], dwpe[T * C];
+    for (int i = 0; i < N * C; i++) fdout[i] = (float)dout[i];
+    for (int i = 0; i < v_count * C; i++) dwte[i] = (float)dwte0[i];
+    for (int i = 0; i < T * C; i++) dwpe[i] = (float)dwpe0[i];
+    int keys[N], rows[N];
+    for (int i = 0; i < N; i++) {  // insertion sort: stable, as the radix sort
+        int key = embedding_sort_key(tokens[i], v_lo, v_count), at = i;
+        for (; at > 0 && keys[at - 1] > key; at--) keys[at] = keys[at - 1], rows[at] = rows[at - 1];
+        keys[at] = key, rows[at] = i;
+    }
+    for (int i = 0; i < N; i++) {
+        int n = embedding_token_run(keys, N, v_count, i);
+        for (int c = 0; n > 0 && c < C; c++) embedding_token_grad(dwte + keys[i] * C, fdout, rows + i, n, C, c);
+    }
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) embedding_position_grad(dwpe, fdout, B, T, C, t, c);
+
+    int *d_tokens = upload_ints(tokens, N);
+    float *d_dout = upload(dout, (size_t)N * C), *d_dwte = upload(dwte0, (size_t)v_count * C);
+    float *d_dwpe = upload(dwpe0, (size_t)T * C);
+    embedding_backward(d_dwte, d_dwpe, d_dout, d_tokens, v_lo, v_count, B, T, C);
+    double *op_wte = download(d_dwte, (size_t)v_count * C), *op_wpe = download(d_dwpe, (size_t)T * C);
+    int differ = 0;
+    for (int i = 0; i < v_count * C; i++) differ += op_wte[i] != dwte[i];
+    for (int i = 0; i < T * C; i++) differ += op_wpe[i] != dwpe[i];
+    CHECK(differ == 0, "embedding backward a worker per element: %d of %d values differ from embedding_backward's",
+          differ, (v_count + T) * C);
+    double want_wte[VL * C], want_wpe[T * C], got_wte[VL * C], got_wpe[T * C];
+    memcpy(want_wte, dwte0, sizeof want_wte), memcpy(want_wpe, dwpe0, sizeof want_wpe);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) {
+            int local = tokens[r] - v_lo;
+            if (local >= 0 && local < v_count) want_wte[local * C + c] += dout[r * C + c];
+            want_wpe[(r % T) * C + c] += dout[r * C + c];
+        }
+    for (int i = 0; i < v_count * C; i++) got_wte[i] = dwte[i];
+    for (int i = 0; i < T * C; i++) got_wpe[i] = dwpe[i];
+    check_array("embedding backward a worker per element: dwte", got_wte, want_wte, (size_t)v_count * C, 1e-6, 1e-6);
+    check_array("embedding backward a worker per element: dwpe", got_wpe, want_wpe, (size_t)T * C, 1e-6, 1e-6);
+    free(dout), free(dwte0), free(dwpe0), free(op_wte), free(op_wpe);
+    dev_free(d_tokens), dev_free(d_dout), dev_free(d_dwte), dev_free(d_dwpe);
+}
+
 // rows of N x C split into columns [0, C0) and [C0, C): each shard as its own (N, Cs) array
 static float *upload_cols(const double *x, int N, int C, int c0, int cs) {
     double *part = malloc_or_die(sizeof(double) * N * cs);
@@ -1055,7 +1310,7 @@ static float *added(float *const *parts, size_t n, double scale) {
 }
 
 static void test_layernorm_shards(void) {
-    enum { N = 3, C = 10 };
+    enum { N = 37, C = 10 };  // on a GPU the parameter gradients sum chunks of 32 rows: two here
     const int c0[2] = {0, 6}, cs[2] = {6, 4};
     double *x = rand_array(N * C, -2, 2), *w = rand_array(C, 0.5, 1.5), *b = rand_array(C, -1, 1);
     double *dout = rand_array(N * C, -1, 1), mean[N], rstd[N];
@@ -1211,7 +1466,15 @@ int main(void) {
     printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_bf16());
     test_peak_flops();
     test_layernorm();
-    test_attention();
+    test_attention((AttnShape){2, 7, 12, 3}, 1);  // hs = 4: shorter than dot_product's 8-wide blocks
+    test_attention((AttnShape){2, 37, 128, 2}, 0);  // GPT-2's hs = 64; T past one 32-row tile, not a multiple
+    test_attention((AttnShape){1, 1, 64, 4}, 0);
+    test_attention((AttnShape){2, 70, 96, 3}, 0);
+    test_attention_blocks((AttnShape){2, 37, 128, 2}, (Blocking){32, 32});  // as CUDA runs GPT-2's heads
+    test_attention_blocks((AttnShape){1, 1, 64, 4}, (Blocking){32, 32});
+    test_attention_blocks((AttnShape){2, 70, 96, 3}, (Blocking){32, 32});
+    test_attention_blocks((AttnShape){2, 23, 12, 3}, (Blocking){5, 3});
+    test_attention_blocks((AttnShape){1, 40, 128, 2}, (Blocking){7, 3});
     test_gelu();
     test_embedding();
     test_cross_entropy();
@@ -1220,6 +1483,7 @@ int main(void) {
     test_reductions_and_elementwise();
     test_kv_cache();
     test_embedding_shards();
+    test_embedding_elements();
     test_layernorm_shards();
     test_cross_entropy_shards();
     test_graph_after_workspace_growth();
