@@ -283,7 +283,7 @@ LayerOps *serial_layer_ops(void);
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;  // (N, C), (N), (N)
     float *qkv;                        // (N, 3 C_attn)
-    float *att;                        // (B, n_head, T, keys) softmax probabilities (ops.h)
+    float *att;                        // (B, n_head, T, keys): what attention keeps for backward (ops.h)
     float *atty;                       // (N, C_attn) attention output before the projection
     float *res2;                       // (N, C) residual after attention
     float *ln2, *ln2_mean, *ln2_rstd;  // (N, C), (N), (N)

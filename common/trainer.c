@@ -371,8 +371,8 @@ const char *activations_label(const Config *cfg) {
 void print_bf16_activation_saving(const Activations *acts) {
     if (!acts->spec.bf16) return;
     // the matmul inputs are kept in bf16; what backward reads outside a matmul stays fp32: the
-    // LayerNorm statistics, q/k/v and the attention probabilities (softmax backward), the
-    // pre-GELU values (GELU backward), the residual stream
+    // LayerNorm statistics, q/k/v and what attention keeps for its backward (the probabilities
+    // on the CPU, log-sum-exps on a GPU), the pre-GELU values (GELU backward), the residual stream
     ActsSpec fp32 = acts->spec;
     fp32.bf16 = false;
     size_t fp32_bytes = acts_bytes(&fp32);
