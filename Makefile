@@ -141,13 +141,21 @@ build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 
-# on a GPU machine: test_ops on the GPU, then stage 01 on the GPU against the CPU's loss curve
+# test_ops is the one test program built for CUDA too: the ops against their double-precision reference
 build/cuda/tests/test_ops: build/cuda/tests/test_ops.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
+# `make test-cuda` builds every CUDA binary into build/cuda/ (not `all`: build/stage-N stay the CPU
+# copies the other tests run), then runs the CUDA tests through tests/run.sh, whose last line is
+# "N passed, N failed": test_ops_cuda.sh (the build, test_ops on the GPU, stage 01 against the
+# CPU's loss curve, CUDA graphs, compute-sanitizer's memcheck, racecheck and synccheck) and
+# test_cuda_stages.sh (every stage's equivalence tests on 1 GPU, their multi-rank layouts on as
+# many GPUs as are visible, up to 4). Without nvcc or without a GPU it still exits 0: the tests
+# say SKIPPED and what they did not run, and count none of it as passed.
+CUDA_BINS := $(addprefix build/cuda/,$(addprefix stage-,$(STAGES)) $(TOOLS) tests/test_ops)
 test-cuda:
 	@$(MAKE) --no-print-directory BACKEND=cpu build/cpu/stage-1
-	@$(MAKE) --no-print-directory BACKEND=cuda all build/cuda/tests/test_ops
-	@bash tests/test_ops_cuda.sh
+	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory BACKEND=cuda $(CUDA_BINS); fi
+	@bash tests/run.sh cuda
 
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)

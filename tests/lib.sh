@@ -1,10 +1,13 @@
 # tests/lib.sh: what the shell tests share. Source it first: it moves to the repository root,
-# makes $tmp (removed on exit) and gives check, compare_losses, json_value, comm_value, run_ranks
-# and finish. The figures a check compares come from a run's metrics.jsonl and stats.json, not
-# from the text the run prints for people.
+# makes $tmp (removed on exit) and gives check, compare_losses, json_value, comm_value, run_ranks,
+# run_single and finish. The figures a check compares come from a run's metrics.jsonl and
+# stats.json, not from the text the run prints for people.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# where the stage binaries are: build/ holds the copies of the backend built last (the CPU one under
+# `make test`); tests/test_cuda_stages.sh points it at build/cuda
+STAGE_BIN=${STAGE_BIN:-build}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
@@ -62,16 +65,69 @@ sys.exit(1)
 PY
 }
 
-# run_ranks <stage> <name> <ranks> [args...]: build/stage-<stage> on <ranks> MPI ranks with the
-# test's "${args[@]}" plus [args...], writing $tmp/<name>/ and $tmp/<name>.log; one check that
+# run_ranks <stage> <name> <ranks> [args...]: $STAGE_BIN/stage-<stage> on <ranks> MPI ranks with
+# the test's "${args[@]}" plus [args...], writing $tmp/<name>/ and $tmp/<name>.log; one check that
 # it exits 0 (tests/mpi_env.sh must be sourced)
 run_ranks() {
     local stage=$1 name=$2 np=$3
     shift 3
-    timeout 300 mpirun -np "$np" --bind-to none "build/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" "$@" \
+    timeout 300 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" "$@" \
         >"$tmp/$name.log" 2>&1
     local rc=$?
     check '[ $rc -eq 0 ]' "stage $stage $name failed (exit $rc): $(tail -5 "$tmp/$name.log")"
+}
+
+# run_single <stage> <name> [args...]: the same as one process without mpirun (two OpenMP threads
+# on the CPU, whatever tests/mpi_env.sh set for the ranks)
+run_single() {
+    local stage=$1 name=$2
+    shift 2
+    OMP_NUM_THREADS=2 timeout 300 "$STAGE_BIN/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1
+    local rc=$?
+    check '[ $rc -eq 0 ]' "stage $stage $name failed: $(tail -3 "$tmp/$name.log")"
+}
+
+# answer_ids <name>: the token ids stage 06 generated in the run logged to $tmp/<name>.log
+# (--show_token_ids=true), one line per prompt: what its equivalence checks compare
+answer_ids() { grep -a "answer ids:" "$tmp/$1.log"; }
+
+# same_routing <out_dir> <out_dir>: two stage-08 runs dropped the same pairs and gave each expert
+# the same rows at every step
+same_routing() {
+    python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+keys = ("dropped", "expert_load")
+sys.exit(0 if len(a) == len(b) and all(x[k] == y[k] for x, y in zip(a, b) for k in keys) else 1)
+PY
+}
+
+# tp_grids <command...>: runs <command...> <name> <ranks> <x,y,z> [switches] for each tensor-parallel
+# grid test_stage5.sh checks against stage 01, the switches riding on the grids where they matter
+# (prefetch and async, the gathered loss); test_plan.sh and test_cuda_stages.sh check the same grids
+tp_grids() {
+    "$@" g111 1 1,1,1
+    "$@" g211 2 2,1,1
+    "$@" g121 2 1,2,1
+    "$@" g112 2 1,1,2
+    "$@" g411 4 4,1,1
+    "$@" g141 4 1,4,1
+    "$@" g221 4 2,2,1 --overlap_communication=true
+    "$@" g212 4 2,1,2 --overlap_communication=true --gradient_acc_steps=2
+    "$@" g122 4 1,2,2
+    "$@" g211d2 4 2,1,1 --vocab_parallel_loss=false
+}
+
+# visible_gpus: how many GPUs a CUDA program started here sees: those nvidia-smi lists (0 without
+# one or without the driver), no more than CUDA_VISIBLE_DEVICES names when it is set
+visible_gpus() {
+    local n listed
+    n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+        listed=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c '[^[:space:]]')
+        [ "$listed" -lt "$n" ] && n=$listed
+    fi
+    echo "$n"
 }
 
 # expect_one_error <what> <pattern> <command...>: one check that the command exits 1 and that its
@@ -114,10 +170,10 @@ killed_rank_ends_job() {
     out=$(printf '%s\n' "$@" | sed -n 's/^--out_dir=//p' | tail -1)
     log=$out.log
     start=$SECONDS
-    timeout 120 mpirun -np "$np" --bind-to none build/stage-"$n" "$@" --stop_iteration=100000 >"$log" 2>&1 &
+    timeout 120 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-$n" "$@" --stop_iteration=100000 >"$log" 2>&1 &
     launcher=$!
     for _ in $(seq 100); do [ -f "$out/metrics.jsonl" ] && break; sleep 0.2; done
-    victim=$(pgrep -f "build/stage-$n .*--out_dir=$out" | tail -1)
+    victim=$(pgrep -f "$STAGE_BIN/stage-$n .*--out_dir=$out" | tail -1)
     [ -n "$victim" ] && kill -9 "$victim"
     wait $launcher
     rc=$?

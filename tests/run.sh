@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test program (build/tests/test_*) and test script (tests/test_*.sh), adds up their
 # "name: N passed, N failed" lines and ends with the total on the last line. A test that crashes
-# or exits non-zero without failing a check counts as one failure, so nothing fails silently.
+# or exits non-zero without failing a check counts as one failure, so nothing fails silently; a
+# test's "name: SKIPPED: why" lines are shown, so nothing is skipped silently either.
 # Usage: tests/run.sh [name-filter]
 set -u
 cd "$(dirname "$0")/.."
@@ -32,6 +33,7 @@ run_one() { # run_one <name> <command...>
     else
         printf '%-34s %4d passed  (%d s)\n' "$name" "$p" $((SECONDS - start))
     fi
+    grep -E "^$name: SKIPPED" "$log" | sed 's/^/    /'
 }
 
 for prog in build/tests/test_*; do

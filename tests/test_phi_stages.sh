@@ -14,16 +14,8 @@ source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 args=(--config configs/tiny_phi.json --stop_iteration=20 --eval_batches=1 --log_interval=100 --n_embd=64)
 
-single() { # single <stage> <name> [args]: one process
-    local stage=$1 name=$2
-    shift 2
-    OMP_NUM_THREADS=2 "build/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1
-    local rc=$?
-    check '[ $rc -eq 0 ]' "stage $stage $name failed: $(tail -3 "$tmp/$name.log")"
-}
-
-single 1 single
-single 1 single12 --stop_iteration=5 --global_batch_size=12
+run_single 1 single
+run_single 1 single12 --stop_iteration=5 --global_batch_size=12
 run_ranks 3 ddp2 2
 run_ranks 3 ddp4 4
 run_ranks 4 fsdp2 2
@@ -41,30 +33,29 @@ done
 check 'compare_losses "$tmp/single12" "$tmp/fsdp3" 5 1e-5' "fsdp3 does not reproduce stage 01's phi losses"
 # the pipeline's checkpoint (each stage's tensors, lm_head from the last) is the whole model: stage
 # 01 loads it (an lr of 1e-30 keeps the weights) and its validation loss is the pipeline's last
-single 1 load_pp2 --init_from="$tmp/pp2" --stop_iteration=1 --lr=1e-30 --min_lr=0
+run_single 1 load_pp2 --init_from="$tmp/pp2" --stop_iteration=1 --lr=1e-30 --min_lr=0
 check 'python3 -c "
 import json, sys
 a = json.loads(open(sys.argv[1]).readlines()[-1])[\"val_loss\"]
 b = json.loads(open(sys.argv[2]).readlines()[-1])[\"val_loss\"]
 sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)" "$tmp/pp2/metrics.jsonl" "$tmp/load_pp2/metrics.jsonl"' \
     "phi: stage 01 from the pipeline's checkpoint has another validation loss: $(tail -1 "$tmp/load_pp2/metrics.jsonl")"
-single 2 bf16 --precision=bf16-mixed
+run_single 2 bf16 --precision=bf16-mixed
 check 'compare_losses "$tmp/single" "$tmp/bf16" 20 1e-2' "stage 02 bf16-mixed strays from stage 01's phi losses"
 
 # ---- stage 06: a phi checkpoint generates; KV cache = no cache; tensor-parallel = one rank -------
 printf 'Sort the digits.\nCount the letters in this rather long sentence, please.\nHi\n' >"$tmp/prompts.txt"
 gen=(--config configs/inference.json --init_from="$tmp/single" --prompts_path="$tmp/prompts.txt"
      --tokens_to_generate=16 --show_token_ids=true --max_batch_size=3 --temperature=1 --seed=7)
-ids() { grep -a "answer ids:" "$tmp/$1.log"; }
 timeout 120 build/stage-6 "${gen[@]}" >"$tmp/gen.log" 2>&1
-rc=$?; check '[ $rc -eq 0 ] && [ "$(ids gen | wc -l)" -eq 3 ]' "stage 06 on phi failed: $(tail -3 "$tmp/gen.log")"
+rc=$?; check '[ $rc -eq 0 ] && [ "$(answer_ids gen | wc -l)" -eq 3 ]' "stage 06 on phi failed: $(tail -3 "$tmp/gen.log")"
 timeout 120 build/stage-6 "${gen[@]}" --kv_cache=false >"$tmp/nocache.log" 2>&1
-check '[ "$(ids gen)" = "$(ids nocache)" ]' "phi: KV cache and no cache differ: $(diff <(ids gen) <(ids nocache) | head -4)"
+check '[ "$(answer_ids gen)" = "$(answer_ids nocache)" ]' "phi: KV cache and no cache differ: $(diff <(answer_ids gen) <(answer_ids nocache) | head -4)"
 for grid in 2,1,1:2 2,2,1:4; do
     dims=${grid%:*} np=${grid#*:}
     timeout 120 mpirun -np "$np" --bind-to none build/stage-6 "${gen[@]}" --tp_dimensions="$dims" >"$tmp/gen$dims.log" 2>&1
-    check '[ -n "$(ids gen)" ] && [ "$(ids "gen$dims")" = "$(ids gen)" ]' \
-        "phi: stage 06 [$dims] differs from one rank: $(diff <(ids gen) <(ids "gen$dims") | head -4; tail -2 "$tmp/gen$dims.log")"
+    check '[ -n "$(answer_ids gen)" ] && [ "$(answer_ids "gen$dims")" = "$(answer_ids gen)" ]' \
+        "phi: stage 06 [$dims] differs from one rank: $(diff <(answer_ids gen) <(answer_ids "gen$dims") | head -4; tail -2 "$tmp/gen$dims.log")"
 done
 
 # ---- bad checkpoints: stage 01's saved phi model, edited -----------------------------------------

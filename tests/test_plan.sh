@@ -79,16 +79,7 @@ same fsdp2 2 fsdp
 same fsdp3 3 fsdp --global_batch_size=12 --overlap_communication=true
 same fsdp4 4 fsdp --gradient_acc_steps=2
 # the grids of test_stage5.sh, with its switches
-same g111 1 1,1,1
-same g211 2 2,1,1
-same g121 2 1,2,1
-same g112 2 1,1,2
-same g411 4 4,1,1
-same g141 4 1,4,1
-same g221 4 2,2,1 --overlap_communication=true
-same g212 4 2,1,2 --overlap_communication=true --gradient_acc_steps=2
-same g122 4 1,2,2
-same g211d2 4 2,1,1 --vocab_parallel_loss=false
+tp_grids same
 # 16 bits: copies in the memory report; stage 05's depth gathers and FSDP's block gathers move them
 # (FSDP with the fp32 biases and LayerNorms packed apart: 3 ranks cut them unevenly)
 same ddp2h 2 ddp --precision=bf16-mixed

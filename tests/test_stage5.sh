@@ -20,20 +20,14 @@ args=(--config configs/tiny.json --stop_iteration=20 --eval_batches=1 --log_inte
 OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --out_dir="$tmp/single" >"$tmp/single.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/single.log")"
 
-# ---- equivalence on every grid ----
-grids="g111:1:1,1,1 g211:2:2,1,1 g121:2:1,2,1 g112:2:1,1,2 g411:4:4,1,1 g141:4:1,4,1 g221:4:2,2,1
-       g212:4:2,1,2 g122:4:1,2,2 g211d2:4:2,1,1"
-for spec in $grids; do
-    IFS=: read -r name np dims <<<"$spec"
-    extra=()
-    case $name in  # the switches ride on grids where they matter
-        g212) extra=(--overlap_communication=true --gradient_acc_steps=2) ;;  # prefetch + async
-        g211d2) extra=(--vocab_parallel_loss=false) ;;                       # the gathered loss
-        g221) extra=(--overlap_communication=true) ;;
-    esac
-    run_ranks 5 "$name" "$np" --tp_dimensions="$dims" "${extra[@]}"
+# ---- equivalence on every grid (tests/lib.sh's tp_grids) ----
+reproduces_stage1() { # reproduces_stage1 <name> <ranks> <x,y,z> [switches]
+    local name=$1 np=$2 dims=$3
+    shift 3
+    run_ranks 5 "$name" "$np" --tp_dimensions="$dims" "$@"
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "[$dims] on $np ranks does not reproduce stage 01"
-done
+}
+tp_grids reproduces_stage1
 
 # ---- bf16-mixed (stage 02's scheme) against stage 02: rounding makes the bound looser ----
 OMP_NUM_THREADS=2 build/stage-2 "${args[@]}" --precision=bf16-mixed --out_dir="$tmp/s2bf16" >"$tmp/s2bf16.log" 2>&1

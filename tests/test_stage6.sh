@@ -32,32 +32,31 @@ run6() { # run6 <name> <args...>: runs stage 6, keeps its output in $tmp/<name>.
     local name=$1; shift
     timeout 120 build/stage-6 "$@" >"$tmp/$name.log" 2>&1
 }
-ids() { grep -a "answer ids:" "$tmp/$1.log"; }
 
 # 1. cache == no cache, batched with different prompt lengths (batches of 3 and 1): greedy, and
 # sampled with a seed
 run6 cache "${args[@]}" --max_batch_size=3; rc=$?
-check '[ $rc -eq 0 ] && [ "$(ids cache | wc -l)" -eq 4 ]' "cached generation failed: $(tail -3 "$tmp/cache.log")"
+check '[ $rc -eq 0 ] && [ "$(answer_ids cache | wc -l)" -eq 4 ]' "cached generation failed: $(tail -3 "$tmp/cache.log")"
 run6 nocache "${args[@]}" --max_batch_size=3 --kv_cache=false
-check '[ -n "$(ids cache)" ] && [ "$(ids cache)" = "$(ids nocache)" ]' \
-    "greedy: KV cache and no cache differ: $(diff <(ids cache) <(ids nocache) | head -4)"
+check '[ -n "$(answer_ids cache)" ] && [ "$(answer_ids cache)" = "$(answer_ids nocache)" ]' \
+    "greedy: KV cache and no cache differ: $(diff <(answer_ids cache) <(answer_ids nocache) | head -4)"
 sample=(--temperature=1 --seed=7)
 run6 s1 "${args[@]}" --max_batch_size=3 "${sample[@]}"
 run6 s1nocache "${args[@]}" --max_batch_size=3 "${sample[@]}" --kv_cache=false
-check '[ "$(ids s1 | sort -u | wc -l)" -eq 4 ] && [ "$(ids s1)" = "$(ids s1nocache)" ]' \
-    "sampled: KV cache and no cache differ: $(diff <(ids s1) <(ids s1nocache) | head -4)"
+check '[ "$(answer_ids s1 | sort -u | wc -l)" -eq 4 ] && [ "$(answer_ids s1)" = "$(answer_ids s1nocache)" ]' \
+    "sampled: KV cache and no cache differ: $(diff <(answer_ids s1) <(answer_ids s1nocache) | head -4)"
 run6 s1batch1 "${args[@]}" --max_batch_size=1 "${sample[@]}"
-check '[ "$(ids s1)" = "$(ids s1batch1)" ]' "batch 3 and batch 1 differ: $(diff <(ids s1) <(ids s1batch1) | head -4)"
+check '[ "$(answer_ids s1)" = "$(answer_ids s1batch1)" ]' "batch 3 and batch 1 differ: $(diff <(answer_ids s1) <(answer_ids s1batch1) | head -4)"
 # bf16 weights (precision bf16-mixed): compared with bf16 runs, not fp32 (rounding the weights may
 # change a greedy choice). One row at a time (batch 1, cached) multiplies through a dot product
 # per output, the prompt and the uncached passes through oneDNN's matmul: the same tokens.
 run6 b16 "${args[@]}" --max_batch_size=3 "${sample[@]}" --precision=bf16-mixed
 run6 b16nocache "${args[@]}" --max_batch_size=3 "${sample[@]}" --precision=bf16-mixed --kv_cache=false
 run6 b16batch1 "${args[@]}" --max_batch_size=1 "${sample[@]}" --precision=bf16-mixed
-check '[ "$(ids b16 | sort -u | wc -l)" -eq 4 ] && [ "$(ids b16)" = "$(ids b16nocache)" ] && [ "$(ids b16)" = "$(ids b16batch1)" ]' \
-    "bf16 weights: cache, no cache and batch 1 differ: $(diff <(ids b16) <(ids b16nocache) | head -4; diff <(ids b16) <(ids b16batch1) | head -4; tail -2 "$tmp/b16.log")"
+check '[ "$(answer_ids b16 | sort -u | wc -l)" -eq 4 ] && [ "$(answer_ids b16)" = "$(answer_ids b16nocache)" ] && [ "$(answer_ids b16)" = "$(answer_ids b16batch1)" ]' \
+    "bf16 weights: cache, no cache and batch 1 differ: $(diff <(answer_ids b16) <(answer_ids b16nocache) | head -4; diff <(answer_ids b16) <(answer_ids b16batch1) | head -4; tail -2 "$tmp/b16.log")"
 run6 compile "${args[@]}" "${sample[@]}" --compile=true --max_batch_size=3
-check 'grep -q "CUDA graphs are a CUDA feature" "$tmp/compile.log" && [ "$(ids s1)" = "$(ids compile)" ]' \
+check 'grep -q "CUDA graphs are a CUDA feature" "$tmp/compile.log" && [ "$(answer_ids s1)" = "$(answer_ids compile)" ]' \
     "compile: true on the CPU: no note, or different tokens"
 check 'grep -q "prefill: .* tokens/s | decode: .* tokens/s" "$tmp/cache.log" && grep -q "TTFT ms" "$tmp/cache.log"' \
     "no prefill/decode timings: $(tail -3 "$tmp/cache.log")"
@@ -68,23 +67,23 @@ run6 hf --config configs/inference.json --init_from="$FIX/model.safetensors" --t
 rc=$?; check '[ $rc -eq 0 ]' "HF fixture generation failed: $(tail -3 "$tmp/hf.log")"
 prompt=$(grep -a -m1 "prompt ids:" "$tmp/hf.log" | sed 's/.*prompt ids://')
 oracle=$(/usr/bin/python3 tests/oracle_generate.py "$FIX" 16 $prompt 2>&1 | grep "oracle answer ids:" | sed 's/oracle //')
-check '[ -n "$oracle" ] && [ "$oracle" = "$(ids hf | head -1 | sed "s/^ *//")" ]' \
-    "HF fixture: ours '$(ids hf | head -1)' vs PyTorch '$oracle'"
+check '[ -n "$oracle" ] && [ "$oracle" = "$(answer_ids hf | head -1 | sed "s/^ *//")" ]' \
+    "HF fixture: ours '$(answer_ids hf | head -1)' vs PyTorch '$oracle'"
 prompt=$(grep -a -m1 "prompt ids:" "$tmp/cache.log" | sed 's/.*prompt ids://')
 oracle=$(/usr/bin/python3 tests/oracle_generate.py "$tmp/model" 24 $prompt 2>&1 | grep "oracle answer ids:" | sed 's/oracle //')
-check '[ -n "$oracle" ] && [ "$oracle" = "$(ids cache | head -1 | sed "s/^ *//")" ]' \
-    "trained model: ours '$(ids cache | head -1)' vs PyTorch '$oracle'"
+check '[ -n "$oracle" ] && [ "$oracle" = "$(answer_ids cache | head -1 | sed "s/^ *//")" ]' \
+    "trained model: ours '$(answer_ids cache | head -1)' vs PyTorch '$oracle'"
 
 # 3. sampling: another seed differs; top_k 1 and a tiny top_p are greedy
 run6 s3 "${args[@]}" --temperature=1 --seed=8
 run6 k1 "${args[@]}" --temperature=1 --top_k=1
 run6 p0 "${args[@]}" --temperature=1 --top_p=0.000001
-check '[ -n "$(ids s3)" ] && [ "$(ids s1)" != "$(ids s3)" ]' "seeds 7 and 8 sampled the same tokens"
-check '[ "$(ids k1)" = "$(ids cache)" ] && [ "$(ids p0)" = "$(ids cache)" ]' "top_k 1 / tiny top_p is not greedy"
+check '[ -n "$(answer_ids s3)" ] && [ "$(answer_ids s1)" != "$(answer_ids s3)" ]' "seeds 7 and 8 sampled the same tokens"
+check '[ "$(answer_ids k1)" = "$(answer_ids cache)" ] && [ "$(answer_ids p0)" = "$(answer_ids cache)" ]' "top_k 1 / tiny top_p is not greedy"
 
 # 4. stdin, evaluation
 printf 'Count the digits.\n' | timeout 60 build/stage-6 "${args[@]}" --prompts_path=- >"$tmp/stdin.log" 2>&1
-check '[ -n "$(ids stdin)" ] && [ "$(ids stdin)" = "$(ids cache | sed -n 3p)" ]' "prompt from stdin: $(tail -2 "$tmp/stdin.log")"
+check '[ -n "$(answer_ids stdin)" ] && [ "$(answer_ids stdin)" = "$(answer_ids cache | sed -n 3p)" ]' "prompt from stdin: $(tail -2 "$tmp/stdin.log")"
 run6 eval --config configs/inference.json --init_from="$tmp/model" --eval_accuracy=true --val_fraction=0.01
 # 1% of the 8000 synthetic records
 check 'grep -q "exact-answer accuracy on (synthetic).s held-out split: [0-9]* / 80 = " "$tmp/eval.log"' \
@@ -95,11 +94,11 @@ check 'grep -q "exact-answer accuracy on (synthetic).s held-out split: [0-9]* / 
 for grid in 2,1,1:2 4,1,1:4 2,2,1:4; do
     dims=${grid%:*} np=${grid#*:}
     timeout 120 mpirun -np "$np" --bind-to none build/stage-6 "${args[@]}" --max_batch_size=3 --tp_dimensions="$dims" >"$tmp/tp$dims.log" 2>&1
-    check '[ -n "$(ids "tp$dims")" ] && [ "$(ids "tp$dims")" = "$(ids cache)" ]' \
-        "greedy [$dims] differs from [1,1,1]: $(diff <(ids cache) <(ids "tp$dims") | head -4; tail -2 "$tmp/tp$dims.log")"
+    check '[ -n "$(answer_ids "tp$dims")" ] && [ "$(answer_ids "tp$dims")" = "$(answer_ids cache)" ]' \
+        "greedy [$dims] differs from [1,1,1]: $(diff <(answer_ids cache) <(answer_ids "tp$dims") | head -4; tail -2 "$tmp/tp$dims.log")"
     timeout 120 mpirun -np "$np" --bind-to none build/stage-6 "${args[@]}" --max_batch_size=3 "${sample[@]}" --tp_dimensions="$dims" >"$tmp/tps$dims.log" 2>&1
-    check '[ "$(ids "tps$dims")" = "$(ids s1)" ]' \
-        "sampled [$dims] differs from [1,1,1]: $(diff <(ids s1) <(ids "tps$dims") | head -4; tail -2 "$tmp/tps$dims.log")"
+    check '[ "$(answer_ids "tps$dims")" = "$(answer_ids s1)" ]' \
+        "sampled [$dims] differs from [1,1,1]: $(diff <(answer_ids s1) <(answer_ids "tps$dims") | head -4; tail -2 "$tmp/tps$dims.log")"
 done
 check 'grep -q "tensor parallelism \[2, 2, 1\]: 4 ranks, each with 2 of 4 heads" "$tmp/tp2,2,1.log"' \
     "[2,2,1]: no line on the grid: $(head -3 "$tmp/tp2,2,1.log")"

@@ -17,16 +17,6 @@ C=64 E=4
 # capacity factor 1: pairs drop at every step, so the comparison covers dropping too
 args=(--config configs/moe.json --stop_iteration=20 --eval_batches=0 --log_interval=100 --n_embd=$C --capacity_factor=1)
 
-# the per-step numbers two runs must share exactly: dropped pairs and rows per expert
-same_routing() {
-    python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
-import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
-keys = ("dropped", "expert_load")
-sys.exit(0 if len(a) == len(b) and all(x[k] == y[k] for x, y in zip(a, b) for k in keys) else 1)
-PY
-}
-
 # no experts: the dense model of stage 01, data-parallel
 dense=(--config configs/tiny.json --stop_iteration=20 --eval_batches=0 --log_interval=100 --n_embd=$C)
 build/stage-1 "${dense[@]}" --out_dir="$tmp/single" >"$tmp/single.log" 2>&1

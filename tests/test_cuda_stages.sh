@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# Every stage's equivalence tests on the CUDA backend (build/cuda/): the runs of test_stage2.sh ..
+# test_stage8.sh and test_phi_stages.sh that must reproduce a single process's loss curve (or its
+# generated tokens), here on GPUs, with those tests' tolerances (fp32: 1e-5 relative at every step;
+# bf16: their documented looser bounds). GPU against GPU: a GPU adds floats in another order than
+# the CPU, so the references are single-process runs on the GPU (tests/test_ops_cuda.sh holds stage
+# 01 on the GPU against the CPU).
+#   - every stage runs on 1 GPU; a layout on P ranks (one per GPU) runs when P GPUs are visible,
+#     P <= 4. The CUDA backend refuses more ranks on a host than visible GPUs (checked here with one
+#     rank too many), so what does not fit is listed as SKIPPED with the reason, never passed;
+#   - without a GPU: one SKIPPED line, nothing counted (test_ops_cuda.sh checks the build and the
+#     no-device error there).
+# Usage: tests/test_cuda_stages.sh [section ...]   sections 1 2 3 4 5 6 7 8 phi; default: all
+# A dry run of this script's logic where there is no GPU: the CPU binaries, as if G GPUs were
+# visible (it checks the script, not the CUDA backend):
+#   STAGE_BIN=build/cpu TEST_GPUS=G bash tests/test_cuda_stages.sh
+STAGE_BIN=${STAGE_BIN:-build/cuda}
+source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
+name=test_cuda_stages
+STAGES="1 2 3 4 5 6 7 8"
+SECTIONS="$STAGES phi"
+[ $# -gt 0 ] || set -- $SECTIONS
+for section in "$@"; do
+    case " $SECTIONS " in
+        *" $section "*) ;;
+        *) echo "unknown section '$section': the sections are $SECTIONS" >&2; exit 2 ;;
+    esac
+done
+gpus=${TEST_GPUS:-$(visible_gpus)}
+max_ranks=$((gpus < 4 ? gpus : 4))
+skipped=()
+
+if [ "$gpus" -eq 0 ]; then
+    echo "$name: SKIPPED: no GPU visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them): no stage ran on the CUDA backend"
+    finish "$name"
+    exit
+fi
+
+# the CUDA binaries, up to date (make has nothing to do after `make test-cuda`); a dry run names
+# binaries already built
+if [ "$STAGE_BIN" = build/cuda ] && command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then
+    make --no-print-directory BACKEND=cuda $(printf 'build/cuda/stage-%s ' $STAGES) >"$tmp/build.log" 2>&1
+    rc=$?
+    check '[ $rc -eq 0 ]' "the CUDA build failed: $(grep -E "error|undefined" "$tmp/build.log" | head -6)"
+fi
+missing=$(for n in $STAGES; do [ -x "$STAGE_BIN/stage-$n" ] || printf ' %s' "$STAGE_BIN/stage-$n"; done)
+if [ -n "$missing" ]; then
+    echo "$name: SKIPPED: no binaries to run:$missing (nvcc not found, or the build failed; make test-cuda builds them)"
+    finish "$name"
+    exit
+fi
+echo "$gpus GPU(s)${TEST_GPUS:+ (pretended: TEST_GPUS)}: the layouts of up to $max_ranks rank(s) run, with $STAGE_BIN/"
+
+# fits <ranks> <stage> <run>: whether <ranks> ranks, one a GPU, can start here; if not, says why
+# and notes the run as skipped
+fits() {
+    [ "$1" -le "$max_ranks" ] && return 0
+    skipped+=("$3")
+    echo "SKIPPED: stage $2 $3 on $1 ranks: needs $1 GPUs, $gpus visible"
+    return 1
+}
+
+# layout <stage> <run> <ranks> <reference> <steps> <tolerance> [args...]: stage <stage> on <ranks>
+# GPUs gives the reference run's loss at each of <steps> steps, within the relative tolerance.
+# Returns 1 when the layout does not fit, so that a caller skips its own further checks too.
+layout() {
+    local stage=$1 run=$2 np=$3 ref=$4 steps=$5 tol=$6
+    shift 6
+    fits "$np" "$stage" "$run" || return 1
+    run_ranks "$stage" "$run" "$np" "$@"
+    check 'compare_losses "$tmp/$ref" "$tmp/$run" $steps $tol' \
+        "stage $stage $run on $np GPU(s) does not reproduce $ref within $tol"
+}
+
+# generates_like <run> <ranks> <reference> [args...]: stage 06 on <ranks> GPUs generates exactly the
+# reference run's tokens (a sampled token changes only if the logits differ by about a millionth)
+generates_like() {
+    local run=$1 np=$2 ref=$3
+    shift 3
+    fits "$np" 6 "$run" || return 1
+    run_ranks 6 "$run" "$np" "$@"
+    check '[ -n "$(answer_ids "$ref")" ] && [ "$(answer_ids "$run")" = "$(answer_ids "$ref")" ]' \
+        "stage 06 $run on $np GPU(s) generates other tokens than $ref: $(diff <(answer_ids "$ref") <(answer_ids "$run") | head -4)"
+}
+
+loss_lines() { grep -o '"loss": [^,]*' "$tmp/$1/metrics.jsonl" 2>/dev/null; }
+# same_losses <run> <run>: both runs logged losses, and the same ones to the last bit (two runs
+# that logged nothing are no evidence)
+same_losses() { [ -n "$(loss_lines "$1")" ] && cmp -s <(loss_lines "$1") <(loss_lines "$2"); }
+
+# the shape test_stage3/4/5/7.sh train (tiny.json's 2 layers, narrower)
+small=(--config configs/tiny.json --stop_iteration=20 --eval_batches=1 --log_interval=100 --n_embd=64)
+
+# stage 01 is every other stage's reference: its reductions have a fixed order (no atomics), so
+# two runs on the GPU give the same losses to the last bit
+section_1() {
+    args=("${small[@]}")
+    run_single 1 s1_a
+    run_single 1 s1_b
+    check 'same_losses s1_a s1_b' "stage 01 twice on the GPU: other losses"
+}
+
+# stage 02 (test_stage2.sh): precision 32 is stage 01 bit for bit; bf16-mixed within 2% and not
+# identical (the rounding is real); pure bf16 within 5%
+section_2() {
+    args=(--config configs/tiny.json --stop_iteration=40 --eval_batches=1 --log_interval=100)
+    run_single 1 s2_ref
+    local p
+    for p in 32 bf16-mixed bf16; do run_single 2 "s2_$p" --precision=$p; done
+    check 'same_losses s2_ref s2_32' "stage 02 precision 32 is not bit-identical to stage 01"
+    check 'compare_losses "$tmp/s2_ref" "$tmp/s2_bf16-mixed" 40 0.02' "stage 02 bf16-mixed strays more than 2% from fp32"
+    check '[ -n "$(loss_lines s2_bf16-mixed)" ] && ! same_losses s2_ref s2_bf16-mixed' "bf16-mixed gives exactly the fp32 losses: no rounding"
+    check 'compare_losses "$tmp/s2_ref" "$tmp/s2_bf16" 40 0.05' "stage 02 pure bf16 strays more than 5% from fp32"
+}
+
+# stage 03 (test_stage3.sh): DDP flat, accumulated and bucketed; bf16 against stage 02 within 1e-3
+section_3() {
+    args=("${small[@]}")
+    run_single 1 s3_ref
+    run_single 2 s3_bf16ref --precision=bf16-mixed
+    layout 3 s3_np1 1 s3_ref 20 1e-5
+    layout 3 s3_np2 2 s3_ref 20 1e-5
+    layout 3 s3_np4 4 s3_ref 20 1e-5
+    layout 3 s3_np2acc2 2 s3_ref 20 1e-5 --gradient_acc_steps=2
+    layout 3 s3_np4overlap 4 s3_ref 20 1e-5 --overlap_communication=true --bucket_size_mb=0.05
+    layout 3 s3_np2bf16 2 s3_bf16ref 20 1e-3 --precision=bf16-mixed
+}
+
+# stage 04 (test_stage4.sh): FSDP, with prefetch, on 3 ranks (padded shards, batch 12); bf16 1e-3
+section_4() {
+    args=("${small[@]}")
+    run_single 1 s4_ref
+    run_single 1 s4_ref12 --stop_iteration=5 --global_batch_size=12
+    run_single 2 s4_bf16ref --stop_iteration=10 --precision=bf16-mixed
+    layout 4 s4_np1 1 s4_ref 20 1e-5
+    layout 4 s4_np2 2 s4_ref 20 1e-5
+    layout 4 s4_np4 4 s4_ref 20 1e-5
+    layout 4 s4_np2acc2prefetch 2 s4_ref 20 1e-5 --gradient_acc_steps=2 --overlap_communication=true
+    layout 4 s4_np3 3 s4_ref12 5 1e-5 --stop_iteration=5 --global_batch_size=12
+    layout 4 s4_np2bf16 2 s4_bf16ref 10 1e-3 --stop_iteration=10 --precision=bf16-mixed
+}
+
+# stage 05 (test_stage5.sh): every grid (lib.sh's tp_grids, with overlap, accumulation and the
+# gathered loss riding on some); bf16 within 1e-3 of stage 02 on [2,1,2] and, for machines with 2 GPUs, on [1,1,2]
+section_5() {
+    args=("${small[@]}" --n_head=4 --global_batch_size=8)
+    run_single 1 s5_ref
+    run_single 2 s5_bf16ref --precision=bf16-mixed
+    grid() { layout 5 "s5_$1" "$2" s5_ref 20 1e-5 --tp_dimensions="$3" "${@:4}"; } # grid <name> <ranks> <x,y,z> [switches]
+    tp_grids grid
+    layout 5 s5_bf16_112 2 s5_bf16ref 20 1e-3 --tp_dimensions=1,1,2 --precision=bf16-mixed
+    layout 5 s5_bf16_212 4 s5_bf16ref 20 1e-3 --tp_dimensions=2,1,2 --precision=bf16-mixed --overlap_communication=true
+}
+
+# stage 06 (test_stage6.sh): with a model stage 01 trained on real alpaca answers, the KV cache,
+# batch 1, bf16 weights among themselves, a CUDA graph (compile) and tensor-parallel grids generate
+# the tokens of the cached batched run, greedy and sampled
+section_6() {
+    args=(--config configs/tiny.json --n_layer=2 --n_embd=64 --stop_iteration=25 --global_batch_size=8
+          --log_interval=100 --eval_batches=1
+          --data_path="${FIXTURES:-../shared/fixtures}/alpaca/rasbt-LLMs-from-scratch_instruction-data.json")
+    run_single 1 s6_model
+    printf 'Sort the digits.\nHow do I bake a cake?\n\nFind the largest digit.\nCount the letters in this rather long sentence, please.\n' \
+        >"$tmp/s6_prompts.txt"
+    args=(--config configs/inference.json --init_from="$tmp/s6_model" --prompts_path="$tmp/s6_prompts.txt"
+          --tokens_to_generate=24 --show_token_ids=true --max_batch_size=3)
+    local sample=(--temperature=1 --seed=7) grid dims np
+    run_single 6 s6_greedy
+    run_single 6 s6_sampled "${sample[@]}"
+    run_single 6 s6_bf16 "${sample[@]}" --precision=bf16-mixed
+    check '[ "$(answer_ids s6_greedy | wc -l)" -eq 4 ] && [ "$(answer_ids s6_sampled | sort -u | wc -l)" -eq 4 ] &&
+           [ "$(answer_ids s6_bf16 | sort -u | wc -l)" -eq 4 ]' \
+        "stage 06 did not answer the 4 prompts (sampled: 4 different answers): $(tail -2 "$tmp/s6_sampled.log")"
+    generates_like s6_greedy_nocache 1 s6_greedy --kv_cache=false
+    generates_like s6_sampled_nocache 1 s6_sampled "${sample[@]}" --kv_cache=false
+    generates_like s6_sampled_batch1 1 s6_sampled "${sample[@]}" --max_batch_size=1
+    generates_like s6_sampled_graph 1 s6_sampled "${sample[@]}" --compile=true
+    generates_like s6_bf16_nocache 1 s6_bf16 "${sample[@]}" --precision=bf16-mixed --kv_cache=false
+    generates_like s6_bf16_batch1 1 s6_bf16 "${sample[@]}" --precision=bf16-mixed --max_batch_size=1
+    for grid in 2,1,1:2 4,1,1:4 2,2,1:4; do
+        dims=${grid%:*} np=${grid#*:}
+        generates_like "s6_greedy_tp$dims" "$np" s6_greedy --tp_dimensions="$dims"
+        generates_like "s6_sampled_tp$dims" "$np" s6_sampled "${sample[@]}" --tp_dimensions="$dims"
+    done
+}
+
+# stage 07 (test_stage7.sh): pipelines of 1-4 stages (an uneven 3), GPipe and 1F1B, 1 and 4
+# micro-batches, x data 2; recomputation gives the same losses to the last bit; bf16 within 1e-3
+section_7() {
+    args=("${small[@]}")
+    run_single 1 s7_ref2 --n_layer=2
+    run_single 1 s7_ref4 --n_layer=4
+    run_single 2 s7_bf16ref --n_layer=2 --precision=bf16-mixed
+    layout 7 s7_pp1 1 s7_ref2 20 1e-5 --n_layer=2
+    layout 7 s7_pp2_1f1b_m4 2 s7_ref2 20 1e-5 --n_layer=2 --pp_size=2 --num_microbatches=4 --pp_schedule=1f1b
+    layout 7 s7_pp2_gpipe_m4 2 s7_ref2 20 1e-5 --n_layer=2 --pp_size=2 --num_microbatches=4 --pp_schedule=gpipe
+    layout 7 s7_pp2_m1 2 s7_ref2 20 1e-5 --n_layer=2 --pp_size=2 --num_microbatches=1
+    layout 7 s7_pp2_dp2 4 s7_ref2 20 1e-5 --n_layer=2 --pp_size=2 --num_microbatches=2
+    layout 7 s7_pp2_L4 2 s7_ref4 20 1e-5 --n_layer=4 --pp_size=2 --num_microbatches=4
+    layout 7 s7_pp2_recompute 2 s7_ref4 20 1e-5 --n_layer=4 --pp_size=2 --num_microbatches=4 --activation_checkpointing=true &&
+        check 'same_losses s7_pp2_L4 s7_pp2_recompute' "stage 07: recomputation changed the losses"
+    layout 7 s7_pp3_uneven 3 s7_ref4 20 1e-5 --n_layer=4 --pp_size=3 --num_microbatches=4
+    layout 7 s7_pp4_gpipe 4 s7_ref4 20 1e-5 --n_layer=4 --pp_size=4 --num_microbatches=4 --pp_schedule=gpipe
+    layout 7 s7_pp2bf16 2 s7_bf16ref 20 1e-3 --n_layer=2 --pp_size=2 --num_microbatches=4 --precision=bf16-mixed
+}
+
+# stage 08 (test_stage8.sh): without experts it is stage 01 data-parallel; with experts (capacity 1:
+# pairs drop at every step) ep 2, ep 4 and ep 2 x dp 2 give one rank's losses, dropped pairs and
+# rows per expert
+section_8() {
+    args=(--config configs/tiny.json --stop_iteration=20 --eval_batches=0 --log_interval=100 --n_embd=64)
+    run_single 1 s8_dense_ref
+    layout 8 s8_dense1 1 s8_dense_ref 20 1e-5
+    layout 8 s8_dense2 2 s8_dense_ref 20 1e-5
+    args=(--config configs/moe.json --stop_iteration=20 --eval_batches=0 --log_interval=100 --n_embd=64 --capacity_factor=1)
+    run_ranks 8 s8_ep1 1
+    local dropped spec run np ep
+    dropped=$(python3 -c "import json,sys; print(sum(json.loads(l)['dropped'] for l in open(sys.argv[1])))" "$tmp/s8_ep1/metrics.jsonl")
+    check '[ "$dropped" -gt 0 ]' "capacity 1 dropped no pair in 20 steps: the comparison proves nothing about dropping"
+    for spec in ep2:2:2 ep4:4:4 ep2_dp2:4:2; do
+        IFS=: read -r run np ep <<<"$spec"
+        layout 8 "s8_$run" "$np" s8_ep1 20 1e-5 --ep_size="$ep" &&
+            check 'same_routing "$tmp/s8_ep1" "$tmp/s8_$run"' "stage 08 $run drops other pairs or loads the experts otherwise than one rank"
+    done
+}
+
+# phi (test_phi_stages.sh): DDP, FSDP (3 ranks: padded shards), tensor-parallel grids and pipelines
+# against stage 01's phi losses; stage 02 bf16-mixed within 1e-2; stage 06 from stage 01's phi model
+section_phi() {
+    args=(--config configs/tiny_phi.json --stop_iteration=20 --eval_batches=1 --log_interval=100 --n_embd=64)
+    run_single 1 phi_ref
+    run_single 1 phi_ref12 --stop_iteration=5 --global_batch_size=12
+    run_single 2 phi_bf16 --precision=bf16-mixed
+    check 'compare_losses "$tmp/phi_ref" "$tmp/phi_bf16" 20 1e-2' "phi: stage 02 bf16-mixed strays from stage 01"
+    layout 3 phi_ddp2 2 phi_ref 20 1e-5
+    layout 3 phi_ddp4 4 phi_ref 20 1e-5
+    layout 4 phi_fsdp2 2 phi_ref 20 1e-5
+    layout 4 phi_fsdp3 3 phi_ref12 5 1e-5 --stop_iteration=5 --global_batch_size=12
+    layout 5 phi_tp111 1 phi_ref 20 1e-5 --tp_dimensions=1,1,1
+    layout 5 phi_tp211 2 phi_ref 20 1e-5 --tp_dimensions=2,1,1
+    layout 5 phi_tp112 2 phi_ref 20 1e-5 --tp_dimensions=1,1,2
+    layout 5 phi_tp221 4 phi_ref 20 1e-5 --tp_dimensions=2,2,1
+    layout 5 phi_tp211data2 4 phi_ref 20 1e-5 --tp_dimensions=2,1,1
+    layout 7 phi_pp2 2 phi_ref 20 1e-5 --pp_size=2 --num_microbatches=4
+    layout 7 phi_pp2data2 4 phi_ref 20 1e-5 --pp_size=2 --num_microbatches=2 --pp_schedule=gpipe
+    printf 'Sort the digits.\nCount the letters in this rather long sentence, please.\nHi\n' >"$tmp/phi_prompts.txt"
+    args=(--config configs/inference.json --init_from="$tmp/phi_ref" --prompts_path="$tmp/phi_prompts.txt"
+          --tokens_to_generate=16 --show_token_ids=true --max_batch_size=3 --temperature=1 --seed=7)
+    run_single 6 phi_gen
+    check '[ "$(answer_ids phi_gen | wc -l)" -eq 3 ]' "phi: stage 06 did not answer the 3 prompts: $(tail -3 "$tmp/phi_gen.log")"
+    generates_like phi_gen_nocache 1 phi_gen --kv_cache=false
+    generates_like phi_gen_tp211 2 phi_gen --tp_dimensions=2,1,1
+    generates_like phi_gen_tp221 4 phi_gen --tp_dimensions=2,2,1
+}
+
+# The CUDA backend refuses more ranks on a host than it sees GPUs, naming both counts: why the
+# layouts that need more GPUs are skipped rather than squeezed onto fewer
+refuses_more_ranks_than_gpus() {
+    if [ -n "${TEST_GPUS:-}" ]; then
+        echo "not checked: the refusal of more ranks than GPUs (TEST_GPUS=$TEST_GPUS is a pretended count)"
+        return
+    fi
+    local np=$((gpus + 1))
+    args=("${small[@]}" --stop_iteration=1 --global_batch_size=$((8 * np)))
+    timeout 120 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-3" "${args[@]}" --out_dir="$tmp/too_many" \
+        >"$tmp/too_many.log" 2>&1
+    local rc=$?
+    check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "$np ranks run on .* but it has $gpus visible GPU" "$tmp/too_many.log"' \
+        "stage 03 on $np ranks with $gpus GPU(s): exit $rc, want a refusal naming both counts: $(grep -m2 error "$tmp/too_many.log")"
+}
+
+refuses_more_ranks_than_gpus
+for section in "$@"; do
+    start=$SECONDS
+    "section_$section"
+    echo "section $section: $((SECONDS - start)) s"
+done
+if [ ${#skipped[@]} -gt 0 ]; then
+    echo "$name: SKIPPED: ${#skipped[@]} layouts need more GPUs than the $gpus visible (one rank a GPU): ${skipped[*]}"
+fi
+finish "$name"
