@@ -8,9 +8,11 @@
 #   - every stage runs on 1 GPU; a layout on P ranks (one per GPU) runs when P GPUs are visible,
 #     P <= 4. The CUDA backend refuses more ranks on a host than visible GPUs (checked here with one
 #     rank too many), so what does not fit is listed as SKIPPED with the reason, never passed;
+#   - traces (section trace): valid with CUDA-event spans, and stage 03's bucket all-reduces overlap
+#     the backward on the GPU's clock with overlap_communication, not without;
 #   - without a GPU: one SKIPPED line, nothing counted (test_ops_cuda.sh checks the build and the
 #     no-device error there).
-# Usage: tests/test_cuda_stages.sh [section ...]   sections 1 2 3 4 5 6 7 8 phi; default: all
+# Usage: tests/test_cuda_stages.sh [section ...]   sections 1 2 3 4 5 6 7 8 phi trace; default: all
 # A dry run of this script's logic where there is no GPU: the CPU binaries, as if G GPUs were
 # visible (it checks the script, not the CUDA backend):
 #   STAGE_BIN=build/cpu TEST_GPUS=G bash tests/test_cuda_stages.sh
@@ -19,7 +21,7 @@ source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 name=test_cuda_stages
 STAGES="1 2 3 4 5 6 7 8"
-SECTIONS="$STAGES phi"
+SECTIONS="$STAGES phi trace"
 [ $# -gt 0 ] || set -- $SECTIONS
 for section in "$@"; do
     case " $SECTIONS " in
@@ -252,6 +254,30 @@ section_phi() {
     generates_like phi_gen_nocache 1 phi_gen --kv_cache=false
     generates_like phi_gen_tp211 2 phi_gen --tp_dimensions=2,1,1
     generates_like phi_gen_tp221 4 phi_gen --tp_dimensions=2,2,1
+}
+
+# traces on the GPU (test_trace.sh's checks): the spans are CUDA events on the streams, so this is
+# where their nesting, the merged clock and the overlap measured from them are checked
+section_trace() {
+    args=("${small[@]}" --stop_iteration=3 --trace=true --trace_steps=2)
+    run_single 1 t1
+    local out
+    out=$(python3 tools/trace_check.py valid "$tmp/t1/trace.json" 2>&1)
+    check '[ $? -eq 0 ]' "stage 01 on the GPU: trace.json is not a valid timeline: $out"
+    out=$(python3 tools/trace_check.py count "$tmp/t1/trace.json" "block 1 backward")
+    check '[ "$out" = "0:2" ]' "stage 01 on the GPU: 'block 1 backward' per rank is '$out', want 0:2"
+    fits 2 3 "trace overlap" || return
+    run_ranks 3 t_on 2 --overlap_communication=true --bucket_size_mb=0.05
+    run_ranks 3 t_off 2 --overlap_communication=false
+    for run in t_on t_off; do
+        out=$(python3 tools/trace_check.py valid "$tmp/$run/trace.json" 2>&1)
+        check '[ $? -eq 0 ]' "stage 03 $run on 2 GPUs: trace.json is not a valid timeline: $out"
+    done
+    local on off
+    on=$(python3 tools/trace_check.py overlap "$tmp/t_on/trace.json")
+    off=$(python3 tools/trace_check.py overlap "$tmp/t_off/trace.json")
+    check 'awk -v x="$on" "BEGIN { exit !(x > 0) }"' "GPU, overlap on: bucket all-reduces overlap backward compute for $on us, want > 0"
+    check '[ "$off" = "0.000" ]' "GPU, overlap off: the all-reduce overlaps backward compute for $off us, want 0"
 }
 
 # The CUDA backend refuses more ranks on a host than it sees GPUs, naming both counts: why the
