@@ -1192,6 +1192,59 @@ static void test_graph_after_workspace_growth(void) {
     free(got);
 }
 
+// A decode step's few rows (one per sequence) go through a loop that multiplies each weight row by
+// all of them (ops_cpu.c: few_rows_matmul). Its sums must run in the order ops_cpu.c documents,
+// which is the same at any number of rows, so that a sequence decodes to the same bits alone or in
+// a batch: lane j of 16 adds its columns' products in order (f32: the columns c = j mod 16; bf16,
+// in 32-column blocks: the odd column 2j + 1 of each block, then the even one 2j), then the lanes
+// add pairwise (8 + 8, 4 + 4, 2 + 2, 1 + 1), then the bias. With AVX512-BF16 one instruction
+// does the bf16 pairs: this also checks that it rounds as the portable loop does.
+static float few_rows_dot(const float *w, const float *x, int C, int bf16_pairs, float bias) {
+    float lane[16] = {0};
+    if (!bf16_pairs)
+        for (int c = 0; c < C; c++) lane[c % 16] += w[c] * x[c];
+    else
+        for (int block = 0; block < C; block += 32)
+            for (int j = 0; j < 16; j++)
+                for (int c = block + 2 * j + 1; c >= block + 2 * j; c--)  // odd, then even
+                    if (c < C) lane[j] += w[c] * x[c];
+    for (int width = 8; width > 0; width /= 2)
+        for (int i = 0; i < width; i++) lane[i] += lane[i + width];
+    return lane[0] + bias;
+}
+
+static void test_few_rows_matmul(int N, int C, int OC, int bf16_weights) {
+    size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
+    double *inp = rand_array(nin, -1, 1), *weight = rand_array(nw, -1, 1), *bias = rand_array(OC, -1, 1);
+    MatmulShape s = {N, C, OC, 1};
+    float *d_b = upload(bias, OC), *d_out = dev_malloc(nout * sizeof(float));
+    if (bf16_weights) {  // upload_bf16 rounds inp and weight to their bf16 values
+        bf16 *d_inp16 = upload_bf16(inp, nin), *d_w16 = upload_bf16(weight, nw);
+        matmul_forward_bf16(d_out, d_inp16, d_w16, d_b, N, C, OC);
+        dev_free(d_inp16), dev_free(d_w16);
+    } else {
+        float *d_inp = upload(inp, nin), *d_w = upload(weight, nw);
+        matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC);
+        dev_free(d_inp), dev_free(d_w);
+    }
+    double *want = malloc_or_die(nout * sizeof(double)), *in[3] = {inp, weight, bias};
+    ref_matmul(want, in, &s);
+    double *got = download(d_out, nout);
+    char what[128];
+    snprintf(what, sizeof what, "few-rows matmul %s N=%d C=%d OC=%d", bf16_weights ? "bf16" : "f32", N, C, OC);
+    check_array(what, got, want, nout, 1e-5, 1e-5 * C);
+    float *w = malloc_or_die((size_t)C * sizeof(float)), *x = malloc_or_die((size_t)C * sizeof(float));
+    size_t differ = 0;
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            for (int c = 0; c < C; c++) w[c] = (float)weight[(size_t)o * C + c], x[c] = (float)inp[(size_t)n * C + c];
+            differ += got[(size_t)n * OC + o] != few_rows_dot(w, x, C, bf16_weights, (float)bias[o]);
+        }
+    CHECK(differ == 0, "%s: %zu of %zu outputs are not the bits of the documented order", what, differ, nout);
+    dev_free(d_b), dev_free(d_out);
+    free(inp), free(weight), free(bias), free(want), free(got), free(w), free(x);
+}
+
 int main(void) {
     ops_init();
     printf("test_ops: backend %s, matmuls by %s\n", ops_backend_name(), ops_matmul_engine());
@@ -1208,6 +1261,16 @@ int main(void) {
     test_matmul_bf16(5, 7, 9);
     test_matmul_bf16(67, 96, 81);
     test_matmul_bf16(1, 771, 40);
+    // the few-rows path: 8 rows a pass, then 4, 2, 1 (13 = 8 + 4 + 1); columns past a multiple of
+    // 16 (771); 16 rows, its largest batch, and 17, oneDNN's again
+    for (int bf = 0; bf <= 1; bf++) {
+        test_few_rows_matmul(1, 771, 41, bf);  // one row: one weight row at a time
+        test_few_rows_matmul(8, 96, 37, bf);
+        test_few_rows_matmul(13, 771, 40, bf);
+        test_few_rows_matmul(16, 64, 50, bf);
+        test_few_rows_matmul(3, 5, 7, bf);
+    }
+    test_matmul(17, 96, 40, 1, 0);
     printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_bf16());
     test_peak_flops();
     test_layernorm();
