@@ -470,12 +470,27 @@ KERNEL_FN void attention_key_backward(float *dqkv, const float *dpre, const floa
 // for the scores and value columns i = lane, lane + nlanes, ... for the output; between the steps
 // the caller combines the partials (max, then sum) and makes the scores visible to every lane.
 
+// The steps are built from two pieces that take one cache row: the CPU calls them in its own order
+// (each cache row's heads together, so that it reads the cache front to back).
+// one score: query q against one cached key row k (hs values each), times scale
+KERNEL_FN float attention_cached_score(const float *q, const float *k, float scale, int hs) {
+    return dot_product(q, k, hs) * scale;
+}
+
+// one cached value row v (hs values), weighted by p, added into out for this lane's columns
+KERNEL_FN void attention_cached_add_value(float *out, float p, const float *v, int hs, int lane,
+                                          int nlanes) {
+    for (int i = lane; i < hs; i += nlanes) out[i] += p * v[i];
+}
+
+KERNEL_FN float attention_scale(int hs) { return 1.0f / sqrtf((float)hs); }
+
 // step 1: scores[t2] = q . k[t2] * scale for this lane's keys; returns this lane's max
 KERNEL_FN float attention_cached_scores(float *scores, const float *q, const float *k_cache,
                                         int npos, int hs, int C, int lane, int nlanes) {
-    float scale = 1.0f / sqrtf((float)hs), max = -INFINITY;
+    float scale = attention_scale(hs), max = -INFINITY;
     for (int t2 = lane; t2 < npos; t2 += nlanes) {
-        scores[t2] = dot_product(q, k_cache + (size_t)t2 * C, hs) * scale;
+        scores[t2] = attention_cached_score(q, k_cache + (size_t)t2 * C, scale, hs);
         max = fmaxf(max, scores[t2]);
     }
     return max;
@@ -501,11 +516,8 @@ KERNEL_FN void attention_cached_values(float *out, const float *scores, float in
                                        const float *v_cache, int npos, int hs, int C, int lane,
                                        int nlanes) {
     for (int i = lane; i < hs; i += nlanes) out[i] = 0.0f;
-    for (int t2 = 0; t2 < npos; t2++) {
-        float p = scores[t2];
-        const float *v = v_cache + (size_t)t2 * C;
-        for (int i = lane; i < hs; i += nlanes) out[i] += p * v[i];
-    }
+    for (int t2 = 0; t2 < npos; t2++)
+        attention_cached_add_value(out, scores[t2], v_cache + (size_t)t2 * C, hs, lane, nlanes);
     for (int i = lane; i < hs; i += nlanes) out[i] *= inv_sum;
 }
 

@@ -990,6 +990,50 @@ static void test_kv_cache(void) {
     free(got), free(wte), free(wpe), free(want_enc), free(got_enc);
 }
 
+// The CPU's cached attention reads each cache row's heads together (the cache front to back), one
+// task per new row and group of heads: the same bits as kernels.h's three steps run head by head
+// (the order the CUDA kernel sums in). Batch 1 splits the heads between the threads; 20 heads are
+// more than one task holds (16).
+static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
+    int C = NH * hs, maxT = 11, start[3] = {3, 0, 7};
+    size_t nqkv = (size_t)B * T * 3 * C, ncache = (size_t)B * maxT * C, nout = (size_t)B * T * C;
+    float *qkv = malloc_or_die(nqkv * sizeof(float)), *k = malloc_or_die(ncache * sizeof(float));
+    float *v = malloc_or_die(ncache * sizeof(float)), *want = malloc_or_die(nout * sizeof(float));
+    float *s = malloc_or_die((size_t)maxT * sizeof(float));
+    for (size_t i = 0; i < nqkv; i++) qkv[i] = (float)(4 * urand() - 2);
+    for (size_t i = 0; i < ncache; i++) k[i] = (float)(4 * urand() - 2), v[i] = (float)(4 * urand() - 2);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                int npos = start[b] + t + 1;
+                const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                const float *kb = k + (size_t)b * maxT * C + h * hs, *vb = v + (size_t)b * maxT * C + h * hs;
+                float max = attention_cached_scores(s, q, kb, npos, hs, C, 0, 1);
+                float sum = attention_cached_exp(s, max, npos, 0, 1);
+                attention_cached_values(want + ((size_t)b * T + t) * C + h * hs, s, 1.0f / sum, vb, npos, hs, C, 0, 1);
+            }
+    float *d_qkv = dev_malloc(nqkv * sizeof(float)), *d_k = dev_malloc(ncache * sizeof(float));
+    float *d_v = dev_malloc(ncache * sizeof(float)), *d_out = dev_malloc(nout * sizeof(float));
+    float *d_scores = dev_malloc((size_t)B * NH * T * maxT * sizeof(float));
+    int *d_start = dev_malloc(sizeof start);
+    copy_to_device(d_qkv, qkv, nqkv * sizeof(float));
+    copy_to_device(d_k, k, ncache * sizeof(float));
+    copy_to_device(d_v, v, ncache * sizeof(float));
+    copy_to_device(d_start, start, sizeof start);
+    int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, B, T, C, NH, maxT);
+    omp_set_num_threads(before);
+    float *got = malloc_or_die(nout * sizeof(float));
+    copy_to_host(got, d_out, nout * sizeof(float));
+    size_t differ = 0;
+    for (size_t i = 0; i < nout; i++) differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    CHECK(differ == 0, "attention_cached_forward B=%d T=%d NH=%d on %d threads: %zu of %zu outputs "
+          "differ from the per-head steps' bits", B, T, NH, threads, differ, nout);
+    dev_free(d_qkv), dev_free(d_k), dev_free(d_v), dev_free(d_out), dev_free(d_scores), dev_free(d_start);
+    free(qkv), free(k), free(v), free(want), free(s), free(got);
+}
+
 // ----------------------------------------------------------------------------------------------
 // ---- ops on rows or a vocabulary split into shards
 // The shard ops run on two shards of a row (or of the vocabulary); the host adds their partial
@@ -1282,6 +1326,9 @@ int main(void) {
     test_init_normal();
     test_reductions_and_elementwise();
     test_kv_cache();
+    test_kv_attention_order(1, 1, 12, 8, 2);   // batch 1: the heads in 2 groups of 6
+    test_kv_attention_order(3, 2, 20, 4, 2);   // 6 rows, 20 heads: 2 groups of 10
+    test_kv_attention_order(3, 1, 5, 16, 4);   // 4 threads, 3 rows: 2 groups of 3 and 2 heads
     test_embedding_shards();
     test_layernorm_shards();
     test_cross_entropy_shards();
