@@ -1,5 +1,6 @@
 // ops_cpu.c: the CPU backend of ops.h. Matmuls go to oneDNN (several times faster than
-// hand-written loops, and most of a training step is matmul); every other op is an OpenMP loop
+// hand-written loops, and most of a training step is matmul), but for the few rows of a decode
+// step (up to 16: few_rows_matmul, vector loops); every other op is an OpenMP loop
 // over rows or elements that calls the math in kernels.h, the same functions the CUDA backend
 // calls. "Device memory" is ordinary host memory here, so the copies are memcpy.
 //
