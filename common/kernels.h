@@ -512,12 +512,24 @@ KERNEL_FN void attention_key_backward(float *dqkv, const float *dpre, const floa
 // Nothing of size T x T survives the forward: softmax over blocks is done online (below), and
 // the forward keeps each row's log-sum-exp, from which backward recomputes any probability.
 
+// The steps are built from two pieces that take one key or value row, which the CPU's decode
+// also calls in its own order (each cache row's heads together, reading the cache front to back).
+// one score: query q against one key row k (hs values each), times scale
+KERNEL_FN float attention_score(const float *q, const float *k, float scale, int hs) {
+    return dot_product(q, k, hs) * scale;
+}
+
+// one row r (hs values), weighted by w, added into out for this lane's columns
+KERNEL_FN void attention_add_row(float *out, float w, const float *r, int hs, int lane, int nlanes) {
+    for (int i = lane; i < hs; i += nlanes) out[i] += w * r[i];
+}
+
 // step 1: scores[j] = q . k[j] * scale for this lane's keys; returns this lane's max
 KERNEL_FN float attention_scores(float *scores, const float *q, const float *keys, int stride, int nkeys,
                                  int hs, int lane, int nlanes) {
     float scale = attention_scale(hs), max = -INFINITY;
     for (int j = lane; j < nkeys; j += nlanes) {
-        scores[j] = dot_product(q, keys + (size_t)j * stride, hs) * scale;
+        scores[j] = attention_score(q, keys + (size_t)j * stride, scale, hs);
         max = fmaxf(max, scores[j]);
     }
     return max;
@@ -542,11 +554,7 @@ KERNEL_FN float attention_exp(float *scores, float max, int nkeys, int lane, int
 // decode step). Each out[i] adds the same terms in the same order either way: the same bits.
 KERNEL_FN void attention_add_rows(float *out, const float *weights, const float *rows, int stride,
                                   int nrows, int hs, int lane, int nlanes) {
-    for (int j = 0; j < nrows; j++) {
-        float w = weights[j];
-        const float *r = rows + (size_t)j * stride;
-        for (int i = lane; i < hs; i += nlanes) out[i] += w * r[i];
-    }
+    for (int j = 0; j < nrows; j++) attention_add_row(out, weights[j], rows + (size_t)j * stride, hs, lane, nlanes);
 }
 
 // step 3 with every key in one block (the KV cache): out[i] = sum over j of p[j] v[j][i] / sum.

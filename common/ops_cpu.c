@@ -1,5 +1,6 @@
 // ops_cpu.c: the CPU backend of ops.h. Matmuls go to oneDNN (several times faster than
-// hand-written loops, and most of a training step is matmul); every other op is an OpenMP loop
+// hand-written loops, and most of a training step is matmul), but for the few rows of a decode
+// step (up to 16: few_rows_matmul, vector loops); every other op is an OpenMP loop
 // over rows or elements that calls the math in kernels.h, the same functions the CUDA backend
 // calls. "Device memory" is ordinary host memory here, so the copies are memcpy.
 //
@@ -17,6 +18,9 @@
 #include <string.h>
 
 #include <oneapi/dnnl/dnnl.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>  // _mm512_dpbf16_ps: few_rows_matmul's bf16 dot products
+#endif
 
 #include "kernels.h"
 #include "log.h"
@@ -451,44 +455,191 @@ static void column_block(int ncols, int *c0, int *c1) {
     if (*c1 > ncols) *c1 = ncols;
 }
 
-// One row (decoding one sequence) reads every weight once for 2 FLOPs per weight, so its speed is
-// the memory's. oneDNN's matmul streams the weights at ~60% of the read ceiling with one row on
-// Zen 5; a dot product per output reads them at ~90% (make bench: stage-6 gpt2-124M B=1). With
-// more rows oneDNN's blocking wins, and the weights are no longer the whole cost.
-// dot_f32 and dot_bf16 are the two element types' dot products of a weight row with the input.
-typedef float (*RowDot)(const void *w, const void *x, int C);
+// A decode step multiplies a few rows (one per sequence) by every weight matrix: 2 FLOPs per
+// weight and row. At batch 1 the step's speed is the memory's, reading the weights; at batch 8 (16
+// FLOPs per weight) the arithmetic takes about as long (on the 2-core Zen 5 this was measured on:
+// ~36 GB/s; these loops do ~80 GFLOP/s a core in f32). oneDNN's matmul keeps neither busy while the other works: one row
+// streamed the weights at ~60% of the read ceiling, and eight cost 2.5 to 3 times one (GPT-2
+// 124M decode: 35-39 ms a step against 13-16). Here each thread walks its share of the weight rows
+// once, in order, two at a time, multiplying them by all the input rows (which stay in L1 or L2)
+// while a prefetch brings the next two into L2; past FEW_ROWS_MAX input rows oneDNN's blocking
+// wins.
+//
+// Each output is one dot product summed in the same order at any number of rows, so a sequence
+// decodes to the same bits alone or in a batch: lane j of a 16-float vector adds its columns'
+// products in order (f32: the columns c = j mod 16; bf16, in 32-column blocks: the odd column 2j+1
+// of each block, then the even one 2j), then the lanes add pairwise (8 + 8, 4 + 4, 2 + 2, 1 + 1).
+// The vectors are GCC's vector extensions (also in clang): one AVX-512 register here, two AVX or
+// four NEON registers elsewhere.
+#define FEW_ROWS_MAX 16  // input rows; at 16 (2-core Zen 5) f32 is about even with oneDNN, bf16 1.6x faster
+#define ROWS_PER_PASS 8  // input rows per pass over two weight rows: 16 accumulators in registers
+#define LANES 16
+typedef float Floats __attribute__((vector_size(LANES * sizeof(float))));
+typedef uint32_t Uints __attribute__((vector_size(LANES * sizeof(uint32_t))));  // 2 bf16 each
+// Vectors are read through `volatile` pointers with the rows' own alignment. volatile makes each
+// load happen once, where the source reads it: otherwise GCC (tuned for Zen) folds the loads into
+// the multiplies and repeats them there, two loads a multiply-add, and the loads set the pace (4
+// rows: 42 GFLOP/s against 70).
+typedef float FloatsInMemory __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
+typedef uint32_t UintsInMemory __attribute__((vector_size(LANES * sizeof(uint32_t)), aligned(2)));
+#define LOAD(type, p) (*(const volatile type##InMemory *)(p))
+#if defined(__AVX512BF16__)
+#define BF16_ROWS_WIDENED 0  // the CPU multiplies bf16 pairs itself (bf16_step)
+#else
+#define BF16_ROWS_WIDENED 1  // the input rows are widened to floats once a matmul
+#endif
 
-static float dot_f32(const void *w_row, const void *x_row, int C) {
-    const float *w = w_row, *x = x_row;
-    float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int c = 0; c < C; c++) sum += w[c] * x[c];
-    return sum;
+// *v = the `bytes` at p, zeros after them: a row's last columns, fewer than a vector
+static void load_tail(void *v, const void *p, size_t bytes) {
+    unsigned char b[LANES * sizeof(float)] = {0};
+    memcpy(b, p, bytes);
+    memcpy(v, b, sizeof b);
 }
 
-// bf16: half the bytes, so twice the rows a second. Products of two bf16 values are exact in
-// f32, and the sum accumulates in f32, as the matmul's does.
-static float dot_bf16(const void *w_row, const void *x_row, int C) {
-    const bf16 *w = w_row, *x = x_row;
-    float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int c = 0; c < C; c++) sum += bf16_to_float(w[c]) * bf16_to_float(x[c]);
-    return sum;
+// Vectors go by pointer: a 64-byte vector passed by value has no agreed ABI without AVX-512.
+static inline float sum_lanes(const Floats *v) {
+    float s[LANES];
+    memcpy(s, v, sizeof s);
+    for (int i = 0; i < 8; i++) s[i] += s[i + 8];
+    for (int i = 0; i < 4; i++) s[i] += s[i + 4];
+    for (int i = 0; i < 2; i++) s[i] += s[i + 2];
+    return s[0] + s[1];
 }
 
-static void matvec(float *out, const void *inp, const void *weight, size_t elem_bytes, RowDot dot,
-                   const float *bias, int C, int OC) {
+// f32, columns [c, c + count), count <= LANES: acc0[n] += w0's columns * x row n's, and acc1[n]
+// with w1's, for the n < rows input rows. Each input vector loaded serves two weight rows (with
+// one, a load per multiply-add would set the pace).
+static inline __attribute__((always_inline)) void f32_step(Floats *acc0, Floats *acc1, const float *w0,
+                                                         const float *w1, const float *x, size_t x_row,
+                                                         int c, int count, int rows) {
+    Floats v0, v1, xv;
+    if (count == LANES) v0 = LOAD(Floats, w0 + c), v1 = LOAD(Floats, w1 + c);
+    else load_tail(&v0, w0 + c, count * sizeof(float)), load_tail(&v1, w1 + c, count * sizeof(float));
+    for (int n = 0; n < rows; n++) {
+        const float *xn = x + n * x_row + c;
+        if (count == LANES) xv = LOAD(Floats, xn);
+        else load_tail(&xv, xn, count * sizeof(float));
+        acc0[n] += v0 * xv;
+        acc1[n] += v1 * xv;
+    }
+}
+
+// bf16, columns [c, c + count), count <= 2 * LANES: as f32_step. Each 32-bit word holds two bf16
+// numbers, an even column in its low half and the odd one after it in its high half; a bf16 number
+// is the top half of a float's bits. The products of two bf16 numbers are exact in f32.
+static inline __attribute__((always_inline)) void bf16_step(Floats *acc0, Floats *acc1, const bf16 *w0,
+                                                          const bf16 *w1, const void *x, size_t x_row,
+                                                          int c, int count, int rows) {
+    Uints u0, u1;
+    if (count == 2 * LANES) u0 = LOAD(Uints, w0 + c), u1 = LOAD(Uints, w1 + c);
+    else load_tail(&u0, w0 + c, count * sizeof(bf16)), load_tail(&u1, w1 + c, count * sizeof(bf16));
+#if defined(__AVX512BF16__)
+    // One AVX512-BF16 instruction per row and weight row: the odd columns' product then the even
+    // ones', each rounded as below (test_ops checks the bits), but subnormal numbers count as 0.
+    // x: the bf16 rows as they are.
+    for (int n = 0; n < rows; n++) {
+        const bf16 *xn = (const bf16 *)x + n * x_row + c;
+        Uints ux;
+        if (count == 2 * LANES) ux = LOAD(Uints, xn);
+        else load_tail(&ux, xn, count * sizeof(bf16));
+        acc0[n] = (Floats)_mm512_dpbf16_ps((__m512)acc0[n], (__m512bh)u0, (__m512bh)ux);
+        acc1[n] = (Floats)_mm512_dpbf16_ps((__m512)acc1[n], (__m512bh)u1, (__m512bh)ux);
+    }
+#else
+    // x: floats in 32-column blocks, each block's 16 even columns then its 16 odd ones, padded with
+    // zeros to whole blocks (bf16_rows_for_few_rows)
+    Floats even0 = (Floats)(u0 << 16), odd0 = (Floats)(u0 & 0xFFFF0000u);
+    Floats even1 = (Floats)(u1 << 16), odd1 = (Floats)(u1 & 0xFFFF0000u);
+    for (int n = 0; n < rows; n++) {
+        const float *xn = (const float *)x + n * x_row + c;
+        Floats x_even = LOAD(Floats, xn), x_odd = LOAD(Floats, xn + LANES);
+        acc0[n] += odd0 * x_odd;
+        acc1[n] += odd1 * x_odd;
+        acc0[n] += even0 * x_even;
+        acc1[n] += even1 * x_even;
+    }
+#endif
+}
+
+// out[n * OC] = w0 . x row n + bias0 and out[n * OC + next] = w1 . x row n + bias1 for the
+// n < rows input rows (x_row elements apart). Inlined with rows and is_bf16 constants: the
+// accumulators are registers. The prefetch asks for the next two weight rows, column for column,
+// into L2: on its own the hardware keeps too few reads in flight while the arithmetic runs (f32,
+// 8 rows, one core: 80 ms a step without it, 35 with; oneDNN 51). One input row reads the weights
+// fastest without it.
+static inline __attribute__((always_inline)) void dot_rows(float *out, int OC, int next, const void *x,
+                                                         size_t x_row, const void *w0, const void *w1,
+                                                         float bias0, float bias1, int is_bf16,
+                                                         int rows, int C, int prefetch) {
+    Floats acc0[ROWS_PER_PASS] = {0}, acc1[ROWS_PER_PASS] = {0};
+    size_t elem = is_bf16 ? sizeof(bf16) : sizeof(float), row_bytes = (size_t)C * elem;
+    int step = is_bf16 ? 2 * LANES : LANES, c = 0;
+    for (; c + step <= C; c += step) {
+        if (prefetch) {
+            __builtin_prefetch((const char *)w0 + c * elem + 2 * row_bytes, 0, 2);
+            __builtin_prefetch((const char *)w1 + c * elem + 2 * row_bytes, 0, 2);
+        }
+        if (is_bf16) bf16_step(acc0, acc1, w0, w1, x, x_row, c, step, rows);
+        else f32_step(acc0, acc1, w0, w1, x, x_row, c, step, rows);
+    }
+    if (c < C) {
+        if (is_bf16) bf16_step(acc0, acc1, w0, w1, x, x_row, c, C - c, rows);
+        else f32_step(acc0, acc1, w0, w1, x, x_row, c, C - c, rows);
+    }
+    for (int n = 0; n < rows; n++) {
+        out[(size_t)n * OC] = sum_lanes(&acc0[n]) + bias0;
+        out[(size_t)n * OC + next] = sum_lanes(&acc1[n]) + bias1;
+    }
+}
+
+// two weight rows times the N input rows, 8, 4, 2 or 1 at a time: a copy of the loop for each
+static void weight_rows_times_rows(float *out, int OC, int next, const void *x, size_t x_row,
+                                   const void *w0, const void *w1, float bias0, float bias1,
+                                   int is_bf16, int N, int C) {
+    size_t x_elem = is_bf16 && !BF16_ROWS_WIDENED ? sizeof(bf16) : sizeof(float);
+    for (int n = 0; n < N;) {
+        int rows = N - n >= 8 ? 8 : N - n >= 4 ? 4 : N - n >= 2 ? 2 : 1;
+        float *o = out + (size_t)n * OC;
+        const void *xn = (const char *)x + n * x_row * x_elem;
+#define DOT_ROWS(bf, r) dot_rows(o, OC, next, xn, x_row, w0, w1, bias0, bias1, bf, r, C, N > 1)
+        if (is_bf16) {
+            if (rows == 8) DOT_ROWS(1, 8);
+            else if (rows == 4) DOT_ROWS(1, 4);
+            else if (rows == 2) DOT_ROWS(1, 2);
+            else DOT_ROWS(1, 1);
+        } else {
+            if (rows == 8) DOT_ROWS(0, 8);
+            else if (rows == 4) DOT_ROWS(0, 4);
+            else if (rows == 2) DOT_ROWS(0, 2);
+            else DOT_ROWS(0, 1);
+        }
+#undef DOT_ROWS
+        n += rows;
+    }
+}
+
+// out (N, OC) = x (N, C) @ weight (OC, C)^T + bias for N <= FEW_ROWS_MAX; f32 weights with f32 x
+// rows, or bf16 weights with x rows from bf16_rows_for_few_rows; x_row: elements from one x row
+// to the next. Outputs go in pairs; an odd last one pairs with itself (computed twice, the same
+// bits). One input row goes one weight row at a time, paired with itself: one stream, which the
+// hardware follows best (the second dot product is free next to reading the row).
+static void few_rows_matmul(float *out, const void *x, size_t x_row, const void *weight, int is_bf16,
+                            const float *bias, int N, int C, int OC) {
+    size_t row_bytes = (size_t)C * (is_bf16 ? sizeof(bf16) : sizeof(float));
+    int pair = N > 1;
 #pragma omp parallel for schedule(static)
-    for (int o = 0; o < OC; o++) {
-        float sum = dot((const char *)weight + (size_t)o * C * elem_bytes, inp, C);
-        out[o] = bias ? sum + bias[o] : sum;
+    for (int o = 0; o < OC; o += 1 + pair) {
+        int next = pair && o + 1 < OC;
+        const char *w0 = (const char *)weight + o * row_bytes;
+        weight_rows_times_rows(out + o, OC, next, x, x_row, w0, w0 + next * row_bytes,
+                               bias ? bias[o] : 0.0f, bias ? bias[o + next] : 0.0f, is_bf16, N, C);
     }
 }
 
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                     int C, int OC) {
-    if (N == 1) {
-        matvec(out, inp, weight, sizeof(float), dot_f32, bias, C, OC);
+    if (N <= FEW_ROWS_MAX) {
+        few_rows_matmul(out, inp, C, weight, 0, bias, N, C, OC);
         return;
     }
     matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 0), inp, weight, bias, out);
@@ -569,10 +720,41 @@ static const float *widened(const bf16 *x, size_t n, int which) {
     return scratch[which];
 }
 
+// The bf16 input rows as few_rows_matmul reads them; *x_row: elements from one row to the next.
+// With AVX512-BF16 the rows as they are; else widened to floats (exactly) in 32-column blocks, each
+// block's 16 even columns then its 16 odd ones, padded with zeros to whole blocks.
+static const void *bf16_rows_for_few_rows(const bf16 *x, int N, int C, size_t *x_row) {
+    if (!BF16_ROWS_WIDENED) {
+        *x_row = (size_t)C;
+        return x;
+    }
+    static float *scratch;
+    static size_t capacity;
+    int blocks = (C + 2 * LANES - 1) / (2 * LANES);
+    size_t row = (size_t)blocks * 2 * LANES;
+    if ((size_t)N * row > capacity) {
+        free(scratch);
+        capacity = (size_t)N * row;
+        scratch = malloc_or_die(capacity * sizeof(float));
+    }
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < blocks; k++) {
+            float *block = scratch + n * row + k * 2 * LANES;
+            for (int i = 0; i < 2 * LANES; i++) {  // i < LANES: column 2i of the block; else 2(i - LANES) + 1
+                int c = k * 2 * LANES + (i < LANES ? 2 * i : 2 * (i - LANES) + 1);
+                block[i] = c < C ? bf16_to_float(x[(size_t)n * C + c]) : 0.0f;
+            }
+        }
+    *x_row = row;
+    return scratch;
+}
+
 void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias, int N,
                          int C, int OC) {
-    if (N == 1 && g_half == HALF_BF16) {
-        matvec(out, inp, weight, sizeof(bf16), dot_bf16, bias, C, OC);
+    if (N <= FEW_ROWS_MAX && g_half == HALF_BF16) {
+        size_t x_row;
+        const void *x = bf16_rows_for_few_rows(inp, N, C, &x_row);
+        few_rows_matmul(out, x, x_row, weight, 1, bias, N, C, OC);
         return;
     }
     if (widen_half()) {
@@ -887,24 +1069,49 @@ void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int 
         }
 }
 
+// One task per new row and group of heads. A task reads its sequence's cache rows front to back,
+// each row's heads in turn (a group's columns of a row are contiguous), so the cache streams from
+// memory as the weights do. A task per head would read every row in hs-column pieces C columns
+// apart, which the hardware prefetchers do not follow (batch 8 at 265 positions, one core: 9 GB/s
+// that way). Heads split into groups only to give every thread a task (batch 1, 2 threads: 2).
+// Every score, sum and output adds the same terms in the same order as kernels.h's per-head
+// steps: the same bits.
+#define TASK_HEADS_MAX 16  // heads per task: the sums it keeps between its passes
+
 void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_cache,
                               const float *v_cache, const int *start, int B, int T, int C, int NH,
                               int maxT) {
-    int hs = C / NH;
-    // one task per (sequence, head, new row); one thread owns the row (lane 0 of 1)
-#pragma omp parallel for schedule(static) collapse(2)
-    for (int bh = 0; bh < B * NH; bh++) {
-        for (int t = 0; t < T; t++) {
-            int b = bh / NH, h = bh % NH, npos = start[b] + t + 1;
-            const float *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
-            const float *k = k_cache + (size_t)b * maxT * C + (size_t)h * hs;
-            const float *v = v_cache + (size_t)b * maxT * C + (size_t)h * hs;
-            float *s = scores + ((size_t)bh * T + t) * maxT;
-            float max = attention_scores(s, q, k, C, npos, hs, 0, 1);
-            float sum = attention_exp(s, max, npos, 0, 1);
-            attention_cached_values(out + ((size_t)b * T + t) * C + (size_t)h * hs, s, 1.0f / sum, v,
-                                    npos, hs, C, 0, 1);
+    int hs = C / NH, rows = B * T, threads = omp_get_max_threads();
+    int groups = (threads + rows - 1) / rows, fewest = (NH + TASK_HEADS_MAX - 1) / TASK_HEADS_MAX;
+    if (groups < fewest) groups = fewest;
+    if (groups > NH) groups = NH;
+    int per_group = (NH + groups - 1) / groups;
+    groups = (NH + per_group - 1) / per_group;  // none empty
+    float scale = attention_scale(hs);
+    size_t head_scores = (size_t)T * maxT;  // scores (B, NH, T, maxT): one head's rows apart
+#pragma omp parallel for schedule(dynamic)  // sequences of different lengths: tasks of different sizes
+    for (int task = 0; task < rows * groups; task++) {
+        int bt = task / groups, b = bt / T, t = bt % T, npos = start[b] + t + 1;
+        int h0 = task % groups * per_group, nh = NH - h0 < per_group ? NH - h0 : per_group;
+        size_t cols = (size_t)h0 * hs;  // the group's first column
+        const float *q = qkv + (size_t)bt * 3 * C + cols;
+        const float *k = k_cache + (size_t)b * maxT * C + cols, *v = v_cache + (size_t)b * maxT * C + cols;
+        float *o = out + (size_t)bt * C + cols, *s = scores + ((size_t)b * NH + h0) * head_scores + (size_t)t * maxT;
+        float inv_sum[TASK_HEADS_MAX];
+        for (int t2 = 0; t2 < npos; t2++)
+            for (int j = 0; j < nh; j++)
+                s[j * head_scores + t2] = attention_score(q + j * hs, k + (size_t)t2 * C + j * hs, scale, hs);
+        for (int j = 0; j < nh; j++) {
+            float *sj = s + j * head_scores, max = -INFINITY;
+            for (int t2 = 0; t2 < npos; t2++) max = fmaxf(max, sj[t2]);
+            inv_sum[j] = 1.0f / attention_exp(sj, max, npos, 0, 1);
         }
+        for (int i = 0; i < nh * hs; i++) o[i] = 0.0f;
+        for (int t2 = 0; t2 < npos; t2++)
+            for (int j = 0; j < nh; j++)
+                attention_add_row(o + j * hs, s[j * head_scores + t2], v + (size_t)t2 * C + j * hs, hs, 0, 1);
+        for (int j = 0; j < nh; j++)
+            for (int i = 0; i < hs; i++) o[j * hs + i] *= inv_sum[j];
     }
 }
 

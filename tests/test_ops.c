@@ -1191,6 +1191,50 @@ static void test_kv_cache(void) {
     free(got), free(wte), free(wpe), free(want_enc), free(got_enc);
 }
 
+// The CPU's cached attention reads each cache row's heads together (the cache front to back), one
+// task per new row and group of heads: the same bits as kernels.h's three steps run head by head
+// (the order the CUDA kernel sums in). Batch 1 splits the heads between the threads; 20 heads are
+// more than one task holds (16).
+static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
+    int C = NH * hs, maxT = 11, start[3] = {3, 0, 7};
+    size_t nqkv = (size_t)B * T * 3 * C, ncache = (size_t)B * maxT * C, nout = (size_t)B * T * C;
+    float *qkv = malloc_or_die(nqkv * sizeof(float)), *k = malloc_or_die(ncache * sizeof(float));
+    float *v = malloc_or_die(ncache * sizeof(float)), *want = malloc_or_die(nout * sizeof(float));
+    float *s = malloc_or_die((size_t)maxT * sizeof(float));
+    for (size_t i = 0; i < nqkv; i++) qkv[i] = (float)(4 * urand() - 2);
+    for (size_t i = 0; i < ncache; i++) k[i] = (float)(4 * urand() - 2), v[i] = (float)(4 * urand() - 2);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                int npos = start[b] + t + 1;
+                const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                const float *kb = k + (size_t)b * maxT * C + h * hs, *vb = v + (size_t)b * maxT * C + h * hs;
+                float max = attention_scores(s, q, kb, C, npos, hs, 0, 1);
+                float sum = attention_exp(s, max, npos, 0, 1);
+                attention_cached_values(want + ((size_t)b * T + t) * C + h * hs, s, 1.0f / sum, vb, npos, hs, C, 0, 1);
+            }
+    float *d_qkv = dev_malloc(nqkv * sizeof(float)), *d_k = dev_malloc(ncache * sizeof(float));
+    float *d_v = dev_malloc(ncache * sizeof(float)), *d_out = dev_malloc(nout * sizeof(float));
+    float *d_scores = dev_malloc((size_t)B * NH * T * maxT * sizeof(float));
+    int *d_start = dev_malloc(sizeof start);
+    copy_to_device(d_qkv, qkv, nqkv * sizeof(float));
+    copy_to_device(d_k, k, ncache * sizeof(float));
+    copy_to_device(d_v, v, ncache * sizeof(float));
+    copy_to_device(d_start, start, sizeof start);
+    int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, B, T, C, NH, maxT);
+    omp_set_num_threads(before);
+    float *got = malloc_or_die(nout * sizeof(float));
+    copy_to_host(got, d_out, nout * sizeof(float));
+    size_t differ = 0;
+    for (size_t i = 0; i < nout; i++) differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    CHECK(differ == 0, "attention_cached_forward B=%d T=%d NH=%d on %d threads: %zu of %zu outputs "
+          "differ from the per-head steps' bits", B, T, NH, threads, differ, nout);
+    dev_free(d_qkv), dev_free(d_k), dev_free(d_v), dev_free(d_out), dev_free(d_scores), dev_free(d_start);
+    free(qkv), free(k), free(v), free(want), free(s), free(got);
+}
+
 // ----------------------------------------------------------------------------------------------
 // ---- ops on rows or a vocabulary split into shards
 // The shard ops run on two shards of a row (or of the vocabulary); the host adds their partial
@@ -1447,6 +1491,59 @@ static void test_graph_after_workspace_growth(void) {
     free(got);
 }
 
+// A decode step's few rows (one per sequence) go through a loop that multiplies each weight row by
+// all of them (ops_cpu.c: few_rows_matmul). Its sums must run in the order ops_cpu.c documents,
+// which is the same at any number of rows, so that a sequence decodes to the same bits alone or in
+// a batch: lane j of 16 adds its columns' products in order (f32: the columns c = j mod 16; bf16,
+// in 32-column blocks: the odd column 2j + 1 of each block, then the even one 2j), then the lanes
+// add pairwise (8 + 8, 4 + 4, 2 + 2, 1 + 1), then the bias. With AVX512-BF16 one instruction
+// does the bf16 pairs: this also checks that it rounds as the portable loop does.
+static float few_rows_dot(const float *w, const float *x, int C, int bf16_pairs, float bias) {
+    float lane[16] = {0};
+    if (!bf16_pairs)
+        for (int c = 0; c < C; c++) lane[c % 16] += w[c] * x[c];
+    else
+        for (int block = 0; block < C; block += 32)
+            for (int j = 0; j < 16; j++)
+                for (int c = block + 2 * j + 1; c >= block + 2 * j; c--)  // odd, then even
+                    if (c < C) lane[j] += w[c] * x[c];
+    for (int width = 8; width > 0; width /= 2)
+        for (int i = 0; i < width; i++) lane[i] += lane[i + width];
+    return lane[0] + bias;
+}
+
+static void test_few_rows_matmul(int N, int C, int OC, int bf16_weights) {
+    size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
+    double *inp = rand_array(nin, -1, 1), *weight = rand_array(nw, -1, 1), *bias = rand_array(OC, -1, 1);
+    MatmulShape s = {N, C, OC, 1};
+    float *d_b = upload(bias, OC), *d_out = dev_malloc(nout * sizeof(float));
+    if (bf16_weights) {  // upload_bf16 rounds inp and weight to their bf16 values
+        bf16 *d_inp16 = upload_bf16(inp, nin), *d_w16 = upload_bf16(weight, nw);
+        matmul_forward_bf16(d_out, d_inp16, d_w16, d_b, N, C, OC);
+        dev_free(d_inp16), dev_free(d_w16);
+    } else {
+        float *d_inp = upload(inp, nin), *d_w = upload(weight, nw);
+        matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC);
+        dev_free(d_inp), dev_free(d_w);
+    }
+    double *want = malloc_or_die(nout * sizeof(double)), *in[3] = {inp, weight, bias};
+    ref_matmul(want, in, &s);
+    double *got = download(d_out, nout);
+    char what[128];
+    snprintf(what, sizeof what, "few-rows matmul %s N=%d C=%d OC=%d", bf16_weights ? "bf16" : "f32", N, C, OC);
+    check_array(what, got, want, nout, 1e-5, 1e-5 * C);
+    float *w = malloc_or_die((size_t)C * sizeof(float)), *x = malloc_or_die((size_t)C * sizeof(float));
+    size_t differ = 0;
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            for (int c = 0; c < C; c++) w[c] = (float)weight[(size_t)o * C + c], x[c] = (float)inp[(size_t)n * C + c];
+            differ += got[(size_t)n * OC + o] != few_rows_dot(w, x, C, bf16_weights, (float)bias[o]);
+        }
+    CHECK(differ == 0, "%s: %zu of %zu outputs are not the bits of the documented order", what, differ, nout);
+    dev_free(d_b), dev_free(d_out);
+    free(inp), free(weight), free(bias), free(want), free(got), free(w), free(x);
+}
+
 int main(void) {
     ops_init();
     printf("test_ops: backend %s, matmuls by %s\n", ops_backend_name(), ops_matmul_engine());
@@ -1463,6 +1560,16 @@ int main(void) {
     test_matmul_bf16(5, 7, 9);
     test_matmul_bf16(67, 96, 81);
     test_matmul_bf16(1, 771, 40);
+    // the few-rows path: 8 rows a pass, then 4, 2, 1 (13 = 8 + 4 + 1); columns past a multiple of
+    // 16 (771); 16 rows, its largest batch, and 17, oneDNN's again
+    for (int bf = 0; bf <= 1; bf++) {
+        test_few_rows_matmul(1, 771, 41, bf);  // one row: one weight row at a time
+        test_few_rows_matmul(8, 96, 37, bf);
+        test_few_rows_matmul(13, 771, 40, bf);
+        test_few_rows_matmul(16, 64, 50, bf);
+        test_few_rows_matmul(3, 5, 7, bf);
+    }
+    test_matmul(17, 96, 40, 1, 0);
     printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_bf16());
     test_peak_flops();
     test_layernorm();
@@ -1482,6 +1589,9 @@ int main(void) {
     test_init_normal();
     test_reductions_and_elementwise();
     test_kv_cache();
+    test_kv_attention_order(1, 1, 12, 8, 2);   // batch 1: the heads in 2 groups of 6
+    test_kv_attention_order(3, 2, 20, 4, 2);   // 6 rows, 20 heads: 2 groups of 10
+    test_kv_attention_order(3, 1, 5, 16, 4);   // 4 threads, 3 rows: 2 groups of 3 and 2 heads
     test_embedding_shards();
     test_embedding_elements();
     test_layernorm_shards();
