@@ -54,8 +54,11 @@ static void run_stage(int np, int stage, char **config_args, int n_config_args, 
     for (int i = 0; i < n_config_args; i++) append_quoted(cmd, sizeof cmd, config_args[i]);
     for (int i = 0; i < n_extra; i++) append_quoted(cmd, sizeof cmd, extra[i]);
     char keys[200], out_dir[600];
+    // resume=false: a run in the same directory before (the previous pass, an earlier --measure)
+    // saved a checkpoint there, which resume=auto would continue, running no step and leaving
+    // that run's metrics.jsonl to be read again as this one's
     snprintf(keys, sizeof keys, " --stop_iteration=%d --eval_batches=0 --eval_interval=0 --checkpoint_interval=0 "
-             "--log_interval=1000", steps);
+             "--log_interval=1000 --resume=false", steps);
     strncat(cmd, keys, sizeof cmd - strlen(cmd) - 1);
     snprintf(out_dir, sizeof out_dir, "--out_dir=%s", dir);
     append_quoted(cmd, sizeof cmd, out_dir);
@@ -125,29 +128,46 @@ static void compare_memory(Plan *p, const char *dir) {
     cJSON_Delete(stats);
 }
 
-// Passes over all the layouts, one after another, keep each layout's fastest pass: on a machine
-// other jobs share, a pass that ran beside one of them says more about the job than the layout.
+// the directory a layout's runs write: out/plan/ddp, tp-2-2-1, pp-2-m8, ep-2
+static void layout_dir(const Plan *p, char *dir, size_t size) {
+    int n = snprintf(dir, size, "%s/", out_root());
+    if (p->stage == 3) snprintf(dir + n, size - n, "ddp");
+    if (p->stage == 4) snprintf(dir + n, size - n, "fsdp");
+    if (p->stage == 5) snprintf(dir + n, size - n, "tp-%d-%d-%d", p->dims[0], p->dims[1], p->dims[2]);
+    if (p->stage == 7) snprintf(dir + n, size - n, "pp-%d-m%d", p->pp, p->microbatches);
+    if (p->stage == 8) snprintf(dir + n, size - n, "ep-%d", p->ep);
+}
+
+// one pass of one layout: its median step joins the others; the step time is the fastest pass
+// (other jobs on a shared machine only ever add time), the slowest bounds the spread
+static void measure_pass(Plan *p, int ranks, char **config_args, int n_config_args, int steps) {
+    char dir[512];
+    layout_dir(p, dir, sizeof dir);
+    run_stage(ranks, p->stage, config_args, n_config_args, p->args, p->n_args, steps, dir);
+    double step_s = median_after_first(dir, "ms", &p->measured_comm_bytes) / 1e3;
+    p->pass_step_s[p->n_passes++] = step_s;
+    if (!p->measured || step_s < p->measured_step_s) p->measured_step_s = step_s;
+    if (!p->measured || step_s > p->measured_slowest_s) p->measured_slowest_s = step_s;
+    compare_memory(p, dir);
+    p->measured = true;
+}
+
+// Passes over all the layouts, one after another, interleaved: a load another job puts on the
+// machine for a while then falls on every layout's pass, not on all of one layout's. Each pass
+// starts one layout further on, so that no layout always runs first, or after the same one.
 void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_config_args, int steps, int passes) {
     if (steps < 2) fatal("command line: option '--measure': expected at least 2 steps (the first warms up), found %d", steps);
+    if (passes > PLAN_MAX_PASSES)
+        fatal("command line: option '--passes': expected at most %d, found %d", PLAN_MAX_PASSES, passes);
     mkdir("out", 0755);
     if (mkdir(out_root(), 0755) != 0 && access(out_root(), W_OK) != 0)
         fatal("%s: cannot create the directory for the measured runs", out_root());
     for (int pass = 0; pass < passes; pass++)
-        for (int i = 0; i < n; i++) {
-            Plan *p = &plans[i];
-            char dir[512];
-            snprintf(dir, sizeof dir, "%s/%s", out_root(), p->stage == 3 ? "ddp" : p->stage == 4 ? "fsdp" : "");
-            if (p->stage == 5)
-                snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "tp-%d-%d-%d", p->dims[0], p->dims[1], p->dims[2]);
-            if (p->stage == 7) snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "pp-%d-m%d", p->pp, p->microbatches);
-            if (p->stage == 8) snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "ep-%d", p->ep);
+        for (int k = 0; k < n; k++) {
+            Plan *p = &plans[(pass + k) % n];
             fprintf(stderr, "measuring %s: %d ranks, %d steps (pass %d of %d) ...\n", p->name, ranks, steps, pass + 1,
                     passes);
-            run_stage(ranks, p->stage, config_args, n_config_args, p->args, p->n_args, steps, dir);
-            double step_s = median_after_first(dir, "ms", &p->measured_comm_bytes) / 1e3;
-            if (!p->measured || step_s < p->measured_step_s) p->measured_step_s = step_s;
-            compare_memory(p, dir);
-            p->measured = true;
+            measure_pass(p, ranks, config_args, n_config_args, steps);
         }
 }
 
