@@ -3,13 +3,14 @@
 # measured, 4 ranks here, on the tiny config and a mid-size one. Alone: bash scripts/bench_plan.sh
 # [DIR] (DIR keeps the plans, the runs and their logs; a temporary directory by default).
 #
-# "This machine" is calibrated first (matmul peak, each stage's efficiency, MPI links between 4
-# ranks); then the six candidate layouts are planned and each is run PASSES times for STEPS steps,
-# interleaved (every layout, then every layout again). Bytes and memory equal the plan exactly
-# (tests/test_plan.sh); here: do the orders by step time agree where the measurement and the
-# model can each tell two layouts apart (tools/plan_order.py), and how far are the predicted
-# times? Ranks outnumber the cores: one thread each, as the tests run them. Each config's line
-# gives the load average before and after it: other jobs on the machine widen the passes' spread.
+# "This machine" is calibrated first (matmul peak, each stage's efficiency -- the best of 3
+# interleaved passes -- and MPI links between 4 ranks); then the six candidate layouts are
+# planned and each is run PASSES times for STEPS steps, interleaved (every layout, then every
+# layout again). Bytes and memory equal the plan exactly (tests/test_plan.sh); here: do the
+# orders by step time agree where the measurement and the model can each tell two layouts apart
+# (tools/plan_order.py), and how far are the predicted times? Ranks outnumber the cores: one
+# thread each, as the tests run them. Each config's line gives the load average before and after
+# it: other jobs on the machine widen the passes' spread.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-}
@@ -18,7 +19,7 @@ if [ -z "$out" ]; then
     trap 'rm -rf "$out"' EXIT
 fi
 mkdir -p "$out"
-steps=${PLAN_BENCH_STEPS:-6} passes=${PLAN_BENCH_PASSES:-5}
+steps=${PLAN_BENCH_STEPS:-6} passes=${PLAN_BENCH_PASSES:-5} calibrate_passes=3
 
 plan_bench() { # plan_bench <name> <label> <config args...>
     local name=$1 label=$2; shift 2
@@ -27,7 +28,8 @@ plan_bench() { # plan_bench <name> <label> <config args...>
     (source tests/mpi_env.sh
      export OMP_NUM_THREADS=1 PLAN_OUT="$out/runs-$name"
      unset OPS_PEAK_FLOPS_F32 OPS_PEAK_FLOPS_BF16  # calibration measures the peak at one thread
-     build/plan --calibrate="$out/machine-$name.json" --ranks=4 "$@" >"$out/calibrate-$name.log" 2>&1 &&
+     build/plan --calibrate="$out/machine-$name.json" --ranks=4 --passes="$calibrate_passes" "$@" \
+         >"$out/calibrate-$name.log" 2>&1 &&
      build/plan --cluster="$out/machine-$name.json" --ranks=4 --layout="ddp+fsdp+4,1,1+2,2,1+1,1,4+pp2" \
          --measure="$steps" --passes="$passes" --json="$out/plan-$name.json" "$@" >"$out/plan-$name.log" 2>&1) ||
         { echo "bench: plan $label failed:"; tail "$out/calibrate-$name.log" "$out/plan-$name.log"; exit 1; }

@@ -615,7 +615,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
             o->help = true, printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--layout=L[+L...]] [--microbatches=M]\n"
                    "                  [--seq_len=T] [--json=FILE] [--measure[=STEPS] [--passes=N]] [--config FILE] [--key=value ...]\n"
-                   "       build/plan --calibrate=FILE [--ranks=P] [--config FILE] [--key=value ...]\n"
+                   "       build/plan --calibrate=FILE [--ranks=P] [--passes=N] [--config FILE] [--key=value ...]\n"
                    "layouts: ddp, fsdp, X,Y,Z (a tensor-parallel grid), ppN (N pipeline stages); docs/PLANNER.md\n"
                    "the training config's keys follow (the planner reads them as the stages do)\n\n");
         if (strncmp(a, "--cluster=", 10) == 0) o->cluster = a + 10;
@@ -679,7 +679,8 @@ int main(int argc, char **argv) {
     parse_options(&o, argc, argv);
     if (o.calibrate) {
         bool experts = stage_of_config(o.n_config_args, o.config_args) == STAGE_MIXTURE_OF_EXPERTS;
-        calibrate_machine(o.calibrate, o.ranks ? o.ranks : 4, o.config_args, o.n_config_args, experts);
+        calibrate_machine(o.calibrate, o.ranks ? o.ranks : 4, o.config_args, o.n_config_args, experts,
+                          o.passes ? o.passes : 1);
         return 0;
     }
     Config cfg;

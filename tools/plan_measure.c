@@ -224,9 +224,11 @@ static void measure_link(int ranks, double *latency_us, double *bandwidth_gbps) 
 // Each stage's efficiency: its median MFU on one rank, against the peak just measured (the
 // stages differ: stage 05's layers and stage 07's schedule cost more than stage 03's loop).
 // Stage 05 runs the [1, 1, 1] grid, stage 07 one stage; a mixture of experts runs on stage 08
-// alone (all experts on the one rank), the others refuse it.
+// alone (all experts on the one rank), the others refuse it. With passes > 1 the stages run in
+// turn that many times and each keeps its best: a stage measured while another job held a core
+// would otherwise look slower than the others, and the plan would rank layouts by that job.
 static void measure_efficiency(char **config_args, int n_config_args, bool experts, double peak_f32, double peak_16,
-                               double efficiency[9]) {
+                               int passes, double efficiency[9]) {
     char text[64];
     snprintf(text, sizeof text, "%.6e", peak_f32);
     setenv("OPS_PEAK_FLOPS_F32", text, 1);
@@ -236,11 +238,17 @@ static void measure_efficiency(char **config_args, int n_config_args, bool exper
     mkdir(out_root(), 0755);
     static const int dense[] = {3, 4, 5, 7}, moe[] = {8};
     const int *stages = experts ? moe : dense, n = experts ? 1 : 4;
+    double best[9] = {0};
+    for (int pass = 0; pass < passes; pass++)
+        for (int i = 0; i < n; i++) {
+            char dir[512], keys[1][48] = {"--gradient_acc_steps=1"};
+            snprintf(dir, sizeof dir, "%s/calibrate-stage-%d", out_root(), stages[i]);
+            run_stage(1, stages[i], config_args, n_config_args, keys, stages[i] == 7, 6, dir);
+            double mfu = median_after_first(dir, "mfu", NULL);
+            best[stages[i]] = mfu > best[stages[i]] ? mfu : best[stages[i]];
+        }
     for (int i = 0; i < n; i++) {
-        char dir[512], keys[1][48] = {"--gradient_acc_steps=1"};
-        snprintf(dir, sizeof dir, "%s/calibrate-stage-%d", out_root(), stages[i]);
-        run_stage(1, stages[i], config_args, n_config_args, keys, stages[i] == 7, 6, dir);
-        double mfu = median_after_first(dir, "mfu", NULL);
+        double mfu = best[stages[i]];
         // above 1: the peak was measured while other jobs held the cores, the run after they left
         if (mfu > 1)
             fprintf(stderr, "calibrate: stage %d reached %.2f of the peak measured before it (the machine was "
@@ -254,13 +262,13 @@ static size_t memory_total_bytes(void) {
     return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
 }
 
-void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args, bool experts) {
+void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args, bool experts, int passes) {
     ops_init();
     double peak_f32 = ops_peak_flops(0), peak_16 = ops_peak_flops(1);
     double latency_us, bandwidth_gbps;
     measure_link(ranks, &latency_us, &bandwidth_gbps);
     double efficiency[9] = {0};
-    measure_efficiency(config_args + 1, n_config_args - 1, experts, peak_f32, peak_16, efficiency);
+    measure_efficiency(config_args + 1, n_config_args - 1, experts, peak_f32, peak_16, passes, efficiency);
     int main_stage = experts ? 8 : 3;  // the description's `efficiency`
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     char host[128] = "localhost", when[64];
@@ -273,9 +281,10 @@ void calibrate_machine(const char *path, int ranks, char **config_args, int n_co
     cJSON_AddStringToObject(c, "name", name);
     char source[1024];
     snprintf(source, sizeof source, "measured by build/plan --calibrate on %s: matmul peak as the stages measure it "
-             "(ops_peak_flops: %s); efficiency = each stage's median MFU on one rank over steps 2-6; link = "
+             "(ops_peak_flops: %s); efficiency = each stage's median MFU on one rank over steps 2-6 (the best of %d "
+             "interleaved passes); link = "
              "median MPI ping-pong between the pairs of %d ranks at once (1 float for latency, 4 MiB for "
-             "bandwidth)", when, ops_peak_flops_source(0), ranks % 2 ? ranks + 1 : ranks);
+             "bandwidth)", when, ops_peak_flops_source(0), passes, ranks % 2 ? ranks + 1 : ranks);
     cJSON_AddStringToObject(c, "source", source);
     cJSON_AddNumberToObject(c, "nodes", 1);
     cJSON_AddNumberToObject(c, "gpus_per_node", ranks);
