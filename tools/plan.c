@@ -573,7 +573,7 @@ static void write_json(const char *path, const Setup *s, const Plan *plans, int 
 }
 
 static void print_measured(const Plan *plans, int n) {
-    printf("\npredicted and measured here (a pass: the fastest of its steps after the first; measured: the fastest "
+    printf("\npredicted and measured here (a pass: the median of its steps after the first; measured: the fastest "
            "of %d pass%s, slowest: the slowest):\n", plans[0].n_passes, plans[0].n_passes > 1 ? "es" : "");
     printf("  %-17s %10s %10s %10s %7s %12s %12s %11s %11s\n", "layout", "step ms", "measured", "slowest", "ratio",
            "comm MB", "measured", "memory MiB", "measured");

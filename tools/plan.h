@@ -41,7 +41,7 @@ typedef struct {
     int n_comm;
     double comm_bytes;        // per step: what metrics.jsonl's comm_bytes counts
     double compute_s, bubble_s, comm_s, exposed_s, step_s, tokens_per_s;
-    // --measure: each pass's fastest step after the first, and over the passes the fastest (the
+    // --measure: each pass's median step after the first, and over the passes the fastest (the
     // step time) and the slowest (with it, the spread a shared machine put on the figure)
     bool measured;
     double pass_step_s[PLAN_MAX_PASSES];
@@ -54,7 +54,7 @@ typedef struct {
 // --measure: runs each plan for `steps` steps with mpirun on this machine (config_args: the
 // --config and --key=value arguments the planner was given) and fills the measured fields; with
 // passes > 1, over every layout again (each pass starting one layout further on), each pass's
-// fastest step kept
+// median step kept
 void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_config_args, int steps, int passes);
 
 // --calibrate: writes a cluster description of this machine to `path`: matmul FLOP/s

@@ -86,9 +86,7 @@ static int compare_doubles(const void *a, const void *b) {
 }
 
 // metrics.jsonl's `key` over the steps after the first (which warms up), sorted, and the last
-// step's comm_bytes. The runs take the fastest of them (the smallest ms, the largest MFU): on a
-// machine other jobs share, a job holding a core for a few steps only ever adds time to them
-// (one run here: 657, 794, 786, 654, 837 ms a step, its median the disturbed steps' figure).
+// step's comm_bytes
 enum { MAX_STEPS = 4096 };
 static int steps_after_first(const char *dir, const char *key, double values[MAX_STEPS], double *last_comm_bytes) {
     char path[600];
@@ -141,15 +139,18 @@ static void layout_dir(const Plan *p, char *dir, size_t size) {
     if (p->stage == 8) snprintf(dir + n, size - n, "ep-%d", p->ep);
 }
 
-// one pass of one layout: its fastest step joins the other passes'; the step time is the fastest
-// pass, the slowest bounds the spread
+// One pass of one layout: its median step joins the other passes'; the step time is the fastest
+// pass, the slowest bounds the spread. The median, not the fastest step: where ranks outnumber
+// the cores they take turns, and rank 0's steps alternate (29, 36, 32, 36, 33 ms in one DDP run
+// here): a step that starts while the others finish the one before is short, and the fastest
+// step would flatter the layout (by a fifth, in that run's pass).
 static void measure_pass(Plan *p, int ranks, char **config_args, int n_config_args, int steps) {
     char dir[512];
     layout_dir(p, dir, sizeof dir);
     run_stage(ranks, p->stage, config_args, n_config_args, p->args, p->n_args, steps, dir);
     double ms[MAX_STEPS];
-    steps_after_first(dir, "ms", ms, &p->measured_comm_bytes);
-    double step_s = ms[0] / 1e3;
+    int n = steps_after_first(dir, "ms", ms, &p->measured_comm_bytes);
+    double step_s = (n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2) / 1e3;
     p->pass_step_s[p->n_passes++] = step_s;
     if (!p->measured || step_s < p->measured_step_s) p->measured_step_s = step_s;
     if (!p->measured || step_s > p->measured_slowest_s) p->measured_slowest_s = step_s;
@@ -226,7 +227,9 @@ static void measure_link(int ranks, double *latency_us, double *bandwidth_gbps) 
     if (rc != 0 || !got) fatal("'%s' failed (status %d) or printed no 'latency_us ... bandwidth_GBps ...' line", cmd, rc);
 }
 
-// Each stage's efficiency: its best MFU on one rank (steps 2-6), against the peak just measured (the
+// Each stage's efficiency: its best MFU on one rank (steps 2-6), against the peak just measured.
+// The best step: one rank runs alone, so a slower step is only another job holding its core (one
+// run here: 657, 794, 786, 654, 837 ms a step, its median a disturbed step's). (the
 // stages differ: stage 05's layers and stage 07's schedule cost more than stage 03's loop).
 // Stage 05 runs the [1, 1, 1] grid, stage 07 one stage; a mixture of experts runs on stage 08
 // alone (all experts on the one rank), the others refuse it. With passes > 1 the stages run in
