@@ -8,9 +8,10 @@
 # planned and each is run PASSES times for STEPS steps, interleaved (every layout, then every
 # layout again). Bytes and memory equal the plan exactly (tests/test_plan.sh); here: do the
 # orders by step time agree where the measurement and the model can each tell two layouts apart
-# (tools/plan_order.py), and how far are the predicted times? Ranks outnumber the cores: one
-# thread each, as the tests run them. Each config's last line says how much of the cores other
-# jobs took meanwhile: they widen the passes' spread, and a disturbed run shows as one.
+# (tools/plan_order.py: from the passes during which other jobs left the cores alone), and how
+# far are the predicted times? Ranks outnumber the cores: one thread each, as the tests run them.
+# Each config's last line says how much of the cores other jobs took meanwhile: a disturbed run
+# shows as one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-}
@@ -19,7 +20,7 @@ if [ -z "$out" ]; then
     trap 'rm -rf "$out"' EXIT
 fi
 mkdir -p "$out"
-steps=${PLAN_BENCH_STEPS:-6} passes=${PLAN_BENCH_PASSES:-5} calibrate_passes=3
+steps=${PLAN_BENCH_STEPS:-8} passes=${PLAN_BENCH_PASSES:-5} calibrate_passes=3
 
 # CPU time in clock ticks: the whole machine's busy time (/proc/stat), and this script's finished
 # children's (/proc/$$/stat: cutime + cstime). Their difference over a run is what other jobs

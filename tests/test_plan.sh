@@ -185,6 +185,7 @@ layouts = json.load(open(sys.argv[1]))["layouts"]
 bad = [l["name"] for l in layouts if not (l["measured"]["memory_agrees"] and l["measured"]["comm_bytes"] == l["comm_bytes"]
                                           and l["measured"]["step_s"] > 0 and l["step_s"] > 0
                                           and len(l["measured"]["passes_step_s"]) == 2
+                                          and all(c >= 0 for c in l["measured"]["passes_others_cores"])
                                           and l["measured"]["step_s"] == min(l["measured"]["passes_step_s"]))]
 print(f"{len(layouts)} layouts measured; differing: {bad}")
 sys.exit(1 if bad or len(layouts) != 2 else 0)
@@ -205,21 +206,24 @@ sys.exit(0 if list(d[\"stage_efficiency\"]) == [\"8\"] and d[\"efficiency\"] == 
 " "$tmp/here_moe.json"' "--calibrate with experts: exit $rc, $(tail -2 "$tmp/calibrate_moe.log") $(cat "$tmp/here_moe.json" 2>/dev/null | tr -d '\n' | head -c 400)"
 
 # ---- make bench's order check (tools/plan_order.py), on made-up passes ----
-# Two layouts are ordered by the measurement when their passes do not overlap, by the prediction
-# when it puts them more than the model's error (10%) apart; the order agrees when no pair ordered
-# by both is ordered oppositely. A, B, C, D: A < B and C < D ordered by both, agreeing; C and A
-# 5% apart in the prediction (tied there), apart in the measurement; B and D overlapping
-# (tied in the measurement). E: predicted 1.5x slower than A, measured faster: a disagreement.
-made_up() { # made_up <file> <name:predicted:pass,pass,...> ...
+# Two layouts are ordered by the measurement when their quiet passes do not overlap, by the
+# prediction when it puts them more than the model's error (10%) apart; the order agrees when no
+# pair ordered by both is ordered oppositely. A, B, C, D: A < B and C < D ordered by both,
+# agreeing (A's third pass ran beside another job: left out); C and A 5% apart in the prediction
+# (tied there), apart in the measurement; B and D overlapping (tied in the measurement).
+# E: predicted 1.5x slower than A, measured faster: a disagreement. F: one quiet pass, not compared.
+made_up() { # made_up <file> <name:predicted:pass,pass,...[:other jobs' cores in each pass]> ...
     local file=$1; shift
     python3 - "$file" "$@" <<'PY'
 import json, sys
 layouts = []
 for arg in sys.argv[2:]:
-    name, predicted, passes = arg.split(":")
+    name, predicted, passes, *others = arg.split(":")
     passes = [float(x) for x in passes.split(",")]
+    others = [float(x) for x in others[0].split(",")] if others else [0.0] * len(passes)
     layouts.append({"name": name, "step_s": float(predicted), "comm_bytes": 1,
-                    "measured": {"step_s": min(passes), "passes_step_s": passes, "comm_bytes": 1, "memory_agrees": True}})
+                    "measured": {"step_s": min(passes), "passes_step_s": passes, "passes_others_cores": others,
+                                 "comm_bytes": 1, "memory_agrees": True}})
 json.dump({"layouts": layouts}, open(sys.argv[1], "w"))
 PY
 }
@@ -231,14 +235,16 @@ order_is() { # order_is <plan.json> <expected pairs as JSON> <what>: how plan_or
 sys.exit(pairs(json.load(open(sys.argv[1]))) != pairs(json.loads(sys.argv[2])))" "$tmp/pairs.json" "$want"' \
         "$3: exit $rc, $(tr -d ' \n' <"$tmp/pairs.json" 2>/dev/null) $(cat "$tmp/order.txt")"
 }
-abcd=(A:10:10,11 B:20:20,21 C:10.5:12,12.5 D:30:19,22)
-made_up "$tmp/agree.json" "${abcd[@]}"
+abcd=(A:10:10,11,30:0,0.05,1.2 B:20:20,21 C:10.5:12,12.5 D:30:19,22)
+made_up "$tmp/agree.json" "${abcd[@]}" F:12:9,40:0,1
 order_is "$tmp/agree.json" '{"agree": [["A", "B"], ["A", "D"], ["C", "B"], ["C", "D"]], "disagree": [],
-    "measured_tie": [["B", "D"]], "predicted_tie": [["A", "C"]]}' "ties and agreements"
+    "measured_tie": [["B", "D"]], "predicted_tie": [["A", "C"]],
+    "disturbed": [["A", "F"], ["C", "F"], ["F", "B"], ["F", "D"]]}' "ties, agreements and a disturbed layout"
 check 'grep -q "order agrees: yes" "$tmp/order.txt"' "no disagreement, but: $(cat "$tmp/order.txt")"
 made_up "$tmp/disagree.json" "${abcd[@]}" E:15:8,9
 order_is "$tmp/disagree.json" '{"agree": [["A", "B"], ["A", "D"], ["C", "B"], ["C", "D"], ["E", "B"], ["E", "D"]],
-    "disagree": [["A", "E"], ["C", "E"]], "measured_tie": [["B", "D"]], "predicted_tie": [["A", "C"]]}' "a disagreement"
+    "disagree": [["A", "E"], ["C", "E"]], "measured_tie": [["B", "D"]], "predicted_tie": [["A", "C"]],
+    "disturbed": []}' "a disagreement"
 check 'grep -q "order agrees: no" "$tmp/order.txt" && grep -q "DISAGREE: predicted A < E" "$tmp/order.txt"' \
     "a disagreement not reported: $(cat "$tmp/order.txt")"
 made_up "$tmp/one_pass.json" A:10:10 B:20:20,21

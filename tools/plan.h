@@ -45,6 +45,7 @@ typedef struct {
     // step time) and the slowest (with it, the spread a shared machine put on the figure)
     bool measured;
     double pass_step_s[PLAN_MAX_PASSES];
+    double pass_others_cores[PLAN_MAX_PASSES];  // cores other jobs kept busy during the pass (-1: unknown)
     int n_passes;
     double measured_step_s, measured_slowest_s, measured_comm_bytes;
     size_t measured_memory_total;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -139,6 +140,46 @@ static void layout_dir(const Plan *p, char *dir, size_t size) {
     if (p->stage == 8) snprintf(dir + n, size - n, "ep-%d", p->ep);
 }
 
+// ---- what other jobs took from the cores during a run ------------------------------------------
+
+// seconds of CPU the whole machine has been busy (/proc/stat's first line: user, nice, system,
+// irq, softirq, steal), summed over the cores; -1 where there is no /proc/stat
+static double machine_busy_seconds(void) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return -1;
+    unsigned long long user, nice, sys, idle, iowait, irq, softirq, steal;
+    int got = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &sys, &idle, &iowait, &irq,
+                     &softirq, &steal);
+    fclose(f);
+    if (got != 8) return -1;
+    return (double)(user + nice + sys + irq + softirq + steal) / (double)sysconf(_SC_CLK_TCK);
+}
+
+// seconds of CPU this process's finished children used (mpirun and, through it, the ranks)
+static double children_cpu_seconds(void) {
+    struct rusage r;
+    getrusage(RUSAGE_CHILDREN, &r);
+    return (double)r.ru_utime.tv_sec + (double)r.ru_stime.tv_sec + 1e-6 * (double)(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+}
+
+typedef struct {
+    double busy, children, wall;
+} CpuMark;
+
+static CpuMark cpu_mark(void) {
+    return (CpuMark){machine_busy_seconds(), children_cpu_seconds(), wall_seconds()};
+}
+
+// How many cores other jobs kept busy since `before`, on average: the machine's busy time less
+// what the runs used. A run beside another job measures the job too; tools/plan_order.py leaves
+// such passes out. -1: unknown (no /proc/stat).
+static double others_cores_since(CpuMark before) {
+    CpuMark now = cpu_mark();
+    if (before.busy < 0 || now.busy < 0 || now.wall <= before.wall) return -1;
+    double others = (now.busy - before.busy - (now.children - before.children)) / (now.wall - before.wall);
+    return others > 0 ? others : 0;
+}
+
 // One pass of one layout: its median step joins the other passes'; the step time is the fastest
 // pass, the slowest bounds the spread. The median, not the fastest step: where ranks outnumber
 // the cores they take turns, and rank 0's steps alternate (29, 36, 32, 36, 33 ms in one DDP run
@@ -147,7 +188,9 @@ static void layout_dir(const Plan *p, char *dir, size_t size) {
 static void measure_pass(Plan *p, int ranks, char **config_args, int n_config_args, int steps) {
     char dir[512];
     layout_dir(p, dir, sizeof dir);
+    CpuMark before = cpu_mark();
     run_stage(ranks, p->stage, config_args, n_config_args, p->args, p->n_args, steps, dir);
+    p->pass_others_cores[p->n_passes] = others_cores_since(before);
     double ms[MAX_STEPS];
     int n = steps_after_first(dir, "ms", ms, &p->measured_comm_bytes);
     double step_s = (n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2) / 1e3;
