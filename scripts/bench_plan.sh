@@ -20,7 +20,7 @@ if [ -z "$out" ]; then
     trap 'rm -rf "$out"' EXIT
 fi
 mkdir -p "$out"
-steps=${PLAN_BENCH_STEPS:-8} passes=${PLAN_BENCH_PASSES:-5} calibrate_passes=3
+steps=${PLAN_BENCH_STEPS:-8} passes=${PLAN_BENCH_PASSES:-6} calibrate_passes=3
 
 # CPU time in clock ticks: the whole machine's busy time (/proc/stat), and this script's finished
 # children's (/proc/$$/stat: cutime + cstime). Their difference over a run is what other jobs

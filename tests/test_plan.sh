@@ -211,7 +211,8 @@ sys.exit(0 if list(d[\"stage_efficiency\"]) == [\"8\"] and d[\"efficiency\"] == 
 # pair ordered by both is ordered oppositely. A, B, C, D: A < B and C < D ordered by both,
 # agreeing (A's third pass ran beside another job: left out); C and A 5% apart in the prediction
 # (tied there), apart in the measurement; B and D overlapping (tied in the measurement).
-# E: predicted 1.5x slower than A, measured faster: a disagreement. F: one quiet pass, not compared.
+# E: predicted 1.5x slower than A, measured faster: a disagreement. F: two quiet passes of three,
+# too few to compare.
 made_up() { # made_up <file> <name:predicted:pass,pass,...[:other jobs' cores in each pass]> ...
     local file=$1; shift
     python3 - "$file" "$@" <<'PY'
@@ -235,13 +236,13 @@ order_is() { # order_is <plan.json> <expected pairs as JSON> <what>: how plan_or
 sys.exit(pairs(json.load(open(sys.argv[1]))) != pairs(json.loads(sys.argv[2])))" "$tmp/pairs.json" "$want"' \
         "$3: exit $rc, $(tr -d ' \n' <"$tmp/pairs.json" 2>/dev/null) $(cat "$tmp/order.txt")"
 }
-abcd=(A:10:10,11,30:0,0.05,1.2 B:20:20,21 C:10.5:12,12.5 D:30:19,22)
-made_up "$tmp/agree.json" "${abcd[@]}" F:12:9,40:0,1
+abcd=(A:10:10,11,10.5,30:0,0.05,0,1.2 B:20:20,21,20.5 C:10.5:12,12.5,12.2 D:30:19,22,20)
+made_up "$tmp/agree.json" "${abcd[@]}" F:12:9,40,9.5:0,1,0
 order_is "$tmp/agree.json" '{"agree": [["A", "B"], ["A", "D"], ["C", "B"], ["C", "D"]], "disagree": [],
     "measured_tie": [["B", "D"]], "predicted_tie": [["A", "C"]],
     "disturbed": [["A", "F"], ["C", "F"], ["F", "B"], ["F", "D"]]}' "ties, agreements and a disturbed layout"
 check 'grep -q "order agrees: yes" "$tmp/order.txt"' "no disagreement, but: $(cat "$tmp/order.txt")"
-made_up "$tmp/disagree.json" "${abcd[@]}" E:15:8,9
+made_up "$tmp/disagree.json" "${abcd[@]}" E:15:8,9,8.5
 order_is "$tmp/disagree.json" '{"agree": [["A", "B"], ["A", "D"], ["C", "B"], ["C", "D"], ["E", "B"], ["E", "D"]],
     "disagree": [["A", "E"], ["C", "E"]], "measured_tie": [["B", "D"]], "predicted_tie": [["A", "C"]],
     "disturbed": []}' "a disagreement"

@@ -3,8 +3,8 @@ of `build/plan --measure --passes=N --json=FILE` (N >= 2) and compares the two o
 each can tell two layouts apart (docs/PLANNER.md, "How far off"):
 
   - a layout's quiet passes are those during which other jobs kept fewer than QUIET_CORES of the
-    cores busy (build/plan measures it: passes_others_cores); one with fewer than 2 is disturbed,
-    and its pairs are not measured;
+    cores busy (build/plan measures it: passes_others_cores); one with fewer than MIN_QUIET is
+    disturbed, and its pairs are not measured;
   - the measurement orders two layouts when their quiet passes' ranges do not overlap (the slower
     layout's fastest pass is slower than the faster one's slowest pass); otherwise they are tied
     in the measurement: this machine cannot say which is faster;
@@ -29,6 +29,10 @@ MODEL_ERROR = 0.10
 # own daemons keep about 0.01 busy, and another job on one core for a fifth of a run slows 4
 # ranks on 2 cores by about a tenth, the resolution sought here
 QUIET_CORES = 0.15
+# Quiet passes a layout needs to be compared: two equally fast layouts with a and b of them come
+# out ordered (one's passes all below the other's) with chance 2 / C(a + b, a): 1 in 10 with 3
+# and 3, 1 in 126 with 5 and 5; with 2 and 2 it would be 1 in 3
+MIN_QUIET = 3
 
 
 def quiet_passes(layout):
@@ -40,7 +44,7 @@ def quiet_passes(layout):
 
 
 def disturbed(layout):
-    return len(quiet_passes(layout)) < 2
+    return len(quiet_passes(layout)) < MIN_QUIET
 
 
 def measured_step(layout):
@@ -99,7 +103,7 @@ def report(layouts, label, model_error):
              f"{pad}  of {n_pairs} pairs: {len(pairs['agree']) + len(pairs['disagree'])} ordered by both, "
              f"{len(pairs['agree'])} agreeing; {len(pairs['measured_tie'])} tied in the measurement (passes overlap); "
              f"{len(pairs['predicted_tie'])} ordered by the measurement only (predicted within {100 * model_error:.0f}%); "
-             f"{len(pairs['disturbed'])} not measured (a layout with fewer than 2 quiet passes)",
+             f"{len(pairs['disturbed'])} not measured (a layout with fewer than {MIN_QUIET} quiet passes)",
              f"{pad}  order agrees: {'no' if pairs['disagree'] else 'yes'}; Spearman {spearman(layouts):.2f}; "
              f"measured/predicted step time {min(ratios):.2f} to {max(ratios):.2f}; bytes and memory as planned: "
              f"{'yes' if exact else 'NO'}"]
