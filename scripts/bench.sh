@@ -2,6 +2,8 @@
 # make bench: tokens/s, ms/step and MFU of the training stages, as a table; stage 06's decode
 # speed and its server's throughput and time to first token under load. Each run's first
 # step (warm-up: page faults, primitive creation) is left out; the median of the rest is shown.
+# Last, the planner's predicted step times against measured ones (scripts/bench_plan.sh, which
+# also runs alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
@@ -133,43 +135,5 @@ done
 kill -TERM $server
 wait $server || { echo "bench: the server did not exit 0 on SIGTERM:"; tail "$server_log"; exit 1; }
 # ---- the planner (build/plan, docs/PLANNER.md): predicted step time against measured, 4 ranks ----
-# "this machine" calibrated now (matmul peak, each stage's efficiency, MPI links between 4 ranks),
-# then the candidate layouts planned and each run here for 6 steps, twice, the faster pass kept
-# (--measure --passes=2: the machine may be shared). Bytes and memory
-# equal the plan exactly (tests/test_plan.sh); here: do the orders by step time agree, and how far
-# are the predicted times? Ranks outnumber the cores: one thread each, as the tests run them.
-plan_bench() { # plan_bench <label> <config args...>
-    local label=$1; shift
-    (source tests/mpi_env.sh
-     export OMP_NUM_THREADS=1 PLAN_OUT="$out/plan-$label"
-     unset OPS_PEAK_FLOPS_F32 OPS_PEAK_FLOPS_BF16  # calibration measures the peak at one thread
-     build/plan --calibrate="$out/machine-$label.json" --ranks=4 "$@" >"$out/calibrate-$label.log" 2>&1 &&
-     build/plan --cluster="$out/machine-$label.json" --ranks=4 --layout="ddp+fsdp+4,1,1+2,2,1+1,1,4+pp2" \
-         --measure=6 --passes=2 --json="$out/plan-$label.json" "$@" >"$out/plan-$label.log" 2>&1) ||
-        { echo "bench: plan $label failed:"; tail "$out/calibrate-$label.log" "$out/plan-$label.log"; exit 1; }
-    python3 - "$label" "$out/plan-$label.json" <<'PY'
-import json, sys
-layouts = json.load(open(sys.argv[2]))["layouts"]
-predicted = sorted(layouts, key=lambda l: l["step_s"])
-measured = sorted(layouts, key=lambda l: l["measured"]["step_s"])
-n = len(layouts)
-pairs = [(a, b) for i, a in enumerate(layouts) for b in layouts[i + 1:]]
-agree = sum((a["step_s"] < b["step_s"]) == (a["measured"]["step_s"] < b["measured"]["step_s"]) for a, b in pairs)
-rank = lambda order: {l["name"]: i for i, l in enumerate(order)}
-rp, rm = rank(predicted), rank(measured)
-rho = 1 - 6 * sum((rp[k] - rm[k]) ** 2 for k in rp) / (n * (n * n - 1))
-ratios = [l["measured"]["step_s"] / l["step_s"] for l in layouts]
-exact = all(l["measured"]["comm_bytes"] == l["comm_bytes"] and l["measured"]["memory_agrees"] for l in layouts)
-print(f"{sys.argv[1]}: predicted order {' < '.join(l['name'] for l in predicted)}")
-print(f"{' ' * len(sys.argv[1])}  measured order  {' < '.join(l['name'] for l in measured)}")
-print(f"{' ' * len(sys.argv[1])}  same order: {'yes' if predicted == measured else 'no'}; pairs in the same order "
-      f"{agree}/{len(pairs)}; Spearman {rho:.2f}; measured/predicted step time {min(ratios):.2f} to "
-      f"{max(ratios):.2f}; bytes and memory as planned: {'yes' if exact else 'NO'}")
-for l in predicted:
-    print(f"    {l['name']:<20} predicted {1e3 * l['step_s']:8.1f} ms  measured {1e3 * l['measured']['step_s']:8.1f} ms")
-PY
-}
 echo
-echo "planner (build/plan) on 4 ranks here: predicted against measured step time"
-plan_bench "tiny.json T=64" --config configs/tiny.json --max_seq_len=64
-plan_bench "mid L=4 C=256 T=128" --config configs/tiny.json --n_layer=4 --n_embd=256 --n_head=8 --max_seq_len=128
+bash scripts/bench_plan.sh

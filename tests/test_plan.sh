@@ -165,19 +165,26 @@ done
 PLAN_OUT="$tmp/runs" build/plan --calibrate="$tmp/here.json" --ranks=2 "${args[@]}" >"$tmp/calibrate.log" 2>&1
 rc=$?
 check '[ $rc -eq 0 ]' "--calibrate failed: $(tail -3 "$tmp/calibrate.log")"
-PLAN_OUT="$tmp/runs" build/plan --cluster="$tmp/here.json" --ranks=2 --layout=ddp+1,2,1 --measure=3 \
+# (two passes: the second runs again where the first saved its checkpoint, and must start over,
+# not resume it and leave the first pass's metrics to be read again)
+PLAN_OUT="$tmp/runs" build/plan --cluster="$tmp/here.json" --ranks=2 --layout=ddp+1,2,1 --measure=3 --passes=2 \
     --json="$tmp/measured.json" "${args[@]}" >"$tmp/measure.log" 2>&1
 rc=$?
 python3 - "$tmp/measured.json" >"$tmp/measure.cmp" 2>&1 <<'PY'
 import json, sys
 layouts = json.load(open(sys.argv[1]))["layouts"]
 bad = [l["name"] for l in layouts if not (l["measured"]["memory_agrees"] and l["measured"]["comm_bytes"] == l["comm_bytes"]
-                                          and l["measured"]["step_s"] > 0 and l["step_s"] > 0)]
+                                          and l["measured"]["step_s"] > 0 and l["step_s"] > 0
+                                          and len(l["measured"]["passes_step_s"]) == 2
+                                          and all(c >= 0 for c in l["measured"]["passes_others_cores"])
+                                          and l["measured"]["step_s"] == min(l["measured"]["passes_step_s"]))]
 print(f"{len(layouts)} layouts measured; differing: {bad}")
 sys.exit(1 if bad or len(layouts) != 2 else 0)
 PY
 same_here=$?
 check '[ $rc -eq 0 ] && [ $same_here -eq 0 ]' "--measure on this machine: exit $rc, $(cat "$tmp/measure.cmp") $(tail -3 "$tmp/measure.log")"
+check '! grep -q "resuming" "$tmp/runs/ddp.log" "$tmp/runs/tp-1-2-1.log"' \
+    "--measure's second pass resumed the first pass's run: $(grep -h resuming "$tmp/runs/"*.log)"
 # a mixture of experts calibrates on stage 08, the one stage that runs it: its efficiency is the
 # description's, and the plan of its layouts uses it
 PLAN_OUT="$tmp/runs" build/plan --calibrate="$tmp/here_moe.json" --ranks=2 "${args[@]}" --num_experts=4 \
@@ -188,6 +195,55 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 sys.exit(0 if list(d[\"stage_efficiency\"]) == [\"8\"] and d[\"efficiency\"] == d[\"stage_efficiency\"][\"8\"] and 0 < d[\"efficiency\"] <= 1 else 1)
 " "$tmp/here_moe.json"' "--calibrate with experts: exit $rc, $(tail -2 "$tmp/calibrate_moe.log") $(cat "$tmp/here_moe.json" 2>/dev/null | tr -d '\n' | head -c 400)"
+
+# ---- make bench's order check (tools/plan_order.py), on made-up passes ----
+# Two layouts are ordered by the measurement when their quiet passes do not overlap, by the
+# prediction when it puts them more than the model's error (10%) apart; the order agrees when no
+# pair ordered by both is ordered oppositely. A, B, C, D: A < B and C < D ordered by both,
+# agreeing (A's third pass ran beside another job: left out); C and A 5% apart in the prediction
+# (tied there), apart in the measurement; B and D overlapping (tied in the measurement).
+# E: predicted 1.5x slower than A, measured faster: a disagreement. F: two quiet passes of three,
+# too few to compare.
+made_up() { # made_up <file> <name:predicted:pass,pass,...[:other jobs' cores in each pass]> ...
+    local file=$1; shift
+    python3 - "$file" "$@" <<'PY'
+import json, sys
+layouts = []
+for arg in sys.argv[2:]:
+    name, predicted, passes, *others = arg.split(":")
+    passes = [float(x) for x in passes.split(",")]
+    others = [float(x) for x in others[0].split(",")] if others else [0.0] * len(passes)
+    layouts.append({"name": name, "step_s": float(predicted), "comm_bytes": 1,
+                    "measured": {"step_s": min(passes), "passes_step_s": passes, "passes_others_cores": others,
+                                 "comm_bytes": 1, "memory_agrees": True}})
+json.dump({"layouts": layouts}, open(sys.argv[1], "w"))
+PY
+}
+order_is() { # order_is <plan.json> <expected pairs as JSON> <what>: how plan_order.py sorted the pairs
+    local want=$2
+    python3 tools/plan_order.py "$1" --json="$tmp/pairs.json" >"$tmp/order.txt" 2>&1
+    local rc=$?
+    check '[ $rc -eq 0 ] && python3 -c "import json, sys; pairs = lambda d: {k: sorted(v) for k, v in d.items()}
+sys.exit(pairs(json.load(open(sys.argv[1]))) != pairs(json.loads(sys.argv[2])))" "$tmp/pairs.json" "$want"' \
+        "$3: exit $rc, $(tr -d ' \n' <"$tmp/pairs.json" 2>/dev/null) $(cat "$tmp/order.txt")"
+}
+abcd=(A:10:10,11,10.5,30:0,0.05,0,1.2 B:20:20,21,20.5 C:10.5:12,12.5,12.2 D:30:19,22,20)
+made_up "$tmp/agree.json" "${abcd[@]}" F:12:9,40,9.5:0,1,0
+order_is "$tmp/agree.json" '{"agree": [["A", "B"], ["A", "D"], ["C", "B"], ["C", "D"]], "disagree": [],
+    "measured_tie": [["B", "D"]], "predicted_tie": [["A", "C"]],
+    "disturbed": [["A", "F"], ["C", "F"], ["F", "B"], ["F", "D"]]}' "ties, agreements and a disturbed layout"
+check 'grep -q "order agrees: yes" "$tmp/order.txt"' "no disagreement, but: $(cat "$tmp/order.txt")"
+made_up "$tmp/disagree.json" "${abcd[@]}" E:15:8,9,8.5
+order_is "$tmp/disagree.json" '{"agree": [["A", "B"], ["A", "D"], ["C", "B"], ["C", "D"], ["E", "B"], ["E", "D"]],
+    "disagree": [["A", "E"], ["C", "E"]], "measured_tie": [["B", "D"]], "predicted_tie": [["A", "C"]],
+    "disturbed": []}' "a disagreement"
+check 'grep -q "order agrees: no" "$tmp/order.txt" && grep -q "DISAGREE: predicted A < E" "$tmp/order.txt"' \
+    "a disagreement not reported: $(cat "$tmp/order.txt")"
+made_up "$tmp/one_pass.json" A:10:10 B:20:20,21
+python3 tools/plan_order.py "$tmp/one_pass.json" >"$tmp/one_pass.txt" 2>&1
+rc=$?
+check '[ $rc -ne 0 ] && grep -q "A: expected at least 2 measured passes" "$tmp/one_pass.txt"' \
+    "one pass (no spread) compared anyway: exit $rc, $(cat "$tmp/one_pass.txt")"
 
 # ---- bad input: one clear error each ----
 plan=(build/plan --ranks=4 "${args[@]}")

@@ -556,6 +556,9 @@ static void write_json(const char *path, const Setup *s, const Plan *plans, int 
         if (p->measured) {
             cJSON *m = cJSON_AddObjectToObject(j, "measured");
             cJSON_AddNumberToObject(m, "step_s", p->measured_step_s);
+            cJSON_AddNumberToObject(m, "slowest_step_s", p->measured_slowest_s);
+            cJSON_AddItemToObject(m, "passes_step_s", cJSON_CreateDoubleArray(p->pass_step_s, p->n_passes));
+            cJSON_AddItemToObject(m, "passes_others_cores", cJSON_CreateDoubleArray(p->pass_others_cores, p->n_passes));
             cJSON_AddNumberToObject(m, "comm_bytes", p->measured_comm_bytes);
             cJSON_AddNumberToObject(m, "memory_total", (double)p->measured_memory_total);
             cJSON_AddBoolToObject(m, "memory_agrees", p->memory_agrees);
@@ -570,16 +573,26 @@ static void write_json(const char *path, const Setup *s, const Plan *plans, int 
     cJSON_Delete(root);
 }
 
+// the most cores other jobs kept busy during one of a layout's passes (-1: unknown)
+static double most_others_cores(const Plan *p) {
+    double most = -1;
+    for (int k = 0; k < p->n_passes; k++) most = p->pass_others_cores[k] > most ? p->pass_others_cores[k] : most;
+    return most;
+}
+
 static void print_measured(const Plan *plans, int n) {
-    printf("\npredicted and measured here (step: median of the measured steps after the first):\n");
-    printf("  %-17s %10s %10s %7s %12s %12s %11s %11s\n", "layout", "step ms", "measured", "ratio", "comm MB",
-           "measured", "memory MiB", "measured");
+    printf("\npredicted and measured here (a pass: the median of its steps after the first; measured: the fastest "
+           "of %d pass%s, slowest: the slowest; others: the most cores other jobs kept busy during one):\n",
+           plans[0].n_passes, plans[0].n_passes > 1 ? "es" : "");
+    printf("  %-17s %10s %10s %10s %7s %7s %12s %12s %11s %11s\n", "layout", "step ms", "measured", "slowest", "others",
+           "ratio", "comm MB", "measured", "memory MiB", "measured");
     for (int i = 0; i < n; i++) {
         const Plan *p = &plans[i];
         if (!p->measured) continue;
-        printf("  %-17s %10.2f %10.2f %7.2f %12.4f %12.4f %11.2f %11.2f%s\n", p->name, 1e3 * p->step_s,
-               1e3 * p->measured_step_s, p->measured_step_s / p->step_s, p->comm_bytes / 1e6,
-               p->measured_comm_bytes / 1e6, mib((double)p->memory_total), mib((double)p->measured_memory_total),
+        printf("  %-17s %10.2f %10.2f %10.2f %7.2f %7.2f %12.4f %12.4f %11.2f %11.2f%s\n", p->name, 1e3 * p->step_s,
+               1e3 * p->measured_step_s, 1e3 * p->measured_slowest_s, most_others_cores(p),
+               p->measured_step_s / p->step_s, p->comm_bytes / 1e6, p->measured_comm_bytes / 1e6,
+               mib((double)p->memory_total), mib((double)p->measured_memory_total),
                p->memory_agrees ? "" : "  (memory rows differ)");
     }
 }
@@ -612,7 +625,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
             o->help = true, printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--layout=L[+L...]] [--microbatches=M]\n"
                    "                  [--seq_len=T] [--json=FILE] [--measure[=STEPS] [--passes=N]] [--config FILE] [--key=value ...]\n"
-                   "       build/plan --calibrate=FILE [--ranks=P] [--config FILE] [--key=value ...]\n"
+                   "       build/plan --calibrate=FILE [--ranks=P] [--passes=N] [--config FILE] [--key=value ...]\n"
                    "layouts: ddp, fsdp, X,Y,Z (a tensor-parallel grid), ppN (N pipeline stages); docs/PLANNER.md\n"
                    "the training config's keys follow (the planner reads them as the stages do)\n\n");
         if (strncmp(a, "--cluster=", 10) == 0) o->cluster = a + 10;
@@ -676,7 +689,8 @@ int main(int argc, char **argv) {
     parse_options(&o, argc, argv);
     if (o.calibrate) {
         bool experts = stage_of_config(o.n_config_args, o.config_args) == STAGE_MIXTURE_OF_EXPERTS;
-        calibrate_machine(o.calibrate, o.ranks ? o.ranks : 4, o.config_args, o.n_config_args, experts);
+        calibrate_machine(o.calibrate, o.ranks ? o.ranks : 4, o.config_args, o.n_config_args, experts,
+                          o.passes ? o.passes : 1);
         return 0;
     }
     Config cfg;

@@ -23,7 +23,7 @@ typedef struct {
     bool intra;                // stays on one node
 } Collective;
 
-enum { PLAN_MAX_MEMORY = 8, PLAN_MAX_COMM = 10 };
+enum { PLAN_MAX_MEMORY = 8, PLAN_MAX_COMM = 10, PLAN_MAX_PASSES = 32 };
 
 typedef struct {
     char name[48];            // "DDP", "FSDP", "TP [2,2,1] x 1"
@@ -41,23 +41,29 @@ typedef struct {
     int n_comm;
     double comm_bytes;        // per step: what metrics.jsonl's comm_bytes counts
     double compute_s, bubble_s, comm_s, exposed_s, step_s, tokens_per_s;
-    // --measure
+    // --measure: each pass's median step after the first, and over the passes the fastest (the
+    // step time) and the slowest (with it, the spread a shared machine put on the figure)
     bool measured;
-    double measured_step_s, measured_comm_bytes;
+    double pass_step_s[PLAN_MAX_PASSES];
+    double pass_others_cores[PLAN_MAX_PASSES];  // cores other jobs kept busy during the pass (-1: unknown)
+    int n_passes;
+    double measured_step_s, measured_slowest_s, measured_comm_bytes;
     size_t measured_memory_total;
     bool memory_agrees;       // every row of stats.json's memory equals the prediction's
 } Plan;
 
 // --measure: runs each plan for `steps` steps with mpirun on this machine (config_args: the
 // --config and --key=value arguments the planner was given) and fills the measured fields; with
-// passes > 1, over every layout again, the fastest median step of each layout kept
+// passes > 1, over every layout again (each pass starting one layout further on), each pass's
+// median step kept
 void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_config_args, int steps, int passes);
 
 // --calibrate: writes a cluster description of this machine to `path`: matmul FLOP/s
 // (ops_peak_flops, as the stages measure it), the model's efficiency (each stage on one rank with
 // config_args: 03, 04, 05 and 07, or 08 alone for a mixture of experts), MPI latency and
-// bandwidth between ranks (ping-pongs in pairs, --pingpong)
-void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args, bool experts);
+// bandwidth between ranks (ping-pongs in pairs, --pingpong); with passes > 1 the stages run in
+// turn that many times, each stage's best efficiency kept
+void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args, bool experts, int passes);
 // the ping-pong itself, under mpirun with an even number of ranks, in pairs: prints
 // "latency_us L bandwidth_GBps B" (rank 0's pair) on rank 0
 void pingpong(int *argc, char ***argv);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "comm.h"
 #include "log.h"
 #include "ops.h"
+#include "ops_peak.h"
 #include "plan.h"
 
 // mpirun as the tests start it: ranks may outnumber the cores, nothing bound (MPIRUN overrides)
@@ -54,8 +56,11 @@ static void run_stage(int np, int stage, char **config_args, int n_config_args, 
     for (int i = 0; i < n_config_args; i++) append_quoted(cmd, sizeof cmd, config_args[i]);
     for (int i = 0; i < n_extra; i++) append_quoted(cmd, sizeof cmd, extra[i]);
     char keys[200], out_dir[600];
+    // resume=false: a run in the same directory before (the previous pass, an earlier --measure)
+    // saved a checkpoint there, which resume=auto would continue, running no step and leaving
+    // that run's metrics.jsonl to be read again as this one's
     snprintf(keys, sizeof keys, " --stop_iteration=%d --eval_batches=0 --eval_interval=0 --checkpoint_interval=0 "
-             "--log_interval=1000", steps);
+             "--log_interval=1000 --resume=false", steps);
     strncat(cmd, keys, sizeof cmd - strlen(cmd) - 1);
     snprintf(out_dir, sizeof out_dir, "--out_dir=%s", dir);
     append_quoted(cmd, sizeof cmd, out_dir);
@@ -81,16 +86,16 @@ static int compare_doubles(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// the median of metrics.jsonl's `key` over the steps after the first (which warms up), and the
-// last step's comm_bytes
-static double median_after_first(const char *dir, const char *key, double *last_comm_bytes) {
+// metrics.jsonl's `key` over the steps after the first (which warms up), sorted, and the last
+// step's comm_bytes
+enum { MAX_STEPS = 4096 };
+static int steps_after_first(const char *dir, const char *key, double values[MAX_STEPS], double *last_comm_bytes) {
     char path[600];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     FILE *f = fopen_or_die(path, "r");
-    double values[4096];
     int n = 0;
     char line[4096];
-    while (fgets(line, sizeof line, f) && n < 4096) {
+    while (fgets(line, sizeof line, f) && n < MAX_STEPS) {
         cJSON *j = cJSON_Parse(line);
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key), *s = cJSON_GetObjectItemCaseSensitive(j, "step");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "comm_bytes");
@@ -102,7 +107,7 @@ static double median_after_first(const char *dir, const char *key, double *last_
     fclose(f);
     if (n == 0) fatal("%s: expected at least 2 steps, found fewer", path);
     qsort(values, (size_t)n, sizeof(double), compare_doubles);
-    return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+    return n;
 }
 
 // stats.json's memory against the prediction's rows: the total, and whether every row agrees
@@ -125,29 +130,93 @@ static void compare_memory(Plan *p, const char *dir) {
     cJSON_Delete(stats);
 }
 
-// Passes over all the layouts, one after another, keep each layout's fastest pass: on a machine
-// other jobs share, a pass that ran beside one of them says more about the job than the layout.
+// the directory a layout's runs write: out/plan/ddp, tp-2-2-1, pp-2-m8, ep-2
+static void layout_dir(const Plan *p, char *dir, size_t size) {
+    int n = snprintf(dir, size, "%s/", out_root());
+    if (p->stage == 3) snprintf(dir + n, size - n, "ddp");
+    if (p->stage == 4) snprintf(dir + n, size - n, "fsdp");
+    if (p->stage == 5) snprintf(dir + n, size - n, "tp-%d-%d-%d", p->dims[0], p->dims[1], p->dims[2]);
+    if (p->stage == 7) snprintf(dir + n, size - n, "pp-%d-m%d", p->pp, p->microbatches);
+    if (p->stage == 8) snprintf(dir + n, size - n, "ep-%d", p->ep);
+}
+
+// ---- what other jobs took from the cores during a run ------------------------------------------
+
+// seconds of CPU the whole machine has been busy (/proc/stat's first line: user, nice, system,
+// irq, softirq, steal), summed over the cores; -1 where there is no /proc/stat
+static double machine_busy_seconds(void) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return -1;
+    unsigned long long user, nice, sys, idle, iowait, irq, softirq, steal;
+    int got = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &sys, &idle, &iowait, &irq,
+                     &softirq, &steal);
+    fclose(f);
+    if (got != 8) return -1;
+    return (double)(user + nice + sys + irq + softirq + steal) / (double)sysconf(_SC_CLK_TCK);
+}
+
+// seconds of CPU this process's finished children used (mpirun and, through it, the ranks)
+static double children_cpu_seconds(void) {
+    struct rusage r;
+    getrusage(RUSAGE_CHILDREN, &r);
+    return (double)r.ru_utime.tv_sec + (double)r.ru_stime.tv_sec + 1e-6 * (double)(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+}
+
+typedef struct {
+    double busy, children, wall;
+} CpuMark;
+
+static CpuMark cpu_mark(void) {
+    return (CpuMark){machine_busy_seconds(), children_cpu_seconds(), wall_seconds()};
+}
+
+// How many cores other jobs kept busy since `before`, on average: the machine's busy time less
+// what the runs used. A run beside another job measures the job too; tools/plan_order.py leaves
+// such passes out. -1: unknown (no /proc/stat).
+static double others_cores_since(CpuMark before) {
+    CpuMark now = cpu_mark();
+    if (before.busy < 0 || now.busy < 0 || now.wall <= before.wall) return -1;
+    double others = (now.busy - before.busy - (now.children - before.children)) / (now.wall - before.wall);
+    return others > 0 ? others : 0;
+}
+
+// One pass of one layout: its median step joins the other passes'; the step time is the fastest
+// pass, the slowest bounds the spread. The median, not the fastest step: where ranks outnumber
+// the cores they take turns, and rank 0's steps alternate (29, 36, 32, 36, 33 ms in one DDP run
+// here): a step that starts while the others finish the one before is short, and the fastest
+// step would flatter the layout (by a fifth, in that run's pass).
+static void measure_pass(Plan *p, int ranks, char **config_args, int n_config_args, int steps) {
+    char dir[512];
+    layout_dir(p, dir, sizeof dir);
+    CpuMark before = cpu_mark();
+    run_stage(ranks, p->stage, config_args, n_config_args, p->args, p->n_args, steps, dir);
+    p->pass_others_cores[p->n_passes] = others_cores_since(before);
+    double ms[MAX_STEPS];
+    int n = steps_after_first(dir, "ms", ms, &p->measured_comm_bytes);
+    double step_s = (n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2) / 1e3;
+    p->pass_step_s[p->n_passes++] = step_s;
+    if (!p->measured || step_s < p->measured_step_s) p->measured_step_s = step_s;
+    if (!p->measured || step_s > p->measured_slowest_s) p->measured_slowest_s = step_s;
+    compare_memory(p, dir);
+    p->measured = true;
+}
+
+// Passes over all the layouts, one after another, interleaved: a load another job puts on the
+// machine for a while then falls on every layout's pass, not on all of one layout's. Each pass
+// starts one layout further on, so that no layout always runs first, or after the same one.
 void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_config_args, int steps, int passes) {
     if (steps < 2) fatal("command line: option '--measure': expected at least 2 steps (the first warms up), found %d", steps);
+    if (passes > PLAN_MAX_PASSES)
+        fatal("command line: option '--passes': expected at most %d, found %d", PLAN_MAX_PASSES, passes);
     mkdir("out", 0755);
     if (mkdir(out_root(), 0755) != 0 && access(out_root(), W_OK) != 0)
         fatal("%s: cannot create the directory for the measured runs", out_root());
     for (int pass = 0; pass < passes; pass++)
-        for (int i = 0; i < n; i++) {
-            Plan *p = &plans[i];
-            char dir[512];
-            snprintf(dir, sizeof dir, "%s/%s", out_root(), p->stage == 3 ? "ddp" : p->stage == 4 ? "fsdp" : "");
-            if (p->stage == 5)
-                snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "tp-%d-%d-%d", p->dims[0], p->dims[1], p->dims[2]);
-            if (p->stage == 7) snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "pp-%d-m%d", p->pp, p->microbatches);
-            if (p->stage == 8) snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "ep-%d", p->ep);
+        for (int k = 0; k < n; k++) {
+            Plan *p = &plans[(pass + k) % n];
             fprintf(stderr, "measuring %s: %d ranks, %d steps (pass %d of %d) ...\n", p->name, ranks, steps, pass + 1,
                     passes);
-            run_stage(ranks, p->stage, config_args, n_config_args, p->args, p->n_args, steps, dir);
-            double step_s = median_after_first(dir, "ms", &p->measured_comm_bytes) / 1e3;
-            if (!p->measured || step_s < p->measured_step_s) p->measured_step_s = step_s;
-            compare_memory(p, dir);
-            p->measured = true;
+            measure_pass(p, ranks, config_args, n_config_args, steps);
         }
 }
 
@@ -201,12 +270,16 @@ static void measure_link(int ranks, double *latency_us, double *bandwidth_gbps) 
     if (rc != 0 || !got) fatal("'%s' failed (status %d) or printed no 'latency_us ... bandwidth_GBps ...' line", cmd, rc);
 }
 
-// Each stage's efficiency: its median MFU on one rank, against the peak just measured (the
+// Each stage's efficiency: its best MFU on one rank (steps 2-6), against the peak just measured.
+// The best step: one rank runs alone, so a slower step is only another job holding its core (one
+// run here: 657, 794, 786, 654, 837 ms a step, its median a disturbed step's). (the
 // stages differ: stage 05's layers and stage 07's schedule cost more than stage 03's loop).
 // Stage 05 runs the [1, 1, 1] grid, stage 07 one stage; a mixture of experts runs on stage 08
-// alone (all experts on the one rank), the others refuse it.
+// alone (all experts on the one rank), the others refuse it. With passes > 1 the stages run in
+// turn that many times and each keeps its best: a stage measured while another job held a core
+// would otherwise look slower than the others, and the plan would rank layouts by that job.
 static void measure_efficiency(char **config_args, int n_config_args, bool experts, double peak_f32, double peak_16,
-                               double efficiency[9]) {
+                               int passes, double efficiency[9]) {
     char text[64];
     snprintf(text, sizeof text, "%.6e", peak_f32);
     setenv("OPS_PEAK_FLOPS_F32", text, 1);
@@ -216,11 +289,18 @@ static void measure_efficiency(char **config_args, int n_config_args, bool exper
     mkdir(out_root(), 0755);
     static const int dense[] = {3, 4, 5, 7}, moe[] = {8};
     const int *stages = experts ? moe : dense, n = experts ? 1 : 4;
+    double best[9] = {0};
+    for (int pass = 0; pass < passes; pass++)
+        for (int i = 0; i < n; i++) {
+            char dir[512], keys[1][48] = {"--gradient_acc_steps=1"};
+            snprintf(dir, sizeof dir, "%s/calibrate-stage-%d", out_root(), stages[i]);
+            run_stage(1, stages[i], config_args, n_config_args, keys, stages[i] == 7, 6, dir);
+            double mfu[MAX_STEPS];
+            int n_steps = steps_after_first(dir, "mfu", mfu, NULL);
+            best[stages[i]] = mfu[n_steps - 1] > best[stages[i]] ? mfu[n_steps - 1] : best[stages[i]];
+        }
     for (int i = 0; i < n; i++) {
-        char dir[512], keys[1][48] = {"--gradient_acc_steps=1"};
-        snprintf(dir, sizeof dir, "%s/calibrate-stage-%d", out_root(), stages[i]);
-        run_stage(1, stages[i], config_args, n_config_args, keys, stages[i] == 7, 6, dir);
-        double mfu = median_after_first(dir, "mfu", NULL);
+        double mfu = best[stages[i]];
         // above 1: the peak was measured while other jobs held the cores, the run after they left
         if (mfu > 1)
             fprintf(stderr, "calibrate: stage %d reached %.2f of the peak measured before it (the machine was "
@@ -234,13 +314,34 @@ static size_t memory_total_bytes(void) {
     return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
 }
 
-void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args, bool experts) {
+// The matmul peak, as the stages measure it (ops_peak_flops), the best of `passes` measurements:
+// this one's and build/peak_flops' (the same function, in a process of its own: a process
+// measures once). A peak measured while another job held a core is low, and every efficiency
+// divided by it then high, the matmuls' share of a step with it.
+static void best_peaks(int passes, double *f32, double *b16) {
+    *f32 = ops_peak_flops(0), *b16 = ops_peak_flops(1);
+    for (int pass = 1; pass < passes; pass++) {
+        FILE *p = popen("build/peak_flops", "r");
+        if (!p) fatal("cannot start build/peak_flops");
+        char line[512];
+        double v;
+        while (fgets(line, sizeof line, p)) {
+            if (sscanf(line, "export " PEAK_ENV_F32 "=%lf", &v) == 1 && v > *f32) *f32 = v;
+            if (sscanf(line, "export " PEAK_ENV_BF16 "=%lf", &v) == 1 && v > *b16) *b16 = v;
+        }
+        int rc = pclose(p);
+        if (rc != 0) fatal("build/peak_flops failed (status %d)", rc);
+    }
+}
+
+void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args, bool experts, int passes) {
     ops_init();
-    double peak_f32 = ops_peak_flops(0), peak_16 = ops_peak_flops(1);
+    double peak_f32, peak_16;
+    best_peaks(passes, &peak_f32, &peak_16);
     double latency_us, bandwidth_gbps;
     measure_link(ranks, &latency_us, &bandwidth_gbps);
     double efficiency[9] = {0};
-    measure_efficiency(config_args + 1, n_config_args - 1, experts, peak_f32, peak_16, efficiency);
+    measure_efficiency(config_args + 1, n_config_args - 1, experts, peak_f32, peak_16, passes, efficiency);
     int main_stage = experts ? 8 : 3;  // the description's `efficiency`
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     char host[128] = "localhost", when[64];
@@ -253,9 +354,10 @@ void calibrate_machine(const char *path, int ranks, char **config_args, int n_co
     cJSON_AddStringToObject(c, "name", name);
     char source[1024];
     snprintf(source, sizeof source, "measured by build/plan --calibrate on %s: matmul peak as the stages measure it "
-             "(ops_peak_flops: %s); efficiency = each stage's median MFU on one rank over steps 2-6; link = "
+             "(ops_peak_flops, the best of %d: %s); efficiency = each stage's best MFU on one rank over steps 2-6 (of %d "
+             "interleaved passes); link = "
              "median MPI ping-pong between the pairs of %d ranks at once (1 float for latency, 4 MiB for "
-             "bandwidth)", when, ops_peak_flops_source(0), ranks % 2 ? ranks + 1 : ranks);
+             "bandwidth)", when, passes, ops_peak_flops_source(0), passes, ranks % 2 ? ranks + 1 : ranks);
     cJSON_AddStringToObject(c, "source", source);
     cJSON_AddNumberToObject(c, "nodes", 1);
     cJSON_AddNumberToObject(c, "gpus_per_node", ranks);
