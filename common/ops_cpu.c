@@ -457,7 +457,7 @@ static void column_block(int ncols, int *c0, int *c1) {
 
 // A decode step multiplies a few rows (one per sequence) by every weight matrix: 2 FLOPs per
 // weight and row. At batch 1 the step's speed is the memory's, reading the weights; at batch 8 (16
-// FLOPs per weight) the arithmetic takes about as long (on the 2-core Zen 5 this was measured on:
+// FLOPs per weight) the arithmetic takes about as long (on the 2-core AMD EPYC this was measured on:
 // ~36 GB/s; these loops do ~80 GFLOP/s a core in f32). oneDNN's matmul keeps neither busy while the other works: one row
 // streamed the weights at ~60% of the read ceiling, and eight cost 2.5 to 3 times one (GPT-2
 // 124M decode: 35-39 ms a step against 13-16). Here each thread walks its share of the weight rows
@@ -471,7 +471,7 @@ static void column_block(int ncols, int *c0, int *c1) {
 // of each block, then the even one 2j), then the lanes add pairwise (8 + 8, 4 + 4, 2 + 2, 1 + 1).
 // The vectors are GCC's vector extensions (also in clang): one AVX-512 register here, two AVX or
 // four NEON registers elsewhere.
-#define FEW_ROWS_MAX 16  // input rows; at 16 (2-core Zen 5) f32 is about even with oneDNN, bf16 1.6x faster
+#define FEW_ROWS_MAX 16  // input rows; at 16 (2 EPYC cores) f32 is about even with oneDNN, bf16 1.6x faster
 #define ROWS_PER_PASS 8  // input rows per pass over two weight rows: 16 accumulators in registers
 #define LANES 16
 typedef float Floats __attribute__((vector_size(LANES * sizeof(float))));
