@@ -239,6 +239,9 @@ order_is "$tmp/disagree.json" '{"agree": [["A", "B"], ["A", "D"], ["C", "B"], ["
     "disturbed": []}' "a disagreement"
 check 'grep -q "order agrees: no" "$tmp/order.txt" && grep -q "DISAGREE: predicted A < E" "$tmp/order.txt"' \
     "a disagreement not reported: $(cat "$tmp/order.txt")"
+made_up "$tmp/busy.json" A:10:10,11,10.5:1,1,1 B:20:20,21,20.5:0,1,1
+python3 tools/plan_order.py "$tmp/busy.json" >"$tmp/busy.txt" 2>&1
+check 'grep -q "order agrees: nothing to compare" "$tmp/busy.txt"' "a busy machine said to agree: $(cat "$tmp/busy.txt")"
 made_up "$tmp/one_pass.json" A:10:10 B:20:20,21
 python3 tools/plan_order.py "$tmp/one_pass.json" >"$tmp/one_pass.txt" 2>&1
 rc=$?

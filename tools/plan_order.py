@@ -12,7 +12,8 @@ each can tell two layouts apart (docs/PLANNER.md, "How far off"):
     (MODEL_ERROR: one predicted more than 1 + MODEL_ERROR times the other); otherwise they are
     tied in the prediction.
 
-The order agrees when no pair ordered by both is ordered oppositely.
+The order agrees when no pair ordered by both is ordered oppositely (and some pair is ordered by
+both: a busy machine measures nothing, and the bench says so rather than "agrees").
 
   plan_order.py PLAN.json [--label=TEXT] [--model-error=E] [--json=OUT]
 
@@ -91,21 +92,38 @@ def spearman(layouts):
     return 1 - 6 * sum((rp[k] - rm[k]) ** 2 for k in rp) / (n * (n * n - 1)) if n > 1 else 1.0
 
 
+def verdict(pairs):
+    """'no' when a pair is ordered oppositely, 'yes' when some are ordered by both and none so,
+    and no verdict when nothing was ordered by both (a busy machine measures nothing)"""
+    if pairs["disagree"]:
+        return "no"
+    return "yes" if pairs["agree"] else "nothing to compare (no pair ordered by both)"
+
+
+def summary(layouts):
+    """Spearman and the measured/predicted ratios, over the layouts measured on quiet passes:
+    a disturbed layout's passes timed another job as well"""
+    quiet = [l for l in layouts if not disturbed(l)]
+    if len(quiet) < 2:
+        return "Spearman and measured/predicted: fewer than 2 layouts measured quietly"
+    ratios = [measured_step(l) / l["step_s"] for l in quiet]
+    return (f"Spearman {spearman(quiet):.2f}, measured/predicted step time {min(ratios):.2f} to {max(ratios):.2f} "
+            f"(the {len(quiet)} layouts measured quietly)")
+
+
 def report(layouts, label, model_error):
     pairs = compare_pairs(layouts, model_error)
-    ratios = [measured_step(l) / l["step_s"] for l in layouts]
     exact = all(l["measured"]["comm_bytes"] == l["comm_bytes"] and l["measured"]["memory_agrees"] for l in layouts)
-    by = lambda key: " < ".join(l["name"] for l in sorted(layouts, key=key))
+    by = lambda key: " < ".join(l["name"] + ("*" if disturbed(l) else "") for l in sorted(layouts, key=key))
     pad = " " * len(label)
     n_pairs = sum(len(v) for v in pairs.values())
     lines = [f"{label}: predicted order {by(lambda l: l['step_s'])}",
-             f"{pad}  measured order  {by(measured_step)} (fastest quiet passes)",
+             f"{pad}  measured order  {by(measured_step)} (fastest quiet passes; *: disturbed, fastest pass)",
              f"{pad}  of {n_pairs} pairs: {len(pairs['agree']) + len(pairs['disagree'])} ordered by both, "
              f"{len(pairs['agree'])} agreeing; {len(pairs['measured_tie'])} tied in the measurement (passes overlap); "
              f"{len(pairs['predicted_tie'])} ordered by the measurement only (predicted within {100 * model_error:.0f}%); "
              f"{len(pairs['disturbed'])} not measured (a layout with fewer than {MIN_QUIET} quiet passes)",
-             f"{pad}  order agrees: {'no' if pairs['disagree'] else 'yes'}; Spearman {spearman(layouts):.2f}; "
-             f"measured/predicted step time {min(ratios):.2f} to {max(ratios):.2f}; bytes and memory as planned: "
+             f"{pad}  order agrees: {verdict(pairs)}; {summary(layouts)}; bytes and memory as planned: "
              f"{'yes' if exact else 'NO'}"]
     lines += [f"{pad}  DISAGREE: predicted {fast} < {slow}, measured the other way" for fast, slow in pairs["disagree"]]
     for l in sorted(layouts, key=lambda l: l["step_s"]):
