@@ -25,11 +25,13 @@ steps=${PLAN_BENCH_STEPS:-8} passes=${PLAN_BENCH_PASSES:-6} calibrate_passes=3
 # CPU time in clock ticks: the whole machine's busy time (/proc/stat), and this script's finished
 # children's (/proc/$$/stat: cutime + cstime). Their difference over a run is what other jobs
 # took from the cores meanwhile -- unlike the load average, which counts this bench's own 4 ranks.
+# The two count ticks apart (a child's are added when it is reaped), so an idle machine can come
+# out a hundredth of a core below zero: shown as 0.
 machine_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 own_ticks() { awk '{print $16 + $17}' "/proc/$$/stat"; }
 others_cores() { # others_cores <machine ticks before> <own ticks before> <seconds before>
     awk -v m="$1" -v m2="$(machine_ticks)" -v o="$2" -v o2="$(own_ticks)" -v t="$3" -v t2="$(date +%s.%N)" \
-        -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", (m2 - m - (o2 - o)) / hz / (t2 - t) }'
+        -v hz="$(getconf CLK_TCK)" 'BEGIN { c = (m2 - m - (o2 - o)) / hz / (t2 - t); printf "%.2f", (c > 0 ? c : 0) }'
 }
 
 plan_bench() { # plan_bench <name> <label> <config args...>
