@@ -1498,14 +1498,15 @@ static void test_graph_after_workspace_growth(void) {
 // A decode step's few rows (one per sequence) go through a loop that multiplies each weight row by
 // all of them (ops_cpu.c: few_rows_matmul). Its sums must run in the order ops_cpu.c documents,
 // which is the same at any number of rows, so that a sequence decodes to the same bits alone or in
-// a batch: lane j of 16 adds its columns' products in order (f32: the columns c = j mod 16; bf16,
-// in 32-column blocks: the odd column 2j + 1 of each block, then the even one 2j), then the lanes
-// add pairwise (8 + 8, 4 + 4, 2 + 2, 1 + 1), then the bias. With AVX512-BF16 one instruction
-// does the bf16 pairs: this also checks that it rounds as the portable loop does.
+// a batch: lane j of 16 adds its columns' products in order (f32: the columns c = j mod 16, each a
+// fused multiply-add; bf16, in 32-column blocks: the odd column 2j + 1 of each block, then the even
+// one 2j, whose products are exact in f32), then the lanes add pairwise (8 + 8, 4 + 4, 2 + 2,
+// 1 + 1), then the bias. With AVX512-BF16 one instruction does the bf16 pairs: this also checks
+// that it rounds as the portable loop does.
 static float few_rows_dot(const float *w, const float *x, int C, int bf16_pairs, float bias) {
     float lane[16] = {0};
     if (!bf16_pairs)
-        for (int c = 0; c < C; c++) lane[c % 16] += w[c] * x[c];
+        for (int c = 0; c < C; c++) lane[c % 16] = fmaf(w[c], x[c], lane[c % 16]);
     else
         for (int block = 0; block < C; block += 32)
             for (int j = 0; j < 16; j++)
