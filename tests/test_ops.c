@@ -1539,7 +1539,8 @@ static void test_few_rows_matmul(int N, int C, int OC, int bf16_weights) {
     check_array(what, got, want, nout, 1e-5, 1e-5 * C);
     float *w = malloc_or_die((size_t)C * sizeof(float)), *x = malloc_or_die((size_t)C * sizeof(float));
     size_t differ = 0;
-    for (int n = 0; n < N; n++)
+    int cpu = strcmp(ops_backend_name(), "cpu") == 0;  // cuBLAS sums in an order of its own
+    for (int n = 0; n < N && cpu; n++)
         for (int o = 0; o < OC; o++) {
             for (int c = 0; c < C; c++) w[c] = (float)weight[(size_t)o * C + c], x[c] = (float)inp[(size_t)n * C + c];
             differ += got[(size_t)n * OC + o] != few_rows_dot(w, x, C, bf16_weights, (float)bias[o]);
