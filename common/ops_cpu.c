@@ -459,12 +459,11 @@ static void column_block(int ncols, int *c0, int *c1) {
 // weight and row. At batch 1 the step's speed is the memory's, reading the weights; at batch 8 (16
 // FLOPs per weight) the arithmetic takes about as long (on the 2-core AMD EPYC this was measured on:
 // ~36 GB/s; these loops do ~80 GFLOP/s a core in f32, weights in cache, 8 rows). oneDNN's matmul
-// keeps neither busy while the other works: one row
-// streamed the weights at ~60% of the read ceiling, and eight cost 2.5 to 3 times one (GPT-2
-// 124M decode: 35-39 ms a step against 13-16). Here each thread walks its share of the weight rows
-// once, in order, two at a time, multiplying them by all the input rows (which stay in L1 or L2)
-// while a prefetch brings the next two into L2; past FEW_ROWS_MAX input rows oneDNN's blocking
-// wins.
+// keeps neither busy while the other works: one row streamed the weights at ~60% of the read
+// ceiling, and eight cost 2.5 to 3 times one (GPT-2 124M decode: 35-39 ms a step against 13-16).
+// Here each thread walks its share of the weight rows once, in order, two at a time, multiplying
+// them by all the input rows (which stay in L1 or L2) while a prefetch brings the next two into
+// L2; past FEW_ROWS_MAX input rows oneDNN's blocking wins.
 //
 // Each output is one dot product summed in the same order at any number of rows, so a sequence
 // decodes to the same bits alone or in a batch: lane j of a 16-float vector adds its columns'
