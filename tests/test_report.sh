@@ -4,8 +4,11 @@
 #    one error naming it;
 #  - the report of a stage-01 run and a traced stage-03 run renders in headless Chromium
 #    (Debian's, installed by tests/setup_browser.sh): a screenshot is taken, the page logs no
-#    console error, every image loads, and the numbers in its tables equal the runs'
-#    metrics.jsonl and stats.json; a page with a broken image is caught (the check can fail).
+#    console error, every image loads, the loss figure has its two panels (every run overlaid,
+#    and the stage-03 run's difference from stage 01), the memory bars' totals are the memory
+#    reports', and every number in the summary table and the per-run tables equals what the runs'
+#    metrics.jsonl and stats.json say, in the unit and to the digits shown. Both checks can fail:
+#    a page with a broken image and a page with one number changed are caught.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 bash tests/setup_browser.sh || { echo "test_report: 0 passed, 1 failed"; exit 1; }
@@ -51,47 +54,100 @@ cp -r "$tmp/report" "$tmp/broken" && sed -i 's/src="memory.svg"/src="missing.svg
 browse "$tmp/broken"
 check 'grep -q "CONSOLE.*missing.svg" "$tmp/broken.log"' "a broken image went unnoticed"
 
-# every number the tables show, against the files it came from
-out=$(python3 - "$tmp/report.dom" "$tmp/single" "$tmp/ddp" <<'PY'
-import json, sys
+# the loss figure: the overlay panel draws both runs, the difference panel the one that is not the reference
+overlay=$(grep -o 'id="gnuplot_plot_[0-9]*a"' "$tmp/report/loss.svg" | sort -u | wc -l)
+difference=$(grep -o 'id="gnuplot_plot_[0-9]*b"' "$tmp/report/loss.svg" | sort -u | wc -l)
+check '[ "$overlay" = 2 ] && [ "$difference" = 1 ]' "loss.svg: $overlay overlaid curves (want 2), $difference differences (want 1)"
+# each run's bar ends at its memory report's total
+for run in single ddp; do
+    total=$(python3 -c "import json, sys; print(f'{sum(json.load(open(sys.argv[1]))[\"memory\"].values()) / 2**20:,.1f} MiB')" \
+        "$tmp/$run/stats.json")
+    check 'grep -q ">$total<" "$tmp/report/memory.svg"' "memory.svg: no bar of $run ends at its total, $total"
+done
+title=$(sed -n 's:.*<title>\(.*\)</title>.*:\1:p' "$tmp/report.dom")
+check '[ "$title" = "Training report: 2 runs of stages 01 and 03" ]' "the page's title is '$title'"
+
+# every number the tables show, against the files it came from: the reference for the loss
+# difference is the first stage-01 run; tokens/s and MFU are the median step after the first
+table_check() { # table_check <dom>: prints each number that differs from the files
+    python3 - "$1" "$tmp/single" "$tmp/ddp" <<'PY'
+import json, statistics, sys
 from html.parser import HTMLParser
 
 class Cells(HTMLParser):
+    """shown[run][key]: the texts of the elements with that data-key, under the element that
+    names the run (a summary row, a run's section)"""
     def __init__(self):
         super().__init__()
-        self.runs, self.key = [], None
+        self.shown, self.rows, self.sections, self.run, self.key = {}, 0, 0, None, None
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if tag == "section":
-            self.runs.append({})
-        if tag == "td" and "data-key" in a:
+        if "data-run" in a:
+            self.run = a["data-run"]
+            self.rows += tag == "tr"
+            self.sections += tag == "section"
+        if "data-key" in a:
             self.key = a["data-key"]
     def handle_data(self, data):
         if self.key:
-            self.runs[-1].setdefault(self.key, []).append(float(data))
+            self.shown.setdefault(self.run, {}).setdefault(self.key, []).append(data)
             self.key = None
+
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+def agrees(text, want):
+    """the text, read in its unit, is want rounded to the digits shown; "0" is exactly 0"""
+    if text == "0":
+        return want == 0
+    number, _, unit = text.replace(",", "").partition(" ")
+    scale = UNITS[unit] if unit else 1
+    mantissa, _, exponent = number.lower().partition("e")
+    half_digit = 0.5 * 10.0 ** (int(exponent or 0) - len(mantissa.partition(".")[2])) * scale
+    return abs(float(number) * scale - want) <= half_digit * (1 + 1e-9)
+
+def median_step(metrics, key):
+    return statistics.median([m[key] for m in metrics][1:])
 
 page = Cells()
 page.feed(open(sys.argv[1]).read())
+runs = sys.argv[2:]
+data = {run: ([json.loads(line) for line in open(f"{run}/metrics.jsonl")], json.load(open(f"{run}/stats.json")))
+        for run in runs}
+reference = next(run for run in runs if data[run][1]["stage"] == 1)
+ref_loss = {m["step"]: m["loss"] for m in data[reference][0]}
 bad = []
-for run, shown in zip(sys.argv[2:], page.runs):
-    metrics = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
-    stats = json.load(open(f"{run}/stats.json"))
-    last = metrics[-1]
-    want = {"stage": [stats["stage"]], "world_size": [stats["world_size"]], "steps": [len(metrics)],
-            "tokens_per_sec": [last["tokens_per_sec"]], "mfu": [last["mfu"]], "mem_bytes": [last["mem_bytes"]],
-            "loss": [last["loss"]], "memory": list(stats["memory"].values()),
+for run in runs:
+    metrics, stats = data[run]
+    steps, shown = len(metrics), page.shown.get(run, {})
+    want = {"stage": [stats["stage"]], "ranks": [stats["world_size"]], "steps": [steps],
+            "final_loss": [metrics[-1]["loss"]],
+            "tokens_per_sec": [median_step(metrics, "tokens_per_sec")],
+            "mfu_percent": [100 * median_step(metrics, "mfu")],
+            "peak_memory_mib": [max(m["mem_bytes"] for m in metrics) / 2**20],
+            "memory": [v / 2**20 for v in stats["memory"].values()],
             "calls": [e["calls"] for e in stats["communication"]],
-            "bytes_per_step": [e["bytes"] / len(metrics) for e in stats["communication"]],
+            "bytes_per_step": [e["bytes"] / steps for e in stats["communication"]],
+            "ms_per_step": [1e3 * e["seconds"] / steps for e in stats["communication"]],
             "busbw_GBps": [e["busbw_GBps"] for e in stats["communication"]]}
-    for key, values in want.items():
-        if [float(v) for v in values] != shown.get(key, []):
-            bad.append(f"{run}: {key} shows {shown.get(key)}, files say {values}")
-if len(page.runs) != len(sys.argv) - 2:
-    bad.append(f"{len(page.runs)} run sections for {len(sys.argv) - 2} runs")
+    if run != reference:
+        want["loss_difference"] = [max(abs(m["loss"] - ref_loss[m["step"]]) / ref_loss[m["step"]]
+                                       for m in metrics if m["step"] in ref_loss)]
+    for key in sorted(set(want) | set(shown)):
+        texts, values = shown.get(key, []), want.get(key, [])
+        if len(texts) != len(values) or not all(agrees(t, v) for t, v in zip(texts, values)):
+            bad.append(f"{run}: {key} shows {texts}, files say {values}")
+if page.rows != len(runs) or page.sections != len(runs):
+    bad.append(f"{page.rows} summary rows and {page.sections} run sections for {len(runs)} runs")
 print("\n".join(bad))
 PY
-)
+}
+out=$(table_check "$tmp/report.dom")
 check '[ -z "$out" ]' "the report's numbers differ from the files: $out"
+# the control: the first run's final loss, 2 in the last digit shown more, is caught
+last=$(sed -n 's:.*data-key="final_loss">\([0-9.]*\)<.*:\1:p' "$tmp/report.dom" | head -1)
+sed "0,/data-key=\"final_loss\">$last</s//data-key=\"final_loss\">$(python3 -c "print(f'{$last + 0.0002:.4f}')")</" \
+    "$tmp/report.dom" >"$tmp/changed.dom"
+out=$(table_check "$tmp/changed.dom")
+check '[ -n "$out" ] && ! cmp -s "$tmp/report.dom" "$tmp/changed.dom"' "a changed final loss went unnoticed"
 check 'grep -q "href=\"[^\"]*ddp/trace.json\"" "$tmp/report.dom"' "no link to the stage 03 run's trace"
 finish test_report

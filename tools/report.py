@@ -365,7 +365,7 @@ def overlap_text(run, out_dir, i):
     overlap = trace_check.overlap_us(events)
     link = os.path.relpath(os.path.abspath(path), os.path.abspath(out_dir))
     share = f"{100 * overlap / comm_us:.1f}% of collective time" if comm_us > 0 else "no collectives"
-    text = f"{overlap / 1e3 / traced_steps:.3f} ms per step summed over ranks ({share})"
+    text = f"{significant(overlap / 1e3 / traced_steps)} ms per step summed over ranks ({share})"
     return text, (f'<a href="{html.escape(link)}">trace.json</a> (open in ui.perfetto.dev)<br>'
                   f'<img src="timeline_{i}.svg" alt="timeline of {html.escape(run)}" onerror="imageFailed(this)">')
 
@@ -378,7 +378,9 @@ def summary_table(runs, ref):
     head = ["stage", "layout", "ranks", "precision", "steps", "final loss",
             f"largest relative difference from {ref['label']}", "tokens/s", "MFU (%)",
             "peak memory per rank (MiB)", "run directory"]
-    rows = ["<table class=summary><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    text_columns = {"layout", "precision", "run directory"}
+    rows = ["<table class=summary><tr>" + "".join(f"<th{' class=text' if h in text_columns else ''}>"
+                                                  f"{html.escape(h)}</th>" for h in head) + "</tr>"]
     for r in runs:
         s = r["stats"]
         if r is ref:
@@ -411,7 +413,7 @@ def communication_table(run):
     comm, steps = run["stats"].get("communication", []), len(run["metrics"])
     if not comm:
         return "<p>no communication (one process)</p>"
-    rows = ["<table class=comm><caption>communication on rank 0, per training step</caption><tr><th>group</th>"
+    rows = ["<table class=comm><caption>communication on rank 0: the run's totals per training step</caption><tr><th>group</th>"
             "<th>collective</th><th>calls</th><th>bytes per step</th><th>ms per step</th>"
             "<th>bus bandwidth (GB/s)</th></tr>"]
     for e in comm:
@@ -449,7 +451,7 @@ table {{ border-collapse: collapse; margin: .5em 0; }}
 td, th {{ border: 1px solid #ccc; padding: .25em .5em; text-align: right; }}
 td {{ white-space: nowrap; }}
 th {{ background: #f3f3f3; font-weight: 600; }}
-td.text, .memory th, .comm td.text {{ text-align: left; }}
+td.text, th.text, .memory th {{ text-align: left; }}
 .summary td {{ font-variant-numeric: tabular-nums; }}
 caption {{ text-align: left; font-weight: 600; padding: .2em 0; }}
 .tables {{ display: flex; gap: 2em; align-items: flex-start; flex-wrap: wrap; }}
@@ -472,8 +474,8 @@ and its memory, from the run's metrics.jsonl and stats.json.</p>
 {summary_table(runs, ref)}
 <p class=note>Final loss: the last step's training loss. Largest relative difference: the largest
 |loss &minus; reference| / reference over the steps both runs trained; 0 means equal to the last bit.
-Runs that add the same numbers in another order differ by a few fp32 roundings (6e-08) per step, and
-the differences grow over the steps. Tokens/s and MFU: the median step after the first. Peak memory:
+Runs that add the same numbers in another order differ by about fp32's rounding (6e-08) at first,
+more as their weights drift apart over the steps; bf16 runs by about bf16's (4e-03). Tokens/s and MFU: the median step after the first. Peak memory:
 rank 0's device memory in use, the largest over the steps.</p>
 <h2>Loss: every layout trains the same model</h2>
 <img src="loss.svg" alt="loss at the steps every run trained, and each run's relative difference from the reference" onerror="imageFailed(this)">
