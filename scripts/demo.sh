@@ -85,9 +85,12 @@ printf "$questions" | build/stage-6 --config configs/inference.json --init_from=
     sed -n '/User:/,/tokens,/p'  # the answers, without the timing table
 
 say "The report: every run above on one page" \
-"Open it in a browser (it is a file; no server): the loss curves of every layout lie on one
-another; below, each run's tokens/s, memory by category, communication with bus bandwidth, and
-how much of it overlapped compute, measured from its trace (open trace.json in ui.perfetto.dev)."
+"Open it in a browser (it is a file; no server): first every run side by side in one table; then
+the loss of every layout over the steps they all trained, one curve, and each run's relative
+difference from stage 01 (near fp32's rounding for the parallel layouts, bf16's for stage 02;
+stage 08 is another model); memory by category; and per run its communication with bus
+bandwidth and how much of it overlapped compute, measured from its trace (open trace.json in
+ui.perfetto.dev)."
 python3 tools/report.py -o out/demo-report out/demo-stage-1 out/demo-stage-2 out/demo-stage-3 out/demo-stage-4 \
     out/demo-stage-5 out/demo-stage-7 out/demo-stage-8
 echo "open file://$PWD/out/demo-report/index.html"

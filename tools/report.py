@@ -218,13 +218,15 @@ def difference_panel(runs, ref, data):
     low = math.floor(math.log10(min(nonzero))) if nonzero else -9
     high = max(math.ceil(math.log10(max(nonzero))) if nonzero else -6, low + 1)
     zero_at = 10.0 ** (low - 1)
-    tics = [f"'0' {zero_at:g}"] + [f"'10^{{{e}}}' 1e{e}" for e in range(low, high + 1)]
+    has_zero = any(d == 0 for _, _, diffs in compared for d in diffs.values())
+    tics = ([f"'0' {zero_at:g}"] if has_zero else []) + [f"'10^{{{e}}}' 1e{e}" for e in range(low, high + 1)]
+    bottom = zero_at / 2 if has_zero else 10.0 ** low
     shown = [(v, name) for v, name in ROUNDINGS if 10.0**low <= v <= 10.0**high]
     # the roundoffs as dashed lines across, named on the right-hand axis, outside the data
     lines = "".join(f"set arrow from graph 0, first {v:g} to graph 1, first {v:g} nohead dt 2 lc rgb '#555555'\n"
                     for v, _ in shown)
     if shown:
-        lines += (f"set logscale y2\nset y2range [{zero_at / 2:g}:{10.0 ** high:g}]\nset y2tics "
+        lines += (f"set logscale y2\nset y2range [{bottom:g}:{10.0 ** high:g}]\nset y2tics "
                   f"({', '.join(f'{quoted(name)} {v:g}' for v, name in shown)}) font ',10' tc rgb '#444444'\n")
     curves = []
     for j, r, diffs in compared:
@@ -235,7 +237,7 @@ def difference_panel(runs, ref, data):
                       f"lc rgb '{color(j)}' notitle")
     return (f"set title {quoted('relative difference from ' + ref['label'] + ': |loss - reference| / reference')}"
             " noenhanced\nunset xrange\nset key off\nset logscale y\n"
-            f"set yrange [{zero_at / 2:g}:{10.0 ** high:g}]\nset ytics ({', '.join(tics)})\n"
+            f"set yrange [{bottom:g}:{10.0 ** high:g}]\nset ytics ({', '.join(tics)})\n"
             "set ylabel 'relative difference (log scale)'\n" + lines + "plot " + ", ".join(curves) + "\n")
 
 
@@ -377,7 +379,7 @@ def overlap_text(run, out_dir, i):
 def summary_table(runs, ref):
     head = ["stage", "layout", "ranks", "precision", "steps", "final loss",
             f"largest relative difference from {ref['label']}", "tokens/s", "MFU (%)",
-            "peak memory per rank (MiB)", "run directory"]
+            "peak MiB per rank", "run directory"]
     text_columns = {"layout", "precision", "run directory"}
     rows = ["<table class=summary><tr>" + "".join(f"<th{' class=text' if h in text_columns else ''}>"
                                                   f"{html.escape(h)}</th>" for h in head) + "</tr>"]
@@ -477,7 +479,7 @@ and its memory, from the run's metrics.jsonl and stats.json.</p>
 Runs that add the same numbers in another order differ by about fp32's rounding (6e-08) at first,
 more as their weights drift apart over the steps; bf16 runs by about bf16's (4e-03). Tokens/s and MFU: the median step after the first. Peak memory:
 rank 0's device memory in use, the largest over the steps.</p>
-<h2>Loss: every layout trains the same model</h2>
+<h2>Loss against the reference run</h2>
 <img src="loss.svg" alt="loss at the steps every run trained, and each run's relative difference from the reference" onerror="imageFailed(this)">
 <img src="loss_whole.svg" alt="loss over each whole run" onerror="imageFailed(this)">
 <h2>Memory on one rank</h2>
