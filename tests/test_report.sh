@@ -57,11 +57,12 @@ check 'grep -q "CONSOLE.*missing.svg" "$tmp/broken.log"' "a broken image went un
 # the loss figure: the overlay panel draws both runs, the difference panel the one that is not the reference
 overlay=$(grep -o 'id="gnuplot_plot_[0-9]*a"' "$tmp/report/loss.svg" | sort -u | wc -l)
 difference=$(grep -o 'id="gnuplot_plot_[0-9]*b"' "$tmp/report/loss.svg" | sort -u | wc -l)
-check '[ "$overlay" = 2 ] && [ "$difference" = 1 ]' "loss.svg: $overlay overlaid curves (want 2), $difference differences (want 1)"
+check '[ "$overlay" = 2 ] && [ "$difference" = 1 ]' \
+    "loss.svg: $overlay overlaid curves (want 2), $difference differences (want 1)"
 # each run's bar ends at its memory report's total
 for run in single ddp; do
-    total=$(python3 -c "import json, sys; print(f'{sum(json.load(open(sys.argv[1]))[\"memory\"].values()) / 2**20:,.1f} MiB')" \
-        "$tmp/$run/stats.json")
+    total=$(python3 -c "import json, sys
+print(f'{sum(json.load(open(sys.argv[1]))[\"memory\"].values()) / 2**20:,.1f} MiB')" "$tmp/$run/stats.json")
     check 'grep -q ">$total<" "$tmp/report/memory.svg"' "memory.svg: no bar of $run ends at its total, $total"
 done
 title=$(sed -n 's:.*<title>\(.*\)</title>.*:\1:p' "$tmp/report.dom")

@@ -415,7 +415,8 @@ def communication_table(run):
     comm, steps = run["stats"].get("communication", []), len(run["metrics"])
     if not comm:
         return "<p>no communication (one process)</p>"
-    rows = ["<table class=comm><caption>communication on rank 0: the run's totals per training step</caption><tr><th>group</th>"
+    rows = ["<table class=comm><caption>communication on rank 0: the run's totals per training step</caption>"
+            "<tr><th>group</th>"
             "<th>collective</th><th>calls</th><th>bytes per step</th><th>ms per step</th>"
             "<th>bus bandwidth (GB/s)</th></tr>"]
     for e in comm:
@@ -444,7 +445,8 @@ def stage_list(runs):
 
 
 def page(runs, ref, sections):
-    title = f"Training report: {len(runs)} run{'s' if len(runs) > 1 else ''} of stage{'s' if len(runs) > 1 else ''} {stage_list(runs)}"
+    plural = "s" if len(runs) > 1 else ""
+    title = f"Training report: {len(runs)} run{plural} of stage{plural} {stage_list(runs)}"
     return f"""<!doctype html>
 <html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>
 <style>
@@ -477,10 +479,12 @@ and its memory, from the run's metrics.jsonl and stats.json.</p>
 <p class=note>Final loss: the last step's training loss. Largest relative difference: the largest
 |loss &minus; reference| / reference over the steps both runs trained; 0 means equal to the last bit.
 Runs that add the same numbers in another order differ by about fp32's rounding (6e-08) at first,
-more as their weights drift apart over the steps; bf16 runs by about bf16's (4e-03). Tokens/s and MFU: the median step after the first. Peak memory:
-rank 0's device memory in use, the largest over the steps.</p>
+more as their weights drift apart over the steps; bf16 runs by about bf16's (4e-03). Tokens/s and
+MFU: the median step after the first. Peak memory: rank 0's device memory in use, the largest over
+the steps.</p>
 <h2>Loss against the reference run</h2>
-<img src="loss.svg" alt="loss at the steps every run trained, and each run's relative difference from the reference" onerror="imageFailed(this)">
+<img src="loss.svg" alt="loss at the steps every run trained, and each run's relative difference from the reference"
+ onerror="imageFailed(this)">
 <img src="loss_whole.svg" alt="loss over each whole run" onerror="imageFailed(this)">
 <h2>Memory on one rank</h2>
 <img src="memory.svg" alt="memory on rank 0 by category, one bar per run" onerror="imageFailed(this)">
