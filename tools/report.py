@@ -416,8 +416,8 @@ def communication_table(run):
     if not comm:
         return "<p>no communication (one process)</p>"
     rows = ["<table class=comm><caption>communication on rank 0: the run's totals per training step</caption>"
-            "<tr><th>group</th>"
-            "<th>collective</th><th>calls</th><th>bytes per step</th><th>ms per step</th>"
+            "<tr><th class=text>group</th>"
+            "<th class=text>collective</th><th>calls</th><th>bytes per step</th><th>ms per step</th>"
             "<th>bus bandwidth (GB/s)</th></tr>"]
     for e in comm:
         rows.append("<tr>" + cell(e["group"], cls="text") + cell(e["kind"], cls="text") + cell(e["calls"], "calls")
@@ -458,7 +458,7 @@ th {{ background: #f3f3f3; font-weight: 600; }}
 td.text, th.text, .memory th {{ text-align: left; }}
 .summary td {{ font-variant-numeric: tabular-nums; }}
 caption {{ text-align: left; font-weight: 600; padding: .2em 0; }}
-.tables {{ display: flex; gap: 2em; align-items: flex-start; flex-wrap: wrap; }}
+.tables {{ display: flex; gap: 2em; align-items: flex-start; flex-wrap: wrap; font-size: 90%; }}
 h2 small {{ font-weight: normal; color: #666; font-size: 60%; }}
 section.run {{ border-top: 2px solid #ddd; margin-top: 1.5em; }}
 p.note {{ color: #555; font-size: 90%; max-width: 60em; }}
