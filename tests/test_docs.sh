@@ -33,7 +33,8 @@ check 'grep -qx stage-1 "$tmp/targets" && grep -qx build/plan "$tmp/targets"' "m
 
 docs=(README.md [0-9][0-9]_*/README.md docs/*.md)
 python3 tests/doc_names.py "$tmp/keys" "$tmp/targets" "$tmp/allow" "${docs[@]}" >"$tmp/names"
-check '[ $? -eq 0 ] && [ -s "$tmp/names" ]' "tests/doc_names.py failed"
+rc=$?
+check '[ $rc -eq 0 ] && [ -s "$tmp/names" ]' "tests/doc_names.py failed (exit $rc)"
 while IFS=$'\t' read -r state where token what; do
     [ "$verbose" = -v ] && printf '%-4s %-34s %-40s %s\n' "$state" "$where" "$token" "$what"
     [ "$state" = skip ] && continue

@@ -6,7 +6,7 @@
 # docs/ARCHITECTURE.md quotes the counts).
 # Usage: bash tools/diff_counts.sh
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 # from to budget
 pairs="01_single_gpu 02_mixed_precision 70
 02_mixed_precision 03_ddp 110
