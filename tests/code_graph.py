@@ -94,7 +94,8 @@ def common_cycles():
             visit(v)
     for scc in sccs:
         inside = ", ".join(f"{a} -> {b}" for a in scc for b in sorted(edges.get(a, ())) if b in scc)
-        findings.append(("cycle", "common/", " -> ".join(shortest_loop(edges, scc)) + f" (the loop's includes: {inside})"))
+        loop = " -> ".join(shortest_loop(edges, scc))
+        findings.append(("cycle", "common/", f"{loop} (the loop's includes: {inside})"))
     return findings
 
 

@@ -36,9 +36,9 @@ import sys
 SOURCE_EXT = (".c", ".h", ".cu", ".sh", ".py", ".json")
 # programs that are not the workbook's but that its docs tell you to run
 EXTERNAL = {
-    "apt-get", "bash", "cat", "compute-sanitizer", "curl", "diff", "echo", "export", "for", "gdb",
-    "kill", "ls", "mpirun", "nvcc", "nvidia-smi", "pip", "printf", "python3", "rm", "sbatch",
-    "scancel", "scontrol", "sed", "tail", "sinfo", "source", "squeue", "srun", "sudo", "/usr/bin/time", "cd",
+    "/usr/bin/time", "apt-get", "bash", "cat", "cd", "compute-sanitizer", "curl", "diff", "echo",
+    "export", "for", "gdb", "kill", "ls", "mpirun", "nvcc", "nvidia-smi", "pip", "printf", "python3",
+    "rm", "sbatch", "scancel", "scontrol", "sed", "sinfo", "source", "squeue", "srun", "sudo", "tail",
 }
 ENV_PREFIXES = ("NCCL_", "OMPI_", "UCX_", "PMIX_", "CUDA_", "SLURM_", "OMP_")
 TREE_DIRS = ("common/", "configs/", "data/", "docs/", "scripts/", "slurm/", "tests/", "tools/")
@@ -118,14 +118,15 @@ def path_ok(tree, path, doc_dir):
             return True, "path"
     if "/" not in plain and plain in tree.basenames:
         return True, "file name"
-    if plain in tree.targets or plain.startswith("build/") and any(t.startswith(plain + "/") for t in tree.targets):
+    under_target = plain.startswith("build/") and any(t.startswith(plain + "/") for t in tree.targets)
+    if plain in tree.targets or under_target:
         return True, "make target"
     if (plain.startswith(TREE_DIRS) or re.match(r"\d\d_", plain)) and re.search(SOURCE_FILE, plain):
         return False, "path of the tree that does not exist"
     if plain.startswith("out/"):
         named = any(d == plain or d.startswith(plain + "/") for d in tree.out_dirs)
         return named or output_spelled(tree, plain), "an out_dir the docs' commands or the sources name"
-    if plain.endswith((".o",)) and plain[:-2] + ".c" in tree.basenames:
+    if plain.endswith(".o") and plain[:-2] + ".c" in tree.basenames:
         return True, "object of a source file"
     return output_spelled(tree, plain), "output the sources spell"
 
@@ -159,7 +160,7 @@ def command_check(tree, words, doc_dir):
             if "=" in a:
                 if a.split("=")[0] not in tree.words:
                     bad.append(f"make variable {a.split('=')[0]} is not the Makefile's")
-            elif not placeholder_regex(a).pattern or not any(placeholder_regex(a).match(t) for t in tree.targets):
+            elif not any(placeholder_regex(a).match(t) for t in tree.targets):
                 bad.append(f"make target {a} is not the Makefile's")
         return bad
     stage = re.match(r"^build/stage-(\d|N)$", prog)
@@ -175,14 +176,15 @@ def command_check(tree, words, doc_dir):
         bad.append(f"program {prog} is neither the tree's nor a known external one")
     if prog in ("mpirun", "srun", "sudo", "sbatch"):
         # the launcher's own options, then the command it starts (if the line names one)
-        rest = [i for i, a in enumerate(args) if a.startswith(("build/", "tests/", "slurm/", "python3", "bash"))]
+        starts = ("build/", "tests/", "slurm/", "python3", "bash")
+        rest = [i for i, a in enumerate(args) if a.startswith(starts)]
         if rest:
             return bad + command_check(tree, args[rest[0]:], doc_dir)
         return bad
     for a in args:
         a = a.lstrip("<(").rstrip(")")
         value = a.split("=", 1)[1] if a.startswith("--") and "=" in a else a
-        if a.startswith("--") and (prog.startswith("build/") or prog.startswith(("tests/", "scripts/", "tools/"))):
+        if a.startswith("--") and prog.startswith(("build/", "tests/", "scripts/", "tools/")):
             ok, _ = flag_ok(tree, a, stage)
             if not ok:
                 bad.append(f"{prog} has no option {a.split('=')[0]}")
@@ -212,8 +214,8 @@ def is_command(tree, text):
     if not words:
         return False
     w = words[0].rstrip(";")
-    return (w == "make" or w.startswith("build/") and len(words) > 1 or (w in EXTERNAL and (len(words) > 1 or w != "source"))
-            or (w.endswith((".sh", ".py")) and "/" in w))
+    return (w == "make" or (w.startswith("build/") and len(words) > 1)
+            or (w in EXTERNAL and (len(words) > 1 or w != "source")) or (w.endswith((".sh", ".py")) and "/" in w))
 
 
 def classify(tree, tok, doc_dir):
@@ -301,7 +303,7 @@ def code_spans(text):
             continue
         cmd = re.sub(r"\s#\s.*$", "", pending[1]).strip()
         if cmd and not cmd.startswith("#"):
-            cmds.append(pending[0:1] + (cmd.lstrip("$ "),))
+            cmds.append((pending[0], re.sub(r"^\$ ", "", cmd)))
         pending = None
     joined = "\n".join(prose)
     found = []
@@ -339,7 +341,8 @@ def main():
             if kind in ("link", "prose"):
                 ok, what = path_ok(tree, tok, os.path.dirname(doc))
                 ok = ok and what in ("path", "file name") if kind == "link" else ok
-                what = "link target: a file or directory of the tree" if kind == "link" else "path in the text: " + what
+                what = ("link target: a file or directory of the tree" if kind == "link"
+                        else "path in the text: " + what)
             elif kind == "block":
                 if not is_command(tree, tok):
                     print(f"skip\t{where}\t{tok}\tnot a command")
