@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
         CommStats comm_before = comm_totals();
 
         // forward + backward over this rank's micro-batches (slices rank * acc ... of P * acc);
-        // gradients add up in `grads`. Each token's loss is divided by the number of target
+        // gradients add up in `fsdp.grads`. Each token's loss is divided by the number of target
         // tokens in the WHOLE global batch, over all ranks: then the sum of the ranks' gradients
         // is exactly the one-process gradient, even when ranks hold different numbers of
         // response tokens. (A batch whose responses were all cut off has no targets: loss 0.)

@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
         // tokens in the WHOLE global batch, over all ranks: then the sum of the ranks' gradients
         // is exactly the one-process gradient, even when ranks hold different numbers of
         // response tokens. (A batch whose responses were all cut off has no targets: loss 0.)
-        // No communication until the last micro-batch: the gradients just accumulate.
+        // Until the last micro-batch only the MoE blocks' all-to-alls communicate; gradients accumulate.
         dev_zero(grads, bytes);
         moe_stats_reset(&acts);  // evaluation routes tokens too: count this step's alone
         double loss_sum = 0;

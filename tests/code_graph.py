@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Who uses whose files (tests/test_code_graph.sh): the include graph of common/ and what each
+stage and tool compiles against and links.
+
+Usage: code_graph.py <make database> <compile commands>
+  make database: `make -pn BACKEND=cpu` (the link prerequisites of build/cpu/stage-N and of the
+  tools, and the STAGE_DIR_N and TOOLS variables)
+  compile commands: `make -n -B BACKEND=cpu <every stage's and tool's objects>` (their -I flags)
+Prints one line per finding: "<kind> <TAB> <who> <TAB> <what>", kinds:
+  cycle     common/ modules that include each other, round a loop (module = file stem: gpt.c
+            and gpt.h are gpt; x_internal.h is x's); "a -> b -> a" and every include inside it
+  outside   a common/ file including a file outside common/
+  links     a program linking another stage's object (who: stage-N or a tool)
+  flag      a stage's or tool's object compiled with -I<another stage's directory>
+  includes  a stage's or tool's file including another stage's file
+and "ok" lines for the edges the rules allow, so the caller sees the graph was read.
+"""
+import os
+import re
+import sys
+
+
+def make_vars(db):
+    return {m.group(1): m.group(2).split() for m in re.finditer(r"^(\w+) :?= (.*)$", db, flags=re.M)}
+
+
+def includes(path):
+    return re.findall(r'^\s*#\s*include\s+"([^"]+)"', open(path, errors="replace").read(), flags=re.M)
+
+
+def resolve(name, src, search):
+    for d in [os.path.dirname(src)] + search:
+        p = os.path.normpath(os.path.join(d, name))
+        if os.path.exists(p):
+            return p
+    return None
+
+
+def shortest_loop(edges, scc):
+    """The shortest way from the component's first module back to itself (breadth first)."""
+    start, parent, queue = scc[0], {scc[0]: None}, [scc[0]]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(edges.get(v, ())):
+            if w == start:
+                loop = [v]
+                while parent[loop[-1]] is not None:
+                    loop.append(parent[loop[-1]])
+                return [start] + loop[::-1][1:] + [start] if len(loop) > 1 else [start, v, start]
+            if w in scc and w not in parent:
+                parent[w] = v
+                queue.append(w)
+    return scc
+
+
+def common_cycles():
+    """Strongly connected components of more than one module, found by Tarjan's algorithm."""
+    files = [f"common/{f}" for f in sorted(os.listdir("common")) if f.endswith((".c", ".h", ".cu"))]
+    # a module is a file stem; x_internal.h, the private header of x's files, is part of x
+    stem = lambda p: re.sub(r"_internal$", "", os.path.splitext(os.path.basename(p))[0])
+    edges, findings = {}, []
+    for f in files:
+        for name in includes(f):
+            p = resolve(name, f, ["common"])
+            if p is None or not p.startswith("common/"):
+                findings.append(("outside", f, f"#include \"{name}\" ({p or 'not found'})"))
+                continue
+            if stem(p) != stem(f):
+                edges.setdefault(stem(f), set()).add(stem(p))
+    index, low, stack, on, sccs = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v), on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                sccs.append(sorted(scc))
+
+    for v in sorted({stem(f) for f in files}):
+        if v not in index:
+            visit(v)
+    for scc in sccs:
+        inside = ", ".join(f"{a} -> {b}" for a in scc for b in sorted(edges.get(a, ())) if b in scc)
+        loop = " -> ".join(shortest_loop(edges, scc))
+        findings.append(("cycle", "common/", f"{loop} (the loop's includes: {inside})"))
+    return findings
+
+
+def allowed(who, path):
+    """The uses of another stage's files the design allows: stage 06 runs 05's tensor-parallel
+    layers and generates from 08's MoE checkpoints with 08's moe files; the planner sizes every
+    layout with the stages' own arithmetic."""
+    if who == "plan":
+        return True
+    if who == "stage-6":
+        return path.startswith("05_tensor_parallel/") or (path.startswith("08_mixture_of_experts/")
+                                                          and os.path.basename(path).startswith("moe"))
+    return False
+
+
+def main():
+    db = open(sys.argv[1]).read()
+    compiles = open(sys.argv[2]).read().split("\n")
+    v = make_vars(db)
+    stage_dirs = {n: v[f"STAGE_DIR_{n}"][0] for n in "12345678" if f"STAGE_DIR_{n}" in v}
+    dir_of = {d: n for n, d in stage_dirs.items()}
+    findings = common_cycles()
+    programs = {f"stage-{n}": d for n, d in stage_dirs.items()}
+    programs.update({t: "tools" for t in v.get("TOOLS", [])})
+    flags = {}
+    for line in compiles:
+        m = re.search(r"-c (\S+\.c[u]?) -o (\S+)", line)
+        if m:
+            flags[m.group(1)] = [f[2:] for f in line.split() if f.startswith("-I") and f != "-I"]
+    for who, own in sorted(programs.items()):
+        m = re.search(rf"^build/cpu/{re.escape(who)}: (.*)$", db, flags=re.M)
+        if not m:
+            findings.append(("links", who, "no link rule build/cpu/" + who + " in make -pn"))
+            continue
+        objs = [o[len("build/cpu/"):] for o in m.group(1).split() if o.endswith(".o")]
+        for o in objs:
+            top = o.split("/")[0]
+            if top in dir_of and top != own:
+                kind = "ok" if allowed(who, o) else "links"
+                findings.append((kind, who, f"links {o}"))
+        # the program's own files (a tool's: tools/<name>*), headers too, each with the -I
+        # directories its directory's objects are compiled with
+        mine = sorted(f"{own}/{f}" for f in os.listdir(own) if f.endswith((".c", ".h", ".cu"))
+                      and (own != "tools" or f.startswith(who)))
+        search = ["common"]
+        for src in mine:
+            for d in flags.get(src, []):
+                d = os.path.normpath(d)
+                if d not in search:
+                    search.append(d)
+                if d in dir_of and d != own:
+                    kind = "ok" if allowed(who, d + "/") else "flag"
+                    findings.append((kind, who, f"{src} is compiled with -I{d}"))
+        for src in mine:
+            for name in includes(src):
+                p = resolve(name, src, search)
+                if p and p.split("/")[0] in dir_of and p.split("/")[0] != own:
+                    kind = "ok" if allowed(who, p) else "includes"
+                    findings.append((kind, who, f"{src} includes {p}"))
+    for kind, who, what in findings:
+        print(f"{kind}\t{who}\t{what}")
+
+
+if __name__ == "__main__":
+    main()
