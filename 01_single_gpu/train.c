@@ -12,6 +12,7 @@
 
 #include "alpaca.h"
 #include "config.h"
+#include "device.h"
 #include "gpt.h"
 #include "log.h"
 #include "ops.h"

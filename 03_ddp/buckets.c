@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "device.h"
 #include "log.h"
-#include "ops.h"
 
 void plan_buckets(BucketPlan *p, const ParamLayout *layout, double bucket_mb, float *grads, Comm *world) {
     size_t limit = (size_t)(bucket_mb * 1e6 / sizeof(float)), end = layout->num_params;

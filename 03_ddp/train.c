@@ -19,6 +19,7 @@
 #include "buckets.h"
 #include "comm.h"
 #include "config.h"
+#include "device.h"
 #include "gpt.h"
 #include "log.h"
 #include "ops.h"

@@ -19,6 +19,7 @@
 #include "alpaca.h"
 #include "comm.h"
 #include "config.h"
+#include "device.h"
 #include "fsdp.h"
 #include "gpt.h"
 #include "log.h"

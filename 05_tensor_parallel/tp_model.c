@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "log.h"
 #include "trainer.h"
 

@@ -22,6 +22,7 @@
 #include "alpaca.h"
 #include "comm.h"
 #include "config.h"
+#include "device.h"
 #include "gpt.h"
 #include "log.h"
 #include "ops.h"

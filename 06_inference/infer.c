@@ -18,6 +18,7 @@
 #include "alpaca.h"
 #include "comm.h"
 #include "config.h"
+#include "device.h"
 #include "kv_model.h"
 #include "log.h"
 #include "ops.h"

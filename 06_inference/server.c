@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "alpaca.h"
+#include "device.h"
 #include "log.h"
 #include "trainer.h"
 

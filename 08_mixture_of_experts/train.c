@@ -21,6 +21,7 @@
 #include "buckets.h"  // check_replicas_identical
 #include "comm.h"
 #include "config.h"
+#include "device.h"
 #include "experts.h"
 #include "gpt.h"
 #include "log.h"

@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "checkpoint.h"
+#include "device.h"
 #include "log.h"
-#include "ops.h"
 
 #define MAX_LANES 64  // collectives in flight at once on one rank
 

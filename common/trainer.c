@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "device.h"
 #include "log.h"
 #include "ops.h"
 #include "trace.h"

@@ -35,6 +35,7 @@
 
 #include "check.h"
 #include "checkpoint.h"
+#include "device.h"
 #include "gpt.h"
 #include "inputs.h"
 #include "log.h"
