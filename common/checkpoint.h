@@ -84,10 +84,6 @@ char *checkpoint_run_config(const char *dir);
 void checkpoint_save(const char *out_dir, const ParamLayout *layout, const float *params, const float *m,
                      const float *v, const TrainState *state, const char *run_config_json);
 
-// Writes text and a newline to <dir>/<name> (creating dir if missing) the way the checkpoint's
-// files are written: temp file, flush to disk, rename. Other outputs use it too (stats.json).
-void write_text_file(const char *dir, const char *name, const char *text);
-
 // ---- the safetensors reader underneath ---------------------------------------------------------
 
 #define SAFETENSORS_MAX_DIMS 8

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h"
 #include "device.h"
+#include "files.h"
 #include "log.h"
 
 #define MAX_LANES 64  // collectives in flight at once on one rank

@@ -12,6 +12,7 @@
 
 #include "checkpoint.h"
 #include "device.h"
+#include "files.h"
 #include "log.h"
 #include "ops.h"
 #include "trace.h"
@@ -236,18 +237,6 @@ double flops_per_token(const GPTConfig *c, int T) {
 
 // ---- metrics ----------------------------------------------------------------------------------
 
-static void make_dir(const char *dir) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s", dir);
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST) fatal("cannot create %s: %s", path, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(path, 0755) != 0 && errno != EEXIST) fatal("cannot create %s: %s", path, strerror(errno));
-}
-
 // A run stopped after its last checkpoint (killed, or a save that failed) logged steps that the
 // resumed run will log again: keep the first `steps` lines only, so every step appears once.
 static void keep_first_steps(const char *path, long steps) {
@@ -262,7 +251,7 @@ static void keep_first_steps(const char *path, long steps) {
 
 void metrics_open(Metrics *m, const char *out_dir, bool resume, long start_step) {
     char path[1100];
-    make_dir(out_dir);
+    make_directories(out_dir);
     snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
     if (resume) {
         keep_first_steps(path, start_step);

@@ -36,6 +36,7 @@
 #include "check.h"
 #include "checkpoint.h"
 #include "device.h"
+#include "files.h"
 #include "gpt.h"
 #include "inputs.h"
 #include "log.h"
