@@ -60,12 +60,6 @@ STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
-# stage 07 starts from 03: its replica check (03_ddp/buckets.c)
-STAGE_EXTRA_7 := 03_ddp/buckets.c
-$(B)/07_pipeline_parallel/%.o: CFLAGS += -I03_ddp
-# stage 08 starts from 03 too: its replica check
-STAGE_EXTRA_8 := 03_ddp/buckets.c
-$(B)/08_mixture_of_experts/%.o: CFLAGS += -I03_ddp
 
 .PHONY: plot report all setup test test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools

@@ -191,7 +191,7 @@ int main(int argc, char **argv) {
     if (rank == 0) save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
     // the proof that data parallelism kept the replicas identical: every rank's weights agree
-    check_replicas_identical(world, params, n);
+    comm_check_replicas_identical(world, params, n);
     comm_print_table(world);
     if (rank == 0) run_stats_write(&cfg, 3, P, (RunLayout){.dp = P}, comm_stats_json());
 

@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "alpaca.h"
-#include "buckets.h"
 #include "comm.h"
 #include "config.h"
 #include "device.h"
@@ -209,7 +208,7 @@ int main(int argc, char **argv) {
     pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
     // the proof that data parallelism kept each stage's replicas identical
-    if (grid.dp > 1) check_replicas_identical(grid.dp_group, params, n);
+    if (grid.dp > 1) comm_check_replicas_identical(grid.dp_group, params, n);
     comm_print_table(world);
     if (rank == 0) run_stats_write(&cfg, 7, P, (RunLayout){.dp = grid.dp, .pp = grid.pp}, comm_stats_json());
 

@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "alpaca.h"
-#include "buckets.h"  // check_replicas_identical
 #include "comm.h"
 #include "config.h"
 #include "device.h"
@@ -206,7 +205,7 @@ int main(int argc, char **argv) {
     expert_save_checkpoint(&cfg, &grid, &layout, &whole_layout, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
     // the replicas holding the same experts stayed identical: their weights agree
-    check_replicas_identical(grid.expert_dp, params, n);
+    comm_check_replicas_identical(grid.expert_dp, params, n);
     comm_print_table(world);
     run_stats_number("rows_to_experts", (double)experts.rows_to_experts);
     run_stats_number("rows_at_experts", (double)experts.rows_at_experts);

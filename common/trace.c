@@ -40,8 +40,6 @@ void trace_open(bool enabled, int trace_steps, int rank, double epoch) {
 
 void trace_step(void) { g_trace.in_window = g_trace.enabled && g_trace.steps_seen++ < g_trace.steps; }
 
-bool trace_recording(void) { return g_trace.in_window; }
-
 int trace_mark(void) { return g_trace.in_window ? dev_mark() : -1; }
 
 static void keep(const char *name, const char *args, int tid, int begin, int wait, int end) {

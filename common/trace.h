@@ -25,7 +25,6 @@ enum { TRACK_COMPUTE = 0, TRACK_COMM = 1 };
 void trace_open(bool enabled, int trace_steps, int rank, double epoch);
 // called as each step starts: events are kept in the first trace_steps steps this run makes
 void trace_step(void);
-bool trace_recording(void);
 // a mark (dev_mark) while recording, else -1: what spans begin and end with
 int trace_mark(void);
 // one complete event from mark m0 to mark m1; args: a JSON object's text or NULL. Nothing is
