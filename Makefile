@@ -27,7 +27,8 @@ NVFLAGS += -std=c++17 -Icommon $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$
            -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
 
 B := build/$(BACKEND)
-COMMON := log files config tokenizer alpaca synthetic gpt moe checkpoint trainer trace
+COMMON := log files config tokenizer alpaca synthetic gpt moe checkpoint run_setup optimizer loss_scale \
+          metrics run_stats evaluate run_checkpoint preemption trace
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o

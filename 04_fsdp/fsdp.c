@@ -10,7 +10,9 @@
 #include "device.h"
 #include "log.h"
 #include "ops.h"
-#include "trainer.h"
+#include "optimizer.h"
+#include "run_checkpoint.h"
+#include "run_stats.h"
 
 // ---- units and shards -------------------------------------------------------------------------
 

@@ -22,10 +22,11 @@
 #include "kv_model.h"
 #include "log.h"
 #include "ops.h"
+#include "run_checkpoint.h"
+#include "run_setup.h"
 #include "sampler.h"
 #include "server.h"
 #include "tokenizer.h"
-#include "trainer.h"
 
 // ---- prompts ----------------------------------------------------------------------------------
 

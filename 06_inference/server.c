@@ -37,7 +37,7 @@
 #include "alpaca.h"
 #include "device.h"
 #include "log.h"
-#include "trainer.h"
+#include "preemption.h"
 
 enum { FINISH_NONE, FINISH_STOP, FINISH_LENGTH };
 static const char *FINISH_NAMES[] = {"", "stop", "length"};

@@ -9,7 +9,7 @@
 #include "device.h"
 #include "log.h"
 #include "ops.h"
-#include "trainer.h"
+#include "run_checkpoint.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@
 #include "log.h"
 #include "moe.h"
 #include "ops.h"
-#include "trainer.h"
+#include "run_checkpoint.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 

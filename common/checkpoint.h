@@ -54,7 +54,7 @@ void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const
 typedef struct {
     long step;      // optimizer steps done
     uint64_t seed;
-    // fp16's loss scaler (trainer.h), saved beside the step it belongs to so that one atomic
+    // fp16's loss scaler (loss_scale.h), saved beside the step it belongs to so that one atomic
     // group holds both; has_loss_scale false: none saved (another precision, or an older file)
     bool has_loss_scale;
     double loss_scale;
