@@ -27,7 +27,8 @@ NVFLAGS += -std=c++17 -Icommon $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$
            -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
 
 B := build/$(BACKEND)
-COMMON := log config tokenizer alpaca synthetic gpt moe checkpoint trainer trace
+COMMON := log files config tokenizer alpaca synthetic gpt moe checkpoint run_setup optimizer loss_scale \
+          metrics run_stats evaluate run_checkpoint preemption trace
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o
@@ -60,12 +61,6 @@ STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
-# stage 07 starts from 03: its replica check (03_ddp/buckets.c)
-STAGE_EXTRA_7 := 03_ddp/buckets.c
-$(B)/07_pipeline_parallel/%.o: CFLAGS += -I03_ddp
-# stage 08 starts from 03 too: its replica check
-STAGE_EXTRA_8 := 03_ddp/buckets.c
-$(B)/08_mixture_of_experts/%.o: CFLAGS += -I03_ddp
 
 .PHONY: plot report all setup test test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools

@@ -12,16 +12,24 @@
 
 #include "alpaca.h"
 #include "config.h"
+#include "device.h"
+#include "evaluate.h"
 #include "gpt.h"
 #include "log.h"
+#include "metrics.h"
 #include "ops.h"
+#include "optimizer.h"
+#include "preemption.h"
+#include "run_checkpoint.h"
+#include "run_setup.h"
+#include "run_stats.h"
 #include "tokenizer.h"
 #include "trace.h"
-#include "trainer.h"
 
 int main(int argc, char **argv) {
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_SINGLE_GPU);
+    resolve_resume(&cfg);  // continue the run saved in out_dir, or start one (key resume)
     ops_init();
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----

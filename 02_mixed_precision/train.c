@@ -17,16 +17,25 @@
 
 #include "alpaca.h"
 #include "config.h"
+#include "device.h"
+#include "evaluate.h"
 #include "gpt.h"
 #include "log.h"
+#include "loss_scale.h"
+#include "metrics.h"
 #include "ops.h"
+#include "optimizer.h"
+#include "preemption.h"
+#include "run_checkpoint.h"
+#include "run_setup.h"
+#include "run_stats.h"
 #include "tokenizer.h"
 #include "trace.h"
-#include "trainer.h"
 
 int main(int argc, char **argv) {
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_MIXED_PRECISION);
+    resolve_resume(&cfg);  // continue the run saved in out_dir, or start one (key resume)
     ops_set_half_format(config_half_format(&cfg));  // 16-mixed: the 16-bit copies are fp16
     ops_init();
 
@@ -78,7 +87,7 @@ int main(int argc, char **argv) {
     print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
-    LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
+    LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
     if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     trace_open(cfg.trace, cfg.trace_steps, 0, wall_seconds());

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 
 #include "log.h"
-#include "ops.h"
 
 void plan_buckets(BucketPlan *p, const ParamLayout *layout, double bucket_mb, float *grads, Comm *world) {
     size_t limit = (size_t)(bucket_mb * 1e6 / sizeof(float)), end = layout->num_params;
@@ -41,14 +40,4 @@ void wait_buckets(BucketPlan *p) {
     if (p->launched != p->n) fatal("internal: %d of %d gradient buckets were launched", p->launched, p->n);
     for (int i = 0; i < p->n; i++) comm_wait(p->buckets[i].req);
     p->launched = 0;  // ready for the next step
-}
-
-void check_replicas_identical(Comm *world, const float *params, size_t n) {
-    float *host = malloc_or_die(n * sizeof(float));
-    copy_to_host(host, params, n * sizeof(float));
-    char text[32];
-    snprintf(text, sizeof text, "%016llx", (unsigned long long)hash_bytes(host, n * sizeof(float)));
-    comm_check_same(world, "the trained weights", text);
-    printf("replicas identical on all %d ranks: weights hash %s\n", comm_size(world), text);
-    free(host);
 }

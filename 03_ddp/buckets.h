@@ -37,7 +37,4 @@ void print_gradient_sync(const BucketPlan *p, bool overlap, double bucket_mb);
 // waits for every bucket's all-reduce (all must have been launched)
 void wait_buckets(BucketPlan *p);
 
-// ends the job unless every rank holds the same weights; prints their hash
-void check_replicas_identical(Comm *world, const float *params, size_t n);
-
 #endif

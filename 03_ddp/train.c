@@ -19,18 +19,27 @@
 #include "buckets.h"
 #include "comm.h"
 #include "config.h"
+#include "device.h"
+#include "evaluate.h"
 #include "gpt.h"
 #include "log.h"
+#include "loss_scale.h"
+#include "metrics.h"
 #include "ops.h"
+#include "optimizer.h"
+#include "preemption.h"
+#include "run_checkpoint.h"
+#include "run_setup.h"
+#include "run_stats.h"
 #include "tokenizer.h"
 #include "trace.h"
-#include "trainer.h"
 
 int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
     int rank = comm_rank(world), P = comm_size(world);
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_DDP);
+    resolve_resume(&cfg);  // continue the run saved in out_dir, or start one (key resume)
     ops_set_half_format(config_half_format(&cfg));  // 16-mixed: the 16-bit copies are fp16
     // every rank must train the same model on the same batches: compare the configs
     char *config_json = config_to_json(&cfg);
@@ -94,7 +103,7 @@ int main(int argc, char **argv) {
     print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
-    LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
+    LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
     if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     comm_trace_open(world, cfg.trace, cfg.trace_steps);
@@ -190,7 +199,7 @@ int main(int argc, char **argv) {
     if (rank == 0) save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
     // the proof that data parallelism kept the replicas identical: every rank's weights agree
-    check_replicas_identical(world, params, n);
+    comm_check_replicas_identical(world, params, n);
     comm_print_table(world);
     if (rank == 0) run_stats_write(&cfg, 3, P, (RunLayout){.dp = P}, comm_stats_json());
 

@@ -7,9 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "log.h"
 #include "ops.h"
-#include "trainer.h"
+#include "optimizer.h"
+#include "run_checkpoint.h"
+#include "run_stats.h"
 
 // ---- units and shards -------------------------------------------------------------------------
 

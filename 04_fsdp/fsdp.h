@@ -21,7 +21,7 @@
 #include "comm.h"
 #include "config.h"
 #include "gpt.h"
-#include "trainer.h"
+#include "run_stats.h"
 
 typedef struct {
     size_t first, numel;  // the unit's range of the flat layout
@@ -83,7 +83,7 @@ void fsdp_save_checkpoint(Fsdp *f, const Config *cfg, long step);
 // Returns the micro-batch's summed loss (of this rank's rows).
 double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, const int *inputs,
                              const int *targets, int B, int T, float dloss);
-// Forward only, for evaluation: a->logits filled (a ForwardFn of trainer.h, ctx = the Fsdp).
+// Forward only, for evaluation: a->logits filled (a ForwardFn of evaluate.h, ctx = the Fsdp).
 void fsdp_forward(void *fsdp, Activations *a, const int *inputs, int B, int T);
 
 // the global gradient norm: each rank sums the squares of its shard, the ranks add the sums

@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "device.h"
 #include "gpt.h"
 #include "log.h"
 

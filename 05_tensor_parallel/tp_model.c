@@ -4,8 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
+#include "evaluate.h"
 #include "log.h"
-#include "trainer.h"
+#include "run_checkpoint.h"
+#include "run_stats.h"
 
 // ---- the grid must fit ------------------------------------------------------------------------
 
@@ -602,7 +605,7 @@ typedef struct {
     const Weights *w;
 } TPEval;
 
-static double tp_batch_loss(void *ctx, const Batch *batch) {  // a BatchLossFn of trainer.h
+static double tp_batch_loss(void *ctx, const Batch *batch) {  // a BatchLossFn of evaluate.h
     TPEval *e = ctx;
     tp_forward(e->m, e->a, e->w, batch->inputs, batch->rows, batch->T);
     return tp_loss(e->m, e->a, batch->targets, batch->rows, batch->T, 0.0f, false);

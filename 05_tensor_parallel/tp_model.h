@@ -18,8 +18,8 @@
 #include "alpaca.h"
 #include "config.h"
 #include "gpt.h"
+#include "run_stats.h"
 #include "tp_linear.h"
-#include "trainer.h"
 
 typedef enum { TP_WEIGHT, TP_SPLIT_X, TP_SPLIT_Y } TPKind;
 

@@ -22,20 +22,28 @@
 #include "alpaca.h"
 #include "comm.h"
 #include "config.h"
+#include "device.h"
 #include "gpt.h"
 #include "log.h"
+#include "loss_scale.h"
+#include "metrics.h"
 #include "ops.h"
+#include "optimizer.h"
+#include "preemption.h"
+#include "run_checkpoint.h"
+#include "run_setup.h"
+#include "run_stats.h"
 #include "tokenizer.h"
 #include "tp_linear.h"
 #include "tp_model.h"
 #include "trace.h"
-#include "trainer.h"
 
 int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
     int rank = comm_rank(world), P = comm_size(world);
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_TENSOR_PARALLEL);
+    resolve_resume(&cfg);  // continue the run saved in out_dir, or start one (key resume)
     ops_set_half_format(config_half_format(&cfg));  // 16-mixed: the 16-bit copies are fp16
     char *config_json = config_to_json(&cfg);
     comm_check_same(world, "the config", config_json);
@@ -113,7 +121,7 @@ int main(int argc, char **argv) {
     run_stats_number("state_bytes", state_bytes);
 
     // ---- the training loop ----
-    LossScaler scaler;  // 16-mixed: fp16's loss scale (trainer.h); otherwise 1, never skipping
+    LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
     if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     comm_trace_open(world, cfg.trace, cfg.trace_steps);

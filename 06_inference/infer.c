@@ -18,13 +18,15 @@
 #include "alpaca.h"
 #include "comm.h"
 #include "config.h"
+#include "device.h"
 #include "kv_model.h"
 #include "log.h"
 #include "ops.h"
+#include "run_checkpoint.h"
+#include "run_setup.h"
 #include "sampler.h"
 #include "server.h"
 #include "tokenizer.h"
-#include "trainer.h"
 
 // ---- prompts ----------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "log.h"
 
 static float *alloc_floats(KVModel *m, size_t n) {

@@ -35,8 +35,9 @@
 #include <unistd.h>
 
 #include "alpaca.h"
+#include "device.h"
 #include "log.h"
-#include "trainer.h"
+#include "preemption.h"
 
 enum { FINISH_NONE, FINISH_STOP, FINISH_LENGTH };
 static const char *FINISH_NAMES[] = {"", "stop", "length"};

@@ -6,9 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "log.h"
 #include "ops.h"
-#include "trainer.h"
+#include "run_checkpoint.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 

@@ -6,10 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "log.h"
 #include "moe.h"
 #include "ops.h"
-#include "trainer.h"
+#include "run_checkpoint.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 

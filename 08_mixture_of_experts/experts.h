@@ -63,7 +63,7 @@ void count_gradient_runs(const ParamLayout *layout, long runs[2], size_t numel[2
 // the squared norm of the whole model's gradient: the replicated tensors once, each expert once
 double expert_sum_squares(const ExpertGrid *g, const ParamLayout *layout, const float *grads);
 
-// the step's MoE figures over every rank (MoEStepStats in trainer.h); sums a->moe_stats, then
+// the step's MoE figures over every rank (MoEStepStats in metrics.h); sums a->moe_stats, then
 // resets it. load: [MoE blocks x E], owned by the caller.
 void reduce_expert_stats(const ExpertGrid *g, Activations *a, const GPTConfig *mc, int global_sequences,
                          long *load, double *aux_loss, long *dropped);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "numbers.h"
 #include "synthetic.h"
 #include "trace.h"
 
@@ -189,19 +190,11 @@ struct Dataset {
     int split_size[2];
 };
 
-// splitmix64 (see synthetic.c): the shuffles below need only a few well-mixed numbers
-static uint64_t next_random(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 // Fisher-Yates shuffle of 0..n-1 into order[]. (The modulo's bias is below 1e-13 for any n here.)
 static void shuffled_order(int n, uint64_t rng_state, int *order) {
     for (int i = 0; i < n; i++) order[i] = i;
     for (int i = n - 1; i > 0; i--) {
-        int j = (int)(next_random(&rng_state) % (uint64_t)(i + 1));
+        int j = (int)(rng_next(&rng_state) % (uint64_t)(i + 1));
         int tmp = order[i];
         order[i] = order[j];
         order[j] = tmp;

@@ -1,29 +1,26 @@
 // checkpoint.c: safetensors read and write, Hugging Face GPT-2 names, atomic saves.
 // The file has four parts: the safetensors checks (parse and validate a header), reading
-// tensors, the GPT-2 model and optimizer checkpoints on top, and the atomic writer.
+// tensors, the GPT-2 model and optimizer checkpoints on top, and writing them (files.h).
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/types.h>
 #include <unistd.h>
 
+#include "files.h"
 #include "log.h"
+#include "numbers.h"
 
 // safetensors data is little-endian and we copy it to and from memory as is
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint.c assumes a little-endian host"
 #endif
-
-#define PATH_LEN 4096
 
 // ================================================================================================
 // 1. Checking a header. Nothing here exits: each check returns -1 with the reason in err, so
@@ -296,26 +293,6 @@ const char *safetensors_metadata(const SafeTensors *st, const char *key) {
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;  // bf16 is the top half of a float32
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static float f16_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in float32
-        float f = ldexpf((float)mant, -24);
-        return sign ? -f : f;
-    }
-    // infinity/NaN keep an all-ones exponent; a normal number moves from bias 15 to bias 127
-    uint32_t bits = sign | (exp == 31 ? 0xffu << 23 : (exp + 112) << 23) | mant << 13;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 int safetensors_to_float(float *out, const void *raw, const char *dtype, size_t n) {
     const unsigned char *b = raw;
     int is_f16 = strcmp(dtype, "F16") == 0, is_bf16 = strcmp(dtype, "BF16") == 0;
@@ -327,7 +304,7 @@ int safetensors_to_float(float *out, const void *raw, const char *dtype, size_t 
     for (size_t i = 0; i < n; i++) {
         uint16_t h;
         memcpy(&h, b + 2 * i, 2);  // memcpy: the data need not be 2-byte aligned
-        out[i] = is_f16 ? f16_to_float(h) : bf16_to_float(h);
+        out[i] = is_f16 ? fp16_to_float(h) : bf16_to_float(h);
     }
     return 0;
 }
@@ -353,15 +330,6 @@ void safetensors_read_floats(const SafeTensors *st, const SafeTensor *t, float *
 // 3. GPT-2 checkpoints
 // ================================================================================================
 
-static void join_path(char *out, const char *dir, const char *name) {
-    if (snprintf(out, PATH_LEN, "%s/%s", dir, name) >= PATH_LEN) fatal("path too long: %s/%s", dir, name);
-}
-
-static int is_directory(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
 // A checkpoint is named by its directory or by its .safetensors file: find both files.
 static void checkpoint_files(const char *path, char *model_file, char *config_file) {
     if (is_directory(path)) {
@@ -369,13 +337,13 @@ static void checkpoint_files(const char *path, char *model_file, char *config_fi
         join_path(config_file, path, "config.json");
         return;
     }
-    if (snprintf(model_file, PATH_LEN, "%s", path) >= PATH_LEN) fatal("path too long: %s", path);
+    if (snprintf(model_file, FILE_PATH_LEN, "%s", path) >= FILE_PATH_LEN) fatal("path too long: %s", path);
     const char *slash = strrchr(path, '/');
     if (!slash) {
-        snprintf(config_file, PATH_LEN, "config.json");
+        snprintf(config_file, FILE_PATH_LEN, "config.json");
         return;
     }
-    char dir[PATH_LEN];
+    char dir[FILE_PATH_LEN];
     snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
     join_path(config_file, slash == path ? "" : dir, "config.json");
 }
@@ -490,7 +458,7 @@ static void read_moe_config(const cJSON *root, const char *file, GPTConfig *cfg)
 }
 
 void checkpoint_read_config(const char *path, GPTConfig *cfg) {
-    char model_file[PATH_LEN], file[PATH_LEN];
+    char model_file[FILE_PATH_LEN], file[FILE_PATH_LEN];
     checkpoint_files(path, model_file, file);
     if (access(file, F_OK) != 0)
         fatal("%s: no such file; a checkpoint needs the Hugging Face config.json (n_embd, n_layer, n_head, "
@@ -557,7 +525,7 @@ static void open_shards(ModelFiles *mf, const char *index_file) {
     free(text);
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(map)) fatal("%s: expected a JSON object with a \"weight_map\" object", index_file);
-    char dir[PATH_LEN], shard[PATH_LEN];
+    char dir[FILE_PATH_LEN], shard[FILE_PATH_LEN];
     const char *slash = strrchr(index_file, '/');
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - index_file) : 1, slash ? index_file : ".");
     const cJSON *e;
@@ -577,8 +545,8 @@ static void open_shards(ModelFiles *mf, const char *index_file) {
 
 static void model_files_open(ModelFiles *mf, const char *model_file) {
     memset(mf, 0, sizeof *mf);
-    char index_file[PATH_LEN];
-    if (snprintf(index_file, sizeof index_file, "%s.index.json", model_file) >= PATH_LEN)
+    char index_file[FILE_PATH_LEN];
+    if (snprintf(index_file, sizeof index_file, "%s.index.json", model_file) >= FILE_PATH_LEN)
         fatal("path too long: %s.index.json", model_file);
     if (access(model_file, F_OK) != 0 && access(index_file, F_OK) == 0) {
         open_shards(mf, index_file);
@@ -678,7 +646,7 @@ static void check_no_extra_blocks(const SafeTensors *st, const GPTConfig *cfg) {
 }
 
 void checkpoint_load_model(const char *path, const ParamLayout *layout, float *params) {
-    char model_file[PATH_LEN], config_file[PATH_LEN];
+    char model_file[FILE_PATH_LEN], config_file[FILE_PATH_LEN];
     checkpoint_files(path, model_file, config_file);
     ModelFiles mf;
     model_files_open(&mf, model_file);
@@ -689,115 +657,9 @@ void checkpoint_load_model(const char *path, const ParamLayout *layout, float *p
 }
 
 // ================================================================================================
-// 4. Writing, atomically: temp file, flush, fsync, rename. rename() replaces the real name in
-//    one step, so a reader (or a crash) sees the old file or the new one, never half of one.
+// 4. Writing, atomically (files.h): temp file, flush, fsync, rename; a checkpoint's files are
+//    renamed together, at the end.
 // ================================================================================================
-
-typedef struct {
-    FILE *f;
-    char tmp[PATH_LEN], final[PATH_LEN], dir[PATH_LEN];
-    uint64_t size;  // the whole file's bytes, for the message when the disk cannot take them
-} AtomicFile;
-
-static void mkdir_p(const char *dir) {
-    char buf[PATH_LEN];
-    if (dir[0] == '\0') fatal("the output directory name is empty");
-    if (snprintf(buf, sizeof buf, "%s", dir) >= PATH_LEN) fatal("path too long: %s", dir);
-    for (char *p = buf + 1;; p++) {  // create each ancestor in turn, like mkdir -p
-        int last = *p == '\0';
-        if (*p != '/' && !last) continue;
-        *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST) fatal("cannot create directory %s: %s", buf, strerror(errno));
-        if (last) break;
-        *p = '/';
-    }
-    if (!is_directory(dir)) fatal("cannot create directory %s: a file of that name exists", dir);
-}
-
-static void atomic_open(AtomicFile *a, const char *dir, const char *name, uint64_t size) {
-    mkdir_p(dir);
-    a->size = size;
-    snprintf(a->dir, sizeof a->dir, "%s", dir);
-    join_path(a->final, dir, name);
-    if (snprintf(a->tmp, sizeof a->tmp, "%s.tmp", a->final) >= PATH_LEN) fatal("path too long: %s.tmp", a->final);
-    a->f = fopen(a->tmp, "wb");
-    if (!a->f) fatal("cannot create %s (%llu bytes to write): %s", a->tmp, (unsigned long long)size, strerror(errno));
-}
-
-// A whole checkpoint is several files. While one is being saved, the files written so far wait
-// here, synced but not renamed: the renames come together at the end, so that a full disk or a
-// kill while writing leaves every file of the previous checkpoint in place.
-static AtomicFile pending[4];
-static int num_pending = -1;  // -1: no checkpoint being saved, rename each file at once
-
-static void remove_pending(void) {
-    for (int i = 0; i < num_pending; i++) remove(pending[i].tmp);
-    num_pending = -1;
-}
-
-// A failed write (disk full, quota) removes the temp files: no partial output is left behind.
-static void atomic_fail(AtomicFile *a) {
-    const char *why = strerror(errno);
-    fclose(a->f);
-    remove(a->tmp);
-    remove_pending();
-    fatal("cannot write %s (%llu bytes needed): %s; the previous %s is untouched", a->tmp,
-          (unsigned long long)a->size, why, a->final);
-}
-
-// Test hook: CHECKPOINT_KILL_AT_BYTE=N kills the process (SIGKILL, like scancel after KillWait)
-// once it has written N bytes of output files in all, so that a test can stop a save at a
-// chosen point inside a chosen file (tests/test_kill_during_save.sh).
-static void kill_if_test_asks(size_t bytes) {
-    static unsigned long long written, kill_at;
-    static int read_env;
-    if (!read_env++) {
-        const char *env = getenv("CHECKPOINT_KILL_AT_BYTE");
-        kill_at = env ? strtoull(env, NULL, 10) : 0;
-    }
-    written += bytes;
-    if (kill_at && written >= kill_at) {
-        fflush(NULL);
-        raise(SIGKILL);
-    }
-}
-
-static void atomic_write(AtomicFile *a, const void *data, size_t bytes) {
-    if (bytes && fwrite(data, 1, bytes, a->f) != bytes) atomic_fail(a);
-    kill_if_test_asks(bytes);
-}
-
-static void rename_into_place(const AtomicFile *a);
-
-static void atomic_commit(AtomicFile *a) {
-    // fflush hands stdio's buffer to the kernel; fsync makes the kernel put it on the disk, so
-    // that after a power cut the renamed file has its data and not just its name
-    if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0) atomic_fail(a);
-    if (fclose(a->f) != 0) {
-        remove(a->tmp);
-        remove_pending();
-        fatal("cannot write %s (%llu bytes needed): %s", a->tmp, (unsigned long long)a->size, strerror(errno));
-    }
-    if (num_pending >= 0 && num_pending < (int)(sizeof pending / sizeof pending[0])) {
-        pending[num_pending++] = *a;
-        return;
-    }
-    rename_into_place(a);
-}
-
-static void rename_into_place(const AtomicFile *a) {
-    if (rename(a->tmp, a->final) != 0) {
-        const char *why = strerror(errno);
-        remove(a->tmp);
-        fatal("cannot rename %s to %s: %s", a->tmp, a->final, why);
-    }
-    // the rename itself lives in the directory: sync it too (some filesystems refuse; harmless)
-    int fd = open(a->dir, O_RDONLY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-}
 
 // One tensor as it goes into a file. The file stores `shape`; src is in our memory, where a
 // Conv1D weight is the transpose (shape[1], shape[0]).
@@ -866,14 +728,6 @@ static void write_safetensors(const char *dir, const char *name, const OutTensor
     for (int i = 0; i < n; i++) write_tensor_data(&a, &t[i]);
     atomic_commit(&a);
     free(json);
-}
-
-void write_text_file(const char *dir, const char *name, const char *text) {
-    AtomicFile a;
-    atomic_open(&a, dir, name, strlen(text) + 1);
-    atomic_write(&a, text, strlen(text));
-    atomic_write(&a, "\n", 1);
-    atomic_commit(&a);
 }
 
 // a config.json's object, with the keys transformers picks the model class by
@@ -1042,7 +896,7 @@ static void read_train_state(const SafeTensors *st, TrainState *state) {
 
 void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, float *m, float *v,
                                TrainState *state) {
-    char file[PATH_LEN];
+    char file[FILE_PATH_LEN];
     join_path(file, out_dir, "optimizer.safetensors");
     SafeTensors st;
     safetensors_open(&st, file);
@@ -1053,7 +907,7 @@ void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, f
 }
 
 void checkpoint_load_train_state(const char *out_dir, TrainState *state) {
-    char file[PATH_LEN];
+    char file[FILE_PATH_LEN];
     join_path(file, out_dir, "optimizer.safetensors");
     SafeTensors st;
     safetensors_open(&st, file);
@@ -1068,7 +922,7 @@ int checkpoint_files_in(const char *dir, const char **missing) {
     int present = 0;
     *missing = NULL;
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char path[PATH_LEN];
+        char path[FILE_PATH_LEN];
         join_path(path, dir, files[i]);
         if (access(path, F_OK) == 0) present++;
         else if (!*missing) *missing = files[i];
@@ -1077,7 +931,7 @@ int checkpoint_files_in(const char *dir, const char **missing) {
 }
 
 char *checkpoint_run_config(const char *dir) {
-    char file[PATH_LEN];
+    char file[FILE_PATH_LEN];
     join_path(file, dir, "model.safetensors");
     SafeTensors st;
     safetensors_open(&st, file);
@@ -1089,10 +943,8 @@ char *checkpoint_run_config(const char *dir) {
 
 void checkpoint_save(const char *out_dir, const ParamLayout *layout, const float *params, const float *m,
                      const float *v, const TrainState *state, const char *run_config_json) {
-    num_pending = 0;
+    atomic_group_begin();
     checkpoint_save_model(out_dir, layout, params, run_config_json);
     checkpoint_save_optimizer(out_dir, layout, m, v, state);
-    int n = num_pending;
-    num_pending = -1;
-    for (int i = 0; i < n; i++) rename_into_place(&pending[i]);
+    atomic_group_commit();
 }

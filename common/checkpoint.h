@@ -54,7 +54,7 @@ void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const
 typedef struct {
     long step;      // optimizer steps done
     uint64_t seed;
-    // fp16's loss scaler (trainer.h), saved beside the step it belongs to so that one atomic
+    // fp16's loss scaler (loss_scale.h), saved beside the step it belongs to so that one atomic
     // group holds both; has_loss_scale false: none saved (another precision, or an older file)
     bool has_loss_scale;
     double loss_scale;
@@ -83,10 +83,6 @@ char *checkpoint_run_config(const char *dir);
 // leaves the previous checkpoint whole; only a kill in the instant between the renames mixes two.
 void checkpoint_save(const char *out_dir, const ParamLayout *layout, const float *params, const float *m,
                      const float *v, const TrainState *state, const char *run_config_json);
-
-// Writes text and a newline to <dir>/<name> (creating dir if missing) the way the checkpoint's
-// files are written: temp file, flush to disk, rename. Other outputs use it too (stats.json).
-void write_text_file(const char *dir, const char *name, const char *text);
 
 // ---- the safetensors reader underneath ---------------------------------------------------------
 

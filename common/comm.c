@@ -1,13 +1,15 @@
 // comm.c: the backend-independent half of comm.h: process groups, accounting, the statistics
-// table, and small host-side reductions, all over MPI. The payload collectives are in
-// comm_mpi.c (host buffers) or comm_nccl.c (GPU buffers).
+// table, small host-side reductions and the checks that ranks agree, all over MPI. The payload
+// collectives are in comm_mpi.c (host buffers) or comm_nccl.c (GPU buffers).
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "comm_internal.h"
+#include "device.h"
 #include "log.h"
 #include "trace.h"
 
@@ -158,12 +160,6 @@ void comm_recv(Comm *c, float *buf, size_t count, int peer) { comm_wait(comm_rec
 void comm_send_recv(Comm *c, const float *send, size_t send_count, int dst, float *recv, size_t recv_count,
                     int src) {
     comm_wait(comm_send_recv_start(c, send, send_count, dst, recv, recv_count, src));
-}
-
-void comm_barrier(Comm *c) {
-    MPI_Request req;
-    comm_check_mpi(MPI_Ibarrier(c->mpi, &req), "barrier");
-    comm_wait_mpi(&req, 1, "barrier", c->name);
 }
 
 CommStats comm_totals(void) {
@@ -323,4 +319,14 @@ void comm_check_same(Comm *c, const char *what, const char *text) {
     if (lo != hi)
         fatal("the ranks of group '%s' do not agree on %s (rank %d has %s); start every rank with "
               "the same config and arguments", c->name, what, c->rank, text);
+}
+
+void comm_check_replicas_identical(Comm *c, const float *params, size_t n) {
+    float *host = malloc_or_die(n * sizeof(float));
+    copy_to_host(host, params, n * sizeof(float));
+    char text[32];
+    snprintf(text, sizeof text, "%016llx", (unsigned long long)hash_bytes(host, n * sizeof(float)));
+    comm_check_same(c, "the trained weights", text);
+    printf("replicas identical on all %d ranks: weights hash %s\n", comm_size(c), text);
+    free(host);
 }

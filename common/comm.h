@@ -50,7 +50,6 @@ void comm_all_gather(Comm *c, float *out, const float *in, size_t count);
 // out (count) = this rank's slice of the sum over ranks of in (n * count)
 void comm_reduce_scatter(Comm *c, float *out, const float *in, size_t count);
 void comm_broadcast(Comm *c, float *buf, size_t count, int root);
-void comm_barrier(Comm *c);
 // out (n * count): block r = rank r's in block [this rank]; in (n * count): block r goes to rank r
 void comm_all_to_all(Comm *c, float *out, const float *in, size_t count);
 // variable counts (MPI_Alltoallv; counts and offsets in floats): send_counts[r] floats from
@@ -97,6 +96,10 @@ double comm_max_double(Comm *c, double x);
 // Ends the job with a message on every rank unless all ranks passed the same text (e.g. the
 // config as JSON): a mismatched config would otherwise give silently different answers.
 void comm_check_same(Comm *c, const char *what, const char *text);
+// The same for weights that data parallelism keeps identical on every rank of the group (the
+// replicas): ends the job unless they all hold the same params[0..n) (device memory); prints
+// their hash.
+void comm_check_replicas_identical(Comm *c, const float *params, size_t n);
 
 // ---- accounting -------------------------------------------------------------------------------
 typedef struct {

@@ -32,8 +32,8 @@
 #include <unistd.h>
 
 #include "comm_internal.h"
+#include "device.h"
 #include "log.h"
-#include "ops.h"
 
 typedef struct {
     ncclComm_t nccl;
@@ -82,7 +82,7 @@ static void settle(const Comm *c, ncclComm_t nccl, ncclResult_t r, const char *w
 
 #define NCCL_CALL(c, g, call) settle((c), (g)->nccl, (call), #call)
 
-static cudaStream_t compute_stream(void) { return (cudaStream_t)ops_stream(); }
+static cudaStream_t compute_stream(void) { return (cudaStream_t)dev_stream(); }
 
 // More ranks on a host than GPUs would put two ranks on one GPU, which NCCL refuses obscurely.
 static void check_gpus_per_host(Comm *world) {
@@ -108,7 +108,7 @@ void comm_backend_init_group(Comm *c) {
     ops_init();  // picks this rank's GPU: the communicator is bound to the current device
     if (c->mpi == MPI_COMM_WORLD) {
         check_gpus_per_host(c);
-        ops_on_device_wait(watch);
+        dev_on_wait(watch);
     }
     if (c->size == 1) return;  // a group of one needs no communicator
     NcclGroup *g = calloc_or_die(1, sizeof *g);
@@ -194,7 +194,7 @@ static int watched_finished(Watched *w) {
     return 0;
 }
 
-// ops_on_device_wait's check: drops the finished collectives, ends the job on a failed or late one
+// dev_on_wait's check: drops the finished collectives, ends the job on a failed or late one
 static void watch(void) {
     int kept = 0;
     for (int i = 0; i < g_nwatched; i++)

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h"
 #include "gpt.h"  // MAX_EXPERTS
 #include "log.h"
 
@@ -627,75 +626,15 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
               cfg->val_fraction);
 }
 
-// ---- resume: what out_dir holds ---------------------------------------------------------------
-
-// The keys that make a run's numbers, whatever the layout: a checkpoint resumes only under the
-// same values. The model's shape, the data and its split, the seed, the global batch, the
-// schedule (num_epochs spans it), the optimizer, the precision and its loss scaling, and where
-// the weights started. Left out: how the run is laid out (strategy, ranks, grids, micro-batches,
-// overlap: the same numbers up to rounding), when it stops (stop_iteration: a longer run
-// continues a shorter one), and what it only reports (log, eval, checkpoint intervals, trace).
-static const char *const RUN_KEYS[] = {
-    "arch", "n_layer", "n_head", "n_embd", "vocab_size", "max_seq_len", "dataset_id", "data_path",
-    "tokenizer_path", "val_fraction", "always_input_template", "seed", "global_batch_size",
-    "num_epochs", "lr", "min_lr", "warmup_steps", "beta1", "beta2", "eps", "weight_decay",
-    "grad_clip", "precision", "loss_scale", "loss_scale_window", "init_from", "random_init",
-    "num_experts", "experts_per_token", "moe_every", "capacity_factor", "aux_loss_coef",
-};
-
-static const char *const START_OVER = "set resume=false to start over in it (its files are replaced), or choose "
-                                      "another out_dir";
-
-// Refuses a checkpoint saved under other values of the RUN_KEYS. A key the saved config lacks
-// (a checkpoint older than the key) is not compared.
-static void require_same_run(const Config *cfg, const Sources *src, const char *saved_json) {
-    cJSON *saved = cJSON_Parse(saved_json);
-    if (!cJSON_IsObject(saved))
-        fatal("%s/model.safetensors: its run_config is not a JSON object; it is neither resumed nor "
-              "overwritten: %s", cfg->out_dir, START_OVER);
-    char *now_json = config_to_json(cfg);
-    cJSON *now = cJSON_Parse(now_json);
-    for (size_t i = 0; i < sizeof RUN_KEYS / sizeof RUN_KEYS[0]; i++) {
-        const cJSON *was = cJSON_GetObjectItemCaseSensitive(saved, RUN_KEYS[i]),
-                    *is = cJSON_GetObjectItemCaseSensitive(now, RUN_KEYS[i]);
-        if (!is) fatal("config.c: RUN_KEYS names '%s', which is not a key", RUN_KEYS[i]);
-        if (!was || cJSON_Compare(was, is, true)) continue;
-        char *was_text = cJSON_PrintUnformatted(was), *is_text = cJSON_PrintUnformatted(is);
-        fatal("%s holds the checkpoint of another run: key '%s' was %s there but is %s now (%s); it is "
-              "neither resumed nor overwritten: run with the config it was saved with to resume it, %s",
-              cfg->out_dir, RUN_KEYS[i], was_text, is_text, source_of(src, RUN_KEYS[i]), START_OVER);
-    }
-    cJSON_Delete(now);
-    free(now_json);
-    cJSON_Delete(saved);
-}
-
-// cfg->resume from the key resume and what out_dir holds (config.h)
-static void resolve_resume(Config *cfg, const Sources *src, Stage stage) {
+static void require_resume_mode(const Config *cfg, const Sources *src) {
     static const char *const modes[] = {"auto", "true", "false"};
     require_one_of(src, "resume", cfg->resume_mode, modes, 3, "auto, true or false");
-    bool must = strcmp(cfg->resume_mode, "true") == 0;
-    cfg->resume = false;
-    if (stage == STAGE_INFERENCE || strcmp(cfg->resume_mode, "false") == 0) return;
-    const char *missing;
-    int present = checkpoint_files_in(cfg->out_dir, &missing);
-    if (present == 0 && !must) return;  // a new run
-    if (present == 0)
-        fatal("%s: key 'resume' is true but %s holds no checkpoint (model.safetensors, config.json, "
-              "optimizer.safetensors) to resume; with resume=auto a run starts there",
-              source_of(src, "resume"), cfg->out_dir);
-    if (missing)
-        fatal("%s holds an incomplete checkpoint: %s is missing; it is neither resumed nor overwritten: %s",
-              cfg->out_dir, missing, START_OVER);
-    char *saved = checkpoint_run_config(cfg->out_dir);
-    if (saved) require_same_run(cfg, src, saved);
-    else if (!must)
-        fatal("%s holds a checkpoint saved without its run's config (not by these stages), so "
-              "whether it is this run's is unknown; it is neither resumed nor overwritten: set "
-              "resume=true to resume it anyway, %s", cfg->out_dir, START_OVER);
-    free(saved);
-    cfg->resume = true;
 }
+
+// where each key of the config config_load read last came from (config_source)
+static Sources g_sources;
+
+const char *config_source(const char *key) { return source_of(&g_sources, key); }
 
 void config_load(Config *cfg, int argc, char **argv, Stage stage) {
     for (int i = 1; i < argc; i++)
@@ -712,7 +651,8 @@ void config_load(Config *cfg, int argc, char **argv, Stage stage) {
     apply_json_file(cfg, &src, config_file_from_args(argc, argv, STAGES[stage].default_file));
     apply_overrides(cfg, &src, argc, argv);
     validate(cfg, &src, stage);
-    resolve_resume(cfg, &src, stage);
+    require_resume_mode(cfg, &src);
+    g_sources = src;
 }
 
 char *config_to_json(const Config *cfg) {

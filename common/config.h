@@ -33,7 +33,7 @@ typedef struct {
     char tokenizer_path[512]; // GPT-2 BPE directory; "" = the byte tokenizer
     char init_from[512];      // a checkpoint (directory or .safetensors) to start from
     char resume_mode[8];      // key 'resume': "auto", "true" (must resume) or "false" (start over)
-    bool resume;              // not a key: config_load's answer, this run continues the one in out_dir
+    bool resume;              // not a key: resolve_resume's answer, this run continues the one in out_dir
     char out_dir[512];
     double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip, val_fraction;
     double loss_scale;           // 16-mixed: the initial loss scale
@@ -87,18 +87,14 @@ typedef enum {
 } Stage;
 
 // Reads the stage's config, applies --key=value overrides, validates, and fills in what empty
-// keys mean (strategy: the stage's own; dataset_id: what data_path names). A training stage then
-// decides whether the run resumes (cfg->resume) from what out_dir holds and the key resume:
-//   auto   resume when out_dir holds a complete checkpoint of the same run (the keys that change
-//          the numbers, config.c's RUN_KEYS, agree); start when it holds none; refuse (fatal,
-//          naming the out_dir, the key, the saved value and the new one) when it holds another
-//          run's or an incomplete one: it is never overwritten unasked
-//   true   the same, but a directory without a checkpoint is an error too
-//   false  start over: the run writes over what out_dir holds
-// Prints usage and
+// keys mean (strategy: the stage's own; dataset_id: what data_path names). Whether a training
+// run resumes is resolve_resume's (run_checkpoint.h), from what out_dir holds. Prints usage and
 // exits 0 on --help; any error goes through fatal() naming where the value came from (the file,
 // the command line or the defaults), the key, what was expected and what was found.
 void config_load(Config *cfg, int argc, char **argv, Stage stage);
+// where the value of `key` in the config config_load read last came from: "defaults", the
+// config file's path or "command line", for messages about it
+const char *config_source(const char *key);
 
 // The config as one JSON line (for the log and for checkpoints); malloc'd.
 char *config_to_json(const Config *cfg);

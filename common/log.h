@@ -1,4 +1,5 @@
-// log.h: errors, progress lines and the metrics file.
+// log.h: fatal errors, and the small helpers every file leans on: allocation and file reading
+// that end through fatal() when they fail, the clock, peak memory and a hash.
 #ifndef LOG_H
 #define LOG_H
 

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "device.h"
 #include "kernels.h"
 #include "log.h"
 #include "ops.h"

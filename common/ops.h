@@ -1,7 +1,7 @@
 // ops.h: every computation the model does, as one interface with one implementation per
 // backend (ops_cpu.c: oneDNN + OpenMP; ops_cuda.cu: cuBLAS + kernels). The model code is plain C
 // and only ever calls these functions, always with pointers to *device* memory (which, on the
-// CPU backend, is ordinary host memory).
+// CPU backend, is ordinary host memory) that device.h allocates and fills.
 //
 // Conventions, as in llm.c:
 //  - outputs first, then inputs and weights, then sizes;
@@ -16,9 +16,8 @@
 #include <stdint.h>
 
 // ----------------------------------------------------------------------------------------------
-// backend and memory
+// the backend (ops_init, which starts it, and its memory, copies, streams and marks are device.h's)
 
-void ops_init(void);               // select the device; exits with a clear message if none
 const char *ops_backend_name(void);  // "cpu" or "cuda"
 // what does the f32 matmuls, e.g. "oneDNN 3.6.2 f32 matmul (brg:avx512_core), 2 threads"
 const char *ops_matmul_engine(void);
@@ -35,34 +34,6 @@ double ops_peak_flops(int bf16);
 // that peak as one sentence: the figure and where it came from, e.g. "812 GFLOP/s bf16, measured:
 // best of 9 oneDNN bf16 matmuls 1024x1024x1024 (brg:avx512_core_bf16) on 2 threads, 0.16 s"
 const char *ops_peak_flops_source(int bf16);
-
-void *dev_malloc(size_t bytes);     // zero-filled; exits with a message on failure
-void dev_free(void *ptr);
-void dev_zero(void *ptr, size_t bytes);
-void dev_copy(void *dst, const void *src, size_t bytes);      // device -> device
-void copy_to_device(void *dst, const void *src, size_t bytes);  // host -> device
-void copy_to_host(void *dst, const void *src, size_t bytes);    // device -> host
-void dev_synchronize(void);
-// the CUDA stream the ops run on (a cudaStream_t), so that communication can order itself after
-// them; NULL on the CPU backend
-void *ops_stream(void);
-// While the host waits for the device (a copy to the host, a sum, dev_synchronize), the backend
-// calls check every few microseconds: the NCCL comm layer checks there that no collective the ops
-// wait for has failed or passed its deadline, so a dead peer ends the job instead of hanging it.
-// The CPU backend never waits (its ops run to completion), so it never calls check.
-void ops_on_device_wait(void (*check)(void));
-// Marks: the trace's clock (trace.h). dev_mark() notes where the ops stream has got to, and
-// dev_mark_seconds() says when the device passed that point, in wall_seconds() terms (waiting
-// until it has). On the CUDA backend a mark is an event on the stream, so the span between two
-// marks is the GPU's own time, not the host's launch time, which runs ahead of it; on the CPU
-// the device is the host and a mark is the clock reading. dev_mark_stream marks another stream
-// of the device (an NCCL group's, a cudaStream_t); the CPU has one. dev_marks_clear forgets them.
-int dev_mark(void);
-int dev_mark_stream(void *stream);
-double dev_mark_seconds(int mark);
-void dev_marks_clear(void);
-size_t dev_bytes_in_use(void);      // what dev_malloc currently holds
-size_t dev_bytes_peak(void);
 
 // ----------------------------------------------------------------------------------------------
 // initialisation: a counter-based normal RNG, so element i of tensor `stream` gets the same value

@@ -22,6 +22,7 @@
 #include <immintrin.h>  // few_rows_matmul: _mm512_fmadd_ps, and _mm512_dpbf16_ps with AVX512-BF16
 #endif
 
+#include "device.h"
 #include "kernels.h"
 #include "log.h"
 #include "ops_peak.h"
@@ -401,8 +402,8 @@ void dev_copy(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst,
 void copy_to_device(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
 void copy_to_host(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
 void dev_synchronize(void) {}
-void *ops_stream(void) { return NULL; }  // the CPU runs every op to completion in order
-void ops_on_device_wait(void (*check)(void)) { (void)check; }
+void *dev_stream(void) { return NULL; }  // the CPU runs every op to completion in order
+void dev_on_wait(void (*check)(void)) { (void)check; }
 
 // marks are clock readings: every op has finished by the time it returns
 static struct { double *seconds; int n, cap; } g_marks;

@@ -33,10 +33,10 @@
 //   init_normal           computed on the host (kernels.h's advice: then CPU and GPU initialise
 //                         bit-identical weights) and copied, in chunks
 //
-// Streams. Every op runs on one stream (ops_stream(), created by ops_init), so ops are ordered
+// Streams. Every op runs on one stream (dev_stream(), created by ops_init), so ops are ordered
 // among themselves without synchronising; the host waits only where it must read a result
 // (copy_to_host, sum_*, dev_synchronize), and then for the ops stream alone, never the whole
-// device (ops_on_device_wait says why). Memory is freed in stream order. Errors: every CUDA and
+// device (dev_on_wait says why). Memory is freed in stream order. Errors: every CUDA and
 // cuBLAS call is checked and reported through fatal() with file, line and the library's error
 // string; every kernel launch is checked with cudaGetLastError(). A kernel that fails while
 // running is reported at the next synchronisation (run with CUDA_LAUNCH_BLOCKING=1 to have it
@@ -57,6 +57,7 @@
 #include <unistd.h>
 
 extern "C" {  // ops.h and log.h are C headers (no extern "C" of their own)
+#include "device.h"
 #include "log.h"
 #include "ops.h"
 #include "ops_peak.h"
@@ -203,9 +204,9 @@ static void check_device_errors(void) {
               (int)(unsigned)(rt & 0xffffffffu), (int)(rt >> 32) - 1, g.bad_host->V);
 }
 
-static void (*g_wait_check)(void);  // ops_on_device_wait's check, NULL until a comm layer sets one
+static void (*g_wait_check)(void);  // dev_on_wait's check, NULL until a comm layer sets one
 
-void ops_on_device_wait(void (*check)(void)) { g_wait_check = check; }
+void dev_on_wait(void (*check)(void)) { g_wait_check = check; }
 
 // Waits for the ops stream, and with it for every collective the stream was made to wait for.
 // Polled rather than cudaStreamSynchronize so that the comm layer's check runs while we wait: a
@@ -346,7 +347,7 @@ int ops_bf16_native(void) {
     return g.cc_major >= 8;  // bf16 tensor cores from Ampere (sm_80) on
 }
 
-void *ops_stream(void) {
+void *dev_stream(void) {
     ensure_init();
     return (void *)g.stream;
 }

@@ -14,17 +14,10 @@
 #include <string.h>
 
 #include "log.h"
-
-// splitmix64: a tiny, good-enough generator whose whole state is one number
-static uint64_t next_random(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+#include "numbers.h"
 
 static int random_between(uint64_t *state, int lo, int hi) {  // inclusive
-    return lo + (int)(next_random(state) % (uint64_t)(hi - lo + 1));
+    return lo + (int)(rng_next(state) % (uint64_t)(hi - lo + 1));
 }
 
 // ---- the tasks: each writes a random input and its answer (buffers of 16 bytes) ----------------

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h"
+#include "device.h"
+#include "files.h"
 #include "log.h"
-#include "ops.h"
 
 #define MAX_LANES 64  // collectives in flight at once on one rank
 
@@ -39,8 +39,6 @@ void trace_open(bool enabled, int trace_steps, int rank, double epoch) {
 }
 
 void trace_step(void) { g_trace.in_window = g_trace.enabled && g_trace.steps_seen++ < g_trace.steps; }
-
-bool trace_recording(void) { return g_trace.in_window; }
 
 int trace_mark(void) { return g_trace.in_window ? dev_mark() : -1; }
 

@@ -6,7 +6,7 @@
 //   tid 0 "compute": what the rank's thread is doing, nested (a block's forward inside the step);
 //   tid 1.. "comm": each collective from its launch to the end of its wait, a lane per collective
 //   in flight at once (so the lanes nest too); a wait that blocks the thread also shows on tid 0.
-// Every time is a mark on the device's clock (ops.h: dev_mark), read as microseconds since the
+// Every time is a mark on the device's clock (device.h: dev_mark), read as microseconds since the
 // trace's epoch: on the CUDA backend an event on the stream, so a block's span is the GPU's time
 // for it and a collective's is NCCL's own (from the events on its group's stream), not the host's
 // launch times, which run ahead of the GPU; on the CPU a clock reading. Marks are read when the
@@ -25,7 +25,6 @@ enum { TRACK_COMPUTE = 0, TRACK_COMM = 1 };
 void trace_open(bool enabled, int trace_steps, int rank, double epoch);
 // called as each step starts: events are kept in the first trace_steps steps this run makes
 void trace_step(void);
-bool trace_recording(void);
 // a mark (dev_mark) while recording, else -1: what spans begin and end with
 int trace_mark(void);
 // one complete event from mark m0 to mark m1; args: a JSON object's text or NULL. Nothing is

@@ -21,6 +21,7 @@
 
 #include "check.h"
 #include "checkpoint.h"
+#include "device.h"
 #include "gpt.h"
 #include "log.h"
 #include "ops.h"

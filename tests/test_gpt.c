@@ -18,6 +18,7 @@
 
 #include "check.h"
 #include "checkpoint.h"
+#include "device.h"
 #include "gpt.h"
 #include "inputs.h"
 #include "log.h"

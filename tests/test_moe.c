@@ -35,6 +35,8 @@
 
 #include "check.h"
 #include "checkpoint.h"
+#include "device.h"
+#include "files.h"
 #include "gpt.h"
 #include "inputs.h"
 #include "log.h"

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "device.h"
 #include "kernels.h"
 #include "log.h"
 #include "ops.h"

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "device.h"
 #include "log.h"
 #include "ops.h"
 

@@ -8,6 +8,7 @@
 // of measuring its own. Run with the OMP_NUM_THREADS the runs will use.
 #include <stdio.h>
 
+#include "device.h"
 #include "ops.h"
 #include "ops_peak.h"
 

@@ -27,6 +27,9 @@
 #include "ops.h"
 #include "pipeline.h"
 #include "plan.h"
+#include "run_checkpoint.h"
+#include "run_setup.h"
+#include "run_stats.h"
 #include "tokenizer.h"
 #include "tp_model.h"
 
@@ -294,7 +297,7 @@ static void plan_experts(const Setup *s, Plan *p, int ep) {
 
 // ---- time: compute, communication, what hides under what ---------------------------------------
 
-// Compute: the model's FLOPs (trainer.h's flops_per_token, plus one more forward of the blocks
+// Compute: the model's FLOPs (run_setup.h's flops_per_token, plus one more forward of the blocks
 // when they recompute). A one-rank step takes FLOPs / (peak x the efficiency it reaches): its
 // matmuls, at the peak, and the work between them (attention, GELU, LayerNorm, the loss), the
 // rest. Layouts that split rows (data, FSDP, z, pipeline stages, experts) split both evenly over
@@ -702,6 +705,7 @@ int main(int argc, char **argv) {
     cluster_load(&cluster, o.cluster);
     if (o.nodes) cluster.nodes = o.nodes;
     config_load(&cfg, o.n_config_args, o.config_args, stage);
+    resolve_resume(&cfg);  // a run to resume takes its model shape from out_dir
     ops_set_half_format(config_half_format(&cfg));  // the memory report names fp16 or bf16 copies
     Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
     GPTConfig mc = model_shape(&cfg, tok);

@@ -8,7 +8,7 @@
 
 #include "config.h"
 #include "plan_cluster.h"
-#include "trainer.h"
+#include "run_stats.h"
 
 // one collective of a step, as rank 0 counts it (comm.h's sizes)
 typedef struct {

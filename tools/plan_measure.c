@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "comm.h"
+#include "device.h"
 #include "log.h"
 #include "ops.h"
 #include "ops_peak.h"

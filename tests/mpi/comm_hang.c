@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "device.h"
 #include "log.h"
-#include "ops.h"
 
 // 16 MB: far past any eager limit, so a send cannot finish before its receive is posted
 #define COUNT ((size_t)4 << 20)

@@ -1,0 +1,23 @@
+// preemption.h: stopping at a step boundary, saving, and exiting to be resumed. Slurm warns a
+// job before its time limit or a preemption with SIGUSR1 (--signal=B:USR1@N) and cancels it with
+// SIGTERM. Neither kills the run: the handler only sets a flag, and the stage's step loop looks at
+// it after a whole step, where the weights and optimizer agree.
+#ifndef PREEMPTION_H
+#define PREEMPTION_H
+
+#include "config.h"
+
+// sysexits.h's EX_TEMPFAIL, "try again later": the run saved its state and should be resumed
+#define EXIT_TO_BE_RESUMED 75
+
+// installs the SIGTERM and SIGUSR1 handlers; call once, before the step loop
+void preemption_watch(void);
+// 1 if this process has been signalled (a long, ready for comm_sum_long: the ranks agree when
+// any one of them was signalled, since mpirun or srun may deliver it to only some)
+long preemption_signalled(void);
+// prints where the checkpoint of `step` is, for a run a signal stopped; the stage then exits with
+// EXIT_TO_BE_RESUMED. MPI stages print before comm_finalize: once one rank has exited non-zero,
+// the launcher may kill the others, so nothing may be left to do after it
+void print_stopped_to_be_resumed(const Config *cfg, long step);
+
+#endif
