@@ -278,13 +278,13 @@ bad:
 
 // ---- the stages -------------------------------------------------------------------------------
 
-// What each stage implements, reads by default, and which values of the keys that not every
-// stage takes it refuses, and why. A learner runs one config through several stages, so a
-// strategy or a key a stage cannot honour is refused with the reason and where to go, rather than
-// ignored (the tutorial's strategy key picked the code path; here the program does). A
+// What each stage implements, what it reads by default, and what it does with the keys not every
+// stage takes: each refusal is the reason printed. A learner runs one config through several
+// stages, so a strategy or a key a stage cannot honour is refused with why and where to go rather
+// than ignored (the tutorial's strategy key picked the code path; here the program does). A
 // strategy's own keys go with it: a tp_dimensions grid other than [1, 1, 1] needs axonn, pp_size
 // and num_microbatches other than 1 need pipeline (which cuts the batch with them, in place of
-// gradient_acc_steps). The validation below reads this table; the rest of the keys every stage takes.
+// gradient_acc_steps). The rules below read this table; every other key, every stage takes.
 typedef struct {
     const char *strategy;      // the one it implements (and what an empty strategy means)
     const char *also;          // another it accepts, or NULL (stage 06: one device is the 1x1 grid)
