@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
     weights_point(&w, &layout, params);
     weights_point(&g, &layout, grads);
     // the bf16 working copy of the weights, which every matmul reads
-    bool half_mode = config_is_half(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
     bf16 *params16 = NULL;
     if (half_mode) {
         params16 = dev_malloc(n * sizeof(bf16));

@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
     gpt_layout(&layout, &mc);
     size_t n = layout.num_params;
     // bf16: each gathered unit is cast to bf16 on arrival (the shards and the gathers stay fp32)
-    bool half_mode = config_is_half(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
     Fsdp fsdp;
     fsdp_init(&fsdp, world, &layout, cfg.overlap_communication, half_mode);
     // sharded initialisation: each rank computes only its own elements (never the whole model)

@@ -99,6 +99,7 @@ typedef struct {
     const char *shown;       // what to print as the question
     int *ids, n_ids;         // the prompt in the Alpaca template, as tokens
     int *out, n_out;         // the generated tokens (end-of-text not included)
+    int limit;               // the most it may generate
     int stop;                // why it stopped (STOP_*)
     double t_first, t_last;  // seconds from the start of its batch to its first and last token
 } Request;
@@ -165,7 +166,7 @@ static bool accept_token(Generator *g, Request *r, int token, double now) {
     }
     r->out[r->n_out++] = token;
     r->t_last = now;
-    if (r->n_out >= g->cfg->tokens_to_generate) r->stop = STOP_LIMIT;
+    if (r->n_out >= r->limit) r->stop = STOP_LIMIT;
     // the next step would feed this token at position n_ids + n_out - 1, past the last one
     else if (r->n_ids + r->n_out > g->m->maxT) r->stop = STOP_CONTEXT;
     return r->stop == STOP_NONE;
@@ -292,6 +293,7 @@ static void make_request(Request *r, long index, const char *shown, const char *
         fatal("%s: prompt %ld is %d tokens long in the Alpaca template, but the context is %d "
               "tokens (max_seq_len) and the answer needs at least one: shorten the prompt",
               source, index + 1, r->n_ids, maxT);
+    r->limit = limit;
     r->out = malloc_or_die((size_t)limit * sizeof(int));
 }
 
@@ -337,14 +339,12 @@ static void evaluate(Generator *g, const Config *cfg) {
         free(ids);
         if (len + 1 > limit) limit = len + 1;
     }
-    Config capped = *cfg;
-    if (capped.tokens_to_generate > limit) capped.tokens_to_generate = limit;
-    g->cfg = &capped;
+    if (cfg->tokens_to_generate < limit) limit = cfg->tokens_to_generate;
     Request *r = malloc_or_die((size_t)n * sizeof *r);
     for (int i = 0; i < n; i++) {
         const AlpacaRecord *rec = dataset_record(d, SPLIT_VAL, i);
         char *prompt = alpaca_format_prompt(rec, cfg->always_input_template);
-        make_request(&r[i], i, rec->input, prompt, g->tok, g->m->maxT, capped.tokens_to_generate, dataset_path(d));
+        make_request(&r[i], i, rec->input, prompt, g->tok, g->m->maxT, limit, dataset_path(d));
         free(prompt);
     }
     g->stream = false;
@@ -379,33 +379,14 @@ static void evaluate(Generator *g, const Config *cfg) {
            g->decode_seconds > 0 ? g->decode_tokens / g->decode_seconds : 0.0);
     free_requests(r, n);
     dataset_free(d);
-    g->cfg = cfg;
 }
 
 // ---- set-up ---------------------------------------------------------------------------------
 
-static void validate_inference_keys(const Config *cfg) {
-    if (cfg->tokens_to_generate <= 0)
-        fatal("key 'tokens_to_generate': expected a positive number, found %d", cfg->tokens_to_generate);
-    if (cfg->max_batch_size <= 0) fatal("key 'max_batch_size': expected a positive number, found %d", cfg->max_batch_size);
-    if (cfg->temperature < 0) fatal("key 'temperature': expected 0 (greedy) or more, found %g", cfg->temperature);
-    if (cfg->top_k < 0) fatal("key 'top_k': expected 0 (no limit) or more, found %d", cfg->top_k);
-    if (!(cfg->top_p > 0 && cfg->top_p <= 1)) fatal("key 'top_p': expected a value in (0, 1], found %g", cfg->top_p);
-    if (cfg->serve && !cfg->kv_cache) fatal("key 'kv_cache': the server (serve: true) needs the KV cache, found false");
-    if (cfg->serve && cfg->eval_accuracy) fatal("keys 'serve' and 'eval_accuracy': a run either serves or evaluates, found both true");
-    if (!starts_from_checkpoint(cfg) && !cfg->random_init)
-        fatal("key 'init_from': stage 06 needs a checkpoint to generate with (a directory or a "
-              ".safetensors file, e.g. --init_from=out/demo-stage-1), or random_init: true");
-}
-
-// Tensor parallelism over [x, y, 1], every rank in the grid. z (depth) shards the weights to
-// gather them again before each use: a saving for training's memory, only traffic for a decode
-// step, whose cost is reading the weights; and generation has no rows to split over z or data.
+// Tensor parallelism over [x, y, 1] (config.c refuses z), every rank in the grid: generation
+// has no rows to split over data.
 static void check_layout(const Config *cfg, Comm *world) {
     const int *tp = cfg->tp_dimensions;
-    if (tp[2] != 1)
-        fatal("key 'tp_dimensions': inference does not support z tensor parallelism (the "
-              "tutorial's infer.py neither): z must be 1, found [%d, %d, %d]", tp[0], tp[1], tp[2]);
     if (comm_size(world) != tp[0] * tp[1])
         fatal("key 'tp_dimensions' [%d, %d, 1] needs x * y = %d ranks, but %d were started (no data "
               "parallelism in inference: start as many ranks as the grid has)", tp[0], tp[1],
@@ -462,7 +443,6 @@ int main(int argc, char **argv) {
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_INFERENCE);
     ops_set_half_format(config_half_format(&cfg));  // 16-mixed: fp16 weight copies
-    validate_inference_keys(&cfg);
     check_layout(&cfg, world);
     ops_init();
 

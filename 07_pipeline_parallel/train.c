@@ -46,9 +46,6 @@ int main(int argc, char **argv) {
     char *config_json = config_to_json(&cfg);
     comm_check_same(world, "the config", config_json);
     free(config_json);
-    // stage 03's bucketed all-reduce is not part of this stage: refused, not silently ignored
-    if (cfg.overlap_communication)
-        fatal("key 'overlap_communication': stage 07 has no overlapped variant (stage 03 and 04 do); set it to false");
     ops_init();
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----
@@ -73,7 +70,7 @@ int main(int argc, char **argv) {
     weights_point(&w, &layout, params);
     weights_point(&g, &layout, grads);
     // the bf16 working copy of the weights, which every matmul reads
-    bool half_mode = config_is_half(&cfg), pure_bf16 = strcmp(cfg.precision, "bf16") == 0;
+    bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
     bf16 *params16 = NULL;
     if (half_mode) {
         params16 = dev_malloc(n * sizeof(bf16));

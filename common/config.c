@@ -277,24 +277,48 @@ bad:
 
 // ---- the stages -------------------------------------------------------------------------------
 
-// What each stage implements and reads by default. A learner runs one config through several
-// stages, so a strategy another stage implements is refused with a pointer to that stage rather
-// than ignored (the tutorial's strategy key picked the code path; here the program does).
+// What each stage implements, what it reads by default, and what it does with the keys not every
+// stage takes: each refusal is the reason printed. A learner runs one config through several
+// stages, so a strategy or a key a stage cannot honour is refused with why and where to go rather
+// than ignored (the tutorial's strategy key picked the code path; here the program does). A
+// strategy's own keys go with it: a tp_dimensions grid other than [1, 1, 1] needs axonn, pp_size
+// and num_microbatches other than 1 need pipeline (which cuts the batch with them, in place of
+// gradient_acc_steps). The rules below read this table; every other key, every stage takes.
 typedef struct {
     const char *strategy;      // the one it implements (and what an empty strategy means)
     const char *also;          // another it accepts, or NULL (stage 06: one device is the 1x1 grid)
     const char *default_file;  // read when neither --config nor $CONFIG_FILE names one
+    bool experts;              // takes num_experts > 0 (the others' blocks are dense MLPs)
+    bool expert_ranks;         // takes ep_size > 1 (spreads the experts over ranks)
+    bool generates;            // reads the inference keys and needs weights to generate with
+    // why it refuses (NULL: it takes)
+    const char *no_half;          // precision bf16-mixed, bf16 or 16-mixed
+    const char *no_half_experts;  // the same, with num_experts > 0
+    const char *no_overlap;       // overlap_communication true
+    const char *no_grid_depth;    // tp_dimensions with z > 1
 } StageInfo;
 
 static const StageInfo STAGES[] = {
-    [STAGE_SINGLE_GPU] = {"single_device", NULL, "configs/single_gpu.json"},
+    [STAGE_SINGLE_GPU] = {"single_device", NULL, "configs/single_gpu.json",
+                          .no_half = "stage 01 trains in fp32 (32 or 32-true); bf16 and fp16 are stage 02 "
+                                     "(build/stage-2)"},
     [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json"},
     [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json"},
     [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json"},
     [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json"},
-    [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json"},
-    [STAGE_PIPELINE_PARALLEL] = {"pipeline", NULL, "configs/pipeline.json"},
-    [STAGE_MIXTURE_OF_EXPERTS] = {"expert_parallel", NULL, "configs/moe.json"},
+    [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json", .experts = true, .generates = true,
+                         // z shards the weights to gather them again before each use: a saving for
+                         // training's memory, only traffic for a decode step, whose cost is reading
+                         // the weights; and generation has no rows to split over z
+                         .no_grid_depth = "inference does not support z tensor parallelism (the tutorial's "
+                                          "infer.py neither): z must be 1"},
+    [STAGE_PIPELINE_PARALLEL] = {"pipeline", NULL, "configs/pipeline.json",
+                                 .no_overlap = "stage 07 has no overlapped variant (stage 03 and 04 do); set "
+                                               "it to false"},
+    [STAGE_MIXTURE_OF_EXPERTS] = {"expert_parallel", NULL, "configs/moe.json", .experts = true, .expert_ranks = true,
+                                  .no_half_experts = "stage 08's experts train in fp32 (32 or 32-true)",
+                                  .no_overlap = "stage 08 all-reduces its gradients after backward (its MoE "
+                                                "blocks already talk during backward)"},
 };
 #define LAST_STAGE STAGE_MIXTURE_OF_EXPERTS
 
@@ -452,6 +476,24 @@ static void require_one_of(const Sources *src, const char *key, const char *valu
     fatal("%s: key '%s': expected %s, found '%s'", source_of(src, key), key, expected, value);
 }
 
+// precision's names and what each means (config.h)
+static const struct { const char *name; Precision prec; } PRECISIONS[] = {
+    {"32", PREC_FP32}, {"32-true", PREC_FP32}, {"bf16-mixed", PREC_BF16_MIXED}, {"bf16", PREC_BF16},
+    {"16-mixed", PREC_FP16_MIXED},
+};
+
+static void resolve_precision(Config *cfg, const Sources *src) {
+    for (size_t i = 0; i < sizeof PRECISIONS / sizeof PRECISIONS[0]; i++)
+        if (strcmp(cfg->precision, PRECISIONS[i].name) == 0) {
+            cfg->prec = PRECISIONS[i].prec;
+            return;
+        }
+    fatal("%s: key 'precision': expected 32, 32-true, bf16-mixed, bf16 or 16-mixed, found '%s'",
+          source_of(src, "precision"), cfg->precision);
+}
+
+// ---- the stage rules (the STAGES table) -------------------------------------------------------
+
 // An empty strategy is the stage's own; another stage's strategy is refused with where to go.
 static void resolve_strategy(Config *cfg, const Sources *src, Stage stage) {
     static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn", "pipeline", "expert_parallel"};
@@ -469,21 +511,14 @@ static void resolve_strategy(Config *cfg, const Sources *src, Stage stage) {
           stage_training_with(cfg->strategy), cfg->strategy);
 }
 
-// Stage 01 is the fp32 loop: bf16 (its weight copies, its activations) is what stage 02 adds.
-static void require_precision_of_stage(const Config *cfg, const Sources *src, Stage stage) {
-    if (stage != STAGE_SINGLE_GPU || !config_is_half(cfg)) return;
-    fatal("%s: key 'precision' is '%s' but stage 01 trains in fp32 (32 or 32-true); bf16 and fp16 "
-          "are stage 02 (build/stage-2)", source_of(src, "precision"), cfg->precision);
-}
-
-// A grid other than [1, 1, 1] splits every layer over ranks, which only strategy axonn does; on
-// another strategy it would be ignored.
-static void require_grid_fits_strategy(const Config *cfg, const Sources *src) {
-    const int *tp = cfg->tp_dimensions;
-    if (tp[0] * tp[1] * tp[2] == 1 || strcmp(cfg->strategy, "axonn") == 0) return;
-    fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but strategy \"%s\" does not split layers: a "
-          "tensor-parallel grid is strategy axonn (build/stage-5; build/stage-6 for inference)",
-          source_of(src, "tp_dimensions"), tp[0], tp[1], tp[2], cfg->strategy);
+// The table's refusals of keys no other rule checks: a 16-bit precision, overlap_communication.
+static void require_stage_takes_switches(const Config *cfg, const Sources *src, Stage stage) {
+    const StageInfo *s = &STAGES[stage];
+    if (s->no_half && config_is_half(cfg))
+        fatal("%s: key 'precision' is '%s' but %s", source_of(src, "precision"), cfg->precision, s->no_half);
+    if (s->no_overlap && cfg->overlap_communication)
+        fatal("%s: key 'overlap_communication' is true but %s", source_of(src, "overlap_communication"),
+              s->no_overlap);
 }
 
 // pp_size > 1 splits the blocks over ranks, which only strategy pipeline does; elsewhere it would
@@ -507,24 +542,21 @@ static void require_pipeline_keys_fit_strategy(const Config *cfg, const Sources 
 }
 
 // Experts are stage 08's (and stage 06 generates with them): elsewhere num_experts would be ignored
-// or need each stage's own version of the experts. They run in fp32, keep every activation and
-// are described for GPT-2 only.
+// or need each stage's own version of the experts. They keep every activation, are described for
+// GPT-2 only and route on the host (their grid: require_grid_fits_stage).
 static void require_moe_keys_fit_stage(const Config *cfg, const Sources *src, Stage stage) {
+    const StageInfo *s = &STAGES[stage];
     char where[1200];
     require_not_negative(src, "num_experts", cfg->num_experts);
     require_positive(src, "moe_every", cfg->moe_every);
     require_positive(src, "ep_size", cfg->ep_size);
     require_not_negative(src, "capacity_factor", cfg->capacity_factor);
     require_not_negative(src, "aux_loss_coef", cfg->aux_loss_coef);
-    bool experts_stage = stage == STAGE_MIXTURE_OF_EXPERTS || stage == STAGE_INFERENCE;
-    if (stage == STAGE_MIXTURE_OF_EXPERTS && cfg->overlap_communication)
-        fatal("%s: key 'overlap_communication' is true but stage 08 all-reduces its gradients after "
-              "backward (its MoE blocks already talk during backward)", source_of(src, "overlap_communication"));
-    if (cfg->ep_size != 1 && stage != STAGE_MIXTURE_OF_EXPERTS)
+    if (cfg->ep_size != 1 && !s->expert_ranks)
         fatal("%s: key 'ep_size' is %d but stage %02d spreads no experts: expert parallelism is "
               "strategy expert_parallel (build/stage-8)", source_of(src, "ep_size"), cfg->ep_size, (int)stage);
     if (!cfg->num_experts) return;
-    if (!experts_stage)
+    if (!s->experts)
         fatal("%s: key 'num_experts' is %d but stage %02d trains dense MLPs: a mixture of experts "
               "is strategy expert_parallel (build/stage-8)", source_of(src, "num_experts"), cfg->num_experts,
               (int)stage);
@@ -539,21 +571,61 @@ static void require_moe_keys_fit_stage(const Config *cfg, const Sources *src, St
         fatal("%s: keys 'num_experts' and 'ep_size': the experts must split evenly over the ranks, found "
               "%d experts and ep_size %d", sources_of_pair(src, "num_experts", "ep_size", where, sizeof where),
               cfg->num_experts, cfg->ep_size);
-    if (stage == STAGE_MIXTURE_OF_EXPERTS && strcmp(cfg->precision, "32") && strcmp(cfg->precision, "32-true"))
-        fatal("%s: key 'precision' is '%s' but stage 08's experts train in fp32 (32 or 32-true)",
-              source_of(src, "precision"), cfg->precision);
+    if (s->no_half_experts && config_is_half(cfg))
+        fatal("%s: key 'precision' is '%s' but %s", source_of(src, "precision"), cfg->precision, s->no_half_experts);
     if (cfg->activation_checkpointing)
         fatal("%s: key 'activation_checkpointing' is true but mixture-of-experts blocks keep their "
               "activations (recomputing would route the tokens again)", source_of(src, "activation_checkpointing"));
     if (strcmp(cfg->arch, "phi") == 0)
         fatal("%s: key 'arch' is phi but the experts are GPT-2 MLPs: use arch gpt2", source_of(src, "arch"));
-    const int *tp = cfg->tp_dimensions;
-    if (tp[0] * tp[1] * tp[2] != 1)
-        fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but a mixture of experts generates on one grid "
-              "cell ([1, 1, 1]): its experts are not split", source_of(src, "tp_dimensions"), tp[0], tp[1], tp[2]);
     if (cfg->compile)
         fatal("%s: key 'compile' is true but a mixture of experts routes its tokens on the host at every "
               "step, which a CUDA graph cannot record", source_of(src, "compile"));
+}
+
+// The one check of tp_dimensions' values (how many ranks a grid needs is the stage's, once they
+// are started). A grid other than [1, 1, 1] splits every layer over ranks, which only strategy
+// axonn does; on another strategy it would be ignored. Called after the experts' keys: a mixture
+// of experts, where a stage takes one, does not split its experts.
+static void require_grid_fits_stage(const Config *cfg, const Sources *src, Stage stage) {
+    const int *tp = cfg->tp_dimensions;
+    for (int i = 0; i < 3; i++) require_positive(src, "tp_dimensions", tp[i]);
+    if (tp[0] * tp[1] * tp[2] == 1) return;
+    const char *where = source_of(src, "tp_dimensions");
+    if (strcmp(cfg->strategy, "axonn") != 0)
+        fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but strategy \"%s\" does not split layers: a "
+              "tensor-parallel grid is strategy axonn (build/stage-5; build/stage-6 for inference)",
+              where, tp[0], tp[1], tp[2], cfg->strategy);
+    if (tp[2] != 1 && STAGES[stage].no_grid_depth)
+        fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but %s", where, tp[0], tp[1], tp[2],
+              STAGES[stage].no_grid_depth);
+    if (cfg->num_experts)
+        fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but a mixture of experts generates on one grid "
+              "cell ([1, 1, 1]): its experts are not split", where, tp[0], tp[1], tp[2]);
+}
+
+// The keys of a stage that generates (stage 06).
+static void require_generation_keys(const Config *cfg, const Sources *src) {
+    char where[1200];
+    require_positive(src, "tokens_to_generate", cfg->tokens_to_generate);
+    require_positive(src, "max_batch_size", cfg->max_batch_size);
+    if (cfg->temperature < 0)
+        fatal("%s: key 'temperature': expected 0 (greedy) or more, found %g", source_of(src, "temperature"),
+              cfg->temperature);
+    if (cfg->top_k < 0)
+        fatal("%s: key 'top_k': expected 0 (no limit) or more, found %d", source_of(src, "top_k"), cfg->top_k);
+    if (!(cfg->top_p > 0 && cfg->top_p <= 1))
+        fatal("%s: key 'top_p': expected a value in (0, 1], found %g", source_of(src, "top_p"), cfg->top_p);
+    if (cfg->serve && !cfg->kv_cache)
+        fatal("%s: key 'kv_cache' is false but the server (serve: true) needs the KV cache",
+              sources_of_pair(src, "kv_cache", "serve", where, sizeof where));
+    if (cfg->serve && cfg->eval_accuracy)
+        fatal("%s: keys 'serve' and 'eval_accuracy': a run either serves or evaluates, found both true",
+              sources_of_pair(src, "serve", "eval_accuracy", where, sizeof where));
+    if (!cfg->init_from[0] && !cfg->random_init)
+        fatal("%s: key 'init_from' is empty but stage 06 needs a checkpoint to generate with (a directory "
+              "or a .safetensors file, e.g. --init_from=out/demo-stage-1), or random_init: true",
+              sources_of_pair(src, "init_from", "random_init", where, sizeof where));
 }
 
 // dataset_id names the data and data_path holds the file: both must say the same. An empty
@@ -582,13 +654,12 @@ static void resolve_dataset(Config *cfg, const Sources *src) {
 }
 
 static void validate(Config *cfg, const Sources *src, Stage stage) {
-    static const char *const precisions[] = {"32", "32-true", "bf16-mixed", "bf16", "16-mixed"};
-    require_one_of(src, "precision", cfg->precision, precisions, 5, "32, 32-true, bf16-mixed, bf16 or 16-mixed");
+    resolve_precision(cfg, src);
     resolve_strategy(cfg, src, stage);
-    require_grid_fits_strategy(cfg, src);
     require_pipeline_keys_fit_strategy(cfg, src);
-    require_precision_of_stage(cfg, src, stage);
+    require_stage_takes_switches(cfg, src, stage);
     require_moe_keys_fit_stage(cfg, src, stage);
+    require_grid_fits_stage(cfg, src, stage);
     resolve_dataset(cfg, src);
     apply_model_preset(cfg, src);
     require_positive(src, "n_layer", cfg->n_layer);
@@ -601,7 +672,6 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     require_positive(src, "num_epochs", cfg->num_epochs);
     require_positive(src, "lr", cfg->lr);
     require_positive(src, "trace_steps", cfg->trace_steps);
-    for (int i = 0; i < 3; i++) require_positive(src, "tp_dimensions", cfg->tp_dimensions[i]);
     require_not_negative(src, "vocab_size", cfg->vocab_size);
     require_not_negative(src, "warmup_steps", cfg->warmup_steps);
     require_not_negative(src, "eval_interval", cfg->eval_interval);
@@ -624,6 +694,7 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     if (cfg->val_fraction < 0 || cfg->val_fraction >= 1)
         fatal("%s: key 'val_fraction': expected a value in [0, 1), found %g", source_of(src, "val_fraction"),
               cfg->val_fraction);
+    if (STAGES[stage].generates) require_generation_keys(cfg, src);
 }
 
 static void require_resume_mode(const Config *cfg, const Sources *src) {
@@ -671,12 +742,4 @@ char *config_to_json(const Config *cfg) {
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s;
-}
-
-bool config_is_half(const Config *cfg) {
-    return strncmp(cfg->precision, "bf16", 4) == 0 || strcmp(cfg->precision, "16-mixed") == 0;
-}
-
-HalfFormat config_half_format(const Config *cfg) {
-    return strcmp(cfg->precision, "16-mixed") == 0 ? HALF_FP16 : HALF_BF16;
 }

@@ -8,6 +8,15 @@
 
 #include "ops.h"  // HalfFormat
 
+// The key precision as config_load reads it, once: every other site asks this, not the string
+// (which the config keeps for what it writes: metrics, stats.json, a checkpoint's run_config).
+typedef enum {
+    PREC_FP32,        // "32", "32-true": everything in fp32
+    PREC_BF16_MIXED,  // "bf16-mixed": the matmuls read bf16 copies of fp32 master weights
+    PREC_BF16,        // "bf16": the weights themselves in bf16, no fp32 master
+    PREC_FP16_MIXED,  // "16-mixed": fp16 copies of fp32 master weights, with loss scaling
+} Precision;
+
 typedef struct {
     // the tutorial's keys
     char model_id[64];        // "gpt2", "gpt2-medium", ... picks n_layer/n_head/n_embd; "custom"
@@ -15,6 +24,7 @@ typedef struct {
     char dataset_id[64];      // "synthetic", or "alpaca"/"tatsu-lab/alpaca": the file in data_path
     int seed;
     char precision[16];       // "32", "32-true", "bf16-mixed", "bf16", "16-mixed" (fp16)
+    Precision prec;           // not a key: config_load's reading of precision
     char strategy[16];        // "single_device", "ddp", "fsdp", "axonn", "pipeline", "expert_parallel":
                               // the stage's own
     int tp_dimensions[3];     // [x, y, z] for strategy axonn
@@ -73,8 +83,10 @@ typedef struct {
 } Config;
 
 // The program loading the config. Each stage implements one strategy and reads its own config
-// when neither --config nor $CONFIG_FILE is given (the table in config.c): a config whose
-// strategy another stage implements is refused with the stage to run instead.
+// when neither --config nor $CONFIG_FILE is given; a config whose strategy another stage
+// implements is refused with the stage to run instead, and so is a key the stage does not take
+// (stage 01 a bf16 precision, stage 07 overlap_communication, ...), with why. All of it is one
+// table in config.c, STAGES, one row per stage.
 typedef enum {
     STAGE_SINGLE_GPU = 1,       // single_device
     STAGE_MIXED_PRECISION,      // single_device
@@ -99,9 +111,11 @@ const char *config_source(const char *key);
 // The config as one JSON line (for the log and for checkpoints); malloc'd.
 char *config_to_json(const Config *cfg);
 
-// precision helpers: matmul inputs in 16 bits ("bf16-mixed", "bf16", "16-mixed"), and in which
-// format (HALF_FP16 for "16-mixed", else HALF_BF16)
-bool config_is_half(const Config *cfg);
-HalfFormat config_half_format(const Config *cfg);
+// precision helpers: matmul inputs in 16 bits (every precision but fp32), and in which format
+// (HALF_FP16 for 16-mixed, else HALF_BF16)
+static inline bool config_is_half(const Config *cfg) { return cfg->prec != PREC_FP32; }
+static inline HalfFormat config_half_format(const Config *cfg) {
+    return cfg->prec == PREC_FP16_MIXED ? HALF_FP16 : HALF_BF16;
+}
 
 #endif

@@ -22,7 +22,7 @@ void print_memory_report(const char *title, const MemoryItem *items, int n) {
 
 const char *parameters_label(const Config *cfg) {
     if (!config_is_half(cfg)) return "parameters (fp32)";
-    return strcmp(cfg->precision, "bf16") == 0 ? "parameters (bf16, no master)" : "parameters (fp32 master)";
+    return cfg->prec == PREC_BF16 ? "parameters (bf16, no master)" : "parameters (fp32 master)";
 }
 
 static bool is_fp16(const Config *cfg) { return config_half_format(cfg) == HALF_FP16; }
