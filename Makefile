@@ -27,7 +27,7 @@ NVFLAGS += -std=c++17 -Icommon $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$
            -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
 
 B := build/$(BACKEND)
-COMMON := log config tokenizer alpaca synthetic gpt moe checkpoint trainer trace
+COMMON := log config tokenizer alpaca synthetic gpt moe checkpoint trainer trace stage_run
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o

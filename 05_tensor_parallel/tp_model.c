@@ -609,11 +609,11 @@ static double tp_batch_loss(void *ctx, const Batch *batch) {  // a BatchLossFn o
 }
 
 void tp_evaluate(const TPModel *m, TPActs *a, const Weights *w, const Dataset *data, const Config *cfg,
-                        int row_rank, int row_ranks, bool counts, double *loss_sum, long *count) {
+                        int row_rank, int row_ranks, bool counts, double sums[2]) {
     TPEval e = {m, a, w};
-    evaluate_batches(tp_batch_loss, &e, data, cfg, row_rank, row_ranks, loss_sum, count);
+    evaluate_batches(tp_batch_loss, &e, data, cfg, row_rank, row_ranks, sums);
     // every x, y rank of a row group computed the same rows: one of them counts them
-    if (!counts) *loss_sum = 0, *count = 0;
+    if (!counts) sums[0] = sums[1] = 0;
 }
 
 void tp_print_grid(const TPModel *m, int P) {

@@ -150,7 +150,7 @@ long tp_load_checkpoint(const Config *cfg, const TPModel *m, float *params, floa
 // validation loss of this row group's slices (row_rank of row_ranks), the forward of the
 // training's layout; counts: this rank is the one of its row group whose sums count
 void tp_evaluate(const TPModel *m, TPActs *a, const Weights *w, const Dataset *data, const Config *cfg,
-                 int row_rank, int row_ranks, bool counts, double *loss_sum, long *count);
+                 int row_rank, int row_ranks, bool counts, double sums[2]);
 // the grid, what each coordinate splits, and the loss's form
 void tp_print_grid(const TPModel *m, int P);
 

@@ -38,6 +38,9 @@ void plan_steps(const Config *cfg, const Dataset *data, long *batches_per_epoch,
 // Prints the data line: records, and how a global batch is cut, e.g. "global batch 16 = 4 ranks x
 // 2 micro-batches of 2 sequences" (row_groups: how many take different rows, named by `what`,
 // e.g. "ranks"; 1: one process)
+// the micro-batches a replica cuts its share of the global batch into: gradient_acc_steps, or
+// in a pipeline num_microbatches (each stage refuses the other key's values other than 1)
+int micro_batches_per_step(const Config *cfg);
 void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, const char *what, long total_steps);
 
 // Linear warm-up from lr/warmup to lr over warmup_steps, then cosine decay to min_lr at the last
@@ -163,21 +166,20 @@ void run_stats_write(const Config *cfg, int stage, int world_size, RunLayout lay
 // ---- evaluation and checkpoints (single process) ----------------------------------------------
 // Validation loss over up to cfg->eval_batches global batches of the validation split, cut as
 // training cuts them: this process takes micro-batches [rank * acc, (rank + 1) * acc) of
-// world * acc slices. Fills the summed loss and target count of its slices; add them up over
-// ranks, then divide (count 0: no validation split).
+// world * acc slices (acc: micro_batches_per_step). Fills sums with the summed loss and the target
+// count of its slices; add them up over ranks, then divide (count 0: no validation split).
 void evaluate_sums(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,
-                   const Config *cfg, int rank, int world, double *loss_sum, long *count);
+                   const Config *cfg, int rank, int world, double sums[2]);
 // The loop itself, for a model that is not a gpt.h one (stage 05's): loss(ctx, batch) returns
 // the summed loss of one micro-batch however the stage computes it.
 typedef double (*BatchLossFn)(void *ctx, const Batch *batch);
 void evaluate_batches(BatchLossFn loss, void *ctx, const Dataset *data, const Config *cfg, int rank,
-                      int world, double *loss_sum, long *count);
+                      int world, double sums[2]);
 // the same with the forward pass supplied by the stage (FSDP gathers its units inside it):
 // forward(ctx, a, inputs, B, T) must leave the logits in a->logits
 typedef void (*ForwardFn)(void *ctx, Activations *a, const int *inputs, int B, int T);
 void evaluate_sums_with(Activations *a, ForwardFn forward, void *ctx, const GPTConfig *mc,
-                        const Dataset *data, const Config *cfg, int rank, int world, double *loss_sum,
-                        long *count);
+                        const Dataset *data, const Config *cfg, int rank, int world, double sums[2]);
 
 // copies the device buffers to the host and writes model + optimizer state to out_dir
 void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
