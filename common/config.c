@@ -518,6 +518,9 @@ static void require_moe_keys_fit_stage(const Config *cfg, const Sources *src, St
     require_not_negative(src, "capacity_factor", cfg->capacity_factor);
     require_not_negative(src, "aux_loss_coef", cfg->aux_loss_coef);
     bool experts_stage = stage == STAGE_MIXTURE_OF_EXPERTS || stage == STAGE_INFERENCE;
+    if (stage == STAGE_PIPELINE_PARALLEL && cfg->overlap_communication)
+        fatal("%s: key 'overlap_communication' is true but stage 07 has no overlapped variant (stage 03 and "
+              "04 do); set it to false", source_of(src, "overlap_communication"));
     if (stage == STAGE_MIXTURE_OF_EXPERTS && cfg->overlap_communication)
         fatal("%s: key 'overlap_communication' is true but stage 08 all-reduces its gradients after "
               "backward (its MoE blocks already talk during backward)", source_of(src, "overlap_communication"));
