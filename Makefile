@@ -28,7 +28,7 @@ NVFLAGS += -std=c++17 -Icommon $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$
 
 B := build/$(BACKEND)
 COMMON := log files config tokenizer alpaca synthetic gpt moe checkpoint run_setup optimizer loss_scale \
-          metrics run_stats evaluate run_checkpoint preemption trace
+          metrics run_stats evaluate run_checkpoint preemption trace stage_run
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o

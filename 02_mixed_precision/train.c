@@ -29,6 +29,7 @@
 #include "run_checkpoint.h"
 #include "run_setup.h"
 #include "run_stats.h"
+#include "stage_run.h"
 #include "tokenizer.h"
 #include "trace.h"
 
@@ -50,23 +51,14 @@ int main(int argc, char **argv) {
     GPTConfig mc = model_shape(&cfg, tok);
     ParamLayout layout;
     gpt_layout(&layout, &mc);
-    size_t n = layout.num_params, bytes = n * sizeof(float);
-    float *params = dev_malloc(bytes), *grads = dev_malloc(bytes);
-    float *adam_m = dev_malloc(bytes), *adam_v = dev_malloc(bytes);
-    Weights w, g;
-    weights_point(&w, &layout, params);
-    weights_point(&g, &layout, grads);
-    // the bf16 working copy of the weights, which every matmul reads
+    // ... and the bf16 working copy of the weights, mb.params16, which every matmul reads
     bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
-    bf16 *params16 = NULL;
-    if (half_mode) {
-        params16 = dev_malloc(n * sizeof(bf16));
-        weights_point_bf16(&w, &layout, params16);
-    }
+    ModelBuffers mb;  // mb.params, mb.grads, mb.adam_m, mb.adam_v; mb.w and mb.g name their tensors
+    model_buffers_alloc(&mb, &layout, half_mode);
     long step = 0;
-    if (cfg.resume) step = resume_checkpoint(&cfg, &layout, params, adam_m, adam_v);
-    else if (starts_from_checkpoint(&cfg)) load_initial_weights(&cfg, &layout, params);
-    else gpt_init_range(params, &layout, 0, n, (uint64_t)cfg.seed);
+    if (cfg.resume) step = resume_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v);
+    else if (starts_from_checkpoint(&cfg)) load_initial_weights(&cfg, &layout, mb.params);
+    else gpt_init_range(mb.params, &layout, 0, mb.n, (uint64_t)cfg.seed);
 
     // activations for one micro-batch of the longest sequences
     int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps;
@@ -74,22 +66,16 @@ int main(int argc, char **argv) {
     acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
                acts_flags(&cfg));
 
-    printf("stage 02 | %s backend (%s) | precision %s | %s L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, gpt_arch(&mc)->name, mc.n_layer, mc.n_head, mc.n_embd,
-           mc.vocab_size, n / 1e6);
-    printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
+    print_stage_banner(2, 1, &cfg, &mc, mb.n);
     print_batch_plan(&cfg, data, 1, "", total_steps);
-    MemoryItem memory[] = {{parameters_label(&cfg), bytes},
-                           {copy_label(&cfg), half_mode ? n * sizeof(bf16) : 0},
-                           {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
-                           {activations_label(&cfg), acts.bytes}};
-    print_memory_report("device memory:", memory, 5);
+    MemoryItem memory[MODEL_MEMORY_ITEMS];
+    model_memory_items(memory, &cfg, mb.n, acts.bytes);
+    print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
     print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
     LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
-    if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     trace_open(cfg.trace, cfg.trace_steps, 0, wall_seconds());
     Metrics metrics;
     metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
@@ -103,21 +89,22 @@ int main(int argc, char **argv) {
         double lr = learning_rate(&cfg, step, schedule_steps);
 
         // the bf16 copy of this step's weights: made once, read by every matmul of the step
-        if (half_mode) cast_to_bf16(params16, params, n);
+        if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);
 
-        // forward + backward over the micro-batches; gradients add up in `grads`. Each token's
+        // forward + backward over the micro-batches; gradients add up in `mb.grads`. Each token's
         // loss is divided by the number of target tokens in the WHOLE global batch, so the
         // gradient is the mean over the global batch however it is cut into micro-batches.
         // (A batch whose responses were all cut off by max_seq_len has no targets: loss 0.)
-        dev_zero(grads, bytes);
+        dev_zero(mb.grads, mb.bytes);
         double loss_sum = 0;
         long tokens = 0, n_targets = 0;
-        for (int micro = 0; micro < cfg.gradient_acc_steps; micro++) {
-            dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size, micro,
-                              cfg.gradient_acc_steps, &batch);
+        int acc = cfg.gradient_acc_steps;
+        for (int micro = 0; micro < acc; micro++) {
+            dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
+                              micro, acc, &batch);
             n_targets = batch.n_targets_global;
             float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
-            loss_sum += gpt_forward_backward(&acts, &w, &g, &mc, batch.inputs, batch.targets,
+            loss_sum += gpt_forward_backward(&acts, &mb.w, &mb.g, &mc, batch.inputs, batch.targets,
                                              batch.rows, batch.T, dloss);
             tokens += (long)batch.rows * batch.T;
         }
@@ -126,43 +113,40 @@ int main(int argc, char **argv) {
 
         // clip the global gradient norm, then one AdamW step; in 16-mixed the gradients are first
         // divided by the loss scale, and a step whose gradients overflowed is skipped
-        double norm = sqrt(sum_squares(grads, n));
-        if (loss_scaler_unscale(&scaler, grads, n, &norm)) {
+        double norm = sqrt(sum_squares(mb.grads, mb.n));
+        if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1, clip);
+            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
         if (pure_bf16) {
-            cast_to_bf16(params16, params, n);
-            cast_to_float(params, params16, n);
+            cast_to_bf16(mb.params16, mb.params, mb.n);
+            cast_to_float(mb.params, mb.params16, mb.n);
         }
         dev_synchronize();
 
-        double seconds = wall_seconds() - t0;
-        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
-                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds, .scaler = &scaler,
-                       .mem_bytes = dev_bytes_in_use(), .val_loss = -1};
-        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / ops_peak_flops(half_mode);
+        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr, .grad_norm = norm,
+                       .val_loss = -1, .scaler = &scaler};
+        step_stats_measure(&s, &cfg, t0, tokens, flops_per_token(&mc, batch.T), 1);
         bool last = step + 1 == total_steps;
-        if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
-            if (half_mode) cast_to_bf16(params16, params, n);  // evaluate the updated weights
-            double val_sum;
-            long val_count;
-            evaluate_sums(&acts, &w, &mc, data, &cfg, 0, 1, &val_sum, &val_count);
-            s.val_loss = val_count ? val_sum / (double)val_count : -1;
+        if (evaluation_due(&cfg, step + 1, last)) {
+            if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
+            double val[2];  // the validation loss summed over its target tokens, and their count
+            evaluate_sums(&acts, &mb.w, &mc, data, &cfg, 0, 1, val);
+            s.val_loss = val[1] ? val[0] / val[1] : -1;
         }
         metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
-        if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
-            save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
+        if (checkpoint_due(&cfg, step + 1, last))
+            save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
         if (!last && preemption_signalled()) {
-            save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
+            save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, step + 1);
             print_stopped_to_be_resumed(&cfg, step + 1);
             exit(EXIT_TO_BE_RESUMED);
         }
     }
-    save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);
+    save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
     run_stats_write(&cfg, 2, 1, (RunLayout){.dp = 1}, NULL);
 
@@ -170,13 +154,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     batch_free(&batch);
     acts_free(&acts);
-    weights_free(&w);
-    weights_free(&g);
-    dev_free(params16);
-    dev_free(params);
-    dev_free(grads);
-    dev_free(adam_m);
-    dev_free(adam_v);
+    model_buffers_free(&mb);
     gpt_layout_free(&layout);
     dataset_free(data);
     tokenizer_free(tok);

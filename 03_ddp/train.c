@@ -31,6 +31,7 @@
 #include "run_checkpoint.h"
 #include "run_setup.h"
 #include "run_stats.h"
+#include "stage_run.h"
 #include "tokenizer.h"
 #include "trace.h"
 
@@ -45,9 +46,7 @@ int main(int argc, char **argv) {
     char *config_json = config_to_json(&cfg);
     comm_check_same(world, "the config", config_json);
     free(config_json);
-    if (cfg.global_batch_size % (P * cfg.gradient_acc_steps) != 0)
-        fatal("key 'global_batch_size': %d sequences do not split into %d ranks x %d micro-batches",
-              cfg.global_batch_size, P, cfg.gradient_acc_steps);
+    check_batch_splits(&cfg, P);  // into P ranks x gradient_acc_steps micro-batches
     ops_init();
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----
@@ -61,23 +60,14 @@ int main(int argc, char **argv) {
     GPTConfig mc = model_shape(&cfg, tok);
     ParamLayout layout;
     gpt_layout(&layout, &mc);
-    size_t n = layout.num_params, bytes = n * sizeof(float);
-    float *params = dev_malloc(bytes), *grads = dev_malloc(bytes);
-    float *adam_m = dev_malloc(bytes), *adam_v = dev_malloc(bytes);
-    Weights w, g;
-    weights_point(&w, &layout, params);
-    weights_point(&g, &layout, grads);
-    // the bf16 working copy of the weights, which every matmul reads
+    // ... and the bf16 working copy of the weights, mb.params16, which every matmul reads
     bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
-    bf16 *params16 = NULL;
-    if (half_mode) {
-        params16 = dev_malloc(n * sizeof(bf16));
-        weights_point_bf16(&w, &layout, params16);
-    }
+    ModelBuffers mb;  // mb.params, mb.grads, mb.adam_m, mb.adam_v; mb.w and mb.g name their tensors
+    model_buffers_alloc(&mb, &layout, half_mode);
     long step = 0;
-    if (cfg.resume) step = resume_checkpoint(&cfg, &layout, params, adam_m, adam_v);
-    else if (starts_from_checkpoint(&cfg)) load_initial_weights(&cfg, &layout, params);
-    else gpt_init_range(params, &layout, 0, n, (uint64_t)cfg.seed);
+    if (cfg.resume) step = resume_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v);
+    else if (starts_from_checkpoint(&cfg)) load_initial_weights(&cfg, &layout, mb.params);
+    else gpt_init_range(mb.params, &layout, 0, mb.n, (uint64_t)cfg.seed);
 
     // activations for one micro-batch of the longest sequences: this rank's share of the batch
     int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps / P;
@@ -86,26 +76,21 @@ int main(int argc, char **argv) {
                acts_flags(&cfg));
 
     BucketPlan buckets;
-    plan_buckets(&buckets, &layout, cfg.bucket_size_mb, grads, world);
+    plan_buckets(&buckets, &layout, cfg.bucket_size_mb, mb.grads, world);
     // only rank 0 prints, writes metrics and saves checkpoints: the replicas are identical
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
-    printf("stage 03 | %d ranks | %s backend (%s) | precision %s | %s L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, gpt_arch(&mc)->name, mc.n_layer, mc.n_head, mc.n_embd,
-           mc.vocab_size, n / 1e6);
-    printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
+    print_stage_banner(3, P, &cfg, &mc, mb.n);
     print_gradient_sync(&buckets, cfg.overlap_communication, cfg.bucket_size_mb);
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
-    MemoryItem memory[] = {{parameters_label(&cfg), bytes}, {copy_label(&cfg), half_mode ? n * sizeof(bf16) : 0},
-                           {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
-                           {activations_label(&cfg), acts.bytes}};
-    print_memory_report("device memory:", memory, 5);
+    MemoryItem memory[MODEL_MEMORY_ITEMS];
+    model_memory_items(memory, &cfg, mb.n, acts.bytes);
+    print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
     print_bf16_activation_saving(&acts);
 
     // ---- the training loop ----
     LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
-    if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     comm_trace_open(world, cfg.trace, cfg.trace_steps);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
@@ -120,15 +105,16 @@ int main(int argc, char **argv) {
         CommStats comm_before = comm_totals();
 
         // the bf16 copy of this step's weights: made once, read by every matmul of the step
-        if (half_mode) cast_to_bf16(params16, params, n);
+        if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);
 
-        // forward + backward over this rank's micro-batches (slices rank * acc ... of P * acc);
-        // gradients add up in `grads`. Each token's loss is divided by the number of target
-        // tokens in the WHOLE global batch, over all ranks: then the sum of the ranks' gradients
-        // is exactly the one-process gradient, even when ranks hold different numbers of
-        // response tokens. (A batch whose responses were all cut off has no targets: loss 0.)
-        // No communication until the last micro-batch: the gradients just accumulate.
-        dev_zero(grads, bytes);
+        // forward + backward over the micro-batches; gradients add up in `mb.grads`. Each token's
+        // loss is divided by the number of target tokens in the WHOLE global batch, so the
+        // gradient is the mean over the global batch however it is cut into micro-batches.
+        // (A batch whose responses were all cut off by max_seq_len has no targets: loss 0.)
+        // This rank's micro-batches are slices rank * acc ... of P * acc, and the sum of the
+        // ranks' gradients is exactly the one-process gradient, even when ranks hold different
+        // numbers of response tokens. No gradient is communicated until the last micro-batch.
+        dev_zero(mb.grads, mb.bytes);
         double loss_sum = 0;
         long tokens = 0, n_targets = 0;
         int acc = cfg.gradient_acc_steps;
@@ -138,14 +124,14 @@ int main(int argc, char **argv) {
             n_targets = batch.n_targets_global;
             float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
             bool overlap = cfg.overlap_communication && micro == acc - 1;
-            loss_sum += gpt_forward_backward_hooked(&acts, &w, &g, &mc, batch.inputs, batch.targets,
+            loss_sum += gpt_forward_backward_hooked(&acts, &mb.w, &mb.g, &mc, batch.inputs, batch.targets,
                                                     batch.rows, batch.T, dloss,
                                                     overlap ? launch_ready_buckets : NULL, &buckets);
             tokens += (long)batch.rows * batch.T;
         }
         // sum the gradients over the ranks: afterwards every rank holds the global gradient
         if (cfg.overlap_communication) wait_buckets(&buckets);
-        else comm_all_reduce(world, grads, n);
+        else comm_all_reduce(world, mb.grads, mb.n);
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
         comm_sum_doubles(world, totals, 3);
@@ -153,53 +139,48 @@ int main(int argc, char **argv) {
         double loss = n_targets ? totals[0] / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
-        // clip the global gradient norm, then one AdamW step
-        double norm = sqrt(sum_squares(grads, n));
-        if (loss_scaler_unscale(&scaler, grads, n, &norm)) {
+        // clip the global gradient norm, then one AdamW step; in 16-mixed the gradients are first
+        // divided by the loss scale, and a step whose gradients overflowed is skipped
+        double norm = sqrt(sum_squares(mb.grads, mb.n));
+        if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1, clip);
+            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
         if (pure_bf16) {
-            cast_to_bf16(params16, params, n);
-            cast_to_float(params, params16, n);
+            cast_to_bf16(mb.params16, mb.params, mb.n);
+            cast_to_float(mb.params, mb.params16, mb.n);
         }
         dev_synchronize();
 
-        double seconds = wall_seconds() - t0;
-        CommStats comm_after = comm_totals();
-        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
-                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds, .scaler = &scaler,
-                       .mem_bytes = dev_bytes_in_use(), .val_loss = -1, .has_comm = true,
-                       .comm_bytes = comm_stats_bytes(&comm_after) - comm_stats_bytes(&comm_before),
-                       .comm_ms = 1e3 * (comm_stats_seconds(&comm_after) - comm_stats_seconds(&comm_before))};
-        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / (P * ops_peak_flops(half_mode));
+        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr, .grad_norm = norm,
+                       .val_loss = -1, .scaler = &scaler, .has_comm = true};
+        step_stats_measure(&s, &cfg, t0, tokens, flops_per_token(&mc, batch.T), P);
+        comm_since(&comm_before, &s.comm_bytes, &s.comm_ms);
         bool last = step + 1 == total_steps;
-        if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
-            if (half_mode) cast_to_bf16(params16, params, n);  // evaluate the updated weights
-            double val_sum;
-            long val_count;
-            evaluate_sums(&acts, &w, &mc, data, &cfg, rank, P, &val_sum, &val_count);
-            val_sum = comm_sum_double(world, val_sum);
-            val_count = comm_sum_long(world, val_count);
-            s.val_loss = val_count ? val_sum / (double)val_count : -1;
+        if (evaluation_due(&cfg, step + 1, last)) {
+            if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
+            double val[2];  // the validation loss summed over its target tokens, and their count
+            evaluate_sums(&acts, &mb.w, &mc, data, &cfg, rank, P, val);
+            comm_sum_doubles(world, val, 2);
+            s.val_loss = val[1] ? val[0] / val[1] : -1;
         }
         if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
-        if (rank == 0 && cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
-            save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
+        if (rank == 0 && checkpoint_due(&cfg, step + 1, last))
+            save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
         if (!last && totals[2] > 0) {
-            if (rank == 0) save_checkpoint(&cfg, &layout, params, adam_m, adam_v, step + 1);
+            if (rank == 0) save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, step + 1);
             print_stopped_to_be_resumed(&cfg, step + 1);
             comm_finalize(world);
             exit(EXIT_TO_BE_RESUMED);
         }
     }
-    if (rank == 0) save_checkpoint(&cfg, &layout, params, adam_m, adam_v, total_steps);
+    if (rank == 0) save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
-    // the proof that data parallelism kept the replicas identical: every rank's weights agree
-    comm_check_replicas_identical(world, params, n);
+    // the proof that data parallelism kept the replicas identical: their weights agree
+    comm_check_replicas_identical(world, mb.params, mb.n);
     comm_print_table(world);
     if (rank == 0) run_stats_write(&cfg, 3, P, (RunLayout){.dp = P}, comm_stats_json());
 
@@ -207,13 +188,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     batch_free(&batch);
     acts_free(&acts);
-    weights_free(&w);
-    weights_free(&g);
-    dev_free(params16);
-    dev_free(params);
-    dev_free(grads);
-    dev_free(adam_m);
-    dev_free(adam_v);
+    model_buffers_free(&mb);
     gpt_layout_free(&layout);
     dataset_free(data);
     tokenizer_free(tok);

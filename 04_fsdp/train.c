@@ -32,6 +32,7 @@
 #include "run_checkpoint.h"
 #include "run_setup.h"
 #include "run_stats.h"
+#include "stage_run.h"
 #include "tokenizer.h"
 #include "trace.h"
 
@@ -46,9 +47,7 @@ int main(int argc, char **argv) {
     char *config_json = config_to_json(&cfg);
     comm_check_same(world, "the config", config_json);
     free(config_json);
-    if (cfg.global_batch_size % (P * cfg.gradient_acc_steps) != 0)
-        fatal("key 'global_batch_size': %d sequences do not split into %d ranks x %d micro-batches",
-              cfg.global_batch_size, P, cfg.gradient_acc_steps);
+    check_batch_splits(&cfg, P);  // into P ranks x gradient_acc_steps micro-batches
     ops_init();
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----
@@ -62,7 +61,6 @@ int main(int argc, char **argv) {
     GPTConfig mc = model_shape(&cfg, tok);
     ParamLayout layout;
     gpt_layout(&layout, &mc);
-    size_t n = layout.num_params;
     // bf16: each gathered unit is cast to bf16 on arrival (the shards and the gathers stay fp32)
     bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
     Fsdp fsdp;
@@ -81,10 +79,7 @@ int main(int argc, char **argv) {
     // only rank 0 prints and writes metrics; saving a checkpoint needs every rank's shard
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
-    printf("stage 04 | %d ranks | %s backend (%s) | precision %s | %s L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, gpt_arch(&mc)->name, mc.n_layer, mc.n_head, mc.n_embd,
-           mc.vocab_size, n / 1e6);
-    printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
+    print_stage_banner(4, P, &cfg, &mc, layout.num_params);
     printf("sharding: %d units (root + %d blocks) in %d shards | all-gather %s\n", fsdp.n_units,
            mc.n_layer, P, cfg.overlap_communication ? "of the next block prefetched during this one's compute"
                                                      : "of each unit when it is needed");
@@ -95,7 +90,6 @@ int main(int argc, char **argv) {
     // ---- the training loop ----
     LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
-    if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     comm_trace_open(world, cfg.trace, cfg.trace_steps);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
@@ -109,13 +103,14 @@ int main(int argc, char **argv) {
         double lr = learning_rate(&cfg, step, schedule_steps);
         CommStats comm_before = comm_totals();
 
-        // forward + backward over this rank's micro-batches (slices rank * acc ... of P * acc);
-        // gradients add up in `fsdp.grads`. Each token's loss is divided by the number of target
-        // tokens in the WHOLE global batch, over all ranks: then the sum of the ranks' gradients
-        // is exactly the one-process gradient, even when ranks hold different numbers of
-        // response tokens. (A batch whose responses were all cut off has no targets: loss 0.)
-        // Each micro-batch gathers the units and reduce-scatters their gradients, which add up
-        // in this rank's gradient shards.
+        // forward + backward over the micro-batches; gradients add up in `mb.grads`. Each token's
+        // loss is divided by the number of target tokens in the WHOLE global batch, so the
+        // gradient is the mean over the global batch however it is cut into micro-batches.
+        // (A batch whose responses were all cut off by max_seq_len has no targets: loss 0.)
+        // This rank's micro-batches are slices rank * acc ... of P * acc, and the sum of the
+        // ranks' gradients is exactly the one-process gradient, even when ranks hold different
+        // numbers of response tokens. Each micro-batch gathers the units and reduce-scatters their
+        // gradients, which add up in this rank's gradient shards, fsdp.grads.
         dev_zero(fsdp.grads, fsdp.shard_numel * sizeof(float));
         double loss_sum = 0;
         long tokens = 0, n_targets = 0;
@@ -136,7 +131,8 @@ int main(int argc, char **argv) {
         double loss = n_targets ? totals[0] / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
-        // clip the global gradient norm (summed over the shards), then AdamW on the shards
+        // clip the global gradient norm (summed over the shards), then AdamW on the shards; in
+        // 16-mixed the gradients are first divided by the loss scale, and an overflow skips the step
         double norm = fsdp_grad_norm(&fsdp);
         if (loss_scaler_unscale(&scaler, fsdp.grads, fsdp.shard_numel, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
@@ -147,26 +143,20 @@ int main(int argc, char **argv) {
         if (pure_bf16) fsdp_round_to_bf16(&fsdp);
         dev_synchronize();
 
-        double seconds = wall_seconds() - t0;
-        CommStats comm_after = comm_totals();
-        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
-                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds, .scaler = &scaler,
-                       .mem_bytes = dev_bytes_in_use(), .val_loss = -1, .has_comm = true,
-                       .comm_bytes = comm_stats_bytes(&comm_after) - comm_stats_bytes(&comm_before),
-                       .comm_ms = 1e3 * (comm_stats_seconds(&comm_after) - comm_stats_seconds(&comm_before)),
+        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr, .grad_norm = norm,
+                       .val_loss = -1, .scaler = &scaler, .has_comm = true,
                        .has_state = true, .state_bytes = (double)fsdp_state_bytes(&fsdp)};
-        s.mfu = flops_per_token(&mc, batch.T) * s.tokens_per_sec / (P * ops_peak_flops(half_mode));
+        step_stats_measure(&s, &cfg, t0, tokens, flops_per_token(&mc, batch.T), P);
+        comm_since(&comm_before, &s.comm_bytes, &s.comm_ms);
         bool last = step + 1 == total_steps;
-        if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
-            double val_sum;
-            long val_count;
-            evaluate_sums_with(&acts, fsdp_forward, &fsdp, &mc, data, &cfg, rank, P, &val_sum, &val_count);
-            val_sum = comm_sum_double(world, val_sum);
-            val_count = comm_sum_long(world, val_count);
-            s.val_loss = val_count ? val_sum / (double)val_count : -1;
+        if (evaluation_due(&cfg, step + 1, last)) {
+            double val[2];  // the validation loss summed over its target tokens, and their count
+            evaluate_sums_with(&acts, fsdp_forward, &fsdp, &mc, data, &cfg, rank, P, val);
+            comm_sum_doubles(world, val, 2);
+            s.val_loss = val[1] ? val[0] / val[1] : -1;
         }
         if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
-        if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
+        if (checkpoint_due(&cfg, step + 1, last))
             fsdp_save_checkpoint(&fsdp, &cfg, step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
         if (!last && totals[2] > 0) {

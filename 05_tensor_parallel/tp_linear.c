@@ -28,6 +28,9 @@ void tp_grid_init(TPGrid *g, Comm *world, const int dims[3]) {
     g->gz = comm_split(world, (g->d * X + g->x) * Y + g->y, g->z, "z");
     g->gdata = comm_split(world, rank % XYZ, g->d, "data");
     g->tp = comm_split(world, g->d, rank % XYZ, "tp");
+    g->row_ranks = Z * g->D;
+    g->row_rank = g->d * Z + g->z;
+    g->counts_rows = g->x == 0 && g->y == 0;
 }
 
 // A group of one rank has nothing to add up: skip the call, so that the counted communication

@@ -38,6 +38,10 @@ typedef struct {
     int x, y, z, d;             // this rank's coordinates
     Comm *gx, *gy, *gz, *gdata; // vary one coordinate, fix the others; named "x", "y", "z", "data"
     Comm *tp;                   // the X*Y*Z ranks of one replica (host sums only: the grad norm)
+    // the batch's rows: the global batch is cut into z * data * acc slices, and the x, y ranks of
+    // a slice share it; one rank of those counts its tokens and losses
+    int row_ranks, row_rank;
+    bool counts_rows;
 } TPGrid;
 
 // Creates the groups (every rank must call it). The caller has validated that X*Y*Z divides the

@@ -441,12 +441,16 @@ static ActsSpec tp_acts_spec(const TPModel *m, int B, int T, int flags) {
     return spec;
 }
 
-void tp_acts_alloc(TPActs *a, const TPModel *m, TPWeightStream *s, TPGradSlots *slots, int B, int T,
-                   int flags, bool overlap) {
+void tp_acts_alloc(TPActs *a, const TPModel *m, int B, int T, int flags, bool overlap) {
     size_t N = (size_t)B * T, X = m->grid.X;
     memset(a, 0, sizeof *a);
+    tp_stream_init(&a->stream, &m->grid, m->max_block, overlap, flags & ACTS_BF16);
+    if (m->grid.Z > 1) {  // counted apart: tp_memory_items' weight-gradient blocks
+        tp_grad_slot_alloc(&a->slots.wte, m->head.block);
+        for (int i = 0; i < 2; i++) tp_grad_slot_alloc(&a->slots.mat[i], m->max_block);
+    }
     a->stats = alloc_floats(a, 2 * N);
-    tp_layers_init(&a->layers, m, s, slots, overlap, a->stats);
+    tp_layers_init(&a->layers, m, &a->stream, &a->slots, overlap, a->stats);
     ActsSpec spec = tp_acts_spec(m, B, T, flags);
     spec.ops = &a->layers.base;
     acts_alloc_spec(&a->acts, &spec);
@@ -483,7 +487,12 @@ void tp_memory_items(const TPModel *m, const Config *cfg, size_t acts_bytes, Mem
 }
 
 void tp_acts_free(TPActs *a) {
+    if (a->layers.m->grid.Z > 1) {
+        tp_grad_slot_free(&a->slots.wte);
+        for (int i = 0; i < 2; i++) tp_grad_slot_free(&a->slots.mat[i]);
+    }
     acts_free(&a->acts);
+    tp_stream_free(&a->stream);
     void *all[] = {a->stats, a->ce_max, a->ce_maxes, a->ce_sums, a->gathered, a->full_logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
     memset(a, 0, sizeof *a);
@@ -612,14 +621,14 @@ static double tp_batch_loss(void *ctx, const Batch *batch) {  // a BatchLossFn o
 }
 
 void tp_evaluate(const TPModel *m, TPActs *a, const Weights *w, const Dataset *data, const Config *cfg,
-                        int row_rank, int row_ranks, bool counts, double *loss_sum, long *count) {
+                        int row_rank, int row_ranks, bool counts, double sums[2]) {
     TPEval e = {m, a, w};
-    evaluate_batches(tp_batch_loss, &e, data, cfg, row_rank, row_ranks, loss_sum, count);
+    evaluate_batches(tp_batch_loss, &e, data, cfg, row_rank, row_ranks, sums);
     // every x, y rank of a row group computed the same rows: one of them counts them
-    if (!counts) *loss_sum = 0, *count = 0;
+    if (!counts) sums[0] = sums[1] = 0;
 }
 
-void tp_print_grid(const TPModel *m, int P) {
+void tp_print_grid(const TPModel *m, int P, bool overlap) {
     const TPGrid *g = &m->grid;
     printf("grid [x=%d, y=%d, z=%d] x data %d = %d ranks (rank = ((data*z_size + z)*x_size + x)*y_size + y)\n",
            g->X, g->Y, g->Z, g->D, P);
@@ -627,4 +636,12 @@ void tp_print_grid(const TPModel *m, int P) {
            "z, data: rows of the batch\n", m->NHx, m->NHx == 1 ? "" : "s", m->C4x, m->Vl, m->Cy, m->cfg.n_embd);
     printf("loss: %s\n", m->vocab_parallel_loss ? "vocab-parallel (max and sum-exp all-reduced over x)"
                                                 : "on logits all-gathered over x");
+    printf("overlap_communication: %s\n", overlap ? "on (depth all-gathers prefetched, backward collectives "
+                                                    "started before the weight-gradient matmul)" : "off");
+    size_t full = m->full_weight_numel;
+    printf("parallel weights on this rank: %zu of %zu elements (1/%zu); replicated small tensors: %zu\n",
+           m->weight_numel, full, full / (m->weight_numel ? m->weight_numel : 1), m->small_numel);
+    run_stats_number("parallel_weight_elements", (double)full);
+    run_stats_number("parallel_weight_elements_per_rank", (double)m->weight_numel);
+    run_stats_number("small_elements_per_rank", (double)m->small_numel);
 }

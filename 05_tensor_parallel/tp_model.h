@@ -116,14 +116,15 @@ void tp_stream_backward(const TPModel *m, TPWeightStream *s, const Weights *w, b
 typedef struct {
     Activations acts;                    // the block's, at this rank's sizes
     TPLayers layers;
+    TPWeightStream stream;               // the gathered weights, in the passes' order
+    TPGradSlots slots;                   // with z > 1: where the weights' gradients are reduce-scattered
     float *stats;
     float *ce_max, *ce_maxes, *ce_sums;  // vocab-parallel loss
     float *gathered, *full_logits;       // gathered loss (the lesson's version)
     size_t bytes;
 } TPActs;
 
-void tp_acts_alloc(TPActs *a, const TPModel *m, TPWeightStream *s, TPGradSlots *slots, int B, int T,
-                   int flags, bool overlap);
+void tp_acts_alloc(TPActs *a, const TPModel *m, int B, int T, int flags, bool overlap);
 void tp_acts_free(TPActs *a);
 // the bytes tp_acts_alloc allocates, allocating nothing
 size_t tp_acts_bytes(const TPModel *m, int B, int T, int flags);
@@ -150,8 +151,9 @@ long tp_load_checkpoint(const Config *cfg, const TPModel *m, float *params, floa
 // validation loss of this row group's slices (row_rank of row_ranks), the forward of the
 // training's layout; counts: this rank is the one of its row group whose sums count
 void tp_evaluate(const TPModel *m, TPActs *a, const Weights *w, const Dataset *data, const Config *cfg,
-                 int row_rank, int row_ranks, bool counts, double *loss_sum, long *count);
-// the grid, what each coordinate splits, and the loss's form
-void tp_print_grid(const TPModel *m, int P);
+                 int row_rank, int row_ranks, bool counts, double sums[2]);
+// the grid, what each coordinate splits, the loss's form, what overlaps, and the parallel
+// weights' share on this rank (also into stats.json)
+void tp_print_grid(const TPModel *m, int P, bool overlap);
 
 #endif

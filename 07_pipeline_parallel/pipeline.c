@@ -10,6 +10,8 @@
 #include "log.h"
 #include "ops.h"
 #include "run_checkpoint.h"
+#include "run_setup.h"
+#include "stage_run.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 
@@ -125,8 +127,7 @@ int pipe_slots(const char *schedule, int m, int pp, int stage) {
 
 // ---- the step ---------------------------------------------------------------------------------
 
-void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, ActsSpec spec,
-                   const Weights *w) {
+void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, const Weights *w) {
     memset(p, 0, sizeof *p);
     p->grid = g;
     p->w = w;
@@ -137,6 +138,9 @@ void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Co
     p->slots = calloc_or_die((size_t)p->n_slots, sizeof *p->slots);
     p->fwd_sends = calloc_or_die((size_t)p->n_slots, sizeof *p->fwd_sends);
     p->bwd_sends = calloc_or_die((size_t)p->n_slots, sizeof *p->bwd_sends);
+    int flags = acts_flags(cfg), T = mc->max_seq_len < cfg->max_seq_len ? mc->max_seq_len : cfg->max_seq_len;
+    ActsSpec spec = whole_model_acts(mc, cfg->global_batch_size / g->dp / p->m, T, flags & ACTS_BF16,
+                                     flags & ACTS_RECOMPUTE);
     spec.first_layer = g->first_block, spec.n_layers = g->n_blocks;
     spec.embed = g->is_first, spec.head = g->is_last;
     for (int i = 0; i < p->n_slots; i++) acts_alloc_spec(&p->slots[i], &spec);
@@ -147,10 +151,14 @@ void pipeline_free(Pipeline *p) {
     free(p->slots), free(p->fwd_sends), free(p->bwd_sends);
 }
 
-size_t pipeline_activation_bytes(const Pipeline *p) {
-    size_t bytes = 0;
-    for (int i = 0; i < p->n_slots; i++) bytes += p->slots[i].bytes;
-    return bytes;
+void pipeline_print_memory(const Pipeline *p, const Config *cfg, size_t n) {
+    MemoryItem memory[MODEL_MEMORY_ITEMS];
+    model_memory_items(memory, cfg, n, p->n_slots * p->slots[0].bytes);
+    print_memory_report("device memory (rank 0: stage 0):", memory, MODEL_MEMORY_ITEMS);
+    printf("  activations: %d micro-batches in flight x %.2f MB (%s keeps %s)\n", p->n_slots,
+           p->slots[0].bytes / 1e6, p->schedule, strcmp(p->schedule, "gpipe") == 0 ? "all m" : "min(m, p - stage)");
+    run_stats_number("activation_slots", p->n_slots);
+    print_bf16_activation_saving(&p->slots[0]);
 }
 
 static void wait_send(CommRequest **r) {
@@ -271,9 +279,11 @@ static double run_ops(Pipeline *p, const PipeOp *ops, int n, const Batch *batche
 double pipeline_step(Pipeline *p, Weights *g, const Batch *batches, float dloss) {
     PipeOp *ops = malloc_or_die(2 * (size_t)p->m * sizeof *ops);
     int n = pipe_schedule(ops, p->schedule, p->m, p->grid->pp, p->grid->stage);
+    p->tracing = p->steps++ == 0;
     double t0 = wall_seconds();
     double loss = run_ops(p, ops, n, batches, g, dloss, true);
     p->schedule_s += wall_seconds() - t0;
+    p->tracing = false;
     free(ops);
     return loss;
 }
@@ -334,19 +344,22 @@ static void print_bubble_rows(const float *all, size_t stride, int ranks, const 
            100 * sum / ranks, p->grid->pp - 1, p->m + p->grid->pp - 1, 100 * bubble_theory(p));
 }
 
-void print_schedule(Comm *world, const Pipeline *p) {
+void print_first_schedule(Comm *world, Pipeline *p) {
+    if (p->steps != 1) return;
     size_t stride;
     float *all = gather_traces(world, p, &stride);
     printf("schedule %s, step 1 (F3/B3: forward/backward of micro-batch 3; r: its input received "
            "first, s: its output sent after; bubble = idle / schedule time):\n", p->schedule);
     print_bubble_rows(all, stride, comm_size(world), p, true);
     free(all);
+    p->compute_s = p->schedule_s = 0;
 }
 
-void print_bubble(Comm *world, const Pipeline *p, const char *when) {
+void print_bubble(Comm *world, const Pipeline *p) {
+    if (p->steps < 2) return;
     size_t stride;
     float *all = gather_traces(world, p, &stride);
-    printf("bubble %s:\n", when);
+    printf("bubble over steps 2 on:\n");
     print_bubble_rows(all, stride, comm_size(world), p, false);
     free(all);
 }

@@ -62,17 +62,18 @@ typedef struct {
     Activations *slots;          // [n_slots]: micro-batch i uses slot i % n_slots
     int n_slots;
     CommRequest **fwd_sends, **bwd_sends;  // [n_slots]: the sends still reading a slot's buffers
+    long steps;                  // pipeline_step calls so far: the first is traced
     bool tracing;                // record the op sequence (the first step)
     char trace[PIPE_TRACE_CHARS];
     double compute_s, schedule_s;  // summed over the steps measured: busy time and schedule time
 } Pipeline;
 
-// one slot per micro-batch in flight, each allocated as `spec` says (its B: a micro-batch's
-// rows) for this stage's blocks; w: the stage's weights
-void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, ActsSpec spec,
-                   const Weights *w);
+// one slot per micro-batch in flight, each the activations of one micro-batch of the longest
+// sequences for this stage's blocks (cfg's sizes and precision); w: the stage's weights
+void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, const Weights *w);
 void pipeline_free(Pipeline *p);
-size_t pipeline_activation_bytes(const Pipeline *p);
+// the memory report of this rank (n: its parameters), with the slots' activations
+void pipeline_print_memory(const Pipeline *p, const Config *cfg, size_t n);
 
 // Runs the schedule over this replica's m micro-batches, adding the gradients into g. A send
 // followed by a receive from the same neighbour travels as one send-recv (pipeline.c). Returns the
@@ -83,10 +84,11 @@ double pipeline_step(Pipeline *p, Weights *g, const Batch *batches, float dloss)
 // ctx is a Pipeline). Non-zero on the last stage only.
 double pipeline_eval_loss(void *ctx, const Batch *batch);
 
-// Rank 0 prints every rank's op sequence of the traced step and the bubble beside its theory.
-void print_schedule(Comm *world, const Pipeline *p);
-// Rank 0 prints each rank's measured bubble fraction (idle / schedule time) over the run.
-void print_bubble(Comm *world, const Pipeline *p, const char *when);
+// After the first step only: rank 0 prints every rank's op sequence of that traced step and the
+// bubble beside its theory; the run's bubble is then measured from step 2 on.
+void print_first_schedule(Comm *world, Pipeline *p);
+// Rank 0 prints each rank's measured bubble fraction (idle / schedule time) over steps 2 on, if any.
+void print_bubble(Comm *world, const Pipeline *p);
 
 // Checkpoints hold the whole model whatever the grid: replica 0's stages assemble it by tensor
 // name (the tied wte from the first stage), rank 0 writes it. Loading reads the whole model and

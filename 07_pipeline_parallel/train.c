@@ -32,6 +32,7 @@
 #include "run_checkpoint.h"
 #include "run_setup.h"
 #include "run_stats.h"
+#include "stage_run.h"
 #include "tokenizer.h"
 #include "trace.h"
 
@@ -63,62 +64,34 @@ int main(int argc, char **argv) {
     ParamLayout layout, full_layout;
     gpt_layout_range(&layout, &mc, grid.first_block, grid.n_blocks, grid.is_first, grid.is_last);
     gpt_layout(&full_layout, &mc);
-    size_t n = layout.num_params, bytes = n * sizeof(float);
-    float *params = dev_malloc(bytes), *grads = dev_malloc(bytes);
-    float *adam_m = dev_malloc(bytes), *adam_v = dev_malloc(bytes);
-    Weights w, g;
-    weights_point(&w, &layout, params);
-    weights_point(&g, &layout, grads);
-    // the bf16 working copy of the weights, which every matmul reads
+    // ... and the bf16 working copy of the weights, mb.params16, which every matmul reads
     bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
-    bf16 *params16 = NULL;
-    if (half_mode) {
-        params16 = dev_malloc(n * sizeof(bf16));
-        weights_point_bf16(&w, &layout, params16);
-    }
+    ModelBuffers mb;  // mb.params, mb.grads, mb.adam_m, mb.adam_v; mb.w and mb.g name their tensors
+    model_buffers_alloc(&mb, &layout, half_mode);
     long step = 0;
     if (cfg.resume || starts_from_checkpoint(&cfg))
-        step = load_checkpoint_part(&cfg, &layout, &full_layout, params, adam_m, adam_v);
-    else gpt_init_range(params, &layout, 0, n, (uint64_t)cfg.seed);  // a range initialises as the whole model
+        step = load_checkpoint_part(&cfg, &layout, &full_layout, mb.params, mb.adam_m, mb.adam_v);
+    else gpt_init_range(mb.params, &layout, 0, mb.n, (uint64_t)cfg.seed);  // a range initialises as the whole model
 
     // activations for one micro-batch of the longest sequences, once per micro-batch in flight
-    int m = cfg.num_microbatches, micro_batch = cfg.global_batch_size / grid.dp / m;
-    int flags = acts_flags(&cfg);
-    ActsSpec spec = whole_model_acts(&mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
-                                     flags & ACTS_BF16, flags & ACTS_RECOMPUTE);
+    int m = cfg.num_microbatches;
     Pipeline pipe;
-    pipeline_init(&pipe, &grid, &mc, &cfg, spec, &w);
-
+    pipeline_init(&pipe, &grid, &mc, &cfg, &mb.w);
     // only rank 0 prints, writes metrics and saves checkpoints: the replicas are identical
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
-    printf("stage 07 | %d ranks | %s backend (%s) | precision %s | %s L=%d H=%d C=%d V=%d | %.2fM parameters\n",
-           P, ops_backend_name(), half_mode ? ops_matmul_engine_bf16() : ops_matmul_engine(), cfg.precision, gpt_arch(&mc)->name, mc.n_layer, mc.n_head, mc.n_embd,
-           mc.vocab_size, n / 1e6);
-    printf("MFU peak: %s\n", ops_peak_flops_source(half_mode));
-    print_pipeline_plan(&grid, &cfg, &mc, n, pipe.n_slots);
-    Config plan_cfg = cfg;
-    plan_cfg.gradient_acc_steps = m;  // the batch plan's micro-batches are the pipeline's
-    print_batch_plan(&plan_cfg, data, grid.dp, "replicas", total_steps);
-    MemoryItem memory[] = {{"parameters (fp32 master)", bytes}, {copy_label(&cfg), half_mode ? n * sizeof(bf16) : 0},
-                           {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
-                           {activations_label(&cfg),
-                            pipeline_activation_bytes(&pipe)}};
-    print_memory_report("device memory (rank 0: stage 0):", memory, 5);
-    printf("  activations: %d micro-batches in flight x %.2f MB (%s keeps %s)\n", pipe.n_slots,
-           pipe.slots[0].bytes / 1e6, cfg.pp_schedule, strcmp(cfg.pp_schedule, "gpipe") == 0 ? "all m" : "min(m, p - stage)");
-    run_stats_number("activation_slots", pipe.n_slots);
-    print_bf16_activation_saving(&pipe.slots[0]);
+    print_stage_banner(7, P, &cfg, &mc, mb.n);
+    print_pipeline_plan(&grid, &cfg, &mc, mb.n, pipe.n_slots);
+    print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
+    pipeline_print_memory(&pipe, &cfg, mb.n);
 
     // ---- the training loop ----
     LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
     loss_scaler_init(&scaler, &cfg);
-    if (cfg.resume) loss_scaler_resume(&scaler, &cfg);
     comm_trace_open(world, cfg.trace, cfg.trace_steps);
     Metrics metrics = {0};
     if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch *batches = calloc_or_die((size_t)m, sizeof *batches);
-    long first_step = step;
     preemption_watch();
     for (; step < total_steps; step++) {
         trace_step();
@@ -129,7 +102,7 @@ int main(int argc, char **argv) {
         CommStats comm_before = comm_totals();
 
         // the bf16 copy of this step's weights: made once, read by every matmul of the step
-        if (half_mode) cast_to_bf16(params16, params, n);
+        if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);
 
         // this replica's micro-batches (slices replica * m ... of dp * m), each stage fetching the
         // same ones: the first reads their tokens, the last their targets, every stage their shape.
@@ -140,17 +113,16 @@ int main(int argc, char **argv) {
         long n_targets = batches[0].n_targets_global, tokens = 0;
         float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
         // the schedule: forwards and backwards of the micro-batches through the stages;
-        // gradients add up in `grads`, the loss on the last stage
-        dev_zero(grads, bytes);
-        pipe.tracing = step == first_step;
-        double loss_sum = pipeline_step(&pipe, &g, batches, dloss);
+        // gradients add up in `mb.grads`, the loss on the last stage
+        dev_zero(mb.grads, mb.bytes);
+        double loss_sum = pipeline_step(&pipe, &mb.g, batches, dloss);
         if (grid.is_first)
             for (int micro = 0; micro < m; micro++) tokens += (long)batches[micro].rows * batches[micro].T;
         // GPT-2's lm_head is wte: the first stage holds its embedding half of the gradient, the
         // last its head half; summed, both copies take the same AdamW step and stay equal
-        if (grid.tied) comm_all_reduce(grid.tied, g.wte, (size_t)mc.padded_vocab_size * mc.n_embd);
+        if (grid.tied) comm_all_reduce(grid.tied, mb.g.wte, (size_t)mc.padded_vocab_size * mc.n_embd);
         // sum each stage's gradients over the replicas, as stage 03 does for the whole model
-        if (grid.dp > 1) comm_all_reduce(grid.dp_group, grads, n);
+        if (grid.dp > 1) comm_all_reduce(grid.dp_group, mb.grads, mb.n);
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
         comm_sum_doubles(world, totals, 3);
@@ -159,61 +131,51 @@ int main(int argc, char **argv) {
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
         // clip the global gradient norm (the stages' squares summed, the shared wte once), then
-        // one AdamW step on this stage's tensors
-        double norm = sqrt(comm_sum_double(grid.pipe, stage_sum_squares(&grid, &layout, grads)));
-        if (loss_scaler_unscale(&scaler, grads, n, &norm)) {
+        // one AdamW step on this stage's tensors; in 16-mixed the gradients are first divided by
+        // the loss scale, and a step whose gradients overflowed is skipped
+        double norm = sqrt(comm_sum_double(grid.pipe, stage_sum_squares(&grid, &layout, mb.grads)));
+        if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step(&layout, params, grads, adam_m, adam_v, 0, n, &cfg, lr, step + 1, clip);
+            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
         if (pure_bf16) {
-            cast_to_bf16(params16, params, n);
-            cast_to_float(params, params16, n);
+            cast_to_bf16(mb.params16, mb.params, mb.n);
+            cast_to_float(mb.params, mb.params16, mb.n);
         }
         dev_synchronize();
 
-        double seconds = wall_seconds() - t0;
-        CommStats comm_after = comm_totals();
-        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr,
-                       .grad_norm = norm, .ms = 1e3 * seconds, .tokens_per_sec = tokens / seconds, .scaler = &scaler,
-                       .mem_bytes = dev_bytes_in_use(), .val_loss = -1, .has_comm = true,
-                       .comm_bytes = comm_stats_bytes(&comm_after) - comm_stats_bytes(&comm_before),
-                       .comm_ms = 1e3 * (comm_stats_seconds(&comm_after) - comm_stats_seconds(&comm_before))};
-        s.mfu = flops_per_token(&mc, batches[0].T) * s.tokens_per_sec / (P * ops_peak_flops(half_mode));
+        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr, .grad_norm = norm,
+                       .val_loss = -1, .scaler = &scaler, .has_comm = true};
+        step_stats_measure(&s, &cfg, t0, tokens, flops_per_token(&mc, batches[0].T), P);
+        comm_since(&comm_before, &s.comm_bytes, &s.comm_ms);
         bool last = step + 1 == total_steps;
-        if ((cfg.eval_interval && (step + 1) % cfg.eval_interval == 0) || last) {
-            if (half_mode) cast_to_bf16(params16, params, n);  // evaluate the updated weights
-            // the pipeline's forward on each replica's micro-batches; the last stages count
-            double val_sum;
-            long val_count;
-            Config eval_cfg = cfg;
-            eval_cfg.gradient_acc_steps = m;  // evaluate_batches cuts a replica's rows like training
-            evaluate_batches(pipeline_eval_loss, &pipe, data, &eval_cfg, grid.replica, grid.dp, &val_sum, &val_count);
-            val_sum = comm_sum_double(world, val_sum);
-            val_count = comm_sum_long(world, grid.is_last ? val_count : 0);
-            s.val_loss = val_count ? val_sum / (double)val_count : -1;
+        if (evaluation_due(&cfg, step + 1, last)) {
+            if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
+            double val[2];  // the validation loss summed over its target tokens, and their count
+            evaluate_batches(pipeline_eval_loss, &pipe, data, &cfg, grid.replica, grid.dp, val);
+            if (!grid.is_last) val[1] = 0;  // the loss and its targets are the last stage's
+            comm_sum_doubles(world, val, 2);
+            s.val_loss = val[1] ? val[0] / val[1] : -1;
         }
         if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
-        if (pipe.tracing) {
-            print_schedule(world, &pipe);
-            pipe.compute_s = pipe.schedule_s = 0;  // the run's bubble: from step 2 on
-        }
-        if (cfg.checkpoint_interval && (step + 1) % cfg.checkpoint_interval == 0 && !last)
-            pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, params, adam_m, adam_v, step + 1);
+        print_first_schedule(world, &pipe);  // after step 1 only: its traced schedule
+        if (checkpoint_due(&cfg, step + 1, last))
+            pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, mb.params, mb.adam_m, mb.adam_v, step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
         if (!last && totals[2] > 0) {
-            pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, params, adam_m, adam_v, step + 1);
+            pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, mb.params, mb.adam_m, mb.adam_v, step + 1);
             print_stopped_to_be_resumed(&cfg, step + 1);
             comm_finalize(world);
             exit(EXIT_TO_BE_RESUMED);
         }
     }
-    if (total_steps - first_step > 1) print_bubble(world, &pipe, "over steps 2 on");
-    pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, params, adam_m, adam_v, total_steps);
+    print_bubble(world, &pipe);
+    pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
     // the proof that data parallelism kept each stage's replicas identical
-    if (grid.dp > 1) comm_check_replicas_identical(grid.dp_group, params, n);
+    if (grid.dp > 1) comm_check_replicas_identical(grid.dp_group, mb.params, mb.n);
     comm_print_table(world);
     if (rank == 0) run_stats_write(&cfg, 7, P, (RunLayout){.dp = grid.dp, .pp = grid.pp}, comm_stats_json());
 
@@ -222,13 +184,7 @@ int main(int argc, char **argv) {
     for (int micro = 0; micro < m; micro++) batch_free(&batches[micro]);
     free(batches);
     pipeline_free(&pipe);
-    weights_free(&w);
-    weights_free(&g);
-    dev_free(params16);
-    dev_free(params);
-    dev_free(grads);
-    dev_free(adam_m);
-    dev_free(adam_v);
+    model_buffers_free(&mb);
     gpt_layout_free(&layout);
     gpt_layout_free(&full_layout);
     dataset_free(data);

@@ -11,6 +11,7 @@
 #include "moe.h"
 #include "ops.h"
 #include "run_checkpoint.h"
+#include "run_stats.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 
@@ -178,7 +179,21 @@ void expert_layers_init(ExpertLayers *x, const ExpertGrid *g, const GPTConfig *m
     x->recv_offsets = x->send_counts + 3 * g->ep;
 }
 
+void expert_acts_alloc(Activations *a, ExpertLayers *x, const ExpertGrid *g, const GPTConfig *mc, int B, int T,
+                       int global_sequences) {
+    expert_layers_init(x, g, mc, B, T);
+    ActsSpec spec = whole_model_acts(mc, B, T, false, false);  // stage 08 trains in fp32
+    spec.shape = expert_shape(g, mc);
+    spec.ops = &x->base;
+    acts_alloc_spec(a, &spec);
+    moe_set_global_batch(a, mc, global_sequences);
+    int blocks = gpt_moe_blocks(mc, 0, mc->n_layer);
+    x->step = (MoEStepStats){.load = calloc_or_die((size_t)blocks * mc->n_experts + 1, sizeof(long)),
+                             .blocks = blocks, .experts = mc->n_experts};
+}
+
 void expert_layers_free(ExpertLayers *x) {
+    free((long *)x->step.load);
     free(x->counts);
     free(x->order);
     free(x->send_counts);
@@ -253,9 +268,15 @@ void count_gradient_runs(const ParamLayout *layout, long runs[2], size_t numel[2
 
 // ---- what the experts did ---------------------------------------------------------------------
 
-void reduce_expert_stats(const ExpertGrid *g, Activations *a, const GPTConfig *mc, int global_sequences,
-                         long *load, double *aux_loss, long *dropped) {
-    int E = mc->n_experts, blocks = gpt_moe_blocks(mc, 0, mc->n_layer);
+void expert_run_stats(const ExpertLayers *x) {
+    run_stats_number("rows_to_experts", (double)x->rows_to_experts);
+    run_stats_number("rows_at_experts", (double)x->rows_at_experts);
+}
+
+const MoEStepStats *expert_step_stats(ExpertLayers *x, Activations *a, const GPTConfig *mc, int global_sequences) {
+    if (!mc->n_experts) return NULL;
+    int E = mc->n_experts, blocks = x->step.blocks;
+    long *load = (long *)x->step.load;
     MoEStats *st = &a->moe_stats;
     double *sums = calloc_or_die((size_t)blocks * E + 2, sizeof(double));
     sums[0] = st->aux_sum;
@@ -265,12 +286,13 @@ void reduce_expert_stats(const ExpertGrid *g, Activations *a, const GPTConfig *m
             for (int e = 0; e < E; e++) sums[2 + b * E + e] = (double)st->load[l * E + e];
             b++;
         }
-    comm_sum_doubles(g->world, sums, blocks * E + 2);
-    *aux_loss = sums[0] / ((double)global_sequences * blocks);
-    *dropped = (long)sums[1];
+    comm_sum_doubles(x->grid->world, sums, blocks * E + 2);
+    x->step.aux_loss = sums[0] / ((double)global_sequences * blocks);
+    x->step.dropped = (long)sums[1];
     for (int i = 0; i < blocks * E; i++) load[i] = (long)sums[2 + i];
     free(sums);
     moe_stats_reset(a);
+    return &x->step;
 }
 
 // ---- checkpoints ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include "comm.h"
 #include "config.h"
 #include "gpt.h"
+#include "metrics.h"
 
 // Where this rank sits. Rank = replica * ep + ep_rank: a replica's ranks, which exchange tokens in
 // every MoE block, are consecutive, so that traffic stays on one node.
@@ -47,12 +48,17 @@ typedef struct {
     // over the forwards so far: this rank's token rows sent to experts, and the rows its experts
     // ran, which go back. Backward sends each again: all-to-all bytes = 2 x (to + at) x C x 4.
     long rows_to_experts, rows_at_experts;
+    MoEStepStats step;     // the last step's figures over every rank (expert_step_stats)
 } ExpertLayers;
 
 // With ep 1 every rank holds every expert: nothing to exchange, and the block runs common/moe.c's
 // one-rank MoE.
 void expert_layers_init(ExpertLayers *x, const ExpertGrid *g, const GPTConfig *mc, int B, int T);
 void expert_layers_free(ExpertLayers *x);
+// The activations of this rank for B sequences of at most T tokens, their MoE blocks' MLP run by
+// x (expert_layers_init), counting each step's routing against global_sequences per global batch.
+void expert_acts_alloc(Activations *a, ExpertLayers *x, const ExpertGrid *g, const GPTConfig *mc, int B, int T,
+                       int global_sequences);
 
 // The gradients' all-reduce: the experts' over the ranks holding the same experts, the rest of
 // the model (which every rank holds) over every rank. Blocking, after backward.
@@ -63,10 +69,11 @@ void count_gradient_runs(const ParamLayout *layout, long runs[2], size_t numel[2
 // the squared norm of the whole model's gradient: the replicated tensors once, each expert once
 double expert_sum_squares(const ExpertGrid *g, const ParamLayout *layout, const float *grads);
 
-// the step's MoE figures over every rank (MoEStepStats in metrics.h); sums a->moe_stats, then
-// resets it. load: [MoE blocks x E], owned by the caller.
-void reduce_expert_stats(const ExpertGrid *g, Activations *a, const GPTConfig *mc, int global_sequences,
-                         long *load, double *aux_loss, long *dropped);
+// rows_to_experts and rows_at_experts into stats.json
+void expert_run_stats(const ExpertLayers *x);
+// the step's MoE figures over every rank (x->step, MoEStepStats in metrics.h): sums a->moe_stats,
+// then resets it. NULL for a dense model (no experts).
+const MoEStepStats *expert_step_stats(ExpertLayers *x, Activations *a, const GPTConfig *mc, int global_sequences);
 
 // checkpoints hold the whole model: replica 0's ranks put their experts together on its rank 0
 void expert_save_checkpoint(const Config *cfg, const ExpertGrid *g, const ParamLayout *local,

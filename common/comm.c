@@ -187,6 +187,12 @@ double comm_stats_seconds(const CommStats *s) {
     return t;
 }
 
+void comm_since(const CommStats *before, double *bytes, double *ms) {
+    CommStats now = comm_totals();
+    *bytes = comm_stats_bytes(&now) - comm_stats_bytes(before);
+    *ms = 1e3 * (comm_stats_seconds(&now) - comm_stats_seconds(before));
+}
+
 void comm_print_table(Comm *world) {
     if (world->rank != 0) return;
     printf("communication on rank 0 (sizes and bandwidths as nccl-tests defines them):\n");

@@ -112,6 +112,8 @@ typedef struct {
 CommStats comm_totals(void);
 double comm_stats_bytes(const CommStats *s);
 double comm_stats_seconds(const CommStats *s);
+// the bytes and milliseconds communicated since `before` (comm_totals() then): one step's figures
+void comm_since(const CommStats *before, double *bytes, double *ms);
 // rank 0 prints a table per group and kind: calls, MB, ms, algorithmic and bus bandwidth
 void comm_print_table(Comm *world);
 // The same figures as data, for stats.json: a list of {group, kind, calls, bytes, seconds,

@@ -9,15 +9,6 @@
 
 static const LossScaler *g_saved_scaler;  // the scaler whose state save_checkpoint writes
 
-void loss_scaler_init(LossScaler *s, const Config *cfg) {
-    g_saved_scaler = s;
-    *s = (LossScaler){.on = config_half_format(cfg) == HALF_FP16, .scale = 1, .inject_inf_at = -1};
-    if (!s->on) return;
-    s->scale = cfg->loss_scale;
-    s->window = cfg->loss_scale_window;
-    const char *hook = getenv("WORKBOOK_INJECT_INF_STEP");
-    if (hook && *hook) s->inject_inf_at = atol(hook);
-}
 
 float loss_scaler_dloss(const LossScaler *s, long n_targets, long step) {
     if (!n_targets) return 0.0f;
@@ -74,7 +65,9 @@ static void loss_scaler_read_old_file(LossScaler *s, const Config *cfg) {
     free(text);
 }
 
-void loss_scaler_resume(LossScaler *s, const Config *cfg) {
+// the state save_checkpoint saved, read back when resuming (on every rank); a checkpoint from before
+// the state moved into the optimizer file has it in <out_dir>/loss_scale.json
+static void loss_scaler_resume(LossScaler *s, const Config *cfg) {
     if (!s->on) return;
     TrainState state;
     checkpoint_load_train_state(cfg->out_dir, &state);
@@ -85,4 +78,15 @@ void loss_scaler_resume(LossScaler *s, const Config *cfg) {
     s->scale = state.loss_scale;
     s->good = (int)state.loss_scale_good_steps;
     s->skipped = state.loss_scale_skipped_steps;
+}
+
+void loss_scaler_init(LossScaler *s, const Config *cfg) {
+    g_saved_scaler = s;
+    *s = (LossScaler){.on = config_half_format(cfg) == HALF_FP16, .scale = 1, .inject_inf_at = -1};
+    if (!s->on) return;
+    s->scale = cfg->loss_scale;
+    s->window = cfg->loss_scale_window;
+    const char *hook = getenv("WORKBOOK_INJECT_INF_STEP");
+    if (hook && *hook) s->inject_inf_at = atol(hook);
+    if (cfg->resume) loss_scaler_resume(s, cfg);
 }

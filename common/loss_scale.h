@@ -26,8 +26,9 @@ typedef struct {
     long inject_inf_at; // test hook WORKBOOK_INJECT_INF_STEP=N: step N's gradients are inf
 } LossScaler;
 
-// s starts at loss_scale; save_checkpoint saves its state from now on, in the optimizer file's
-// metadata beside the step (checkpoint.h, TrainState)
+// s starts at loss_scale, or (cfg->resume) where the resumed run's scaler was; save_checkpoint
+// saves its state from now on, in the optimizer file's metadata beside the step (checkpoint.h,
+// TrainState)
 void loss_scaler_init(LossScaler *s, const Config *cfg);
 // save_checkpoint's part: the state of the scaler loss_scaler_init last set up goes into state
 // (nothing when that scaler is off, or there is none)
@@ -39,8 +40,5 @@ float loss_scaler_dloss(const LossScaler *s, long n_targets, long step);
 // all skip the same steps), updating the scale; else divides grads[0..n) by the scale, sets
 // *norm to the unscaled norm and returns true.
 bool loss_scaler_unscale(LossScaler *s, float *grads, size_t n, double *norm);
-// the state save_checkpoint saved, read back when resuming (on every rank); a checkpoint from before
-// the state moved into the optimizer file has it in <out_dir>/loss_scale.json
-void loss_scaler_resume(LossScaler *s, const Config *cfg);
 
 #endif

@@ -70,8 +70,10 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
 
 // ---- data and the length of the run ----------------------------------------------------------
 
+int micro_batches_per_step(const Config *cfg) { return cfg->gradient_acc_steps * cfg->num_microbatches; }
+
 void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, const char *what, long total_steps) {
-    int acc = cfg->gradient_acc_steps, rows = cfg->global_batch_size / acc / row_groups;
+    int acc = micro_batches_per_step(cfg), rows = cfg->global_batch_size / acc / row_groups;
     char ranks[64] = "";
     if (row_groups > 1) snprintf(ranks, sizeof ranks, "%d %s x ", row_groups, what);
     printf("data: %d train / %d validation records | global batch %d = %s%d micro-batch%s of %d "

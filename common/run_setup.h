@@ -33,6 +33,9 @@ void plan_steps(const Config *cfg, const Dataset *data, long *batches_per_epoch,
 // Prints the data line: records, and how a global batch is cut, e.g. "global batch 16 = 4 ranks x
 // 2 micro-batches of 2 sequences" (row_groups: how many take different rows, named by `what`,
 // e.g. "ranks"; 1: one process)
+// the micro-batches a replica cuts its share of the global batch into: gradient_acc_steps, or
+// in a pipeline num_microbatches (each stage refuses the other key's values other than 1)
+int micro_batches_per_step(const Config *cfg);
 void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, const char *what, long total_steps);
 
 // Model FLOPs per token for forward + backward (6 per parameter per token for the matmuls a

@@ -30,6 +30,7 @@
 #include "run_checkpoint.h"
 #include "run_setup.h"
 #include "run_stats.h"
+#include "stage_run.h"
 #include "tokenizer.h"
 #include "tp_model.h"
 
@@ -69,16 +70,19 @@ static void add_memory(Plan *p, const char *what, size_t bytes) {
     p->memory_total += bytes;
 }
 
+// the memory report of a rank holding n parameters whole with their state (stage_run.h's)
+static void add_model_memory(Plan *p, const Config *cfg, size_t n, size_t activation_bytes) {
+    MemoryItem items[MODEL_MEMORY_ITEMS];
+    model_memory_items(items, cfg, n, activation_bytes);
+    for (int i = 0; i < MODEL_MEMORY_ITEMS; i++) add_memory(p, items[i].what, items[i].bytes);
+}
+
 // stage 03: every rank a whole replica (03_ddp/train.c's report)
 static size_t ddp_memory(const Setup *s, Plan *p, const ParamLayout *layout) {
-    size_t n = layout->num_params, bytes = n * sizeof(float);
+    size_t n = layout->num_params;
     int micro_batch = s->cfg->global_batch_size / s->cfg->gradient_acc_steps / s->P;
     ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
-    add_memory(p, parameters_label(s->cfg), bytes);
-    add_memory(p, copy_label(s->cfg), s->half ? n * sizeof(bf16) : 0);
-    add_memory(p, "gradients (fp32)", bytes);
-    add_memory(p, "AdamW m and v (fp32)", 2 * bytes);
-    add_memory(p, activations_label(s->cfg), acts_bytes(&spec));
+    add_model_memory(p, s->cfg, n, acts_bytes(&spec));
     return n;
 }
 
@@ -227,16 +231,12 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     stage_blocks(L, pp, 0, &first, &blocks);
     ParamLayout layout;
     gpt_layout_range(&layout, s->mc, first, blocks, true, pp == 1);
-    size_t n = layout.num_params, bytes = n * sizeof(float);
+    size_t n = layout.num_params;
     int rows = s->cfg->global_batch_size / dp / m;
     ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
     spec.first_layer = first, spec.n_layers = blocks, spec.embed = true, spec.head = pp == 1;
-    // 07_pipeline_parallel/train.c's report (its parameters are labelled fp32 master in every precision)
-    add_memory(p, "parameters (fp32 master)", bytes);
-    add_memory(p, copy_label(s->cfg), s->half ? n * sizeof(bf16) : 0);
-    add_memory(p, "gradients (fp32)", bytes);
-    add_memory(p, "AdamW m and v (fp32)", 2 * bytes);
-    add_memory(p, activations_label(s->cfg), (size_t)pipe_slots(s->cfg->pp_schedule, m, pp, 0) * acts_bytes(&spec));
+    // 07_pipeline_parallel's report
+    add_model_memory(p, s->cfg, n, (size_t)pipe_slots(s->cfg->pp_schedule, m, pp, 0) * acts_bytes(&spec));
     gpt_layout_free(&layout);
 
     PipeOp *ops = calloc_or_die(2 * (size_t)m, sizeof *ops);
@@ -256,7 +256,7 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     bool tied = pp > 1 && gpt_arch(s->mc)->tied_head;  // phi's lm_head is the last stage's own
     add_comm(p, "tied-wte", "all-reduce", tied ? (double)s->mc->padded_vocab_size * s->mc->n_embd * sizeof(float) : 0,
              1, 2, pp - 1, false);
-    add_comm(p, "replicas", "all-reduce", (double)bytes, 1, dp, pp, false);
+    add_comm(p, "replicas", "all-reduce", (double)n * sizeof(float), 1, dp, pp, false);
 }
 
 // Stage 08 on ep expert ranks x dp replicas: rank 0 holds every non-expert tensor and E / ep of
@@ -277,14 +277,10 @@ static void plan_experts(const Setup *s, Plan *p, int ep) {
     int rows = s->cfg->global_batch_size / acc / s->P;
     ActsSpec spec = whole_model_acts(s->mc, rows, s->T, false, false);
     spec.shape = expert_shape(&grid, s->mc);
-    size_t n = layout.num_params, bytes = n * sizeof(float), numel[2];
+    size_t n = layout.num_params, numel[2];
     long runs[2];
     count_gradient_runs(&layout, runs, numel);
-    add_memory(p, parameters_label(s->cfg), bytes);
-    add_memory(p, copy_label(s->cfg), 0);
-    add_memory(p, "gradients (fp32)", bytes);
-    add_memory(p, "AdamW m and v (fp32)", 2 * bytes);
-    add_memory(p, activations_label(s->cfg), acts_bytes(&spec));
+    add_model_memory(p, s->cfg, n, acts_bytes(&spec));
     gpt_layout_free(&layout);
     double fl = sizeof(float), moe = gpt_moe_blocks(s->mc, 0, s->mc->n_layer);
     double routed = (double)s->mc->experts_per_token * rows * s->T;
