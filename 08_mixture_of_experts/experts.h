@@ -1,7 +1,7 @@
 // experts.h: stage 08's expert parallelism. The ranks form an ep x dp grid: a replica's ep ranks
 // each hold E / ep of every MoE block's experts (and all of the rest of the model), and each rank
 // trains on its own slice of the batch, as in stage 03. In a MoE block every rank routes its own
-// tokens (common/moe.c), then one all-to-all sends each token row to the rank holding its expert,
+// tokens (moe.c), then one all-to-all sends each token row to the rank holding its expert,
 // the experts run, and a second all-to-all brings their outputs back; backward sends the
 // gradients the same two ways. train.c reads like stage 03 with this layer plugged in and the
 // gradient all-reduce split in two.
@@ -30,8 +30,8 @@ void expert_grid_init(ExpertGrid *g, Comm *world, const Config *cfg);
 ModelShape expert_shape(const ExpertGrid *g, const GPTConfig *mc);
 void print_expert_plan(const ExpertGrid *g, const GPTConfig *mc);
 
-// The LayerOps of this grid: serial_layer_ops() with the MoE MLP replaced by its expert-parallel
-// version. Sized for micro-batches of B x T tokens per rank.
+// The LayerOps of this grid: serial_layer_ops() with the MoE blocks' MLP replaced by its
+// expert-parallel version. Sized for micro-batches of B x T tokens per rank.
 typedef struct {
     LayerOps base;         // what the block calls (first: the block sees a LayerOps *)
     const ExpertGrid *grid;
@@ -49,7 +49,7 @@ typedef struct {
     long rows_to_experts, rows_at_experts;
 } ExpertLayers;
 
-// With ep 1 every rank holds every expert: nothing to exchange, and the block runs common/moe.c's
+// With ep 1 every rank holds every expert: nothing to exchange, and the block runs moe.c's
 // one-rank MoE.
 void expert_layers_init(ExpertLayers *x, const ExpertGrid *g, const GPTConfig *mc, int B, int T);
 void expert_layers_free(ExpertLayers *x);
@@ -63,7 +63,7 @@ void count_gradient_runs(const ParamLayout *layout, long runs[2], size_t numel[2
 // the squared norm of the whole model's gradient: the replicated tensors once, each expert once
 double expert_sum_squares(const ExpertGrid *g, const ParamLayout *layout, const float *grads);
 
-// the step's MoE figures over every rank (MoEStepStats in trainer.h); sums a->moe_stats, then
+// the step's MoE figures over every rank (MoEStepStats in trainer.h); sums moe_stats(a), then
 // resets it. load: [MoE blocks x E], owned by the caller.
 void reduce_expert_stats(const ExpertGrid *g, Activations *a, const GPTConfig *mc, int global_sequences,
                          long *load, double *aux_loss, long *dropped);

@@ -57,8 +57,9 @@ int main(int argc, char **argv) {
     // ---- model: one flat buffer each for parameters, gradients and AdamW's two moments, with
     // this rank's experts only; the whole model's layout is what checkpoints hold ----
     GPTConfig mc = model_shape(&cfg, tok);
+    moe_model(&mc);  // the MoE blocks' MLP is moe.c's
     ParamLayout layout, whole_layout;
-    gpt_layout_experts(&layout, &mc, grid.first_expert, grid.n_local);
+    moe_layout_experts(&layout, &mc, grid.first_expert, grid.n_local);
     gpt_layout(&whole_layout, &mc);
     size_t n = layout.num_params, bytes = n * sizeof(float);
     float *params = dev_malloc(bytes), *grads = dev_malloc(bytes);
