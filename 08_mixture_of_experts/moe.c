@@ -47,17 +47,14 @@ int moe_receive_capacity(const MoEShape *s, int B, int T) {
     return (int)(cap && within_capacity < every_row ? within_capacity : every_row);
 }
 
-// the router, then each held expert's c_fc weight and bias, c_proj weight and bias (MOE_TENSORS)
+// the router, then each held expert's c_fc weight and bias, c_proj weight and bias (MOE_TENSORS'
+// order, which BlockWeights.moe_mlp keeps)
 void moe_weights(MoEWeights *mw, const BlockWeights *w, const MoEShape *s) {
-    size_t C = s->C, F = s->C_mlp;
-    float *p = w->moe_mlp;
-    mw->router = (Linear){.w = p};
-    p += (size_t)s->n_experts * C;
-    for (int i = 0; i < s->n_local; i++) {
-        mw->fc[i] = (Linear){.w = p, .b = p + F * C};
-        p += F * C + F;
-        mw->proj[i] = (Linear){.w = p, .b = p + C * F};
-        p += C * F + C;
+    float *const *t = w->moe_mlp;
+    mw->router = (Linear){.w = t[0]};
+    for (int i = 0; i < s->n_local; i++, t += 4) {
+        mw->fc[i] = (Linear){.w = t[1], .b = t[2]};
+        mw->proj[i] = (Linear){.w = t[3], .b = t[4]};
     }
 }
 

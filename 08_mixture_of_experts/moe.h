@@ -52,7 +52,7 @@ int moe_capacity(const MoEShape *s, int T);
 // rows the experts a rank holds can receive in one micro-batch of B x T tokens per rank
 int moe_receive_capacity(const MoEShape *s, int B, int T);
 
-// One MoE block's weights (or gradients), pointing into its BlockWeights.moe_mlp
+// One MoE block's weights (or gradients): its BlockWeights.moe_mlp, by name
 typedef struct {
     Linear router;            // (E, C), no bias
     Linear fc[MAX_EXPERTS];   // the held experts' layers, by index among those held

@@ -22,7 +22,6 @@ static void trace_layer(const char *what, int layer, int m0) {
     trace_span(name, TRACK_COMPUTE, m0, trace_mark(), NULL);
 }
 
-
 static void zero_floats(float *x, size_t n) { dev_zero(x, n * sizeof(float)); }
 static BlockActs *block_acts(const Activations *a, int l) { return &a->blocks[l - a->spec.first_layer]; }
 
@@ -89,7 +88,6 @@ void gpt_embed_forward(Activations *a, const Weights *w, int B, int T) {
     a->ops->embed_forward(a->ops, a->encoded, a->inputs, NULL, w, &a->spec.shape, B, T);
     trace_layer("embedding forward", -1, m0);
 }
-
 
 void gpt_embed_backward(Activations *a, Weights *g, int B, int T) {
     int m0 = trace_mark();

@@ -126,6 +126,7 @@ typedef struct {
     int decay;          // weight decay applies (matrices and embeddings, not biases or norms)
     int block;          // block index, or -1 for root tensors
     int repeat;         // which repeat of a repeated tensor (a MoE block's expert), or -1
+    int moe_slot;       // a MoE block's MLP tensor: its place in BlockWeights.moe_mlp, else -1
     int init_stream;    // the tensor's index in the whole model: its stream of random numbers
     float init_std;     // 0: a constant init (init_value)
     float init_value;
@@ -181,8 +182,9 @@ typedef struct {
     Linear attn_proj;  // (C, C)
     Linear fc;         // (4C, C)
     Linear fc_proj;    // (C, 4C)
-    float *moe_mlp;    // a MoE block's MLP instead of fc and fc_proj: its tensors, one after the
-                       // other in layout order (08's moe.c reads them); NULL in a dense block
+    // a MoE block's MLP instead of fc and fc_proj: its tensors in MoEMLP.tensors' order, the
+    // repeated ones repeat by repeat (TensorInfo.moe_slot; 08's moe.c reads them); NULL: dense
+    float **moe_mlp;
 } BlockWeights;
 
 typedef struct {
@@ -192,16 +194,18 @@ typedef struct {
     Linear head;       // the lm_head (Vp, C): GPT-2's is wte itself (tied), without a bias
     BlockWeights *h;   // [L], by block index; only a range layout's blocks are set
     int n_layer;
+    float **moe_slots; // what the MoE blocks' moe_mlp point into
 } Weights;
 
-// named views into a flat buffer laid out as `layout`; w->h is malloc'd (free with weights_free)
+// named views into a flat buffer laid out as `layout`; w->h and w->moe_slots are malloc'd (free
+// with weights_free)
 void weights_point(Weights *w, const ParamLayout *layout, float *flat);
 void weights_free(Weights *w);
 // points the root tensors into `root`, a buffer holding exactly the root elements (they come
 // first in the layout; a gathered FSDP unit), and root16 (its bf16 copy, or NULL); w->h NULL
 void root_weights_point(Weights *w, const ParamLayout *layout, float *root, bf16 *root16);
 // points one block's tensors into `unit`, a buffer holding exactly that block's elements in
-// layout order (a gathered FSDP unit); bf16 pointers NULL
+// layout order (a gathered FSDP unit; a dense block); bf16 pointers NULL
 void block_weights_point(BlockWeights *bw, const ParamLayout *layout, int block, float *unit);
 // points w's bf16 matrices into flat16, a bf16 copy of the whole flat buffer (same layout)
 void weights_point_bf16(Weights *w, const ParamLayout *layout, bf16 *flat16);
@@ -316,6 +320,7 @@ struct MoEMLP {
     MLPForward forward;    // on one rank, holding every repeat
     MLPBackward backward;
 };
+
 // What to allocate activations for.
 typedef struct {
     int B, T;            // capacity: B sequences of at most T tokens

@@ -103,6 +103,7 @@ static void add_tensor(ParamLayout *l, const TensorSpec *spec, int block, int re
     snprintf(t->name, sizeof t->name, spec->hf_name, block, repeat);
     t->role = spec->role;
     t->repeat = repeat;
+    t->moe_slot = -1;
     t->offset = l->num_params;
     t->ndim = spec->cols == DIM_NONE ? 1 : 2;
     t->shape[0] = extent(spec->rows, cfg);
@@ -155,13 +156,19 @@ static void add_block(ParamLayout *l, int b, int stream) {
     for (int i = 0; i < arch->n_block; i++)
         if (!moe || !is_mlp_role(arch->block[i].role)) add_tensor(l, &arch->block[i], b, -1, stream++);
     if (!moe) return;
-    int n_per_repeat = 0;
+    int n_per_repeat = 0, slot = 0;
     for (int i = 0; i < mlp->n_tensors; i++) n_per_repeat += mlp->tensors[i].repeated;
     for (int i = 0; i < mlp->n_tensors; i++)
-        if (!mlp->tensors[i].repeated) add_tensor(l, &mlp->tensors[i], b, -1, stream++);
+        if (!mlp->tensors[i].repeated) {
+            add_tensor(l, &mlp->tensors[i], b, -1, stream++);
+            l->tensors[l->num_tensors - 1].moe_slot = slot++;
+        }
     for (int e = l->first_repeat; e < l->first_repeat + l->n_repeats; e++)
         for (int i = 0, j = 0; i < mlp->n_tensors; i++)
-            if (mlp->tensors[i].repeated) add_tensor(l, &mlp->tensors[i], b, e, stream + e * n_per_repeat + j++);
+            if (mlp->tensors[i].repeated) {
+                add_tensor(l, &mlp->tensors[i], b, e, stream + e * n_per_repeat + j++);
+                l->tensors[l->num_tensors - 1].moe_slot = slot++;
+            }
 }
 
 // a configuration with MoE blocks needs an architecture that has them and a program that runs them
@@ -254,8 +261,7 @@ void layout_copy_tensors(const ParamLayout *part, float *part_buf, const ParamLa
     }
 }
 
-// where a tensor of a given role is pointed to, by name; a MoE block's MLP tensors are reached
-// through the first of them
+// where a tensor of a given role is pointed to, by name
 static float **block_slot(BlockWeights *bw, const TensorInfo *t) {
     switch (t->role) {
     case ROLE_LN1_W: return &bw->ln1.w;
@@ -270,7 +276,9 @@ static float **block_slot(BlockWeights *bw, const TensorInfo *t) {
     case ROLE_FC_B: return &bw->fc.b;
     case ROLE_FC_PROJ_W: return &bw->fc_proj.w;
     case ROLE_FC_PROJ_B: return &bw->fc_proj.b;
-    case ROLE_MOE_MLP: return bw->moe_mlp ? NULL : &bw->moe_mlp;
+    case ROLE_MOE_MLP:
+        if (!bw->moe_mlp) fatal("internal: tensor %s of a MoE block pointed without room for it", t->name);
+        return &bw->moe_mlp[t->moe_slot];
     case ROLE_QKV_PART: return NULL;  // reached through the q tensor before it
     default: fatal("internal: tensor role %d is not a block's", (int)t->role);
     }
@@ -318,9 +326,19 @@ static void point_block_tensor(BlockWeights *bw, const TensorInfo *t, float *at)
     if (slot) *slot = at;
 }
 
+// room for each held MoE block's MLP tensors (BlockWeights.moe_mlp), in w->moe_slots
+static void make_moe_slots(Weights *w, const ParamLayout *l) {
+    if (!gpt_moe_blocks(&l->cfg, l->first_block, l->n_blocks)) return;
+    size_t per_block = (size_t)moe_mlp_tensors(l->cfg.moe_mlp, l->n_repeats);
+    w->moe_slots = calloc_or_die((size_t)l->n_blocks * per_block, sizeof(float *));
+    for (int b = l->first_block, i = 0; b < l->first_block + l->n_blocks; b++, i++)
+        if (gpt_block_is_moe(&l->cfg, b)) w->h[b].moe_mlp = w->moe_slots + (size_t)i * per_block;
+}
+
 void weights_point(Weights *w, const ParamLayout *l, float *flat) {
     root_weights_point(w, l, flat, NULL);
     w->h = calloc_or_die((size_t)w->n_layer, sizeof(BlockWeights));
+    make_moe_slots(w, l);
     for (int i = 0; i < l->num_tensors; i++) {
         const TensorInfo *t = &l->tensors[i];
         if (t->block >= 0) point_block_tensor(&w->h[t->block], t, flat + t->offset);
@@ -357,7 +375,9 @@ void block_weights_point_bf16(BlockWeights *bw, const ParamLayout *l, int block,
 
 void weights_free(Weights *w) {
     free(w->h);
+    free(w->moe_slots);
     w->h = NULL;
+    w->moe_slots = NULL;
 }
 
 // Initialises the part of tensor t that falls in the flat range [first, first + n).
