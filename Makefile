@@ -27,7 +27,7 @@ NVFLAGS += -std=c++17 -Icommon $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$
            -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
 
 B := build/$(BACKEND)
-COMMON := log files config tokenizer alpaca synthetic gpt moe checkpoint run_setup optimizer loss_scale \
+COMMON := log files config tokenizer alpaca synthetic gpt layout activations checkpoint run_setup optimizer loss_scale \
           metrics run_stats evaluate run_checkpoint preemption trace stage_run
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
@@ -56,9 +56,11 @@ STAGE_DIR_8 := 08_mixture_of_experts
 # the stages whose directory holds C files; from 03 on they talk MPI
 STAGES := $(foreach n,1 2 3 4 5 6 7 8,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
 MPI_STAGES := $(filter 3 4 5 6 7 8,$(STAGES))
-# files of an earlier stage that a stage builds on (stage 06 runs stage 05's tensor-parallel block)
-STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c
+# files of another stage that a stage builds on: stage 06 runs stage 05's tensor-parallel block,
+# and generates from stage 08's checkpoints with its mixture-of-experts MLP (08's moe.c)
+STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 08_mixture_of_experts/moe.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
+$(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
 
@@ -108,12 +110,12 @@ build/ceilings: $(B)/ceilings
 	@cp $< $@
 $(B)/ceilings: $(B)/tools/ceilings.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
-# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, pipeline.c, experts.c): it links them,
-# and with them the comm layer (mpicc), which its ping-pong calibration uses too
+# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, pipeline.c, experts.c and
+# moe.c): it links them, and with them the comm layer (mpicc), which its ping-pong calibration uses too
 PLAN_TOOL_OBJS := $(addprefix $(B)/tools/,plan.o plan_cluster.o plan_measure.o)
 PLAN_OBJS := $(PLAN_TOOL_OBJS) \
              $(addprefix $(B)/,04_fsdp/fsdp.o 05_tensor_parallel/tp_linear.o 05_tensor_parallel/tp_model.o \
-                               07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o)
+                               07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o)
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
 $(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel -I08_mixture_of_experts
 build/plan: $(B)/plan
@@ -132,6 +134,8 @@ build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 $(B)/tests/mpi/%.o: CC := $(MPICC)
 # a check of a stage's code links that stage's objects: one prerequisite line per program
 build/tests/mpi/tp_linear_check: $(B)/05_tensor_parallel/tp_linear.o
+build/tests/test_moe build/tests/test_gpt: $(B)/08_mixture_of_experts/moe.o
+$(B)/tests/test_moe.o $(B)/tests/test_gpt.o: CFLAGS += -I08_mixture_of_experts
 build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)

@@ -98,7 +98,7 @@ static LocalTensor describe(const TPModel *m, TensorRole role) {
 static LocalTensor describe_tensor(const TPModel *m, const TensorInfo *t) {
     // a mixture of experts' router and experts stay whole: stage 06 runs them on the [1, 1, 1]
     // grid only (stage 08 trains them)
-    if (t->role == ROLE_ROUTER_W || t->expert >= 0)
+    if (t->role == ROLE_MOE_MLP)
         return t->ndim == 2 ? matrix_part(0, t->shape[0], 0, t->shape[1]) : vector_part(TP_SPLIT_X, 0, t->shape[0]);
     if (t->role != ROLE_QKV_PART) return describe(m, t->role);
     return (LocalTensor){.kind = t->ndim == 2 ? TP_WEIGHT : TP_SPLIT_X, .nranges = 1, .rows = 0, .cols = 1};
@@ -272,7 +272,7 @@ static void add_use(TPWeightStream *s, const TPLinear *l, const Linear *w) {
 }
 
 // a MoE block's MLP (stage 06 generating, [1, 1, 1]) reads its experts itself: no MLP uses
-static bool dense_mlp(const BlockWeights *b) { return !b->router.w; }
+static bool dense_mlp(const BlockWeights *b) { return !b->moe_mlp; }
 
 static void add_block_forward(const TPModel *m, TPWeightStream *s, const BlockWeights *b) {
     add_use(s, &m->qkv, &b->qkv);

@@ -21,6 +21,7 @@
 #include "device.h"
 #include "kv_model.h"
 #include "log.h"
+#include "moe.h"  // stage 08's mixture-of-experts MLP, for its checkpoints
 #include "ops.h"
 #include "run_checkpoint.h"
 #include "run_setup.h"
@@ -448,8 +449,9 @@ int main(int argc, char **argv) {
 
     Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
     GPTConfig mc = model_shape(&cfg, tok);  // checks the checkpoint's vocabulary against tok's
-    // a mixture of experts generates without a capacity: with one, whether a token reaches its
-    // expert would depend on how many tokens came in the same step (the whole prompt, or one)
+    // a mixture of experts (stage 08's) generates without a capacity: with one, whether a token
+    // reaches its expert would depend on how many tokens came in the same step (the prompt, or one)
+    moe_model(&mc);
     mc.capacity_factor = 0;
     tp_check_grid(&mc, cfg.tp_dimensions, comm_size(world), 1, 1);
     int maxT = cfg.max_seq_len;

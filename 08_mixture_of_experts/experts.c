@@ -35,9 +35,9 @@ void expert_grid_init(ExpertGrid *g, Comm *world, const Config *cfg) {
 
 ModelShape expert_shape(const ExpertGrid *g, const GPTConfig *mc) {
     ModelShape s = whole_model_shape(mc);
-    s.first_expert = g->first_expert;
-    s.n_local_experts = g->n_local;
-    s.ep = g->ep;
+    s.first_repeat = g->first_expert;
+    s.n_repeats = g->n_local;
+    s.repeat_ranks = g->ep;
     return s;
 }
 
@@ -64,7 +64,7 @@ static int *block_counts(const ExpertLayers *x, const Activations *a, int l) {
 
 // Every rank of the replica learns how many rows each rank sends to each expert: what it will
 // receive, and where those rows go.
-static void exchange_counts(ExpertLayers *x, const MoEActs *m, int *counts) {
+static void exchange_counts(ExpertLayers *x, const MoEBlockActs *m, int *counts) {
     int E = x->E, ep = x->grid->ep;
     float *host = x->count_host;
     for (int e = 0; e < E; e++) host[e] = (float)m->routed[e];
@@ -85,7 +85,7 @@ static int rows_between(const ExpertLayers *x, const int *counts, int from, int 
 // order, so those for rank d's experts are one run; rows arrive grouped by sender, and the held
 // experts run on them expert by expert (m->expert_rows), so x->order says where received row i
 // goes. Returns the rows received.
-static int plan_exchange(ExpertLayers *x, const int *counts, MoEActs *m, int C) {
+static int plan_exchange(ExpertLayers *x, const int *counts, MoEBlockActs *m, int C) {
     const ExpertGrid *g = x->grid;
     int me = g->ep_rank, first = g->first_expert, sent = 0, got = 0;
     for (int d = 0; d < g->ep; d++) {
@@ -127,9 +127,14 @@ static void send_home(ExpertLayers *x, const float *expert_rows, float *home, in
                       x->recv_offsets);
 }
 
+// a dense block's MLP runs as on one rank
 static void expert_parallel_forward(LayerOps *ops, Activations *a, int l, const BlockWeights *w, int B, int T) {
+    if (!gpt_block_is_moe(&a->spec.model, l)) {
+        serial_layer_ops()->mlp_forward(ops, a, l, w, B, T);
+        return;
+    }
     ExpertLayers *x = layers_of(ops);
-    MoEActs *m = moe_acts(a, l);
+    MoEBlockActs *m = moe_acts(a, l);
     int C = a->spec.shape.C, *counts = block_counts(x, a, l);
     moe_route(a, l, w, B, T);
     exchange_counts(x, m, counts);
@@ -145,8 +150,12 @@ static void expert_parallel_forward(LayerOps *ops, Activations *a, int l, const 
 // the same trips in reverse order, with the gradients, on the forward's counts
 static void expert_parallel_backward(LayerOps *ops, Activations *a, int l, float *dinp, const BlockWeights *w,
                                      BlockWeights *g, const float *dout, int B, int T) {
+    if (!gpt_block_is_moe(&a->spec.model, l)) {
+        serial_layer_ops()->mlp_backward(ops, a, l, dinp, w, g, dout, B, T);
+        return;
+    }
     ExpertLayers *x = layers_of(ops);
-    MoEScratch *d = &a->moe;
+    MoEScratch *d = &a->moe->scratch;
     int C = a->spec.shape.C;
     int got = plan_exchange(x, block_counts(x, a, l), moe_acts(a, l), C);
     moe_combine_outputs_backward(a, l, dout, d->dreturned, B, T);
@@ -161,9 +170,10 @@ void expert_layers_init(ExpertLayers *x, const ExpertGrid *g, const GPTConfig *m
     x->base = *serial_layer_ops();
     x->grid = g;
     if (g->ep == 1) return;
-    x->base.moe_forward = expert_parallel_forward;
-    x->base.moe_backward = expert_parallel_backward;
-    ModelShape s = expert_shape(g, mc);
+    x->base.mlp_forward = expert_parallel_forward;
+    x->base.mlp_backward = expert_parallel_backward;
+    ModelShape shape = expert_shape(g, mc);
+    MoEShape s = moe_shape(mc, &shape);
     int R = moe_receive_capacity(&s, B, T);
     x->n_layers = mc->n_layer;
     x->E = mc->n_experts;
@@ -209,9 +219,9 @@ void expert_layers_free(ExpertLayers *x) {
 static void for_each_run(const ParamLayout *layout, void (*f)(size_t first, size_t n, bool expert, void *ctx),
                          void *ctx) {
     for (int i = 0; i < layout->num_tensors;) {
-        bool expert = layout->tensors[i].expert >= 0;
+        bool expert = layout->tensors[i].repeat >= 0;
         int j = i;
-        while (j < layout->num_tensors && (layout->tensors[j].expert >= 0) == expert) j++;
+        while (j < layout->num_tensors && (layout->tensors[j].repeat >= 0) == expert) j++;
         const TensorInfo *last = &layout->tensors[j - 1];
         f(layout->tensors[i].offset, last->offset + last->numel - layout->tensors[i].offset, expert, ctx);
         i = j;
@@ -277,10 +287,10 @@ const MoEStepStats *expert_step_stats(ExpertLayers *x, Activations *a, const GPT
     if (!mc->n_experts) return NULL;
     int E = mc->n_experts, blocks = x->step.blocks;
     long *load = (long *)x->step.load;
-    MoEStats *st = &a->moe_stats;
+    const MoEStats *st = moe_stats(a);
     double *sums = calloc_or_die((size_t)blocks * E + 2, sizeof(double));
-    sums[0] = st->aux_sum;
-    sums[1] = (double)st->dropped;
+    sums[0] = st ? st->aux_sum : 0;
+    sums[1] = st ? (double)st->dropped : 0;
     for (int l = 0, b = 0; l < mc->n_layer; l++)
         if (gpt_block_is_moe(mc, l)) {
             for (int e = 0; e < E; e++) sums[2 + b * E + e] = (double)st->load[l * E + e];
@@ -299,7 +309,7 @@ const MoEStepStats *expert_step_stats(ExpertLayers *x, Activations *a, const GPT
 
 // a replica's rank 0 gives the tensors every rank holds; each rank gives its experts
 static bool own_share(const TensorInfo *t, const void *grid) {
-    return t->expert >= 0 || ((const ExpertGrid *)grid)->ep_rank == 0;
+    return t->repeat >= 0 || ((const ExpertGrid *)grid)->ep_rank == 0;
 }
 
 static void sum_over_replica(float *buf, size_t n, void *ep_group) {

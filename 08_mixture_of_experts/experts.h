@@ -1,7 +1,7 @@
 // experts.h: stage 08's expert parallelism. The ranks form an ep x dp grid: a replica's ep ranks
 // each hold E / ep of every MoE block's experts (and all of the rest of the model), and each rank
 // trains on its own slice of the batch, as in stage 03. In a MoE block every rank routes its own
-// tokens (common/moe.c), then one all-to-all sends each token row to the rank holding its expert,
+// tokens (moe.c), then one all-to-all sends each token row to the rank holding its expert,
 // the experts run, and a second all-to-all brings their outputs back; backward sends the
 // gradients the same two ways. train.c reads like stage 03 with this layer plugged in and the
 // gradient all-reduce split in two.
@@ -31,8 +31,8 @@ void expert_grid_init(ExpertGrid *g, Comm *world, const Config *cfg);
 ModelShape expert_shape(const ExpertGrid *g, const GPTConfig *mc);
 void print_expert_plan(const ExpertGrid *g, const GPTConfig *mc);
 
-// The LayerOps of this grid: serial_layer_ops() with the MoE MLP replaced by its expert-parallel
-// version. Sized for micro-batches of B x T tokens per rank.
+// The LayerOps of this grid: serial_layer_ops() with the MoE blocks' MLP replaced by its
+// expert-parallel version. Sized for micro-batches of B x T tokens per rank.
 typedef struct {
     LayerOps base;         // what the block calls (first: the block sees a LayerOps *)
     const ExpertGrid *grid;
@@ -51,7 +51,7 @@ typedef struct {
     MoEStepStats step;     // the last step's figures over every rank (expert_step_stats)
 } ExpertLayers;
 
-// With ep 1 every rank holds every expert: nothing to exchange, and the block runs common/moe.c's
+// With ep 1 every rank holds every expert: nothing to exchange, and the block runs moe.c's
 // one-rank MoE.
 void expert_layers_init(ExpertLayers *x, const ExpertGrid *g, const GPTConfig *mc, int B, int T);
 void expert_layers_free(ExpertLayers *x);
@@ -71,7 +71,7 @@ double expert_sum_squares(const ExpertGrid *g, const ParamLayout *layout, const 
 
 // rows_to_experts and rows_at_experts into stats.json
 void expert_run_stats(const ExpertLayers *x);
-// the step's MoE figures over every rank (x->step, MoEStepStats in metrics.h): sums a->moe_stats,
+// the step's MoE figures over every rank (x->step, MoEStepStats in metrics.h): sums moe_stats(a),
 // then resets it. NULL for a dense model (no experts).
 const MoEStepStats *expert_step_stats(ExpertLayers *x, Activations *a, const GPTConfig *mc, int global_sequences);
 

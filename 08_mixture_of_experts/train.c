@@ -64,8 +64,9 @@ int main(int argc, char **argv) {
     // ---- model: one flat buffer each for parameters, gradients and AdamW's two moments ----
     // (this rank's experts only, in fp32; the whole model's layout is what checkpoints hold)
     GPTConfig mc = model_shape(&cfg, tok);
+    moe_model(&mc);  // the MoE blocks' MLP is moe.c's
     ParamLayout layout, whole_layout;
-    gpt_layout_experts(&layout, &mc, grid.first_expert, grid.n_local);
+    moe_layout_experts(&layout, &mc, grid.first_expert, grid.n_local);
     gpt_layout(&whole_layout, &mc);
     ModelBuffers mb;  // mb.params, mb.grads, mb.adam_m, mb.adam_v; mb.w and mb.g name their tensors
     model_buffers_alloc(&mb, &layout, false);

@@ -1,14 +1,16 @@
 // gpt.h: the model, written once for every stage.
 //
-// Three parts:
-//  1. the description: an architecture is a table of tensors (Hugging Face names, shapes, init,
-//     weight decay, role in the block) that the layout, the initialiser and the checkpoints read;
-//  2. the layout: ONE flat buffer with named pointers into it (and the gradients in a second
-//     buffer of the same layout), for the whole model or for a range of its blocks;
-//  3. the layer steps: the embedding, one transformer block and the head, each with a forward and
-//     a backward, calling their linear layers, LayerNorms and attention through a LayerOps table.
-//     A stage that runs a layer its own way (bf16, tensor-parallel, with a KV cache) plugs in its
-//     version of that layer; the block itself exists only here.
+// Three parts, each in a file of its own:
+//  1. the description (layout.c): an architecture is a table of tensors (Hugging Face names,
+//     shapes, init, weight decay, role in the block) that the layout, the initialiser and the
+//     checkpoints read;
+//  2. the layout (layout.c): ONE flat buffer with named pointers into it (and the gradients in a
+//     second buffer of the same layout), for the whole model or for a range of its blocks;
+//  3. the layer steps (gpt.c, with their activations in activations.c): the embedding, one
+//     transformer block and the head, each with a forward and a backward, calling their linear
+//     layers, LayerNorms, attention and MLP through a LayerOps table. A stage that runs a layer its
+//     own way (bf16, tensor-parallel, with a KV cache) plugs in its version of that layer; the block
+//     itself exists only here.
 //
 // The optimizer, the checkpoint, an all-reduce or a shard sees one array; the layer code sees
 // names. The layout is per unit: first the root tensors (wte, wpe, ln_f), then block 0's tensors,
@@ -23,6 +25,7 @@
 #include "ops.h"
 
 typedef struct Arch Arch;
+typedef struct MoEMLP MoEMLP;
 
 typedef struct {
     const Arch *arch;       // the architecture's description; NULL: GPT-2
@@ -34,18 +37,23 @@ typedef struct {
     int n_embd;             // C
     int rotary_dim;         // rotary position embedding: dims of each head it turns (phi)
     float rope_theta;       // and its base
-    // mixture of experts (stage 08): the MoE blocks' MLP is n_experts MLPs and a router
+    // mixture of experts (stage 08, which the checkpoints' config.json describes): the MoE blocks'
+    // MLP is n_experts MLPs and a router. The core lays out and runs that MLP only through moe_mlp.
     int n_experts;          // E; 0: every block has its one dense MLP
     int experts_per_token;  // k: each token goes to its k most probable experts
     int moe_every;          // block l is a MoE block when (l + 1) % moe_every == 0
     float capacity_factor;  // rows per expert per sequence: ceil(factor * T * k / E); 0: no limit
     float aux_loss_coef;    // weight of the load-balancing loss in the objective
+    const MoEMLP *moe_mlp;  // the MoE blocks' MLP (08_mixture_of_experts/moe.h's MOE_MLP), set by
+                            // the programs that run one; NULL: this program runs dense MLPs only
 } GPTConfig;
 
-// the most experts a MoE block can have (BlockWeights holds a slot for each)
+// the most experts a configuration may give a MoE block
 #define MAX_EXPERTS 64
 // whether block l's MLP is a mixture of experts
 bool gpt_block_is_moe(const GPTConfig *cfg, int l);
+// the MoE blocks in [first, first + n)
+int gpt_moe_blocks(const GPTConfig *cfg, int first, int n);
 
 int gpt_padded_vocab(int vocab_size);
 
@@ -59,14 +67,13 @@ typedef enum {
     ROLE_LN2_W, ROLE_LN2_B, ROLE_FC_W, ROLE_FC_B,                // block: MLP
     ROLE_FC_PROJ_W, ROLE_FC_PROJ_B,
     ROLE_HEAD_W, ROLE_HEAD_B,                                    // an untied lm_head (phi)
-    ROLE_ROUTER_W,                                               // MoE block: the router, and
-    ROLE_EXPERT_FC_W, ROLE_EXPERT_FC_B, ROLE_EXPERT_PROJ_W, ROLE_EXPERT_PROJ_B,  // each expert's MLP
+    ROLE_MOE_MLP,   // a MoE block's MLP tensor: its own code reads them (BlockWeights.moe_mlp)
     ROLE_QKV_PART,  // continues the tensor before it: phi's k and v projections follow q's in the
                     // buffer, so that q, k, v make one (3C, C) matrix and one (3C) bias
 } TensorRole;
 
 // a shape's extent, in the config's terms
-typedef enum { DIM_NONE, DIM_C, DIM_3C, DIM_4C, DIM_VOCAB, DIM_POSITIONS, DIM_EXPERTS } Dim;
+typedef enum { DIM_NONE, DIM_C, DIM_3C, DIM_4C, DIM_VOCAB, DIM_POSITIONS, DIM_REPEATS } Dim;
 
 typedef enum {
     INIT_NORMAL,    // N(0, 0.02)
@@ -82,7 +89,8 @@ typedef struct {
     Init init;
     bool decay;           // weight decay applies (matrices and embeddings, not biases or norms)
     bool hf_transposed;   // stored (in, out) in Hugging Face files (GPT-2's Conv1D)
-    bool per_expert;      // one tensor per expert; a second %d in the name stands for the expert
+    bool repeated;        // one tensor per repeat (a MoE block's expert; GPTConfig.n_experts of
+                          // them, DIM_REPEATS); a second %d in the name stands for the repeat
 } TensorSpec;
 
 struct Arch {
@@ -94,8 +102,7 @@ struct Arch {
     bool tied_head;                  // the lm_head is wte itself
     bool parallel_block;             // x + attn(ln(x)) + mlp(ln(x)): one LayerNorm, no ln2 (phi)
     bool rotary;                     // rotary position embedding on q and k instead of wpe (phi)
-    const TensorSpec *moe_mlp;       // a MoE block's MLP (router, then per-expert tensors), which
-    int n_moe_mlp;                   // replaces the block's MLP roles; NULL: no MoE version
+    bool has_moe;                    // its blocks may have a MoE MLP instead (GPT-2's)
 };
 
 extern const Arch ARCH_GPT2;
@@ -118,7 +125,8 @@ typedef struct {
     int hf_rows;        // rows in Hugging Face files (V for wte, which we pad to Vp)
     int decay;          // weight decay applies (matrices and embeddings, not biases or norms)
     int block;          // block index, or -1 for root tensors
-    int expert;         // expert index in a MoE block, or -1
+    int repeat;         // which repeat of a repeated tensor (a MoE block's expert), or -1
+    int moe_slot;       // a MoE block's MLP tensor: its place in BlockWeights.moe_mlp, else -1
     int init_stream;    // the tensor's index in the whole model: its stream of random numbers
     float init_std;     // 0: a constant init (init_value)
     float init_value;
@@ -132,7 +140,7 @@ typedef struct {
     TensorInfo *tensors;      // [num_tensors]
     int first_block, n_blocks;  // the blocks held: [first_block, first_block + n_blocks)
     bool has_embed, has_head;   // the embedding (wte, wpe), the head (ln_f and, tied, wte)
-    int first_expert, n_experts_held;  // MoE blocks: the experts held [first, first + n)
+    int first_repeat, n_repeats;  // MoE blocks: the repeats (experts) held [first, first + n)
     size_t root_numel;        // the root tensors', which come first
     size_t *block_first;      // [n_blocks + 1]: where each held block starts (MoE blocks are larger)
 } ParamLayout;
@@ -142,9 +150,9 @@ void gpt_layout(ParamLayout *layout, const GPTConfig *cfg);
 // blocks [first, first + n) with or without the embedding and the head (a pipeline stage). The
 // tensors keep their names and random streams: any range initialises as the whole model does.
 void gpt_layout_range(ParamLayout *layout, const GPTConfig *cfg, int first, int n, bool embed, bool head);
-// the whole model with the MoE blocks' experts [first_expert, first_expert + n) only (expert
-// parallelism); the experts keep their names and random streams
-void gpt_layout_experts(ParamLayout *layout, const GPTConfig *cfg, int first_expert, int n);
+// the whole model with the MoE blocks' repeated tensors [first_repeat, first_repeat + n) only
+// (expert parallelism: 08's moe_layout_experts); they keep their names and random streams
+void gpt_layout_repeats(ParamLayout *layout, const GPTConfig *cfg, int first_repeat, int n);
 void gpt_layout_free(ParamLayout *layout);
 // the tensor of that Hugging Face name, or NULL when the layout does not hold it
 const TensorInfo *layout_tensor(const ParamLayout *layout, const char *name);
@@ -174,10 +182,9 @@ typedef struct {
     Linear attn_proj;  // (C, C)
     Linear fc;         // (4C, C)
     Linear fc_proj;    // (C, 4C)
-    // a MoE block's MLP instead of fc and fc_proj: the router (E, C), no bias, and each expert's
-    // two layers, by expert index (only the experts held are set)
-    Linear router;
-    Linear expert_fc[MAX_EXPERTS], expert_proj[MAX_EXPERTS];
+    // a MoE block's MLP instead of fc and fc_proj: its tensors in MoEMLP.tensors' order, the
+    // repeated ones repeat by repeat (TensorInfo.moe_slot; 08's moe.c reads them); NULL: dense
+    float **moe_mlp;
 } BlockWeights;
 
 typedef struct {
@@ -187,16 +194,18 @@ typedef struct {
     Linear head;       // the lm_head (Vp, C): GPT-2's is wte itself (tied), without a bias
     BlockWeights *h;   // [L], by block index; only a range layout's blocks are set
     int n_layer;
+    float **moe_slots; // what the MoE blocks' moe_mlp point into
 } Weights;
 
-// named views into a flat buffer laid out as `layout`; w->h is malloc'd (free with weights_free)
+// named views into a flat buffer laid out as `layout`; w->h and w->moe_slots are malloc'd (free
+// with weights_free)
 void weights_point(Weights *w, const ParamLayout *layout, float *flat);
 void weights_free(Weights *w);
 // points the root tensors into `root`, a buffer holding exactly the root elements (they come
 // first in the layout; a gathered FSDP unit), and root16 (its bf16 copy, or NULL); w->h NULL
 void root_weights_point(Weights *w, const ParamLayout *layout, float *root, bf16 *root16);
 // points one block's tensors into `unit`, a buffer holding exactly that block's elements in
-// layout order (a gathered FSDP unit); bf16 pointers NULL
+// layout order (a gathered FSDP unit; a dense block); bf16 pointers NULL
 void block_weights_point(BlockWeights *bw, const ParamLayout *layout, int block, float *unit);
 // points w's bf16 matrices into flat16, a bf16 copy of the whole flat buffer (same layout)
 void weights_point_bf16(Weights *w, const ParamLayout *layout, bf16 *flat16);
@@ -224,16 +233,12 @@ typedef struct {
     bool parallel_block;  // the architecture's block and position encoding (Arch, GPTConfig)
     int rotary_dim;       // 0: no rotary embedding
     float rope_theta;
-    // mixture of experts (GPTConfig's), and the experts this rank holds of each MoE block
-    int n_experts, top_k;
-    float capacity_factor, aux_loss_coef;
-    int moe_every;
-    int first_expert, n_local_experts;
-    int ep;               // ranks a block's experts are spread over (1: all here)
+    // a MoE block's repeats (experts) held here, [first_repeat, first_repeat + n_repeats), and the
+    // ranks a block's repeats are spread over (1: all here)
+    int first_repeat, n_repeats, repeat_ranks;
 } ModelShape;
 
 ModelShape whole_model_shape(const GPTConfig *cfg);
-bool shape_block_is_moe(const ModelShape *s, int l);
 
 typedef enum { LIN_QKV, LIN_ATTN_PROJ, LIN_FC, LIN_FC_PROJ, LIN_HEAD } LinearKind;
 
@@ -243,6 +248,9 @@ typedef enum { LIN_QKV, LIN_ATTN_PROJ, LIN_FC, LIN_FC_PROJ, LIN_HEAD } LinearKin
 // Sizes are this rank's (ModelShape); backward functions add into their gradients.
 typedef struct LayerOps LayerOps;
 typedef struct Activations Activations;
+typedef void (*MLPForward)(LayerOps *ops, Activations *a, int layer, const BlockWeights *w, int B, int T);
+typedef void (*MLPBackward)(LayerOps *ops, Activations *a, int layer, float *dinp, const BlockWeights *w,
+                            BlockWeights *g, const float *dout, int B, int T);
 struct LayerOps {
     // out (B*T, C) = embedding of tokens at positions t (or start[b] + t, start on the device)
     void (*embed_forward)(LayerOps *ops, float *out, const int *tokens, const int *start,
@@ -267,14 +275,10 @@ struct LayerOps {
                               const ModelShape *s, int B, int T);
     // block `layer`'s MLP, from its input (ln2(res2), or ln1(x) in a parallel block) into the
     // block's out (the block adds the residual); backward adds into dinp. The dense MLP (fc, GELU,
-    // fc_proj) runs through linear_forward/backward above; a MoE block calls moe_forward and
-    // moe_backward instead (common/moe.c on one rank; stage 08 plugs in its expert parallelism).
-    void (*mlp_forward)(LayerOps *ops, Activations *a, int layer, const BlockWeights *w, int B, int T);
-    void (*mlp_backward)(LayerOps *ops, Activations *a, int layer, float *dinp, const BlockWeights *w,
-                         BlockWeights *g, const float *dout, int B, int T);
-    void (*moe_forward)(LayerOps *ops, Activations *a, int layer, const BlockWeights *w, int B, int T);
-    void (*moe_backward)(LayerOps *ops, Activations *a, int layer, float *dinp, const BlockWeights *w,
-                         BlockWeights *g, const float *dout, int B, int T);
+    // fc_proj) runs through linear_forward/backward above; serial_layer_ops() hands a MoE block's
+    // to GPTConfig.moe_mlp, and stage 08 plugs in its expert-parallel version.
+    MLPForward mlp_forward;
+    MLPBackward mlp_backward;
 };
 
 LayerOps *serial_layer_ops(void);
@@ -292,52 +296,37 @@ typedef struct {
     // bf16 mode: the four matmul inputs are kept for backward as bf16 copies only (their f32
     // versions above then point to scratch shared by every block)
     bf16 *ln1_16, *atty16, *ln2_16, *fch_gelu16;
-    struct MoEActs *moe;               // a MoE block's routing and expert rows (fch, fch_gelu unused)
 } BlockActs;
 
-// What a MoE block keeps from its forward for N = B*T tokens. The routing is decided on the host
-// (a few numbers per token: which experts, which row); the rows themselves stay on the device.
-typedef struct MoEActs {
-    int N, R;               // tokens; rows the experts held here can receive
-    float *logits;          // (N, E) router logits (device)
-    float *probs;           // (N, E) their softmax (host)
-    int *choice;            // (N, k) each token's experts, most probable first (host)
-    float *weight;          // (N, k) their weights, renormalised over the k (host)
-    int *slot;              // (N, k) the row of `packed` the token went to; -1: dropped (host)
-    int *routed;            // (E) rows this rank packed for each expert, in expert order (host)
-    int *expert_rows;       // (n_local + 1): held expert i runs expert_in rows [i], [i+1] (host)
-    int *slot_dev;          // device copies of slot and weight
-    float *weight_dev;
-    float *packed;          // (N k, C) this rank's tokens, grouped by expert: the dispatch
-    float *expert_in;       // (R, C) the rows the held experts run on (packed itself when ep is 1)
-    float *fch, *fch_gelu;  // (R, 4C)
-    float *expert_out;      // (R, C)
-    float *returned;        // (N k, C) expert outputs of this rank's tokens (expert_out when ep is 1)
-} MoEActs;
+// The core's allocator of activations, which a MoE MLP allocates its own with (MoEMLP.alloc_acts):
+// device and host buffers that acts_free frees, or when only counting (acts_bytes), NULL and the
+// device bytes added up.
+typedef struct ActsAllocator ActsAllocator;
+void *acts_alloc_device(ActsAllocator *al, size_t bytes);
+void *acts_alloc_host(ActsAllocator *al, size_t bytes);  // zeroed; not counted
 
-// MoE blocks' backward scratch, shared by every MoE block
-typedef struct {
-    float *dreturned, *dpacked;        // (N k, C), when the experts are on other ranks
-    float *dexpert_out, *dexpert_in;   // (R, C)
-    float *dfch, *dfch_gelu;           // (R, 4C)
-    float *dlogits;                    // (N, E) device
-    float *dprobs;                     // (N, E) host
-    float *dweight;                    // (N, k) host: the gradient of each chosen expert's weight
-    float *dweight_dev;
-} MoEScratch;
-
-// What the MoE blocks report: summed over the micro-batches since the stage last reset it.
-typedef struct {
-    double aux_sum;    // load-balancing loss summed over sequences and MoE blocks
-    long dropped;      // token-expert pairs over capacity (their expert's output is left out)
-    long *load;        // [n_layers x E] rows each expert ran, by block (index in the range)
-} MoEStats;
+// The MLP of GPTConfig's MoE blocks (gpt_block_is_moe), which the core does not know: stage 08's
+// mixture of experts describes it here (08_mixture_of_experts/moe.h). The layout puts its tensors
+// in place of the dense MLP's, the activations leave out the dense MLP's for its blocks and let it
+// allocate its own, and serial_layer_ops() runs it.
+struct MoEMLP {
+    // its tensors in buffer order, each ROLE_MOE_MLP: first those not repeated, then the repeated
+    // ones once per repeat held (ParamLayout.first_repeat, n_repeats)
+    const TensorSpec *tensors;
+    int n_tensors;
+    // what its blocks in a->spec keep, into a->moe (a MoE block's, or one set for every block
+    // when recomputing)
+    void (*alloc_acts)(Activations *a, ActsAllocator *al);
+    MLPForward forward;    // on one rank, holding every repeat
+    MLPBackward backward;
+};
 
 // What to allocate activations for.
 typedef struct {
     int B, T;            // capacity: B sequences of at most T tokens
     int keys;            // attention keys per query (the attention matrix's width): T, or a cache's length
     ModelShape shape;
+    GPTConfig model;     // the model: which blocks are MoE blocks, and their MLP (moe_mlp)
     LayerOps *ops;       // NULL: serial_layer_ops()
     int first_layer, n_layers;
     bool embed, head;    // this rank runs the embedding / the head (and keeps their buffers)
@@ -348,8 +337,6 @@ typedef struct {
 
 // the whole model on one rank
 ActsSpec whole_model_acts(const GPTConfig *cfg, int B, int T, bool bf16, bool recompute);
-// the MoE blocks in [first, first + n)
-int gpt_moe_blocks(const GPTConfig *cfg, int first, int n);
 
 // Everything the forward and backward passes need besides the weights; allocated once.
 struct Activations {
@@ -371,10 +358,7 @@ struct Activations {
                                 // KV cache's decode); NULL: 0 + t. Rotary embeddings turn by it.
     bf16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
     bf16 *dout16;               // bf16 mode: a matmul's output gradient
-    MoEScratch moe;             // MoE blocks' backward scratch
-    MoEStats moe_stats;
-    float aux_dloss;            // MoE: the gradient weight of one sequence's load-balancing loss
-                                // in one block (moe_set_global_batch)
+    struct MoEActs *moe;        // what the MoE blocks' MLP keeps (GPTConfig.moe_mlp's), or NULL
     size_t bytes;
     void **owned;               // every buffer allocated (some are shared), to free once
     int n_owned;

@@ -22,7 +22,7 @@
 #include "gpt.h"
 #include "inputs.h"
 #include "log.h"
-#include "moe.h"
+#include "moe.h"  // 08_mixture_of_experts: the MoE blocks of test_layer_ranges
 #include "ops.h"
 
 #define FIXTURES "../shared/fixtures/reference/"
@@ -335,18 +335,22 @@ static float *tensor_of(const Range *r, const float *flat, const char *name, siz
     return host;
 }
 
-// the MoE blocks' stats of two ranges, cut before block `cut`, are the whole model's
+// the MoE blocks' stats of two ranges, cut before block `cut`, are the whole model's (a dense
+// model has none)
 static void check_range_moe_stats(const GPTConfig *cfg, const MoEStats *whole, const MoEStats *first,
                                   const MoEStats *last, int cut) {
+    if (!cfg->n_experts) {
+        CHECK(!whole && !first && !last, "a dense model's activations keep MoE stats");
+        return;
+    }
     CHECK(whole->dropped == first->dropped + last->dropped, "the ranges drop %ld + %ld pairs, the whole model %ld",
           first->dropped, last->dropped, whole->dropped);
     CHECK(whole->aux_sum == first->aux_sum + last->aux_sum, "the ranges' load-balancing losses %.9g + %.9g, the "
           "whole model's %.9g", first->aux_sum, last->aux_sum, whole->aux_sum);
     size_t E = (size_t)cfg->n_experts, before = (size_t)cut * E, after = (size_t)(cfg->n_layer - cut) * E;
-    if (E)
-        CHECK(memcmp(whole->load, first->load, before * sizeof(long)) == 0 &&
-                  memcmp(whole->load + before, last->load, after * sizeof(long)) == 0,
-              "the rows each expert ran differ between the ranges and the whole model");
+    CHECK(memcmp(whole->load, first->load, before * sizeof(long)) == 0 &&
+              memcmp(whole->load + before, last->load, after * sizeof(long)) == 0,
+          "the rows each expert ran differ between the ranges and the whole model");
 }
 
 static void test_layer_ranges(const GPTConfig *config) {
@@ -381,7 +385,7 @@ static void test_layer_ranges(const GPTConfig *config) {
     double logit_err = 0;
     for (size_t j = 0; j < (size_t)N * cfg.padded_vocab_size; j++) logit_err = fmax(logit_err, fabs(want[j] - got[j]));
     CHECK(logit_err == 0, "logits of two ranges differ from the whole model's by up to %g", logit_err);
-    check_range_moe_stats(&cfg, &whole.acts.moe_stats, &first.acts.moe_stats, &last.acts.moe_stats, 2);
+    check_range_moe_stats(&cfg, moe_stats(&whole.acts), moe_stats(&first.acts), moe_stats(&last.acts), 2);
     copy_to_device(last.acts.targets, y, (size_t)N * sizeof(int));
     gpt_loss_forward_backward(&last.acts, &cfg, B, T, dloss);
     gpt_backward(&last.acts, &last.w, &last.g, B, T, NULL, NULL);
@@ -454,6 +458,7 @@ int main(int argc, char **argv) {
     test_init_slices();
     GPTConfig dense = small_config(), moe = dense;  // moe: every block a mixture of experts, dropping
     moe.n_experts = 4, moe.experts_per_token = 2, moe.moe_every = 1, moe.capacity_factor = 1.0f, moe.aux_loss_coef = 0.5f;
+    moe_model(&moe);  // stage 08's MoE MLP (08_mixture_of_experts/moe.c)
     test_layer_ranges(&dense);
     test_layer_ranges(&moe);
     test_recompute(0);

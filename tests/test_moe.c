@@ -1,4 +1,4 @@
-// test_moe.c: the mixture-of-experts MLP (common/moe.c, through common/gpt.c's block) against
+// test_moe.c: the mixture-of-experts MLP (08_mixture_of_experts/moe.c, in common/gpt.c's block) against
 // references written here, and our side of tests/test_moe_oracle.sh.
 //
 // Without arguments, on tiny GPT-2 MoE models (every block or every second block a MoE, k = 1 and
@@ -14,7 +14,7 @@
 //     the batch run whole routes, drops and outputs as its sequences run one by one; a micro-batch
 //     smaller than the activations' allocation gives what activations of its exact size give;
 //     two micro-batches accumulate the sum of their gradients.
-//  5. Each rank's share of the experts (gpt_layout_experts) has the whole model's names and initial
+//  5. Each rank's share of the experts (moe_layout_experts) has the whole model's names and initial
 //     values, and the ranks' shares hold each expert once; acts_bytes is what the activations of
 //     one rank (every expert, or its share) take.
 //
@@ -46,10 +46,13 @@
 static GPTConfig moe_config(int n_layer, int moe_every, int E, int k, float capacity_factor, float coef) {
     GPTConfig cfg = {.max_seq_len = 8, .vocab_size = 40, .n_layer = n_layer, .n_head = 2, .n_embd = 16,
                      .n_experts = E, .experts_per_token = k, .moe_every = moe_every,
-                     .capacity_factor = capacity_factor, .aux_loss_coef = coef};
+                     .capacity_factor = capacity_factor, .aux_loss_coef = coef, .moe_mlp = &MOE_MLP};
     cfg.padded_vocab_size = gpt_padded_vocab(cfg.vocab_size);
     return cfg;
 }
+
+// the router: the one tensor of a MoE block's MLP that is not an expert's
+static bool is_router(const TensorInfo *t) { return t->role == ROLE_MOE_MLP && t->repeat < 0; }
 
 // a model, its gradients, a batch and its activations (parameters also kept on the host)
 typedef struct {
@@ -75,7 +78,7 @@ static void model_build(Model *m, const GPTConfig *cfg, int B, int T) {
     // router larger still, so that the top-k is decided by margins an eps does not cross
     for (int i = 0; i < m->layout.num_tensors; i++) {
         const TensorInfo *t = &m->layout.tensors[i];
-        float scale = t->role == ROLE_ROUTER_W ? 30.0f : 3.0f;
+        float scale = is_router(t) ? 30.0f : 3.0f;
         for (size_t j = t->offset; j < t->offset + t->numel; j++)
             m->host[j] = m->host[j] * scale + (float)(0.1 * (uniform() - 0.5));
     }
@@ -106,7 +109,7 @@ static int count_targets(const int *targets, int n) {
 }
 
 // the load-balancing loss's mean over sequences and MoE blocks, from the last forward
-static double mean_aux(const Model *m) { return m->acts.moe_stats.aux_sum / ((double)m->B * m->blocks); }
+static double mean_aux(const Model *m) { return moe_stats(&m->acts)->aux_sum / ((double)m->B * m->blocks); }
 
 // CE_mean + coef x mean_aux by the forward alone
 static double objective(Model *m) {
@@ -126,7 +129,7 @@ static double forward_backward(Model *m) {
     return gpt_forward_backward(&m->acts, &m->w, &m->g, &m->cfg, m->x, m->y, m->B, m->T, 1.0f / count) / count;
 }
 
-static MoEActs *moe_of(const Model *m, int l) { return m->acts.blocks[l].moe; }
+static MoEBlockActs *moe_of(const Model *m, int l) { return moe_acts(&m->acts, l); }
 
 // every MoE block's choices and slots after the last forward, one after the other
 static void routing_snapshot(const Model *m, int *out) {
@@ -174,7 +177,7 @@ static void test_finite_differences(const GPTConfig *cfg, const char *what) {
     double router_grad = 0;
     for (int ti = 0; ti < m.layout.num_tensors; ti++) {
         const TensorInfo *t = &m.layout.tensors[ti];
-        for (int s = 0; s < (t->role == ROLE_ROUTER_W ? 4 * SAMPLES : SAMPLES); s++) {
+        for (int s = 0; s < (is_router(t) ? 4 * SAMPLES : SAMPLES); s++) {
             size_t i = t->offset + sample_element(&m, t);
             // a step of eps both ways, as the float parameter holds it
             float h = m.host[i], up = h + 1e-3f, down = h - 1e-3f;
@@ -192,7 +195,7 @@ static void test_finite_differences(const GPTConfig *cfg, const char *what) {
             // path gives errors of 10% and more of gradients of 1e-3 and up
             CHECK_CLOSE(grad[i], numeric, 2e-2, 2e-4, name);
             checked++;
-            if (t->role == ROLE_ROUTER_W) router_grad += fabs(grad[i]);
+            if (is_router(t)) router_grad += fabs(grad[i]);
         }
     }
     CHECK(skipped * 4 < checked, "%s: %d elements checked, %d skipped (the routing moved)", what, checked, skipped);
@@ -222,7 +225,7 @@ static void router_probs(const Model *m, const float *x, const float *w, double 
 
 // token n's router: probabilities, the top-k (best first) and its renormalised weights
 static void check_router(const Model *m, int l, int n, const float *x, const float *w, const char *what) {
-    const MoEActs *a = moe_of(m, l);
+    const MoEBlockActs *a = moe_of(m, l);
     int E = m->cfg.n_experts, k = m->cfg.experts_per_token;
     double p[MAX_EXPERTS], chosen = 0;
     router_probs(m, x, w, p);
@@ -249,7 +252,7 @@ static bool fits(const int *choice, int b, int t, int j, int T, int k, int cap) 
 // block l: which pairs were kept, the rows each expert ran (load, grouped rows), and its aux loss;
 // returns the pairs dropped
 static long check_block_routing(const Model *m, int l, const char *what, double *aux) {
-    const MoEActs *a = moe_of(m, l);
+    const MoEBlockActs *a = moe_of(m, l);
     int B = m->B, T = m->T, E = m->cfg.n_experts, k = m->cfg.experts_per_token, cap = capacity_of(&m->cfg, T);
     int N = B * T;
     long kept[MAX_EXPERTS] = {0}, dropped = 0, first_row[MAX_EXPERTS + 1] = {0};
@@ -270,7 +273,7 @@ static long check_block_routing(const Model *m, int l, const char *what, double 
                 kept[a->choice[pair]] += keep;
                 dropped += !keep;
             }
-    const long *load = m->acts.moe_stats.load + (size_t)l * E;
+    const long *load = moe_stats(&m->acts)->load + (size_t)l * E;
     for (int e = 0; e < E; e++) {
         CHECK(load[e] == kept[e], "%s: block %d expert %d ran %ld rows, expected %ld", what, l, e, load[e], kept[e]);
         first_row[e + 1] = first_row[e] + kept[e];
@@ -310,7 +313,7 @@ static void test_routing(const GPTConfig *cfg, const char *what, bool expect_dro
     double aux = 0;
     for (int l = 0; l < cfg->n_layer; l++)
         if (moe_of(&m, l)) dropped += check_block_routing(&m, l, what, &aux);
-    const MoEStats *st = &m.acts.moe_stats;
+    const MoEStats *st = moe_stats(&m.acts);
     CHECK(st->dropped == dropped, "%s: %ld pairs dropped, counted %ld", what, st->dropped, dropped);
     CHECK(expect_drops ? dropped > 0 : dropped == 0, "%s: %ld pairs dropped", what, dropped);
     for (size_t i = 0; i < (size_t)cfg->n_layer * cfg->n_experts; i++) rows += st->load[i];
@@ -331,7 +334,7 @@ static double router_grad_norm(Model *m) {
     double sum = 0;
     for (int i = 0; i < m->layout.num_tensors; i++) {
         const TensorInfo *t = &m->layout.tensors[i];
-        if (t->role == ROLE_ROUTER_W) sum += sum_squares(m->grads + t->offset, t->numel);
+        if (is_router(t)) sum += sum_squares(m->grads + t->offset, t->numel);
     }
     return sqrt(sum);
 }
@@ -351,10 +354,11 @@ static void test_top1_router_gradient(void) {
 // ---- 4. capacity per sequence ------------------------------------------------------------------
 
 static void test_capacity_per_sequence(const GPTConfig *cfg) {
-    ModelShape s = whole_model_shape(cfg);
+    ModelShape shape = whole_model_shape(cfg);
     int T = 8, want = capacity_of(cfg, T);
     for (int ep = 1; ep <= 4; ep *= 2) {
-        s.ep = ep, s.n_local_experts = cfg->n_experts / ep, s.first_expert = 0;
+        shape.repeat_ranks = ep, shape.n_repeats = cfg->n_experts / ep, shape.first_repeat = 0;
+        MoEShape s = moe_shape(cfg, &shape);
         CHECK(moe_capacity(&s, T) == want, "capacity with ep=%d: %d, expected %d", ep, moe_capacity(&s, T), want);
     }
     Model whole;
@@ -372,7 +376,7 @@ static void test_capacity_per_sequence(const GPTConfig *cfg) {
         moe_stats_reset(&one);
         gpt_forward(&one, &whole.w, whole.x + b * T, 1, T);
         copy_to_host(alone_logits, one.logits, row_bytes);
-        dropped += one.moe_stats.dropped, aux += one.moe_stats.aux_sum;
+        dropped += moe_stats(&one)->dropped, aux += moe_stats(&one)->aux_sum;
         double worst = 0;
         for (int t = 0; t < T; t++)
             for (int v = 0; v < V; v++)
@@ -380,7 +384,7 @@ static void test_capacity_per_sequence(const GPTConfig *cfg) {
         CHECK(worst < 1e-5, "sequence %d alone: logits differ by %g from the batch's", b, worst);
         for (int l = 0; l < cfg->n_layer; l++) {
             if (!moe_of(&whole, l)) continue;
-            const MoEActs *alone = one.blocks[l].moe, *in_batch = moe_of(&whole, l);
+            const MoEBlockActs *alone = moe_acts(&one, l), *in_batch = moe_of(&whole, l);
             int same = 0;
             for (int i = 0; i < T * k; i++)
                 same += alone->choice[i] == in_batch->choice[b * T * k + i] &&
@@ -389,9 +393,9 @@ static void test_capacity_per_sequence(const GPTConfig *cfg) {
                   T * k);
         }
     }
-    CHECK(dropped == whole.acts.moe_stats.dropped && dropped > 0, "sequences alone drop %ld, the batch %ld", dropped,
-          whole.acts.moe_stats.dropped);
-    CHECK_CLOSE(aux, whole.acts.moe_stats.aux_sum, 1e-5, 0, "load-balancing loss of the sequences alone");
+    CHECK(dropped == moe_stats(&whole.acts)->dropped && dropped > 0, "sequences alone drop %ld, the batch %ld", dropped,
+          moe_stats(&whole.acts)->dropped);
+    CHECK_CLOSE(aux, moe_stats(&whole.acts)->aux_sum, 1e-5, 0, "load-balancing loss of the sequences alone");
     free(batch_logits), free(alone_logits);
     acts_free(&one);
     model_free(&whole);
@@ -405,7 +409,7 @@ static void test_smaller_than_allocated(const GPTConfig *cfg) {
     model_build(&m, cfg, 3, 8);
     m.B = 2, m.T = 5;
     double loss = forward_backward(&m), aux = mean_aux(&m), aux_here = 0;
-    long dropped = m.acts.moe_stats.dropped, dropped_here = 0;
+    long dropped = moe_stats(&m.acts)->dropped, dropped_here = 0;
     for (int l = 0; l < cfg->n_layer; l++)  // routed with the capacity of T = 5, not 8
         if (moe_of(&m, l)) dropped_here += check_block_routing(&m, l, "B=2, T=5 in activations for 3 x 8", &aux_here);
     CHECK(dropped_here == dropped, "B=2, T=5 in activations for 3 x 8: dropped %ld, counted %ld", dropped, dropped_here);
@@ -416,8 +420,8 @@ static void test_smaller_than_allocated(const GPTConfig *cfg) {
     acts_alloc(&m.acts, cfg, m.B, m.T, 0);
     CHECK_CLOSE(forward_backward(&m), loss, 1e-6, 0, "loss in activations of the exact size");
     CHECK_CLOSE(mean_aux(&m), aux, 1e-6, 0, "aux loss in activations of the exact size");
-    CHECK(m.acts.moe_stats.dropped == dropped && dropped > 0, "dropped %ld in activations of the exact size, %ld",
-          m.acts.moe_stats.dropped, dropped);
+    CHECK(moe_stats(&m.acts)->dropped == dropped && dropped > 0, "dropped %ld in activations of the exact size, %ld",
+          moe_stats(&m.acts)->dropped, dropped);
     copy_to_host(exact, m.grads, n * sizeof(float));
     double worst = 0, scale = 0;
     for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(big[i] - exact[i])), scale = fmax(scale, fabs(exact[i]));
@@ -462,7 +466,7 @@ static void test_accumulation(const GPTConfig *cfg) {
 
 // ---- 5. the experts a rank holds ------------------------------------------------------------------
 
-// gpt_layout_experts (expert parallelism): each rank's share holds every tensor but the other
+// moe_layout_experts (expert parallelism): each rank's share holds every tensor but the other
 // ranks' experts, under the same names and with the same initial values as the whole model, and
 // the shares of the ranks hold each expert once.
 static void test_expert_layouts(const GPTConfig *cfg) {
@@ -477,14 +481,14 @@ static void test_expert_layouts(const GPTConfig *cfg) {
         for (int r = 0; r < ep; r++) {
             int first = r * E / ep, n = E / ep, elsewhere = 0, outside = 0;
             ParamLayout part;
-            gpt_layout_experts(&part, cfg, first, n);
+            moe_layout_experts(&part, cfg, first, n);
             float *dev = dev_malloc(part.num_params * sizeof(float)), *mine = malloc_or_die(part.num_params * sizeof(float));
             gpt_init_range(dev, &part, 0, part.num_params, 9);
             copy_to_host(mine, dev, part.num_params * sizeof(float));
             for (int i = 0; i < part.num_tensors; i++) {
                 const TensorInfo *t = &part.tensors[i], *same = layout_tensor(&whole, t->name);
-                expert_tensors += t->expert >= 0;
-                outside += t->expert >= 0 && (t->expert < first || t->expert >= first + n);
+                expert_tensors += t->repeat >= 0;
+                outside += t->repeat >= 0 && (t->repeat < first || t->repeat >= first + n);
                 if (!same || same->numel != t->numel ||
                     memcmp(mine + t->offset, all + same->offset, t->numel * sizeof(float)) != 0)
                     elsewhere++;
@@ -509,7 +513,7 @@ static void test_expert_layouts(const GPTConfig *cfg) {
 static void test_activation_bytes(const GPTConfig *cfg) {
     for (int ep = 1; ep <= 2; ep++) {
         ActsSpec spec = whole_model_acts(cfg, 3, 8, false, false);
-        spec.shape.ep = ep, spec.shape.n_local_experts = cfg->n_experts / ep, spec.shape.first_expert = 0;
+        spec.shape.repeat_ranks = ep, spec.shape.n_repeats = cfg->n_experts / ep, spec.shape.first_repeat = 0;
         size_t before = dev_bytes_in_use(), reported = acts_bytes(&spec);
         Activations a;
         acts_alloc_spec(&a, &spec);
@@ -548,6 +552,7 @@ static void write_array(const char *dir, const char *name, int l, const void *da
 static int run_oracle(const char *dir) {
     Model m = {0};
     checkpoint_read_config(dir, &m.cfg);
+    moe_model(&m.cfg);
     read_routing(dir, &m.cfg);
     int *tokens = read_oracle_tokens(dir, &m.B, &m.T);
     m.x = tokens + 2, m.y = tokens + 2 + m.B * m.T;
@@ -560,7 +565,7 @@ static int run_oracle(const char *dir) {
     weights_point(&m.g, &m.layout, m.grads);
     acts_alloc(&m.acts, &m.cfg, m.B, m.T, 0);
     double loss = forward_backward(&m), aux = mean_aux(&m);
-    long dropped = m.acts.moe_stats.dropped;
+    long dropped = moe_stats(&m.acts)->dropped;
     char path[1024];
     snprintf(path, sizeof path, "%s/grads", dir);
     checkpoint_save_model(path, &m.layout, m.grads, NULL);
@@ -571,7 +576,7 @@ static int run_oracle(const char *dir) {
     for (int n = 0; n < N; n++) fwrite(m.acts.logits + (size_t)n * m.cfg.padded_vocab_size, sizeof(float), (size_t)V, f);
     fclose(f);
     for (int l = 0; l < m.cfg.n_layer; l++) {
-        const MoEActs *a = moe_of(&m, l);
+        const MoEBlockActs *a = moe_of(&m, l);
         if (!a) continue;
         write_array(dir, "probs", l, a->probs, (size_t)N * E * sizeof(float));
         write_array(dir, "choice", l, a->choice, (size_t)N * k * sizeof(int));

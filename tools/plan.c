@@ -24,6 +24,7 @@
 #include "fsdp.h"
 #include "gpt.h"
 #include "log.h"
+#include "moe.h"
 #include "ops.h"
 #include "pipeline.h"
 #include "plan.h"
@@ -260,7 +261,7 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
 }
 
 // Stage 08 on ep expert ranks x dp replicas: rank 0 holds every non-expert tensor and E / ep of
-// each MoE block's experts (the stage's gpt_layout_experts, expert_shape, acts_bytes). Per step:
+// each MoE block's experts (the stage's moe_layout_experts, expert_shape, acts_bytes). Per step:
 // the non-expert gradients all-reduced over every rank and the experts' over the replicas (one
 // call per run of tensors of one kind, all_reduce_gradients); with ep > 1, per MoE block and
 // micro-batch, the routed rows' counts all-gathered (E floats a rank) and four all-to-alls of C
@@ -273,7 +274,7 @@ static void plan_experts(const Setup *s, Plan *p, int ep) {
     add_strategy(p, "expert_parallel");
     ExpertGrid grid = {.ep = ep, .dp = dp, .n_local = E / ep};
     ParamLayout layout;
-    gpt_layout_experts(&layout, s->mc, 0, grid.n_local);
+    moe_layout_experts(&layout, s->mc, 0, grid.n_local);
     int rows = s->cfg->global_batch_size / acc / s->P;
     ActsSpec spec = whole_model_acts(s->mc, rows, s->T, false, false);
     spec.shape = expert_shape(&grid, s->mc);
@@ -705,6 +706,7 @@ int main(int argc, char **argv) {
     ops_set_half_format(config_half_format(&cfg));  // the memory report names fp16 or bf16 copies
     Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
     GPTConfig mc = model_shape(&cfg, tok);
+    moe_model(&mc);  // experts train on stage 08 alone: its MoE MLP
     ParamLayout layout;
     gpt_layout(&layout, &mc);
     int T = mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len;
