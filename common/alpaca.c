@@ -9,7 +9,6 @@
 
 #include "log.h"
 #include "numbers.h"
-#include "synthetic.h"
 #include "trace.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -236,8 +235,8 @@ Dataset *dataset_load(const DatasetOptions *opt) {
     size_t name_len = strlen(name) + 1;
     d->path = memcpy(malloc_or_die(name_len), name, name_len);
     d->max_seq_len = opt->max_seq_len;
-    d->records = synthetic ? synthetic_generate(&d->n_records)
-                           : alpaca_read_file(opt->data_path, &d->n_records);
+    if (synthetic && !opt->builtin) fatal("no data_path and no built-in data set to read instead");
+    d->records = synthetic ? opt->builtin(&d->n_records) : alpaca_read_file(opt->data_path, &d->n_records);
     d->tokens = malloc_or_die((size_t)d->n_records * sizeof *d->tokens);
     for (int k = 0; k < d->n_records; k++)
         alpaca_tokenize(&d->records[k], opt->tok, opt->max_seq_len, opt->always_input_template,

@@ -64,6 +64,9 @@ typedef struct {
     int max_seq_len;            // >= 2 (tutorial: 256)
     int always_input_template;  // the tutorial's quirk (see alpaca_format_prompt); default 0
     double val_fraction;        // in [0, 1): this share of the records is held out
+    // the records when data_path is empty: the built-in set (synthetic.h's synthetic_generate),
+    // malloc'd as alpaca_read_file's
+    AlpacaRecord *(*builtin)(int *n_records);
 } DatasetOptions;
 
 // Reads and tokenises every record (fatal() on any bad input). The validation records are

@@ -6,6 +6,7 @@
 
 #include "checkpoint.h"
 #include "log.h"
+#include "synthetic.h"
 
 // ---- model shape ------------------------------------------------------------------------------
 
@@ -88,7 +89,7 @@ int acts_flags(const Config *cfg) {
 Dataset *load_dataset(const Config *cfg, const Tokenizer *tok) {
     DatasetOptions opt = {.data_path = cfg->data_path, .tok = tok, .max_seq_len = cfg->max_seq_len,
                           .always_input_template = cfg->always_input_template,
-                          .val_fraction = cfg->val_fraction};
+                          .val_fraction = cfg->val_fraction, .builtin = synthetic_generate};
     return dataset_load(&opt);
 }
 

@@ -34,7 +34,7 @@ static const Fixture kFixtures[] = {
 #define LLAMA_FACTORY (kFixtures[3].path)
 
 static Dataset *load(const char *path, const Tokenizer *tok, int max_seq_len, int quirk, double val) {
-    DatasetOptions opt = {path, tok, max_seq_len, quirk, val};
+    DatasetOptions opt = {path, tok, max_seq_len, quirk, val, synthetic_generate};
     return dataset_load(&opt);
 }
 

@@ -227,7 +227,7 @@ int main(int argc, char **argv) {
     if (o.text) {
         show_text(t, o.text);
     } else {
-        DatasetOptions opt = {o.data, t, o.max_seq_len, o.always_input_template, o.val_fraction};
+        DatasetOptions opt = {o.data, t, o.max_seq_len, o.always_input_template, o.val_fraction, synthetic_generate};
         Dataset *d = dataset_load(&opt);
         int split = strcmp(o.split, "val") == 0 ? SPLIT_VAL : SPLIT_TRAIN;
         if (o.batch >= 0) show_batch(d, &o, split);
