@@ -499,9 +499,10 @@ int main(int argc, char **argv) {
     int longest = cfg.eval_accuracy || cfg.serve ? maxT : 1;
     for (int i = 0; i < n_prompts; i++) longest = r[i].n_ids > longest ? r[i].n_ids : longest;
 
-    KVModel m;
+    KVModel m;  // one device: the cache around the serial layers; a grid: around stage 05's
     if (comm_size(world) == 1) kv_model_alloc(&m, &mc, cfg.max_batch_size, longest, maxT, config_is_half(&cfg));
-    else kv_model_alloc_grid(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT, config_is_half(&cfg));
+    else kv_model_alloc_grid(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT,
+                             config_is_half(&cfg));
     float *full = load_weights(&m, &cfg);
     Generator g = {.cfg = &cfg, .m = &m, .tok = tok, .stream = true,
                    .use_graph = cfg.compile && ops_graphs_supported() && comm_size(world) == 1};
