@@ -56,8 +56,8 @@ STAGE_DIR_8 := 08_mixture_of_experts
 # the stages whose directory holds C files; from 03 on they talk MPI
 STAGES := $(foreach n,1 2 3 4 5 6 7 8,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
 MPI_STAGES := $(filter 3 4 5 6 7 8,$(STAGES))
-# files of another stage that a stage builds on: stage 06 runs stage 05's tensor-parallel block,
-# and generates from stage 08's checkpoints with its mixture-of-experts MLP (08's moe.c)
+# files of another stage that a stage builds on: stage 06 on a grid wraps stage 05's tensor-parallel
+# layers, and generates from stage 08's checkpoints with its mixture-of-experts MLP (08's moe.c)
 STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 08_mixture_of_experts/moe.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts

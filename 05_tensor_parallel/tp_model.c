@@ -96,10 +96,6 @@ static LocalTensor describe(const TPModel *m, TensorRole role) {
 // phi's k and v follow q in the full buffer, so q's part above (three row ranges of a 3C-row
 // tensor) reaches them: they hold nothing of their own here
 static LocalTensor describe_tensor(const TPModel *m, const TensorInfo *t) {
-    // a mixture of experts' router and experts stay whole: stage 06 runs them on the [1, 1, 1]
-    // grid only (stage 08 trains them)
-    if (t->role == ROLE_MOE_MLP)
-        return t->ndim == 2 ? matrix_part(0, t->shape[0], 0, t->shape[1]) : vector_part(TP_SPLIT_X, 0, t->shape[0]);
     if (t->role != ROLE_QKV_PART) return describe(m, t->role);
     return (LocalTensor){.kind = t->ndim == 2 ? TP_WEIGHT : TP_SPLIT_X, .nranges = 1, .rows = 0, .cols = 1};
 }
@@ -271,13 +267,9 @@ static void add_use(TPWeightStream *s, const TPLinear *l, const Linear *w) {
     s->uses[s->n++] = (TPWeightUse){l, w->w, w->w16};
 }
 
-// a MoE block's MLP (stage 06 generating, [1, 1, 1]) reads its experts itself: no MLP uses
-static bool dense_mlp(const BlockWeights *b) { return !b->moe_mlp; }
-
 static void add_block_forward(const TPModel *m, TPWeightStream *s, const BlockWeights *b) {
     add_use(s, &m->qkv, &b->qkv);
     add_use(s, &m->proj, &b->attn_proj);
-    if (!dense_mlp(b)) return;
     add_use(s, &m->fc, &b->fc);
     add_use(s, &m->fcproj, &b->fc_proj);
 }
@@ -296,10 +288,8 @@ void tp_stream_backward(const TPModel *m, TPWeightStream *s, const Weights *w, b
     add_use(s, &m->head, &w->head);
     for (int b = m->cfg.n_layer - 1; b >= 0; b--) {
         if (recompute) add_block_forward(m, s, &w->h[b]);
-        if (dense_mlp(&w->h[b])) {
-            add_use(s, &m->fcproj, &w->h[b].fc_proj);
-            add_use(s, &m->fc, &w->h[b].fc);
-        }
+        add_use(s, &m->fcproj, &w->h[b].fc_proj);
+        add_use(s, &m->fc, &w->h[b].fc);
         add_use(s, &m->proj, &w->h[b].attn_proj);
         add_use(s, &m->qkv, &w->h[b].qkv);
     }

@@ -6,8 +6,8 @@
 // With eval_accuracy: true the prompts are the held-out records of the instruction set and the
 // answers are checked against theirs.
 //
-// The model with the cache is kv_model.c (stage 05's tensor-parallel block over [x, y, 1]); the
-// sampler is sampler.c. Run (see README.md):
+// The model with the cache is kv_model.c (on a tensor-parallel grid [x, y, 1]: kv_grid.c, with
+// stage 05's layers); the sampler is sampler.c. Run (see README.md):
 //   build/stage-6 --config configs/inference.json --init_from=out/demo-stage-1
 //   mpirun -np 4 build/stage-6 --config configs/inference.json --tp_dimensions=2,2,1
 #include <math.h>
@@ -19,6 +19,7 @@
 #include "comm.h"
 #include "config.h"
 #include "device.h"
+#include "kv_grid.h"
 #include "kv_model.h"
 #include "log.h"
 #include "moe.h"  // stage 08's mixture-of-experts MLP, for its checkpoints
@@ -397,7 +398,7 @@ static void check_layout(const Config *cfg, Comm *world) {
 // The whole model on every rank (as stage 05 loads a checkpoint), of which each keeps its share;
 // returns the full buffer, which only the no-cache reference keeps.
 static float *load_weights(KVModel *m, const Config *cfg) {
-    const ParamLayout *full_layout = &m->tp.full;
+    const ParamLayout *full_layout = &m->full;
     float *full = dev_malloc(full_layout->num_params * sizeof(float));
     if (cfg->random_init) gpt_init_range(full, full_layout, 0, full_layout->num_params, (uint64_t)cfg->seed);
     else load_initial_weights(cfg, full_layout, full);
@@ -410,12 +411,13 @@ static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
     const GPTConfig *mc = &m->cfg;
     printf("stage 06 | %s backend (%s) | %s L=%d H=%d C=%d V=%d | %.2fM parameters | %s\n",
            ops_backend_name(), config_is_half(cfg) ? ops_matmul_engine_bf16() : ops_matmul_engine(), gpt_arch(mc)->name, mc->n_layer, mc->n_head, mc->n_embd,
-           mc->vocab_size, m->tp.full.num_params / 1e6, cfg->random_init ? "random weights" : cfg->init_from);
-    const TPGrid *grid = &m->tp.grid;
-    if (grid->X * grid->Y > 1)
+           mc->vocab_size, m->full.num_params / 1e6, cfg->random_init ? "random weights" : cfg->init_from);
+    if (m->grid) {
+        const TPGrid *grid = &m->grid->tp.grid;
         printf("tensor parallelism [%d, %d, 1]: %d ranks, each with %d of %d heads, %.2fM parameters "
                "and its heads' share of the KV cache\n", grid->X, grid->Y, grid->X * grid->Y,
-               m->tp.NHx, mc->n_head, m->tp.layout.num_params / 1e6);
+               m->shape.n_head, mc->n_head, m->num_params / 1e6);
+    }
     char what[32];  // in evaluation mode the prompts are the held-out records, counted later
     if (cfg->serve) snprintf(what, sizeof what, "requests");
     else if (cfg->eval_accuracy) snprintf(what, sizeof what, "held-out records");
@@ -424,7 +426,7 @@ static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
            "precision %s\n", what, cfg->max_batch_size,
            cfg->temperature > 0 ? "sampling" : "greedy", m->maxT,
            cfg->kv_cache ? "on" : "off: every step recomputes the whole text",
-           cfg->kv_cache ? 2.0 * mc->n_layer * m->B * m->maxT * m->tp.Cx * 4 / 1048576.0 : 0.0,
+           cfg->kv_cache ? kv_cache_bytes(&m->cache) / 1048576.0 : 0.0,
            cfg->precision);
     if (cfg->temperature > 0)
         printf("sampling: temperature %g, top_k %d, top_p %g, seed %d\n", cfg->temperature,
@@ -481,8 +483,10 @@ int main(int argc, char **argv) {
     int longest = cfg.eval_accuracy || cfg.serve ? maxT : 1;
     for (int i = 0; i < n_prompts; i++) longest = r[i].n_ids > longest ? r[i].n_ids : longest;
 
-    KVModel m;
-    kv_model_alloc(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT, config_is_half(&cfg));
+    KVModel m;  // one device: the cache around the serial layers; a grid: around stage 05's
+    if (comm_size(world) == 1) kv_model_alloc(&m, &mc, cfg.max_batch_size, longest, maxT, config_is_half(&cfg));
+    else kv_model_alloc_grid(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT,
+                             config_is_half(&cfg));
     float *full = load_weights(&m, &cfg);
     Generator g = {.cfg = &cfg, .m = &m, .tok = tok, .stream = true,
                    .use_graph = cfg.compile && ops_graphs_supported() && comm_size(world) == 1};

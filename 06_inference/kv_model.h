@@ -1,71 +1,61 @@
-// kv_model.h: GPT-2's forward pass for generation, with a KV cache.
-//
-// Training runs the whole sequence through the model at once. Generation adds one token at a
-// time, and every new token needs attention over all earlier ones: without a cache each step
-// recomputes every earlier token's keys and values (a step costs O(length) matmul rows, a whole
-// answer O(length^2)); with the cache each step computes one row per sequence and reads the
-// earlier keys and values back (a step costs one row of matmuls: the weights, read once).
+// kv_model.h: GPT-2's forward pass for generation, with a KV cache (kv_cache.h).
 //
 //   prefill: the prompt's T rows in one pass, writing cache rows 0..T-1   (matmuls: compute-bound)
 //   decode:  one row per sequence, writing cache row `pos` and reading 0..pos (weight reads: bound
 //            by memory bandwidth)
 //
-// The block is the one every stage runs (common/gpt.c): generation plugs in an attention that
-// reads keys and values from the cache (KVLayers below) and runs the same block code for both:
-// T new rows per sequence that start at start[b] (0 in the prefill, the sequence's length in a
-// decode step).
+// The block is the one every stage runs (common/gpt.c) with the cache plugged into its layers; the
+// same block code runs both passes: T new rows per sequence that start at start[b] (0 in the
+// prefill, the sequence's length in a decode step).
 //
-// Tensor parallelism over [x, y, 1]: the other layers are stage 05's (05_tensor_parallel/
-// tp_model.h), built from its parallel linear layer. Rank (x, y) holds the heads n_head/x (its qkv rows and
-// its share of the KV cache, (B, maxT, C/x) per layer: the cache is split by heads and never
-// moves), the MLP's columns 4C/x, the vocabulary Vp/x, and the hidden dimension C/y of each.
-// [1, 1, 1] is the serial model: every collective is skipped.
+// On one device (kv_model_alloc) the cache wraps the serial layers, serial_layer_ops(). On a
+// tensor-parallel grid [x, y, 1] (kv_model_alloc_grid, kv_grid.h) the same cache wraps stage 05's
+// layers and this file's pass adds the grid's two steps where m->grid is set.
 #ifndef KV_MODEL_H
 #define KV_MODEL_H
 
 #include <stdbool.h>
 
-#include "../05_tensor_parallel/tp_model.h"
-#include "comm.h"
 #include "gpt.h"
+#include "kv_cache.h"
 #include "ops.h"
 
-// Stage 05's layers with attention against the KV cache: the new rows' keys and values join
-// the cache of their layer, then their queries attend to all of it.
-typedef struct {
-    TPLayers tp;                 // first: the block sees a LayerOps *
-    float **k_cache, **v_cache;  // [L] of (B, maxT, C/x): this rank's heads
-    const int *start;            // (B) device: where each sequence's new rows begin
-    int maxT;
-} KVLayers;
+typedef struct KVGrid KVGrid;
 
 typedef struct {
     GPTConfig cfg;
-    TPModel tp;                // the grid and this rank's share of every tensor (stage 05)
-    float *params;             // this rank's share, flat (device)
+    ParamLayout full;          // the whole model's layout (checkpoints; on one device, params')
+    size_t num_params;         // the parameters this process holds: the whole model, or its rank's share
+    float *params;             // flat (device)
     bf16 *params16;            // its bf16 copy (precision bf16-mixed), else NULL
     Weights w;                 // named views into params (and params16)
-    TPWeightStream stream;     // hands out the blocks in the forward's order (z = 1: no copies)
-    KVLayers layers;
+    ModelShape shape;          // what this process holds of a block (common/gpt.h)
+    KVCache cache;
+    KVLayers layers;           // the cache plugged into the layers that run the rest
     Activations acts;          // one block's activations for B * T rows, reused by every layer:
                                // nothing is kept for a backward
     int B, T, maxT;            // capacity: B sequences, T new rows each, maxT cached positions
-    float *stats;              // (2 B T) LayerNorm's row sums (all-reduced over y)
-    float *last;               // (B, C/y) each sequence's last prompt row, the head's input
-    float *gathered;           // (x, B, Vp/x) every x rank's logits (x > 1)
-    float *logits;             // (B, Vp) the whole vocabulary, on every rank
-    int *start;                // (B) device
+    float *last;               // (B, C) each sequence's last prompt row, the head's input
+    float *logits;             // (B, Vp) the whole vocabulary (device)
     size_t bytes;              // device memory of everything above but the weights and the cache
     void *graph;               // the captured decode step (CUDA graph), or NULL
     int graph_B;               // ... and the batch size it was captured for
+    KVGrid *grid;              // tensor parallelism's part (kv_grid.h); NULL on one device
 } KVModel;
 
-// Allocates the model's buffers for cfg on the grid dims = [x, y, 1] of world (every rank calls
-// it; the grid was checked with tp_check_grid). Load the weights with kv_model_load.
-void kv_model_alloc(KVModel *m, Comm *world, const GPTConfig *cfg, const int dims[3], int B, int T,
-                    int maxT, bool half_mode);
-// Takes this rank's share of full (device, the serial model's layout: m->tp.full) and makes the
-// bf16 copy when bf16 was asked for.
+// Allocates the model's buffers for cfg on one device, the cache around serial_layer_ops(). Load
+// the weights with kv_model_load.
+void kv_model_alloc(KVModel *m, const GPTConfig *cfg, int B, int T, int maxT, bool half_mode);
+// The two halves of kv_model_alloc, which kv_model_alloc_grid calls with the grid's parts. First
+// the sizes and the parameters this process holds, laid out as `held` (NULL: the whole model).
+void kv_model_alloc_params(KVModel *m, const GPTConfig *cfg, const ParamLayout *held, int B, int T, int maxT,
+                           bool half_mode);
+// Then the rest: the cache, the layers (inner with the cache
+// plugged in), the activations at `shape`'s sizes (what this process holds of a block), the
+// head's buffers.
+void kv_model_alloc_passes(KVModel *m, LayerOps *inner, const ModelShape *shape, bool half_mode);
+// Takes what this process holds of full (device, the layout m->full) and makes the bf16 copy
+// when bf16 was asked for.
 void kv_model_load(KVModel *m, const float *full);
 void kv_model_free(KVModel *m);
 
@@ -77,15 +67,15 @@ void kv_forward(KVModel *m, const int *tokens, const int *start, int B, int T, c
 // other slots are untouched (the server admits each request into whichever slot is free). Its
 // logits are row 0 of m->logits.
 void kv_prefill_slot(KVModel *m, int slot, const int *tokens, int T);
-// A decode step (T = 1). With use_graph (CUDA backend, one rank) the step's ops are captured as a
-// CUDA graph the first time (for this B) and replayed afterwards: the inputs are copied into the
+// A decode step (T = 1). With use_graph (CUDA backend, one device) the step's ops are captured as
+// a CUDA graph the first time (for this B) and replayed afterwards: the inputs are copied into the
 // same device buffers before each replay, which is all that changes between steps.
 void kv_decode(KVModel *m, const int *tokens, const int *start, int B, bool use_graph);
 
 // Without a cache: the training model's forward (gpt_forward) over each sequence's whole text
 // so far, tokens (B, T) right-padded; logits at row len[b] - 1 into host (B, Vp). The reference
 // that the cached path must reproduce (kv_cache: false). It runs the whole model on each rank:
-// nocache_alloc takes over full (the serial model's parameters, device).
+// nocache_alloc takes over full (the whole model's parameters, device).
 typedef struct NoCacheModel NoCacheModel;
 NoCacheModel *nocache_alloc(const KVModel *m, float *full, int B, int T);
 void nocache_forward(NoCacheModel *nc, const KVModel *m, const int *tokens, const int *len, int B,
