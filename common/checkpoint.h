@@ -2,7 +2,7 @@
 //
 // A checkpoint directory holds
 //   model.safetensors      the weights, F32, under Hugging Face names and layouts (GPT-2's or
-//                          phi's: the architecture's description in gpt.c names them); loading
+//                          phi's: the architecture's description in layout.c names them); loading
 //                          also reads shards listed in model.safetensors.index.json
 //   config.json            the model shape, as transformers' GPT2LMHeadModel or PhiForCausalLM
 //                          reads it

@@ -15,7 +15,7 @@
 
 #include "checkpoint.h"
 
-// checkpoint.c's one call into gpt.c (reading config.json) is never reached from here; this
+// checkpoint.c's one call into layout.c (reading config.json) is never reached from here; this
 // stand-in saves linking the model and its ops into the fuzzer.
 int gpt_padded_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
