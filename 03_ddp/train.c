@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes);
     print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
-    print_bf16_activation_saving(&acts);
+    print_16bit_activation_saving(&acts);
 
     // ---- the training loop ----
     LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
@@ -105,7 +105,7 @@ int main(int argc, char **argv) {
         CommStats comm_before = comm_totals();
 
         // the bf16 copy of this step's weights: made once, read by every matmul of the step
-        if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);
+        if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);
 
         // forward + backward over the micro-batches; gradients add up in `mb.grads`. Each token's
         // loss is divided by the number of target tokens in the WHOLE global batch, so the
@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
         if (pure_bf16) {
-            cast_to_bf16(mb.params16, mb.params, mb.n);
+            cast_to_16(mb.params16, mb.params, mb.n);
             cast_to_float(mb.params, mb.params16, mb.n);
         }
         dev_synchronize();
@@ -160,7 +160,7 @@ int main(int argc, char **argv) {
         comm_since(&comm_before, &s.comm_bytes, &s.comm_ms);
         bool last = step + 1 == total_steps;
         if (evaluation_due(&cfg, step + 1, last)) {
-            if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
+            if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
             double val[2];  // the validation loss summed over its target tokens, and their count
             evaluate_sums(&acts, &mb.w, &mc, data, &cfg, rank, P, val);
             comm_sum_doubles(world, val, 2);

@@ -79,7 +79,7 @@ void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetc
         }
     size_t root = padded(f, &f->units[0]), slots = prefetch ? 2 : 1;
     f->gathered_bytes = (2 * root + 2 * slots * f->max_block + slots * (1 + (size_t)P) * f->fp32_pack) * sizeof(float);
-    if (use_bf16) f->gathered16_bytes = (root + slots * (f->max_block + f->max_block / (size_t)P)) * sizeof(bf16);
+    if (use_bf16) f->gathered16_bytes = (root + slots * (f->max_block + f->max_block / (size_t)P)) * sizeof(half16);
 }
 
 void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_bf16) {
@@ -102,10 +102,10 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, b
         f->shard_scratch[s] = dev_malloc(max_shard * sizeof(float));
     }
     if (use_bf16) {
-        f->root16 = dev_malloc(root * sizeof(bf16));
+        f->root16 = dev_malloc(root * sizeof(half16));
         for (int s = 0; s < slots; s++) {
-            f->block16[s] = dev_malloc(max_block * sizeof(bf16));
-            f->shard16[s] = dev_malloc(max_block / (size_t)f->P * sizeof(bf16));
+            f->block16[s] = dev_malloc(max_block * sizeof(half16));
+            f->shard16[s] = dev_malloc(max_block / (size_t)f->P * sizeof(half16));
             f->pack_send[s] = dev_malloc(f->fp32_pack * sizeof(float));
             f->pack_recv[s] = dev_malloc((size_t)f->P * f->fp32_pack * sizeof(float));
         }
@@ -204,7 +204,7 @@ void fsdp_save_checkpoint(Fsdp *f, const Config *cfg, long step) {
 static void gather_root(Fsdp *f, Weights *w) {
     const FsdpUnit *u = &f->units[0];
     comm_all_gather(f->world, f->root, f->params + u->local, u->shard);
-    if (f->use_bf16) cast_to_bf16(f->root16, f->root, u->numel);  // the lm_head matmul reads bf16
+    if (f->use_bf16) cast_to_16(f->root16, f->root, u->numel);  // the lm_head matmul reads bf16
     root_weights_point(w, f->layout, f->root, f->root16);
 }
 
@@ -228,7 +228,7 @@ static BlockGather gather_block_start(Fsdp *f, int l, int slot) {
     float *shard = f->params + u->local;
     if (!f->use_bf16)
         return (BlockGather){comm_all_gather_start(f->world, f->block[slot], shard, u->shard), NULL, l, slot};
-    cast_to_bf16(f->shard16[slot], shard, u->shard);
+    cast_to_16(f->shard16[slot], shard, u->shard);
     move_fp32_part(f, l, f->rank, shard, (size_t)f->rank * u->shard, f->pack_send[slot], true);
     return (BlockGather){comm_all_gather16_start(f->world, f->block16[slot], f->shard16[slot], u->shard),
                          comm_all_gather_start(f->world, f->pack_recv[slot], f->pack_send[slot], f->fp32_pack),
@@ -255,7 +255,7 @@ static BlockWeights use_block(Gathers *g, int l, int next) {
     // bf16 precisions: the slot's fp32 matrices are stale; the linears read the bf16 copies
     BlockWeights bw;
     block_weights_point(&bw, f->layout, l, f->block[slot]);
-    if (f->use_bf16) block_weights_point_bf16(&bw, f->layout, l, f->block16[slot]);
+    if (f->use_bf16) block_weights_point_16(&bw, f->layout, l, f->block16[slot]);
     return bw;
 }
 
@@ -360,8 +360,8 @@ void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) 
 void fsdp_round_to_bf16(Fsdp *f) {
     for (int i = 0; i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
-        bf16 *scratch = i == 0 ? f->root16 : f->block16[0];  // holds a whole unit: a shard fits
-        cast_to_bf16(scratch, f->params + u->local, u->shard);
+        half16 *scratch = i == 0 ? f->root16 : f->block16[0];  // holds a whole unit: a shard fits
+        cast_to_16(scratch, f->params + u->local, u->shard);
         cast_to_float(f->params + u->local, scratch, u->shard);
     }
 }
@@ -383,7 +383,7 @@ void fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_byte
         {"gradients (fp32)", s * fl, n * fl},
         {"AdamW m and v (fp32)", 2 * s * fl, 2 * n * fl},
         {"gathered units (fp32 w + grad)", f->gathered_bytes, 0},
-        {copies, f->gathered16_bytes, f->use_bf16 ? n * sizeof(bf16) : 0},
+        {copies, f->gathered16_bytes, f->use_bf16 ? n * sizeof(half16) : 0},
         {"activations", acts_bytes, acts_bytes},
     };
     for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) {

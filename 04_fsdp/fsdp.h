@@ -47,13 +47,13 @@ typedef struct {
     // a block's full gradient, and the shard its reduce-scatter returns; [1] when overlapping:
     // block l's reduce-scatter runs while block l - 1's backward computes into the other slot
     float *block_grad[2], *shard_scratch[2];
-    bf16 *root16, *block16[2]; // bf16 copies of the gathered units (bf16 precisions)
+    half16 *root16, *block16[2]; // bf16 copies of the gathered units (bf16 precisions)
     // In bf16 precisions a block travels as its shards' bf16 copies, half the bytes of the fp32
     // shards and the same numbers the matmuls read after rounding; its few tensors that stay fp32
     // (biases, LayerNorm weights) travel apart, each rank's part packed into `fp32_pack` floats
     // (the most any rank's shard of any block holds). The root stays fp32: the embedding reads wte.
     size_t fp32_pack;
-    bf16 *shard16[2];          // this rank's shard of the block in flight, rounded
+    half16 *shard16[2];          // this rank's shard of the block in flight, rounded
     float *pack_send[2], *pack_recv[2];  // its fp32 part, and every rank's (P x fp32_pack)
     size_t gathered_bytes;     // what the fp32 gathered buffers above take (grads, packs included)
     size_t gathered16_bytes;   // and their bf16 copies

@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
                                                      : "of each unit when it is needed");
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
     fsdp_print_memory(&fsdp, parameters_label(&cfg), acts.bytes);
-    print_bf16_activation_saving(&acts);
+    print_16bit_activation_saving(&acts);
 
     // ---- the training loop ----
     LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping

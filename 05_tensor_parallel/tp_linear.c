@@ -60,7 +60,7 @@ TPLinear tp_linear_make(const TPGrid *g, int in, int out, bool transposed) {
     return l;
 }
 
-void tp_linear_forward(const TPLinear *l, float *out, const float *inp, bf16 *inp16, Linear W, int N) {
+void tp_linear_forward(const TPLinear *l, float *out, const float *inp, half16 *inp16, Linear W, int N) {
     // every rank of the in group computes a partial sum; the bias must enter the total once, so
     // only the group's first rank adds it (before the all-reduce: no extra pass over out)
     if (comm_rank(l->in_group) != 0) W.b = NULL;
@@ -69,18 +69,18 @@ void tp_linear_forward(const TPLinear *l, float *out, const float *inp, bf16 *in
 }
 
 void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *dbias,
-                        const float *dout, bf16 *dout16, const float *inp, const bf16 *inp16,
+                        const float *dout, half16 *dout16, const float *inp, const half16 *inp16,
                         Linear W, int N, bool overlap) {
     int K = l->in_local, M = l->out_local;
-    if (W.w16) cast_gradient_to_bf16(dout16, dout, (size_t)N * M);
+    if (W.w16) cast_gradient_to_16(dout16, dout, (size_t)N * M);
     // dX first: its all-reduce over the out group can then travel while dW is computed
-    if (W.w16) matmul_backward_bf16(dinp, NULL, NULL, dout, dout16, inp16, W.w16, N, K, M);
+    if (W.w16) matmul_backward_16(dinp, NULL, NULL, dout, dout16, inp16, W.w16, N, K, M);
     else matmul_backward(dinp, NULL, NULL, dout, inp, W.w, N, K, M);
     CommRequest *r = NULL;
     if (overlap) r = tp_all_reduce_start(l->out_group, dinp, (size_t)N * K);
     else tp_all_reduce(l->out_group, dinp, (size_t)N * K);
     // dbias: dout is the same on every rank of the in group, so each gets the whole bias gradient
-    if (W.w16) matmul_backward_bf16(NULL, dw_block, dbias, dout, dout16, inp16, W.w16, N, K, M);
+    if (W.w16) matmul_backward_16(NULL, dw_block, dbias, dout, dout16, inp16, W.w16, N, K, M);
     else matmul_backward(NULL, dw_block, dbias, dout, inp, W.w, N, K, M);
     tp_wait(r);
 }
@@ -90,11 +90,11 @@ void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *
 void tp_stream_init(TPWeightStream *s, const TPGrid *g, size_t max_block, bool prefetch, bool half_mode) {
     memset(s, 0, sizeof *s);
     s->prefetch = prefetch;
-    s->bf16 = half_mode;
+    s->half = half_mode;
     if (g->Z == 1) return;  // every weight is whole on its rank: nothing to gather
     for (int i = 0; i < 2; i++) {
         s->buf[i] = dev_malloc(max_block * sizeof(float));
-        if (half_mode) s->buf16[i] = dev_malloc(max_block * sizeof(bf16));
+        if (half_mode) s->buf16[i] = dev_malloc(max_block * sizeof(half16));
     }
 }
 
@@ -110,7 +110,7 @@ void tp_stream_free(TPWeightStream *s) {
 // A weight a matmul reads in 16 bits is gathered as the shards' 16-bit copies: half the bytes of
 // gathering the fp32 shards and rounding after, and the same numbers. The embedding reads wte in
 // fp32 (its use has no 16-bit copy): that one is gathered in fp32.
-static bool gathers_16bit(const TPWeightStream *s, const TPWeightUse *u) { return s->bf16 && u->shard16; }
+static bool gathers_16bit(const TPWeightStream *s, const TPWeightUse *u) { return s->half && u->shard16; }
 
 static void stream_gather(TPWeightStream *s, int i, bool async) {
     const TPWeightUse *u = &s->uses[i];
@@ -132,7 +132,7 @@ Linear tp_stream_next(TPWeightStream *s) {
     if (s->next >= s->n) fatal("internal: weight stream used more than its %d weights", s->n);
     int i = s->next++, slot = i % 2;
     const TPWeightUse *u = &s->uses[i];
-    if (!stream_gathers(s)) return (Linear){u->shard, NULL, s->bf16 ? u->shard16 : NULL};
+    if (!stream_gathers(s)) return (Linear){u->shard, NULL, s->half ? u->shard16 : NULL};
     if (s->prefetch) {
         comm_wait(s->req[slot]);
         s->req[slot] = NULL;

@@ -70,7 +70,7 @@ TPLinear tp_linear_make(const TPGrid *g, int in, int out, bool transposed);
 // out (N, out_local) = inp (N, in_local) @ W.w^T + W.b (out_local, may be NULL), complete after
 // the all-reduce over in_group. W is a gathered block (tp_stream_next) with this rank's bias;
 // bf16 mode (W.w16 set): inp is rounded into inp16 (kept for backward).
-void tp_linear_forward(const TPLinear *l, float *out, const float *inp, bf16 *inp16, Linear W, int N);
+void tp_linear_forward(const TPLinear *l, float *out, const float *inp, half16 *inp16, Linear W, int N);
 
 // dinp (N, in_local) += complete dX (after the all-reduce over out_group: dinp must hold zeros on
 // entry, as the all-reduce sums the whole buffer); dw_block (out_local, in_local) += dY^T X of
@@ -78,7 +78,7 @@ void tp_linear_forward(const TPLinear *l, float *out, const float *inp, bf16 *in
 // overlap: the dX all-reduce runs while the weight-gradient matmul computes. dout16: bf16 scratch
 // for dout (N * out_local) in bf16 mode.
 void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *dbias,
-                        const float *dout, bf16 *dout16, const float *inp, const bf16 *inp16,
+                        const float *dout, half16 *dout16, const float *inp, const half16 *inp16,
                         Linear W, int N, bool overlap);
 
 // ---- depth: gathering weights before use, reduce-scattering their gradients -------------------
@@ -89,16 +89,16 @@ void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *
 typedef struct {
     const TPLinear *layer;
     float *shard;
-    bf16 *shard16;  // bf16 mode with z = 1: the shard's bf16 copy (made once per step)
+    half16 *shard16;  // bf16 mode with z = 1: the shard's bf16 copy (made once per step)
 } TPWeightUse;
 
 #define TP_STREAM_MAX 512
 typedef struct {
     TPWeightUse uses[TP_STREAM_MAX];
     int n, next;
-    bool prefetch, bf16;
+    bool prefetch, half;
     float *buf[2];        // two gathered blocks: the one in use and the one arriving
-    bf16 *buf16[2];
+    half16 *buf16[2];
     CommRequest *req[2];
 } TPWeightStream;
 

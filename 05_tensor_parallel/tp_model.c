@@ -344,7 +344,7 @@ static const TPLinear *layer_of(const TPModel *m, LinearKind k) {
 
 // forward: the gathered weight from the stream, this rank's bias; the all-reduce over the layer's
 // in group completes the output (tp_linear.h)
-static void tp_layer_forward(LayerOps *ops, LinearKind k, float *out, const float *inp, bf16 *inp16,
+static void tp_layer_forward(LayerOps *ops, LinearKind k, float *out, const float *inp, half16 *inp16,
                              const Linear *w, int N, int in_dim, int out_dim) {
     (void)in_dim, (void)out_dim;
     TPLayers *t = (TPLayers *)ops;
@@ -368,7 +368,7 @@ static void grad_done(const TPModel *m, TPGradSlot *slot, bool overlap) {
 // backward with the weight gradient's reduce-scatter; the lm_head's (wte's) stays open until the
 // embedding has added its part
 static void tp_layer_backward(LayerOps *ops, LinearKind k, float *dinp, Linear *g, const float *dout,
-                              bf16 *dout16, const float *inp, const bf16 *inp16, const Linear *w, int N,
+                              half16 *dout16, const float *inp, const half16 *inp16, const Linear *w, int N,
                               int in_dim, int out_dim) {
     (void)w, (void)in_dim, (void)out_dim;
     TPLayers *t = (TPLayers *)ops;
@@ -426,7 +426,7 @@ static float *alloc_floats(TPActs *a, size_t n) {
 
 // the block's activations at this rank's sizes
 static ActsSpec tp_acts_spec(const TPModel *m, int B, int T, int flags) {
-    ActsSpec spec = whole_model_acts(&m->cfg, B, T, flags & ACTS_BF16, flags & ACTS_RECOMPUTE);
+    ActsSpec spec = whole_model_acts(&m->cfg, B, T, flags & ACTS_16BIT, flags & ACTS_RECOMPUTE);
     spec.shape = m->shape;
     return spec;
 }
@@ -434,7 +434,7 @@ static ActsSpec tp_acts_spec(const TPModel *m, int B, int T, int flags) {
 void tp_acts_alloc(TPActs *a, const TPModel *m, int B, int T, int flags, bool overlap) {
     size_t N = (size_t)B * T, X = m->grid.X;
     memset(a, 0, sizeof *a);
-    tp_stream_init(&a->stream, &m->grid, m->max_block, overlap, flags & ACTS_BF16);
+    tp_stream_init(&a->stream, &m->grid, m->max_block, overlap, flags & ACTS_16BIT);
     if (m->grid.Z > 1) {  // counted apart: tp_memory_items' weight-gradient blocks
         tp_grad_slot_alloc(&a->slots.wte, m->head.block);
         for (int i = 0; i < 2; i++) tp_grad_slot_alloc(&a->slots.mat[i], m->max_block);
@@ -466,10 +466,10 @@ void tp_memory_items(const TPModel *m, const Config *cfg, size_t acts_bytes, Mem
     size_t n = m->layout.num_params, bytes = n * sizeof(float);
     // with z > 1: two gathered blocks (this one and the prefetched next) with their 16-bit copies,
     // and the weight-gradient slots (wte's and two alternating ones), each a block and its shard
-    size_t gather_bytes = m->grid.Z > 1 ? 2 * m->max_block * (sizeof(float) + (half_mode ? sizeof(bf16) : 0)) : 0;
+    size_t gather_bytes = m->grid.Z > 1 ? 2 * m->max_block * (sizeof(float) + (half_mode ? sizeof(half16) : 0)) : 0;
     size_t slot_bytes = m->grid.Z > 1 ? 2 * sizeof(float) * (m->head.block + 2 * m->max_block) : 0;
     MemoryItem all[TP_MEMORY_ITEMS] = {
-        {parameters_label(cfg), bytes}, {copy_label(cfg), half_mode ? n * sizeof(bf16) : 0},
+        {parameters_label(cfg), bytes}, {copy_label(cfg), half_mode ? n * sizeof(half16) : 0},
         {"gradients (fp32)", bytes}, {"AdamW m and v (fp32)", 2 * bytes},
         {"gathered weight blocks", gather_bytes}, {"weight-gradient blocks", slot_bytes},
         {"activations", acts_bytes}};

@@ -108,7 +108,7 @@ int main(int argc, char **argv) {
         double lr = learning_rate(&cfg, step, schedule_steps);
         CommStats comm_before = comm_totals();
 
-        if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);
+        if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);
 
         // forward + backward over this row group's micro-batches. Every x, y rank of the group
         // holds the same rows and computes the same loss; gradients add up in `mb.grads`.
@@ -151,7 +151,7 @@ int main(int argc, char **argv) {
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
         if (pure_bf16) {
-            cast_to_bf16(mb.params16, mb.params, mb.n);
+            cast_to_16(mb.params16, mb.params, mb.n);
             cast_to_float(mb.params, mb.params16, mb.n);
         }
         dev_synchronize();
@@ -163,7 +163,7 @@ int main(int argc, char **argv) {
         comm_since(&comm_before, &s.comm_bytes, &s.comm_ms);
         bool last = step + 1 == total_steps;
         if (evaluation_due(&cfg, step + 1, last)) {
-            if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
+            if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
             double val[2];  // the validation loss summed over its target tokens, and their count
             tp_evaluate(&model, &acts, &mb.w, data, &cfg, grid->row_rank, grid->row_ranks, grid->counts_rows, val);
             comm_sum_doubles(world, val, 2);

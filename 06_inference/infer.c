@@ -410,7 +410,7 @@ static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
     const KVModel *m = g->m;
     const GPTConfig *mc = &m->cfg;
     printf("stage 06 | %s backend (%s) | %s L=%d H=%d C=%d V=%d | %.2fM parameters | %s\n",
-           ops_backend_name(), config_is_half(cfg) ? ops_matmul_engine_bf16() : ops_matmul_engine(), gpt_arch(mc)->name, mc->n_layer, mc->n_head, mc->n_embd,
+           ops_backend_name(), config_is_half(cfg) ? ops_matmul_engine_16() : ops_matmul_engine(), gpt_arch(mc)->name, mc->n_layer, mc->n_head, mc->n_embd,
            mc->vocab_size, m->full.num_params / 1e6, cfg->random_init ? "random weights" : cfg->init_from);
     if (m->grid) {
         const TPGrid *grid = &m->grid->tp.grid;

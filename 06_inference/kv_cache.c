@@ -52,7 +52,7 @@ static void embed_at_start(LayerOps *ops, float *out, const int *tokens, const i
 // inner's functions expect inner's table (a tensor-parallel layer reads its grid from it), so
 // each is called with it
 
-static void inner_linear(LayerOps *ops, LinearKind kind, float *out, const float *inp, bf16 *inp16,
+static void inner_linear(LayerOps *ops, LinearKind kind, float *out, const float *inp, half16 *inp16,
                          const Linear *w, int N, int in_dim, int out_dim) {
     LayerOps *inner = ((KVLayers *)ops)->inner;
     inner->linear_forward(inner, kind, out, inp, inp16, w, N, in_dim, out_dim);

@@ -24,8 +24,8 @@ void kv_model_alloc_params(KVModel *m, const GPTConfig *cfg, const ParamLayout *
     m->params = dev_malloc(m->num_params * sizeof(float));
     weights_point(&m->w, held, m->params);
     if (half_mode) {
-        m->params16 = dev_malloc(m->num_params * sizeof(bf16));
-        weights_point_bf16(&m->w, held, m->params16);
+        m->params16 = dev_malloc(m->num_params * sizeof(half16));
+        weights_point_16(&m->w, held, m->params16);
     }
 }
 
@@ -52,7 +52,7 @@ void kv_model_alloc(KVModel *m, const GPTConfig *cfg, int B, int T, int maxT, bo
 void kv_model_load(KVModel *m, const float *full) {
     if (m->grid) kv_grid_extract(m->grid, m->params, full);
     else dev_copy(m->params, full, m->num_params * sizeof(float));
-    if (m->params16) cast_to_bf16(m->params16, m->params, m->num_params);
+    if (m->params16) cast_to_16(m->params16, m->params, m->num_params);
 }
 
 void kv_model_free(KVModel *m) {
@@ -146,7 +146,7 @@ void kv_decode(KVModel *m, const int *tokens, const int *start, int B, bool use_
 
 struct NoCacheModel {
     float *params;   // the whole model's (taken over from the caller)
-    bf16 *params16;
+    half16 *params16;
     Weights w;
     Activations acts;
 };
@@ -157,11 +157,11 @@ NoCacheModel *nocache_alloc(const KVModel *m, float *full, int B, int T) {
     nc->params = full;
     weights_point(&nc->w, layout, full);
     if (m->params16) {
-        nc->params16 = dev_malloc(layout->num_params * sizeof(bf16));
-        cast_to_bf16(nc->params16, full, layout->num_params);
-        weights_point_bf16(&nc->w, layout, nc->params16);
+        nc->params16 = dev_malloc(layout->num_params * sizeof(half16));
+        cast_to_16(nc->params16, full, layout->num_params);
+        weights_point_16(&nc->w, layout, nc->params16);
     }
-    acts_alloc(&nc->acts, &m->cfg, B, T, m->params16 ? ACTS_BF16 : 0);
+    acts_alloc(&nc->acts, &m->cfg, B, T, m->params16 ? ACTS_16BIT : 0);
     return nc;
 }
 

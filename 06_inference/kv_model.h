@@ -27,7 +27,7 @@ typedef struct {
     ParamLayout full;          // the whole model's layout (checkpoints; on one device, params')
     size_t num_params;         // the parameters this process holds: the whole model, or its rank's share
     float *params;             // flat (device)
-    bf16 *params16;            // its bf16 copy (precision bf16-mixed), else NULL
+    half16 *params16;            // its bf16 copy (precision bf16-mixed), else NULL
     Weights w;                 // named views into params (and params16)
     ModelShape shape;          // what this process holds of a block (common/gpt.h)
     KVCache cache;

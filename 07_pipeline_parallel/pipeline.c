@@ -139,7 +139,7 @@ void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Co
     p->fwd_sends = calloc_or_die((size_t)p->n_slots, sizeof *p->fwd_sends);
     p->bwd_sends = calloc_or_die((size_t)p->n_slots, sizeof *p->bwd_sends);
     int flags = acts_flags(cfg), T = mc->max_seq_len < cfg->max_seq_len ? mc->max_seq_len : cfg->max_seq_len;
-    ActsSpec spec = whole_model_acts(mc, cfg->global_batch_size / g->dp / p->m, T, flags & ACTS_BF16,
+    ActsSpec spec = whole_model_acts(mc, cfg->global_batch_size / g->dp / p->m, T, flags & ACTS_16BIT,
                                      flags & ACTS_RECOMPUTE);
     spec.first_layer = g->first_block, spec.n_layers = g->n_blocks;
     spec.embed = g->is_first, spec.head = g->is_last;
@@ -158,7 +158,7 @@ void pipeline_print_memory(const Pipeline *p, const Config *cfg, size_t n) {
     printf("  activations: %d micro-batches in flight x %.2f MB (%s keeps %s)\n", p->n_slots,
            p->slots[0].bytes / 1e6, p->schedule, strcmp(p->schedule, "gpipe") == 0 ? "all m" : "min(m, p - stage)");
     run_stats_number("activation_slots", p->n_slots);
-    print_bf16_activation_saving(&p->slots[0]);
+    print_16bit_activation_saving(&p->slots[0]);
 }
 
 static void wait_send(CommRequest **r) {

@@ -102,7 +102,7 @@ int main(int argc, char **argv) {
         CommStats comm_before = comm_totals();
 
         // the bf16 copy of this step's weights: made once, read by every matmul of the step
-        if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);
+        if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);
 
         // this replica's micro-batches (slices replica * m ... of dp * m), each stage fetching the
         // same ones: the first reads their tokens, the last their targets, every stage their shape.
@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
         if (pure_bf16) {
-            cast_to_bf16(mb.params16, mb.params, mb.n);
+            cast_to_16(mb.params16, mb.params, mb.n);
             cast_to_float(mb.params, mb.params16, mb.n);
         }
         dev_synchronize();
@@ -152,7 +152,7 @@ int main(int argc, char **argv) {
         comm_since(&comm_before, &s.comm_bytes, &s.comm_ms);
         bool last = step + 1 == total_steps;
         if (evaluation_due(&cfg, step + 1, last)) {
-            if (half_mode) cast_to_bf16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
+            if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
             double val[2];  // the validation loss summed over its target tokens, and their count
             evaluate_batches(pipeline_eval_loss, &pipe, data, &cfg, grid.replica, grid.dp, val);
             if (!grid.is_last) val[1] = 0;  // the loss and its targets are the last stage's

@@ -42,13 +42,13 @@ void *acts_alloc_host(ActsAllocator *al, size_t bytes) {
 }
 
 static float *alloc_floats(ActsAllocator *al, size_t n) { return acts_alloc_device(al, n * sizeof(float)); }
-static bf16 *alloc_bf16(ActsAllocator *al, size_t n, bool on) { return on ? acts_alloc_device(al, n * sizeof(bf16)) : NULL; }
+static half16 *alloc_16(ActsAllocator *al, size_t n, bool on) { return on ? acts_alloc_device(al, n * sizeof(half16)) : NULL; }
 
 // In bf16 mode a matmul input is read in f32 only by the cast that rounds it, right before its
 // matmul: the backward scratch (unused during forward) holds it, and each block keeps only its
 // bf16 copy. In f32 mode each block keeps its own for backward.
 static float *matmul_input(ActsAllocator *al, size_t n) {
-    return al->a->spec.bf16 ? al->a->dbig : alloc_floats(al, n);
+    return al->a->spec.half ? al->a->dbig : alloc_floats(al, n);
 }
 
 static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
@@ -57,7 +57,7 @@ static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c
 static void alloc_block(ActsAllocator *al, BlockActs *k, bool dense) {
     const ActsSpec *sp = &al->a->spec;
     size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
-    bool b16 = sp->bf16;
+    bool b16 = sp->half;
     // a parallel block's MLP reads ln1 after attention has reused the bf16 mode's scratch: its own
     k->ln1 = sp->shape.parallel_block ? alloc_floats(al, N * C) : matmul_input(al, N * C);
     k->ln1_mean = alloc_floats(al, N);
@@ -76,20 +76,20 @@ static void alloc_block(ActsAllocator *al, BlockActs *k, bool dense) {
         k->fch_gelu = matmul_input(al, N * F);
     }
     k->out = alloc_floats(al, N * C);
-    k->ln1_16 = alloc_bf16(al, N * C, b16);
-    k->atty16 = alloc_bf16(al, N * Ca, b16);
-    k->ln2_16 = alloc_bf16(al, N * C, b16 && !sp->shape.parallel_block);
-    k->fch_gelu16 = alloc_bf16(al, N * F, b16 && dense);
+    k->ln1_16 = alloc_16(al, N * C, b16);
+    k->atty16 = alloc_16(al, N * Ca, b16);
+    k->ln2_16 = alloc_16(al, N * C, b16 && !sp->shape.parallel_block);
+    k->fch_gelu16 = alloc_16(al, N * F, b16 && dense);
 }
 
-ActsSpec whole_model_acts(const GPTConfig *cfg, int B, int T, bool bf16, bool recompute) {
+ActsSpec whole_model_acts(const GPTConfig *cfg, int B, int T, bool half, bool recompute) {
     return (ActsSpec){.B = B, .T = T, .keys = T, .shape = whole_model_shape(cfg), .model = *cfg, .first_layer = 0,
-                      .n_layers = cfg->n_layer, .embed = true, .head = true, .bf16 = bf16,
+                      .n_layers = cfg->n_layer, .embed = true, .head = true, .half = half,
                       .recompute = recompute};
 }
 
 void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int flags) {
-    ActsSpec spec = whole_model_acts(cfg, B, T, flags & ACTS_BF16, flags & ACTS_RECOMPUTE);
+    ActsSpec spec = whole_model_acts(cfg, B, T, flags & ACTS_16BIT, flags & ACTS_RECOMPUTE);
     acts_alloc_spec(a, &spec);
 }
 
@@ -111,7 +111,7 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
     a->dsmall = alloc_floats(&al, N * max3(C, 3 * Ca, 0));
     a->datt = alloc_floats(&al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
     if (sp->shape.parallel_block) a->dln = alloc_floats(&al, N * C);
-    a->dout16 = alloc_bf16(&al, N * max3(max3(F, 3 * Ca, C), sp->head ? V : 0, 0), sp->bf16);
+    a->dout16 = alloc_16(&al, N * max3(max3(F, 3 * Ca, C), sp->head ? V : 0, 0), sp->half);
     a->encoded = alloc_floats(&al, N * C);
     a->blocks = calloc_or_die((size_t)(sp->n_layers > 0 ? sp->n_layers : 1), sizeof(BlockActs));
     int moe_blocks = gpt_moe_blocks(&sp->model, sp->first_layer, sp->n_layers);
@@ -132,7 +132,7 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
         a->lnf = matmul_input(&al, N * C);
         a->lnf_mean = alloc_floats(&al, N);
         a->lnf_rstd = alloc_floats(&al, N);
-        a->lnf16 = alloc_bf16(&al, N * C, sp->bf16);
+        a->lnf16 = alloc_16(&al, N * C, sp->half);
         a->logits = alloc_floats(&al, N * V);
         a->losses = alloc_floats(&al, N);
         a->targets = acts_alloc_device(&al, N * sizeof(int));

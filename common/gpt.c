@@ -191,7 +191,7 @@ ModelShape whole_model_shape(const GPTConfig *cfg) {
 
 // out (N, OC) = inp (N, C) @ w^T + b. With bf16 weights (w16 set) the input is rounded to bf16
 // into inp16, which is also what backward will read, and the matmul accumulates in f32.
-void linear_forward(float *out, const float *inp, bf16 *inp16, const Linear *w, int N, int C, int OC) {
+void linear_forward(float *out, const float *inp, half16 *inp16, const Linear *w, int N, int C, int OC) {
     // bf16 activations keep no f32 matmul input for backward: an f32 layer there would read scratch
     if (inp16 && !w->w16) fatal("internal: activations allocated for bf16, weights without a bf16 copy");
     if (!w->w16) {
@@ -199,8 +199,8 @@ void linear_forward(float *out, const float *inp, bf16 *inp16, const Linear *w, 
         return;
     }
     if (!inp16) fatal("internal: bf16 weights need activations allocated for bf16");
-    cast_to_bf16(inp16, inp, (size_t)N * C);
-    matmul_forward_bf16(out, inp16, w->w16, w->b, N, C, OC);
+    cast_to_16(inp16, inp, (size_t)N * C);
+    matmul_forward_16(out, inp16, w->w16, w->b, N, C, OC);
 }
 
 static void serial_embed_forward(LayerOps *ops, float *out, const int *tokens, const int *start,
@@ -215,7 +215,7 @@ static void serial_embed_backward(LayerOps *ops, Weights *g, const float *dout, 
     embedding_backward(g->wte, g->wpe, dout, tokens, s->v_lo, s->v_rows, B, T, s->C);
 }
 
-static void serial_linear_forward(LayerOps *ops, LinearKind k, float *out, const float *inp, bf16 *inp16,
+static void serial_linear_forward(LayerOps *ops, LinearKind k, float *out, const float *inp, half16 *inp16,
                                   const Linear *w, int N, int in_dim, int out_dim) {
     (void)ops, (void)k;
     linear_forward(out, inp, inp16, w, N, in_dim, out_dim);
@@ -224,15 +224,15 @@ static void serial_linear_forward(LayerOps *ops, LinearKind k, float *out, const
 // the matching backward: in bf16 the output gradient is rounded too (into dout16); the gradients
 // come out in f32 and the bias gradient is summed from the f32 dout
 static void serial_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Linear *g, const float *dout,
-                                   bf16 *dout16, const float *inp, const bf16 *inp16, const Linear *w,
+                                   half16 *dout16, const float *inp, const half16 *inp16, const Linear *w,
                                    int N, int in_dim, int out_dim) {
     (void)ops, (void)k;
     if (!w->w16) {
         matmul_backward(dinp, g->w, g->b, dout, inp, w->w, N, in_dim, out_dim);
         return;
     }
-    cast_gradient_to_bf16(dout16, dout, (size_t)N * out_dim);
-    matmul_backward_bf16(dinp, g->w, g->b, dout, dout16, inp16, w->w16, N, in_dim, out_dim);
+    cast_gradient_to_16(dout16, dout, (size_t)N * out_dim);
+    matmul_backward_16(dinp, g->w, g->b, dout, dout16, inp16, w->w16, N, in_dim, out_dim);
 }
 
 static void serial_norm_forward(LayerOps *ops, float *out, float *mean, float *rstd, const float *inp,
@@ -254,7 +254,7 @@ static void serial_attention_forward(LayerOps *ops, int layer, float *out, float
     attention_forward(out, att, qkv, B, T, s->C_attn, s->n_head);
 }
 
-static bf16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
+static half16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
 
 // the dense MLP: out = fc_proj(gelu(fc(inp)))
 static void dense_mlp_forward(LayerOps *ops, Activations *a, int l, const BlockWeights *w, int B, int T) {

@@ -169,7 +169,7 @@ void layout_copy_tensors(const ParamLayout *part, float *part_buf, const ParamLa
 typedef struct {
     float *w;    // (out, in)
     float *b;    // (out), or NULL
-    bf16 *w16;   // bf16 copy of w, or NULL: when set, the layer multiplies in bf16
+    half16 *w16;   // bf16 copy of w, or NULL: when set, the layer multiplies in bf16
 } Linear;
 
 typedef struct {
@@ -203,15 +203,15 @@ void weights_point(Weights *w, const ParamLayout *layout, float *flat);
 void weights_free(Weights *w);
 // points the root tensors into `root`, a buffer holding exactly the root elements (they come
 // first in the layout; a gathered FSDP unit), and root16 (its bf16 copy, or NULL); w->h NULL
-void root_weights_point(Weights *w, const ParamLayout *layout, float *root, bf16 *root16);
+void root_weights_point(Weights *w, const ParamLayout *layout, float *root, half16 *root16);
 // points one block's tensors into `unit`, a buffer holding exactly that block's elements in
 // layout order (a gathered FSDP unit; a dense block); bf16 pointers NULL
 void block_weights_point(BlockWeights *bw, const ParamLayout *layout, int block, float *unit);
 // points w's bf16 matrices into flat16, a bf16 copy of the whole flat buffer (same layout)
-void weights_point_bf16(Weights *w, const ParamLayout *layout, bf16 *flat16);
+void weights_point_16(Weights *w, const ParamLayout *layout, half16 *flat16);
 // points one block's bf16 matrices into unit16, a bf16 copy of that block's elements in layout
 // order (a gathered FSDP unit, cast)
-void block_weights_point_bf16(BlockWeights *bw, const ParamLayout *layout, int block, bf16 *unit16);
+void block_weights_point_16(BlockWeights *bw, const ParamLayout *layout, int block, half16 *unit16);
 // whether a block's tensor of this role is a matrix that the linears read as a bf16 copy when
 // there is one (the rest, biases and LayerNorm weights, are always read in fp32)
 bool block_role_read_in_16_bits(TensorRole role);
@@ -259,11 +259,11 @@ struct LayerOps {
                            const ModelShape *s, int B, int T);
     // out (N, out_dim) = inp (N, in_dim) @ w^T + b; inp16: where a bf16 layer rounds its input
     // (kept for backward)
-    void (*linear_forward)(LayerOps *ops, LinearKind k, float *out, const float *inp, bf16 *inp16,
+    void (*linear_forward)(LayerOps *ops, LinearKind k, float *out, const float *inp, half16 *inp16,
                            const Linear *w, int N, int in_dim, int out_dim);
     // dinp (zeroed by the caller) +=, g->w, g->b +=; dout16: bf16 scratch for dout
     void (*linear_backward)(LayerOps *ops, LinearKind k, float *dinp, Linear *g, const float *dout,
-                            bf16 *dout16, const float *inp, const bf16 *inp16, const Linear *w,
+                            half16 *dout16, const float *inp, const half16 *inp16, const Linear *w,
                             int N, int in_dim, int out_dim);
     void (*norm_forward)(LayerOps *ops, float *out, float *mean, float *rstd, const float *inp,
                          const Norm *w, const ModelShape *s, int N);
@@ -295,7 +295,7 @@ typedef struct {
     float *out;                        // (N, C) block output = residual after the MLP
     // bf16 mode: the four matmul inputs are kept for backward as bf16 copies only (their f32
     // versions above then point to scratch shared by every block)
-    bf16 *ln1_16, *atty16, *ln2_16, *fch_gelu16;
+    half16 *ln1_16, *atty16, *ln2_16, *fch_gelu16;
 } BlockActs;
 
 // The core's allocator of activations, which a MoE MLP allocates its own with (MoEMLP.alloc_acts):
@@ -330,13 +330,13 @@ typedef struct {
     LayerOps *ops;       // NULL: serial_layer_ops()
     int first_layer, n_layers;
     bool embed, head;    // this rank runs the embedding / the head (and keeps their buffers)
-    bool bf16;           // matmul inputs kept in bf16 (stage 02)
+    bool half;           // matmul inputs kept in 16 bits, bf16 or fp16 (stage 02)
     bool recompute;      // activation recomputation: blocks keep only their output, and backward
                          // runs the block's forward again first
 } ActsSpec;
 
 // the whole model on one rank
-ActsSpec whole_model_acts(const GPTConfig *cfg, int B, int T, bool bf16, bool recompute);
+ActsSpec whole_model_acts(const GPTConfig *cfg, int B, int T, bool half, bool recompute);
 
 // Everything the forward and backward passes need besides the weights; allocated once.
 struct Activations {
@@ -356,8 +356,8 @@ struct Activations {
     float *dln;                 // (N, C) parallel block: the MLP's input gradient, until attention's joins it
     const int *start;           // (B) on the device: sequence b's rows are positions start[b] + t (a
                                 // KV cache's decode); NULL: 0 + t. Rotary embeddings turn by it.
-    bf16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
-    bf16 *dout16;               // bf16 mode: a matmul's output gradient
+    half16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
+    half16 *dout16;               // bf16 mode: a matmul's output gradient
     struct MoEActs *moe;        // what the MoE blocks' MLP keeps (GPTConfig.moe_mlp's), or NULL
     size_t bytes;
     void **owned;               // every buffer allocated (some are shared), to free once
@@ -367,7 +367,7 @@ struct Activations {
 };
 
 // flags for acts_alloc
-enum { ACTS_BF16 = 1, ACTS_RECOMPUTE = 2 };
+enum { ACTS_16BIT = 1, ACTS_RECOMPUTE = 2 };
 // the whole model on one rank, with ACTS_* flags
 void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int flags);
 void acts_alloc_spec(Activations *a, const ActsSpec *spec);
@@ -398,7 +398,7 @@ void gpt_embed_backward(Activations *a, Weights *g, int B, int T);
 
 // out (N, OC) = inp (N, C) @ w^T + b in f32, or in bf16 when w->w16 is set (inp is then rounded
 // into inp16, N x C bf16 scratch, which backward reads): stage 02's recipe, written once
-void linear_forward(float *out, const float *inp, bf16 *inp16, const Linear *w, int N, int C, int OC);
+void linear_forward(float *out, const float *inp, half16 *inp16, const Linear *w, int N, int C, int OC);
 
 // ---- the passes over the layers a rank holds (inputs/targets (B, T) host arrays) --------------
 // embedding (if held), blocks, head (if held): the logits in a->logits

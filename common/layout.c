@@ -298,7 +298,7 @@ static float **root_slot(Weights *w, TensorRole role) {
 }
 
 // the bf16 copy of a matrix that a linear layer multiplies, or NULL
-static bf16 **block_slot16(BlockWeights *bw, TensorRole role) {
+static half16 **block_slot16(BlockWeights *bw, TensorRole role) {
     switch (role) {
     case ROLE_QKV_W: return &bw->qkv.w16;
     case ROLE_ATTN_PROJ_W: return &bw->attn_proj.w16;
@@ -313,7 +313,7 @@ bool block_role_read_in_16_bits(TensorRole role) {
     return block_slot16(&bw, role) != NULL;
 }
 
-void root_weights_point(Weights *w, const ParamLayout *l, float *root, bf16 *root16) {
+void root_weights_point(Weights *w, const ParamLayout *l, float *root, half16 *root16) {
     memset(w, 0, sizeof *w);
     w->n_layer = l->cfg.n_layer;
     for (int i = 0; i < l->num_tensors; i++)
@@ -353,11 +353,11 @@ void block_weights_point(BlockWeights *bw, const ParamLayout *l, int block, floa
         if (l->tensors[i].block == block) point_block_tensor(bw, &l->tensors[i], unit + (l->tensors[i].offset - start));
 }
 
-void weights_point_bf16(Weights *w, const ParamLayout *l, bf16 *flat16) {
+void weights_point_16(Weights *w, const ParamLayout *l, half16 *flat16) {
     for (int i = 0; i < l->num_tensors; i++) {
         const TensorInfo *t = &l->tensors[i];
         if (t->block >= 0) {
-            bf16 **slot = block_slot16(&w->h[t->block], t->role);
+            half16 **slot = block_slot16(&w->h[t->block], t->role);
             if (slot) *slot = flat16 + t->offset;
         } else if ((t->role == ROLE_WTE && l->arch->tied_head) || t->role == ROLE_HEAD_W) {
             w->head.w16 = flat16 + t->offset;
@@ -365,11 +365,11 @@ void weights_point_bf16(Weights *w, const ParamLayout *l, bf16 *flat16) {
     }
 }
 
-void block_weights_point_bf16(BlockWeights *bw, const ParamLayout *l, int block, bf16 *unit16) {
+void block_weights_point_16(BlockWeights *bw, const ParamLayout *l, int block, half16 *unit16) {
     size_t start = layout_block_start(l, block);
     for (int i = 0; i < l->num_tensors; i++) {
         const TensorInfo *t = &l->tensors[i];
-        bf16 **slot = t->block == block ? block_slot16(bw, t->role) : NULL;
+        half16 **slot = t->block == block ? block_slot16(bw, t->role) : NULL;
         if (slot) *slot = unit16 + (t->offset - start);
     }
 }

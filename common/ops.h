@@ -23,7 +23,7 @@ const char *ops_backend_name(void);  // "cpu" or "cuda"
 const char *ops_matmul_engine(void);
 // what does the bf16 ones (matmul_*_bf16), e.g. "oneDNN 3.6.2 bf16 matmul (brg:avx512_core_bf16),
 // 2 threads", or "bf16 widened to f32 (why): <the f32 engine>" where ops_bf16_native() is 0
-const char *ops_matmul_engine_bf16(void);
+const char *ops_matmul_engine_16(void);
 // MFU's peak: the matmul FLOP/s of this process's device for f32 or (bf16 != 0) bf16 inputs,
 // found on the first call and kept. CPU: measured (oneDNN's best rate at a large square product
 // with this run's OpenMP threads, about 0.2 s); CUDA: derived from the device (SMs x clock x
@@ -50,20 +50,20 @@ void fill_constant(float *out, size_t n, float value);
 // less range (largest 65504, smallest subnormal 2^-24).
 //
 // The copies are bf16 unless the run asks for fp16 with ops_set_half_format, once, before any
-// cast: then the `bf16` buffers below hold fp16 numbers, and the casts and the 16-bit matmuls
-// read and write fp16. (One set of buffers and functions for both formats: what differs is only
-// the rounding, the type is 16 bits either way.)
+// cast: then the `half16` buffers below hold fp16 numbers, and the casts and the 16-bit matmuls
+// read and write fp16. (One set of buffers and functions for both formats, named for 16 bits:
+// what differs is only the rounding, the type is 16 bits either way.)
 
-typedef uint16_t bf16;
+typedef uint16_t half16;
 typedef enum { HALF_BF16, HALF_FP16 } HalfFormat;
 void ops_set_half_format(HalfFormat format);
 HalfFormat ops_half_format(void);
 
-void cast_to_bf16(bf16 *out, const float *in, size_t n);  // round to nearest, ties to even
-void cast_to_float(float *out, const bf16 *in, size_t n);
-// cast_to_bf16 for a gradient, counting for ops_half_underflow the nonzero values and those that
+void cast_to_16(half16 *out, const float *in, size_t n);  // round to nearest, ties to even
+void cast_to_float(float *out, const half16 *in, size_t n);
+// cast_to_16 for a gradient, counting for ops_half_underflow the nonzero values and those that
 // rounded to zero: what an fp16 run loses below its smallest subnormal (2^-24)
-void cast_gradient_to_bf16(bf16 *out, const float *in, size_t n);
+void cast_gradient_to_16(half16 *out, const float *in, size_t n);
 // since the last call (which resets them): the nonzero gradient values cast, and how many of them
 // became zero
 void ops_half_underflow(double *nonzero, double *flushed);
@@ -82,13 +82,14 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
 // 1 when the bf16 matmuls below run on bf16 hardware (AVX512-BF16/AMX, tensor cores); 0 when the
 // backend converts the bf16 inputs to f32 and multiplies those (the same numbers, slower)
 int ops_bf16_native(void);
-// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias: bf16 inputs, f32 accumulation and output
-void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias,
-                         int N, int C, int OC);
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias: 16-bit inputs (the run's format), f32
+// accumulation and output
+void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, const float *bias,
+                       int N, int C, int OC);
 // dinp (N, C) += dout16 @ weight; dweight (OC, C) += dout16^T @ inp; dbias (OC) += column sums of
-// dout (the f32 gradient; dout16 is its bf16 copy). Outputs f32; dinp, dweight and dbias may be NULL.
-void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const bf16 *dout16, const bf16 *inp, const bf16 *weight, int N, int C, int OC);
+// dout (the f32 gradient; dout16 is its 16-bit copy). Outputs f32; dinp, dweight and dbias may be NULL.
+void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C, int OC);
 
 // ----------------------------------------------------------------------------------------------
 // the embedding: token rows of wte plus position rows of wpe, for a rank holding the vocabulary

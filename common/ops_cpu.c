@@ -258,7 +258,7 @@ const char *ops_matmul_engine(void) {
 
 // the 16-bit copies' format: bf16, or fp16 (precision 16-mixed)
 static HalfFormat g_half = HALF_BF16;
-static double g_grad_nonzero, g_grad_flushed;  // cast_gradient_to_bf16's counts
+static double g_grad_nonzero, g_grad_flushed;  // cast_gradient_to_16's counts
 
 void ops_set_half_format(HalfFormat format) { g_half = format; }
 HalfFormat ops_half_format(void) { return g_half; }
@@ -274,7 +274,7 @@ static const char *why_bf16_widened(void) {
                          : "oneDNN has no bf16 matmul on this CPU";
 }
 
-const char *ops_matmul_engine_bf16(void) {
+const char *ops_matmul_engine_16(void) {
     static char name[400];
     if (!name[0]) {
         if (g_half == HALF_FP16)
@@ -319,11 +319,11 @@ static int calibration_side(int threads) {
 // An n x n matrix of 0.5 (f32 or bf16), 64-byte aligned. Written, not calloc'ed: untouched pages
 // would all map the one shared zero page, and the matmul would read it from L1.
 static void *calibration_matrix(int n, int bf16_values) {
-    size_t count = (size_t)n * n, bytes = count * (bf16_values ? sizeof(bf16) : sizeof(float));
+    size_t count = (size_t)n * n, bytes = count * (bf16_values ? sizeof(half16) : sizeof(float));
     void *m = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!m) fatal("out of memory: %zu bytes for measuring MFU's peak", bytes);
     for (size_t i = 0; i < count; i++) {
-        if (bf16_values) ((bf16 *)m)[i] = bf16_from_float(0.5f);
+        if (bf16_values) ((half16 *)m)[i] = bf16_from_float(0.5f);
         else ((float *)m)[i] = 0.5f;
     }
     return m;
@@ -541,21 +541,21 @@ static inline __attribute__((always_inline)) void f32_step(Floats *acc0, Floats 
 // bf16, columns [c, c + count), count <= 2 * LANES: as f32_step. Each 32-bit word holds two bf16
 // numbers, an even column in its low half and the odd one after it in its high half; a bf16 number
 // is the top half of a float's bits. The products of two bf16 numbers are exact in f32.
-static inline __attribute__((always_inline)) void bf16_step(Floats *acc0, Floats *acc1, const bf16 *w0,
-                                                          const bf16 *w1, const void *x, size_t x_row,
+static inline __attribute__((always_inline)) void bf16_step(Floats *acc0, Floats *acc1, const half16 *w0,
+                                                          const half16 *w1, const void *x, size_t x_row,
                                                           int c, int count, int rows) {
     Uints u0, u1;
     if (count == 2 * LANES) u0 = LOAD(Uints, w0 + c), u1 = LOAD(Uints, w1 + c);
-    else load_tail(&u0, w0 + c, count * sizeof(bf16)), load_tail(&u1, w1 + c, count * sizeof(bf16));
+    else load_tail(&u0, w0 + c, count * sizeof(half16)), load_tail(&u1, w1 + c, count * sizeof(half16));
 #if defined(__AVX512BF16__)
     // One AVX512-BF16 instruction per row and weight row: the odd columns' product then the even
     // ones', each rounded as below (test_ops checks the bits), but subnormal numbers count as 0.
     // x: the bf16 rows as they are.
     for (int n = 0; n < rows; n++) {
-        const bf16 *xn = (const bf16 *)x + n * x_row + c;
+        const half16 *xn = (const half16 *)x + n * x_row + c;
         Uints ux;
         if (count == 2 * LANES) ux = LOAD(Uints, xn);
-        else load_tail(&ux, xn, count * sizeof(bf16));
+        else load_tail(&ux, xn, count * sizeof(half16));
         acc0[n] = (Floats)_mm512_dpbf16_ps((__m512)acc0[n], (__m512bh)u0, (__m512bh)ux);
         acc1[n] = (Floats)_mm512_dpbf16_ps((__m512)acc1[n], (__m512bh)u1, (__m512bh)ux);
     }
@@ -586,7 +586,7 @@ static inline __attribute__((always_inline)) void dot_rows(float *out, int OC, i
                                                          float bias0, float bias1, int is_bf16,
                                                          int rows, int C, int prefetch) {
     Floats acc0[ROWS_PER_PASS] = {0}, acc1[ROWS_PER_PASS] = {0};
-    size_t elem = is_bf16 ? sizeof(bf16) : sizeof(float), row_bytes = (size_t)C * elem;
+    size_t elem = is_bf16 ? sizeof(half16) : sizeof(float), row_bytes = (size_t)C * elem;
     int step = is_bf16 ? 2 * LANES : LANES, c = 0;
     for (; c + step <= C; c += step) {
         if (prefetch) {
@@ -610,7 +610,7 @@ static inline __attribute__((always_inline)) void dot_rows(float *out, int OC, i
 static void weight_rows_times_rows(float *out, int OC, int next, const void *x, size_t x_row,
                                    const void *w0, const void *w1, float bias0, float bias1,
                                    int is_bf16, int N, int C) {
-    size_t x_elem = is_bf16 && !BF16_ROWS_WIDENED ? sizeof(bf16) : sizeof(float);
+    size_t x_elem = is_bf16 && !BF16_ROWS_WIDENED ? sizeof(half16) : sizeof(float);
     for (int n = 0; n < N;) {
         int rows = N - n >= 8 ? 8 : N - n >= 4 ? 4 : N - n >= 2 ? 2 : 1;
         float *o = out + (size_t)n * OC;
@@ -639,7 +639,7 @@ static void weight_rows_times_rows(float *out, int OC, int next, const void *x, 
 // hardware follows best (the second dot product is free next to reading the row).
 static void few_rows_matmul(float *out, const void *x, size_t x_row, const void *weight, int is_bf16,
                             const float *bias, int N, int C, int OC) {
-    size_t row_bytes = (size_t)C * (is_bf16 ? sizeof(bf16) : sizeof(float));
+    size_t row_bytes = (size_t)C * (is_bf16 ? sizeof(half16) : sizeof(float));
     int pair = N > 1;
 #pragma omp parallel for schedule(static)
     for (int o = 0; o < OC; o += 1 + pair) {
@@ -679,19 +679,19 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
 // ----------------------------------------------------------------------------------------------
 // the 16-bit copies: bf16, or fp16 (precision 16-mixed)
 
-void cast_to_bf16(bf16 *out, const float *in, size_t n) {
+void cast_to_16(half16 *out, const float *in, size_t n) {
     int fp16 = g_half == HALF_FP16;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = half_from_float(in[i], fp16);
 }
 
-void cast_to_float(float *out, const bf16 *in, size_t n) {
+void cast_to_float(float *out, const half16 *in, size_t n) {
     int fp16 = g_half == HALF_FP16;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = half_to_float(in[i], fp16);
 }
 
-void cast_gradient_to_bf16(bf16 *out, const float *in, size_t n) {
+void cast_gradient_to_16(half16 *out, const float *in, size_t n) {
     int fp16 = g_half == HALF_FP16;
     long nonzero = 0, flushed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : nonzero, flushed)
@@ -722,7 +722,7 @@ int ops_bf16_native(void) {
 }
 
 // Widens a bf16 matrix into one of two reusable f32 scratch buffers (the fallback path).
-static const float *widened(const bf16 *x, size_t n, int which) {
+static const float *widened(const half16 *x, size_t n, int which) {
     static float *scratch[2];
     static size_t capacity[2];
     if (n > capacity[which]) {
@@ -737,7 +737,7 @@ static const float *widened(const bf16 *x, size_t n, int which) {
 // The bf16 input rows as few_rows_matmul reads them; *x_row: elements from one row to the next.
 // With AVX512-BF16 the rows as they are; else widened to floats (exactly) in 32-column blocks, each
 // block's 16 even columns then its 16 odd ones, padded with zeros to whole blocks.
-static const void *bf16_rows_for_few_rows(const bf16 *x, int N, int C, size_t *x_row) {
+static const void *bf16_rows_for_few_rows(const half16 *x, int N, int C, size_t *x_row) {
     if (!BF16_ROWS_WIDENED) {
         *x_row = (size_t)C;
         return x;
@@ -763,7 +763,7 @@ static const void *bf16_rows_for_few_rows(const bf16 *x, int N, int C, size_t *x
     return scratch;
 }
 
-void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias, int N,
+void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, const float *bias, int N,
                          int C, int OC) {
     if (N <= FEW_ROWS_MAX && g_half == HALF_BF16) {
         size_t x_row;
@@ -779,8 +779,8 @@ void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const 
     matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 1), inp, weight, bias, out);
 }
 
-void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const bf16 *dout16, const bf16 *inp, const bf16 *weight, int N, int C, int OC) {
+void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C, int OC) {
     if (widen_half()) {
         const float *g = widened(dout16, (size_t)N * OC, 0);
         if (dinp) matmul_backward(dinp, NULL, NULL, g, NULL, widened(weight, (size_t)OC * C, 1), N, C, OC);

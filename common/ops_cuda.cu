@@ -246,7 +246,7 @@ const char *ops_matmul_engine(void) {
     return text;
 }
 
-const char *ops_matmul_engine_bf16(void) {
+const char *ops_matmul_engine_16(void) {
     static char text[500];
     if (!text[0]) {
         ensure_init();
@@ -740,15 +740,15 @@ static unsigned long long *g_underflow;  // device: nonzero values cast, and tho
 void ops_set_half_format(HalfFormat format) { g_half = format; }
 HalfFormat ops_half_format(void) { return g_half; }
 
-static __global__ void cast_to_bf16_kernel(bf16 *out, const float *in, size_t n, int fp16) {
+static __global__ void cast_to_bf16_kernel(half16 *out, const float *in, size_t n, int fp16) {
     GRID_STRIDE(i, n) out[i] = half_from_float(in[i], fp16);
 }
 
-static __global__ void cast_to_float_kernel(float *out, const bf16 *in, size_t n, int fp16) {
+static __global__ void cast_to_float_kernel(float *out, const half16 *in, size_t n, int fp16) {
     GRID_STRIDE(i, n) out[i] = half_to_float(in[i], fp16);
 }
 
-static __global__ void cast_gradient_kernel(bf16 *out, const float *in, size_t n, int fp16,
+static __global__ void cast_gradient_kernel(half16 *out, const float *in, size_t n, int fp16,
                                             unsigned long long *counts) {
     unsigned long long nonzero = 0, flushed = 0;
     GRID_STRIDE(i, n) {
@@ -760,19 +760,19 @@ static __global__ void cast_gradient_kernel(bf16 *out, const float *in, size_t n
     if (flushed) atomicAdd(&counts[1], flushed);
 }
 
-void cast_to_bf16(bf16 *out, const float *in, size_t n) {
+void cast_to_16(half16 *out, const float *in, size_t n) {
     if (!n) return;
     ensure_init();
     LAUNCH(cast_to_bf16_kernel, grid_for(n), THREADS, 0, out, in, n, g_half == HALF_FP16);
 }
 
-void cast_to_float(float *out, const bf16 *in, size_t n) {
+void cast_to_float(float *out, const half16 *in, size_t n) {
     if (!n) return;
     ensure_init();
     LAUNCH(cast_to_float_kernel, grid_for(n), THREADS, 0, out, in, n, g_half == HALF_FP16);
 }
 
-void cast_gradient_to_bf16(bf16 *out, const float *in, size_t n) {
+void cast_gradient_to_16(half16 *out, const float *in, size_t n) {
     if (!n) return;
     ensure_init();
     if (!g_underflow) g_underflow = (unsigned long long *)dev_malloc(2 * sizeof(unsigned long long));
@@ -797,14 +797,14 @@ static int widen_half(void) { return g_half == HALF_BF16 && !ops_bf16_native(); 
 // has none (widen_half), the inputs are widened to f32 in the workspace and the f32 path
 // multiplies those: the same numbers, slower.
 static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                      const bf16 *A, int lda, const bf16 *B, int ldb, const float *beta, float *Cm,
+                      const half16 *A, int lda, const half16 *B, int ldb, const float *beta, float *Cm,
                       int ldc) {
     cudaDataType_t t = g_half == HALF_FP16 ? CUDA_R_16F : CUDA_R_16BF;
     CUBLAS_CHECK(cublasGemmEx(g.cublas, ta, tb, m, n, k, &ONE, A, t, lda, B, t, ldb, beta, Cm,
                               CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const float *bias, int N,
+void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, const float *bias, int N,
                          int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     ensure_init();
@@ -824,8 +824,8 @@ void matmul_forward_bf16(float *out, const bf16 *inp, const bf16 *weight, const 
     gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, beta, out, OC);
 }
 
-void matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const bf16 *dout16, const bf16 *inp, const bf16 *weight, int N, int C,
+void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C,
                           int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     ensure_init();

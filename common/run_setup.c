@@ -83,7 +83,7 @@ void print_batch_plan(const Config *cfg, const Dataset *data, int row_groups, co
 }
 
 int acts_flags(const Config *cfg) {
-    return (config_is_half(cfg) ? ACTS_BF16 : 0) | (cfg->activation_checkpointing ? ACTS_RECOMPUTE : 0);
+    return (config_is_half(cfg) ? ACTS_16BIT : 0) | (cfg->activation_checkpointing ? ACTS_RECOMPUTE : 0);
 }
 
 Dataset *load_dataset(const Config *cfg, const Tokenizer *tok) {

@@ -36,13 +36,13 @@ const char *activations_label(const Config *cfg) {
     return is_fp16(cfg) ? "activations (fp16 matmul inputs)" : "activations (bf16 matmul inputs)";
 }
 
-void print_bf16_activation_saving(const Activations *acts) {
-    if (!acts->spec.bf16) return;
+void print_16bit_activation_saving(const Activations *acts) {
+    if (!acts->spec.half) return;
     // the matmul inputs are kept in bf16; what backward reads outside a matmul stays fp32: the
     // LayerNorm statistics, q/k/v and what attention keeps for its backward (the probabilities
     // on the CPU, log-sum-exps on a GPU), the pre-GELU values (GELU backward), the residual stream
     ActsSpec fp32 = acts->spec;
-    fp32.bf16 = false;
+    fp32.half = false;
     size_t fp32_bytes = acts_bytes(&fp32);
     printf("  (in fp32 the activations would take %.2f MiB: %s matmul inputs save %.0f%%; the "
            "statistics, attention, pre-GELU values and residual stream stay fp32)\n",

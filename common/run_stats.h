@@ -23,7 +23,7 @@ const char *parameters_label(const Config *cfg);
 const char *copy_label(const Config *cfg);
 const char *activations_label(const Config *cfg);
 // bf16 modes: what the same activations would take in fp32, and what stays fp32 and why
-void print_bf16_activation_saving(const Activations *acts);
+void print_16bit_activation_saving(const Activations *acts);
 
 // ---- the whole run's figures: <out_dir>/stats.json --------------------------------------------
 // metrics.jsonl holds each step; stats.json holds what describes the run as a whole: the stage,

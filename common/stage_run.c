@@ -18,8 +18,8 @@ void model_buffers_alloc(ModelBuffers *mb, const ParamLayout *layout, bool with_
     weights_point(&mb->g, layout, mb->grads);
     mb->params16 = NULL;
     if (with_16bit_copy) {
-        mb->params16 = dev_malloc(mb->n * sizeof(bf16));
-        weights_point_bf16(&mb->w, layout, mb->params16);
+        mb->params16 = dev_malloc(mb->n * sizeof(half16));
+        weights_point_16(&mb->w, layout, mb->params16);
     }
 }
 
@@ -36,7 +36,7 @@ void model_buffers_free(ModelBuffers *mb) {
 void model_memory_items(MemoryItem items[MODEL_MEMORY_ITEMS], const Config *cfg, size_t n, size_t activation_bytes) {
     size_t bytes = n * sizeof(float);
     items[0] = (MemoryItem){parameters_label(cfg), bytes};
-    items[1] = (MemoryItem){copy_label(cfg), config_is_half(cfg) ? n * sizeof(bf16) : 0};
+    items[1] = (MemoryItem){copy_label(cfg), config_is_half(cfg) ? n * sizeof(half16) : 0};
     items[2] = (MemoryItem){"gradients (fp32)", bytes};
     items[3] = (MemoryItem){"AdamW m and v (fp32)", 2 * bytes};
     items[4] = (MemoryItem){activations_label(cfg), activation_bytes};
@@ -46,7 +46,7 @@ void print_stage_banner(int stage, int ranks, const Config *cfg, const GPTConfig
     bool half = config_is_half(cfg);
     printf("stage %02d | ", stage);
     if (stage >= 3) printf("%d ranks | ", ranks);
-    printf("%s backend (%s) | ", ops_backend_name(), half ? ops_matmul_engine_bf16() : ops_matmul_engine());
+    printf("%s backend (%s) | ", ops_backend_name(), half ? ops_matmul_engine_16() : ops_matmul_engine());
     if (stage >= 2) printf("precision %s | ", cfg->precision);
     printf("%s L=%d H=%d C=%d V=%d | %.2fM parameters\n", gpt_arch(mc)->name, mc->n_layer, mc->n_head, mc->n_embd,
            mc->vocab_size, num_params / 1e6);

@@ -18,7 +18,7 @@
 typedef struct {
     size_t n, bytes;  // elements, and the bytes of one fp32 buffer
     float *params, *grads, *adam_m, *adam_v;
-    bf16 *params16;   // NULL in fp32
+    half16 *params16;   // NULL in fp32
     Weights w, g;
 } ModelBuffers;
 

@@ -39,7 +39,7 @@
 typedef struct {
     ParamLayout layout;
     float *params, *grads;
-    bf16 *params16;  // bf16 mode: the working copy the matmuls read
+    half16 *params16;  // bf16 mode: the working copy the matmuls read
     Weights w, g;
     Activations acts;
 } Model;
@@ -49,10 +49,10 @@ static void model_build(Model *m, const GPTConfig *cfg, int B, int T, int bf16) 
     size_t n = m->layout.num_params;
     m->params = dev_malloc(n * sizeof(float));
     m->grads = dev_malloc(n * sizeof(float));
-    m->params16 = bf16 ? dev_malloc(n * sizeof(bf16)) : NULL;
+    m->params16 = bf16 ? dev_malloc(n * sizeof(half16)) : NULL;
     weights_point(&m->w, &m->layout, m->params);
     weights_point(&m->g, &m->layout, m->grads);
-    if (bf16) weights_point_bf16(&m->w, &m->layout, m->params16);
+    if (bf16) weights_point_16(&m->w, &m->layout, m->params16);
     acts_alloc(&m->acts, cfg, B, T, bf16);
 }
 
@@ -138,7 +138,7 @@ static void test_pytorch_fixture(const char *expected, int bf16, double rtol) {
     float *host = malloc_or_die(n * sizeof(float));
     checkpoint_load_model(FIXTURES "tiny_gpt2_C8_L2_H2.safetensors", &m.layout, host);
     copy_to_device(m.params, host, n * sizeof(float));
-    if (bf16) cast_to_bf16(m.params16, m.params, n);
+    if (bf16) cast_to_16(m.params16, m.params, n);
 
     double loss = loss_and_grads(&m, &cfg, x, y, B, T);
     CHECK_CLOSE(loss, cJSON_GetObjectItem(want, "loss_before")->valuedouble, rtol, 0, "loss before");
@@ -170,7 +170,7 @@ static void test_pytorch_fixture(const char *expected, int bf16, double rtol) {
                  (float)cJSON_GetObjectItem(opt, "beta2")->valuedouble,
                  (float)cJSON_GetObjectItem(opt, "eps")->valuedouble,
                  (float)cJSON_GetObjectItem(opt, "weight_decay")->valuedouble, 1);
-    if (bf16) cast_to_bf16(m.params16, m.params, n);
+    if (bf16) cast_to_16(m.params16, m.params, n);
     CHECK_CLOSE(loss_only(&m, &cfg, x, y, B, T), cJSON_GetObjectItem(want, "loss_after_1_step")->valuedouble,
                 rtol, 0, "loss after one AdamW step");
     dev_free(mom);
@@ -428,10 +428,10 @@ static void test_recompute(int bf16) {
         Model m;
         model_build(&m, &cfg, B, T, bf16);
         acts_free(&m.acts);
-        acts_alloc(&m.acts, &cfg, B, T, (bf16 ? ACTS_BF16 : 0) | (r ? ACTS_RECOMPUTE : 0));
+        acts_alloc(&m.acts, &cfg, B, T, (bf16 ? ACTS_16BIT : 0) | (r ? ACTS_RECOMPUTE : 0));
         size_t n = m.layout.num_params;
         gpt_init_range(m.params, &m.layout, 0, n, 5);
-        if (bf16) cast_to_bf16(m.params16, m.params, n);
+        if (bf16) cast_to_16(m.params16, m.params, n);
         dev_zero(m.grads, n * sizeof(float));
         loss[r] = gpt_forward_backward(&m.acts, &m.w, &m.g, &cfg, x, y, B, T, dloss);
         grads[r] = malloc_or_die(n * sizeof(float));

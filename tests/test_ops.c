@@ -224,14 +224,14 @@ static void test_bf16_rounding(void) {
         {0x7F7FFFFFu, 0x7F80u}, {0x7F800000u, 0x7F80u}, {0x00000001u, 0x0000u}};
     int n = (int)(sizeof cases / sizeof cases[0]);
     float *in = dev_malloc((size_t)(n + 1) * sizeof(float));
-    bf16 *out = dev_malloc((size_t)(n + 1) * sizeof(bf16));
+    half16 *out = dev_malloc((size_t)(n + 1) * sizeof(half16));
     float host[16];
     for (int i = 0; i < n; i++) host[i] = bits_to_float(cases[i][0]);
     host[n] = bits_to_float(0x7FC00001u);  // NaN
     copy_to_device(in, host, (size_t)(n + 1) * sizeof(float));
-    cast_to_bf16(out, in, (size_t)n + 1);
+    cast_to_16(out, in, (size_t)n + 1);
     bf16 got[16];
-    copy_to_host(got, out, (size_t)(n + 1) * sizeof(bf16));
+    copy_to_host(got, out, (size_t)(n + 1) * sizeof(half16));
     for (int i = 0; i < n; i++)
         CHECK(got[i] == cases[i][1], "bf16 of 0x%08X: got 0x%04X, want 0x%04X", cases[i][0], got[i], cases[i][1]);
     CHECK((got[n] & 0x7F80u) == 0x7F80u && (got[n] & 0x7Fu) != 0, "NaN became 0x%04X", got[n]);
@@ -286,10 +286,10 @@ static void test_fp16_rounding(void) {
     host[n + m] = bits_to_float(0x7FC00001u);  // NaN
     size_t total = (size_t)(n + m + 1);
     float *in = dev_malloc(total * sizeof(float)), *wide = dev_malloc(total * sizeof(float));
-    bf16 *out = dev_malloc(total * sizeof(bf16));
+    half16 *out = dev_malloc(total * sizeof(half16));
     copy_to_device(in, host, total * sizeof(float));
     ops_set_half_format(HALF_FP16);
-    cast_to_bf16(out, in, total);
+    cast_to_16(out, in, total);
     cast_to_float(wide, out, total);
     ops_set_half_format(HALF_BF16);
     uint16_t *got = malloc_or_die(total * sizeof(uint16_t));
@@ -317,14 +317,14 @@ static void test_fp16_rounding(void) {
 }
 
 // rounds a host array to bf16 values (still doubles) and uploads its bf16 bits
-static bf16 *upload_bf16(double *x, size_t n) {
-    bf16 *h = malloc_or_die(n * sizeof(bf16));
+static half16 *upload_bf16(double *x, size_t n) {
+    half16 *h = malloc_or_die(n * sizeof(half16));
     for (size_t i = 0; i < n; i++) {
         h[i] = bf16_from_float((float)x[i]);
         x[i] = bf16_to_float(h[i]);
     }
-    bf16 *d = dev_malloc(n * sizeof(bf16));
-    copy_to_device(d, h, n * sizeof(bf16));
+    half16 *d = dev_malloc(n * sizeof(half16));
+    copy_to_device(d, h, n * sizeof(half16));
     free(h);
     return d;
 }
@@ -334,21 +334,21 @@ static void test_matmul_bf16(int N, int C, int OC) {
     size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
     double *inp = rand_array(nin, -1, 1), *weight = rand_array(nw, -1, 1), *bias = rand_array(OC, -1, 1);
     double *dout = rand_array(nout, -1, 1);
-    bf16 *d_inp = upload_bf16(inp, nin), *d_w = upload_bf16(weight, nw), *d_dout16 = upload_bf16(dout, nout);
+    half16 *d_inp = upload_bf16(inp, nin), *d_w = upload_bf16(weight, nw), *d_dout16 = upload_bf16(dout, nout);
     float *d_bias = upload(bias, OC), *d_dout = upload(dout, nout);  // dout already bf16-exact
     float *d_out = dev_malloc(nout * sizeof(float));
-    matmul_forward_bf16(d_out, d_inp, d_w, d_bias, N, C, OC);
+    matmul_forward_16(d_out, d_inp, d_w, d_bias, N, C, OC);
     double *want = malloc_or_die(nout * sizeof(double));
     double *in[3] = {inp, weight, bias};
     ref_matmul(want, in, &s);
     double *got = download(d_out, nout);
     // the products of bf16 numbers are exact in f32; what differs is the f32 accumulation order
-    check_array("matmul_forward_bf16", got, want, nout, 1e-5, 1e-5 * C);
+    check_array("matmul_forward_16", got, want, nout, 1e-5, 1e-5 * C);
     free(got);
     // backward adds into f32 gradients that start non-zero
     double *dinp0 = rand_array(nin, -1, 1), *dw0 = rand_array(nw, -1, 1), *db0 = rand_array(OC, -1, 1);
     float *d_dinp = upload(dinp0, nin), *d_dw = upload(dw0, nw), *d_db = upload(db0, OC);
-    matmul_backward_bf16(d_dinp, d_dw, d_db, d_dout, d_dout16, d_inp, d_w, N, C, OC);
+    matmul_backward_16(d_dinp, d_dw, d_db, d_dout, d_dout16, d_inp, d_w, N, C, OC);
     double *ref_dinp = copy_array(dinp0, nin), *ref_dw = copy_array(dw0, nw), *ref_db = copy_array(db0, OC);
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
@@ -360,13 +360,13 @@ static void test_matmul_bf16(int N, int C, int OC) {
             }
         }
     got = download(d_dinp, nin);
-    check_array("matmul_backward_bf16 dinp", got, ref_dinp, nin, 1e-5, 1e-5 * OC);
+    check_array("matmul_backward_16 dinp", got, ref_dinp, nin, 1e-5, 1e-5 * OC);
     free(got);
     got = download(d_dw, nw);
-    check_array("matmul_backward_bf16 dweight", got, ref_dw, nw, 1e-5, 1e-5 * N);
+    check_array("matmul_backward_16 dweight", got, ref_dw, nw, 1e-5, 1e-5 * N);
     free(got);
     got = download(d_db, OC);
-    check_array("matmul_backward_bf16 dbias", got, ref_db, OC, 1e-5, 1e-5 * N);
+    check_array("matmul_backward_16 dbias", got, ref_db, OC, 1e-5, 1e-5 * N);
     free(got);
     void *dev[] = {d_inp, d_w, d_dout16, d_bias, d_dout, d_out, d_dinp, d_dw, d_db};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
@@ -1089,7 +1089,7 @@ static void test_peak_flops(void) {
     if (ops_bf16_native()) CHECK(peak[1] != peak[0] || strcmp(ops_backend_name(), "cpu") != 0,
                                  "native bf16, yet its peak is the f32 one (%g): not measured apart", peak[0]);
     else CHECK(peak[1] == peak[0], "widened bf16: peak %g, f32 peak %g", peak[1], peak[0]);
-    const char *engine16 = ops_matmul_engine_bf16();
+    const char *engine16 = ops_matmul_engine_16();
     CHECK(*ops_matmul_engine() && *engine16, "an engine without a name");
     CHECK((strstr(engine16, "widened") == NULL) == (ops_bf16_native() != 0),
           "bf16 engine '%s' with ops_bf16_native() = %d", engine16, ops_bf16_native());
@@ -1538,8 +1538,8 @@ static void test_few_rows_matmul(int N, int C, int OC, int bf16_weights) {
     MatmulShape s = {N, C, OC, 1};
     float *d_b = upload(bias, OC), *d_out = dev_malloc(nout * sizeof(float));
     if (bf16_weights) {  // upload_bf16 rounds inp and weight to their bf16 values
-        bf16 *d_inp16 = upload_bf16(inp, nin), *d_w16 = upload_bf16(weight, nw);
-        matmul_forward_bf16(d_out, d_inp16, d_w16, d_b, N, C, OC);
+        half16 *d_inp16 = upload_bf16(inp, nin), *d_w16 = upload_bf16(weight, nw);
+        matmul_forward_16(d_out, d_inp16, d_w16, d_b, N, C, OC);
         dev_free(d_inp16), dev_free(d_w16);
     } else {
         float *d_inp = upload(inp, nin), *d_w = upload(weight, nw);
@@ -1586,7 +1586,7 @@ int main(void) {
         test_few_rows_matmul(3, 5, 7, bf);
     }
     test_matmul(17, 96, 40, 1, 0);
-    printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_bf16());
+    printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_16());
     test_peak_flops();
     test_layernorm();
     test_attention((AttnShape){2, 7, 12, 3}, 1);  // hs = 4: shorter than dot_product's 8-wide blocks

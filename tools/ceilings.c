@@ -43,7 +43,7 @@ static double pass_flops(const Shape *s) {
 
 typedef struct {
     float *w, *dw, *b, *db, *out, *dout, *in, *din;
-    bf16 *w16, *in16, *dout16;
+    half16 *w16, *in16, *dout16;
 } Buffers;
 
 static void alloc_buffers(Buffers *k, const Shape *s, int cin, int cout) {
@@ -54,15 +54,15 @@ static void alloc_buffers(Buffers *k, const Shape *s, int cin, int cout) {
     init_normal(k->w, nw, 1, 1, 0, 0.02f);
     init_normal(k->in, nin, 1, 2, 0, 1.0f);
     init_normal(k->dout, nout, 1, 3, 0, 1e-3f);
-    cast_to_bf16(k->w16, k->w, nw);
-    cast_to_bf16(k->in16, k->in, nin);
-    cast_to_bf16(k->dout16, k->dout, nout);
+    cast_to_16(k->w16, k->w, nw);
+    cast_to_16(k->in16, k->in, nin);
+    cast_to_16(k->dout16, k->dout, nout);
 }
 
 static void one_linear(const Buffers *k, const Shape *s, int cin, int cout, int bf16_inputs) {
     if (bf16_inputs) {
-        matmul_forward_bf16(k->out, k->in16, k->w16, k->b, s->N, cin, cout);
-        matmul_backward_bf16(k->din, k->dw, k->db, k->dout, k->dout16, k->in16, k->w16, s->N, cin, cout);
+        matmul_forward_16(k->out, k->in16, k->w16, k->b, s->N, cin, cout);
+        matmul_backward_16(k->din, k->dw, k->db, k->dout, k->dout16, k->in16, k->w16, s->N, cin, cout);
     } else {
         matmul_forward(k->out, k->in, k->w, k->b, s->N, cin, cout);
         matmul_backward(k->din, k->dw, k->db, k->dout, k->in, k->w, s->N, cin, cout);
@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
     printf("export CEILING_MATMUL_F32=%.4e  # f32 matmuls: %s, N=%d C=%d V=%d, best of %d (%s)\n",
            matmul_rate(&s, 0), what, s.N, s.C, s.V, PASSES, ops_matmul_engine());
     printf("export CEILING_MATMUL_BF16=%.4e  # bf16 matmuls: the same (%s)\n", matmul_rate(&s, 1),
-           ops_matmul_engine_bf16());
+           ops_matmul_engine_16());
     printf("export CEILING_READ=%.4e  # bytes/s: a sum over 1 GiB, best of %d\n", read_rate(), PASSES);
     return 0;
 }

@@ -82,7 +82,7 @@ static void add_model_memory(Plan *p, const Config *cfg, size_t n, size_t activa
 static size_t ddp_memory(const Setup *s, Plan *p, const ParamLayout *layout) {
     size_t n = layout->num_params;
     int micro_batch = s->cfg->global_batch_size / s->cfg->gradient_acc_steps / s->P;
-    ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
+    ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
     add_model_memory(p, s->cfg, n, acts_bytes(&spec));
     return n;
 }
@@ -133,7 +133,7 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout) {
     Fsdp f;
     fsdp_plan(&f, layout, 0, s->P, s->cfg->overlap_communication, s->half);
     int micro_batch = s->cfg->global_batch_size / s->cfg->gradient_acc_steps / s->P;
-    ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
+    ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
     MemoryItem rows[FSDP_MEMORY_ITEMS];
     fsdp_memory_items(&f, parameters_label(s->cfg), acts_bytes(&spec), rows, NULL);
     for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) add_memory(p, rows[i].what, rows[i].bytes);
@@ -144,7 +144,7 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout) {
     int L = s->mc->n_layer, acc = s->cfg->gradient_acc_steps;
     double root = (double)f.units[0].shard * s->P, block = L ? (double)f.units[1].shard * s->P : 0;
     double fl = sizeof(float);
-    double block_gather = s->half ? block * sizeof(bf16) + (double)s->P * f.fp32_pack * fl : block * fl;
+    double block_gather = s->half ? block * sizeof(half16) + (double)s->P * f.fp32_pack * fl : block * fl;
     add_comm(p, "world", "all-gather", acc * (root * fl + 2 * L * block_gather), acc * (1 + 2L * L * (s->half ? 2 : 1)),
              s->P, 1, f.prefetch);
     add_comm(p, "world", "reduce-scatter", acc * (root + L * block) * fl, acc * (1L + L), s->P, 1, f.prefetch);
@@ -191,7 +191,7 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
                     m.head.in_local + (vp ? 2 : 0);
     double x_gather = vp ? X : (double)X * m.Vl;
     double blocks = (double)(m.qkv.block + m.proj.block + m.fc.block + m.fcproj.block), wte = (double)m.head.block;
-    double gathers = wte * fl + (2 * wte + 2 * L * blocks) * (s->half ? sizeof(bf16) : fl);
+    double gathers = wte * fl + (2 * wte + 2 * L * blocks) * (s->half ? sizeof(half16) : fl);
     // calls per block: y 4 for the linears and 3 per LayerNorm, x 4, z 8 gathers
     double y_calls = 4 + 3 * block_norms, x_calls = 4, z_gathers = 8;
     // recomputation runs every block's forward again in backward: its y all-reduces (qkv and fc
@@ -199,7 +199,7 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     if (s->flags & ACTS_RECOMPUTE) {
         y_rows += L * (m.qkv.out_local + m.fc.out_local + 2 * block_norms);
         x_rows += L * (m.proj.out_local + m.fcproj.out_local);
-        gathers += L * blocks * (s->half ? sizeof(bf16) : fl);
+        gathers += L * blocks * (s->half ? sizeof(half16) : fl);
         y_calls += 2 + 2 * block_norms, x_calls += 2, z_gathers += 4;
     }
     // ranks: y fastest, then x, z, data (tp_linear.h); calls: the stage's, for the latency term
@@ -234,7 +234,7 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     gpt_layout_range(&layout, s->mc, first, blocks, true, pp == 1);
     size_t n = layout.num_params;
     int rows = s->cfg->global_batch_size / dp / m;
-    ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_BF16, s->flags & ACTS_RECOMPUTE);
+    ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
     spec.first_layer = first, spec.n_layers = blocks, spec.embed = true, spec.head = pp == 1;
     // 07_pipeline_parallel's report
     add_model_memory(p, s->cfg, n, (size_t)pipe_slots(s->cfg->pp_schedule, m, pp, 0) * acts_bytes(&spec));
