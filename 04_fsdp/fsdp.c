@@ -53,13 +53,13 @@ static size_t move_fp32_part(const Fsdp *f, int l, int r, float *unit, size_t ba
     return n;
 }
 
-void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_bf16) {
+void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_16bit) {
     memset(f, 0, sizeof *f);
     f->rank = rank;
     f->P = P;
     f->layout = layout;
     f->prefetch = prefetch;
-    f->use_bf16 = use_bf16;
+    f->use_16bit = use_16bit;
     int L = layout->cfg.n_layer;
     f->n_units = 1 + L;
     f->units = calloc_or_die((size_t)f->n_units, sizeof(FsdpUnit));
@@ -72,18 +72,18 @@ void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetc
         f->shard_numel += u->shard;
         if (i > 0 && padded(f, u) > f->max_block) f->max_block = padded(f, u);
     }
-    for (int l = 0; use_bf16 && l < L; l++)
+    for (int l = 0; use_16bit && l < L; l++)
         for (int r = 0; r < P; r++) {
             size_t n = move_fp32_part(f, l, r, NULL, 0, NULL, true);
             if (n > f->fp32_pack) f->fp32_pack = n;
         }
     size_t root = padded(f, &f->units[0]), slots = prefetch ? 2 : 1;
     f->gathered_bytes = (2 * root + 2 * slots * f->max_block + slots * (1 + (size_t)P) * f->fp32_pack) * sizeof(float);
-    if (use_bf16) f->gathered16_bytes = (root + slots * (f->max_block + f->max_block / (size_t)P)) * sizeof(half16);
+    if (use_16bit) f->gathered16_bytes = (root + slots * (f->max_block + f->max_block / (size_t)P)) * sizeof(half16);
 }
 
-void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_bf16) {
-    fsdp_plan(f, layout, comm_rank(world), comm_size(world), prefetch, use_bf16);
+void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_16bit) {
+    fsdp_plan(f, layout, comm_rank(world), comm_size(world), prefetch, use_16bit);
     f->world = world;
     // checkpoints travel on their own group, so that the "world" statistics are training's alone
     f->io = comm_split(world, 0, f->rank, "ckpt");
@@ -101,7 +101,7 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, b
         f->block_grad[s] = dev_malloc(max_block * sizeof(float));
         f->shard_scratch[s] = dev_malloc(max_shard * sizeof(float));
     }
-    if (use_bf16) {
+    if (use_16bit) {
         f->root16 = dev_malloc(root * sizeof(half16));
         for (int s = 0; s < slots; s++) {
             f->block16[s] = dev_malloc(max_block * sizeof(half16));
@@ -204,7 +204,7 @@ void fsdp_save_checkpoint(Fsdp *f, const Config *cfg, long step) {
 static void gather_root(Fsdp *f, Weights *w) {
     const FsdpUnit *u = &f->units[0];
     comm_all_gather(f->world, f->root, f->params + u->local, u->shard);
-    if (f->use_bf16) cast_to_16(f->root16, f->root, u->numel);  // the lm_head matmul reads bf16
+    if (f->use_16bit) cast_to_16(f->root16, f->root, u->numel);  // the lm_head matmul reads bf16
     root_weights_point(w, f->layout, f->root, f->root16);
 }
 
@@ -226,7 +226,7 @@ typedef struct {
 static BlockGather gather_block_start(Fsdp *f, int l, int slot) {
     const FsdpUnit *u = &f->units[1 + l];
     float *shard = f->params + u->local;
-    if (!f->use_bf16)
+    if (!f->use_16bit)
         return (BlockGather){comm_all_gather_start(f->world, f->block[slot], shard, u->shard), NULL, l, slot};
     cast_to_16(f->shard16[slot], shard, u->shard);
     move_fp32_part(f, l, f->rank, shard, (size_t)f->rank * u->shard, f->pack_send[slot], true);
@@ -255,7 +255,7 @@ static BlockWeights use_block(Gathers *g, int l, int next) {
     // bf16 precisions: the slot's fp32 matrices are stale; the linears read the bf16 copies
     BlockWeights bw;
     block_weights_point(&bw, f->layout, l, f->block[slot]);
-    if (f->use_bf16) block_weights_point_16(&bw, f->layout, l, f->block16[slot]);
+    if (f->use_16bit) block_weights_point_16(&bw, f->layout, l, f->block16[slot]);
     return bw;
 }
 
@@ -383,7 +383,7 @@ void fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_byte
         {"gradients (fp32)", s * fl, n * fl},
         {"AdamW m and v (fp32)", 2 * s * fl, 2 * n * fl},
         {"gathered units (fp32 w + grad)", f->gathered_bytes, 0},
-        {copies, f->gathered16_bytes, f->use_bf16 ? n * sizeof(half16) : 0},
+        {copies, f->gathered16_bytes, f->use_16bit ? n * sizeof(half16) : 0},
         {"activations", acts_bytes, acts_bytes},
     };
     for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) {

@@ -38,7 +38,7 @@ typedef struct {
     FsdpUnit *units;       // [n_units]
     size_t shard_numel;    // elements this rank holds of each of params, grads, m, v
     size_t max_block;      // elements of the largest block unit, padded
-    bool prefetch, use_bf16;
+    bool prefetch, use_16bit;
     // this rank's shards of every unit, one after the other
     float *params, *grads, *adam_m, *adam_v;
     // the gathered ("full") units, allocated once and reused: "free" = let the next unit in
@@ -61,9 +61,9 @@ typedef struct {
 
 // Cuts the layout into units for rank `rank` of P and sizes every buffer, allocating nothing and
 // making no group: what fsdp_init allocates, and what the planner (tools/plan.c) predicts.
-void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_bf16);
+void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_16bit);
 // fsdp_plan, then makes the groups and allocates this rank's shards (zero) and the gathered buffers.
-void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_bf16);
+void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_16bit);
 void fsdp_free(Fsdp *f);
 // bytes of parameters + gradients + optimizer state this rank holds (the shards)
 size_t fsdp_state_bytes(const Fsdp *f);

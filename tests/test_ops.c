@@ -230,7 +230,7 @@ static void test_bf16_rounding(void) {
     host[n] = bits_to_float(0x7FC00001u);  // NaN
     copy_to_device(in, host, (size_t)(n + 1) * sizeof(float));
     cast_to_16(out, in, (size_t)n + 1);
-    bf16 got[16];
+    half16 got[16];
     copy_to_host(got, out, (size_t)(n + 1) * sizeof(half16));
     for (int i = 0; i < n; i++)
         CHECK(got[i] == cases[i][1], "bf16 of 0x%08X: got 0x%04X, want 0x%04X", cases[i][0], got[i], cases[i][1]);
