@@ -31,16 +31,16 @@ COMMON := log config tokenizer alpaca synthetic gpt moe checkpoint trainer trace
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o
-  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_nccl.o
+  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_nccl.o $(B)/common/comm_mpi.o
   # nvcc's kernel-launch stubs are C++ (guarded statics): gcc links them with libstdc++
   LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudart -lcublas -lcublasLt -lnccl -lstdc++
 else
   COMMON_OBJS += $(B)/common/ops_cpu.o
-  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_mpi.o
+  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_cpu.o $(B)/common/comm_mpi.o
   LDLIBS += -ldnnl
 endif
 # what talks MPI is compiled and linked with mpicc
-$(B)/common/comm.o $(B)/common/comm_mpi.o: CC := $(MPICC)
+$(B)/common/comm.o $(B)/common/comm_mpi.o $(B)/common/comm_cpu.o: CC := $(MPICC)
 $(B)/common/comm_nccl.o: CC := $(MPICC)
 $(B)/common/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include
 

@@ -459,6 +459,7 @@ int main(int argc, char **argv) {
     int rank = comm_rank(world);
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_INFERENCE);
+    comm_select_backend(world, cfg.comm_backend);  // NCCL, or MPI where ranks share a GPU
     ops_set_half_format(config_half_format(&cfg));  // 16-mixed: fp16 weight copies
     validate_inference_keys(&cfg);
     check_layout(&cfg, world);

@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
     int rank = comm_rank(world), P = comm_size(world);
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_PIPELINE_PARALLEL);
+    comm_select_backend(world, cfg.comm_backend);  // NCCL, or MPI where ranks share a GPU
     ops_set_half_format(config_half_format(&cfg));  // 16-mixed: the 16-bit copies are fp16
     // every rank must train the same model on the same batches: compare the configs
     char *config_json = config_to_json(&cfg);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The comm layer under mpirun: collectives, point-to-point, all-to-all and accounting on 1, 2, 3
-# and 4 ranks (comm_check), and a stuck or dead rank ending the job with a message within the
+# and 4 ranks (comm_check), directly and staged through host copies (comm_backend mpi-staged), and a stuck or dead rank ending the job with a message within the
 # timeout (comm_hang), whether the others wait in a collective, a send, a receive or an
 # all-to-all.
 source "$(dirname "$0")/lib.sh"
@@ -11,6 +11,13 @@ for np in 1 2 3 4; do
     out=$(COMM_TIMEOUT=60 mpirun_np "$np" build/tests/mpi/comm_check 2>&1)
     check 'echo "$out" | grep -qE "^comm_check: [0-9]+ passed, 0 failed$"' \
         "comm_check on $np ranks: $(echo "$out" | tail -20)"
+done
+# the same through host copies: the MPI path of CUDA ranks that share a GPU, staging with memcpy
+for np in 1 2 3 4; do
+    out_staged=$(COMM_TIMEOUT=60 mpirun_np "$np" build/tests/mpi/comm_check mpi-staged 2>&1)
+    check 'echo "$out_staged" | grep -qE "^comm_check: [0-9]+ passed, 0 failed$" &&
+           echo "$out_staged" | grep -q "^communication: MPI, staged through host copies"' \
+        "comm_check mpi-staged on $np ranks: $(echo "$out_staged" | tail -20)"
 done
 # the table names every kind comm_check used (4 ranks use them all)
 for kind in send recv send-recv all-to-all; do

@@ -1,4 +1,4 @@
-// comm_check: run under mpirun with any number of ranks (up to 16). Checks every collective and
+// comm_check [comm_backend]: run under mpirun with any number of ranks (up to 16). Checks every collective and
 // point-to-point operation of comm.h (blocking and not, on the world and on split groups) against
 // values computed locally, and the byte accounting against the nccl-tests definitions. Rank 0
 // prints the statistics table, then "comm_check: N passed, N failed" with the failures of every
@@ -302,6 +302,8 @@ static void test_split(Comm *w) {
 
 int main(int argc, char **argv) {
     Comm *w = comm_init(&argc, &argv);
+    // the comm_backend to check: mpi-staged runs the path of ranks that share a GPU
+    comm_select_backend(w, argc > 1 ? argv[1] : "auto");
     ops_init();
     test_world(w);
     test_accounting(w);
