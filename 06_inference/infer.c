@@ -318,6 +318,8 @@ static void print_timings(const Generator *g, const Request *r, int n) {
            "tokens/s\n", g->prefill_tokens, 1e3 * g->prefill_seconds,
            g->prefill_seconds > 0 ? g->prefill_tokens / g->prefill_seconds : 0.0, g->decode_tokens,
            1e3 * g->decode_seconds, g->decode_seconds > 0 ? g->decode_tokens / g->decode_seconds : 0.0);
+    if (g->cfg->compile && ops_graphs_supported())
+        printf("compile: %ld decode steps replayed a CUDA graph\n", g->m->graph_replays);
 }
 
 // ---- evaluation: exact answers on the held-out split ------------------------------------------

@@ -58,6 +58,7 @@ typedef struct {
     size_t bytes;              // device memory of everything above but the weights and the cache
     void *graph;               // the captured decode step (CUDA graph), or NULL
     int graph_B;               // ... and the batch size it was captured for
+    long graph_replays;        // decode steps that replayed it (the GPU test asserts some did)
 } KVModel;
 
 // Allocates the model's buffers for cfg on the grid dims = [x, y, 1] of world (every rank calls

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# make test-cuda: the CUDA tests section by section, within one time budget, most important first.
+# Each section is one run of tests/test_ops_cuda.sh or tests/test_cuda_stages.sh with a section
+# name, started only when its estimated time still fits the budget left and stopped when the
+# budget is spent: a section that would not fit, or did not finish, is reported as "not run",
+# never as passed (its failures before the stop still count). Writes every section's log to
+# build/cuda/test-cuda/<section>.log and one JSON summary, build/cuda/test-cuda.json (gpu,
+# budget_s, elapsed_s, checks: [{check, result, figure}]), and ends with "N passed, N failed".
+#   TEST_CUDA_BUDGET  seconds for everything, the build included (default 480: 8 minutes)
+#   CUDA_ARCHS        what to build for (the Makefile passes the present GPU's, from nvidia-smi)
+#   STAGE_BIN=build/cpu TEST_GPUS=G   a dry run without a GPU (below)
+# The estimates below are guesses for one H100, written before any GPU ran this script; the logs'
+# "N s" figures are what to put in their place.
+set -u
+cd "$(dirname "$0")/.."
+budget=${TEST_CUDA_BUDGET:-480}
+logs=build/cuda/test-cuda
+summary=build/cuda/test-cuda.json
+mkdir -p "$logs"
+rm -f "$logs"/*.log
+export BUILD_JOBS=${BUILD_JOBS:-$(nproc)}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+echo "test-cuda: ${gpu:-no GPU}; budget ${budget} s including the build; built for CUDA_ARCHS=${CUDA_ARCHS:-the Makefile's default}"
+
+# estimate (s) | check | command: the order is the priority
+plan=(
+    "150|build|tests/test_ops_cuda.sh build"
+    "25|ops|tests/test_ops_cuda.sh ops"
+    "15|stage 01 against the CPU|tests/test_ops_cuda.sh stage1"
+    "15|stage 06 CUDA graphs|tests/test_ops_cuda.sh graphs"
+    "15|ranks sharing a GPU choose MPI|tests/test_cuda_stages.sh share"
+    "35|stage 03 equivalence|tests/test_cuda_stages.sh 3"
+    "40|stage 04 equivalence|tests/test_cuda_stages.sh 4"
+    "45|stage 05 equivalence|tests/test_cuda_stages.sh 5"
+    "45|stage 07 equivalence|tests/test_cuda_stages.sh 7"
+    "30|stage 08 equivalence|tests/test_cuda_stages.sh 8"
+    "90|compute-sanitizer memcheck|tests/test_ops_cuda.sh memcheck"
+    "50|stage 06 equivalence|tests/test_cuda_stages.sh 6"
+    "10|stage 01 twice, same bits|tests/test_cuda_stages.sh 1"
+    "20|stage 02 precisions|tests/test_cuda_stages.sh 2"
+    "15|traces on the GPU|tests/test_cuda_stages.sh trace"
+    "60|phi on every stage|tests/test_cuda_stages.sh phi"
+    "90|compute-sanitizer racecheck|tests/test_ops_cuda.sh racecheck"
+    "90|compute-sanitizer synccheck|tests/test_ops_cuda.sh synccheck"
+)
+
+# A dry run (STAGE_BIN=build/cpu TEST_GPUS=G, no GPU needed) runs the stage sections' plan with the
+# CPU binaries, the layouts that would share a GPU through the staged MPI path; the CUDA binaries
+# are neither built nor run
+if [ -n "${TEST_GPUS:-}" ]; then
+    echo "dry run: $TEST_GPUS pretended GPU(s), binaries in ${STAGE_BIN:-build/cuda}/; the test_ops_cuda.sh sections are left out"
+    dry=()
+    for item in "${plan[@]}"; do [[ "$item" == *test_ops_cuda* ]] || dry+=("$item"); done
+    plan=("${dry[@]}")
+fi
+
+passed=0 failed=0 entries=()
+# record <check> <result> <figure>: one entry of the JSON summary
+record() { entries+=("$(python3 -c 'import json,sys; print(json.dumps({"check": sys.argv[1], "result": sys.argv[2], "figure": sys.argv[3]}))' "$@")"); }
+
+for item in "${plan[@]}"; do
+    IFS='|' read -r estimate check command <<<"$item"
+    left=$((budget - SECONDS))
+    if [ "$estimate" -gt "$left" ]; then
+        echo "NOT RUN  $check: estimated $estimate s, $left s of the budget left"
+        record "$check" "not run" "estimated $estimate s, $left s of the budget left"
+        continue
+    fi
+    log="$logs/$(tr -c 'a-zA-Z0-9\n' _ <<<"$check").log"
+    start=$SECONDS
+    timeout "$left" bash $command >"$log" 2>&1
+    rc=$? took=$((SECONDS - start))
+    script=$(basename "${command%% *}" .sh)
+    line=$(grep -E "^$script: [0-9]+ passed, [0-9]+ failed" "$log" | tail -1)
+    fails=$(grep -c "^FAIL" "$log")
+    if [ $rc -eq 124 ]; then
+        failed=$((failed + fails))
+        echo "NOT RUN  $check: stopped at the end of the budget after $took s ($fails failure(s) before that)"
+        record "$check" "not run" "stopped by the budget after $took s, $fails failure(s) before"
+        grep "^FAIL" "$log" | sed 's/^/    /'
+        continue
+    fi
+    p=$(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"${line:-: 0 passed}")
+    f=$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"${line:-0 failed}")
+    [ -z "$line" ] && f=$((fails > 0 ? fails : 1))  # ended without its count line: a crash
+    [ $rc -ne 0 ] && [ "$f" -eq 0 ] && f=1
+    passed=$((passed + p)) failed=$((failed + f))
+    if [ "$f" -gt 0 ]; then
+        result=failed
+        echo "FAILED   $check ($took s, exit $rc): $p passed, $f failed; log $log"
+        { grep -E "^FAIL" "$log" || tail -n 20 "$log"; } | head -20 | sed 's/^/    /'
+    elif [ "$p" -eq 0 ]; then
+        result=skipped
+        echo "SKIPPED  $check ($took s): $(grep -m1 -o 'SKIPPED: .*' "$log")"
+    else
+        result=passed
+        printf 'passed   %-36s %4d checks (%d s)\n' "$check" "$p" "$took"
+    fi
+    grep -E "SKIPPED" "$log" | grep -v "^$" | sed 's/^/    /' | head -5
+    record "$check" "$result" "$p passed, $f failed in $took s"
+done
+
+python3 - "$summary" "$gpu" "$budget" "$SECONDS" "${entries[@]}" <<'PY'
+import json, sys
+path, gpu, budget, elapsed, *checks = sys.argv[1:]
+json.dump({"gpu": gpu or None, "budget_s": int(budget), "elapsed_s": int(elapsed),
+           "checks": [json.loads(c) for c in checks]}, open(path, "w"), indent=1)
+PY
+echo "summary: $summary (logs in $logs/), $SECONDS s of the $budget s budget"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
