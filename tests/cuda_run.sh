@@ -20,7 +20,7 @@ mkdir -p "$logs"
 rm -f "$logs"/*.log
 export BUILD_JOBS=${BUILD_JOBS:-$(nproc)}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-echo "test-cuda: ${gpu:-no GPU}; budget ${budget} s including the build; built for CUDA_ARCHS=${CUDA_ARCHS:-the Makefile's default}"
+echo "test-cuda: ${gpu:-no GPU}; budget ${budget} s including the build; built for CUDA_ARCHS=${CUDA_ARCHS:-the Makefile default}"
 
 # estimate (s) | check | command: the order is the priority
 plan=(
@@ -54,9 +54,33 @@ if [ -n "${TEST_GPUS:-}" ]; then
     plan=("${dry[@]}")
 fi
 
-passed=0 failed=0 entries=()
-# record <check> <result> <figure>: one entry of the JSON summary
-record() { entries+=("$(python3 -c 'import json,sys; print(json.dumps({"check": sys.argv[1], "result": sys.argv[2], "figure": sys.argv[3]}))' "$@")"); }
+passed=0 failed=0
+entries=$(mktemp)
+trap 'rm -f "$entries"' EXIT
+# record <check> <result> <figure>: one entry of the JSON summary (tab-separated until the end)
+record() { printf '%s\t%s\t%s\n' "$@" >>"$entries"; }
+
+# run_within <seconds> <log> <command...>: the command in a session of its own, all of which (the
+# stages' own `timeout` process groups included) is stopped when the seconds are up; returns its
+# exit status, or 124 when stopped
+run_within() {
+    local limit=$1 log=$2 pid end
+    shift 2
+    end=$((SECONDS + limit))
+    setsid "$@" >"$log" 2>&1 &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$SECONDS" -ge "$end" ]; then
+            pkill -TERM -s "$pid"
+            sleep 2
+            pkill -KILL -s "$pid"
+            wait "$pid" 2>/dev/null
+            return 124
+        fi
+        sleep 1
+    done
+    wait "$pid"
+}
 
 for item in "${plan[@]}"; do
     IFS='|' read -r estimate check command <<<"$item"
@@ -68,14 +92,14 @@ for item in "${plan[@]}"; do
     fi
     log="$logs/$(tr -c 'a-zA-Z0-9\n' _ <<<"$check").log"
     start=$SECONDS
-    timeout "$left" bash $command >"$log" 2>&1
+    run_within "$((left > 3 ? left - 3 : 1))" "$log" bash $command  # 3 s to stop it in
     rc=$? took=$((SECONDS - start))
     script=$(basename "${command%% *}" .sh)
     line=$(grep -E "^$script: [0-9]+ passed, [0-9]+ failed" "$log" | tail -1)
     fails=$(grep -c "^FAIL" "$log")
     if [ $rc -eq 124 ]; then
         failed=$((failed + fails))
-        echo "NOT RUN  $check: stopped at the end of the budget after $took s ($fails failure(s) before that)"
+        echo "NOT RUN  $check: stopped at the end of the budget after $took s, $fails failure(s) before that"
         record "$check" "not run" "stopped by the budget after $took s, $fails failure(s) before"
         grep "^FAIL" "$log" | sed 's/^/    /'
         continue
@@ -95,16 +119,17 @@ for item in "${plan[@]}"; do
     else
         result=passed
         printf 'passed   %-36s %4d checks (%d s)\n' "$check" "$p" "$took"
+        grep -o "SKIPPED: .*" "$log" | head -5 | sed 's/^/    /'
     fi
-    grep -E "SKIPPED" "$log" | grep -v "^$" | sed 's/^/    /' | head -5
     record "$check" "$result" "$p passed, $f failed in $took s"
 done
 
-python3 - "$summary" "$gpu" "$budget" "$SECONDS" "${entries[@]}" <<'PY'
+python3 - "$summary" "$gpu" "$budget" "$SECONDS" "$entries" <<'PY'
 import json, sys
-path, gpu, budget, elapsed, *checks = sys.argv[1:]
-json.dump({"gpu": gpu or None, "budget_s": int(budget), "elapsed_s": int(elapsed),
-           "checks": [json.loads(c) for c in checks]}, open(path, "w"), indent=1)
+path, gpu, budget, elapsed, entries = sys.argv[1:]
+checks = [dict(zip(("check", "result", "figure"), line.rstrip("\n").split("\t"))) for line in open(entries)]
+json.dump({"gpu": gpu or None, "budget_s": int(budget), "elapsed_s": int(elapsed), "checks": checks},
+          open(path, "w"), indent=1)
 PY
 echo "summary: $summary (logs in $logs/), $SECONDS s of the $budget s budget"
 echo "$passed passed, $failed failed"

@@ -19,6 +19,14 @@ for np in 1 2 3 4; do
            echo "$out_staged" | grep -q "^communication: MPI, staged through host copies"' \
         "comm_check mpi-staged on $np ranks: $(echo "$out_staged" | tail -20)"
 done
+# comm_backend: a value outside the four is the config's error; nccl on the CPU build is refused
+# with the reason, once, and the job ends on every rank
+expect_one_error "comm_backend gloo" "^error: command line: key 'comm_backend': expected auto, nccl, mpi or mpi-staged" \
+    build/stage-3 --config configs/tiny.json --comm_backend=gloo
+out_nccl=$(timeout 60 mpirun -np 2 --bind-to none build/stage-3 --config configs/tiny.json --comm_backend=nccl --out_dir="$tmp/nccl" 2>&1)
+rc=$?
+check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out_nccl" | grep -c "^error: key .comm_backend. is \"nccl\" but this is the CPU build")" -eq 1 ]' \
+    "comm_backend=nccl on the CPU build on 2 ranks: exit $rc: $(echo "$out_nccl" | head -3)"
 # the table names every kind comm_check used (4 ranks use them all)
 for kind in send recv send-recv all-to-all; do
     check 'echo "$out" | grep -qE "^  world +$kind +[0-9]+ "' "no '$kind' row in the table on 4 ranks"

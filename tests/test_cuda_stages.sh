@@ -294,7 +294,7 @@ section_trace() {
 # counts; asking for NCCL there is refused with the reason. (Pretended GPUs cannot check this.)
 section_share() {
     if [ -n "${TEST_GPUS:-}" ]; then
-        echo "not checked: the choice of MPI for ranks that share a GPU (TEST_GPUS=$TEST_GPUS is a pretended count)"
+        echo "$name: SKIPPED: section share: the choice of MPI for ranks that share a GPU (TEST_GPUS=$TEST_GPUS is a pretended count)"
         return
     fi
     local np=$((gpus + 1)) rc
