@@ -19,7 +19,7 @@ CUDA_HOME ?= /usr/local/cuda
 # nvidia-smi): one architecture compiles in a fifth of the time. CUDA_ARCHS=... overrides both.
 CUDA_ARCHS ?= 75 80 86 89 90
 CUDA_PTX ?= 90
-GPU_ARCHS := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | sort -u)
+GPU_ARCHS = $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | sort -u)
 CFLAGS  ?= -O3 -march=native
 # -fno-math-errno lets gcc vectorise sqrtf (AdamW is 8x faster); nothing reads errno from math
 CFLAGS  += -std=c11 -Wall -Wextra -Werror -fopenmp -fno-math-errno -Icommon -MMD -MP

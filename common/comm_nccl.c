@@ -2,7 +2,8 @@
 // backend). Ranks that share a GPU cannot use NCCL (one rank per GPU): when a host runs more ranks
 // than it has GPUs, or the config says comm_backend: mpi, every operation goes over MPI instead
 // (comm_mpi.c), device buffers staged through pinned host memory unless the MPI library is
-// CUDA-aware (asked at run time), with the same bounded waits, accounting and trace. Each group of two or more ranks gets its own NCCL communicator, bootstrapped by
+// CUDA-aware (asked at run time), with the same bounded waits, accounting and trace.
+// Otherwise each group of two or more ranks gets its own NCCL communicator, bootstrapped by
 // broadcasting rank 0's unique id over the group's MPI communicator, and its own stream, so
 // communication can overlap the compute stream. A group of one rank has no communicator: its
 // collectives are copies on the compute stream.
