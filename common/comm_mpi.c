@@ -89,12 +89,14 @@ static size_t round_up64(size_t n) { return (n + 63) / 64 * 64; }
 // rest must keep its values (an all-to-all-v's gaps), so the output is copied in too.
 static void *host_view(CommRequest *r, void *out, size_t out_bytes, const void *in, size_t in_bytes,
                        const void **host_in, bool with_gaps) {
-    if (!g_staged) {
+    bool in_place = out == in;
+    // In a group of one, an operation in place moves nothing (MPI touches none of its bytes, as
+    // NCCL's path skips it): nothing to stage, and the buffer may be one this rank does not hold.
+    if (!g_staged || (in_place && r->comm->size == 1)) {
         dev_synchronize();  // what the ops wrote is in memory before MPI reads it
         *host_in = in;
         return out;
     }
-    bool in_place = out == in;
     size_t in_region = in_place ? 0 : round_up64(in_bytes);
     Staging *s = calloc_or_die(1, sizeof *s);
     s->block = take_block(in_region + out_bytes + 1);  // + 1: a block even for an empty message
