@@ -97,7 +97,10 @@ static void *host_view(CommRequest *r, void *out, size_t out_bytes, const void *
         *host_in = in;
         return out;
     }
-    size_t in_region = in_place ? 0 : round_up64(in_bytes);
+    // never the output's address, even for an empty input: Open MPI's non-blocking collectives
+    // take a send buffer equal to the receive buffer for MPI_IN_PLACE (a rank of an all-to-all-v
+    // that sends nothing then sent its receive buffer, and the job hung)
+    size_t in_region = in_place ? 0 : round_up64(in_bytes + 1);
     Staging *s = calloc_or_die(1, sizeof *s);
     s->block = take_block(in_region + out_bytes + 1);  // + 1: a block even for an empty message
     char *host = g_blocks[s->block].ptr;
