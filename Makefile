@@ -14,9 +14,12 @@ MPICC   ?= mpicc
 NVCC    ?= nvcc
 CUDA_HOME ?= /usr/local/cuda
 # T4 (sm_75), A100 (sm_80), A10/RTX 30 (sm_86), L4/RTX 40 (sm_89), H100 (sm_90) as machine code,
-# and sm_90's PTX, which the driver compiles for newer GPUs (Blackwell) when the program starts
+# and sm_90's PTX, which the driver compiles for newer GPUs (Blackwell) when the program starts.
+# `make test-cuda` and `make bench-cuda` build for the GPU present only (GPU_ARCHS, from
+# nvidia-smi): one architecture compiles in a fifth of the time. CUDA_ARCHS=... overrides both.
 CUDA_ARCHS ?= 75 80 86 89 90
 CUDA_PTX ?= 90
+GPU_ARCHS = $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | sort -u)
 CFLAGS  ?= -O3 -march=native
 # -fno-math-errno lets gcc vectorise sqrtf (AdamW is 8x faster); nothing reads errno from math
 CFLAGS  += -std=c11 -Wall -Wextra -Werror -fopenmp -fno-math-errno -Icommon -MMD -MP
@@ -27,21 +30,29 @@ NVFLAGS += -std=c++17 -Icommon $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$
            -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
 
 B := build/$(BACKEND)
+# ops_cuda.o depends on the architectures it was built for: a file holding them, rewritten only
+# when they change, so that a build for the GPU present and a full one never mix their objects
+ifeq ($(BACKEND),cuda)
+  CUDA_ARCH_STAMP := $(B)/cuda-archs
+  CUDA_ARCH_TEXT := sm $(CUDA_ARCHS) ptx $(CUDA_PTX)
+  $(shell mkdir -p $(B) && (echo '$(CUDA_ARCH_TEXT)' | cmp -s - $(CUDA_ARCH_STAMP) || echo '$(CUDA_ARCH_TEXT)' >$(CUDA_ARCH_STAMP)))
+  $(B)/common/ops_cuda.o: $(CUDA_ARCH_STAMP)
+endif
 COMMON := log files config tokenizer alpaca synthetic gpt layout activations checkpoint run_setup optimizer loss_scale \
           metrics run_stats evaluate run_checkpoint preemption trace stage_run
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o
-  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_nccl.o
+  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_nccl.o $(B)/common/comm_mpi.o
   # nvcc's kernel-launch stubs are C++ (guarded statics): gcc links them with libstdc++
   LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudart -lcublas -lcublasLt -lnccl -lstdc++
 else
   COMMON_OBJS += $(B)/common/ops_cpu.o
-  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_mpi.o
+  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_cpu.o $(B)/common/comm_mpi.o
   LDLIBS += -ldnnl
 endif
 # what talks MPI is compiled and linked with mpicc
-$(B)/common/comm.o $(B)/common/comm_mpi.o: CC := $(MPICC)
+$(B)/common/comm.o $(B)/common/comm_mpi.o $(B)/common/comm_cpu.o: CC := $(MPICC)
 $(B)/common/comm_nccl.o: CC := $(MPICC)
 $(B)/common/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include
 
@@ -64,7 +75,7 @@ $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
 
-.PHONY: plot report all setup test test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
+.PHONY: plot report all setup test test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
 
 # scripts/setup.sh installs missing packages (apt) and only checks when none is missing; the
@@ -143,18 +154,25 @@ build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 # test_ops is the one test program built for CUDA too: the ops against their double-precision reference
 build/cuda/tests/test_ops: build/cuda/tests/test_ops.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
-# `make test-cuda` builds every CUDA binary into build/cuda/ (not `all`: build/stage-N stay the CPU
-# copies the other tests run), then runs the CUDA tests through tests/run.sh, whose last line is
-# "N passed, N failed": test_ops_cuda.sh (the build, test_ops on the GPU, stage 01 against the
-# CPU's loss curve, CUDA graphs, compute-sanitizer's memcheck, racecheck and synccheck) and
-# test_cuda_stages.sh (every stage's equivalence tests on 1 GPU, their multi-rank layouts on as
-# many GPUs as are visible, up to 4). Without nvcc or without a GPU it still exits 0: the tests
-# say SKIPPED and what they did not run, and count none of it as passed.
+# `make test-cuda`: tests/cuda_run.sh builds every CUDA binary into build/cuda/ for the GPU present
+# (not `all`: build/stage-N stay the CPU copies the other tests run) and runs the CUDA tests
+# section by section within a time budget (TEST_CUDA_BUDGET, seconds, default 480 including the
+# build): test_ops on the GPU, stage 01 against the CPU's loss curve, CUDA graphs, every stage's
+# equivalence tests on 1 GPU and on 2-4 ranks (sharing it, or one a GPU over NCCL where there are
+# enough), compute-sanitizer's memcheck. A section that would not finish within the budget is
+# reported as not run, never as passed. It writes build/cuda/test-cuda.json and ends with "N
+# passed, N failed". Without nvcc or without a GPU it still exits 0, and says SKIPPED.
 CUDA_BINS := $(addprefix build/cuda/,$(addprefix stage-,$(STAGES)) $(TOOLS) tests/test_ops)
 test-cuda:
-	@$(MAKE) --no-print-directory BACKEND=cpu build/cpu/stage-1
-	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory BACKEND=cuda $(CUDA_BINS); fi
-	@bash tests/run.sh cuda
+	@CUDA_BINS="$(CUDA_BINS)" $(if $(filter command line environment,$(origin CUDA_ARCHS)),,$(if $(GPU_ARCHS),CUDA_ARCHS="$(GPU_ARCHS)" CUDA_PTX=)) \
+		bash tests/cuda_run.sh
+
+# `make bench-cuda`: stage 01 and 02 at GPT-2 124M, tokens/s and MFU against the GPU's peak, and
+# stage 06's decode at batch 1 and 8 against the GPU's memory bandwidth (scripts/bench_cuda.sh);
+# SKIPPED, exit 0, without a GPU
+bench-cuda:
+	@$(if $(filter command line environment,$(origin CUDA_ARCHS)),,$(if $(GPU_ARCHS),CUDA_ARCHS="$(GPU_ARCHS)" CUDA_PTX=)) \
+		bash scripts/bench_cuda.sh
 
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)

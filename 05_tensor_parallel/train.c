@@ -46,10 +46,9 @@ int main(int argc, char **argv) {
     config_load(&cfg, argc, argv, STAGE_TENSOR_PARALLEL);
     resolve_resume(&cfg);  // continue the run saved in out_dir, or start one (key resume)
     ops_set_half_format(config_half_format(&cfg));  // 16-mixed: the 16-bit copies are fp16
-    // every rank must train the same model on the same batches: compare the configs
-    char *config_json = config_to_json(&cfg);
-    comm_check_same(world, "the config", config_json);
-    free(config_json);
+    // every rank must train the same model on the same batches: the configs are compared (and
+    // the backend that moves the bytes chosen: NCCL, or MPI where ranks share a GPU)
+    comm_configure(world, &cfg);
     ops_init();
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----

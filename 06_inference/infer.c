@@ -324,6 +324,8 @@ static void print_timings(const Generator *g, const Request *r, int n) {
            "tokens/s\n", g->prefill_tokens, 1e3 * g->prefill_seconds,
            g->prefill_seconds > 0 ? g->prefill_tokens / g->prefill_seconds : 0.0, g->decode_tokens,
            1e3 * g->decode_seconds, g->decode_seconds > 0 ? g->decode_tokens / g->decode_seconds : 0.0);
+    if (g->cfg->compile && ops_graphs_supported())
+        printf("compile: %ld decode steps replayed a CUDA graph\n", g->m->graph_replays);
 }
 
 // ---- evaluation: exact answers on the held-out split ------------------------------------------
@@ -445,6 +447,7 @@ int main(int argc, char **argv) {
     int rank = comm_rank(world);
     Config cfg;
     config_load(&cfg, argc, argv, STAGE_INFERENCE);
+    comm_configure(world, &cfg);  // every rank the same config; NCCL, or MPI where ranks share a GPU
     ops_set_half_format(config_half_format(&cfg));  // 16-mixed: fp16 weight copies
     check_layout(&cfg, world);
     ops_init();

@@ -129,6 +129,7 @@ void kv_decode(KVModel *m, const int *tokens, const int *start, int B, bool use_
     }
     if (m->graph && m->graph_B == B) {
         ops_graph_replay(m->graph);
+        m->graph_replays++;
         return;
     }
     // First step at this batch size: run it for real (cuBLAS picks its kernels, the ops' lazy

@@ -41,6 +41,7 @@ typedef struct {
     void *graph;               // the captured decode step (CUDA graph), or NULL
     int graph_B;               // ... and the batch size it was captured for
     KVGrid *grid;              // tensor parallelism's part (kv_grid.h); NULL on one device
+    long graph_replays;        // decode steps that replayed it (the GPU test asserts some did)
 } KVModel;
 
 // Allocates the model's buffers for cfg on one device, the cache around serial_layer_ops(). Load

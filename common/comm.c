@@ -317,6 +317,13 @@ double comm_max_double(Comm *c, double x) {
     return x;
 }
 
+void comm_configure(Comm *world, const Config *cfg) {
+    comm_select_backend(world, cfg->comm_backend);
+    char *config_json = config_to_json(cfg);
+    comm_check_same(world, "the config", config_json);
+    free(config_json);
+}
+
 void comm_check_same(Comm *c, const char *what, const char *text) {
     // the min and the max of the hashes agree only if every rank's is the same
     uint64_t lo = hash_bytes(text, strlen(text)), hi = lo;

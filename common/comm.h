@@ -1,6 +1,7 @@
 // comm.h: the communicator every parallel stage uses. One API, two implementations:
-// comm_mpi.c moves CPU buffers with Open MPI; comm_nccl.c moves GPU buffers with NCCL (its
-// communicators bootstrapped over MPI). Ranks always come from MPI, so `mpirun -np P` and
+// comm_cpu.c moves CPU buffers with Open MPI; comm_nccl.c moves GPU buffers with NCCL (its
+// communicators bootstrapped over MPI), or with MPI where ranks share a GPU (comm_select_backend;
+// the MPI path itself is comm_mpi.c). Ranks always come from MPI, so `mpirun -np P` and
 // Slurm's `srun` (PMIx) both start a job.
 //
 // Every collective and point-to-point operation is counted (calls, bytes, seconds) per group and
@@ -23,6 +24,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "config.h"
+
 typedef struct Comm Comm;
 typedef struct CommRequest CommRequest;
 
@@ -35,6 +38,15 @@ typedef enum {
 
 // Starts MPI and returns the world group; sets log_set_rank(). Call first in main.
 Comm *comm_init(int *argc, char ***argv);
+// Chooses what moves the payload, from the config's comm_backend: call on every rank right after
+// the config is read, before any comm_split. "auto": the CUDA backend uses NCCL when every rank
+// has a GPU of its own on its host, else MPI (ranks that share a GPU: NCCL needs one GPU per
+// rank); the CPU backend uses MPI. "nccl": NCCL or an error. "mpi": MPI, which on the CUDA backend
+// stages device buffers through pinned host memory, or hands them to an MPI built CUDA-aware.
+// "mpi-staged": MPI with staging even so; on the CPU backend the staging copies are memcpy, which
+// is how the tests run the shared-GPU path without a GPU. Rank 0 prints one line: which backend
+// moves the bytes, and why.
+void comm_select_backend(Comm *world, const char *comm_backend);
 // Ends MPI after freeing every group; prints nothing.
 void comm_finalize(Comm *world);
 // Ranks with the same color form a group, ordered by key; `name` labels its statistics.
@@ -100,6 +112,10 @@ void comm_check_same(Comm *c, const char *what, const char *text);
 // replicas): ends the job unless they all hold the same params[0..n) (device memory); prints
 // their hash.
 void comm_check_replicas_identical(Comm *c, const float *params, size_t n);
+// What a parallel stage does right after config_load: selects the backend cfg's comm_backend
+// names (comm_select_backend), then ends the job unless every rank loaded the same config: every
+// rank must train the same model on the same batches.
+void comm_configure(Comm *world, const Config *cfg);
 
 // ---- accounting -------------------------------------------------------------------------------
 typedef struct {

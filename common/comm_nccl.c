@@ -1,5 +1,9 @@
 // comm_nccl.c: the payload operations of comm.h over NCCL, for buffers in GPU memory (the CUDA
-// backend). Each group of two or more ranks gets its own NCCL communicator, bootstrapped by
+// backend). Ranks that share a GPU cannot use NCCL (one rank per GPU): when a host runs more ranks
+// than it has GPUs, or the config says comm_backend: mpi, every operation goes over MPI instead
+// (comm_mpi.c), device buffers staged through pinned host memory unless the MPI library is
+// CUDA-aware (asked at run time), with the same bounded waits, accounting and trace.
+// Otherwise each group of two or more ranks gets its own NCCL communicator, bootstrapped by
 // broadcasting rank 0's unique id over the group's MPI communicator, and its own stream, so
 // communication can overlap the compute stream. A group of one rank has no communicator: its
 // collectives are copies on the compute stream.
@@ -27,13 +31,23 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "comm_internal.h"
 #include "device.h"
 #include "log.h"
+#if defined(OPEN_MPI) && OPEN_MPI
+#include <mpi-ext.h>  // MPIX_Query_cuda_support, where Open MPI was built with its CUDA extension
+#endif
+
+// true: every operation goes over MPI (comm_mpi.c), for the reason in g_why (the banner's);
+// g_staged: device buffers go through pinned host memory (else a CUDA-aware MPI reads them)
+static bool g_via_mpi, g_staged;
+static char g_why[300];
 
 typedef struct {
     ncclComm_t nccl;
@@ -63,6 +77,15 @@ static void nccl_failed(const Comm *c, ncclComm_t nccl, ncclResult_t r, const ch
           nccl ? ncclGetLastError(nccl) : "no communicator");
 }
 
+// Frees the GPU from a communicator's collectives before the job ends with a message. Should the
+// abort fail too, that is said as well (the GPU may still be held), without hiding the first error.
+static void abort_communicator(const Comm *c, ncclComm_t nccl) {
+    if (!nccl) return;
+    ncclResult_t r = ncclCommAbort(nccl);
+    if (r != ncclSuccess)
+        fprintf(stderr, "warning: ncclCommAbort on group '%s' failed too: %s\n", c->name, ncclGetErrorString(r));
+}
+
 // A non-blocking communicator's calls may return ncclInProgress and go on in NCCL's threads:
 // poll until they are done, bounded by COMM_TIMEOUT, so that no NCCL call can hang the job.
 static void settle(const Comm *c, ncclComm_t nccl, ncclResult_t r, const char *what) {
@@ -70,7 +93,7 @@ static void settle(const Comm *c, ncclComm_t nccl, ncclResult_t r, const char *w
     struct timespec nap = {0, 20000};
     while (r == ncclInProgress) {
         if (wall_seconds() > deadline) {
-            ncclCommAbort(nccl);
+            abort_communicator(c, nccl);
             comm_timeout_exceeded(what, c->name);
         }
         nanosleep(&nap, NULL);
@@ -84,8 +107,10 @@ static void settle(const Comm *c, ncclComm_t nccl, ncclResult_t r, const char *w
 
 static cudaStream_t compute_stream(void) { return (cudaStream_t)dev_stream(); }
 
-// More ranks on a host than GPUs would put two ranks on one GPU, which NCCL refuses obscurely.
-static void check_gpus_per_host(Comm *world) {
+// More ranks on a host than GPUs put two ranks on one GPU (ops_init: local rank modulo the GPUs),
+// which NCCL refuses: then every rank of the job communicates over MPI. Returns whether any host
+// is shared so (every rank gets the same answer) and says which one in g_why.
+static bool ranks_share_gpus(Comm *world) {
     MPI_Comm host;
     comm_check_mpi(MPI_Comm_split_type(world->mpi, MPI_COMM_TYPE_SHARED, world->rank, MPI_INFO_NULL, &host),
                    "split by host");
@@ -93,13 +118,35 @@ static void check_gpus_per_host(Comm *world) {
     MPI_Comm_size(host, &ranks_here);
     MPI_Comm_free(&host);
     if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
-    if (ranks_here > gpus) {
-        char name[256] = "this host";
-        gethostname(name, sizeof name);
-        fatal("%d ranks run on %s but it has %d visible GPU%s: start at most %d ranks per host "
-              "(one per GPU; CUDA_VISIBLE_DEVICES limits what is visible)",
-              ranks_here, name, gpus, gpus == 1 ? "" : "s", gpus);
-    }
+    int shared = ranks_here > gpus, any = shared;
+    MPI_Request req;
+    comm_check_mpi(MPI_Iallreduce(&shared, &any, 1, MPI_INT, MPI_MAX, world->mpi, &req), "ranks per GPU");
+    comm_wait_mpi(&req, 1, "ranks per GPU", world->name);
+    char name[256] = "this host";
+    gethostname(name, sizeof name);
+    if (shared)
+        snprintf(g_why, sizeof g_why, "%d ranks share %s's %d GPU%s, and NCCL needs a GPU per rank", ranks_here,
+                 name, gpus, gpus == 1 ? "" : "s");
+    else if (any)
+        snprintf(g_why, sizeof g_why, "ranks share the GPUs of another host, and NCCL needs a GPU per rank");
+    return any;
+}
+
+// Whether the MPI library reads and writes GPU memory itself: Open MPI built with CUDA says so at
+// run time (the library loaded may differ from the one compiled against).
+static bool mpi_is_cuda_aware(void) {
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+    return MPIX_Query_cuda_support() == 1;
+#else
+    return false;
+#endif
+}
+
+// Switches every operation to MPI, staging through pinned host memory unless MPI reads GPU memory.
+static void use_mpi(bool force_staging) {
+    g_via_mpi = true;
+    g_staged = force_staging || !mpi_is_cuda_aware();
+    mpi_path_set_staged(g_staged);
 }
 
 static void watch(void);
@@ -107,10 +154,10 @@ static void watch(void);
 void comm_backend_init_group(Comm *c) {
     ops_init();  // picks this rank's GPU: the communicator is bound to the current device
     if (c->mpi == MPI_COMM_WORLD) {
-        check_gpus_per_host(c);
+        if (ranks_share_gpus(c)) use_mpi(false);
         dev_on_wait(watch);
     }
-    if (c->size == 1) return;  // a group of one needs no communicator
+    if (g_via_mpi || c->size == 1) return;  // MPI, or a group of one: no communicator
     NcclGroup *g = calloc_or_die(1, sizeof *g);
     ncclUniqueId id;
     if (c->rank == 0) settle(c, NULL, ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -128,6 +175,7 @@ void comm_backend_init_group(Comm *c) {
 }
 
 void comm_backend_free_group(Comm *c) {
+    if (c->mpi == MPI_COMM_WORLD) mpi_path_free_staging();  // the last group freed
     NcclGroup *g = c->backend;
     if (!g) return;
     dev_synchronize();  // every collective waited for has finished, and its time is booked
@@ -171,30 +219,29 @@ static void book_gpu_time(Comm *c, CollKind kind, cudaEvent_t start, cudaEvent_t
     CUDA_CHECK(cudaEventDestroy(done));
 }
 
-// 1 when w has finished (its time booked); 0 while it runs; ends the job when it failed or is late
-static int watched_finished(Watched *w) {
-    cudaError_t e = cudaEventQuery(w->done);
-    if (e == cudaSuccess) {
-        book_gpu_time(w->comm, w->kind, w->start, w->done);
-        return 1;
-    }
-    if (e != cudaErrorNotReady) cuda_check(e, COMM_KIND_NAMES[w->kind], __FILE__, __LINE__);
-    NcclGroup *g = w->comm->backend;
+// 1 when the collective whose end is `done` has finished; 0 while it runs; ends the job when its
+// communicator reports an error or the deadline has passed
+static int collective_finished(Comm *c, CollKind kind, cudaEvent_t done, double deadline) {
+    cudaError_t e = cudaEventQuery(done);
+    if (e == cudaSuccess) return 1;
+    if (e != cudaErrorNotReady) cuda_check(e, COMM_KIND_NAMES[kind], __FILE__, __LINE__);
+    NcclGroup *g = c->backend;
     ncclResult_t async;
     ncclResult_t q = ncclCommGetAsyncError(g->nccl, &async);
     if (q != ncclSuccess) async = q;
     if (async != ncclSuccess && async != ncclInProgress) {
-        ncclCommAbort(g->nccl);
-        nccl_failed(w->comm, NULL, async, COMM_KIND_NAMES[w->kind]);
+        abort_communicator(c, g->nccl);
+        nccl_failed(c, NULL, async, COMM_KIND_NAMES[kind]);
     }
-    if (wall_seconds() > w->deadline) {
-        ncclCommAbort(g->nccl);  // frees the GPU from the collective before we exit
-        comm_timeout_exceeded(COMM_KIND_NAMES[w->kind], w->comm->name);
+    if (wall_seconds() > deadline) {
+        abort_communicator(c, g->nccl);  // frees the GPU from the collective before we exit
+        comm_timeout_exceeded(COMM_KIND_NAMES[kind], c->name);
     }
     return 0;
 }
 
-// dev_on_wait's check: drops the finished collectives, ends the job on a failed or late one
+        if (ranks_share_gpus(c)) use_mpi(false);
+        dev_on_wait(watch);
 static void watch(void) {
     int kept = 0;
     for (int i = 0; i < g_nwatched; i++)
@@ -213,6 +260,10 @@ static void add_watched(CommRequest *r, cudaEvent_t start, cudaEvent_t done) {
 
 // Stream-ordered: later compute waits for the collective on the GPU; the host goes on.
 void comm_backend_wait(CommRequest *r) {
+    if (g_via_mpi) {
+        mpi_path_wait(r);
+        return;
+    }
     cudaEvent_t *ev = r->event;
     if (!ev) return;  // a group of one: a copy on the compute stream, already in order
     CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), ev[1], 0));
@@ -221,12 +272,13 @@ void comm_backend_wait(CommRequest *r) {
     watch();
 }
 
+// Polled by a caller that overlaps compute with the operation: bounded like a wait, so a peer
+// that never joins ends the job after COMM_TIMEOUT, and a failed communicator ends it at once.
 int comm_backend_test(CommRequest *r) {
+    if (g_via_mpi) return mpi_path_test(r);
     cudaEvent_t *ev = r->event;
     if (!ev) return 1;
-    cudaError_t e = cudaEventQuery(ev[1]);
-    if (e == cudaErrorNotReady) return 0;
-    cuda_check(e, COMM_KIND_NAMES[r->kind], __FILE__, __LINE__);
+    if (!collective_finished(r->comm, r->kind, ev[1], r->start + g_comm_timeout)) return 0;
     // finish the ordering and clean-up that comm_backend_wait would do
     CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), ev[1], 0));
     book_gpu_time(r->comm, r->kind, ev[0], ev[1]);
@@ -235,8 +287,38 @@ int comm_backend_test(CommRequest *r) {
 }
 
 double comm_backend_seconds(const CommRequest *r) {
-    (void)r;
+    if (g_via_mpi) return mpi_path_seconds(r);
     return 0;  // booked by book_gpu_time
+}
+
+void *comm_host_alloc(size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes);
+    if (e != cudaSuccess)
+        fatal("cannot pin %zu bytes of host memory for staging GPU buffers: %s", bytes, cudaGetErrorString(e));
+    return p;
+}
+
+void comm_host_free(void *ptr) { CUDA_CHECK(cudaFreeHost(ptr)); }
+
+// NCCL was set up for the world at comm_init (when the ranks have a GPU each); asking for MPI
+// frees that communicator before any other group exists.
+void comm_select_backend(Comm *world, const char *comm_backend) {
+    bool staged = strcmp(comm_backend, "mpi-staged") == 0;
+    if (strcmp(comm_backend, "nccl") == 0 && g_via_mpi)
+        fatal("key 'comm_backend' is \"nccl\" but %s: use auto or mpi", g_why);
+    if (staged || strcmp(comm_backend, "mpi") == 0) {
+        if (!g_via_mpi) {
+            comm_backend_free_group(world);
+            snprintf(g_why, sizeof g_why, "asked for (comm_backend: %s)", comm_backend);
+        }
+        use_mpi(staged);
+    }
+    if (world->rank != 0) return;
+    if (!g_via_mpi) printf("communication: NCCL, a GPU per rank\n");
+    else
+        printf("communication: MPI (%s), device buffers %s\n", g_why,
+               g_staged ? "staged through pinned host memory" : "handed to the CUDA-aware MPI library");
 }
 
 // A group of one: the collective is a copy of count floats (or nothing when in place).
@@ -246,6 +328,7 @@ static CommRequest *lone(CommRequest *r, float *out, const float *in, size_t cou
 }
 
 CommRequest *comm_all_reduce_start(Comm *c, float *buf, size_t count) {
+    if (g_via_mpi) return mpi_path_all_reduce_start(c, buf, count);
     CommRequest *r = comm_new_request(c, COLL_ALL_REDUCE, 4.0 * count);
     if (!c->backend) return r;  // the sum over one rank
     NcclGroup *g = begin(c, r);
@@ -254,6 +337,7 @@ CommRequest *comm_all_reduce_start(Comm *c, float *buf, size_t count) {
 }
 
 CommRequest *comm_all_gather_start(Comm *c, float *out, const float *in, size_t count) {
+    if (g_via_mpi) return mpi_path_all_gather_start(c, out, in, count);
     CommRequest *r = comm_new_request(c, COLL_ALL_GATHER, 4.0 * count * c->size);
     if (!c->backend) return lone(r, out, in, count);
     NcclGroup *g = begin(c, r);
@@ -263,6 +347,7 @@ CommRequest *comm_all_gather_start(Comm *c, float *out, const float *in, size_t 
 
 // 16-bit values move as pairs of bytes: a gather does no arithmetic, so the type is only a size
 CommRequest *comm_all_gather16_start(Comm *c, uint16_t *out, const uint16_t *in, size_t count) {
+    if (g_via_mpi) return mpi_path_all_gather16_start(c, out, in, count);
     CommRequest *r = comm_new_request(c, COLL_ALL_GATHER, 2.0 * count * c->size);
     if (!c->backend) {
         if (out != in) dev_copy(out, in, count * sizeof(uint16_t));
@@ -274,6 +359,7 @@ CommRequest *comm_all_gather16_start(Comm *c, uint16_t *out, const uint16_t *in,
 }
 
 CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, size_t count) {
+    if (g_via_mpi) return mpi_path_reduce_scatter_start(c, out, in, count);
     CommRequest *r = comm_new_request(c, COLL_REDUCE_SCATTER, 4.0 * count * c->size);
     if (!c->backend) return lone(r, out, in, count);
     NcclGroup *g = begin(c, r);
@@ -282,6 +368,10 @@ CommRequest *comm_reduce_scatter_start(Comm *c, float *out, const float *in, siz
 }
 
 void comm_broadcast(Comm *c, float *buf, size_t count, int root) {
+    if (g_via_mpi) {
+        mpi_path_broadcast(c, buf, count, root);
+        return;
+    }
     comm_check_peer(c, root, "broadcast");
     CommRequest *r = comm_new_request(c, COLL_BROADCAST, 4.0 * count);
     if (c->backend) {
@@ -301,6 +391,10 @@ static void queue_send_recv(const Comm *c, NcclGroup *g, const float *send, size
 }
 
 void comm_all_to_all(Comm *c, float *out, const float *in, size_t count) {
+    if (g_via_mpi) {
+        mpi_path_all_to_all(c, out, in, count);
+        return;
+    }
     CommRequest *r = comm_new_request(c, COLL_ALL_TO_ALL, 4.0 * count * c->size);
     if (!c->backend) {
         comm_wait(lone(r, out, in, count));
@@ -316,6 +410,10 @@ void comm_all_to_all(Comm *c, float *out, const float *in, size_t count) {
 
 void comm_all_to_all_v(Comm *c, float *out, const size_t *recv_counts, const size_t *recv_offsets,
                        const float *in, const size_t *send_counts, const size_t *send_offsets) {
+    if (g_via_mpi) {
+        mpi_path_all_to_all_v(c, out, recv_counts, recv_offsets, in, send_counts, send_offsets);
+        return;
+    }
     CommRequest *r = comm_new_request(c, COLL_ALL_TO_ALL, 4.0 * comm_total_count(send_counts, c->size));
     if (!c->backend) {
         comm_wait(lone(r, out + recv_offsets[0], in + send_offsets[0], send_counts[0]));
@@ -335,6 +433,7 @@ static void require_peer_group(const Comm *c, const char *what) {
 }
 
 CommRequest *comm_send_start(Comm *c, const float *buf, size_t count, int peer) {
+    if (g_via_mpi) return mpi_path_send_start(c, buf, count, peer);
     comm_check_peer(c, peer, "send");
     require_peer_group(c, "send");
     CommRequest *r = comm_new_request(c, COLL_SEND, 4.0 * count);
@@ -344,6 +443,7 @@ CommRequest *comm_send_start(Comm *c, const float *buf, size_t count, int peer) 
 }
 
 CommRequest *comm_recv_start(Comm *c, float *buf, size_t count, int peer) {
+    if (g_via_mpi) return mpi_path_recv_start(c, buf, count, peer);
     comm_check_peer(c, peer, "recv");
     require_peer_group(c, "recv");
     CommRequest *r = comm_new_request(c, COLL_RECV, 4.0 * count);
@@ -354,6 +454,7 @@ CommRequest *comm_recv_start(Comm *c, float *buf, size_t count, int peer) {
 
 CommRequest *comm_send_recv_start(Comm *c, const float *send, size_t send_count, int dst, float *recv,
                                   size_t recv_count, int src) {
+    if (g_via_mpi) return mpi_path_send_recv_start(c, send, send_count, dst, recv, recv_count, src);
     comm_check_peer(c, dst, "send-recv");
     comm_check_peer(c, src, "send-recv");
     CommRequest *r = comm_new_request(c, COLL_SEND_RECV, 4.0 * send_count);

@@ -77,6 +77,10 @@ static const Key KEYS[] = {
     K(overlap_communication, T_BOOL, "false",
       "overlap communication with computation (ddp: bucketed all-reduce during backward; "
       "fsdp: prefetch the next block's all-gather)"),
+    K(comm_backend, T_STRING, "auto",
+      "what moves the bytes between ranks: auto (NCCL when every rank has a GPU of its own, else MPI), "
+      "nccl, mpi (GPU buffers staged through pinned host memory, or CUDA-aware MPI), mpi-staged "
+      "(staged even so; on the CPU, the shared-GPU path with memcpy)"),
     K(trace, T_BOOL, "false", "write <out_dir>/trace.json, a Chrome trace-event timeline of every rank"),
     K(trace_steps, T_INT, "3", "the first N steps of the run go into the trace"),
     K(activation_checkpointing, T_BOOL, "false",
@@ -655,6 +659,8 @@ static void resolve_dataset(Config *cfg, const Sources *src) {
 
 static void validate(Config *cfg, const Sources *src, Stage stage) {
     resolve_precision(cfg, src);
+    static const char *const comm_backends[] = {"auto", "nccl", "mpi", "mpi-staged"};
+    require_one_of(src, "comm_backend", cfg->comm_backend, comm_backends, 4, "auto, nccl, mpi or mpi-staged");
     resolve_strategy(cfg, src, stage);
     require_pipeline_keys_fit_strategy(cfg, src);
     require_stage_takes_switches(cfg, src, stage);

@@ -54,6 +54,7 @@ typedef struct {
     bool trace;       // <out_dir>/trace.json (trace.h)
     int trace_steps;  // the first N steps are traced
     bool overlap_communication;  // ddp: bucketed all-reduce during backward; axonn: prefetching
+    char comm_backend[16];       // auto, nccl, mpi or mpi-staged (comm_select_backend)
     double bucket_size_mb;       // ddp: gradient bucket size for the overlapped all-reduce
     bool vocab_parallel_loss;    // axonn: loss on the vocabulary split over x (false: gather the logits)
     // pipeline (stage 07)

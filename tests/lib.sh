@@ -67,12 +67,14 @@ PY
 
 # run_ranks <stage> <name> <ranks> [args...]: $STAGE_BIN/stage-<stage> on <ranks> MPI ranks with
 # the test's "${args[@]}" plus [args...], writing $tmp/<name>/ and $tmp/<name>.log; one check that
-# it exits 0 (tests/mpi_env.sh must be sourced)
+# it exits 0 (tests/mpi_env.sh must be sourced). COMM_BACKEND=<value> adds --comm_backend=<value>:
+# COMM_BACKEND=mpi-staged bash tests/test_stage3.sh runs the stage's layouts through the MPI path
+# of ranks that share a GPU.
 run_ranks() {
     local stage=$1 name=$2 np=$3
     shift 3
-    timeout 300 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" "$@" \
-        >"$tmp/$name.log" 2>&1
+    timeout 300 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" \
+        ${COMM_BACKEND:+--comm_backend="$COMM_BACKEND"} "$@" >"$tmp/$name.log" 2>&1
     local rc=$?
     check '[ $rc -eq 0 ]' "stage $stage $name failed (exit $rc): $(tail -5 "$tmp/$name.log")"
 }

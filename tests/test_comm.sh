@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The comm layer under mpirun: collectives, point-to-point, all-to-all and accounting on 1, 2, 3
-# and 4 ranks (comm_check), and a stuck or dead rank ending the job with a message within the
+# and 4 ranks (comm_check), directly and staged through host copies (comm_backend mpi-staged), and a stuck or dead rank ending the job with a message within the
 # timeout (comm_hang), whether the others wait in a collective, a send, a receive or an
 # all-to-all.
 source "$(dirname "$0")/lib.sh"
@@ -12,6 +12,21 @@ for np in 1 2 3 4; do
     check 'echo "$out" | grep -qE "^comm_check: [0-9]+ passed, 0 failed$"' \
         "comm_check on $np ranks: $(echo "$out" | tail -20)"
 done
+# the same through host copies: the MPI path of CUDA ranks that share a GPU, staging with memcpy
+for np in 1 2 3 4; do
+    out_staged=$(COMM_TIMEOUT=60 mpirun_np "$np" build/tests/mpi/comm_check mpi-staged 2>&1)
+    check 'echo "$out_staged" | grep -qE "^comm_check: [0-9]+ passed, 0 failed$" &&
+           echo "$out_staged" | grep -q "^communication: MPI, staged through host copies"' \
+        "comm_check mpi-staged on $np ranks: $(echo "$out_staged" | tail -20)"
+done
+# comm_backend: a value outside the four is the config's error; nccl on the CPU build is refused
+# with the reason, once, and the job ends on every rank
+expect_one_error "comm_backend gloo" "^error: command line: key 'comm_backend': expected auto, nccl, mpi or mpi-staged" \
+    build/stage-3 --config configs/tiny.json --comm_backend=gloo
+out_nccl=$(timeout 60 mpirun -np 2 --bind-to none build/stage-3 --config configs/tiny.json --comm_backend=nccl --out_dir="$tmp/nccl" 2>&1)
+rc=$?
+check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out_nccl" | grep -c "^error: key .comm_backend. is \"nccl\" but this is the CPU build")" -eq 1 ]' \
+    "comm_backend=nccl on the CPU build on 2 ranks: exit $rc: $(echo "$out_nccl" | head -3)"
 # the table names every kind comm_check used (4 ranks use them all)
 for kind in send recv send-recv all-to-all; do
     check 'echo "$out" | grep -qE "^  world +$kind +[0-9]+ "' "no '$kind' row in the table on 4 ranks"

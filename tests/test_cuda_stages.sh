@@ -5,23 +5,26 @@
 # bf16: their documented looser bounds). GPU against GPU: a GPU adds floats in another order than
 # the CPU, so the references are single-process runs on the GPU (tests/test_ops_cuda.sh holds stage
 # 01 on the GPU against the CPU).
-#   - every stage runs on 1 GPU; a layout on P ranks (one per GPU) runs when P GPUs are visible,
-#     P <= 4. The CUDA backend refuses more ranks on a host than visible GPUs (checked here with one
-#     rank too many), so what does not fit is listed as SKIPPED with the reason, never passed;
+#   - every stage runs on 1 GPU, and every layout of 2-4 ranks runs too: over NCCL, one rank a GPU,
+#     where that many GPUs are visible, else with the ranks sharing the GPUs, which moves the bytes
+#     over MPI through pinned host memory (comm.h comm_select_backend; each run's banner must say
+#     which); section share: more ranks than GPUs choose MPI by themselves and say why, and
+#     comm_backend=nccl is refused there;
 #   - traces (section trace): valid with CUDA-event spans, and stage 03's bucket all-reduces overlap
 #     the backward on the GPU's clock with overlap_communication, not without;
 #   - without a GPU: one SKIPPED line, nothing counted (test_ops_cuda.sh checks the build and the
 #     no-device error there).
-# Usage: tests/test_cuda_stages.sh [section ...]   sections 1 2 3 4 5 6 7 8 phi trace; default: all
+# Usage: tests/test_cuda_stages.sh [section ...]   sections 1 2 3 4 5 6 7 8 phi trace share; default: all
 # A dry run of this script's logic where there is no GPU: the CPU binaries, as if G GPUs were
-# visible (it checks the script, not the CUDA backend):
+# visible (it checks the script, not the CUDA backend); the layouts that would share a GPU run
+# through the same MPI path with comm_backend=mpi-staged (memcpy for the staging copies):
 #   STAGE_BIN=build/cpu TEST_GPUS=G bash tests/test_cuda_stages.sh
 STAGE_BIN=${STAGE_BIN:-build/cuda}
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 name=test_cuda_stages
 STAGES="1 2 3 4 5 6 7 8"
-SECTIONS="$STAGES phi trace"
+SECTIONS="$STAGES phi trace share"
 [ $# -gt 0 ] || set -- $SECTIONS
 for section in "$@"; do
     case " $SECTIONS " in
@@ -30,8 +33,6 @@ for section in "$@"; do
     esac
 done
 gpus=${TEST_GPUS:-$(visible_gpus)}
-max_ranks=$((gpus < 4 ? gpus : 4))
-skipped=()
 
 if [ "$gpus" -eq 0 ]; then
     echo "$name: SKIPPED: no GPU visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them): no stage ran on the CUDA backend"
@@ -52,38 +53,47 @@ if [ -n "$missing" ]; then
     finish "$name"
     exit
 fi
-echo "$gpus GPU(s)${TEST_GPUS:+ (pretended: TEST_GPUS)}: the layouts of up to $max_ranks rank(s) run, with $STAGE_BIN/"
+echo "$gpus GPU(s)${TEST_GPUS:+ (pretended: TEST_GPUS)}: layouts of up to $gpus rank(s) run over NCCL, larger ones (up to 4 ranks) share the GPUs over MPI; binaries in $STAGE_BIN/"
 
-# fits <ranks> <stage> <run>: whether <ranks> ranks, one a GPU, can start here; if not, says why
-# and notes the run as skipped
-fits() {
-    [ "$1" -le "$max_ranks" ] && return 0
-    skipped+=("$3")
-    echo "SKIPPED: stage $2 $3 on $1 ranks: needs $1 GPUs, $gpus visible"
-    return 1
+# on_ranks <stage> <run> <ranks> [args...]: run_ranks, and a check that the run's banner names
+# the backend this many ranks must use: NCCL where each has a GPU of its own, MPI where they share.
+# A dry run (the CPU binaries, which always use MPI) sends the shared layouts through MPI's staged
+# path, the one ranks sharing a GPU take, with memcpy for the staging copies.
+on_ranks() {
+    local stage=$1 run=$2 np=$3 want=NCCL
+    shift 3
+    [ "$np" -gt "$gpus" ] && want=MPI
+    if [ -z "${TEST_GPUS:-}" ]; then
+        run_ranks "$stage" "$run" "$np" "$@"
+    elif [ "$want" = MPI ]; then
+        COMM_BACKEND=mpi-staged run_ranks "$stage" "$run" "$np" "$@"
+        want="MPI, staged"
+    else
+        run_ranks "$stage" "$run" "$np" "$@"
+        want=MPI
+    fi
+    check 'grep -q "^communication: $want" "$tmp/$run.log"' \
+        "stage $stage $run on $np rank(s), $gpus GPU(s): the banner does not say '$want': $(grep -a -m1 '^communication' "$tmp/$run.log")"
 }
 
 # layout <stage> <run> <ranks> <reference> <steps> <tolerance> [args...]: stage <stage> on <ranks>
-# GPUs gives the reference run's loss at each of <steps> steps, within the relative tolerance.
-# Returns 1 when the layout does not fit, so that a caller skips its own further checks too.
+# ranks gives the reference run's loss at each of <steps> steps, within the relative tolerance
 layout() {
     local stage=$1 run=$2 np=$3 ref=$4 steps=$5 tol=$6
     shift 6
-    fits "$np" "$stage" "$run" || return 1
-    run_ranks "$stage" "$run" "$np" "$@"
+    on_ranks "$stage" "$run" "$np" "$@"
     check 'compare_losses "$tmp/$ref" "$tmp/$run" $steps $tol' \
-        "stage $stage $run on $np GPU(s) does not reproduce $ref within $tol"
+        "stage $stage $run on $np rank(s), $gpus GPU(s) does not reproduce $ref within $tol"
 }
 
-# generates_like <run> <ranks> <reference> [args...]: stage 06 on <ranks> GPUs generates exactly the
+# generates_like <run> <ranks> <reference> [args...]: stage 06 on <ranks> ranks generates exactly the
 # reference run's tokens (a sampled token changes only if the logits differ by about a millionth)
 generates_like() {
     local run=$1 np=$2 ref=$3
     shift 3
-    fits "$np" 6 "$run" || return 1
-    run_ranks 6 "$run" "$np" "$@"
+    on_ranks 6 "$run" "$np" "$@"
     check '[ -n "$(answer_ids "$ref")" ] && [ "$(answer_ids "$run")" = "$(answer_ids "$ref")" ]' \
-        "stage 06 $run on $np GPU(s) generates other tokens than $ref: $(diff <(answer_ids "$ref") <(answer_ids "$run") | head -4)"
+        "stage 06 $run on $np rank(s) generates other tokens than $ref: $(diff <(answer_ids "$ref") <(answer_ids "$run") | head -4)"
 }
 
 loss_lines() { grep -o '"loss": [^,]*' "$tmp/$1/metrics.jsonl" 2>/dev/null; }
@@ -216,7 +226,7 @@ section_8() {
     layout 8 s8_dense1 1 s8_dense_ref 20 1e-5
     layout 8 s8_dense2 2 s8_dense_ref 20 1e-5
     args=(--config configs/moe.json --stop_iteration=20 --eval_batches=0 --log_interval=100 --n_embd=64 --capacity_factor=1)
-    run_ranks 8 s8_ep1 1
+    on_ranks 8 s8_ep1 1
     local dropped spec run np ep
     dropped=$(python3 -c "import json,sys; print(sum(json.loads(l)['dropped'] for l in open(sys.argv[1])))" "$tmp/s8_ep1/metrics.jsonl")
     check '[ "$dropped" -gt 0 ]' "capacity 1 dropped no pair in 20 steps: the comparison proves nothing about dropping"
@@ -266,9 +276,8 @@ section_trace() {
     check '[ $? -eq 0 ]' "stage 01 on the GPU: trace.json is not a valid timeline: $out"
     out=$(python3 tools/trace_check.py count "$tmp/t1/trace.json" "block 1 backward")
     check '[ "$out" = "0:2" ]' "stage 01 on the GPU: 'block 1 backward' per rank is '$out', want 0:2"
-    fits 2 3 "trace overlap" || return
-    run_ranks 3 t_on 2 --overlap_communication=true --bucket_size_mb=0.05
-    run_ranks 3 t_off 2 --overlap_communication=false
+    on_ranks 3 t_on 2 --overlap_communication=true --bucket_size_mb=0.05
+    on_ranks 3 t_off 2 --overlap_communication=false
     for run in t_on t_off; do
         out=$(python3 tools/trace_check.py valid "$tmp/$run/trace.json" 2>&1)
         check '[ $? -eq 0 ]' "stage 03 $run on 2 GPUs: trace.json is not a valid timeline: $out"
@@ -276,33 +285,33 @@ section_trace() {
     local on off
     on=$(python3 tools/trace_check.py overlap "$tmp/t_on/trace.json")
     off=$(python3 tools/trace_check.py overlap "$tmp/t_off/trace.json")
-    check 'awk -v x="$on" "BEGIN { exit !(x > 0) }"' "GPU, overlap on: bucket all-reduces overlap backward compute for $on us, want > 0"
+    # ranks sharing a GPU over MPI stage each bucket on the host as it starts: nothing to overlap
+    [ "$gpus" -ge 2 ] && check 'awk -v x="$on" "BEGIN { exit !(x > 0) }"' "GPU, overlap on: bucket all-reduces overlap backward compute for $on us, want > 0"
     check '[ "$off" = "0.000" ]' "GPU, overlap off: the all-reduce overlaps backward compute for $off us, want 0"
 }
 
-# The CUDA backend refuses more ranks on a host than it sees GPUs, naming both counts: why the
-# layouts that need more GPUs are skipped rather than squeezed onto fewer
-refuses_more_ranks_than_gpus() {
+# More ranks on a host than GPUs: the CUDA backend chooses MPI by itself and its banner names both
+# counts; asking for NCCL there is refused with the reason. (Pretended GPUs cannot check this.)
+section_share() {
     if [ -n "${TEST_GPUS:-}" ]; then
-        echo "not checked: the refusal of more ranks than GPUs (TEST_GPUS=$TEST_GPUS is a pretended count)"
+        echo "$name: SKIPPED: section share: the choice of MPI for ranks that share a GPU (TEST_GPUS=$TEST_GPUS is a pretended count)"
         return
     fi
-    local np=$((gpus + 1))
+    local np=$((gpus + 1)) rc
     args=("${small[@]}" --stop_iteration=1 --global_batch_size=$((8 * np)))
-    timeout 120 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-3" "${args[@]}" --out_dir="$tmp/too_many" \
-        >"$tmp/too_many.log" 2>&1
-    local rc=$?
-    check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "$np ranks run on .* but it has $gpus visible GPU" "$tmp/too_many.log"' \
-        "stage 03 on $np ranks with $gpus GPU(s): exit $rc, want a refusal naming both counts: $(grep -m2 error "$tmp/too_many.log")"
+    run_ranks 3 share "$np"
+    check 'grep -q "^communication: MPI ($np ranks share .* $gpus GPU" "$tmp/share.log"' \
+        "stage 03 on $np ranks with $gpus GPU(s): the banner does not say they share over MPI: $(grep -a -m1 '^communication' "$tmp/share.log")"
+    timeout 120 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-3" "${args[@]}" --comm_backend=nccl \
+        --out_dir="$tmp/share_nccl" >"$tmp/share_nccl.log" 2>&1
+    rc=$?
+    check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "NCCL needs a GPU per rank" "$tmp/share_nccl.log"' \
+        "stage 03 on $np ranks, $gpus GPU(s), comm_backend=nccl: exit $rc, want a refusal with the reason: $(grep -m2 error "$tmp/share_nccl.log")"
 }
 
-refuses_more_ranks_than_gpus
 for section in "$@"; do
     start=$SECONDS
     "section_$section"
     echo "section $section: $((SECONDS - start)) s"
 done
-if [ ${#skipped[@]} -gt 0 ]; then
-    echo "$name: SKIPPED: ${#skipped[@]} layouts need more GPUs than the $gpus visible (one rank a GPU): ${skipped[*]}"
-fi
 finish "$name"

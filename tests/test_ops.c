@@ -1197,9 +1197,10 @@ static void test_kv_cache(void) {
 }
 
 // The CPU's cached attention reads each cache row's heads together (the cache front to back), one
-// task per new row and group of heads: the same bits as kernels.h's three steps run head by head
-// (the order the CUDA kernel sums in). Batch 1 splits the heads between the threads; 20 heads are
-// more than one task holds (16).
+// task per new row and group of heads: the same bits as kernels.h's three steps run head by head.
+// Batch 1 splits the heads between the threads; 20 heads are more than one task holds (16). The
+// CUDA kernel sums a head's scores in a tree over its lanes and takes the GPU's expf: the same
+// values to rounding, not the same bits, so there the values are checked and the bits are not.
 static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
     int C = NH * hs, maxT = 11, start[3] = {3, 0, 7};
     size_t nqkv = (size_t)B * T * 3 * C, ncache = (size_t)B * maxT * C, nout = (size_t)B * T * C;
@@ -1232,10 +1233,16 @@ static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
     omp_set_num_threads(before);
     float *got = malloc_or_die(nout * sizeof(float));
     copy_to_host(got, d_out, nout * sizeof(float));
-    size_t differ = 0;
-    for (size_t i = 0; i < nout; i++) differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
-    CHECK(differ == 0, "attention_cached_forward B=%d T=%d NH=%d on %d threads: %zu of %zu outputs "
-          "differ from the per-head steps' bits", B, T, NH, threads, differ, nout);
+    size_t differ = 0, far = 0;
+    for (size_t i = 0; i < nout; i++) {
+        differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+        far += !(fabsf(got[i] - want[i]) <= 1e-5f * fabsf(want[i]) + 1e-5f);  // the outputs are about 1
+    }
+    CHECK(far == 0, "attention_cached_forward B=%d T=%d NH=%d on %d threads: %zu of %zu outputs "
+          "differ from the per-head steps by more than 1e-5 (relative and absolute)", B, T, NH, threads, far, nout);
+    if (strcmp(ops_backend_name(), "cpu") == 0)
+        CHECK(differ == 0, "attention_cached_forward B=%d T=%d NH=%d on %d threads: %zu of %zu outputs "
+              "differ from the per-head steps' bits", B, T, NH, threads, differ, nout);
     dev_free(d_qkv), dev_free(d_k), dev_free(d_v), dev_free(d_out), dev_free(d_scores), dev_free(d_start);
     free(qkv), free(k), free(v), free(want), free(s), free(got);
 }

@@ -1,4 +1,4 @@
-// comm_check: run under mpirun with any number of ranks (up to 16). Checks every collective and
+// comm_check [comm_backend]: run under mpirun with any number of ranks (up to 16). Checks every collective and
 // point-to-point operation of comm.h (blocking and not, on the world and on split groups) against
 // values computed locally, and the byte accounting against the nccl-tests definitions. Rank 0
 // prints the statistics table, then "comm_check: N passed, N failed" with the failures of every
@@ -220,6 +220,29 @@ static void test_all_to_all_v(Comm *w) {
     free(recv_offsets);
 }
 
+// The last rank sends nothing at all and the others send every rank but it 30000 floats (beyond
+// MPI's eager size): a rank whose whole input is empty (an expert rank no token chose) must still
+// receive, and send nothing.
+static void test_all_to_all_v_empty_sender(Comm *w) {
+    int P = comm_size(w), me = comm_rank(w), last = P - 1;
+    const size_t k = 30000;
+    size_t *sc = calloc_or_die(P, sizeof(size_t)), *so = calloc_or_die(P, sizeof(size_t));
+    size_t *rc = calloc_or_die(P, sizeof(size_t)), *ro = calloc_or_die(P, sizeof(size_t));
+    for (int p = 0; p < P; p++) {
+        sc[p] = me == last ? 0 : k, so[p] = me == last ? 0 : (size_t)p * k;
+        rc[p] = p == last ? 0 : k, ro[p] = (size_t)p * k;
+    }
+    float *in = dev_malloc((size_t)P * k * sizeof(float)), *out = dev_malloc((size_t)P * k * sizeof(float));
+    for (int p = 0; p < P; p++) fill_labels(in + (size_t)p * k, sc[p], me, p);
+    comm_all_to_all_v(w, out, rc, ro, in, sc, so);
+    int bad = 0;
+    for (int p = 0; p < last; p++) bad += count_wrong_labels(out + (size_t)p * k, k, p, me);
+    CHECK(bad == 0, "all-to-all-v with rank %d sending nothing: %d elements wrong on rank %d", last, bad, me);
+    free(sc), free(so), free(rc), free(ro);
+    dev_free(in);
+    dev_free(out);
+}
+
 // calls, sizes and bus bytes of the point-to-point and all-to-all kinds (comm.h)
 static void test_p2p_accounting(Comm *w) {
     int P = comm_size(w), me = comm_rank(w);
@@ -302,6 +325,8 @@ static void test_split(Comm *w) {
 
 int main(int argc, char **argv) {
     Comm *w = comm_init(&argc, &argv);
+    // the comm_backend to check: mpi-staged runs the path of ranks that share a GPU
+    comm_select_backend(w, argc > 1 ? argv[1] : "auto");
     ops_init();
     test_world(w);
     test_accounting(w);
@@ -309,6 +334,7 @@ int main(int argc, char **argv) {
     test_ring(w);
     test_all_to_all(w);
     test_all_to_all_v(w);
+    test_all_to_all_v_empty_sender(w);
     test_p2p_accounting(w);
     comm_print_table(w);
     // rank 0 reports everyone's counts
