@@ -67,7 +67,7 @@ $(B)/07_pipeline_parallel/%.o: CFLAGS += -I03_ddp
 STAGE_EXTRA_8 := 03_ddp/buckets.c
 $(B)/08_mixture_of_experts/%.o: CFLAGS += -I03_ddp
 
-.PHONY: plot report all setup test test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
+.PHONY: plot report all setup test test-mutations test-slurm test-multinode test-cuda bench demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
 
 # scripts/setup.sh installs missing packages (apt) and only checks when none is missing; the
@@ -160,6 +160,12 @@ test-cuda:
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)
 	@bash tests/run.sh
+
+# plants each bug listed in tests/mutations.txt, one at a time, in a scratch copy of the tree,
+# rebuilds it and runs the tests named beside the bug (tests/mutations.py); not part of `make test`
+test-mutations:
+	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)
+	@python3 tests/mutations.py
 
 # a real Slurm on localhost: submits every stage's sbatch script (tests/slurm/run.sh)
 test-slurm:
