@@ -18,16 +18,18 @@ check() {
     if eval "$1"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2"; fi
 }
 
-# compare_losses <reference out_dir> <out_dir> <steps> <tolerance>: both runs logged <steps>
-# steps, and every figure that says what the training did agrees within the relative tolerance:
+# compare_losses <reference out_dir> <out_dir> <steps> <tolerance> [norm tolerance]: both runs
+# logged <steps> steps, and every figure that says what the training did agrees within the
+# relative tolerance (grad_norm within [norm tolerance] when given: a run in another precision
+# computes another gradient, whose norm strays further than its loss):
 # each step's loss, lr, grad_norm, val_loss (logged at the same steps) and whatever else both runs
 # log per step (fp16's loss scale and skips, the experts' load), and the figures both stats.json
 # files hold (tokens_trained, ...); not timings, memory, communication, a rank's share or the
 # precision asked for, which differ from run to run by design. Prints the largest gap of each.
 compare_losses() {
-    python3 - "$1" "$2" "$3" "$4" <<'PY'
+    python3 - "$1" "$2" "$3" "$4" "${5:-$4}" <<'PY'
 import json, math, os, sys
-ref_dir, run_dir, steps, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+ref_dir, run_dir, steps, tol, norm_tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 NOT_TRAINING = {"step", "ms", "tokens_per_sec", "mfu", "mem_bytes", "comm_bytes", "comm_ms", "state_bytes",
                 "grad_underflow", "stage", "world_size", "layout", "precision", "memory", "communication"}
 def layout_figure(key):
@@ -59,7 +61,7 @@ except (OSError, ValueError):
 for k in sorted(set(sa) & set(sb)):
     if not layout_figure(k):
         worst["stats." + k] = gap(sa[k], sb[k])
-problems += [f"{k} differs by {v:.2e}" for k, v in sorted(worst.items()) if not v <= tol]
+problems += [f"{k} differs by {v:.2e}" for k, v in sorted(worst.items()) if not v <= (norm_tol if k == "grad_norm" else tol)]
 figures = ", ".join(f"{k} {v:.2e}" for k, v in sorted(worst.items()))
 print(f"{run_dir}: {len(b)} steps, largest relative differences: {figures or 'none'}")
 for p in problems[:5]:

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`make test-mutations`: plants each bug of tests/mutations.txt, one at a time, in a scratch copy
 of the tree, rebuilds it and runs the tests named beside it. A mutation is caught when one of its
-tests fails. Prints one row per mutation (caught by which test, missed, or an error) and exits 0
-only when every mutation was caught.
+tests fails; each test is first run once on the tree as it is, and one that fails there makes
+its mutations errors, not catches. Prints one row per mutation (caught by which test, missed, or
+an error) and exits 0 only when every mutation was caught.
 
 usage: python3 tests/mutations.py [name-filter]
 
@@ -130,7 +131,13 @@ def build(tree, log, tests):
     return run(["make", "-j2", "--no-print-directory", "BACKEND=cpu"] + stages + progs, tree, log, 1800)
 
 
-def try_mutation(tree, m, log):
+def failing_without_mutations(tree, tests, logs):
+    """the tests that fail on the tree as it is: they would 'catch' any mutation"""
+    return {t for t in tests if test_command(tree, t)
+            and run(test_command(tree, t), tree, os.path.join(logs, f"unmutated_{t}.log"), TEST_TIMEOUT) != 0}
+
+
+def try_mutation(tree, m, log, failing):
     """(result, detail): caught (by which test), missed, or error (why)"""
     hits = locate(tree, m["find"])
     if len(hits) != 1:
@@ -138,6 +145,8 @@ def try_mutation(tree, m, log):
     unknown = [t for t in m["tests"] if not test_command(tree, t)]
     if unknown:
         return "error", f"no test named {' '.join(unknown)} (tests/NAME.sh or tests/NAME.c)"
+    if failing & set(m["tests"]):
+        return "error", f"{' '.join(sorted(failing & set(m['tests'])))} fails without the mutation"
     path = hits[0]
     original = open(path, encoding="utf-8").read()
     open(path, "w", encoding="utf-8").write(original.replace(m["find"], m["replace"]))
@@ -163,11 +172,12 @@ def main():
     every_test = sorted({t for m in chosen for t in m["tests"]})
     if build(tree, os.path.join(logs, "unmutated.log"), every_test) != 0:
         sys.exit(f"the unmutated copy does not build: see {logs}/unmutated.log")
+    failing = failing_without_mutations(tree, every_test, logs)
     counts = {"caught": 0, "missed": 0, "error": 0}
     print(f"{'mutation':58} {'result':7} {'seconds':>7}  detail")
     for i, m in enumerate(chosen):
         start = time.time()
-        result, detail = try_mutation(tree, m, os.path.join(logs, f"{i:02d}.log"))
+        result, detail = try_mutation(tree, m, os.path.join(logs, f"{i:02d}.log"), failing)
         counts[result] += 1
         print(f"{m['name'][:58]:58} {result:7} {time.time() - start:7.0f}  {detail}", flush=True)
     all_caught = counts["missed"] == counts["error"] == 0
