@@ -75,7 +75,7 @@ $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
 
-.PHONY: plot report all setup test test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
+.PHONY: plot report all setup test test-mutations test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
 
 # scripts/setup.sh installs missing packages (apt) and only checks when none is missing; the
@@ -147,6 +147,8 @@ $(B)/tests/mpi/%.o: CC := $(MPICC)
 build/tests/mpi/tp_linear_check: $(B)/05_tensor_parallel/tp_linear.o
 build/tests/test_moe build/tests/test_gpt: $(B)/08_mixture_of_experts/moe.o
 $(B)/tests/test_moe.o $(B)/tests/test_gpt.o: CFLAGS += -I08_mixture_of_experts
+build/tests/test_sampler: $(B)/06_inference/sampler.o
+$(B)/tests/test_sampler.o: CFLAGS += -I06_inference
 build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
@@ -177,6 +179,12 @@ bench-cuda:
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)
 	@bash tests/run.sh
+
+# plants each bug listed in tests/mutations.txt, one at a time, in a scratch copy of the tree,
+# rebuilds it and runs the tests named beside the bug (tests/mutations.py); not part of `make test`
+test-mutations:
+	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)
+	@python3 tests/mutations.py
 
 # a real Slurm on localhost: submits every stage's sbatch script (tests/slurm/run.sh)
 test-slurm:

@@ -121,9 +121,9 @@ section_2() {
     local p
     for p in 32 bf16-mixed bf16; do run_single 2 "s2_$p" --precision=$p; done
     check 'same_losses s2_ref s2_32' "stage 02 precision 32 is not bit-identical to stage 01"
-    check 'compare_losses "$tmp/s2_ref" "$tmp/s2_bf16-mixed" 40 0.02' "stage 02 bf16-mixed strays more than 2% from fp32"
+    check 'compare_losses "$tmp/s2_ref" "$tmp/s2_bf16-mixed" 40 0.02 0.25' "stage 02 bf16-mixed strays more than 2% from fp32"
     check '[ -n "$(loss_lines s2_bf16-mixed)" ] && ! same_losses s2_ref s2_bf16-mixed' "bf16-mixed gives exactly the fp32 losses: no rounding"
-    check 'compare_losses "$tmp/s2_ref" "$tmp/s2_bf16" 40 0.05' "stage 02 pure bf16 strays more than 5% from fp32"
+    check 'compare_losses "$tmp/s2_ref" "$tmp/s2_bf16" 40 0.05 0.25' "stage 02 pure bf16 strays more than 5% from fp32"
 }
 
 # stage 03 (test_stage3.sh): DDP flat, accumulated and bucketed; bf16 against stage 02 within 1e-3
@@ -244,7 +244,7 @@ section_phi() {
     run_single 1 phi_ref
     run_single 1 phi_ref12 --stop_iteration=5 --global_batch_size=12
     run_single 2 phi_bf16 --precision=bf16-mixed
-    check 'compare_losses "$tmp/phi_ref" "$tmp/phi_bf16" 20 1e-2' "phi: stage 02 bf16-mixed strays from stage 01"
+    check 'compare_losses "$tmp/phi_ref" "$tmp/phi_bf16" 20 1e-2 0.25' "phi: stage 02 bf16-mixed strays from stage 01"
     layout 3 phi_ddp2 2 phi_ref 20 1e-5
     layout 3 phi_ddp4 4 phi_ref 20 1e-5
     layout 4 phi_fsdp2 2 phi_ref 20 1e-5

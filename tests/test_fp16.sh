@@ -24,7 +24,12 @@ build/stage-1 "${args[@]}" --stop_iteration=60 --out_dir="$tmp/s1" >"$tmp/s1.log
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/s1.log")"
 build/stage-2 "${args[@]}" --stop_iteration=60 --precision=16-mixed --out_dir="$tmp/s2" >"$tmp/s2.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 2 16-mixed failed: $(tail -3 "$tmp/s2.log")"
-check 'compare_losses "$tmp/s1" "$tmp/s2" 60 0.01' "16-mixed strays more than 1% from fp32"
+check 'compare_losses "$tmp/s1" "$tmp/s2" 60 0.01 0.25' "16-mixed strays more than 1% from fp32"
+# where the loss sees the gradient's scale (tests/lib.sh's SCALE_ARGS): gradients left scaled by
+# 2^16 would move it far beyond 1%
+build/stage-1 "${args[@]}" "${SCALE_ARGS[@]}" --stop_iteration=20 --out_dir="$tmp/s1scale" >"$tmp/s1scale.log" 2>&1
+build/stage-2 "${args[@]}" "${SCALE_ARGS[@]}" --stop_iteration=20 --precision=16-mixed --out_dir="$tmp/s2scale" >"$tmp/s2scale.log" 2>&1
+check 'compare_losses "$tmp/s1scale" "$tmp/s2scale" 20 0.01 0.25' "16-mixed without clipping, eps 1e-3, strays more than 1% from fp32"
 check '! cmp -s <(field "$tmp/s1/metrics.jsonl" loss) <(field "$tmp/s2/metrics.jsonl" loss)' \
     "16-mixed gives exactly the fp32 losses: the fp16 rounding is not happening"
 check '[ "$(field "$tmp/s2/metrics.jsonl" loss_scale | sort -u)" = 65536 ] &&
@@ -37,8 +42,9 @@ build/stage-2 "${args[@]}" "${short[@]}" --out_dir="$tmp/ref" >"$tmp/ref.log" 2>
 args+=("${short[@]}")
 run_ranks 3 ddp 2
 run_ranks 4 fsdp 2
-check 'compare_losses "$tmp/ref" "$tmp/ddp" 20 1e-3' "stage 03 in 16-mixed does not match stage 02"
-check 'compare_losses "$tmp/ref" "$tmp/fsdp" 20 1e-3' "stage 04 in 16-mixed does not match stage 02"
+# each rank rounds its own gradient to fp16: the norm strays more than the loss (measured 2.9e-3)
+check 'compare_losses "$tmp/ref" "$tmp/ddp" 20 1e-3 1e-2' "stage 03 in 16-mixed does not match stage 02"
+check 'compare_losses "$tmp/ref" "$tmp/fsdp" 20 1e-3 1e-2' "stage 04 in 16-mixed does not match stage 02"
 
 # an overflow at step 3, a window of 4 good steps
 window=(--loss_scale_window=4 --stop_iteration=10 --log_interval=1)

@@ -1,7 +1,8 @@
 // test_phi.c: the phi architecture's own pieces, and our side of tests/test_phi_oracle.sh.
 //
 // Without arguments: rotary's backward is its forward's transpose (<R x, y> = <x, R^T y>), a
-// rotation keeps each head's norm, and the dims past rotary_dim pass through untouched.
+// rotation keeps each head's norm, the dims past rotary_dim pass through untouched, and the
+// turned values equal a reference's that pairs dim i with dim i + rotary_dim/2.
 //
 // `test_phi --oracle DIR`: DIR holds a Hugging Face phi checkpoint (config.json,
 // model.safetensors) and tokens.bin (int32 B, T, then B*T inputs and B*T targets). Writes
@@ -64,6 +65,36 @@ static void test_rotary(void) {
     // position 0 does not turn: the first token of sequence 0
     for (int c = 0; c < 3 * CA; c++) CHECK(rx[c] == x[c], "position 0 is the identity at column %d", c);
     free(x), free(y), free(rx), free(ry);
+}
+
+// The values, against a reference written here in double: within each head of the queries and
+// keys, dim i (i < rot/2) and dim i + rot/2 turn together by pos * theta^(-2i/rot), the dims past
+// rot stay. Pairs of neighbours (2i, 2i+1), another split of the head or another angle all fail.
+static void test_rotary_values(void) {
+    enum { B = 1, T = 6, NH = 2, HS = 12, CA = NH * HS, ROT = 8, HALF = ROT / 2 };
+    size_t n = (size_t)B * T * 3 * CA;
+    float *x = malloc_or_die(n * sizeof(float)), *rx = malloc_or_die(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = sinf(0.37f * (float)i + 0.1f);
+    memcpy(rx, x, n * sizeof(float));
+    int start[B] = {3};
+    rotary_forward(rx, start, B, T, CA, NH, ROT, 10000.0f);
+    double worst = 0;
+    for (int t = 0; t < T; t++)
+        for (int col = 0; col < 3 * CA; col++) {
+            int d = col % HS, pos = start[0] + t;
+            const float *head = x + (size_t)t * 3 * CA + col - d;
+            double want = head[d];
+            if (col < 2 * CA && d < ROT) {
+                int i = d % HALF;
+                double angle = pos * pow(10000.0, -2.0 * i / ROT), c = cos(angle), s = sin(angle);
+                want = d < HALF ? head[i] * c - head[i + HALF] * s : head[i + HALF] * c + head[i] * s;
+            }
+            double gap = fabs(rx[(size_t)t * 3 * CA + col] - want);
+            if (gap > worst) worst = gap;
+        }
+    CHECK(worst < 1e-5, "rotary turns dims i and i + rot/2 of each query and key head by pos theta^(-2i/rot) "
+                        "(largest gap %g)", worst);
+    free(x), free(rx);
 }
 
 static void write_rows(const char *path, const float *rows, int N, int stride, int width) {
@@ -142,5 +173,6 @@ int main(int argc, char **argv) {
     ops_init();
     if (argc == 3 && strcmp(argv[1], "--oracle") == 0) return run_oracle(argv[2]);
     test_rotary();
+    test_rotary_values();
     return test_summary("test_phi");
 }

@@ -41,7 +41,7 @@ b = json.loads(open(sys.argv[2]).readlines()[-1])[\"val_loss\"]
 sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)" "$tmp/pp2/metrics.jsonl" "$tmp/load_pp2/metrics.jsonl"' \
     "phi: stage 01 from the pipeline's checkpoint has another validation loss: $(tail -1 "$tmp/load_pp2/metrics.jsonl")"
 run_single 2 bf16 --precision=bf16-mixed
-check 'compare_losses "$tmp/single" "$tmp/bf16" 20 1e-2' "stage 02 bf16-mixed strays from stage 01's phi losses"
+check 'compare_losses "$tmp/single" "$tmp/bf16" 20 1e-2 0.25' "stage 02 bf16-mixed strays from stage 01's phi losses"
 
 # ---- stage 06: a phi checkpoint generates; KV cache = no cache; tensor-parallel = one rank -------
 printf 'Sort the digits.\nCount the letters in this rather long sentence, please.\nHi\n' >"$tmp/prompts.txt"

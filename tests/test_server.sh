@@ -7,6 +7,7 @@
 #    prompts (no server: an independent reference); a request that joins a running batch changes
 #    nothing in the answer it joins;
 #  - tensor parallelism: [2,1,1] and [2,2,1] serve the same answers as one rank;
+#  - stop strings of two and three tokens cut the answer before them, whole and streamed;
 #  - bad requests get 400 with an OpenAI error object and the server goes on serving; a client
 #    that goes away mid-stream frees its slot; a full queue answers 429; SIGTERM finishes the
 #    request in flight, refuses new ones and exits 0;
@@ -145,6 +146,32 @@ PY
 client answers "$url" "$tmp/stop.json" 1 >"$tmp/stopped.json"
 check '[ "$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; print(json.dumps(r[\"text\"]), r[\"finish_reason\"])" "$tmp/stopped.json")" = "$(python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))[0][\"text\"][:2]))" "$tmp/serial.json") stop" ]' \
     "a stop string did not cut the answer: $(cat "$tmp/stopped.json") (without it: $(head -c 200 "$tmp/serial.json"))"
+# stop strings of two and three tokens (the byte tokenizer: one byte each), whole and streamed:
+# the answer is the text before the stop string's first occurrence, the finish reason "stop"
+python3 - "$tmp" <<'PY'
+import json, sys
+reqs, got = json.load(open(f"{sys.argv[1]}/requests.json")), json.load(open(f"{sys.argv[1]}/serial.json"))
+i = max(range(0, len(reqs), 2), key=lambda i: len(got[i]["text"]))  # the longest greedy answer
+text = got[i]["text"]
+cases = [dict(reqs[i], stop=[text[2:2 + n]]) for n in (2, 3)]
+json.dump(cases, open(f"{sys.argv[1]}/stops.json", "w"))
+json.dump([[text[:text.find(c["stop"][0])], "stop"] for c in cases], open(f"{sys.argv[1]}/stops_want.json", "w"))
+for n, c in zip((2, 3), cases):
+    json.dump(dict(c, stream=True), open(f"{sys.argv[1]}/stop{n}_stream.json", "w"))
+PY
+client answers "$url" "$tmp/stops.json" 1 >"$tmp/stops.json.out"
+check 'python3 -c "import json,sys; a,w=(json.load(open(p)) for p in sys.argv[1:]); sys.exit([[x[\"text\"], x[\"finish_reason\"]] for x in a] != w)" "$tmp/stops.json.out" "$tmp/stops_want.json"' \
+    "stop strings of 2 and 3 tokens, whole answers: $(cat "$tmp/stops.json.out"), want $(cat "$tmp/stops_want.json")"
+for n in 2 3; do
+    curl -s -N -m 30 "$url/v1/chat/completions" -d @"$tmp/stop${n}_stream.json" >"$tmp/stop${n}_sse.txt"
+    check 'python3 - "$tmp/stop${n}_sse.txt" "$tmp/stops_want.json" $((n - 2)) <<'"'"'PY'"'"'
+import json, sys
+events = [json.loads(l[6:]) for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: {")]
+text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+want = json.load(open(sys.argv[2]))[int(sys.argv[3])]
+sys.exit([text, events[-1]["choices"][0]["finish_reason"]] != want)
+PY' "a stop string of $n tokens, streamed: $(head -c 600 "$tmp/stop${n}_sse.txt"), want $(cat "$tmp/stops_want.json")"
+done
 
 # ---- 3. bad requests: 400 and an OpenAI error object each; the server keeps serving
 long=$(python3 -c 'print("x" * 300)')

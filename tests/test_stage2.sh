@@ -15,10 +15,12 @@ for p in 32 bf16-mixed bf16; do
 done
 check 'cmp -s <(grep -o "\"loss\": [^,]*" "$tmp/s1/metrics.jsonl") <(grep -o "\"loss\": [^,]*" "$tmp/32/metrics.jsonl")' \
     "precision 32 is not bit-identical to stage 01"
-check 'compare_losses "$tmp/s1" "$tmp/bf16-mixed" 40 0.02' "bf16-mixed strays more than 2% from fp32"
+# the gradient norm strays further than the loss (measured: 9% bf16-mixed, 11% pure bf16), so it
+# is held to 25%, which a gradient twice too large or half too small still exceeds
+check 'compare_losses "$tmp/s1" "$tmp/bf16-mixed" 40 0.02 0.25' "bf16-mixed strays more than 2% from fp32"
 check '! cmp -s <(grep -o "\"loss\": [^,]*" "$tmp/s1/metrics.jsonl") <(grep -o "\"loss\": [^,]*" "$tmp/bf16-mixed/metrics.jsonl")' \
     "bf16-mixed gives exactly the fp32 losses: the rounding is not happening"
-check 'compare_losses "$tmp/s1" "$tmp/bf16" 40 0.05' "pure bf16 strays more than 5% from fp32"
+check 'compare_losses "$tmp/s1" "$tmp/bf16" 40 0.05 0.25' "pure bf16 strays more than 5% from fp32"
 check 'json_value "$tmp/bf16-mixed/stats.json" memory "parameters (bf16 copy)" >/dev/null &&
        json_value "$tmp/bf16-mixed/stats.json" fp32_activations_bytes >/dev/null' \
     "no memory report comparing bf16 with fp32 in stats.json: $(json_value "$tmp/bf16-mixed/stats.json" memory)"

@@ -23,6 +23,10 @@ run_ranks 3 np4overlap 4 --overlap_communication=true --bucket_size_mb=0.05
 for name in np1 np2 np4 np2acc2 np4overlap; do
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
 done
+# where the loss sees the gradient's scale (tests/lib.sh's SCALE_ARGS)
+OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" "${SCALE_ARGS[@]}" --out_dir="$tmp/single_scale" >"$tmp/single_scale.log" 2>&1
+run_ranks 3 np2scale 2 "${SCALE_ARGS[@]}"
+check 'compare_losses "$tmp/single_scale" "$tmp/np2scale" 20 1e-5' "2 ranks without clipping, eps 1e-3, do not reproduce stage 01"
 check 'grep -q "replicas identical on all 4 ranks" "$tmp/np4.log"' "no replica check on 4 ranks"
 
 # communication volume: every step all-reduces the whole fp32 gradient, 4 bytes per parameter

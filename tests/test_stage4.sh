@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stage 04 (FSDP) under mpirun:
-#  - fp32: 2 and 4 ranks, 2 ranks x 2 accumulation steps with prefetching, and 3 ranks (whose
-#    shards end in padding) reproduce stage 01's per-step losses within 1e-5 relative;
+#  - fp32: 2 and 4 ranks, 2 ranks x 2 accumulation steps with prefetching, 3 ranks (whose
+#    shards end in padding) and prefetching on 3 and 4 ranks reproduce stage 01's per-step
+#    figures (loss, lr, grad_norm, val_loss) within 1e-5 relative;
 #  - bf16-mixed: 2 ranks match stage 02 within 1e-3 (stage 03's bound), and gather bf16 copies of the
 #    blocks (their fp32 biases and LayerNorms packed apart): comm_bytes per step from the shape;
 #  - state_bytes per rank = 16 x the rank's shard elements, at most DDP's / P + the units' padding
@@ -27,6 +28,15 @@ OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --stop_iteration=5 --global_batch_s
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 (batch 12) failed: $(tail -3 "$tmp/single12.log")"
 run_ranks 4 np3 3 --stop_iteration=5 --global_batch_size=12
 check 'compare_losses "$tmp/single12" "$tmp/np3" 5 1e-5' "3 ranks (padded shards) do not reproduce stage 01"
+# prefetching on more than 2 ranks: a gather into the wrong slot shows on one layout, not another
+run_ranks 4 np3prefetch 3 --stop_iteration=5 --global_batch_size=12 --overlap_communication=true
+check 'compare_losses "$tmp/single12" "$tmp/np3prefetch" 5 1e-5' "3 ranks with prefetching do not reproduce stage 01"
+run_ranks 4 np4prefetch 4 --overlap_communication=true
+check 'compare_losses "$tmp/single" "$tmp/np4prefetch" 20 1e-5' "4 ranks with prefetching do not reproduce stage 01"
+# where the loss sees the gradient's scale (tests/lib.sh's SCALE_ARGS)
+OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" "${SCALE_ARGS[@]}" --out_dir="$tmp/single_scale" >"$tmp/single_scale.log" 2>&1
+run_ranks 4 np2scale 2 "${SCALE_ARGS[@]}"
+check 'compare_losses "$tmp/single_scale" "$tmp/np2scale" 20 1e-5' "2 ranks without clipping, eps 1e-3, do not reproduce stage 01"
 
 # ---- memory and communication, from the model's shape -----------------------------------------
 # units: the root (wte padded to Vp rows, wpe, ln_f) and L blocks; a unit is padded to P shards

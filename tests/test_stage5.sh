@@ -28,6 +28,10 @@ reproduces_stage1() { # reproduces_stage1 <name> <ranks> <x,y,z> [switches]
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "[$dims] on $np ranks does not reproduce stage 01"
 }
 tp_grids reproduces_stage1
+# where the loss sees the gradient's scale (tests/lib.sh's SCALE_ARGS): tensor and data parallel
+OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" "${SCALE_ARGS[@]}" --out_dir="$tmp/single_scale" >"$tmp/single_scale.log" 2>&1
+run_ranks 5 g212scale 4 --tp_dimensions=2,1,2 "${SCALE_ARGS[@]}"
+check 'compare_losses "$tmp/single_scale" "$tmp/g212scale" 20 1e-5' "[2,1,2] without clipping, eps 1e-3, does not reproduce stage 01"
 
 # ---- bf16-mixed (stage 02's scheme) against stage 02: rounding makes the bound looser ----
 OMP_NUM_THREADS=2 build/stage-2 "${args[@]}" --precision=bf16-mixed --out_dir="$tmp/s2bf16" >"$tmp/s2bf16.log" 2>&1

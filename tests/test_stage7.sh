@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Stage 07 (pipeline parallelism) under mpirun:
-#  - pp 1, 2, 3 (an uneven split of 4 blocks) and 4 stages, GPipe and 1F1B, 1 and 4
-#    micro-batches, pp 2 x dp 2, and recomputation reproduce stage 01's per-step losses within
-#    1e-5 relative over 20 steps (stage 01 run with the same n_layer); bf16-mixed matches stage
-#    02 within 1e-3;
+#  - pp 1, 2, 3 (an uneven split of 4 blocks) and 4 stages, GPipe and 1F1B, 1, 4 and 8 (on 4
+#    stages) micro-batches, pp 2 x dp 2, and recomputation reproduce stage 01's per-step figures
+#    (loss, lr, grad_norm, val_loss) within 1e-5 relative over 20 steps (stage 01 run with the
+#    same n_layer); bf16-mixed matches stage 02 within 1e-3;
 #  - recomputation on and off give bit-identical losses, and keep fewer activations;
-#  - GPipe holds m micro-batches' activations on stage 0, 1F1B min(m, p);
+#  - GPipe holds m micro-batches' activations on stage 0, 1F1B min(m, p) (2 of 4; 4 of 8);
 #  - the first step's op sequence of each schedule, and the bubble beside its theory, are printed;
 #  - comm_bytes per step on rank 0 = the formula written here (activations, their gradients, the
 #    tied wte and the data-parallel all-reduce);
@@ -30,12 +30,18 @@ run_ranks 7 pp2_recompute 2 --n_layer=4 --pp_size=2 --num_microbatches=4 --activ
 run_ranks 7 pp2_dp2 4 --n_layer=2 --pp_size=2 --num_microbatches=2
 run_ranks 7 pp3_uneven 3 --n_layer=4 --pp_size=3 --num_microbatches=4
 run_ranks 7 pp4_gpipe 4 --n_layer=4 --pp_size=4 --num_microbatches=4 --pp_schedule=gpipe
+# 1F1B with more micro-batches than stages: stage 0 cycles through 4 activation slots
+run_ranks 7 pp4_1f1b_m8 4 --n_layer=4 --pp_size=4 --num_microbatches=8 --pp_schedule=1f1b
 for name in pp1 pp2_1f1b_m4 pp2_gpipe_m4 pp2_m1 pp2_dp2; do
     check 'compare_losses "$tmp/single2" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
 done
-for name in pp2_L4 pp2_recompute pp3_uneven pp4_gpipe; do
+for name in pp2_L4 pp2_recompute pp3_uneven pp4_gpipe pp4_1f1b_m8; do
     check 'compare_losses "$tmp/single4" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01 (n_layer 4)"
 done
+# where the loss sees the gradient's scale (tests/lib.sh's SCALE_ARGS): pipeline and data parallel
+OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --n_layer=2 "${SCALE_ARGS[@]}" --out_dir="$tmp/single_scale" >"$tmp/single_scale.log" 2>&1
+run_ranks 7 pp2_dp2scale 4 --n_layer=2 --pp_size=2 --num_microbatches=2 "${SCALE_ARGS[@]}"
+check 'compare_losses "$tmp/single_scale" "$tmp/pp2_dp2scale" 20 1e-5' "pp 2 x dp 2 without clipping, eps 1e-3, does not reproduce stage 01"
 check 'grep -q "stage 0: blocks 0-1 + embedding" "$tmp/pp3_uneven.log" && grep -q "stage 2: blocks 3-3 + final" "$tmp/pp3_uneven.log"' \
     "4 blocks over 3 stages are not split 2, 1, 1"
 check 'grep -q "replicas identical on all 2 ranks" "$tmp/pp2_dp2.log"' "no replica check on pp 2 x dp 2"
@@ -59,6 +65,8 @@ check '[ "$(act "$tmp/pp2_recompute")" -lt "$(act "$tmp/pp2_L4")" ]' \
 # memory: stage 0 holds all 4 micro-batches under GPipe, p = 2 under 1F1B
 check '[ "$(json_value "$tmp/pp2_gpipe_m4/stats.json" activation_slots)" = 4 ] && [ "$(json_value "$tmp/pp2_1f1b_m4/stats.json" activation_slots)" = 2 ]' \
     "activation slots on stage 0: gpipe $(json_value "$tmp/pp2_gpipe_m4/stats.json" activation_slots), 1f1b $(json_value "$tmp/pp2_1f1b_m4/stats.json" activation_slots)"
+check '[ "$(json_value "$tmp/pp4_1f1b_m8/stats.json" activation_slots)" = 4 ]' \
+    "1F1B on 4 stages with 8 micro-batches: $(json_value "$tmp/pp4_1f1b_m8/stats.json" activation_slots) activation slots on stage 0, not 4"
 check '[ "$(act "$tmp/pp2_gpipe_m4")" -eq $((2 * $(act "$tmp/pp2_1f1b_m4"))) ]' \
     "GPipe's activations ($(act "$tmp/pp2_gpipe_m4")) are not twice 1F1B's ($(act "$tmp/pp2_1f1b_m4"))"
 

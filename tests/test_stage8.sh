@@ -33,6 +33,10 @@ for name in ep2 ep4 ep2_dp2; do
     check 'compare_losses "$tmp/ep1" "$tmp/$name" 20 1e-5' "$name does not reproduce one rank's losses"
     check 'same_routing "$tmp/ep1" "$tmp/$name"' "$name drops other pairs or loads the experts otherwise than one rank"
 done
+# where the loss sees the gradient's scale (tests/lib.sh's SCALE_ARGS): expert and data parallel
+run_ranks 8 ep1scale 1 "${SCALE_ARGS[@]}"
+run_ranks 8 ep2_dp2scale 4 --ep_size=2 "${SCALE_ARGS[@]}"
+check 'compare_losses "$tmp/ep1scale" "$tmp/ep2_dp2scale" 20 1e-5' "ep 2 x dp 2 without clipping, eps 1e-3, does not reproduce one rank"
 dropped=$(python3 -c "import json,sys; print(sum(json.loads(l)['dropped'] for l in open(sys.argv[1])))" "$tmp/ep1/metrics.jsonl")
 check '[ "$dropped" -gt 0 ]' "capacity 1 dropped no pair in 20 steps: the comparison proves nothing about dropping"
 check '[ "$(json_value "$tmp/ep2_dp2/stats.json" layout)" = "{\"ep\": 2, \"dp\": 2}" ]' \
