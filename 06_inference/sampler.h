@@ -6,7 +6,7 @@
 //   top-p        only the smallest set of most likely tokens whose probability adds up to p
 //                ("nucleus" sampling; 1: no limit)
 //
-// The random number of step s of prompt p is a pure function of (seed, p, s) (kernels.h's
+// The random number of step s of prompt p is a pure function of (seed, p, s) (numbers.h's
 // counter-based hash), so a prompt gets the same sampled answer alone or in any batch.
 #ifndef SAMPLER_H
 #define SAMPLER_H
