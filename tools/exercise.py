@@ -174,6 +174,18 @@ def make_copy(copy):
         shutil.copytree(os.path.join(ROOT, "build"), os.path.join(copy, "build"), symlinks=True)
 
 
+def write_answers(ex, copy, solved):
+    """answers.json, the file a calculation's learner fills: blank, or (solved) the planner's numbers"""
+    if solved:
+        rc, out = run_command(ex["solve"], copy, BUILD_LIMIT_S)
+        if rc != 0:
+            die(f"{ex['id']}: solving failed: {' / '.join(readable(out))}")
+        return
+    with open(os.path.join(copy, "answers.json"), "w") as f:
+        json.dump({q["key"]: None for q in ex["questions"]}, f, indent=2)
+        f.write("\n")
+
+
 def start(cat, ex_id, state, copy):
     ex = find(cat, ex_id)
     if state == "bug" and "bug" not in ex:
@@ -186,17 +198,13 @@ def start(cat, ex_id, state, copy):
     elif state == "bug":
         apply_bug(copy, ex)
     if ex["kind"] == "calculation":
-        answers = {q["key"]: None for q in ex["questions"]}
-        if state == "solution":
-            answers = {q["key"]: "solution" for q in ex["questions"]}
-        with open(os.path.join(copy, "answers.json"), "w") as f:
-            json.dump(answers, f, indent=2)
-            f.write("\n")
+        write_answers(ex, copy, state == "solution")
     with open(os.path.join(copy, MARK), "w") as f:
         json.dump({"exercise": ex_id, "state": state}, f)
-    print(f"{os.path.relpath(copy, ROOT)}: {ex_id} ({state}); edit {ex['file']}"
-          + ("" if ex["kind"] == "calculation" else f" ({ex.get('function') or 'the marked region'})")
-          + f", then: make grade EX={ex_id}")
+    what = {"code": f"write the body of {ex.get('function') or 'the marked region'} in {ex['file']}",
+            "bug-hunt": "find and fix the bug the checks catch",
+            "calculation": "fill in answers.json"}[ex["kind"]]
+    print(f"{os.path.relpath(copy, ROOT)}: {ex_id} ({state}); {what} (exercises/{ex_id}.md), then: make grade EX={ex_id}")
 
 
 # ---- running a check ---------------------------------------------------------------------------
