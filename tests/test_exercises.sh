@@ -15,6 +15,7 @@ rm -rf "$base"
 trap 'rm -rf "$tmp" "$base"' EXIT
 ids=$(python3 -c "import json; print(' '.join(e['id'] for e in json.load(open('exercises/catalogue.json'))['exercises']))")
 
+kind() { python3 -c "import json, sys; print(next(e['kind'] for e in json.load(open('exercises/catalogue.json'))['exercises'] if e['id'] == sys.argv[1]))" "$1"; }
 # grade_sum <copy> <field>: earned, points or blocked of the copy's grade.json
 grade_sum() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1/grade.json" "$2"; }
 failures() { python3 -c "
@@ -36,15 +37,20 @@ print(f"{len(ex)} exercises, per stage {dict(per)}, {cpu} of {points} points wit
 sys.exit(0 if ok else 1)
 PY' "the catalogue needs >= 20 exercises, >= 2 per stage and common/, and 80% of the points without a GPU"
 
-# the workbook's own code: one copy, every exercise's checks on it
+# the workbook's own code: one copy, every exercise's checks on it; a calculation's copy of its
+# own, whose answers.json the tool fills with the planner's numbers
 python3 tools/exercise.py start adamw-update --state solution --dir "$base/solution" >/dev/null
 for id in $ids; do
-    python3 tools/exercise.py grade --dir "$base/solution" --as "$id" >"$tmp/solution-$id.log" 2>&1
-    earned=$(grade_sum "$base/solution" earned) points=$(grade_sum "$base/solution" points)
-    blocked=$(grade_sum "$base/solution" blocked)
+    copy=$base/solution
+    if [ "$(kind "$id")" = calculation ]; then
+        copy=$base/solution-$id
+        python3 tools/exercise.py start "$id" --state solution --dir "$copy" >/dev/null
+    fi
+    python3 tools/exercise.py grade --dir "$copy" --as "$id" >"$tmp/solution-$id.log" 2>&1
+    earned=$(grade_sum "$copy" earned) points=$(grade_sum "$copy" points) blocked=$(grade_sum "$copy" blocked)
     check '[ "$earned" -eq $((points - blocked)) ] && [ "$earned" -gt 0 ]' \
         "$id: the workbook's own code scores $earned of $points points ($blocked blocked):
-$(failures "$base/solution")"
+$(failures "$copy")"
 done
 
 # every starter scores 0
@@ -66,10 +72,11 @@ def exercise(id, stub, limit=60):
                                                     "time_limit_s": limit, "needs_gpu": False},
                                                    {"name": "after", "points": 1, "command": "true",
                                                     "time_limit_s": limit, "needs_gpu": False}])
+used = "    (void)s, (void)mass, (void)by_probability_desc, (void)g_sort_prob;\n"
 ex = [exercise("no-compile", "    this is not C;"),
-      exercise("hangs", "    (void)s, (void)mass;\n    for (;;) {\n    }", limit=5),
-      exercise("garbage", '    (void)s, (void)mass;\n    fwrite("\\xff\\xfe\\x1b[2J\\x07", 1, 6, stdout);\n    fflush(stdout);\n    abort();'),
-      exercise("outside", '    (void)s, (void)mass;\n    FILE *f = fopen("../../../exercise-outside-probe", "w");\n    if (f) fclose(f);\n    abort();')]
+      exercise("hangs", used + "    for (;;) {\n    }", limit=5),
+      exercise("garbage", used + '    fwrite("\\xff\\xfe\\x1b[2J\\x07", 1, 6, stdout);\n    fflush(stdout);\n    abort();'),
+      exercise("outside", used + '    FILE *f = fopen("../../../exercise-outside-probe", "w");\n    if (f) fclose(f);\n    abort();')]
 json.dump({"exercises": ex}, open(sys.argv[1], "w"))
 PY
 robust() { # robust <id>: starts and grades that broken copy; its grade.json's first check is printed

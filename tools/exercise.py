@@ -162,7 +162,7 @@ def tracked_files():
     return [p for p in out.split("\0") if p and not p.startswith("work/") and os.path.isfile(os.path.join(ROOT, p))]
 
 
-def make_copy(copy):
+def make_copy(copy, with_build=True):
     if os.path.exists(copy):
         shutil.rmtree(copy)
     for rel in tracked_files():
@@ -170,7 +170,7 @@ def make_copy(copy):
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, rel), dst, follow_symlinks=False)
     # the workbook's own build, times kept: only what the exercise changes recompiles
-    if os.path.isdir(os.path.join(ROOT, "build")):
+    if with_build and os.path.isdir(os.path.join(ROOT, "build")):
         shutil.copytree(os.path.join(ROOT, "build"), os.path.join(copy, "build"), symlinks=True)
 
 
@@ -186,13 +186,13 @@ def write_answers(ex, copy, solved):
         f.write("\n")
 
 
-def start(cat, ex_id, state, copy):
+def start(cat, ex_id, state, copy, with_build=True):
     ex = find(cat, ex_id)
     if state == "bug" and "bug" not in ex:
         die(f"{ex_id} is not a bug hunt")
     if state == "starter":
         state = "bug" if ex["kind"] == "bug-hunt" else "starter"
-    make_copy(copy)
+    make_copy(copy, with_build)
     if state == "starter" and ex["kind"] != "calculation":
         apply_stub(copy, ex)
     elif state == "bug":
@@ -396,8 +396,7 @@ def pack(cat, out):
     os.makedirs(staging)
     for ex_id in sorted(cat):
         copy = os.path.join(staging, "work", ex_id)
-        start(cat, ex_id, "starter", copy)
-        shutil.rmtree(os.path.join(copy, "build"), ignore_errors=True)  # learners build their own
+        start(cat, ex_id, "starter", copy, with_build=False)  # learners build their own
     with tarfile.open(out, "w:gz") as tar:
         tar.add(os.path.join(ROOT, "exercises"), arcname="exercises")
         tar.add(os.path.join(ROOT, "tools", "exercise.py"), arcname="tools/exercise.py")
