@@ -193,7 +193,7 @@ report:
 exercise:
 	@test -n "$(EX)" || { echo "make exercise EX=<id>; the exercises: python3 tools/exercise.py list"; exit 2; }
 	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)
-	@python3 tools/exercise.py start $(EX)
+	@python3 tools/exercise.py start $(EX) $(if $(AGAIN),--again)
 grade:
 	@python3 tools/exercise.py grade $(EX)
 exercises-pack:

@@ -8,7 +8,7 @@ one planted bug. Grading builds the copy and runs the exercise's checks (the wor
 tests), each all-or-nothing, each in its own process group under a time limit.
 
   tools/exercise.py list
-  tools/exercise.py start EX [--state starter|solution|bug] [--dir DIR]
+  tools/exercise.py start EX [--state starter|solution|bug] [--dir DIR] [--again]
   tools/exercise.py grade [EX ...] [--dir DIR] [--as EX]
   tools/exercise.py pack [--out FILE]
 
@@ -186,8 +186,10 @@ def write_answers(ex, copy, solved):
         f.write("\n")
 
 
-def start(cat, ex_id, state, copy, with_build=True):
+def start(cat, ex_id, state, copy, with_build=True, again=False):
     ex = find(cat, ex_id)
+    if os.path.exists(copy) and not again:
+        die(f"{os.path.relpath(copy, ROOT)} exists (your work on it): start over with make exercise EX={ex_id} AGAIN=1")
     if state == "bug" and "bug" not in ex:
         die(f"{ex_id} is not a bug hunt")
     if state == "starter":
@@ -258,12 +260,12 @@ def snapshot(copy):
     return seen
 
 
-def readable(raw):
-    """The last lines of a check's output, as text a terminal and JSON can hold."""
+def readable(raw, keep=WHY_LINES):
+    """The last `keep` lines of a check's output, as text a terminal and JSON can hold."""
     text = raw.decode("utf-8", "replace")
     text = "".join(c if c in "\n\t" or (c.isprintable() and c != "\ufffd") else "?" for c in text)
     lines = [l[:200] for l in text.strip().splitlines()]
-    return lines[-WHY_LINES:]
+    return lines[-keep:]
 
 
 def run_command(command, copy, limit):
@@ -311,8 +313,10 @@ def build(ex, copy):
     rc, out = run_command(cmd, copy, BUILD_LIMIT_S)
     if rc == 0:
         return None
-    return ["build failed" if rc is not None else "build timed out"] + \
-        [l for l in readable(out) if "error" in l or "Error" in l][:WHY_LINES] or readable(out)
+    lines = readable(out, keep=10 ** 6)
+    errors = [l for l in lines if "error" in l.lower()]
+    return ["build failed" if rc is not None else f"build timed out after {BUILD_LIMIT_S} s"] + \
+        (errors[:WHY_LINES - 1] or lines[-(WHY_LINES - 1):])
 
 
 def grade_one(ex, copy, gpu):
@@ -396,7 +400,7 @@ def pack(cat, out):
     os.makedirs(staging)
     for ex_id in sorted(cat):
         copy = os.path.join(staging, "work", ex_id)
-        start(cat, ex_id, "starter", copy, with_build=False)  # learners build their own
+        start(cat, ex_id, "starter", copy, with_build=False, again=True)  # learners build their own
     with tarfile.open(out, "w:gz") as tar:
         tar.add(os.path.join(ROOT, "exercises"), arcname="exercises")
         tar.add(os.path.join(ROOT, "tools", "exercise.py"), arcname="tools/exercise.py")
@@ -415,6 +419,7 @@ def main():
     s.add_argument("id")
     s.add_argument("--state", choices=["starter", "solution", "bug"], default="starter")
     s.add_argument("--dir")
+    s.add_argument("--again", action="store_true", help="replace an existing copy (and the work in it)")
     g = sub.add_parser("grade")
     g.add_argument("ids", nargs="*")
     g.add_argument("--dir", help="grade this copy (default: work/<id>)")
@@ -427,7 +432,8 @@ def main():
         for ex in cat.values():
             print(f"{ex['id']:<28} {ex['stage']:<7} {ex['kind']:<12} {ex['title']}")
     elif args.cmd == "start":
-        start(cat, args.id, args.state, os.path.abspath(args.dir) if args.dir else os.path.join(WORK, args.id))
+        start(cat, args.id, args.state, os.path.abspath(args.dir) if args.dir else os.path.join(WORK, args.id),
+              again=args.again)
     elif args.cmd == "grade":
         grade(cat, args.ids, args.dir, args.as_ex)
     elif args.cmd == "pack":
