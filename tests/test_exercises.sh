@@ -74,7 +74,7 @@ def exercise(id, stub, limit=60):
                                                     "time_limit_s": limit, "needs_gpu": False}])
 used = "    (void)s, (void)mass, (void)by_probability_desc, (void)g_sort_prob;\n"
 ex = [exercise("no-compile", "    this is not C;"),
-      exercise("hangs", used + "    for (;;) {\n    }", limit=5),
+      exercise("hangs", used + "    for (;;) {\n    }\n    return 0;", limit=5),
       exercise("garbage", used + '    fwrite("\\xff\\xfe\\x1b[2J\\x07", 1, 6, stdout);\n    fflush(stdout);\n    abort();'),
       exercise("outside", used + '    FILE *f = fopen("../../../exercise-outside-probe", "w");\n    if (f) fclose(f);\n    abort();')]
 json.dump({"exercises": ex}, open(sys.argv[1], "w"))
