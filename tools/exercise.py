@@ -288,15 +288,22 @@ def run_command(command, copy, limit):
         return rc, f.read()
 
 
+def why_lines(output):
+    """What says why a check failed: its first failure or error lines, else its last lines."""
+    lines = readable(output, keep=10 ** 6)
+    failures = [l for l in lines if l.startswith("FAIL") or "error" in l.lower()]
+    return failures[:WHY_LINES - 1] or lines[-(WHY_LINES - 1):]
+
+
 def verdict(rc, output, limit, touched):
     if touched:
         return "failed", [f"wrote outside its copy: {', '.join(sorted(os.path.relpath(p, ROOT) for p in touched)[:5])}"]
     if rc is None:
-        return "failed", [f"timed out after {limit} s (its processes were ended)"] + readable(output)
+        return "failed", [f"timed out after {limit} s (its processes were ended)"] + why_lines(output)
     if rc < 0:
-        return "failed", [f"crashed: {signal.Signals(-rc).name}"] + readable(output)
+        return "failed", [f"crashed: {signal.Signals(-rc).name}"] + why_lines(output)
     if rc != 0:
-        return "failed", [f"exit status {rc}"] + readable(output)
+        return "failed", [f"exit status {rc}"] + why_lines(output)
     return "passed", []
 
 
@@ -313,10 +320,7 @@ def build(ex, copy):
     rc, out = run_command(cmd, copy, BUILD_LIMIT_S)
     if rc == 0:
         return None
-    lines = readable(out, keep=10 ** 6)
-    errors = [l for l in lines if "error" in l.lower()]
-    return ["build failed" if rc is not None else f"build timed out after {BUILD_LIMIT_S} s"] + \
-        (errors[:WHY_LINES - 1] or lines[-(WHY_LINES - 1):])
+    return ["build failed" if rc is not None else f"build timed out after {BUILD_LIMIT_S} s"] + why_lines(out)
 
 
 def grade_one(ex, copy, gpu):
