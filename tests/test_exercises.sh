@@ -39,6 +39,7 @@ PY' "the catalogue needs >= 20 exercises, >= 2 per stage and common/, and 80% of
 
 # the workbook's own code: one copy, every exercise's checks on it; a calculation's copy of its
 # own, whose answers.json the tool fills with the planner's numbers
+start=$SECONDS
 python3 tools/exercise.py start adamw-update --state solution --dir "$base/solution" >/dev/null
 for id in $ids; do
     copy=$base/solution
@@ -53,7 +54,10 @@ for id in $ids; do
 $(failures "$copy")"
 done
 
+echo "every exercise's checks on the workbook's own code: $((SECONDS - start)) s"
+
 # every starter scores 0
+start=$SECONDS
 for id in $ids; do
     python3 tools/exercise.py start "$id" --dir "$base/$id" >/dev/null
     python3 tools/exercise.py grade --dir "$base/$id" >"$tmp/starter-$id.log" 2>&1
@@ -61,6 +65,7 @@ for id in $ids; do
     check '[ "$earned" = 0 ]' "$id: its starter scores $earned points; its checks cannot tell it from the solution"
     rm -rf "${base:?}/$id"
 done
+echo "every starter graded: $((SECONDS - start)) s"
 
 # robustness: four broken hand-ins, graded with a catalogue made for them
 python3 - "$tmp/robust.json" <<'PY'
