@@ -75,7 +75,7 @@ $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
 
-.PHONY: plot report all setup test test-mutations test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
+.PHONY: exercise grade exercises-pack plot report all setup test test-mutations test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
 
 # scripts/setup.sh installs missing packages (apt) and only checks when none is missing; the
@@ -145,10 +145,12 @@ build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 $(B)/tests/mpi/%.o: CC := $(MPICC)
 # a check of a stage's code links that stage's objects: one prerequisite line per program
 build/tests/mpi/tp_linear_check: $(B)/05_tensor_parallel/tp_linear.o
+build/tests/mpi/ring_allreduce_check: $(B)/03_ddp/ring_allreduce.o
+$(B)/tests/mpi/ring_allreduce_check.o: CFLAGS += -I03_ddp
 build/tests/test_moe build/tests/test_gpt: $(B)/08_mixture_of_experts/moe.o
 $(B)/tests/test_moe.o $(B)/tests/test_gpt.o: CFLAGS += -I08_mixture_of_experts
-build/tests/test_sampler: $(B)/06_inference/sampler.o
-$(B)/tests/test_sampler.o: CFLAGS += -I06_inference
+build/tests/test_sampler build/tests/test_top_p: $(B)/06_inference/sampler.o
+$(B)/tests/test_sampler.o $(B)/tests/test_top_p.o: CFLAGS += -I06_inference
 build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
@@ -209,6 +211,17 @@ plot:
 	@bash scripts/plot.sh $(if $(PLOTS),-o $(PLOTS)) $(RUNS)
 report:
 	@python3 tools/report.py $(if $(REPORT),-o $(REPORT)) $(RUNS)
+
+# exercises (exercises/README.md): a learner's copy of the workbook in work/<EX>/ with one body to
+# write, graded by the stages' own tests; the copy reuses this tree's build, so build it first
+exercise:
+	@test -n "$(EX)" || { echo "make exercise EX=<id>; the exercises: python3 tools/exercise.py list"; exit 2; }
+	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)
+	@python3 tools/exercise.py start $(EX) $(if $(AGAIN),--again)
+grade:
+	@python3 tools/exercise.py grade $(EX)
+exercises-pack:
+	@python3 tools/exercise.py pack
 
 clean:
 	rm -rf build

@@ -109,6 +109,7 @@ int pipe_schedule(PipeOp *ops, const char *schedule, int m, int pp, int stage) {
         for (int i = 0; i < m; i++) ops[n++] = (PipeOp){true, i};
         return n;
     }
+    // exercise one-f-one-b: begin
     int warm = warmup_forwards(m, pp, stage);
     for (int i = 0; i < warm; i++) ops[n++] = (PipeOp){false, i};
     for (int k = 0; k < m - warm; k++) {
@@ -116,6 +117,7 @@ int pipe_schedule(PipeOp *ops, const char *schedule, int m, int pp, int stage) {
         ops[n++] = (PipeOp){true, k};
     }
     for (int k = m - warm; k < m; k++) ops[n++] = (PipeOp){true, k};
+    // exercise one-f-one-b: end
     return n;
 }
 

@@ -1111,6 +1111,7 @@ void attention_cached_forward(float *out, float *scores, const float *qkv, const
         const float *q = qkv + (size_t)bt * 3 * C + cols;
         const float *k = k_cache + (size_t)b * maxT * C + cols, *v = v_cache + (size_t)b * maxT * C + cols;
         float *o = out + (size_t)bt * C + cols, *s = scores + ((size_t)b * NH + h0) * head_scores + (size_t)t * maxT;
+        // exercise decode-attention: begin
         float inv_sum[TASK_HEADS_MAX];
         for (int t2 = 0; t2 < npos; t2++)
             for (int j = 0; j < nh; j++)
@@ -1126,6 +1127,7 @@ void attention_cached_forward(float *out, float *scores, const float *qkv, const
                 attention_add_row(o + j * hs, s[j * head_scores + t2], v + (size_t)t2 * C + j * hs, hs, 0, 1);
         for (int j = 0; j < nh; j++)
             for (int i = 0; i < hs; i++) o[j * hs + i] *= inv_sum[j];
+        // exercise decode-attention: end
     }
 }
 
