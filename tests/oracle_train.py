@@ -22,11 +22,12 @@ decay on the matrices only; validation over the held-out split's first batches.
 import json
 import math
 import os
-import struct
 import sys
 
 import torch
 import torch.nn.functional as F
+
+from oracle_bf16 import read_safetensors  # the fixtures' reader: float32 tensors by name
 
 MASK64 = (1 << 64) - 1
 EOT, VOCAB = 256, 257  # the byte tokenizer: one token per byte, then <|endoftext|>
@@ -113,20 +114,6 @@ def global_batch(split_tokens, split, seed, epoch, b, G, max_seq_len):
 
 
 # ---- the model ----------------------------------------------------------------------------------
-
-def read_safetensors(path):
-    blob = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        t = torch.frombuffer(bytearray(blob[8 + n + b:8 + n + end]), dtype=torch.float32).reshape(e["shape"])
-        out[name] = t.double()
-    return out
-
 
 def attention(q, k, v, H):
     B, T, C = q.shape
@@ -271,7 +258,7 @@ def main():
     torch.set_num_threads(1)
     cfg = json.load(open(sys.argv[2]))
     init_dir, run_dirs = sys.argv[3], sys.argv[4:]
-    p = read_safetensors(os.path.join(init_dir, "model.safetensors"))
+    p = {name: t.double() for name, t in read_safetensors(os.path.join(init_dir, "model.safetensors")).items()}
     phi = "lm_head.weight" in p
     model = {"forward": phi_logits if phi else gpt2_logits, "H": cfg["n_head"], "L": cfg["n_layer"]}
     ref = train(cfg, p, model)
