@@ -23,8 +23,9 @@ check() {
 # relative tolerance: each step's loss, lr, grad_norm, val_loss (wherever the reference logged
 # it; a run stopped to be resumed evaluates at its stop too) and whatever else both runs log per
 # step (fp16's loss scale and skips, the experts' load), and the figures both stats.json files
-# hold (tokens_trained, ...); not timings, memory, communication, a rank's share or the precision
-# asked for, which differ by design. grad_norm is held to [norm tolerance] when given: a run in
+# hold (parallel_weight_elements, ...); not timings, memory, a rank's share, the precision asked
+# for, or what this process did (communication, tokens_trained: a resumed run counts from its
+# resume), which differ by design. grad_norm is held to [norm tolerance] when given: a run in
 # another precision computes another gradient, whose norm strays further than its loss.
 # Prints the largest gap of each figure.
 compare_losses() {
@@ -32,7 +33,8 @@ compare_losses() {
 import json, math, os, sys
 ref_dir, run_dir, steps, tol, norm_tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 NOT_TRAINING = {"step", "ms", "tokens_per_sec", "mfu", "mem_bytes", "comm_bytes", "comm_ms", "state_bytes",
-                "grad_underflow", "stage", "world_size", "layout", "precision", "memory", "communication"}
+                "grad_underflow", "stage", "world_size", "layout", "precision", "memory", "communication",
+                "tokens_trained"}
 def layout_figure(key):
     return key in NOT_TRAINING or any(part in key for part in ("bytes", "per_rank", "slots", "rows_"))
 def records(path):
