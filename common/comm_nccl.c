@@ -240,8 +240,14 @@ static int collective_finished(Comm *c, CollKind kind, cudaEvent_t done, double 
     return 0;
 }
 
-        if (ranks_share_gpus(c)) use_mpi(false);
-        dev_on_wait(watch);
+// 1 when w has finished (its time booked); 0 while it runs; ends the job when it failed or is late
+static int watched_finished(Watched *w) {
+    if (!collective_finished(w->comm, w->kind, w->done, w->deadline)) return 0;
+    book_gpu_time(w->comm, w->kind, w->start, w->done);
+    return 1;
+}
+
+// dev_on_wait's check: drops the finished collectives, ends the job on a failed or late one
 static void watch(void) {
     int kept = 0;
     for (int i = 0; i < g_nwatched; i++)
