@@ -178,6 +178,20 @@ static void histogram_observe(Histogram *h, double x) {
     h->sum += x;
 }
 
+// The bytes at the end of j's text that could still begin one of its stop strings (a proper
+// prefix of one): held back from the stream until the next token says whether they do, so that a
+// stop string spanning tokens never leaks into a streamed answer.
+static size_t stop_prefix_at_end(const Job *j) {
+    size_t held = 0;
+    for (int i = 0; i < j->n_stops; i++)
+        for (size_t k = strlen(j->stops[i]); k-- > held + 1;)  // proper prefixes, longest first
+            if (k <= j->text.len && memcmp(j->text.p + j->text.len - k, j->stops[i], k) == 0) {
+                held = k;
+                break;
+            }
+    return held;
+}
+
 // Takes token `token` for job j (the lock held): its text, stop conditions and timings.
 static void accept_token(Server *s, Job *j, int token) {
     double now = wall_seconds();
@@ -188,6 +202,7 @@ static void accept_token(Server *s, Job *j, int token) {
     s->metrics.generated_tokens++;
     if (token == tokenizer_eot(s->tok)) {
         j->finish = FINISH_STOP;
+        j->visible = j->text.len;  // what was held back for a stop string is the answer's end
         return;
     }
     int len;
@@ -201,6 +216,7 @@ static void accept_token(Server *s, Job *j, int token) {
         if (hit && (size_t)(hit - j->text.p) < j->visible) j->visible = (size_t)(hit - j->text.p), j->finish = FINISH_STOP;
     }
     if (j->finish == FINISH_NONE && j->n_out >= j->max_tokens) j->finish = FINISH_LENGTH;
+    if (j->finish == FINISH_NONE) j->visible -= stop_prefix_at_end(j);
 }
 
 // ---- the steps every rank runs -------------------------------------------------------------------
