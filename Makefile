@@ -95,12 +95,13 @@ $(B)/%.o: %.cu | $(SETUP_STAMP)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 # build/stage-N is a copy of the binary of the backend built last (always refreshed, so that
-# `make BACKEND=cpu` after a CUDA build puts the CPU one back); build/<backend>/ keeps both.
+# `make BACKEND=cpu` after a CUDA build puts the CPU one back); build/<backend>/ keeps both. The copy
+# is renamed into place: a running server keeps its file, where cp onto it fails ("Text file busy").
 # Stages from 03 on talk MPI: compiled and linked with mpicc, with the comm layer.
 define stage_rule
 stage-$(1): build/stage-$(1)
 build/stage-$(1): $(B)/stage-$(1)
-	@cp $$< $$@
+	@cp $$< $$@.tmp && mv -f $$@.tmp $$@
 $(B)/stage-$(1): $(patsubst %.c,$(B)/%.o,$(wildcard $(STAGE_DIR_$(1))/*.c) $(STAGE_EXTRA_$(1))) $(COMMON_OBJS) $(if $(filter $(1),$(MPI_STAGES)),$(COMM_OBJS))
 	$(if $(filter $(1),$(MPI_STAGES)),$(MPICC),$(CC)) $$^ -o $$@ $(LDLIBS) $(STAGE_LIBS_$(1))
 $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))

@@ -33,7 +33,13 @@
 #include "scheduler.h"
 
 static const char *FINISH_NAMES[] = {"", "stop", "length"};
-enum { MAX_BODY = 1 << 20, MAX_CONNECTIONS = 512 };
+// The limits a client meets (README.md, "Limits"): headers of MAX_HEADER_BYTES, a body of
+// MAX_BODY bytes; MAX_CONNECTIONS open at once, MAX_CONNECTIONS_PER_CLIENT of them from one
+// address, so that one client holding connections open cannot lock the others out; CLIENT_DEADLINE_S
+// to send a whole request (from the connection's start or its last answer) and to take each piece
+// of an answer, so that a slow or idle client cannot hold its connections for ever.
+enum { MAX_BODY = 1 << 20, MAX_HEADER_BYTES = 16 << 10, MAX_CONNECTIONS = 512, MAX_CONNECTIONS_PER_CLIENT = 128,
+       CLIENT_DEADLINE_S = 10, RETRY_AFTER_S = 1 };
 
 // ---- a growable byte buffer -----------------------------------------------------------------
 
@@ -109,6 +115,83 @@ void job_release(Server *s, Job *j) {
     if (--j->refs > 0) return;
     job_free(j);
     s->live_jobs--;
+}
+
+// ---- a deadline for each client -----------------------------------------------------------------
+
+// libmicrohttpd's own timeout counts the seconds a connection sends nothing: a client sending a
+// byte every few seconds would hold its connection, and the connection's thread, for ever; and it
+// would close a connection whose answer takes long to generate. So the server keeps its own
+// deadlines: CLIENT_DEADLINE_S to send a whole request (from the connection's start, or from its
+// last answer on a kept-alive connection), none while the answer is generated, CLIENT_DEADLINE_S
+// to take each piece of the answer. A watcher thread shuts a late connection's socket down, which
+// its connection thread then sees as a client gone.
+typedef struct Gate Gate;
+typedef struct {
+    Gate *gate;
+    bool used;
+    int fd;
+    double deadline;  // wall_seconds(); 0: none
+} Arrival;
+
+struct Gate {
+    pthread_mutex_t lock;
+    Arrival conns[MAX_CONNECTIONS];
+    pthread_t watcher;
+    bool stop;
+};
+
+static void arrival_set(Arrival *a, double seconds) {  // seconds 0: no deadline
+    if (!a) return;
+    pthread_mutex_lock(&a->gate->lock);
+    a->deadline = seconds > 0 ? wall_seconds() + seconds : 0;
+    pthread_mutex_unlock(&a->gate->lock);
+}
+
+// libmicrohttpd's word on a connection: started (it gets an Arrival and the deadline for its
+// request) or closed (before its socket is: the watcher never shuts a socket number down that a
+// newer connection has taken)
+static void gate_notify(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode what) {
+    Gate *g = cls;
+    pthread_mutex_lock(&g->lock);
+    if (what == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        for (int i = 0; i < MAX_CONNECTIONS && info; i++)
+            if (!g->conns[i].used) {
+                g->conns[i] = (Arrival){g, true, info->connect_fd, wall_seconds() + CLIENT_DEADLINE_S};
+                *socket_context = &g->conns[i];
+                break;
+            }
+    } else if (*socket_context) {
+        ((Arrival *)*socket_context)->used = false;
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&g->lock);
+}
+
+static void *gate_watch(void *arg) {
+    Gate *g = arg;
+    pthread_mutex_lock(&g->lock);
+    while (!g->stop) {
+        double now = wall_seconds();
+        for (int i = 0; i < MAX_CONNECTIONS; i++) {
+            Arrival *a = &g->conns[i];
+            if (a->used && a->deadline > 0 && now > a->deadline) {
+                shutdown(a->fd, SHUT_RDWR);
+                a->deadline = 0;
+            }
+        }
+        pthread_mutex_unlock(&g->lock);
+        nanosleep(&(struct timespec){.tv_nsec = 100000000}, NULL);
+        pthread_mutex_lock(&g->lock);
+    }
+    pthread_mutex_unlock(&g->lock);
+    return NULL;
+}
+
+static Arrival *arrival_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? info->socket_context : NULL;
 }
 
 // ---- metrics (Prometheus text format) ----------------------------------------------------------
@@ -229,6 +312,37 @@ static const char *string_field(const cJSON *obj, const char *key) {
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+// A message's content may be a list of parts, as OpenAI's API allows: text parts are joined with
+// newlines (as vLLM does) into the string the template takes; this model reads nothing else.
+static bool join_text_parts(cJSON *messages, ApiError *e) {
+    cJSON *msg;
+    int i = 0;
+    cJSON_ArrayForEach(msg, messages) {
+        cJSON *parts = cJSON_GetObjectItemCaseSensitive(msg, "content"), *part;
+        if (!cJSON_IsArray(parts)) {
+            i++;
+            continue;
+        }
+        Buf text = {0};
+        buf_append(&text, "", 0);
+        int k = 0;
+        cJSON_ArrayForEach(part, parts) {
+            const char *type = string_field(part, "type"), *piece = string_field(part, "text");
+            if (!type || strcmp(type, "text") != 0 || !piece) {
+                free(text.p);
+                return fail(e, 400, "messages", "invalid_value", "messages[%d].content[%d]: this model "
+                            "reads text parts only ({\"type\": \"text\", \"text\": ...})", i, k);
+            }
+            if (k++) buf_append(&text, "\n", 1);
+            buf_append(&text, piece, strlen(piece));
+        }
+        cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", cJSON_CreateString(text.p));
+        free(text.p);
+        i++;
+    }
+    return true;
+}
+
 // The chat as one Alpaca prompt: each user message is an instruction (a system message before it
 // becomes that instruction's input, the template's "further context"), each assistant message
 // the response to the one before; the last message is the user's, whose response is wanted.
@@ -278,6 +392,7 @@ static bool read_stops(const cJSON *req, Job *j, ApiError *e) {
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(req, "stop"), *item;
     if (!stop || cJSON_IsNull(stop)) return true;
     if (cJSON_IsString(stop)) {
+        if (!stop->valuestring[0]) return fail(e, 400, "stop", "invalid_value", "'stop' must not be empty");
         j->stops[j->n_stops++] = copy_string_or_die(stop->valuestring);
         return true;
     }
@@ -314,10 +429,12 @@ static bool read_sampling(const cJSON *req, const Config *cfg, Job *j, ApiError 
     return read_stops(req, j, e);
 }
 
-static bool read_prompt(const cJSON *req, const Server *s, Job *j, ApiError *e) {
+static bool read_prompt(cJSON *req, const Server *s, Job *j, ApiError *e) {
     char *text;
     if (j->chat) {
-        text = chat_prompt(cJSON_GetObjectItemCaseSensitive(req, "messages"), s->cfg->always_input_template, e);
+        cJSON *messages = cJSON_GetObjectItemCaseSensitive(req, "messages");
+        if (cJSON_IsArray(messages) && !join_text_parts(messages, e)) return false;
+        text = chat_prompt(messages, s->cfg->always_input_template, e);
         if (!text) return false;
     } else {  // completions: the text as it is (a string, or a list of one)
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
@@ -351,12 +468,57 @@ static bool read_max_tokens(const cJSON *req, const Config *cfg, Job *j, ApiErro
     return true;
 }
 
-static Job *parse_request(Server *s, const char *body, size_t len, bool chat, ApiError *e) {
-    cJSON *req = cJSON_ParseWithLength(body, len);
+// stream_options {"include_usage": true}: a streamed answer's last event before [DONE] carries
+// the usage, with no choices (OpenAI's shape); only a streamed request may ask for it
+static bool read_stream_options(const cJSON *req, bool stream, bool *include_usage, ApiError *e) {
+    const cJSON *options = cJSON_GetObjectItemCaseSensitive(req, "stream_options");
+    *include_usage = false;
+    if (!options || cJSON_IsNull(options)) return true;
+    if (!stream) return fail(e, 400, "stream_options", "invalid_value", "'stream_options' needs 'stream': true");
+    const cJSON *usage = cJSON_GetObjectItemCaseSensitive(options, "include_usage");
+    if (!cJSON_IsObject(options) || (usage && !cJSON_IsNull(usage) && !cJSON_IsBool(usage)))
+        return fail(e, 400, "stream_options", "invalid_type", "'stream_options' must be an object whose "
+                    "'include_usage' is true or false");
+    *include_usage = cJSON_IsTrue(usage);
+    return true;
+}
+
+// JSON escapes "\u0000" into a NUL, which would end the C string there: refused, like a raw NUL.
+// A backslash outside a string is no JSON at all, so every one seen here starts an escape.
+static bool has_escaped_nul(const char *body, size_t len) {
+    for (size_t i = 0; i + 1 < len; i++)
+        if (body[i] == '\\') {
+            if (i + 5 < len && memcmp(body + i + 1, "u0000", 5) == 0) return true;
+            i++;  // the escaped character: \\u0000 is a backslash, then text
+        }
+    return false;
+}
+
+// The body as a JSON object: valid UTF-8 with no NUL (escaped or not), and nothing after the
+// object but white space. NULL and the error otherwise.
+static cJSON *parse_body(const char *body, size_t len, ApiError *e) {
+    size_t bad;
+    if (!utf8_is_valid(body, len, &bad))
+        return fail(e, 400, NULL, "invalid_encoding", "the body is not valid UTF-8 (byte %zu)", bad), NULL;
+    if (memchr(body, '\0', len) || has_escaped_nul(body, len))
+        return fail(e, 400, NULL, "invalid_value", "the body holds a NUL character, which no prompt may"), NULL;
+    const char *end = NULL;
+    cJSON *req = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!cJSON_IsObject(req)) {
         cJSON_Delete(req);
         return fail(e, 400, NULL, NULL, "the body is not a JSON object"), NULL;
     }
+    while (end < body + len && *end && strchr(" \t\r\n", *end)) end++;
+    if (end < body + len) {
+        cJSON_Delete(req);
+        return fail(e, 400, NULL, NULL, "the body goes on after its JSON object (byte %zu)", (size_t)(end - body)), NULL;
+    }
+    return req;
+}
+
+static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bool *include_usage, ApiError *e) {
+    cJSON *req = parse_body(body, len, e);
+    if (!req) return NULL;
     Job *j = calloc_or_die(1, sizeof *j);
     j->chat = chat;
     pthread_mutex_lock(&s->lock);
@@ -364,10 +526,11 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, Ap
     pthread_mutex_unlock(&s->lock);
     const char *model = string_field(req, "model");
     bool ok = model ? strcmp(model, s->model) == 0 ||
-                          fail(e, 400, "model", "model_not_found", "the model '%s' does not exist "
+                          fail(e, 404, "model", "model_not_found", "the model '%s' does not exist "
                                "(this server has '%s')", model, s->model)
                     : fail(e, 400, "model", "invalid_type", "'model' must be a string (this server has '%s')", s->model);
-    ok = ok && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e);
+    ok = ok && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
+         read_stream_options(req, j->stream, include_usage, e);
     cJSON_Delete(req);
     if (!ok) {
         job_free(j);
@@ -439,8 +602,9 @@ static void append_whole_answer(const Server *s, Job *j) {
     j->done_written = true;
 }
 
-// the events for the tokens that came since the last call: one per token, then the finish
-static void append_events(const Server *s, Job *j) {
+// the events for the tokens that came since the last call: one per token, then the finish, the
+// usage if the request asked for it (stream_options.include_usage), and [DONE]
+static void append_events(const Server *s, Job *j, bool include_usage) {
     const char *object = j->chat ? "chat.completion.chunk" : "text_completion";
     if (j->chat && j->n_written == 0 && !j->done_written) {
         cJSON *root = response_head(s, j, object);  // OpenAI's first chunk: the role
@@ -465,6 +629,12 @@ static void append_events(const Server *s, Job *j) {
     add_choice(root, j, j->chat && !rest.len ? NULL : rest.p, FINISH_NAMES[j->finish], false);
     append_json(&j->out, root, true);
     free(rest.p);
+    if (include_usage) {
+        root = response_head(s, j, object);
+        cJSON_AddArrayToObject(root, "choices");
+        append_usage(root, j);
+        append_json(&j->out, root, true);
+    }
     buf_append(&j->out, "data: [DONE]\n\n", 14);
     j->done_written = true;
 }
@@ -473,6 +643,8 @@ typedef struct {
     Server *s;
     Job *j;
     struct MHD_Connection *c;
+    bool include_usage;
+    Arrival *arrival;
 } Reader;
 
 static const double LOOK_AT_CLIENT_S = 0.05;  // how often a waiting answer checks its client
@@ -491,11 +663,13 @@ static bool has_news(const Job *j) {
 }
 
 // libmicrohttpd asks for the next bytes of a response (on the connection's own thread, which may
-// wait): the formatted bytes still pending, or, once they are out, the tokens that came since
+// wait): the formatted bytes still pending, or, once they are out, the tokens that came since.
+// It asks when the bytes before are taken: the client has CLIENT_DEADLINE_S to take what it gets.
 static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     Reader *r = cls;
     Job *j = r->j;
+    arrival_set(r->arrival, 0);
     if (j->out_off == j->out.len) {
         j->out.len = j->out_off = 0;
         pthread_mutex_lock(&r->s->lock);
@@ -513,12 +687,13 @@ static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
             }
         }
         if (!j->done_written) {
-            if (j->stream) append_events(r->s, j);
+            if (j->stream) append_events(r->s, j, r->include_usage);
             else append_whole_answer(r->s, j);
         }
         pthread_mutex_unlock(&r->s->lock);
-        if (j->out.len == 0) return MHD_CONTENT_READER_END_OF_STREAM;
     }
+    arrival_set(r->arrival, CLIENT_DEADLINE_S);
+    if (j->out_off == j->out.len) return MHD_CONTENT_READER_END_OF_STREAM;
     size_t n = j->out.len - j->out_off < max ? j->out.len - j->out_off : max;
     memcpy(buf, j->out.p + j->out_off, n);
     j->out_off += n;
@@ -547,13 +722,24 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, const cha
     return ret;
 }
 
+// an error as OpenAI's JSON; a 429 (the queue is full) says when to try again
 static enum MHD_Result send_error(Server *s, struct MHD_Connection *c, const ApiError *e, bool counted) {
     if (counted) {
         pthread_mutex_lock(&s->lock);
         count_status(s, e->status);
         pthread_mutex_unlock(&s->lock);
     }
-    return send_text(c, e->status, "application/json", error_json(e));
+    char *text = error_json(e);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (e->status == 429) {
+        char retry[16];
+        snprintf(retry, sizeof retry, "%d", RETRY_AFTER_S);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, retry);
+    }
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)e->status, resp);
+    MHD_destroy_response(resp);
+    return ret;
 }
 
 // queues a checked job, or says why not (429: the queue is full; 503: the server is stopping)
@@ -577,14 +763,15 @@ static bool enqueue(Server *s, Job *j, ApiError *e) {
 
 static enum MHD_Result serve_completion(Server *s, struct MHD_Connection *c, const Buf *body, bool chat) {
     ApiError e;
-    Job *j = parse_request(s, body->p ? body->p : "", body->len, chat, &e);
+    bool include_usage;
+    Job *j = parse_request(s, body->p ? body->p : "", body->len, chat, &include_usage, &e);
     if (!j) return send_error(s, c, &e, true);
     if (!enqueue(s, j, &e)) {
         job_free(j);
         return send_error(s, c, &e, false);
     }
     Reader *r = malloc_or_die(sizeof *r);
-    *r = (Reader){s, j, c};
+    *r = (Reader){s, j, c, include_usage, arrival_of(c)};
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_response, r, release_response);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, j->stream ? "text/event-stream" : "application/json");
     if (j->stream) MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -593,17 +780,33 @@ static enum MHD_Result serve_completion(Server *s, struct MHD_Connection *c, con
     return ret;
 }
 
-static enum MHD_Result serve_models(Server *s, struct MHD_Connection *c) {
-    cJSON *root = cJSON_CreateObject(), *model = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "object", "list");
+static cJSON *model_object(const Server *s) {
+    cJSON *model = cJSON_CreateObject();
     cJSON_AddStringToObject(model, "id", s->model);
     cJSON_AddStringToObject(model, "object", "model");
     cJSON_AddNumberToObject(model, "created", 0);
     cJSON_AddStringToObject(model, "owned_by", "workbook");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), model);
+    return model;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, cJSON *root) {
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return send_text(c, 200, "application/json", text);
+}
+
+// GET /v1/models: the list of the one model; GET /v1/models/{id}: that model, if it is this one
+static enum MHD_Result serve_models(Server *s, struct MHD_Connection *c, const char *id) {
+    if (id) {
+        ApiError e;
+        if (strcmp(id, s->model) == 0) return send_json(c, model_object(s));
+        fail(&e, 404, "model", "model_not_found", "the model '%s' does not exist (this server has '%s')", id, s->model);
+        return send_error(s, c, &e, false);
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), model_object(s));
+    return send_json(c, root);
 }
 
 typedef struct {
@@ -611,14 +814,36 @@ typedef struct {
     bool too_big;
 } Upload;
 
+static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4;  // "key: value\r\n"
+    return MHD_YES;
+}
+
+// What can be refused before the body comes: headers over MAX_HEADER_BYTES (431), a Content-Length
+// over MAX_BODY (413). libmicrohttpd itself refuses, with its own HTML page, what it cannot parse
+// (a malformed request line or Content-Length) or hold (headers over its connection's memory).
+static bool check_headers(struct MHD_Connection *c, const char *url, ApiError *e) {
+    size_t header_bytes = strlen(url);
+    MHD_get_connection_values(c, MHD_HEADER_KIND, add_header_bytes, &header_bytes);
+    if (header_bytes > MAX_HEADER_BYTES)
+        return fail(e, 431, NULL, "headers_too_large", "the request line and headers are %zu bytes, over "
+                    "%d", header_bytes, MAX_HEADER_BYTES);
+    const char *length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (length && strtoull(length, NULL, 10) > MAX_BODY)
+        return fail(e, 413, NULL, "body_too_large", "the body is %s bytes, over %d", length, MAX_BODY);
+    return true;
+}
+
 static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                              const char *version, const char *data, size_t *data_size, void **con_cls) {
     (void)version;
     Server *s = cls;
     Upload *up = *con_cls;
+    ApiError e;
     if (!up) {  // the headers: the body follows in later calls
         *con_cls = calloc_or_die(1, sizeof(Upload));
-        return MHD_YES;
+        return check_headers(c, url, &e) ? MHD_YES : send_error(s, c, &e, true);
     }
     if (*data_size) {
         if (up->body.len + *data_size > MAX_BODY) up->too_big = true;
@@ -626,24 +851,28 @@ static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *ur
         *data_size = 0;
         return MHD_YES;
     }
+    arrival_set(arrival_of(c), 0);  // the request is in: its answer may take its time to generate
     bool post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0;
     bool chat = strcmp(url, "/v1/chat/completions") == 0, completion = strcmp(url, "/v1/completions") == 0;
-    ApiError e;
     if (get && strcmp(url, "/health") == 0) return send_text(c, 200, "application/json", copy_string_or_die("{\"status\":\"ok\"}\n"));
     if (get && strcmp(url, "/metrics") == 0) return send_text(c, 200, "text/plain; version=0.0.4", metrics_text(s));
-    if (get && strcmp(url, "/v1/models") == 0) return serve_models(s, c);
+    if (get && strcmp(url, "/v1/models") == 0) return serve_models(s, c, NULL);
+    if (get && strncmp(url, "/v1/models/", 11) == 0) return serve_models(s, c, url + 11);
     if ((chat || completion) && !post)
         return fail(&e, 405, NULL, NULL, "%s %s: use POST", method, url), send_error(s, c, &e, true);
     if (!chat && !completion)
         return fail(&e, 404, NULL, "unknown_url", "%s %s: no such endpoint (POST /v1/completions, "
-                    "/v1/chat/completions; GET /health, /metrics, /v1/models)", method, url),
+                    "/v1/chat/completions; GET /health, /metrics, /v1/models, /v1/models/{id})", method, url),
                send_error(s, c, &e, true);
-    if (up->too_big) return fail(&e, 413, NULL, NULL, "the body is over %d bytes", MAX_BODY), send_error(s, c, &e, true);
+    if (up->too_big)
+        return fail(&e, 413, NULL, "body_too_large", "the body is over %d bytes", MAX_BODY), send_error(s, c, &e, true);
     return serve_completion(s, c, &up->body, chat);
 }
 
+// a request answered: a kept-alive connection has CLIENT_DEADLINE_S for its next one
 static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
-    (void)cls, (void)c, (void)why;
+    (void)cls, (void)why;
+    arrival_set(arrival_of(c), CLIENT_DEADLINE_S);
     Upload *up = *con_cls;
     if (!up) return;
     free(up->body.p);
@@ -654,7 +883,8 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 // ---- start and stop ----------------------------------------------------------------------------
 
 // the name clients put in "model": served_model_name, else init_from's last path component
-// without an extension ("out/demo-stage-1" -> "demo-stage-1", "x/model.safetensors" -> "model")
+// without an extension ("out/demo-stage-1" -> "demo-stage-1", "x/model.safetensors" -> "model");
+// one too long for `name` is an error, not a name cut short that no client could match
 static void model_name(const Config *cfg, char *name, size_t size) {
     const char *from = cfg->served_model_name[0] ? cfg->served_model_name
                        : cfg->random_init || !cfg->init_from[0] ? "random" : cfg->init_from;
@@ -663,23 +893,32 @@ static void model_name(const Config *cfg, char *name, size_t size) {
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
     const char *base = cfg->served_model_name[0] ? path : strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    snprintf(name, size, "%s", base);
+    if (strlen(base) >= size)
+        fatal("key '%s': the model's name '%s' is over %zu bytes", cfg->served_model_name[0] ? "served_model_name"
+              : "init_from", base, size - 1);
+    memcpy(name, base, strlen(base) + 1);
     char *dot = cfg->served_model_name[0] ? NULL : strrchr(name, '.');
     if (dot && strcmp(dot, ".safetensors") == 0) *dot = '\0';
 }
 
 // One thread per connection: a connection's thread may wait in read_response for its tokens
-// without holding up the others or the scheduler.
-static struct MHD_Daemon *start_http(Server *s) {
+// without holding up the others or the scheduler. MAX_CONNECTIONS_PER_CLIENT and the gate's
+// deadlines keep one client's idle or slow connections from taking every thread; the memory of a
+// connection holds MAX_HEADER_BYTES of headers and more, so that check_headers, not
+// libmicrohttpd's own page, refuses larger ones.
+static struct MHD_Daemon *start_http(Server *s, Gate *g) {
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg->port)};
     if (inet_pton(AF_INET, s->cfg->host, &addr.sin_addr) != 1)
         fatal("key 'host': expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, found '%s'", s->cfg->host);
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
         (uint16_t)s->cfg->port, NULL, NULL, route, s, MHD_OPTION_SOCK_ADDR, &addr,
-        MHD_OPTION_NOTIFY_COMPLETED, request_done, s, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, request_done, s, MHD_OPTION_NOTIFY_CONNECTION, gate_notify, g,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)MAX_CONNECTIONS_PER_CLIENT, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(4 * MAX_HEADER_BYTES),
+        MHD_OPTION_END);
     if (!d) fatal("key 'port': cannot listen on %s:%d (%s)", s->cfg->host, s->cfg->port, strerror(errno));
+    if (pthread_create(&g->watcher, NULL, gate_watch, g) != 0) fatal("the server cannot start a thread");
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     // under mpirun, signal this process: mpirun itself, signalled, kills every rank soon after
     printf("server: model '%s' on http://%s:%u/v1 | %d slots (max_batch_size), queue of %d "
@@ -690,7 +929,7 @@ static struct MHD_Daemon *start_http(Server *s) {
 }
 
 // after the last step: the connections still writing answers finish before the daemon stops
-static void stop_http(Server *s, struct MHD_Daemon *d) {
+static void stop_http(Server *s, struct MHD_Daemon *d, Gate *g) {
     double t0 = wall_seconds();
     pthread_mutex_lock(&s->lock);
     while (s->live_jobs > 0 && wall_seconds() - t0 < 30) {
@@ -701,6 +940,10 @@ static void stop_http(Server *s, struct MHD_Daemon *d) {
     pthread_mutex_unlock(&s->lock);
     if (left) printf("server: %ld answers were still being written after 30 s: closing them\n", left);
     MHD_stop_daemon(d);
+    pthread_mutex_lock(&g->lock);
+    g->stop = true;
+    pthread_mutex_unlock(&g->lock);
+    pthread_join(g->watcher, NULL);
     printf("server: stopped\n");
 }
 
@@ -709,12 +952,12 @@ void serve(const Config *cfg, KVModel *m, const Tokenizer *tok, Sampler *sampler
     if (cfg->max_queue < 1) fatal("key 'max_queue': expected a positive number, found %d", cfg->max_queue);
     if (cfg->port < 0 || cfg->port > 65535) fatal("key 'port': expected 0 to 65535, found %d", cfg->port);
     preemption_watch();  // SIGTERM sets a flag on every rank: only rank 0 acts on it
+    Server s = {.cfg = cfg, .tok = tok, .n_slots = m->B};
+    model_name(cfg, s.model, sizeof s.model);  // on every rank: each refuses a bad name
     if (comm_rank(world) != 0) {
         scheduler_follow(m, world, use_graph);
         return;
     }
-    Server s = {.cfg = cfg, .tok = tok, .n_slots = m->B};
-    model_name(cfg, s.model, sizeof s.model);
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.work, NULL);
     pthread_cond_init(&s.progress, NULL);
@@ -722,9 +965,12 @@ void serve(const Config *cfg, KVModel *m, const Tokenizer *tok, Sampler *sampler
     s.slots = calloc_or_die((size_t)s.n_slots, sizeof(Job *));
     s.metrics.ttft.le = TTFT_BUCKETS;
     s.metrics.tpot.le = TPOT_BUCKETS;
-    struct MHD_Daemon *d = start_http(&s);
+    Gate *gate = calloc_or_die(1, sizeof *gate);
+    pthread_mutex_init(&gate->lock, NULL);
+    struct MHD_Daemon *d = start_http(&s, gate);
     scheduler_run(&s, m, sampler, world, use_graph);
-    stop_http(&s, d);
+    stop_http(&s, d, gate);
+    free(gate);
     free(s.queue);
     free(s.slots);
 }

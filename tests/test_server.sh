@@ -8,7 +8,8 @@
 #    nothing in the answer it joins;
 #  - tensor parallelism: [2,1,1] and [2,2,1] serve the same answers as one rank;
 #  - stop strings of two and three tokens cut the answer before them, whole and streamed;
-#  - bad requests get 400 with an OpenAI error object and the server goes on serving; a client
+#  - bad requests get 400 with an OpenAI error object and the server goes on serving (an unknown
+#    model: 404, with the other hostile requests in tests/test_server_abuse.sh); a client
 #    that goes away mid-stream frees its slot; a full queue answers 429; SIGTERM finishes the
 #    request in flight, refuses new ones and exits 0;
 #  - the official `openai` Python package (PyPI, in a venv under build/): a completion and a
@@ -176,7 +177,7 @@ done
 # ---- 3. bad requests: 400 and an OpenAI error object each; the server keeps serving
 long=$(python3 -c 'print("x" * 300)')
 bad=('{"model":"model","prompt":' '{"model":"model"}' '{"prompt":"hi"}' '{"model":7,"prompt":"hi"}'
-     '{"model":"gpt-4","prompt":"hi"}' '{"model":"model","prompt":3}' "{\"model\":\"model\",\"prompt\":\"$long\"}"
+     '{"model":"model","prompt":3}' "{\"model\":\"model\",\"prompt\":\"$long\"}"
      '{"model":"model","prompt":"hi","max_tokens":0}' '{"model":"model","prompt":"hi","max_tokens":100000}'
      '{"model":"model","prompt":"hi","max_tokens":"ten"}' '{"model":"model","prompt":"hi","temperature":"hot"}'
      '{"model":"model","prompt":"hi","stream":"yes"}' '[1,2]')
@@ -219,7 +220,7 @@ try:
 except Exception as e:
     print("unknown model", getattr(e, "status_code", None))
 PY
-check 'grep -q "^completion as curl.s True$" "$tmp/openai.txt" && grep -q "^streamed chats equal 4$" "$tmp/openai.txt" && grep -q "^unknown model 400$" "$tmp/openai.txt"' \
+check 'grep -q "^completion as curl.s True$" "$tmp/openai.txt" && grep -q "^streamed chats equal 4$" "$tmp/openai.txt" && grep -q "^unknown model 404$" "$tmp/openai.txt"' \
     "openai package: $(tail -5 "$tmp/openai.txt")"
 
 # ---- 5. tensor parallelism: the same answers from [2,1,1] and [2,2,1]; SIGTERM to rank 0 stops

@@ -1,0 +1,348 @@
+"""tests/server_abuse.py: stage 06's server (--serve=true) under abuse, for tests/test_server_abuse.sh,
+over raw sockets and the standard library's HTTP (the official `openai` package: openai_checks).
+Prints one JSON object: each check's name -> {"ok": true/false, "detail": what was seen}.
+
+  python3 tests/server_abuse.py <url> <model> <the server's client deadline, s> <an answer's time limit, s>
+
+The time limit is 1 s (issue 39: one client holding hundreds of idle connections cannot keep
+another from an answer within a second); more for a build under AddressSanitizer, whose checks
+are on memory, not speed.
+
+The server runs with one slot and a queue of one (max_batch_size=1, max_queue=1). Loopback has
+every 127.x.y.z address: the abuser connects from 127.0.0.1 (and 127.0.0.3), the well-behaved
+clients from 127.0.0.2 and 127.0.0.4.
+"""
+import http.client
+import json
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+
+TIMEOUT = 30
+
+
+def connect(url, source="127.0.0.2", timeout=TIMEOUT):
+    u = urllib.parse.urlparse(url)
+    return http.client.HTTPConnection(u.hostname, u.port, timeout=timeout, source_address=(source, 0))
+
+
+def request(url, method, path, body=None, headers=None, source="127.0.0.2", timeout=TIMEOUT):
+    """status, headers, body bytes"""
+    c = connect(url, source, timeout)
+    c.request(method, path, body=body, headers=headers or {})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict(r.getheaders()), data
+
+
+def openai_error(data):
+    """the OpenAI-shaped error object in a body, or None"""
+    try:
+        e = json.loads(data)["error"]
+        return e if isinstance(e.get("message"), str) and e.get("type") and "param" in e and "code" in e else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def metric(url, name):
+    _, _, text = request(url, "GET", "/metrics", source="127.0.0.2")
+    for line in text.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise RuntimeError(f"no metric {name}")
+
+
+def wait_metric(url, name, want, seconds=30):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if metric(url, name) == want:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def raw_socket(url, source):
+    u = urllib.parse.urlparse(url)
+    s = socket.socket()
+    s.bind((source, 0))
+    s.settimeout(5)
+    s.connect((u.hostname, u.port))
+    return s
+
+
+def closed_by_server(s):
+    """True when the server has closed (or reset) the connection: a read gives EOF"""
+    s.setblocking(False)
+    try:
+        return s.recv(65536) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def timed_answer(url, model, source, limit):
+    """a small completion from `source`: (status, seconds) within `limit` seconds, or the error"""
+    t0 = time.time()
+    try:
+        status, _, _ = request(url, "POST", "/v1/completions", json.dumps(
+            {"model": model, "prompt": "Sort the digits.", "max_tokens": 2, "temperature": 0}), source=source,
+            timeout=limit)
+    except OSError as e:
+        return f"no answer within {limit} s ({type(e).__name__})", time.time() - t0
+    return status, time.time() - t0
+
+
+def hold_connections(url, n, source):
+    """n connections from `source` that send nothing; those the server refused at once are closed"""
+    held = []
+    for _ in range(n):
+        try:
+            held.append(raw_socket(url, source))
+        except OSError:
+            pass
+    time.sleep(0.3)
+    return held
+
+
+def slowloris(url, n, source, stop):
+    """n connections from `source` sending a request's headers a byte a second, never finishing;
+    returns the sockets (threads keep trickling until `stop` is set or the server closes them)"""
+    socks = []
+    for _ in range(n):
+        try:
+            s = raw_socket(url, source)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            socks.append(s)
+        except OSError:
+            pass
+
+    def trickle():
+        while not stop.is_set():
+            for s in socks:
+                try:
+                    s.sendall(b"X")
+                except OSError:
+                    pass
+            stop.wait(1)
+
+    threading.Thread(target=trickle, daemon=True).start()
+    return socks
+
+
+def bad_requests(url, model):
+    """every malformed or hostile request: (name, status wanted, code wanted or None, status, error)"""
+    chat = lambda content: json.dumps({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 2})
+    cases = [
+        ("NUL escaped", 400, None, '{"model":"%s","prompt":"Sort\\u0000 the digits."}' % model),
+        ("NUL raw", 400, None, b'{"model":"%s","prompt":"Sort\x00 the digits."}' % model.encode()),
+        ("invalid UTF-8", 400, "invalid_encoding", b'{"model":"%s","prompt":"Sort \xff\xfe digits."}' % model.encode()),
+        ("overlong UTF-8", 400, "invalid_encoding", b'{"model":"%s","prompt":"\xc0\xafetc"}' % model.encode()),
+        ("trailing bytes", 400, None, '{"model":"%s","prompt":"hi"} {"more":1}' % model),
+        ("stop empty string", 400, None, json.dumps({"model": model, "prompt": "hi", "stop": ""})),
+        ("stop empty in list", 400, None, json.dumps({"model": model, "prompt": "hi", "stop": [""]})),
+        ("unknown model", 404, "model_not_found", json.dumps({"model": "gpt-4", "prompt": "hi"})),
+        ("n=2", 400, None, json.dumps({"model": model, "prompt": "hi", "n": 2})),
+        ("max_tokens over the context", 400, None, json.dumps({"model": model, "prompt": "hi", "max_tokens": 10 ** 6})),
+        ("prompt over the context", 400, "context_length_exceeded", json.dumps({"model": model, "prompt": "y" * 5000})),
+        ("stream_options without stream", 400, None,
+         json.dumps({"model": model, "prompt": "hi", "stream_options": {"include_usage": True}})),
+        ("an image part", 400, None, chat([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}])),
+        ("not JSON", 400, None, "{'model': 1"),
+        ("a JSON array", 400, None, "[1, 2]"),
+    ]
+    out = []
+    for name, want, code, body in cases:
+        path = "/v1/chat/completions" if "messages" in str(body[:40]) else "/v1/completions"
+        try:
+            status, _, data = request(url, "POST", path, body, {"Content-Type": "application/json"})
+        except OSError as e:
+            status, data = f"{type(e).__name__}: {e}", b""
+        out.append((name, want, code, status, openai_error(data), data[:200].decode("utf-8", "replace")))
+    # refused from the headers, before the body (whose sending may then fail), or after a chunked one
+    big = json.dumps({"model": model, "prompt": "x" * (1 << 20)}).encode()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(big[i:i + 65536]), big[i:i + 65536]) for i in range(0, len(big), 65536))
+    for name, want, headers, body in [
+            ("headers over 16 KiB", 431, {"X-Big": "a" * 20000, "Content-Length": "2"}, b"{}"),
+            ("Content-Length over 1 MiB", 413, {"Content-Length": str(5 << 20)}, b"{}"),
+            ("a chunked body over 1 MiB", 413, {"Transfer-Encoding": "chunked"}, chunked + b"0\r\n\r\n")]:
+        try:
+            s = raw_socket(url, "127.0.0.2")
+        except OSError as e:
+            out.append((name, want, None, f"{type(e).__name__}: {e}", None, ""))
+            continue
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        try:
+            s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body)
+        except OSError:
+            pass
+        reply = b""
+        try:
+            while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < int(
+                    [l for l in reply.split(b"\r\n") if l.lower().startswith(b"content-length:")][0].split(b":")[1]):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        except (OSError, IndexError, ValueError):
+            pass
+        s.close()
+        status = int(reply.split(b" ")[1]) if reply.startswith(b"HTTP/1.1 ") else None
+        body = reply.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in reply else b""
+        out.append((name, want, None, status, openai_error(body), body[:200].decode("utf-8", "replace")))
+    return out
+
+
+def stream_events(url, body, source="127.0.0.2"):
+    c = connect(url, source)
+    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    lines = r.read().decode().split("\n")
+    c.close()
+    return [json.loads(l[6:]) for l in lines if l.startswith("data: {")], [l for l in lines if l][-1]
+
+
+def include_usage(url, model):
+    body = {"model": model, "messages": [{"role": "user", "content": "Sort the digits."}], "max_tokens": 5,
+            "temperature": 0}
+    events, last = stream_events(url, dict(body, stream=True, stream_options={"include_usage": True}))
+    _, _, whole = request(url, "POST", "/v1/chat/completions", json.dumps(body), source="127.0.0.2")
+    usage = json.loads(whole)["usage"]
+    final = events[-1] if events else {}
+    plain, _ = stream_events(url, dict(body, stream=True))
+    ok = (last == "data: [DONE]" and final.get("choices") == [] and final.get("usage") == usage
+          and all("usage" not in e for e in events[:-1]) and all("usage" not in e for e in plain))
+    return ok, {"final": final, "usage": usage, "events": len(events), "plain_events": len(plain)}
+
+
+def models(url, model):
+    s1, _, one = request(url, "GET", f"/v1/models/{model}")
+    s2, _, other = request(url, "GET", "/v1/models/no-such-model")
+    ok = (s1 == 200 and json.loads(one).get("id") == model and json.loads(one).get("object") == "model"
+          and s2 == 404 and (openai_error(other) or {}).get("code") == "model_not_found")
+    return ok, {"one": [s1, one.decode()[:200]], "other": [s2, other.decode()[:200]]}
+
+
+def content_parts(url, model):
+    as_string = {"model": model, "messages": [{"role": "user", "content": "Sort the digits.\n52913"}],
+                 "max_tokens": 6, "temperature": 0}
+    as_parts = dict(as_string, messages=[{"role": "user", "content": [{"type": "text", "text": "Sort the digits."},
+                                                                      {"type": "text", "text": "52913"}]}])
+    a = request(url, "POST", "/v1/chat/completions", json.dumps(as_string))
+    b = request(url, "POST", "/v1/chat/completions", json.dumps(as_parts))
+    ok = a[0] == b[0] == 200 and json.loads(a[2])["choices"] == json.loads(b[2])["choices"]
+    return ok, {"string": a[2].decode()[:200], "parts": b[2].decode()[:200]}
+
+
+def queue_full_and_hang_ups(url, model):
+    """one slot, one place in the queue: a third request gets 429 with Retry-After; then both
+    clients hang up, and /metrics shows the slot and the queue free again"""
+    long = {"model": model, "prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0}
+    before = metric(url, "workbook_generated_tokens_total")
+    a = connect(url, "127.0.0.2")
+    a.request("POST", "/v1/completions", json.dumps(dict(long, stream=True)), {"Content-Type": "application/json"})
+    ra = a.getresponse()
+    ra.fp.readline()  # its first event: a holds the slot
+    b = connect(url, "127.0.0.2")
+    b.request("POST", "/v1/completions", json.dumps(long), {"Content-Type": "application/json"})
+    queued = wait_metric(url, "workbook_queue_length", 1)
+    status, headers, data = request(url, "POST", "/v1/completions", json.dumps(long), source="127.0.0.2")
+    for conn in (a, b):  # close alone would leave the socket open while a response object holds it
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.sock.close()
+    freed = wait_metric(url, "workbook_running_batch_size", 0) and wait_metric(url, "workbook_queue_length", 0)
+    generated = metric(url, "workbook_generated_tokens_total") - before
+    ok_429 = queued and status == 429 and headers.get("Retry-After") == "1" and openai_error(data) is not None
+    return (ok_429, {"queued": queued, "status": status, "headers": headers, "body": data.decode()[:200]}), \
+        (freed and generated < 2 * 1500, {"freed": freed, "generated": generated})
+
+
+def openai_checks(url, model):
+    """the official client: NotFoundError for an unknown model, models.retrieve, the usage chunk"""
+    try:
+        import openai
+    except ImportError:
+        return None
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    out = {}
+    try:
+        client.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
+        out["not_found"] = "no error"
+    except openai.NotFoundError as e:
+        out["not_found"] = (e.status_code, e.code)
+    out["retrieve"] = client.models.retrieve(model).id
+    chunks = list(client.chat.completions.create(model=model, max_tokens=4, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]))
+    out["usage"] = chunks[-1].usage.completion_tokens if chunks and chunks[-1].usage else None
+    out["content"] = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
+    ok = out["not_found"] == (404, "model_not_found") and out["retrieve"] == model and out["usage"] == 4
+    return ok, out
+
+
+def same_answer(url, body, reference):
+    after = request(url, "POST", "/v1/completions", body)
+    return (reference[0] == after[0] == 200 and json.loads(reference[2])["choices"] == json.loads(after[2])["choices"],
+            [reference[2].decode()[:200], after[2].decode()[:200]])
+
+
+def guarded(check, *args):
+    """a check's (ok, detail); an exception (a refused connection, an answer that is not JSON) fails it"""
+    try:
+        return check(*args)
+    except Exception as e:  # noqa: BLE001 -- whatever went wrong is the check's detail
+        return False, f"{type(e).__name__}: {e}"
+
+
+def main():
+    url, model, deadline, limit = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+    checks = {}
+    greedy = json.dumps({"model": model, "prompt": "Sort the digits.", "max_tokens": 8, "temperature": 0})
+    reference = request(url, "POST", "/v1/completions", greedy)
+
+    # one client holds more connections than the server takes in all; a slow one trickles headers
+    t0 = time.time()
+    idle = hold_connections(url, 520, "127.0.0.1")
+    stop = threading.Event()
+    slow = slowloris(url, 40, "127.0.0.3", stop)
+    answers = [timed_answer(url, model, "127.0.0.2", limit) for _ in range(3)]
+    checks["served while one client holds 520 idle connections"] = (
+        all(s == 200 and t < limit for s, t in answers), {"answers": answers, "held": len(idle)})
+    answers = [timed_answer(url, model, "127.0.0.4", limit) for _ in range(3)]
+    checks["served while another trickles headers on 40"] = (all(s == 200 and t < limit for s, t in answers), answers)
+
+    for name, want, code, status, error, text in bad_requests(url, model):
+        checks[f"refused: {name}"] = (status == want and error is not None and (code is None or error["code"] == code),
+                                      {"status": status, "want": want, "body": text})
+    checks["stream_options include_usage"] = guarded(include_usage, url, model)
+    checks["GET /v1/models/{id}"] = guarded(models, url, model)
+    checks["chat content as text parts"] = guarded(content_parts, url, model)
+    queue_checks = guarded(queue_full_and_hang_ups, url, model)
+    if queue_checks[0] is False:  # an exception: both fail with it
+        queue_checks = (queue_checks, queue_checks)
+    checks["429 with Retry-After"], checks["clients gone free the slot and the queue"] = queue_checks
+
+    # the idle and the slow connections are closed by the deadline (and the refused ones at once)
+    wait = t0 + deadline + 3 - time.time()
+    if wait > 0:
+        time.sleep(wait)
+    still_idle = sum(not closed_by_server(s) for s in idle)
+    still_slow = sum(not closed_by_server(s) for s in slow)
+    stop.set()
+    checks[f"idle and slow connections closed within {deadline + 3:.0f} s"] = (
+        still_idle == 0 and still_slow == 0, {"idle_open": still_idle, "slow_open": still_slow})
+    result = guarded(openai_checks, url, model)  # from 127.0.0.1, free again now
+    if result is not None:
+        checks["the openai package"] = result
+    checks["the same answer after all this"] = guarded(same_answer, url, greedy, reference)
+    print(json.dumps({name: {"ok": bool(ok), "detail": detail} for name, (ok, detail) in checks.items()},
+                     default=str))
+    if result is None:
+        print("openai package: SKIPPED (not importable)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
