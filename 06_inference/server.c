@@ -1,14 +1,16 @@
-// server.c: stage 06 behind an OpenAI-compatible HTTP endpoint: libmicrohttpd's connection
-// threads, OpenAI's request JSON in, its response JSON (or server-sent events) out, the metrics.
-// The requests run in the KV cache's slots with continuous batching: scheduler.c, the engine,
-// which every rank of a tensor-parallel grid runs; scheduler.h is what the two share.
+// server.c: stage 06 behind an OpenAI-compatible HTTP endpoint: libmicrohttpd's polling thread,
+// OpenAI's request JSON in, its response JSON (or server-sent events) out, the metrics, and the
+// limits that keep one client from holding the server. The requests run in the KV cache's slots
+// with continuous batching: scheduler.c, the engine, which every rank of a tensor-parallel grid
+// runs; scheduler.h is what the two share.
 //
-//   connection threads (libmicrohttpd, one per client)    rank 0's main thread: the scheduler
+//   libmicrohttpd's polling thread (every connection)     rank 0's main thread: the scheduler
 //   parse and check the JSON -> a Job --- queue --->      admit it into a free KV-cache slot: its
 //                                                         prefill, its first token
 //   write its tokens as they come (server-sent   <------  one decode step over every busy slot,
-//   events, or one JSON when it is done)                  a token each; finished jobs leave
-//                                                         ... every other rank runs the same steps
+//   events, or one JSON when it is done); with            a token each; finished jobs leave
+//   none yet, suspend it until the waker thread           ... every other rank runs the same steps
+//   resumes it
 #include "server.h"
 
 #include <arpa/inet.h>
@@ -120,12 +122,12 @@ void job_release(Server *s, Job *j) {
 // ---- a deadline for each client -----------------------------------------------------------------
 
 // libmicrohttpd's own timeout counts the seconds a connection sends nothing: a client sending a
-// byte every few seconds would hold its connection, and the connection's thread, for ever; and it
-// would close a connection whose answer takes long to generate. So the server keeps its own
+// byte every few seconds would hold its connection for ever; and it would close a connection
+// whose answer takes long to generate. So the server keeps its own
 // deadlines: CLIENT_DEADLINE_S to send a whole request (from the connection's start, or from its
 // last answer on a kept-alive connection), none while the answer is generated, CLIENT_DEADLINE_S
 // to take each piece of the answer. A watcher thread shuts a late connection's socket down, which
-// its connection thread then sees as a client gone.
+// libmicrohttpd then sees as a client gone.
 typedef struct Gate Gate;
 typedef struct {
     Gate *gate;
@@ -639,15 +641,32 @@ static void append_events(const Server *s, Job *j, bool include_usage) {
     j->done_written = true;
 }
 
+// ---- answers waiting for their tokens --------------------------------------------------------------
+
+// libmicrohttpd runs every connection on one polling thread (epoll), which must never wait: a
+// response with no bytes to send yet suspends its connection instead (read_response), and the
+// waker thread resumes it when its job has news (the scheduler broadcasts `progress` after every
+// step), when its client has gone, or when the server stops.
+typedef struct Reader Reader;
 typedef struct {
+    Server *s;
+    Reader *suspended;  // a list, under the Server's lock
+    pthread_t thread;
+    bool stop;
+} Waker;
+
+struct Reader {
     Server *s;
     Job *j;
     struct MHD_Connection *c;
     bool include_usage;
     Arrival *arrival;
-} Reader;
+    Waker *waker;
+    Reader *next;  // in the waker's list while suspended
+    bool gone;     // its client went away while it was suspended
+};
 
-static const double LOOK_AT_CLIENT_S = 0.05;  // how often a waiting answer checks its client
+static const double LOOK_AT_CLIENT_S = 0.05;  // how often the waker checks the waiting clients
 
 // A client sends nothing while it waits for its answer: a socket that reads as closed (recv
 // returns 0) means the client has gone. It is how a request that is still waiting for a slot, or
@@ -662,8 +681,40 @@ static bool has_news(const Job *j) {
     return j->done_written || j->finish != FINISH_NONE || (j->stream && j->n_written < j->n_out);
 }
 
-// libmicrohttpd asks for the next bytes of a response (on the connection's own thread, which may
-// wait): the formatted bytes still pending, or, once they are out, the tokens that came since.
+// The waker: after every step (or LOOK_AT_CLIENT_S), the suspended responses whose jobs have news,
+// or whose clients have gone (a gone client's slot runs on until then: ~50 tokens of a
+// 1 ms-a-token model), are resumed; libmicrohttpd then asks them for their bytes again.
+static void *wake_readers(void *arg) {
+    Waker *w = arg;
+    pthread_mutex_lock(&w->s->lock);
+    double look = wall_seconds() + LOOK_AT_CLIENT_S;
+    while (!w->stop) {
+        struct timespec until = deadline_in(LOOK_AT_CLIENT_S);
+        pthread_cond_timedwait(&w->s->progress, &w->s->lock, &until);
+        bool look_now = wall_seconds() >= look;
+        if (look_now) look = wall_seconds() + LOOK_AT_CLIENT_S;
+        for (Reader **p = &w->suspended; *p;) {
+            Reader *r = *p;
+            r->gone = !has_news(r->j) && look_now && client_gone(r->c);
+            if (!has_news(r->j) && !r->gone) {
+                p = &r->next;
+                continue;
+            }
+            *p = r->next;
+            MHD_resume_connection(r->c);
+        }
+    }
+    while (w->suspended) {  // the server stops: every one ends (read_response sees w->stop)
+        MHD_resume_connection(w->suspended->c);
+        w->suspended = w->suspended->next;
+    }
+    pthread_mutex_unlock(&w->s->lock);
+    return NULL;
+}
+
+// libmicrohttpd asks for the next bytes of a response (on its polling thread, which must not
+// wait): the formatted bytes still pending, or, once they are out, the tokens that came since;
+// with none yet, the connection is suspended until the waker resumes it (returning 0: no bytes).
 // It asks when the bytes before are taken: the client has CLIENT_DEADLINE_S to take what it gets.
 static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
@@ -673,18 +724,15 @@ static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
     if (j->out_off == j->out.len) {
         j->out.len = j->out_off = 0;
         pthread_mutex_lock(&r->s->lock);
-        // every step wakes every waiting connection: look at the client every LOOK_AT_CLIENT_S of
-        // waiting (a gone client's slot runs on until then: ~50 tokens of a 1 ms-a-token model)
-        double look = wall_seconds() + LOOK_AT_CLIENT_S;
-        while (!has_news(j)) {
-            struct timespec until = deadline_in(LOOK_AT_CLIENT_S);
-            pthread_cond_timedwait(&r->s->progress, &r->s->lock, &until);
-            if (wall_seconds() < look) continue;
-            look += LOOK_AT_CLIENT_S;
-            if (client_gone(r->c)) {
-                pthread_mutex_unlock(&r->s->lock);
-                return MHD_CONTENT_READER_END_WITH_ERROR;  // release_response cancels the job
+        if (!has_news(j)) {
+            bool end = r->gone || r->waker->stop;
+            if (!end) {  // suspended under the lock: the waker resumes it only after this
+                r->next = r->waker->suspended;
+                r->waker->suspended = r;
+                MHD_suspend_connection(r->c);
             }
+            pthread_mutex_unlock(&r->s->lock);
+            return end ? MHD_CONTENT_READER_END_WITH_ERROR : 0;  // release_response cancels the job
         }
         if (!j->done_written) {
             if (j->stream) append_events(r->s, j, r->include_usage);
@@ -761,7 +809,7 @@ static bool enqueue(Server *s, Job *j, ApiError *e) {
     return ok;
 }
 
-static enum MHD_Result serve_completion(Server *s, struct MHD_Connection *c, const Buf *body, bool chat) {
+static enum MHD_Result serve_completion(Server *s, Waker *waker, struct MHD_Connection *c, const Buf *body, bool chat) {
     ApiError e;
     bool include_usage;
     Job *j = parse_request(s, body->p ? body->p : "", body->len, chat, &include_usage, &e);
@@ -771,7 +819,7 @@ static enum MHD_Result serve_completion(Server *s, struct MHD_Connection *c, con
         return send_error(s, c, &e, false);
     }
     Reader *r = malloc_or_die(sizeof *r);
-    *r = (Reader){s, j, c, include_usage, arrival_of(c)};
+    *r = (Reader){s, j, c, include_usage, arrival_of(c), waker, NULL, false};
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_response, r, release_response);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, j->stream ? "text/event-stream" : "application/json");
     if (j->stream) MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -838,7 +886,8 @@ static bool check_headers(struct MHD_Connection *c, const char *url, ApiError *e
 static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                              const char *version, const char *data, size_t *data_size, void **con_cls) {
     (void)version;
-    Server *s = cls;
+    Waker *waker = cls;
+    Server *s = waker->s;
     Upload *up = *con_cls;
     ApiError e;
     if (!up) {  // the headers: the body follows in later calls
@@ -866,7 +915,7 @@ static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *ur
                send_error(s, c, &e, true);
     if (up->too_big)
         return fail(&e, 413, NULL, "body_too_large", "the body is over %d bytes", MAX_BODY), send_error(s, c, &e, true);
-    return serve_completion(s, c, &up->body, chat);
+    return serve_completion(s, waker, c, &up->body, chat);
 }
 
 // a request answered: a kept-alive connection has CLIENT_DEADLINE_S for its next one
@@ -901,24 +950,24 @@ static void model_name(const Config *cfg, char *name, size_t size) {
     if (dot && strcmp(dot, ".safetensors") == 0) *dot = '\0';
 }
 
-// One thread per connection: a connection's thread may wait in read_response for its tokens
-// without holding up the others or the scheduler. MAX_CONNECTIONS_PER_CLIENT and the gate's
-// deadlines keep one client's idle or slow connections from taking every thread; the memory of a
-// connection holds MAX_HEADER_BYTES of headers and more, so that check_headers, not
-// libmicrohttpd's own page, refuses larger ones.
-static struct MHD_Daemon *start_http(Server *s, Gate *g) {
+// One polling thread (epoll) for every connection, whose answers wait for their tokens suspended
+// (the waker). MAX_CONNECTIONS_PER_CLIENT and the gate's deadlines keep one client's idle or slow
+// connections from taking every place; the memory of a connection holds MAX_HEADER_BYTES of
+// headers and more, so that check_headers, not libmicrohttpd's own page, refuses larger ones.
+static struct MHD_Daemon *start_http(Server *s, Gate *g, Waker *w) {
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg->port)};
     if (inet_pton(AF_INET, s->cfg->host, &addr.sin_addr) != 1)
         fatal("key 'host': expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, found '%s'", s->cfg->host);
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-        (uint16_t)s->cfg->port, NULL, NULL, route, s, MHD_OPTION_SOCK_ADDR, &addr,
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
+        (uint16_t)s->cfg->port, NULL, NULL, route, w, MHD_OPTION_SOCK_ADDR, &addr,
         MHD_OPTION_NOTIFY_COMPLETED, request_done, s, MHD_OPTION_NOTIFY_CONNECTION, gate_notify, g,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         (unsigned)MAX_CONNECTIONS_PER_CLIENT, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(4 * MAX_HEADER_BYTES),
         MHD_OPTION_END);
     if (!d) fatal("key 'port': cannot listen on %s:%d (%s)", s->cfg->host, s->cfg->port, strerror(errno));
-    if (pthread_create(&g->watcher, NULL, gate_watch, g) != 0) fatal("the server cannot start a thread");
+    if (pthread_create(&g->watcher, NULL, gate_watch, g) != 0 || pthread_create(&w->thread, NULL, wake_readers, w) != 0)
+        fatal("the server cannot start a thread");
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     // under mpirun, signal this process: mpirun itself, signalled, kills every rank soon after
     printf("server: model '%s' on http://%s:%u/v1 | %d slots (max_batch_size), queue of %d "
@@ -929,7 +978,7 @@ static struct MHD_Daemon *start_http(Server *s, Gate *g) {
 }
 
 // after the last step: the connections still writing answers finish before the daemon stops
-static void stop_http(Server *s, struct MHD_Daemon *d, Gate *g) {
+static void stop_http(Server *s, struct MHD_Daemon *d, Gate *g, Waker *w) {
     double t0 = wall_seconds();
     pthread_mutex_lock(&s->lock);
     while (s->live_jobs > 0 && wall_seconds() - t0 < 30) {
@@ -939,6 +988,11 @@ static void stop_http(Server *s, struct MHD_Daemon *d, Gate *g) {
     long left = s->live_jobs;
     pthread_mutex_unlock(&s->lock);
     if (left) printf("server: %ld answers were still being written after 30 s: closing them\n", left);
+    pthread_mutex_lock(&s->lock);
+    w->stop = true;
+    pthread_cond_broadcast(&s->progress);
+    pthread_mutex_unlock(&s->lock);
+    pthread_join(w->thread, NULL);
     MHD_stop_daemon(d);
     pthread_mutex_lock(&g->lock);
     g->stop = true;
@@ -967,9 +1021,10 @@ void serve(const Config *cfg, KVModel *m, const Tokenizer *tok, Sampler *sampler
     s.metrics.tpot.le = TPOT_BUCKETS;
     Gate *gate = calloc_or_die(1, sizeof *gate);
     pthread_mutex_init(&gate->lock, NULL);
-    struct MHD_Daemon *d = start_http(&s, gate);
+    Waker waker = {.s = &s};
+    struct MHD_Daemon *d = start_http(&s, gate, &waker);
     scheduler_run(&s, m, sampler, world, use_graph);
-    stop_http(&s, d, gate);
+    stop_http(&s, d, gate, &waker);
     free(gate);
     free(s.queue);
     free(s.slots);
