@@ -140,6 +140,7 @@ build/preflight_comm: $(B)/preflight_comm
 $(B)/preflight_comm: $(B)/tools/preflight_comm.o $(COMMON_OBJS) $(COMM_OBJS)
 	$(MPICC) $^ -o $@ $(LDLIBS)
 $(B)/tools/preflight_comm.o: CC := $(MPICC)
+tools: build/preflight_comm
 .PHONY: build/preflight_comm
 
 # ---- tests: every tests/test_*.c is a program, every tests/test_*.sh a script; run.sh runs all.

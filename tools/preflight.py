@@ -38,6 +38,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the groups of checks --only can pick; the stages' runs need the comm group's MPI start
+GROUPS = ("toolchain", "gpus", "disk", "models", "comm", "stages")
 
 
 class Checks:
@@ -250,6 +252,16 @@ def check_disk(checks, args):
 
 def node_checks(args, prefix=""):
     checks = Checks(prefix)
+    if "toolchain" in args.only:
+        check_toolchain(checks, args)
+    if "gpus" in args.only:
+        check_gpus(checks, args)
+    if "disk" in args.only:
+        check_disk(checks, args)
+    return checks
+
+
+def check_toolchain(checks, args):
     with tempfile.TemporaryDirectory() as workdir:
         check_tool(checks, "C compiler", os.environ.get("CC", "gcc"), "install gcc (scripts/setup.sh)")
         check_tool(checks, "MPI compiler", os.environ.get("MPICC", "mpicc"), "install Open MPI (scripts/setup.sh) or load its module")
@@ -260,9 +272,6 @@ def node_checks(args, prefix=""):
             checks.add("toolchain: CUDA compiler", "skipped", "CPU backend: not used", "on PATH, runs")
         for name in LIBRARY_PROBES:
             check_library(checks, name, args.backend, workdir)
-    check_gpus(checks, args)
-    check_disk(checks, args)
-    return checks
 
 
 # ---- model files -------------------------------------------------------------------------------------
@@ -551,8 +560,12 @@ def parse_args(argv):
     ap.add_argument("--report", default="build/preflight", help="where preflight.json and preflight.txt go")
     ap.add_argument("--comm_timeout", type=int, default=30, help="COMM_TIMEOUT for the runs: a stuck rank ends them")
     ap.add_argument("--stage_timeout", type=int, default=120)
+    ap.add_argument("--only", default=",".join(GROUPS), help="the groups of checks to run, of " + ", ".join(GROUPS))
     ap.add_argument("--node_only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.only = set(g for g in args.only.split(",") if g)
+    if args.only - set(GROUPS):
+        ap.error(f"--only: expected groups of {', '.join(GROUPS)}, found {', '.join(sorted(args.only - set(GROUPS)))}")
     if args.backend == "auto":
         args.backend = "cuda" if run(["nvidia-smi", "-L"], 20)[0] == 0 else "cpu"
     if args.launcher is None:
@@ -576,17 +589,20 @@ def main():
     os.makedirs(args.report, exist_ok=True)
     t0 = time.time()
     print(f"preflight: {args.backend} backend, {args.ranks} ranks, configs {' '.join(args.configs)}", file=sys.stderr)
-    rows = per_node(args)
+    rows = per_node(args) if {"toolchain", "gpus", "disk"} & args.only else []
     checks = Checks()
-    check_gpu_memory(checks, args)
-    for path in args.configs:
+    if "gpus" in args.only:
+        check_gpu_memory(checks, args)
+    for path in args.configs if "models" in args.only else []:
         if not os.path.exists(path):
             checks.add(f"model files: {path}", "fail", "config file missing", "a config", "check --configs")
             continue
         check_model_files(checks, path, load_config(path))
-    comm = check_comm(checks, args)
-    check_bandwidth(checks, args, comm)
-    check_stages(checks, args, comm is not None)
+    comm = check_comm(checks, args) if {"comm", "stages"} & args.only else None
+    if "comm" in args.only:
+        check_bandwidth(checks, args, comm)
+    if "stages" in args.only:
+        check_stages(checks, args, comm is not None)
     rows += checks.rows
     counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "skipped")}
     report = {"host": socket.gethostname(), "backend": args.backend, "ranks": args.ranks, "configs": args.configs,
