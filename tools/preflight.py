@@ -397,7 +397,8 @@ def check_comm(checks, args):
     env = dict(os.environ, COMM_TIMEOUT=str(args.comm_timeout))
     t0 = time.time()
     cmd = launch(args, [os.path.join(args.bin, "preflight_comm"), f"--json={out_json}",
-                        f"--sizes={args.sizes}", f"--iters={args.iters}"])
+                        f"--sizes={args.sizes}", f"--iters={args.iters}",
+                        f"--pair_bytes={args.pair_bytes}"])
     rc, out = run(cmd, args.comm_timeout * 4 + 60, env)
     with open(os.path.join(args.report, "comm.log"), "w") as f:
         f.write(" ".join(cmd) + "\n" + out)
@@ -514,7 +515,11 @@ def per_node(args):
     """The node checks on every node: here, or once per node through --per_node."""
     if not args.per_node:
         return node_checks(args).rows
-    forward = [a for a in sys.argv[1:] if not a.startswith("--per_node")]
+    forward, skip = [], False
+    for a in sys.argv[1:]:
+        if not skip and not a.startswith("--per_node"):
+            forward.append(a)
+        skip = a == "--per_node"
     cmd = shlex.split(args.per_node) + [sys.executable, os.path.abspath(__file__), "--node_only"] + forward
     rc, out = run(cmd, 300)
     rows = []
@@ -552,6 +557,7 @@ def parse_args(argv):
     ap.add_argument("--expect_busbw", type=float, default=None, help="GB/s the largest all-reduce and all-gather must reach")
     ap.add_argument("--sizes", default="262144,4194304,33554432", help="collective sizes in bytes")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--pair_bytes", type=int, default=16777216, help="bytes each host of a pair sends the other")
     ap.add_argument("--out_dir", default="out", help="the output directory the session writes to")
     ap.add_argument("--disk_need_gib", type=float, default=1.0)
     ap.add_argument("--disk_min_mbps", type=float, default=50.0)
