@@ -128,7 +128,7 @@ def check_library(checks, name, backend, workdir):
     compiler_var, source, flags = LIBRARY_PROBES[name]
     compiler = os.environ.get(compiler_var, "gcc" if compiler_var == "CC" else "mpicc")
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    if name in CUDA_LIBRARIES or (backend == "cuda" and name == "NCCL"):
+    if name in CUDA_LIBRARIES:
         flags = [f"-I{cuda_home}/include", f"-L{cuda_home}/lib64", f"-L{cuda_home}/lib"] + flags
     src = os.path.join(workdir, re.sub(r"\W", "_", name) + ".c")
     exe = src[:-2]
@@ -179,14 +179,15 @@ def check_gpus(checks, args):
         args.gpu_mib = min(g[1] for g in gpus)
 
 
-def config_layout(cfg):
-    """The planner's --layout for the layout this config asks for."""
+def asks_for(cfg, layout):
+    """Whether the planner's layout is the one this config asks for."""
     if int(cfg.get("pp_size", 1)) > 1:
-        return f"pp{cfg['pp_size']}"
+        return f"--pp_size={cfg['pp_size']}" in layout["args"]
     strategy = cfg.get("strategy", "ddp")
     if strategy == "axonn":
-        return ",".join(str(d) for d in cfg.get("tp_dimensions", [1, 1, 1]))
-    return "fsdp" if strategy == "fsdp" else "ddp"
+        dims = ",".join(str(d) for d in cfg.get("tp_dimensions", [1, 1, 1]))
+        return layout["name"].startswith("TP") and f"--tp_dimensions={dims}" in layout["args"]
+    return layout["name"] == ("FSDP" if strategy == "fsdp" else "DDP")
 
 
 def check_gpu_memory(checks, args):
@@ -203,15 +204,14 @@ def check_gpu_memory(checks, args):
             continue
         cfg = load_config(path)
         plan_json = os.path.join(args.report, "plan-" + os.path.basename(path))
-        layout = config_layout(cfg)
         rc, out = run([os.path.join(args.bin, "plan"), f"--cluster={args.cluster}", "--config", path,
                        f"--ranks={args.ranks}", f"--json={plan_json}"], 120)
         if rc != 0:
             checks.add(name, "fail", f"build/plan failed: {first_error(out)}", "a plan", "run build/plan by hand and read its error")
             continue
         layouts = json.load(open(plan_json))["layouts"]
-        want = [l for l in layouts if layout in (l["name"].lower(), ",".join(a.split("=")[1] for a in l["args"] if a.startswith("--tp_dimensions")))]
-        need = want[0] if want else min(layouts, key=lambda l: l["memory_total"])
+        # the config's own layout (the fastest of its kind); where P ranks cannot run it, the smallest
+        need = next((l for l in layouts if asks_for(cfg, l)), min(layouts, key=lambda l: l["memory_total"]))
         need_mib = need["memory_total"] / 2**20
         fitting = [l["name"] for l in layouts if l["memory_total"] / 2**20 <= args.gpu_mib]
         checks.add(name, "pass" if need_mib <= args.gpu_mib else "fail",
