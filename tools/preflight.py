@@ -222,7 +222,13 @@ def check_gpu_memory(checks, args):
 
 # ---- disk ------------------------------------------------------------------------------------------
 def check_disk(checks, args):
-    os.makedirs(args.out_dir, exist_ok=True)
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+    except OSError as e:
+        for name in ("disk: free space", "disk: write speed"):
+            checks.add(name, "fail", f"cannot create {args.out_dir}: {e.strerror}", "a writable directory",
+                       "point --out_dir (and the session's out_dir) at a directory you can write")
+        return
     free_gib = shutil.disk_usage(args.out_dir).free / 2**30
     checks.add("disk: free space", "pass" if free_gib >= args.disk_need_gib else "fail",
                f"{free_gib:.2f} GiB free in {args.out_dir}", f">= {args.disk_need_gib:g} GiB",
