@@ -90,7 +90,8 @@ def check_tool(checks, name, program, what_next):
         return checks.add(f"toolchain: {name}", "fail", f"'{program}' not found on PATH", "on PATH",
                           what_next)
     rc, out = run([program, "--version"], 20)
-    version = out.strip().splitlines()[0] if out.strip() else "?"
+    # the first line that holds a version number (nvcc's is its fourth)
+    version = next((l for l in out.splitlines() if re.search(r"\d+\.\d+", l)), "?").strip()
     if rc != 0:
         return checks.add(f"toolchain: {name}", "fail", f"{path} --version exit {rc}: {last_lines(out)}",
                           "runs", what_next)
