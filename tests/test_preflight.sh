@@ -52,7 +52,7 @@ printf '{"model_id": "custom", "init_from": "%s", "tokenizer_path": "%s"}\n' "$m
 # ---- 1. this machine is ready: make preflight passes ------------------------------------------------
 ok=$tmp/ok
 make --no-print-directory preflight BACKEND=cpu \
-    PREFLIGHT_ARGS="--report=$ok --out_dir=$tmp/out --configs=configs/tiny.json,$tmp/session.json --expect_busbw=0.01" \
+    PREFLIGHT_ARGS="--report=$ok --out_dir=$tmp/out --disk_write_mib=32 --configs=configs/tiny.json,$tmp/session.json --expect_busbw=0.01" \
     >"$tmp/make-preflight.log" 2>&1
 rc=$?
 check '[ $rc -eq 0 ]' "make preflight failed (exit $rc): $(tail -n 5 "$tmp/make-preflight.log")"
