@@ -75,7 +75,7 @@ $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
 
-.PHONY: exercise grade exercises-pack plot report all setup test test-mutations test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
+.PHONY: preflight exercise grade exercises-pack plot report all setup test test-mutations test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
 
 # scripts/setup.sh installs missing packages (apt) and only checks when none is missing; the
@@ -135,6 +135,14 @@ build/plan: $(B)/plan
 $(B)/plan: $(PLAN_OBJS) $(COMMON_OBJS) $(COMM_OBJS)
 	$(MPICC) $^ -o $@ $(LDLIBS)
 .PHONY: tools $(addprefix build/stage-,$(STAGES)) $(addprefix build/,$(TOOLS))
+# the preflight's communication check (tools/preflight_comm.c): an MPI program on the comm layer
+build/preflight_comm: $(B)/preflight_comm
+	@cp $< $@
+$(B)/preflight_comm: $(B)/tools/preflight_comm.o $(COMMON_OBJS) $(COMM_OBJS)
+	$(MPICC) $^ -o $@ $(LDLIBS)
+$(B)/tools/preflight_comm.o: CC := $(MPICC)
+tools: build/preflight_comm
+.PHONY: build/preflight_comm
 
 # ---- tests: every tests/test_*.c is a program, every tests/test_*.sh a script; run.sh runs all.
 # tests/mpi/*.c are MPI programs that the scripts start with mpirun.
@@ -198,6 +206,14 @@ test-slurm:
 test-multinode:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/multinode/run.sh
+
+# `make preflight`: is this machine ready for a session? Toolchain, libraries, GPUs, MPI, bus
+# bandwidth, disk, model files, a step of every stage: a table, and build/preflight/preflight.json
+# (tools/preflight.py; its options through PREFLIGHT_ARGS="--configs ... --expect_busbw=...").
+preflight:
+	@$(MAKE) --no-print-directory all build/preflight_comm
+	@OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 \
+		python3 tools/preflight.py --backend=$(BACKEND) $(PREFLIGHT_ARGS)
 
 bench:
 	@$(MAKE) --no-print-directory all

@@ -8,6 +8,8 @@
 # and an interrupted download resumes where it stopped (curl -C -). Weights are model.safetensors,
 # or model.safetensors.index.json and every shard it lists. Tokenizer files the repository does
 # not have are skipped; anything else that fails stops the script with the reason.
+# Each whole file's sha256 goes into <dir>/SHA256SUMS (sha256sum's format), which the preflight
+# (tools/preflight.py) checks before a session: a file damaged or cut short since is caught there.
 # HF_ENDPOINT (default https://huggingface.co) names the hub, HF_TOKEN a token for gated models.
 set -euo pipefail
 
@@ -22,10 +24,17 @@ auth=()
 [ -n "${HF_TOKEN:-}" ] && auth=(-H "Authorization: Bearer $HF_TOKEN")
 mkdir -p "$dir"
 
+# record_sum <file> [again]: its line in SHA256SUMS; a file already listed keeps its line unless
+# it was fetched again
+record_sum() {
+    [ "${2:-}" = again ] && [ -f "$dir/SHA256SUMS" ] && sed -i "\|  $1\$|d" "$dir/SHA256SUMS"
+    grep -q "  $1\$" "$dir/SHA256SUMS" 2>/dev/null || (cd "$dir" && sha256sum "$1") >>"$dir/SHA256SUMS"
+}
+
 # fetch <file> <required|optional>: returns 1 for an optional file the repository does not have
 fetch() {
     local file=$1 need=$2 url="$hub/$name/resolve/main/$1" rc=0
-    [ -f "$dir/$file" ] && { echo "have  $dir/$file"; return 0; }
+    [ -f "$dir/$file" ] && { echo "have  $dir/$file"; record_sum "$file"; return 0; }
     echo "fetch $url"
     [ -s "$dir/$file.part" ] && echo "resume $file from byte $(stat -c %s "$dir/$file.part")"
     local quiet=(-#)  # a progress bar; an optional file is small, and its absence no error
@@ -33,6 +42,7 @@ fetch() {
     curl -fL "${quiet[@]}" --retry 3 --connect-timeout 20 -C - "${auth[@]}" -o "$dir/$file.part" "$url" || rc=$?
     if [ "$rc" -eq 0 ]; then
         mv "$dir/$file.part" "$dir/$file"
+        record_sum "$file" again
         return 0
     fi
     # 22: the hub answered with an HTTP error (404: no such file); 37: a file:// hub has no such file

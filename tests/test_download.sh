@@ -4,6 +4,7 @@
 # tokenizer files and phi's added tokens.
 #  - every file arrives whole; a shard left half-downloaded (.part) is resumed, not restarted;
 #    files the repository lacks (tokenizer.json, ...) are skipped; a second run fetches nothing;
+#  - SHA256SUMS (the preflight's manifest) lists each file that arrived with its sha256, once;
 #  - what arrived is usable: stage 01 starts from it, the tokenizer matches added tokens;
 #  - an unreachable hub and an unknown model are each one clear error, exit 1.
 source "$(dirname "$0")/lib.sh"
@@ -56,10 +57,15 @@ done
 check '[ -z "$(ls "$dest" | grep "\.part$")" ] && [ ! -e "$dest/tokenizer.json" ]' "leftover .part files, or a file the hub lacks: $(ls "$dest")"
 check 'grep -q "^resume model-00001-of-00002.safetensors from byte 1000" "$tmp/dl.log"' "the half-downloaded shard was not resumed"
 check 'grep -q "skip  tokenizer.json" "$tmp/dl.log"' "a tokenizer file the repository lacks is not reported as skipped"
+# the manifest the preflight checks: every file that arrived, listed once, with the hub's bytes' sha256
+(cd "$repo" && sha256sum config.json model.safetensors.index.json model-0000[12]-of-00002.safetensors vocab.json \
+    merges.txt added_tokens.json | sort -k2) >"$tmp/want.sums"
+check 'sort -k2 "$dest/SHA256SUMS" | cmp -s - "$tmp/want.sums"' "SHA256SUMS does not list the 7 files with the hub's checksums: $(cat "$dest/SHA256SUMS" 2>&1)"
 HF_ENDPOINT="file://$tmp/hub" scripts/download.sh org/tiny-phi "$dest" >"$tmp/dl2.log" 2>&1
 rc=$?
 check '[ $rc -eq 0 ] && [ "$(grep -c "^have" "$tmp/dl2.log")" -eq 7 ] && ! grep -q "^fetch.*safetensors" "$tmp/dl2.log"' \
     "a second run fetched again: $(grep '^fetch' "$tmp/dl2.log" | head -2)"
+check 'sort -k2 "$dest/SHA256SUMS" | cmp -s - "$tmp/want.sums"' "a second run changed SHA256SUMS: $(cat "$dest/SHA256SUMS")"
 
 build/stage-1 --config configs/tiny_phi.json --n_embd=64 --stop_iteration=1 --eval_batches=1 \
     --init_from="$dest" --out_dir="$tmp/from_download" >"$tmp/from.log" 2>&1

@@ -56,14 +56,16 @@ static Link link_of(const Cluster *c, const cJSON *root, const char *key) {
 
 // every key a description may hold: another is a typo, refused as the stages refuse one
 static const char *const KEYS[] = {"name", "source", "nodes", "gpus_per_node", "peak_tflops", "efficiency",
-                                   "memory_gib", "intra_node", "inter_node", "overlaps_compute", "cores", "stage_efficiency"};
+                                   "memory_gib", "intra_node", "inter_node", "overlaps_compute", "cores", "stage_efficiency",
+                                   "expected_busbw_GBps"};  // the preflight's (tools/preflight.py)
 
 static void refuse_unknown_keys(const Cluster *c, const cJSON *root) {
     for (const cJSON *k = root->child; k; k = k->next) {
         bool known = false;
         for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++) known |= strcmp(k->string, KEYS[i]) == 0;
         if (!known) fatal("%s: key '%s': expected one of name, source, nodes, gpus_per_node, peak_tflops, "
-                          "efficiency, stage_efficiency, memory_gib, intra_node, inter_node, overlaps_compute, cores; "
+                          "efficiency, stage_efficiency, memory_gib, intra_node, inter_node, overlaps_compute, cores, "
+                          "expected_busbw_GBps; "
                           "found an unknown key", c->path, k->string);
     }
 }

@@ -17,6 +17,8 @@
 #   - stage 5: the tensor-parallel traffic stays inside the hosts (each host sent less than rank 0
 #     moved in its x group), and, as a control, the same job with --distribution=cyclic (x groups
 #     across the hosts) is caught by that check;
+#   - the preflight (slurm/preflight.sh) across the hosts: no check fails; with the second host's
+#     link slowed (tc tbf on its eth0), the bandwidth check fails naming the pair of hosts;
 #   - a host taken away mid-job (its link set down) ends the job with the comm layer's timeout
 #     error, not a hang: the batch script within COMM_TIMEOUT (MN_TEST_COMM_TIMEOUT here) + 40 s,
 #     Slurm's final FAILED within COMM_TIMEOUT + 90 s; the ranks on the lost host exit on their own.
@@ -281,6 +283,68 @@ if [ -x build/stage-3 ]; then
     fi
 else
     skipped+=("plain mpirun across 2 hosts: build/stage-3 does not exist")
+fi
+
+# ---- the preflight across the hosts, then with one host's link slowed -------------------------------------
+# slurm/preflight.sh on 2 hosts x 2 ranks against a bus bandwidth floor of PF_FLOOR GB/s: every check
+# passes, the node checks ran on both hosts. Then the second host's veth (eth0) is shaped to
+# PF_RATE (tbf) and the same floor must fail, naming the link between the hosts as the slowest pair.
+PF_FLOOR=0.02 PF_RATE=50mbit
+pf_args="--expect_busbw=$PF_FLOOR --sizes=262144,1048576 --iters=3 --pair_bytes=4194304"
+pf_report() { # <what to print> : reads slurm/logs/preflight-$JID/preflight.json
+    python3 - "slurm/logs/preflight-$JID/preflight.json" "$1" "${NODES[@]}" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print(f"no preflight.json: {e}"); sys.exit(1)
+c = {x["check"]: x for x in r["checks"]}
+bad = [f'{x["check"]}: {x["measured"]}' for x in r["checks"] if x["status"] == "fail"]
+ar = c.get("bandwidth: all-reduce", {})
+a, b = sys.argv[3], sys.argv[4]
+if sys.argv[2] == "clean":
+    hosts = {h for h in (a, b) if any(k.startswith(h + ": ") for k in c)}
+    ok = not bad and c.get("mpi: init", {}).get("measured", "").startswith("4 ranks on 2 host(s)") and len(hosts) == 2
+    print(f'{r["pass"]} passed, {r["skipped"]} skipped in {r["seconds"]} s, node checks on {sorted(hosts)}; {ar.get("measured")}'
+          if ok else f"failed checks {bad}; mpi: init {c.get('mpi: init')}; node checks on {sorted(hosts)}")
+else:
+    ok = ar.get("status") == "fail" and f"slowest pair {a} <-> {b}" in ar.get("measured", "")
+    print(f'all-reduce: {ar.get("status")}: {ar.get("measured")}')
+sys.exit(0 if ok else 1)
+PY
+}
+if [ -x build/preflight_comm ]; then
+    t0=$(now)
+    name="preflight: sbatch --nodes=2 slurm/preflight.sh, 2x2 ranks, floor $PF_FLOOR GB/s"
+    if ! OMP_NUM_THREADS=1 EXTRA_ARGS="$pf_args --out_dir=$WORK/out/preflight" \
+        submit slurm/preflight.sh --nodes=2 --ntasks-per-node=2 --gpus-per-node=2; then
+        fail "$name: sbatch refused the job: $(cat "$WORK/sbatch.err")"
+    else
+        wait_job
+        if [ "$STATE" != COMPLETED ] || ! why=$(pf_report clean); then
+            fail "$name: job $JID ended $STATE (exit $EXIT): ${why:-}"; log_tail
+        else
+            pass "$name [job $JID, $(since "$t0") s]: $why"; rm -rf "$LOG" "slurm/logs/preflight-$JID"
+        fi
+    fi
+    slow=${NODES[1]} t0=$(now)
+    name="preflight, $slow's link slowed to $PF_RATE (tbf on its eth0): the bandwidth check fails and names the pair"
+    if ! timeout 10 tc -n "$slow" qdisc add dev eth0 root tbf rate $PF_RATE burst 64kb latency 100ms 2>"$WORK/tc.err"; then
+        fail "$name: tc refused: $(cat "$WORK/tc.err")"
+    elif ! OMP_NUM_THREADS=1 EXTRA_ARGS="$pf_args --only=comm --out_dir=$WORK/out/preflight" \
+        submit slurm/preflight.sh --nodes=2 --ntasks-per-node=2 --gpus-per-node=2; then
+        fail "$name: sbatch refused the job: $(cat "$WORK/sbatch.err")"
+    else
+        wait_job
+        if [ "$STATE" != FAILED ] || ! why=$(pf_report slowed); then
+            fail "$name: job $JID ended $STATE (exit $EXIT), want FAILED: ${why:-}"; log_tail
+        else
+            pass "$name [job $JID, $(since "$t0") s]: $why"; rm -rf "$LOG" "slurm/logs/preflight-$JID"
+        fi
+    fi
+    timeout 10 tc -n "$slow" qdisc del dev eth0 root 2>/dev/null
+else
+    skipped+=("the preflight across 2 hosts: build/preflight_comm does not exist (make tools)")
 fi
 
 # ---- a host taken away mid-job ends the job, not a hang ----------------------------------------------------

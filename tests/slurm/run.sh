@@ -11,6 +11,7 @@
 #     COMPLETED, exit 0, progress lines in its log and a falling loss (stage 6: generation
 #     output). Stage 3 runs with both launchers, stage 5 on the [2,2,1] grid. Missing stages are
 #     listed as skipped.
+#   - the preflight (slurm/preflight.sh, 4 ranks): COMPLETED, and no check in its preflight.json failed;
 #   - preemption (stages 3, 4 and 5 on [2,2,1], 4 ranks): a job sent the warning signal mid-run
 #     (scancel --signal=USR1 --batch, what --signal=B:USR1@N sends) saves, requeues itself,
 #     resumes from its out_dir with no flag, and ends with the per-step losses of the
@@ -178,6 +179,28 @@ for n in 1 2 3 4 5 6 7 8; do
                 run_job "stage 6: slurm/stage-6.sh, 1 task, 16 tokens" slurm/stage-6.sh check_inference ;;
     esac
 done
+
+# ---- 3b. the preflight's sbatch form (slurm/preflight.sh) on 4 ranks: no check fails -----------------
+# (its preflight.json, tools/preflight.py: MPI joined all 4 ranks, a step of every built stage ran)
+check_preflight() {
+    python3 - "slurm/logs/preflight-$JID/preflight.json" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print(f"no preflight.json: {e}"); sys.exit(1)
+checks = {c["check"]: c for c in r["checks"]}
+bad = [f'{c["check"]}: {c["measured"]}' for c in r["checks"] if c["status"] == "fail"]
+mpi = checks.get("mpi: init", {})
+steps = [c for c in r["checks"] if c["check"].startswith("stage ") and c["status"] == "pass"]
+if bad or mpi.get("status") != "pass" or not mpi["measured"].startswith("4 ranks") or not steps:
+    print(f"failed: {bad}; mpi: init {mpi}; {len(steps)} stage steps passed"); sys.exit(1)
+print(f'{r["pass"]} checks passed ({len(steps)} stage steps), {r["skipped"]} skipped, in {r["seconds"]} s')
+PY
+}
+OMP_NUM_THREADS=1 EXTRA_ARGS="--out_dir=$WORK/out/preflight" \
+    run_job "preflight: sbatch slurm/preflight.sh, 4 ranks" slurm/preflight.sh check_preflight
+[ -e "$LOG" ] || rm -rf "slurm/logs/preflight-$JID"
 
 # ---- 4. preemption: the warning signal, requeue, automatic resume ------------------------------------
 # same_losses <reference out_dir> <out_dir>: every step's loss as metrics.jsonl writes it (17
