@@ -33,6 +33,7 @@ typedef struct {
     int dims[3], dp;
     int pp, microbatches;     // pipelines: stages, micro-batches per step
     int ep;                   // experts: ranks a replica's experts are spread over
+    int zero_stage, replicas; // stage 04's ladder: its rung, and HSDP's replica groups (1: none)
     MemoryItem memory[PLAN_MAX_MEMORY];  // rank 0's memory report, row for row
     int n_memory;
     size_t memory_total;
