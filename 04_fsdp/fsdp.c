@@ -109,8 +109,8 @@ void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetc
     if (zero_stage == 3)
         f->gathered_bytes = (2 * root + 2 * slots * f->max_block + slots * (1 + (size_t)P) * f->fp32_pack) * sizeof(float);
     if (zero_stage == 2) f->gathered_bytes = (root + slots * f->max_block) * sizeof(float);
-    size_t shard16 = zero_stage == 3 ? f->max_block / (size_t)P : 0;
-    if (use_16bit) f->gathered16_bytes = (root + slots * (f->max_block + shard16)) * sizeof(half16);
+    size_t shard16 = zero_stage == 3 ? f->max_block / (size_t)P : 0, slots16 = zero_stage == 3 ? slots : 1;
+    if (use_16bit) f->gathered16_bytes = (root + slots16 * (f->max_block + shard16)) * sizeof(half16);
 }
 
 void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cfg, bool use_16bit) {
@@ -142,9 +142,9 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cf
     }
     if (use_16bit) {
         f->root16 = dev_malloc(root * sizeof(half16));
-        for (int s = 0; s < slots; s++) {
-            f->block16[s] = dev_malloc(max_block * sizeof(half16));
-            if (params_whole(f)) continue;  // nothing to gather: the whole units are cast to bf16
+        // ZeRO-1, 2 cast their whole blocks in turn into one slot; ZeRO-3 gathers bf16 shards
+        for (int s = 0; s < (params_whole(f) ? 1 : slots); s++) f->block16[s] = dev_malloc(max_block * sizeof(half16));
+        for (int s = 0; !params_whole(f) && s < slots; s++) {
             f->shard16[s] = dev_malloc(max_block / (size_t)f->P * sizeof(half16));
             f->pack_send[s] = dev_malloc(f->fp32_pack * sizeof(float));
             f->pack_recv[s] = dev_malloc((size_t)f->P * f->fp32_pack * sizeof(float));
@@ -320,23 +320,28 @@ static void gather_block_finish(Fsdp *f, BlockGather g) {
 static BlockWeights use_block(Gathers *g, int l, int next) {
     Fsdp *f = g->f;
     int slot = f->prefetch ? g->uses % 2 : 0;
-    BlockWeights bw;
-    if (params_whole(f)) {  // ZeRO-1, 2: in place; bf16 precisions cast it for the matmuls
-        const FsdpUnit *u = &f->units[1 + l];
-        block_weights_point(&bw, f->layout, l, f->params + u->whole_at);
-        if (f->use_16bit) {
-            cast_to_16(f->block16[slot], f->params + u->whole_at, u->numel);
-            block_weights_point_16(&bw, f->layout, l, f->block16[slot]);
-        }
-        g->uses++;
-        return bw;
-    }
     gather_block_finish(f, g->pending.weights ? g->pending : gather_block_start(f, l, slot));
     g->pending = f->prefetch && next >= 0 ? gather_block_start(f, next, (g->uses + 1) % 2) : (BlockGather){0};
     g->uses++;
     // bf16 precisions: the slot's fp32 matrices are stale; the linears read the bf16 copies
+    BlockWeights bw;
     block_weights_point(&bw, f->layout, l, f->block[slot]);
     if (f->use_16bit) block_weights_point_16(&bw, f->layout, l, f->block16[slot]);
+    return bw;
+}
+
+// Block l's weights for this use on any rung: ZeRO-1 and 2 hold them whole (bf16 precisions cast
+// them for the matmuls into one bf16 slot: nothing to prefetch); ZeRO-3 gathers them (use_block).
+static BlockWeights block_for_use(Gathers *g, int l, int next) {
+    Fsdp *f = g->f;
+    if (!params_whole(f)) return use_block(g, l, next);
+    const FsdpUnit *u = &f->units[1 + l];
+    BlockWeights bw;
+    block_weights_point(&bw, f->layout, l, f->params + u->whole_at);
+    if (f->use_16bit) {
+        cast_to_16(f->block16[0], f->params + u->whole_at, u->numel);
+        block_weights_point_16(&bw, f->layout, l, f->block16[0]);
+    }
     return bw;
 }
 
@@ -375,7 +380,7 @@ static void forward(Fsdp *f, Gathers *g, Weights *root, Activations *a, const GP
     gpt_embed_forward(a, root, B, T);
     for (int l = 0; l < L; l++) {
         int next = l + 1 < L ? l + 1 : (then_backward ? L - 1 : -1);
-        BlockWeights bw = use_block(g, l, next);
+        BlockWeights bw = block_for_use(g, l, next);
         gpt_block_forward(a, l, &bw, B, T);
         // the block's full weights are now free: the next use overwrites them
     }
@@ -409,7 +414,7 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
     GradScatter scatters[2] = {{0}};
     for (int l = L - 1; l >= 0; l--) {
         int slot = f->prefetch ? l % 2 : 0;
-        BlockWeights bw = use_block(&g, l, l - 1), bg;  // gathered again: forward freed it
+        BlockWeights bw = block_for_use(&g, l, l - 1), bg;  // gathered again: forward freed it
         if (grads_whole(f)) {
             block_weights_point(&bg, f->layout, l, f->grads + f->units[1 + l].whole_at);
             gpt_block_backward(a, l, &bw, &bg, B, T);

@@ -2,8 +2,8 @@
 # The planner (build/plan) against the runs it predicts:
 #  - for DDP on 2 and 4 ranks, FSDP on 2, 3 and 4 (and its ladder: ZeRO-1, ZeRO-2, HSDP), the
 #    ten tensor-parallel grids of test_stage5.sh (with the same switches), a few 16-bit layouts,
-#    pipelines (phi's too), recomputation in tensor-parallel grids and pipelines, and experts, the predicted memory
-#    report equals the run's stats.json row for row, byte for byte, and the predicted
+#    pipelines (phi's too), recomputation in tensor-parallel grids and pipelines, and experts,
+#    the predicted memory report equals the run's stats.json row for row, byte for byte, and the predicted
 #    communication per step equals every step's comm_bytes in metrics.jsonl and, per group and
 #    collective, stats.json's totals divided by the steps -- exactly. Sequences are cut at
 #    max_seq_len=64, shorter than every record, so every batch is T = 64 tokens as planned;
