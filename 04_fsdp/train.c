@@ -7,6 +7,7 @@
 // and AdamW updates the shards. With the same seed and global batch, P ranks give the losses of one.
 //   overlap_communication=false  gather each unit when it is needed
 //   overlap_communication=true   prefetch: gather the next block while this one computes
+//   zero_stage=1|2, hsdp_replicas=R   the lower rungs of the sharding ladder, hybrid sharding (fsdp.h)
 // The technique is in fsdp.c; read `diff -u 03_ddp/train.c 04_fsdp/train.c` first.
 //
 // Run: mpirun -np 4 build/stage-4 --config configs/tiny.json      (see README.md)
