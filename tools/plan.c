@@ -64,6 +64,7 @@ static void add_strategy(Plan *p, const char *strategy) {
     if (p->stage != 5) add_arg(p, "--tp_dimensions=1,1,1");
     if (p->stage != 7) add_arg(p, "--pp_size=1"), add_arg(p, "--num_microbatches=1");
     if (p->stage == 8) add_arg(p, "--ep_size=%d", p->ep);
+    if (p->stage != 4) add_arg(p, "--zero_stage=3"), add_arg(p, "--hsdp_replicas=1");
 }
 
 static void add_memory(Plan *p, const char *what, size_t bytes) {
@@ -136,7 +137,7 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout, int ze
     p->stage = 4;
     p->zero_stage = zero_stage;
     p->replicas = R;
-    add_strategy(p, "fsdp");
+    add_strategy(p, "fsdp");  // the ladder's keys: the rung's own
     add_arg(p, "--zero_stage=%d", zero_stage);
     add_arg(p, "--hsdp_replicas=%d", R);
     p->dp = s->P;

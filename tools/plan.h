@@ -28,7 +28,7 @@ enum { PLAN_MAX_MEMORY = 8, PLAN_MAX_COMM = 10, PLAN_MAX_PASSES = 32 };
 typedef struct {
     char name[48];            // "DDP", "FSDP", "TP [2,2,1] x 1"
     int stage;                // the binary that runs it: build/stage-N
-    char args[6][48];         // what it adds to the config: "--strategy=axonn", "--tp_dimensions=2,2,1"
+    char args[8][48];         // what it adds to the config: "--strategy=axonn", "--tp_dimensions=2,2,1"
     int n_args;
     int dims[3], dp;
     int pp, microbatches;     // pipelines: stages, micro-batches per step
