@@ -192,8 +192,9 @@ void fsdp_init_shards(Fsdp *f, uint64_t seed) {
     }
 }
 
-// the whole buffer a unit passes through (big enough for any unit of its kind): the gathered
-// parameters' below ZeRO-3 and the gradients' below it, free between steps when checkpoints move
+// the whole buffer a checkpoint's unit passes through (big enough for any unit of its kind):
+// ZeRO-3's gathered parameters, ZeRO-2's gradients in flight, ZeRO-1's whole gradient; each is
+// free between steps, when checkpoints move
 static float *unit_buffer(Fsdp *f, int i) {
     if (f->zero_stage == 1) return f->grads + f->units[i].whole_at;
     if (f->zero_stage == 2) return i == 0 ? f->root_grad : f->block_grad[0];
