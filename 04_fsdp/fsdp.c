@@ -29,6 +29,17 @@ static size_t real_in_shard(const Fsdp *f, const FsdpUnit *u) {
 // where this rank's shard starts in the flat layout
 static size_t shard_first(const Fsdp *f, const FsdpUnit *u) { return u->first + (size_t)f->rank * u->shard; }
 
+// Below ZeRO-3 the parameters are whole on every rank; below ZeRO-2 the gradients too. A rank's
+// shard of a whole buffer is its slice of each unit.
+static bool params_whole(const Fsdp *f) { return f->zero_stage < 3; }
+static bool grads_whole(const Fsdp *f) { return f->zero_stage < 2; }
+
+static float *slice_of(const Fsdp *f, float *buf, bool whole, const FsdpUnit *u) {
+    return whole ? buf + u->whole_at + (size_t)f->rank * u->shard : buf + u->local;
+}
+static float *param_shard(const Fsdp *f, const FsdpUnit *u) { return slice_of(f, f->params, params_whole(f), u); }
+static float *grad_shard(const Fsdp *f, const FsdpUnit *u) { return slice_of(f, f->grads, grads_whole(f), u); }
+
 // Block l's tensors that no matmul reads in 16 bits stay fp32. Walks their elements in shard r
 // (relative to the unit: [r x shard, (r + 1) x shard)) in layout order, and copies them between
 // `packed` and `unit`, where unit[x - base] is the unit's element x: into packed (to_packed) or
@@ -53,10 +64,21 @@ static size_t move_fp32_part(const Fsdp *f, int l, int r, float *unit, size_t ba
     return n;
 }
 
-void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_16bit) {
+bool fsdp_replicas_fit(int replicas, int P, char *why, size_t why_size) {
+    if (replicas >= 1 && P % replicas == 0) return true;
+    snprintf(why, why_size, "key 'hsdp_replicas': expected a divisor of the %d ranks (replica groups of equal size), "
+             "found %d", P, replicas);
+    return false;
+}
+
+void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_16bit, int zero_stage,
+               int replicas) {
     memset(f, 0, sizeof *f);
-    f->rank = rank;
-    f->P = P;
+    f->zero_stage = zero_stage;
+    f->n_replicas = replicas;
+    f->P = P / replicas;
+    f->rank = rank % f->P;
+    P = f->P;
     f->layout = layout;
     f->prefetch = prefetch;
     f->use_16bit = use_16bit;
@@ -70,6 +92,8 @@ void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetc
         u->shard = (u->numel + (size_t)f->P - 1) / (size_t)f->P;
         u->local = f->shard_numel;
         f->shard_numel += u->shard;
+        u->whole_at = f->whole_numel;
+        f->whole_numel += padded(f, u);
         if (i > 0 && padded(f, u) > f->max_block) f->max_block = padded(f, u);
     }
     for (int l = 0; use_16bit && l < L; l++)
@@ -77,34 +101,50 @@ void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetc
             size_t n = move_fp32_part(f, l, r, NULL, 0, NULL, true);
             if (n > f->fp32_pack) f->fp32_pack = n;
         }
+    f->params_numel = params_whole(f) ? f->whole_numel : f->shard_numel;
+    f->grads_numel = grads_whole(f) ? f->whole_numel : f->shard_numel;
     size_t root = padded(f, &f->units[0]), slots = prefetch ? 2 : 1;
-    f->gathered_bytes = (2 * root + 2 * slots * f->max_block + slots * (1 + (size_t)P) * f->fp32_pack) * sizeof(float);
-    if (use_16bit) f->gathered16_bytes = (root + slots * (f->max_block + f->max_block / (size_t)P)) * sizeof(half16);
+    // what the rungs hold beyond their shards: ZeRO-3 the gathered units and their gradients (and
+    // bf16's packs), ZeRO-2 the gradients in flight, ZeRO-1 nothing; bf16 copies of the units
+    if (zero_stage == 3)
+        f->gathered_bytes = (2 * root + 2 * slots * f->max_block + slots * (1 + (size_t)P) * f->fp32_pack) * sizeof(float);
+    if (zero_stage == 2) f->gathered_bytes = (root + slots * f->max_block) * sizeof(float);
+    size_t shard16 = zero_stage == 3 ? f->max_block / (size_t)P : 0, slots16 = zero_stage == 3 ? slots : 1;
+    if (use_16bit) f->gathered16_bytes = (root + slots16 * (f->max_block + shard16)) * sizeof(half16);
 }
 
-void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_16bit) {
-    fsdp_plan(f, layout, comm_rank(world), comm_size(world), prefetch, use_16bit);
+void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cfg, bool use_16bit) {
+    char why[160];
+    if (!fsdp_replicas_fit(cfg->hsdp_replicas, comm_size(world), why, sizeof why)) fatal("%s", why);
+    bool prefetch = cfg->overlap_communication;
+    fsdp_plan(f, layout, comm_rank(world), comm_size(world), prefetch, use_16bit, cfg->zero_stage, cfg->hsdp_replicas);
     f->world = world;
-    // checkpoints travel on their own group, so that the "world" statistics are training's alone
-    f->io = comm_split(world, 0, f->rank, "ckpt");
+    // HSDP: a group is P / R consecutive ranks (on a cluster, a node's GPUs); replicas stride by it
+    int replica = comm_rank(world) / f->P;
+    f->group = f->n_replicas > 1 ? comm_split(world, replica, f->rank, "shard") : world;
+    if (f->n_replicas > 1) f->replicas = comm_split(world, f->rank, replica, "replicas");
+    // checkpoints travel on their own group, so that the training groups' statistics are training's alone
+    f->io = comm_split(world, replica, f->rank, "ckpt");
     size_t shard_bytes = f->shard_numel * sizeof(float), root = padded(f, &f->units[0]), max_block = f->max_block;
-    f->params = dev_malloc(shard_bytes);
-    f->grads = dev_malloc(shard_bytes);
+    f->params = dev_malloc(f->params_numel * sizeof(float));
+    f->grads = dev_malloc(f->grads_numel * sizeof(float));
     f->adam_m = dev_malloc(shard_bytes);
     f->adam_v = dev_malloc(shard_bytes);
     size_t max_shard = f->units[0].shard > max_block / (size_t)f->P ? f->units[0].shard : max_block / (size_t)f->P;
-    f->root = dev_malloc(root * sizeof(float));
-    f->root_grad = dev_malloc(root * sizeof(float));
+    // the buffers of fsdp_plan's gathered_bytes: ZeRO-3 gathers units, ZeRO-2 their gradients
+    if (!params_whole(f)) f->root = dev_malloc(root * sizeof(float));
+    if (!grads_whole(f)) f->root_grad = dev_malloc(root * sizeof(float));
     int slots = prefetch ? 2 : 1;
     for (int s = 0; s < slots; s++) {
-        f->block[s] = dev_malloc(max_block * sizeof(float));
-        f->block_grad[s] = dev_malloc(max_block * sizeof(float));
+        if (!params_whole(f)) f->block[s] = dev_malloc(max_block * sizeof(float));
+        if (!grads_whole(f)) f->block_grad[s] = dev_malloc(max_block * sizeof(float));
         f->shard_scratch[s] = dev_malloc(max_shard * sizeof(float));
     }
     if (use_16bit) {
         f->root16 = dev_malloc(root * sizeof(half16));
-        for (int s = 0; s < slots; s++) {
-            f->block16[s] = dev_malloc(max_block * sizeof(half16));
+        // ZeRO-1, 2 cast their whole blocks in turn into one slot; ZeRO-3 gathers bf16 shards
+        for (int s = 0; s < (params_whole(f) ? 1 : slots); s++) f->block16[s] = dev_malloc(max_block * sizeof(half16));
+        for (int s = 0; !params_whole(f) && s < slots; s++) {
             f->shard16[s] = dev_malloc(max_block / (size_t)f->P * sizeof(half16));
             f->pack_send[s] = dev_malloc(f->fp32_pack * sizeof(float));
             f->pack_recv[s] = dev_malloc((size_t)f->P * f->fp32_pack * sizeof(float));
@@ -122,42 +162,71 @@ void fsdp_free(Fsdp *f) {
     memset(f, 0, sizeof *f);
 }
 
-size_t fsdp_state_bytes(const Fsdp *f) { return 4 * f->shard_numel * sizeof(float); }
+size_t fsdp_state_bytes(const Fsdp *f) {
+    return (f->params_numel + f->grads_numel + 2 * f->shard_numel) * sizeof(float);
+}
+
+void fsdp_print_sharding(const Fsdp *f) {
+    static const char *const sharded[] = {"", "AdamW's m and v", "AdamW's m and v and the gradients",
+                                          "parameters, gradients and AdamW's m and v"};
+    printf("sharding: ZeRO-%d (%s) | %d units (root + %d blocks) in %d shards", f->zero_stage,
+           sharded[f->zero_stage], f->n_units, f->n_units - 1, f->P);
+    if (f->n_replicas > 1) printf(" | HSDP: %d replica groups of %d ranks", f->n_replicas, f->P);
+    if (f->zero_stage == 3)
+        printf(" | all-gather %s", f->prefetch ? "of the next block prefetched during this one's compute"
+                                                : "of each unit when it is needed");
+    if (f->zero_stage == 2)
+        printf(" | reduce-scatter %s", f->prefetch ? "of each block's gradient during the next one's backward"
+                                                    : "of each block's gradient after its backward");
+    printf("\n");
+}
 
 // ---- initialisation and checkpoints -----------------------------------------------------------
 
 void fsdp_init_shards(Fsdp *f, uint64_t seed) {
     for (int i = 0; i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
-        gpt_init_range(f->params + u->local, f->layout, shard_first(f, u), real_in_shard(f, u), seed);
+        // whole parameters: every rank initialises all of them, as DDP's replicas do
+        if (params_whole(f)) gpt_init_range(f->params + u->whole_at, f->layout, u->first, u->numel, seed);
+        else gpt_init_range(param_shard(f, u), f->layout, shard_first(f, u), real_in_shard(f, u), seed);
     }
 }
 
-// the gathered buffer a unit passes through (big enough for any unit of its kind)
-static float *unit_buffer(Fsdp *f, int i) { return i == 0 ? f->root : f->block[0]; }
+// the whole buffer a checkpoint's unit passes through (big enough for any unit of its kind):
+// ZeRO-3's gathered parameters, ZeRO-2's gradients in flight, ZeRO-1's whole gradient; each is
+// free between steps, when checkpoints move
+static float *unit_buffer(Fsdp *f, int i) {
+    if (f->zero_stage == 1) return f->grads + f->units[i].whole_at;
+    if (f->zero_stage == 2) return i == 0 ? f->root_grad : f->block_grad[0];
+    return i == 0 ? f->root : f->block[0];
+}
 
+// (with HSDP, the first rank of every group reads the file: the groups load alike)
 static void scatter_full(Fsdp *f, const float *params, const float *m, const float *v, bool with_moments) {
     const float *full[3] = {params, m, v};
-    float *shards[3] = {f->params, f->adam_m, f->adam_v};
     for (int k = 0; k < (with_moments ? 3 : 1); k++)
         for (int i = 0; i < f->n_units; i++) {
             const FsdpUnit *u = &f->units[i];
-            float *buf = unit_buffer(f, i);
+            // whole parameters are broadcast straight into place; the rest keep their shard
+            bool whole = k == 0 && params_whole(f);
+            float *buf = whole ? f->params + u->whole_at : unit_buffer(f, i);
+            float *shard = k == 0 ? param_shard(f, u) : (k == 1 ? f->adam_m : f->adam_v) + u->local;
             if (f->rank == 0) dev_copy(buf, full[k] + u->first, u->numel * sizeof(float));
             comm_broadcast(f->io, buf, u->numel, 0);
-            dev_copy(shards[k] + u->local, buf + (size_t)f->rank * u->shard, real_in_shard(f, u) * sizeof(float));
+            if (!whole) dev_copy(shard, buf + (size_t)f->rank * u->shard, real_in_shard(f, u) * sizeof(float));
         }
 }
 
-static void gather_full(Fsdp *f, float *params, float *m, float *v) {
+// into full[] on the world's rank 0 (writer), which alone writes
+static void gather_full(Fsdp *f, float *params, float *m, float *v, bool writer) {
     float *full[3] = {params, m, v};
-    const float *shards[3] = {f->params, f->adam_m, f->adam_v};
     for (int k = 0; k < 3; k++)
         for (int i = 0; i < f->n_units; i++) {
             const FsdpUnit *u = &f->units[i];
             float *buf = unit_buffer(f, i);
-            comm_all_gather(f->io, buf, shards[k] + u->local, u->shard);
-            if (f->rank == 0) dev_copy(full[k] + u->first, buf, u->numel * sizeof(float));
+            const float *shard = k == 0 ? param_shard(f, u) : (k == 1 ? f->adam_m : f->adam_v) + u->local;
+            comm_all_gather(f->io, buf, shard, u->shard);
+            if (writer) dev_copy(full[k] + u->first, buf, u->numel * sizeof(float));
         }
 }
 
@@ -179,19 +248,20 @@ long fsdp_load_checkpoint(Fsdp *f, const Config *cfg) {
     dev_free(params);
     dev_free(m);
     dev_free(v);
-    return comm_sum_long(f->world, step);  // only rank 0 read it
+    return comm_sum_long(f->io, step);  // only the group's rank 0 read it
 }
 
 void fsdp_save_checkpoint(Fsdp *f, const Config *cfg, long step) {
-    size_t bytes = f->rank == 0 ? f->layout->num_params * sizeof(float) : 0;
+    bool writer = comm_rank(f->world) == 0;  // HSDP: the other groups hold the same shards
+    size_t bytes = f->layout->num_params * sizeof(float);
     float *params = NULL, *m = NULL, *v = NULL;
-    if (f->rank == 0) {
+    if (writer) {
         params = dev_malloc(bytes);
         m = dev_malloc(bytes);
         v = dev_malloc(bytes);
     }
-    gather_full(f, params, m, v);
-    if (f->rank == 0) save_checkpoint(cfg, f->layout, params, m, v, step);
+    gather_full(f, params, m, v, writer);
+    if (writer) save_checkpoint(cfg, f->layout, params, m, v, step);
     dev_free(params);
     dev_free(m);
     dev_free(v);
@@ -201,11 +271,13 @@ void fsdp_save_checkpoint(Fsdp *f, const Config *cfg, long step) {
 
 // The root's tensors are the flat layout's first ones, so the gathered root is laid out as the
 // start of a whole flat buffer: point the root fields of a Weights there (its blocks stay NULL).
+// Whole parameters (ZeRO-1, 2) are in place already.
 static void gather_root(Fsdp *f, Weights *w) {
     const FsdpUnit *u = &f->units[0];
-    comm_all_gather(f->world, f->root, f->params + u->local, u->shard);
-    if (f->use_16bit) cast_to_16(f->root16, f->root, u->numel);  // the lm_head matmul reads bf16
-    root_weights_point(w, f->layout, f->root, f->root16);
+    float *root = params_whole(f) ? f->params + u->whole_at : f->root;
+    if (!params_whole(f)) comm_all_gather(f->group, f->root, param_shard(f, u), u->shard);
+    if (f->use_16bit) cast_to_16(f->root16, root, u->numel);  // the lm_head matmul reads bf16
+    root_weights_point(w, f->layout, root, f->root16);
 }
 
 // A pass over the blocks uses them in a known order (forward 0..L-1, backward L-1..0). Use k of
@@ -225,13 +297,13 @@ typedef struct {
 
 static BlockGather gather_block_start(Fsdp *f, int l, int slot) {
     const FsdpUnit *u = &f->units[1 + l];
-    float *shard = f->params + u->local;
+    float *shard = param_shard(f, u);
     if (!f->use_16bit)
-        return (BlockGather){comm_all_gather_start(f->world, f->block[slot], shard, u->shard), NULL, l, slot};
+        return (BlockGather){comm_all_gather_start(f->group, f->block[slot], shard, u->shard), NULL, l, slot};
     cast_to_16(f->shard16[slot], shard, u->shard);
     move_fp32_part(f, l, f->rank, shard, (size_t)f->rank * u->shard, f->pack_send[slot], true);
-    return (BlockGather){comm_all_gather16_start(f->world, f->block16[slot], f->shard16[slot], u->shard),
-                         comm_all_gather_start(f->world, f->pack_recv[slot], f->pack_send[slot], f->fp32_pack),
+    return (BlockGather){comm_all_gather16_start(f->group, f->block16[slot], f->shard16[slot], u->shard),
+                         comm_all_gather_start(f->group, f->pack_recv[slot], f->pack_send[slot], f->fp32_pack),
                          l, slot};
 }
 
@@ -259,6 +331,21 @@ static BlockWeights use_block(Gathers *g, int l, int next) {
     return bw;
 }
 
+// Block l's weights for this use on any rung: ZeRO-1 and 2 hold them whole (bf16 precisions cast
+// them for the matmuls into one bf16 slot: nothing to prefetch); ZeRO-3 gathers them (use_block).
+static BlockWeights block_for_use(Gathers *g, int l, int next) {
+    Fsdp *f = g->f;
+    if (!params_whole(f)) return use_block(g, l, next);
+    const FsdpUnit *u = &f->units[1 + l];
+    BlockWeights bw;
+    block_weights_point(&bw, f->layout, l, f->params + u->whole_at);
+    if (f->use_16bit) {
+        cast_to_16(f->block16[0], f->params + u->whole_at, u->numel);
+        block_weights_point_16(&bw, f->layout, l, f->block16[0]);
+    }
+    return bw;
+}
+
 // A unit's gradient on its way to the shards: its full gradient is reduce-scattered into a
 // scratch shard, which is then added into this rank's gradient shard (the shards accumulate over
 // micro-batches as DDP's gradients do).
@@ -269,14 +356,14 @@ typedef struct {
 } GradScatter;
 
 static void reduce_scatter_start(Fsdp *f, GradScatter *s, int i, const float *full_grad, float *shard) {
-    *s = (GradScatter){comm_reduce_scatter_start(f->world, shard, full_grad, f->units[i].shard), i, shard};
+    *s = (GradScatter){comm_reduce_scatter_start(f->group, shard, full_grad, f->units[i].shard), i, shard};
 }
 
 static void reduce_scatter_finish(Fsdp *f, GradScatter *s) {
     if (!s->req) return;
     comm_wait(s->req);
     const FsdpUnit *u = &f->units[s->unit];
-    add_inplace(f->grads + u->local, s->shard, u->shard);
+    add_inplace(grad_shard(f, u), s->shard, u->shard);
     s->req = NULL;
 }
 
@@ -289,12 +376,12 @@ static void forward(Fsdp *f, Gathers *g, Weights *root, Activations *a, const GP
     if (B > a->spec.B || T > a->spec.T)
         fatal("internal: batch %dx%d exceeds the activations' %dx%d", B, T, a->spec.B, a->spec.T);
     copy_to_device(a->inputs, inputs, (size_t)B * T * sizeof(int));
-    if (f->prefetch && L > 0) g->pending = gather_block_start(f, 0, 0);  // block 0 behind the root
+    if (f->prefetch && L > 0 && !params_whole(f)) g->pending = gather_block_start(f, 0, 0);  // block 0 behind the root
     gather_root(f, root);
     gpt_embed_forward(a, root, B, T);
     for (int l = 0; l < L; l++) {
         int next = l + 1 < L ? l + 1 : (then_backward ? L - 1 : -1);
-        BlockWeights bw = use_block(g, l, next);
+        BlockWeights bw = block_for_use(g, l, next);
         gpt_block_forward(a, l, &bw, B, T);
         // the block's full weights are now free: the next use overwrites them
     }
@@ -317,16 +404,23 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
     copy_to_device(a->targets, targets, (size_t)B * T * sizeof(int));
     double loss_sum = gpt_loss_forward_backward(a, cfg, B, T, dloss);
 
-    // the root's gradient collects the head's and (at the very end) the embedding's parts
-    dev_zero(f->root_grad, padded(f, &f->units[0]) * sizeof(float));
-    root_weights_point(&root_grad, f->layout, f->root_grad, NULL);
+    // the root's gradient collects the head's and (at the very end) the embedding's parts; ZeRO-1
+    // adds every gradient into the whole buffer over the step's micro-batches, as DDP does
+    float *root_grad_buf = grads_whole(f) ? f->grads + f->units[0].whole_at : f->root_grad;
+    if (!grads_whole(f)) dev_zero(f->root_grad, padded(f, &f->units[0]) * sizeof(float));
+    root_weights_point(&root_grad, f->layout, root_grad_buf, NULL);
     gpt_head_backward(a, &root, &root_grad, B, T);
     // with overlap, block l's gradient is reduce-scattered while block l - 1's backward computes
     // into the other slot; a slot is reused two blocks later, after its reduce-scatter finished
     GradScatter scatters[2] = {{0}};
     for (int l = L - 1; l >= 0; l--) {
         int slot = f->prefetch ? l % 2 : 0;
-        BlockWeights bw = use_block(&g, l, l - 1), bg;  // gathered again: forward freed it
+        BlockWeights bw = block_for_use(&g, l, l - 1), bg;  // gathered again: forward freed it
+        if (grads_whole(f)) {
+            block_weights_point(&bg, f->layout, l, f->grads + f->units[1 + l].whole_at);
+            gpt_block_backward(a, l, &bw, &bg, B, T);
+            continue;
+        }
         reduce_scatter_finish(f, &scatters[slot]);
         // the padding past the unit must stay zero: it is reduce-scattered with the rest
         dev_zero(f->block_grad[slot], padded(f, &f->units[1 + l]) * sizeof(float));
@@ -336,6 +430,7 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
         if (!f->prefetch) reduce_scatter_finish(f, &scatters[slot]);
     }
     gpt_embed_backward(a, &root_grad, B, T);
+    if (grads_whole(f)) return loss_sum;  // reduce-scattered once per step: fsdp_reduce_gradients
     for (int s = 0; s < 2; s++) reduce_scatter_finish(f, &scatters[s]);
     reduce_scatter_start(f, &scatters[0], 0, f->root_grad, f->shard_scratch[0]);
     reduce_scatter_finish(f, &scatters[0]);
@@ -344,25 +439,55 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
 
 // ---- the optimizer step on shards -------------------------------------------------------------
 
+void fsdp_reduce_gradients(Fsdp *f) {
+    // ZeRO-1: each unit's whole gradient, summed over the group into this rank's slice of it
+    for (int i = 0; grads_whole(f) && i < f->n_units; i++) {
+        const FsdpUnit *u = &f->units[i];
+        comm_reduce_scatter(f->group, f->shard_scratch[0], f->grads + u->whole_at, u->shard);
+        dev_copy(grad_shard(f, u), f->shard_scratch[0], u->shard * sizeof(float));
+    }
+    if (!f->replicas) return;
+    // HSDP: the groups saw different rows; the ranks holding the same shard add theirs
+    if (!grads_whole(f)) comm_all_reduce(f->replicas, f->grads, f->shard_numel);
+    for (int i = 0; grads_whole(f) && i < f->n_units; i++)
+        comm_all_reduce(f->replicas, grad_shard(f, &f->units[i]), f->units[i].shard);
+}
+
 double fsdp_grad_norm(Fsdp *f) {
-    return sqrt(comm_sum_double(f->world, sum_squares(f->grads, f->shard_numel)));
+    double squares = 0;
+    if (!grads_whole(f)) squares = sum_squares(f->grads, f->shard_numel);
+    for (int i = 0; grads_whole(f) && i < f->n_units; i++) squares += sum_squares(grad_shard(f, &f->units[i]), f->units[i].shard);
+    return sqrt(comm_sum_double(f->group, squares));
+}
+
+// ZeRO-1, 2: every rank's updated shard of each unit, gathered into the whole parameters (the
+// shard goes through scratch: a collective's input may not lie inside its output)
+static void gather_updated_params(Fsdp *f) {
+    for (int i = 0; i < f->n_units; i++) {
+        const FsdpUnit *u = &f->units[i];
+        dev_copy(f->shard_scratch[0], param_shard(f, u), u->shard * sizeof(float));
+        comm_all_gather(f->group, f->params + u->whole_at, f->shard_scratch[0], u->shard);
+    }
 }
 
 void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
     for (int i = 0; i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
-        size_t at = u->local;
-        adamw_step(f->layout, f->params + at, f->grads + at, f->adam_m + at, f->adam_v + at,
+        adamw_step(f->layout, param_shard(f, u), grad_shard(f, u), f->adam_m + u->local, f->adam_v + u->local,
                    shard_first(f, u), real_in_shard(f, u), cfg, lr, t, clip);
     }
+    if (params_whole(f)) gather_updated_params(f);
 }
 
 void fsdp_round_to_bf16(Fsdp *f) {
     for (int i = 0; i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
         half16 *scratch = i == 0 ? f->root16 : f->block16[0];  // holds a whole unit: a shard fits
-        cast_to_16(scratch, f->params + u->local, u->shard);
-        cast_to_float(f->params + u->local, scratch, u->shard);
+        // whole parameters: every rank rounds all of them, the same numbers as rounding the shards
+        float *params = params_whole(f) ? f->params + u->whole_at : param_shard(f, u);
+        size_t n = params_whole(f) ? padded(f, u) : u->shard;
+        cast_to_16(scratch, params, n);
+        cast_to_float(params, scratch, n);
     }
 }
 
@@ -379,8 +504,8 @@ void fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_byte
     size_t n = f->layout->num_params, s = f->shard_numel, fl = sizeof(float);
     const char *copies = ops_half_format() == HALF_FP16 ? "fp16 weight copies" : "bf16 weight copies";
     struct { const char *what; size_t fsdp, ddp; } rows[FSDP_MEMORY_ITEMS] = {
-        {params_label, s * fl, n * fl},
-        {"gradients (fp32)", s * fl, n * fl},
+        {params_label, f->params_numel * fl, n * fl},
+        {"gradients (fp32)", f->grads_numel * fl, n * fl},
         {"AdamW m and v (fp32)", 2 * s * fl, 2 * n * fl},
         {"gathered units (fp32 w + grad)", f->gathered_bytes, 0},
         {copies, f->gathered16_bytes, f->use_16bit ? n * sizeof(half16) : 0},
@@ -395,8 +520,8 @@ void fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_byte
 void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_bytes) {
     MemoryItem fsdp[FSDP_MEMORY_ITEMS], ddp[FSDP_MEMORY_ITEMS];
     fsdp_memory_items(f, params_label, acts_bytes, fsdp, ddp);
-    size_t n = f->layout->num_params, s = f->shard_numel, total_fsdp = 0, total_ddp = 0;
-    printf("memory per rank:                  FSDP (%d ranks)          DDP\n", f->P);
+    size_t n = f->layout->num_params, total_fsdp = 0, total_ddp = 0;
+    printf("memory per rank:                  ZeRO-%d (%d-rank shards)  DDP\n", f->zero_stage, f->P);
     for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) {
         printf("  %-30s %10.2f MiB %10.2f MiB\n", fsdp[i].what, fsdp[i].bytes / 1048576.0, ddp[i].bytes / 1048576.0);
         total_fsdp += fsdp[i].bytes;
@@ -404,11 +529,17 @@ void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_byte
         total_ddp += ddp[i].bytes;
     }
     printf("  %-30s %10.2f MiB %10.2f MiB\n", "total", total_fsdp / 1048576.0, total_ddp / 1048576.0);
-    printf("  the gathered units: the root (%zu elements, held for a micro-batch) and %d block slot%s "
-           "and gradient%s (%zu elements each)\n", f->units[0].numel, f->prefetch ? 2 : 1, f->prefetch ? "s" : "",
-           f->prefetch ? "s" : "",
-           f->n_units > 1 ? f->units[1].numel : 0);
-    printf("  state (parameters + gradients + AdamW) per rank: %zu bytes = 16 x %zu elements "
-           "(DDP: 16 x %zu)\n", fsdp_state_bytes(f), s, n);
+    if (f->zero_stage == 3)
+        printf("  the gathered units: the root (%zu elements, held for a micro-batch) and %d block slot%s "
+               "and gradient%s (%zu elements each)\n", f->units[0].numel, f->prefetch ? 2 : 1, f->prefetch ? "s" : "",
+               f->prefetch ? "s" : "", f->n_units > 1 ? f->units[1].numel : 0);
+    if (f->zero_stage == 2)
+        printf("  the gradients held whole: the root's (through a micro-batch) and %d block's at a time (%zu "
+               "elements each), reduce-scattered as they finish\n", f->prefetch ? 2 : 1,
+               f->n_units > 1 ? f->units[1].numel : 0);
+    printf("  state (parameters + gradients + AdamW) per rank: %zu bytes = 4 x (%zu + %zu + 2 x %zu) elements "
+           "(DDP: 16 x %zu)\n", fsdp_state_bytes(f), f->params_numel, f->grads_numel, f->shard_numel, n);
     run_stats_number("state_bytes", (double)fsdp_state_bytes(f));
+    run_stats_number("zero_stage", f->zero_stage);
+    run_stats_number("hsdp_replicas", f->n_replicas);
 }

@@ -12,6 +12,18 @@
 //
 // "Free" means the gathered buffer is reused by the next unit: memory holds the root plus one
 // block (two with prefetching) at a time, never the model.
+//
+// That is the top rung of a ladder (zero_stage; ZeRO's stages, named after the paper):
+//   zero_stage 1  parameters and gradients whole on every rank, AdamW's m and v sharded: after
+//                 the step's backward each unit's gradient is reduce-scattered, each rank updates
+//                 its shard, and the updated shards are all-gathered into every rank's parameters
+//   zero_stage 2  the gradients sharded too: each unit's gradient is reduce-scattered as soon as
+//                 its backward is done (the units are the buckets; with overlap_communication
+//                 while the next one computes) and added into the shard; the all-gather as in 1
+//   zero_stage 3  the parameters sharded too: the gathers above (the default)
+// hsdp_replicas R (hybrid sharding): the P ranks form R groups of P / R consecutive ranks; every
+// rung shards inside its group ("shard"), and after backward the gradient shards are summed over
+// the R ranks holding the same shard ("replicas", one all-reduce per step).
 #ifndef FSDP_H
 #define FSDP_H
 
@@ -27,19 +39,26 @@ typedef struct {
     size_t first, numel;  // the unit's range of the flat layout
     size_t shard;         // elements per rank: ceil(numel / P); the last shards end in padding
     size_t local;         // where this rank's shard starts in the rank's shard buffers
+    size_t whole_at;      // where the unit starts in a whole (replicated) buffer, padded units
 } FsdpUnit;
 
 typedef struct {
     Comm *world;
-    Comm *io;              // the same ranks, for checkpoints: counted apart from training
-    int rank, P;
+    Comm *group;           // the ranks sharing the shards: world, or HSDP's "shard" group
+    Comm *replicas;        // HSDP: the ranks holding the same shard (NULL: hsdp_replicas 1)
+    Comm *io;              // the group's ranks, for checkpoints: counted apart from training
+    int rank, P;           // within the group
+    int zero_stage, n_replicas;
     const ParamLayout *layout;
     int n_units;           // 1 + L
     FsdpUnit *units;       // [n_units]
-    size_t shard_numel;    // elements this rank holds of each of params, grads, m, v
+    size_t shard_numel;    // elements this rank holds of each of m and v (and grads, params when sharded)
+    size_t whole_numel;    // elements of every unit, padded: a replicated buffer
+    size_t params_numel, grads_numel;  // elements of f->params and f->grads: shard or whole
     size_t max_block;      // elements of the largest block unit, padded
     bool prefetch, use_16bit;
-    // this rank's shards of every unit, one after the other
+    // this rank's shards of every unit, one after the other; zero_stage < 3 keeps params whole
+    // (units at whole_at) and zero_stage 1 the grads too: a shard is then a slice of each unit
     float *params, *grads, *adam_m, *adam_v;
     // the gathered ("full") units, allocated once and reused: "free" = let the next unit in
     float *root, *root_grad;   // the root unit, held through a whole micro-batch
@@ -59,13 +78,20 @@ typedef struct {
     size_t gathered16_bytes;   // and their bf16 copies
 } Fsdp;
 
-// Cuts the layout into units for rank `rank` of P and sizes every buffer, allocating nothing and
-// making no group: what fsdp_init allocates, and what the planner (tools/plan.c) predicts.
-void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_16bit);
+// Cuts the layout into units for world rank `rank` of P (its group: P / replicas ranks) and sizes
+// every buffer, allocating nothing and making no group: what fsdp_init allocates, and what the
+// planner (tools/plan.c) predicts.
+void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_16bit, int zero_stage,
+               int replicas);
+// whether hsdp_replicas divides the P ranks into whole groups; why not, if not (fsdp_init ends
+// the job with it; the planner skips the layout)
+bool fsdp_replicas_fit(int replicas, int P, char *why, size_t why_size);
 // fsdp_plan, then makes the groups and allocates this rank's shards (zero) and the gathered buffers.
-void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, bool prefetch, bool use_16bit);
+void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cfg, bool use_16bit);
+// the rung and the groups, one line (rank 0 prints it)
+void fsdp_print_sharding(const Fsdp *f);
 void fsdp_free(Fsdp *f);
-// bytes of parameters + gradients + optimizer state this rank holds (the shards)
+// bytes of parameters + gradients + optimizer state this rank holds (shards, and whole buffers)
 size_t fsdp_state_bytes(const Fsdp *f);
 
 // Sharded initialisation: each rank initialises only its shard, with the counter-based RNG, and
@@ -86,12 +112,16 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
 // Forward only, for evaluation: a->logits filled (a ForwardFn of evaluate.h, ctx = the Fsdp).
 void fsdp_forward(void *fsdp, Activations *a, const int *inputs, int B, int T);
 
-// the global gradient norm: each rank sums the squares of its shard, the ranks add the sums
+// After the step's last micro-batch: ZeRO-1 reduce-scatters every unit's gradient (each rank keeps
+// its shard's sum), and HSDP all-reduces the gradient shards over the replicas.
+void fsdp_reduce_gradients(Fsdp *f);
+// the global gradient norm: each rank sums the squares of its shard, the group adds the sums
 double fsdp_grad_norm(Fsdp *f);
 // AdamW on this rank's shard of every unit (the padding is not a parameter: skipped), reading
-// the gradients times `clip` (clip_factor)
+// the gradients times `clip` (clip_factor); zero_stage < 3 then all-gathers the updated shards
+// into every rank's whole parameters
 void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t, float clip);
-// pure bf16 keeps no fp32 master: round this rank's parameter shards to bf16 and back
+// pure bf16 keeps no fp32 master: round this rank's parameters (shards or whole) to bf16 and back
 void fsdp_round_to_bf16(Fsdp *f);
 
 // the memory report's rows for this rank (FSDP) and for DDP on the same run (NULL: not wanted)

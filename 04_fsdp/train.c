@@ -7,6 +7,7 @@
 // and AdamW updates the shards. With the same seed and global batch, P ranks give the losses of one.
 //   overlap_communication=false  gather each unit when it is needed
 //   overlap_communication=true   prefetch: gather the next block while this one computes
+//   zero_stage=1|2, hsdp_replicas=R   the lower rungs of the sharding ladder, hybrid sharding (fsdp.h)
 // The technique is in fsdp.c; read `diff -u 03_ddp/train.c 04_fsdp/train.c` first.
 //
 // Run: mpirun -np 4 build/stage-4 --config configs/tiny.json      (see README.md)
@@ -63,7 +64,7 @@ int main(int argc, char **argv) {
     // bf16: each gathered unit is cast to bf16 on arrival (the shards and the gathers stay fp32)
     bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
     Fsdp fsdp;
-    fsdp_init(&fsdp, world, &layout, cfg.overlap_communication, half_mode);
+    fsdp_init(&fsdp, world, &layout, &cfg, half_mode);  // zero_stage, hsdp_replicas: fsdp.h's ladder
     // sharded initialisation: each rank computes only its own elements (never the whole model)
     long step = 0;
     if (cfg.resume || starts_from_checkpoint(&cfg)) step = fsdp_load_checkpoint(&fsdp, &cfg);
@@ -79,9 +80,7 @@ int main(int argc, char **argv) {
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     print_stage_banner(4, P, &cfg, &mc, layout.num_params);
-    printf("sharding: %d units (root + %d blocks) in %d shards | all-gather %s\n", fsdp.n_units,
-           mc.n_layer, P, cfg.overlap_communication ? "of the next block prefetched during this one's compute"
-                                                     : "of each unit when it is needed");
+    fsdp_print_sharding(&fsdp);
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
     fsdp_print_memory(&fsdp, parameters_label(&cfg), acts.bytes);
     print_16bit_activation_saving(&acts);
@@ -110,7 +109,7 @@ int main(int argc, char **argv) {
         // ranks' gradients is exactly the one-process gradient, even when ranks hold different
         // numbers of response tokens. Each micro-batch gathers the units and reduce-scatters their
         // gradients, which add up in this rank's gradient shards, fsdp.grads.
-        dev_zero(fsdp.grads, fsdp.shard_numel * sizeof(float));
+        dev_zero(fsdp.grads, fsdp.grads_numel * sizeof(float));
         double loss_sum = 0;
         long tokens = 0, n_targets = 0;
         int acc = cfg.gradient_acc_steps;
@@ -129,11 +128,12 @@ int main(int argc, char **argv) {
         tokens = (long)totals[1];
         double loss = n_targets ? totals[0] / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
+        fsdp_reduce_gradients(&fsdp);  // ZeRO-1's reduce-scatter, HSDP's all-reduce over the replicas
 
         // clip the global gradient norm (summed over the shards), then AdamW on the shards; in
         // 16-mixed the gradients are first divided by the loss scale, and an overflow skips the step
         double norm = fsdp_grad_norm(&fsdp);
-        if (loss_scaler_unscale(&scaler, fsdp.grads, fsdp.shard_numel, &norm)) {
+        if (loss_scaler_unscale(&scaler, fsdp.grads, fsdp.grads_numel, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
             fsdp_adamw_step(&fsdp, &cfg, lr, step + 1, clip);
         }

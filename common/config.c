@@ -86,6 +86,11 @@ static const Key KEYS[] = {
     K(activation_checkpointing, T_BOOL, "false",
       "activation recomputation: each block keeps only its input and recomputes the rest in backward"),
     K(bucket_size_mb, T_FLOAT, "25", "ddp: megabytes of gradients per all-reduce bucket when overlapping"),
+    K(zero_stage, T_INT, "3",
+      "fsdp: what is sharded: 1 AdamW's m and v, 2 the gradients too, 3 the parameters too (ZeRO's stages)"),
+    K(hsdp_replicas, T_INT, "1",
+      "fsdp: hybrid sharding: the ranks form this many groups, each sharding over its own ranks, the "
+      "gradients summed across them (must divide the ranks)"),
     K(vocab_parallel_loss, T_BOOL, "true",
       "axonn: cross-entropy on the vocabulary split over x (false: all-gather the logits first)"),
     K(pp_size, T_INT, "1", "pipeline: stages the blocks are split over (ranks / pp_size data-parallel replicas)"),
@@ -300,6 +305,7 @@ typedef struct {
     const char *no_half_experts;  // the same, with num_experts > 0
     const char *no_overlap;       // overlap_communication true
     const char *no_grid_depth;    // tp_dimensions with z > 1
+    bool zero_ladder;             // takes zero_stage other than 3 and hsdp_replicas other than 1
 } StageInfo;
 
 static const StageInfo STAGES[] = {
@@ -308,7 +314,7 @@ static const StageInfo STAGES[] = {
                                      "(build/stage-2)"},
     [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json"},
     [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json"},
-    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json"},
+    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true},
     [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json"},
     [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json", .experts = true, .generates = true,
                          // z shards the weights to gather them again before each use: a saving for
@@ -525,6 +531,18 @@ static void require_stage_takes_switches(const Config *cfg, const Sources *src, 
               s->no_overlap);
 }
 
+// The sharding ladder is stage 04's: elsewhere zero_stage and hsdp_replicas would be ignored.
+// Whether hsdp_replicas divides the ranks is known once they are started (fsdp_init).
+static void require_ladder_keys_fit_stage(const Config *cfg, const Sources *src, Stage stage) {
+    if (cfg->zero_stage < 1 || cfg->zero_stage > 3)
+        fatal("%s: key 'zero_stage': expected 1, 2 or 3, found %d", source_of(src, "zero_stage"), cfg->zero_stage);
+    require_positive(src, "hsdp_replicas", cfg->hsdp_replicas);
+    if (STAGES[stage].zero_ladder || (cfg->zero_stage == 3 && cfg->hsdp_replicas == 1)) return;
+    fatal("%s: keys 'zero_stage' and 'hsdp_replicas' are %d and %d but stage %02d shards nothing: the sharding "
+          "ladder is strategy fsdp (build/stage-4)", source_of(src, cfg->zero_stage != 3 ? "zero_stage" : "hsdp_replicas"),
+          cfg->zero_stage, cfg->hsdp_replicas, (int)stage);
+}
+
 // pp_size > 1 splits the blocks over ranks, which only strategy pipeline does; elsewhere it would
 // be ignored. Stage 07 cuts the batch with num_microbatches: a gradient_acc_steps beside it would
 // be a second, conflicting answer to the same question.
@@ -666,6 +684,7 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     require_stage_takes_switches(cfg, src, stage);
     require_moe_keys_fit_stage(cfg, src, stage);
     require_grid_fits_stage(cfg, src, stage);
+    require_ladder_keys_fit_stage(cfg, src, stage);
     resolve_dataset(cfg, src);
     apply_model_preset(cfg, src);
     require_positive(src, "n_layer", cfg->n_layer);

@@ -56,6 +56,8 @@ typedef struct {
     bool overlap_communication;  // ddp: bucketed all-reduce during backward; axonn: prefetching
     char comm_backend[16];       // auto, nccl, mpi or mpi-staged (comm_select_backend)
     double bucket_size_mb;       // ddp: gradient bucket size for the overlapped all-reduce
+    int zero_stage;              // fsdp: 1 shards AdamW's state, 2 the gradients too, 3 the parameters too
+    int hsdp_replicas;           // fsdp: replica groups the ranks form, each sharding over its own ranks
     bool vocab_parallel_loss;    // axonn: loss on the vocabulary split over x (false: gather the logits)
     // pipeline (stage 07)
     int pp_size;                 // pipeline stages; the ranks / pp_size replicas are data-parallel

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The planner (build/plan) against the runs it predicts:
-#  - for DDP on 2 and 4 ranks, FSDP on 2, 3 and 4, the ten tensor-parallel grids of
-#    test_stage5.sh (with the same switches), a few 16-bit layouts, pipelines (phi's too),
-#    recomputation in tensor-parallel grids and pipelines, and experts, the predicted memory
-#    report equals the run's stats.json row for row, byte for byte, and the predicted
+#  - for DDP on 2 and 4 ranks, FSDP on 2, 3 and 4 (and its ladder: ZeRO-1, ZeRO-2, HSDP), the
+#    ten tensor-parallel grids of test_stage5.sh (with the same switches), a few 16-bit layouts,
+#    pipelines (phi's too), recomputation in tensor-parallel grids and pipelines, and experts,
+#    the predicted memory report equals the run's stats.json row for row, byte for byte, and the predicted
 #    communication per step equals every step's comm_bytes in metrics.jsonl and, per group and
 #    collective, stats.json's totals divided by the steps -- exactly. Sequences are cut at
 #    max_seq_len=64, shorter than every record, so every batch is T = 64 tokens as planned;
@@ -78,6 +78,13 @@ same ddp4 4 ddp --overlap_communication=true --bucket_size_mb=0.1
 same fsdp2 2 fsdp
 same fsdp3 3 fsdp --global_batch_size=12 --overlap_communication=true
 same fsdp4 4 fsdp --gradient_acc_steps=2
+# the ladder's lower rungs and hybrid sharding (04_fsdp/fsdp.h): ZeRO-2 overlapped and in bf16,
+# HSDP with ZeRO-3 prefetching and with ZeRO-1 (its all-reduce per unit)
+same zero1 2 zero1
+same zero2 4 zero2 --overlap_communication=true --gradient_acc_steps=2
+same zero2h 2 zero2 --precision=bf16-mixed
+same hsdp2 4 hsdp2 --overlap_communication=true
+same zero1_hsdp2 4 zero1-hsdp2
 # the grids of test_stage5.sh, with its switches
 tp_grids same
 # 16 bits: copies in the memory report; stage 05's depth gathers and FSDP's block gathers move them

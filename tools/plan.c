@@ -64,6 +64,7 @@ static void add_strategy(Plan *p, const char *strategy) {
     if (p->stage != 5) add_arg(p, "--tp_dimensions=1,1,1");
     if (p->stage != 7) add_arg(p, "--pp_size=1"), add_arg(p, "--num_microbatches=1");
     if (p->stage == 8) add_arg(p, "--ep_size=%d", p->ep);
+    if (p->stage != 4) add_arg(p, "--zero_stage=3"), add_arg(p, "--hsdp_replicas=1");
 }
 
 static void add_memory(Plan *p, const char *what, size_t bytes) {
@@ -125,29 +126,50 @@ static void plan_ddp(const Setup *s, Plan *p, const ParamLayout *layout) {
     add_comm(p, "world", "all-reduce", bytes, calls, s->P, 1, overlap);
 }
 
-static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout) {
-    snprintf(p->name, sizeof p->name, "FSDP");
+// Stage 04's ladder (04_fsdp/fsdp.h): zero_stage 1, 2 or 3 (FSDP), over R replica groups (HSDP).
+// The sharding collectives run in the group of S = P / R ranks ("world" when R = 1, else
+// "shard"); HSDP adds one all-reduce of the gradient shards per step over "replicas" (R ranks S
+// apart), ZeRO-1's per unit.
+static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout, int zero_stage, int R) {
+    int S = s->P / R;
+    if (R > 1) snprintf(p->name, sizeof p->name, "%sHSDP %dx%d", zero_stage == 3 ? "" : zero_stage == 2 ? "ZeRO-2 " : "ZeRO-1 ", R, S);
+    else snprintf(p->name, sizeof p->name, zero_stage == 3 ? "FSDP" : "ZeRO-%d", zero_stage);
     p->stage = 4;
-    add_strategy(p, "fsdp");
+    p->zero_stage = zero_stage;
+    p->replicas = R;
+    add_strategy(p, "fsdp");  // the ladder's keys: the rung's own
+    add_arg(p, "--zero_stage=%d", zero_stage);
+    add_arg(p, "--hsdp_replicas=%d", R);
     p->dp = s->P;
     Fsdp f;
-    fsdp_plan(&f, layout, 0, s->P, s->cfg->overlap_communication, s->half);
+    fsdp_plan(&f, layout, 0, s->P, s->cfg->overlap_communication, s->half, zero_stage, R);
     int micro_batch = s->cfg->global_batch_size / s->cfg->gradient_acc_steps / s->P;
     ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
     MemoryItem rows[FSDP_MEMORY_ITEMS];
     fsdp_memory_items(&f, parameters_label(s->cfg), acts_bytes(&spec), rows, NULL);
     for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) add_memory(p, rows[i].what, rows[i].bytes);
+    const char *group = R > 1 ? "shard" : "world";
+    int L = s->mc->n_layer, acc = s->cfg->gradient_acc_steps;
+    double fl = sizeof(float), whole = (double)f.whole_numel * fl;
+    if (R > 1) add_comm(p, "replicas", "all-reduce", (double)f.shard_numel * fl, zero_stage == 1 ? 1L + L : 1, R, S, false);
+    if (zero_stage < 3) {
+        // ZeRO-1 reduce-scatters each unit's gradient once a step, ZeRO-2 once a micro-batch (as it
+        // finishes: under backward with overlap_communication); both all-gather the updated units
+        int scatters = zero_stage == 1 ? 1 : acc;
+        add_comm(p, group, "all-gather", whole, 1L + L, S, 1, false);
+        add_comm(p, group, "reduce-scatter", scatters * whole, scatters * (1L + L), S, 1, zero_stage == 2 && f.prefetch);
+        fsdp_free(&f);
+        return;
+    }
     // each micro-batch gathers the root once and every block twice (forward, then again for
     // backward), and reduce-scatters every unit's gradient once; sizes are the padded units
     // (comm.h: all-gather = the output, reduce-scatter = the input). In 16 bits a block's gather
     // moves its 2-byte copy plus every rank's packed fp32 part (biases, LayerNorms): two calls.
-    int L = s->mc->n_layer, acc = s->cfg->gradient_acc_steps;
-    double root = (double)f.units[0].shard * s->P, block = L ? (double)f.units[1].shard * s->P : 0;
-    double fl = sizeof(float);
-    double block_gather = s->half ? block * sizeof(half16) + (double)s->P * f.fp32_pack * fl : block * fl;
-    add_comm(p, "world", "all-gather", acc * (root * fl + 2 * L * block_gather), acc * (1 + 2L * L * (s->half ? 2 : 1)),
-             s->P, 1, f.prefetch);
-    add_comm(p, "world", "reduce-scatter", acc * (root + L * block) * fl, acc * (1L + L), s->P, 1, f.prefetch);
+    double root = (double)f.units[0].shard * S, block = L ? (double)f.units[1].shard * S : 0;
+    double block_gather = s->half ? block * sizeof(half16) + (double)S * f.fp32_pack * fl : block * fl;
+    add_comm(p, group, "all-gather", acc * (root * fl + 2 * L * block_gather), acc * (1 + 2L * L * (s->half ? 2 : 1)),
+             S, 1, f.prefetch);
+    add_comm(p, group, "reduce-scatter", acc * (root + L * block) * fl, acc * (1L + L), S, 1, f.prefetch);
     fsdp_free(&f);
 }
 
@@ -393,7 +415,19 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
         return n;
     }
     if (batch_splits && wanted(only, "ddp")) plan_ddp(s, &plans[n++], layout);
-    if (batch_splits && wanted(only, "fsdp")) plan_fsdp(s, &plans[n++], layout);
+    if (batch_splits && wanted(only, "fsdp")) plan_fsdp(s, &plans[n++], layout, 3, 1);
+    // the ladder's lower rungs, and hybrid sharding over R groups (ZeRO-3: hsdpR; zeroN-hsdpR)
+    for (int zero = 1; batch_splits && zero <= 3; zero++)
+        for (int R = 1; R < s->P; R++) {
+            char name[32];
+            if (R == 1) snprintf(name, sizeof name, "zero%d", zero);
+            else if (zero == 3) snprintf(name, sizeof name, "hsdp%d", R);
+            else snprintf(name, sizeof name, "zero%d-hsdp%d", zero, R);
+            bool listed = (R == 1 && zero < 3) || (R > 1 && zero == 3);  // what a plan of every layout shows
+            if (s->P % R || !((!only[0] && listed) || (only[0] && wanted(only, name)))) continue;
+            if (n == max) fatal("internal: more than %d layouts", max);
+            plan_fsdp(s, &plans[n++], layout, zero, R);
+        }
     for (int X = 1; X <= s->P; X++)
         for (int Y = 1; X * Y <= s->P; Y++)
             for (int Z = 1; X * Y * Z <= s->P; Z++) {
@@ -626,7 +660,8 @@ static void parse_options(Options *o, int argc, char **argv) {
             o->help = true, printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--layout=L[+L...]] [--microbatches=M]\n"
                    "                  [--seq_len=T] [--json=FILE] [--measure[=STEPS] [--passes=N]] [--config FILE] [--key=value ...]\n"
                    "       build/plan --calibrate=FILE [--ranks=P] [--passes=N] [--config FILE] [--key=value ...]\n"
-                   "layouts: ddp, fsdp, X,Y,Z (a tensor-parallel grid), ppN (N pipeline stages); docs/PLANNER.md\n"
+                   "layouts: ddp, fsdp, zero1, zero2, hsdpR, zeroN-hsdpR (FSDP's ladder), X,Y,Z (a tensor-parallel grid), "
+                   "ppN (N pipeline stages); docs/PLANNER.md\n"
                    "the training config's keys follow (the planner reads them as the stages do)\n\n");
         if (strncmp(a, "--cluster=", 10) == 0) o->cluster = a + 10;
         else if (strncmp(a, "--layout=", 9) == 0) o->layout = a + 9;
@@ -724,7 +759,8 @@ int main(int argc, char **argv) {
     named += o.layout[0] != '\0';
     if (n < named)
         fatal("command line: option '--layout': %s cannot run on %d ranks: %s", o.layout, s.P,
-              why_not[0] ? why_not : "expected ddp, fsdp, x,y,z (a tensor-parallel grid), ppN (N pipeline stages) "
+              why_not[0] ? why_not : "expected ddp, fsdp, zero1, zero2, hsdpR or zeroN-hsdpR (FSDP's ladder, R replica "
+              "groups), x,y,z (a tensor-parallel grid), ppN (N pipeline stages) "
               "or epN (experts over N ranks)");
     if (n == 0) fatal("%d ranks: no layout can run this config on them (%s)", s.P, why_not);
     qsort(plans, (size_t)n, sizeof(Plan), by_step_time);

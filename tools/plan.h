@@ -28,11 +28,12 @@ enum { PLAN_MAX_MEMORY = 8, PLAN_MAX_COMM = 10, PLAN_MAX_PASSES = 32 };
 typedef struct {
     char name[48];            // "DDP", "FSDP", "TP [2,2,1] x 1"
     int stage;                // the binary that runs it: build/stage-N
-    char args[6][48];         // what it adds to the config: "--strategy=axonn", "--tp_dimensions=2,2,1"
+    char args[8][48];         // what it adds to the config: "--strategy=axonn", "--tp_dimensions=2,2,1"
     int n_args;
     int dims[3], dp;
     int pp, microbatches;     // pipelines: stages, micro-batches per step
     int ep;                   // experts: ranks a replica's experts are spread over
+    int zero_stage, replicas; // stage 04's ladder: its rung, and HSDP's replica groups (1: none)
     MemoryItem memory[PLAN_MAX_MEMORY];  // rank 0's memory report, row for row
     int n_memory;
     size_t memory_total;

@@ -131,11 +131,12 @@ static void compare_memory(Plan *p, const char *dir) {
     cJSON_Delete(stats);
 }
 
-// the directory a layout's runs write: out/plan/ddp, tp-2-2-1, pp-2-m8, ep-2
+// the directory a layout's runs write: out/plan/ddp, fsdp, zero1-hsdp1, tp-2-2-1, pp-2-m8, ep-2
 static void layout_dir(const Plan *p, char *dir, size_t size) {
     int n = snprintf(dir, size, "%s/", out_root());
     if (p->stage == 3) snprintf(dir + n, size - n, "ddp");
-    if (p->stage == 4) snprintf(dir + n, size - n, "fsdp");
+    if (p->stage == 4 && p->zero_stage == 3 && p->replicas == 1) snprintf(dir + n, size - n, "fsdp");
+    else if (p->stage == 4) snprintf(dir + n, size - n, "zero%d-hsdp%d", p->zero_stage, p->replicas);
     if (p->stage == 5) snprintf(dir + n, size - n, "tp-%d-%d-%d", p->dims[0], p->dims[1], p->dims[2]);
     if (p->stage == 7) snprintf(dir + n, size - n, "pp-%d-m%d", p->pp, p->microbatches);
     if (p->stage == 8) snprintf(dir + n, size - n, "ep-%d", p->ep);
