@@ -164,6 +164,8 @@ void tp_model_layout(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool v
     m->shape.C = m->Cy;                // rotary turns each local head as a whole one
     m->shape.n_head = m->NHx;
     m->shape.C_attn = m->Cx;
+    m->shape.n_kv_head /= g->X;        // and the key/value heads of ours
+    m->shape.C_kv /= g->X;
     m->shape.C_mlp = m->C4x;
     m->shape.v_lo = m->v_lo;
     m->shape.v_rows = m->Vl;

@@ -49,8 +49,8 @@ static void test_rotary(void) {
     memcpy(rx, x, n * sizeof(float));
     memcpy(ry, y, n * sizeof(float));
     int start[B] = {0, 7};  // the second sequence continues at position 7 (a KV cache's decode)
-    rotary_forward(rx, start, B, T, CA, NH, ROT, 10000.0f);
-    rotary_backward(ry, start, B, T, CA, NH, ROT, 10000.0f);
+    rotary_forward(rx, start, B, T, CA, NH, ROT, (Rope){.theta = 10000.0f});
+    rotary_backward(ry, start, B, T, CA, NH, ROT, (Rope){.theta = 10000.0f});
     CHECK_CLOSE(dot(rx, y, n), dot(x, ry, n), 1e-5, 1e-5, "<R x, y> = <x, R^T y>");
     double moved = 0, kept = 0;
     for (size_t i = 0; i < n; i++) {
@@ -77,7 +77,7 @@ static void test_rotary_values(void) {
     for (size_t i = 0; i < n; i++) x[i] = sinf(0.37f * (float)i + 0.1f);
     memcpy(rx, x, n * sizeof(float));
     int start[B] = {3};
-    rotary_forward(rx, start, B, T, CA, NH, ROT, 10000.0f);
+    rotary_forward(rx, start, B, T, CA, NH, ROT, (Rope){.theta = 10000.0f});
     double worst = 0;
     for (int t = 0; t < T; t++)
         for (int col = 0; col < 3 * CA; col++) {
