@@ -37,8 +37,6 @@ bool tp_grid_fits(const GPTConfig *mc, const int d[3], int world, int global_bat
                  "n_kv_head %d, x %d", whole.n_kv_head, X) ||
         !require(C % Y == 0, "the hidden size must divide by y (it is split over y)", d, why, why_size,
                  "n_embd %d, y %d", C, Y) ||
-        !require(!whole.rms_norm || Y == 1, "RMSNorm over a hidden dimension split over y is not implemented",
-                 d, why, why_size, "y %d, expected %d", Y, 1) ||
         !require(F % X == 0, "the MLP width must divide by x", d, why, why_size, "MLP width %d, x %d", F, X) ||
         !require(Vp % X == 0, "the padded vocabulary must divide by x (it is split over x)", d, why, why_size,
                  "padded vocabulary %d, x %d", Vp, X))
@@ -334,12 +332,26 @@ void tp_layernorm_forward(const TPModel *m, float *stats, float *out, float *mea
     layernorm_forward_stats(out, rstd, inp, w, b, mean, stats, N, m->Cy, m->cfg.n_embd);
 }
 
-// Llama's RMSNorm runs only on whole rows (y = 1, tp_grid_fits): the serial op
+// Llama's RMSNorm the same way: one sum per row, of squares forward, of dnorm * norm backward
+static void tp_rmsnorm_forward(const TPModel *m, float *stats, float *out, float *rstd, const float *inp,
+                               const float *w, float eps, int N) {
+    rmsnorm_row_sums(stats, inp, N, m->Cy);
+    tp_all_reduce(m->grid.gy, stats, (size_t)N);
+    rmsnorm_forward_stats(out, rstd, inp, w, stats, N, m->Cy, m->cfg.n_embd, eps);
+}
+
+static void tp_rmsnorm_backward(const TPModel *m, float *stats, float *dinp, float *dw, const float *dout,
+                                const float *inp, const float *w, const float *rstd, int N) {
+    rmsnorm_backward_row_sums(stats, dout, inp, w, rstd, N, m->Cy);
+    tp_all_reduce(m->grid.gy, stats, (size_t)N);
+    rmsnorm_backward_stats(dinp, dw, dout, inp, w, rstd, stats, N, m->Cy, m->cfg.n_embd);
+}
+
 static void tp_norm_forward(LayerOps *ops, float *out, float *mean, float *rstd, const float *inp,
                             const Norm *w, const ModelShape *s, int N) {
     TPLayers *t = (TPLayers *)ops;
     if (s->rms_norm) {
-        rmsnorm_forward(out, rstd, inp, w->w, N, s->C, s->norm_eps);
+        tp_rmsnorm_forward(t->m, t->stats, out, rstd, inp, w->w, s->norm_eps, N);
         return;
     }
     tp_layernorm_forward(t->m, t->stats, out, mean, rstd, inp, w->w, w->b, N);
@@ -347,11 +359,11 @@ static void tp_norm_forward(LayerOps *ops, float *out, float *mean, float *rstd,
 
 static void tp_norm_backward(LayerOps *ops, float *dinp, Norm *g, const float *dout, const float *inp,
                              const Norm *w, const float *mean, const float *rstd, const ModelShape *s, int N) {
+    TPLayers *t = (TPLayers *)ops;
     if (s->rms_norm) {
-        rmsnorm_backward(dinp, g->w, dout, inp, w->w, rstd, N, s->C);
+        tp_rmsnorm_backward(t->m, t->stats, dinp, g->w, dout, inp, w->w, rstd, N);
         return;
     }
-    TPLayers *t = (TPLayers *)ops;
     const TPModel *m = t->m;
     layernorm_backward_row_sums(t->stats, dout, inp, w->w, mean, rstd, N, m->Cy);
     tp_all_reduce(m->grid.gy, t->stats, 2 * (size_t)N);

@@ -139,6 +139,17 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
 // dinp (N, C) +=, dweight (C) +=
 void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                       const float *rstd, int N, int C);
+// RMSNorm over rows split into shards of C columns (the full row has C_total), as LayerNorm's
+// above: sum_sq (N) = this shard's row sums of inp^2; add over shards, then forward_stats
+// normalises with rstd = 1/sqrt(sum_sq/C_total + eps). Backward: sums (N) = this shard's row sums
+// of dnorm * norm; add over shards, then backward_stats: dinp (N, C) +=, dweight (C) +=.
+void rmsnorm_row_sums(float *sum_sq, const float *inp, int N, int C);
+void rmsnorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight, const float *sum_sq,
+                           int N, int C, int C_total, float eps);
+void rmsnorm_backward_row_sums(float *sums, const float *dout, const float *inp, const float *weight,
+                               const float *rstd, int N, int C);
+void rmsnorm_backward_stats(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                            const float *rstd, const float *sums, int N, int C, int C_total);
 
 // ----------------------------------------------------------------------------------------------
 // attention

@@ -879,6 +879,46 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
     }
 }
 
+void rmsnorm_row_sums(float *sum_sq, const float *inp, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) sum_sq[n] = row_partial_sqdev(inp + (size_t)n * C, 0.0f, C, 0, 1);
+}
+
+void rmsnorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight, const float *sum_sq,
+                           int N, int C, int C_total, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float r = rmsnorm_rstd(sum_sq[n], C_total, eps);
+        for (int c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+        rstd[n] = r;
+    }
+}
+
+void rmsnorm_backward_row_sums(float *sums, const float *dout, const float *inp, const float *weight,
+                               const float *rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        sums[n] = rmsnorm_backward_partial(dout + (size_t)n * C, inp + (size_t)n * C, weight, rstd[n], C, 0, 1);
+}
+
+void rmsnorm_backward_stats(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                            const float *rstd, const float *sums, int N, int C, int C_total) {
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            for (int c = 0; c < C; c++) dx[c] += rmsnorm_dinp(g[c], x[c], weight[c], rstd[n], sums[n] / (float)C_total);
+        }
+        int c0, c1;
+        column_block(C, &c0, &c1);
+        rmsnorm_param_grad_columns(dweight, dout, inp, rstd, N, C, c0, c1);
+    }
+}
+
 void gqa_expand(float *qkv, const float *proj, int N, int C_attn, int NH, int NKV) {
     int width = C_attn + 2 * (C_attn / NH) * NKV;
 #pragma omp parallel for schedule(static)

@@ -1036,16 +1036,65 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
            eps);
 }
 
+// sums NULL: the whole row's, reduced here; else sums[row] / C_total (a shard's, added over shards)
 static __global__ void rmsnorm_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *weight,
-                                           const float *rstd, int N, int C) {
+                                           const float *rstd, const float *sums, int N, int C, int C_total) {
     int lane = threadIdx.x % 32;
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (row >= N) return;  // whole warps only
     const float *gr = dout + (size_t)row * C, *x = inp + (size_t)row * C;
     float *dx = dinp + (size_t)row * C;
     float r = rstd[row];
-    float mean_dnorm_norm = warp_reduce(rmsnorm_backward_partial(gr, x, weight, r, C, lane, 32), SumOp()) / (float)C;
+    float mean_dnorm_norm = sums ? sums[row] / (float)C_total
+                                 : warp_reduce(rmsnorm_backward_partial(gr, x, weight, r, C, lane, 32), SumOp()) /
+                                       (float)C;
     for (int c = lane; c < C; c += 32) dx[c] += rmsnorm_dinp(gr[c], x[c], weight[c], r, mean_dnorm_norm);
+}
+
+static __global__ void rmsnorm_row_sums_kernel(float *sums, const float *dout, const float *inp, const float *weight,
+                                               const float *rstd, int N, int C) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;  // whole warps only
+    const float *x = inp + (size_t)row * C;
+    // dout NULL: the sum of squares (forward); else the sum of dnorm * norm (backward)
+    float s = dout ? rmsnorm_backward_partial(dout + (size_t)row * C, x, weight, rstd[row], C, lane, 32)
+                   : row_partial_sqdev(x, 0.0f, C, lane, 32);
+    s = warp_reduce(s, SumOp());
+    if (lane == 0) sums[row] = s;
+}
+
+static __global__ void rmsnorm_normalize_kernel(float *out, float *rstd, const float *inp, const float *weight,
+                                                const float *sum_sq, int N, int C, int C_total, float eps) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    int n = (int)(i / C), c = (int)(i % C);
+    float r = rmsnorm_rstd(sum_sq[n], C_total, eps);
+    out[i] = inp[i] * r * weight[c];
+    if (c == 0) rstd[n] = r;
+}
+
+void rmsnorm_row_sums(float *sum_sq, const float *inp, int N, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_row_sums_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, sum_sq, (const float *)NULL,
+           inp, (const float *)NULL, (const float *)NULL, N, C);
+}
+
+void rmsnorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight, const float *sum_sq,
+                           int N, int C, int C_total, float eps) {
+    if (N <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_normalize_kernel, blocks_for((size_t)N * C, THREADS), THREADS, 0, out, rstd, inp, weight, sum_sq,
+           N, C, C_total, eps);
+}
+
+void rmsnorm_backward_row_sums(float *sums, const float *dout, const float *inp, const float *weight,
+                               const float *rstd, int N, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_row_sums_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, sums, dout, inp, weight, rstd,
+           N, C);
 }
 
 static __global__ void rmsnorm_param_chunks_kernel(float *pw, const float *dout, const float *inp, const float *rstd,
@@ -1065,18 +1114,31 @@ static __global__ void rmsnorm_param_sum_kernel(float *dweight, const float *pw,
     column_sums(dweight, pw, nchunks, C, c, c + 1);
 }
 
-void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                      const float *rstd, int N, int C) {
-    if (N <= 0 || C <= 0) return;
-    ensure_init();
-    LAUNCH(rmsnorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout, inp, weight, rstd, N,
-           C);
+static void rmsnorm_param_grads(float *dweight, const float *dout, const float *inp, const float *rstd, int N, int C) {
     int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
     size_t part = (size_t)nchunks * C;
     float *pw = (float *)scratch(part * sizeof(float));
     CUDA_CHECK(cudaMemsetAsync(pw, 0, part * sizeof(float), g.stream));
     LAUNCH(rmsnorm_param_chunks_kernel, blocks_for(part, THREADS), THREADS, 0, pw, dout, inp, rstd, N, C);
     LAUNCH(rmsnorm_param_sum_kernel, blocks_for((size_t)C, THREADS), THREADS, 0, dweight, pw, nchunks, C);
+}
+
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                      const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout, inp, weight, rstd,
+           (const float *)NULL, N, C, C);
+    rmsnorm_param_grads(dweight, dout, inp, rstd, N, C);
+}
+
+void rmsnorm_backward_stats(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                            const float *rstd, const float *sums, int N, int C, int C_total) {
+    if (N <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout, inp, weight, rstd, sums,
+           N, C, C_total);
+    rmsnorm_param_grads(dweight, dout, inp, rstd, N, C);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Llama (configs/tiny_llama.json: RMSNorm, SwiGLU, rotary over the whole head, grouped-query
 # attention with 2 key/value heads for 4 query heads, untied lm_head) in stages 01-05 and 07:
-#  - DDP on 2 ranks, FSDP on 2 ranks, tensor parallelism on [2,1,1] and a pipeline of 2 stages
+#  - DDP on 2 ranks, FSDP on 2 ranks, tensor parallelism on [2,1,1], [2,2,1] (RMSNorm's sums
+#    all-reduced over y) and [1,1,2], and a pipeline of 2 stages
 #    reproduce stage 01's per-step losses within 1e-5 relative over 20 steps;
 #  - stage 02 (bf16-mixed) stays within 1e-2 of stage 01 (bf16 rounds every matmul input);
 #  - stage 01 saves a checkpoint that it starts from again (LlamaForCausalLM's config.json);
@@ -15,8 +16,10 @@ run_single 1 single
 run_ranks 3 ddp2 2
 run_ranks 4 fsdp2 2
 run_ranks 5 tp211 2 --tp_dimensions=2,1,1
+run_ranks 5 tp221 4 --tp_dimensions=2,2,1
+run_ranks 5 tp112 2 --tp_dimensions=1,1,2
 run_ranks 7 pp2 2 --pp_size=2 --num_microbatches=4
-for name in ddp2 fsdp2 tp211 pp2; do
+for name in ddp2 fsdp2 tp211 tp221 tp112 pp2; do
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01's Llama losses"
 done
 run_single 2 bf16 --precision=bf16-mixed
