@@ -376,7 +376,7 @@ static int config_required(const cJSON *root, const char *key, const char *file)
 static void check_variant(const cJSON *root, const char *file, int n_embd) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2")))
-        fatal("%s: \"model_type\" must be \"gpt2\" or \"phi\"", file);
+        fatal("%s: \"model_type\" must be \"gpt2\", \"phi\", \"llama\" or \"mistral\"", file);
     v = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
     if (v && (!cJSON_IsString(v) || (strcmp(v->valuestring, "gelu_new") && strcmp(v->valuestring, "gelu_pytorch_tanh"))))
         fatal("%s: \"activation_function\" must be \"gelu_new\" (GELU, tanh approximation), found %s", file,
