@@ -26,19 +26,23 @@ static bool require(bool ok, const char *constraint, const int d[3], char *why, 
 bool tp_grid_fits(const GPTConfig *mc, const int d[3], int world, int global_batch, int acc, char *why,
                   size_t why_size) {
     int X = d[0], Y = d[1], Z = d[2], C = mc->n_embd, Vp = mc->padded_vocab_size;
+    ModelShape whole = whole_model_shape(mc);
+    int F = whole.C_mlp, F_fc = whole.gated_mlp ? 2 * F : F, Ckv = whole.C_kv;
     if (!require(world % (X * Y * Z) == 0, "x*y*z must divide the number of ranks (the rest is data parallelism)",
                  d, why, why_size, "%d ranks, x*y*z = %d", world, X * Y * Z) ||
         !require(mc->n_head % X == 0, "attention heads must divide by x (heads are split over x)", d, why, why_size,
                  "n_head %d, x %d", mc->n_head, X) ||
+        !require(whole.n_kv_head % X == 0,
+                 "key/value heads must divide by x (each x rank holds those of its query heads)", d, why, why_size,
+                 "n_kv_head %d, x %d", whole.n_kv_head, X) ||
         !require(C % Y == 0, "the hidden size must divide by y (it is split over y)", d, why, why_size,
                  "n_embd %d, y %d", C, Y) ||
-        !require(4 * C % X == 0, "the MLP width 4*n_embd must divide by x", d, why, why_size, "4*n_embd %d, x %d",
-                 4 * C, X) ||
+        !require(F % X == 0, "the MLP width must divide by x", d, why, why_size, "MLP width %d, x %d", F, X) ||
         !require(Vp % X == 0, "the padded vocabulary must divide by x (it is split over x)", d, why, why_size,
                  "padded vocabulary %d, x %d", Vp, X))
         return false;
-    size_t blocks[] = {(size_t)Vp / X * (C / Y), (size_t)3 * C / X * (C / Y), (size_t)C / Y * (C / X),
-                       (size_t)4 * C / X * (C / Y)};
+    size_t blocks[] = {(size_t)Vp / X * (C / Y), (size_t)(C + 2 * Ckv) / X * (C / Y), (size_t)C / Y * (C / X),
+                       (size_t)F_fc / X * (C / Y)};
     for (int i = 0; i < 4; i++)
         if (!require(blocks[i] % Z == 0, "every weight block must divide by z (depth shards are equal)", d, why,
                      why_size, "block of %d elements, z %d", (int)blocks[i], Z))
@@ -57,17 +61,26 @@ void tp_check_grid(const GPTConfig *mc, const int d[3], int world, int global_ba
 // ---- this rank's tensors ----------------------------------------------------------------------
 
 static LocalTensor vector_part(TPKind kind, int row0, int rows) {
-    return (LocalTensor){.kind = kind, .nranges = 1, .row0 = {row0}, .rows = rows, .cols = 1};
+    return (LocalTensor){.kind = kind, .nranges = 1, .row0 = {row0}, .rows = {rows}, .cols = 1};
 }
 
 static LocalTensor matrix_part(int row0, int rows, int col0, int cols) {
-    return (LocalTensor){.kind = TP_WEIGHT, .nranges = 1, .row0 = {row0}, .rows = rows, .col0 = col0, .cols = cols};
+    return (LocalTensor){.kind = TP_WEIGHT, .nranges = 1, .row0 = {row0}, .rows = {rows}, .col0 = col0, .cols = cols};
 }
 
-// q, k and v of this rank's heads: three row ranges of the fused (3C, ...) tensor
+// q, k and v of this rank's heads: three row ranges of the fused (C + 2 C_kv, ...) tensor (the
+// key/value heads of its query heads: with grouped-query attention, fewer rows of k and v)
 static LocalTensor heads_part(TPKind kind, const TPModel *m, int col0, int cols) {
-    int C = m->cfg.n_embd, x0 = m->grid.x * m->Cx;
-    return (LocalTensor){.kind = kind, .nranges = 3, .row0 = {x0, C + x0, 2 * C + x0}, .rows = m->Cx,
+    int C = m->cfg.n_embd, x0 = m->grid.x * m->Cx, Ckvx = m->shape.C_kv, kv0 = m->grid.x * Ckvx;
+    int Ckv = Ckvx * m->grid.X;
+    return (LocalTensor){.kind = kind, .nranges = 3, .row0 = {x0, C + kv0, C + Ckv + kv0}, .rows = {m->Cx, Ckvx, Ckvx},
+                         .col0 = col0, .cols = cols};
+}
+
+// SwiGLU's gate and up of this rank's MLP columns: two row ranges of the fused (2F, ...) tensor
+static LocalTensor gate_up_part(const TPModel *m, int col0, int cols) {
+    int x4 = m->grid.x * m->C4x, F = m->C4x * m->grid.X;
+    return (LocalTensor){.kind = TP_WEIGHT, .nranges = 2, .row0 = {x4, F + x4}, .rows = {m->C4x, m->C4x},
                          .col0 = col0, .cols = cols};
 }
 
@@ -86,18 +99,19 @@ static LocalTensor describe(const TPModel *m, TensorRole role) {
     case ROLE_QKV_W: return heads_part(TP_WEIGHT, m, y0, Cy);
     case ROLE_QKV_B: return heads_part(TP_SPLIT_X, m, 0, 1);
     case ROLE_ATTN_PROJ_W: return matrix_part(y0, Cy, g->x * m->Cx, m->Cx);  // transposed: out over y, in over x
-    case ROLE_FC_W: return matrix_part(x4, m->C4x, y0, Cy);
+    case ROLE_FC_W: return m->shape.gated_mlp ? gate_up_part(m, y0, Cy) : matrix_part(x4, m->C4x, y0, Cy);
     case ROLE_FC_B: return vector_part(TP_SPLIT_X, x4, m->C4x);
     case ROLE_FC_PROJ_W: return matrix_part(y0, Cy, x4, m->C4x);
     default: return vector_part(TP_SPLIT_Y, y0, Cy);  // LayerNorms, the projections' biases
     }
 }
 
-// phi's k and v follow q in the full buffer, so q's part above (three row ranges of a 3C-row
-// tensor) reaches them: they hold nothing of their own here
+// phi's and Llama's k and v follow q in the full buffer, so q's part above (three row ranges of a
+// (C + 2 C_kv)-row tensor) reaches them, as gate's reaches Llama's up: they hold nothing of their
+// own here
 static LocalTensor describe_tensor(const TPModel *m, const TensorInfo *t) {
-    if (t->role != ROLE_QKV_PART) return describe(m, t->role);
-    return (LocalTensor){.kind = t->ndim == 2 ? TP_WEIGHT : TP_SPLIT_X, .nranges = 1, .rows = 0, .cols = 1};
+    if (t->role != ROLE_QKV_PART && t->role != ROLE_FC_PART) return describe(m, t->role);
+    return (LocalTensor){.kind = t->ndim == 2 ? TP_WEIGHT : TP_SPLIT_X, .nranges = 1, .rows = {0}, .cols = 1};
 }
 
 static void build_local_layout(TPModel *m) {
@@ -113,7 +127,8 @@ static void build_local_layout(TPModel *m) {
         for (int i = 0; i < f->num_tensors; i++) {
             LocalTensor t = describe_tensor(m, &f->tensors[i]);
             if ((t.kind == TP_WEIGHT) != (pass == 1)) continue;
-            t.block = (size_t)t.nranges * t.rows * t.cols;
+            t.block = 0;
+            for (int r = 0; r < t.nranges; r++) t.block += (size_t)t.rows[r] * t.cols;
             t.numel = t.kind == TP_WEIGHT ? t.block / (size_t)m->grid.Z : t.block;
             t.first = t.kind == TP_WEIGHT ? (size_t)m->grid.z * t.numel : 0;
             t.offset = m->layout.num_params;
@@ -144,29 +159,32 @@ void tp_model_layout(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool v
     int C = mc->n_embd;
     m->Cy = C / g->Y;
     m->Cx = C / g->X;
-    m->C4x = 4 * C / g->X;
+    ModelShape whole = whole_model_shape(mc);
+    m->C4x = whole.C_mlp / g->X;
     m->NHx = mc->n_head / g->X;
     m->Vl = mc->padded_vocab_size / g->X;
     m->v_lo = g->x * m->Vl;
     int real = mc->vocab_size - m->v_lo;  // the real (unpadded) tokens of this shard
     m->v_count = real < 0 ? 0 : real > m->Vl ? m->Vl : real;
+    m->shape = whole;                  // the architecture's block and position encoding, then our share:
+    m->shape.C = m->Cy;                // rotary turns each local head as a whole one
+    m->shape.n_head = m->NHx;
+    m->shape.C_attn = m->Cx;
+    m->shape.n_kv_head /= g->X;        // and the key/value heads of ours
+    m->shape.C_kv /= g->X;
+    m->shape.C_mlp = m->C4x;
+    m->shape.v_lo = m->v_lo;
+    m->shape.v_rows = m->Vl;
     gpt_layout(&m->full, mc);
-    build_local_layout(m);
-    m->qkv = tp_linear_make(g, C, 3 * C, false);
+    build_local_layout(m);  // reads the shape
+    m->qkv = tp_linear_make(g, C, C + 2 * whole.C_kv, false);
     m->proj = tp_linear_make(g, C, C, true);
-    m->fc = tp_linear_make(g, C, 4 * C, false);
-    m->fcproj = tp_linear_make(g, 4 * C, C, true);
+    m->fc = tp_linear_make(g, C, whole.gated_mlp ? 2 * whole.C_mlp : whole.C_mlp, false);
+    m->fcproj = tp_linear_make(g, whole.C_mlp, C, true);
     m->head = tp_linear_make(g, C, mc->padded_vocab_size, false);
     const TPLinear *all[] = {&m->qkv, &m->proj, &m->fc, &m->fcproj, &m->head};
     for (int i = 0; i < 5; i++)
         if (all[i]->block > m->max_block) m->max_block = all[i]->block;
-    m->shape = whole_model_shape(mc);  // the architecture's block and position encoding, then our share:
-    m->shape.C = m->Cy;                // rotary turns each local head as a whole one
-    m->shape.n_head = m->NHx;
-    m->shape.C_attn = m->Cx;
-    m->shape.C_mlp = m->C4x;
-    m->shape.v_lo = m->v_lo;
-    m->shape.v_rows = m->Vl;
 }
 
 void tp_model_free(TPModel *m) {
@@ -185,10 +203,12 @@ typedef void (*SegmentFn)(size_t full_offset, size_t local_offset, size_t count,
 static void for_each_run(const TPModel *m, int i, SegmentFn fn, void *ctx) {
     const LocalTensor *t = &m->local[i];
     const TensorInfo *f = &m->full.tensors[i];
-    size_t full_cols = f->ndim == 2 ? (size_t)f->shape[1] : 1, per_range = (size_t)t->rows * t->cols;
+    size_t full_cols = f->ndim == 2 ? (size_t)f->shape[1] : 1;
     size_t run_full = 0, run_local = 0, run_n = 0;
     for (size_t k = t->first, end = t->first + t->numel; k < end;) {
-        size_t r = k / per_range, row = k % per_range / t->cols, col = k % t->cols;
+        size_t r = 0, in_range = k;  // the range element k falls in, and its place there
+        while (in_range >= (size_t)t->rows[r] * t->cols) in_range -= (size_t)t->rows[r++] * t->cols;
+        size_t row = in_range / t->cols, col = in_range % t->cols;
         size_t n = (size_t)t->cols - col < end - k ? (size_t)t->cols - col : end - k;
         size_t full = f->offset + ((size_t)t->row0[r] + row) * full_cols + t->col0 + col;
         size_t local = t->offset + (k - t->first);
@@ -312,17 +332,38 @@ void tp_layernorm_forward(const TPModel *m, float *stats, float *out, float *mea
     layernorm_forward_stats(out, rstd, inp, w, b, mean, stats, N, m->Cy, m->cfg.n_embd);
 }
 
+// Llama's RMSNorm the same way: one sum per row, of squares forward, of dnorm * norm backward
+static void tp_rmsnorm_forward(const TPModel *m, float *stats, float *out, float *rstd, const float *inp,
+                               const float *w, float eps, int N) {
+    rmsnorm_row_sums(stats, inp, N, m->Cy);
+    tp_all_reduce(m->grid.gy, stats, (size_t)N);
+    rmsnorm_forward_stats(out, rstd, inp, w, stats, N, m->Cy, m->cfg.n_embd, eps);
+}
+
+static void tp_rmsnorm_backward(const TPModel *m, float *stats, float *dinp, float *dw, const float *dout,
+                                const float *inp, const float *w, const float *rstd, int N) {
+    rmsnorm_backward_row_sums(stats, dout, inp, w, rstd, N, m->Cy);
+    tp_all_reduce(m->grid.gy, stats, (size_t)N);
+    rmsnorm_backward_stats(dinp, dw, dout, inp, w, rstd, stats, N, m->Cy, m->cfg.n_embd);
+}
+
 static void tp_norm_forward(LayerOps *ops, float *out, float *mean, float *rstd, const float *inp,
                             const Norm *w, const ModelShape *s, int N) {
-    (void)s;
     TPLayers *t = (TPLayers *)ops;
+    if (s->rms_norm) {
+        tp_rmsnorm_forward(t->m, t->stats, out, rstd, inp, w->w, s->norm_eps, N);
+        return;
+    }
     tp_layernorm_forward(t->m, t->stats, out, mean, rstd, inp, w->w, w->b, N);
 }
 
 static void tp_norm_backward(LayerOps *ops, float *dinp, Norm *g, const float *dout, const float *inp,
                              const Norm *w, const float *mean, const float *rstd, const ModelShape *s, int N) {
-    (void)s;
     TPLayers *t = (TPLayers *)ops;
+    if (s->rms_norm) {
+        tp_rmsnorm_backward(t->m, t->stats, dinp, g->w, dout, inp, w->w, rstd, N);
+        return;
+    }
     const TPModel *m = t->m;
     layernorm_backward_row_sums(t->stats, dout, inp, w->w, mean, rstd, N, m->Cy);
     tp_all_reduce(m->grid.gy, t->stats, 2 * (size_t)N);

@@ -28,7 +28,7 @@ typedef enum { TP_WEIGHT, TP_SPLIT_X, TP_SPLIT_Y } TPKind;
 // the elements [first, first + numel) (a weight's 1/z depth shard; the whole block otherwise)
 typedef struct {
     TPKind kind;
-    int nranges, row0[3], rows, col0, cols;
+    int nranges, row0[3], rows[3], col0, cols;  // range r: rows[r] rows from row0[r]; columns [col0, col0 + cols)
     size_t block, first, numel;
     size_t offset;  // in this rank's flat buffer
 } LocalTensor;

@@ -53,6 +53,14 @@ static float *matmul_input(ActsAllocator *al, size_t n) {
 
 static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
+// the MLP's first projection: SwiGLU's is gate and up side by side
+static size_t fc_width(const ModelShape *s) { return (size_t)s->C_mlp * (s->gated_mlp ? 2 : 1); }
+
+// what datty's scratch holds after attention's backward: grouped-query attention's projection gradient
+static size_t attention_scratch_width(const ModelShape *s) {
+    return s->C_kv < s->C_attn ? (size_t)s->C_attn + 2 * (size_t)s->C_kv : (size_t)s->C_attn;
+}
+
 // One block's activations, with its dense MLP's or without (a MoE block keeps its MLP's apart).
 static void alloc_block(ActsAllocator *al, BlockActs *k, bool dense) {
     const ActsSpec *sp = &al->a->spec;
@@ -72,7 +80,7 @@ static void alloc_block(ActsAllocator *al, BlockActs *k, bool dense) {
         k->ln2_rstd = alloc_floats(al, N);
     }
     if (dense) {
-        k->fch = alloc_floats(al, N * F);
+        k->fch = alloc_floats(al, N * fc_width(&sp->shape));
         k->fch_gelu = matmul_input(al, N * F);
     }
     k->out = alloc_floats(al, N * C);
@@ -106,12 +114,12 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
     size_t V = sp->shape.v_rows;
     // the backward scratch first: in bf16 mode the forward's f32 matmul inputs pass through dbig
     a->dres = alloc_floats(&al, N * C);
-    a->dbig = alloc_floats(&al, N * max3(F, Ca, C));
-    a->dbig2 = alloc_floats(&al, N * max3(F, C, 0));
+    a->dbig = alloc_floats(&al, N * max3(F, attention_scratch_width(&sp->shape), C));
+    a->dbig2 = alloc_floats(&al, N * max3(fc_width(&sp->shape), C, 0));
     a->dsmall = alloc_floats(&al, N * max3(C, 3 * Ca, 0));
     a->datt = alloc_floats(&al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
     if (sp->shape.parallel_block) a->dln = alloc_floats(&al, N * C);
-    a->dout16 = alloc_16(&al, N * max3(max3(F, 3 * Ca, C), sp->head ? V : 0, 0), sp->half);
+    a->dout16 = alloc_16(&al, N * max3(max3(fc_width(&sp->shape), 3 * Ca, C), sp->head ? V : 0, 0), sp->half);
     a->encoded = alloc_floats(&al, N * C);
     a->blocks = calloc_or_die((size_t)(sp->n_layers > 0 ? sp->n_layers : 1), sizeof(BlockActs));
     int moe_blocks = gpt_moe_blocks(&sp->model, sp->first_layer, sp->n_layers);

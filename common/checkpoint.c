@@ -376,7 +376,7 @@ static int config_required(const cJSON *root, const char *key, const char *file)
 static void check_variant(const cJSON *root, const char *file, int n_embd) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2")))
-        fatal("%s: \"model_type\" must be \"gpt2\" or \"phi\"", file);
+        fatal("%s: \"model_type\" must be \"gpt2\", \"phi\", \"llama\" or \"mistral\"", file);
     v = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
     if (v && (!cJSON_IsString(v) || (strcmp(v->valuestring, "gelu_new") && strcmp(v->valuestring, "gelu_pytorch_tanh"))))
         fatal("%s: \"activation_function\" must be \"gelu_new\" (GELU, tanh approximation), found %s", file,
@@ -444,6 +444,76 @@ static void read_phi_config(const cJSON *root, const char *file, GPTConfig *cfg)
     cfg->rope_theta = (float)config_number(root, "rope_theta", file, 10000.0);
 }
 
+// a switch of LlamaConfig that must be false (we implement no biases)
+static void require_false(const cJSON *root, const char *key, const char *file, const char *why) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v)) fatal("%s: \"%s\" is not implemented (%s); it must be false", file, key, why);
+}
+
+// Llama's rope_scaling: null, or Llama 3's form {"rope_type": "llama3", "factor", "low_freq_factor",
+// "high_freq_factor", "original_max_position_embeddings"}; any other form is refused by name
+static void read_llama_rope_scaling(const cJSON *root, const char *file, GPTConfig *cfg) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (!v || cJSON_IsNull(v)) return;
+    if (!cJSON_IsObject(v)) fatal("%s: \"rope_scaling\" must be null or an object", file);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "rope_type");
+    if (!type) type = cJSON_GetObjectItemCaseSensitive(v, "type");  // older configs' name for it
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "llama3"))
+        fatal("%s: \"rope_scaling\" of type %s is not implemented; expected null or rope_type \"llama3\"", file,
+              cJSON_IsString(type) ? type->valuestring : "(none)");
+    const char *keys[] = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+    double values[4];
+    for (int i = 0; i < 4; i++) {
+        values[i] = config_number(v, keys[i], file, -1.0);
+        if (!(values[i] > 0)) fatal("%s: \"rope_scaling\" of type llama3 needs a positive \"%s\"", file, keys[i]);
+    }
+    if (values[2] <= values[1])
+        fatal("%s: \"rope_scaling\": \"high_freq_factor\" %g must exceed \"low_freq_factor\" %g", file, values[2],
+              values[1]);
+    cfg->rope_factor = (float)values[0];
+    cfg->rope_low_freq_factor = (float)values[1];
+    cfg->rope_high_freq_factor = (float)values[2];
+    cfg->rope_original_max_positions = (int)values[3];
+}
+
+// transformers' LlamaConfig (and MistralConfig, the same model with other values): the keys, and
+// the defaults, of LlamaForCausalLM's config.json. The switches we do not implement are refused.
+static void read_llama_config(const cJSON *root, const char *file, GPTConfig *cfg) {
+    cfg->n_embd = config_required(root, "hidden_size", file);
+    cfg->n_layer = config_required(root, "num_hidden_layers", file);
+    cfg->n_head = config_required(root, "num_attention_heads", file);
+    cfg->vocab_size = config_required(root, "vocab_size", file);
+    cfg->ffn_dim = config_required(root, "intermediate_size", file);
+    cfg->max_seq_len = config_int(root, "max_position_embeddings", file);
+    if (cfg->max_seq_len < 0) cfg->max_seq_len = 2048;
+    cfg->n_kv_head = config_int(root, "num_key_value_heads", file);
+    if (cfg->n_kv_head < 0) cfg->n_kv_head = cfg->n_head;
+    if (cfg->n_embd % cfg->n_head)
+        fatal("%s: hidden_size %d is not a multiple of num_attention_heads %d", file, cfg->n_embd, cfg->n_head);
+    if (cfg->n_head % cfg->n_kv_head)
+        fatal("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", file, cfg->n_head,
+              cfg->n_kv_head);
+    int head_size = cfg->n_embd / cfg->n_head;
+    if (config_number(root, "head_dim", file, head_size) != head_size)
+        fatal("%s: \"head_dim\" must be hidden_size / num_attention_heads = %d (another head size is not "
+              "implemented)", file, head_size);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "silu")))
+        fatal("%s: \"hidden_act\" must be \"silu\" (SwiGLU), found %s", file, cJSON_IsString(v) ? v->valuestring : "a non-string");
+    require_false(root, "attention_bias", file, "biases on q, k, v and o");
+    require_false(root, "mlp_bias", file, "biases on gate, up and down");
+    v = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    if (v && !cJSON_IsNull(v))
+        fatal("%s: \"sliding_window\" is not implemented (attention sees the whole sequence); it must be null", file);
+    v = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    if (v && !cJSON_IsBool(v)) fatal("%s: \"tie_word_embeddings\" must be true or false", file);
+    cfg->arch = v && cJSON_IsTrue(v) ? &ARCH_LLAMA_TIED : &ARCH_LLAMA;
+    cfg->rotary_dim = head_size;
+    cfg->rope_theta = (float)config_number(root, "rope_theta", file, 10000.0);
+    cfg->norm_eps = (float)config_number(root, "rms_norm_eps", file, 1e-6);
+    read_llama_rope_scaling(root, file, cfg);
+}
+
 // A mixture-of-experts GPT-2 (stage 08) names its experts the way Mixtral's config does. The
 // capacity and the load-balancing loss's weight are how it is trained, not what it is: the run's.
 static void read_moe_config(const cJSON *root, const char *file, GPTConfig *cfg) {
@@ -470,8 +540,10 @@ void checkpoint_read_config(const char *path, GPTConfig *cfg) {
     if (!cJSON_IsObject(root)) fatal("%s: not a JSON object", file);
     memset(cfg, 0, sizeof *cfg);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    if (cJSON_IsString(type) && strcmp(type->valuestring, "phi") == 0) {
-        read_phi_config(root, file, cfg);
+    bool llama = cJSON_IsString(type) && (!strcmp(type->valuestring, "llama") || !strcmp(type->valuestring, "mistral"));
+    if (llama || (cJSON_IsString(type) && strcmp(type->valuestring, "phi") == 0)) {
+        if (llama) read_llama_config(root, file, cfg);
+        else read_phi_config(root, file, cfg);
         cfg->padded_vocab_size = gpt_padded_vocab(cfg->vocab_size);
         cJSON_Delete(root);
         return;
@@ -803,6 +875,38 @@ static char *phi_config_json(const GPTConfig *cfg) {
     return config_text(c);
 }
 
+// What transformers' LlamaConfig needs to rebuild this model as LlamaForCausalLM.
+static char *llama_config_json(const GPTConfig *cfg) {
+    cJSON *c = new_config("llama", "LlamaForCausalLM");
+    cJSON_AddNumberToObject(c, "vocab_size", cfg->vocab_size);
+    cJSON_AddNumberToObject(c, "hidden_size", cfg->n_embd);
+    cJSON_AddNumberToObject(c, "intermediate_size", cfg->ffn_dim);
+    cJSON_AddNumberToObject(c, "num_hidden_layers", cfg->n_layer);
+    cJSON_AddNumberToObject(c, "num_attention_heads", cfg->n_head);
+    cJSON_AddNumberToObject(c, "num_key_value_heads", cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head);
+    cJSON_AddNumberToObject(c, "max_position_embeddings", cfg->max_seq_len);
+    cJSON_AddNumberToObject(c, "rope_theta", cfg->rope_theta);
+    if (cfg->rope_factor) {
+        cJSON *r = cJSON_AddObjectToObject(c, "rope_scaling");
+        cJSON_AddStringToObject(r, "rope_type", "llama3");
+        cJSON_AddNumberToObject(r, "factor", cfg->rope_factor);
+        cJSON_AddNumberToObject(r, "low_freq_factor", cfg->rope_low_freq_factor);
+        cJSON_AddNumberToObject(r, "high_freq_factor", cfg->rope_high_freq_factor);
+        cJSON_AddNumberToObject(r, "original_max_position_embeddings", cfg->rope_original_max_positions);
+    } else {
+        cJSON_AddNullToObject(c, "rope_scaling");
+    }
+    cJSON_AddNumberToObject(c, "rms_norm_eps", cfg->norm_eps);
+    cJSON_AddStringToObject(c, "hidden_act", "silu");
+    cJSON_AddBoolToObject(c, "attention_bias", 0);
+    cJSON_AddBoolToObject(c, "mlp_bias", 0);
+    cJSON_AddNumberToObject(c, "attention_dropout", 0);
+    cJSON_AddNumberToObject(c, "initializer_range", 0.02);
+    cJSON_AddBoolToObject(c, "tie_word_embeddings", cfg->arch == &ARCH_LLAMA_TIED);
+    cJSON_AddStringToObject(c, "torch_dtype", "float32");
+    return config_text(c);
+}
+
 void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const float *params,
                            const char *run_config_json) {
     OutTensor *t = calloc_or_die((size_t)layout->num_tensors, sizeof(OutTensor));
@@ -819,7 +923,9 @@ void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const
     if (run_config_json) cJSON_AddStringToObject(meta, "run_config", run_config_json);
     write_safetensors(out_dir, "model.safetensors", t, layout->num_tensors, meta);
     free(t);
-    char *config = layout->arch == &ARCH_PHI ? phi_config_json(&layout->cfg) : hf_config_json(&layout->cfg);
+    char *config = layout->arch == &ARCH_PHI ? phi_config_json(&layout->cfg)
+                   : layout->arch->rms_norm ? llama_config_json(&layout->cfg)
+                                            : hf_config_json(&layout->cfg);
     write_text_file(out_dir, "config.json", config);
     free(config);
 }

@@ -28,8 +28,9 @@ typedef struct {
 #define K(name, type, dflt, help) {#name, type, offsetof(Config, name), sizeof(((Config *)0)->name), dflt, help}
 
 static const Key KEYS[] = {
-    K(model_id, T_STRING, "gpt2", "model shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, microsoft/phi-1_5, custom"),
-    K(arch, T_STRING, "", "architecture: gpt2 or phi (empty: model_id's; custom is gpt2)"),
+    K(model_id, T_STRING, "gpt2", "model shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, microsoft/phi-1_5, "
+                                  "meta-llama/Llama-2-7b-hf, meta-llama/Llama-3.1-8B, custom"),
+    K(arch, T_STRING, "", "architecture: gpt2, phi or llama (empty: model_id's; custom is gpt2)"),
     K(dataset_id, T_STRING, "",
       "tatsu-lab/alpaca or alpaca (the alpaca JSON file in data_path), synthetic (the built-in "
       "set); empty: data_path decides"),
@@ -49,6 +50,8 @@ static const Key KEYS[] = {
     K(n_layer, T_INT, "0", "transformer blocks (0: from model_id)"),
     K(n_head, T_INT, "0", "attention heads (0: from model_id)"),
     K(n_embd, T_INT, "0", "hidden size (0: from model_id)"),
+    K(n_kv_head, T_INT, "0", "llama: key/value heads, grouped-query attention (0: from model_id, or n_head)"),
+    K(intermediate_size, T_INT, "0", "llama: the SwiGLU MLP's width (0: from model_id, or 4 n_embd)"),
     K(vocab_size, T_INT, "0", "embedding rows (0: the tokenizer's; 50257 gives GPT-2's shape)"),
     K(max_seq_len, T_INT, "256", "longest sequence; longer records are cut"),
     K(data_path, T_STRING, "", "alpaca JSON file (empty: the built-in synthetic instruction set)"),
@@ -445,12 +448,19 @@ static void apply_overrides(Config *cfg, Sources *src, int argc, char **argv) {
 
 // ---- model presets and validation -------------------------------------------------------------
 
-typedef struct { const char *id; int n_layer, n_head, n_embd; const char *arch; int vocab_size; } Preset;
+typedef struct {
+    const char *id;
+    int n_layer, n_head, n_embd;
+    const char *arch;
+    int vocab_size, n_kv_head, intermediate_size;
+} Preset;
 static const Preset PRESETS[] = {
-    {"gpt2", 12, 12, 768, "gpt2", 0}, {"gpt2-medium", 24, 16, 1024, "gpt2", 0},
-    {"gpt2-large", 36, 20, 1280, "gpt2", 0}, {"gpt2-xl", 48, 25, 1600, "gpt2", 0},
-    {"microsoft/phi-1_5", 24, 32, 2048, "phi", 51200},  // its vocabulary as its checkpoint pads it
-    {"custom", 0, 0, 0, "gpt2", 0},
+    {"gpt2", 12, 12, 768, "gpt2", 0, 0, 0}, {"gpt2-medium", 24, 16, 1024, "gpt2", 0, 0, 0},
+    {"gpt2-large", 36, 20, 1280, "gpt2", 0, 0, 0}, {"gpt2-xl", 48, 25, 1600, "gpt2", 0, 0, 0},
+    {"microsoft/phi-1_5", 24, 32, 2048, "phi", 51200, 0, 0},  // its vocabulary as its checkpoint pads it
+    {"meta-llama/Llama-2-7b-hf", 32, 32, 4096, "llama", 32000, 32, 11008},
+    {"meta-llama/Llama-3.1-8B", 32, 32, 4096, "llama", 128256, 8, 14336},
+    {"custom", 0, 0, 0, "gpt2", 0, 0, 0},
 };
 
 static void apply_model_preset(Config *cfg, const Sources *src) {
@@ -461,12 +471,15 @@ static void apply_model_preset(Config *cfg, const Sources *src) {
         if (!cfg->n_head) cfg->n_head = p->n_head;
         if (!cfg->n_embd) cfg->n_embd = p->n_embd;
         if (!cfg->vocab_size) cfg->vocab_size = p->vocab_size;
+        if (!cfg->n_kv_head) cfg->n_kv_head = p->n_kv_head;
+        if (!cfg->intermediate_size) cfg->intermediate_size = p->intermediate_size;
         if (!cfg->arch[0]) snprintf(cfg->arch, sizeof cfg->arch, "%s", p->arch);
-        if (strcmp(cfg->arch, "gpt2") && strcmp(cfg->arch, "phi"))
-            fatal("%s: key 'arch': expected gpt2 or phi, found '%s'", source_of(src, "arch"), cfg->arch);
+        if (strcmp(cfg->arch, "gpt2") && strcmp(cfg->arch, "phi") && strcmp(cfg->arch, "llama"))
+            fatal("%s: key 'arch': expected gpt2, phi or llama, found '%s'", source_of(src, "arch"), cfg->arch);
         return;
     }
-    fatal("%s: key 'model_id': expected gpt2, gpt2-medium, gpt2-large, gpt2-xl, microsoft/phi-1_5 or custom, "
+    fatal("%s: key 'model_id': expected gpt2, gpt2-medium, gpt2-large, gpt2-xl, microsoft/phi-1_5, "
+          "meta-llama/Llama-2-7b-hf, meta-llama/Llama-3.1-8B or custom, "
           "found '%s'",
           source_of(src, "model_id"), cfg->model_id);
 }
@@ -675,6 +688,20 @@ static void resolve_dataset(Config *cfg, const Sources *src) {
     }
 }
 
+// n_kv_head and intermediate_size shape a Llama only; its heads split into groups of n_kv_head
+static void require_llama_keys_fit_arch(const Config *cfg, const Sources *src) {
+    require_not_negative(src, "n_kv_head", cfg->n_kv_head);
+    require_not_negative(src, "intermediate_size", cfg->intermediate_size);
+    bool llama = strcmp(cfg->arch, "llama") == 0;
+    if (!llama && (cfg->n_kv_head || cfg->intermediate_size))
+        fatal("%s: key '%s' shapes a Llama but key 'arch' is %s", source_of(src, cfg->n_kv_head ? "n_kv_head" : "intermediate_size"),
+              cfg->n_kv_head ? "n_kv_head" : "intermediate_size", cfg->arch);
+    char where[1200];
+    if (cfg->n_kv_head && cfg->n_head % cfg->n_kv_head)
+        fatal("%s: keys 'n_head' and 'n_kv_head': n_head must be divisible by n_kv_head, found %d and %d",
+              sources_of_pair(src, "n_head", "n_kv_head", where, sizeof where), cfg->n_head, cfg->n_kv_head);
+}
+
 static void validate(Config *cfg, const Sources *src, Stage stage) {
     resolve_precision(cfg, src);
     static const char *const comm_backends[] = {"auto", "nccl", "mpi", "mpi-staged"};
@@ -708,6 +735,7 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     if (cfg->n_embd % cfg->n_head != 0)
         fatal("%s: keys 'n_embd' and 'n_head': n_embd must be divisible by n_head, found %d and %d",
               sources_of_pair(src, "n_embd", "n_head", where, sizeof where), cfg->n_embd, cfg->n_head);
+    require_llama_keys_fit_arch(cfg, src);
     if (cfg->global_batch_size % cfg->gradient_acc_steps != 0)
         fatal("%s: keys 'global_batch_size' and 'gradient_acc_steps': the batch must split into "
               "equal micro-batches, found %d and %d",

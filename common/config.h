@@ -20,7 +20,7 @@ typedef enum {
 typedef struct {
     // the tutorial's keys
     char model_id[64];        // "gpt2", "gpt2-medium", ... picks n_layer/n_head/n_embd; "custom"
-    char arch[16];            // "gpt2" or "phi" (empty: model_id's)
+    char arch[16];            // "gpt2", "phi" or "llama" (empty: model_id's)
     char dataset_id[64];      // "synthetic", or "alpaca"/"tatsu-lab/alpaca": the file in data_path
     int seed;
     char precision[16];       // "32", "32-true", "bf16-mixed", "bf16", "16-mixed" (fp16)
@@ -38,6 +38,8 @@ typedef struct {
     int tokens_to_generate;
     // ours
     int n_layer, n_head, n_embd, max_seq_len;
+    int n_kv_head;            // llama: key/value heads (0: n_head)
+    int intermediate_size;    // llama: the SwiGLU MLP's width (0: 4 n_embd)
     int vocab_size;           // 0: the tokenizer's; larger adds unused rows (GPT-2's 50257)
     char data_path[512];      // alpaca JSON file; "" = the built-in synthetic instruction set
     char tokenizer_path[512]; // GPT-2 BPE directory; "" = the byte tokenizer

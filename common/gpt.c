@@ -1,6 +1,7 @@
 // gpt.c: the layer steps of GPT-2 (pre-LayerNorm blocks, causal multi-head attention, GELU-tanh
-// MLP, tied lm_head) and phi-1_5 (the same block with one LayerNorm feeding attention and MLP in
-// parallel, rotary positions, an untied lm_head with a bias), over a LayerOps table: first the
+// MLP, tied lm_head), phi-1_5 (the same block with one LayerNorm feeding attention and MLP in
+// parallel, rotary positions, an untied lm_head with a bias) and Llama (RMSNorm, rotary positions,
+// grouped-query attention, a SwiGLU MLP, no biases), over a LayerOps table: first the
 // block, then the embedding and the head, the passes over the layers a rank holds, and last the
 // layers on one rank (serial_layer_ops) that the stages plug their own versions into.
 // Backward mirrors forward line for line. The parameters' layout is layout.c's, the activations'
@@ -37,8 +38,13 @@ void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int 
     int N = B * T, C = s->C, Ca = s->C_attn;
     // attention sub-block: res2 = x + proj(attention(rotary(qkv(ln1(x)))))
     ops->norm_forward(ops, k->ln1, k->ln1_mean, k->ln1_rstd, x, &w->ln1, s, N);
-    ops->linear_forward(ops, LIN_QKV, k->qkv, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
-    if (s->rotary_dim) rotary_forward(k->qkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope_theta);
+    // grouped-query attention projects fewer keys and values (into scratch that forward leaves
+    // unused) and repeats each for the query heads of its group
+    bool gqa = s->C_kv < Ca;
+    float *proj = gqa ? a->dsmall : k->qkv;
+    ops->linear_forward(ops, LIN_QKV, proj, k->ln1, k->ln1_16, &w->qkv, N, C, Ca + 2 * s->C_kv);
+    if (gqa) gqa_expand(k->qkv, proj, N, Ca, s->n_head, s->n_kv_head);
+    if (s->rotary_dim) rotary_forward(k->qkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope);
     ops->attention_forward(ops, l, k->atty, k->att, k->qkv, s, B, T);
     ops->linear_forward(ops, LIN_ATTN_PROJ, k->res2, k->atty, k->atty16, &w->attn_proj, N, Ca, C);
     add_inplace(k->res2, x, (size_t)N * C);
@@ -73,8 +79,14 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     ops->linear_backward(ops, LIN_ATTN_PROJ, datty, &g->attn_proj, dres, a->dout16, k->atty, k->atty16,
                          &w->attn_proj, N, Ca, C);
     attention_backward(dqkv, a->datt, datty, k->qkv, k->att, B, T, Ca, s->n_head);
-    if (s->rotary_dim) rotary_backward(dqkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope_theta);
-    ops->linear_backward(ops, LIN_QKV, dln1, &g->qkv, dqkv, a->dout16, k->ln1, k->ln1_16, &w->qkv, N, C, 3 * Ca);
+    if (s->rotary_dim) rotary_backward(dqkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope);
+    // grouped-query attention: each key and value head's gradient is its group's sum (into
+    // datty's scratch, read by now)
+    bool gqa = s->C_kv < Ca;
+    float *dproj = gqa ? a->dbig : dqkv;
+    if (gqa) gqa_reduce(dproj, dqkv, N, Ca, s->n_head, s->n_kv_head);
+    ops->linear_backward(ops, LIN_QKV, dln1, &g->qkv, dproj, a->dout16, k->ln1, k->ln1_16, &w->qkv, N, C,
+                         Ca + 2 * s->C_kv);
     // ln1(x) fed attention and the MLP: its gradient is the sum. (Each linear layer's backward
     // completes its own dinp, a tensor-parallel one with an all-reduce: the two must not share one.)
     if (s->parallel_block) add_inplace(dln1, a->dln, (size_t)N * C);
@@ -180,12 +192,23 @@ double gpt_forward_backward(Activations *a, const Weights *w, Weights *g, const 
 
 // ---- the layers on one rank -------------------------------------------------------------------
 
+// how cfg's rotary embeddings turn
+static Rope model_rope(const GPTConfig *cfg) {
+    return (Rope){.theta = cfg->rope_theta, .factor = cfg->rope_factor, .low_freq_factor = cfg->rope_low_freq_factor,
+                  .high_freq_factor = cfg->rope_high_freq_factor,
+                  .original_max_positions = (float)cfg->rope_original_max_positions};
+}
+
 ModelShape whole_model_shape(const GPTConfig *cfg) {
-    int C = cfg->n_embd;
-    return (ModelShape){.C = C, .C_total = C, .n_head = cfg->n_head, .C_attn = C, .C_mlp = 4 * C,
+    int C = cfg->n_embd, n_kv_head = cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head;
+    const Arch *arch = gpt_arch(cfg);
+    return (ModelShape){.C = C, .C_total = C, .n_head = cfg->n_head, .C_attn = C,
+                        .C_mlp = cfg->ffn_dim ? cfg->ffn_dim : 4 * C,
                         .v_lo = 0, .v_rows = cfg->padded_vocab_size,
-                        .parallel_block = gpt_arch(cfg)->parallel_block,
-                        .rotary_dim = gpt_arch(cfg)->rotary ? cfg->rotary_dim : 0, .rope_theta = cfg->rope_theta,
+                        .parallel_block = arch->parallel_block,
+                        .rotary_dim = arch->rotary ? cfg->rotary_dim : 0, .rope = model_rope(cfg),
+                        .n_kv_head = n_kv_head, .C_kv = n_kv_head * (C / cfg->n_head),
+                        .rms_norm = arch->rms_norm, .norm_eps = cfg->norm_eps, .gated_mlp = arch->gated_mlp,
                         .first_repeat = 0, .n_repeats = cfg->n_experts, .repeat_ranks = 1};
 }
 
@@ -238,14 +261,16 @@ static void serial_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Lin
 static void serial_norm_forward(LayerOps *ops, float *out, float *mean, float *rstd, const float *inp,
                                 const Norm *w, const ModelShape *s, int N) {
     (void)ops;
-    layernorm_forward(out, mean, rstd, inp, w->w, w->b, N, s->C);
+    if (s->rms_norm) rmsnorm_forward(out, rstd, inp, w->w, N, s->C, s->norm_eps);
+    else layernorm_forward(out, mean, rstd, inp, w->w, w->b, N, s->C);
 }
 
 static void serial_norm_backward(LayerOps *ops, float *dinp, Norm *g, const float *dout, const float *inp,
                                  const Norm *w, const float *mean, const float *rstd, const ModelShape *s,
                                  int N) {
     (void)ops;
-    layernorm_backward(dinp, g->w, g->b, dout, inp, w->w, mean, rstd, N, s->C);
+    if (s->rms_norm) rmsnorm_backward(dinp, g->w, dout, inp, w->w, rstd, N, s->C);
+    else layernorm_backward(dinp, g->w, g->b, dout, inp, w->w, mean, rstd, N, s->C);
 }
 
 static void serial_attention_forward(LayerOps *ops, int layer, float *out, float *att, const float *qkv,
@@ -256,13 +281,15 @@ static void serial_attention_forward(LayerOps *ops, int layer, float *out, float
 
 static half16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
 
-// the dense MLP: out = fc_proj(gelu(fc(inp)))
+// the dense MLP: out = fc_proj(gelu(fc(inp))), or with SwiGLU out = down(silu(gate(inp)) * up(inp)),
+// where fc is gate and up side by side
 static void dense_mlp_forward(LayerOps *ops, Activations *a, int l, const BlockWeights *w, int B, int T) {
     const ModelShape *s = &a->spec.shape;
     BlockActs *k = block_acts(a, l);
-    int N = B * T, C = s->C, F = s->C_mlp;
-    ops->linear_forward(ops, LIN_FC, k->fch, block_mlp_input(a, l), mlp_input16(k, s), &w->fc, N, C, F);
-    gelu_forward(k->fch_gelu, k->fch, (size_t)N * F);
+    int N = B * T, C = s->C, F = s->C_mlp, F_fc = s->gated_mlp ? 2 * F : F;
+    ops->linear_forward(ops, LIN_FC, k->fch, block_mlp_input(a, l), mlp_input16(k, s), &w->fc, N, C, F_fc);
+    if (s->gated_mlp) swiglu_forward(k->fch_gelu, k->fch, N, F);
+    else gelu_forward(k->fch_gelu, k->fch, (size_t)N * F);
     ops->linear_forward(ops, LIN_FC_PROJ, k->out, k->fch_gelu, k->fch_gelu16, &w->fc_proj, N, F, C);
 }
 
@@ -270,15 +297,16 @@ static void dense_mlp_backward(LayerOps *ops, Activations *a, int l, float *dinp
                                BlockWeights *g, const float *dout, int B, int T) {
     const ModelShape *s = &a->spec.shape;
     BlockActs *k = block_acts(a, l);
-    int N = B * T, C = s->C, F = s->C_mlp;
+    int N = B * T, C = s->C, F = s->C_mlp, F_fc = s->gated_mlp ? 2 * F : F;
     float *dfch_gelu = a->dbig, *dfch = a->dbig2;
     zero_floats(dfch_gelu, (size_t)N * F);
-    zero_floats(dfch, (size_t)N * F);
+    zero_floats(dfch, (size_t)N * F_fc);
     ops->linear_backward(ops, LIN_FC_PROJ, dfch_gelu, &g->fc_proj, dout, a->dout16, k->fch_gelu,
                          k->fch_gelu16, &w->fc_proj, N, F, C);
-    gelu_backward(dfch, k->fch, dfch_gelu, (size_t)N * F);
+    if (s->gated_mlp) swiglu_backward(dfch, k->fch, dfch_gelu, N, F);
+    else gelu_backward(dfch, k->fch, dfch_gelu, (size_t)N * F);
     ops->linear_backward(ops, LIN_FC, dinp, &g->fc, dfch, a->dout16, block_mlp_input(a, l), mlp_input16(k, s),
-                         &w->fc, N, C, F);
+                         &w->fc, N, C, F_fc);
 }
 
 // a MoE block's MLP is GPTConfig.moe_mlp's (08_mixture_of_experts/moe.c), on one rank

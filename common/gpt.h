@@ -37,6 +37,13 @@ typedef struct {
     int n_embd;             // C
     int rotary_dim;         // rotary position embedding: dims of each head it turns (phi)
     float rope_theta;       // and its base
+    // Llama: grouped-query attention's key/value heads (0: n_head), the MLP's width (0: 4 n_embd),
+    // RMSNorm's epsilon, and Llama 3's rope_scaling (rope_factor 0: none)
+    int n_kv_head;
+    int ffn_dim;
+    float norm_eps;
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_positions;
     // mixture of experts (stage 08, which the checkpoints' config.json describes): the MoE blocks'
     // MLP is n_experts MLPs and a router. The core lays out and runs that MLP only through moe_mlp.
     int n_experts;          // E; 0: every block has its one dense MLP
@@ -70,10 +77,15 @@ typedef enum {
     ROLE_MOE_MLP,   // a MoE block's MLP tensor: its own code reads them (BlockWeights.moe_mlp)
     ROLE_QKV_PART,  // continues the tensor before it: phi's k and v projections follow q's in the
                     // buffer, so that q, k, v make one (3C, C) matrix and one (3C) bias
+    ROLE_FC_PART,   // continues the tensor before it: Llama's up projection follows gate's, so that
+                    // gate and up make one (2F, C) matrix
 } TensorRole;
 
 // a shape's extent, in the config's terms
-typedef enum { DIM_NONE, DIM_C, DIM_3C, DIM_4C, DIM_VOCAB, DIM_POSITIONS, DIM_REPEATS } Dim;
+typedef enum { DIM_NONE, DIM_C, DIM_3C, DIM_4C, DIM_VOCAB, DIM_POSITIONS, DIM_REPEATS,
+               DIM_KV,    // the key/value heads' width: n_kv_head x head size (Llama)
+               DIM_FFN,   // the MLP's width: ffn_dim (Llama)
+} Dim;
 
 typedef enum {
     INIT_NORMAL,    // N(0, 0.02)
@@ -103,10 +115,14 @@ struct Arch {
     bool parallel_block;             // x + attn(ln(x)) + mlp(ln(x)): one LayerNorm, no ln2 (phi)
     bool rotary;                     // rotary position embedding on q and k instead of wpe (phi)
     bool has_moe;                    // its blocks may have a MoE MLP instead (GPT-2's)
+    bool rms_norm;                   // RMSNorm (no mean, no bias) instead of LayerNorm (Llama)
+    bool gated_mlp;                  // SwiGLU: down(silu(gate(x)) * up(x)) instead of GELU (Llama)
 };
 
 extern const Arch ARCH_GPT2;
 extern const Arch ARCH_PHI;
+extern const Arch ARCH_LLAMA;       // untied lm_head (Llama 2, Llama 3.1 8B)
+extern const Arch ARCH_LLAMA_TIED;  // the head is the embedding (tie_word_embeddings: Llama 3.2 1B)
 // cfg's architecture (GPT-2 when cfg->arch is NULL)
 const Arch *gpt_arch(const GPTConfig *cfg);
 
@@ -232,7 +248,11 @@ typedef struct {
     int v_lo, v_rows;  // the vocabulary rows held of wte and the lm_head: [v_lo, v_lo + v_rows)
     bool parallel_block;  // the architecture's block and position encoding (Arch, GPTConfig)
     int rotary_dim;       // 0: no rotary embedding
-    float rope_theta;
+    Rope rope;
+    int n_kv_head, C_kv;  // key/value heads held and their width (n_head, C_attn without GQA)
+    bool rms_norm;        // the architecture's norm (RMSNorm with norm_eps) and MLP (SwiGLU)
+    float norm_eps;
+    bool gated_mlp;
     // a MoE block's repeats (experts) held here, [first_repeat, first_repeat + n_repeats), and the
     // ranks a block's repeats are spread over (1: all here)
     int first_repeat, n_repeats, repeat_ranks;
@@ -291,7 +311,7 @@ typedef struct {
     float *atty;                       // (N, C_attn) attention output before the projection
     float *res2;                       // (N, C) residual after attention
     float *ln2, *ln2_mean, *ln2_rstd;  // (N, C), (N), (N)
-    float *fch, *fch_gelu;             // (N, C_mlp), (N, C_mlp)
+    float *fch, *fch_gelu;             // (N, C_mlp) or, SwiGLU, (N, 2 C_mlp): gate | up; (N, C_mlp)
     float *out;                        // (N, C) block output = residual after the MLP
     // bf16 mode: the four matmul inputs are kept for backward as bf16 copies only (their f32
     // versions above then point to scratch shared by every block)

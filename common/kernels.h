@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "numbers.h"  // KERNEL_FN, the 16-bit formats, the random numbers
+#include "ops.h"      // Rope
 
 // ----------------------------------------------------------------------------------------------
 // small helpers
@@ -276,16 +277,34 @@ KERNEL_FN float gelu_grad(float x) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Rotary position embedding (phi-1_5; Hugging Face's rotate_half layout): within one head, dims
-// i and i + rot_dim/2 (i < rot_dim/2) turn together by the angle pos * theta^(-2i/rot_dim); the
-// dims past rot_dim pass through. The angle is computed in f32 in the order transformers does
-// (inverse frequency first, then times the position), so both give the same rounding.
-// direction -1 turns back by the same angle: a rotation's transpose is its inverse, so that is
-// the backward of direction +1.
-KERNEL_FN void rotary_pair(float *head, int i, int rot_dim, int pos, float theta, float direction) {
+// Rotary position embedding (phi-1_5, Llama; Hugging Face's rotate_half layout): within one head,
+// dims i and i + rot_dim/2 (i < rot_dim/2) turn together by the angle pos * inv_freq(i), with
+// inv_freq(i) = theta^(-2i/rot_dim); the dims past rot_dim pass through. The angle is computed in
+// f32 in the order transformers does (inverse frequency first, then times the position), so both
+// give the same rounding. direction -1 turns back by the same angle: a rotation's transpose is its
+// inverse, so that is the backward of direction +1.
+//
+// Llama 3 stretches the long wavelengths to reach a longer context than it was trained on
+// (rope_scaling {"rope_type": "llama3"}): wavelengths 2 pi / inv_freq longer than
+// original_max_positions / low_freq_factor turn `factor` times slower, those shorter than
+// original_max_positions / high_freq_factor as before, and the ones between blend the two
+// (transformers' _compute_llama3_parameters, in f32 as there).
+KERNEL_FN float rope_inv_freq(int i, int rot_dim, Rope rope) {
+    float inv_freq = 1.0f / powf(rope.theta, (float)(2 * i) / (float)rot_dim);
+    if (rope.factor == 0.0f) return inv_freq;
+    float wavelen = 2.0f * 3.14159265358979f / inv_freq;
+    float low_freq_wavelen = rope.original_max_positions / rope.low_freq_factor;
+    float high_freq_wavelen = rope.original_max_positions / rope.high_freq_factor;
+    if (wavelen > low_freq_wavelen) return inv_freq / rope.factor;
+    if (wavelen < high_freq_wavelen) return inv_freq;
+    float smooth = (rope.original_max_positions / wavelen - rope.low_freq_factor) /
+                   (rope.high_freq_factor - rope.low_freq_factor);
+    return (1.0f - smooth) * inv_freq / rope.factor + smooth * inv_freq;
+}
+
+KERNEL_FN void rotary_pair(float *head, int i, int rot_dim, int pos, Rope rope, float direction) {
     int half = rot_dim / 2;
-    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)rot_dim);
-    float angle = (float)pos * inv_freq;
+    float angle = (float)pos * rope_inv_freq(i, rot_dim, rope);
     float c = cosf(angle), s = direction * sinf(angle);
     float x1 = head[i], x2 = head[i + half];
     head[i] = x1 * c - x2 * s;
@@ -294,13 +313,94 @@ KERNEL_FN void rotary_pair(float *head, int i, int rot_dim, int pos, float theta
 
 // pair p of the rotary work over qkv (B*T rows of 3 C_attn): row, query or key, head, index
 KERNEL_FN void rotary_qkv_pair(float *qkv, const int *start, long p, int T, int C_attn, int NH,
-                               int rot_dim, float theta, float direction) {
+                               int rot_dim, Rope rope, float direction) {
     int half = rot_dim / 2, hs = C_attn / NH;
     int i = (int)(p % half), h = (int)(p / half % NH), qk = (int)(p / half / NH % 2);
     long bt = p / half / NH / 2;
     int pos = (start ? start[bt / T] : 0) + (int)(bt % T);
     float *head = qkv + bt * 3 * C_attn + (size_t)qk * C_attn + (size_t)h * hs;
-    rotary_pair(head, i, rot_dim, pos, theta, direction);
+    rotary_pair(head, i, rot_dim, pos, rope, direction);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Grouped-query attention (Llama): NKV key/value heads, each shared by a group of NH / NKV query
+// heads. A projection row holds q (NH heads) | k (NKV heads) | v (NKV heads); the attention runs
+// on rows of q | k | v with every key and value head repeated for each query head of its group
+// (transformers' repeat_kv), and backward sums a group's gradients back into its one head.
+
+// element c of an expanded (3 C_attn) row, from its projection row (C_attn + 2 NKV hs)
+KERNEL_FN float gqa_expanded_value(const float *proj, int c, int C_attn, int NH, int NKV) {
+    if (c < C_attn) return proj[c];
+    int hs = C_attn / NH, kv = (c - C_attn) / C_attn, h = (c - C_attn) % C_attn / hs, i = c % hs;
+    return proj[C_attn + kv * NKV * hs + h / (NH / NKV) * hs + i];
+}
+
+// element c of a projection row's gradient: the sum over the group's heads of the expanded row's
+KERNEL_FN float gqa_reduced_grad(const float *dexp, int c, int C_attn, int NH, int NKV) {
+    if (c < C_attn) return dexp[c];
+    int hs = C_attn / NH, Ckv = NKV * hs, group = NH / NKV;
+    int kv = (c - C_attn) / Ckv, j = (c - C_attn) % Ckv / hs, i = c % hs;
+    float sum = 0.0f;
+    for (int h = j * group; h < (j + 1) * group; h++) sum += dexp[C_attn + kv * C_attn + h * hs + i];
+    return sum;
+}
+
+// ----------------------------------------------------------------------------------------------
+// RMSNorm (Llama) over one row of C: out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). No
+// mean is taken out and there is no bias. Backward, with norm = x * rstd and dnorm = w * dout:
+//   dx = rstd * (dnorm - norm * mean(dnorm * norm))
+// (LayerNorm's formula without its mean(dnorm) term, which came from subtracting the mean).
+
+KERNEL_FN float rmsnorm_rstd(float sum_sq, int C, float eps) { return 1.0f / sqrtf(sum_sq / (float)C + eps); }
+
+// this lane's share of sum(dnorm * norm) over the row
+KERNEL_FN float rmsnorm_backward_partial(const float *dout, const float *x, const float *w, float rstd, int C,
+                                         int lane, int nlanes) {
+    float s = 0.0f;
+    for (int i = lane; i < C; i += nlanes) s += w[i] * dout[i] * x[i] * rstd;
+    return s;
+}
+
+KERNEL_FN float rmsnorm_dinp(float dout, float x, float w, float rstd, float mean_dnorm_norm) {
+    return rstd * (w * dout - x * rstd * mean_dnorm_norm);
+}
+
+// dweight += dout * norm summed over all N rows, for columns [c0, c1) (a column's owner walks
+// every row, as for LayerNorm)
+KERNEL_FN void rmsnorm_param_grad_columns(float *dweight, const float *dout, const float *inp, const float *rstd,
+                                          int N, int C, int c0, int c1) {
+    for (int n = 0; n < N; n++) {
+        const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+        for (int c = c0; c < c1; c++) dweight[c] += g[c] * x[c] * rstd[n];
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// SwiGLU (Llama's MLP): h = silu(gate) * up, silu(x) = x sigmoid(x) = x / (1 + exp(-x)); a row of
+// the MLP's first projection holds gate (F) | up (F).
+//   d gate = dh * up * silu'(gate), silu'(x) = sigmoid(x) (1 + x (1 - sigmoid(x)));  d up = dh * silu(gate)
+
+KERNEL_FN float silu_value(float x) { return x / (1.0f + expf(-x)); }
+
+KERNEL_FN float silu_grad(float x) {
+    float sig = 1.0f / (1.0f + expf(-x));
+    return sig * (1.0f + x * (1.0f - sig));
+}
+
+// element i = (n, f) of h (N, F) from gate_up (N, 2F)
+KERNEL_FN float swiglu_value(const float *gate_up, size_t i, int F) {
+    size_t n = i / F, f = i % F;
+    const float *row = gate_up + n * 2 * F;
+    return silu_value(row[f]) * row[F + f];
+}
+
+// dgate_up (N, 2F) += the gradient of element i = (n, f) of h, into its gate and its up
+KERNEL_FN void swiglu_grad(float *dgate_up, const float *gate_up, const float *dh, size_t i, int F) {
+    size_t n = i / F, f = i % F;
+    const float *row = gate_up + n * 2 * F;
+    float *drow = dgate_up + n * 2 * F;
+    drow[f] += dh[i] * row[F + f] * silu_grad(row[f]);
+    drow[F + f] += dh[i] * silu_value(row[f]);
 }
 
 // ----------------------------------------------------------------------------------------------

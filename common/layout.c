@@ -1,4 +1,4 @@
-// layout.c: the descriptions of GPT-2 and phi-1_5 (gpt.c runs their block), the layout of their
+// layout.c: the descriptions of GPT-2, phi-1_5 and Llama (gpt.c runs their block), the layout of their
 // parameters in one flat buffer, the named views into it, and their initial values.
 #include "gpt.h"
 
@@ -40,7 +40,7 @@ static const TensorSpec GPT2_BLOCK[] = {
     {"transformer.h.%d.mlp.c_proj.bias", ROLE_FC_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
 };
 
-const Arch ARCH_GPT2 = {"gpt2", GPT2_ROOT, 4, GPT2_BLOCK, 12, true, false, false, true};
+const Arch ARCH_GPT2 = {"gpt2", GPT2_ROOT, 4, GPT2_BLOCK, 12, true, false, false, true, false, false};
 
 // phi-1_5 (Hugging Face PhiForCausalLM): no position embedding (rotary instead), an untied lm_head
 // with a bias, one LayerNorm per block. Its linear layers are nn.Linear, stored (out, in) as ours.
@@ -70,7 +70,31 @@ static const TensorSpec PHI_BLOCK[] = {
     {"model.layers.%d.mlp.fc2.bias", ROLE_FC_PROJ_B, DIM_C, DIM_NONE, INIT_ZEROS, false, false, false},
 };
 
-const Arch ARCH_PHI = {"phi", PHI_ROOT, 5, PHI_BLOCK, 14, false, true, true, false};
+const Arch ARCH_PHI = {"phi", PHI_ROOT, 5, PHI_BLOCK, 14, false, true, true, false, false, false};
+
+// Llama (Hugging Face LlamaForCausalLM): RMSNorms without biases, rotary positions, no biases at
+// all, an lm_head of its own unless tie_word_embeddings. k and v have n_kv_head heads
+// (grouped-query attention); gate and up, like q, k and v, are laid out back to back.
+static const TensorSpec LLAMA_ROOT[] = {
+    {"model.embed_tokens.weight", ROLE_WTE, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.norm.weight", ROLE_LNF_W, DIM_C, DIM_NONE, INIT_ONES, false, false, false},
+    {"lm_head.weight", ROLE_HEAD_W, DIM_VOCAB, DIM_C, INIT_NORMAL, true, false, false},
+};
+
+static const TensorSpec LLAMA_BLOCK[] = {
+    {"model.layers.%d.input_layernorm.weight", ROLE_LN1_W, DIM_C, DIM_NONE, INIT_ONES, false, false, false},
+    {"model.layers.%d.self_attn.q_proj.weight", ROLE_QKV_W, DIM_C, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.self_attn.k_proj.weight", ROLE_QKV_PART, DIM_KV, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.self_attn.v_proj.weight", ROLE_QKV_PART, DIM_KV, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.self_attn.o_proj.weight", ROLE_ATTN_PROJ_W, DIM_C, DIM_C, INIT_RESIDUAL, true, false, false},
+    {"model.layers.%d.post_attention_layernorm.weight", ROLE_LN2_W, DIM_C, DIM_NONE, INIT_ONES, false, false, false},
+    {"model.layers.%d.mlp.gate_proj.weight", ROLE_FC_W, DIM_FFN, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.mlp.up_proj.weight", ROLE_FC_PART, DIM_FFN, DIM_C, INIT_NORMAL, true, false, false},
+    {"model.layers.%d.mlp.down_proj.weight", ROLE_FC_PROJ_W, DIM_C, DIM_FFN, INIT_RESIDUAL, true, false, false},
+};
+
+const Arch ARCH_LLAMA = {"llama", LLAMA_ROOT, 3, LLAMA_BLOCK, 9, false, false, true, false, true, true};
+const Arch ARCH_LLAMA_TIED = {"llama", LLAMA_ROOT, 2, LLAMA_BLOCK, 9, true, false, true, false, true, true};
 
 const Arch *gpt_arch(const GPTConfig *cfg) { return cfg->arch ? cfg->arch : &ARCH_GPT2; }
 
@@ -92,6 +116,8 @@ static int extent(Dim d, const GPTConfig *cfg) {
     case DIM_VOCAB: return cfg->padded_vocab_size;
     case DIM_POSITIONS: return cfg->max_seq_len;
     case DIM_REPEATS: return cfg->n_experts;
+    case DIM_KV: return (cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head) * (cfg->n_embd / cfg->n_head);
+    case DIM_FFN: return cfg->ffn_dim;
     case DIM_NONE: break;
     }
     return 0;
@@ -281,6 +307,7 @@ static float **block_slot(BlockWeights *bw, const TensorInfo *t) {
         if (!bw->moe_mlp) fatal("internal: tensor %s of a MoE block pointed without room for it", t->name);
         return &bw->moe_mlp[t->moe_slot];
     case ROLE_QKV_PART: return NULL;  // reached through the q tensor before it
+    case ROLE_FC_PART: return NULL;   // reached through the gate tensor before it
     default: fatal("internal: tensor role %d is not a block's", (int)t->role);
     }
 }

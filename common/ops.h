@@ -133,6 +133,24 @@ void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const f
                               const float *inp, const float *weight, const float *mean,
                               const float *rstd, const float *sums, int N, int C, int C_total);
 
+// RMSNorm (Llama): out (N, C) = inp * rstd * weight, rstd (N) = 1/sqrt(mean(inp^2) + eps), saved
+// for backward; no mean taken out, no bias
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps);
+// dinp (N, C) +=, dweight (C) +=
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                      const float *rstd, int N, int C);
+// RMSNorm over rows split into shards of C columns (the full row has C_total), as LayerNorm's
+// above: sum_sq (N) = this shard's row sums of inp^2; add over shards, then forward_stats
+// normalises with rstd = 1/sqrt(sum_sq/C_total + eps). Backward: sums (N) = this shard's row sums
+// of dnorm * norm; add over shards, then backward_stats: dinp (N, C) +=, dweight (C) +=.
+void rmsnorm_row_sums(float *sum_sq, const float *inp, int N, int C);
+void rmsnorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight, const float *sum_sq,
+                           int N, int C, int C_total, float eps);
+void rmsnorm_backward_row_sums(float *sums, const float *dout, const float *inp, const float *weight,
+                               const float *rstd, int N, int C);
+void rmsnorm_backward_stats(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                            const float *rstd, const float *sums, int N, int C, int C_total);
+
 // ----------------------------------------------------------------------------------------------
 // attention
 
@@ -160,17 +178,34 @@ void attention_cached_forward(float *out, float *scores, const float *qkv, const
                               const float *v_cache, const int *start, int B, int T, int C, int NH,
                               int maxT);
 
+// grouped-query attention (Llama): NKV key and value heads, each serving NH / NKV query heads.
+// qkv (N, 3 C_attn) = the projection proj (N, C_attn + 2 NKV hs) with each key and value head
+// repeated for every query head of its group, so that attention_forward runs it as NH heads
+void gqa_expand(float *qkv, const float *proj, int N, int C_attn, int NH, int NKV);
+// dproj (N, C_attn + 2 NKV hs) = dqkv (N, 3 C_attn) with each group's key and value gradients summed
+void gqa_reduce(float *dproj, const float *dqkv, int N, int C_attn, int NH, int NKV);
+
 // ----------------------------------------------------------------------------------------------
 // element-wise
 
+// how rotary embeddings turn: base theta, and Llama 3's stretch of the long wavelengths (its
+// rope_scaling; factor 0: none)
+typedef struct {
+    float theta;
+    float factor, low_freq_factor, high_freq_factor, original_max_positions;
+} Rope;
 // rotary position embedding on the queries and keys of qkv (B, T, 3 C_attn), in place: the first
 // rot_dim dims of each of the NH heads, at positions t (or start[b] + t, start on the device)
-void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta);
+void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, Rope rope);
 // its backward on dqkv, in place (the inverse rotation)
-void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta);
+void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, Rope rope);
 // GELU, tanh approximation (GPT-2's "gelu_new"); dinp += dout * gelu'(inp)
 void gelu_forward(float *out, const float *inp, size_t n);
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+// SwiGLU (Llama's MLP): h (N, F) = silu(gate) * up, gate_up (N, 2F) holding gate | up per row;
+// dgate_up (N, 2F) += its gradient
+void swiglu_forward(float *h, const float *gate_up, int N, int F);
+void swiglu_backward(float *dgate_up, const float *gate_up, const float *dh, int N, int F);
 
 void add_forward(float *out, const float *a, const float *b, size_t n);  // out = a + b
 void add_inplace(float *acc, const float *x, size_t n);                  // acc += x

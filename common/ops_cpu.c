@@ -851,6 +851,90 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
     }
 }
 
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float r = rmsnorm_rstd(row_partial_sqdev(x, 0.0f, C, 0, 1), C, eps);
+        for (int c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+        rstd[n] = r;
+    }
+}
+
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                      const float *rstd, int N, int C) {
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            float mean_dnorm_norm = rmsnorm_backward_partial(g, x, weight, rstd[n], C, 0, 1) / (float)C;
+            for (int c = 0; c < C; c++) dx[c] += rmsnorm_dinp(g[c], x[c], weight[c], rstd[n], mean_dnorm_norm);
+        }
+        int c0, c1;
+        column_block(C, &c0, &c1);
+        rmsnorm_param_grad_columns(dweight, dout, inp, rstd, N, C, c0, c1);
+    }
+}
+
+void rmsnorm_row_sums(float *sum_sq, const float *inp, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) sum_sq[n] = row_partial_sqdev(inp + (size_t)n * C, 0.0f, C, 0, 1);
+}
+
+void rmsnorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight, const float *sum_sq,
+                           int N, int C, int C_total, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float r = rmsnorm_rstd(sum_sq[n], C_total, eps);
+        for (int c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+        rstd[n] = r;
+    }
+}
+
+void rmsnorm_backward_row_sums(float *sums, const float *dout, const float *inp, const float *weight,
+                               const float *rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        sums[n] = rmsnorm_backward_partial(dout + (size_t)n * C, inp + (size_t)n * C, weight, rstd[n], C, 0, 1);
+}
+
+void rmsnorm_backward_stats(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                            const float *rstd, const float *sums, int N, int C, int C_total) {
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            for (int c = 0; c < C; c++) dx[c] += rmsnorm_dinp(g[c], x[c], weight[c], rstd[n], sums[n] / (float)C_total);
+        }
+        int c0, c1;
+        column_block(C, &c0, &c1);
+        rmsnorm_param_grad_columns(dweight, dout, inp, rstd, N, C, c0, c1);
+    }
+}
+
+void gqa_expand(float *qkv, const float *proj, int N, int C_attn, int NH, int NKV) {
+    int width = C_attn + 2 * (C_attn / NH) * NKV;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < 3 * C_attn; c++)
+            qkv[(size_t)n * 3 * C_attn + c] = gqa_expanded_value(proj + (size_t)n * width, c, C_attn, NH, NKV);
+}
+
+void gqa_reduce(float *dproj, const float *dqkv, int N, int C_attn, int NH, int NKV) {
+    int width = C_attn + 2 * (C_attn / NH) * NKV;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < width; c++)
+            dproj[(size_t)n * width + c] = gqa_reduced_grad(dqkv + (size_t)n * 3 * C_attn, c, C_attn, NH, NKV);
+}
+
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     // one task per (sequence, head, query); a query t row costs ~t, so hand them out in an
     // interleaved order (schedule static,1) to keep the threads' loads even
@@ -904,19 +988,31 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * gelu_grad(inp[i]);
 }
 
+void swiglu_forward(float *h, const float *gate_up, int N, int F) {
+    size_t n = (size_t)N * F;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) h[i] = swiglu_value(gate_up, i, F);
+}
+
+void swiglu_backward(float *dgate_up, const float *gate_up, const float *dh, int N, int F) {
+    size_t n = (size_t)N * F;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) swiglu_grad(dgate_up, gate_up, dh, i, F);
+}
+
 static void rotary_apply(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim,
-                         float theta, float direction) {
+                         Rope rope, float direction) {
     long pairs = (long)B * T * 2 * NH * (rot_dim / 2);
 #pragma omp parallel for schedule(static)
-    for (long p = 0; p < pairs; p++) rotary_qkv_pair(qkv, start, p, T, C_attn, NH, rot_dim, theta, direction);
+    for (long p = 0; p < pairs; p++) rotary_qkv_pair(qkv, start, p, T, C_attn, NH, rot_dim, rope, direction);
 }
 
-void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta) {
-    rotary_apply(qkv, start, B, T, C_attn, NH, rot_dim, theta, 1.0f);
+void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, Rope rope) {
+    rotary_apply(qkv, start, B, T, C_attn, NH, rot_dim, rope, 1.0f);
 }
 
-void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta) {
-    rotary_apply(dqkv, start, B, T, C_attn, NH, rot_dim, theta, -1.0f);
+void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, Rope rope) {
+    rotary_apply(dqkv, start, B, T, C_attn, NH, rot_dim, rope, -1.0f);
 }
 
 void add_forward(float *out, const float *a, const float *b, size_t n) {

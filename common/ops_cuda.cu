@@ -1016,6 +1016,131 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
     layernorm_param_grads(dweight, dbias, dout, inp, mean, rstd, N, C);
 }
 
+// RMSNorm: a warp per row, as LayerNorm's
+static __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp, const float *weight, int N,
+                                              int C, float eps) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;  // whole warps only
+    const float *x = inp + (size_t)row * C;
+    float *o = out + (size_t)row * C;
+    float r = rmsnorm_rstd(warp_reduce(row_partial_sqdev(x, 0.0f, C, lane, 32), SumOp()), C, eps);
+    for (int c = lane; c < C; c += 32) o[c] = x[c] * r * weight[c];
+    if (lane == 0) rstd[row] = r;
+}
+
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_forward_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, out, rstd, inp, weight, N, C,
+           eps);
+}
+
+// sums NULL: the whole row's, reduced here; else sums[row] / C_total (a shard's, added over shards)
+static __global__ void rmsnorm_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *weight,
+                                           const float *rstd, const float *sums, int N, int C, int C_total) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;  // whole warps only
+    const float *gr = dout + (size_t)row * C, *x = inp + (size_t)row * C;
+    float *dx = dinp + (size_t)row * C;
+    float r = rstd[row];
+    float mean_dnorm_norm = sums ? sums[row] / (float)C_total
+                                 : warp_reduce(rmsnorm_backward_partial(gr, x, weight, r, C, lane, 32), SumOp()) /
+                                       (float)C;
+    for (int c = lane; c < C; c += 32) dx[c] += rmsnorm_dinp(gr[c], x[c], weight[c], r, mean_dnorm_norm);
+}
+
+static __global__ void rmsnorm_row_sums_kernel(float *sums, const float *dout, const float *inp, const float *weight,
+                                               const float *rstd, int N, int C) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;  // whole warps only
+    const float *x = inp + (size_t)row * C;
+    // dout NULL: the sum of squares (forward); else the sum of dnorm * norm (backward)
+    float s = dout ? rmsnorm_backward_partial(dout + (size_t)row * C, x, weight, rstd[row], C, lane, 32)
+                   : row_partial_sqdev(x, 0.0f, C, lane, 32);
+    s = warp_reduce(s, SumOp());
+    if (lane == 0) sums[row] = s;
+}
+
+static __global__ void rmsnorm_normalize_kernel(float *out, float *rstd, const float *inp, const float *weight,
+                                                const float *sum_sq, int N, int C, int C_total, float eps) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    int n = (int)(i / C), c = (int)(i % C);
+    float r = rmsnorm_rstd(sum_sq[n], C_total, eps);
+    out[i] = inp[i] * r * weight[c];
+    if (c == 0) rstd[n] = r;
+}
+
+void rmsnorm_row_sums(float *sum_sq, const float *inp, int N, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_row_sums_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, sum_sq, (const float *)NULL,
+           inp, (const float *)NULL, (const float *)NULL, N, C);
+}
+
+void rmsnorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight, const float *sum_sq,
+                           int N, int C, int C_total, float eps) {
+    if (N <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_normalize_kernel, blocks_for((size_t)N * C, THREADS), THREADS, 0, out, rstd, inp, weight, sum_sq,
+           N, C, C_total, eps);
+}
+
+void rmsnorm_backward_row_sums(float *sums, const float *dout, const float *inp, const float *weight,
+                               const float *rstd, int N, int C) {
+    if (N <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_row_sums_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, sums, dout, inp, weight, rstd,
+           N, C);
+}
+
+static __global__ void rmsnorm_param_chunks_kernel(float *pw, const float *dout, const float *inp, const float *rstd,
+                                                   int N, int C) {
+    int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)nchunks * C) return;
+    int chunk = (int)(i / C), c = (int)(i % C);
+    int n0 = chunk * ROWS_PER_CHUNK, rows = N - n0 < ROWS_PER_CHUNK ? N - n0 : ROWS_PER_CHUNK;
+    rmsnorm_param_grad_columns(pw + (size_t)chunk * C, dout + (size_t)n0 * C, inp + (size_t)n0 * C, rstd + n0, rows,
+                               C, c, c + 1);
+}
+
+static __global__ void rmsnorm_param_sum_kernel(float *dweight, const float *pw, int nchunks, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    column_sums(dweight, pw, nchunks, C, c, c + 1);
+}
+
+static void rmsnorm_param_grads(float *dweight, const float *dout, const float *inp, const float *rstd, int N, int C) {
+    int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+    size_t part = (size_t)nchunks * C;
+    float *pw = (float *)scratch(part * sizeof(float));
+    CUDA_CHECK(cudaMemsetAsync(pw, 0, part * sizeof(float), g.stream));
+    LAUNCH(rmsnorm_param_chunks_kernel, blocks_for(part, THREADS), THREADS, 0, pw, dout, inp, rstd, N, C);
+    LAUNCH(rmsnorm_param_sum_kernel, blocks_for((size_t)C, THREADS), THREADS, 0, dweight, pw, nchunks, C);
+}
+
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                      const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout, inp, weight, rstd,
+           (const float *)NULL, N, C, C);
+    rmsnorm_param_grads(dweight, dout, inp, rstd, N, C);
+}
+
+void rmsnorm_backward_stats(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                            const float *rstd, const float *sums, int N, int C, int C_total) {
+    if (N <= 0 || C <= 0) return;
+    ensure_init();
+    LAUNCH(rmsnorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout, inp, weight, rstd, sums,
+           N, C, C_total);
+    rmsnorm_param_grads(dweight, dout, inp, rstd, N, C);
+}
+
 // ----------------------------------------------------------------------------------------------
 // attention, tiled: kernels.h's block functions in FlashAttention-2's shape (on the CUDA cores,
 // in f32). A block of ATT_WARPS warps keeps ATT_ROWS rows of one (sequence, head) in shared
@@ -1279,8 +1404,28 @@ static __global__ void gelu_backward_kernel(float *dinp, const float *inp, const
 }
 
 static __global__ void rotary_kernel(float *qkv, const int *start, size_t pairs, int T, int C_attn, int NH,
-                                     int rot_dim, float theta, float direction) {
-    GRID_STRIDE(p, pairs) rotary_qkv_pair(qkv, start, (long)p, T, C_attn, NH, rot_dim, theta, direction);
+                                     int rot_dim, Rope rope, float direction) {
+    GRID_STRIDE(p, pairs) rotary_qkv_pair(qkv, start, (long)p, T, C_attn, NH, rot_dim, rope, direction);
+}
+
+static __global__ void swiglu_forward_kernel(float *h, const float *gate_up, size_t n, int F) {
+    GRID_STRIDE(i, n) h[i] = swiglu_value(gate_up, i, F);
+}
+
+static __global__ void swiglu_backward_kernel(float *dgate_up, const float *gate_up, const float *dh, size_t n,
+                                              int F) {
+    GRID_STRIDE(i, n) swiglu_grad(dgate_up, gate_up, dh, i, F);
+}
+
+static __global__ void gqa_expand_kernel(float *qkv, const float *proj, size_t n, int C_attn, int NH, int NKV) {
+    int width = C_attn + 2 * (C_attn / NH) * NKV;
+    GRID_STRIDE(i, n) qkv[i] = gqa_expanded_value(proj + i / (3 * C_attn) * width, (int)(i % (3 * C_attn)), C_attn,
+                                                 NH, NKV);
+}
+
+static __global__ void gqa_reduce_kernel(float *dproj, const float *dqkv, size_t n, int C_attn, int NH, int NKV) {
+    int width = C_attn + 2 * (C_attn / NH) * NKV;
+    GRID_STRIDE(i, n) dproj[i] = gqa_reduced_grad(dqkv + i / width * 3 * C_attn, (int)(i % width), C_attn, NH, NKV);
 }
 
 static __global__ void add_kernel(float *out, const float *a, const float *b, size_t n) {
@@ -1307,21 +1452,49 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     LAUNCH(gelu_backward_kernel, grid_for(n), THREADS, 0, dinp, inp, dout, n);
 }
 
+void swiglu_forward(float *h, const float *gate_up, int N, int F) {
+    size_t n = (size_t)N * F;
+    if (!n) return;
+    ensure_init();
+    LAUNCH(swiglu_forward_kernel, grid_for(n), THREADS, 0, h, gate_up, n, F);
+}
+
+void swiglu_backward(float *dgate_up, const float *gate_up, const float *dh, int N, int F) {
+    size_t n = (size_t)N * F;
+    if (!n) return;
+    ensure_init();
+    LAUNCH(swiglu_backward_kernel, grid_for(n), THREADS, 0, dgate_up, gate_up, dh, n, F);
+}
+
+void gqa_expand(float *qkv, const float *proj, int N, int C_attn, int NH, int NKV) {
+    size_t n = (size_t)N * 3 * C_attn;
+    if (!n) return;
+    ensure_init();
+    LAUNCH(gqa_expand_kernel, grid_for(n), THREADS, 0, qkv, proj, n, C_attn, NH, NKV);
+}
+
+void gqa_reduce(float *dproj, const float *dqkv, int N, int C_attn, int NH, int NKV) {
+    size_t n = (size_t)N * (C_attn + 2 * (C_attn / NH) * NKV);
+    if (!n) return;
+    ensure_init();
+    LAUNCH(gqa_reduce_kernel, grid_for(n), THREADS, 0, dproj, dqkv, n, C_attn, NH, NKV);
+}
+
 static void rotary_apply(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim,
-                         float theta, float direction) {
+                         Rope rope, float direction) {
     size_t pairs = (size_t)B * T * 2 * NH * (rot_dim / 2);
     if (!pairs) return;
     ensure_init();
-    LAUNCH(rotary_kernel, grid_for(pairs), THREADS, 0, qkv, start, pairs, T, C_attn, NH, rot_dim, theta,
+    LAUNCH(rotary_kernel, grid_for(pairs), THREADS, 0, qkv, start, pairs, T, C_attn, NH, rot_dim, rope,
            direction);
 }
 
-void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta) {
-    rotary_apply(qkv, start, B, T, C_attn, NH, rot_dim, theta, 1.0f);
+void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, Rope rope) {
+    rotary_apply(qkv, start, B, T, C_attn, NH, rot_dim, rope, 1.0f);
 }
 
-void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, float theta) {
-    rotary_apply(dqkv, start, B, T, C_attn, NH, rot_dim, theta, -1.0f);
+void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, Rope rope) {
+    rotary_apply(dqkv, start, B, T, C_attn, NH, rot_dim, rope, -1.0f);
 }
 
 // ----------------------------------------------------------------------------------------------

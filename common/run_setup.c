@@ -21,6 +21,17 @@ static void phi_rotary_defaults(GPTConfig *mc) {
     mc->rope_theta = 10000.0f;
 }
 
+// a Llama trained from scratch: rotary over each whole head (base 10000), RMSNorm's epsilon 1e-5,
+// grouped-query attention with n_kv_head heads, an lm_head of its own
+static void llama_defaults(GPTConfig *mc, const Config *cfg) {
+    mc->arch = &ARCH_LLAMA;
+    mc->rotary_dim = mc->n_embd / mc->n_head;
+    mc->rope_theta = 10000.0f;
+    mc->norm_eps = 1e-5f;
+    mc->n_kv_head = cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head;
+    mc->ffn_dim = cfg->intermediate_size ? cfg->intermediate_size : 4 * cfg->n_embd;
+}
+
 // the experts' routing as the run trains it (capacity_factor and aux_loss_coef are the run's)
 static void moe_training_settings(GPTConfig *mc, const Config *cfg) {
     mc->capacity_factor = (float)cfg->capacity_factor;
@@ -66,6 +77,7 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
     mc.moe_every = cfg->moe_every;
     moe_training_settings(&mc, cfg);
     if (strcmp(cfg->arch, "phi") == 0) phi_rotary_defaults(&mc);
+    if (strcmp(cfg->arch, "llama") == 0) llama_defaults(&mc, cfg);
     return mc;
 }
 

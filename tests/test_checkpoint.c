@@ -691,7 +691,7 @@ static void test_hostile_configs(void) {
         {"relu", "{\"n_embd\": 8, \"n_layer\": 2, \"n_head\": 2, \"vocab_size\": 50, \"n_ctx\": 16, \"activation_function\": \"relu\"}", "\"activation_function\" must be \"gelu_new\""},
         {"n_inner", "{\"n_embd\": 8, \"n_layer\": 2, \"n_head\": 2, \"vocab_size\": 50, \"n_ctx\": 16, \"n_inner\": 16}", "\"n_inner\" must be null or 4 * n_embd = 32"},
         {"eps", "{\"n_embd\": 8, \"n_layer\": 2, \"n_head\": 2, \"vocab_size\": 50, \"n_ctx\": 16, \"layer_norm_epsilon\": 1e-6}", "\"layer_norm_epsilon\" must be 1e-5"},
-        {"model type", "{\"n_embd\": 8, \"n_layer\": 2, \"n_head\": 2, \"vocab_size\": 50, \"n_ctx\": 16, \"model_type\": \"llama\"}", "\"model_type\" must be \"gpt2\""},
+        {"model type", "{\"n_embd\": 8, \"n_layer\": 2, \"n_head\": 2, \"vocab_size\": 50, \"n_ctx\": 16, \"model_type\": \"gpt_neox\"}", "\"model_type\" must be \"gpt2\""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         write_bytes(f, cases[i].json, strlen(cases[i].json));

@@ -206,26 +206,30 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     // phi's parallel block has one LayerNorm, GPT-2's two; phi's lm_head is not wte, so its
     // gradient is reduce-scattered apart from the embedding's (two head gradients, not one)
     double block_norms = gpt_arch(s->mc)->parallel_block ? 1 : 2, head_grads = gpt_arch(s->mc)->tied_head ? 1 : 2;
+    // a LayerNorm all-reduces 2 row statistics forward (2 calls) and 2 backward (1 call); Llama's
+    // RMSNorm one forward and one backward
+    bool rms = gpt_arch(s->mc)->rms_norm;
+    double norm_fwd = rms ? 1 : 2, norm_floats = rms ? 2 : 4;
     bool vp = s->cfg->vocab_parallel_loss, overlap = s->cfg->overlap_communication;
     double y_rows = L * (m.qkv.out_local + m.fc.out_local + m.proj.in_local + m.fcproj.in_local) +
-                    m.head.out_local + 4 * (block_norms * L + 1);
+                    m.head.out_local + norm_floats * (block_norms * L + 1);
     double x_rows = L * (m.proj.out_local + m.fcproj.out_local + m.qkv.in_local + m.fc.in_local) + m.Cy +
                     m.head.in_local + (vp ? 2 : 0);
     double x_gather = vp ? X : (double)X * m.Vl;
     double blocks = (double)(m.qkv.block + m.proj.block + m.fc.block + m.fcproj.block), wte = (double)m.head.block;
     double gathers = wte * fl + (2 * wte + 2 * L * blocks) * (s->half ? sizeof(half16) : fl);
-    // calls per block: y 4 for the linears and 3 per LayerNorm, x 4, z 8 gathers
-    double y_calls = 4 + 3 * block_norms, x_calls = 4, z_gathers = 8;
+    // calls per block: y 4 for the linears and 3 per LayerNorm (2 per RMSNorm), x 4, z 8 gathers
+    double y_calls = 4 + (norm_fwd + 1) * block_norms, x_calls = 4, z_gathers = 8;
     // recomputation runs every block's forward again in backward: its y all-reduces (qkv and fc
     // outputs, each LayerNorm's 2 statistics), x all-reduces (both projections) and z gathers
     if (s->flags & ACTS_RECOMPUTE) {
-        y_rows += L * (m.qkv.out_local + m.fc.out_local + 2 * block_norms);
+        y_rows += L * (m.qkv.out_local + m.fc.out_local + norm_fwd * block_norms);
         x_rows += L * (m.proj.out_local + m.fcproj.out_local);
         gathers += L * blocks * (s->half ? sizeof(half16) : fl);
-        y_calls += 2 + 2 * block_norms, x_calls += 2, z_gathers += 4;
+        y_calls += 2 + norm_fwd * block_norms, x_calls += 2, z_gathers += 4;
     }
     // ranks: y fastest, then x, z, data (tp_linear.h); calls: the stage's, for the latency term
-    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(y_calls * L + 4), Y, 1, false);
+    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(y_calls * L + norm_fwd + 2), Y, 1, false);
     add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)(x_calls * L + 3), X, Y, false);
     add_comm(p, "x", "all-gather", acc * N * x_gather * fl, acc, X, Y, false);
     add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + z_gathers * L), Z, X * Y, overlap);

@@ -1,0 +1,188 @@
+"""The transformers side of tests/test_llama_oracle.sh.
+
+usage: PYTHON tests/oracle_llama.py OUR_BINARY WORKDIR   (PYTHON: a venv with transformers 4.49.0)
+
+Builds transformers' LlamaForCausalLM offline from a tiny random LlamaConfig with grouped-query
+attention (2 key/value heads for 4 query heads; eager attention, RMSNorm weights random too, so a
+misplaced one shows), saves it with save_pretrained, runs `OUR_BINARY --oracle WORKDIR/ckpt`
+(tests/test_llama.c, tests/oracle_step.h) on it and compares: our logits, one training step's
+loss, per-tensor gradient norms, the weights after one AdamW step, and a checkpoint we saved loaded
+back into transformers; our logits from fp16 and bf16 copies saved in shards
+(model.safetensors.index.json); our logits for a tied-embedding model with Llama 3's
+rope_scaling; and that configs with what we do not implement are refused by name. Prints
+"ok: ..." or "FAIL: ..." per check.
+"""
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+# the AdamW step of tests/oracle_step.h (ORACLE_*)
+LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-8, 0.1
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    print(("ok: " if cond else "FAIL: ") + what)
+    failures += 0 if cond else 1
+
+
+def tiny_llama(**overrides):
+    torch.manual_seed(0)
+    # vocab 300: not a multiple of 128, so our padding rows are exercised
+    settings = dict(vocab_size=300, hidden_size=32, intermediate_size=88, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                    rope_theta=10000.0, rms_norm_eps=1e-5, attention_dropout=0.0, tie_word_embeddings=False,
+                    attn_implementation="eager")
+    settings.update(overrides)
+    model = LlamaForCausalLM(LlamaConfig(**settings)).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # the RMSNorms' weights
+                p.copy_(torch.randn_like(p) * 0.1 + 1.0)
+            else:
+                p.copy_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def close(ours, theirs, rtol, atol):
+    return np.allclose(ours, theirs, rtol=rtol, atol=atol)
+
+
+def run_ours(binary, ckpt, x, y):
+    """tokens.bin into ckpt, then our --oracle run there; True when it succeeded"""
+    B, T = x.shape
+    np.concatenate([[B, T], x.flatten().numpy(), y.flatten().numpy()]).astype(np.int32).tofile(
+        os.path.join(ckpt, "tokens.bin"))
+    run = subprocess.run([binary, "--oracle", ckpt], capture_output=True, text=True)
+    check(run.returncode == 0, f"our --oracle run on {os.path.basename(ckpt)} exits 0 ({run.stderr.strip()[-300:]})")
+    return run.returncode == 0
+
+
+def our_logits(ckpt, x):
+    B, T = x.shape
+    return np.fromfile(os.path.join(ckpt, "logits.bin"), dtype=np.float32).reshape(B, T, -1)
+
+
+def check_logits(binary, work, name, model, x, y):
+    ckpt = os.path.join(work, name)
+    model.save_pretrained(ckpt, safe_serialization=True)
+    if run_ours(binary, ckpt, x, y):
+        ours, theirs = our_logits(ckpt, x), model(input_ids=x.long()).logits.detach().numpy()
+        check(close(ours, theirs, 1e-5, 1e-5),
+              f"{name}: logits equal transformers' (max |diff| {float(np.abs(ours - theirs).max()):.3g})")
+
+
+def check_stored_dtypes(binary, work, model, x, y):
+    """fp16 and bf16 files, in shards with model.safetensors.index.json: our logits equal those of
+    transformers' model with the weights rounded the same way"""
+    for dtype in (torch.float16, torch.bfloat16):
+        ckpt = os.path.join(work, str(dtype).split(".")[1])
+        rounded = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in rounded.parameters():
+                p.copy_(p.to(dtype).float())
+        copy.deepcopy(model).to(dtype).save_pretrained(ckpt, safe_serialization=True, max_shard_size="20KB")
+        shards = [f for f in os.listdir(ckpt) if f.endswith(".safetensors")]
+        check(len(shards) > 1 and os.path.exists(os.path.join(ckpt, "model.safetensors.index.json")),
+              f"transformers saved {dtype} in {len(shards)} shards with an index")
+        if not run_ours(binary, ckpt, x, y):
+            continue
+        ours, theirs = our_logits(ckpt, x), rounded(input_ids=x.long()).logits.detach().numpy()
+        check(close(ours, theirs, 1e-5, 1e-5),
+              f"{dtype} shards: logits equal transformers' (max |diff| {float(np.abs(ours - theirs).max()):.3g})")
+
+
+def check_refused(binary, work, model, x, y):
+    """a config.json asking for what we do not implement: refused, naming the key"""
+    cases = [("rope_scaling", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                "original_max_position_embeddings": 64}}),
+             ("sliding_window", {"sliding_window": 16}), ("attention_bias", {"attention_bias": True}),
+             ("mlp_bias", {"mlp_bias": True}), ("hidden_act", {"hidden_act": "gelu"}),
+             ("num_key_value_heads", {"num_key_value_heads": 3})]
+    for key, change in cases:
+        ckpt = os.path.join(work, "refused_" + key)
+        model.save_pretrained(ckpt, safe_serialization=True)
+        path = os.path.join(ckpt, "config.json")
+        cfg = json.load(open(path))
+        cfg.update(change)
+        json.dump(cfg, open(path, "w"))
+        B, T = x.shape
+        np.concatenate([[B, T], x.flatten().numpy(), y.flatten().numpy()]).astype(np.int32).tofile(
+            os.path.join(ckpt, "tokens.bin"))
+        run = subprocess.run([binary, "--oracle", ckpt], capture_output=True, text=True)
+        check(run.returncode != 0 and key in run.stderr and "config.json" in run.stderr,
+              f"a config.json with {change} is refused by name ({run.stderr.strip()[-200:]})")
+
+
+def main():
+    binary, work = sys.argv[1], sys.argv[2]
+    ckpt = os.path.join(work, "ckpt")
+    model = tiny_llama()
+    model.save_pretrained(ckpt, safe_serialization=True)
+    B, T, V = 2, 24, model.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
+    y = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
+    check_stored_dtypes(binary, work, model, x, y)
+    # head_dim 8: frequencies 1, 0.1, 0.01, 0.001, whose wavelengths (6.3 to 6283) straddle both of
+    # Llama 3's bounds at original_max_position_embeddings 64 (64 / 4 = 16 and 64 / 1 = 64)
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    check_logits(binary, work, "tied_llama3", tiny_llama(tie_word_embeddings=True, rope_scaling=llama3), x, y)
+    check_refused(binary, work, model, x, y)
+    if not run_ours(binary, ckpt, x, y):
+        return
+
+    ours = our_logits(ckpt, x)
+    logits = model(input_ids=x.long()).logits
+    theirs = logits.detach().numpy()
+    diff = float(np.abs(ours - theirs).max())
+    check(close(ours, theirs, 1e-5, 1e-5), f"logits equal transformers' (max |diff| {diff:.3g})")
+
+    grads = json.load(open(os.path.join(ckpt, "grads.json")))
+    loss = F.cross_entropy(logits.reshape(-1, V), y.flatten().long())
+    check(abs(grads["loss"] - loss.item()) <= 1e-5 * abs(loss.item()),
+          f"loss {grads['loss']:.9g} = transformers' {loss.item():.9g}")
+    model.train()
+    model.zero_grad()
+    loss = F.cross_entropy(model(input_ids=x.long()).logits.reshape(-1, V), y.flatten().long())
+    loss.backward()
+    bad = [n for n, p in model.named_parameters()
+           if abs(grads[n] - p.grad.norm().item()) > 1e-5 * p.grad.norm().item() + 1e-7]
+    check(not bad and len(grads) == 1 + len(list(model.parameters())),
+          f"per-tensor gradient norms equal transformers' ({len(grads) - 1} tensors; differ: {bad[:3]})")
+
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS)
+    # Adam's first step moves each weight by about lr * sign(grad): a gradient that is zero in
+    # exact arithmetic is rounding noise in both implementations, its sign a coin toss. Those
+    # elements are left out of the comparison (and counted).
+    noise = {n: (p.grad.abs() < 1e-7).numpy() for n, p in model.named_parameters()}
+    opt.step()
+    stepped = load_file(os.path.join(ckpt, "stepped", "model.safetensors"))
+    bad = [n for n, p in model.named_parameters()
+           if not close(stepped[n].numpy()[~noise[n]], p.detach().numpy()[~noise[n]], 1e-4, 1e-6)]
+    skipped = {n: int(m.sum()) for n, m in noise.items() if m.any()}
+    check(not bad,
+          f"weights after one AdamW step equal transformers' (differ: {bad[:3]}; zero-gradient elements "
+          f"left out: {skipped})")
+
+    resaved = LlamaForCausalLM.from_pretrained(os.path.join(ckpt, "resaved"), attn_implementation="eager").eval()
+    again = resaved(input_ids=x.long()).logits.detach().numpy()
+    check(close(ours, again, 1e-5, 1e-5), "a checkpoint we saved loads in transformers with our logits")
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(1 if failures else 0)
