@@ -424,11 +424,11 @@ static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
     if (cfg->serve) snprintf(what, sizeof what, "requests");
     else if (cfg->eval_accuracy) snprintf(what, sizeof what, "held-out records");
     else snprintf(what, sizeof what, "%d prompts", n_prompts);
-    printf("%s in batches of up to %d | %s | context %d | KV cache %s (%.2f MiB per rank) | "
-           "precision %s\n", what, cfg->max_batch_size,
+    printf("%s in batches of up to %d | %s | context %d | KV cache %s (%.2f MiB per rank: %d blocks of %d "
+           "positions) | precision %s\n", what, cfg->max_batch_size,
            cfg->temperature > 0 ? "sampling" : "greedy", m->maxT,
            cfg->kv_cache ? "on" : "off: every step recomputes the whole text",
-           cfg->kv_cache ? kv_cache_bytes(&m->cache) / 1048576.0 : 0.0,
+           cfg->kv_cache ? kv_cache_bytes(&m->cache) / 1048576.0 : 0.0, m->cache.n_blocks, m->cache.block_size,
            cfg->precision);
     if (cfg->temperature > 0)
         printf("sampling: temperature %g, top_k %d, top_p %g, seed %d\n", cfg->temperature,
@@ -487,9 +487,13 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_prompts; i++) longest = r[i].n_ids > longest ? r[i].n_ids : longest;
 
     KVModel m;  // one device: the cache around the serial layers; a grid: around stage 05's
-    if (comm_size(world) == 1) kv_model_alloc(&m, &mc, cfg.max_batch_size, longest, maxT, config_is_half(&cfg));
-    else kv_model_alloc_grid(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT,
-                             config_is_half(&cfg));
+    // the prompts mode gives each batch row a whole context's blocks; the server shares a pool
+    size_t pool = cfg.serve ? (size_t)cfg.kv_cache_bytes : 0;
+    if (comm_size(world) == 1)
+        kv_model_alloc(&m, &mc, cfg.max_batch_size, longest, maxT, pool, cfg.kv_block_size, config_is_half(&cfg));
+    else kv_model_alloc_grid(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT, pool,
+                             cfg.kv_block_size, config_is_half(&cfg));
+    if (!cfg.serve) kv_cache_slot_tables(&m.cache, cfg.max_batch_size);
     float *full = load_weights(&m, &cfg);
     Generator g = {.cfg = &cfg, .m = &m, .tok = tok, .stream = true,
                    .use_graph = cfg.compile && ops_graphs_supported() && comm_size(world) == 1};

@@ -1,96 +1,182 @@
-// scheduler.c: continuous batching over the KV cache's slots (the server's engine; the HTTP side
+// scheduler.c: continuous batching over the paged KV cache (the server's engine; the HTTP side
 // is server.c, what the two share scheduler.h).
 //
-// The cache has max_batch_size slots, one sequence each. Rank 0's main thread loops:
-//   1. wait for work, and admit waiting jobs into free slots;
-//   2. each new job: its prefill into its own slot (kv_prefill_slot), and its first token;
-//   3. one decode step over every busy slot (kv_decode), a token each; finished jobs leave and
-//      their slots are free for the next.
+// The cache is a pool of blocks (kv_cache.h, block_pool.h); each running job holds the blocks its
+// positions lie in, listed in its block table. Rank 0's main thread loops over steps:
+//   1. wait for work; admit waiting jobs while a row of the batch (max_batch_size) is free and
+//      the pool has the blocks of the job's text so far;
+//   2. a running job at its last position that starts a new block takes one; when the pool is
+//      empty the newest running job is preempted: its blocks are freed and it waits again, first
+//      in line, to be recomputed from its text (prompt and tokens so far) when blocks free up;
+//   3. one forward pass over rows of several jobs (kv_forward_rows): every decoding job's next
+//      token, and the prompts' rows (whole, or max_prefill_tokens of them a step: chunked
+//      prefill); each job whose last position was in the pass gets a token; finished jobs leave
+//      and their blocks are free for the next.
 // So a request joins the running batch at any step and leaves it at any step, with its own
-// sampling settings and stop conditions. The loop never waits for a client: it appends tokens to
-// the job under the lock and wakes the connection threads, which write them at their client's
-// pace.
+// sampling settings and stop conditions; a request is admitted when the blocks of its text fit,
+// not when a whole context's slot is free, and never fails for blocks that will free up (the
+// pool holds a whole context at least: kv_model.c). The loop never waits for a client: it
+// appends tokens to the job under the lock and wakes the connection threads, which write them at
+// their client's pace.
 //
-// Tensor parallelism: each step is a plan (which slots, their tokens and positions) that rank 0
-// broadcasts and every rank of the [x, y, 1] grid runs; the logits are whole on every rank after
-// the head's all-gather, and rank 0 alone samples: its tokens reach the others in the next plan.
-// When idle, rank 0 still sends an empty plan every second, so that the others' broadcast waits
-// stay within the communicator's timeout.
+// Tensor parallelism: each step is a plan (its rows' tokens and positions, the rows' block
+// tables) that rank 0 broadcasts and every rank of the [x, y, 1] grid runs; the logits are whole
+// on every rank after the head's all-gather, and rank 0 alone samples: its tokens reach the
+// others in the next plan. When idle, rank 0 still sends an empty plan every second, so that the
+// others' broadcast waits stay within the communicator's timeout.
 #include "scheduler.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "block_pool.h"
 #include "log.h"
 #include "device.h"
 #include "preemption.h"
 
-// A step as floats (token ids and positions are exact in a float: below 2^24), broadcast by rank 0.
-enum { PLAN_IDLE, PLAN_PREFILL, PLAN_DECODE, PLAN_STOP };
+// A step as floats (token ids, positions and block numbers are exact in a float: below 2^24),
+// broadcast by rank 0: [kind, R rows, S sequences, L logit rows], then the rows' tokens (R),
+// positions (R) and sequences (R), the rows whose logits are taken (L), and the sequences' block
+// tables (S x max_blocks).
+enum { PLAN_IDLE, PLAN_STEP, PLAN_STOP };
+enum { PLAN_HEAD = 4 };
 typedef struct {
     KVModel *m;
     Comm *world;
     bool use_graph;
-    size_t len;          // floats in a plan: 3 + the larger of a prefill's maxT and a decode's 2 B
+    int max_rows;        // rows in a pass at most: the model's B x T
+    size_t len;          // floats in a plan
     float *plan, *plan_dev;
-    int *tokens, *start; // a step's inputs (maxT)
+    int *tokens, *pos, *seq, *logit_rows;  // a step's inputs (max_rows)
     float *logits;       // (B, Vp) host, rank 0
 } Engine;
 
+// a running job's place in the cache (rank 0)
+typedef struct {
+    int *blocks, n_blocks;  // its block table (max_blocks)
+    int n_cached;           // positions whose keys and values are in the cache
+    long order;             // when it was admitted: the newest is preempted first
+    int rows, logit;        // this step: rows fed, and its logit row (-1: none)
+} Seq;
+
+typedef struct {
+    Seq *seq;               // (n_slots) by batch row, as s->slots
+    BlockPool pool;
+    int block_size;
+    Job **preempted;        // waiting to run again, before the queue; oldest first
+    int n_preempted;
+    long admissions;
+} Batch;
+
 // the loop's parts, in the order they come below
-static bool wait_and_admit(Server *s, Engine *g, int *admitted, int *n_new);
-static void prefill(Server *s, Engine *g, Sampler *sampler, int slot);
-static void decode(Server *s, Engine *g, Sampler *sampler);
+static bool wait_and_admit(Server *s, Engine *g, Batch *q);
+static void grow_or_preempt(Server *s, Batch *q);
+static void step(Server *s, Engine *g, Batch *q, Sampler *sampler);
 static int sample(Sampler *sampler, const float *logits, const Job *j);
 static void accept_token(Server *s, Job *j, int token);
 static void engine_init(Engine *g, KVModel *m, Comm *world, bool use_graph);
 static void engine_free(Engine *g);
-static void send_plan(Engine *g, int kind, int n, int slot);
+static void send_plan(Engine *g, int kind, int R, int S, int L);
 
 // ---- the loop (rank 0) -------------------------------------------------------------------------
 
 void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool use_graph) {
     Engine g;
     engine_init(&g, m, world, use_graph);
-    int *admitted = malloc_or_die((size_t)s->n_slots * sizeof(int)), n_new;
-    while (wait_and_admit(s, &g, admitted, &n_new)) {
-        for (int i = 0; i < n_new; i++) prefill(s, &g, sampler, admitted[i]);
-        decode(s, &g, sampler);
+    Batch q = {.block_size = m->cache.block_size};
+    block_pool_init(&q.pool, m->cache.n_blocks);
+    q.seq = calloc_or_die((size_t)s->n_slots, sizeof(Seq));
+    for (int b = 0; b < s->n_slots; b++) q.seq[b].blocks = malloc_or_die((size_t)m->cache.max_blocks * sizeof(int));
+    q.preempted = malloc_or_die((size_t)s->n_slots * sizeof(Job *));
+    s->metrics.cache_blocks = m->cache.n_blocks;
+    while (wait_and_admit(s, &g, &q)) {
+        grow_or_preempt(s, &q);
+        step(s, &g, &q, sampler);
     }
-    free(admitted);
-    send_plan(&g, PLAN_STOP, 0, 0);
+    for (int b = 0; b < s->n_slots; b++) free(q.seq[b].blocks);
+    free(q.seq);
+    free(q.preempted);
+    block_pool_free(&q.pool);
+    send_plan(&g, PLAN_STOP, 0, 0, 0);
     engine_free(&g);
 }
 
 // ---- 1. admission --------------------------------------------------------------------------------
 
-static void free_slot(Server *s, int slot) {  // the lock held
+// the tokens of j's text so far: its prompt, then what it generated
+static int job_length(const Job *j) { return j->n_ids + j->n_out; }
+static int job_token(const Job *j, int i) { return i < j->n_ids ? j->ids[i] : j->out_ids[i - j->n_ids]; }
+
+static void release_blocks(Batch *q, Seq *sq) {
+    for (int i = 0; i < sq->n_blocks; i++) block_pool_release(&q->pool, sq->blocks[i]);
+    sq->n_blocks = 0;
+}
+
+static void set_blocks_in_use(Server *s, const Batch *q) {  // the lock held
+    s->metrics.cache_blocks_used = q->pool.n_blocks - q->pool.n_free;
+}
+
+static void free_slot(Server *s, Batch *q, int slot) {  // the lock held
+    release_blocks(q, &q->seq[slot]);
     job_release(s, s->slots[slot]);
     s->slots[slot] = NULL;
     s->busy--;
+    set_blocks_in_use(s, q);
 }
 
-// Waits for work (a job in the queue or a busy slot), sending an idle plan every second; moves
-// waiting jobs into free slots. Returns the slots admitted (n_new of them); false once stopped.
-static bool wait_and_admit(Server *s, Engine *g, int *admitted, int *n_new) {
-    *n_new = 0;
+// the next job to admit: a preempted one first (it came earlier), else the queue's head
+static Job *next_waiting(Server *s, Batch *q, bool take) {  // the lock held
+    if (q->n_preempted) {
+        Job *j = q->preempted[0];
+        if (take) memmove(q->preempted, q->preempted + 1, (size_t)--q->n_preempted * sizeof(Job *));
+        return j;
+    }
+    if (!s->queue_len) return NULL;
+    Job *j = s->queue[s->queue_head];
+    if (take) s->queue_head = (s->queue_head + 1) % s->cfg->max_queue, s->queue_len--;
+    return j;
+}
+
+static void drop_cancelled(Server *s, Batch *q) {  // the lock held
+    for (int b = 0; b < s->n_slots; b++)  // their clients went away
+        if (s->slots[b] && s->slots[b]->cancelled) free_slot(s, q, b);
+    for (Job *j; (j = next_waiting(s, q, false)) && j->cancelled;) job_release(s, next_waiting(s, q, true));
+}
+
+// Admits waiting jobs, in order, while a batch row is free and the pool holds the blocks of the
+// job's text so far (its prompt; after a preemption, its tokens too).
+static void admit(Server *s, Batch *q) {  // the lock held
+    for (int b = 0; b < s->n_slots; b++) {
+        if (s->slots[b]) continue;
+        Job *j = next_waiting(s, q, false);
+        if (!j || blocks_for(job_length(j), q->block_size) > q->pool.n_free) break;
+        next_waiting(s, q, true);
+        Seq *sq = &q->seq[b];
+        *sq = (Seq){.blocks = sq->blocks, .order = q->admissions++};
+        while (sq->n_blocks < blocks_for(job_length(j), q->block_size))
+            sq->blocks[sq->n_blocks++] = block_pool_take(&q->pool);
+        s->slots[b] = j;
+        s->busy++;
+    }
+    set_blocks_in_use(s, q);
+}
+
+// Waits for work (a waiting or running job), sending an idle plan every second, and admits what
+// fits. False once stopped.
+static bool wait_and_admit(Server *s, Engine *g, Batch *q) {
     pthread_mutex_lock(&s->lock);
     for (;;) {
         if (preemption_signalled() && !s->stopping) {
             s->stopping = true;
             printf("server: SIGTERM: finishing %d running and %d waiting requests, refusing new ones\n",
-                   s->busy, s->queue_len);
+                   s->busy, s->queue_len + q->n_preempted);
             fflush(stdout);
         }
-        for (int b = 0; b < s->n_slots; b++)  // their clients went away
-            if (s->slots[b] && s->slots[b]->cancelled) free_slot(s, b);
-        while (s->queue_len && s->queue[s->queue_head]->cancelled) {
-            job_release(s, s->queue[s->queue_head]);
-            s->queue_head = (s->queue_head + 1) % s->cfg->max_queue, s->queue_len--;
-        }
-        if (s->busy || s->queue_len) break;
+        drop_cancelled(s, q);
+        if (s->busy || s->queue_len || q->n_preempted) break;
         if (s->stopping) {
             pthread_mutex_unlock(&s->lock);
             return false;
@@ -98,63 +184,130 @@ static bool wait_and_admit(Server *s, Engine *g, int *admitted, int *n_new) {
         struct timespec until = deadline_in(1);
         if (pthread_cond_timedwait(&s->work, &s->lock, &until) == ETIMEDOUT) {
             pthread_mutex_unlock(&s->lock);
-            send_plan(g, PLAN_IDLE, 0, 0);
+            send_plan(g, PLAN_IDLE, 0, 0, 0);
             pthread_mutex_lock(&s->lock);
         }
     }
-    for (int b = 0; b < s->n_slots && s->queue_len; b++) {
-        if (s->slots[b]) continue;
-        Job *j = s->queue[s->queue_head];
-        s->queue_head = (s->queue_head + 1) % s->cfg->max_queue, s->queue_len--;
-        s->slots[b] = j;
-        s->busy++;
-        admitted[(*n_new)++] = b;
-    }
+    admit(s, q);
     pthread_mutex_unlock(&s->lock);
     return true;
 }
 
-// ---- 2. prefill and 3. decode ------------------------------------------------------------------
+// ---- 2. blocks for the next positions ------------------------------------------------------------
 
-// a new job's prefill in its slot, and its first token
-static void prefill(Server *s, Engine *g, Sampler *sampler, int slot) {
-    Job *j = s->slots[slot];  // only the scheduler moves jobs in and out of slots
-    for (int t = 0; t < j->n_ids; t++) g->plan[3 + t] = (float)j->ids[t];
-    send_plan(g, PLAN_PREFILL, j->n_ids, slot);
-    int token = sample(sampler, g->logits, j);
+static int newest_running(const Server *s, const Batch *q) {
+    int newest = -1;
+    for (int b = 0; b < s->n_slots; b++)
+        if (s->slots[b] && (newest < 0 || q->seq[b].order > q->seq[newest].order)) newest = b;
+    return newest;
+}
+
+// Frees the blocks of the job in batch row b and puts it first in line: it runs again from its
+// text when blocks free up (recomputing its cache costs one prefill; holding the pool would stall
+// every other job). Its tokens so far stand: sampling is keyed by the token's index.
+static void preempt(Server *s, Batch *q, int b) {  // the lock held
+    Job *j = s->slots[b];
+    release_blocks(q, &q->seq[b]);
+    memmove(q->preempted + 1, q->preempted, (size_t)q->n_preempted++ * sizeof(Job *));
+    q->preempted[0] = j;
+    s->slots[b] = NULL;
+    s->busy--;
+    s->metrics.preemptions++;
+    set_blocks_in_use(s, q);
+}
+
+// Every running job needs blocks for its text so far (the next step feeds its last token); a
+// decoding job whose text just entered a new block takes one, preempting the newest job while
+// the pool is empty (itself, when it is the newest).
+static void grow_or_preempt(Server *s, Batch *q) {
     pthread_mutex_lock(&s->lock);
-    s->metrics.prompt_tokens += j->n_ids;
-    accept_token(s, j, token);
-    if (j->finish != FINISH_NONE) free_slot(s, slot);
-    pthread_cond_broadcast(&s->progress);
+    for (int b = 0; b < s->n_slots; b++) {
+        Seq *sq = &q->seq[b];
+        while (s->slots[b] && sq->n_blocks < blocks_for(job_length(s->slots[b]), q->block_size)) {
+            int block = block_pool_take(&q->pool);
+            if (block >= 0) sq->blocks[sq->n_blocks++] = block;
+            else preempt(s, q, newest_running(s, q));
+        }
+    }
+    set_blocks_in_use(s, q);
     pthread_mutex_unlock(&s->lock);
 }
 
-// One decode step over slots 0 .. the last busy one: a free slot in between takes part with
-// token 0 at position 0 (its cache row 0 is rewritten before a new job could read it), so the
-// batch is a prefix of the slots and its shape changes only when the last busy slot does.
-// Every busy slot has its first token here: the prefill gave it.
-static void decode(Server *s, Engine *g, Sampler *sampler) {
-    int B = 0;
+// ---- 3. the step ---------------------------------------------------------------------------------
+
+// The rows of one step: each decoding job's last token; then the prompts' rows in the order
+// their jobs came, max_prefill_tokens of them at most (0: all). A job's rows are positions
+// n_cached .. of its text; its logits are taken when its last position is among them.
+static int plan_rows(Server *s, Engine *g, Batch *q, int *n_seqs, int *n_logits) {
+    float *p = g->plan + PLAN_HEAD;
+    int R = 0, S = 0, L = 0;
+    long budget = s->cfg->max_prefill_tokens ? s->cfg->max_prefill_tokens : LONG_MAX;
+    int order[s->n_slots], n = 0;  // decoding jobs first, then by admission
     for (int b = 0; b < s->n_slots; b++)
-        if (s->slots[b]) B = b + 1;
-    if (B == 0) return;
-    for (int b = 0; b < B; b++) {
+        if (s->slots[b] && job_length(s->slots[b]) - q->seq[b].n_cached == 1) order[n++] = b;
+    int first_prefill = n;
+    for (int b = 0; b < s->n_slots; b++)
+        if (s->slots[b] && job_length(s->slots[b]) - q->seq[b].n_cached > 1) order[n++] = b;
+    for (int i = first_prefill + 1; i < n; i++)  // insertion sort by admission: few rows
+        for (int k = i; k > first_prefill && q->seq[order[k]].order < q->seq[order[k - 1]].order; k--) {
+            int t = order[k];
+            order[k] = order[k - 1], order[k - 1] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        int b = order[i];
+        Seq *sq = &q->seq[b];
         const Job *j = s->slots[b];
-        g->plan[3 + b] = j ? (float)j->last_token : 0.0f;
-        g->plan[3 + B + b] = j ? (float)(j->n_ids + j->n_out - 1) : 0.0f;
+        int len = job_length(j), rows = len - sq->n_cached;
+        sq->rows = 0, sq->logit = -1;
+        if (rows > 1 && rows > budget) rows = (int)budget;
+        if (rows > g->max_rows - R) rows = g->max_rows - R;
+        if (rows <= 0) continue;
+        if (rows > 1) budget -= rows;
+        for (int r = 0; r < rows; r++) {
+            g->tokens[R + r] = job_token(j, sq->n_cached + r);
+            g->pos[R + r] = sq->n_cached + r;
+            g->seq[R + r] = S;
+        }
+        R += rows;
+        sq->rows = rows;
+        if (sq->n_cached + rows == len) g->logit_rows[L] = R - 1, sq->logit = L++;
+        S++;
     }
-    send_plan(g, PLAN_DECODE, B, 0);
+    // the plan: rows, logit rows, tables (in the order the jobs' rows came)
+    for (int r = 0; r < R; r++) p[r] = (float)g->tokens[r], p[R + r] = (float)g->pos[r], p[2 * R + r] = (float)g->seq[r];
+    for (int l = 0; l < L; l++) p[3 * R + l] = (float)g->logit_rows[l];
+    float *tables = p + 3 * R + L;
+    int mb = g->m->cache.max_blocks, k = 0;
+    for (int i = 0; i < n; i++) {
+        Seq *sq = &q->seq[order[i]];
+        if (!sq->rows) continue;
+        for (int c = 0; c < mb; c++) tables[(size_t)k * mb + c] = c < sq->n_blocks ? (float)sq->blocks[c] : 0.0f;
+        k++;
+    }
+    *n_seqs = S, *n_logits = L;
+    return R;
+}
+
+// one step over the running jobs: their rows through the model, a token for each job whose
+// last position was among them
+static void step(Server *s, Engine *g, Batch *q, Sampler *sampler) {
+    int S, L, R = plan_rows(s, g, q, &S, &L);
+    if (R == 0) return;
+    send_plan(g, PLAN_STEP, R, S, L);
     size_t Vp = (size_t)g->m->cfg.padded_vocab_size;
     pthread_mutex_lock(&s->lock);
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < s->n_slots; b++) {
         Job *j = s->slots[b];
-        if (!j) continue;
+        Seq *sq = &q->seq[b];
+        if (!j || !sq->rows) continue;
+        sq->n_cached += sq->rows;
+        if (sq->logit < 0) continue;
+        if (j->n_out == 0) s->metrics.prompt_tokens += j->n_ids;
         pthread_mutex_unlock(&s->lock);  // sampling reads only the scheduler's own fields
-        int token = sample(sampler, g->logits + b * Vp, j);
+        int token = sample(sampler, g->logits + sq->logit * Vp, j);
         pthread_mutex_lock(&s->lock);
         accept_token(s, j, token);
-        if (j->finish != FINISH_NONE) free_slot(s, b);
+        if (j->finish != FINISH_NONE) free_slot(s, q, b);
     }
     pthread_cond_broadcast(&s->progress);
     pthread_mutex_unlock(&s->lock);
@@ -205,6 +358,7 @@ static void accept_token(Server *s, Job *j, int token) {
         j->visible = j->text.len;  // what was held back for a stop string is the answer's end
         return;
     }
+    j->out_ids[j->n_out] = token;  // a preempted job's text is fed again from these
     int len;
     const char *bytes = tokenizer_token_bytes(s->tok, token, &len);
     size_t before = j->text.len;
@@ -219,16 +373,34 @@ static void accept_token(Server *s, Job *j, int token) {
     if (j->finish == FINISH_NONE) j->visible -= stop_prefix_at_end(j);
 }
 
+// ---- metrics ------------------------------------------------------------------------------------
+
+void scheduler_metrics_text(const Server *s, Buf *out) {
+    const ServerMetrics *m = &s->metrics;
+    char text[1024];
+    int n = snprintf(text, sizeof text,
+                     "# HELP workbook_kv_cache_blocks blocks of the paged KV cache's pool\n"
+                     "# TYPE workbook_kv_cache_blocks gauge\nworkbook_kv_cache_blocks %d\n"
+                     "# HELP workbook_kv_cache_blocks_used blocks held by running requests\n"
+                     "# TYPE workbook_kv_cache_blocks_used gauge\nworkbook_kv_cache_blocks_used %d\n"
+                     "# HELP workbook_preemptions_total running requests whose blocks were freed, to be "
+                     "recomputed later\n"
+                     "# TYPE workbook_preemptions_total counter\nworkbook_preemptions_total %ld\n",
+                     m->cache_blocks, m->cache_blocks_used, m->preemptions);
+    buf_append(out, text, (size_t)n);
+}
+
 // ---- the steps every rank runs -------------------------------------------------------------------
 
 static void engine_init(Engine *g, KVModel *m, Comm *world, bool use_graph) {
-    *g = (Engine){.m = m, .world = world, .use_graph = use_graph};
-    int most = m->maxT > 2 * m->B ? m->maxT : 2 * m->B;
-    g->len = 3 + (size_t)most;
+    *g = (Engine){.m = m, .world = world, .use_graph = use_graph, .max_rows = m->B * m->T};
+    g->len = PLAN_HEAD + 3 * (size_t)g->max_rows + (size_t)m->B + (size_t)m->B * m->cache.max_blocks;
     g->plan = calloc_or_die(g->len, sizeof(float));
     g->plan_dev = dev_malloc(g->len * sizeof(float));  // NCCL broadcasts device memory
-    g->tokens = calloc_or_die((size_t)most, sizeof(int));
-    g->start = calloc_or_die((size_t)most, sizeof(int));
+    g->tokens = calloc_or_die((size_t)g->max_rows, sizeof(int));
+    g->pos = calloc_or_die((size_t)g->max_rows, sizeof(int));
+    g->seq = calloc_or_die((size_t)g->max_rows, sizeof(int));
+    g->logit_rows = calloc_or_die((size_t)m->B, sizeof(int));
     g->logits = calloc_or_die((size_t)m->B * m->cfg.padded_vocab_size, sizeof(float));
 }
 
@@ -236,7 +408,9 @@ static void engine_free(Engine *g) {
     free(g->plan);
     dev_free(g->plan_dev);
     free(g->tokens);
-    free(g->start);
+    free(g->pos);
+    free(g->seq);
+    free(g->logit_rows);
     free(g->logits);
 }
 
@@ -247,27 +421,32 @@ static void broadcast_plan(Engine *g) {
     copy_to_host(g->plan, g->plan_dev, g->len * sizeof(float));
 }
 
-// runs the plan in g->plan (on every rank); returns its kind
+// Runs the plan in g->plan (on every rank); returns its kind. A step of decoding rows alone (one
+// row and one logit row per job) is kv_decode's, which a CUDA graph can replay.
 static int run_plan(Engine *g) {
-    int kind = (int)g->plan[0], n = (int)g->plan[1];
-    if (kind == PLAN_PREFILL) {
-        int slot = (int)g->plan[2];
-        for (int t = 0; t < n; t++) g->tokens[t] = (int)g->plan[3 + t];
-        kv_prefill_slot(g->m, slot, g->tokens, n);
-        copy_to_host(g->logits, g->m->logits, (size_t)g->m->cfg.padded_vocab_size * sizeof(float));
-    } else if (kind == PLAN_DECODE) {
-        for (int b = 0; b < n; b++) g->tokens[b] = (int)g->plan[3 + b], g->start[b] = (int)g->plan[3 + n + b];
-        kv_decode(g->m, g->tokens, g->start, n, g->use_graph);
-        copy_to_host(g->logits, g->m->logits, (size_t)n * g->m->cfg.padded_vocab_size * sizeof(float));
+    int kind = (int)g->plan[0], R = (int)g->plan[1], S = (int)g->plan[2], L = (int)g->plan[3];
+    if (kind != PLAN_STEP) return kind;
+    const float *p = g->plan + PLAN_HEAD, *tables = p + 3 * R + L;
+    KVCache *c = &g->m->cache;
+    for (int r = 0; r < R; r++) {
+        g->tokens[r] = (int)p[r], g->pos[r] = (int)p[R + r];
+        int *row = kv_cache_table(c, r);
+        const float *t = tables + (size_t)(int)p[2 * R + r] * c->max_blocks;
+        for (int i = 0; i < c->max_blocks; i++) row[i] = (int)t[i];
     }
+    for (int l = 0; l < L; l++) g->logit_rows[l] = (int)p[3 * R + l];
+    if (R == S && L == R) kv_decode(g->m, g->tokens, g->pos, R, g->use_graph);
+    else kv_forward_rows(g->m, g->tokens, g->pos, R, g->logit_rows, L);
+    copy_to_host(g->logits, g->m->logits, (size_t)L * g->m->cfg.padded_vocab_size * sizeof(float));
     return kind;
 }
 
-// rank 0: the plan (its tokens already in g->plan[3...]) to every rank, then its own run of it
-static void send_plan(Engine *g, int kind, int n, int slot) {
+// rank 0: the plan (its rows already in g->plan[PLAN_HEAD...]) to every rank, then its own run of it
+static void send_plan(Engine *g, int kind, int R, int S, int L) {
     g->plan[0] = (float)kind;
-    g->plan[1] = (float)n;
-    g->plan[2] = (float)slot;
+    g->plan[1] = (float)R;
+    g->plan[2] = (float)S;
+    g->plan[3] = (float)L;
     broadcast_plan(g);
     run_plan(g);
 }

@@ -115,6 +115,11 @@ static const Key KEYS[] = {
     K(port, T_INT, "8000", "inference: the server's TCP port (0: any free one, printed at start)"),
     K(max_queue, T_INT, "64", "inference: requests waiting for a batch slot before the server answers 429"),
     K(served_model_name, T_STRING, "", "inference: the model name the server answers to (empty: init_from's base name)"),
+    K(kv_block_size, T_INT, "16", "inference: positions per block of the paged KV cache"),
+    K(kv_cache_bytes, T_FLOAT, "0",
+      "inference server: bytes of the KV cache's block pool per rank (0: max_batch_size whole contexts)"),
+    K(max_prefill_tokens, T_INT, "0",
+      "inference server: prompt tokens a step takes (chunked prefill; 0: whole prompts)"),
 };
 #define NKEYS (sizeof(KEYS) / sizeof(KEYS[0]))
 
@@ -620,6 +625,9 @@ static void require_generation_keys(const Config *cfg, const Sources *src) {
         fatal("%s: key 'top_k': expected 0 (no limit) or more, found %d", source_of(src, "top_k"), cfg->top_k);
     if (!(cfg->top_p > 0 && cfg->top_p <= 1))
         fatal("%s: key 'top_p': expected a value in (0, 1], found %g", source_of(src, "top_p"), cfg->top_p);
+    require_positive(src, "kv_block_size", cfg->kv_block_size);
+    require_not_negative(src, "kv_cache_bytes", cfg->kv_cache_bytes);
+    require_not_negative(src, "max_prefill_tokens", cfg->max_prefill_tokens);
     if (cfg->serve && !cfg->kv_cache)
         fatal("%s: key 'kv_cache' is false but the server (serve: true) needs the KV cache",
               sources_of_pair(src, "kv_cache", "serve", where, sizeof where));

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Stage 06's engine (scheduler.c over the paged KV cache, kv_cache.h): the server's answers are
+# the tokens of the plain loop without a cache, whatever the engine does to get them.
+#  - 64 concurrent chat requests whose prompts share prefixes of several lengths (the template,
+#    the instruction, part of the input), half greedy and half sampled with their own seeds;
+#  - a block pool that holds about two of them at once, in blocks of 4 positions, so that
+#    running requests run out of blocks mid-answer and the newest are preempted (freed, and
+#    recomputed later: /metrics counts them);
+#  - greedy answers equal stage 06's own without a KV cache (--kv_cache=false: the training
+#    model's forward over the whole text each step, an independent reference); sampled answers
+#    equal the slot design's (one block of a whole context per request, one request at a time).
+source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
+source tests/server_lib.sh
+export OMP_NUM_THREADS=1
+client() { timeout 300 python3 tests/server_client.py "$@"; }
+
+# A small model trained for a few steps on real alpaca answers: it has not learned to stop, so
+# every answer runs to its limit and the running requests keep taking blocks. Its greedy choice is
+# degenerate (spaces); the sampled answers walk through varied text, and a sampled token changes
+# if the logits differ by about a millionth.
+build/stage-1 --config configs/tiny.json --n_layer=2 --n_embd=64 --stop_iteration=25 \
+    --global_batch_size=8 --log_interval=100 --eval_batches=1 --out_dir="$tmp/model" \
+    --data_path="${FIXTURES:-../shared/fixtures}/alpaca/rasbt-LLMs-from-scratch_instruction-data.json" >"$tmp/train.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 1 training for the test failed: $(tail -3 "$tmp/train.log")"
+model=(--config configs/inference.json --init_from="$tmp/model" --tokens_to_generate=16)
+
+# 64 prompts: 4 tasks x 16 inputs; the inputs of a task share a prefix of 0, 4, 8 or 12 digits
+python3 - "$tmp" <<'PY'
+import json, random, sys
+tasks = ["Sort the digits.", "Reverse the digits.", "Count the digits.", "Add the digits."]
+rng = random.Random(3)
+digits = lambda n: "".join(rng.choice("0123456789") for _ in range(n))
+shared = [digits(4 * k) for k in range(4)]
+prompts = [(tasks[i % 4], shared[i % 4] + digits(2 + i % 7)) for i in range(64)]
+open(f"{sys.argv[1]}/prompts.txt", "w").write("".join(f"{a}\t{b}\n" for a, b in prompts))
+reqs = []
+for i, (instruction, text) in enumerate(prompts):
+    r = {"model": "model", "messages": [{"role": "system", "content": text}, {"role": "user", "content": instruction}]}
+    r.update({"temperature": 0} if i % 2 == 0 else {"temperature": 1, "seed": 100 + i, "max_tokens": 6 + i % 11})
+    reqs.append(r)
+json.dump(reqs, open(f"{sys.argv[1]}/requests.json", "w"))
+PY
+
+# the references: no cache (greedy), and the slot design one request at a time (all)
+timeout 300 build/stage-6 "${model[@]}" --prompts_path="$tmp/prompts.txt" --kv_cache=false --show_token_ids=true \
+    >"$tmp/nocache.log" 2>&1
+python3 - "$tmp" <<'PY' >"$tmp/nocache.txt"
+import json, sys
+ids = [l.split(":", 1)[1].split() for l in open(f"{sys.argv[1]}/nocache.log", errors="replace") if "answer ids:" in l]
+for answer in ids[0::2]:  # the greedy ones; the byte tokenizer: a token is a byte
+    print(json.dumps(bytes(int(t) for t in answer).decode("utf-8", "replace")))
+PY
+check '[ "$(wc -l <"$tmp/nocache.txt")" -eq 32 ]' "the no-cache reference did not answer 32 greedy prompts: $(tail -3 "$tmp/nocache.log")"
+start_server slots 1 "${model[@]}" --max_batch_size=1 --kv_block_size=256
+client answers "$url" "$tmp/requests.json" 1 >"$tmp/slots.json"
+stop_server
+
+greedy() { python3 -c 'import json,sys; [print(json.dumps(x.get("text"))) for x in json.load(open(sys.argv[1]))[0::2]]' "$1"; }
+check 'cmp -s <(greedy "$tmp/slots.json") "$tmp/nocache.txt"' \
+    "the slot design's greedy answers differ from no cache: $(diff <(greedy "$tmp/slots.json") "$tmp/nocache.txt" | head -4)"
+
+# served <name> <what> <args...>: the 64 requests at once on a server with <args>; its greedy
+# answers against no cache, all against the slot design's
+served() {
+    local name=$1 what=$2; shift 2
+    start_server "$name" 1 "${model[@]}" --max_batch_size=64 "$@"
+    client answers "$url" "$tmp/requests.json" 64 >"$tmp/$name.json"
+    curl -s -m 10 "$url/metrics" >"$tmp/$name.metrics"
+    stop_server
+    check 'cmp -s <(greedy "$tmp/$name.json") "$tmp/nocache.txt"' \
+        "$what: greedy answers differ from no cache: $(diff <(greedy "$tmp/$name.json") "$tmp/nocache.txt" | head -4)"
+    check 'cmp -s "$tmp/$name.json" "$tmp/slots.json"' \
+        "$what: answers differ from the slot design's: $(diff <(tr "}" "\n" <"$tmp/$name.json") <(tr "}" "\n" <"$tmp/slots.json") | head -4)"
+}
+metric() { sed -n "s/^$2 //p" "$tmp/$1.metrics"; }
+
+# a pool of 120 blocks of 4 positions (4096 bytes each: 2 layers, keys and values, 64 columns):
+# two prompts of about 225 tokens, and little room to answer (the answers stay below the
+# context, where stage 06 without a server allows one token more than the server)
+served paged "paged cache, small pool" --kv_block_size=4 --kv_cache_bytes=491520
+check '[ "$(metric paged workbook_kv_cache_blocks)" = 120 ] && [ "$(metric paged workbook_preemptions_total)" -gt 0 ] && [ "$(metric paged workbook_kv_cache_blocks_used)" = 0 ]' \
+    "paged cache: want 120 blocks, some preemptions, none held at the end: $(grep -a "kv_cache\|preempt" "$tmp/paged.metrics")"
+
+finish test_paged
