@@ -47,6 +47,14 @@ void kv_cache_slot_tables(KVCache *c, int B) {
 
 int *kv_cache_table(KVCache *c, int b) { return c->table_host + (size_t)b * c->max_blocks; }
 
+void kv_cache_copy_block(KVCache *c, int dst, int src) {
+    size_t n = (size_t)c->block_size * c->width;
+    for (int l = 0; l < c->n_layer; l++) {
+        dev_copy(c->k[l] + dst * n, c->k[l] + src * n, n * sizeof(float));
+        dev_copy(c->v[l] + dst * n, c->v[l] + src * n, n * sizeof(float));
+    }
+}
+
 // ---- the two layers the cache changes -----------------------------------------------------------
 
 // The new keys and values join the cache, then the new queries attend to all of it. Heads are

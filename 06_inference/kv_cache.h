@@ -57,6 +57,8 @@ size_t kv_bytes_per_block(int n_layer, int block_size, int width);
 void kv_cache_slot_tables(KVCache *c, int B);
 // row b's table (host), to fill before a pass
 int *kv_cache_table(KVCache *c, int b);
+// block dst = block src, keys and values of every layer (copy-on-write of a shared block)
+void kv_cache_copy_block(KVCache *c, int dst, int src);
 
 // The layers with the cache plugged in: attention against the cache, the embedding at each
 // sequence's start; every other layer is inner's. Generation runs no backward: KVLayers has none.

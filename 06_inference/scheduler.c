@@ -4,14 +4,17 @@
 // The cache is a pool of blocks (kv_cache.h, block_pool.h); each running job holds the blocks its
 // positions lie in, listed in its block table. Rank 0's main thread loops over steps:
 //   1. wait for work; admit waiting jobs while a row of the batch (max_batch_size) is free and
-//      the pool has the blocks of the job's text so far;
+//      the pool has the blocks of the job's text so far; with prefix caching a job first takes
+//      the cached blocks its text begins with (another job computed them: a shared system prompt)
+//      and computes only the rest;
 //   2. a running job at its last position that starts a new block takes one; when the pool is
 //      empty the newest running job is preempted: its blocks are freed and it waits again, first
 //      in line, to be recomputed from its text (prompt and tokens so far) when blocks free up;
 //   3. one forward pass over rows of several jobs (kv_forward_rows): every decoding job's next
 //      token, and the prompts' rows (whole, or max_prefill_tokens of them a step: chunked
-//      prefill); each job whose last position was in the pass gets a token; finished jobs leave
-//      and their blocks are free for the next.
+//      prefill); each job whose last position was in the pass gets a token; each block a job
+//      filled becomes cached (prefix caching); finished jobs leave and their blocks are free for
+//      the next.
 // So a request joins the running batch at any step and leaves it at any step, with its own
 // sampling settings and stop conditions; a request is admitted when the blocks of its text fit,
 // not when a whole context's slot is free, and never fails for blocks that will free up (the
@@ -38,11 +41,12 @@
 #include "preemption.h"
 
 // A step as floats (token ids, positions and block numbers are exact in a float: below 2^24),
-// broadcast by rank 0: [kind, R rows, S sequences, L logit rows], then the rows' tokens (R),
-// positions (R) and sequences (R), the rows whose logits are taken (L), and the sequences' block
-// tables (S x max_blocks).
+// broadcast by rank 0: [kind, R rows, S sequences, L logit rows, N block copies], then the rows'
+// tokens (R), positions (R) and sequences (R), the rows whose logits are taken (L), the
+// sequences' block tables (S x max_blocks), and the blocks to copy before the pass (N pairs
+// source, destination: copy-on-write).
 enum { PLAN_IDLE, PLAN_STEP, PLAN_STOP };
-enum { PLAN_HEAD = 4 };
+enum { PLAN_HEAD = 5 };
 typedef struct {
     KVModel *m;
     Comm *world;
@@ -57,6 +61,8 @@ typedef struct {
 // a running job's place in the cache (rank 0)
 typedef struct {
     int *blocks, n_blocks;  // its block table (max_blocks)
+    uint64_t *keys;         // (max_blocks) its full blocks' prefix keys (prefix caching)
+    int n_keyed;            // ... the blocks whose key is known
     int n_cached;           // positions whose keys and values are in the cache
     long order;             // when it was admitted: the newest is preempted first
     int rows, logit;        // this step: rows fed, and its logit row (-1: none)
@@ -69,6 +75,7 @@ typedef struct {
     Job **preempted;        // waiting to run again, before the queue; oldest first
     int n_preempted;
     long admissions;
+    int *copies, n_copies;  // block pairs (source, destination) the next pass copies first
 } Batch;
 
 // the loop's parts, in the order they come below
@@ -79,7 +86,7 @@ static int sample(Sampler *sampler, const float *logits, const Job *j);
 static void accept_token(Server *s, Job *j, int token);
 static void engine_init(Engine *g, KVModel *m, Comm *world, bool use_graph);
 static void engine_free(Engine *g);
-static void send_plan(Engine *g, int kind, int R, int S, int L);
+static void send_plan(Engine *g, int kind, int R, int S, int L, int N);
 
 // ---- the loop (rank 0) -------------------------------------------------------------------------
 
@@ -87,20 +94,25 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
     Engine g;
     engine_init(&g, m, world, use_graph);
     Batch q = {.block_size = m->cache.block_size};
-    block_pool_init(&q.pool, m->cache.n_blocks);
+    block_pool_init(&q.pool, m->cache.n_blocks, m->cache.block_size, s->cfg->prefix_caching);
     q.seq = calloc_or_die((size_t)s->n_slots, sizeof(Seq));
-    for (int b = 0; b < s->n_slots; b++) q.seq[b].blocks = malloc_or_die((size_t)m->cache.max_blocks * sizeof(int));
+    for (int b = 0; b < s->n_slots; b++) {
+        q.seq[b].blocks = malloc_or_die((size_t)m->cache.max_blocks * sizeof(int));
+        q.seq[b].keys = malloc_or_die((size_t)m->cache.max_blocks * sizeof(uint64_t));
+    }
     q.preempted = malloc_or_die((size_t)s->n_slots * sizeof(Job *));
+    q.copies = malloc_or_die(2 * (size_t)s->n_slots * sizeof(int));
     s->metrics.cache_blocks = m->cache.n_blocks;
     while (wait_and_admit(s, &g, &q)) {
         grow_or_preempt(s, &q);
         step(s, &g, &q, sampler);
     }
-    for (int b = 0; b < s->n_slots; b++) free(q.seq[b].blocks);
+    for (int b = 0; b < s->n_slots; b++) free(q.seq[b].blocks), free(q.seq[b].keys);
     free(q.seq);
     free(q.preempted);
+    free(q.copies);
     block_pool_free(&q.pool);
-    send_plan(&g, PLAN_STOP, 0, 0, 0);
+    send_plan(&g, PLAN_STOP, 0, 0, 0, 0);
     engine_free(&g);
 }
 
@@ -116,7 +128,7 @@ static void release_blocks(Batch *q, Seq *sq) {
 }
 
 static void set_blocks_in_use(Server *s, const Batch *q) {  // the lock held
-    s->metrics.cache_blocks_used = q->pool.n_blocks - q->pool.n_free;
+    s->metrics.cache_blocks_used = q->pool.n_blocks - block_pool_available(&q->pool);
 }
 
 static void free_slot(Server *s, Batch *q, int slot) {  // the lock held
@@ -146,20 +158,64 @@ static void drop_cancelled(Server *s, Batch *q) {  // the lock held
     for (Job *j; (j = next_waiting(s, q, false)) && j->cancelled;) job_release(s, next_waiting(s, q, true));
 }
 
+// the tokens of j's block i
+static void block_tokens(const Job *j, int i, int block_size, int *tokens) {
+    for (int t = 0; t < block_size; t++) tokens[t] = job_token(j, i * block_size + t);
+}
+
+// The cached blocks j's text begins with (prefix caching): their number, the blocks in found and
+// their keys in keys; *unheld counts those nobody holds now (taking them makes them unavailable).
+static int match_prefix(const Batch *q, const Job *j, int *found, uint64_t *keys, int *unheld) {
+    int bs = q->block_size, n = 0, tokens[bs];
+    *unheld = 0;
+    if (!q->pool.caching) return 0;
+    for (uint64_t parent = 0; (n + 1) * bs <= job_length(j); parent = keys[n++]) {
+        block_tokens(j, n, bs, tokens);
+        keys[n] = prefix_key(parent, tokens, bs);
+        if ((found[n] = prefix_lookup(&q->pool, keys[n], parent, tokens)) < 0) break;
+        *unheld += q->pool.refs[found[n]] == 0;
+    }
+    return n;
+}
+
+// Job j into batch row b with the cached blocks of its prefix (n of them) and new ones for the
+// rest. When the cache holds the whole text, its last position is computed again (its logits
+// give the next token) into a copy of the last block: a shared block is never written
+// (copy-on-write).
+static void place(Server *s, Batch *q, int b, Job *j, int n) {  // the lock held
+    Seq *sq = &q->seq[b];
+    int len = job_length(j), bs = q->block_size;
+    *sq = (Seq){.blocks = sq->blocks, .keys = sq->keys, .order = q->admissions++, .n_blocks = n, .n_keyed = n,
+                .n_cached = n * bs};
+    for (int i = 0; i < n; i++) block_pool_hold(&q->pool, sq->blocks[i]);
+    if (n * bs == len) {
+        int copy = block_pool_take(&q->pool);
+        q->copies[2 * q->n_copies] = sq->blocks[n - 1], q->copies[2 * q->n_copies++ + 1] = copy;
+        s->metrics.block_copies++;
+        block_pool_release(&q->pool, sq->blocks[n - 1]);
+        sq->blocks[n - 1] = copy;
+        sq->n_keyed = n - 1;
+        sq->n_cached = len - 1;
+    }
+    while (sq->n_blocks < blocks_for(len, bs)) sq->blocks[sq->n_blocks++] = block_pool_take(&q->pool);
+    if (sq->n_cached) s->metrics.prefix_hits++, s->metrics.prefix_tokens_saved += sq->n_cached;
+    s->slots[b] = j;
+    s->busy++;
+}
+
 // Admits waiting jobs, in order, while a batch row is free and the pool holds the blocks of the
-// job's text so far (its prompt; after a preemption, its tokens too).
+// job's text so far (its prompt; after a preemption, its tokens too) that are not cached.
 static void admit(Server *s, Batch *q) {  // the lock held
     for (int b = 0; b < s->n_slots; b++) {
         if (s->slots[b]) continue;
         Job *j = next_waiting(s, q, false);
-        if (!j || blocks_for(job_length(j), q->block_size) > q->pool.n_free) break;
-        next_waiting(s, q, true);
+        if (!j) break;
         Seq *sq = &q->seq[b];
-        *sq = (Seq){.blocks = sq->blocks, .order = q->admissions++};
-        while (sq->n_blocks < blocks_for(job_length(j), q->block_size))
-            sq->blocks[sq->n_blocks++] = block_pool_take(&q->pool);
-        s->slots[b] = j;
-        s->busy++;
+        int unheld, n = match_prefix(q, j, sq->blocks, sq->keys, &unheld);
+        int needed = blocks_for(job_length(j), q->block_size) - n + (n * q->block_size == job_length(j));
+        if (needed > block_pool_available(&q->pool) - unheld) break;
+        next_waiting(s, q, true);
+        place(s, q, b, j, n);
     }
     set_blocks_in_use(s, q);
 }
@@ -184,7 +240,7 @@ static bool wait_and_admit(Server *s, Engine *g, Batch *q) {
         struct timespec until = deadline_in(1);
         if (pthread_cond_timedwait(&s->work, &s->lock, &until) == ETIMEDOUT) {
             pthread_mutex_unlock(&s->lock);
-            send_plan(g, PLAN_IDLE, 0, 0, 0);
+            send_plan(g, PLAN_IDLE, 0, 0, 0, 0);
             pthread_mutex_lock(&s->lock);
         }
     }
@@ -288,12 +344,27 @@ static int plan_rows(Server *s, Engine *g, Batch *q, int *n_seqs, int *n_logits)
     return R;
 }
 
+// the blocks sq filled are cached from now on, known by their prefix
+static void key_full_blocks(Batch *q, Seq *sq, const Job *j) {
+    int bs = q->block_size, tokens[bs];
+    for (; sq->n_keyed < sq->n_cached / bs; sq->n_keyed++) {
+        int i = sq->n_keyed;
+        uint64_t parent = i ? sq->keys[i - 1] : 0;
+        block_tokens(j, i, bs, tokens);
+        sq->keys[i] = prefix_key(parent, tokens, bs);
+        prefix_register(&q->pool, sq->blocks[i], sq->keys[i], parent, tokens);
+    }
+}
+
 // one step over the running jobs: their rows through the model, a token for each job whose
 // last position was among them
 static void step(Server *s, Engine *g, Batch *q, Sampler *sampler) {
-    int S, L, R = plan_rows(s, g, q, &S, &L);
+    int S, L, R = plan_rows(s, g, q, &S, &L), N = q->n_copies;
     if (R == 0) return;
-    send_plan(g, PLAN_STEP, R, S, L);
+    float *copies = g->plan + PLAN_HEAD + 3 * R + L + (size_t)S * g->m->cache.max_blocks;
+    for (int i = 0; i < 2 * N; i++) copies[i] = (float)q->copies[i];
+    q->n_copies = 0;
+    send_plan(g, PLAN_STEP, R, S, L, N);
     size_t Vp = (size_t)g->m->cfg.padded_vocab_size;
     pthread_mutex_lock(&s->lock);
     for (int b = 0; b < s->n_slots; b++) {
@@ -301,6 +372,7 @@ static void step(Server *s, Engine *g, Batch *q, Sampler *sampler) {
         Seq *sq = &q->seq[b];
         if (!j || !sq->rows) continue;
         sq->n_cached += sq->rows;
+        if (q->pool.caching) key_full_blocks(q, sq, j);
         if (sq->logit < 0) continue;
         if (j->n_out == 0) s->metrics.prompt_tokens += j->n_ids;
         pthread_mutex_unlock(&s->lock);  // sampling reads only the scheduler's own fields
@@ -377,7 +449,7 @@ static void accept_token(Server *s, Job *j, int token) {
 
 void scheduler_metrics_text(const Server *s, Buf *out) {
     const ServerMetrics *m = &s->metrics;
-    char text[1024];
+    char text[2048];
     int n = snprintf(text, sizeof text,
                      "# HELP workbook_kv_cache_blocks blocks of the paged KV cache's pool\n"
                      "# TYPE workbook_kv_cache_blocks gauge\nworkbook_kv_cache_blocks %d\n"
@@ -385,8 +457,18 @@ void scheduler_metrics_text(const Server *s, Buf *out) {
                      "# TYPE workbook_kv_cache_blocks_used gauge\nworkbook_kv_cache_blocks_used %d\n"
                      "# HELP workbook_preemptions_total running requests whose blocks were freed, to be "
                      "recomputed later\n"
-                     "# TYPE workbook_preemptions_total counter\nworkbook_preemptions_total %ld\n",
-                     m->cache_blocks, m->cache_blocks_used, m->preemptions);
+                     "# TYPE workbook_preemptions_total counter\nworkbook_preemptions_total %ld\n"
+                     "# HELP workbook_prefix_cache_hits_total requests that began with cached blocks\n"
+                     "# TYPE workbook_prefix_cache_hits_total counter\nworkbook_prefix_cache_hits_total %ld\n"
+                     "# HELP workbook_prefix_cache_tokens_saved_total prompt positions not computed: their "
+                     "keys and values were cached\n"
+                     "# TYPE workbook_prefix_cache_tokens_saved_total counter\n"
+                     "workbook_prefix_cache_tokens_saved_total %ld\n"
+                     "# HELP workbook_kv_cache_block_copies_total shared blocks copied before a write "
+                     "(copy-on-write)\n"
+                     "# TYPE workbook_kv_cache_block_copies_total counter\nworkbook_kv_cache_block_copies_total %ld\n",
+                     m->cache_blocks, m->cache_blocks_used, m->preemptions, m->prefix_hits, m->prefix_tokens_saved,
+                     m->block_copies);
     buf_append(out, text, (size_t)n);
 }
 
@@ -394,7 +476,7 @@ void scheduler_metrics_text(const Server *s, Buf *out) {
 
 static void engine_init(Engine *g, KVModel *m, Comm *world, bool use_graph) {
     *g = (Engine){.m = m, .world = world, .use_graph = use_graph, .max_rows = m->B * m->T};
-    g->len = PLAN_HEAD + 3 * (size_t)g->max_rows + (size_t)m->B + (size_t)m->B * m->cache.max_blocks;
+    g->len = PLAN_HEAD + 3 * (size_t)g->max_rows + 3 * (size_t)m->B + (size_t)m->B * m->cache.max_blocks;
     g->plan = calloc_or_die(g->len, sizeof(float));
     g->plan_dev = dev_malloc(g->len * sizeof(float));  // NCCL broadcasts device memory
     g->tokens = calloc_or_die((size_t)g->max_rows, sizeof(int));
@@ -425,9 +507,11 @@ static void broadcast_plan(Engine *g) {
 // row and one logit row per job) is kv_decode's, which a CUDA graph can replay.
 static int run_plan(Engine *g) {
     int kind = (int)g->plan[0], R = (int)g->plan[1], S = (int)g->plan[2], L = (int)g->plan[3];
+    int N = (int)g->plan[4];
     if (kind != PLAN_STEP) return kind;
-    const float *p = g->plan + PLAN_HEAD, *tables = p + 3 * R + L;
+    const float *p = g->plan + PLAN_HEAD, *tables = p + 3 * R + L, *copies = tables + (size_t)S * g->m->cache.max_blocks;
     KVCache *c = &g->m->cache;
+    for (int i = 0; i < N; i++) kv_cache_copy_block(c, (int)copies[2 * i + 1], (int)copies[2 * i]);
     for (int r = 0; r < R; r++) {
         g->tokens[r] = (int)p[r], g->pos[r] = (int)p[R + r];
         int *row = kv_cache_table(c, r);
@@ -442,11 +526,12 @@ static int run_plan(Engine *g) {
 }
 
 // rank 0: the plan (its rows already in g->plan[PLAN_HEAD...]) to every rank, then its own run of it
-static void send_plan(Engine *g, int kind, int R, int S, int L) {
+static void send_plan(Engine *g, int kind, int R, int S, int L, int N) {
     g->plan[0] = (float)kind;
     g->plan[1] = (float)R;
     g->plan[2] = (float)S;
     g->plan[3] = (float)L;
+    g->plan[4] = (float)N;
     broadcast_plan(g);
     run_plan(g);
 }

@@ -78,6 +78,8 @@ typedef struct {
     // the paged KV cache (scheduler.c)
     int cache_blocks, cache_blocks_used;
     long preemptions;        // running jobs whose blocks were taken back to let the others go on
+    long prefix_hits, prefix_tokens_saved;  // jobs that began with cached blocks; their positions
+    long block_copies;       // cached blocks copied to be written (copy-on-write)
 } ServerMetrics;
 
 // ---- the shared state ----------------------------------------------------------------------------

@@ -118,6 +118,8 @@ static const Key KEYS[] = {
     K(kv_block_size, T_INT, "16", "inference: positions per block of the paged KV cache"),
     K(kv_cache_bytes, T_FLOAT, "0",
       "inference server: bytes of the KV cache's block pool per rank (0: max_batch_size whole contexts)"),
+    K(prefix_caching, T_BOOL, "true",
+      "inference server: requests whose text begins alike share the KV cache's blocks of it"),
     K(max_prefill_tokens, T_INT, "0",
       "inference server: prompt tokens a step takes (chunked prefill; 0: whole prompts)"),
 };

@@ -84,6 +84,7 @@ typedef struct {
     int kv_block_size;           // positions per block of the paged KV cache
     double kv_cache_bytes;       // the server's block pool per rank (0: max_batch_size whole contexts)
     int max_prefill_tokens;      // prompt tokens a server step takes (0: whole prompts)
+    bool prefix_caching;         // requests whose text begins alike share cache blocks
 } Config;
 
 // The program loading the config. Each stage implements one strategy and reads its own config

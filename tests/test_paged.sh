@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Stage 06's engine (scheduler.c over the paged KV cache, kv_cache.h): the server's answers are
-# the tokens of the plain loop without a cache, whatever the engine does to get them.
+# Stage 06's engine (scheduler.c over the paged KV cache, kv_cache.h; block_pool.h): the server's
+# answers are the tokens of the plain loop without a cache, whatever the engine does to get them.
 #  - 64 concurrent chat requests whose prompts share prefixes of several lengths (the template,
-#    the instruction, part of the input), half greedy and half sampled with their own seeds;
-#  - a block pool that holds about two of them at once, in blocks of 4 positions, so that
-#    running requests run out of blocks mid-answer and the newest are preempted (freed, and
-#    recomputed later: /metrics counts them);
+#    the instruction, part of the input), half greedy and half sampled with their own seeds, the
+#    last 8 asked before;
 #  - greedy answers equal stage 06's own without a KV cache (--kv_cache=false: the training
-#    model's forward over the whole text each step, an independent reference); sampled answers
-#    equal the slot design's (one block of a whole context per request, one request at a time).
+#    model's forward over the whole text each step, an independent reference); every answer
+#    equals the slot design's (one block of a whole context per request, one request at a time);
+#  - a block pool that holds about two of them at once, in blocks of 4 positions, so that running
+#    requests run out of blocks mid-answer and the newest are preempted (freed, and recomputed
+#    later); then with prefix caching (hits counted in /metrics), chunked prefill (32 positions a
+#    step, the prompts ~225), everything at once, and everything on a [2,1,1] grid;
+#  - prompts asked again in blocks of one position: the whole prompt is cached and its last block
+#    copied before it is written (copy-on-write, counted in /metrics).
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 source tests/server_lib.sh
@@ -32,7 +36,8 @@ tasks = ["Sort the digits.", "Reverse the digits.", "Count the digits.", "Add th
 rng = random.Random(3)
 digits = lambda n: "".join(rng.choice("0123456789") for _ in range(n))
 shared = [digits(4 * k) for k in range(4)]
-prompts = [(tasks[i % 4], shared[i % 4] + digits(2 + i % 7)) for i in range(64)]
+prompts = [(tasks[i % 4], shared[i % 4] + digits(2 + i % 7)) for i in range(56)]
+prompts += prompts[:8]  # asked again: with prefix caching, their whole prompt is cached
 open(f"{sys.argv[1]}/prompts.txt", "w").write("".join(f"{a}\t{b}\n" for a, b in prompts))
 reqs = []
 for i, (instruction, text) in enumerate(prompts):
@@ -40,6 +45,7 @@ for i, (instruction, text) in enumerate(prompts):
     r.update({"temperature": 0} if i % 2 == 0 else {"temperature": 1, "seed": 100 + i, "max_tokens": 6 + i % 11})
     reqs.append(r)
 json.dump(reqs, open(f"{sys.argv[1]}/requests.json", "w"))
+json.dump(reqs[:8] + reqs[56:], open(f"{sys.argv[1]}/again.json", "w"))
 PY
 
 # the references: no cache (greedy), and the slot design one request at a time (all)
@@ -52,7 +58,7 @@ for answer in ids[0::2]:  # the greedy ones; the byte tokenizer: a token is a by
     print(json.dumps(bytes(int(t) for t in answer).decode("utf-8", "replace")))
 PY
 check '[ "$(wc -l <"$tmp/nocache.txt")" -eq 32 ]' "the no-cache reference did not answer 32 greedy prompts: $(tail -3 "$tmp/nocache.log")"
-start_server slots 1 "${model[@]}" --max_batch_size=1 --kv_block_size=256
+start_server slots 1 "${model[@]}" --max_batch_size=1 --kv_block_size=256 --prefix_caching=false
 client answers "$url" "$tmp/requests.json" 1 >"$tmp/slots.json"
 stop_server
 
@@ -60,11 +66,12 @@ greedy() { python3 -c 'import json,sys; [print(json.dumps(x.get("text"))) for x 
 check 'cmp -s <(greedy "$tmp/slots.json") "$tmp/nocache.txt"' \
     "the slot design's greedy answers differ from no cache: $(diff <(greedy "$tmp/slots.json") "$tmp/nocache.txt" | head -4)"
 
-# served <name> <what> <args...>: the 64 requests at once on a server with <args>; its greedy
-# answers against no cache, all against the slot design's
+# served <name> <what> <args...>: the 64 requests at once on a server with <args> (on
+# $served_ranks ranks, 1 unless set); its greedy answers against no cache, all against the slot
+# design's
 served() {
     local name=$1 what=$2; shift 2
-    start_server "$name" 1 "${model[@]}" --max_batch_size=64 "$@"
+    start_server "$name" "${served_ranks:-1}" "${model[@]}" --max_batch_size=64 "$@"
     client answers "$url" "$tmp/requests.json" 64 >"$tmp/$name.json"
     curl -s -m 10 "$url/metrics" >"$tmp/$name.metrics"
     stop_server
@@ -78,8 +85,34 @@ metric() { sed -n "s/^$2 //p" "$tmp/$1.metrics"; }
 # a pool of 120 blocks of 4 positions (4096 bytes each: 2 layers, keys and values, 64 columns):
 # two prompts of about 225 tokens, and little room to answer (the answers stay below the
 # context, where stage 06 without a server allows one token more than the server)
-served paged "paged cache, small pool" --kv_block_size=4 --kv_cache_bytes=491520
-check '[ "$(metric paged workbook_kv_cache_blocks)" = 120 ] && [ "$(metric paged workbook_preemptions_total)" -gt 0 ] && [ "$(metric paged workbook_kv_cache_blocks_used)" = 0 ]' \
-    "paged cache: want 120 blocks, some preemptions, none held at the end: $(grep -a "kv_cache\|preempt" "$tmp/paged.metrics")"
+served paged "paged cache, small pool" --kv_block_size=4 --kv_cache_bytes=491520 --prefix_caching=false
+check '[ "$(metric paged workbook_kv_cache_blocks)" = 120 ] && [ "$(metric paged workbook_preemptions_total)" -gt 0 ] && [ "$(metric paged workbook_kv_cache_blocks_used)" = 0 ] && [ "$(metric paged workbook_prefix_cache_hits_total)" = 0 ]' \
+    "paged cache: want 120 blocks, some preemptions, none held at the end, no prefix hits: $(grep -a "^workbook_.*\(cache\|preempt\)" "$tmp/paged.metrics")"
+# the same with prefix caching: the template's blocks (and a task's, and a shared input's) are
+# computed once and found by the later requests; preempted requests find their own blocks again
+served prefix "prefix caching, small pool" --kv_block_size=4 --kv_cache_bytes=491520
+check '[ "$(metric prefix workbook_preemptions_total)" -gt 0 ] && [ "$(metric prefix workbook_prefix_cache_hits_total)" -ge 56 ] && [ "$(metric prefix workbook_prefix_cache_tokens_saved_total)" -ge $((56 * 150)) ] && [ "$(metric prefix workbook_kv_cache_blocks_used)" -le 120 ]' \
+    "prefix caching: want preemptions, at least 56 hits saving 150 positions each: $(grep -a "^workbook_.*\(cache\|preempt\)" "$tmp/prefix.metrics")"
+# chunked prefill: 32 prompt positions a step (a prompt takes 7 or 8 steps), mixed with the other
+# requests' decoding rows; alone, then with everything else on, then on a tensor-parallel grid
+served chunked "chunked prefill" --max_prefill_tokens=32 --prefix_caching=false
+served all "chunked prefill, prefix caching, small pool" --max_prefill_tokens=32 --kv_block_size=4 --kv_cache_bytes=491520
+check '[ "$(metric all workbook_preemptions_total)" -gt 0 ] && [ "$(metric all workbook_prefix_cache_hits_total)" -gt 0 ]' \
+    "everything on: want preemptions and prefix hits: $(grep -a "^workbook_.*\(cache\|preempt\)" "$tmp/all.metrics")"
+served_ranks=2 served tp "[2,1,1], everything on" --tp_dimensions=2,1,1 --max_prefill_tokens=32 --kv_block_size=4 \
+    --kv_cache_bytes=245760
+check '[ "$(metric tp workbook_preemptions_total)" -gt 0 ] && [ "$(metric tp workbook_prefix_cache_hits_total)" -gt 0 ]' \
+    "[2,1,1], everything on: want preemptions and prefix hits: $(grep -a "^workbook_.*\(cache\|preempt\)" "$tmp/tp.metrics")"
+
+# blocks of one position, one request at a time: a prompt asked again is cached whole, and its
+# last position is computed again into a copy of its last block (copy-on-write)
+start_server again 1 "${model[@]}" --kv_block_size=1
+client answers "$url" "$tmp/again.json" 1 >"$tmp/again.json.out"
+curl -s -m 10 "$url/metrics" >"$tmp/again.metrics"
+stop_server
+check 'cmp -s "$tmp/again.json.out" <(python3 -c "import json,sys; a=json.load(open(sys.argv[1])); print(json.dumps(a[:8] + a[56:]))" "$tmp/slots.json")' \
+    "prompts asked again, copy-on-write: answers differ from the slot design's: $(head -c 300 "$tmp/again.json.out")"
+check '[ "$(metric again workbook_kv_cache_block_copies_total)" -ge 8 ] && [ "$(metric again workbook_prefix_cache_hits_total)" -ge 15 ]' \
+    "prompts asked again: want 8 block copies at least and 15 hits: $(grep -a "^workbook_.*cache" "$tmp/again.metrics")"
 
 finish test_paged
