@@ -57,7 +57,7 @@ void kv_model_alloc_passes(KVModel *m, LayerOps *inner, const ModelShape *shape,
     spec.ops = &m->layers.base;
     acts_alloc_spec(&m->acts, &spec);
     m->acts.start = m->cache.start;  // rotary embeddings turn each new row by its position in the cache
-    m->last = dev_malloc((size_t)m->B * shape->C * sizeof(float));
+    m->last = dev_malloc((size_t)m->B * m->T * shape->C * sizeof(float));
     m->logits = m->acts.logits;  // the whole vocabulary's rows (a grid with x > 1 gathers them elsewhere)
 }
 
@@ -136,10 +136,30 @@ void kv_forward(KVModel *m, const int *tokens, const int *start, int B, int T, c
     forward_on_device(m, B, T, rows, B);
 }
 
+// n rounded up to a multiple of 16, at most most
+static int padded(int n, int most) {
+    int p = (n + 15) / 16 * 16;
+    return p < most ? p : most;
+}
+
+// The CPU backend keeps a matmul primitive per shape (ops_cpu.c, at most 512 of them), and the
+// server's passes have every number of rows: the rows are padded to a multiple of 16 with copies
+// of the last one (which writes the same keys and values to the same place again), and the logit
+// rows likewise.
 void kv_forward_rows(KVModel *m, const int *tokens, const int *pos, int R, const int *logit_rows, int L) {
-    if (L > m->B) fatal("internal: logits of %d rows exceed the model's %d", L, m->B);
-    upload_inputs(m, tokens, pos, R, 1);
-    forward_on_device(m, R, 1, logit_rows, L);
+    if (L > R || R > m->B * m->T) fatal("internal: logits of %d rows of %d (at most %d)", L, R, m->B * m->T);
+    int Rp = padded(R, m->B * m->T), Lp = padded(L, Rp);
+    int *t = malloc_or_die((size_t)Rp * sizeof(int)), *p = malloc_or_die((size_t)Rp * sizeof(int));
+    int *l = malloc_or_die((size_t)Lp * sizeof(int));
+    for (int r = 0; r < Rp; r++) {
+        t[r] = tokens[r < R ? r : R - 1], p[r] = pos[r < R ? r : R - 1];
+        if (r >= R) memcpy(kv_cache_table(&m->cache, r), kv_cache_table(&m->cache, R - 1),
+                           (size_t)m->cache.max_blocks * sizeof(int));
+    }
+    for (int i = 0; i < Lp; i++) l[i] = logit_rows[i < L ? i : L - 1];
+    upload_inputs(m, t, p, Rp, 1);
+    forward_on_device(m, Rp, 1, l, Lp);
+    free(t), free(p), free(l);
 }
 
 void kv_decode(KVModel *m, const int *tokens, const int *start, int B, bool use_graph) {

@@ -22,7 +22,7 @@
 
 typedef struct KVGrid KVGrid;
 
-typedef struct {
+typedef struct KVModel {
     GPTConfig cfg;
     ParamLayout full;          // the whole model's layout (checkpoints; on one device, params')
     size_t num_params;         // the parameters this process holds: the whole model, or its rank's share
@@ -37,12 +37,13 @@ typedef struct {
     int B, T, maxT;            // capacity: B sequences, T new rows each, maxT cached positions
     size_t pool_bytes;         // the cache's pool (kv_cache.h), asked for (0: B whole contexts)
     int block_size;            // ... in blocks of this many positions
-    float *last;               // (B, C) the rows whose logits a pass takes, the head's input
+    float *last;               // (B x T, C) the rows whose logits a pass takes, the head's input
     float *logits;             // (B, Vp) the whole vocabulary (device)
     size_t bytes;              // device memory of everything above but the weights and the cache
     void *graph;               // the captured decode step (CUDA graph), or NULL
     int graph_B;               // ... and the batch size it was captured for
     KVGrid *grid;              // tensor parallelism's part (kv_grid.h); NULL on one device
+    struct KVModel *draft;     // the server's draft model for speculative decoding (rank 0), or NULL
     long graph_replays;        // decode steps that replayed it (the GPU test asserts some did)
 } KVModel;
 
@@ -74,7 +75,7 @@ void kv_forward(KVModel *m, const int *tokens, const int *start, int B, int T, c
 // kv_cache_table(&m->cache, r), and sees that sequence's positions 0 .. pos[r]. So one pass can
 // hold one sequence's next token and another's prompt (all of it, or a chunk: the rows of a
 // chunk see the chunk's earlier rows, whose keys are written first). Logits of rows
-// logit_rows[0 .. L) into m->logits (L, Vp).
+// logit_rows[0 .. L) into m->logits (L, Vp). Row r's table is overwritten from r = R on.
 void kv_forward_rows(KVModel *m, const int *tokens, const int *pos, int R, const int *logit_rows, int L);
 // A decode step (T = 1). With use_graph (CUDA backend, one device) the step's ops are captured as
 // a CUDA graph the first time (for this B) and replayed afterwards: the inputs are copied into the

@@ -55,7 +55,8 @@ typedef struct {
     size_t len;          // floats in a plan
     float *plan, *plan_dev;
     int *tokens, *pos, *seq, *logit_rows;  // a step's inputs (max_rows)
-    float *logits;       // (B, Vp) host, rank 0
+    float *logits;       // (logit_rows, Vp) host: a step's logits
+    int logits_cap;      // ... rows it holds (grown when a step takes more)
 } Engine;
 
 // a running job's place in the cache (rank 0)
@@ -65,7 +66,10 @@ typedef struct {
     int n_keyed;            // ... the blocks whose key is known
     int n_cached;           // positions whose keys and values are in the cache
     long order;             // when it was admitted: the newest is preempted first
-    int rows, logit;        // this step: rows fed, and its logit row (-1: none)
+    int rows, logit;        // this step: rows fed, and its first logit row (-1: none)
+    // speculative decoding
+    int draft_cached;       // positions the draft model has in its cache
+    int n_spec, *proposals; // this step: the draft's proposals (num_speculative_tokens)
 } Seq;
 
 typedef struct {
@@ -76,7 +80,22 @@ typedef struct {
     int n_preempted;
     long admissions;
     int *copies, n_copies;  // block pairs (source, destination) the next pass copies first
+    // speculative decoding (rank 0): the draft model, its proposals a step, their distributions
+    KVModel *draft;
+    Sampler *sampler;
+    int k, maxT;
+    int *tokens, *pos, *logit_rows, *logit_seq;  // a draft pass's rows (the draft's B x T)
+    float *q_probs;         // (n_slots, k, V) each proposal's draft distribution (sampling)
+    float *p_probs;         // (V) the model's, scratch
+    float *draft_logits;    // (rows, Vp) host
+    int *rows_seq;          // (rows) the job (batch row) of each of the draft's rows
 } Batch;
+
+static void speculation_init(Server *s, Batch *q, KVModel *m, const Sampler *sampler);
+static void speculation_free(Batch *q);
+static int spec_tokens(const Batch *q, const Job *j);
+static void propose(Server *s, Batch *q);
+static int accept_proposals(Server *s, Batch *q, Sampler *sampler, int b, const float *logits, size_t Vp);
 
 // the loop's parts, in the order they come below
 static bool wait_and_admit(Server *s, Engine *g, Batch *q);
@@ -102,6 +121,8 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
     }
     q.preempted = malloc_or_die((size_t)s->n_slots * sizeof(Job *));
     q.copies = malloc_or_die(2 * (size_t)s->n_slots * sizeof(int));
+    q.sampler = sampler;
+    speculation_init(s, &q, m, sampler);
     s->metrics.cache_blocks = m->cache.n_blocks;
     while (wait_and_admit(s, &g, &q)) {
         grow_or_preempt(s, &q);
@@ -111,6 +132,7 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
     free(q.seq);
     free(q.preempted);
     free(q.copies);
+    speculation_free(&q);
     block_pool_free(&q.pool);
     send_plan(&g, PLAN_STOP, 0, 0, 0, 0);
     engine_free(&g);
@@ -185,8 +207,8 @@ static int match_prefix(const Batch *q, const Job *j, int *found, uint64_t *keys
 static void place(Server *s, Batch *q, int b, Job *j, int n) {  // the lock held
     Seq *sq = &q->seq[b];
     int len = job_length(j), bs = q->block_size;
-    *sq = (Seq){.blocks = sq->blocks, .keys = sq->keys, .order = q->admissions++, .n_blocks = n, .n_keyed = n,
-                .n_cached = n * bs};
+    *sq = (Seq){.blocks = sq->blocks, .keys = sq->keys, .proposals = sq->proposals, .order = q->admissions++,
+                .n_blocks = n, .n_keyed = n, .n_cached = n * bs};
     for (int i = 0; i < n; i++) block_pool_hold(&q->pool, sq->blocks[i]);
     if (n * bs == len) {
         int copy = block_pool_take(&q->pool);
@@ -196,8 +218,10 @@ static void place(Server *s, Batch *q, int b, Job *j, int n) {  // the lock held
         sq->blocks[n - 1] = copy;
         sq->n_keyed = n - 1;
         sq->n_cached = len - 1;
+        if (q->draft) kv_cache_copy_block(&q->draft->cache, copy, q->copies[2 * q->n_copies - 2]);
     }
     while (sq->n_blocks < blocks_for(len, bs)) sq->blocks[sq->n_blocks++] = block_pool_take(&q->pool);
+    sq->draft_cached = sq->n_cached;  // the draft's blocks mirror the model's (same tables)
     if (sq->n_cached) s->metrics.prefix_hits++, s->metrics.prefix_tokens_saved += sq->n_cached;
     s->slots[b] = j;
     s->busy++;
@@ -279,7 +303,9 @@ static void grow_or_preempt(Server *s, Batch *q) {
     pthread_mutex_lock(&s->lock);
     for (int b = 0; b < s->n_slots; b++) {
         Seq *sq = &q->seq[b];
-        while (s->slots[b] && sq->n_blocks < blocks_for(job_length(s->slots[b]), q->block_size)) {
+        while (s->slots[b] && sq->n_blocks < blocks_for(job_length(s->slots[b]) + spec_tokens(q, s->slots[b]) *
+                                                            (job_length(s->slots[b]) - sq->n_cached == 1),
+                                                        q->block_size)) {
             int block = block_pool_take(&q->pool);
             if (block >= 0) sq->blocks[sq->n_blocks++] = block;
             else preempt(s, q, newest_running(s, q));
@@ -309,24 +335,42 @@ static int plan_rows(Server *s, Engine *g, Batch *q, int *n_seqs, int *n_logits)
             int t = order[k];
             order[k] = order[k - 1], order[k - 1] = t;
         }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) {  // how many rows each job gets
         int b = order[i];
         Seq *sq = &q->seq[b];
         const Job *j = s->slots[b];
         int len = job_length(j), rows = len - sq->n_cached;
-        sq->rows = 0, sq->logit = -1;
+        sq->rows = 0, sq->logit = -1, sq->n_spec = 0;
+        if (rows == 1) sq->n_spec = spec_tokens(q, j);  // decoding: the draft's proposals too
+        if (rows == 1 && 1 + sq->n_spec > g->max_rows - R) sq->n_spec = g->max_rows - R - 1;
         if (rows > 1 && rows > budget) rows = (int)budget;
         if (rows > g->max_rows - R) rows = g->max_rows - R;
-        if (rows <= 0) continue;
+        if (rows <= 0) {
+            sq->n_spec = 0;
+            continue;
+        }
         if (rows > 1) budget -= rows;
-        for (int r = 0; r < rows; r++) {
-            g->tokens[R + r] = job_token(j, sq->n_cached + r);
-            g->pos[R + r] = sq->n_cached + r;
+        sq->rows = rows + sq->n_spec;
+        R += sq->rows;
+    }
+    if (q->draft) propose(s, q);
+    R = 0;
+    for (int i = 0; i < n; i++) {  // their tokens: the text's next ones, then the proposals
+        int b = order[i];
+        Seq *sq = &q->seq[b];
+        const Job *j = s->slots[b];
+        if (!sq->rows) continue;
+        for (int r = 0; r < sq->rows; r++) {
+            int at = sq->n_cached + r;
+            g->tokens[R + r] = at < job_length(j) ? job_token(j, at) : sq->proposals[at - job_length(j)];
+            g->pos[R + r] = at;
             g->seq[R + r] = S;
         }
-        R += rows;
-        sq->rows = rows;
-        if (sq->n_cached + rows == len) g->logit_rows[L] = R - 1, sq->logit = L++;
+        R += sq->rows;
+        if (sq->n_cached + sq->rows >= job_length(j)) {  // every row from the last position on
+            sq->logit = L;
+            for (int r = sq->rows - 1 - sq->n_spec; r < sq->rows; r++) g->logit_rows[L++] = R - sq->rows + r;
+        }
         S++;
     }
     // the plan: rows, logit rows, tables (in the order the jobs' rows came)
@@ -371,14 +415,20 @@ static void step(Server *s, Engine *g, Batch *q, Sampler *sampler) {
         Job *j = s->slots[b];
         Seq *sq = &q->seq[b];
         if (!j || !sq->rows) continue;
-        sq->n_cached += sq->rows;
+        int len = job_length(j);
+        sq->n_cached += sq->rows - sq->n_spec;
+        if (sq->logit >= 0 && j->n_out == 0) s->metrics.prompt_tokens += j->n_ids;
+        if (sq->n_spec) {  // the proposals the model agrees with are in its cache now
+            int accepted = accept_proposals(s, q, sampler, b, g->logits + sq->logit * Vp, Vp);
+            sq->n_cached += accepted;
+            sq->draft_cached = sq->n_cached < len + sq->n_spec - 1 ? sq->n_cached : len + sq->n_spec - 1;
+        } else if (sq->logit >= 0) {
+            pthread_mutex_unlock(&s->lock);  // sampling reads only the scheduler's own fields
+            int token = sample(sampler, g->logits + sq->logit * Vp, j);
+            pthread_mutex_lock(&s->lock);
+            accept_token(s, j, token);
+        }
         if (q->pool.caching) key_full_blocks(q, sq, j);
-        if (sq->logit < 0) continue;
-        if (j->n_out == 0) s->metrics.prompt_tokens += j->n_ids;
-        pthread_mutex_unlock(&s->lock);  // sampling reads only the scheduler's own fields
-        int token = sample(sampler, g->logits + sq->logit * Vp, j);
-        pthread_mutex_lock(&s->lock);
-        accept_token(s, j, token);
         if (j->finish != FINISH_NONE) free_slot(s, q, b);
     }
     pthread_cond_broadcast(&s->progress);
@@ -387,11 +437,15 @@ static void step(Server *s, Engine *g, Batch *q, Sampler *sampler) {
 
 // ---- a token for a job -------------------------------------------------------------------------
 
-static int sample(Sampler *sampler, const float *logits, const Job *j) {
+static void use_job_settings(Sampler *sampler, const Job *j) {
     sampler->temperature = j->temperature;
     sampler->top_k = j->top_k;
     sampler->top_p = j->top_p;
     sampler->seed = j->seed;
+}
+
+static int sample(Sampler *sampler, const float *logits, const Job *j) {
+    use_job_settings(sampler, j);
     return sampler_next(sampler, logits, j->key, j->n_out);
 }
 
@@ -445,11 +499,155 @@ static void accept_token(Server *s, Job *j, int token) {
     if (j->finish == FINISH_NONE) j->visible -= stop_prefix_at_end(j);
 }
 
+// ---- speculative decoding (rank 0) ------------------------------------------------------------------
+// A small draft model (draft_model: the same tokenizer, fewer layers) proposes
+// num_speculative_tokens tokens one at a time, and the model checks them all in one pass: rows
+// [last token, proposal 1, ..., proposal k] give its own distribution after each. A proposal the
+// model would have chosen is accepted (greedy); sampling, proposal d drawn from the draft's q is
+// accepted with probability min(1, p(d) / q(d)), else the token is drawn from max(0, p - q)
+// renormalised: either way the token has the model's distribution p (Leviathan et al., 2023).
+// After the first refusal the model's token stands and the rest are dropped; when all are
+// accepted the last row's distribution gives one token more. The draft's cache uses the model's
+// block tables (its own pool of as many blocks), and it runs every row the model runs.
+
+static void speculation_init(Server *s, Batch *q, KVModel *m, const Sampler *sampler) {
+    q->draft = m->draft;
+    if (!q->draft) return;
+    q->k = s->cfg->num_speculative_tokens;
+    q->maxT = m->maxT;
+    size_t rows = (size_t)q->draft->B * q->draft->T, Vp = (size_t)q->draft->cfg.padded_vocab_size;
+    for (int b = 0; b < s->n_slots; b++) q->seq[b].proposals = malloc_or_die((size_t)q->k * sizeof(int));
+    q->q_probs = malloc_or_die((size_t)s->n_slots * q->k * sampler->V * sizeof(float));
+    q->p_probs = malloc_or_die((size_t)sampler->V * sizeof(float));
+    q->draft_logits = malloc_or_die((size_t)s->n_slots * Vp * sizeof(float));
+    q->tokens = malloc_or_die(rows * sizeof(int));
+    q->pos = malloc_or_die(rows * sizeof(int));
+    q->logit_rows = malloc_or_die((size_t)s->n_slots * sizeof(int));
+    q->logit_seq = malloc_or_die((size_t)s->n_slots * sizeof(int));
+}
+
+static void speculation_free(Batch *q) {
+    if (!q->draft) return;
+    for (int b = 0; q->seq && b < q->draft->B; b++) free(q->seq[b].proposals);
+    free(q->q_probs);
+    free(q->p_probs);
+    free(q->draft_logits);
+    free(q->tokens);
+    free(q->pos);
+    free(q->logit_rows);
+    free(q->logit_seq);
+}
+
+// the proposals a decoding job takes this step: num_speculative_tokens, as far as the context
+// and its max_tokens leave room
+static int spec_tokens(const Batch *q, const Job *j) {
+    if (!q->draft) return 0;
+    int k = q->k, room = q->maxT - job_length(j), left = j->max_tokens - j->n_out - 1;
+    k = k < room ? k : room;
+    k = k < left ? k : left;
+    return k > 0 ? k : 0;
+}
+
+// one of the draft's passes over q->tokens/pos (R rows, each row r of job q->rows_seq... the
+// table of the job it belongs to) and its proposal number i for each job with a logit row
+static void draft_pass(Server *s, Batch *q, int R, int L, int i) {
+    KVModel *d = q->draft;
+    size_t Vp = (size_t)d->cfg.padded_vocab_size;
+    kv_forward_rows(d, q->tokens, q->pos, R, q->logit_rows, L);
+    copy_to_host(q->draft_logits, d->logits, (size_t)L * Vp * sizeof(float));
+    for (int l = 0; l < L; l++) {
+        int b = q->logit_seq[l];
+        Seq *sq = &q->seq[b];
+        const Job *j = s->slots[b];
+        const float *row = q->draft_logits + l * Vp;
+        if (j->temperature <= 0) {
+            sq->proposals[i] = sample(q->sampler, row, j);
+            continue;
+        }
+        float *qp = q->q_probs + ((size_t)b * q->k + i) * q->sampler->V;
+        use_job_settings(q->sampler, j);
+        sampler_probs(q->sampler, row, qp);
+        sq->proposals[i] = sampler_draw(q->sampler, qp, j->key, j->n_out + i, 1);
+    }
+}
+
+// the row r of a draft pass: job b's token at position at
+static void draft_row(Batch *q, int r, int b, int token, int at) {
+    Seq *sq = &q->seq[b];
+    q->tokens[r] = token, q->pos[r] = at;
+    memcpy(kv_cache_table(&q->draft->cache, r), sq->blocks, (size_t)sq->n_blocks * sizeof(int));
+}
+
+// The draft's proposals for this step's decoding jobs. Its first pass runs the rows the model
+// runs this step that the draft has not (a prompt's chunk, a decoding job's last token or two),
+// its logits at each decoding job's last position; each later pass one row a job: its last
+// proposal. Only the scheduler's fields are read: no lock.
+static void propose(Server *s, Batch *q) {
+    int R = 0, L = 0;
+    for (int b = 0; b < s->n_slots; b++) {
+        Seq *sq = &q->seq[b];
+        const Job *j = s->slots[b];
+        if (!j || !sq->rows) continue;
+        int end = sq->n_cached + sq->rows - sq->n_spec;
+        for (; sq->draft_cached < end; sq->draft_cached++)
+            draft_row(q, R++, b, job_token(j, sq->draft_cached), sq->draft_cached);
+        if (sq->n_spec) q->logit_rows[L] = R - 1, q->logit_seq[L++] = b;
+    }
+    if (!R) return;
+    draft_pass(s, q, R, L, 0);
+    for (int i = 1; i < q->k; i++) {
+        R = 0, L = 0;
+        for (int b = 0; b < s->n_slots; b++) {
+            Seq *sq = &q->seq[b];
+            if (!s->slots[b] || sq->n_spec <= i) continue;
+            draft_row(q, R, b, sq->proposals[i - 1], job_length(s->slots[b]) - 1 + i);
+            q->logit_rows[L] = R++, q->logit_seq[L++] = b;
+        }
+        if (!R) break;
+        draft_pass(s, q, R, L, i);
+    }
+}
+
+// The model's verdict on job b's proposals (its logits after the last token and after each
+// proposal, n_spec + 1 rows); returns how many it accepted. The lock held.
+static int accept_proposals(Server *s, Batch *q, Sampler *sampler, int b, const float *logits, size_t Vp) {
+    Job *j = s->slots[b];
+    Seq *sq = &q->seq[b];
+    int accepted = 0;
+    for (int i = 0; i <= sq->n_spec && j->finish == FINISH_NONE; i++) {
+        const float *row = logits + i * Vp;
+        bool proposal = i < sq->n_spec;
+        int token, d = proposal ? sq->proposals[i] : -1;
+        pthread_mutex_unlock(&s->lock);  // sampling reads only the scheduler's own fields
+        if (!proposal || j->temperature <= 0) token = sample(sampler, row, j);
+        else {
+            const float *qp = q->q_probs + ((size_t)b * q->k + i) * sampler->V;
+            float *p = q->p_probs, rest = 0.0f;
+            use_job_settings(sampler, j);
+            sampler_probs(sampler, row, p);
+            if (sampler_uniform(sampler, j->key, j->n_out, 2) * qp[d] < p[d]) token = d;
+            else {  // refused: the rest of p that q does not cover
+                for (int v = 0; v < sampler->V; v++) rest += p[v] = p[v] > qp[v] ? p[v] - qp[v] : 0.0f;
+                for (int v = 0; v < sampler->V; v++) p[v] /= rest;
+                token = rest > 0.0f ? sampler_draw(sampler, p, j->key, j->n_out, 3) : d;
+            }
+        }
+        pthread_mutex_lock(&s->lock);
+        accept_token(s, j, token);
+        if (!proposal) break;
+        s->metrics.spec_proposed++;
+        if (token != d) break;
+        s->metrics.spec_accepted++;
+        accepted++;
+    }
+    return accepted;
+}
+
 // ---- metrics ------------------------------------------------------------------------------------
 
 void scheduler_metrics_text(const Server *s, Buf *out) {
     const ServerMetrics *m = &s->metrics;
-    char text[2048];
+    char text[3072];
     int n = snprintf(text, sizeof text,
                      "# HELP workbook_kv_cache_blocks blocks of the paged KV cache's pool\n"
                      "# TYPE workbook_kv_cache_blocks gauge\nworkbook_kv_cache_blocks %d\n"
@@ -466,9 +664,16 @@ void scheduler_metrics_text(const Server *s, Buf *out) {
                      "workbook_prefix_cache_tokens_saved_total %ld\n"
                      "# HELP workbook_kv_cache_block_copies_total shared blocks copied before a write "
                      "(copy-on-write)\n"
-                     "# TYPE workbook_kv_cache_block_copies_total counter\nworkbook_kv_cache_block_copies_total %ld\n",
+                     "# TYPE workbook_kv_cache_block_copies_total counter\nworkbook_kv_cache_block_copies_total %ld\n"
+                     "# HELP workbook_spec_proposed_tokens_total the draft model's proposals the model checked\n"
+                     "# TYPE workbook_spec_proposed_tokens_total counter\nworkbook_spec_proposed_tokens_total %ld\n"
+                     "# HELP workbook_spec_accepted_tokens_total ... and accepted\n"
+                     "# TYPE workbook_spec_accepted_tokens_total counter\nworkbook_spec_accepted_tokens_total %ld\n"
+                     "# HELP workbook_spec_acceptance_rate accepted / proposed\n"
+                     "# TYPE workbook_spec_acceptance_rate gauge\nworkbook_spec_acceptance_rate %.4f\n",
                      m->cache_blocks, m->cache_blocks_used, m->preemptions, m->prefix_hits, m->prefix_tokens_saved,
-                     m->block_copies);
+                     m->block_copies, m->spec_proposed, m->spec_accepted,
+                     m->spec_proposed ? (double)m->spec_accepted / (double)m->spec_proposed : 0.0);
     buf_append(out, text, (size_t)n);
 }
 
@@ -476,13 +681,14 @@ void scheduler_metrics_text(const Server *s, Buf *out) {
 
 static void engine_init(Engine *g, KVModel *m, Comm *world, bool use_graph) {
     *g = (Engine){.m = m, .world = world, .use_graph = use_graph, .max_rows = m->B * m->T};
-    g->len = PLAN_HEAD + 3 * (size_t)g->max_rows + 3 * (size_t)m->B + (size_t)m->B * m->cache.max_blocks;
+    g->len = PLAN_HEAD + 4 * (size_t)g->max_rows + 2 * (size_t)m->B + (size_t)m->B * m->cache.max_blocks;
     g->plan = calloc_or_die(g->len, sizeof(float));
     g->plan_dev = dev_malloc(g->len * sizeof(float));  // NCCL broadcasts device memory
     g->tokens = calloc_or_die((size_t)g->max_rows, sizeof(int));
     g->pos = calloc_or_die((size_t)g->max_rows, sizeof(int));
     g->seq = calloc_or_die((size_t)g->max_rows, sizeof(int));
-    g->logit_rows = calloc_or_die((size_t)m->B, sizeof(int));
+    g->logit_rows = calloc_or_die((size_t)g->max_rows, sizeof(int));
+    g->logits_cap = m->B;
     g->logits = calloc_or_die((size_t)m->B * m->cfg.padded_vocab_size, sizeof(float));
 }
 
@@ -519,6 +725,11 @@ static int run_plan(Engine *g) {
         for (int i = 0; i < c->max_blocks; i++) row[i] = (int)t[i];
     }
     for (int l = 0; l < L; l++) g->logit_rows[l] = (int)p[3 * R + l];
+    if (L > g->logits_cap) {  // speculative decoding: a logit row per proposal
+        free(g->logits);
+        g->logits_cap = L;
+        g->logits = malloc_or_die((size_t)L * g->m->cfg.padded_vocab_size * sizeof(float));
+    }
     if (R == S && L == R) kv_decode(g->m, g->tokens, g->pos, R, g->use_graph);
     else kv_forward_rows(g->m, g->tokens, g->pos, R, g->logit_rows, L);
     copy_to_host(g->logits, g->m->logits, (size_t)L * g->m->cfg.padded_vocab_size * sizeof(float));

@@ -80,6 +80,7 @@ typedef struct {
     long preemptions;        // running jobs whose blocks were taken back to let the others go on
     long prefix_hits, prefix_tokens_saved;  // jobs that began with cached blocks; their positions
     long block_copies;       // cached blocks copied to be written (copy-on-write)
+    long spec_proposed, spec_accepted;  // speculative decoding: the draft's tokens checked, accepted
 } ServerMetrics;
 
 // ---- the shared state ----------------------------------------------------------------------------

@@ -120,6 +120,9 @@ static const Key KEYS[] = {
       "inference server: bytes of the KV cache's block pool per rank (0: max_batch_size whole contexts)"),
     K(prefix_caching, T_BOOL, "true",
       "inference server: requests whose text begins alike share the KV cache's blocks of it"),
+    K(draft_model, T_STRING, "",
+      "inference server: a small checkpoint with the same tokenizer that proposes tokens (speculative decoding)"),
+    K(num_speculative_tokens, T_INT, "4", "inference server: tokens the draft_model proposes a step"),
     K(max_prefill_tokens, T_INT, "0",
       "inference server: prompt tokens a step takes (chunked prefill; 0: whole prompts)"),
 };
@@ -630,6 +633,7 @@ static void require_generation_keys(const Config *cfg, const Sources *src) {
     require_positive(src, "kv_block_size", cfg->kv_block_size);
     require_not_negative(src, "kv_cache_bytes", cfg->kv_cache_bytes);
     require_not_negative(src, "max_prefill_tokens", cfg->max_prefill_tokens);
+    require_positive(src, "num_speculative_tokens", cfg->num_speculative_tokens);
     if (cfg->serve && !cfg->kv_cache)
         fatal("%s: key 'kv_cache' is false but the server (serve: true) needs the KV cache",
               sources_of_pair(src, "kv_cache", "serve", where, sizeof where));

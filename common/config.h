@@ -85,6 +85,8 @@ typedef struct {
     double kv_cache_bytes;       // the server's block pool per rank (0: max_batch_size whole contexts)
     int max_prefill_tokens;      // prompt tokens a server step takes (0: whole prompts)
     bool prefix_caching;         // requests whose text begins alike share cache blocks
+    char draft_model[512];       // speculative decoding's draft checkpoint ("": none)
+    int num_speculative_tokens;  // tokens it proposes a step
 } Config;
 
 // The program loading the config. Each stage implements one strategy and reads its own config

@@ -12,7 +12,10 @@
 #    later); then with prefix caching (hits counted in /metrics), chunked prefill (32 positions a
 #    step, the prompts ~225), everything at once, and everything on a [2,1,1] grid;
 #  - prompts asked again in blocks of one position: the whole prompt is cached and its last block
-#    copied before it is written (copy-on-write, counted in /metrics).
+#    copied before it is written (copy-on-write, counted in /metrics);
+#  - speculative decoding (a 1-layer draft proposes 3 tokens a step): greedy answers equal no
+#    cache's, alone, with everything else on, and on a [2,2,1] grid; sampled, a chi-square test
+#    shows the model's distribution of a token the draft proposed, not the draft's.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 source tests/server_lib.sh
@@ -27,6 +30,12 @@ build/stage-1 --config configs/tiny.json --n_layer=2 --n_embd=64 --stop_iteratio
     --global_batch_size=8 --log_interval=100 --eval_batches=1 --out_dir="$tmp/model" \
     --data_path="${FIXTURES:-../shared/fixtures}/alpaca/rasbt-LLMs-from-scratch_instruction-data.json" >"$tmp/train.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 training for the test failed: $(tail -3 "$tmp/train.log")"
+# speculative decoding's draft: the same data and tokenizer, 1 layer of 32, 8 steps: it agrees
+# with the model often, and its own distribution is plainly another
+build/stage-1 --config configs/tiny.json --n_layer=1 --n_embd=32 --stop_iteration=8 \
+    --global_batch_size=8 --log_interval=100 --eval_batches=1 --out_dir="$tmp/draft" \
+    --data_path="${FIXTURES:-../shared/fixtures}/alpaca/rasbt-LLMs-from-scratch_instruction-data.json" >"$tmp/draft.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 1 training of the draft failed: $(tail -3 "$tmp/draft.log")"
 model=(--config configs/inference.json --init_from="$tmp/model" --tokens_to_generate=16)
 
 # 64 prompts: 4 tasks x 16 inputs; the inputs of a task share a prefix of 0, 4, 8 or 12 digits
@@ -77,6 +86,7 @@ served() {
     stop_server
     check 'cmp -s <(greedy "$tmp/$name.json") "$tmp/nocache.txt"' \
         "$what: greedy answers differ from no cache: $(diff <(greedy "$tmp/$name.json") "$tmp/nocache.txt" | head -4)"
+    [ -n "${greedy_only:-}" ] && return  # speculative decoding samples from other random numbers
     check 'cmp -s "$tmp/$name.json" "$tmp/slots.json"' \
         "$what: answers differ from the slot design's: $(diff <(tr "}" "\n" <"$tmp/$name.json") <(tr "}" "\n" <"$tmp/slots.json") | head -4)"
 }
@@ -103,6 +113,89 @@ served_ranks=2 served tp "[2,1,1], everything on" --tp_dimensions=2,1,1 --max_pr
     --kv_cache_bytes=245760
 check '[ "$(metric tp workbook_preemptions_total)" -gt 0 ] && [ "$(metric tp workbook_prefix_cache_hits_total)" -gt 0 ]' \
     "[2,1,1], everything on: want preemptions and prefix hits: $(grep -a "^workbook_.*\(cache\|preempt\)" "$tmp/tp.metrics")"
+
+# speculative decoding: the draft proposes 3 tokens a step, the model checks them in one pass;
+# alone, then with everything else on, then on a [2,2,1] grid (the draft runs on rank 0)
+spec=(--draft_model="$tmp/draft" --num_speculative_tokens=3)
+greedy_only=1 served spec "speculative decoding" "${spec[@]}"
+check 'python3 -c "import sys; p, a = float(sys.argv[1]), float(sys.argv[2]); sys.exit(not (p > 100 and 0 < a < p))" "$(metric spec workbook_spec_proposed_tokens_total)" "$(metric spec workbook_spec_accepted_tokens_total)"' \
+    "speculative decoding: want over 100 proposals, some accepted, not all: $(grep -a "^workbook_spec" "$tmp/spec.metrics")"
+greedy_only=1 served specall "speculative decoding, chunked prefill, prefix caching, small pool" "${spec[@]}" \
+    --max_prefill_tokens=32 --kv_block_size=4 --kv_cache_bytes=491520
+check '[ "$(metric specall workbook_preemptions_total)" -gt 0 ] && [ "$(metric specall workbook_prefix_cache_hits_total)" -gt 0 ] && [ "$(metric specall workbook_spec_accepted_tokens_total)" -gt 0 ]' \
+    "speculative decoding with everything on: want preemptions, prefix hits and accepted proposals: $(grep -a "^workbook_.*\(cache\|preempt\|spec\)" "$tmp/specall.metrics")"
+greedy_only=1 served_ranks=4 served spectp "[2,2,1], speculative decoding and everything on" "${spec[@]}" --tp_dimensions=2,2,1 \
+    --max_prefill_tokens=32 --kv_block_size=4 --kv_cache_bytes=245760
+
+# Sampling with speculative decoding draws the model's distribution, not the draft's: 2000
+# samples (seeds 0..1999) of a prompt's second token (its first is the prefill's; the second is
+# the first the draft proposes) from the model with the draft, the model alone and the draft
+# alone. A chi-square test of homogeneity (categories below 5 expected merged): with the draft
+# against the model alone p > 0.001 (when both draw the same distribution, a false failure for
+# one draw of seeds in a thousand), against the draft alone p < 1e-6.
+port() { [ "${SERVER_PORT:-0}" = 0 ] && echo 0 || echo $((SERVER_PORT + $1)); }  # three servers at once
+SERVER_PORT=$(port 0) start_server sref 1 "${model[@]}" --max_batch_size=16; url_ref=$url
+SERVER_PORT=$(port 1) start_server sspec 1 "${model[@]}" --max_batch_size=16 "${spec[@]}"; url_spec=$url
+SERVER_PORT=$(port 2) start_server sdraft 1 "${model[@]}" --max_batch_size=16 --init_from="$tmp/draft"; url_draft=$url
+timeout 600 python3 - "$url_ref" "$url_spec" "$url_draft" >"$tmp/chi2.txt" 2>&1 <<'PY'
+import concurrent.futures, math, sys
+sys.path.insert(0, "tests")
+import server_client as sc
+
+def second_tokens(url, model):
+    def one(seed):
+        status, reply = sc.post(url, "/v1/completions", {"model": model, "prompt": "Name a color:",
+                                                         "max_tokens": 3, "temperature": 1, "seed": seed})
+        text = reply["choices"][0]["text"].encode("utf-8", "surrogatepass") if status == 200 else b""
+        return text[1:2].hex() if len(text) >= 2 else "short"  # the byte tokenizer: a byte a token
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        return list(pool.map(one, range(2000)))
+
+def q_gamma(a, x):  # the regularized upper incomplete gamma function (Numerical Recipes 6.2)
+    if x < a + 1:
+        term = total = 1.0 / a
+        for n in range(1, 500):
+            term *= x / (a + n)
+            total += term
+        return 1.0 - total * math.exp(-x + a * math.log(x) - math.lgamma(a))
+    b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)
+    h = d
+    for i in range(1, 500):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        c = b + an / c
+        d = 1 / d
+        h *= d * c
+    return math.exp(-x + a * math.log(x) - math.lgamma(a)) * h
+
+def homogeneity_p(xs, ys):
+    cats = sorted(set(xs) | set(ys))
+    count = lambda zs: {c: zs.count(c) for c in cats}
+    a, b = count(xs), count(ys)
+    rows, other = [], [0, 0]
+    for c in cats:  # categories expected below 5 in either sample are merged
+        if (a[c] + b[c]) / 2 < 5:
+            other[0] += a[c]; other[1] += b[c]
+        else:
+            rows.append((a[c], b[c]))
+    if sum(other):
+        rows.append(tuple(other))
+    na, nb = len(xs), len(ys)
+    stat = sum((x - (x + y) * na / (na + nb)) ** 2 / ((x + y) * na / (na + nb)) +
+               (y - (x + y) * nb / (na + nb)) ** 2 / ((x + y) * nb / (na + nb)) for x, y in rows)
+    return q_gamma((len(rows) - 1) / 2, stat / 2), len(rows)
+
+ref, spec, draft = (second_tokens(u, m) for u, m in zip(sys.argv[1:4], ("model", "model", "draft")))
+p_model, k1 = homogeneity_p(spec, ref)
+p_draft, k2 = homogeneity_p(spec, draft)
+print(f"against the model alone: p {p_model:.3g} over {k1} categories")
+print(f"against the draft alone: p {p_draft:.3g} over {k2} categories")
+print("ok" if p_model > 1e-3 and p_draft < 1e-6 else "wrong")
+PY
+check 'tail -1 "$tmp/chi2.txt" | grep -qx ok' "speculative sampling: the model's distribution, not the draft's? $(cat "$tmp/chi2.txt" | tail -4)"
+for u in "$url_ref" "$url_spec" "$url_draft"; do curl -s -m 5 "$u/metrics" | grep -a "^workbook_spec_acceptance_rate" >>"$tmp/chi2.txt"; done
+stop_servers; servers=()
 
 # blocks of one position, one request at a time: a prompt asked again is cached whole, and its
 # last position is computed again into a copy of its last block (copy-on-write)
