@@ -18,8 +18,9 @@ void kv_model_alloc_grid(KVModel *m, Comm *world, const GPTConfig *cfg, const in
     kv_model_alloc_passes(m, &g->layers.base, &g->tp.shape, half_mode);
     if (g->tp.grid.X > 1) {  // with x = 1 the head's logits are the whole rows already
         size_t Vp = (size_t)cfg->padded_vocab_size;
-        g->gathered = dev_malloc((size_t)B * Vp * sizeof(float));
-        g->logits = dev_malloc((size_t)B * Vp * sizeof(float));
+        // a pass takes the logits of up to B x T rows (the server's steps: kv_forward_rows)
+        g->gathered = dev_malloc((size_t)B * T * Vp * sizeof(float));
+        g->logits = dev_malloc((size_t)B * T * Vp * sizeof(float));
         m->logits = g->logits;
     }
 }

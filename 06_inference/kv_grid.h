@@ -21,8 +21,8 @@ struct KVGrid {
     TPWeightStream stream;   // hands out the blocks in the forward's order (z = 1: no copies)
     TPLayers layers;         // stage 05's layers, which the cache wraps
     float *stats;            // (2 B T) LayerNorm's row sums (all-reduced over y)
-    float *gathered;         // (x, B, Vp/x) every x rank's logits (x > 1)
-    float *logits;           // (B, Vp) the whole vocabulary, on every rank (x > 1)
+    float *gathered;         // (x, B x T, Vp/x) every x rank's logits (x > 1)
+    float *logits;           // (B x T, Vp) the whole vocabulary, on every rank (x > 1)
 };
 
 // kv_model_alloc on the grid dims = [x, y, 1] of world (every rank calls it; the grid was checked

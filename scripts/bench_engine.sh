@@ -9,6 +9,7 @@
 #              prefix caching
 #   stall      16 streams decoding when a 2000-token prompt arrives: their per-token latency p99
 #              while it is prefilled, against the second before, whole and in 16-token chunks
+#   speculation  batch-1 greedy tokens/s without and with a small draft model (trained here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)
@@ -59,3 +60,19 @@ for chunk in 0 16; do
     what=$([ $chunk = 0 ] && echo "whole prompt" || echo "chunks of $chunk")
     echo "16 decoding streams, a 2000-token prompt arrives ($what): per-token p99 $(value "$r" before_p99_ms | xargs printf %.1f) ms before, $(value "$r" during_p99_ms | xargs printf %.1f) ms while it is prefilled ($(python3 -c "print(f'{$(value "$r" during_p99_ms) / $(value "$r" before_p99_ms):.1f}')")x; its TTFT $(value "$r" long_ttft_ms | xargs printf %.0f) ms)"
 done
+
+# speculative decoding at batch 1: a model trained a little on alpaca answers (4 layers of 256)
+# and a draft trained alike (1 layer of 64): they agree on most greedy tokens
+data="${FIXTURES:-../shared/fixtures}/alpaca/rasbt-LLMs-from-scratch_instruction-data.json"
+"${STAGE_BIN:-build}/stage-1" --config configs/tiny.json --n_layer=4 --n_embd=256 --stop_iteration=30 --global_batch_size=8 \
+    --log_interval=100 --eval_batches=0 --checkpoint_interval=0 --out_dir="$out/target" --data_path="$data" >"$out/target.log" 2>&1
+"${STAGE_BIN:-build}/stage-1" --config configs/tiny.json --n_layer=1 --n_embd=64 --stop_iteration=30 --global_batch_size=8 \
+    --log_interval=100 --eval_batches=0 --checkpoint_interval=0 --out_dir="$out/draft" --data_path="$data" >"$out/draft.log" 2>&1
+model=(--config configs/inference.json --init_from="$out/target")
+echo '{"model":"target","prompt":"Once upon a time","max_tokens":200,"temperature":0}' >"$out/spec.json"
+for draft in "" "$out/draft"; do
+    serve --max_batch_size=1 ${draft:+--draft_model=$draft --num_speculative_tokens=4}
+    python3 tests/server_client.py bench "$url" 1 4 "$out/spec.json" >"$out/spec$([ -n "$draft" ] && echo 1 || echo 0).json"
+    rate=$(python3 tests/server_client.py metric "$url" workbook_spec_acceptance_rate); unserve
+done
+echo "batch 1, 200 greedy tokens: $(value "$(cat "$out/spec0.json")" tokens_per_second | xargs printf %.0f) tokens/s alone, $(value "$(cat "$out/spec1.json")" tokens_per_second | xargs printf %.0f) with a 1-layer draft proposing 4 (acceptance $(printf %.2f "$rate"); $(python3 -c "print(f'{$(value "$(cat "$out/spec1.json")" tokens_per_second) / $(value "$(cat "$out/spec0.json")" tokens_per_second):.2f}')")x)"
