@@ -408,6 +408,23 @@ static float *load_weights(KVModel *m, const Config *cfg) {
     return full;
 }
 
+// Speculative decoding's draft model (rank 0 of a server): draft_model, with the tokenizer's
+// vocabulary and the context, its cache a pool of as many blocks as m's (it uses m's block
+// tables), room for a decoding job's last two tokens besides a step's rows.
+static void load_draft(KVModel *draft, KVModel *m, const Config *cfg, const Tokenizer *tok, int longest) {
+    Config dc = *cfg;
+    snprintf(dc.init_from, sizeof dc.init_from, "%s", cfg->draft_model);
+    dc.random_init = false;
+    GPTConfig dmc = model_shape(&dc, tok);
+    ModelShape shape = whole_model_shape(&dmc);
+    size_t pool = (size_t)m->cache.n_blocks * kv_bytes_per_block(dmc.n_layer, m->block_size, kv_width(&shape));
+    kv_model_alloc(draft, &dmc, m->B, longest + 1, m->maxT, pool, m->block_size, config_is_half(cfg));
+    dev_free(load_weights(draft, &dc));
+    m->draft = draft;
+    printf("speculative decoding: %s proposes %d tokens a step (%s L=%d C=%d, %.2fM parameters)\n", cfg->draft_model,
+           cfg->num_speculative_tokens, gpt_arch(&dmc)->name, dmc.n_layer, dmc.n_embd, draft->full.num_params / 1e6);
+}
+
 static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
     const KVModel *m = g->m;
     const GPTConfig *mc = &m->cfg;
@@ -424,11 +441,11 @@ static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
     if (cfg->serve) snprintf(what, sizeof what, "requests");
     else if (cfg->eval_accuracy) snprintf(what, sizeof what, "held-out records");
     else snprintf(what, sizeof what, "%d prompts", n_prompts);
-    printf("%s in batches of up to %d | %s | context %d | KV cache %s (%.2f MiB per rank) | "
-           "precision %s\n", what, cfg->max_batch_size,
+    printf("%s in batches of up to %d | %s | context %d | KV cache %s (%.2f MiB per rank: %d blocks of %d "
+           "positions) | precision %s\n", what, cfg->max_batch_size,
            cfg->temperature > 0 ? "sampling" : "greedy", m->maxT,
            cfg->kv_cache ? "on" : "off: every step recomputes the whole text",
-           cfg->kv_cache ? kv_cache_bytes(&m->cache) / 1048576.0 : 0.0,
+           cfg->kv_cache ? kv_cache_bytes(&m->cache) / 1048576.0 : 0.0, m->cache.n_blocks, m->cache.block_size,
            cfg->precision);
     if (cfg->temperature > 0)
         printf("sampling: temperature %g, top_k %d, top_p %g, seed %d\n", cfg->temperature,
@@ -481,15 +498,24 @@ int main(int argc, char **argv) {
             free(instruction);
         }
     }
-    // the prefill's capacity: the longest prompt (all of the context for the held-out records and
-    // the server's requests)
-    int longest = cfg.eval_accuracy || cfg.serve ? maxT : 1;
+    // the prefill's capacity: the longest prompt (all of the context for the held-out records);
+    // the server's steps hold a row per running request and a step's prompt rows (a whole
+    // context, or max_prefill_tokens), max_batch_size x longest rows in all
+    int longest = cfg.eval_accuracy ? maxT : 1;
     for (int i = 0; i < n_prompts; i++) longest = r[i].n_ids > longest ? r[i].n_ids : longest;
+    if (cfg.serve) {
+        int prompt_rows = cfg.max_prefill_tokens ? cfg.max_prefill_tokens : maxT;
+        longest = (cfg.max_batch_size + prompt_rows + cfg.max_batch_size - 1) / cfg.max_batch_size;
+    }
 
     KVModel m;  // one device: the cache around the serial layers; a grid: around stage 05's
-    if (comm_size(world) == 1) kv_model_alloc(&m, &mc, cfg.max_batch_size, longest, maxT, config_is_half(&cfg));
-    else kv_model_alloc_grid(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT,
-                             config_is_half(&cfg));
+    // the prompts mode gives each batch row a whole context's blocks; the server shares a pool
+    size_t pool = cfg.serve ? (size_t)cfg.kv_cache_bytes : 0;
+    if (comm_size(world) == 1)
+        kv_model_alloc(&m, &mc, cfg.max_batch_size, longest, maxT, pool, cfg.kv_block_size, config_is_half(&cfg));
+    else kv_model_alloc_grid(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT, pool,
+                             cfg.kv_block_size, config_is_half(&cfg));
+    if (!cfg.serve) kv_cache_slot_tables(&m.cache, cfg.max_batch_size);
     float *full = load_weights(&m, &cfg);
     Generator g = {.cfg = &cfg, .m = &m, .tok = tok, .stream = true,
                    .use_graph = cfg.compile && ops_graphs_supported() && comm_size(world) == 1};
@@ -501,7 +527,10 @@ int main(int argc, char **argv) {
     print_setup(&g, &cfg, n_prompts);
 
     if (cfg.serve) {
+        KVModel draft;
+        if (cfg.draft_model[0] && rank == 0) load_draft(&draft, &m, &cfg, tok, longest);
         serve(&cfg, &m, tok, &g.sampler, world, g.use_graph);
+        if (m.draft) kv_model_free(m.draft);
     } else if (cfg.eval_accuracy) {
         evaluate(&g, &cfg);
     } else {

@@ -6,13 +6,18 @@
 #include "device.h"
 #include "log.h"
 
-void kv_cache_alloc(KVCache *c, int n_layer, int B, int maxT, int width) {
-    *c = (KVCache){.n_layer = n_layer, .B = B, .maxT = maxT, .width = width};
-    size_t per_layer = (size_t)B * maxT * width * sizeof(float);
+int kv_width(const ModelShape *s) { return s->C_attn; }
+
+void kv_cache_alloc(KVCache *c, int n_layer, int n_blocks, int block_size, int maxT, int rows, int width) {
+    *c = (KVCache){.n_layer = n_layer, .width = width, .n_blocks = n_blocks, .block_size = block_size,
+                   .max_blocks = (maxT + block_size - 1) / block_size, .rows = rows};
+    size_t per_layer = (size_t)n_blocks * block_size * width * sizeof(float);
     c->k = calloc_or_die((size_t)n_layer, sizeof(float *));
     c->v = calloc_or_die((size_t)n_layer, sizeof(float *));
     for (int l = 0; l < n_layer; l++) c->k[l] = dev_malloc(per_layer), c->v[l] = dev_malloc(per_layer);
-    c->start = dev_malloc((size_t)B * sizeof(int));
+    c->start = dev_malloc((size_t)rows * sizeof(int));
+    c->table = dev_malloc((size_t)rows * c->max_blocks * sizeof(int));
+    c->table_host = calloc_or_die((size_t)rows * c->max_blocks, sizeof(int));
 }
 
 void kv_cache_free(KVCache *c) {
@@ -20,10 +25,34 @@ void kv_cache_free(KVCache *c) {
     free(c->k);
     free(c->v);
     dev_free(c->start);
+    dev_free(c->table);
+    free(c->table_host);
+}
+
+size_t kv_bytes_per_block(int n_layer, int block_size, int width) {
+    return 2 * (size_t)n_layer * block_size * width * sizeof(float);
 }
 
 size_t kv_cache_bytes(const KVCache *c) {
-    return 2 * (size_t)c->n_layer * c->B * c->maxT * c->width * sizeof(float);
+    return (size_t)c->n_blocks * kv_bytes_per_block(c->n_layer, c->block_size, c->width);
+}
+
+void kv_cache_slot_tables(KVCache *c, int B) {
+    if ((size_t)B * c->max_blocks > (size_t)c->n_blocks)
+        fatal("internal: %d whole contexts need %d cache blocks, the pool has %d", B, B * c->max_blocks,
+              c->n_blocks);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < c->max_blocks; i++) c->table_host[(size_t)b * c->max_blocks + i] = b * c->max_blocks + i;
+}
+
+int *kv_cache_table(KVCache *c, int b) { return c->table_host + (size_t)b * c->max_blocks; }
+
+void kv_cache_copy_block(KVCache *c, int dst, int src) {
+    size_t n = (size_t)c->block_size * c->width;
+    for (int l = 0; l < c->n_layer; l++) {
+        dev_copy(c->k[l] + dst * n, c->k[l] + src * n, n * sizeof(float));
+        dev_copy(c->v[l] + dst * n, c->v[l] + src * n, n * sizeof(float));
+    }
 }
 
 // ---- the two layers the cache changes -----------------------------------------------------------
@@ -34,9 +63,10 @@ size_t kv_cache_bytes(const KVCache *c) {
 static void cached_attention(LayerOps *ops, int layer, float *out, float *scores, const float *qkv,
                              const ModelShape *s, int B, int T) {
     KVCache *c = ((KVLayers *)ops)->cache;
-    float *k = c->k[layer] + c->slot_offset, *v = c->v[layer] + c->slot_offset;
-    kv_cache_write(k, v, qkv, c->start, B, T, s->C_attn, c->maxT);
-    attention_cached_forward(out, scores, qkv, k, v, c->start, B, T, s->C_attn, s->n_head, c->maxT);
+    kv_cache_write(c->k[layer], c->v[layer], qkv, c->start, c->table, B, T, s->C_attn, c->block_size,
+                   c->max_blocks);
+    attention_cached_forward(out, scores, qkv, c->k[layer], c->v[layer], c->start, c->table, B, T, s->C_attn,
+                             s->n_head, c->block_size, c->max_blocks);
 }
 
 // the embedding of row t of sequence b at position start[b] + t (the block's own call asks for

@@ -21,19 +21,44 @@
 
 #include "gpt.h"
 
+// The cache is paged (PagedAttention, as vLLM's): one pool of blocks per layer, block_size
+// positions each, and a block table per sequence naming its blocks in order. A sequence takes
+// blocks as it grows and gives them back when it ends, so memory is held for the tokens a
+// sequence has, not for the longest one it could have; sequences that start with the same
+// tokens can share those blocks (prefix_cache.h). Which blocks a pass's rows use is the
+// caller's choice, written into table_host before the pass: kv_cache_slot_tables gives row b the
+// blocks b * max_blocks .. (b + 1) * max_blocks - 1, a whole context each (the prompts mode);
+// the server's scheduler hands out blocks from block_pool.h.
 typedef struct {
-    int n_layer, B, maxT;
-    int width;            // the keys' (and values') columns held: the heads' C_attn of ModelShape
-    float **k, **v;       // [n_layer] of (B, maxT, width), device
-    int *start;           // (B) device: where each sequence's new rows begin
-    size_t slot_offset;   // a pass of one sequence into slot s reads and writes s's rows: s * maxT
-                          // * width; 0 when the pass's B sequences are slots 0 .. B-1
+    int n_layer;
+    int width;            // the keys' (and values') columns held: kv_width of the layers' shape
+    int n_blocks;         // blocks in the pool
+    int block_size;       // positions per block
+    int max_blocks;       // blocks of a whole context: max_seq_len / block_size, rounded up
+    int rows;             // a pass's rows at most (each has its table)
+    float **k, **v;       // [n_layer] of (n_blocks, block_size, width), device
+    int *start;           // (rows) device: where each sequence's new rows begin
+    int *table;           // (rows, max_blocks) device: each pass row's blocks, uploaded each pass
+    int *table_host;      // the same, host: written by the caller before a pass
 } KVCache;
 
-void kv_cache_alloc(KVCache *c, int n_layer, int B, int maxT, int width);
+// the columns of keys (and of values) a position keeps per layer: one per key head's dimension.
+// The one place that says how wide the cache is: a model with fewer key heads than query heads
+// keeps fewer.
+int kv_width(const ModelShape *s);
+void kv_cache_alloc(KVCache *c, int n_layer, int n_blocks, int block_size, int maxT, int rows, int width);
 void kv_cache_free(KVCache *c);
 // the device bytes of the keys and values
 size_t kv_cache_bytes(const KVCache *c);
+// the blocks of one position's keys and values over all layers, for sizing a pool from bytes
+size_t kv_bytes_per_block(int n_layer, int block_size, int width);
+// rows 0 .. B-1 a whole context each: row b the blocks b * max_blocks .. (b + 1) * max_blocks - 1
+// (the pool must hold B * max_blocks)
+void kv_cache_slot_tables(KVCache *c, int B);
+// row b's table (host), to fill before a pass
+int *kv_cache_table(KVCache *c, int b);
+// block dst = block src, keys and values of every layer (copy-on-write of a shared block)
+void kv_cache_copy_block(KVCache *c, int dst, int src);
 
 // The layers with the cache plugged in: attention against the cache, the embedding at each
 // sequence's start; every other layer is inner's. Generation runs no backward: KVLayers has none.

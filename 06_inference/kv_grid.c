@@ -7,10 +7,10 @@
 #include "log.h"
 
 void kv_model_alloc_grid(KVModel *m, Comm *world, const GPTConfig *cfg, const int dims[3], int B, int T,
-                         int maxT, bool half_mode) {
+                         int maxT, size_t pool_bytes, int block_size, bool half_mode) {
     KVGrid *g = calloc_or_die(1, sizeof *g);
     tp_model_init(&g->tp, world, cfg, dims, true);
-    kv_model_alloc_params(m, cfg, &g->tp.layout, B, T, maxT, half_mode);
+    kv_model_alloc_params(m, cfg, &g->tp.layout, B, T, maxT, pool_bytes, block_size, half_mode);
     m->grid = g;
     tp_stream_init(&g->stream, &g->tp.grid, g->tp.max_block, false, half_mode);
     g->stats = dev_malloc(2 * (size_t)B * T * sizeof(float));
@@ -18,8 +18,9 @@ void kv_model_alloc_grid(KVModel *m, Comm *world, const GPTConfig *cfg, const in
     kv_model_alloc_passes(m, &g->layers.base, &g->tp.shape, half_mode);
     if (g->tp.grid.X > 1) {  // with x = 1 the head's logits are the whole rows already
         size_t Vp = (size_t)cfg->padded_vocab_size;
-        g->gathered = dev_malloc((size_t)B * Vp * sizeof(float));
-        g->logits = dev_malloc((size_t)B * Vp * sizeof(float));
+        // a pass takes the logits of up to B x T rows (the server's steps: kv_forward_rows)
+        g->gathered = dev_malloc((size_t)B * T * Vp * sizeof(float));
+        g->logits = dev_malloc((size_t)B * T * Vp * sizeof(float));
         m->logits = g->logits;
     }
 }

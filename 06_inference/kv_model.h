@@ -22,7 +22,7 @@
 
 typedef struct KVGrid KVGrid;
 
-typedef struct {
+typedef struct KVModel {
     GPTConfig cfg;
     ParamLayout full;          // the whole model's layout (checkpoints; on one device, params')
     size_t num_params;         // the parameters this process holds: the whole model, or its rank's share
@@ -35,22 +35,27 @@ typedef struct {
     Activations acts;          // one block's activations for B * T rows, reused by every layer:
                                // nothing is kept for a backward
     int B, T, maxT;            // capacity: B sequences, T new rows each, maxT cached positions
-    float *last;               // (B, C) each sequence's last prompt row, the head's input
+    size_t pool_bytes;         // the cache's pool (kv_cache.h), asked for (0: B whole contexts)
+    int block_size;            // ... in blocks of this many positions
+    float *last;               // (B x T, C) the rows whose logits a pass takes, the head's input
     float *logits;             // (B, Vp) the whole vocabulary (device)
     size_t bytes;              // device memory of everything above but the weights and the cache
     void *graph;               // the captured decode step (CUDA graph), or NULL
     int graph_B;               // ... and the batch size it was captured for
     KVGrid *grid;              // tensor parallelism's part (kv_grid.h); NULL on one device
+    struct KVModel *draft;     // the server's draft model for speculative decoding (rank 0), or NULL
     long graph_replays;        // decode steps that replayed it (the GPU test asserts some did)
 } KVModel;
 
-// Allocates the model's buffers for cfg on one device, the cache around serial_layer_ops(). Load
-// the weights with kv_model_load.
-void kv_model_alloc(KVModel *m, const GPTConfig *cfg, int B, int T, int maxT, bool half_mode);
+// Allocates the model's buffers for cfg on one device, the cache (a pool of pool_bytes in blocks
+// of block_size positions; 0: B whole contexts of maxT) around serial_layer_ops(). Load the
+// weights with kv_model_load.
+void kv_model_alloc(KVModel *m, const GPTConfig *cfg, int B, int T, int maxT, size_t pool_bytes, int block_size,
+                    bool half_mode);
 // The two halves of kv_model_alloc, which kv_model_alloc_grid calls with the grid's parts. First
 // the sizes and the parameters this process holds, laid out as `held` (NULL: the whole model).
 void kv_model_alloc_params(KVModel *m, const GPTConfig *cfg, const ParamLayout *held, int B, int T, int maxT,
-                           bool half_mode);
+                           size_t pool_bytes, int block_size, bool half_mode);
 // Then the rest: the cache, the layers (inner with the cache
 // plugged in), the activations at `shape`'s sizes (what this process holds of a block), the
 // head's buffers.
@@ -61,13 +66,17 @@ void kv_model_load(KVModel *m, const float *full);
 void kv_model_free(KVModel *m);
 
 // One forward pass over T new rows of B sequences: tokens (B, T) and start (B) are host arrays;
-// sequence b's rows sit at positions start[b] .. start[b] + T - 1 and its logits are taken at
-// row last_row[b] (NULL: row T - 1). Fills m->logits (B, Vp) on the device, on every rank.
+// sequence b's rows sit at positions start[b] .. start[b] + T - 1, its cache blocks are
+// kv_cache_table(&m->cache, b), and its logits are taken at row last_row[b] (NULL: row T - 1).
+// Fills m->logits (B, Vp) on the device, on every rank.
 void kv_forward(KVModel *m, const int *tokens, const int *start, int B, int T, const int *last_row);
-// The prefill of one sequence, T rows from position 0, into cache slot `slot` of the B: the
-// other slots are untouched (the server admits each request into whichever slot is free). Its
-// logits are row 0 of m->logits.
-void kv_prefill_slot(KVModel *m, int slot, const int *tokens, int T);
+// One forward pass over R rows that may belong to different sequences and stand at any
+// positions: row r is token tokens[r] at position pos[r] of the sequence whose blocks are
+// kv_cache_table(&m->cache, r), and sees that sequence's positions 0 .. pos[r]. So one pass can
+// hold one sequence's next token and another's prompt (all of it, or a chunk: the rows of a
+// chunk see the chunk's earlier rows, whose keys are written first). Logits of rows
+// logit_rows[0 .. L) into m->logits (L, Vp). Row r's table is overwritten from r = R on.
+void kv_forward_rows(KVModel *m, const int *tokens, const int *pos, int R, const int *logit_rows, int L);
 // A decode step (T = 1). With use_graph (CUDA backend, one device) the step's ops are captured as
 // a CUDA graph the first time (for this B) and replayed afterwards: the inputs are copied into the
 // same device buffers before each replay, which is all that changes between steps.

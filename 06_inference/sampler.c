@@ -83,3 +83,29 @@ int sampler_next(Sampler *s, const float *logits, long prompt, int step) {
     }
     return s->order[n - 1];  // rounding left r at the very top
 }
+
+void sampler_probs(Sampler *s, const float *logits, float *probs) {
+    softmax_with_temperature(s, logits);
+    float mass;
+    int n = candidates(s, &mass);
+    for (int i = 0; i < s->V; i++) probs[i] = 0.0f;
+    for (int i = 0; i < n; i++) probs[s->order[i]] = s->prob[s->order[i]] / mass;
+}
+
+// streams 1, 2, ...: the prompt's key shifted into the hash's upper bits (keys are far below 2^40)
+float sampler_uniform(const Sampler *s, long prompt, int step, int stream) {
+    uint64_t h = rng_hash(s->seed, (uint64_t)prompt + ((uint64_t)stream << 40), (uint64_t)step);
+    return (float)(h >> 40) * (1.0f / 16777216.0f);
+}
+
+int sampler_draw(const Sampler *s, const float *probs, long prompt, int step, int stream) {
+    float r = sampler_uniform(s, prompt, step, stream), acc = 0.0f;
+    int last = 0;
+    for (int i = 0; i < s->V; i++) {
+        if (probs[i] <= 0.0f) continue;
+        acc += probs[i];
+        last = i;
+        if (r < acc) return i;
+    }
+    return last;  // rounding left r at the very top
+}

@@ -28,5 +28,13 @@ void sampler_init(Sampler *s, int V, float temperature, int top_k, float top_p, 
 void sampler_free(Sampler *s);
 // logits: one row of at least V floats (host); prompt and step pick the random number
 int sampler_next(Sampler *s, const float *logits, long prompt, int step);
+// The distribution sampler_next draws from (temperature > 0): probs (V) is softmax(logits /
+// temperature) cut to the top k and top p and renormalised, 0 elsewhere.
+void sampler_probs(Sampler *s, const float *logits, float *probs);
+// a token drawn from probs (V, summing to 1) with the uniform number of (prompt, step) in stream
+// `stream` (the speculative decoder's draws are kept apart from sampler_next's)
+int sampler_draw(const Sampler *s, const float *probs, long prompt, int step, int stream);
+// that uniform number in [0, 1)
+float sampler_uniform(const Sampler *s, long prompt, int step, int stream);
 
 #endif

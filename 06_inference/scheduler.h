@@ -2,7 +2,7 @@
 // a Job, and the queue and the KV cache's slots that jobs wait in and run in, under one lock.
 //
 //   connection threads (server.c)                        rank 0's main thread (scheduler.c)
-//   parse a request into a Job, enqueue it    ------>    admit jobs into free slots, run the steps,
+//   parse a request into a Job, enqueue it    ------>    admit jobs whose cache blocks fit, run the steps,
 //   write its tokens as they come             <------    append each token to its job, broadcast
 //                                                        `progress`
 #ifndef SCHEDULER_H
@@ -51,6 +51,7 @@ typedef struct {
     size_t *ends;                // ends[i]: the bytes of text after token i
     size_t visible;              // text[0..visible) is the answer (a stop string is cut off)
     int last_token;              // the next decode step's input
+    int *out_ids;                // the generated tokens (max_tokens): a preempted job is fed them again
     // the connection's own
     int n_written;               // tokens written to the client
     size_t used;                 // bytes of text written (an incomplete character is held back)
@@ -74,6 +75,12 @@ typedef struct {
     long requests[N_CODES];  // by HTTP status (server.c)
     long prompt_tokens, generated_tokens;
     Histogram ttft, tpot;    // time to first token, time per output token (scheduler.c)
+    // the paged KV cache (scheduler.c)
+    int cache_blocks, cache_blocks_used;
+    long preemptions;        // running jobs whose blocks were taken back to let the others go on
+    long prefix_hits, prefix_tokens_saved;  // jobs that began with cached blocks; their positions
+    long block_copies;       // cached blocks copied to be written (copy-on-write)
+    long spec_proposed, spec_accepted;  // speculative decoding: the draft's tokens checked, accepted
 } ServerMetrics;
 
 // ---- the shared state ----------------------------------------------------------------------------
@@ -87,8 +94,8 @@ typedef struct {
     pthread_cond_t progress;  // the connections: tokens arrived
     Job **queue;              // waiting jobs, a ring of max_queue
     int queue_head, queue_len;
-    Job **slots;              // the job in each KV-cache slot, or NULL
-    int n_slots, busy;
+    Job **slots;              // the job in each row of the running batch, or NULL
+    int n_slots, busy;        // rows (max_batch_size), running jobs
     long next_id, live_jobs;  // live: not yet released by their connection
     bool stopping;            // SIGTERM: new requests get 503, the accepted ones are finished
     ServerMetrics metrics;
@@ -101,11 +108,14 @@ struct timespec deadline_in(double seconds);
 
 // ---- the scheduler (scheduler.c) -----------------------------------------------------------------
 
-// Rank 0: runs the jobs the connections queue in s, in m's max_batch_size cache slots, until a
-// SIGTERM has come and every accepted job is done; every step is broadcast to the other ranks of
-// world, which run it in scheduler_follow.
+// Rank 0: runs the jobs the connections queue in s, up to max_batch_size at once in the blocks of
+// m's paged cache, until a SIGTERM has come and every accepted job is done; every step is
+// broadcast to the other ranks of world, which run it in scheduler_follow.
 void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool use_graph);
 // The other ranks: run every step rank 0 sends, until it stops.
 void scheduler_follow(KVModel *m, Comm *world, bool use_graph);
+
+// the paged cache's figures for /metrics, in Prometheus's text format (the lock held)
+void scheduler_metrics_text(const Server *s, Buf *out);
 
 #endif

@@ -109,6 +109,7 @@ static void job_free(Job *j) {
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     free(j->text.p);
     free(j->ends);
+    free(j->out_ids);
     free(j->out.p);
     free(j);
 }
@@ -242,6 +243,7 @@ static char *metrics_text(Server *s) {
                    "# TYPE workbook_running_batch_size gauge\nworkbook_running_batch_size %d\n", s->busy);
     buf_printf(&b, "# HELP workbook_batch_slots KV-cache slots (max_batch_size)\n"
                    "# TYPE workbook_batch_slots gauge\nworkbook_batch_slots %d\n", s->n_slots);
+    scheduler_metrics_text(s, &b);
     histogram_print(&b, "workbook_time_to_first_token_seconds",
                     "from the request's arrival to its first token", &m->ttft);
     histogram_print(&b, "workbook_time_per_output_token_seconds",
@@ -539,6 +541,7 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
         return NULL;
     }
     j->ends = malloc_or_die((size_t)j->max_tokens * sizeof(size_t));
+    j->out_ids = malloc_or_die((size_t)j->max_tokens * sizeof(int));
     j->created = time(NULL);
     j->t_arrival = wall_seconds();
     j->refs = 2;

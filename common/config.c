@@ -123,6 +123,16 @@ static const Key KEYS[] = {
     K(port, T_INT, "8000", "inference: the server's TCP port (0: any free one, printed at start)"),
     K(max_queue, T_INT, "64", "inference: requests waiting for a batch slot before the server answers 429"),
     K(served_model_name, T_STRING, "", "inference: the model name the server answers to (empty: init_from's base name)"),
+    K(kv_block_size, T_INT, "16", "inference: positions per block of the paged KV cache"),
+    K(kv_cache_bytes, T_FLOAT, "0",
+      "inference server: bytes of the KV cache's block pool per rank (0: max_batch_size whole contexts)"),
+    K(prefix_caching, T_BOOL, "true",
+      "inference server: requests whose text begins alike share the KV cache's blocks of it"),
+    K(draft_model, T_STRING, "",
+      "inference server: a small checkpoint with the same tokenizer that proposes tokens (speculative decoding)"),
+    K(num_speculative_tokens, T_INT, "4", "inference server: tokens the draft_model proposes a step"),
+    K(max_prefill_tokens, T_INT, "0",
+      "inference server: prompt tokens a step takes (chunked prefill; 0: whole prompts)"),
 };
 #define NKEYS (sizeof(KEYS) / sizeof(KEYS[0]))
 
@@ -651,6 +661,10 @@ static void require_generation_keys(const Config *cfg, const Sources *src) {
         fatal("%s: key 'top_k': expected 0 (no limit) or more, found %d", source_of(src, "top_k"), cfg->top_k);
     if (!(cfg->top_p > 0 && cfg->top_p <= 1))
         fatal("%s: key 'top_p': expected a value in (0, 1], found %g", source_of(src, "top_p"), cfg->top_p);
+    require_positive(src, "kv_block_size", cfg->kv_block_size);
+    require_not_negative(src, "kv_cache_bytes", cfg->kv_cache_bytes);
+    require_not_negative(src, "max_prefill_tokens", cfg->max_prefill_tokens);
+    require_positive(src, "num_speculative_tokens", cfg->num_speculative_tokens);
     if (cfg->serve && !cfg->kv_cache)
         fatal("%s: key 'kv_cache' is false but the server (serve: true) needs the KV cache",
               sources_of_pair(src, "kv_cache", "serve", where, sizeof where));

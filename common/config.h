@@ -85,6 +85,12 @@ typedef struct {
     int port;                    // its TCP port (0: any free one)
     int max_queue;               // requests waiting for a slot before it answers 429
     char served_model_name[128]; // the "model" it answers to ("": init_from's base name)
+    int kv_block_size;           // positions per block of the paged KV cache
+    double kv_cache_bytes;       // the server's block pool per rank (0: max_batch_size whole contexts)
+    int max_prefill_tokens;      // prompt tokens a server step takes (0: whole prompts)
+    bool prefix_caching;         // requests whose text begins alike share cache blocks
+    char draft_model[512];       // speculative decoding's draft checkpoint ("": none)
+    int num_speculative_tokens;  // tokens it proposes a step
 } Config;
 
 // The program loading the config. Each stage implements one strategy and reads its own config

@@ -590,12 +590,35 @@ KERNEL_FN void attention_add_rows(float *out, const float *weights, const float 
     for (int j = 0; j < nrows; j++) attention_add_row(out, weights[j], rows + (size_t)j * stride, hs, lane, nlanes);
 }
 
-// step 3 with every key in one block (the KV cache): out[i] = sum over j of p[j] v[j][i] / sum.
-// A query at position p reads npos = p + 1 cache rows: its own key was written there just before.
-KERNEL_FN void attention_cached_values(float *out, const float *p, float inv_sum, const float *v_cache,
-                                       int npos, int hs, int C, int lane, int nlanes) {
+// The KV cache is paged: a sequence's rows lie in blocks of block_size rows, table[i] naming
+// the pool block that holds its rows i * block_size ..; this is where position pos lies.
+KERNEL_FN const float *cache_row(const float *pool, const int *table, int pos, int block_size, int C) {
+    return pool + ((size_t)table[pos / block_size] * block_size + pos % block_size) * C;
+}
+
+// step 1 against the KV cache: a query at position p reads npos = p + 1 cache rows (its own key
+// was written there just before), block by block; returns this lane's max
+KERNEL_FN float attention_cached_scores(float *scores, const float *q, const float *k_pool, const int *table,
+                                        int block_size, int npos, int hs, int C, int lane, int nlanes) {
+    float max = -INFINITY;
+    for (int first = 0; first < npos; first += block_size) {
+        int n = npos - first < block_size ? npos - first : block_size;
+        max = fmaxf(max, attention_scores(scores + first, q, cache_row(k_pool, table, first, block_size, C), C, n,
+                                          hs, lane, nlanes));
+    }
+    return max;
+}
+
+// step 3 against the KV cache: out[i] = sum over j of p[j] v[j][i] / sum, the rows block by block
+// (each out[i] adds the same terms in the same order as over one contiguous block)
+KERNEL_FN void attention_cached_values(float *out, const float *p, float inv_sum, const float *v_pool,
+                                       const int *table, int block_size, int npos, int hs, int C, int lane,
+                                       int nlanes) {
     for (int i = lane; i < hs; i += nlanes) out[i] = 0.0f;
-    attention_add_rows(out, p, v_cache, C, npos, hs, lane, nlanes);
+    for (int first = 0; first < npos; first += block_size) {
+        int n = npos - first < block_size ? npos - first : block_size;
+        attention_add_rows(out, p + first, cache_row(v_pool, table, first, block_size, C), C, n, hs, lane, nlanes);
+    }
     for (int i = lane; i < hs; i += nlanes) out[i] *= inv_sum;
 }
 

@@ -1168,19 +1168,19 @@ void adamw_update(float *param, const float *grad, float grad_scale, float *m, f
 // ----------------------------------------------------------------------------------------------
 // ---- attention with a KV cache; CUDA graphs
 
-void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int *start, int B,
-                    int T, int C, int maxT) {
+void kv_cache_write(float *k_pool, float *v_pool, const float *qkv, const int *start, const int *table,
+                    int B, int T, int C, int block_size, int max_blocks) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             const float *row = qkv + ((size_t)b * T + t) * 3 * C;
-            size_t at = ((size_t)b * maxT + start[b] + t) * C;
-            memcpy(k_cache + at, row + C, (size_t)C * sizeof(float));
-            memcpy(v_cache + at, row + 2 * C, (size_t)C * sizeof(float));
+            const int *tab = table + (size_t)b * max_blocks;
+            memcpy((float *)cache_row(k_pool, tab, start[b] + t, block_size, C), row + C, (size_t)C * sizeof(float));
+            memcpy((float *)cache_row(v_pool, tab, start[b] + t, block_size, C), row + 2 * C, (size_t)C * sizeof(float));
         }
 }
 
-// One task per new row and group of heads. A task reads its sequence's cache rows front to back,
-// each row's heads in turn (a group's columns of a row are contiguous), so the cache streams from
+// One task per new row and group of heads. A task reads its sequence's positions in order (a
+// block of rows at a time, through its table), each row's heads in turn (a group's columns of a row are contiguous), so the cache streams from
 // memory as the weights do. A task per head would read every row in hs-column pieces C columns
 // apart, which the hardware prefetchers do not follow (batch 8 at 265 positions, one core: 9 GB/s
 // that way). Heads split into groups only to give every thread a task (batch 1, 2 threads: 2).
@@ -1188,9 +1188,9 @@ void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int 
 // steps: the same bits.
 #define TASK_HEADS_MAX 16  // heads per task: the sums it keeps between its passes
 
-void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_cache,
-                              const float *v_cache, const int *start, int B, int T, int C, int NH,
-                              int maxT) {
+void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_pool,
+                              const float *v_pool, const int *start, const int *table, int B, int T, int C,
+                              int NH, int block_size, int max_blocks) {
     int hs = C / NH, rows = B * T, threads = omp_get_max_threads();
     int groups = (threads + rows - 1) / rows, fewest = (NH + TASK_HEADS_MAX - 1) / TASK_HEADS_MAX;
     if (groups < fewest) groups = fewest;
@@ -1198,6 +1198,7 @@ void attention_cached_forward(float *out, float *scores, const float *qkv, const
     int per_group = (NH + groups - 1) / groups;
     groups = (NH + per_group - 1) / per_group;  // none empty
     float scale = attention_scale(hs);
+    int maxT = max_blocks * block_size;
     size_t head_scores = (size_t)T * maxT;  // scores (B, NH, T, maxT): one head's rows apart
 #pragma omp parallel for schedule(dynamic)  // sequences of different lengths: tasks of different sizes
     for (int task = 0; task < rows * groups; task++) {
@@ -1205,13 +1206,15 @@ void attention_cached_forward(float *out, float *scores, const float *qkv, const
         int h0 = task % groups * per_group, nh = NH - h0 < per_group ? NH - h0 : per_group;
         size_t cols = (size_t)h0 * hs;  // the group's first column
         const float *q = qkv + (size_t)bt * 3 * C + cols;
-        const float *k = k_cache + (size_t)b * maxT * C + cols, *v = v_cache + (size_t)b * maxT * C + cols;
+        const float *k = k_pool + cols, *v = v_pool + cols;
+        const int *blocks = table + (size_t)b * max_blocks;  // the sequence's blocks, in order
         float *o = out + (size_t)bt * C + cols, *s = scores + ((size_t)b * NH + h0) * head_scores + (size_t)t * maxT;
         // exercise decode-attention: begin
         float inv_sum[TASK_HEADS_MAX];
         for (int t2 = 0; t2 < npos; t2++)
             for (int j = 0; j < nh; j++)
-                s[j * head_scores + t2] = attention_score(q + j * hs, k + (size_t)t2 * C + j * hs, scale, hs);
+                s[j * head_scores + t2] =
+                    attention_score(q + j * hs, cache_row(k, blocks, t2, block_size, C) + j * hs, scale, hs);
         for (int j = 0; j < nh; j++) {
             float *sj = s + j * head_scores, max = -INFINITY;
             for (int t2 = 0; t2 < npos; t2++) max = fmaxf(max, sj[t2]);
@@ -1220,7 +1223,8 @@ void attention_cached_forward(float *out, float *scores, const float *qkv, const
         for (int i = 0; i < nh * hs; i++) o[i] = 0.0f;
         for (int t2 = 0; t2 < npos; t2++)
             for (int j = 0; j < nh; j++)
-                attention_add_row(o + j * hs, s[j * head_scores + t2], v + (size_t)t2 * C + j * hs, hs, 0, 1);
+                attention_add_row(o + j * hs, s[j * head_scores + t2], cache_row(v, blocks, t2, block_size, C) + j * hs,
+                                  hs, 0, 1);
         for (int j = 0; j < nh; j++)
             for (int i = 0; i < hs; i++) o[j * hs + i] *= inv_sum[j];
         // exercise decode-attention: end

@@ -1695,7 +1695,8 @@ void adamw_update(float *param, const float *grad, float grad_scale, float *m, f
 // ----------------------------------------------------------------------------------------------
 // ---- attention with a KV cache; CUDA graphs
 //
-//   kv_cache_write         a thread per (row, column): k and v copied side by side
+//   kv_cache_write         a thread per (row, column): k and v copied side by side into the
+//                          pool block the row's position lies in (the sequence's block table)
 //   attention_cached       a block of ATT_CACHED_THREADS per (sequence, head, new row): the lanes
 //                          share the keys for the scores and the value columns for the output
 //                          (kernels.h's three steps), max and sum combined by block_reduce. At
@@ -1705,50 +1706,55 @@ void adamw_update(float *param, const float *grad, float grad_scale, float *m, f
 
 #define ATT_CACHED_THREADS 64
 
-static __global__ void kv_cache_write_kernel(float *k_cache, float *v_cache, const float *qkv,
-                                             const int *start, int T, size_t n, int C, int maxT) {
+static __global__ void kv_cache_write_kernel(float *k_pool, float *v_pool, const float *qkv, const int *start,
+                                             const int *table, int T, size_t n, int C, int block_size,
+                                             int max_blocks) {
     GRID_STRIDE(i, n) {
         int bt = (int)(i / C), c = (int)(i % C), b = bt / T;
-        size_t at = ((size_t)b * maxT + start[b] + bt % T) * C + c;
-        k_cache[at] = qkv[(size_t)bt * 3 * C + C + c];
-        v_cache[at] = qkv[(size_t)bt * 3 * C + 2 * C + c];
+        const int *tab = table + (size_t)b * max_blocks;
+        int pos = start[b] + bt % T;
+        ((float *)cache_row(k_pool, tab, pos, block_size, C))[c] = qkv[(size_t)bt * 3 * C + C + c];
+        ((float *)cache_row(v_pool, tab, pos, block_size, C))[c] = qkv[(size_t)bt * 3 * C + 2 * C + c];
     }
 }
 
-void kv_cache_write(float *k_cache, float *v_cache, const float *qkv, const int *start, int B,
-                    int T, int C, int maxT) {
+void kv_cache_write(float *k_pool, float *v_pool, const float *qkv, const int *start, const int *table,
+                    int B, int T, int C, int block_size, int max_blocks) {
     size_t n = (size_t)B * T * C;
     if (!n) return;
     ensure_init();
-    LAUNCH(kv_cache_write_kernel, grid_for(n), THREADS, 0, k_cache, v_cache, qkv, start, T, n, C, maxT);
+    LAUNCH(kv_cache_write_kernel, grid_for(n), THREADS, 0, k_pool, v_pool, qkv, start, table, T, n, C, block_size,
+           max_blocks);
 }
 
 // blockIdx.x = (b * NH + h) * T + t. Every thread reaches both block_reduce barriers: the loop
-// bounds depend on the row's position only, the same for the whole block.
-static __global__ void attention_cached_kernel(float *out, float *scores, const float *qkv,
-                                               const float *k_cache, const float *v_cache,
-                                               const int *start, int T, int C, int NH, int maxT) {
+// bounds depend on the row's position only, the same for the whole block. The keys and values
+// are read through the sequence's block table (PagedAttention), a cache block at a time.
+static __global__ void attention_cached_kernel(float *out, float *scores, const float *qkv, const float *k_pool,
+                                               const float *v_pool, const int *start, const int *table, int T,
+                                               int C, int NH, int block_size, int max_blocks) {
     int hs = C / NH, lane = threadIdx.x, nlanes = blockDim.x;
     int t = blockIdx.x % T, bh = blockIdx.x / T, b = bh / NH, h = bh % NH;
     int npos = start[b] + t + 1;
     const float *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
-    const float *k = k_cache + (size_t)b * maxT * C + (size_t)h * hs;
-    const float *v = v_cache + (size_t)b * maxT * C + (size_t)h * hs;
-    float *s = scores + (size_t)blockIdx.x * maxT;
-    float max = block_reduce(attention_scores(s, q, k, C, npos, hs, lane, nlanes), -INFINITY, MaxOp());
+    const int *tab = table + (size_t)b * max_blocks;
+    float *s = scores + (size_t)blockIdx.x * max_blocks * block_size;
+    float max = block_reduce(attention_cached_scores(s, q, k_pool + (size_t)h * hs, tab, block_size, npos, hs, C,
+                                                     lane, nlanes),
+                             -INFINITY, MaxOp());
     // the barriers inside block_reduce also make every lane's scores visible to the others
     float sum = block_reduce(attention_exp(s, max, npos, lane, nlanes), 0.0f, SumOp());
-    attention_cached_values(out + ((size_t)b * T + t) * C + (size_t)h * hs, s, 1.0f / sum, v, npos,
-                            hs, C, lane, nlanes);
+    attention_cached_values(out + ((size_t)b * T + t) * C + (size_t)h * hs, s, 1.0f / sum, v_pool + (size_t)h * hs,
+                            tab, block_size, npos, hs, C, lane, nlanes);
 }
 
-void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_cache,
-                              const float *v_cache, const int *start, int B, int T, int C, int NH,
-                              int maxT) {
+void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_pool,
+                              const float *v_pool, const int *start, const int *table, int B, int T, int C,
+                              int NH, int block_size, int max_blocks) {
     if (B <= 0 || T <= 0) return;
     ensure_init();
-    LAUNCH(attention_cached_kernel, (unsigned)((size_t)B * NH * T), ATT_CACHED_THREADS, 0, out,
-           scores, qkv, k_cache, v_cache, start, T, C, NH, maxT);
+    LAUNCH(attention_cached_kernel, (unsigned)((size_t)B * NH * T), ATT_CACHED_THREADS, 0, out, scores, qkv, k_pool,
+           v_pool, start, table, T, C, NH, block_size, max_blocks);
 }
 
 static void *g_cublas_workspace = NULL;

@@ -134,6 +134,8 @@ PY
 done
 kill -TERM $server
 wait $server || { echo "bench: the server did not exit 0 on SIGTERM:"; tail "$server_log"; exit 1; }
+# ---- stage 06's engine: paged KV cache, prefix caching, chunked prefill, speculative decoding ----
+bash scripts/bench_engine.sh
 # ---- the planner (build/plan, docs/PLANNER.md): predicted step time against measured, 4 ranks ----
 echo
 bash scripts/bench_plan.sh

@@ -1118,6 +1118,22 @@ static void test_memory(void) {
 // ----------------------------------------------------------------------------------------------
 // ---- attention with a KV cache: the cache ops against a double reference
 
+// The cache is paged: sequence b's position p lies in pool block table[b][p / bs]. These tests
+// keep a logical cache (B, maxT, C) and lay it into a pool of blocks of bs positions in a
+// scrambled order, with spare blocks no sequence holds: the ops must read and write through the
+// tables. pool_table gives sequence b's i-th block the number (b * mb + i) * 7 % n (7 and n
+// coprime: a permutation).
+static int *pool_table(int B, int mb, int n_blocks) {
+    int *table = malloc_or_die((size_t)B * mb * sizeof(int));
+    for (int i = 0; i < B * mb; i++) table[i] = i * 7 % n_blocks;
+    return table;
+}
+
+// logical position (b, p), column c <-> its place in the pool
+static size_t pool_at(const int *table, int mb, int bs, int C, int b, int p, int c) {
+    return ((size_t)table[b * mb + p / bs] * bs + p % bs) * C + c;
+}
+
 // Two sequences continuing at different positions (start 0 and 4): the new rows' keys and values
 // go into the cache at start[b] + t, and query (b, t) attends to cache rows 0 .. start[b] + t,
 // of which the earlier ones were already in the cache (random here) and the rest are new.
@@ -1156,17 +1172,35 @@ static void test_kv_cache(void) {
                 }
             }
 
-    float *d_qkv = upload(qkv, nqkv), *d_k = upload(k0, ncache), *d_v = upload(v0, ncache);
+    // blocks of 2 positions: 5 per sequence (the last half used), 13 in the pool (3 spare)
+    const int bs = 2, mb = (maxT + bs - 1) / bs, n_blocks = B * mb + 3;
+    size_t npool = (size_t)n_blocks * bs * C;
+    int *table = pool_table(B, mb, n_blocks);
+    double *kp0 = rand_array(npool, -1.5, 1.5), *vp0 = rand_array(npool, -1.5, 1.5);
+    double *kp = copy_array(kp0, npool), *vp = copy_array(vp0, npool);  // the pool after the write
+    for (int b = 0; b < B; b++)
+        for (int p = 0; p < maxT; p++)
+            for (int c = 0; c < C; c++) {
+                size_t at = pool_at(table, mb, bs, C, b, p, c), logical = ((size_t)b * maxT + p) * C + c;
+                kp0[at] = k0[logical], vp0[at] = v0[logical];
+                kp[at] = k[logical], vp[at] = v[logical];
+            }
+    float *d_qkv = upload(qkv, nqkv), *d_k = upload(kp0, npool), *d_v = upload(vp0, npool);
     float *d_out = dev_malloc(nout * sizeof(float));
-    float *d_scores = dev_malloc((size_t)B * NH * T * maxT * sizeof(float));
-    int *d_start = dev_malloc(sizeof start);
+    float *d_scores = dev_malloc((size_t)B * NH * T * mb * bs * sizeof(float));
+    int *d_start = dev_malloc(sizeof start), *d_table = dev_malloc((size_t)B * mb * sizeof(int));
     copy_to_device(d_start, start, sizeof start);
-    kv_cache_write(d_k, d_v, d_qkv, d_start, B, T, C, maxT);
-    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, B, T, C, NH, maxT);
-    double *got_k = download(d_k, ncache), *got_v = download(d_v, ncache), *got = download(d_out, nout);
-    check_array("kv_cache_write keys (other rows untouched)", got_k, k, ncache, 0, 0);
-    check_array("kv_cache_write values (other rows untouched)", got_v, v, ncache, 0, 0);
-    check_array("attention_cached_forward out", got, want, nout, 1e-4, 1e-5);
+    copy_to_device(d_table, table, (size_t)B * mb * sizeof(int));
+    kv_cache_write(d_k, d_v, d_qkv, d_start, d_table, B, T, C, bs, mb);
+    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, d_table, B, T, C, NH, bs, mb);
+    double *got_k = download(d_k, npool), *got_v = download(d_v, npool), *got = download(d_out, nout);
+    check_array("kv_cache_write keys through the block table (other rows and blocks untouched)", got_k, kp,
+                npool, 0, 0);
+    check_array("kv_cache_write values through the block table (other rows and blocks untouched)", got_v, vp,
+                npool, 0, 0);
+    check_array("attention_cached_forward out, reading through the block table", got, want, nout, 1e-4, 1e-5);
+    free(table), free(kp0), free(vp0), free(kp), free(vp);
+    dev_free(d_table);
 
     // the embedding at each sequence's own positions
     const int Vp = 5, tokens[6] = {1, 4, 0, 2, 2, 3};
@@ -1197,12 +1231,13 @@ static void test_kv_cache(void) {
 }
 
 // The CPU's cached attention reads each cache row's heads together (the cache front to back), one
-// task per new row and group of heads: the same bits as kernels.h's three steps run head by head.
+// task per new row and group of heads: the same bits as kernels.h's three steps run head by head
+// over a contiguous cache, though it reads the cache from a scrambled pool of blocks.
 // Batch 1 splits the heads between the threads; 20 heads are more than one task holds (16). The
 // CUDA kernel sums a head's scores in a tree over its lanes and takes the GPU's expf: the same
 // values to rounding, not the same bits, so there the values are checked and the bits are not.
 static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
-    int C = NH * hs, maxT = 11, start[3] = {3, 0, 7};
+    int C = NH * hs, maxT = 11, start[3] = {3, 0, 7}, bs = 4, mb = 3, n_blocks = B * mb + 1;
     size_t nqkv = (size_t)B * T * 3 * C, ncache = (size_t)B * maxT * C, nout = (size_t)B * T * C;
     float *qkv = malloc_or_die(nqkv * sizeof(float)), *k = malloc_or_die(ncache * sizeof(float));
     float *v = malloc_or_die(ncache * sizeof(float)), *want = malloc_or_die(nout * sizeof(float));
@@ -1217,19 +1252,32 @@ static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
                 const float *kb = k + (size_t)b * maxT * C + h * hs, *vb = v + (size_t)b * maxT * C + h * hs;
                 float max = attention_scores(s, q, kb, C, npos, hs, 0, 1);
                 float sum = attention_exp(s, max, npos, 0, 1);
-                attention_cached_values(want + ((size_t)b * T + t) * C + h * hs, s, 1.0f / sum, vb, npos, hs, C, 0, 1);
+                int whole = 0;  // the contiguous cache as one block of maxT positions
+                attention_cached_values(want + ((size_t)b * T + t) * C + h * hs, s, 1.0f / sum, vb, &whole, maxT,
+                                        npos, hs, C, 0, 1);
             }
-    float *d_qkv = dev_malloc(nqkv * sizeof(float)), *d_k = dev_malloc(ncache * sizeof(float));
-    float *d_v = dev_malloc(ncache * sizeof(float)), *d_out = dev_malloc(nout * sizeof(float));
-    float *d_scores = dev_malloc((size_t)B * NH * T * maxT * sizeof(float));
-    int *d_start = dev_malloc(sizeof start);
+    // the same cache in blocks of 4 positions, scrambled in a pool (pool_table)
+    size_t npool = (size_t)n_blocks * bs * C;
+    int *table = pool_table(B, mb, n_blocks);
+    float *kp = calloc_or_die(npool, sizeof(float)), *vp = calloc_or_die(npool, sizeof(float));
+    for (int b = 0; b < B; b++)
+        for (int p = 0; p < maxT; p++)
+            for (int c = 0; c < C; c++) {
+                size_t at = pool_at(table, mb, bs, C, b, p, c);
+                kp[at] = k[((size_t)b * maxT + p) * C + c], vp[at] = v[((size_t)b * maxT + p) * C + c];
+            }
+    float *d_qkv = dev_malloc(nqkv * sizeof(float)), *d_k = dev_malloc(npool * sizeof(float));
+    float *d_v = dev_malloc(npool * sizeof(float)), *d_out = dev_malloc(nout * sizeof(float));
+    float *d_scores = dev_malloc((size_t)B * NH * T * mb * bs * sizeof(float));
+    int *d_start = dev_malloc(sizeof start), *d_table = dev_malloc((size_t)B * mb * sizeof(int));
     copy_to_device(d_qkv, qkv, nqkv * sizeof(float));
-    copy_to_device(d_k, k, ncache * sizeof(float));
-    copy_to_device(d_v, v, ncache * sizeof(float));
+    copy_to_device(d_k, kp, npool * sizeof(float));
+    copy_to_device(d_v, vp, npool * sizeof(float));
     copy_to_device(d_start, start, sizeof start);
+    copy_to_device(d_table, table, (size_t)B * mb * sizeof(int));
     int before = omp_get_max_threads();
     omp_set_num_threads(threads);
-    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, B, T, C, NH, maxT);
+    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, d_table, B, T, C, NH, bs, mb);
     omp_set_num_threads(before);
     float *got = malloc_or_die(nout * sizeof(float));
     copy_to_host(got, d_out, nout * sizeof(float));
@@ -1244,7 +1292,8 @@ static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
         CHECK(differ == 0, "attention_cached_forward B=%d T=%d NH=%d on %d threads: %zu of %zu outputs "
               "differ from the per-head steps' bits", B, T, NH, threads, differ, nout);
     dev_free(d_qkv), dev_free(d_k), dev_free(d_v), dev_free(d_out), dev_free(d_scores), dev_free(d_start);
-    free(qkv), free(k), free(v), free(want), free(s), free(got);
+    dev_free(d_table);
+    free(qkv), free(k), free(v), free(want), free(s), free(got), free(table), free(kp), free(vp);
 }
 
 // ----------------------------------------------------------------------------------------------

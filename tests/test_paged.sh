@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# Stage 06's engine (scheduler.c over the paged KV cache, kv_cache.h; block_pool.h): the server's
+# answers are the tokens of the plain loop without a cache, whatever the engine does to get them.
+#  - 64 concurrent chat requests whose prompts share prefixes of several lengths (the template,
+#    the instruction, part of the input), half greedy and half sampled with their own seeds, the
+#    last 8 asked before;
+#  - greedy answers equal stage 06's own without a KV cache (--kv_cache=false: the training
+#    model's forward over the whole text each step, an independent reference); every answer
+#    equals the slot design's (one block of a whole context per request, one request at a time);
+#  - a block pool that holds about two of them at once, in blocks of 4 positions, so that running
+#    requests run out of blocks mid-answer and the newest are preempted (freed, and recomputed
+#    later); then with prefix caching (hits counted in /metrics), chunked prefill (32 positions a
+#    step, the prompts ~225), everything at once, and everything on a [2,1,1] grid;
+#  - prompts asked again in blocks of one position: the whole prompt is cached and its last block
+#    copied before it is written (copy-on-write, counted in /metrics);
+#  - speculative decoding (a 1-layer draft proposes 3 tokens a step): greedy answers equal no
+#    cache's, alone, with everything else on, and on a [2,2,1] grid; sampled, a chi-square test
+#    shows the model's distribution of a token the draft proposed, not the draft's.
+source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
+source tests/server_lib.sh
+export OMP_NUM_THREADS=1
+client() { timeout 300 python3 tests/server_client.py "$@"; }
+
+# A small model trained for a few steps on real alpaca answers: it has not learned to stop, so
+# every answer runs to its limit and the running requests keep taking blocks. Its greedy choice is
+# degenerate (spaces); the sampled answers walk through varied text, and a sampled token changes
+# if the logits differ by about a millionth.
+build/stage-1 --config configs/tiny.json --n_layer=2 --n_embd=64 --stop_iteration=25 \
+    --global_batch_size=8 --log_interval=100 --eval_batches=1 --out_dir="$tmp/model" \
+    --data_path="${FIXTURES:-../shared/fixtures}/alpaca/rasbt-LLMs-from-scratch_instruction-data.json" >"$tmp/train.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 1 training for the test failed: $(tail -3 "$tmp/train.log")"
+# speculative decoding's draft: the same data and tokenizer, 1 layer of 32, 8 steps: it agrees
+# with the model often, and its own distribution is plainly another
+build/stage-1 --config configs/tiny.json --n_layer=1 --n_embd=32 --stop_iteration=8 \
+    --global_batch_size=8 --log_interval=100 --eval_batches=1 --out_dir="$tmp/draft" \
+    --data_path="${FIXTURES:-../shared/fixtures}/alpaca/rasbt-LLMs-from-scratch_instruction-data.json" >"$tmp/draft.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "stage 1 training of the draft failed: $(tail -3 "$tmp/draft.log")"
+model=(--config configs/inference.json --init_from="$tmp/model" --tokens_to_generate=16)
+
+# 64 prompts: 4 tasks x 16 inputs; the inputs of a task share a prefix of 0, 4, 8 or 12 digits
+python3 - "$tmp" <<'PY'
+import json, random, sys
+tasks = ["Sort the digits.", "Reverse the digits.", "Count the digits.", "Add the digits."]
+rng = random.Random(3)
+digits = lambda n: "".join(rng.choice("0123456789") for _ in range(n))
+shared = [digits(4 * k) for k in range(4)]
+prompts = [(tasks[i % 4], shared[i % 4] + digits(2 + i % 7)) for i in range(56)]
+prompts += prompts[:8]  # asked again: with prefix caching, their whole prompt is cached
+open(f"{sys.argv[1]}/prompts.txt", "w").write("".join(f"{a}\t{b}\n" for a, b in prompts))
+reqs = []
+for i, (instruction, text) in enumerate(prompts):
+    r = {"model": "model", "messages": [{"role": "system", "content": text}, {"role": "user", "content": instruction}]}
+    r.update({"temperature": 0} if i % 2 == 0 else {"temperature": 1, "seed": 100 + i, "max_tokens": 6 + i % 11})
+    reqs.append(r)
+json.dump(reqs, open(f"{sys.argv[1]}/requests.json", "w"))
+json.dump(reqs[:8] + reqs[56:], open(f"{sys.argv[1]}/again.json", "w"))
+PY
+
+# the references: no cache (greedy), and the slot design one request at a time (all)
+timeout 300 build/stage-6 "${model[@]}" --prompts_path="$tmp/prompts.txt" --kv_cache=false --show_token_ids=true \
+    >"$tmp/nocache.log" 2>&1
+python3 - "$tmp" <<'PY' >"$tmp/nocache.txt"
+import json, sys
+ids = [l.split(":", 1)[1].split() for l in open(f"{sys.argv[1]}/nocache.log", errors="replace") if "answer ids:" in l]
+for answer in ids[0::2]:  # the greedy ones; the byte tokenizer: a token is a byte
+    print(json.dumps(bytes(int(t) for t in answer).decode("utf-8", "replace")))
+PY
+check '[ "$(wc -l <"$tmp/nocache.txt")" -eq 32 ]' "the no-cache reference did not answer 32 greedy prompts: $(tail -3 "$tmp/nocache.log")"
+start_server slots 1 "${model[@]}" --max_batch_size=1 --kv_block_size=256 --prefix_caching=false
+client answers "$url" "$tmp/requests.json" 1 >"$tmp/slots.json"
+stop_server
+
+greedy() { python3 -c 'import json,sys; [print(json.dumps(x.get("text"))) for x in json.load(open(sys.argv[1]))[0::2]]' "$1"; }
+check 'cmp -s <(greedy "$tmp/slots.json") "$tmp/nocache.txt"' \
+    "the slot design's greedy answers differ from no cache: $(diff <(greedy "$tmp/slots.json") "$tmp/nocache.txt" | head -4)"
+
+# served <name> <what> <args...>: the 64 requests at once on a server with <args> (on
+# $served_ranks ranks, 1 unless set); its greedy answers against no cache, all against the slot
+# design's
+served() {
+    local name=$1 what=$2; shift 2
+    start_server "$name" "${served_ranks:-1}" "${model[@]}" --max_batch_size=64 "$@"
+    client answers "$url" "$tmp/requests.json" 64 >"$tmp/$name.json"
+    curl -s -m 10 "$url/metrics" >"$tmp/$name.metrics"
+    stop_server
+    check 'cmp -s <(greedy "$tmp/$name.json") "$tmp/nocache.txt"' \
+        "$what: greedy answers differ from no cache: $(diff <(greedy "$tmp/$name.json") "$tmp/nocache.txt" | head -4)"
+    [ -n "${greedy_only:-}" ] && return  # speculative decoding samples from other random numbers
+    check 'cmp -s "$tmp/$name.json" "$tmp/slots.json"' \
+        "$what: answers differ from the slot design's: $(diff <(tr "}" "\n" <"$tmp/$name.json") <(tr "}" "\n" <"$tmp/slots.json") | head -4)"
+}
+metric() { sed -n "s/^$2 //p" "$tmp/$1.metrics"; }
+
+# a pool of 120 blocks of 4 positions (4096 bytes each: 2 layers, keys and values, 64 columns):
+# two prompts of about 225 tokens, and little room to answer (the answers stay below the
+# context, where stage 06 without a server allows one token more than the server)
+served paged "paged cache, small pool" --kv_block_size=4 --kv_cache_bytes=491520 --prefix_caching=false
+check '[ "$(metric paged workbook_kv_cache_blocks)" = 120 ] && [ "$(metric paged workbook_preemptions_total)" -gt 0 ] && [ "$(metric paged workbook_kv_cache_blocks_used)" = 0 ] && [ "$(metric paged workbook_prefix_cache_hits_total)" = 0 ]' \
+    "paged cache: want 120 blocks, some preemptions, none held at the end, no prefix hits: $(grep -a "^workbook_.*\(cache\|preempt\)" "$tmp/paged.metrics")"
+# the same with prefix caching: the template's blocks (and a task's, and a shared input's) are
+# computed once and found by the later requests; preempted requests find their own blocks again
+served prefix "prefix caching, small pool" --kv_block_size=4 --kv_cache_bytes=491520
+check '[ "$(metric prefix workbook_preemptions_total)" -gt 0 ] && [ "$(metric prefix workbook_prefix_cache_hits_total)" -ge 56 ] && [ "$(metric prefix workbook_prefix_cache_tokens_saved_total)" -ge $((56 * 150)) ] && [ "$(metric prefix workbook_kv_cache_blocks_used)" -le 120 ]' \
+    "prefix caching: want preemptions, at least 56 hits saving 150 positions each: $(grep -a "^workbook_.*\(cache\|preempt\)" "$tmp/prefix.metrics")"
+# chunked prefill: 32 prompt positions a step (a prompt takes 7 or 8 steps), mixed with the other
+# requests' decoding rows; alone, then with everything else on, then on a tensor-parallel grid
+served chunked "chunked prefill" --max_prefill_tokens=32 --prefix_caching=false
+served all "chunked prefill, prefix caching, small pool" --max_prefill_tokens=32 --kv_block_size=4 --kv_cache_bytes=491520
+check '[ "$(metric all workbook_preemptions_total)" -gt 0 ] && [ "$(metric all workbook_prefix_cache_hits_total)" -gt 0 ]' \
+    "everything on: want preemptions and prefix hits: $(grep -a "^workbook_.*\(cache\|preempt\)" "$tmp/all.metrics")"
+served_ranks=2 served tp "[2,1,1], everything on" --tp_dimensions=2,1,1 --max_prefill_tokens=32 --kv_block_size=4 \
+    --kv_cache_bytes=245760
+check '[ "$(metric tp workbook_preemptions_total)" -gt 0 ] && [ "$(metric tp workbook_prefix_cache_hits_total)" -gt 0 ]' \
+    "[2,1,1], everything on: want preemptions and prefix hits: $(grep -a "^workbook_.*\(cache\|preempt\)" "$tmp/tp.metrics")"
+
+# speculative decoding: the draft proposes 3 tokens a step, the model checks them in one pass;
+# alone, then with everything else on, then on a [2,2,1] grid (the draft runs on rank 0)
+spec=(--draft_model="$tmp/draft" --num_speculative_tokens=3)
+greedy_only=1 served spec "speculative decoding" "${spec[@]}"
+check 'python3 -c "import sys; p, a = float(sys.argv[1]), float(sys.argv[2]); sys.exit(not (p > 100 and 0 < a < p))" "$(metric spec workbook_spec_proposed_tokens_total)" "$(metric spec workbook_spec_accepted_tokens_total)"' \
+    "speculative decoding: want over 100 proposals, some accepted, not all: $(grep -a "^workbook_spec" "$tmp/spec.metrics")"
+greedy_only=1 served specall "speculative decoding, chunked prefill, prefix caching, small pool" "${spec[@]}" \
+    --max_prefill_tokens=32 --kv_block_size=4 --kv_cache_bytes=491520
+check '[ "$(metric specall workbook_preemptions_total)" -gt 0 ] && [ "$(metric specall workbook_prefix_cache_hits_total)" -gt 0 ] && [ "$(metric specall workbook_spec_accepted_tokens_total)" -gt 0 ]' \
+    "speculative decoding with everything on: want preemptions, prefix hits and accepted proposals: $(grep -a "^workbook_.*\(cache\|preempt\|spec\)" "$tmp/specall.metrics")"
+greedy_only=1 served_ranks=4 served spectp "[2,2,1], speculative decoding and everything on" "${spec[@]}" --tp_dimensions=2,2,1 \
+    --max_prefill_tokens=32 --kv_block_size=4 --kv_cache_bytes=245760
+
+# Sampling with speculative decoding draws the model's distribution, not the draft's: 2000
+# samples (seeds 0..1999) of a prompt's second token (its first is the prefill's; the second is
+# the first the draft proposes) from the model with the draft, the model alone and the draft
+# alone. A chi-square test of homogeneity (categories below 5 expected merged): with the draft
+# against the model alone p > 0.001 (when both draw the same distribution, a false failure for
+# one draw of seeds in a thousand), against the draft alone p < 1e-6.
+port() { [ "${SERVER_PORT:-0}" = 0 ] && echo 0 || echo $((SERVER_PORT + $1)); }  # three servers at once
+SERVER_PORT=$(port 0) start_server sref 1 "${model[@]}" --max_batch_size=16; url_ref=$url
+SERVER_PORT=$(port 1) start_server sspec 1 "${model[@]}" --max_batch_size=16 "${spec[@]}"; url_spec=$url
+SERVER_PORT=$(port 2) start_server sdraft 1 "${model[@]}" --max_batch_size=16 --init_from="$tmp/draft"; url_draft=$url
+timeout 600 python3 - "$url_ref" "$url_spec" "$url_draft" >"$tmp/chi2.txt" 2>&1 <<'PY'
+import concurrent.futures, math, sys
+sys.path.insert(0, "tests")
+import server_client as sc
+
+def second_tokens(url, model):
+    def one(seed):
+        status, reply = sc.post(url, "/v1/completions", {"model": model, "prompt": "Name a color:",
+                                                         "max_tokens": 3, "temperature": 1, "seed": seed})
+        text = reply["choices"][0]["text"].encode("utf-8", "surrogatepass") if status == 200 else b""
+        return text[1:2].hex() if len(text) >= 2 else "short"  # the byte tokenizer: a byte a token
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        return list(pool.map(one, range(2000)))
+
+def q_gamma(a, x):  # the regularized upper incomplete gamma function (Numerical Recipes 6.2)
+    if x < a + 1:
+        term = total = 1.0 / a
+        for n in range(1, 500):
+            term *= x / (a + n)
+            total += term
+        return 1.0 - total * math.exp(-x + a * math.log(x) - math.lgamma(a))
+    b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)
+    h = d
+    for i in range(1, 500):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        c = b + an / c
+        d = 1 / d
+        h *= d * c
+    return math.exp(-x + a * math.log(x) - math.lgamma(a)) * h
+
+def homogeneity_p(xs, ys):
+    cats = sorted(set(xs) | set(ys))
+    count = lambda zs: {c: zs.count(c) for c in cats}
+    a, b = count(xs), count(ys)
+    rows, other = [], [0, 0]
+    for c in cats:  # categories expected below 5 in either sample are merged
+        if (a[c] + b[c]) / 2 < 5:
+            other[0] += a[c]; other[1] += b[c]
+        else:
+            rows.append((a[c], b[c]))
+    if sum(other):
+        rows.append(tuple(other))
+    na, nb = len(xs), len(ys)
+    stat = sum((x - (x + y) * na / (na + nb)) ** 2 / ((x + y) * na / (na + nb)) +
+               (y - (x + y) * nb / (na + nb)) ** 2 / ((x + y) * nb / (na + nb)) for x, y in rows)
+    return q_gamma((len(rows) - 1) / 2, stat / 2), len(rows)
+
+ref, spec, draft = (second_tokens(u, m) for u, m in zip(sys.argv[1:4], ("model", "model", "draft")))
+p_model, k1 = homogeneity_p(spec, ref)
+p_draft, k2 = homogeneity_p(spec, draft)
+print(f"against the model alone: p {p_model:.3g} over {k1} categories")
+print(f"against the draft alone: p {p_draft:.3g} over {k2} categories")
+print("ok" if p_model > 1e-3 and p_draft < 1e-6 else "wrong")
+PY
+check 'tail -1 "$tmp/chi2.txt" | grep -qx ok' "speculative sampling: the model's distribution, not the draft's? $(cat "$tmp/chi2.txt" | tail -4)"
+for u in "$url_ref" "$url_spec" "$url_draft"; do curl -s -m 5 "$u/metrics" | grep -a "^workbook_spec_acceptance_rate" >>"$tmp/chi2.txt"; done
+stop_servers; servers=()
+
+# blocks of one position, one request at a time: a prompt asked again is cached whole, and its
+# last position is computed again into a copy of its last block (copy-on-write)
+start_server again 1 "${model[@]}" --kv_block_size=1
+client answers "$url" "$tmp/again.json" 1 >"$tmp/again.json.out"
+curl -s -m 10 "$url/metrics" >"$tmp/again.metrics"
+stop_server
+check 'cmp -s "$tmp/again.json.out" <(python3 -c "import json,sys; a=json.load(open(sys.argv[1])); print(json.dumps(a[:8] + a[56:]))" "$tmp/slots.json")' \
+    "prompts asked again, copy-on-write: answers differ from the slot design's: $(head -c 300 "$tmp/again.json.out")"
+check '[ "$(metric again workbook_kv_cache_block_copies_total)" -ge 8 ] && [ "$(metric again workbook_prefix_cache_hits_total)" -ge 15 ]' \
+    "prompts asked again: want 8 block copies at least and 15 hits: $(grep -a "^workbook_.*cache" "$tmp/again.metrics")"
+
+finish test_paged
