@@ -1,7 +1,7 @@
 // scheduler.h: what the HTTP layer (server.c) and the scheduler (scheduler.c) share: a request as
 // a Job, and the queue and the KV cache's slots that jobs wait in and run in, under one lock.
 //
-//   connection threads (server.c)                        rank 0's main thread (scheduler.c)
+//   libmicrohttpd's polling thread (server.c)            rank 0's main thread (scheduler.c)
 //   parse a request into a Job, enqueue it    ------>    admit jobs whose cache blocks fit, run the steps,
 //   write its tokens as they come             <------    append each token to its job, broadcast
 //                                                        `progress`

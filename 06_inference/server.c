@@ -1,14 +1,15 @@
 // server.c: stage 06 behind an OpenAI-compatible HTTP endpoint: libmicrohttpd's polling thread,
 // OpenAI's request JSON in, its response JSON (or server-sent events) out, the metrics, and the
-// limits that keep one client from holding the server. The requests run in the KV cache's slots
-// with continuous batching: scheduler.c, the engine, which every rank of a tensor-parallel grid
+// limits that keep one client from holding the server. Up to max_batch_size requests run at once,
+// each in the KV-cache blocks it holds, with continuous batching: scheduler.c, the engine, which every rank of a tensor-parallel grid
 // runs; scheduler.h is what the two share.
 //
 //   libmicrohttpd's polling thread (every connection)     rank 0's main thread: the scheduler
-//   parse and check the JSON -> a Job --- queue --->      admit it into a free KV-cache slot: its
-//                                                         prefill, its first token
-//   write its tokens as they come (server-sent   <------  one decode step over every busy slot,
-//   events, or one JSON when it is done); with            a token each; finished jobs leave
+//   parse and check the JSON -> a Job --- queue --->      admit it when its cache blocks fit
+//                                                         (prefix-cached blocks shared)
+//   write its tokens as they come (server-sent   <------  one pass a step: every running job's
+//   events, or one JSON when it is done); with            next token and prompt rows; finished
+//                                                         jobs leave
 //   none yet, suspend it until the waker thread           ... every other rank runs the same steps
 //   resumes it
 #include "server.h"
@@ -237,11 +238,11 @@ static char *metrics_text(Server *s) {
     buf_printf(&b, "# HELP workbook_generated_tokens_total tokens sampled\n"
                    "# TYPE workbook_generated_tokens_total counter\nworkbook_generated_tokens_total %ld\n",
                m->generated_tokens);
-    buf_printf(&b, "# HELP workbook_queue_length requests waiting for a batch slot\n"
+    buf_printf(&b, "# HELP workbook_queue_length requests waiting to run\n"
                    "# TYPE workbook_queue_length gauge\nworkbook_queue_length %d\n", s->queue_len);
-    buf_printf(&b, "# HELP workbook_running_batch_size KV-cache slots in use: the decode batch\n"
+    buf_printf(&b, "# HELP workbook_running_batch_size requests running at once: the decode batch\n"
                    "# TYPE workbook_running_batch_size gauge\nworkbook_running_batch_size %d\n", s->busy);
-    buf_printf(&b, "# HELP workbook_batch_slots KV-cache slots (max_batch_size)\n"
+    buf_printf(&b, "# HELP workbook_batch_slots requests that may run at once (max_batch_size)\n"
                    "# TYPE workbook_batch_slots gauge\nworkbook_batch_slots %d\n", s->n_slots);
     scheduler_metrics_text(s, &b);
     histogram_print(&b, "workbook_time_to_first_token_seconds",
@@ -973,7 +974,7 @@ static struct MHD_Daemon *start_http(Server *s, Gate *g, Waker *w) {
         fatal("the server cannot start a thread");
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     // under mpirun, signal this process: mpirun itself, signalled, kills every rank soon after
-    printf("server: model '%s' on http://%s:%u/v1 | %d slots (max_batch_size), queue of %d "
+    printf("server: model '%s' on http://%s:%u/v1 | %d requests at once (max_batch_size), queue of %d "
            "(max_queue) | kill -TERM %ld stops it\n", s->model, s->cfg->host,
            info ? info->port : (unsigned)s->cfg->port, s->n_slots, s->cfg->max_queue, (long)getpid());
     fflush(stdout);

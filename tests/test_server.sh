@@ -21,34 +21,7 @@ export OMP_NUM_THREADS=1
 VENV=build/openai-venv
 client() { timeout 300 python3 tests/server_client.py "$@"; }
 
-servers=()
-stop_servers() {
-    local p
-    for p in "${servers[@]}"; do
-        kill -TERM "$p" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null
-    done
-}
-trap 'stop_servers; rm -rf "$tmp"' EXIT
-
-# start_server <name> <ranks> <args...>: stage 6 serving on a free port of 127.0.0.1; sets $url,
-# $pid (of the launcher: timeout, then mpirun with several ranks) and $rank0 (the process that
-# serves, which a graceful stop signals), the log in $tmp/<name>.log
-start_server() {
-    local name=$1 np=$2; shift 2
-    if [ "$np" -eq 1 ]; then
-        timeout 600 build/stage-6 "$@" --serve=true --host=127.0.0.1 --port=0 >"$tmp/$name.log" 2>&1 &
-    else
-        timeout 600 mpirun -np "$np" --bind-to none build/stage-6 "$@" --serve=true --host=127.0.0.1 --port=0 >"$tmp/$name.log" 2>&1 &
-    fi
-    pid=$!
-    servers+=("$pid")
-    for _ in $(seq 300); do grep -q "^server: model" "$tmp/$name.log" && break; sleep 0.1; done
-    url=http://127.0.0.1:$(grep -ao 'http://127.0.0.1:[0-9]*' "$tmp/$name.log" | sed 's/.*://')
-    rank0=$(grep -ao 'kill -TERM [0-9]*' "$tmp/$name.log" | sed 's/.* //')
-    check 'grep -q "^server: model" "$tmp/$name.log"' "server $name did not start: $(tail -3 "$tmp/$name.log")"
-}
+source tests/server_lib.sh
 
 # A small model trained on the built-in synthetic tasks: its answers are short, varied and end
 # with end-of-text, so greedy and sampled answers differ from prompt to prompt.
