@@ -64,9 +64,10 @@ STAGE_DIR_5 := 05_tensor_parallel
 STAGE_DIR_6 := 06_inference
 STAGE_DIR_7 := 07_pipeline_parallel
 STAGE_DIR_8 := 08_mixture_of_experts
+STAGE_DIR_9 := 09_context_parallel
 # the stages whose directory holds C files; from 03 on they talk MPI
-STAGES := $(foreach n,1 2 3 4 5 6 7 8,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
-MPI_STAGES := $(filter 3 4 5 6 7 8,$(STAGES))
+STAGES := $(foreach n,1 2 3 4 5 6 7 8 9,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
+MPI_STAGES := $(filter 3 4 5 6 7 8 9,$(STAGES))
 # files of another stage that a stage builds on: stage 06 on a grid wraps stage 05's tensor-parallel
 # layers, and generates from stage 08's checkpoints with its mixture-of-experts MLP (08's moe.c)
 STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 08_mixture_of_experts/moe.c
@@ -74,6 +75,8 @@ $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
+# a stage's objects built per backend: stage 09's ring attention steps (kernels, or OpenMP loops)
+STAGE_OBJS_9 := $(B)/09_context_parallel/backend/ring_blocks_$(BACKEND).o
 
 .PHONY: exercise grade exercises-pack plot report all setup test test-mutations test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
@@ -101,7 +104,7 @@ define stage_rule
 stage-$(1): build/stage-$(1)
 build/stage-$(1): $(B)/stage-$(1)
 	@cp $$< $$@
-$(B)/stage-$(1): $(patsubst %.c,$(B)/%.o,$(wildcard $(STAGE_DIR_$(1))/*.c) $(STAGE_EXTRA_$(1))) $(COMMON_OBJS) $(if $(filter $(1),$(MPI_STAGES)),$(COMM_OBJS))
+$(B)/stage-$(1): $(patsubst %.c,$(B)/%.o,$(wildcard $(STAGE_DIR_$(1))/*.c) $(STAGE_EXTRA_$(1))) $(STAGE_OBJS_$(1)) $(COMMON_OBJS) $(if $(filter $(1),$(MPI_STAGES)),$(COMM_OBJS))
 	$(if $(filter $(1),$(MPI_STAGES)),$(MPICC),$(CC)) $$^ -o $$@ $(LDLIBS) $(STAGE_LIBS_$(1))
 $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
