@@ -99,6 +99,8 @@ static void cp_embed_forward(LayerOps *ops, float *out, const int *tokens, const
     (void)start;
     CPLayers *x = (CPLayers *)ops;
     int half_rows = B / 2;
+    for (int b = 0; b < B; b++) x->start_host[b] = chunk_of(x->grid, x->grid->cp_rank, b / half_rows) * T;
+    copy_to_device(x->start, x->start_host, (size_t)B * sizeof(int));
     for (int half = 0; half < 2; half++) {
         size_t at = (size_t)half * half_rows * T;
         embed_half(x, out + at * s->C, NULL, tokens + at, w->wte, NULL, w->wpe, s, half_rows, T,
@@ -219,6 +221,9 @@ void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, in
     x->base.attention_forward = ring_attention_forward;
     x->base.attention_backward = ring_attention_backward;
     size_t N = (size_t)2 * B * c, C = (size_t)mc->n_embd, NH = (size_t)mc->n_head;
+    x->start = dev_malloc((size_t)2 * B * sizeof(int));
+    x->start_host = malloc((size_t)2 * B * sizeof(int));
+    if (!x->start_host) fatal("out of host memory");
     for (int i = 0; i < 2; i++) {
         x->kv[i] = dev_malloc(N * 2 * C * sizeof(float));
         x->dkv[i] = dev_malloc(N * 2 * C * sizeof(float));
@@ -237,6 +242,8 @@ void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, in
 }
 
 void cp_layers_free(CPLayers *x) {
+    dev_free(x->start);
+    free(x->start_host);
     for (int i = 0; i < 2; i++) dev_free(x->kv[i]), dev_free(x->dkv[i]);
     dev_free(x->o), dev_free(x->run_max), dev_free(x->run_sum), dev_free(x->delta), dev_free(x->scratch);
     for (int l = 0; l < x->n_kept; l++) dev_free(x->kept_out[l]);

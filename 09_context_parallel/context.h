@@ -40,11 +40,14 @@ int cp_chunk_len(const CPGrid *g, int T);
 void cp_local_batch(const CPGrid *g, const Batch *full, Batch *local);
 
 // The LayerOps of this grid: serial_layer_ops() with the embedding at the chunks' positions and
-// the context-parallel attention. Sized for 2 * B chunks of c tokens and the model's layers.
+// the context-parallel attention. Sized for 2 * B chunks of c tokens and the model's layers. The
+// activations' start must be x->start, which the embedding fills with the rows' positions.
 typedef struct {
     LayerOps base;          // what the block calls (first: the block sees a LayerOps *)
     const CPGrid *grid;
     int max_positions;      // rows of the position table (GPT-2's wpe)
+    int *start, *start_host;  // [2 B] each row's first position, on the device (Activations.start:
+                              // phi's rotary embedding turns by it) and its host copy
     float *kv[2], *dkv[2];  // the block in hand and the one arriving: (N, 2C) k | v, and gradients
     float *o, *run_max, *run_sum, *scratch, *delta;  // the online softmax's state; backward's
     float **kept_out;       // [layer] (N, C): attention's output for backward where the block keeps

@@ -81,6 +81,7 @@ int main(int argc, char **argv) {
     spec.ops = &layers.base;
     Activations acts;
     acts_alloc_spec(&acts, &spec);
+    acts.start = layers.start;  // each chunk's rows at their global positions
     // only rank 0 prints, writes metrics and saves checkpoints: the replicas are identical
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 

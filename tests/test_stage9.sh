@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Stage 09 (context parallelism) under mpirun:
+#  - fp32, cp_impl ring: cp 2 x dp 2 and cp 4, GPT-2 and phi, overlap on and off, on sequences of
+#    238 tokens (not a multiple of 2 x cp: the chunks are padded, and the last one runs past
+#    GPT-2's 238 positions) reproduce stage 01's losses and gradient norms within 1e-5 over 20 steps;
+#  - the backward, not only the loss: after one step, every tensor's gradient (AdamW's first
+#    moment, (1 - beta1) x the gradient without clipping) equals stage 01's within 1e-5 of the
+#    tensor's largest;
+#  - bad grids are refused with one error on every rank: cp_size not dividing the ranks, sequences
+#    shorter than 2 x cp_size tokens, ulysses with heads not divisible by cp_size.
+source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
+common=(--stop_iteration=20 --eval_batches=1 --log_interval=100 --n_layer=2 --n_embd=64 --max_seq_len=238
+        --global_batch_size=8)
+
+# losses over 20 steps
+args=(--config configs/tiny.json "${common[@]}")
+run_single 1 single
+run_ranks 9 cp2dp2 4 --cp_size=2 --overlap_communication=true
+run_ranks 9 cp4 4 --cp_size=4
+for name in cp2dp2 cp4; do
+    check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "gpt2 $name does not reproduce stage 01"
+done
+check '[ "$(json_value "$tmp/cp2dp2/stats.json" layout)" = "{\"cp\": 2, \"dp\": 2}" ]' \
+    "stats.json's layout: $(json_value "$tmp/cp2dp2/stats.json" layout)"
+args=(--config configs/tiny_phi.json "${common[@]}")
+run_single 1 phi
+run_ranks 9 phi_cp2dp2 4 --cp_size=2
+check 'compare_losses "$tmp/phi" "$tmp/phi_cp2dp2" 20 1e-5' "phi cp2dp2 does not reproduce stage 01"
+
+# every tensor's gradient after one step, from optimizer.safetensors' first moment (its flat
+# buffer cut into the layout's tensors: GPT-2's or phi's, in buffer order)
+same_gradients() {
+    python3 - "$1/optimizer.safetensors" "$2/optimizer.safetensors" "$3" <<'PY'
+import json, struct, sys
+def first_moment(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        lo, hi = header["m"]["data_offsets"]
+        f.seek(8 + n + lo)
+        data = f.read(hi - lo)
+    return struct.unpack(f"<{len(data) // 4}f", data)
+arch, C, L, Vp, T = sys.argv[3], 64, 2, 384, 238
+if arch == "gpt2":
+    root = [("wte", Vp * C), ("wpe", T * C), ("ln_f.w", C), ("ln_f.b", C)]
+    block = [("ln1.w", C), ("ln1.b", C), ("qkv.w", 3 * C * C), ("qkv.b", 3 * C), ("proj.w", C * C),
+             ("proj.b", C), ("ln2.w", C), ("ln2.b", C), ("fc.w", 4 * C * C), ("fc.b", 4 * C),
+             ("fc_proj.w", 4 * C * C), ("fc_proj.b", C)]
+else:
+    root = [("embed", Vp * C), ("ln_f.w", C), ("ln_f.b", C), ("lm_head.w", Vp * C), ("lm_head.b", Vp)]
+    block = [("ln1.w", C), ("ln1.b", C), ("qkv.w", 3 * C * C), ("qkv.b", 3 * C), ("dense.w", C * C),
+             ("dense.b", C), ("fc1.w", 4 * C * C), ("fc1.b", 4 * C), ("fc2.w", 4 * C * C), ("fc2.b", C)]
+tensors = root + [(f"h.{l}.{name}", n) for l in range(L) for name, n in block]
+a, b = first_moment(sys.argv[1]), first_moment(sys.argv[2])
+if len(a) != len(b) or len(a) != sum(n for _, n in tensors):
+    sys.exit(f"{len(a)} and {len(b)} elements, the layout has {sum(n for _, n in tensors)}")
+at, bad = 0, []
+for name, n in tensors:
+    x, y = a[at:at + n], b[at:at + n]
+    scale = max(abs(v) for v in x)
+    gap = max(abs(u - v) for u, v in zip(x, y)) / scale if scale else max(abs(v) for v in y)
+    if not gap <= 1e-5:
+        bad.append(f"{name} {gap:.2e}")
+    at += n
+print(f"{sys.argv[2]}: {len(tensors)} tensors" + (f", differing: {', '.join(bad[:6])}" if bad else " agree"))
+sys.exit(1 if bad else 0)
+PY
+}
+one_step=(--stop_iteration=1 --grad_clip=0 --eval_interval=1000)
+args=(--config configs/tiny.json "${common[@]}")
+run_single 1 grad_single "${one_step[@]}"
+run_ranks 9 grad_cp4 4 --cp_size=4 --overlap_communication=true "${one_step[@]}"
+check 'same_gradients "$tmp/grad_single" "$tmp/grad_cp4" gpt2' "gpt2 cp4: the gradients after one step differ from stage 01's"
+args=(--config configs/tiny_phi.json "${common[@]}")
+run_single 1 grad_phi "${one_step[@]}"
+run_ranks 9 grad_phi_cp2dp2 4 --cp_size=2 "${one_step[@]}"
+check 'same_gradients "$tmp/grad_phi" "$tmp/grad_phi_cp2dp2" phi' "phi cp2dp2: the gradients after one step differ from stage 01's"
+
+# bad grids: one error, every rank stopped
+args=(--config configs/tiny.json "${common[@]}" --stop_iteration=1)
+expect_one_error "cp_size not dividing the ranks" "key 'cp_size': expected a divisor of the 3 ranks" \
+    timeout 60 mpirun -np 3 --bind-to none build/stage-9 "${args[@]}" --out_dir="$tmp/bad1" --cp_size=2
+expect_one_error "sequences shorter than 2 x cp" "max_seq_len must be at least 8, found 6" \
+    timeout 60 mpirun -np 4 --bind-to none build/stage-9 "${args[@]}" --out_dir="$tmp/bad2" --cp_size=4 --max_seq_len=6
+expect_one_error "ulysses with heads not divisible by cp_size" "n_head 4 must divide by cp_size, found 3" \
+    timeout 60 mpirun -np 3 --bind-to none build/stage-9 "${args[@]}" --out_dir="$tmp/bad3" --cp_size=3 --cp_impl=ulysses
+finish test_stage9
