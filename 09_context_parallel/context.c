@@ -146,9 +146,10 @@ static void ring_pass_finish(const CPGrid *g, CommRequest *started, const float 
     comm_send_recv(g->cp_group, send, count, next, recv, count, prev);
 }
 
-static void trace_ring_step(const char *what, int layer, int step, int m0) {
+// one span on the trace's compute track: block `layer`'s attention at a step of the ring
+static void trace_attention_step(const char *what, int layer, int step, int m0) {
     char name[64];
-    snprintf(name, sizeof name, "block %d ring %s %d", layer, what, step);
+    snprintf(name, sizeof name, "block %d %s %d", layer, what, step);
     trace_span(name, TRACK_COMPUTE, m0, trace_mark(), NULL);
 }
 
@@ -170,7 +171,7 @@ static void ring_attention_forward(LayerOps *ops, int layer, float *out, float *
         int m0 = trace_mark();
         RingBlock r = ring_block(g, s, B, T, (g->cp_rank - step + g->cp) % g->cp);
         ring_forward_block(&r, x->o, x->run_max, x->run_sum, x->scratch, qkv, x->kv[cur]);
-        trace_ring_step("forward", layer, step, m0);
+        trace_attention_step("ring forward", layer, step, m0);
         if (pass) ring_pass_finish(g, moving, x->kv[cur], x->kv[1 - cur], count);
     }
     ring_forward_finish(out, att, x->o, x->run_max, x->run_sum, N, C, NH);
@@ -200,7 +201,7 @@ static void ring_attention_backward(LayerOps *ops, int layer, float *dqkv, float
         int m0 = trace_mark();
         RingBlock r = ring_block(g, s, B, T, (g->cp_rank - step + g->cp) % g->cp);
         ring_backward_block(&r, dqkv, x->dkv[cur], x->scratch, qkv, dout, att, x->delta, x->kv[cur]);
-        trace_ring_step("backward", layer, step, m0);
+        trace_attention_step("ring backward", layer, step, m0);
         if (g->cp > 1) comm_send_recv(g->cp_group, x->dkv[cur], count, (g->cp_rank + 1) % g->cp, x->dkv[1 - cur],
                                       count, (g->cp_rank + g->cp - 1) % g->cp);
         else cur = 1 - cur;  // one rank: the gradient is home already
@@ -209,7 +210,115 @@ static void ring_attention_backward(LayerOps *ops, int layer, float *dqkv, float
     ring_add_dkv(dqkv, x->dkv[cur], N, C);
 }
 
+// ---- Ulysses: all-to-all between the sequence and the heads -----------------------------------
+
+// where each cp rank's rows sit among whole sequences: row (half * B + b) * c + t of rank j is
+// position chunk_of(j, half) * c + t of sequence b
+static const int *ulysses_map(CPLayers *x, int B, int T, int j) {
+    const CPGrid *g = x->grid;
+    int N = B * T, half_rows = B / 2, Tp = 2 * g->cp * T;
+    if (x->map_B != B || x->map_T != T) {
+        int *host = malloc((size_t)g->cp * N * sizeof(int));
+        if (!host) fatal("out of host memory");
+        for (int r = 0; r < g->cp; r++)
+            for (int n = 0; n < N; n++) {
+                int t = n % T, b = (n / T) % half_rows, half = n / (T * half_rows);
+                host[(size_t)r * N + n] = b * Tp + chunk_of(g, r, half) * T + t;
+            }
+        copy_to_device(x->maps, host, (size_t)g->cp * N * sizeof(int));
+        free(host);
+        x->map_B = B, x->map_T = T;
+    }
+    return x->maps + (size_t)j * N;
+}
+
+// Forward: every rank sends rank j its rows' q, k and v of head group j (C / cp columns of each);
+// rank j then holds its heads for every position of its replica's sequences, runs ordinary causal
+// attention on them, and the second all-to-all sends each rank its rows' output of every head.
+static void ulysses_attention_forward(LayerOps *ops, int layer, float *out, float *att, const float *qkv,
+                                      const ModelShape *s, int B, int T) {
+    (void)att;
+    CPLayers *x = (CPLayers *)ops;
+    const CPGrid *g = x->grid;
+    int N = B * T, C = s->C_attn, cp = g->cp, Ch = C / cp, Tp = 2 * cp * T;
+    float *hq = x->heads_qkv[layer];
+    for (int j = 0; j < cp; j++)
+        for (int p = 0; p < 3; p++)
+            cp_copy_rows(x->send + (size_t)j * N * 3 * Ch, 3 * Ch, p * Ch, NULL, qkv, 3 * C, p * C + j * Ch, NULL, N,
+                         Ch, false);
+    comm_all_to_all(g->cp_group, x->recv, x->send, (size_t)N * 3 * Ch);
+    for (int j = 0; j < cp; j++)
+        cp_copy_rows(hq, 3 * Ch, 0, ulysses_map(x, B, T, j), x->recv + (size_t)j * N * 3 * Ch, 3 * Ch, 0, NULL, N,
+                     3 * Ch, false);
+    int m0 = trace_mark();
+    attention_forward(x->heads_out, x->heads_att[layer], hq, B / 2, Tp, Ch, s->n_head / cp);
+    trace_attention_step("ulysses attention forward", layer, 0, m0);
+    for (int j = 0; j < cp; j++)
+        cp_copy_rows(x->send + (size_t)j * N * Ch, Ch, 0, NULL, x->heads_out, Ch, 0, ulysses_map(x, B, T, j), N, Ch,
+                     false);
+    comm_all_to_all(g->cp_group, x->recv, x->send, (size_t)N * Ch);
+    for (int j = 0; j < cp; j++)
+        cp_copy_rows(out, C, j * Ch, NULL, x->recv + (size_t)j * N * Ch, Ch, 0, NULL, N, Ch, false);
+}
+
+// Backward: the same two all-to-alls the other way round: the output's gradient to the heads,
+// attention's backward there, and the q, k, v gradients back to the rows' ranks
+static void ulysses_attention_backward(LayerOps *ops, int layer, float *dqkv, float *datt, const float *dout,
+                                       const float *qkv, const float *out, const float *att, const ModelShape *s,
+                                       int B, int T) {
+    (void)datt, (void)qkv, (void)out, (void)att;
+    CPLayers *x = (CPLayers *)ops;
+    const CPGrid *g = x->grid;
+    int N = B * T, C = s->C_attn, cp = g->cp, Ch = C / cp, Tp = 2 * cp * T;
+    for (int j = 0; j < cp; j++)
+        cp_copy_rows(x->send + (size_t)j * N * Ch, Ch, 0, NULL, dout, C, j * Ch, NULL, N, Ch, false);
+    comm_all_to_all(g->cp_group, x->recv, x->send, (size_t)N * Ch);
+    for (int j = 0; j < cp; j++)
+        cp_copy_rows(x->heads_dout, Ch, 0, ulysses_map(x, B, T, j), x->recv + (size_t)j * N * Ch, Ch, 0, NULL, N,
+                     Ch, false);
+    dev_zero(x->heads_dqkv, (size_t)N * 3 * C * sizeof(float));
+    int m0 = trace_mark();
+    attention_backward(x->heads_dqkv, x->heads_datt, x->heads_dout, x->heads_qkv[layer], x->heads_att[layer], B / 2,
+                       Tp, Ch, s->n_head / cp);
+    trace_attention_step("ulysses attention backward", layer, 0, m0);
+    for (int j = 0; j < cp; j++)
+        cp_copy_rows(x->send + (size_t)j * N * 3 * Ch, 3 * Ch, 0, NULL, x->heads_dqkv, 3 * Ch, 0,
+                     ulysses_map(x, B, T, j), N, 3 * Ch, false);
+    comm_all_to_all(g->cp_group, x->recv, x->send, (size_t)N * 3 * Ch);
+    for (int j = 0; j < cp; j++)
+        for (int p = 0; p < 3; p++)
+            cp_copy_rows(dqkv, 3 * C, p * C + j * Ch, NULL, x->recv + (size_t)j * N * 3 * Ch, 3 * Ch, p * Ch, NULL,
+                         N, Ch, true);
+}
+
+static float **per_layer(int L, size_t floats) {
+    float **bufs = malloc((size_t)L * sizeof(float *));
+    if (!bufs) fatal("out of host memory");
+    for (int l = 0; l < L; l++) bufs[l] = dev_malloc(floats * sizeof(float));
+    return bufs;
+}
+
+static void free_per_layer(float **bufs, int L) {
+    for (int l = 0; bufs && l < L; l++) dev_free(bufs[l]);
+    free(bufs);
+}
+
 // ---- the layers -------------------------------------------------------------------------------
+
+static void ulysses_alloc(CPLayers *x, const GPTConfig *mc, int B, int c) {
+    int cp = x->grid->cp;
+    size_t N = (size_t)2 * B * c, C = (size_t)mc->n_embd, Tp = (size_t)2 * cp * c;
+    size_t att = (size_t)B * (mc->n_head / cp) * Tp * Tp;
+    x->maps = dev_malloc((size_t)cp * N * sizeof(int));
+    x->heads_qkv = per_layer(mc->n_layer, N * 3 * C);
+    x->heads_att = per_layer(mc->n_layer, att);
+    x->heads_out = dev_malloc(N * C * sizeof(float));
+    x->heads_dout = dev_malloc(N * C * sizeof(float));
+    x->heads_dqkv = dev_malloc(N * 3 * C * sizeof(float));
+    x->heads_datt = dev_malloc(att * sizeof(float));
+    x->send = dev_malloc(N * 3 * C * sizeof(float));
+    x->recv = dev_malloc(N * 3 * C * sizeof(float));
+}
 
 void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, int c, bool half) {
     memset(x, 0, sizeof *x);
@@ -218,12 +327,17 @@ void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, in
     x->max_positions = mc->max_seq_len;
     x->base.embed_forward = cp_embed_forward;
     x->base.embed_backward = cp_embed_backward;
-    x->base.attention_forward = ring_attention_forward;
-    x->base.attention_backward = ring_attention_backward;
-    size_t N = (size_t)2 * B * c, C = (size_t)mc->n_embd, NH = (size_t)mc->n_head;
+    x->base.attention_forward = g->ulysses ? ulysses_attention_forward : ring_attention_forward;
+    x->base.attention_backward = g->ulysses ? ulysses_attention_backward : ring_attention_backward;
+    x->n_layers = mc->n_layer;
     x->start = dev_malloc((size_t)2 * B * sizeof(int));
     x->start_host = malloc((size_t)2 * B * sizeof(int));
     if (!x->start_host) fatal("out of host memory");
+    if (g->ulysses) {
+        ulysses_alloc(x, mc, B, c);
+        return;
+    }
+    size_t N = (size_t)2 * B * c, C = (size_t)mc->n_embd, NH = (size_t)mc->n_head;
     for (int i = 0; i < 2; i++) {
         x->kv[i] = dev_malloc(N * 2 * C * sizeof(float));
         x->dkv[i] = dev_malloc(N * 2 * C * sizeof(float));
@@ -233,12 +347,7 @@ void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, in
     x->run_sum = dev_malloc(N * NH * sizeof(float));
     x->delta = dev_malloc(N * NH * sizeof(float));
     x->scratch = dev_malloc(N * NH * (size_t)c * sizeof(float));
-    if (half) {
-        x->kept_out = malloc((size_t)mc->n_layer * sizeof(float *));
-        if (!x->kept_out) fatal("out of host memory");
-        x->n_kept = mc->n_layer;
-        for (int l = 0; l < mc->n_layer; l++) x->kept_out[l] = dev_malloc(N * C * sizeof(float));
-    }
+    if (half) x->kept_out = per_layer(mc->n_layer, N * C);
 }
 
 void cp_layers_free(CPLayers *x) {
@@ -246,8 +355,11 @@ void cp_layers_free(CPLayers *x) {
     free(x->start_host);
     for (int i = 0; i < 2; i++) dev_free(x->kv[i]), dev_free(x->dkv[i]);
     dev_free(x->o), dev_free(x->run_max), dev_free(x->run_sum), dev_free(x->delta), dev_free(x->scratch);
-    for (int l = 0; l < x->n_kept; l++) dev_free(x->kept_out[l]);
-    free(x->kept_out);
+    free_per_layer(x->kept_out, x->n_layers);
+    free_per_layer(x->heads_qkv, x->n_layers);
+    free_per_layer(x->heads_att, x->n_layers);
+    dev_free(x->maps), dev_free(x->heads_out), dev_free(x->heads_dout), dev_free(x->heads_dqkv);
+    dev_free(x->heads_datt), dev_free(x->send), dev_free(x->recv);
 }
 
 // ---- evaluation -------------------------------------------------------------------------------

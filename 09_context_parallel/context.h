@@ -52,7 +52,13 @@ typedef struct {
     float *o, *run_max, *run_sum, *scratch, *delta;  // the online softmax's state; backward's
     float **kept_out;       // [layer] (N, C): attention's output for backward where the block keeps
                             // none in fp32 (bf16); NULL in fp32
-    int n_kept;
+    int n_layers;
+    // ulysses: this rank's heads of whole sequences, B x 2 cp c rows
+    int *maps;              // [cp][N] where rank j's row n sits among them (b * 2 cp c + position)
+    int map_B, map_T;       // the shape the maps were made for
+    float **heads_qkv, **heads_att;  // [layer]: what attention keeps for backward
+    float *heads_out, *heads_dout, *heads_dqkv, *heads_datt;
+    float *send, *recv;     // the all-to-alls' buffers
 } CPLayers;
 
 void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, int c, bool half);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stage 09 (context parallelism) under mpirun:
-#  - fp32, cp_impl ring: cp 2 x dp 2 and cp 4, GPT-2 and phi, overlap on and off, on sequences of
-#    238 tokens (not a multiple of 2 x cp: the chunks are padded, and the last one runs past
+#  - fp32, cp_impl ring (overlap on and off) and ulysses, cp 2 x dp 2 and cp 4, GPT-2 and phi, on
+#    sequences of 238 tokens (not a multiple of 2 x cp: the chunks are padded, and the last one runs past
 #    GPT-2's 238 positions) reproduce stage 01's losses and gradient norms within 1e-5 over 20 steps;
 #  - the backward, not only the loss: after one step, every tensor's gradient (AdamW's first
 #    moment, (1 - beta1) x the gradient without clipping) equals stage 01's within 1e-5 of the
@@ -11,14 +11,15 @@
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 common=(--stop_iteration=20 --eval_batches=1 --log_interval=100 --n_layer=2 --n_embd=64 --max_seq_len=238
-        --global_batch_size=8)
+        --global_batch_size=4)
 
 # losses over 20 steps
 args=(--config configs/tiny.json "${common[@]}")
 run_single 1 single
 run_ranks 9 cp2dp2 4 --cp_size=2 --overlap_communication=true
 run_ranks 9 cp4 4 --cp_size=4
-for name in cp2dp2 cp4; do
+run_ranks 9 ulysses_cp2dp2 4 --cp_size=2 --cp_impl=ulysses
+for name in cp2dp2 cp4 ulysses_cp2dp2; do
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "gpt2 $name does not reproduce stage 01"
 done
 check '[ "$(json_value "$tmp/cp2dp2/stats.json" layout)" = "{\"cp\": 2, \"dp\": 2}" ]' \
@@ -26,7 +27,10 @@ check '[ "$(json_value "$tmp/cp2dp2/stats.json" layout)" = "{\"cp\": 2, \"dp\": 
 args=(--config configs/tiny_phi.json "${common[@]}")
 run_single 1 phi
 run_ranks 9 phi_cp2dp2 4 --cp_size=2
-check 'compare_losses "$tmp/phi" "$tmp/phi_cp2dp2" 20 1e-5' "phi cp2dp2 does not reproduce stage 01"
+run_ranks 9 phi_ulysses_cp4 4 --cp_size=4 --cp_impl=ulysses
+for name in phi_cp2dp2 phi_ulysses_cp4; do
+    check 'compare_losses "$tmp/phi" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
+done
 
 # every tensor's gradient after one step, from optimizer.safetensors' first moment (its flat
 # buffer cut into the layout's tensors: GPT-2's or phi's, in buffer order)
@@ -71,11 +75,17 @@ one_step=(--stop_iteration=1 --grad_clip=0 --eval_interval=1000)
 args=(--config configs/tiny.json "${common[@]}")
 run_single 1 grad_single "${one_step[@]}"
 run_ranks 9 grad_cp4 4 --cp_size=4 --overlap_communication=true "${one_step[@]}"
-check 'same_gradients "$tmp/grad_single" "$tmp/grad_cp4" gpt2' "gpt2 cp4: the gradients after one step differ from stage 01's"
+run_ranks 9 grad_ulysses_cp2dp2 4 --cp_size=2 --cp_impl=ulysses "${one_step[@]}"
+for name in grad_cp4 grad_ulysses_cp2dp2; do
+    check 'same_gradients "$tmp/grad_single" "$tmp/$name" gpt2' "gpt2 $name: the gradients after one step differ from stage 01's"
+done
 args=(--config configs/tiny_phi.json "${common[@]}")
 run_single 1 grad_phi "${one_step[@]}"
 run_ranks 9 grad_phi_cp2dp2 4 --cp_size=2 "${one_step[@]}"
-check 'same_gradients "$tmp/grad_phi" "$tmp/grad_phi_cp2dp2" phi' "phi cp2dp2: the gradients after one step differ from stage 01's"
+run_ranks 9 grad_phi_ulysses_cp4 4 --cp_size=4 --cp_impl=ulysses "${one_step[@]}"
+for name in grad_phi_cp2dp2 grad_phi_ulysses_cp4; do
+    check 'same_gradients "$tmp/grad_phi" "$tmp/$name" phi' "phi $name: the gradients after one step differ from stage 01's"
+done
 
 # bad grids: one error, every rank stopped
 args=(--config configs/tiny.json "${common[@]}" --stop_iteration=1)
