@@ -291,10 +291,16 @@ static void ulysses_attention_backward(LayerOps *ops, int layer, float *dqkv, fl
                          N, Ch, true);
 }
 
-static float **per_layer(int L, size_t floats) {
-    float **bufs = malloc((size_t)L * sizeof(float *));
+// the device buffers of the layers: allocated, or only counted (cp_layers_bytes)
+static void *cp_alloc(CPLayers *x, size_t bytes) {
+    x->bytes += bytes;
+    return x->counting ? NULL : dev_malloc(bytes);
+}
+
+static float **per_layer(CPLayers *x, int L, size_t floats) {
+    float **bufs = calloc((size_t)L, sizeof(float *));
     if (!bufs) fatal("out of host memory");
-    for (int l = 0; l < L; l++) bufs[l] = dev_malloc(floats * sizeof(float));
+    for (int l = 0; l < L; l++) bufs[l] = cp_alloc(x, floats * sizeof(float));
     return bufs;
 }
 
@@ -309,19 +315,20 @@ static void ulysses_alloc(CPLayers *x, const GPTConfig *mc, int B, int c) {
     int cp = x->grid->cp;
     size_t N = (size_t)2 * B * c, C = (size_t)mc->n_embd, Tp = (size_t)2 * cp * c;
     size_t att = (size_t)B * (mc->n_head / cp) * Tp * Tp;
-    x->maps = dev_malloc((size_t)cp * N * sizeof(int));
-    x->heads_qkv = per_layer(mc->n_layer, N * 3 * C);
-    x->heads_att = per_layer(mc->n_layer, att);
-    x->heads_out = dev_malloc(N * C * sizeof(float));
-    x->heads_dout = dev_malloc(N * C * sizeof(float));
-    x->heads_dqkv = dev_malloc(N * 3 * C * sizeof(float));
-    x->heads_datt = dev_malloc(att * sizeof(float));
-    x->send = dev_malloc(N * 3 * C * sizeof(float));
-    x->recv = dev_malloc(N * 3 * C * sizeof(float));
+    x->maps = cp_alloc(x, (size_t)cp * N * sizeof(int));
+    x->heads_qkv = per_layer(x, mc->n_layer, N * 3 * C);
+    x->heads_att = per_layer(x, mc->n_layer, att);
+    x->heads_out = cp_alloc(x, N * C * sizeof(float));
+    x->heads_dout = cp_alloc(x, N * C * sizeof(float));
+    x->heads_dqkv = cp_alloc(x, N * 3 * C * sizeof(float));
+    x->heads_datt = cp_alloc(x, att * sizeof(float));
+    x->send = cp_alloc(x, N * 3 * C * sizeof(float));
+    x->recv = cp_alloc(x, N * 3 * C * sizeof(float));
 }
 
-void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, int c, bool half) {
+static void layers_setup(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, int c, bool half, bool counting) {
     memset(x, 0, sizeof *x);
+    x->counting = counting;
     x->base = *serial_layer_ops();
     x->grid = g;
     x->max_positions = mc->max_seq_len;
@@ -330,7 +337,7 @@ void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, in
     x->base.attention_forward = g->ulysses ? ulysses_attention_forward : ring_attention_forward;
     x->base.attention_backward = g->ulysses ? ulysses_attention_backward : ring_attention_backward;
     x->n_layers = mc->n_layer;
-    x->start = dev_malloc((size_t)2 * B * sizeof(int));
+    x->start = cp_alloc(x, (size_t)2 * B * sizeof(int));
     x->start_host = malloc((size_t)2 * B * sizeof(int));
     if (!x->start_host) fatal("out of host memory");
     if (g->ulysses) {
@@ -339,15 +346,26 @@ void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, in
     }
     size_t N = (size_t)2 * B * c, C = (size_t)mc->n_embd, NH = (size_t)mc->n_head;
     for (int i = 0; i < 2; i++) {
-        x->kv[i] = dev_malloc(N * 2 * C * sizeof(float));
-        x->dkv[i] = dev_malloc(N * 2 * C * sizeof(float));
+        x->kv[i] = cp_alloc(x, N * 2 * C * sizeof(float));
+        x->dkv[i] = cp_alloc(x, N * 2 * C * sizeof(float));
     }
-    x->o = dev_malloc(N * C * sizeof(float));
-    x->run_max = dev_malloc(N * NH * sizeof(float));
-    x->run_sum = dev_malloc(N * NH * sizeof(float));
-    x->delta = dev_malloc(N * NH * sizeof(float));
-    x->scratch = dev_malloc(N * NH * (size_t)c * sizeof(float));
-    if (half) x->kept_out = per_layer(mc->n_layer, N * C);
+    x->o = cp_alloc(x, N * C * sizeof(float));
+    x->run_max = cp_alloc(x, N * NH * sizeof(float));
+    x->run_sum = cp_alloc(x, N * NH * sizeof(float));
+    x->delta = cp_alloc(x, N * NH * sizeof(float));
+    x->scratch = cp_alloc(x, N * NH * (size_t)c * sizeof(float));
+    if (half) x->kept_out = per_layer(x, mc->n_layer, N * C);
+}
+
+void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, int c, bool half) {
+    layers_setup(x, g, mc, B, c, half, false);
+}
+
+size_t cp_layers_bytes(const CPGrid *g, const GPTConfig *mc, int B, int c, bool half) {
+    CPLayers x;
+    layers_setup(&x, g, mc, B, c, half, true);
+    cp_layers_free(&x);
+    return x.bytes;
 }
 
 void cp_layers_free(CPLayers *x) {

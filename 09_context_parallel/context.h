@@ -59,10 +59,14 @@ typedef struct {
     float **heads_qkv, **heads_att;  // [layer]: what attention keeps for backward
     float *heads_out, *heads_dout, *heads_dqkv, *heads_datt;
     float *send, *recv;     // the all-to-alls' buffers
+    size_t bytes;           // the device bytes of all of the above
+    bool counting;          // cp_layers_bytes: nothing allocated, bytes counted
 } CPLayers;
 
 void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, int c, bool half);
 void cp_layers_free(CPLayers *x);
+// the device bytes cp_layers_init allocates (activations: the planner counts them too)
+size_t cp_layers_bytes(const CPGrid *g, const GPTConfig *mc, int B, int c, bool half);
 
 // the validation loss summed over this rank's tokens and the replica's targets counted once
 void cp_evaluate_sums(Activations *a, const Weights *w, const GPTConfig *mc, const Dataset *data,

@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
     print_context_plan(&grid, &cfg);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
     MemoryItem memory[MODEL_MEMORY_ITEMS];
-    model_memory_items(memory, &cfg, mb.n, acts.bytes);
+    model_memory_items(memory, &cfg, mb.n, acts.bytes + layers.bytes);  // with attention's own buffers
     print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
     print_16bit_activation_saving(&acts);
 

@@ -6,6 +6,8 @@
 #  - the backward, not only the loss: after one step, every tensor's gradient (AdamW's first
 #    moment, (1 - beta1) x the gradient without clipping) equals stage 01's within 1e-5 of the
 #    tensor's largest;
+#  - bf16-mixed within stage 03's bound of stage 02 (1e-3);
+#  - comm_bytes per step: the gradient all-reduce plus the ring's or the all-to-alls' bytes;
 #  - bad grids are refused with one error on every rank: cp_size not dividing the ranks, sequences
 #    shorter than 2 x cp_size tokens, ulysses with heads not divisible by cp_size.
 source "$(dirname "$0")/lib.sh"
@@ -31,6 +33,12 @@ run_ranks 9 phi_ulysses_cp4 4 --cp_size=4 --cp_impl=ulysses
 for name in phi_cp2dp2 phi_ulysses_cp4; do
     check 'compare_losses "$tmp/phi" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
 done
+
+# bf16-mixed against stage 02, within stage 03's bound
+args=(--config configs/tiny.json "${common[@]}" --precision=bf16-mixed)
+run_single 2 bf16
+run_ranks 9 bf16_cp2dp2 4 --cp_size=2 --overlap_communication=true
+check 'compare_losses "$tmp/bf16" "$tmp/bf16_cp2dp2" 20 1e-3' "bf16 cp2dp2 strays from stage 02"
 
 # every tensor's gradient after one step, from optimizer.safetensors' first moment (its flat
 # buffer cut into the layout's tensors: GPT-2's or phi's, in buffer order)
@@ -86,6 +94,34 @@ run_ranks 9 grad_phi_ulysses_cp4 4 --cp_size=4 --cp_impl=ulysses "${one_step[@]}
 for name in grad_phi_cp2dp2 grad_phi_ulysses_cp4; do
     check 'same_gradients "$tmp/grad_phi" "$tmp/$name" phi' "phi $name: the gradients after one step differ from stage 01's"
 done
+
+# communication per step, by a formula written here: the gradient all-reduce (4 bytes a parameter)
+# plus, per block, the ring's (cp - 1) key/value blocks forward, (cp - 1) again and cp gradient
+# blocks backward (N x 2C floats each, N = 2 rows x T / 2cp tokens a rank), or Ulysses' four
+# all-to-alls (q|k|v and the output forward, their gradients backward: 8 N C floats). At
+# max_seq_len 64 every batch is 64 tokens long (its records are longer).
+step_bytes() {  # step_bytes <out_dir>: the distinct comm_bytes of its steps
+    python3 -c "import json,sys; print(sorted({json.loads(l)['comm_bytes'] for l in open(sys.argv[1])}))" "$1/metrics.jsonl"
+}
+want_bytes() {  # want_bytes <impl> <cp> <dp>
+    python3 - "$@" <<'PY'
+import sys
+impl, cp, dp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+V, C, L, T, G = 257, 64, 2, 64, 4
+Vp = (V + 127) // 128 * 128
+params = Vp * C + T * C + 2 * C + L * (12 * C * C + 13 * C)
+N = 2 * (G // dp) * (T // (2 * cp))
+attention = 4 * N * 2 * C * (3 * cp - 2) if impl == "ring" else 4 * 8 * N * C
+print(f"[{4 * params + L * attention}]")
+PY
+}
+args=(--config configs/tiny.json "${common[@]}" --max_seq_len=64 --stop_iteration=3)
+run_ranks 9 bytes_ring 4 --cp_size=4 --overlap_communication=true
+run_ranks 9 bytes_ulysses 4 --cp_size=4 --cp_impl=ulysses
+check '[ "$(step_bytes "$tmp/bytes_ring")" = "$(want_bytes ring 4 1)" ]' \
+    "ring cp4: comm_bytes per step $(step_bytes "$tmp/bytes_ring"), want $(want_bytes ring 4 1)"
+check '[ "$(step_bytes "$tmp/bytes_ulysses")" = "$(want_bytes ulysses 4 1)" ]' \
+    "ulysses cp4: comm_bytes per step $(step_bytes "$tmp/bytes_ulysses"), want $(want_bytes ulysses 4 1)"
 
 # bad grids: one error, every rank stopped
 args=(--config configs/tiny.json "${common[@]}" --stop_iteration=1)
