@@ -8,6 +8,7 @@
 #    tensor's largest;
 #  - bf16-mixed within stage 03's bound of stage 02 (1e-3);
 #  - comm_bytes per step: the gradient all-reduce plus the ring's or the all-to-alls' bytes;
+#  - the trace: the ring's transfers overlap its attention compute with overlap on, not off;
 #  - bad grids are refused with one error on every rank: cp_size not dividing the ranks, sequences
 #    shorter than 2 x cp_size tokens, ulysses with heads not divisible by cp_size.
 source "$(dirname "$0")/lib.sh"
@@ -122,6 +123,20 @@ check '[ "$(step_bytes "$tmp/bytes_ring")" = "$(want_bytes ring 4 1)" ]' \
     "ring cp4: comm_bytes per step $(step_bytes "$tmp/bytes_ring"), want $(want_bytes ring 4 1)"
 check '[ "$(step_bytes "$tmp/bytes_ulysses")" = "$(want_bytes ulysses 4 1)" ]' \
     "ulysses cp4: comm_bytes per step $(step_bytes "$tmp/bytes_ulysses"), want $(want_bytes ulysses 4 1)"
+
+# the trace (tools/trace_check.py): with overlap, the ring's transfers are in flight during its
+# steps' attention compute; without, none is
+args=(--config configs/tiny.json "${common[@]}" --max_seq_len=64 --stop_iteration=2 --trace=true --trace_steps=2)
+run_ranks 9 trace_on 2 --cp_size=2 --overlap_communication=true
+run_ranks 9 trace_off 2 --cp_size=2 --overlap_communication=false
+for name in trace_on trace_off; do
+    out=$(python3 tools/trace_check.py valid "$tmp/$name/trace.json" 2>&1)
+    check '[ $? -eq 0 ]' "$name: trace.json is not a valid timeline: $out"
+done
+on=$(python3 tools/trace_check.py overlap "$tmp/trace_on/trace.json" " ring ")
+off=$(python3 tools/trace_check.py overlap "$tmp/trace_off/trace.json" " ring ")
+check 'awk -v x="$on" "BEGIN { exit !(x > 0) }"' "overlap on: ring transfers overlap attention compute for $on us, want > 0"
+check '[ "$off" = "0.000" ]' "overlap off: ring transfers overlap attention compute for $off us, want 0"
 
 # bad grids: one error, every rank stopped
 args=(--config configs/tiny.json "${common[@]}" --stop_iteration=1)
