@@ -124,14 +124,15 @@ build/ceilings: $(B)/ceilings
 	@cp $< $@
 $(B)/ceilings: $(B)/tools/ceilings.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
-# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, pipeline.c, experts.c and
-# moe.c): it links them, and with them the comm layer (mpicc), which its ping-pong calibration uses too
+# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, pipeline.c, experts.c,
+# moe.c and context.c): it links them, and with them the comm layer (mpicc), which its ping-pong calibration uses too
 PLAN_TOOL_OBJS := $(addprefix $(B)/tools/,plan.o plan_cluster.o plan_measure.o)
 PLAN_OBJS := $(PLAN_TOOL_OBJS) \
              $(addprefix $(B)/,04_fsdp/fsdp.o 05_tensor_parallel/tp_linear.o 05_tensor_parallel/tp_model.o \
-                               07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o)
+                               07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o \
+                               09_context_parallel/context.o) $(STAGE_OBJS_9)
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
-$(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel -I08_mixture_of_experts
+$(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel -I08_mixture_of_experts -I09_context_parallel
 build/plan: $(B)/plan
 	@cp $< $@
 $(B)/plan: $(PLAN_OBJS) $(COMMON_OBJS) $(COMM_OBJS)
@@ -196,7 +197,7 @@ test-slurm:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/slurm/run.sh
 
-# several hosts on one machine (network namespaces, a real Slurm): stages 3-5 and 7 across 2 hosts
+# several hosts on one machine (network namespaces, a real Slurm): stages 3-5, 7 and 9 across 2 hosts
 test-multinode:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/multinode/run.sh

@@ -274,7 +274,8 @@ struct LayerOps {
     void (*attention_forward)(LayerOps *ops, int layer, float *out, float *att, const float *qkv,
                               const ModelShape *s, int B, int T);
     // its backward: dqkv (zeroed by the caller) +=, from dout (B, T, C_attn), the forward's qkv, out
-    // and att; datt is scratch of att's size
+    // and att (out is scratch in a bf16 block, which keeps only its bf16 copy); datt: scratch of
+    // att's size
     void (*attention_backward)(LayerOps *ops, int layer, float *dqkv, float *datt, const float *dout,
                                const float *qkv, const float *out, const float *att, const ModelShape *s,
                                int B, int T);
