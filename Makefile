@@ -64,9 +64,10 @@ STAGE_DIR_5 := 05_tensor_parallel
 STAGE_DIR_6 := 06_inference
 STAGE_DIR_7 := 07_pipeline_parallel
 STAGE_DIR_8 := 08_mixture_of_experts
+STAGE_DIR_9 := 09_context_parallel
 # the stages whose directory holds C files; from 03 on they talk MPI
-STAGES := $(foreach n,1 2 3 4 5 6 7 8,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
-MPI_STAGES := $(filter 3 4 5 6 7 8,$(STAGES))
+STAGES := $(foreach n,1 2 3 4 5 6 7 8 9,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
+MPI_STAGES := $(filter 3 4 5 6 7 8 9,$(STAGES))
 # files of another stage that a stage builds on: stage 06 on a grid wraps stage 05's tensor-parallel
 # layers, and generates from stage 08's checkpoints with its mixture-of-experts MLP (08's moe.c)
 STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 08_mixture_of_experts/moe.c
@@ -74,6 +75,8 @@ $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
+# a stage's objects built per backend: stage 09's ring attention steps (kernels, or OpenMP loops)
+STAGE_OBJS_9 := $(B)/09_context_parallel/backend/ring_blocks_$(BACKEND).o
 
 .PHONY: preflight exercise grade exercises-pack plot report all setup test test-mutations test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
@@ -102,7 +105,7 @@ define stage_rule
 stage-$(1): build/stage-$(1)
 build/stage-$(1): $(B)/stage-$(1)
 	@cp $$< $$@.tmp && mv -f $$@.tmp $$@
-$(B)/stage-$(1): $(patsubst %.c,$(B)/%.o,$(wildcard $(STAGE_DIR_$(1))/*.c) $(STAGE_EXTRA_$(1))) $(COMMON_OBJS) $(if $(filter $(1),$(MPI_STAGES)),$(COMM_OBJS))
+$(B)/stage-$(1): $(patsubst %.c,$(B)/%.o,$(wildcard $(STAGE_DIR_$(1))/*.c) $(STAGE_EXTRA_$(1))) $(STAGE_OBJS_$(1)) $(COMMON_OBJS) $(if $(filter $(1),$(MPI_STAGES)),$(COMM_OBJS))
 	$(if $(filter $(1),$(MPI_STAGES)),$(MPICC),$(CC)) $$^ -o $$@ $(LDLIBS) $(STAGE_LIBS_$(1))
 $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
@@ -122,14 +125,15 @@ build/ceilings: $(B)/ceilings
 	@cp $< $@
 $(B)/ceilings: $(B)/tools/ceilings.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
-# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, pipeline.c, experts.c and
-# moe.c): it links them, and with them the comm layer (mpicc), which its ping-pong calibration uses too
+# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, pipeline.c, experts.c,
+# moe.c and context.c): it links them, and with them the comm layer (mpicc), which its ping-pong calibration uses too
 PLAN_TOOL_OBJS := $(addprefix $(B)/tools/,plan.o plan_cluster.o plan_measure.o)
 PLAN_OBJS := $(PLAN_TOOL_OBJS) \
              $(addprefix $(B)/,04_fsdp/fsdp.o 05_tensor_parallel/tp_linear.o 05_tensor_parallel/tp_model.o \
-                               07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o)
+                               07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o \
+                               09_context_parallel/context.o) $(STAGE_OBJS_9)
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
-$(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel -I08_mixture_of_experts
+$(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel -I08_mixture_of_experts -I09_context_parallel
 build/plan: $(B)/plan
 	@cp $< $@
 $(B)/plan: $(PLAN_OBJS) $(COMMON_OBJS) $(COMM_OBJS)
@@ -202,7 +206,7 @@ test-slurm:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/slurm/run.sh
 
-# several hosts on one machine (network namespaces, a real Slurm): stages 3-5 and 7 across 2 hosts
+# several hosts on one machine (network namespaces, a real Slurm): stages 3-5, 7 and 9 across 2 hosts
 test-multinode:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/multinode/run.sh

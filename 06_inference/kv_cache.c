@@ -112,5 +112,6 @@ void kv_layers_init(KVLayers *k, LayerOps *inner, KVCache *cache) {
     k->base.embed_backward = NULL;
     k->base.linear_backward = NULL;
     k->base.norm_backward = NULL;
+    k->base.attention_backward = NULL;
     k->base.mlp_backward = NULL;
 }

@@ -37,7 +37,7 @@ static const Key KEYS[] = {
     K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
     K(precision, T_STRING, "32", "32, 32-true, bf16-mixed, bf16 or 16-mixed (fp16 with loss scaling)"),
     K(strategy, T_STRING, "",
-      "single_device, ddp, fsdp, axonn, pipeline or expert_parallel; empty: the stage's own (above)"),
+      "single_device, ddp, fsdp, axonn, pipeline, expert_parallel or context_parallel; empty: the stage's own (above)"),
     K(tp_dimensions, T_INT3, "1,1,1", "tensor-parallel grid [x, y, z] (strategy axonn)"),
     K(global_batch_size, T_INT, "32", "sequences per optimizer step, over all ranks"),
     K(gradient_acc_steps, T_INT, "1", "micro-batches per optimizer step"),
@@ -108,6 +108,9 @@ static const Key KEYS[] = {
       "pairs over it are dropped (0: no limit)"),
     K(aux_loss_coef, T_FLOAT, "0.01", "weight of the load-balancing loss (Switch/Mixtral) in the objective"),
     K(ep_size, T_INT, "1", "expert_parallel: ranks the experts are spread over (ranks / ep_size replicas)"),
+    K(cp_size, T_INT, "1", "context_parallel: ranks each sequence is split over (ranks / cp_size replicas)"),
+    K(cp_impl, T_STRING, "ring",
+      "context_parallel: ring (keys and values passed around the ranks) or ulysses (all-to-all to heads)"),
     K(always_input_template, T_BOOL, "false",
       "the tutorial's quirk: use the with-input prompt template for every record"),
     K(prompts_path, T_STRING, "data/inference/prompts.txt", "inference: prompts, one per line ('-': stdin)"),
@@ -342,8 +345,9 @@ static const StageInfo STAGES[] = {
                                   .no_half_experts = "stage 08's experts train in fp32 (32 or 32-true)",
                                   .no_overlap = "stage 08 all-reduces its gradients after backward (its MoE "
                                                 "blocks already talk during backward)"},
+    [STAGE_CONTEXT_PARALLEL] = {"context_parallel", NULL, "configs/context_parallel.json"},
 };
-#define LAST_STAGE STAGE_MIXTURE_OF_EXPERTS
+#define LAST_STAGE STAGE_CONTEXT_PARALLEL
 
 static bool stage_runs(const StageInfo *s, const char *strategy) {
     return strcmp(s->strategy, strategy) == 0 || (s->also && strcmp(s->also, strategy) == 0);
@@ -529,14 +533,15 @@ static void resolve_precision(Config *cfg, const Sources *src) {
 
 // An empty strategy is the stage's own; another stage's strategy is refused with where to go.
 static void resolve_strategy(Config *cfg, const Sources *src, Stage stage) {
-    static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn", "pipeline", "expert_parallel"};
+    static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn", "pipeline", "expert_parallel",
+                                             "context_parallel"};
     const StageInfo *s = &STAGES[stage];
     if (!cfg->strategy[0]) {
         strcpy(cfg->strategy, s->strategy);
         return;
     }
-    require_one_of(src, "strategy", cfg->strategy, strategies, 6,
-                   "single_device, ddp, fsdp, axonn, pipeline or expert_parallel");
+    require_one_of(src, "strategy", cfg->strategy, strategies, 7,
+                   "single_device, ddp, fsdp, axonn, pipeline, expert_parallel or context_parallel");
     if (stage_runs(s, cfg->strategy)) return;
     char runs[64];
     fatal("%s: key 'strategy' is \"%s\" but stage %02d runs %s; run build/stage-%d for %s",
@@ -584,6 +589,18 @@ static void require_pipeline_keys_fit_strategy(const Config *cfg, const Sources 
         fatal("%s: key 'gradient_acc_steps' is %d but strategy pipeline cuts the batch with "
               "num_microbatches: set num_microbatches instead", source_of(src, "gradient_acc_steps"),
               cfg->gradient_acc_steps);
+}
+
+// cp_size > 1 splits each sequence over ranks, which only strategy context_parallel does;
+// elsewhere it would be ignored
+static void require_context_keys_fit_strategy(const Config *cfg, const Sources *src) {
+    static const char *const impls[] = {"ring", "ulysses"};
+    require_positive(src, "cp_size", cfg->cp_size);
+    require_one_of(src, "cp_impl", cfg->cp_impl, impls, 2, "ring or ulysses");
+    if (cfg->cp_size != 1 && strcmp(cfg->strategy, "context_parallel") != 0)
+        fatal("%s: key 'cp_size' is %d but strategy \"%s\" does not split sequences: context parallelism "
+              "is strategy context_parallel (build/stage-9)", source_of(src, "cp_size"), cfg->cp_size,
+              cfg->strategy);
 }
 
 // Experts are stage 08's (and stage 06 generates with them): elsewhere num_experts would be ignored
@@ -722,6 +739,7 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     require_one_of(src, "comm_backend", cfg->comm_backend, comm_backends, 4, "auto, nccl, mpi or mpi-staged");
     resolve_strategy(cfg, src, stage);
     require_pipeline_keys_fit_strategy(cfg, src);
+    require_context_keys_fit_strategy(cfg, src);
     require_stage_takes_switches(cfg, src, stage);
     require_moe_keys_fit_stage(cfg, src, stage);
     require_grid_fits_stage(cfg, src, stage);

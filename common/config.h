@@ -25,8 +25,8 @@ typedef struct {
     int seed;
     char precision[16];       // "32", "32-true", "bf16-mixed", "bf16", "16-mixed" (fp16)
     Precision prec;           // not a key: config_load's reading of precision
-    char strategy[16];        // "single_device", "ddp", "fsdp", "axonn", "pipeline", "expert_parallel":
-                              // the stage's own
+    char strategy[24];        // "single_device", "ddp", "fsdp", "axonn", "pipeline", "expert_parallel",
+                              // "context_parallel": the stage's own
     int tp_dimensions[3];     // [x, y, z] for strategy axonn
     int global_batch_size;    // sequences per optimizer step, over all ranks
     int gradient_acc_steps;   // micro-batches per optimizer step
@@ -72,6 +72,9 @@ typedef struct {
     double capacity_factor;      // rows per expert per sequence: ceil(factor * T * k / E); 0: no limit
     double aux_loss_coef;        // weight of the load-balancing loss in the objective
     int ep_size;                 // ranks the experts are spread over; ranks / ep_size replicas
+    // context parallelism (stage 09)
+    int cp_size;                 // ranks each sequence is split over; ranks / cp_size replicas
+    char cp_impl[16];            // "ring" (keys and values passed around) or "ulysses" (all-to-all)
     // inference (stage 06)
     char prompts_path[512];      // prompts, one per line ("-": stdin)
     int max_batch_size;          // prompts generated together
@@ -107,6 +110,7 @@ typedef enum {
     STAGE_INFERENCE,            // axonn over [x, y, 1] (single_device: the [1, 1, 1] grid only)
     STAGE_PIPELINE_PARALLEL,    // pipeline
     STAGE_MIXTURE_OF_EXPERTS,   // expert_parallel
+    STAGE_CONTEXT_PARALLEL,     // context_parallel
 } Stage;
 
 // Reads the stage's config, applies --key=value overrides, validates, and fills in what empty

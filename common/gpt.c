@@ -78,7 +78,7 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     zero_floats(dln1, (size_t)N * C);
     ops->linear_backward(ops, LIN_ATTN_PROJ, datty, &g->attn_proj, dres, a->dout16, k->atty, k->atty16,
                          &w->attn_proj, N, Ca, C);
-    attention_backward(dqkv, a->datt, datty, k->qkv, k->att, B, T, Ca, s->n_head);
+    ops->attention_backward(ops, l, dqkv, a->datt, datty, k->qkv, k->atty, k->att, s, B, T);
     if (s->rotary_dim) rotary_backward(dqkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope);
     // grouped-query attention: each key and value head's gradient is its group's sum (into
     // datty's scratch, read by now)
@@ -279,6 +279,13 @@ static void serial_attention_forward(LayerOps *ops, int layer, float *out, float
     attention_forward(out, att, qkv, B, T, s->C_attn, s->n_head);
 }
 
+static void serial_attention_backward(LayerOps *ops, int layer, float *dqkv, float *datt, const float *dout,
+                                      const float *qkv, const float *out, const float *att, const ModelShape *s,
+                                      int B, int T) {
+    (void)ops, (void)layer, (void)out;
+    attention_backward(dqkv, datt, dout, qkv, att, B, T, s->C_attn, s->n_head);
+}
+
 static half16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
 
 // the dense MLP: out = fc_proj(gelu(fc(inp))), or with SwiGLU out = down(silu(gate(inp)) * up(inp)),
@@ -324,6 +331,7 @@ static void serial_mlp_backward(LayerOps *ops, Activations *a, int l, float *din
 LayerOps *serial_layer_ops(void) {
     static LayerOps serial = {serial_embed_forward, serial_embed_backward, serial_linear_forward,
                               serial_linear_backward, serial_norm_forward, serial_norm_backward,
-                              serial_attention_forward, serial_mlp_forward, serial_mlp_backward};
+                              serial_attention_forward, serial_attention_backward, serial_mlp_forward,
+                              serial_mlp_backward};
     return &serial;
 }

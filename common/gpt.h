@@ -293,6 +293,12 @@ struct LayerOps {
     // what backward needs (ops.h: the probabilities, or each row's log-sum-exp), or scratch
     void (*attention_forward)(LayerOps *ops, int layer, float *out, float *att, const float *qkv,
                               const ModelShape *s, int B, int T);
+    // its backward: dqkv (zeroed by the caller) +=, from dout (B, T, C_attn), the forward's qkv, out
+    // and att (out is scratch in a bf16 block, which keeps only its bf16 copy); datt: scratch of
+    // att's size
+    void (*attention_backward)(LayerOps *ops, int layer, float *dqkv, float *datt, const float *dout,
+                               const float *qkv, const float *out, const float *att, const ModelShape *s,
+                               int B, int T);
     // block `layer`'s MLP, from its input (ln2(res2), or ln1(x) in a parallel block) into the
     // block's out (the block adds the residual); backward adds into dinp. The dense MLP (fc, GELU,
     // fc_proj) runs through linear_forward/backward above; serial_layer_ops() hands a MoE block's

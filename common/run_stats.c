@@ -84,6 +84,7 @@ static cJSON *layout_json(RunLayout layout) {
         cJSON_AddItemToObject(j, "tp_dimensions", cJSON_CreateIntArray(layout.tp_dimensions, 3));
     if (layout.pp) cJSON_AddNumberToObject(j, "pp", layout.pp);
     if (layout.ep) cJSON_AddNumberToObject(j, "ep", layout.ep);
+    if (layout.cp) cJSON_AddNumberToObject(j, "cp", layout.cp);
     cJSON_AddNumberToObject(j, "dp", layout.dp);
     if (layout.sharded) cJSON_AddTrueToObject(j, "sharded");
     return j;

@@ -37,6 +37,7 @@ typedef struct {
     int tp_dimensions[3];  // the tensor-parallel grid [x, y, z]; all 0: no tensor parallelism
     int pp;                // pipeline stages; 0: no pipeline parallelism
     int ep;                // ranks the experts are spread over; 0: no expert parallelism
+    int cp;                // ranks each sequence is split over; 0: no context parallelism
 } RunLayout;
 // records one category of this rank's memory, in bytes, under "memory"
 void run_stats_memory(const char *what, size_t bytes);

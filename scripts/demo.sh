@@ -68,6 +68,15 @@ all-to-all rows of the table at the end. 20 steps."
 mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-8 --config configs/moe.json \
     --ep_size=2 --stop_iteration=20 --log_interval=10 --trace=true --out_dir=out/demo-stage-8
 
+say "Stage 09: context parallelism, each sequence split over 2 ranks, times 2 replicas" \
+"Each sequence is cut into 4 chunks; a rank holds one early and one late chunk, so that under the
+causal mask both ranks have the same attention work. Every op but attention runs on the chunks
+alone; attention passes keys and values around the ring of the 2 ranks, while the rank computes
+with the block it holds. Watch stage 01's loss again, and the send-recv rows of the table at the
+end: the ring's bytes. 20 steps."
+mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-9 --config configs/tiny.json \
+    --cp_size=2 --overlap_communication=true --stop_iteration=20 --log_interval=10 --trace=true --out_dir=out/demo-stage-9
+
 say "Stage 06: the model from stage 01 answers questions it never saw" \
 "Generation with a KV cache: each batch of prompts is read in one pass (prefill), then every
 step adds one token per prompt, reading the earlier tokens' keys and values from the cache
@@ -92,5 +101,5 @@ stage 08 is another model); memory by category; and per run its communication wi
 bandwidth and how much of it overlapped compute, measured from its trace (open trace.json in
 ui.perfetto.dev)."
 python3 tools/report.py -o out/demo-report out/demo-stage-1 out/demo-stage-2 out/demo-stage-3 out/demo-stage-4 \
-    out/demo-stage-5 out/demo-stage-7 out/demo-stage-8
+    out/demo-stage-5 out/demo-stage-7 out/demo-stage-8 out/demo-stage-9
 echo "open file://$PWD/out/demo-report/index.html"

@@ -2,8 +2,9 @@
 # The planner (build/plan) against the runs it predicts:
 #  - for DDP on 2 and 4 ranks, FSDP on 2, 3 and 4 (and its ladder: ZeRO-1, ZeRO-2, HSDP), the
 #    ten tensor-parallel grids of test_stage5.sh (with the same switches), a few 16-bit layouts,
-#    pipelines (phi's too), recomputation in tensor-parallel grids and pipelines, and experts,
-#    the predicted memory report equals the run's stats.json row for row, byte for byte, and the predicted
+#    pipelines (phi's too), recomputation in tensor-parallel grids and pipelines, experts, and
+#    context parallelism (the ring and Ulysses), the predicted memory report equals the run's
+#    stats.json row for row, byte for byte, and the predicted
 #    communication per step equals every step's comm_bytes in metrics.jsonl and, per group and
 #    collective, stats.json's totals divided by the steps -- exactly. Sequences are cut at
 #    max_seq_len=64, shorter than every record, so every batch is T = 64 tokens as planned;
@@ -116,6 +117,10 @@ same phi112h 2 1,1,2 --arch=phi --precision=bf16-mixed
 same ep1 4 ep1 --num_experts=4
 same ep2 4 ep2 --num_experts=4 --moe_every=2 --n_layer=3
 same ep4 4 ep4 --num_experts=4 --experts_per_token=1
+# context parallelism: the ring (with overlap; phi), Ulysses
+same cp2 4 cp2 --overlap_communication=true
+same cp2phi 4 cp2 --arch=phi
+same cp4u 4 cp4u
 
 # ---- the shipped cluster descriptions load and plan every layout of 8 ranks ----
 for c in configs/clusters/*.json; do
@@ -274,8 +279,9 @@ expect_one_error "an unknown layout" "option '--layout': pipeline cannot run on 
     "${plan[@]}" --cluster=$cluster --layout=pipeline
 expect_one_error "more stages than blocks" "pp4 cannot run on 4 ranks: key 'pp_size': 4 stages for 2 blocks" \
     "${plan[@]}" --cluster=$cluster --layout=pp4
+# (sequences of 12 tokens: context parallelism over 7 ranks would need 14)
 expect_one_error "a rank count no layout fits" "7 ranks: no layout can run this config" \
-    build/plan --ranks=7 "${args[@]}" --cluster=$cluster
+    build/plan --ranks=7 "${args[@]}" --max_seq_len=12 --cluster=$cluster
 sed 's/"memory_gib": 74.5/"memory_gib": 0.002/' $cluster >"$tmp/small.json"
 expect_one_error "no layout fits in memory" "small.json: no layout fits in 0.0 GiB per GPU on 4 ranks" \
     "${plan[@]}" --cluster="$tmp/small.json"

@@ -20,6 +20,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "context.h"
 #include "experts.h"
 #include "fsdp.h"
 #include "gpt.h"
@@ -318,6 +319,35 @@ static void plan_experts(const Setup *s, Plan *p, int ep) {
              ep, 1, false);
 }
 
+// Stage 09 on cp ranks a sequence x dp replicas: every rank the whole model, activations for 2 x
+// its replica's rows of chunks of c = T / 2cp tokens (rounded up) with the attention's own buffers
+// (context.c's cp_layers_bytes). Per step: the gradient all-reduced over every rank; per block and
+// micro-batch, the ring's (cp - 1) key/value blocks forward, (cp - 1) again and cp gradient blocks
+// backward (N x 2C floats each, N = 2 rows c), or Ulysses' four all-to-alls (q|k|v and the output
+// forward, their gradients backward: 8 N C floats).
+static void plan_context(const Setup *s, Plan *p, int cp, bool ulysses) {
+    int dp = s->P / cp, acc = s->cfg->gradient_acc_steps, L = s->mc->n_layer;
+    snprintf(p->name, sizeof p->name, "CP %d x %d, %s", cp, dp, ulysses ? "ulysses" : "ring");
+    p->stage = 9, p->dp = dp;
+    add_strategy(p, "context_parallel");
+    add_arg(p, "--cp_size=%d", cp);
+    add_arg(p, "--cp_impl=%s", ulysses ? "ulysses" : "ring");
+    CPGrid grid = {.cp = cp, .dp = dp, .ulysses = ulysses};
+    int rows = s->cfg->global_batch_size / acc / dp, c = cp_chunk_len(&grid, s->T);
+    ActsSpec spec = whole_model_acts(s->mc, 2 * rows, c, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
+    spec.keys = 1;  // as 09_context_parallel/train.c
+    ParamLayout layout;
+    gpt_layout(&layout, s->mc);
+    size_t n = layout.num_params;
+    gpt_layout_free(&layout);
+    add_model_memory(p, s->cfg, n, acts_bytes(&spec) + cp_layers_bytes(&grid, s->mc, rows, c, s->half));
+    double fl = sizeof(float), N = 2.0 * rows * c, C = s->mc->n_embd;
+    add_comm(p, "world", "all-reduce", (double)n * fl, 1, s->P, 1, false);
+    if (ulysses) add_comm(p, "cp", "all-to-all", acc * L * 8 * N * C * fl, 4L * acc * L, cp, 1, false);
+    else add_comm(p, "cp", "send-recv", acc * L * (3.0 * cp - 2) * N * 2 * C * fl, (long)acc * L * (3 * cp - 2), cp, 1,
+                  s->cfg->overlap_communication);
+}
+
 // ---- time: compute, communication, what hides under what ---------------------------------------
 
 // Compute: the model's FLOPs (run_setup.h's flops_per_token, plus one more forward of the blocks
@@ -464,6 +494,16 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
         if (n == max) fatal("internal: more than %d layouts", max);
         plan_pipeline(s, &plans[n++], pp, pipe.num_microbatches);
     }
+    for (int cp = 2; cp <= s->P; cp++)
+        for (int u = 0; u < 2; u++) {
+            char name[16];
+            snprintf(name, sizeof name, "cp%d%s", cp, u ? "u" : "");
+            bool fits = s->P % cp == 0 && s->T >= 2 * cp && (!u || s->mc->n_head % cp == 0) &&
+                        cfg->global_batch_size % (s->P / cp * cfg->gradient_acc_steps) == 0;
+            if (!fits || !wanted(only, name)) continue;
+            if (n == max) fatal("internal: more than %d layouts", max);
+            plan_context(s, &plans[n++], cp, u);
+        }
     for (int i = 0; i < n; i++) predict_time(s, &plans[i]);
     return n;
 }
@@ -712,7 +752,8 @@ static Stage stage_of_config(int argc, char **argv) {
                   : strcmp(strategy, "fsdp") == 0 ? STAGE_FSDP
                   : strcmp(strategy, "axonn") == 0 ? STAGE_TENSOR_PARALLEL
                   : strcmp(strategy, "pipeline") == 0 ? STAGE_PIPELINE_PARALLEL
-                  : strcmp(strategy, "expert_parallel") == 0 ? STAGE_MIXTURE_OF_EXPERTS : STAGE_DDP;
+                  : strcmp(strategy, "expert_parallel") == 0 ? STAGE_MIXTURE_OF_EXPERTS
+                  : strcmp(strategy, "context_parallel") == 0 ? STAGE_CONTEXT_PARALLEL : STAGE_DDP;
     if (!strategy && (has_experts(json) || experts_on_command_line(argc, argv))) stage = STAGE_MIXTURE_OF_EXPERTS;
     cJSON_Delete(json);
     free(text);

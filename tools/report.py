@@ -52,6 +52,8 @@ def layout_text(stats):
         parts.append(f"pp {lay['pp']}")
     if "ep" in lay:
         parts.append(f"ep {lay['ep']}")
+    if "cp" in lay:
+        parts.append(f"cp {lay['cp']}")
     if lay.get("dp", 1) > 1 or not parts:
         parts.append(f"dp {lay.get('dp', 1)}")
     if lay.get("sharded"):

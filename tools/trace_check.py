@@ -2,8 +2,10 @@
 timeline, or measures it. Used by tests/test_trace.sh; prints one line per problem.
 
   trace_check.py valid TRACE        the checks below; exit 1 with the problems listed
-  trace_check.py overlap TRACE      microseconds of collectives in flight during block backward
-                                    compute, summed over the ranks
+  trace_check.py overlap TRACE [PART]
+                                    microseconds of collectives in flight during block backward
+                                    compute (or during the compute spans whose name holds PART:
+                                    " ring ", stage 09's ring steps), summed over the ranks
   trace_check.py count TRACE NAME   events named NAME on each rank, as "rank:count ..."
 """
 import json
@@ -83,13 +85,13 @@ def problems_with_collectives(events):
     return out
 
 
-def overlap_us(events):
+def overlap_us(events, part=None):
     total = 0.0
     by_rank = defaultdict(lambda: ([], []))
     for e in spans(events):
         if e["tid"] >= 1:
             by_rank[e["pid"]][0].append(e)
-        elif e["name"].endswith(" backward") and e["name"].startswith("block "):
+        elif part and part in e["name"] or not part and e["name"].endswith(" backward") and e["name"].startswith("block "):
             by_rank[e["pid"]][1].append(e)
     for comm, compute in by_rank.values():
         for c in comm:
@@ -109,7 +111,7 @@ def main():
             print(p)
         sys.exit(1 if found else 0)
     if what == "overlap":
-        print(f"{overlap_us(events):.3f}")
+        print(f"{overlap_us(events, sys.argv[3] if len(sys.argv) > 3 else None):.3f}")
     elif what == "count":
         counts = defaultdict(int)
         for e in spans(events):

@@ -1,0 +1,203 @@
+// Stage 09: stage 03 with context parallelism: each sequence split over cp_size ranks.
+//
+// A replica's cp ranks each take two chunks of every sequence of its batch slice (context.h: one
+// early, one late, so that causal attention gives them equal work) and run the whole model on
+// them; only attention needs the other chunks' keys and values, which it gets from the other
+// ranks (cp_impl ring: passed around; ulysses: all-to-all to the heads). Every rank holds the
+// whole model, so one all-reduce over all of them sums the gradients, as in stage 03.
+//   cp_size                      ranks a sequence is split over; ranks / cp_size replicas
+//   overlap_communication=true   the ring's next key/value block travels during this one's compute
+// Read `diff -u 03_ddp/train.c 09_context_parallel/train.c`, then context.c.
+//
+// Run: mpirun -np 4 build/stage-9 --config configs/tiny.json --cp_size=2      (see README.md)
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alpaca.h"
+#include "comm.h"
+#include "config.h"
+#include "context.h"
+#include "device.h"
+#include "evaluate.h"
+#include "gpt.h"
+#include "log.h"
+#include "loss_scale.h"
+#include "metrics.h"
+#include "ops.h"
+#include "optimizer.h"
+#include "preemption.h"
+#include "run_checkpoint.h"
+#include "run_setup.h"
+#include "run_stats.h"
+#include "stage_run.h"
+#include "tokenizer.h"
+#include "trace.h"
+
+int main(int argc, char **argv) {
+    Comm *world = comm_init(&argc, &argv);
+    int rank = comm_rank(world), P = comm_size(world);
+    Config cfg;
+    config_load(&cfg, argc, argv, STAGE_CONTEXT_PARALLEL);
+    resolve_resume(&cfg);  // continue the run saved in out_dir, or start one (key resume)
+    ops_set_half_format(config_half_format(&cfg));  // 16-mixed: the 16-bit copies are fp16
+    // every rank must train the same model on the same batches: the configs are compared (and
+    // the backend that moves the bytes chosen: NCCL, or MPI where ranks share a GPU)
+    comm_configure(world, &cfg);
+    ops_init();
+
+    // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----
+    Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);
+    Dataset *data = load_dataset(&cfg, tok);
+    // the learning-rate schedule spans every epoch; stop_iteration only ends the run early
+    long batches_per_epoch, schedule_steps, total_steps;
+    plan_steps(&cfg, data, &batches_per_epoch, &schedule_steps, &total_steps);
+
+    // ---- model: one flat buffer each for parameters, gradients and AdamW's two moments ----
+    GPTConfig mc = model_shape(&cfg, tok);
+    // ---- the grid: refused before any work if it does not fit the ranks, sequences or heads ----
+    CPGrid grid;
+    cp_grid_init(&grid, world, &cfg, &mc);
+    check_batch_splits(&cfg, grid.dp);  // into dp replicas x gradient_acc_steps micro-batches
+    ParamLayout layout;
+    gpt_layout(&layout, &mc);
+    // ... and the bf16 working copy of the weights, mb.params16, which every matmul reads
+    bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
+    ModelBuffers mb;  // mb.params, mb.grads, mb.adam_m, mb.adam_v; mb.w and mb.g name their tensors
+    model_buffers_alloc(&mb, &layout, half_mode);
+    long step = 0;
+    if (cfg.resume) step = resume_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v);
+    else if (starts_from_checkpoint(&cfg)) load_initial_weights(&cfg, &layout, mb.params);
+    else gpt_init_range(mb.params, &layout, 0, mb.n, (uint64_t)cfg.seed);
+
+    // activations for one micro-batch of the longest sequences: this replica's rows, two chunks each
+    int micro_batch = cfg.global_batch_size / cfg.gradient_acc_steps / grid.dp;
+    int chunk = cp_chunk_len(&grid, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len);
+    CPLayers layers;
+    cp_layers_init(&layers, &grid, &mc, micro_batch, chunk, half_mode);
+    ActsSpec spec = whole_model_acts(&mc, 2 * micro_batch, chunk, half_mode, cfg.activation_checkpointing);
+    spec.ops = &layers.base;
+    spec.keys = 1;  // what attention keeps in the block: a log-sum-exp per row and head (the ring), or nothing
+    Activations acts;
+    acts_alloc_spec(&acts, &spec);
+    acts.start = layers.start;  // each chunk's rows at their global positions
+    // only rank 0 prints, writes metrics and saves checkpoints: the replicas are identical
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
+
+    print_stage_banner(9, P, &cfg, &mc, mb.n);
+    print_context_plan(&grid, &cfg);
+    print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
+    MemoryItem memory[MODEL_MEMORY_ITEMS];
+    model_memory_items(memory, &cfg, mb.n, acts.bytes + layers.bytes);  // with attention's own buffers
+    print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
+    print_16bit_activation_saving(&acts);
+
+    // ---- the training loop ----
+    LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
+    loss_scaler_init(&scaler, &cfg);
+    comm_trace_open(world, cfg.trace, cfg.trace_steps);
+    Metrics metrics = {0};
+    if (rank == 0) metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
+    Batch batch = {0}, local = {0};  // the replica's rows; this rank's chunks of them
+    preemption_watch();
+    for (; step < total_steps; step++) {
+        trace_step();
+        double t0 = wall_seconds();
+        int epoch = (int)(step / batches_per_epoch);
+        long b = step % batches_per_epoch;
+        double lr = learning_rate(&cfg, step, schedule_steps);
+        CommStats comm_before = comm_totals();
+
+        // the bf16 copy of this step's weights: made once, read by every matmul of the step
+        if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);
+
+        // forward + backward over the micro-batches; gradients add up in `mb.grads`. Each token's
+        // loss is divided by the number of target tokens in the WHOLE global batch, so the
+        // gradient is the mean over the global batch however it is cut into micro-batches.
+        // (A batch whose responses were all cut off by max_seq_len has no targets: loss 0.)
+        // This replica's micro-batches are slices replica * acc ... of dp * acc; each rank adds the
+        // gradient of its chunks' tokens, and the sum over all ranks is exactly the one-process
+        // gradient. No gradient is communicated until the last micro-batch.
+        dev_zero(mb.grads, mb.bytes);
+        double loss_sum = 0;
+        long tokens = 0, n_targets = 0;
+        int acc = cfg.gradient_acc_steps;
+        for (int micro = 0; micro < acc; micro++) {
+            dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
+                              grid.replica * acc + micro, grid.dp * acc, &batch);
+            cp_local_batch(&grid, &batch, &local);
+            n_targets = batch.n_targets_global;
+            float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
+            loss_sum += gpt_forward_backward(&acts, &mb.w, &mb.g, &mc, local.inputs, local.targets, local.rows,
+                                             local.T, dloss);
+            tokens += (long)local.rows * local.T;
+        }
+        // sum the gradients over all ranks (cp x dp): afterwards every rank holds the global gradient
+        comm_all_reduce(world, mb.grads, mb.n);
+        // one host reduction for the step's numbers: loss, tokens, and whether a signal came
+        double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
+        comm_sum_doubles(world, totals, 3);
+        tokens = (long)totals[1];
+        double loss = n_targets ? totals[0] / (double)n_targets : 0.0;
+        if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
+
+        // clip the global gradient norm, then one AdamW step; in 16-mixed the gradients are first
+        // divided by the loss scale, and a step whose gradients overflowed is skipped
+        double norm = sqrt(sum_squares(mb.grads, mb.n));
+        if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
+            float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
+            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+        }
+        // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
+        // update smaller than half a bf16 step (1/256 of the weight) is lost
+        if (pure_bf16) {
+            cast_to_16(mb.params16, mb.params, mb.n);
+            cast_to_float(mb.params, mb.params16, mb.n);
+        }
+        dev_synchronize();
+
+        StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr, .grad_norm = norm,
+                       .val_loss = -1, .scaler = &scaler, .has_comm = true};
+        step_stats_measure(&s, &cfg, t0, tokens, flops_per_token(&mc, batch.T), P);
+        comm_since(&comm_before, &s.comm_bytes, &s.comm_ms);
+        bool last = step + 1 == total_steps;
+        if (evaluation_due(&cfg, step + 1, last)) {
+            if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
+            double val[2];  // the validation loss summed over its target tokens, and their count
+            cp_evaluate_sums(&acts, &mb.w, &mc, data, &cfg, &grid, val);
+            comm_sum_doubles(world, val, 2);
+            s.val_loss = val[1] ? val[0] / val[1] : -1;
+        }
+        if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
+        if (rank == 0 && checkpoint_due(&cfg, step + 1, last))
+            save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, step + 1);
+        // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
+        if (!last && totals[2] > 0) {
+            if (rank == 0) save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, step + 1);
+            print_stopped_to_be_resumed(&cfg, step + 1);
+            comm_finalize(world);
+            exit(EXIT_TO_BE_RESUMED);
+        }
+    }
+    if (rank == 0) save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
+    printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+    // the proof that data parallelism kept the replicas identical: their weights agree
+    comm_check_replicas_identical(world, mb.params, mb.n);
+    comm_print_table(world);
+    if (rank == 0) run_stats_write(&cfg, 9, P, (RunLayout){.dp = grid.dp, .cp = grid.cp}, comm_stats_json());
+
+    comm_trace_write(world, cfg.out_dir, cfg.trace);
+    metrics_close(&metrics);
+    batch_free(&batch);
+    batch_free(&local);
+    acts_free(&acts);
+    cp_layers_free(&layers);
+    model_buffers_free(&mb);
+    gpt_layout_free(&layout);
+    dataset_free(data);
+    tokenizer_free(tok);
+    comm_finalize(world);
+    return 0;
+}
