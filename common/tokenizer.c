@@ -216,6 +216,8 @@ static int vocab_table_find(const VocabTable *v, const char *s, int len) {
 // The tokenizer
 // ---------------------------------------------------------------------------------------------
 
+typedef struct HfPipeline HfPipeline;
+
 struct Tokenizer {
     int is_bpe;
     char *name;          // "byte" or the directory
@@ -224,9 +226,10 @@ struct Tokenizer {
     int *token_offset;   // token id's bytes are token_bytes[token_offset[id] .. token_offset[id+1])
     int byte_token[256]; // id of the one-byte token for each byte (-1: the vocabulary has none)
     MergeTable merges;   // BPE only
-    int first_added;     // ids [first_added, vocab_size) are added tokens (CodeGen's runs of spaces
-                         // and tabs), matched in the text before BPE; first_added = vocab_size: none
+    int *added_ids;      // the added tokens (CodeGen's runs of spaces and tabs, Llama's special
+    int added_count;     // tokens), matched in the text before BPE
     unsigned char starts_added[256];  // 1: some added token starts with this byte
+    HfPipeline *hf;      // read from tokenizer.json (see there); NULL for GPT-2's files
 };
 
 static const char kEndOfText[] = "<|endoftext|>";
@@ -297,8 +300,10 @@ static cJSON *parse_json_file_or_die(const char *path) {
     return json;
 }
 
-static void load_vocab(Tokenizer *t, const char *path, VocabTable *table) {
-    cJSON *json = parse_json_file_or_die(path);
+// Fills t's tokens from {"token": id, ...} (ids exactly 0..n-1) and table (bytes -> id). stand_ins:
+// the tokens are written with GPT-2's byte stand-ins (turned into raw bytes); else kept as they are.
+static void vocab_from_json(Tokenizer *t, const cJSON *json, const char *path, VocabTable *table,
+                            int stand_ins) {
     if (!cJSON_IsObject(json)) fatal("%s: expected a JSON object {\"token\": id, ...}", path);
     int n = cJSON_GetArraySize(json);
     if (n < 1) fatal("%s: the vocabulary is empty", path);
@@ -326,7 +331,8 @@ static void load_vocab(Tokenizer *t, const char *path, VocabTable *table) {
     int offset = 0;
     for (int id = 0; id < n; id++) {
         char *out = t->token_bytes + offset;
-        int len = stand_ins_to_bytes(string_of_id[id], out);
+        int len = stand_ins ? stand_ins_to_bytes(string_of_id[id], out) : (int)strlen(string_of_id[id]);
+        if (!stand_ins) memcpy(out, string_of_id[id], (size_t)len);
         if (len < 0) fatal("%s: token \"%s\" (id %d) has a character that stands for no byte", path,
                            string_of_id[id], id);
         t->token_offset[id] = offset;
@@ -337,7 +343,6 @@ static void load_vocab(Tokenizer *t, const char *path, VocabTable *table) {
     }
     t->token_offset[n] = offset;
     free(string_of_id);
-    cJSON_Delete(json);
 
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
@@ -346,17 +351,48 @@ static void load_vocab(Tokenizer *t, const char *path, VocabTable *table) {
     t->eot = vocab_table_find(table, kEndOfText, (int)strlen(kEndOfText));
 }
 
+static void load_vocab(Tokenizer *t, const char *path, VocabTable *table) {
+    cJSON *json = parse_json_file_or_die(path);
+    vocab_from_json(t, json, path, table, 1);
+    cJSON_Delete(json);
+}
+
 // ---- loading the merges (vocab.bpe / merges.txt: "#version" line, then "left right" per line) -
 
-// the id of a merges-file token written with stand-ins, or a fatal error naming the line
-static int merge_part_id(const VocabTable *vocab, const char *part, const char *path, int line) {
+// the id of a merges-file token (written with stand-ins if stand_ins), or a fatal error naming the line
+static int merge_part_id(const VocabTable *vocab, const char *part, int stand_ins, const char *path,
+                         int line) {
     char *bytes = malloc_or_die(strlen(part) + 1);
-    int len = stand_ins_to_bytes(part, bytes);
+    int len = stand_ins ? stand_ins_to_bytes(part, bytes) : (int)strlen(part);
+    if (!stand_ins) memcpy(bytes, part, (size_t)len);
     if (len < 0) fatal("%s line %d: \"%s\" has a character that stands for no byte", path, line, part);
     int id = vocab_table_find(vocab, bytes, len);
     free(bytes);
     if (id < 0) fatal("%s line %d: token \"%s\" is not in the vocabulary", path, line, part);
     return id;
+}
+
+// Merge of rank `rank`: "left right" (tokens as the file writes them; pieces/offsets/vocab are the
+// tokens as the model sees them). The merged token must be in the vocabulary.
+static void add_merge(MergeTable *merges, const char *pieces, const int *offsets,
+                      const VocabTable *vocab, int stand_ins, const char *left_text,
+                      const char *right_text, int rank, const char *path, int line_no) {
+    int left = merge_part_id(vocab, left_text, stand_ins, path, line_no);
+    int right = merge_part_id(vocab, right_text, stand_ins, path, line_no);
+    // the merged token = left's bytes followed by right's bytes
+    int llen = offsets[left + 1] - offsets[left], rlen = offsets[right + 1] - offsets[right];
+    char *both = malloc_or_die((size_t)(llen + rlen));
+    memcpy(both, pieces + offsets[left], (size_t)llen);
+    memcpy(both + llen, pieces + offsets[right], (size_t)rlen);
+    int merged = vocab_table_find(vocab, both, llen + rlen);
+    free(both);
+    if (merged < 0)
+        fatal("%s line %d: the merge \"%s %s\" makes a token that is not in the vocabulary", path,
+              line_no, left_text, right_text);
+    MergeSlot *slot = merge_table_slot(merges, left, right);
+    if (slot->rank >= 0)
+        fatal("%s line %d: the merge \"%s %s\" appears twice", path, line_no, left_text, right_text);
+    *slot = (MergeSlot){pair_key(left, right), rank, merged};
 }
 
 static void load_merges(Tokenizer *t, const char *path, const VocabTable *vocab) {
@@ -379,25 +415,8 @@ static void load_merges(Tokenizer *t, const char *path, const VocabTable *vocab)
             fatal("%s line %d: expected two tokens separated by one space, found \"%s\"", path,
                   line_no, line);
         *space = '\0';
-        int left = merge_part_id(vocab, line, path, line_no);
-        int right = merge_part_id(vocab, space + 1, path, line_no);
-
-        // the merged token = left's bytes followed by right's bytes; it must be in the vocabulary
-        int llen = t->token_offset[left + 1] - t->token_offset[left];
-        int rlen = t->token_offset[right + 1] - t->token_offset[right];
-        char *both = malloc_or_die((size_t)(llen + rlen));
-        memcpy(both, t->token_bytes + t->token_offset[left], (size_t)llen);
-        memcpy(both + llen, t->token_bytes + t->token_offset[right], (size_t)rlen);
-        int merged = vocab_table_find(vocab, both, llen + rlen);
-        free(both);
-        if (merged < 0)
-            fatal("%s line %d: the merge \"%s %s\" makes a token that is not in the vocabulary",
-                  path, line_no, line, space + 1);
-
-        MergeSlot *slot = merge_table_slot(&t->merges, left, right);
-        if (slot->rank >= 0) fatal("%s line %d: the merge \"%s %s\" appears twice", path, line_no,
-                                   line, space + 1);
-        *slot = (MergeSlot){pair_key(left, right), rank++, merged};
+        add_merge(&t->merges, t->token_bytes, t->token_offset, vocab, 1, line, space + 1, rank++,
+                  path, line_no);
     }
     free(text);
 }
@@ -430,6 +449,14 @@ static void find_tokenizer_files(const char *dir, char *vocab, char *merges, siz
 
 // ---- added tokens (phi-1_5's CodeGen tokenizer: runs of 2..31 spaces and 2..9 tabs) -------------
 
+// from now on, encode finds the token with this id wherever its text occurs
+static void match_added_token(Tokenizer *t, int id, const char *text) {
+    t->added_ids = realloc(t->added_ids, ((size_t)t->added_count + 1) * sizeof *t->added_ids);
+    if (!t->added_ids) fatal("out of host memory");
+    t->added_ids[t->added_count++] = id;
+    t->starts_added[(unsigned char)text[0]] = 1;
+}
+
 // One added token: its raw text (not GPT-2's byte stand-ins) and id. Ids below the vocabulary's
 // size must name that token already (tokenizer.json lists <|endoftext|> again); the others must
 // follow the vocabulary without a gap, as Hugging Face appends them.
@@ -450,7 +477,7 @@ static void add_token(Tokenizer *t, const char *path, const char *text, double i
     if (!t->token_bytes || !t->token_offset) fatal("out of host memory");
     memcpy(t->token_bytes + end, text, (size_t)len);
     t->token_offset[++t->vocab_size] = end + len;
-    t->starts_added[(unsigned char)text[0]] = 1;
+    match_added_token(t, (int)id, text);
 }
 
 typedef struct { double id; const char *text; } AddedToken;
@@ -464,7 +491,6 @@ static int by_id(const void *a, const void *b) {
 // "content": "text"}, ...]; either may list them in any order
 static void load_added_tokens(Tokenizer *t, const char *dir) {
     char path[4096];
-    t->first_added = t->vocab_size;
     bool plain = file_exists(dir, "added_tokens.json", path, sizeof path);
     if (!plain && !file_exists(dir, "tokenizer.json", path, sizeof path)) return;
     cJSON *json = parse_json_file_or_die(path);
@@ -489,8 +515,8 @@ static int added_token_at(const Tokenizer *t, const unsigned char *s, size_t n, 
     int best = -1;
     *len = 0;
     if (!t->starts_added[s[i]]) return -1;
-    for (int id = t->first_added; id < t->vocab_size; id++) {
-        int l = t->token_offset[id + 1] - t->token_offset[id];
+    for (int k = 0; k < t->added_count; k++) {
+        int id = t->added_ids[k], l = t->token_offset[id + 1] - t->token_offset[id];
         if (l > *len && (size_t)l <= n - i && memcmp(s + i, t->token_bytes + t->token_offset[id], (size_t)l) == 0)
             best = id, *len = l;
     }
@@ -602,13 +628,10 @@ static int byte_id_or_die(const Tokenizer *t, unsigned char b) {
     return id;
 }
 
-// BPE-encode the n bytes of one chunk, appending the ids at out; returns how many.
-static int bpe_chunk(const Tokenizer *t, const unsigned char *s, int n, BpeScratch *w, int *out) {
-    if (n == 1) { out[0] = byte_id_or_die(t, s[0]); return 1; }
-    scratch_reserve(w, (size_t)n);
+// Merge the n symbols w->id[0..n) (n >= 1), appending the ids at out; returns how many.
+static int bpe_merge(const Tokenizer *t, BpeScratch *w, int n, int *out) {
     w->heap_size = 0;
     for (int i = 0; i < n; i++) {
-        w->id[i] = byte_id_or_die(t, s[i]);
         w->prev[i] = i - 1;
         w->next[i] = i + 1 < n ? i + 1 : -1;
     }
@@ -630,6 +653,14 @@ static int bpe_chunk(const Tokenizer *t, const unsigned char *s, int n, BpeScrat
     int count = 0;
     for (int i = 0; i >= 0; i = w->next[i]) out[count++] = w->id[i];
     return count;
+}
+
+// BPE-encode the n bytes of one chunk, appending the ids at out; returns how many.
+static int bpe_chunk(const Tokenizer *t, const unsigned char *s, int n, BpeScratch *w, int *out) {
+    if (n == 1) { out[0] = byte_id_or_die(t, s[0]); return 1; }
+    scratch_reserve(w, (size_t)n);
+    for (int i = 0; i < n; i++) w->id[i] = byte_id_or_die(t, s[i]);
+    return bpe_merge(t, w, n, out);
 }
 
 int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int **ids) {
