@@ -11,13 +11,23 @@ source tests/lib.sh
 
 BIN=build/tests/tokenizer_ids
 oracle_venv
-check '[ -x "$BIN" ]' "$BIN is not built (make test builds it)"
+check '[ -x "$BIN" ] && [ -x "$STAGE_BIN/stage-1" ]' "$BIN or $STAGE_BIN/stage-1 is not built (make test builds them)"
 
 "$ORACLE_VENV/bin/python" tests/oracle_tokenizer.py "$BIN" "$tmp" >"$tmp/oracle.txt" 2>"$tmp/oracle.err"
 cat "$tmp/oracle.txt"
 passed=$((passed + $(grep -c '^ok: ' "$tmp/oracle.txt")))
 failed=$((failed + $(grep -c '^FAIL: ' "$tmp/oracle.txt")))
 check "grep -q 'every tokenizer compared' '$tmp/oracle.txt'" "tests/oracle_tokenizer.py did not run to the end: $(tail -3 "$tmp/oracle.err")"
+
+# the tokenizer_path key reads tokenizer.json: stage 01 trains on the Alpaca data with Llama-3's
+# form and sizes its embedding by the library's vocabulary (with the added tokens)
+if [ -f "$tmp/llama3/tokenizer.json" ]; then
+    args=(--config configs/tiny.json --tokenizer_path="$tmp/llama3" --stop_iteration=2)
+    run_single 1 llama3_run
+    want=$("$ORACLE_VENV/bin/python" -c 'import sys; from tokenizers import Tokenizer; print(Tokenizer.from_file(sys.argv[1]).get_vocab_size())' "$tmp/llama3/tokenizer.json")
+    got=$(json_value "$tmp/llama3_run/config.json" vocab_size)
+    check '[ -n "$want" ] && [ "$got" = "$want" ]' "stage 01 with the llama3 tokenizer: vocab_size $got, the library's $want"
+fi
 
 # mutate <name> <python statement on spec>: a copy of the llama3 tokenizer with one part changed
 mutate() {
