@@ -488,7 +488,7 @@ static void add_token(Tokenizer *t, const char *path, const char *text, double i
     match_added_token(t, (int)id, text);
 }
 
-typedef struct { double id; const char *text; } AddedToken;
+typedef struct { double id; const char *text; int normalized; } AddedToken;
 
 static int by_id(const void *a, const void *b) {
     double x = ((const AddedToken *)a)->id, y = ((const AddedToken *)b)->id;
@@ -522,7 +522,8 @@ static void load_added_tokens(Tokenizer *t, const char *dir) {
 //
 // tokenizer.json describes a pipeline, and encode runs it in Hugging Face's order:
 //   1. cut the text at added tokens (leftmost, then longest): each becomes its id directly;
-//   2. normalize each piece in between (Prepend, Replace: Llama-2's "▁" for spaces);
+//   2. normalize each piece in between (Prepend, Replace: Llama-2's "▁" for spaces), and cut it at
+//      the added tokens the file marks "normalized" (as the normalizer writes them: "▁<s>");
 //   3. pre-tokenize it into words: Metaspace (Llama-2: spaces become "▁", one is prepended, a word
 //      starts at each "▁"), Split (Llama-3's or GPT-2's pattern), ByteLevel (a prefix space,
 //      GPT-2's pattern, and the word seen as bytes);
@@ -539,6 +540,7 @@ static void load_added_tokens(Tokenizer *t, const char *dir) {
 // loader adds the tokens a sequence needs.
 
 enum { MAX_STEPS = 8 };
+typedef struct { char *s; size_t len, cap; } Bytes;  // growable bytes, for the texts the pipeline makes
 typedef enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER } PrependScheme;
 typedef enum { NORM_PREPEND, NORM_REPLACE } NormKind;
 typedef struct { NormKind kind; char *text, *with; } NormStep;
@@ -569,6 +571,11 @@ struct HfPipeline {
     VocabTable pieces;   // piece -> id
     char *source;        // each token as tokenizer.json writes it (the decoder's input)
     int *source_offset;
+    // per added token (as t->added_ids): matched in the normalized text (1) or the raw text (0),
+    // and the text matched: the token's own, or as the normalizer writes it (Llama-2: "▁<s>")
+    unsigned char *added_normalized;
+    Bytes *added_match;
+    int n_added;
 };
 
 static const char *json_type(const cJSON *obj) {
@@ -733,8 +740,6 @@ static void parse_decoder(HfPipeline *hf, const cJSON *obj, const char *path) {
     }
 }
 
-// Growable bytes, for the texts the pipeline makes
-typedef struct { char *s; size_t len, cap; } Bytes;
 
 static void bytes_append(Bytes *b, const void *s, size_t n) {
     size_t need = b->len + n + 1;
@@ -762,6 +767,26 @@ static void replace_all(const char *s, size_t n, const char *from, const char *t
             i++;
         }
     }
+}
+
+// the normalizer's steps (Prepend, Replace) on s, appended to out
+static void normalize_text(const HfPipeline *hf, const char *s, size_t n, Bytes *out) {
+    Bytes text = {0};
+    bytes_append(&text, s, n);
+    for (int k = 0; k < hf->n_norm; k++) {
+        Bytes next = {0};
+        bytes_append(&next, "", 0);
+        if (hf->norm[k].kind == NORM_PREPEND) {
+            if (text.len) bytes_append(&next, hf->norm[k].text, strlen(hf->norm[k].text));
+            bytes_append(&next, text.s, text.len);
+        } else {
+            replace_all(text.s, text.len, hf->norm[k].text, hf->norm[k].with, &next);
+        }
+        free(text.s);
+        text = next;
+    }
+    bytes_append(out, text.s, text.len);
+    free(text.s);
 }
 
 // "<0xNN>" -> NN, else -1
@@ -844,7 +869,8 @@ static void hf_merges(Tokenizer *t, const cJSON *merges, const char *path) {
 }
 
 // tokenizer.json's "added_tokens": Llama's special tokens. Ids inside the vocabulary must name the
-// same token there; the others follow it. All are matched in the text, as Hugging Face does.
+// same token there; the others follow it. All are matched in the text, as Hugging Face does: in
+// the raw text, or (marked "normalized", with a normalizer) in the normalized text.
 static void hf_added_tokens(Tokenizer *t, const cJSON *list, const char *path) {
     int n = 0;
     AddedToken *added = calloc_or_die((size_t)cJSON_GetArraySize(list) + 1, sizeof *added);
@@ -858,13 +884,19 @@ static void hf_added_tokens(Tokenizer *t, const cJSON *list, const char *path) {
         for (int k = 0; k < 3; k++)
             if (json_bool(e, unimplemented[k], 0))
                 fatal("%s: added token \"%s\" has %s true, which is not implemented", path, added[n].text, unimplemented[k]);
-        if (t->hf->n_norm && json_bool(e, "normalized", 0))
-            fatal("%s: added token \"%s\" is matched in normalized text (\"normalized\": true) and "
-                  "the file has a normalizer: not implemented", path, added[n].text);
+        added[n].normalized = json_bool(e, "normalized", 0);
         added[n++].id = id->valuedouble;
     }
     qsort(added, (size_t)n, sizeof *added, by_id);
+    t->hf->added_normalized = calloc_or_die((size_t)n + 1, 1);
+    t->hf->added_match = calloc_or_die((size_t)n + 1, sizeof(Bytes));
+    t->hf->n_added = n;
     for (int i = 0; i < n; i++) {
+        int normalized = added[i].normalized && t->hf->n_norm;
+        t->hf->added_normalized[i] = (unsigned char)normalized;
+        if (normalized) normalize_text(t->hf, added[i].text, strlen(added[i].text), &t->hf->added_match[i]);
+        else bytes_append(&t->hf->added_match[i], added[i].text, strlen(added[i].text));
+        if (t->hf->added_match[i].len) t->starts_added[(unsigned char)t->hf->added_match[i].s[0]] = 1;
         int id = (int)added[i].id;
         if (added[i].id >= 0 && id < t->vocab_size && added[i].id == id) {
             int len = t->hf->source_offset[id + 1] - t->hf->source_offset[id];
@@ -1000,20 +1032,29 @@ static void free_hf(HfPipeline *hf) {
     free(hf->pieces.slots);
     free(hf->source);
     free(hf->source_offset);
+    for (int k = 0; hf->added_match && k < hf->n_added; k++) free(hf->added_match[k].s);
+    free(hf->added_match);
+    free(hf->added_normalized);
     free(hf);
 }
 
-// The added token that starts at s[i], the longest if several do, or -1
-static int added_token_at(const Tokenizer *t, const unsigned char *s, size_t n, size_t i, int *len) {
+// The added token that starts at s[i], the longest if several do, or -1. normalized: 0 or 1 looks
+// only at the tokens tokenizer.json matches in the raw or the normalized text; -1 at all.
+static int added_token_at(const Tokenizer *t, const unsigned char *s, size_t n, size_t i,
+                          int normalized, int *len) {
     int best = -1;
     *len = 0;
     if (!t->starts_added[s[i]]) return -1;
-    // matched as the file writes them (tokenizer.json: its source, which may decode otherwise)
-    const char *texts = t->hf ? t->hf->source : t->token_bytes;
-    const int *offsets = t->hf ? t->hf->source_offset : t->token_offset;
     for (int k = 0; k < t->added_count; k++) {
-        int id = t->added_ids[k], l = offsets[id + 1] - offsets[id];
-        if (l > *len && (size_t)l <= n - i && memcmp(s + i, texts + offsets[id], (size_t)l) == 0)
+        int id = t->added_ids[k], l;
+        const char *text;
+        if (t->hf) {  // tokenizer.json: as the file writes it, which may decode otherwise
+            if (normalized >= 0 && t->hf->added_normalized[k] != normalized) continue;
+            text = t->hf->added_match[k].s, l = (int)t->hf->added_match[k].len;
+        } else {
+            text = t->token_bytes + t->token_offset[id], l = t->token_offset[id + 1] - t->token_offset[id];
+        }
+        if (l > *len && (size_t)l <= n - i && memcmp(s + i, text, (size_t)l) == 0)
             best = id, *len = l;
     }
     return best;
@@ -1341,26 +1382,11 @@ static void bpe_word(const Tokenizer *t, const char *s, size_t n, BpeScratch *w,
     if (count > 0) out->n += (size_t)bpe_merge(t, w, count, out->v + out->n);
 }
 
-// normalize, pre-tokenize and BPE the text between two added tokens
-static void hf_encode_piece(const Tokenizer *t, const char *s, size_t n, int at_start, BpeScratch *w, Ids *out) {
+// pre-tokenize and BPE normalized text
+static void hf_encode_normalized(const Tokenizer *t, const char *s, size_t n, int at_start, BpeScratch *w, Ids *out) {
     const HfPipeline *hf = t->hf;
-    Bytes text = {0};
-    bytes_append(&text, s, n);
-    for (int k = 0; k < hf->n_norm; k++) {
-        Bytes next = {0};
-        bytes_append(&next, "", 0);
-        if (hf->norm[k].kind == NORM_PREPEND) {
-            if (text.len) bytes_append(&next, hf->norm[k].text, strlen(hf->norm[k].text));
-            bytes_append(&next, text.s, text.len);
-        } else {
-            replace_all(text.s, text.len, hf->norm[k].text, hf->norm[k].with, &next);
-        }
-        free(text.s);
-        text = next;
-    }
     Words words = {0};
-    words_add(&words, text.s, text.len, at_start);
-    free(text.s);
+    words_add(&words, s, n, at_start);
     for (int k = 0; k < hf->n_pre; k++) {
         Words next = {0};
         pre_tokenize_step(&hf->pre[k], &words, &next);
@@ -1375,22 +1401,44 @@ static void hf_encode_piece(const Tokenizer *t, const char *s, size_t n, int at_
     words_free(&words);
 }
 
+// Cut s[0..n) at the added tokens of one kind (normalized: see added_token_at), leftmost then
+// longest: a token becomes its id, and each piece between goes to then(). at_start: s begins the
+// text being encoded.
+static void split_at_added(const Tokenizer *t, const char *s, size_t n, int normalized, int at_start,
+                           void (*then)(const Tokenizer *, const char *, size_t, int, BpeScratch *, Ids *),
+                           BpeScratch *w, Ids *out) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        size_t piece = i;
+        int added = -1, added_len = 0;
+        while (piece < n && (added = added_token_at(t, u, n, piece, normalized, &added_len)) < 0) piece++;
+        if (piece > i) then(t, s + i, piece - i, at_start && i == 0, w, out);
+        i = piece;
+        if (added >= 0) {
+            ids_reserve(out, 1);
+            out->v[out->n++] = added;
+            i += (size_t)added_len;
+        }
+    }
+}
+
+// normalize the text between two raw-text added tokens, then cut it at the normalized-text ones
+static void hf_encode_piece(const Tokenizer *t, const char *s, size_t n, int at_start, BpeScratch *w, Ids *out) {
+    Bytes text = {0};
+    normalize_text(t->hf, s, n, &text);
+    split_at_added(t, text.s, text.len, 1, at_start, hf_encode_normalized, w, out);
+    free(text.s);
+}
+
+// Hugging Face's order: the added tokens matched in the raw text first, then the pieces between
+// normalized and searched for the tokens matched in normalized text (Llama-2's <s> is one: in
+// "<s>Hi" the normalizer's "▁" comes before it, "▁<s>Hi"). Without a normalizer both are the same.
 static int hf_encode(const Tokenizer *t, const unsigned char *s, size_t len, int **ids) {
     Ids out = {0};
     ids_reserve(&out, 1);
     BpeScratch w = {0};
-    for (size_t i = 0; i < len;) {
-        size_t piece = i;
-        int added = -1, added_len = 0;
-        while (piece < len && (added = added_token_at(t, s, len, piece, &added_len)) < 0) piece++;
-        if (piece > i) hf_encode_piece(t, (const char *)s + i, piece - i, i == 0, &w, &out);
-        i = piece;
-        if (added >= 0) {
-            ids_reserve(&out, 1);
-            out.v[out.n++] = added;
-            i += (size_t)added_len;
-        }
-    }
+    if (t->hf->n_norm) split_at_added(t, (const char *)s, len, 0, 1, hf_encode_piece, &w, &out);
+    else split_at_added(t, (const char *)s, len, -1, 1, hf_encode_normalized, &w, &out);
     free(w.id); free(w.prev); free(w.next); free(w.heap);
     *ids = out.v;
     return (int)out.n;
@@ -1436,7 +1484,7 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int **ids
         for (size_t i = 0; i < len;) {
             size_t piece = i;
             int added = -1, added_len = 0;
-            while (piece < len && (added = added_token_at(t, s, len, piece, &added_len)) < 0) piece++;
+            while (piece < len && (added = added_token_at(t, s, len, piece, -1, &added_len)) < 0) piece++;
             while (i < piece) {
                 size_t end = next_pretoken(s, piece, i);
                 count += bpe_chunk(t, s + i, (int)(end - i), &w, out + count);

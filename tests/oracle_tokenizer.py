@@ -8,7 +8,8 @@
 #   llama2        Metaspace (prepend_scheme "first"), BPE with byte_fallback and the 256 "<0xNN>"
 #                 tokens, <unk> <s> </s>; decoder Metaspace
 #   llama2-legacy the same vocabulary the way Llama-2's own file has it: normalizer Prepend "▁" +
-#                 Replace " " -> "▁", no pre-tokenizer; decoder Replace, ByteFallback, Fuse, Strip
+#                 Replace " " -> "▁", no pre-tokenizer, <s> etc. matched in the normalized text;
+#                 decoder Replace, ByteFallback, Fuse, Strip
 #   llama3        Split with Llama-3's pattern, then ByteLevel; BPE with ignore_merges;
 #                 <|begin_of_text|> <|end_of_text|> <|eot_id|> ... as special tokens
 #   gpt2-json     the fixture GPT-2 tokenizer.json alone (ByteLevel with GPT-2's pattern)
@@ -75,6 +76,8 @@ def build_llama2(train, work):
     legacy["pre_tokenizer"] = None
     legacy["decoder"] = json.loads(decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
                                                       decoders.Fuse(), decoders.Strip(" ", 1, 0)]).__getstate__())
+    for added in legacy["added_tokens"]:  # as in Llama-2's file: matched after the normalizer
+        added["normalized"] = True
     write(work, "llama2-legacy", legacy)
 
 
