@@ -488,7 +488,7 @@ static void add_token(Tokenizer *t, const char *path, const char *text, double i
     match_added_token(t, (int)id, text);
 }
 
-typedef struct { double id; const char *text; int normalized; } AddedToken;
+typedef struct { double id; const char *text; int normalized, strip; } AddedToken;
 
 static int by_id(const void *a, const void *b) {
     double x = ((const AddedToken *)a)->id, y = ((const AddedToken *)b)->id;
@@ -539,7 +539,7 @@ static void load_added_tokens(Tokenizer *t, const char *dir) {
 // The post-processor (adding <s> or <|begin_of_text|>) is not applied: as for GPT-2, the data
 // loader adds the tokens a sequence needs.
 
-enum { MAX_STEPS = 8 };
+enum { MAX_STEPS = 8, STRIP_LEFT = 1, STRIP_RIGHT = 2 };
 typedef struct { char *s; size_t len, cap; } Bytes;  // growable bytes, for the texts the pipeline makes
 typedef enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER } PrependScheme;
 typedef enum { NORM_PREPEND, NORM_REPLACE } NormKind;
@@ -574,6 +574,7 @@ struct HfPipeline {
     // per added token (as t->added_ids): matched in the normalized text (1) or the raw text (0),
     // and the text matched: the token's own, or as the normalizer writes it (Llama-2: "▁<s>")
     unsigned char *added_normalized;
+    unsigned char *added_strip;  // STRIP_LEFT | STRIP_RIGHT: the whitespace before / after goes with it
     Bytes *added_match;
     int n_added;
 };
@@ -880,20 +881,21 @@ static void hf_added_tokens(Tokenizer *t, const cJSON *list, const char *path) {
         added[n].text = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "content"));
         if (!cJSON_IsNumber(id) || !added[n].text || !*added[n].text)
             fatal("%s: expected \"added_tokens\": [{\"id\": n, \"content\": \"text\"}, ...]", path);
-        static const char *unimplemented[] = {"lstrip", "rstrip", "single_word"};
-        for (int k = 0; k < 3; k++)
-            if (json_bool(e, unimplemented[k], 0))
-                fatal("%s: added token \"%s\" has %s true, which is not implemented", path, added[n].text, unimplemented[k]);
+        if (json_bool(e, "single_word", 0))
+            fatal("%s: added token \"%s\" has single_word true, which is not implemented", path, added[n].text);
+        added[n].strip = (json_bool(e, "lstrip", 0) ? STRIP_LEFT : 0) | (json_bool(e, "rstrip", 0) ? STRIP_RIGHT : 0);
         added[n].normalized = json_bool(e, "normalized", 0);
         added[n++].id = id->valuedouble;
     }
     qsort(added, (size_t)n, sizeof *added, by_id);
     t->hf->added_normalized = calloc_or_die((size_t)n + 1, 1);
+    t->hf->added_strip = calloc_or_die((size_t)n + 1, 1);
     t->hf->added_match = calloc_or_die((size_t)n + 1, sizeof(Bytes));
     t->hf->n_added = n;
     for (int i = 0; i < n; i++) {
         int normalized = added[i].normalized && t->hf->n_norm;
         t->hf->added_normalized[i] = (unsigned char)normalized;
+        t->hf->added_strip[i] = (unsigned char)added[i].strip;
         if (normalized) normalize_text(t->hf, added[i].text, strlen(added[i].text), &t->hf->added_match[i]);
         else bytes_append(&t->hf->added_match[i], added[i].text, strlen(added[i].text));
         if (t->hf->added_match[i].len) t->starts_added[(unsigned char)t->hf->added_match[i].s[0]] = 1;
@@ -1035,6 +1037,7 @@ static void free_hf(HfPipeline *hf) {
     for (int k = 0; hf->added_match && k < hf->n_added; k++) free(hf->added_match[k].s);
     free(hf->added_match);
     free(hf->added_normalized);
+    free(hf->added_strip);
     free(hf);
 }
 
@@ -1382,6 +1385,13 @@ static void bpe_word(const Tokenizer *t, const char *s, size_t n, BpeScratch *w,
     if (count > 0) out->n += (size_t)bpe_merge(t, w, count, out->v + out->n);
 }
 
+// the added token's STRIP_LEFT | STRIP_RIGHT
+static int added_strip(const Tokenizer *t, int id) {
+    for (int k = 0; k < t->added_count; k++)
+        if (t->added_ids[k] == id) return t->hf->added_strip[k];
+    return 0;
+}
+
 // pre-tokenize and BPE normalized text
 static void hf_encode_normalized(const Tokenizer *t, const char *s, size_t n, int at_start, BpeScratch *w, Ids *out) {
     const HfPipeline *hf = t->hf;
@@ -1412,12 +1422,23 @@ static void split_at_added(const Tokenizer *t, const char *s, size_t n, int norm
         size_t piece = i;
         int added = -1, added_len = 0;
         while (piece < n && (added = added_token_at(t, u, n, piece, normalized, &added_len)) < 0) piece++;
-        if (piece > i) then(t, s + i, piece - i, at_start && i == 0, w, out);
+        int strip = added >= 0 ? added_strip(t, added) : 0;
+        size_t before = piece;  // lstrip: the whitespace before the token goes with it
+        while ((strip & STRIP_LEFT) && before > i) {
+            size_t start = before - 1;
+            while (start > i && (u[start] & 0xC0) == 0x80) start--;  // back to the character's first byte
+            int len;
+            if (class_at(u, before, start, &len) != CHAR_SPACE) break;
+            before = start;
+        }
+        if (before > i) then(t, s + i, before - i, at_start && i == 0, w, out);
         i = piece;
         if (added >= 0) {
             ids_reserve(out, 1);
             out->v[out->n++] = added;
             i += (size_t)added_len;
+            int len;  // rstrip: and the whitespace after it
+            while ((strip & STRIP_RIGHT) && i < n && class_at(u, n, i, &len) == CHAR_SPACE) i += (size_t)len;
         }
     }
 }

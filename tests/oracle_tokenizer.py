@@ -18,7 +18,7 @@
 # its own ids back to the text. Prints "ok: ..." or "FAIL: ..." per check.
 import glob, json, os, subprocess, sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -46,7 +46,7 @@ def test_texts(train):
         "Café naïve façade — résumé, Ünïcödé ÀÉÎÕÜ", "日本語のテキストです。", "emoji 🚀🎉 done 👩‍👩‍👧",
         "control \x01\x02 del \x7f and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ﬁ", "nbsp\u00a0here ideographic\u3000space",
         "<s>Hello</s> <unk> x</s>y", "<|begin_of_text|>Hi<|eot_id|> <|start_header_id|>user<|end_header_id|>\n\n",
-        "<|endoftext|>after", "((nested)) ...!!! ??\n\n\n next",
+        "<|endoftext|>after", "a  <mask> b <mask>c\t\n<mask><|sep|>  \n x <|sep|>y", "((nested)) ...!!! ??\n\n\n next",
         "   \n  \n   x", "a\n\n  b", "tab\t\n\tx",
         "x'S'LL 'Ll 'Tis 'TWAS DON'Tknow O'REILLY 'Sam", "'ſ 'ſam", "e\u0301t\u0301e\u0301 \u0301x", "x²³⁴⁵ ١٢٣٤ Ⅻ", "a\u2028b\u0085c\u200bd\ufeffe\x1cf",
         ".\n\n\nx ;\r\n y", " !\n", "  !!", "\t(x)", "\n(x)", " 123 4567", "a1b22c333d4444",
@@ -95,6 +95,8 @@ def build_llama3(train, work):
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
     tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
                             "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"])
+    # and two the way other files mark theirs: taking the whitespace before / after with them
+    tok.add_tokens([AddedToken("<mask>", lstrip=True), AddedToken("<|sep|>", rstrip=True, special=True)])
     tok.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])
     spec = json.loads(tok.to_str())

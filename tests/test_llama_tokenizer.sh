@@ -46,6 +46,7 @@ if [ -f "$tmp/llama3/tokenizer.json" ]; then
     refused norm "spec['normalizer'] = {'type': 'NFKC'}" 'normalizer type "NFKC"'
     refused decoder "spec['decoder'] = {'type': 'WordPiece'}" 'decoder type "WordPiece"'
     refused pattern "spec['pre_tokenizer']['pretokenizers'][0]['pattern']['Regex'] = r'\\w+'" 'Split pattern'
-    refused lstrip "spec['added_tokens'][0]['lstrip'] = True" 'lstrip true'
+    refused single_word "spec['added_tokens'][0]['single_word'] = True" 'single_word true'
+    refused behavior "spec['pre_tokenizer']['pretokenizers'][0]['behavior'] = 'Removed'" 'behavior "Removed"'
 fi
 finish test_llama_tokenizer
