@@ -152,6 +152,8 @@ tools: build/preflight_comm
 # tests/mpi/*.c are MPI programs that the scripts start with mpirun.
 TEST_PROGS := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c)) \
               $(patsubst tests/mpi/%.c,build/tests/mpi/%,$(wildcard tests/mpi/*.c))
+# tests/test_llama_tokenizer.sh's program (run.sh runs build/tests/test_* only, so not on its own)
+TEST_PROGS += build/tests/tokenizer_ids
 build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 	@mkdir -p $(dir $@)
 	$(MPICC) $^ -o $@ $(LDLIBS)

@@ -55,7 +55,7 @@ static const Key KEYS[] = {
     K(vocab_size, T_INT, "0", "embedding rows (0: the tokenizer's; 50257 gives GPT-2's shape)"),
     K(max_seq_len, T_INT, "256", "longest sequence; longer records are cut"),
     K(data_path, T_STRING, "", "alpaca JSON file (empty: the built-in synthetic instruction set)"),
-    K(tokenizer_path, T_STRING, "", "GPT-2 BPE tokenizer directory (empty: byte tokenizer)"),
+    K(tokenizer_path, T_STRING, "", "tokenizer directory: GPT-2's vocab.json + merges.txt, or a tokenizer.json (Llama-2, Llama-3) (empty: byte tokenizer)"),
     K(init_from, T_STRING, "", "checkpoint directory or .safetensors file to start from"),
     {"resume", T_STRING, offsetof(Config, resume_mode), sizeof(((Config *)0)->resume_mode), "auto",
      "auto: continue the run saved in out_dir if it holds one of this config (another config's is "

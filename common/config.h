@@ -42,7 +42,7 @@ typedef struct {
     int intermediate_size;    // llama: the SwiGLU MLP's width (0: 4 n_embd)
     int vocab_size;           // 0: the tokenizer's; larger adds unused rows (GPT-2's 50257)
     char data_path[512];      // alpaca JSON file; "" = the built-in synthetic instruction set
-    char tokenizer_path[512]; // GPT-2 BPE directory; "" = the byte tokenizer
+    char tokenizer_path[512]; // GPT-2 BPE or tokenizer.json directory; "" = the byte tokenizer
     char init_from[512];      // a checkpoint (directory or .safetensors) to start from
     char resume_mode[8];      // key 'resume': "auto", "true" (must resume) or "false" (start over)
     bool resume;              // not a key: resolve_resume's answer, this run continues the one in out_dir

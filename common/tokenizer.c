@@ -1,4 +1,4 @@
-// tokenizer.c: the byte tokenizer and GPT-2's byte-level BPE (see tokenizer.h).
+// tokenizer.c: the byte tokenizer, GPT-2's byte-level BPE and Hugging Face's tokenizer.json (see tokenizer.h).
 //
 // How GPT-2 turns text into ids, in the order this file does it:
 //   1. Pre-tokenise: cut the text into chunks with GPT-2's regular expression
@@ -216,6 +216,8 @@ static int vocab_table_find(const VocabTable *v, const char *s, int len) {
 // The tokenizer
 // ---------------------------------------------------------------------------------------------
 
+typedef struct HfPipeline HfPipeline;
+
 struct Tokenizer {
     int is_bpe;
     char *name;          // "byte" or the directory
@@ -224,9 +226,10 @@ struct Tokenizer {
     int *token_offset;   // token id's bytes are token_bytes[token_offset[id] .. token_offset[id+1])
     int byte_token[256]; // id of the one-byte token for each byte (-1: the vocabulary has none)
     MergeTable merges;   // BPE only
-    int first_added;     // ids [first_added, vocab_size) are added tokens (CodeGen's runs of spaces
-                         // and tabs), matched in the text before BPE; first_added = vocab_size: none
+    int *added_ids;      // the added tokens (CodeGen's runs of spaces and tabs, Llama's special
+    int added_count;     // tokens), matched in the text before BPE
     unsigned char starts_added[256];  // 1: some added token starts with this byte
+    HfPipeline *hf;      // read from tokenizer.json (see there); NULL for GPT-2's files
 };
 
 static const char kEndOfText[] = "<|endoftext|>";
@@ -297,8 +300,10 @@ static cJSON *parse_json_file_or_die(const char *path) {
     return json;
 }
 
-static void load_vocab(Tokenizer *t, const char *path, VocabTable *table) {
-    cJSON *json = parse_json_file_or_die(path);
+// Fills t's tokens from {"token": id, ...} (ids exactly 0..n-1) and table (bytes -> id). stand_ins:
+// the tokens are written with GPT-2's byte stand-ins (turned into raw bytes); else kept as they are.
+static void vocab_from_json(Tokenizer *t, const cJSON *json, const char *path, VocabTable *table,
+                            int stand_ins) {
     if (!cJSON_IsObject(json)) fatal("%s: expected a JSON object {\"token\": id, ...}", path);
     int n = cJSON_GetArraySize(json);
     if (n < 1) fatal("%s: the vocabulary is empty", path);
@@ -326,7 +331,8 @@ static void load_vocab(Tokenizer *t, const char *path, VocabTable *table) {
     int offset = 0;
     for (int id = 0; id < n; id++) {
         char *out = t->token_bytes + offset;
-        int len = stand_ins_to_bytes(string_of_id[id], out);
+        int len = stand_ins ? stand_ins_to_bytes(string_of_id[id], out) : (int)strlen(string_of_id[id]);
+        if (!stand_ins) memcpy(out, string_of_id[id], (size_t)len);
         if (len < 0) fatal("%s: token \"%s\" (id %d) has a character that stands for no byte", path,
                            string_of_id[id], id);
         t->token_offset[id] = offset;
@@ -337,7 +343,6 @@ static void load_vocab(Tokenizer *t, const char *path, VocabTable *table) {
     }
     t->token_offset[n] = offset;
     free(string_of_id);
-    cJSON_Delete(json);
 
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
@@ -346,17 +351,48 @@ static void load_vocab(Tokenizer *t, const char *path, VocabTable *table) {
     t->eot = vocab_table_find(table, kEndOfText, (int)strlen(kEndOfText));
 }
 
+static void load_vocab(Tokenizer *t, const char *path, VocabTable *table) {
+    cJSON *json = parse_json_file_or_die(path);
+    vocab_from_json(t, json, path, table, 1);
+    cJSON_Delete(json);
+}
+
 // ---- loading the merges (vocab.bpe / merges.txt: "#version" line, then "left right" per line) -
 
-// the id of a merges-file token written with stand-ins, or a fatal error naming the line
-static int merge_part_id(const VocabTable *vocab, const char *part, const char *path, int line) {
+// the id of a merges-file token (written with stand-ins if stand_ins), or a fatal error naming the line
+static int merge_part_id(const VocabTable *vocab, const char *part, int stand_ins, const char *path,
+                         int line) {
     char *bytes = malloc_or_die(strlen(part) + 1);
-    int len = stand_ins_to_bytes(part, bytes);
+    int len = stand_ins ? stand_ins_to_bytes(part, bytes) : (int)strlen(part);
+    if (!stand_ins) memcpy(bytes, part, (size_t)len);
     if (len < 0) fatal("%s line %d: \"%s\" has a character that stands for no byte", path, line, part);
     int id = vocab_table_find(vocab, bytes, len);
     free(bytes);
     if (id < 0) fatal("%s line %d: token \"%s\" is not in the vocabulary", path, line, part);
     return id;
+}
+
+// Merge of rank `rank`: "left right" (tokens as the file writes them; pieces/offsets/vocab are the
+// tokens as the model sees them). The merged token must be in the vocabulary.
+static void add_merge(MergeTable *merges, const char *pieces, const int *offsets,
+                      const VocabTable *vocab, int stand_ins, const char *left_text,
+                      const char *right_text, int rank, const char *path, int line_no) {
+    int left = merge_part_id(vocab, left_text, stand_ins, path, line_no);
+    int right = merge_part_id(vocab, right_text, stand_ins, path, line_no);
+    // the merged token = left's bytes followed by right's bytes
+    int llen = offsets[left + 1] - offsets[left], rlen = offsets[right + 1] - offsets[right];
+    char *both = malloc_or_die((size_t)(llen + rlen));
+    memcpy(both, pieces + offsets[left], (size_t)llen);
+    memcpy(both + llen, pieces + offsets[right], (size_t)rlen);
+    int merged = vocab_table_find(vocab, both, llen + rlen);
+    free(both);
+    if (merged < 0)
+        fatal("%s line %d: the merge \"%s %s\" makes a token that is not in the vocabulary", path,
+              line_no, left_text, right_text);
+    MergeSlot *slot = merge_table_slot(merges, left, right);
+    if (slot->rank >= 0)
+        fatal("%s line %d: the merge \"%s %s\" appears twice", path, line_no, left_text, right_text);
+    *slot = (MergeSlot){pair_key(left, right), rank, merged};
 }
 
 static void load_merges(Tokenizer *t, const char *path, const VocabTable *vocab) {
@@ -379,25 +415,8 @@ static void load_merges(Tokenizer *t, const char *path, const VocabTable *vocab)
             fatal("%s line %d: expected two tokens separated by one space, found \"%s\"", path,
                   line_no, line);
         *space = '\0';
-        int left = merge_part_id(vocab, line, path, line_no);
-        int right = merge_part_id(vocab, space + 1, path, line_no);
-
-        // the merged token = left's bytes followed by right's bytes; it must be in the vocabulary
-        int llen = t->token_offset[left + 1] - t->token_offset[left];
-        int rlen = t->token_offset[right + 1] - t->token_offset[right];
-        char *both = malloc_or_die((size_t)(llen + rlen));
-        memcpy(both, t->token_bytes + t->token_offset[left], (size_t)llen);
-        memcpy(both + llen, t->token_bytes + t->token_offset[right], (size_t)rlen);
-        int merged = vocab_table_find(vocab, both, llen + rlen);
-        free(both);
-        if (merged < 0)
-            fatal("%s line %d: the merge \"%s %s\" makes a token that is not in the vocabulary",
-                  path, line_no, line, space + 1);
-
-        MergeSlot *slot = merge_table_slot(&t->merges, left, right);
-        if (slot->rank >= 0) fatal("%s line %d: the merge \"%s %s\" appears twice", path, line_no,
-                                   line, space + 1);
-        *slot = (MergeSlot){pair_key(left, right), rank++, merged};
+        add_merge(&t->merges, t->token_bytes, t->token_offset, vocab, 1, line, space + 1, rank++,
+                  path, line_no);
     }
     free(text);
 }
@@ -406,6 +425,14 @@ static int file_exists(const char *dir, const char *name, char *path, size_t cap
     snprintf(path, cap, "%s/%s", dir, name);
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// GPT-2's files are read where they are, so a directory that also has tokenizer.json (phi-1_5's)
+// keeps GPT-2's rule that a literal "<|endoftext|>" in the text is text
+static int has_gpt2_files(const char *dir) {
+    char path[4096];
+    return file_exists(dir, "encoder.json", path, sizeof path) || file_exists(dir, "vocab.bpe", path, sizeof path) ||
+           file_exists(dir, "vocab.json", path, sizeof path) || file_exists(dir, "merges.txt", path, sizeof path);
 }
 
 // Which layout the directory has: sets the two file paths, or a fatal error saying what is missing.
@@ -430,6 +457,14 @@ static void find_tokenizer_files(const char *dir, char *vocab, char *merges, siz
 
 // ---- added tokens (phi-1_5's CodeGen tokenizer: runs of 2..31 spaces and 2..9 tabs) -------------
 
+// from now on, encode finds the token with this id wherever its text occurs
+static void match_added_token(Tokenizer *t, int id, const char *text) {
+    t->added_ids = realloc(t->added_ids, ((size_t)t->added_count + 1) * sizeof *t->added_ids);
+    if (!t->added_ids) fatal("out of host memory");
+    t->added_ids[t->added_count++] = id;
+    t->starts_added[(unsigned char)text[0]] = 1;
+}
+
 // One added token: its raw text (not GPT-2's byte stand-ins) and id. Ids below the vocabulary's
 // size must name that token already (tokenizer.json lists <|endoftext|> again); the others must
 // follow the vocabulary without a gap, as Hugging Face appends them.
@@ -450,10 +485,10 @@ static void add_token(Tokenizer *t, const char *path, const char *text, double i
     if (!t->token_bytes || !t->token_offset) fatal("out of host memory");
     memcpy(t->token_bytes + end, text, (size_t)len);
     t->token_offset[++t->vocab_size] = end + len;
-    t->starts_added[(unsigned char)text[0]] = 1;
+    match_added_token(t, (int)id, text);
 }
 
-typedef struct { double id; const char *text; } AddedToken;
+typedef struct { double id; const char *text; int normalized, strip; } AddedToken;
 
 static int by_id(const void *a, const void *b) {
     double x = ((const AddedToken *)a)->id, y = ((const AddedToken *)b)->id;
@@ -464,7 +499,6 @@ static int by_id(const void *a, const void *b) {
 // "content": "text"}, ...]; either may list them in any order
 static void load_added_tokens(Tokenizer *t, const char *dir) {
     char path[4096];
-    t->first_added = t->vocab_size;
     bool plain = file_exists(dir, "added_tokens.json", path, sizeof path);
     if (!plain && !file_exists(dir, "tokenizer.json", path, sizeof path)) return;
     cJSON *json = parse_json_file_or_die(path);
@@ -484,14 +518,546 @@ static void load_added_tokens(Tokenizer *t, const char *dir) {
     cJSON_Delete(json);
 }
 
-// The added token that starts at s[i], the longest if several do, or -1
-static int added_token_at(const Tokenizer *t, const unsigned char *s, size_t n, size_t i, int *len) {
+// ---- Hugging Face's tokenizer.json (the Llama family) -------------------------------------------
+//
+// tokenizer.json describes a pipeline, and encode runs it in Hugging Face's order:
+//   1. cut the text at added tokens (leftmost, then longest): each becomes its id directly;
+//   2. normalize each piece in between (Prepend, Replace: Llama-2's "▁" for spaces), and cut it at
+//      the added tokens the file marks "normalized" (as the normalizer writes them: "▁<s>");
+//   3. pre-tokenize it into words: Metaspace (Llama-2: spaces become "▁", one is prepended, a word
+//      starts at each "▁"), Split (Llama-3's or GPT-2's pattern), ByteLevel (a prefix space,
+//      GPT-2's pattern, and the word seen as bytes);
+//   4. BPE each word: its characters (byte-level: its bytes) are the first symbols; a character
+//      missing from the vocabulary becomes its bytes' "<0xNN>" tokens (byte_fallback) or the
+//      unknown token; then merge as GPT-2 does (ignore_merges: a word that is a token is that token).
+// The model's view of a token (piece) can differ from its text: Llama-2's "▁the" is " the".
+// Decoding concatenates each token's text after the decoder's per-token steps (ByteLevel's
+// stand-ins to bytes, Replace "▁" -> " ", ByteFallback "<0x0A>" -> "\n", Metaspace), then
+// applies the steps that see the whole text: Metaspace drops the first token's "▁", Strip
+// removes the space the normalizer prepended. Bytes that are not UTF-8 come back as they are
+// (Hugging Face writes U+FFFD), so decode(encode(text)) gives back the text.
+// The post-processor (adding <s> or <|begin_of_text|>) is not applied: as for GPT-2, the data
+// loader adds the tokens a sequence needs.
+
+enum { MAX_STEPS = 8, STRIP_LEFT = 1, STRIP_RIGHT = 2 };
+typedef struct { char *s; size_t len, cap; } Bytes;  // growable bytes, for the texts the pipeline makes
+typedef enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER } PrependScheme;
+typedef enum { NORM_PREPEND, NORM_REPLACE } NormKind;
+typedef struct { NormKind kind; char *text, *with; } NormStep;
+typedef enum { PRE_METASPACE, PRE_SPLIT_GPT2, PRE_SPLIT_LLAMA3, PRE_BYTE_LEVEL } PreKind;
+typedef struct {
+    PreKind kind;
+    char *replacement;  // Metaspace
+    PrependScheme prepend;
+    int split, add_prefix_space, use_regex;
+} PreStep;
+typedef enum { DEC_BYTE_LEVEL, DEC_REPLACE, DEC_BYTE_FALLBACK, DEC_FUSE, DEC_STRIP, DEC_METASPACE } DecKind;
+typedef struct {
+    DecKind kind;
+    char *text, *with;  // Replace text with; Strip's character; Metaspace's replacement
+    int start, stop;    // Strip: at most this many at the start / the end
+    PrependScheme prepend;
+} DecStep;
+
+struct HfPipeline {
+    NormStep norm[MAX_STEPS];
+    PreStep pre[MAX_STEPS];
+    DecStep dec[MAX_STEPS];
+    int n_norm, n_pre, n_dec;
+    int byte_level;      // the model sees bytes (a ByteLevel pre-tokenizer); else UTF-8 characters
+    int byte_fallback, unk, fuse_unk, ignore_merges;  // unk: the unknown token's id, or -1
+    char *piece;         // each token as the model sees it (see above), back to back
+    int *piece_offset;
+    VocabTable pieces;   // piece -> id
+    char *source;        // each token as tokenizer.json writes it (the decoder's input)
+    int *source_offset;
+    // per added token (as t->added_ids): matched in the normalized text (1) or the raw text (0),
+    // and the text matched: the token's own, or as the normalizer writes it (Llama-2: "▁<s>")
+    unsigned char *added_normalized;
+    unsigned char *added_strip;  // STRIP_LEFT | STRIP_RIGHT: the whitespace before / after goes with it
+    Bytes *added_match;
+    int n_added;
+};
+
+static const char *json_type(const cJSON *obj) {
+    return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(obj, "type"));
+}
+
+// a string member, or NULL; a member that is there but not a string (nor null) is an error
+static char *json_string_or_null(const cJSON *obj, const char *key, const char *path, const char *what) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) return NULL;
+    if (!cJSON_IsString(v)) fatal("%s: %s \"%s\": expected a string", path, what, key);
+    return copy_string_or_die(v->valuestring);
+}
+
+static int json_bool(const cJSON *obj, const char *key, int fallback) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : fallback;
+}
+
+// Replace's {"pattern": {"String": "x"}, "content": "y"}; a regular expression is refused
+static void replace_pattern(const cJSON *obj, const char *path, const char *what, char **text, char **with) {
+    const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(obj, "pattern");
+    const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(pattern, "String"));
+    if (!s || !*s)
+        fatal("%s: %s Replace: expected {\"pattern\": {\"String\": \"...\"}} (a regular expression "
+              "is not implemented)", path, what);
+    *text = copy_string_or_die(s);
+    *with = json_string_or_null(obj, "content", path, what);
+    if (!*with) fatal("%s: %s Replace has no \"content\"", path, what);
+}
+
+// Metaspace's prepend_scheme, or its older add_prefix_space
+static PrependScheme prepend_scheme(const cJSON *obj, const char *path, const char *what) {
+    const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(obj, "prepend_scheme"));
+    if (!s) return json_bool(obj, "add_prefix_space", 1) ? PREPEND_ALWAYS : PREPEND_NEVER;
+    if (!strcmp(s, "always")) return PREPEND_ALWAYS;
+    if (!strcmp(s, "first")) return PREPEND_FIRST;
+    if (!strcmp(s, "never")) return PREPEND_NEVER;
+    fatal("%s: %s Metaspace prepend_scheme \"%s\": expected always, first or never", path, what, s);
+}
+
+// the steps of a normalizer, pre-tokenizer or decoder: itself, or the members of its Sequence
+static int sequence_members(const cJSON *obj, const char *list_key, const cJSON **out, const char *path, const char *what) {
+    const char *type = json_type(obj);
+    if (!type) fatal("%s: %s has no \"type\"", path, what);
+    if (strcmp(type, "Sequence")) { out[0] = obj; return 1; }
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(obj, list_key)) {
+        if (n == MAX_STEPS) fatal("%s: %s Sequence has more than %d steps", path, what, MAX_STEPS);
+        if (json_type(e) && !strcmp(json_type(e), "Sequence")) fatal("%s: %s: a Sequence inside a Sequence is not implemented", path, what);
+        out[n++] = e;
+    }
+    return n;
+}
+
+static void parse_normalizer(HfPipeline *hf, const cJSON *obj, const char *path) {
+    if (!obj || cJSON_IsNull(obj)) return;
+    const cJSON *steps[MAX_STEPS];
+    hf->n_norm = sequence_members(obj, "normalizers", steps, path, "normalizer");
+    for (int k = 0; k < hf->n_norm; k++) {
+        const char *type = json_type(steps[k]);
+        NormStep *n = &hf->norm[k];
+        if (type && !strcmp(type, "Prepend")) {
+            n->kind = NORM_PREPEND;
+            n->text = json_string_or_null(steps[k], "prepend", path, "normalizer Prepend");
+            if (!n->text) fatal("%s: normalizer Prepend has no \"prepend\"", path);
+        } else if (type && !strcmp(type, "Replace")) {
+            n->kind = NORM_REPLACE;
+            replace_pattern(steps[k], path, "normalizer", &n->text, &n->with);
+        } else {
+            fatal("%s: normalizer type \"%s\" is not one this tokenizer implements (Prepend, Replace, "
+                  "Sequence)", path, type ? type : "(none)");
+        }
+    }
+}
+
+// the Split pre-tokenizer's regular expression: only those written out in C above are accepted
+static PreKind split_pattern(const cJSON *obj, const char *path) {
+    static const char kLlama3[] =
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    static const char kGpt2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+    const char *re = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(obj, "pattern"), "Regex"));
+    const char *behavior = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(obj, "behavior"));
+    if (!behavior || strcmp(behavior, "Isolated") || json_bool(obj, "invert", 0))
+        fatal("%s: pre_tokenizer Split: behavior \"%s\"%s is not implemented (expected Isolated, "
+              "invert false)", path, behavior ? behavior : "(none)", json_bool(obj, "invert", 0) ? " inverted" : "");
+    if (re && !strcmp(re, kLlama3)) return PRE_SPLIT_LLAMA3;
+    if (re && !strcmp(re, kGpt2)) return PRE_SPLIT_GPT2;
+    fatal("%s: pre_tokenizer Split pattern \"%s\" is not one this tokenizer implements (Llama-3's "
+          "or GPT-2's regular expression)", path, re ? re : "(not a Regex)");
+}
+
+static void parse_pre_tokenizer(HfPipeline *hf, const cJSON *obj, const char *path) {
+    if (!obj || cJSON_IsNull(obj)) return;
+    const cJSON *steps[MAX_STEPS];
+    hf->n_pre = sequence_members(obj, "pretokenizers", steps, path, "pre_tokenizer");
+    for (int k = 0; k < hf->n_pre; k++) {
+        const char *type = json_type(steps[k]);
+        PreStep *p = &hf->pre[k];
+        if (type && !strcmp(type, "Metaspace")) {
+            p->kind = PRE_METASPACE;
+            p->replacement = json_string_or_null(steps[k], "replacement", path, "pre_tokenizer Metaspace");
+            if (!p->replacement || !*p->replacement) fatal("%s: pre_tokenizer Metaspace has no \"replacement\"", path);
+            p->prepend = prepend_scheme(steps[k], path, "pre_tokenizer");
+            p->split = json_bool(steps[k], "split", 1);
+        } else if (type && !strcmp(type, "Split")) {
+            p->kind = split_pattern(steps[k], path);
+        } else if (type && !strcmp(type, "ByteLevel")) {
+            p->kind = PRE_BYTE_LEVEL;
+            p->add_prefix_space = json_bool(steps[k], "add_prefix_space", 1);
+            p->use_regex = json_bool(steps[k], "use_regex", 1);
+            hf->byte_level = 1;
+        } else {
+            fatal("%s: pre_tokenizer type \"%s\" is not one this tokenizer implements (Metaspace, "
+                  "Split, ByteLevel, Sequence)", path, type ? type : "(none)");
+        }
+    }
+}
+
+static void parse_decoder(HfPipeline *hf, const cJSON *obj, const char *path) {
+    if (!obj || cJSON_IsNull(obj))
+        fatal("%s: \"decoder\" is null (tokens joined by spaces): not implemented", path);
+    const cJSON *steps[MAX_STEPS];
+    hf->n_dec = sequence_members(obj, "decoders", steps, path, "decoder");
+    int fused = 0;
+    for (int k = 0; k < hf->n_dec; k++) {
+        const char *type = json_type(steps[k]);
+        DecStep *d = &hf->dec[k];
+        if (type && !strcmp(type, "ByteLevel")) {
+            d->kind = DEC_BYTE_LEVEL;
+            fused = 1;  // it returns the whole text as one string
+        } else if (type && !strcmp(type, "Replace")) {
+            d->kind = DEC_REPLACE;
+            replace_pattern(steps[k], path, "decoder", &d->text, &d->with);
+        } else if (type && !strcmp(type, "ByteFallback")) {
+            d->kind = DEC_BYTE_FALLBACK;
+        } else if (type && !strcmp(type, "Fuse")) {
+            d->kind = DEC_FUSE;
+            fused = 1;
+        } else if (type && !strcmp(type, "Strip")) {
+            d->kind = DEC_STRIP;
+            d->text = json_string_or_null(steps[k], "content", path, "decoder Strip");
+            const cJSON *start = cJSON_GetObjectItemCaseSensitive(steps[k], "start");
+            const cJSON *stop = cJSON_GetObjectItemCaseSensitive(steps[k], "stop");
+            if (!d->text || !cJSON_IsNumber(start) || !cJSON_IsNumber(stop))
+                fatal("%s: decoder Strip: expected \"content\", \"start\" and \"stop\"", path);
+            // before the tokens are fused it would strip every token: not implemented
+            if (!fused) fatal("%s: decoder Strip before Fuse is not implemented", path);
+            d->start = start->valueint, d->stop = stop->valueint;
+        } else if (type && !strcmp(type, "Metaspace")) {
+            d->kind = DEC_METASPACE;
+            d->text = json_string_or_null(steps[k], "replacement", path, "decoder Metaspace");
+            if (!d->text || !*d->text) fatal("%s: decoder Metaspace has no \"replacement\"", path);
+            d->prepend = prepend_scheme(steps[k], path, "decoder");
+            if (fused) fatal("%s: decoder Metaspace after Fuse is not implemented", path);
+        } else {
+            fatal("%s: decoder type \"%s\" is not one this tokenizer implements (ByteLevel, Replace, "
+                  "ByteFallback, Fuse, Strip, Metaspace, Sequence)", path, type ? type : "(none)");
+        }
+    }
+}
+
+
+static void bytes_append(Bytes *b, const void *s, size_t n) {
+    size_t need = b->len + n + 1;
+    if (need > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < need) cap *= 2;
+        char *grown = realloc(b->s, cap);
+        if (!grown) fatal("out of host memory");
+        b->s = grown, b->cap = cap;
+    }
+    if (n) memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = '\0';
+}
+
+// s with every (non-overlapping, left to right) occurrence of from replaced by to, into out
+static void replace_all(const char *s, size_t n, const char *from, const char *to, Bytes *out) {
+    size_t flen = strlen(from), tlen = strlen(to);
+    for (size_t i = 0; i < n;) {
+        if (i + flen <= n && memcmp(s + i, from, flen) == 0) {
+            bytes_append(out, to, tlen);
+            i += flen;
+        } else {
+            bytes_append(out, s + i, 1);
+            i++;
+        }
+    }
+}
+
+// the normalizer's steps (Prepend, Replace) on s, appended to out
+static void normalize_text(const HfPipeline *hf, const char *s, size_t n, Bytes *out) {
+    Bytes text = {0};
+    bytes_append(&text, s, n);
+    for (int k = 0; k < hf->n_norm; k++) {
+        Bytes next = {0};
+        bytes_append(&next, "", 0);
+        if (hf->norm[k].kind == NORM_PREPEND) {
+            if (text.len) bytes_append(&next, hf->norm[k].text, strlen(hf->norm[k].text));
+            bytes_append(&next, text.s, text.len);
+        } else {
+            replace_all(text.s, text.len, hf->norm[k].text, hf->norm[k].with, &next);
+        }
+        free(text.s);
+        text = next;
+    }
+    bytes_append(out, text.s, text.len);
+    free(text.s);
+}
+
+// "<0xNN>" -> NN, else -1
+static int byte_fallback_value(const char *s, size_t n) {
+    if (n != 6 || strncmp(s, "<0x", 3) || s[5] != '>') return -1;
+    int v = 0;
+    for (int k = 3; k < 5; k++) {
+        char c = s[k];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return -1;
+        v = 16 * v + d;
+    }
+    return v;
+}
+
+// A token's text as the decoder makes it, from its source (as tokenizer.json writes it), with
+// the steps that work token by token; first: the token begins the decoded text (Metaspace drops
+// its replacement characters there).
+static void decode_source(const HfPipeline *hf, const char *src, size_t n, int first, Bytes *out) {
+    Bytes cur = {0};
+    bytes_append(&cur, src, n);
+    for (int k = 0; k < hf->n_dec; k++) {
+        const DecStep *d = &hf->dec[k];
+        Bytes next = {0};
+        bytes_append(&next, "", 0);
+        if (d->kind == DEC_BYTE_LEVEL) {
+            // a token with a character that stands for no byte stays as it is (as in Hugging Face)
+            char *bytes = malloc_or_die(cur.len + 1);
+            int len = stand_ins_to_bytes(cur.s, bytes);
+            if (len >= 0) bytes_append(&next, bytes, (size_t)len);
+            else bytes_append(&next, cur.s, cur.len);
+            free(bytes);
+        } else if (d->kind == DEC_REPLACE) {
+            replace_all(cur.s, cur.len, d->text, d->with, &next);
+        } else if (d->kind == DEC_BYTE_FALLBACK && byte_fallback_value(cur.s, cur.len) >= 0) {
+            char b = (char)byte_fallback_value(cur.s, cur.len);
+            bytes_append(&next, &b, 1);
+        } else if (d->kind == DEC_METASPACE) {
+            int drop = first && d->prepend != PREPEND_NEVER;
+            replace_all(cur.s, cur.len, d->text, drop ? "" : " ", &next);
+        } else {  // Fuse and Strip work on the whole text (tokenizer_decode); ByteFallback otherwise
+            bytes_append(&next, cur.s, cur.len);
+        }
+        free(cur.s);
+        cur = next;
+    }
+    bytes_append(out, cur.s, cur.len);
+    free(cur.s);
+}
+
+// tokenizer.json's "merges": ["left right", ...] or, since tokenizers 0.20, [["left", "right"], ...]
+static void hf_merges(Tokenizer *t, const cJSON *merges, const char *path) {
+    HfPipeline *hf = t->hf;
+    merge_table_init(&t->merges, (size_t)cJSON_GetArraySize(merges));
+    int rank = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, merges) {
+        char *left, *right;
+        if (cJSON_IsString(e)) {
+            left = copy_string_or_die(e->valuestring);
+            char *space = strchr(left, ' ');
+            if (!space || space == left || !space[1] || strchr(space + 1, ' '))
+                fatal("%s: merge %d: expected two tokens separated by one space, found \"%s\"", path, rank, e->valuestring);
+            *space = '\0';
+            right = space + 1;
+        } else if (cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) && cJSON_IsString(e->child->next)) {
+            size_t ll = strlen(e->child->valuestring);
+            left = malloc_or_die(ll + strlen(e->child->next->valuestring) + 2);
+            strcpy(left, e->child->valuestring);
+            right = left + ll + 1;
+            strcpy(right, e->child->next->valuestring);
+        } else {
+            fatal("%s: merge %d: expected \"left right\" or [\"left\", \"right\"]", path, rank);
+        }
+        add_merge(&t->merges, hf->piece, hf->piece_offset, &hf->pieces, hf->byte_level, left, right,
+                  rank, path, rank + 1);
+        rank++;
+        free(left);
+    }
+}
+
+// tokenizer.json's "added_tokens": Llama's special tokens. Ids inside the vocabulary must name the
+// same token there; the others follow it. All are matched in the text, as Hugging Face does: in
+// the raw text, or (marked "normalized", with a normalizer) in the normalized text.
+static void hf_added_tokens(Tokenizer *t, const cJSON *list, const char *path) {
+    int n = 0;
+    AddedToken *added = calloc_or_die((size_t)cJSON_GetArraySize(list) + 1, sizeof *added);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+        added[n].text = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "content"));
+        if (!cJSON_IsNumber(id) || !added[n].text || !*added[n].text)
+            fatal("%s: expected \"added_tokens\": [{\"id\": n, \"content\": \"text\"}, ...]", path);
+        if (json_bool(e, "single_word", 0))
+            fatal("%s: added token \"%s\" has single_word true, which is not implemented", path, added[n].text);
+        added[n].strip = (json_bool(e, "lstrip", 0) ? STRIP_LEFT : 0) | (json_bool(e, "rstrip", 0) ? STRIP_RIGHT : 0);
+        added[n].normalized = json_bool(e, "normalized", 0);
+        added[n++].id = id->valuedouble;
+    }
+    qsort(added, (size_t)n, sizeof *added, by_id);
+    t->hf->added_normalized = calloc_or_die((size_t)n + 1, 1);
+    t->hf->added_strip = calloc_or_die((size_t)n + 1, 1);
+    t->hf->added_match = calloc_or_die((size_t)n + 1, sizeof(Bytes));
+    t->hf->n_added = n;
+    for (int i = 0; i < n; i++) {
+        int normalized = added[i].normalized && t->hf->n_norm;
+        t->hf->added_normalized[i] = (unsigned char)normalized;
+        t->hf->added_strip[i] = (unsigned char)added[i].strip;
+        if (normalized) normalize_text(t->hf, added[i].text, strlen(added[i].text), &t->hf->added_match[i]);
+        else bytes_append(&t->hf->added_match[i], added[i].text, strlen(added[i].text));
+        if (t->hf->added_match[i].len) t->starts_added[(unsigned char)t->hf->added_match[i].s[0]] = 1;
+        int id = (int)added[i].id;
+        if (added[i].id >= 0 && id < t->vocab_size && added[i].id == id) {
+            int len = t->hf->source_offset[id + 1] - t->hf->source_offset[id];
+            if (len != (int)strlen(added[i].text) || memcmp(t->hf->source + t->hf->source_offset[id], added[i].text, (size_t)len))
+                fatal("%s: added token \"%s\" has id %d, which the vocabulary gives to another token", path, added[i].text, id);
+            match_added_token(t, id, added[i].text);
+            continue;
+        }
+        if (added[i].id != t->vocab_size)
+            fatal("%s: added token \"%s\" has id %g; expected %d (added tokens follow the vocabulary, in order)",
+                  path, added[i].text, added[i].id, t->vocab_size);
+        Bytes text = {0};
+        decode_source(t->hf, added[i].text, strlen(added[i].text), 0, &text);
+        add_token(t, path, text.s, added[i].id);  // its text as decoded; matched as written
+        t->starts_added[(unsigned char)added[i].text[0]] = 1;
+        free(text.s);
+        // the source, for a first token
+        int end = t->hf->source_offset[id];
+        size_t len = strlen(added[i].text);
+        t->hf->source = realloc(t->hf->source, (size_t)end + len);
+        t->hf->source_offset = realloc(t->hf->source_offset, ((size_t)id + 2) * sizeof(int));
+        if (!t->hf->source || !t->hf->source_offset) fatal("out of host memory");
+        memcpy(t->hf->source + end, added[i].text, len);
+        t->hf->source_offset[id + 1] = end + (int)len;
+    }
+    free(added);
+}
+
+// The end-of-text id: tokenizer_config.json's eos_token where the directory has one, else the
+// first of Llama-2's, Llama-3's and GPT-2's names that is a token; -1 if none is.
+static int hf_eot(const Tokenizer *t, const char *dir) {
+    char path[4096];
+    if (file_exists(dir, "tokenizer_config.json", path, sizeof path)) {
+        cJSON *config = parse_json_file_or_die(path);
+        const cJSON *eos = cJSON_GetObjectItemCaseSensitive(config, "eos_token");
+        const char *name = cJSON_IsString(eos) ? eos->valuestring
+                         : cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(eos, "content"));
+        int id = -1;
+        for (int k = 0; name && k < t->added_count && id < 0; k++) {
+            int a = t->added_ids[k], len = t->hf->source_offset[a + 1] - t->hf->source_offset[a];
+            if (len == (int)strlen(name) && !memcmp(t->hf->source + t->hf->source_offset[a], name, (size_t)len)) id = a;
+        }
+        if (name && id < 0) fatal("%s: eos_token \"%s\" is not one of the added tokens of %s/tokenizer.json", path, name, dir);
+        cJSON_Delete(config);
+        if (name) return id;
+    }
+    static const char *names[] = {"</s>", "<|end_of_text|>", "<|endoftext|>"};
+    for (int n = 0; n < 3; n++)
+        for (int k = 0; k < t->added_count; k++) {
+            int a = t->added_ids[k], len = t->hf->source_offset[a + 1] - t->hf->source_offset[a];
+            if (len == (int)strlen(names[n]) && !memcmp(t->hf->source + t->hf->source_offset[a], names[n], (size_t)len)) return a;
+        }
+    return -1;
+}
+
+static void hf_model(Tokenizer *t, const cJSON *model, const char *path) {
+    HfPipeline *hf = t->hf;
+    const char *type = json_type(model);
+    if (!type || strcmp(type, "BPE"))
+        fatal("%s: model type \"%s\" is not one this tokenizer implements (BPE)", path, type ? type : "(none)");
+    const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (cJSON_IsNumber(dropout) && dropout->valuedouble != 0) fatal("%s: BPE dropout is not implemented", path);
+    static const char *affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (int k = 0; k < 2; k++) {
+        char *a = json_string_or_null(model, affixes[k], path, "model");
+        if (a && *a) fatal("%s: BPE %s \"%s\" is not implemented", path, affixes[k], a);
+        free(a);
+    }
+    hf->byte_fallback = json_bool(model, "byte_fallback", 0);
+    hf->fuse_unk = json_bool(model, "fuse_unk", 0);
+    hf->ignore_merges = json_bool(model, "ignore_merges", 0);
+
+    // the vocabulary as the model sees it (byte-level: raw bytes), kept for encode
+    vocab_from_json(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), path, &hf->pieces, hf->byte_level);
+    hf->piece = t->token_bytes, hf->piece_offset = t->token_offset;
+    // as the file writes it, and as it decodes
+    int n = t->vocab_size;
+    hf->source_offset = malloc_or_die(((size_t)n + 1) * sizeof(int));
+    t->token_offset = malloc_or_die(((size_t)n + 1) * sizeof(int));
+    const char **string_of_id = calloc_or_die((size_t)n, sizeof *string_of_id);
+    const cJSON *item;
+    cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(model, "vocab")) string_of_id[item->valueint] = item->string;
+    Bytes source = {0}, text = {0};
+    for (int id = 0; id < n; id++) {
+        hf->source_offset[id] = (int)source.len;
+        t->token_offset[id] = (int)text.len;
+        bytes_append(&source, string_of_id[id], strlen(string_of_id[id]));
+        decode_source(hf, string_of_id[id], strlen(string_of_id[id]), 0, &text);
+    }
+    hf->source_offset[n] = (int)source.len;
+    t->token_offset[n] = (int)text.len;
+    hf->source = source.s ? source.s : calloc_or_die(1, 1);
+    t->token_bytes = text.s ? text.s : calloc_or_die(1, 1);
+    free(string_of_id);
+
+    for (int b = 0; b < 256; b++) {
+        char name[8], c = (char)b;
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        t->byte_token[b] = hf->byte_level ? vocab_table_find(&hf->pieces, &c, 1)
+                                          : vocab_table_find(&hf->pieces, name, 6);
+    }
+    char *unk = json_string_or_null(model, "unk_token", path, "model");
+    hf->unk = unk ? vocab_table_find(&hf->pieces, unk, (int)strlen(unk)) : -1;
+    if (unk && hf->unk < 0) fatal("%s: unk_token \"%s\" is not in the vocabulary", path, unk);
+    free(unk);
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (!cJSON_IsArray(merges)) fatal("%s: model has no \"merges\" list", path);
+    hf_merges(t, merges, path);
+}
+
+// A directory holding tokenizer.json and none of GPT-2's files (Llama-2's, Llama-3's)
+static void load_hf_tokenizer(Tokenizer *t, const char *dir, const char *path) {
+    cJSON *json = parse_json_file_or_die(path);
+    t->hf = calloc_or_die(1, sizeof *t->hf);
+    parse_normalizer(t->hf, cJSON_GetObjectItemCaseSensitive(json, "normalizer"), path);
+    parse_pre_tokenizer(t->hf, cJSON_GetObjectItemCaseSensitive(json, "pre_tokenizer"), path);
+    parse_decoder(t->hf, cJSON_GetObjectItemCaseSensitive(json, "decoder"), path);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(json, "model");
+    if (!cJSON_IsObject(model)) fatal("%s: no \"model\" object", path);
+    hf_model(t, model, path);
+    hf_added_tokens(t, cJSON_GetObjectItemCaseSensitive(json, "added_tokens"), path);
+    t->eot = hf_eot(t, dir);
+    cJSON_Delete(json);
+}
+
+static void free_hf(HfPipeline *hf) {
+    if (!hf) return;
+    for (int k = 0; k < hf->n_norm; k++) free(hf->norm[k].text), free(hf->norm[k].with);
+    for (int k = 0; k < hf->n_pre; k++) free(hf->pre[k].replacement);
+    for (int k = 0; k < hf->n_dec; k++) free(hf->dec[k].text), free(hf->dec[k].with);
+    free(hf->piece);
+    free(hf->piece_offset);
+    free(hf->pieces.slots);
+    free(hf->source);
+    free(hf->source_offset);
+    for (int k = 0; hf->added_match && k < hf->n_added; k++) free(hf->added_match[k].s);
+    free(hf->added_match);
+    free(hf->added_normalized);
+    free(hf->added_strip);
+    free(hf);
+}
+
+// The added token that starts at s[i], the longest if several do, or -1. normalized: 0 or 1 looks
+// only at the tokens tokenizer.json matches in the raw or the normalized text; -1 at all.
+static int added_token_at(const Tokenizer *t, const unsigned char *s, size_t n, size_t i,
+                          int normalized, int *len) {
     int best = -1;
     *len = 0;
     if (!t->starts_added[s[i]]) return -1;
-    for (int id = t->first_added; id < t->vocab_size; id++) {
-        int l = t->token_offset[id + 1] - t->token_offset[id];
-        if (l > *len && (size_t)l <= n - i && memcmp(s + i, t->token_bytes + t->token_offset[id], (size_t)l) == 0)
+    for (int k = 0; k < t->added_count; k++) {
+        int id = t->added_ids[k], l;
+        const char *text;
+        if (t->hf) {  // tokenizer.json: as the file writes it, which may decode otherwise
+            if (normalized >= 0 && t->hf->added_normalized[k] != normalized) continue;
+            text = t->hf->added_match[k].s, l = (int)t->hf->added_match[k].len;
+        } else {
+            text = t->token_bytes + t->token_offset[id], l = t->token_offset[id + 1] - t->token_offset[id];
+        }
+        if (l > *len && (size_t)l <= n - i && memcmp(s + i, text, (size_t)l) == 0)
             best = id, *len = l;
     }
     return best;
@@ -499,12 +1065,15 @@ static int added_token_at(const Tokenizer *t, const unsigned char *s, size_t n, 
 
 Tokenizer *tokenizer_load(const char *path) {
     if (!path || !*path) return byte_tokenizer();
-    char vocab_path[4096], merges_path[4096];
-    find_tokenizer_files(path, vocab_path, merges_path, sizeof vocab_path);
-
     Tokenizer *t = calloc_or_die(1, sizeof *t);
     t->is_bpe = 1;
     t->name = copy_string_or_die(path);
+    char vocab_path[4096], merges_path[4096];
+    if (!has_gpt2_files(path) && file_exists(path, "tokenizer.json", vocab_path, sizeof vocab_path)) {
+        load_hf_tokenizer(t, path, vocab_path);
+        return t;
+    }
+    find_tokenizer_files(path, vocab_path, merges_path, sizeof vocab_path);
     VocabTable vocab;
     load_vocab(t, vocab_path, &vocab);
     load_merges(t, merges_path, &vocab);
@@ -519,6 +1088,8 @@ void tokenizer_free(Tokenizer *t) {
     free(t->token_bytes);
     free(t->token_offset);
     free(t->merges.slots);
+    free(t->added_ids);
+    free_hf(t->hf);
     free(t);
 }
 
@@ -602,13 +1173,10 @@ static int byte_id_or_die(const Tokenizer *t, unsigned char b) {
     return id;
 }
 
-// BPE-encode the n bytes of one chunk, appending the ids at out; returns how many.
-static int bpe_chunk(const Tokenizer *t, const unsigned char *s, int n, BpeScratch *w, int *out) {
-    if (n == 1) { out[0] = byte_id_or_die(t, s[0]); return 1; }
-    scratch_reserve(w, (size_t)n);
+// Merge the n symbols w->id[0..n) (n >= 1), appending the ids at out; returns how many.
+static int bpe_merge(const Tokenizer *t, BpeScratch *w, int n, int *out) {
     w->heap_size = 0;
     for (int i = 0; i < n; i++) {
-        w->id[i] = byte_id_or_die(t, s[i]);
         w->prev[i] = i - 1;
         w->next[i] = i + 1 < n ? i + 1 : -1;
     }
@@ -632,8 +1200,299 @@ static int bpe_chunk(const Tokenizer *t, const unsigned char *s, int n, BpeScrat
     return count;
 }
 
+// BPE-encode the n bytes of one chunk, appending the ids at out; returns how many.
+static int bpe_chunk(const Tokenizer *t, const unsigned char *s, int n, BpeScratch *w, int *out) {
+    if (n == 1) { out[0] = byte_id_or_die(t, s[0]); return 1; }
+    scratch_reserve(w, (size_t)n);
+    for (int i = 0; i < n; i++) w->id[i] = byte_id_or_die(t, s[i]);
+    return bpe_merge(t, w, n, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// tokenizer.json's encode pipeline (see "Hugging Face's tokenizer.json" above)
+// ---------------------------------------------------------------------------------------------
+
+// Llama-3's split pattern, one alternative at a time, in the pattern's order:
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+// Unlike GPT-2's: contractions in any case, a word may take one leading character that is not a
+// letter, digit or line break ("(hello", "\tfoo"), numbers go in groups of up to three digits,
+// punctuation keeps the line breaks after it, and a run of whitespace ending in line breaks is
+// one pre-token.
+
+// 's 't 're 've 'm 'll 'd in either case: length of the match at s[i], or 0
+static size_t contraction_length_any_case(const unsigned char *s, size_t n, size_t i) {
+    if (s[i] != '\'' || i + 1 >= n) return 0;
+    int a = s[i + 1] | 0x20, b = i + 2 < n ? s[i + 2] | 0x20 : 0;  // ASCII letters to lower case
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    return 0;
+}
+
+static int is_line_break(unsigned char c) { return c == '\r' || c == '\n'; }
+
+static size_t next_pretoken_llama3(const unsigned char *s, size_t n, size_t i) {
+    size_t k = contraction_length_any_case(s, n, i);
+    if (k) return i + k;
+    int len, next_len;
+    CharClass cls = class_at(s, n, i, &len);
+    if (cls == CHAR_LETTER) return end_of_run(s, n, i, CHAR_LETTER);
+    // [^\r\n\p{L}\p{N}]\p{L}+: one other character (space, tab, punctuation) before a word
+    if (cls != CHAR_NUMBER && !is_line_break(s[i]) && i + (size_t)len < n &&
+        class_at(s, n, i + (size_t)len, &next_len) == CHAR_LETTER)
+        return end_of_run(s, n, i + (size_t)len, CHAR_LETTER);
+    if (cls == CHAR_NUMBER) {  // \p{N}{1,3}
+        size_t j = i;
+        for (int count = 0; count < 3 && j < n && class_at(s, n, j, &len) == CHAR_NUMBER; count++) j += (size_t)len;
+        return j;
+    }
+    // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+    size_t start = (s[i] == ' ' && i + 1 < n) ? i + 1 : i;
+    if (class_at(s, n, start, &len) == CHAR_OTHER) {
+        size_t j = end_of_run(s, n, start, CHAR_OTHER);
+        while (j < n && is_line_break(s[j])) j++;
+        return j;
+    }
+    // `\s*[\r\n]+`: the whitespace up to its last line break, if it has one
+    size_t j = i, after_break = 0;
+    while (j < n && class_at(s, n, j, &len) == CHAR_SPACE) {
+        j += (size_t)len;
+        if (is_line_break(s[j - 1])) after_break = j;
+    }
+    if (after_break) return after_break;
+    return end_of_whitespace(s, n, i);  // `\s+(?!\S)|\s+`, as in GPT-2's pattern
+}
+
+// Words: texts back to back; word k is text[end[k-1] .. end[k]) (end[-1] = 0); at_start[k]: the
+// word begins the text being encoded (Metaspace's "first" prepend scheme asks)
+typedef struct { Bytes text; size_t *end; int *at_start; size_t count, cap; } Words;
+
+static void words_add(Words *w, const char *s, size_t n, int at_start) {
+    if (n == 0) return;
+    if (w->count == w->cap) {
+        w->cap = w->cap ? 2 * w->cap : 16;
+        w->end = realloc(w->end, w->cap * sizeof *w->end);
+        w->at_start = realloc(w->at_start, w->cap * sizeof *w->at_start);
+        if (!w->end || !w->at_start) fatal("out of host memory");
+    }
+    bytes_append(&w->text, s, n);
+    w->end[w->count] = w->text.len;
+    w->at_start[w->count++] = at_start;
+}
+
+static void words_free(Words *w) { free(w->text.s); free(w->end); free(w->at_start); }
+
+static const char *word_at(const Words *w, size_t k, size_t *len) {
+    size_t begin = k ? w->end[k - 1] : 0;
+    *len = w->end[k] - begin;
+    return w->text.s + begin;
+}
+
+// Metaspace: spaces become the replacement, which is prepended (if the word does not start with
+// it already) and, with split, begins each new word
+static void metaspace_words(const PreStep *p, const char *s, size_t n, int at_start, Words *out) {
+    Bytes b = {0};
+    size_t rlen = strlen(p->replacement);
+    int prepend = p->prepend == PREPEND_ALWAYS || (p->prepend == PREPEND_FIRST && at_start);
+    // a word that starts with a space starts with the replacement already: none is prepended
+    if (prepend && !(n >= 1 && s[0] == ' ') && !(n >= rlen && memcmp(s, p->replacement, rlen) == 0))
+        bytes_append(&b, p->replacement, rlen);
+    replace_all(s, n, " ", p->replacement, &b);
+    bytes_append(&b, "", 0);
+    size_t begin = 0;
+    for (size_t i = 1; p->split && i + rlen <= b.len; i++)
+        if (memcmp(b.s + i, p->replacement, rlen) == 0) {
+            words_add(out, b.s + begin, i - begin, at_start && begin == 0);
+            begin = i;
+        }
+    words_add(out, b.s + begin, b.len - begin, at_start && begin == 0);
+    free(b.s);
+}
+
+static void split_words(size_t (*next)(const unsigned char *, size_t, size_t), const char *s,
+                        size_t n, int at_start, Words *out) {
+    for (size_t i = 0; i < n;) {
+        size_t end = next((const unsigned char *)s, n, i);
+        words_add(out, s + i, end - i, at_start && i == 0);
+        i = end;
+    }
+}
+
+static void pre_tokenize_step(const PreStep *p, const Words *in, Words *out) {
+    for (size_t k = 0; k < in->count; k++) {
+        size_t n;
+        const char *s = word_at(in, k, &n);
+        int at_start = in->at_start[k];
+        if (p->kind == PRE_METASPACE) metaspace_words(p, s, n, at_start, out);
+        else if (p->kind == PRE_SPLIT_LLAMA3) split_words(next_pretoken_llama3, s, n, at_start, out);
+        else if (p->kind == PRE_SPLIT_GPT2) split_words(next_pretoken, s, n, at_start, out);
+        else {  // ByteLevel
+            Bytes b = {0};
+            if (p->add_prefix_space && (n == 0 || s[0] != ' ')) bytes_append(&b, " ", 1);
+            bytes_append(&b, s, n);
+            if (p->use_regex) split_words(next_pretoken, b.s, b.len, at_start, out);
+            else words_add(out, b.s, b.len, at_start);
+            free(b.s);
+        }
+    }
+}
+
+// Growable ids
+typedef struct { int *v; size_t n, cap; } Ids;
+
+static void ids_reserve(Ids *ids, size_t more) {
+    if (ids->n + more <= ids->cap) return;
+    while (ids->n + more > ids->cap) ids->cap = ids->cap ? 2 * ids->cap : 64;
+    ids->v = realloc(ids->v, ids->cap * sizeof *ids->v);
+    if (!ids->v) fatal("out of host memory");
+}
+
+// One word's first symbols, as Hugging Face's BPE makes them: each character that is a token;
+// else its bytes' "<0xNN>" tokens (byte_fallback, when all are there); else the unknown token
+// (one for a run of them with fuse_unk; a character is dropped when there is no unknown token).
+static int first_symbols(const Tokenizer *t, const unsigned char *s, size_t n, int *sym) {
+    const HfPipeline *hf = t->hf;
+    int count = 0, unk_pending = 0;
+    for (size_t i = 0; i < n;) {
+        int32_t cp;
+        int len = hf->byte_level ? 1 : utf8_decode(s, n, i, &cp);
+        int id = vocab_table_find(&hf->pieces, (const char *)s + i, len), fallback = hf->byte_fallback;
+        for (int k = 0; k < len && fallback; k++) fallback = t->byte_token[s[i + (size_t)k]] >= 0;
+        if (id >= 0) {
+            if (unk_pending) sym[count++] = hf->unk, unk_pending = 0;
+            sym[count++] = id;
+        } else if (fallback) {  // (a pending unknown token waits, as in Hugging Face)
+            for (int k = 0; k < len; k++) sym[count++] = t->byte_token[s[i + (size_t)k]];
+        } else if (hf->unk >= 0) {
+            if (unk_pending && !hf->fuse_unk) sym[count++] = hf->unk;
+            unk_pending = 1;
+        }
+        i += (size_t)len;
+    }
+    if (unk_pending) sym[count++] = hf->unk;
+    return count;
+}
+
+static void bpe_word(const Tokenizer *t, const char *s, size_t n, BpeScratch *w, Ids *out) {
+    ids_reserve(out, n);
+    int whole = t->hf->ignore_merges ? vocab_table_find(&t->hf->pieces, s, (int)n) : -1;
+    if (whole >= 0) {
+        out->v[out->n++] = whole;
+        return;
+    }
+    scratch_reserve(w, n);
+    int count = first_symbols(t, (const unsigned char *)s, n, w->id);
+    if (count > 0) out->n += (size_t)bpe_merge(t, w, count, out->v + out->n);
+}
+
+// the added token's STRIP_LEFT | STRIP_RIGHT
+static int added_strip(const Tokenizer *t, int id) {
+    for (int k = 0; k < t->added_count; k++)
+        if (t->added_ids[k] == id) return t->hf->added_strip[k];
+    return 0;
+}
+
+// pre-tokenize and BPE normalized text
+static void hf_encode_normalized(const Tokenizer *t, const char *s, size_t n, int at_start, BpeScratch *w, Ids *out) {
+    const HfPipeline *hf = t->hf;
+    Words words = {0};
+    words_add(&words, s, n, at_start);
+    for (int k = 0; k < hf->n_pre; k++) {
+        Words next = {0};
+        pre_tokenize_step(&hf->pre[k], &words, &next);
+        words_free(&words);
+        words = next;
+    }
+    for (size_t k = 0; k < words.count; k++) {
+        size_t len;
+        const char *word = word_at(&words, k, &len);
+        bpe_word(t, word, len, w, out);
+    }
+    words_free(&words);
+}
+
+// Cut s[0..n) at the added tokens of one kind (normalized: see added_token_at), leftmost then
+// longest: a token becomes its id, and each piece between goes to then(). at_start: s begins the
+// text being encoded.
+static void split_at_added(const Tokenizer *t, const char *s, size_t n, int normalized, int at_start,
+                           void (*then)(const Tokenizer *, const char *, size_t, int, BpeScratch *, Ids *),
+                           BpeScratch *w, Ids *out) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        size_t piece = i;
+        int added = -1, added_len = 0;
+        while (piece < n && (added = added_token_at(t, u, n, piece, normalized, &added_len)) < 0) piece++;
+        int strip = added >= 0 ? added_strip(t, added) : 0;
+        size_t before = piece;  // lstrip: the whitespace before the token goes with it
+        while ((strip & STRIP_LEFT) && before > i) {
+            size_t start = before - 1;
+            while (start > i && (u[start] & 0xC0) == 0x80) start--;  // back to the character's first byte
+            int len;
+            if (class_at(u, before, start, &len) != CHAR_SPACE) break;
+            before = start;
+        }
+        if (before > i) then(t, s + i, before - i, at_start && i == 0, w, out);
+        i = piece;
+        if (added >= 0) {
+            ids_reserve(out, 1);
+            out->v[out->n++] = added;
+            i += (size_t)added_len;
+            int len;  // rstrip: and the whitespace after it
+            while ((strip & STRIP_RIGHT) && i < n && class_at(u, n, i, &len) == CHAR_SPACE) i += (size_t)len;
+        }
+    }
+}
+
+// normalize the text between two raw-text added tokens, then cut it at the normalized-text ones
+static void hf_encode_piece(const Tokenizer *t, const char *s, size_t n, int at_start, BpeScratch *w, Ids *out) {
+    Bytes text = {0};
+    normalize_text(t->hf, s, n, &text);
+    split_at_added(t, text.s, text.len, 1, at_start, hf_encode_normalized, w, out);
+    free(text.s);
+}
+
+// Hugging Face's order: the added tokens matched in the raw text first, then the pieces between
+// normalized and searched for the tokens matched in normalized text (Llama-2's <s> is one: in
+// "<s>Hi" the normalizer's "▁" comes before it, "▁<s>Hi"). Without a normalizer both are the same.
+static int hf_encode(const Tokenizer *t, const unsigned char *s, size_t len, int **ids) {
+    Ids out = {0};
+    ids_reserve(&out, 1);
+    BpeScratch w = {0};
+    if (t->hf->n_norm) split_at_added(t, (const char *)s, len, 0, 1, hf_encode_piece, &w, &out);
+    else split_at_added(t, (const char *)s, len, -1, 1, hf_encode_normalized, &w, &out);
+    free(w.id); free(w.prev); free(w.next); free(w.heap);
+    *ids = out.v;
+    return (int)out.n;
+}
+
+// Decoding's whole-text steps: the first token as it decodes at the start (Metaspace), and Strip
+static char *hf_decode(const Tokenizer *t, const int *ids, int n) {
+    const HfPipeline *hf = t->hf;
+    Bytes text = {0};
+    bytes_append(&text, "", 0);
+    for (int i = 0; i < n; i++) {
+        int len;
+        const char *bytes = tokenizer_token_bytes(t, ids[i], &len);
+        if (i == 0) decode_source(hf, hf->source + hf->source_offset[ids[0]],
+                                  (size_t)(hf->source_offset[ids[0] + 1] - hf->source_offset[ids[0]]), 1, &text);
+        else bytes_append(&text, bytes, (size_t)len);
+    }
+    for (int k = 0; k < hf->n_dec; k++) {
+        const DecStep *d = &hf->dec[k];
+        if (d->kind != DEC_STRIP) continue;
+        size_t c = strlen(d->text), begin = 0, end = text.len;
+        for (int r = 0; r < d->start && begin + c <= end && !memcmp(text.s + begin, d->text, c); r++) begin += c;
+        for (int r = 0; r < d->stop && end >= begin + c && !memcmp(text.s + end - c, d->text, c); r++) end -= c;
+        memmove(text.s, text.s + begin, end - begin);
+        text.len = end - begin;
+        text.s[text.len] = '\0';
+    }
+    return text.s;
+}
+
 int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int **ids) {
     if (len > (size_t)0x7fffffff) fatal("tokenizer_encode: text of %zu bytes is too long", len);
+    if (t->hf) return hf_encode(t, (const unsigned char *)text, len, ids);
     int *out = malloc_or_die(len * sizeof(int));  // never more ids than bytes
     const unsigned char *s = (const unsigned char *)text;
     int count = 0;
@@ -646,7 +1505,7 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int **ids
         for (size_t i = 0; i < len;) {
             size_t piece = i;
             int added = -1, added_len = 0;
-            while (piece < len && (added = added_token_at(t, s, len, piece, &added_len)) < 0) piece++;
+            while (piece < len && (added = added_token_at(t, s, len, piece, -1, &added_len)) < 0) piece++;
             while (i < piece) {
                 size_t end = next_pretoken(s, piece, i);
                 count += bpe_chunk(t, s + i, (int)(end - i), &w, out + count);
@@ -669,6 +1528,7 @@ const char *tokenizer_token_bytes(const Tokenizer *t, int id, int *len) {
 }
 
 char *tokenizer_decode(const Tokenizer *t, const int *ids, int n) {
+    if (t->hf) return hf_decode(t, ids, n);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         int len;

@@ -10,9 +10,21 @@
 //     tabs (50257..50294). As Hugging Face does, they are matched in the text before BPE
 //     (leftmost, then longest), so "a  b" is [64, 50286, 65], not GPT-2's [64, 220, 275].
 //
-// Both encode any byte string and decode back to exactly the same bytes. As GPT-2's own encode()
-// does, a literal "<|endoftext|>" inside the text is ordinary text (7 BPE tokens, not the
-// end-of-text id): only the data loader adds end-of-text tokens.
+//   * Hugging Face's tokenizer.json, read from a directory that has it and none of GPT-2's files:
+//     the forms Llama checkpoints ship. Llama-2's: Metaspace ("▁" for spaces, one prepended; or
+//     the normalizer Prepend + Replace that older files use), BPE over characters with byte
+//     fallback ("<0xNN>" tokens for characters not in the vocabulary). Llama-3's: Llama-3's split
+//     pattern, then byte-level BPE. Added tokens (<s>, </s>, <|begin_of_text|>, <|eot_id|>, ...)
+//     are matched in the text, as Hugging Face does; they decode to their text. End of text:
+//     tokenizer_config.json's eos_token, else </s>, <|end_of_text|> or <|endoftext|>. Pipeline
+//     parts it does not implement (other models, normalizers, pre-tokenizers, decoders, split
+//     patterns) are refused by name. The post-processor is not applied: encode adds no <s>.
+//
+// All encode any byte string and decode back to the same bytes (tokenizer.json: unless its
+// model has to drop or <unk> a character, or its decoder strips a leading space it did not add).
+// As GPT-2's own encode() does, a literal "<|endoftext|>" inside the text is ordinary text for
+// GPT-2's files (7 BPE tokens, not the end-of-text id): only the data loader adds end-of-text
+// tokens.
 #ifndef TOKENIZER_H
 #define TOKENIZER_H
 
@@ -20,14 +32,14 @@
 
 typedef struct Tokenizer Tokenizer;
 
-// path NULL or "" -> the byte tokenizer; else a directory with encoder.json+vocab.bpe or
-// vocab.json+merges.txt. Errors (missing directory or file, malformed file) go through fatal()
+// path NULL or "" -> the byte tokenizer; else a directory with encoder.json+vocab.bpe,
+// vocab.json+merges.txt, or tokenizer.json. Errors (missing directory or file, malformed file) go through fatal()
 // and name the path. The caller owns the result: tokenizer_free() it.
 Tokenizer *tokenizer_load(const char *path);
 void tokenizer_free(Tokenizer *t);
 
-int tokenizer_vocab_size(const Tokenizer *t);  // 257 or 50257 (whatever the files hold)
-int tokenizer_eot(const Tokenizer *t);         // end-of-text id: 256 or 50256; -1 if the files have none
+int tokenizer_vocab_size(const Tokenizer *t);  // 257, 50257, 128256 (whatever the files hold)
+int tokenizer_eot(const Tokenizer *t);         // end-of-text id: 256, 50256, </s>'s...; -1 if none
 int tokenizer_is_bpe(const Tokenizer *t);      // 0 for the byte tokenizer
 const char *tokenizer_name(const Tokenizer *t);  // "byte" or the directory, for messages
 
