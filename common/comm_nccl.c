@@ -442,7 +442,7 @@ CommRequest *comm_send_start(Comm *c, const float *buf, size_t count, int peer) 
     if (g_via_mpi) return mpi_path_send_start(c, buf, count, peer);
     comm_check_peer(c, peer, "send");
     require_peer_group(c, "send");
-    CommRequest *r = comm_new_request(c, COLL_SEND, 4.0 * count);
+    CommRequest *r = comm_new_p2p_request(c, COLL_SEND, 4.0 * count, peer, -1);
     NcclGroup *g = begin(c, r);
     NCCL_CALL(c, g, ncclSend(buf, count, ncclFloat, peer, g->nccl, g->stream));
     return end(r, g);
@@ -452,7 +452,7 @@ CommRequest *comm_recv_start(Comm *c, float *buf, size_t count, int peer) {
     if (g_via_mpi) return mpi_path_recv_start(c, buf, count, peer);
     comm_check_peer(c, peer, "recv");
     require_peer_group(c, "recv");
-    CommRequest *r = comm_new_request(c, COLL_RECV, 4.0 * count);
+    CommRequest *r = comm_new_p2p_request(c, COLL_RECV, 4.0 * count, -1, peer);
     NcclGroup *g = begin(c, r);
     NCCL_CALL(c, g, ncclRecv(buf, count, ncclFloat, peer, g->nccl, g->stream));
     return end(r, g);
@@ -463,7 +463,7 @@ CommRequest *comm_send_recv_start(Comm *c, const float *send, size_t send_count,
     if (g_via_mpi) return mpi_path_send_recv_start(c, send, send_count, dst, recv, recv_count, src);
     comm_check_peer(c, dst, "send-recv");
     comm_check_peer(c, src, "send-recv");
-    CommRequest *r = comm_new_request(c, COLL_SEND_RECV, 4.0 * send_count);
+    CommRequest *r = comm_new_p2p_request(c, COLL_SEND_RECV, 4.0 * send_count, dst, src);
     if (!c->backend) return lone(r, recv, send, send_count);  // to itself
     NcclGroup *g = begin(c, r);
     NCCL_CALL(c, g, ncclGroupStart());
