@@ -44,7 +44,7 @@ static bool g_on;
 static int g_rank, g_size;
 static const int *g_pids;
 static const char *g_same_host;
-static char g_dir[PATH_LEN] = ".", g_path[PATH_LEN + 40], g_tmp[PATH_LEN + 40], g_host[64];
+static char g_dir[PATH_LEN], g_path[PATH_LEN + 40], g_tmp[PATH_LEN + 40], g_host[64];
 static bool g_dir_from_env;
 
 static long now_us(void) {
@@ -77,7 +77,7 @@ void flight_started(long ticket) {
 
 void flight_completed(long ticket) {
     FlightOp *op = slot(ticket);
-    if (op) op->state = COMPLETED, op->completed_us = now_us();
+    if (op && op->state != COMPLETED) op->state = COMPLETED, op->completed_us = now_us();
 }
 
 int flight_add_group(const char *name, int rank, int size, const int *world_ranks) {
@@ -174,10 +174,12 @@ static void put_op(Out *o, const FlightOp *op, bool first) {
     put_char(o, '}');
 }
 
-void flight_write(const char *reason) {
-    if (!g_on) return;
-    int saved_errno = errno;  // a handler must leave errno as it found it
-    mkdir(g_dir, 0777);       // a run that fails before rank 0 made out_dir
+// make_dir: a hang or a signal may come before rank 0 made out_dir, or on a host that does not
+// share it; a bad-input error (fatal()) leaves no directory behind that was not there.
+static void write_ring(const char *reason, bool make_dir) {
+    if (!g_on || !g_path[0]) return;  // no directory yet: the run has not read its config
+    int saved_errno = errno;          // a handler must leave errno as it found it
+    if (make_dir) mkdir(g_dir, 0777);
     Out o = {.fd = open(g_tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644)};
     if (o.fd >= 0) {
         put_char(&o, '{');
@@ -201,6 +203,8 @@ void flight_write(const char *reason) {
     }
     errno = saved_errno;
 }
+
+void flight_write(const char *reason) { write_ring(reason, true); }
 
 // ---- when to write ------------------------------------------------------------------------------
 
@@ -252,7 +256,7 @@ static void install_handlers(void) {
         fatal("cannot install the flight recorder's signal handlers: %s", strerror(errno));
 }
 
-static void on_fatal(const char *message) { flight_write(message); }
+static void on_fatal(const char *message) { write_ring(message, false); }
 
 void flight_init(int world_rank, int world_size, const int *pids, const char *same_host) {
     const char *on = getenv("FLIGHT_RECORDER"), *dir = getenv("FLIGHT_DIR");
@@ -262,8 +266,8 @@ void flight_init(int world_rank, int world_size, const int *pids, const char *sa
     g_pids = pids;
     g_same_host = same_host;
     gethostname(g_host, sizeof g_host - 1);
-    set_paths(dir && dir[0] ? dir : ".");
     g_dir_from_env = dir && dir[0];
+    if (g_dir_from_env) set_paths(dir);
     if (!g_on) return;
     install_handlers();
     log_on_fatal(on_fatal);

@@ -18,7 +18,7 @@
 enum { FLIGHT_OPS = 256 };
 
 // Reads FLIGHT_RECORDER and FLIGHT_DIR (the directory for the rings; else the run's out_dir,
-// flight_set_dir) and installs the SIGUSR2, SIGTERM and SIGINT handlers. pids[r] is world rank
+// flight_set_dir; until one is known nothing is written) and installs the SIGUSR2, SIGTERM and SIGINT handlers. pids[r] is world rank
 // r's process id, same_host[r] whether it runs on this host: a rank that times out signals the
 // ranks on its host so that they write their rings too.
 void flight_init(int world_rank, int world_size, const int *pids, const char *same_host);
@@ -34,7 +34,8 @@ long flight_issued(const char *kind, int group, long seq, int peer, long recv_se
 void flight_started(long ticket);    // this rank waits for it
 void flight_completed(long ticket);
 
-// Writes this rank's ring now, with why. Async-signal-safe: a signal handler calls it.
+// Writes this rank's ring now, with why (creating the directory). Async-signal-safe: a signal
+// handler calls it. A fatal() error writes it too, into the directory only if it exists.
 void flight_write(const char *reason);
 // After a communication timeout, before the job ends: writes the ring, signals the ranks on this
 // host to write theirs, waits briefly for the others' rings and, on the first rank to get there,
