@@ -35,7 +35,7 @@ struct CommRequest {
     // launch on the compute stream and the end when the wait returns, which is right for MPI and
     // for a group of one; NCCL marks both on its group's stream, around the collective itself
     int launch_mark, end_mark;
-    long flight;  // its ticket in the flight recorder
+    long flight;  // its ticket in the flight recorder (-1 once NCCL has taken it over: comm_nccl.c)
 };
 
 extern double g_comm_timeout;

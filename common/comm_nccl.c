@@ -39,6 +39,7 @@
 
 #include "comm_internal.h"
 #include "device.h"
+#include "flight.h"
 #include "log.h"
 #if defined(OPEN_MPI) && OPEN_MPI
 #include <mpi-ext.h>  // MPIX_Query_cuda_support, where Open MPI was built with its CUDA extension
@@ -61,6 +62,7 @@ typedef struct {
     CollKind kind;
     cudaEvent_t start, done;  // on the group's stream, around the collective: its GPU time
     double deadline;
+    long flight;  // its ticket in the flight recorder, completed when the GPU is done with it
 } Watched;
 
 static Watched *g_watched;
@@ -244,6 +246,7 @@ static int collective_finished(Comm *c, CollKind kind, cudaEvent_t done, double 
 static int watched_finished(Watched *w) {
     if (!collective_finished(w->comm, w->kind, w->done, w->deadline)) return 0;
     book_gpu_time(w->comm, w->kind, w->start, w->done);
+    flight_completed(w->flight);
     return 1;
 }
 
@@ -261,7 +264,8 @@ static void add_watched(CommRequest *r, cudaEvent_t start, cudaEvent_t done) {
         g_watched = realloc(g_watched, (size_t)g_watched_cap * sizeof *g_watched);
         if (!g_watched) fatal("out of host memory for the list of collectives in flight");
     }
-    g_watched[g_nwatched++] = (Watched){r->comm, r->kind, start, done, wall_seconds() + g_comm_timeout};
+    g_watched[g_nwatched++] = (Watched){r->comm, r->kind, start, done, wall_seconds() + g_comm_timeout, r->flight};
+    r->flight = -1;  // not complete when comm_wait returns: the GPU has yet to run it
 }
 
 // Stream-ordered: later compute waits for the collective on the GPU; the host goes on.
