@@ -43,12 +43,12 @@ COMMON := log files config tokenizer alpaca synthetic gpt layout activations che
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o
-  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_nccl.o $(B)/common/comm_mpi.o
+  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_nccl.o $(B)/common/comm_mpi.o $(B)/common/flight.o
   # nvcc's kernel-launch stubs are C++ (guarded statics): gcc links them with libstdc++
   LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudart -lcublas -lcublasLt -lnccl -lstdc++
 else
   COMMON_OBJS += $(B)/common/ops_cpu.o
-  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_cpu.o $(B)/common/comm_mpi.o
+  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_cpu.o $(B)/common/comm_mpi.o $(B)/common/flight.o
   LDLIBS += -ldnnl
 endif
 # what talks MPI is compiled and linked with mpicc

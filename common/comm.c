@@ -2,15 +2,20 @@
 // table, small host-side reductions and the checks that ranks agree, all over MPI. The payload
 // collectives are in comm_mpi.c (host buffers) or comm_nccl.c (GPU buffers).
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "comm_internal.h"
 #include "device.h"
+#include "flight.h"
 #include "log.h"
+#include "preemption.h"
 #include "trace.h"
 
 static Comm *g_groups = NULL;
@@ -27,8 +32,11 @@ void comm_check_mpi(int err, const char *what) {
 }
 
 void comm_timeout_exceeded(const char *what, const char *group) {
-    fatal("%s on group '%s' did not finish within %.0f s: a rank has died or is stuck "
-          "(COMM_TIMEOUT sets the limit)", what, group, g_comm_timeout);
+    char message[256];
+    snprintf(message, sizeof message, "%s on group '%s' did not finish within %.0f s: a rank has died or is stuck "
+             "(COMM_TIMEOUT sets the limit)", what, group, g_comm_timeout);
+    flight_on_timeout(message);
+    fatal("%s", message);
 }
 
 // a peer outside the group would otherwise surface as MPI's or NCCL's less specific error
@@ -54,6 +62,22 @@ void comm_wait_mpi(MPI_Request *reqs, int n, const char *what, const char *group
 
 // ---- groups -----------------------------------------------------------------------------------
 
+// the group's members' world ranks, for the flight recorder's rings
+static int add_flight_group(MPI_Comm mpi, const char *name, int rank, int size) {
+    MPI_Group group, world;
+    MPI_Comm_group(mpi, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    int *ranks = malloc_or_die((size_t)size * sizeof *ranks), *world_ranks = malloc_or_die((size_t)size * sizeof *ranks);
+    for (int i = 0; i < size; i++) ranks[i] = i;
+    MPI_Group_translate_ranks(group, size, ranks, world, world_ranks);
+    int id = flight_add_group(name, rank, size, world_ranks);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    free(ranks);
+    free(world_ranks);
+    return id;
+}
+
 static Comm *new_group(MPI_Comm mpi, const char *name) {
     Comm *c = calloc_or_die(1, sizeof *c);
     c->mpi = mpi;
@@ -62,19 +86,42 @@ static Comm *new_group(MPI_Comm mpi, const char *name) {
     MPI_Comm_rank(mpi, &c->rank);
     MPI_Comm_size(mpi, &c->size);
     snprintf(c->name, sizeof c->name, "%s", name);
+    c->flight_group = add_flight_group(mpi, name, c->rank, c->size);
+    c->sent = calloc_or_die((size_t)c->size, sizeof *c->sent);
+    c->received = calloc_or_die((size_t)c->size, sizeof *c->received);
     comm_backend_init_group(c);
     c->next = g_groups;
     g_groups = c;
     return c;
 }
 
+static void read_fault(void);
+
+// Every rank's process id and whether it shares this host: a rank that times out signals the
+// others on its host to write their rings (flight.h).
+static void start_flight_recorder(int rank, int size) {
+    enum { HOST = 64 };
+    char *hosts = calloc_or_die((size_t)size, HOST), *same = calloc_or_die((size_t)size, 1);
+    int *pids = malloc_or_die((size_t)size * sizeof *pids), pid = (int)getpid();
+    gethostname(hosts + (size_t)rank * HOST, HOST - 1);
+    comm_check_mpi(MPI_Allgather(MPI_IN_PLACE, HOST, MPI_CHAR, hosts, HOST, MPI_CHAR, MPI_COMM_WORLD), "host names");
+    comm_check_mpi(MPI_Allgather(&pid, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD), "process ids");
+    for (int r = 0; r < size; r++) same[r] = strcmp(hosts + (size_t)r * HOST, hosts + (size_t)rank * HOST) == 0;
+    free(hosts);
+    flight_init(rank, size, pids, same);  // keeps pids and same for the life of the process
+    preemption_on_signal(flight_on_signal);
+}
+
 Comm *comm_init(int *argc, char ***argv) {
     comm_check_mpi(MPI_Init(argc, argv), "init");
     const char *t = getenv("COMM_TIMEOUT");
     if (t && atof(t) > 0) g_comm_timeout = atof(t);
-    int rank;
+    int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
     log_set_rank(rank);
+    start_flight_recorder(rank, size);
+    read_fault();
     return new_group(MPI_COMM_WORLD, "world");
 }
 
@@ -85,6 +132,8 @@ void comm_finalize(Comm *world) {
         g_groups = c->next;
         comm_backend_free_group(c);
         if (c->mpi != MPI_COMM_WORLD) MPI_Comm_free(&c->mpi);
+        free(c->sent);
+        free(c->received);
         free(c);
     }
     MPI_Finalize();
@@ -101,8 +150,29 @@ int comm_size(const Comm *c) { return c->size; }
 
 // ---- requests and accounting ------------------------------------------------------------------
 
+static void inject_fault(Comm *c);
+
+// The flight recorder's entry for an operation: collectives count per group, messages per peer.
+static long record_collective(Comm *c, const char *kind, double bytes) {
+    inject_fault(c);
+    return flight_issued(kind, c->flight_group, ++c->collectives, -1, -1, -1, bytes);
+}
+
+static long record_p2p(Comm *c, const char *kind, double bytes, int dst, int src) {
+    long send_seq = dst >= 0 ? ++c->sent[dst] : -1, recv_seq = src >= 0 ? ++c->received[src] : -1;
+    if (dst < 0) return flight_issued(kind, c->flight_group, recv_seq, src, -1, -1, bytes);
+    return flight_issued(kind, c->flight_group, send_seq, dst, recv_seq, src, bytes);
+}
+
 CommRequest *comm_new_request(Comm *c, CollKind kind, double bytes) {
+    return comm_new_p2p_request(c, kind, bytes, -1, -1);
+}
+
+CommRequest *comm_new_p2p_request(Comm *c, CollKind kind, double bytes, int dst, int src) {
     CommRequest *r = calloc_or_die(1, sizeof *r);
+    bool p2p = kind == COLL_SEND || kind == COLL_RECV || kind == COLL_SEND_RECV;
+    r->flight = p2p ? record_p2p(c, COMM_KIND_NAMES[kind], bytes, dst, src)
+                    : record_collective(c, COMM_KIND_NAMES[kind], bytes);
     r->comm = c;
     r->kind = kind;
     r->bytes = bytes;
@@ -132,12 +202,15 @@ static double bus_factor(CollKind kind, int n) {
 
 int comm_test(CommRequest *r) {
     if (!r->done) r->done = comm_backend_test(r);
+    if (r->done) flight_completed(r->flight);
     return r->done;
 }
 
 void comm_wait(CommRequest *r) {
     int wait = trace_mark();
+    flight_started(r->flight);
     if (!r->done) comm_backend_wait(r);
+    flight_completed(r->flight);
     int end = r->end_mark >= 0 ? r->end_mark : trace_mark();
     trace_collective(COMM_KIND_NAMES[r->kind], r->comm->name, r->bytes, r->launch_mark, wait, end);
     CommStats *s = &r->comm->stats;
@@ -293,9 +366,14 @@ void comm_trace_write(Comm *world, const char *out_dir, bool enabled) {
 // ---- small host values ------------------------------------------------------------------------
 
 static void reduce_host(Comm *c, void *x, int n, MPI_Datatype type, MPI_Op op, const char *what) {
+    int type_bytes;
+    MPI_Type_size(type, &type_bytes);
+    long flight = record_collective(c, COMM_KIND_NAMES[COLL_ALL_REDUCE], (double)n * type_bytes);
     MPI_Request req;
     comm_check_mpi(MPI_Iallreduce(MPI_IN_PLACE, x, n, type, op, c->mpi, &req), what);
+    flight_started(flight);
     comm_wait_mpi(&req, 1, what, c->name);
+    flight_completed(flight);
 }
 
 double comm_sum_double(Comm *c, double x) {
@@ -318,6 +396,7 @@ double comm_max_double(Comm *c, double x) {
 }
 
 void comm_configure(Comm *world, const Config *cfg) {
+    flight_set_dir(cfg->out_dir);
     comm_select_backend(world, cfg->comm_backend);
     char *config_json = config_to_json(cfg);
     comm_check_same(world, "the config", config_json);
@@ -342,4 +421,66 @@ void comm_check_replicas_identical(Comm *c, const float *params, size_t n) {
     comm_check_same(c, "the trained weights", text);
     printf("replicas identical on all %d ranks: weights hash %s\n", comm_size(c), text);
     free(host);
+}
+
+// ---- test only: injected hangs (tests/test_hangcheck.sh) ---------------------------------------
+// COMM_FAULT=<class>:<world rank>:<group>:<n> makes that rank misbehave at collective #n of the
+// group named, one way for each hang the flight recorder must explain: skip (it never issues #n
+// and stays out of the comm layer), mismatch (it calls a one-float all-reduce at #n), dead (it
+// is killed at #n), slow (it arrives half a timeout late at #n-3 to #n-1 and three timeouts late
+// at #n), send (at #n it first sends 4 MB to the next rank of the group, which never receives it).
+
+typedef enum { FAULT_NONE, FAULT_SKIP, FAULT_MISMATCH, FAULT_DEAD, FAULT_SLOW, FAULT_SEND } FaultClass;
+static const char *FAULT_NAMES[] = {"", "skip", "mismatch", "dead", "slow", "send"};
+static struct {
+    FaultClass kind;
+    int rank;
+    char group[32];
+    long seq;
+} g_fault;
+
+static void read_fault(void) {
+    const char *spec = getenv("COMM_FAULT");
+    if (!spec || !spec[0]) return;
+    char kind[16];
+    if (sscanf(spec, "%15[^:]:%d:%31[^:]:%ld", kind, &g_fault.rank, g_fault.group, &g_fault.seq) == 4)
+        for (int k = FAULT_SKIP; k <= FAULT_SEND; k++)
+            if (strcmp(kind, FAULT_NAMES[k]) == 0) g_fault.kind = (FaultClass)k;
+    if (g_fault.kind == FAULT_NONE)
+        fatal("COMM_FAULT (test only): expected <skip|mismatch|dead|slow|send>:<rank>:<group>:<n>, found '%s'", spec);
+}
+
+// sleeps the whole time even when a signal (a ring request) interrupts it
+static void sleep_seconds(double s) {
+    struct timespec left = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
+}
+
+static void send_unreceived(Comm *c) {
+    enum { FLOATS = 1 << 20 };  // above every eager limit: the send waits for a receive
+    float *buf = calloc_or_die(FLOATS, sizeof *buf);
+    int peer = (c->rank + 1) % c->size;
+    long flight = record_p2p(c, COMM_KIND_NAMES[COLL_SEND], 4.0 * FLOATS, peer, -1);
+    MPI_Request req;
+    comm_check_mpi(MPI_Isend(buf, FLOATS, MPI_FLOAT, peer, 0, c->mpi, &req), "send");
+    flight_started(flight);
+    comm_wait_mpi(&req, 1, COMM_KIND_NAMES[COLL_SEND], c->name);
+    free(buf);
+}
+
+// called before collective #(c->collectives + 1) of c is recorded
+static void inject_fault(Comm *c) {
+    if (g_fault.kind == FAULT_NONE || log_rank() != g_fault.rank || strcmp(c->name, g_fault.group) != 0) return;
+    long seq = c->collectives + 1, n = g_fault.seq;
+    if (g_fault.kind == FAULT_SLOW && seq >= n - 3 && seq <= n) sleep_seconds(g_comm_timeout * (seq < n ? 0.5 : 3));
+    if (seq != n) return;
+    if (g_fault.kind == FAULT_SKIP)
+        for (;;) sleep_seconds(60);
+    if (g_fault.kind == FAULT_DEAD) raise(SIGKILL);
+    if (g_fault.kind == FAULT_MISMATCH) {
+        g_fault.kind = FAULT_NONE;  // once
+        float one = 1;
+        reduce_host(c, &one, 1, MPI_FLOAT, MPI_SUM, "all-reduce");
+    }
+    if (g_fault.kind == FAULT_SEND) send_unreceived(c);
 }

@@ -7,7 +7,8 @@
 // Every collective and point-to-point operation is counted (calls, bytes, seconds) per group and
 // per kind, and every wait is bounded: one that does not finish within the timeout (a dead or
 // stuck peer) ends the job with a message instead of hanging it (environment COMM_TIMEOUT,
-// seconds; default 300).
+// seconds; default 300). The flight recorder (flight.h) keeps each rank's last operations, and
+// writes them when a wait times out, the job fails or is signalled: tools/hangcheck reads them.
 //
 // Sizes follow nccl-tests: the "size" of all-reduce and broadcast is the buffer, of all-gather
 // the gathered output, of reduce-scatter and all-to-all the input (every block, this rank's own

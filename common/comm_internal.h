@@ -14,6 +14,10 @@ struct Comm {
     char name[32];
     CommStats stats;
     void *backend;  // the backend's own state for this group (an ncclComm_t for NCCL)
+    // the flight recorder's (flight.h): the group's id there, its collectives so far, and the
+    // messages sent to and received from each rank of it
+    int flight_group;
+    long collectives, *sent, *received;
     Comm *next;     // every group, for the totals and the table
 };
 
@@ -31,6 +35,7 @@ struct CommRequest {
     // launch on the compute stream and the end when the wait returns, which is right for MPI and
     // for a group of one; NCCL marks both on its group's stream, around the collective itself
     int launch_mark, end_mark;
+    long flight;  // its ticket in the flight recorder (-1 once NCCL has taken it over: comm_nccl.c)
 };
 
 extern double g_comm_timeout;
@@ -70,7 +75,10 @@ void *comm_host_alloc(size_t bytes);
 void comm_host_free(void *ptr);
 
 // shared helpers
+// A new request, recorded by the flight recorder: every operation starts here. A point-to-point
+// one names its peers (dst: the rank sent to, src: received from; -1 for none).
 CommRequest *comm_new_request(Comm *c, CollKind kind, double bytes);
+CommRequest *comm_new_p2p_request(Comm *c, CollKind kind, double bytes, int dst, int src);
 void comm_check_mpi(int err, const char *what);
 void comm_check_peer(const Comm *c, int peer, const char *what);
 double comm_total_count(const size_t *counts, int n);  // the size of an all-to-all-v, in floats

@@ -239,7 +239,7 @@ void mpi_path_all_to_all_v(Comm *c, float *out, const size_t *recv_counts, const
 
 CommRequest *mpi_path_send_start(Comm *c, const float *buf, size_t count, int peer) {
     comm_check_peer(c, peer, "send");
-    CommRequest *r = comm_new_request(c, COLL_SEND, 4.0 * count);
+    CommRequest *r = comm_new_p2p_request(c, COLL_SEND, 4.0 * count, peer, -1);
     const void *h_in;
     host_view(r, NULL, 0, buf, 4 * count, &h_in, false);
     comm_check_mpi(MPI_Isend(h_in, mpi_count(count, "send"), MPI_FLOAT, peer, P2P_TAG, c->mpi, &r->mpi[0]), "send");
@@ -248,7 +248,7 @@ CommRequest *mpi_path_send_start(Comm *c, const float *buf, size_t count, int pe
 
 CommRequest *mpi_path_recv_start(Comm *c, float *buf, size_t count, int peer) {
     comm_check_peer(c, peer, "recv");
-    CommRequest *r = comm_new_request(c, COLL_RECV, 4.0 * count);
+    CommRequest *r = comm_new_p2p_request(c, COLL_RECV, 4.0 * count, -1, peer);
     const void *unused;
     float *h = host_view(r, buf, 4 * count, NULL, 0, &unused, false);
     comm_check_mpi(MPI_Irecv(h, mpi_count(count, "recv"), MPI_FLOAT, peer, P2P_TAG, c->mpi, &r->mpi[0]), "recv");
@@ -260,7 +260,7 @@ CommRequest *mpi_path_send_recv_start(Comm *c, const float *send, size_t send_co
     const char *what = "send-recv";
     comm_check_peer(c, dst, what);
     comm_check_peer(c, src, what);
-    CommRequest *r = comm_new_request(c, COLL_SEND_RECV, 4.0 * send_count);
+    CommRequest *r = comm_new_p2p_request(c, COLL_SEND_RECV, 4.0 * send_count, dst, src);
     const void *h_send;
     float *h_recv = host_view(r, recv, 4 * recv_count, send, 4 * send_count, &h_send, false);
     // both in flight at once, which is what makes a ring of them safe

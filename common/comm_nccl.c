@@ -39,6 +39,7 @@
 
 #include "comm_internal.h"
 #include "device.h"
+#include "flight.h"
 #include "log.h"
 #if defined(OPEN_MPI) && OPEN_MPI
 #include <mpi-ext.h>  // MPIX_Query_cuda_support, where Open MPI was built with its CUDA extension
@@ -61,6 +62,7 @@ typedef struct {
     CollKind kind;
     cudaEvent_t start, done;  // on the group's stream, around the collective: its GPU time
     double deadline;
+    long flight;  // its ticket in the flight recorder, completed when the GPU is done with it
 } Watched;
 
 static Watched *g_watched;
@@ -244,6 +246,7 @@ static int collective_finished(Comm *c, CollKind kind, cudaEvent_t done, double 
 static int watched_finished(Watched *w) {
     if (!collective_finished(w->comm, w->kind, w->done, w->deadline)) return 0;
     book_gpu_time(w->comm, w->kind, w->start, w->done);
+    flight_completed(w->flight);
     return 1;
 }
 
@@ -261,7 +264,8 @@ static void add_watched(CommRequest *r, cudaEvent_t start, cudaEvent_t done) {
         g_watched = realloc(g_watched, (size_t)g_watched_cap * sizeof *g_watched);
         if (!g_watched) fatal("out of host memory for the list of collectives in flight");
     }
-    g_watched[g_nwatched++] = (Watched){r->comm, r->kind, start, done, wall_seconds() + g_comm_timeout};
+    g_watched[g_nwatched++] = (Watched){r->comm, r->kind, start, done, wall_seconds() + g_comm_timeout, r->flight};
+    r->flight = -1;  // not complete when comm_wait returns: the GPU has yet to run it
 }
 
 // Stream-ordered: later compute waits for the collective on the GPU; the host goes on.
@@ -442,7 +446,7 @@ CommRequest *comm_send_start(Comm *c, const float *buf, size_t count, int peer) 
     if (g_via_mpi) return mpi_path_send_start(c, buf, count, peer);
     comm_check_peer(c, peer, "send");
     require_peer_group(c, "send");
-    CommRequest *r = comm_new_request(c, COLL_SEND, 4.0 * count);
+    CommRequest *r = comm_new_p2p_request(c, COLL_SEND, 4.0 * count, peer, -1);
     NcclGroup *g = begin(c, r);
     NCCL_CALL(c, g, ncclSend(buf, count, ncclFloat, peer, g->nccl, g->stream));
     return end(r, g);
@@ -452,7 +456,7 @@ CommRequest *comm_recv_start(Comm *c, float *buf, size_t count, int peer) {
     if (g_via_mpi) return mpi_path_recv_start(c, buf, count, peer);
     comm_check_peer(c, peer, "recv");
     require_peer_group(c, "recv");
-    CommRequest *r = comm_new_request(c, COLL_RECV, 4.0 * count);
+    CommRequest *r = comm_new_p2p_request(c, COLL_RECV, 4.0 * count, -1, peer);
     NcclGroup *g = begin(c, r);
     NCCL_CALL(c, g, ncclRecv(buf, count, ncclFloat, peer, g->nccl, g->stream));
     return end(r, g);
@@ -463,7 +467,7 @@ CommRequest *comm_send_recv_start(Comm *c, const float *send, size_t send_count,
     if (g_via_mpi) return mpi_path_send_recv_start(c, send, send_count, dst, recv, recv_count, src);
     comm_check_peer(c, dst, "send-recv");
     comm_check_peer(c, src, "send-recv");
-    CommRequest *r = comm_new_request(c, COLL_SEND_RECV, 4.0 * send_count);
+    CommRequest *r = comm_new_p2p_request(c, COLL_SEND_RECV, 4.0 * send_count, dst, src);
     if (!c->backend) return lone(r, recv, send, send_count);  // to itself
     NcclGroup *g = begin(c, r);
     NCCL_CALL(c, g, ncclGroupStart());

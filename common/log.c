@@ -13,7 +13,19 @@ static int g_rank = 0;
 void log_set_rank(int rank) { g_rank = rank; }
 int log_rank(void) { return g_rank; }
 
+static void (*g_on_fatal)(const char *message);
+
+void log_on_fatal(void (*hook)(const char *message)) { g_on_fatal = hook; }
+
 void fatal(const char *fmt, ...) {
+    if (g_on_fatal) {
+        char message[512];  // enough to say why; a longer one is cut
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(message, sizeof message, fmt, ap);
+        va_end(ap);
+        g_on_fatal(message);
+    }
     if (g_rank != 0) sleep(2);  // see log.h: let rank 0 speak for the job when all ranks fail
     fflush(stdout);
     va_list ap;

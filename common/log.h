@@ -16,6 +16,8 @@ int log_rank(void);
 // error (a bad config) the launcher has already stopped them and the message appears once, while
 // an error only one rank sees (a file missing on one node) is still printed by that rank.
 void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+// hook(message) runs first thing in fatal(), before anything is printed (the flight recorder's)
+void log_on_fatal(void (*hook)(const char *message));
 
 // fopen that exits through fatal() with the path and the reason when it fails
 FILE *fopen_or_die(const char *path, const char *mode);

@@ -10,10 +10,13 @@
 #include "log.h"
 
 static volatile sig_atomic_t signalled;
+static void (*g_also)(int sig);
+
+void preemption_on_signal(void (*hook)(int sig)) { g_also = hook; }
 
 static void note_signal(int sig) {
-    (void)sig;
-    signalled = 1;  // all a handler may safely do; the step loop acts on it
+    signalled = 1;  // the step loop acts on it
+    if (g_also) g_also(sig);
 }
 
 void preemption_watch(void) {

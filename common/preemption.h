@@ -12,6 +12,8 @@
 
 // installs the SIGTERM and SIGUSR1 handlers; call once, before the step loop
 void preemption_watch(void);
+// hook(sig) runs in the handler too (async-signal-safe, then: the flight recorder's ring)
+void preemption_on_signal(void (*hook)(int sig));
 // 1 if this process has been signalled (a long, ready for comm_sum_long: the ranks agree when
 // any one of them was signalled, since mpirun or srun may deliver it to only some)
 long preemption_signalled(void);

@@ -2,8 +2,8 @@
 # make bench: tokens/s, ms/step and MFU of the training stages, as a table; stage 06's decode
 # speed and its server's throughput and time to first token under load. Each run's first
 # step (warm-up: page faults, primitive creation) is left out; the median of the rest is shown.
-# Last, the planner's predicted step times against measured ones (scripts/bench_plan.sh, which
-# also runs alone).
+# Then the flight recorder's cost (scripts/bench_flight.sh). Last, the planner's predicted step
+# times against measured ones (scripts/bench_plan.sh, which also runs alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
@@ -136,6 +136,9 @@ kill -TERM $server
 wait $server || { echo "bench: the server did not exit 0 on SIGTERM:"; tail "$server_log"; exit 1; }
 # ---- stage 06's engine: paged KV cache, prefix caching, chunked prefill, speculative decoding ----
 bash scripts/bench_engine.sh
+# ---- the flight recorder's cost: step time with it on and off (scripts/bench_flight.sh) ----
+echo
+bash scripts/bench_flight.sh
 # ---- the planner (build/plan, docs/PLANNER.md): predicted step time against measured, 4 ranks ----
 echo
 bash scripts/bench_plan.sh

@@ -20,6 +20,8 @@
 #     across the hosts) is caught by that check;
 #   - the preflight (slurm/preflight.sh) across the hosts: no check fails; with the second host's
 #     link slowed (tc tbf on its eth0), the bandwidth check fails naming the pair of hosts;
+#   - the flight recorder: each hang COMM_FAULT injects on a rank of the second host (plain mpirun)
+#     is named by tools/hangcheck from the rings the ranks of both hosts wrote;
 #   - a host taken away mid-job (its link set down) ends the job with the comm layer's timeout
 #     error, not a hang: the batch script within COMM_TIMEOUT (MN_TEST_COMM_TIMEOUT here) + 40 s,
 #     Slurm's final FAILED within COMM_TIMEOUT + 90 s; the ranks on the lost host exit on their own.
@@ -348,6 +350,31 @@ if [ -x build/preflight_comm ]; then
     timeout 10 tc -n "$slow" qdisc del dev eth0 root 2>/dev/null
 else
     skipped+=("the preflight across 2 hosts: build/preflight_comm does not exist (make tools)")
+fi
+
+# ---- the flight recorder across the hosts: each hang tests/test_hangcheck.sh injects, on rank 3
+# (the second host), is named by tools/hangcheck from the rings both hosts wrote ----------------------
+if [ -x build/stage-3 ]; then
+    hosts=$(printf '%s:2,' "${NODES[@]:0:2}"); hosts=${hosts%,}
+    for class in skip mismatch dead slow send; do
+        out=$WORK/out/s3-hang-$class
+        t0=$(now)
+        LOGIN_TIMEOUT=$JOB_TIMEOUT login env OMP_NUM_THREADS=1 COMM_TIMEOUT=5 COMM_FAULT="$class:3:world:6" \
+            mpirun --host "$hosts" -x OMP_NUM_THREADS -x COMM_TIMEOUT -x COMM_FAULT build/stage-3 \
+            --config configs/tiny.json "${ARGS[@]}" --out_dir="$out" >"$WORK/hang-$class.log" 2>&1
+        said=$(python3 tools/hangcheck "$out" 2>&1)
+        name="flight recorder: $class injected on rank 3 of plain mpirun --host $hosts"
+        case $class in
+            skip) want="rank 3 never issued all-reduce #6 on group world" ;;
+            mismatch) want="rank 3 called a different collective at #6 on group world" ;;
+            dead) want="rank 3 wrote no flight record: dead" ;;
+            slow) want="rank 3 is far slower than the rest" ;;
+            send) want="send #1 from rank 3 to rank 0 on group world has no matching receive" ;;
+        esac
+        if [[ $said == *"$want"* ]]; then pass "$name [$(since "$t0") s]: $said"
+        else fail "$name: hangcheck does not say '$want': $said"; tail -n 15 "$WORK/hang-$class.log" | sed 's/^/    /'
+        fi
+    done
 fi
 
 # ---- a host taken away mid-job ends the job, not a hang ----------------------------------------------------

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The flight recorder (common/flight.h) and tools/hangcheck on stage 03, 4 ranks, a 3 s
+# COMM_TIMEOUT: each hang the test-only COMM_FAULT injects on rank 3 at collective #6 of group
+# world (a skipped collective, a mismatched one, a dead rank, a far slower rank, a send nobody
+# receives) ends the job with every surviving rank's ring written, and the paragraph tools/hangcheck
+# prints from them names the class, rank 3, the group and the operation, within 30 s of the moment
+# the others began to wait plus the timeout. The jobs that time out print the same paragraph in
+# their own log. SIGUSR2 writes every rank's ring and the run carries on to its end.
+source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
+TIMEOUT=3
+args=(--config configs/tiny.json --stop_iteration=5 --eval_batches=1 --log_interval=100)
+
+# the real-time second at which rank 0 began to wait in the operation it never finished
+waited_since() {
+    python3 -c 'import json, sys
+ops = [o for o in json.load(open(sys.argv[1]))["ops"] if o["state"] != "completed"]
+print(min(o["started_us"] or o["issued_us"] for o in ops) / 1e6 if ops else 0)' "$1"
+}
+# the diagnosis came no later than 30 s after the timeout (a dead rank ends the job before it)
+
+# hang_class <class> <what the paragraph must say> <in the job's log too: yes|no>
+hang_class() {
+    local class=$1 want=$2 in_log=$3 out="$tmp/$1"
+    COMM_FAULT=$class:3:world:6 COMM_TIMEOUT=$TIMEOUT timeout 90 mpirun -np 4 --bind-to none build/stage-3 "${args[@]}" \
+        --out_dir="$out" >"$out.log" 2>&1
+    local rc=$?
+    check '[ $rc -ne 0 ] && [ $rc -ne 124 ]' "$class: exit $rc (want a failed job, not the 90 s guard): $(tail -3 "$out.log")"
+    local said; said=$(python3 tools/hangcheck "$out")
+    local now; now=$(date +%s.%N)
+    check 'echo "$said" | grep -qF "$want"' "$class: hangcheck does not say '$want': $said"
+    local since; since=$(waited_since "$out/flight-rank0.json")
+    check 'python3 -c "import sys; sys.exit(not $since > 0 and $now - $since - $TIMEOUT < 30)"' \
+        "$class: the diagnosis came $(python3 -c "print(round($now - $since - $TIMEOUT))") s after the timeout"
+    if [ "$in_log" = yes ]; then
+        check 'grep -qF "$want" "$out.log"' "$class: the job's log does not hold the diagnosis: $(grep -A2 "flight recorder" "$out.log")"
+    fi
+}
+
+hang_class skip "rank 3 never issued all-reduce #6 on group world (it is in no communication" yes
+hang_class mismatch "rank 3 called a different collective at #6 on group world than the other ranks: ranks 0-2 call all-reduce of 24 bytes; rank 3 calls all-reduce of 4 bytes" no
+hang_class dead "rank 3 wrote no flight record: dead (killed, crashed, or its host is gone); ranks 0-2 wait in all-reduce #6 on group world" no
+hang_class slow "rank 3 is far slower than the rest: at the last" yes
+grep -qF "has not yet issued all-reduce #6 on group world" "$tmp/slow.log"
+check '[ $? -eq 0 ]' "slow: the operation the others wait in is not named: $(grep hangcheck "$tmp/slow.log")"
+hang_class send "send #1 from rank 3 to rank 0 on group world has no matching receive: rank 0 has taken 0 message(s) from rank 3 (it is in all-reduce #6 on group world)" yes
+
+# SIGUSR2 (mpirun passes it on to every rank): each writes its ring, and the run goes on to its end
+COMM_TIMEOUT=$TIMEOUT timeout 90 mpirun -np 4 --bind-to none build/stage-3 "${args[@]}" --stop_iteration=20 \
+    --out_dir="$tmp/usr2" >"$tmp/usr2.log" 2>&1 &
+job=$!
+for _ in $(seq 300); do grep -q '"step": *2\b' "$tmp/usr2/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+kill -USR2 "$(pgrep -P $job mpirun)"  # timeout would die of it
+wait $job
+rc=$?
+check '[ $rc -eq 0 ] && grep -q "step    20/20" "$tmp/usr2.log"' "SIGUSR2: the run did not carry on: exit $rc: $(tail -3 "$tmp/usr2.log")"
+check '[ "$(grep -l "\"reason\":\"signal SIGUSR2\"" "$tmp"/usr2/flight-rank*.json | wc -l)" -eq 4 ]' \
+    "SIGUSR2: not every rank wrote its ring: $(ls "$tmp/usr2")"
+finish test_hangcheck
