@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
     PipeGrid grid;
     pipe_grid_init(&grid, world, &cfg, &mc);
     ParamLayout layout, full_layout;
-    gpt_layout_range(&layout, &mc, grid.first_block, grid.n_blocks, grid.is_first, grid.is_last);
+    pipe_stage_layout(&layout, &mc, &grid);  // its blocks (every chunk's), embedding, head
     gpt_layout(&full_layout, &mc);
     // ... and the bf16 working copy of the weights, mb.params16, which every matmul reads
     bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
