@@ -236,7 +236,7 @@ void pipeline_free(Pipeline *p) {
 // what each schedule keeps on a stage, from a micro-batch's forward to the end of its backward
 static const char *slots_rule(const char *schedule) {
     if (is_gpipe(schedule)) return "all m";
-    if (pipe_zero_bubble(schedule)) return "up to p, each until its W";
+    if (pipe_zero_bubble(schedule)) return "up to p + 1 on stage 0, p on the others, each until its W";
     if (is_interleaved(schedule)) return "per chunk, from the ring's warm-up";
     return "min(m, p - stage)";
 }
@@ -372,12 +372,14 @@ static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *gr
 }
 
 // The sends still reading a slot's buffers finish before the slot is written again: before a
-// new micro-batch takes it, and before a backward (recomputation rewrites the block outputs,
-// the activation sent forward among them).
+// new micro-batch takes it, and before a backward (recomputation rewrites the block outputs, the
+// activation sent forward among them; its gradient lands in dres, which the slot's last backward
+// may still be sending when a new micro-batch's forward took the slot right after it, as in the
+// interleaved order, before that send had started).
 static void claim_slot(Pipeline *p, const PipeOp *op) {
     int slot = slot_of(p, op);
     wait_send(&p->fwd_sends[slot]);
-    if (!op->backward) wait_send(&p->bwd_sends[slot]);
+    wait_send(&p->bwd_sends[slot]);
 }
 
 static double run_ops(Pipeline *p, const PipeOp *ops, int n, const Batch *batches, Weights *grads, float dloss,
@@ -513,7 +515,8 @@ static void print_bubble_rows(const float *all, size_t stride, int ranks, const 
     }
     int pp = p->grid->pp, den = (pipe_zero_bubble(p->schedule) ? 3 * p->m : p->grid->chunks * p->m) + pp - 1;
     printf("  bubble: measured %.1f%% (mean over ranks), theory %s = %d/%d = %.1f%%\n", 100 * sum / ranks,
-           pipe_bubble_formula(p->schedule), pp - 1, den, 100 * pipe_bubble_theory(p->schedule, p->m, pp, p->grid->chunks));
+           pipe_bubble_formula(p->schedule), pp - 1, den,
+           100 * pipe_bubble_theory(p->schedule, p->m, pp, p->grid->chunks));
 }
 
 void print_first_schedule(Comm *world, Pipeline *p) {
@@ -525,7 +528,8 @@ void print_first_schedule(Comm *world, Pipeline *p) {
            p->grid->chunks > 1 ? ", c1: through chunk 1" : "");
     print_bubble_rows(all, stride, comm_size(world), p, true);
     double stages = replayed_bubble(all, stride, p, STAGE_MEDIANS);
-    double balanced = replayed_bubble(all, stride, p, PIPELINE_MEDIANS), unit = replayed_bubble(all, stride, p, UNIT_TIMES);
+    double balanced = replayed_bubble(all, stride, p, PIPELINE_MEDIANS);
+    double unit = replayed_bubble(all, stride, p, UNIT_TIMES);
     printf("  step 1 replayed on one clock, messages free, each op its kind's median time: on its stage %.1f%%, "
            "over the stages (balanced) %.1f%%; with the theory's unit times %.1f%%\n", 100 * stages, 100 * balanced,
            100 * unit);

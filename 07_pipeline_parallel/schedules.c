@@ -50,9 +50,13 @@ int interleaved_schedule(PipeOp *ops, int m, int pp, int chunks, int stage) {
 
 // Every stage's order comes from playing the pipeline on a clock where F, B and W take one unit
 // each: a free stage runs a backward whose gradient has arrived, else a forward whose input has
-// arrived while it holds fewer than p micro-batches (1F1B's peak, stage 0's), else the oldest
-// weight pass left. The W's thus fill the waits; each kind runs in micro-batch order, so the
-// gradients add up in 1F1B's order.
+// arrived while it holds fewer than its limit of micro-batches (each from its F to its W), else
+// the oldest weight pass left. The W's thus fill the waits; each kind runs in micro-batch order,
+// so the gradients add up in 1F1B's order. The limit is p (1F1B's peak, stage 0's), and p + 1 on
+// stage 0: with one micro-batch more in flight there, every (p, m) tried (p 2-5, m 4-16) reaches
+// the paper's 3m + p - 1 units; with p alone, p 3 and more lose a unit or more per stage.
+static int zb_h1_limit(int pp, int stage) { return stage == 0 ? pp + 1 : pp; }
+
 int zb_h1_schedule(PipeOp *ops, int m, int pp, int stage) {
     int *f = calloc_or_die((size_t)pp * 3, sizeof *f), *b = f + pp, *w = b + pp;  // done (started) per stage
     int *f_end = malloc_or_die((size_t)pp * m * 2 * sizeof *f_end), *b_end = f_end + pp * m;
@@ -66,7 +70,8 @@ int zb_h1_schedule(PipeOp *ops, int m, int pp, int stage) {
                 (s == pp - 1 || b_end[(s + 1) * m + b[s]] <= t)) {
                 op = (PipeOp){true, b[s], 0, false};
                 b_end[s * m + b[s]++] = t + 1;
-            } else if (f[s] < m && f[s] - w[s] < pp && (s == 0 || (f[s] < f[s - 1] && f_end[(s - 1) * m + f[s]] <= t))) {
+            } else if (f[s] < m && f[s] - w[s] < zb_h1_limit(pp, s) &&
+                       (s == 0 || (f[s] < f[s - 1] && f_end[(s - 1) * m + f[s]] <= t))) {
                 op = (PipeOp){false, f[s], 0, false};
                 f_end[s * m + f[s]++] = t + 1;
             } else if (w[s] < b[s]) {
@@ -163,7 +168,8 @@ static void check_message_order(PipeOp **ops, const int *n, int pp, int chunks) 
                     if (recv_from == from) break;
                 }
                 if (i == n[from] || j == n[to]) {
-                    if (i != n[from] || j != n[to]) fatal("internal: stages %d and %d disagree on their messages", from, to);
+                    if (i != n[from] || j != n[to])
+                        fatal("internal: stages %d and %d disagree on their messages", from, to);
                     break;
                 }
                 const PipeOp *sent = &ops[from][i], *wanted = &ops[to][j];
