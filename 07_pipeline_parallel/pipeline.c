@@ -12,6 +12,7 @@
 #include "run_checkpoint.h"
 #include "run_setup.h"
 #include "stage_run.h"
+#include "trace.h"
 #include "zero_bubble.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
@@ -24,9 +25,7 @@ void stage_blocks(int n_layer, int pp, int stage, int *first, int *n) {
     *first = stage * base + (stage < extra ? stage : extra);
 }
 
-static bool is_interleaved(const char *schedule) { return strcmp(schedule, "interleaved") == 0; }
-
-int pipe_chunks(const Config *cfg) { return is_interleaved(cfg->pp_schedule) ? cfg->virtual_stages : 1; }
+int pipe_chunks(const Config *cfg) { return pipe_interleaved(cfg->pp_schedule) ? cfg->virtual_stages : 1; }
 
 bool pipe_grid_fits(const Config *cfg, int ranks, int n_layer, char *why, size_t why_size) {
     int pp = cfg->pp_size, m = cfg->num_microbatches, v = pipe_chunks(cfg);
@@ -41,7 +40,7 @@ bool pipe_grid_fits(const Config *cfg, int ranks, int n_layer, char *why, size_t
     else if (pp * v > n_layer)
         snprintf(why, why_size, "key 'virtual_stages': %d chunks on each of %d stages need at least %d blocks, "
                  "n_layer is %d", v, pp, pp * v, n_layer);
-    else if (is_interleaved(cfg->pp_schedule) && m % pp != 0)
+    else if (pipe_interleaved(cfg->pp_schedule) && m % pp != 0)
         snprintf(why, why_size, "key 'num_microbatches': the interleaved schedule sends micro-batches round the "
                  "stages in groups of pp_size (%d): %d is not a multiple of it", pp, m);
     else if (cfg->global_batch_size % (ranks / pp * m) != 0)
@@ -169,7 +168,7 @@ static int warmup_forwards(int m, int pp, int stage) {
 
 int pipe_schedule(PipeOp *ops, const char *schedule, int m, int pp, int chunks, int stage) {
     int n = 0;
-    if (is_interleaved(schedule)) return interleaved_schedule(ops, m, pp, chunks, stage);
+    if (pipe_interleaved(schedule)) return interleaved_schedule(ops, m, pp, chunks, stage);
     if (pipe_zero_bubble(schedule)) return zb_h1_schedule(ops, m, pp, stage);
     if (is_gpipe(schedule)) {
         for (int i = 0; i < m; i++) ops[n++] = (PipeOp){.micro = i};
@@ -237,7 +236,7 @@ void pipeline_free(Pipeline *p) {
 static const char *slots_rule(const char *schedule) {
     if (is_gpipe(schedule)) return "all m";
     if (pipe_zero_bubble(schedule)) return "up to p + 1 on stage 0, p on the others, each until its W";
-    if (is_interleaved(schedule)) return "per chunk, from the ring's warm-up";
+    if (pipe_interleaved(schedule)) return "per chunk, from the ring's warm-up";
     return "min(m, p - stage)";
 }
 
@@ -282,13 +281,18 @@ typedef struct {
 } Message;
 
 // F3, B3, W3: micro-batch 3's forward, backward, weight pass; F3c1: through chunk 1 (interleaved)
+static void op_name(const Pipeline *p, const PipeOp *op, char *name, size_t size) {
+    char chunk[16] = "";
+    if (p->grid->chunks > 1) snprintf(chunk, sizeof chunk, "c%d", op->chunk);
+    snprintf(name, size, "%s%d%s", op->weights ? "W" : op->backward ? "B" : "F", op->micro, chunk);
+}
+
 static void trace(Pipeline *p, const PipeOp *op, bool received, bool sent) {
     if (!p->tracing) return;
     size_t len = strlen(p->trace);
-    char chunk[16] = "";
-    if (p->grid->chunks > 1) snprintf(chunk, sizeof chunk, "c%d", op->chunk);
-    snprintf(p->trace + len, sizeof p->trace - len, "%s%s%d%s%s ", received ? "r" : "",
-             op->weights ? "W" : op->backward ? "B" : "F", op->micro, chunk, sent ? "s" : "");
+    char name[32];
+    op_name(p, op, name, sizeof name);
+    snprintf(p->trace + len, sizeof p->trace - len, "%s%s%s ", received ? "r" : "", name, sent ? "s" : "");
 }
 
 // the slot of an op's micro-batch in its chunk
@@ -352,6 +356,7 @@ static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *gr
     int slot = slot_of(p, op);
     Activations *a = &p->slots[slot];
     double t0 = wall_seconds(), loss = 0;
+    int m0 = trace_mark();
     if (op->weights) {
         deferred_weight_pass(p->deferred[slot]);
     } else if (op->backward) {
@@ -365,6 +370,9 @@ static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *gr
                              : gpt_loss_forward(a, p->mc, b->rows, b->T);
         }
     }
+    char name[32];  // the op on the trace's compute track, around its layers' spans
+    op_name(p, op, name, sizeof name);
+    trace_span(name, TRACK_COMPUTE, m0, trace_mark(), NULL);
     dev_synchronize();
     *secs = wall_seconds() - t0;
     p->compute_s += *secs;

@@ -64,8 +64,9 @@ typedef struct {
 // the schedules of schedules.c, each into ops (room for pipe_max_ops), returning how many
 int interleaved_schedule(PipeOp *ops, int m, int pp, int chunks, int stage);
 int zb_h1_schedule(PipeOp *ops, int m, int pp, int stage);
-// whether the schedule splits the backward into B and W (zb-h1)
+// whether the schedule splits the backward into B and W (zb-h1); whether it interleaves chunks
 bool pipe_zero_bubble(const char *schedule);
+bool pipe_interleaved(const char *schedule);
 // the stages an op receives its input from and sends its output to (-1: none): the neighbours in
 // the ring of pp * chunks virtual stages (chunk c of stage s is virtual stage c * pp + s)
 void pipe_op_peers(const PipeOp *op, int pp, int chunks, int stage, int *recv_from, int *send_to);

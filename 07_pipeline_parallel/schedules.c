@@ -15,7 +15,7 @@
 #include "log.h"
 #include "pipeline.h"
 
-static bool is_interleaved(const char *schedule) { return strcmp(schedule, "interleaved") == 0; }
+bool pipe_interleaved(const char *schedule) { return strcmp(schedule, "interleaved") == 0; }
 bool pipe_zero_bubble(const char *schedule) { return strcmp(schedule, "zb-h1") == 0; }
 
 int pipe_max_ops(int m, int chunks) { return 3 * m * chunks; }
@@ -117,7 +117,7 @@ double pipe_bubble_theory(const char *schedule, int m, int pp, int chunks) {
 
 const char *pipe_bubble_formula(const char *schedule) {
     if (pipe_zero_bubble(schedule)) return "(p-1)/(3m+p-1) with F = B = W";
-    if (is_interleaved(schedule)) return "(p-1)/(v*m+p-1)";
+    if (pipe_interleaved(schedule)) return "(p-1)/(v*m+p-1)";
     return "(p-1)/(m+p-1)";
 }
 

@@ -231,10 +231,7 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     add_arg(p, "--num_microbatches=%d", m);
     add_arg(p, "--gradient_acc_steps=1");
     // rank 0: stage 0, with every chunk of it (interleaved), as pipe_grid_init makes it
-    Config grid_cfg = *s->cfg;
-    grid_cfg.pp_size = pp, grid_cfg.num_microbatches = m;
-    PipeGrid g = {.pp = pp, .dp = dp, .is_first = true, .is_last = pp == 1,
-                  .chunks = strcmp(grid_cfg.pp_schedule, "interleaved") == 0 ? grid_cfg.virtual_stages : 1};
+    PipeGrid g = {.pp = pp, .dp = dp, .is_first = true, .is_last = pp == 1, .chunks = pipe_chunks(s->cfg)};
     pipe_chunk_blocks(&g, s->mc->n_layer, 0, &g.first_block, &g.n_blocks);
     ParamLayout layout;
     pipe_stage_layout(&layout, s->mc, &g);
@@ -244,16 +241,16 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     // output gradients (zero_bubble.c: 9 N C floats a block and slot)
     int *slots = calloc_or_die((size_t)g.chunks, sizeof *slots);
     pipe_slots(s->cfg->pp_schedule, m, pp, g.chunks, 0, slots);
-    size_t acts = 0;
+    size_t acts = 0, deferred = 0;
     for (int c = 0; c < g.chunks; c++) {
         ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
         pipe_chunk_blocks(&g, s->mc->n_layer, c, &spec.first_layer, &spec.n_layers);
         spec.embed = c == 0, spec.head = pp == 1 && c == g.chunks - 1;
         acts += (size_t)slots[c] * acts_bytes(&spec);
-        if (pipe_zero_bubble(s->cfg->pp_schedule))
-            acts += (size_t)slots[c] * spec.n_layers * 9 * rows * s->T * s->mc->n_embd * sizeof(float);
+        deferred += (size_t)slots[c] * spec.n_layers * 9 * rows * s->T * s->mc->n_embd * sizeof(float);
     }
     add_model_memory(p, s->cfg, n, acts);
+    if (pipe_zero_bubble(s->cfg->pp_schedule)) add_memory(p, "deferred weight gradients", deferred);
     gpt_layout_free(&layout);
     free(slots);
 
