@@ -79,7 +79,8 @@ int pipe_schedule(PipeOp *ops, const char *schedule, int m, int pp, int chunks, 
 // chunk into per_chunk[chunks] unless NULL
 int pipe_slots(const char *schedule, int m, int pp, int chunks, int stage, int *per_chunk);
 // the bubble fraction of the schedule when every forward takes one unit of time and a backward two
-// (zero-bubble: a backward one and a weight pass one): (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1)
+// (zero-bubble: a backward one and a weight pass one): (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1),
+// zb-h1 (p-1)/(3m+p-1)
 double pipe_bubble_theory(const char *schedule, int m, int pp, int chunks);
 // the formula behind it, as text
 const char *pipe_bubble_formula(const char *schedule);
@@ -131,7 +132,8 @@ double pipeline_eval_loss(void *ctx, const Batch *batch);
 
 // After the first step only: rank 0 prints every rank's op sequence of that traced step and the
 // bubble beside its theory, and the bubble of that step's timeline replayed with its measured
-// compute times (pipe_replay; stats.json "bubble"); the run's bubble is then measured from step 2 on.
+// compute times (pipe_replay; stats.json bubble_theory, bubble_unit_times, bubble_first_step and
+// bubble_first_step_balanced); the run's bubble is then measured from step 2 on.
 void print_first_schedule(Comm *world, Pipeline *p);
 // Rank 0 prints each rank's measured bubble fraction (idle / schedule time) over steps 2 on, if any.
 void print_bubble(Comm *world, const Pipeline *p);
