@@ -131,7 +131,8 @@ PLAN_TOOL_OBJS := $(addprefix $(B)/tools/,plan.o plan_cluster.o plan_measure.o)
 PLAN_OBJS := $(PLAN_TOOL_OBJS) \
              $(addprefix $(B)/,04_fsdp/fsdp.o 05_tensor_parallel/tp_linear.o 05_tensor_parallel/tp_model.o \
                                07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o \
-                               09_context_parallel/context.o) $(STAGE_OBJS_9)
+                               09_context_parallel/context.o) $(STAGE_OBJS_9) \
+             $(addprefix $(B)/07_pipeline_parallel/,schedules.o zero_bubble.o)
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
 $(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel -I08_mixture_of_experts -I09_context_parallel
 build/plan: $(B)/plan

@@ -1,8 +1,9 @@
 // pipeline.h: stage 07's pipeline. The ranks form a pp x dp grid; each pipeline stage holds a
 // contiguous range of blocks (the embedding on the first stage, the head and loss on the last),
 // runs its share of every micro-batch, and passes activations forward and their gradients back
-// to its neighbours. The schedule (GPipe or 1F1B) says in which order a stage runs its forwards
-// and backwards; train.c reads like stage 03 with this step in place of forward + backward.
+// to its neighbours. The schedule (GPipe, 1F1B, interleaved 1F1B or ZB-H1: schedules.c) says in
+// which order a stage runs its forwards and backwards; train.c reads like stage 03 with this step
+// in place of forward + backward.
 #ifndef PIPELINE_H
 #define PIPELINE_H
 
@@ -19,6 +20,8 @@ typedef struct {
     int pp, dp;                // stages per pipeline, pipelines (data-parallel replicas)
     int stage, replica;
     int first_block, n_blocks; // the blocks this stage holds: [first_block, first_block + n_blocks)
+                               // (interleaved: of its first chunk; pipe_chunk_blocks for each)
+    int chunks;                // virtual stages this stage holds (interleaved: virtual_stages; else 1)
     bool is_first, is_last;    // holds the embedding / the head and the loss
     Comm *pipe;                // this replica's stages, ranked by stage: the activations' path
     Comm *dp_group;            // this stage in every replica: the gradient all-reduce
@@ -33,6 +36,13 @@ void pipe_grid_init(PipeGrid *g, Comm *world, const Config *cfg, const GPTConfig
 bool pipe_grid_fits(const Config *cfg, int ranks, int n_layer, char *why, size_t why_size);
 // blocks [*first, *first + *n) of stage `stage`: L / pp each, the first L % pp stages one more
 void stage_blocks(int n_layer, int pp, int stage, int *first, int *n);
+// chunks of blocks each stage holds: virtual_stages under pp_schedule interleaved, else 1
+int pipe_chunks(const Config *cfg);
+// blocks of chunk c of a stage: virtual stage c * pp + stage of the pp * chunks the blocks are split over
+void pipe_chunk_blocks(const PipeGrid *g, int n_layer, int chunk, int *first, int *n);
+// this stage's layout: its blocks (every chunk's, one after another), the embedding on the first
+// stage, the head on the last
+void pipe_stage_layout(ParamLayout *layout, const GPTConfig *mc, const PipeGrid *g);
 
 // Prints the grid and which blocks each stage holds.
 void print_pipeline_plan(const PipeGrid *g, const Config *cfg, const GPTConfig *mc, size_t stage_params, int slots);
@@ -40,16 +50,47 @@ void print_pipeline_plan(const PipeGrid *g, const Config *cfg, const GPTConfig *
 // wte, which the first stage counts
 double stage_sum_squares(const PipeGrid *g, const ParamLayout *layout, const float *grads);
 
-// One step of the schedule: the forward or the backward of one micro-batch.
+// One step of the schedule: the forward or the backward of one micro-batch through one chunk of
+// the stage's blocks (chunk 0 but for interleaved). Zero-bubble schedules split the backward in
+// two: the backward (weights false) computes the gradient the previous stage waits for, the
+// weight pass (weights true, W) later the weight gradients it left for then.
 typedef struct {
     bool backward;
     int micro;
+    int chunk;
+    bool weights;
 } PipeOp;
 
-// the 2m ops of a stage, in order (ops has room for 2m); returns how many (2m)
-int pipe_schedule(PipeOp *ops, const char *schedule, int m, int pp, int stage);
-// micro-batches whose activations a stage holds at once: m for GPipe, min(m, pp - stage) for 1F1B
-int pipe_slots(const char *schedule, int m, int pp, int stage);
+// the schedules of schedules.c, each into ops (room for pipe_max_ops), returning how many
+int interleaved_schedule(PipeOp *ops, int m, int pp, int chunks, int stage);
+int zb_h1_schedule(PipeOp *ops, int m, int pp, int stage);
+// whether the schedule splits the backward into B and W (zb-h1); whether it interleaves chunks
+bool pipe_zero_bubble(const char *schedule);
+bool pipe_interleaved(const char *schedule);
+// the stages an op receives its input from and sends its output to (-1: none): the neighbours in
+// the ring of pp * chunks virtual stages (chunk c of stage s is virtual stage c * pp + s)
+void pipe_op_peers(const PipeOp *op, int pp, int chunks, int stage, int *recv_from, int *send_to);
+// the most ops a stage runs per step: m forwards, m backwards and m weight passes per chunk
+int pipe_max_ops(int m, int chunks);
+// the ops of a stage, in order (ops has room for pipe_max_ops); returns how many
+int pipe_schedule(PipeOp *ops, const char *schedule, int m, int pp, int chunks, int stage);
+// micro-batches whose activations a stage holds at once, over all its chunks (from a forward to
+// the end of its backward, or of its weight pass): m for GPipe, min(m, pp - stage) for 1F1B; per
+// chunk into per_chunk[chunks] unless NULL
+int pipe_slots(const char *schedule, int m, int pp, int chunks, int stage, int *per_chunk);
+// the bubble fraction of the schedule when every forward takes one unit of time and a backward two
+// (zero-bubble: a backward one and a weight pass one): (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1),
+// zb-h1 (p-1)/(3m+p-1)
+double pipe_bubble_theory(const char *schedule, int m, int pp, int chunks);
+// the formula behind it, as text
+const char *pipe_bubble_formula(const char *schedule);
+
+// The schedule of every stage replayed on one clock: each op starts when the stage's previous op
+// ended and its input was produced (the messages taking no time). secs[s] holds stage s's op
+// times (NULL: the unit times above). Fills busy[s] and returns the time the last op ends; fatal()
+// if the orders would deadlock, or if a stage would receive its messages from a neighbour in
+// another order than the neighbour sends them (one tag: they would land in the wrong buffers).
+double pipe_replay(const char *schedule, int m, int pp, int chunks, double *const *secs, double *busy);
 
 #define PIPE_TRACE_CHARS 2048
 
@@ -59,13 +100,18 @@ typedef struct {
     const Weights *w;
     const char *schedule;
     int m;                       // micro-batches per step
-    Activations *slots;          // [n_slots]: micro-batch i uses slot i % n_slots
+    PipeOp *ops;                 // this stage's schedule: [n_ops]
+    int n_ops;
+    Activations *slots;          // [n_slots]: micro-batch i of chunk c uses slot chunk_first[c] + i % chunk_slots[c]
     int n_slots;
+    int *chunk_slots, *chunk_first;  // [grid->chunks]
+    struct DeferredWeights **deferred;  // zb-h1: [n_slots], each slot's weight gradients left for W; else NULL
     CommRequest **fwd_sends, **bwd_sends;  // [n_slots]: the sends still reading a slot's buffers
     long steps;                  // pipeline_step calls so far: the first is traced
     bool tracing;                // record the op sequence (the first step)
     char trace[PIPE_TRACE_CHARS];
     double compute_s, schedule_s;  // summed over the steps measured: busy time and schedule time
+    double *op_s;                // [n_ops]: each op's compute seconds in the traced step
 } Pipeline;
 
 // one slot per micro-batch in flight, each the activations of one micro-batch of the longest
@@ -85,7 +131,9 @@ double pipeline_step(Pipeline *p, Weights *g, const Batch *batches, float dloss)
 double pipeline_eval_loss(void *ctx, const Batch *batch);
 
 // After the first step only: rank 0 prints every rank's op sequence of that traced step and the
-// bubble beside its theory; the run's bubble is then measured from step 2 on.
+// bubble beside its theory, and the bubble of that step's timeline replayed with its measured
+// compute times (pipe_replay; stats.json bubble_theory, bubble_unit_times, bubble_first_step and
+// bubble_first_step_balanced); the run's bubble is then measured from step 2 on.
 void print_first_schedule(Comm *world, Pipeline *p);
 // Rank 0 prints each rank's measured bubble fraction (idle / schedule time) over steps 2 on, if any.
 void print_bubble(Comm *world, const Pipeline *p);

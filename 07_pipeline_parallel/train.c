@@ -3,7 +3,7 @@
 // The P ranks form pp_size stages x P / pp_size data-parallel replicas. A stage holds a range
 // of blocks (the embedding on the first, the head and the loss on the last); each replica's rows
 // are cut into num_microbatches micro-batches that flow through the stages, activations forward
-// and their gradients back, in the order pp_schedule says (gpipe or 1f1b: pipeline.c). Then the
+// and gradients back, in the order pp_schedule says (gpipe, 1f1b, interleaved, zb-h1: pipeline.c). Then
 // tied wte's two halves are summed between the first and the last stage, each stage's gradients
 // are all-reduced over the replicas as in stage 03, and every stage takes its AdamW step on its
 // own tensors. With the same seed and global batch, any grid gives the losses of one process.
@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
     PipeGrid grid;
     pipe_grid_init(&grid, world, &cfg, &mc);
     ParamLayout layout, full_layout;
-    gpt_layout_range(&layout, &mc, grid.first_block, grid.n_blocks, grid.is_first, grid.is_last);
+    pipe_stage_layout(&layout, &mc, &grid);  // its blocks (every chunk's), embedding, head
     gpt_layout(&full_layout, &mc);
     // ... and the bf16 working copy of the weights, mb.params16, which every matmul reads
     bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;

@@ -89,6 +89,8 @@ int comm_test(CommRequest *r);
 // ones one after another, each waiting for its peer. So where sends form a cycle (a ring, two
 // ranks swapping, a rank sending to itself), use comm_send_recv, which runs both as one step on
 // either backend; separate calls fit a chain such as a pipeline's forward pass.
+// Whether separately started sends and receives run one after another (NCCL), not all at once (MPI)
+bool comm_p2p_in_order(void);
 void comm_send(Comm *c, const float *buf, size_t count, int peer);
 void comm_recv(Comm *c, float *buf, size_t count, int peer);
 // sends send_count floats to dst while receiving recv_count floats from src (MPI_Sendrecv)

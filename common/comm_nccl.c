@@ -153,6 +153,8 @@ static void use_mpi(bool force_staging) {
 
 static void watch(void);
 
+bool comm_p2p_in_order(void) { return !g_via_mpi; }
+
 void comm_backend_init_group(Comm *c) {
     ops_init();  // picks this rank's GPU: the communicator is bound to the current device
     if (c->mpi == MPI_COMM_WORLD) {

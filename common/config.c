@@ -100,6 +100,8 @@ static const Key KEYS[] = {
     K(num_microbatches, T_INT, "1",
       "pipeline: micro-batches each replica's rows are cut into (takes the place of gradient_acc_steps)"),
     K(pp_schedule, T_STRING, "1f1b", "pipeline: gpipe (all forwards, then all backwards) or 1f1b"),
+    K(virtual_stages, T_INT, "1",
+      "pipeline: chunks of blocks each stage holds, non-adjacent (pp_schedule interleaved; 1 otherwise)"),
     K(num_experts, T_INT, "0", "experts of each mixture-of-experts block (0: dense MLPs; stage 08)"),
     K(experts_per_token, T_INT, "2", "experts each token is sent to (top-k of the router's softmax)"),
     K(moe_every, T_INT, "1", "every N-th block is a mixture-of-experts block"),
@@ -571,14 +573,30 @@ static void require_ladder_keys_fit_stage(const Config *cfg, const Sources *src,
           cfg->zero_stage, cfg->hsdp_replicas, (int)stage);
 }
 
+// virtual_stages chunks each stage's blocks, which only the interleaved schedule runs; zb-h1 computes
+// a weight gradient long after its block's backward, from activations that recomputation does not
+// keep (each block's are recomputed into one buffer that the next block's recomputation overwrites)
+static void require_schedule_keys(const Config *cfg, const Sources *src) {
+    require_positive(src, "virtual_stages", cfg->virtual_stages);
+    if (cfg->virtual_stages != 1 && strcmp(cfg->pp_schedule, "interleaved") != 0)
+        fatal("%s: key 'virtual_stages' is %d but pp_schedule is '%s': only pp_schedule interleaved "
+              "gives a stage more than one chunk of blocks", source_of(src, "virtual_stages"), cfg->virtual_stages,
+              cfg->pp_schedule);
+    if (strcmp(cfg->pp_schedule, "zb-h1") == 0 && cfg->activation_checkpointing)
+        fatal("%s: key 'activation_checkpointing' is true but pp_schedule zb-h1 computes each weight gradient "
+              "after the block's backward, from activations recomputation does not keep: set one of them "
+              "otherwise", source_of(src, "activation_checkpointing"));
+}
+
 // pp_size > 1 splits the blocks over ranks, which only strategy pipeline does; elsewhere it would
 // be ignored. Stage 07 cuts the batch with num_microbatches: a gradient_acc_steps beside it would
 // be a second, conflicting answer to the same question.
 static void require_pipeline_keys_fit_strategy(const Config *cfg, const Sources *src) {
-    static const char *const schedules[] = {"gpipe", "1f1b"};
+    static const char *const schedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
     require_positive(src, "pp_size", cfg->pp_size);
     require_positive(src, "num_microbatches", cfg->num_microbatches);
-    require_one_of(src, "pp_schedule", cfg->pp_schedule, schedules, 2, "gpipe or 1f1b");
+    require_one_of(src, "pp_schedule", cfg->pp_schedule, schedules, 4, "gpipe, 1f1b, interleaved or zb-h1");
+    require_schedule_keys(cfg, src);
     bool pipeline = strcmp(cfg->strategy, "pipeline") == 0;
     if (!pipeline && (cfg->pp_size != 1 || cfg->num_microbatches != 1))
         fatal("%s: keys 'pp_size' and 'num_microbatches' are %d and %d but strategy \"%s\" runs no "

@@ -64,7 +64,8 @@ typedef struct {
     // pipeline (stage 07)
     int pp_size;                 // pipeline stages; the ranks / pp_size replicas are data-parallel
     int num_microbatches;        // micro-batches a replica's rows are cut into (in place of gradient_acc_steps)
-    char pp_schedule[16];        // "gpipe" or "1f1b"
+    char pp_schedule[16];        // "gpipe", "1f1b", "interleaved" or "zb-h1"
+    int virtual_stages;          // interleaved: chunks of blocks per stage
     // mixture of experts (stage 08; stage 06 generates with such a model)
     int num_experts;             // experts of each MoE block (0: every block has its dense MLP)
     int experts_per_token;       // k: the experts each token goes to

@@ -242,40 +242,58 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
 }
 
 // Stage 07 on pp stages x dp replicas (rank = replica * pp + stage), m micro-batches per step:
-// rank 0 is stage 0 of replica 0, sized by the stage's own stage_blocks, gpt_layout_range and
-// pipe_slots. Its messages go to stage 1 only: an activation after each forward, a gradient
-// before each backward, A = rows x T x C floats each. Where a forward's send is followed by a
-// backward's receive they travel as one send-recv, counted as the message sent (comm.h); the
-// op order is the stage's pipe_schedule. Per step also: wte's gradient all-reduced between the
+// rank 0 is stage 0 of replica 0, sized by the stage's own pipe_chunk_blocks, pipe_stage_layout
+// and pipe_slots (pp_schedule and virtual_stages from the config). Its messages go to its
+// neighbours in the ring of virtual stages (pipe_op_peers): an activation after each forward, a
+// gradient before each backward, A = rows x T x C floats each. Where a send is followed by a
+// receive from the same neighbour they travel as one send-recv, counted as the message sent
+// (comm.h); the op order is the stage's pipe_schedule. Per step also: wte's gradient all-reduced between the
 // first and last stage (GPT-2's tied lm_head), and the stage's gradients over the replicas.
 static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
-    int dp = s->P / pp, L = s->mc->n_layer, first, blocks;
+    int dp = s->P / pp;
     snprintf(p->name, sizeof p->name, "PP %d x %d, %.5s m%d", pp, dp, s->cfg->pp_schedule, m);
     p->stage = 7, p->pp = pp, p->microbatches = m, p->dp = dp;
     add_strategy(p, "pipeline");
     add_arg(p, "--pp_size=%d", pp);
     add_arg(p, "--num_microbatches=%d", m);
     add_arg(p, "--gradient_acc_steps=1");
-    stage_blocks(L, pp, 0, &first, &blocks);
+    // rank 0: stage 0, with every chunk of it (interleaved), as pipe_grid_init makes it
+    PipeGrid g = {.pp = pp, .dp = dp, .is_first = true, .is_last = pp == 1, .chunks = pipe_chunks(s->cfg)};
+    pipe_chunk_blocks(&g, s->mc->n_layer, 0, &g.first_block, &g.n_blocks);
     ParamLayout layout;
-    gpt_layout_range(&layout, s->mc, first, blocks, true, pp == 1);
+    pipe_stage_layout(&layout, s->mc, &g);
     size_t n = layout.num_params;
     int rows = s->cfg->global_batch_size / dp / m;
-    ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
-    spec.first_layer = first, spec.n_layers = blocks, spec.embed = true, spec.head = pp == 1;
-    // 07_pipeline_parallel's report
-    add_model_memory(p, s->cfg, n, (size_t)pipe_slots(s->cfg->pp_schedule, m, pp, 0) * acts_bytes(&spec));
+    // 07_pipeline_parallel's report: each chunk's slots of its activations, and zb-h1's deferred
+    // output gradients (zero_bubble.c: 9 N C floats a block and slot)
+    int *slots = calloc_or_die((size_t)g.chunks, sizeof *slots);
+    pipe_slots(s->cfg->pp_schedule, m, pp, g.chunks, 0, slots);
+    size_t acts = 0, deferred = 0;
+    for (int c = 0; c < g.chunks; c++) {
+        ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
+        pipe_chunk_blocks(&g, s->mc->n_layer, c, &spec.first_layer, &spec.n_layers);
+        spec.embed = c == 0, spec.head = pp == 1 && c == g.chunks - 1;
+        acts += (size_t)slots[c] * acts_bytes(&spec);
+        deferred += (size_t)slots[c] * spec.n_layers * 9 * rows * s->T * s->mc->n_embd * sizeof(float);
+    }
+    add_model_memory(p, s->cfg, n, acts);
+    if (pipe_zero_bubble(s->cfg->pp_schedule)) add_memory(p, "deferred weight gradients", deferred);
     gpt_layout_free(&layout);
+    free(slots);
 
-    PipeOp *ops = calloc_or_die(2 * (size_t)m, sizeof *ops);
-    int n_ops = pipe_schedule(ops, s->cfg->pp_schedule, m, pp, 0);
+    // the messages as pipeline.c's exchange sends them: a send followed by a receive from the
+    // same neighbour travels as one send-recv, counted as the message sent
+    PipeOp *ops = calloc_or_die((size_t)pipe_max_ops(m, g.chunks), sizeof *ops);
+    int n_ops = pipe_schedule(ops, s->cfg->pp_schedule, m, pp, g.chunks, 0), pending = -1;
     long sends = 0, send_recvs = 0, recvs = 0;
     for (int k = 0; k < n_ops && pp > 1; k++) {
-        bool fused_before = k > 0 && !ops[k - 1].backward && ops[k].backward;
-        bool fused_after = k + 1 < n_ops && !ops[k].backward && ops[k + 1].backward;
-        if (!ops[k].backward) fused_after ? send_recvs++ : sends++;
-        else if (!fused_before) recvs++;
+        int from, to;
+        pipe_op_peers(&ops[k], pp, g.chunks, 0, &from, &to);
+        if (pending >= 0 && from == pending) send_recvs++;
+        else sends += pending >= 0, recvs += from >= 0;
+        pending = to;
     }
+    sends += pending >= 0 && pp > 1;
     free(ops);
     double A = (double)rows * s->T * s->mc->n_embd * sizeof(float);
     add_comm(p, "pipeline", "send", sends * A, sends, 2, 1, false);
@@ -388,7 +406,9 @@ static void predict_time(const Setup *s, Plan *p) {
     // a pipeline's bubble: filling and draining pp stages idles (pp - 1) / m of a rank's work.
     // Where ranks share cores, an idle rank's core runs the others: the bubble costs only what
     // the critical path (own work plus idling) exceeds the shared compute by.
-    double critical = p->stage == 7 ? own * (1.0 + (double)(p->pp - 1) / p->microbatches) : 0;
+    double bubble = p->stage == 7 ? pipe_bubble_theory(s->cfg->pp_schedule, p->microbatches, p->pp,
+                                                        pipe_chunks(s->cfg)) : 0;
+    double critical = p->stage == 7 ? own * (1.0 + bubble / (1.0 - bubble)) : 0;  // idle per unit of work
     p->bubble_s = critical > p->compute_s ? critical - p->compute_s : 0;
     double backward = p->compute_s * 2.0 / 3.0, hideable = 0, shown_anyway = 0;
     p->comm_s = p->exposed_s = 0;

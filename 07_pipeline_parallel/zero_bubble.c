@@ -1,0 +1,105 @@
+// zero_bubble.c: the backward split in two for zero-bubble schedules (ZB-H1), as a LayerOps
+// around the serial layers (gpt.h), so the block's math stays in common/gpt.c.
+//
+// A linear layer's backward computes two things: dinp = dout @ w, which the layer below (and the
+// previous stage) waits for, and dw = dout^T @ inp, db = sum(dout), which nothing waits for until
+// the optimizer. During B, each linear layer computes dinp only and leaves a note of what its
+// weight gradient needs: its input, which stays in the slot's activations until W, and dout, which
+// is copied (it lives in backward scratch that the next layer reuses) -- except the head's, the
+// dlogits, which stay in the slot. W runs the notes. The copies are zero bubble's memory price:
+// 9 N C floats per block (the output gradients of qkv 3C, attn_proj C, fc 4C, fc_proj C) for each
+// micro-batch between its B and its W.
+// What stays in B: LayerNorm's weight gradient comes out of the same pass over the rows as its
+// input gradient (deferring it would keep its dout for little compute), attention has no weights,
+// and the embedding's gradient is the first stage's last op, which no stage waits for.
+#include "zero_bubble.h"
+
+#include <stdlib.h>
+
+#include "device.h"
+#include "log.h"
+
+typedef struct {
+    LinearKind kind;
+    Linear *g;             // where the gradients go
+    const float *dout;     // the copy (or the head's dlogits)
+    const float *inp;
+    const half16 *inp16;
+    const Linear *w;
+    int N, in_dim, out_dim;
+} DeferredLinear;
+
+struct DeferredWeights {
+    LayerOps ops;          // first: the activations' ops point at the struct
+    LayerOps *inner;       // the serial layers that compute
+    bool deferring;        // inside a B pass
+    half16 *dout16;        // the slot's bf16 scratch for dout
+    DeferredLinear *notes;
+    int n_notes, max_notes;
+    float *douts;          // the copies of dout: [capacity] floats on the device
+    size_t used, capacity;
+};
+
+static DeferredWeights *of(LayerOps *ops) { return (DeferredWeights *)ops; }
+
+static void deferred_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Linear *g, const float *dout,
+                                     half16 *dout16, const float *inp, const half16 *inp16, const Linear *w, int N,
+                                     int in_dim, int out_dim) {
+    DeferredWeights *d = of(ops);
+    if (!d->deferring) {  // evaluation never runs backward; a whole backward would land here
+        d->inner->linear_backward(d->inner, k, dinp, g, dout, dout16, inp, inp16, w, N, in_dim, out_dim);
+        return;
+    }
+    Linear none = {0};  // no weight gradient now: dinp only
+    d->inner->linear_backward(d->inner, k, dinp, &none, dout, dout16, inp, inp16, w, N, in_dim, out_dim);
+    const float *kept = dout;
+    if (k != LIN_HEAD) {  // the head's dout is the dlogits, which stay in the slot
+        size_t n = (size_t)N * out_dim;
+        if (d->used + n > d->capacity || d->n_notes == d->max_notes)
+            fatal("internal: the deferred weight gradients outgrow their %zu floats", d->capacity);
+        float *copy = d->douts + d->used;
+        dev_copy(copy, dout, n * sizeof(float));
+        d->used += n;
+        kept = copy;
+    }
+    d->notes[d->n_notes++] = (DeferredLinear){k, g, kept, inp, inp16, w, N, in_dim, out_dim};
+    d->dout16 = dout16;
+}
+
+DeferredWeights *deferred_weights_new(Activations *a, int max_blocks, int max_rows) {
+    DeferredWeights *d = calloc_or_die(1, sizeof *d);
+    d->inner = a->ops;
+    d->ops = *a->ops;
+    d->ops.linear_backward = deferred_linear_backward;
+    d->max_notes = 4 * max_blocks + 1;  // four linears a block, and the head
+    d->notes = calloc_or_die((size_t)d->max_notes, sizeof *d->notes);
+    d->capacity = (size_t)max_blocks * 9 * max_rows * a->spec.shape.C;
+    d->douts = d->capacity ? dev_malloc(d->capacity * sizeof(float)) : NULL;
+    a->ops = &d->ops;
+    return d;
+}
+
+size_t deferred_weights_bytes(const DeferredWeights *d) { return d->capacity * sizeof(float); }
+
+void deferred_weights_free(DeferredWeights *d) {
+    if (!d) return;
+    if (d->douts) dev_free(d->douts);
+    free(d->notes);
+    free(d);
+}
+
+void deferred_backward(DeferredWeights *d, Activations *a, const Weights *w, Weights *g, int B, int T) {
+    if (d->n_notes) fatal("internal: a backward before the weight pass of the one before");
+    d->deferring = true;
+    gpt_backward(a, w, g, B, T, NULL, NULL);
+    d->deferring = false;
+}
+
+void deferred_weight_pass(DeferredWeights *d) {
+    for (int i = 0; i < d->n_notes; i++) {
+        const DeferredLinear *n = &d->notes[i];
+        d->inner->linear_backward(d->inner, n->kind, NULL, n->g, n->dout, d->dout16, n->inp, n->inp16, n->w, n->N,
+                                  n->in_dim, n->out_dim);
+    }
+    d->n_notes = 0, d->used = 0;
+}
