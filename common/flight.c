@@ -174,8 +174,8 @@ static void put_op(Out *o, const FlightOp *op, bool first) {
     put_char(o, '}');
 }
 
-// make_dir: a hang or a signal may come before rank 0 made out_dir, or on a host that does not
-// share it; a bad-input error (fatal()) leaves no directory behind that was not there.
+// make_dir: a hang or a request for the rings may come before rank 0 made out_dir, or on a host
+// that does not share it; a bad-input error (fatal()) leaves no directory behind that was not there.
 static void write_ring(const char *reason, bool make_dir) {
     if (!g_on || !g_path[0]) return;  // no directory yet: the run has not read its config
     int saved_errno = errno;          // a handler must leave errno as it found it
@@ -236,7 +236,9 @@ static const char *signal_reason(int sig) {
     }
 }
 
-void flight_on_signal(int sig) { flight_write(signal_reason(sig)); }
+// Only SIGUSR2, which a person or a timed-out peer sends to ask for the rings, may make out_dir:
+// the SIGTERM a launcher sends the other ranks when one refuses bad input must leave no directory.
+void flight_on_signal(int sig) { write_ring(signal_reason(sig), sig == SIGUSR2); }
 
 // SIGUSR2: write and carry on. SIGTERM, SIGINT: write, then end the process by the signal as
 // before (a handler installed later, preemption's, replaces this one and calls flight_on_signal).

@@ -41,7 +41,8 @@ void flight_write(const char *reason);
 // host to write theirs, waits briefly for the others' rings and, on the first rank to get there,
 // runs tools/hangcheck on them so that the job's log says what each rank was doing.
 void flight_on_timeout(const char *reason);
-// the handler's work for a signal another module catches (preemption.h): writes the ring
+// the handler's work for a signal another module catches (preemption.h): writes the ring, creating
+// the directory only for SIGUSR2 (the launcher's SIGTERM after a refused config leaves none)
 void flight_on_signal(int sig);
 
 #endif
