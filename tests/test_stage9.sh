@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Stage 09 (context parallelism) under mpirun:
-#  - fp32, cp_impl ring (overlap on and off) and ulysses, cp 2 x dp 2 and cp 4, GPT-2 and phi, on
-#    sequences of 238 tokens (not a multiple of 2 x cp: the chunks are padded, and the last one runs past
-#    GPT-2's 238 positions) reproduce stage 01's losses and gradient norms within 1e-5 over 20 steps;
+#  - fp32, cp_impl ring (overlap on and off) and ulysses, cp 2 x dp 2 and cp 4, GPT-2, phi and
+#    Llama, on sequences of 238 tokens (not a multiple of 2 x cp: the chunks are padded, and the last
+#    one runs past GPT-2's 238 positions) reproduce stage 01's losses and gradient norms within 1e-5
+#    over 20 steps;
 #  - the backward, not only the loss: after one step, every tensor's gradient (AdamW's first
 #    moment, (1 - beta1) x the gradient without clipping) equals stage 01's within 1e-5 of the
 #    tensor's largest;
@@ -35,6 +36,15 @@ run_ranks 9 phi_cp2dp2 4 --cp_size=2
 run_ranks 9 phi_ulysses_cp4 4 --cp_size=4 --cp_impl=ulysses
 for name in phi_cp2dp2 phi_ulysses_cp4; do
     check 'compare_losses "$tmp/phi" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
+done
+# Llama: grouped-query attention (its keys and values expanded to the heads before attention),
+# RMSNorm, rotary over the whole head at the chunks' global positions
+args=(--config configs/tiny_llama.json "${common[@]}")
+run_single 1 llama
+run_ranks 9 llama_cp2dp2 4 --cp_size=2 --overlap_communication=true
+run_ranks 9 llama_ulysses_cp2dp2 4 --cp_size=2 --cp_impl=ulysses
+for name in llama_cp2dp2 llama_ulysses_cp2dp2; do
+    check 'compare_losses "$tmp/llama" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
 done
 
 # bf16-mixed against stage 02, within stage 03's bound
