@@ -212,83 +212,104 @@ static void ring_attention_backward(LayerOps *ops, int layer, float *dqkv, float
 
 // ---- Ulysses: all-to-all between the sequence and the heads -----------------------------------
 
-// where each cp rank's rows sit among whole sequences: row (half * B + b) * c + t of rank j is
-// position chunk_of(j, half) * c + t of sequence b
-static const int *ulysses_map(CPLayers *x, int B, int T, int j) {
+// After the first all-to-all this rank holds, for its n_head / cp heads, cp blocks of rows: block
+// j is rank j's rows (its two chunks of every sequence, in the ring's row layout), q | k | v of
+// C / cp columns each. The whole sequences' causal attention is then the ring's block math over
+// every (query block i, key block j) pair, without the ring: all the keys are here already.
+static RingBlock ulysses_block(const CPGrid *g, const ModelShape *s, int B, int T, int i, int j) {
+    return (RingBlock){.B = B / 2, .c = T, .C = s->C_attn / g->cp, .NH = s->n_head / g->cp,
+                       .chunk = {chunk_of(g, i, 0), chunk_of(g, i, 1)},
+                       .kv_chunk = {chunk_of(g, j, 0), chunk_of(g, j, 1)}};
+}
+
+// Ulysses' all-to-all buffers, send and recv (N x 3C floats each), also hold its attention's
+// temporaries while no transfer needs them: during the local attention recv is [the heads' dout |
+// the online softmax's unnormalised output | the heads' output], N x C floats each; in backward
+// send then gathers the heads' dq | dk | dv.
+//
+// The attention of the heads' hqkv: returns its output (cp N rows, C / cp columns, in recv), lse
+// (cp N x n_head / cp) its log-sum-exp per row and head; the online softmax over the key blocks,
+// one at a time.
+static float *ulysses_local_forward(CPLayers *x, float *lse, const float *hqkv, const ModelShape *s, int B, int T) {
     const CPGrid *g = x->grid;
-    int N = B * T, half_rows = B / 2, Tp = 2 * g->cp * T;
-    if (x->map_B != B || x->map_T != T) {
-        int *host = malloc((size_t)g->cp * N * sizeof(int));
-        if (!host) fatal("out of host memory");
-        for (int r = 0; r < g->cp; r++)
-            for (int n = 0; n < N; n++) {
-                int t = n % T, b = (n / T) % half_rows, half = n / (T * half_rows);
-                host[(size_t)r * N + n] = b * Tp + chunk_of(g, r, half) * T + t;
-            }
-        copy_to_device(x->maps, host, (size_t)g->cp * N * sizeof(int));
-        free(host);
-        x->map_B = B, x->map_T = T;
+    int N = B * T, cp = g->cp, C = s->C_attn, Ch = C / cp, NHh = s->n_head / cp;
+    float *o = x->recv + (size_t)N * C, *heads_out = x->recv + (size_t)2 * N * C;
+    ring_forward_start(o, x->run_max, x->run_sum, cp * N, Ch, NHh);
+    for (int j = 0; j < cp; j++) {
+        ring_pack_kv(x->kv[0], hqkv + (size_t)j * N * 3 * Ch, N, Ch);
+        for (int i = 0; i < cp; i++) {
+            RingBlock r = ulysses_block(g, s, B, T, i, j);
+            size_t rows = (size_t)i * N;
+            ring_forward_block(&r, o + rows * Ch, x->run_max + rows * NHh, x->run_sum + rows * NHh, x->scratch,
+                               hqkv + rows * 3 * Ch, x->kv[0]);
+        }
     }
-    return x->maps + (size_t)j * N;
+    ring_forward_finish(heads_out, lse, o, x->run_max, x->run_sum, cp * N, Ch, NHh);
+    return heads_out;
 }
 
 // Forward: every rank sends rank j its rows' q, k and v of head group j (C / cp columns of each);
-// rank j then holds its heads for every position of its replica's sequences, runs ordinary causal
-// attention on them, and the second all-to-all sends each rank its rows' output of every head.
+// rank j then holds its heads for every position of its replica's sequences, runs causal
+// attention on them keeping one log-sum-exp per row and head (in the block's att), and the second
+// all-to-all sends each rank its rows' output of every head. The block keeps qkv for attention's
+// backward alone, and Ulysses' backward reads the heads' q, k, v: they replace the rows' in the
+// block's buffer (a second copy would cost N x 3C floats a layer).
 static void ulysses_attention_forward(LayerOps *ops, int layer, float *out, float *att, const float *qkv,
                                       const ModelShape *s, int B, int T) {
-    (void)att;
     CPLayers *x = (CPLayers *)ops;
     const CPGrid *g = x->grid;
-    int N = B * T, C = s->C_attn, cp = g->cp, Ch = C / cp, Tp = 2 * cp * T;
-    float *hq = x->heads_qkv[layer];
+    int N = B * T, C = s->C_attn, cp = g->cp, Ch = C / cp;
+    float *hq = (float *)qkv;
     for (int j = 0; j < cp; j++)
         for (int p = 0; p < 3; p++)
-            cp_copy_rows(x->send + (size_t)j * N * 3 * Ch, 3 * Ch, p * Ch, NULL, qkv, 3 * C, p * C + j * Ch, NULL, N,
-                         Ch, false);
-    comm_all_to_all(g->cp_group, x->recv, x->send, (size_t)N * 3 * Ch);
-    for (int j = 0; j < cp; j++)
-        cp_copy_rows(hq, 3 * Ch, 0, ulysses_map(x, B, T, j), x->recv + (size_t)j * N * 3 * Ch, 3 * Ch, 0, NULL, N,
-                     3 * Ch, false);
+            cp_copy_rows(x->send + (size_t)j * N * 3 * Ch, 3 * Ch, p * Ch, qkv, 3 * C, p * C + j * Ch, N, Ch, false);
+    comm_all_to_all(g->cp_group, hq, x->send, (size_t)N * 3 * Ch);
     int m0 = trace_mark();
-    attention_forward(x->heads_out, x->heads_att[layer], hq, B / 2, Tp, Ch, s->n_head / cp);
+    float *heads_out = ulysses_local_forward(x, att, hq, s, B, T);
     trace_attention_step("ulysses attention forward", layer, 0, m0);
+    comm_all_to_all(g->cp_group, x->send, heads_out, (size_t)N * Ch);
     for (int j = 0; j < cp; j++)
-        cp_copy_rows(x->send + (size_t)j * N * Ch, Ch, 0, NULL, x->heads_out, Ch, 0, ulysses_map(x, B, T, j), N, Ch,
-                     false);
-    comm_all_to_all(g->cp_group, x->recv, x->send, (size_t)N * Ch);
-    for (int j = 0; j < cp; j++)
-        cp_copy_rows(out, C, j * Ch, NULL, x->recv + (size_t)j * N * Ch, Ch, 0, NULL, N, Ch, false);
+        cp_copy_rows(out, C, j * Ch, x->send + (size_t)j * N * Ch, Ch, 0, N, Ch, false);
 }
 
 // Backward: the same two all-to-alls the other way round: the output's gradient to the heads,
-// attention's backward there, and the q, k, v gradients back to the rows' ranks
+// attention's backward there, and the q, k, v gradients back to the rows' ranks. The output in
+// the heads' layout, which delta = dout . out needs, is not kept from the forward (N x C floats a
+// layer) but recomputed from the kept q, k, v (one more attention forward).
 static void ulysses_attention_backward(LayerOps *ops, int layer, float *dqkv, float *datt, const float *dout,
                                        const float *qkv, const float *out, const float *att, const ModelShape *s,
                                        int B, int T) {
-    (void)datt, (void)qkv, (void)out, (void)att;
+    (void)datt, (void)out;
     CPLayers *x = (CPLayers *)ops;
     const CPGrid *g = x->grid;
-    int N = B * T, C = s->C_attn, cp = g->cp, Ch = C / cp, Tp = 2 * cp * T;
+    int N = B * T, C = s->C_attn, cp = g->cp, Ch = C / cp, NHh = s->n_head / cp;
+    const float *hq = qkv;  // the heads' q, k, v, as the forward left them
+    float *heads_dout = x->recv, *heads_dqkv = x->send;
     for (int j = 0; j < cp; j++)
-        cp_copy_rows(x->send + (size_t)j * N * Ch, Ch, 0, NULL, dout, C, j * Ch, NULL, N, Ch, false);
-    comm_all_to_all(g->cp_group, x->recv, x->send, (size_t)N * Ch);
-    for (int j = 0; j < cp; j++)
-        cp_copy_rows(x->heads_dout, Ch, 0, ulysses_map(x, B, T, j), x->recv + (size_t)j * N * Ch, Ch, 0, NULL, N,
-                     Ch, false);
-    dev_zero(x->heads_dqkv, (size_t)N * 3 * C * sizeof(float));
+        cp_copy_rows(x->send + (size_t)j * N * Ch, Ch, 0, dout, C, j * Ch, N, Ch, false);
+    comm_all_to_all(g->cp_group, heads_dout, x->send, (size_t)N * Ch);
     int m0 = trace_mark();
-    attention_backward(x->heads_dqkv, x->heads_datt, x->heads_dout, x->heads_qkv[layer], x->heads_att[layer], B / 2,
-                       Tp, Ch, s->n_head / cp);
+    // (its log-sum-exp, the one att keeps, goes into delta's place, which delta then takes)
+    float *heads_out = ulysses_local_forward(x, x->delta, hq, s, B, T);
+    ring_backward_delta(x->delta, heads_dout, heads_out, cp * N, Ch, NHh);
+    dev_zero(heads_dqkv, (size_t)N * 3 * C * sizeof(float));
+    for (int j = 0; j < cp; j++) {
+        ring_pack_kv(x->kv[0], hq + (size_t)j * N * 3 * Ch, N, Ch);
+        dev_zero(x->dkv[0], (size_t)N * 2 * Ch * sizeof(float));
+        for (int i = 0; i < cp; i++) {
+            RingBlock r = ulysses_block(g, s, B, T, i, j);
+            size_t rows = (size_t)i * N;
+            ring_backward_block(&r, heads_dqkv + rows * 3 * Ch, x->dkv[0], x->scratch, hq + rows * 3 * Ch,
+                                heads_dout + rows * Ch, att + rows * NHh, x->delta + rows * NHh, x->kv[0]);
+        }
+        ring_add_dkv(heads_dqkv + (size_t)j * N * 3 * Ch, x->dkv[0], N, Ch);
+    }
     trace_attention_step("ulysses attention backward", layer, 0, m0);
-    for (int j = 0; j < cp; j++)
-        cp_copy_rows(x->send + (size_t)j * N * 3 * Ch, 3 * Ch, 0, NULL, x->heads_dqkv, 3 * Ch, 0,
-                     ulysses_map(x, B, T, j), N, 3 * Ch, false);
-    comm_all_to_all(g->cp_group, x->recv, x->send, (size_t)N * 3 * Ch);
+    comm_all_to_all(g->cp_group, x->recv, heads_dqkv, (size_t)N * 3 * Ch);
     for (int j = 0; j < cp; j++)
         for (int p = 0; p < 3; p++)
-            cp_copy_rows(dqkv, 3 * C, p * C + j * Ch, NULL, x->recv + (size_t)j * N * 3 * Ch, 3 * Ch, p * Ch, NULL,
-                         N, Ch, true);
+            cp_copy_rows(dqkv, 3 * C, p * C + j * Ch, x->recv + (size_t)j * N * 3 * Ch, 3 * Ch, p * Ch, N, Ch,
+                         true);
 }
 
 // the device buffers of the layers: allocated, or only counted (cp_layers_bytes)
@@ -311,17 +332,19 @@ static void free_per_layer(float **bufs, int L) {
 
 // ---- the layers -------------------------------------------------------------------------------
 
+// Ulysses: the online softmax's running max and sum and backward's delta, one key/value block and
+// its gradient at a time, and the all-to-alls' buffers (which hold its other temporaries). What it
+// keeps lives in the block's buffers: the heads' q, k, v in qkv, the log-sum-exp in att (N x
+// n_head floats, as the ring's).
 static void ulysses_alloc(CPLayers *x, const GPTConfig *mc, int B, int c) {
     int cp = x->grid->cp;
-    size_t N = (size_t)2 * B * c, C = (size_t)mc->n_embd, Tp = (size_t)2 * cp * c;
-    size_t att = (size_t)B * (mc->n_head / cp) * Tp * Tp;
-    x->maps = cp_alloc(x, (size_t)cp * N * sizeof(int));
-    x->heads_qkv = per_layer(x, mc->n_layer, N * 3 * C);
-    x->heads_att = per_layer(x, mc->n_layer, att);
-    x->heads_out = cp_alloc(x, N * C * sizeof(float));
-    x->heads_dout = cp_alloc(x, N * C * sizeof(float));
-    x->heads_dqkv = cp_alloc(x, N * 3 * C * sizeof(float));
-    x->heads_datt = cp_alloc(x, att * sizeof(float));
+    size_t N = (size_t)2 * B * c, C = (size_t)mc->n_embd, NH = (size_t)mc->n_head;
+    x->run_max = cp_alloc(x, N * NH * sizeof(float));
+    x->run_sum = cp_alloc(x, N * NH * sizeof(float));
+    x->delta = cp_alloc(x, N * NH * sizeof(float));
+    x->kv[0] = cp_alloc(x, N * 2 * C / cp * sizeof(float));
+    x->dkv[0] = cp_alloc(x, N * 2 * C / cp * sizeof(float));
+    x->scratch = cp_alloc(x, N * NH / cp * c * sizeof(float));
     x->send = cp_alloc(x, N * 3 * C * sizeof(float));
     x->recv = cp_alloc(x, N * 3 * C * sizeof(float));
 }
@@ -374,10 +397,7 @@ void cp_layers_free(CPLayers *x) {
     for (int i = 0; i < 2; i++) dev_free(x->kv[i]), dev_free(x->dkv[i]);
     dev_free(x->o), dev_free(x->run_max), dev_free(x->run_sum), dev_free(x->delta), dev_free(x->scratch);
     free_per_layer(x->kept_out, x->n_layers);
-    free_per_layer(x->heads_qkv, x->n_layers);
-    free_per_layer(x->heads_att, x->n_layers);
-    dev_free(x->maps), dev_free(x->heads_out), dev_free(x->heads_dout), dev_free(x->heads_dqkv);
-    dev_free(x->heads_datt), dev_free(x->send), dev_free(x->recv);
+    dev_free(x->send), dev_free(x->recv);
 }
 
 // ---- evaluation -------------------------------------------------------------------------------

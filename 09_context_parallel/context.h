@@ -49,16 +49,12 @@ typedef struct {
     int *start, *start_host;  // [2 B] each row's first position, on the device (Activations.start:
                               // phi's rotary embedding turns by it) and its host copy
     float *kv[2], *dkv[2];  // the block in hand and the one arriving: (N, 2C) k | v, and gradients
+                            // (ulysses: kv[0], dkv[0], a block of its heads, (N, 2C / cp))
     float *o, *run_max, *run_sum, *scratch, *delta;  // the online softmax's state; backward's
     float **kept_out;       // [layer] (N, C): attention's output for backward where the block keeps
                             // none in fp32 (bf16); NULL in fp32
     int n_layers;
-    // ulysses: this rank's heads of whole sequences, B x 2 cp c rows
-    int *maps;              // [cp][N] where rank j's row n sits among them (b * 2 cp c + position)
-    int map_B, map_T;       // the shape the maps were made for
-    float **heads_qkv, **heads_att;  // [layer]: what attention keeps for backward
-    float *heads_out, *heads_dout, *heads_dqkv, *heads_datt;
-    float *send, *recv;     // the all-to-alls' buffers
+    float *send, *recv;     // ulysses: the all-to-alls' buffers, and its attention's temporaries
     size_t bytes;           // the device bytes of all of the above
     bool counting;          // cp_layers_bytes: nothing allocated, bytes counted
 } CPLayers;

@@ -1,6 +1,6 @@
 // ring_blocks.h: the steps of ring attention on this rank's device, over whole buffers (device
 // pointers; CPU: OpenMP loops, CUDA: a thread per row and head, both over ring_math.h's math), and
-// the row copies that move Ulysses' rows between the sequence and the head layouts.
+// the column copies that move Ulysses' rows between the sequence and the head layouts.
 // N = 2 * B * c rows (RingBlock), heads of hs = C / NH floats.
 #ifndef RING_BLOCKS_H
 #define RING_BLOCKS_H
@@ -28,10 +28,10 @@ void ring_backward_delta(float *delta, const float *dout, const float *out, int 
 void ring_backward_block(const RingBlock *r, float *dqkv, float *dkv, float *ds, const float *qkv,
                          const float *dout, const float *lse, const float *delta, const float *kv);
 
-// Ulysses' reshuffles: for each of `rows` rows n, `width` floats from src row src_map[n] at column
-// src_col (row stride src_stride) to dst row dst_map[n] at dst_col (=, or += when add). A NULL map
-// is row n itself. Maps are device arrays.
-void cp_copy_rows(float *dst, int dst_stride, int dst_col, const int *dst_map, const float *src, int src_stride,
-                  int src_col, const int *src_map, int rows, int width, bool add);
+// Ulysses' reshuffles between the rows' columns and the head groups': for each of `rows` rows,
+// `width` floats from src's column src_col (row stride src_stride) to dst's column dst_col (=, or
+// += when add)
+void cp_copy_rows(float *dst, int dst_stride, int dst_col, const float *src, int src_stride, int src_col, int rows,
+                  int width, bool add);
 
 #endif

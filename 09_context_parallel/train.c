@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
     cp_layers_init(&layers, &grid, &mc, micro_batch, chunk, half_mode);
     ActsSpec spec = whole_model_acts(&mc, 2 * micro_batch, chunk, half_mode, cfg.activation_checkpointing);
     spec.ops = &layers.base;
-    spec.keys = 1;  // what attention keeps in the block: a log-sum-exp per row and head (the ring), or nothing
+    spec.keys = 1;  // what attention keeps in the block: a log-sum-exp per row and head
     Activations acts;
     acts_alloc_spec(&acts, &spec);
     acts.start = layers.start;  // each chunk's rows at their global positions

@@ -3,7 +3,7 @@
 #  - the workbook's own code (one unchanged copy, shared by every exercise) scores full points on
 #    every exercise, and every exercise's starter (its stub, or its planted bug) scores 0: an
 #    exercise whose checks cannot tell the two apart fails here;
-#  - at least 20 exercises, two or more for each of stages 01-08 and common/, and 80% of all
+#  - at least 20 exercises, two or more for each of stages 01-09 and common/, and 80% of all
 #    points need no GPU;
 #  - the grader's robustness: a copy that does not compile, one that hangs (its processes ended at
 #    the time limit), one that crashes printing bytes that are not text, and one that writes outside
@@ -29,7 +29,7 @@ check 'python3 - <<PY
 import json, collections, sys
 ex = json.load(open("exercises/catalogue.json"))["exercises"]
 per = collections.Counter(e["stage"] for e in ex)
-need = ["01", "02", "03", "04", "05", "06", "07", "08", "common"]
+need = ["01", "02", "03", "04", "05", "06", "07", "08", "09", "common"]
 points = sum(c["points"] for e in ex for c in e["checks"])
 cpu = sum(c["points"] for e in ex for c in e["checks"] if not c["needs_gpu"])
 ok = len(ex) >= 20 and all(per[s] >= 2 for s in need) and cpu >= 0.8 * points

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Stage 09 (context parallelism) under mpirun:
-#  - fp32, cp_impl ring (overlap on and off) and ulysses, cp 2 x dp 2 and cp 4, GPT-2 and phi, on
-#    sequences of 238 tokens (not a multiple of 2 x cp: the chunks are padded, and the last one runs past
-#    GPT-2's 238 positions) reproduce stage 01's losses and gradient norms within 1e-5 over 20 steps;
+#  - fp32, cp_impl ring (overlap on and off) and ulysses, cp 2 x dp 2 and cp 4, GPT-2, phi and
+#    Llama, on sequences of 238 tokens (not a multiple of 2 x cp: the chunks are padded, and the last
+#    one runs past GPT-2's 238 positions) reproduce stage 01's losses and gradient norms within 1e-5
+#    over 20 steps;
 #  - the backward, not only the loss: after one step, every tensor's gradient (AdamW's first
 #    moment, (1 - beta1) x the gradient without clipping) equals stage 01's within 1e-5 of the
 #    tensor's largest;
 #  - bf16-mixed within stage 03's bound of stage 02 (1e-3);
 #  - comm_bytes per step: the gradient all-reduce plus the ring's or the all-to-alls' bytes;
-#  - memory: the ring's activations a rank at cp 2 and 4 within 10% of stage 01's at T / cp;
+#  - memory: the ring's and Ulysses' activations a rank at cp 2 and 4 within 10% of stage 01's at
+#    T / cp;
 #  - the trace: the ring's transfers overlap its attention compute with overlap on, not off;
 #  - bad grids are refused with one error on every rank: cp_size not dividing the ranks, sequences
 #    shorter than 2 x cp_size tokens, ulysses with heads not divisible by cp_size.
@@ -34,6 +36,15 @@ run_ranks 9 phi_cp2dp2 4 --cp_size=2
 run_ranks 9 phi_ulysses_cp4 4 --cp_size=4 --cp_impl=ulysses
 for name in phi_cp2dp2 phi_ulysses_cp4; do
     check 'compare_losses "$tmp/phi" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
+done
+# Llama: grouped-query attention (its keys and values expanded to the heads before attention),
+# RMSNorm, rotary over the whole head at the chunks' global positions
+args=(--config configs/tiny_llama.json "${common[@]}")
+run_single 1 llama
+run_ranks 9 llama_cp2dp2 4 --cp_size=2 --overlap_communication=true
+run_ranks 9 llama_ulysses_cp2dp2 4 --cp_size=2 --cp_impl=ulysses
+for name in llama_cp2dp2 llama_ulysses_cp2dp2; do
+    check 'compare_losses "$tmp/llama" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
 done
 
 # bf16-mixed against stage 02, within stage 03's bound
@@ -125,8 +136,9 @@ check '[ "$(step_bytes "$tmp/bytes_ring")" = "$(want_bytes ring 4 1)" ]' \
 check '[ "$(step_bytes "$tmp/bytes_ulysses")" = "$(want_bytes ulysses 4 1)" ]' \
     "ulysses cp4: comm_bytes per step $(step_bytes "$tmp/bytes_ulysses"), want $(want_bytes ulysses 4 1)"
 
-# memory: the ring's activations per rank (its own buffers included) at cp 2 and 4 within 10% of
-# stage 01's for sequences of T / cp (stats.json's memory report, allocated for max_seq_len)
+# memory: the ring's and Ulysses' activations per rank (their own buffers included) at cp 2 and 4
+# within 10% of stage 01's for sequences of T / cp (stats.json's memory report, allocated for
+# max_seq_len)
 activations() {  # activations <out_dir>: the memory report's activations row, in bytes
     python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['memory']; print([v for k, v in m.items() if k.startswith('activations')][0])" "$1/stats.json"
 }
@@ -135,7 +147,9 @@ run_single 1 mem_128 --max_seq_len=128
 run_single 1 mem_64 --max_seq_len=64
 run_ranks 9 mem_cp2 2 --cp_size=2 --max_seq_len=256
 run_ranks 9 mem_cp4 4 --cp_size=4 --max_seq_len=256
-for pair in "mem_cp2 mem_128" "mem_cp4 mem_64"; do
+run_ranks 9 mem_ulysses_cp2 2 --cp_size=2 --cp_impl=ulysses --max_seq_len=256
+run_ranks 9 mem_ulysses_cp4 4 --cp_size=4 --cp_impl=ulysses --max_seq_len=256
+for pair in "mem_cp2 mem_128" "mem_cp4 mem_64" "mem_ulysses_cp2 mem_128" "mem_ulysses_cp4 mem_64"; do
     set -- $pair
     a=$(activations "$tmp/$1") b=$(activations "$tmp/$2")
     check 'awk -v a="$a" -v b="$b" "BEGIN { exit !(a <= 1.1 * b) }"' "$1: $a activation bytes a rank, stage 01 at T / cp $b"

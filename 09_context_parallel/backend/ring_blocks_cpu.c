@@ -76,12 +76,12 @@ void ring_backward_block(const RingBlock *r, float *dqkv, float *dkv, float *ds,
     for (int nh = 0; nh < N * r->NH; nh++) ring_key_backward(r, nh / r->NH, nh % r->NH, dkv, qkv, dout, lse, delta, kv);
 }
 
-void cp_copy_rows(float *dst, int dst_stride, int dst_col, const int *dst_map, const float *src, int src_stride,
-                  int src_col, const int *src_map, int rows, int width, bool add) {
+void cp_copy_rows(float *dst, int dst_stride, int dst_col, const float *src, int src_stride, int src_col, int rows,
+                  int width, bool add) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < rows; n++) {
-        float *d = dst + (size_t)(dst_map ? dst_map[n] : n) * dst_stride + dst_col;
-        const float *x = src + (size_t)(src_map ? src_map[n] : n) * src_stride + src_col;
+        float *d = dst + (size_t)n * dst_stride + dst_col;
+        const float *x = src + (size_t)n * src_stride + src_col;
         for (int i = 0; i < width; i++) d[i] = add ? d[i] + x[i] : x[i];
     }
 }

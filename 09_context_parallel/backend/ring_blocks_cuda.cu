@@ -129,19 +129,18 @@ extern "C" void ring_backward_block(const RingBlock *r, float *dqkv, float *dkv,
     RING_LAUNCH(backward_keys_kernel, n, *r, dkv, qkv, dout, lse, delta, kv);
 }
 
-__global__ static void copy_rows_kernel(float *dst, int dst_stride, int dst_col, const int *dst_map,
-                                        const float *src, int src_stride, int src_col, const int *src_map, int rows,
-                                        int width, bool add) {
+__global__ static void copy_rows_kernel(float *dst, int dst_stride, int dst_col, const float *src, int src_stride,
+                                        int src_col, int rows, int width, bool add) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)rows * width) return;
     int n = (int)(i / width), k = (int)(i % width);
-    float *d = dst + (size_t)(dst_map ? dst_map[n] : n) * dst_stride + dst_col + k;
-    float x = src[(size_t)(src_map ? src_map[n] : n) * src_stride + src_col + k];
+    float *d = dst + (size_t)n * dst_stride + dst_col + k;
+    float x = src[(size_t)n * src_stride + src_col + k];
     *d = add ? *d + x : x;
 }
 
-extern "C" void cp_copy_rows(float *dst, int dst_stride, int dst_col, const int *dst_map, const float *src,
-                             int src_stride, int src_col, const int *src_map, int rows, int width, bool add) {
-    RING_LAUNCH(copy_rows_kernel, (long)rows * width, dst, dst_stride, dst_col, dst_map, src, src_stride, src_col,
-                src_map, rows, width, add);
+extern "C" void cp_copy_rows(float *dst, int dst_stride, int dst_col, const float *src, int src_stride, int src_col,
+                             int rows, int width, bool add) {
+    RING_LAUNCH(copy_rows_kernel, (long)rows * width, dst, dst_stride, dst_col, src, src_stride, src_col, rows, width,
+                add);
 }
