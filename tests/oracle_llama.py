@@ -20,20 +20,10 @@ import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-# the AdamW step of tests/oracle_step.h (ORACLE_*)
-LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-8, 0.1
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    print(("ok: " if cond else "FAIL: ") + what)
-    failures += 0 if cond else 1
-
+import oracle_step
+from oracle_step import check, close, compare_step, our_logits, run_ours
 
 def tiny_llama(**overrides):
     torch.manual_seed(0)
@@ -51,25 +41,6 @@ def tiny_llama(**overrides):
             else:
                 p.copy_(torch.randn_like(p) * 0.1)
     return model
-
-
-def close(ours, theirs, rtol, atol):
-    return np.allclose(ours, theirs, rtol=rtol, atol=atol)
-
-
-def run_ours(binary, ckpt, x, y):
-    """tokens.bin into ckpt, then our --oracle run there; True when it succeeded"""
-    B, T = x.shape
-    np.concatenate([[B, T], x.flatten().numpy(), y.flatten().numpy()]).astype(np.int32).tofile(
-        os.path.join(ckpt, "tokens.bin"))
-    run = subprocess.run([binary, "--oracle", ckpt], capture_output=True, text=True)
-    check(run.returncode == 0, f"our --oracle run on {os.path.basename(ckpt)} exits 0 ({run.stderr.strip()[-300:]})")
-    return run.returncode == 0
-
-
-def our_logits(ckpt, x):
-    B, T = x.shape
-    return np.fromfile(os.path.join(ckpt, "logits.bin"), dtype=np.float32).reshape(B, T, -1)
 
 
 def check_logits(binary, work, name, model, x, y):
@@ -142,47 +113,9 @@ def main():
     if not run_ours(binary, ckpt, x, y):
         return
 
-    ours = our_logits(ckpt, x)
-    logits = model(input_ids=x.long()).logits
-    theirs = logits.detach().numpy()
-    diff = float(np.abs(ours - theirs).max())
-    check(close(ours, theirs, 1e-5, 1e-5), f"logits equal transformers' (max |diff| {diff:.3g})")
-
-    grads = json.load(open(os.path.join(ckpt, "grads.json")))
-    loss = F.cross_entropy(logits.reshape(-1, V), y.flatten().long())
-    check(abs(grads["loss"] - loss.item()) <= 1e-5 * abs(loss.item()),
-          f"loss {grads['loss']:.9g} = transformers' {loss.item():.9g}")
-    model.train()
-    model.zero_grad()
-    loss = F.cross_entropy(model(input_ids=x.long()).logits.reshape(-1, V), y.flatten().long())
-    loss.backward()
-    bad = [n for n, p in model.named_parameters()
-           if abs(grads[n] - p.grad.norm().item()) > 1e-5 * p.grad.norm().item() + 1e-7]
-    check(not bad and len(grads) == 1 + len(list(model.parameters())),
-          f"per-tensor gradient norms equal transformers' ({len(grads) - 1} tensors; differ: {bad[:3]})")
-
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=BETAS, eps=EPS)
-    # Adam's first step moves each weight by about lr * sign(grad): a gradient that is zero in
-    # exact arithmetic is rounding noise in both implementations, its sign a coin toss. Those
-    # elements are left out of the comparison (and counted).
-    noise = {n: (p.grad.abs() < 1e-7).numpy() for n, p in model.named_parameters()}
-    opt.step()
-    stepped = load_file(os.path.join(ckpt, "stepped", "model.safetensors"))
-    bad = [n for n, p in model.named_parameters()
-           if not close(stepped[n].numpy()[~noise[n]], p.detach().numpy()[~noise[n]], 1e-4, 1e-6)]
-    skipped = {n: int(m.sum()) for n, m in noise.items() if m.any()}
-    check(not bad,
-          f"weights after one AdamW step equal transformers' (differ: {bad[:3]}; zero-gradient elements "
-          f"left out: {skipped})")
-
-    resaved = LlamaForCausalLM.from_pretrained(os.path.join(ckpt, "resaved"), attn_implementation="eager").eval()
-    again = resaved(input_ids=x.long()).logits.detach().numpy()
-    check(close(ours, again, 1e-5, 1e-5), "a checkpoint we saved loads in transformers with our logits")
+    compare_step(model, LlamaForCausalLM, ckpt, x, y)
 
 
 if __name__ == "__main__":
     main()
-    sys.exit(1 if failures else 0)
+    sys.exit(1 if oracle_step.failures else 0)
