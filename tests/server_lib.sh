@@ -24,7 +24,14 @@ start_server() {
     fi
     pid=$!
     servers+=("$pid")
-    for _ in $(seq 300); do grep -q "^server: model" "$tmp/$name.log" && break; sleep 0.1; done
+    wait_server "$name" 300
+}
+
+# wait_server <name> <tenths of a second>: waits for the server logging to $tmp/<name>.log to
+# listen; sets $url and $rank0
+wait_server() {
+    local name=$1
+    for _ in $(seq "$2"); do grep -q "^server: model" "$tmp/$name.log" && break; sleep 0.1; done
     url=http://127.0.0.1:$(grep -ao 'http://127.0.0.1:[0-9]*' "$tmp/$name.log" | sed 's/.*://')
     rank0=$(grep -ao 'kill -TERM [0-9]*' "$tmp/$name.log" | sed 's/.* //')
     check 'grep -q "^server: model" "$tmp/$name.log"' "server $name did not start: $(tail -3 "$tmp/$name.log")"

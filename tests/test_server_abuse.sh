@@ -15,14 +15,12 @@
 #  - all of it again on a build under AddressSanitizer (build/asan, -O1 -g: make builds it when
 #    the sources changed), which must end without a report.
 source "$(dirname "$0")/lib.sh"
+source tests/server_lib.sh
 export OMP_NUM_THREADS=1
 DEADLINE=10  # server.c's CLIENT_DEADLINE_S
 VENV=build/openai-venv  # tests/test_server.sh installs the openai package there
 python=python3
 "$VENV/bin/python" -c 'import openai' 2>/dev/null && python=$VENV/bin/python
-
-pids=()
-trap 'for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
 
 # serve <name> <binary> [env...]: a server on a free port of 127.0.0.1 with one slot and a queue
 # of one; sets $url, $pid and $rank0, the log in $tmp/<name>.log
@@ -32,11 +30,8 @@ serve() {
         --n_embd=256 --max_seq_len=2048 --random_init=true --init_from= --max_batch_size=1 --max_queue=1 \
         --serve=true --host=127.0.0.1 --port=0 >"$tmp/$name.log" 2>&1 &
     pid=$!
-    pids+=("$pid")
-    for _ in $(seq 600); do grep -q "^server: model" "$tmp/$name.log" && break; sleep 0.1; done
-    url=http://127.0.0.1:$(grep -ao 'http://127.0.0.1:[0-9]*' "$tmp/$name.log" | sed 's/.*://')
-    rank0=$(grep -ao 'kill -TERM [0-9]*' "$tmp/$name.log" | sed 's/.* //')
-    check 'grep -q "^server: model" "$tmp/$name.log"' "server $name did not start: $(tail -3 "$tmp/$name.log")"
+    servers+=("$pid")
+    wait_server "$name" 600
 }
 
 # abuse <name> <an answer's time limit, s>: every check of server_abuse.py counted here
