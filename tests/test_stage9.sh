@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stage 09 (context parallelism) under mpirun:
-#  - fp32, cp_impl ring (overlap on and off) and ulysses, cp 2 x dp 2 and cp 4, GPT-2, phi and
-#    Llama, on sequences of 238 tokens (not a multiple of 2 x cp: the chunks are padded, and the last
+#  - fp32, cp_impl ring (overlap on and off) and ulysses, cp 2 x dp 2, cp 4 and cp 4 x dp 2,
+#    GPT-2, phi and Llama, on sequences of 238 tokens (not a multiple of 2 x cp: the chunks are padded, and the last
 #    one runs past GPT-2's 238 positions) reproduce stage 01's losses and gradient norms within 1e-5
 #    over 20 steps;
 #  - the backward, not only the loss: after one step, every tensor's gradient (AdamW's first
@@ -25,7 +25,9 @@ run_single 1 single
 run_ranks 9 cp2dp2 4 --cp_size=2 --overlap_communication=true
 run_ranks 9 cp4 4 --cp_size=4
 run_ranks 9 ulysses_cp2dp2 4 --cp_size=2 --cp_impl=ulysses
-for name in cp2dp2 cp4 ulysses_cp2dp2; do
+run_ranks 9 cp4dp2 8 --cp_size=4 --overlap_communication=true
+run_ranks 9 ulysses_cp4dp2 8 --cp_size=4 --cp_impl=ulysses
+for name in cp2dp2 cp4 ulysses_cp2dp2 cp4dp2 ulysses_cp4dp2; do
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "gpt2 $name does not reproduce stage 01"
 done
 check '[ "$(json_value "$tmp/cp2dp2/stats.json" layout)" = "{\"cp\": 2, \"dp\": 2}" ]' \
