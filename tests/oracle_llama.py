@@ -12,7 +12,6 @@ back into transformers; our logits from fp16 and bf16 copies saved in shards
 rope_scaling; and that configs with what we do not implement are refused by name. Prints
 "ok: ..." or "FAIL: ..." per check.
 """
-import copy
 import json
 import os
 import subprocess
@@ -23,7 +22,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import oracle_step
-from oracle_step import check, close, compare_step, our_logits, run_ours
+from oracle_step import check, check_stored_dtypes, close, compare_step, our_logits, run_ours
+
 
 def tiny_llama(**overrides):
     torch.manual_seed(0)
@@ -50,26 +50,6 @@ def check_logits(binary, work, name, model, x, y):
         ours, theirs = our_logits(ckpt, x), model(input_ids=x.long()).logits.detach().numpy()
         check(close(ours, theirs, 1e-5, 1e-5),
               f"{name}: logits equal transformers' (max |diff| {float(np.abs(ours - theirs).max()):.3g})")
-
-
-def check_stored_dtypes(binary, work, model, x, y):
-    """fp16 and bf16 files, in shards with model.safetensors.index.json: our logits equal those of
-    transformers' model with the weights rounded the same way"""
-    for dtype in (torch.float16, torch.bfloat16):
-        ckpt = os.path.join(work, str(dtype).split(".")[1])
-        rounded = copy.deepcopy(model)
-        with torch.no_grad():
-            for p in rounded.parameters():
-                p.copy_(p.to(dtype).float())
-        copy.deepcopy(model).to(dtype).save_pretrained(ckpt, safe_serialization=True, max_shard_size="20KB")
-        shards = [f for f in os.listdir(ckpt) if f.endswith(".safetensors")]
-        check(len(shards) > 1 and os.path.exists(os.path.join(ckpt, "model.safetensors.index.json")),
-              f"transformers saved {dtype} in {len(shards)} shards with an index")
-        if not run_ours(binary, ckpt, x, y):
-            continue
-        ours, theirs = our_logits(ckpt, x), rounded(input_ids=x.long()).logits.detach().numpy()
-        check(close(ours, theirs, 1e-5, 1e-5),
-              f"{dtype} shards: logits equal transformers' (max |diff| {float(np.abs(ours - theirs).max()):.3g})")
 
 
 def check_refused(binary, work, model, x, y):
@@ -103,7 +83,7 @@ def main():
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
     y = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
-    check_stored_dtypes(binary, work, model, x, y)
+    check_stored_dtypes(binary, work, model, x, y, "20KB")
     # head_dim 8: frequencies 1, 0.1, 0.01, 0.001, whose wavelengths (6.3 to 6283) straddle both of
     # Llama 3's bounds at original_max_position_embeddings 64 (64 / 4 = 16 and 64 / 1 = 64)
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -12,18 +12,17 @@ cache, two prompts of different lengths in one batch) against a greedy loop with
 written here; and our tokenizer with phi's added tokens against CodeGenTokenizerFast. Prints "ok: ..." or "FAIL: ..."
 per check.
 """
-import copy
 import json
 import os
 import subprocess
 import sys
 
-import numpy as np
 import torch
 from transformers import PhiConfig, PhiForCausalLM
 
 import oracle_step
-from oracle_step import check, close, compare_step, run_ours
+from oracle_step import check, check_stored_dtypes, compare_step, run_ours
+
 
 def tiny_phi(scale=0.1):
     torch.manual_seed(0)
@@ -40,28 +39,6 @@ def tiny_phi(scale=0.1):
             else:
                 p.copy_(torch.randn_like(p) * scale)
     return model
-
-
-def check_stored_dtypes(binary, work, model, x, y):
-    """fp16 and bf16 files, in shards with model.safetensors.index.json: our logits equal those of
-    transformers' model with the weights rounded the same way"""
-    for dtype in (torch.float16, torch.bfloat16):
-        ckpt = os.path.join(work, str(dtype).split(".")[1])
-        rounded = tiny_phi()
-        with torch.no_grad():
-            for p, q in zip(rounded.parameters(), model.parameters()):
-                p.copy_(q.to(dtype).float())
-        copy.deepcopy(model).to(dtype).save_pretrained(ckpt, safe_serialization=True, max_shard_size="40KB")
-        shards = [f for f in os.listdir(ckpt) if f.endswith(".safetensors")]
-        check(len(shards) > 1 and os.path.exists(os.path.join(ckpt, "model.safetensors.index.json")),
-              f"transformers saved {dtype} in {len(shards)} shards with an index")
-        if not run_ours(binary, ckpt, x, y):
-            continue
-        B, T = x.shape
-        ours = np.fromfile(os.path.join(ckpt, "logits.bin"), dtype=np.float32).reshape(B, T, -1)
-        theirs = rounded(input_ids=x.long()).logits.detach().numpy()
-        check(close(ours, theirs, 1e-5, 1e-5),
-              f"{dtype} shards: logits equal transformers' (max |diff| {float(np.abs(ours - theirs).max()):.3g})")
 
 
 def greedy_no_cache(model, prompt, n, vocab, eot):
@@ -151,7 +128,7 @@ def main():
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
     y = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
-    check_stored_dtypes(binary, work, model, x, y)
+    check_stored_dtypes(binary, work, model, x, y, "40KB")
     check_greedy(stage6, work)
     if not run_ours(binary, ckpt, x, y):
         return

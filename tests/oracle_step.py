@@ -2,6 +2,7 @@
 checks and their count, our --oracle run (tests/oracle_step.h), and the comparison of its one
 training step -- logits, loss, per-tensor gradient norms, the weights after one AdamW step, and
 the checkpoint we saved loaded back into transformers -- against the same step in PyTorch."""
+import copy
 import json
 import os
 import subprocess
@@ -39,6 +40,26 @@ def run_ours(binary, ckpt, x, y):
 def our_logits(ckpt, x):
     B, T = x.shape
     return np.fromfile(os.path.join(ckpt, "logits.bin"), dtype=np.float32).reshape(B, T, -1)
+
+
+def check_stored_dtypes(binary, work, model, x, y, shard_size):
+    """fp16 and bf16 files, in shards of shard_size with model.safetensors.index.json: our logits
+    equal those of transformers' model with the weights rounded the same way"""
+    for dtype in (torch.float16, torch.bfloat16):
+        ckpt = os.path.join(work, str(dtype).split(".")[1])
+        rounded = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in rounded.parameters():
+                p.copy_(p.to(dtype).float())
+        copy.deepcopy(model).to(dtype).save_pretrained(ckpt, safe_serialization=True, max_shard_size=shard_size)
+        shards = [f for f in os.listdir(ckpt) if f.endswith(".safetensors")]
+        check(len(shards) > 1 and os.path.exists(os.path.join(ckpt, "model.safetensors.index.json")),
+              f"transformers saved {dtype} in {len(shards)} shards with an index")
+        if not run_ours(binary, ckpt, x, y):
+            continue
+        ours, theirs = our_logits(ckpt, x), rounded(input_ids=x.long()).logits.detach().numpy()
+        check(close(ours, theirs, 1e-5, 1e-5),
+              f"{dtype} shards: logits equal transformers' (max |diff| {float(np.abs(ours - theirs).max()):.3g})")
 
 
 def compare_step(model, model_class, ckpt, x, y):
