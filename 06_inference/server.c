@@ -29,6 +29,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -153,11 +154,12 @@ typedef struct {
 struct Gate {
     pthread_mutex_t lock;
     Arrival conns[MAX_CONNECTIONS];
-    pthread_t watcher, door;
+    pthread_t watcher, poller;
     bool stop;
     Server *s;
     struct MHD_Daemon *daemon;
-    int listener, epoll;  // the door's listening socket, and the epoll set of it and the connections at the door
+    int listener, epoll;  // the door's listening socket; the polling thread's epoll set (below)
+    int wake;             // an eventfd in that set: the waker wakes the polling thread with it
 };
 
 static void arrival_set(Arrival *a, double seconds) {  // seconds 0: no deadline
@@ -668,6 +670,7 @@ static void append_events(const Server *s, Job *j, bool include_usage) {
 typedef struct Reader Reader;
 typedef struct {
     Server *s;
+    Gate *gate;
     Reader *suspended;  // a list, under the Server's lock
     pthread_t thread;
     bool stop;
@@ -699,6 +702,13 @@ static bool has_news(const Job *j) {
     return j->done_written || j->finish != FINISH_NONE || (j->stream && j->n_written < j->n_out);
 }
 
+// resumed connections wait for the polling thread's next MHD_run: it is woken for them (libmicrohttpd,
+// run by the server's own loop and without a listening socket of its own, would not wake it)
+static void wake_poller(const Waker *w) {
+    uint64_t one = 1;
+    (void)!write(w->gate->wake, &one, sizeof one);
+}
+
 // The waker: after every step (or LOOK_AT_CLIENT_S), the suspended responses whose jobs have news,
 // or whose clients have gone (a gone client's slot runs on until then: ~50 tokens of a
 // 1 ms-a-token model), are resumed; libmicrohttpd then asks them for their bytes again.
@@ -720,12 +730,14 @@ static void *wake_readers(void *arg) {
             }
             *p = r->next;
             MHD_resume_connection(r->c);
+            wake_poller(w);
         }
     }
     while (w->suspended) {  // the server stops: every one ends (read_response sees w->stop)
         MHD_resume_connection(w->suspended->c);
         w->suspended = w->suspended->next;
     }
+    wake_poller(w);
     pthread_mutex_unlock(&w->s->lock);
     return NULL;
 }
@@ -997,11 +1009,12 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 // libmicrohttpd answers a head it cannot parse (a malformed request line or header line, an HTTP
 // version other than 1.x, a Content-Length that is not a number, a request line or headers over
 // its memory) with its own HTML page, before it calls route, and offers no hook to answer
-// otherwise. So the server accepts connections itself, on the door's thread: it peeks at each new
-// connection's request head (MSG_PEEK: the bytes stay for libmicrohttpd), answers a head that
-// libmicrohttpd would refuse with OpenAI's error object, and hands every other connection to
-// libmicrohttpd (MHD_add_connection) as soon as its head is in. The door sees only a
-// connection's first request: a kept-alive connection's later requests go to libmicrohttpd alone.
+// otherwise. So the server accepts connections itself, on the polling thread (below): it peeks
+// at each new connection's request head (MSG_PEEK: the bytes stay for libmicrohttpd), answers a
+// head that libmicrohttpd would refuse with OpenAI's error object, and hands every other
+// connection to libmicrohttpd (MHD_add_connection) as soon as its head is in. The door sees only
+// a connection's first request: a kept-alive connection's later requests go to libmicrohttpd
+// alone.
 typedef enum { HEAD_PARTIAL, HEAD_OK, HEAD_BAD } HeadCheck;
 enum { REFUSED_LINGER_S = 1 };
 
@@ -1091,32 +1104,6 @@ static void place_close(Gate *g, Arrival *a) {
     pthread_mutex_unlock(&g->lock);
 }
 
-// a new connection takes a free place if its address holds fewer than MAX_CONNECTIONS_PER_CLIENT;
-// else it is closed at once
-static void door_accept(Gate *g) {
-    for (;;) {
-        struct sockaddr_in addr;
-        socklen_t len = sizeof addr;
-        int fd = accept(g->listener, (struct sockaddr *)&addr, &len);
-        if (fd < 0 && (errno == ECONNABORTED || errno == EINTR)) continue;
-        if (fd < 0) return;
-        pthread_mutex_lock(&g->lock);
-        Arrival *place = NULL;
-        int same = 0;
-        for (int i = 0; i < MAX_CONNECTIONS; i++) {
-            Arrival *a = &g->conns[i];
-            if (a->state == PLACE_FREE) place = place ? place : a;
-            else same += a->addr.sin_addr.s_addr == addr.sin_addr.s_addr;
-        }
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u32 = (uint32_t)(place - g->conns)};
-        if (place && same < MAX_CONNECTIONS_PER_CLIENT && epoll_ctl(g->epoll, EPOLL_CTL_ADD, fd, &ev) == 0)
-            *place = (Arrival){g, PLACE_AT_DOOR, fd, addr, wall_seconds() + CLIENT_DEADLINE_S};
-        else
-            close(fd);
-        pthread_mutex_unlock(&g->lock);
-    }
-}
-
 // what a refused client still sends is read and dropped until it closes or REFUSED_LINGER_S
 // passes: closing a socket with bytes unread resets it, which may lose the answer on its way
 static void drain(Gate *g, Arrival *a, char *buf) {
@@ -1175,6 +1162,32 @@ static void door_read(Gate *g, Arrival *a, char *buf) {
     else if (head == HEAD_OK) door_hand_over(g, a);
 }
 
+// a new connection takes a free place if its address holds fewer than MAX_CONNECTIONS_PER_CLIENT,
+// else it is closed at once; its head is looked at right away, as it often came with the connection
+static void door_accept(Gate *g, char *buf) {
+    for (;;) {
+        struct sockaddr_in addr;
+        socklen_t len = sizeof addr;
+        int fd = accept(g->listener, (struct sockaddr *)&addr, &len);
+        if (fd < 0 && (errno == ECONNABORTED || errno == EINTR)) continue;
+        if (fd < 0) return;
+        pthread_mutex_lock(&g->lock);
+        Arrival *place = NULL;
+        int same = 0;
+        for (int i = 0; i < MAX_CONNECTIONS; i++) {
+            Arrival *a = &g->conns[i];
+            if (a->state == PLACE_FREE) place = place ? place : a;
+            else same += a->addr.sin_addr.s_addr == addr.sin_addr.s_addr;
+        }
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u32 = (uint32_t)(place - g->conns)};
+        bool taken = place && same < MAX_CONNECTIONS_PER_CLIENT && epoll_ctl(g->epoll, EPOLL_CTL_ADD, fd, &ev) == 0;
+        if (taken) *place = (Arrival){g, PLACE_AT_DOOR, fd, addr, wall_seconds() + CLIENT_DEADLINE_S};
+        else close(fd);
+        pthread_mutex_unlock(&g->lock);
+        if (taken) door_read(g, place, buf);
+    }
+}
+
 // the connections at the door past their deadline (CLIENT_DEADLINE_S for the head) are closed
 static void door_expire(Gate *g) {
     double now = wall_seconds();
@@ -1189,18 +1202,28 @@ static void door_expire(Gate *g) {
     pthread_mutex_unlock(&g->lock);
 }
 
-static void *door_run(void *arg) {
+// The polling thread, the one of every connection: it runs the door and libmicrohttpd's event
+// loop (MHD_run; libmicrohttpd's own epoll set is a member of this thread's), so that a
+// connection handed over is read at once, without waking another thread.
+enum { EVENT_LISTENER = MAX_CONNECTIONS, EVENT_LIBMICROHTTPD, EVENT_WAKE };  // epoll's data beside a place's index
+
+static void *poll_connections(void *arg) {
     Gate *g = arg;
     char *buf = malloc_or_die(MAX_HEADER_BYTES + 1);
     struct epoll_event ev[64];
     pthread_mutex_lock(&g->lock);
     while (!g->stop) {
         pthread_mutex_unlock(&g->lock);
-        int n = epoll_wait(g->epoll, ev, 64, 100);
+        MHD_UNSIGNED_LONG_LONG due_ms;  // libmicrohttpd's next work, if it has some
+        int wait_ms = MHD_get_timeout(g->daemon, &due_ms) == MHD_YES && due_ms < 100 ? (int)due_ms : 100;
+        int n = epoll_wait(g->epoll, ev, 64, wait_ms);
         for (int k = 0; k < n; k++) {
-            if (ev[k].data.u32 == MAX_CONNECTIONS) door_accept(g);
-            else door_read(g, &g->conns[ev[k].data.u32], buf);
+            uint64_t wakes;
+            if (ev[k].data.u32 == EVENT_LISTENER) door_accept(g, buf);
+            else if (ev[k].data.u32 == EVENT_WAKE) (void)!read(g->wake, &wakes, sizeof wakes);
+            else if (ev[k].data.u32 < MAX_CONNECTIONS) door_read(g, &g->conns[ev[k].data.u32], buf);
         }
+        MHD_run(g->daemon);
         door_expire(g);
         pthread_mutex_lock(&g->lock);
     }
@@ -1248,9 +1271,8 @@ static int listen_on(const Config *cfg) {
     return fd;
 }
 
-// One polling thread (epoll) for every connection, whose answers wait for their tokens suspended
-// (the waker); the door's thread accepts the connections and hands them to it.
-// MAX_CONNECTIONS_PER_CLIENT and the gate's deadlines keep one client's idle or slow connections
+// One polling thread (epoll) for every connection: the door's, and libmicrohttpd's, whose answers
+// wait for their tokens suspended (the waker resumes them). MAX_CONNECTIONS_PER_CLIENT and the gate's deadlines keep one client's idle or slow connections
 // from taking every place; the memory of a connection holds MAX_HEADER_BYTES of headers and more,
 // so that check_headers, not libmicrohttpd's own page, refuses larger ones on a kept-alive
 // connection too.
@@ -1258,8 +1280,8 @@ static struct MHD_Daemon *start_http(Server *s, Gate *g, Waker *w) {
     g->s = s;
     g->listener = listen_on(s->cfg);
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
-        MHD_USE_NO_LISTEN_SOCKET, 0, NULL, NULL, route, w,
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET, 0, NULL, NULL,
+        route, w,
         MHD_OPTION_NOTIFY_COMPLETED, request_done, s, MHD_OPTION_NOTIFY_CONNECTION, gate_notify, g,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         (unsigned)MAX_CONNECTIONS_PER_CLIENT, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(4 * MAX_HEADER_BYTES),
@@ -1267,11 +1289,17 @@ static struct MHD_Daemon *start_http(Server *s, Gate *g, Waker *w) {
     if (!d) fatal("the server cannot start libmicrohttpd (%s)", strerror(errno));
     g->daemon = d;
     g->epoll = epoll_create1(EPOLL_CLOEXEC);
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = MAX_CONNECTIONS};
-    if (g->epoll < 0 || epoll_ctl(g->epoll, EPOLL_CTL_ADD, g->listener, &ev) != 0)
+    const union MHD_DaemonInfo *mhd_epoll = MHD_get_daemon_info(d, MHD_DAEMON_INFO_EPOLL_FD);
+    g->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    struct epoll_event listener = {.events = EPOLLIN | EPOLLET, .data.u32 = EVENT_LISTENER},
+                       daemon = {.events = EPOLLIN, .data.u32 = EVENT_LIBMICROHTTPD},
+                       wake = {.events = EPOLLIN, .data.u32 = EVENT_WAKE};
+    if (g->epoll < 0 || g->wake < 0 || !mhd_epoll || epoll_ctl(g->epoll, EPOLL_CTL_ADD, g->listener, &listener) != 0 ||
+        epoll_ctl(g->epoll, EPOLL_CTL_ADD, mhd_epoll->epoll_fd, &daemon) != 0 ||
+        epoll_ctl(g->epoll, EPOLL_CTL_ADD, g->wake, &wake) != 0)
         fatal("the server cannot create its epoll set (%s)", strerror(errno));
     if (pthread_create(&g->watcher, NULL, gate_watch, g) != 0 || pthread_create(&w->thread, NULL, wake_readers, w) != 0 ||
-        pthread_create(&g->door, NULL, door_run, g) != 0)
+        pthread_create(&g->poller, NULL, poll_connections, g) != 0)
         fatal("the server cannot start a thread");
     struct sockaddr_in bound;
     socklen_t len = sizeof bound;
@@ -1304,10 +1332,11 @@ static void stop_http(Server *s, struct MHD_Daemon *d, Gate *g, Waker *w) {
     pthread_mutex_lock(&g->lock);
     g->stop = true;
     pthread_mutex_unlock(&g->lock);
-    pthread_join(g->door, NULL);
+    pthread_join(g->poller, NULL);
     pthread_join(g->watcher, NULL);
     MHD_stop_daemon(d);
     close(g->epoll);
+    close(g->wake);
     close(g->listener);
     printf("server: stopped\n");
 }
@@ -1332,7 +1361,7 @@ void serve(const Config *cfg, KVModel *m, const Tokenizer *tok, Sampler *sampler
     s.metrics.tpot.le = TPOT_BUCKETS;
     Gate *gate = calloc_or_die(1, sizeof *gate);
     pthread_mutex_init(&gate->lock, NULL);
-    Waker waker = {.s = &s};
+    Waker waker = {.s = &s, .gate = gate};
     struct MHD_Daemon *d = start_http(&s, gate, &waker);
     scheduler_run(&s, m, sampler, world, use_graph);
     stop_http(&s, d, gate, &waker);
