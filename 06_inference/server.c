@@ -702,11 +702,10 @@ static bool has_news(const Job *j) {
     return j->done_written || j->finish != FINISH_NONE || (j->stream && j->n_written < j->n_out);
 }
 
-// resumed connections wait for the polling thread's next MHD_run: it is woken for them (libmicrohttpd,
-// run by the server's own loop and without a listening socket of its own, would not wake it)
+// resumed connections wait for the polling thread's next MHD_run: it is woken for them
+// (libmicrohttpd, run by the server's own loop and without a listening socket, would not wake it)
 static void wake_poller(const Waker *w) {
-    uint64_t one = 1;
-    (void)!write(w->gate->wake, &one, sizeof one);
+    eventfd_write(w->gate->wake, 1);
 }
 
 // The waker: after every step (or LOOK_AT_CLIENT_S), the suspended responses whose jobs have news,
@@ -1120,7 +1119,7 @@ static void door_refuse(Gate *g, Arrival *a, const ApiError *e, char *buf) {
                "Connection: close\r\n\r\n", e->status, MHD_get_reason_phrase_for((unsigned)e->status), strlen(json));
     buf_append(&answer, json, strlen(json));
     free(json);
-    (void)!send(a->fd, answer.p, answer.len, MSG_NOSIGNAL | MSG_DONTWAIT);  // a short answer fits a new socket's buffer
+    send(a->fd, answer.p, answer.len, MSG_NOSIGNAL | MSG_DONTWAIT);  // a short answer fits a new socket's buffer
     free(answer.p);
     shutdown(a->fd, SHUT_WR);
     pthread_mutex_lock(&g->s->lock);
@@ -1218,9 +1217,9 @@ static void *poll_connections(void *arg) {
         int wait_ms = MHD_get_timeout(g->daemon, &due_ms) == MHD_YES && due_ms < 100 ? (int)due_ms : 100;
         int n = epoll_wait(g->epoll, ev, 64, wait_ms);
         for (int k = 0; k < n; k++) {
-            uint64_t wakes;
+            eventfd_t wakes;
             if (ev[k].data.u32 == EVENT_LISTENER) door_accept(g, buf);
-            else if (ev[k].data.u32 == EVENT_WAKE) (void)!read(g->wake, &wakes, sizeof wakes);
+            else if (ev[k].data.u32 == EVENT_WAKE) eventfd_read(g->wake, &wakes);
             else if (ev[k].data.u32 < MAX_CONNECTIONS) door_read(g, &g->conns[ev[k].data.u32], buf);
         }
         MHD_run(g->daemon);
