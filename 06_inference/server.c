@@ -1178,8 +1178,11 @@ static void door_accept(Gate *g, char *buf) {
             if (a->state == PLACE_FREE) place = place ? place : a;
             else same += a->addr.sin_addr.s_addr == addr.sin_addr.s_addr;
         }
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u32 = (uint32_t)(place - g->conns)};
-        bool taken = place && same < MAX_CONNECTIONS_PER_CLIENT && epoll_ctl(g->epoll, EPOLL_CTL_ADD, fd, &ev) == 0;
+        bool taken = place && same < MAX_CONNECTIONS_PER_CLIENT;
+        if (taken) {  // edge-triggered: an event when more bytes come, not for those still unread
+            struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u32 = (uint32_t)(place - g->conns)};
+            taken = epoll_ctl(g->epoll, EPOLL_CTL_ADD, fd, &ev) == 0;
+        }
         if (taken) *place = (Arrival){g, PLACE_AT_DOOR, fd, addr, wall_seconds() + CLIENT_DEADLINE_S};
         else close(fd);
         pthread_mutex_unlock(&g->lock);
@@ -1205,6 +1208,7 @@ static void door_expire(Gate *g) {
 // loop (MHD_run; libmicrohttpd's own epoll set is a member of this thread's), so that a
 // connection handed over is read at once, without waking another thread.
 enum { EVENT_LISTENER = MAX_CONNECTIONS, EVENT_LIBMICROHTTPD, EVENT_WAKE };  // epoll's data beside a place's index
+enum { POLL_TICK_MS = 100 };  // the longest wait: the door's deadlines are kept to it
 
 static void *poll_connections(void *arg) {
     Gate *g = arg;
@@ -1214,7 +1218,7 @@ static void *poll_connections(void *arg) {
     while (!g->stop) {
         pthread_mutex_unlock(&g->lock);
         MHD_UNSIGNED_LONG_LONG due_ms;  // libmicrohttpd's next work, if it has some
-        int wait_ms = MHD_get_timeout(g->daemon, &due_ms) == MHD_YES && due_ms < 100 ? (int)due_ms : 100;
+        int wait_ms = MHD_get_timeout(g->daemon, &due_ms) == MHD_YES && due_ms < POLL_TICK_MS ? (int)due_ms : POLL_TICK_MS;
         int n = epoll_wait(g->epoll, ev, 64, wait_ms);
         for (int k = 0; k < n; k++) {
             eventfd_t wakes;
