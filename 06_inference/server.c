@@ -149,6 +149,7 @@ typedef struct {
     int fd;
     struct sockaddr_in addr;
     double deadline;  // wall_seconds(); 0: none
+    bool watched;     // at the door, in the polling thread's epoll set (its head did not come with it)
 } Arrival;
 
 struct Gate {
@@ -1134,7 +1135,7 @@ static void door_refuse(Gate *g, Arrival *a, const ApiError *e, char *buf) {
 
 // a right head: libmicrohttpd takes the connection (gate_notify finds its place by its socket)
 static void door_hand_over(Gate *g, Arrival *a) {
-    epoll_ctl(g->epoll, EPOLL_CTL_DEL, a->fd, NULL);
+    if (a->watched) epoll_ctl(g->epoll, EPOLL_CTL_DEL, a->fd, NULL);
     pthread_mutex_lock(&g->lock);
     a->state = PLACE_SERVED;
     pthread_mutex_unlock(&g->lock);
@@ -1162,7 +1163,8 @@ static void door_read(Gate *g, Arrival *a, char *buf) {
 }
 
 // a new connection takes a free place if its address holds fewer than MAX_CONNECTIONS_PER_CLIENT,
-// else it is closed at once; its head is looked at right away, as it often came with the connection
+// else it is closed at once; its head is looked at right away, as it often came with the
+// connection, and the connection is watched for more bytes only if it did not
 static void door_accept(Gate *g, char *buf) {
     for (;;) {
         struct sockaddr_in addr;
@@ -1179,14 +1181,23 @@ static void door_accept(Gate *g, char *buf) {
             else same += a->addr.sin_addr.s_addr == addr.sin_addr.s_addr;
         }
         bool taken = place && same < MAX_CONNECTIONS_PER_CLIENT;
-        if (taken) {  // edge-triggered: an event when more bytes come, not for those still unread
-            struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u32 = (uint32_t)(place - g->conns)};
-            taken = epoll_ctl(g->epoll, EPOLL_CTL_ADD, fd, &ev) == 0;
-        }
-        if (taken) *place = (Arrival){g, PLACE_AT_DOOR, fd, addr, wall_seconds() + CLIENT_DEADLINE_S};
+        if (taken) *place = (Arrival){g, PLACE_AT_DOOR, fd, addr, wall_seconds() + CLIENT_DEADLINE_S, false};
         else close(fd);
         pthread_mutex_unlock(&g->lock);
-        if (taken) door_read(g, place, buf);
+        if (!taken) continue;
+        door_read(g, place, buf);
+        pthread_mutex_lock(&g->lock);
+        if (place->state == PLACE_AT_DOOR || place->state == PLACE_REFUSED) {
+            // edge-triggered: an event when more bytes come (or the client closes); the bytes
+            // already there make one at once
+            struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u32 = (uint32_t)(place - g->conns)};
+            place->watched = epoll_ctl(g->epoll, EPOLL_CTL_ADD, fd, &ev) == 0;
+            if (!place->watched) {
+                close(fd);
+                place->state = PLACE_FREE;
+            }
+        }
+        pthread_mutex_unlock(&g->lock);
     }
 }
 
@@ -1214,6 +1225,7 @@ static void *poll_connections(void *arg) {
     Gate *g = arg;
     char *buf = malloc_or_die(MAX_HEADER_BYTES + 1);
     struct epoll_event ev[64];
+    double next_expiry = 0;
     pthread_mutex_lock(&g->lock);
     while (!g->stop) {
         pthread_mutex_unlock(&g->lock);
@@ -1227,7 +1239,10 @@ static void *poll_connections(void *arg) {
             else if (ev[k].data.u32 < MAX_CONNECTIONS) door_read(g, &g->conns[ev[k].data.u32], buf);
         }
         MHD_run(g->daemon);
-        door_expire(g);
+        if (wall_seconds() >= next_expiry) {  // once a tick, not on every event
+            door_expire(g);
+            next_expiry = wall_seconds() + POLL_TICK_MS / 1000.0;
+        }
         pthread_mutex_lock(&g->lock);
     }
     for (int i = 0; i < MAX_CONNECTIONS; i++)
