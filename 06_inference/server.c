@@ -22,10 +22,14 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <pthread.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -129,20 +133,34 @@ void job_release(Server *s, Job *j) {
 // deadlines: CLIENT_DEADLINE_S to send a whole request (from the connection's start, or from its
 // last answer on a kept-alive connection), none while the answer is generated, CLIENT_DEADLINE_S
 // to take each piece of the answer. A watcher thread shuts a late connection's socket down, which
-// libmicrohttpd then sees as a client gone.
+// libmicrohttpd then sees as a client gone (the door, below, closes its own late ones). Every
+// connection has its place here from its accept to its close, so that the places held from one
+// address can be counted, and its deadline runs on when the door hands it to libmicrohttpd.
 typedef struct Gate Gate;
+typedef enum {
+    PLACE_FREE,
+    PLACE_AT_DOOR,  // accepted; the door awaits its request's head
+    PLACE_REFUSED,  // the door answered it an error: what the client still sends is read and dropped
+    PLACE_SERVED,   // handed to libmicrohttpd
+} PlaceState;
 typedef struct {
     Gate *gate;
-    bool used;
+    PlaceState state;
     int fd;
+    struct sockaddr_in addr;
     double deadline;  // wall_seconds(); 0: none
+    bool watched;     // at the door, in the polling thread's epoll set (its head did not come with it)
 } Arrival;
 
 struct Gate {
     pthread_mutex_t lock;
     Arrival conns[MAX_CONNECTIONS];
-    pthread_t watcher;
+    pthread_t watcher, poller;
     bool stop;
+    Server *s;
+    struct MHD_Daemon *daemon;
+    int listener, epoll;  // the door's listening socket; the polling thread's epoll set (below)
+    int wake;             // an eventfd in that set: the waker wakes the polling thread with it
 };
 
 static void arrival_set(Arrival *a, double seconds) {  // seconds 0: no deadline
@@ -152,22 +170,21 @@ static void arrival_set(Arrival *a, double seconds) {  // seconds 0: no deadline
     pthread_mutex_unlock(&a->gate->lock);
 }
 
-// libmicrohttpd's word on a connection: started (it gets an Arrival and the deadline for its
-// request) or closed (before its socket is: the watcher never shuts a socket number down that a
-// newer connection has taken)
+// libmicrohttpd's word on a connection: started (the door has handed it over: it keeps its place,
+// and the deadline it had at the door) or closed (before its socket is: the watcher never shuts a
+// socket number down that a newer connection has taken)
 static void gate_notify(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode what) {
     Gate *g = cls;
     pthread_mutex_lock(&g->lock);
     if (what == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         for (int i = 0; i < MAX_CONNECTIONS && info; i++)
-            if (!g->conns[i].used) {
-                g->conns[i] = (Arrival){g, true, info->connect_fd, wall_seconds() + CLIENT_DEADLINE_S};
+            if (g->conns[i].state == PLACE_SERVED && g->conns[i].fd == info->connect_fd) {
                 *socket_context = &g->conns[i];
                 break;
             }
     } else if (*socket_context) {
-        ((Arrival *)*socket_context)->used = false;
+        ((Arrival *)*socket_context)->state = PLACE_FREE;
         *socket_context = NULL;
     }
     pthread_mutex_unlock(&g->lock);
@@ -180,7 +197,7 @@ static void *gate_watch(void *arg) {
         double now = wall_seconds();
         for (int i = 0; i < MAX_CONNECTIONS; i++) {
             Arrival *a = &g->conns[i];
-            if (a->used && a->deadline > 0 && now > a->deadline) {
+            if (a->state == PLACE_SERVED && a->deadline > 0 && now > a->deadline) {
                 shutdown(a->fd, SHUT_RDWR);
                 a->deadline = 0;
             }
@@ -654,6 +671,7 @@ static void append_events(const Server *s, Job *j, bool include_usage) {
 typedef struct Reader Reader;
 typedef struct {
     Server *s;
+    Gate *gate;
     Reader *suspended;  // a list, under the Server's lock
     pthread_t thread;
     bool stop;
@@ -685,6 +703,12 @@ static bool has_news(const Job *j) {
     return j->done_written || j->finish != FINISH_NONE || (j->stream && j->n_written < j->n_out);
 }
 
+// resumed connections wait for the polling thread's next MHD_run: it is woken for them
+// (libmicrohttpd, run by the server's own loop and without a listening socket, would not wake it)
+static void wake_poller(const Waker *w) {
+    eventfd_write(w->gate->wake, 1);
+}
+
 // The waker: after every step (or LOOK_AT_CLIENT_S), the suspended responses whose jobs have news,
 // or whose clients have gone (a gone client's slot runs on until then: ~50 tokens of a
 // 1 ms-a-token model), are resumed; libmicrohttpd then asks them for their bytes again.
@@ -706,12 +730,14 @@ static void *wake_readers(void *arg) {
             }
             *p = r->next;
             MHD_resume_connection(r->c);
+            wake_poller(w);
         }
     }
     while (w->suspended) {  // the server stops: every one ends (read_response sees w->stop)
         MHD_resume_connection(w->suspended->c);
         w->suspended = w->suspended->next;
     }
+    wake_poller(w);
     pthread_mutex_unlock(&w->s->lock);
     return NULL;
 }
@@ -866,37 +892,82 @@ typedef struct {
     bool too_big;
 } Upload;
 
-static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+// a Content-Length's value: one or more digits (400), at most MAX_BODY (413)
+static bool content_length_ok(const char *v, size_t n, ApiError *e) {
+    unsigned long long bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9')
+            return fail(e, 400, NULL, "invalid_content_length", "Content-Length is not a number of bytes "
+                        "(a digit expected at its byte %zu)", i);
+        if (bytes <= MAX_BODY) bytes = bytes * 10 + (unsigned long long)(v[i] - '0');
+    }
+    if (n == 0) return fail(e, 400, NULL, "invalid_content_length", "Content-Length is empty");
+    if (bytes > MAX_BODY)
+        return fail(e, 413, NULL, "body_too_large", "the body is %.*s bytes, over %d", n < 40 ? (int)n : 40, v, MAX_BODY);
+    return true;
+}
+
+typedef struct {
+    size_t bytes;                   // "key: value\r\n" of each
+    int hosts;
+    const char *length;             // the first Content-Length
+    bool lengths_differ;
+    const char *spaced_name;        // a name with whitespace before its colon
+    const char *transfer_encoding;
+} HeaderTally;
+
+static enum MHD_Result tally_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
     (void)kind;
-    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4;  // "key: value\r\n"
+    HeaderTally *t = cls;
+    value = value ? value : "";
+    t->bytes += strlen(key) + strlen(value) + 4;
+    if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) t->hosts++;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        t->lengths_differ |= t->length && strcmp(t->length, value) != 0;
+        if (!t->length) t->length = value;
+    }
+    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) t->transfer_encoding = value;
+    if (strpbrk(key, " \t")) t->spaced_name = key;
     return MHD_YES;
 }
 
-// What can be refused before the body comes: headers over MAX_HEADER_BYTES (431), a Content-Length
-// over MAX_BODY (413). libmicrohttpd itself refuses, with its own HTML page, what it cannot parse
-// (a malformed request line or Content-Length) or hold (headers over its connection's memory).
-static bool check_headers(struct MHD_Connection *c, const char *url, ApiError *e) {
-    size_t header_bytes = strlen(url);
-    MHD_get_connection_values(c, MHD_HEADER_KIND, add_header_bytes, &header_bytes);
-    if (header_bytes > MAX_HEADER_BYTES)
+// What can be refused before the body comes, of the heads libmicrohttpd passes on (the door
+// refuses those it would refuse itself), on every request of a connection: headers over
+// MAX_HEADER_BYTES (431); what RFC 9112 says to refuse with 400: whitespace between a name and its
+// colon, an HTTP/1.1 request without one Host, two different Content-Lengths; a Content-Length
+// over MAX_BODY (413); a body in chunks (411 Length Required: libmicrohttpd would answer a
+// malformed chunk with its own HTML page, after route has accepted the head) or in a transfer
+// coding it does not know (501, as RFC 9112 says).
+static bool check_headers(struct MHD_Connection *c, const char *url, const char *version, ApiError *e) {
+    HeaderTally t = {.bytes = strlen(url)};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, tally_header, &t);
+    if (t.bytes > MAX_HEADER_BYTES)
         return fail(e, 431, NULL, "headers_too_large", "the request line and headers are %zu bytes, over "
-                    "%d", header_bytes, MAX_HEADER_BYTES);
-    const char *length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (length && strtoull(length, NULL, 10) > MAX_BODY)
-        return fail(e, 413, NULL, "body_too_large", "the body is %s bytes, over %d", length, MAX_BODY);
-    return true;
+                    "%d", t.bytes, MAX_HEADER_BYTES);
+    if (t.spaced_name)
+        return fail(e, 400, NULL, "invalid_header", "the header '%.64s' has whitespace before its colon", t.spaced_name);
+    if (strcmp(version, MHD_HTTP_VERSION_1_0) != 0 && t.hosts != 1)
+        return fail(e, 400, NULL, "invalid_host", "an HTTP/1.1 request must have one Host header, this one has %d",
+                    t.hosts);
+    if (t.lengths_differ)
+        return fail(e, 400, NULL, "invalid_content_length", "two Content-Length headers disagree");
+    if (t.transfer_encoding && strcasecmp(t.transfer_encoding, "chunked") == 0)
+        return fail(e, 411, NULL, "length_required", "a body in chunks is not taken: send its Content-Length");
+    if (t.transfer_encoding)
+        return fail(e, 501, NULL, "unsupported_transfer_encoding", "Transfer-Encoding '%.64s' is not "
+                    "supported: send the body as it is, with its Content-Length", t.transfer_encoding);
+    return !t.length || content_length_ok(t.length, strlen(t.length), e);
 }
 
 static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                              const char *version, const char *data, size_t *data_size, void **con_cls) {
-    (void)version;
     Waker *waker = cls;
     Server *s = waker->s;
     Upload *up = *con_cls;
     ApiError e;
     if (!up) {  // the headers: the body follows in later calls
         *con_cls = calloc_or_die(1, sizeof(Upload));
-        return check_headers(c, url, &e) ? MHD_YES : send_error(s, c, &e, true);
+        return check_headers(c, url, version, &e) ? MHD_YES : send_error(s, c, &e, true);
     }
     if (*data_size) {
         if (up->body.len + *data_size > MAX_BODY) up->too_big = true;
@@ -933,6 +1004,257 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
+// ---- the door: a new connection's first request head, checked before libmicrohttpd parses it ---
+
+// libmicrohttpd answers a head it cannot parse (a malformed request line or header line, an HTTP
+// version other than 1.x, a Content-Length that is not a number, a request line or headers over
+// its memory) with its own HTML page, before it calls route, and offers no hook to answer
+// otherwise. So the server accepts connections itself, on the polling thread (below): it peeks
+// at each new connection's request head (MSG_PEEK: the bytes stay for libmicrohttpd), answers a
+// head that libmicrohttpd would refuse with OpenAI's error object, and hands every other
+// connection to libmicrohttpd (MHD_add_connection) as soon as its head is in. The door sees only
+// a connection's first request: a kept-alive connection's later requests go to libmicrohttpd
+// alone.
+typedef enum { HEAD_PARTIAL, HEAD_OK, HEAD_BAD } HeadCheck;
+enum { REFUSED_LINGER_S = 1 };
+
+static bool is_token_char(unsigned char c) {  // RFC 9110's tchar
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+// the request line, or as much of it as has come: METHOD SP target SP HTTP/d.d (RFC 9112 3); an
+// HTTP major version other than 1 is 505
+static bool request_line_ok(const char *l, size_t n, bool whole, ApiError *e) {
+    static const char version[] = "HTTP/d.d";
+    int part = 0;  // the method, the target, the version
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)l[i];
+        if (c == ' ' && part < 2 && len > 0) {
+            part++;
+            len = 0;
+            continue;
+        }
+        bool ok = part == 0 ? is_token_char(c) : part == 1 ? c > ' ' && c < 0x7F
+                  : len < 8 && (version[len] == 'd' ? c >= '0' && c <= '9' : c == (unsigned char)version[len]);
+        if (!ok)
+            return fail(e, 400, NULL, "invalid_request_line", "the request line is malformed at its byte %zu: "
+                        "expected METHOD /path HTTP/1.1", i);
+        if (part == 2 && len == 5 && c != '1')
+            return fail(e, 505, NULL, "http_version_not_supported", "HTTP/%c.x is not supported: this server "
+                        "speaks HTTP/1.1 and 1.0", c);
+        len++;
+    }
+    if (whole && (part < 2 || len < 8))
+        return fail(e, 400, NULL, "invalid_request_line", "the request line is malformed: expected METHOD "
+                    "/path HTTP/1.1");
+    return true;
+}
+
+// header line k, or as much of it as has come: Name: value, the name a token, the value without
+// control characters but tab (a NUL would cut it short); a line that starts with whitespace
+// continues the one before (obs-fold, which libmicrohttpd joins); a Content-Length of digits
+static bool header_line_ok(const char *l, size_t n, bool whole, int k, ApiError *e) {
+    size_t i = 0;
+    bool folded = k > 1 && n > 0 && (l[0] == ' ' || l[0] == '\t');
+    if (!folded) {
+        while (i < n && is_token_char((unsigned char)l[i])) i++;
+        if (i < n ? l[i] != ':' || i == 0 : whole)
+            return fail(e, 400, NULL, "invalid_header", "header line %d is malformed: expected Name: value", k);
+    }
+    for (size_t j = i; j < n; j++)
+        if (((unsigned char)l[j] < ' ' && l[j] != '\t') || l[j] == 0x7F)
+            return fail(e, 400, NULL, "invalid_header", "header line %d has the control character 0x%02x", k,
+                        (unsigned char)l[j]);
+    if (!whole || folded || i != strlen(MHD_HTTP_HEADER_CONTENT_LENGTH) ||
+        strncasecmp(l, MHD_HTTP_HEADER_CONTENT_LENGTH, i) != 0)
+        return true;
+    for (i++; i < n && (l[i] == ' ' || l[i] == '\t'); i++) {}
+    return content_length_ok(l + i, n - i, e);
+}
+
+// the head of p[0..n): its lines (ending in LF or CRLF, empty lines before it allowed, as RFC
+// 9112 2.2 has it) up to the empty line that ends it; HEAD_PARTIAL while what has come is right
+// so far and within MAX_HEADER_BYTES (beyond: 414 in the request line, else 431)
+static HeadCheck check_head(const char *p, size_t n, ApiError *e) {
+    size_t i = 0;
+    while (i < n && (p[i] == '\r' || p[i] == '\n')) i++;
+    int k = 0;
+    for (;; k++) {
+        const char *eol = memchr(p + i, '\n', n - i);
+        size_t len = (eol ? (size_t)(eol - p) : n) - i;
+        if (len > 0 && p[i + len - 1] == '\r') len--;
+        if (eol && len == 0) return HEAD_OK;
+        if (!(k == 0 ? request_line_ok(p + i, len, eol != NULL, e) : header_line_ok(p + i, len, eol != NULL, k, e)))
+            return HEAD_BAD;
+        if (!eol) break;
+        i = (size_t)(eol - p) + 1;
+    }
+    if (n <= MAX_HEADER_BYTES) return HEAD_PARTIAL;
+    if (k == 0) fail(e, 414, NULL, "uri_too_long", "the request line is over %d bytes", MAX_HEADER_BYTES);
+    else fail(e, 431, NULL, "headers_too_large", "the request line and headers are over %d bytes", MAX_HEADER_BYTES);
+    return HEAD_BAD;
+}
+
+static void place_close(Gate *g, Arrival *a) {
+    pthread_mutex_lock(&g->lock);
+    close(a->fd);
+    a->state = PLACE_FREE;
+    pthread_mutex_unlock(&g->lock);
+}
+
+// what a refused client still sends is read and dropped until it closes or REFUSED_LINGER_S
+// passes: closing a socket with bytes unread resets it, which may lose the answer on its way
+static void drain(Gate *g, Arrival *a, char *buf) {
+    ssize_t n;
+    while ((n = recv(a->fd, buf, MAX_HEADER_BYTES + 1, MSG_DONTWAIT)) > 0) {}
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) place_close(g, a);
+}
+
+// a head libmicrohttpd would refuse: OpenAI's error object, and the connection ends
+static void door_refuse(Gate *g, Arrival *a, const ApiError *e, char *buf) {
+    char *json = error_json(e);
+    Buf answer = {0};
+    buf_printf(&answer, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+               "Connection: close\r\n\r\n", e->status, MHD_get_reason_phrase_for((unsigned)e->status), strlen(json));
+    buf_append(&answer, json, strlen(json));
+    free(json);
+    send(a->fd, answer.p, answer.len, MSG_NOSIGNAL | MSG_DONTWAIT);  // a short answer fits a new socket's buffer
+    free(answer.p);
+    shutdown(a->fd, SHUT_WR);
+    pthread_mutex_lock(&g->s->lock);
+    count_status(g->s, e->status);
+    pthread_mutex_unlock(&g->s->lock);
+    pthread_mutex_lock(&g->lock);
+    a->state = PLACE_REFUSED;
+    a->deadline = wall_seconds() + REFUSED_LINGER_S;
+    pthread_mutex_unlock(&g->lock);
+    drain(g, a, buf);
+}
+
+// a right head: libmicrohttpd takes the connection (gate_notify finds its place by its socket)
+static void door_hand_over(Gate *g, Arrival *a) {
+    if (a->watched) epoll_ctl(g->epoll, EPOLL_CTL_DEL, a->fd, NULL);
+    pthread_mutex_lock(&g->lock);
+    a->state = PLACE_SERVED;
+    pthread_mutex_unlock(&g->lock);
+    if (MHD_add_connection(g->daemon, a->fd, (const struct sockaddr *)&a->addr, sizeof a->addr) != MHD_YES) {
+        pthread_mutex_lock(&g->lock);  // libmicrohttpd has closed the socket
+        a->state = PLACE_FREE;
+        pthread_mutex_unlock(&g->lock);
+    }
+}
+
+// an event on a connection at the door (or, in the same batch of events, on one just handed over)
+static void door_read(Gate *g, Arrival *a, char *buf) {
+    pthread_mutex_lock(&g->lock);
+    PlaceState state = a->state;
+    pthread_mutex_unlock(&g->lock);
+    if (state == PLACE_REFUSED) drain(g, a, buf);
+    if (state != PLACE_AT_DOOR) return;
+    ssize_t n = recv(a->fd, buf, MAX_HEADER_BYTES + 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) place_close(g, a);  // the client is gone
+    if (n <= 0) return;
+    ApiError e;
+    HeadCheck head = check_head(buf, (size_t)n, &e);
+    if (head == HEAD_BAD) door_refuse(g, a, &e, buf);
+    else if (head == HEAD_OK) door_hand_over(g, a);
+}
+
+// a new connection takes a free place if its address holds fewer than MAX_CONNECTIONS_PER_CLIENT,
+// else it is closed at once; its head is looked at right away, as it often came with the
+// connection, and the connection is watched for more bytes only if it did not
+static void door_accept(Gate *g, char *buf) {
+    for (;;) {
+        struct sockaddr_in addr;
+        socklen_t len = sizeof addr;
+        int fd = accept(g->listener, (struct sockaddr *)&addr, &len);
+        if (fd < 0 && (errno == ECONNABORTED || errno == EINTR)) continue;
+        if (fd < 0) return;
+        pthread_mutex_lock(&g->lock);
+        Arrival *place = NULL;
+        int same = 0;
+        for (int i = 0; i < MAX_CONNECTIONS; i++) {
+            Arrival *a = &g->conns[i];
+            if (a->state == PLACE_FREE) place = place ? place : a;
+            else same += a->addr.sin_addr.s_addr == addr.sin_addr.s_addr;
+        }
+        bool taken = place && same < MAX_CONNECTIONS_PER_CLIENT;
+        if (taken) *place = (Arrival){g, PLACE_AT_DOOR, fd, addr, wall_seconds() + CLIENT_DEADLINE_S, false};
+        else close(fd);
+        pthread_mutex_unlock(&g->lock);
+        if (!taken) continue;
+        door_read(g, place, buf);
+        pthread_mutex_lock(&g->lock);
+        if (place->state == PLACE_AT_DOOR || place->state == PLACE_REFUSED) {
+            // edge-triggered: an event when more bytes come (or the client closes); the bytes
+            // already there make one at once
+            struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u32 = (uint32_t)(place - g->conns)};
+            place->watched = epoll_ctl(g->epoll, EPOLL_CTL_ADD, fd, &ev) == 0;
+            if (!place->watched) {
+                close(fd);
+                place->state = PLACE_FREE;
+            }
+        }
+        pthread_mutex_unlock(&g->lock);
+    }
+}
+
+// the connections at the door past their deadline (CLIENT_DEADLINE_S for the head) are closed
+static void door_expire(Gate *g) {
+    double now = wall_seconds();
+    pthread_mutex_lock(&g->lock);
+    for (int i = 0; i < MAX_CONNECTIONS; i++) {
+        Arrival *a = &g->conns[i];
+        if ((a->state == PLACE_AT_DOOR || a->state == PLACE_REFUSED) && now > a->deadline) {
+            close(a->fd);
+            a->state = PLACE_FREE;
+        }
+    }
+    pthread_mutex_unlock(&g->lock);
+}
+
+// The polling thread, the one of every connection: it runs the door and libmicrohttpd's event
+// loop (MHD_run; libmicrohttpd's own epoll set is a member of this thread's), so that a
+// connection handed over is read at once, without waking another thread.
+enum { EVENT_LISTENER = MAX_CONNECTIONS, EVENT_LIBMICROHTTPD, EVENT_WAKE };  // epoll's data beside a place's index
+enum { POLL_TICK_MS = 100 };  // the longest wait: the door's deadlines are kept to it
+
+static void *poll_connections(void *arg) {
+    Gate *g = arg;
+    char *buf = malloc_or_die(MAX_HEADER_BYTES + 1);
+    struct epoll_event ev[64];
+    double next_expiry = 0;
+    pthread_mutex_lock(&g->lock);
+    while (!g->stop) {
+        pthread_mutex_unlock(&g->lock);
+        MHD_UNSIGNED_LONG_LONG due_ms;  // libmicrohttpd's next work, if it has some
+        int wait_ms = MHD_get_timeout(g->daemon, &due_ms) == MHD_YES && due_ms < POLL_TICK_MS ? (int)due_ms : POLL_TICK_MS;
+        int n = epoll_wait(g->epoll, ev, 64, wait_ms);
+        for (int k = 0; k < n; k++) {
+            eventfd_t wakes;
+            if (ev[k].data.u32 == EVENT_LISTENER) door_accept(g, buf);
+            else if (ev[k].data.u32 == EVENT_WAKE) eventfd_read(g->wake, &wakes);
+            else if (ev[k].data.u32 < MAX_CONNECTIONS) door_read(g, &g->conns[ev[k].data.u32], buf);
+        }
+        MHD_run(g->daemon);
+        if (wall_seconds() >= next_expiry) {  // once a tick, not on every event
+            door_expire(g);
+            next_expiry = wall_seconds() + POLL_TICK_MS / 1000.0;
+        }
+        pthread_mutex_lock(&g->lock);
+    }
+    for (int i = 0; i < MAX_CONNECTIONS; i++)
+        if (g->conns[i].state == PLACE_AT_DOOR || g->conns[i].state == PLACE_REFUSED) {
+            close(g->conns[i].fd);
+            g->conns[i].state = PLACE_FREE;
+        }
+    pthread_mutex_unlock(&g->lock);
+    free(buf);
+    return NULL;
+}
+
 // ---- start and stop ----------------------------------------------------------------------------
 
 // the name clients put in "model": served_model_name, else init_from's last path component
@@ -954,34 +1276,62 @@ static void model_name(const Config *cfg, char *name, size_t size) {
     if (dot && strcmp(dot, ".safetensors") == 0) *dot = '\0';
 }
 
-// One polling thread (epoll) for every connection, whose answers wait for their tokens suspended
-// (the waker). MAX_CONNECTIONS_PER_CLIENT and the gate's deadlines keep one client's idle or slow
-// connections from taking every place; the memory of a connection holds MAX_HEADER_BYTES of
-// headers and more, so that check_headers, not libmicrohttpd's own page, refuses larger ones.
+// the door's listening socket on host:port, non-blocking (the door accepts until none is left)
+static int listen_on(const Config *cfg) {
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
+    if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1)
+        fatal("key 'host': expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, found '%s'", cfg->host);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), on = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
+        bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, SOMAXCONN) != 0 ||
+        fcntl(fd, F_SETFL, O_NONBLOCK) != 0)
+        fatal("key 'port': cannot listen on %s:%d (%s)", cfg->host, cfg->port, strerror(errno));
+    return fd;
+}
+
+// One polling thread (epoll) for every connection: the door's, and libmicrohttpd's, whose answers
+// wait for their tokens suspended (the waker resumes them). MAX_CONNECTIONS_PER_CLIENT and the gate's deadlines keep one client's idle or slow connections
+// from taking every place; the memory of a connection holds MAX_HEADER_BYTES of headers and more,
+// so that check_headers, not libmicrohttpd's own page, refuses larger ones on a kept-alive
+// connection too.
 static struct MHD_Daemon *start_http(Server *s, Gate *g, Waker *w) {
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg->port)};
-    if (inet_pton(AF_INET, s->cfg->host, &addr.sin_addr) != 1)
-        fatal("key 'host': expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, found '%s'", s->cfg->host);
+    g->s = s;
+    g->listener = listen_on(s->cfg);
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
-        (uint16_t)s->cfg->port, NULL, NULL, route, w, MHD_OPTION_SOCK_ADDR, &addr,
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET, 0, NULL, NULL,
+        route, w,
         MHD_OPTION_NOTIFY_COMPLETED, request_done, s, MHD_OPTION_NOTIFY_CONNECTION, gate_notify, g,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         (unsigned)MAX_CONNECTIONS_PER_CLIENT, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(4 * MAX_HEADER_BYTES),
         MHD_OPTION_END);
-    if (!d) fatal("key 'port': cannot listen on %s:%d (%s)", s->cfg->host, s->cfg->port, strerror(errno));
-    if (pthread_create(&g->watcher, NULL, gate_watch, g) != 0 || pthread_create(&w->thread, NULL, wake_readers, w) != 0)
+    if (!d) fatal("the server cannot start libmicrohttpd (%s)", strerror(errno));
+    g->daemon = d;
+    g->epoll = epoll_create1(EPOLL_CLOEXEC);
+    const union MHD_DaemonInfo *mhd_epoll = MHD_get_daemon_info(d, MHD_DAEMON_INFO_EPOLL_FD);
+    g->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    struct epoll_event listener = {.events = EPOLLIN | EPOLLET, .data.u32 = EVENT_LISTENER},
+                       daemon = {.events = EPOLLIN, .data.u32 = EVENT_LIBMICROHTTPD},
+                       wake = {.events = EPOLLIN, .data.u32 = EVENT_WAKE};
+    if (g->epoll < 0 || g->wake < 0 || !mhd_epoll || epoll_ctl(g->epoll, EPOLL_CTL_ADD, g->listener, &listener) != 0 ||
+        epoll_ctl(g->epoll, EPOLL_CTL_ADD, mhd_epoll->epoll_fd, &daemon) != 0 ||
+        epoll_ctl(g->epoll, EPOLL_CTL_ADD, g->wake, &wake) != 0)
+        fatal("the server cannot create its epoll set (%s)", strerror(errno));
+    if (pthread_create(&g->watcher, NULL, gate_watch, g) != 0 || pthread_create(&w->thread, NULL, wake_readers, w) != 0 ||
+        pthread_create(&g->poller, NULL, poll_connections, g) != 0)
         fatal("the server cannot start a thread");
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    struct sockaddr_in bound;
+    socklen_t len = sizeof bound;
+    getsockname(g->listener, (struct sockaddr *)&bound, &len);
     // under mpirun, signal this process: mpirun itself, signalled, kills every rank soon after
     printf("server: model '%s' on http://%s:%u/v1 | %d requests at once (max_batch_size), queue of %d "
-           "(max_queue) | kill -TERM %ld stops it\n", s->model, s->cfg->host,
-           info ? info->port : (unsigned)s->cfg->port, s->n_slots, s->cfg->max_queue, (long)getpid());
+           "(max_queue) | kill -TERM %ld stops it\n", s->model, s->cfg->host, ntohs(bound.sin_port), s->n_slots,
+           s->cfg->max_queue, (long)getpid());
     fflush(stdout);
     return d;
 }
 
-// after the last step: the connections still writing answers finish before the daemon stops
+// after the last step: the connections still writing answers finish (new requests meanwhile get
+// 503) before the door and the daemon stop
 static void stop_http(Server *s, struct MHD_Daemon *d, Gate *g, Waker *w) {
     double t0 = wall_seconds();
     pthread_mutex_lock(&s->lock);
@@ -997,11 +1347,15 @@ static void stop_http(Server *s, struct MHD_Daemon *d, Gate *g, Waker *w) {
     pthread_cond_broadcast(&s->progress);
     pthread_mutex_unlock(&s->lock);
     pthread_join(w->thread, NULL);
-    MHD_stop_daemon(d);
     pthread_mutex_lock(&g->lock);
     g->stop = true;
     pthread_mutex_unlock(&g->lock);
+    pthread_join(g->poller, NULL);
     pthread_join(g->watcher, NULL);
+    MHD_stop_daemon(d);
+    close(g->epoll);
+    close(g->wake);
+    close(g->listener);
     printf("server: stopped\n");
 }
 
@@ -1025,7 +1379,7 @@ void serve(const Config *cfg, KVModel *m, const Tokenizer *tok, Sampler *sampler
     s.metrics.tpot.le = TPOT_BUCKETS;
     Gate *gate = calloc_or_die(1, sizeof *gate);
     pthread_mutex_init(&gate->lock, NULL);
-    Waker waker = {.s = &s};
+    Waker waker = {.s = &s, .gate = gate};
     struct MHD_Daemon *d = start_http(&s, gate, &waker);
     scheduler_run(&s, m, sampler, world, use_graph);
     stop_http(&s, d, gate, &waker);

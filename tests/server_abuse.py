@@ -162,13 +162,14 @@ def bad_requests(url, model):
         except OSError as e:
             status, data = f"{type(e).__name__}: {e}", b""
         out.append((name, want, code, status, openai_error(data), data[:200].decode("utf-8", "replace")))
-    # refused from the headers, before the body (whose sending may then fail), or after a chunked one
+    # refused from the headers, before the body (whose sending may then fail); a chunked body is not
+    # taken (411) whatever its size
     big = json.dumps({"model": model, "prompt": "x" * (1 << 20)}).encode()
     chunked = b"".join(b"%x\r\n%s\r\n" % (len(big[i:i + 65536]), big[i:i + 65536]) for i in range(0, len(big), 65536))
     for name, want, headers, body in [
             ("headers over 16 KiB", 431, {"X-Big": "a" * 20000, "Content-Length": "2"}, b"{}"),
             ("Content-Length over 1 MiB", 413, {"Content-Length": str(5 << 20)}, b"{}"),
-            ("a chunked body over 1 MiB", 413, {"Transfer-Encoding": "chunked"}, chunked + b"0\r\n\r\n")]:
+            ("a chunked body over 1 MiB", 411, {"Transfer-Encoding": "chunked"}, chunked + b"0\r\n\r\n")]:
         try:
             s = raw_socket(url, "127.0.0.2")
         except OSError as e:
@@ -194,6 +195,88 @@ def bad_requests(url, model):
         body = reply.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in reply else b""
         out.append((name, want, None, status, openai_error(body), body[:200].decode("utf-8", "replace")))
     return out
+
+
+# request heads that libmicrohttpd would refuse with its own HTML page (or, for a request line
+# without spaces, with no answer at all), and heads it passes on that HTTP forbids: each sent alone
+# on a new connection -> (status, code) of the OpenAI error object wanted
+POST = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+HEAD_REFUSALS = [
+    ("a request line without spaces", b"GARBAGE\r\n\r\n", 400, "invalid_request_line"),
+    ("a request line without a method", b" /health HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_request_line"),
+    ("a space in the target", b"GET /he alth HTTP/1.1\r\nHost: x\r\n\r\n", 400, "invalid_request_line"),
+    ("a request line without a version", b"GET /health\r\nHost: x\r\n\r\n", 400, "invalid_request_line"),
+    ("a version not HTTP", b"GET /health FOO/1.1\r\nHost: x\r\n\r\n", 400, "invalid_request_line"),
+    ("HTTP/2.0", b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"),
+    ("HTTP/0.9", b"GET /health HTTP/0.9\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"),
+    ("a TLS handshake", bytes.fromhex("16030100a5010000a10303") + bytes(100), 400, "invalid_request_line"),
+    ("binary bytes", bytes(range(256)) + b"\r\n\r\n", 400, "invalid_request_line"),
+    ("a header line without a colon", b"GET /health HTTP/1.1\r\nHost: x\r\nNoColon\r\n\r\n", 400, "invalid_header"),
+    ("whitespace before a colon", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A : 1\r\n\r\n", 400, "invalid_header"),
+    ("a NUL in a header", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n", 400, "invalid_header"),
+    ("HTTP/1.1 without Host", b"GET /health HTTP/1.1\r\n\r\n", 400, "invalid_host"),
+    ("two Hosts", b"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, "invalid_host"),
+    ("Content-Length not a number", POST + b"Content-Length: abc\r\n\r\n{}", 400, "invalid_content_length"),
+    ("Content-Length negative", POST + b"Content-Length: -2\r\n\r\n{}", 400, "invalid_content_length"),
+    ("Content-Length of 23 digits", POST + b"Content-Length: " + b"9" * 23 + b"\r\n\r\n{}", 413, "body_too_large"),
+    ("two Content-Lengths that disagree", POST + b"Content-Length: 2\r\nContent-Length: 5\r\n\r\n{}", 400,
+     "invalid_content_length"),
+    ("a malformed chunk", POST + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", 411, "length_required"),
+    ("a chunk size over 64 bits", POST + b"Transfer-Encoding: chunked\r\n\r\n" + b"f" * 21 + b"\r\n{}\r\n0\r\n\r\n",
+     411, "length_required"),
+    ("Transfer-Encoding gzip", POST + b"Transfer-Encoding: gzip\r\n\r\n{}", 501, "unsupported_transfer_encoding"),
+    ("a request line over 16 KiB", b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long"),
+    ("a header over 64 KiB", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 70000 + b"\r\n\r\n", 431,
+     "headers_too_large"),
+    ("5000 headers", b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X%d: y\r\n" % i for i in range(5000)) + b"\r\n",
+     431, "headers_too_large"),
+]
+
+
+def exchange(url, data, source="127.0.0.2"):
+    """sends data on a new connection and reads until the server closes it (or 5 s pass): the
+    replies' bytes"""
+    s = raw_socket(url, source)
+    try:
+        s.sendall(data)
+    except OSError:
+        pass
+    reply = b""
+    try:
+        while chunk := s.recv(65536):
+            reply += chunk
+    except OSError:
+        pass
+    s.close()
+    return reply
+
+
+def status_and_body(reply):
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return (int(head.split(b" ")[1]) if head.startswith(b"HTTP/1.1 ") else None), body
+
+
+def head_refusals(url):
+    """each of HEAD_REFUSALS gets its status and error object, and /health answers right after"""
+    out = []
+    for name, data, want, code in HEAD_REFUSALS:
+        status, body = status_and_body(exchange(url, data))
+        error = openai_error(body) or {}
+        health = guarded(lambda: request(url, "GET", "/health")[::2])
+        out.append((name, status == want and error.get("code") == code and health == (200, b'{"status":"ok"}\n'),
+                    {"status": status, "want": [want, code], "body": body[:200].decode("utf-8", "replace"),
+                     "health after": str(health)}))
+    return out
+
+
+def kept_alive_refusal(url):
+    """on a kept-alive connection, a right request and then one without Host: the second gets 400
+    with the error object (what libmicrohttpd passes on is checked on every request)"""
+    reply = exchange(url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\n\r\n")
+    first, _, rest = reply.partition(b'{"status":"ok"}\n')
+    status, body = status_and_body(rest)
+    ok = first.startswith(b"HTTP/1.1 200 ") and status == 400 and (openai_error(body) or {}).get("code") == "invalid_host"
+    return ok, reply[:400].decode("utf-8", "replace")
 
 
 def stream_events(url, body, source="127.0.0.2"):
@@ -317,6 +400,9 @@ def main():
     for name, want, code, status, error, text in bad_requests(url, model):
         checks[f"refused: {name}"] = (status == want and error is not None and (code is None or error["code"] == code),
                                       {"status": status, "want": want, "body": text})
+    for name, ok, detail in head_refusals(url):
+        checks[f"refused head: {name}"] = (ok, detail)
+    checks["refused on a kept-alive connection: no Host"] = guarded(kept_alive_refusal, url)
     checks["stream_options include_usage"] = guarded(include_usage, url, model)
     checks["GET /v1/models/{id}"] = guarded(models, url, model)
     checks["chat content as text parts"] = guarded(content_parts, url, model)

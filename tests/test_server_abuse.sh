@@ -8,6 +8,11 @@
 #    or raw), invalid UTF-8, bytes after the JSON, stop "", an unknown model (404 model_not_found),
 #    n, max_tokens, a prompt over the context, a body over 1 MiB, headers over 16 KiB, a
 #    Content-Length over 1 MiB; a full queue's 429 says Retry-After;
+#  - so does every request head libmicrohttpd would refuse with its own HTML page (or no answer),
+#    each on a new connection, with /health answered right after it: request lines and versions
+#    (505), header lines, Host, Content-Length, a body in chunks (411), another transfer coding
+#    (501), a request line (414) or headers (431) over 16 KiB; and a request without Host after a
+#    right one on a kept-alive connection;
 #  - stream_options.include_usage sends the usage chunk; GET /v1/models/{id}; chat content as a
 #    list of text parts; clients that hang up free their slot and their place in the queue
 #    (/metrics); the server answers as before at the end;
