@@ -6,7 +6,7 @@
 #include "device.h"
 #include "log.h"
 
-int kv_width(const ModelShape *s) { return s->C_attn; }
+int kv_width(const ModelShape *s) { return s->C_kv; }
 
 void kv_cache_alloc(KVCache *c, int n_layer, int n_blocks, int block_size, int maxT, int rows, int width) {
     *c = (KVCache){.n_layer = n_layer, .width = width, .n_blocks = n_blocks, .block_size = block_size,
@@ -59,14 +59,16 @@ void kv_cache_copy_block(KVCache *c, int dst, int src) {
 
 // The new keys and values join the cache, then the new queries attend to all of it. Heads are
 // independent: on a grid each rank writes and reads its own heads' share, and no rank needs
-// another's cache.
+// another's cache. With grouped-query attention the block hands over every query head's copy of
+// its group's key and value (gqa_expand); the cache keeps the key/value heads only, and each query
+// head reads its group's.
 static void cached_attention(LayerOps *ops, int layer, float *out, float *scores, const float *qkv,
                              const ModelShape *s, int B, int T) {
     KVCache *c = ((KVLayers *)ops)->cache;
-    kv_cache_write(c->k[layer], c->v[layer], qkv, c->start, c->table, B, T, s->C_attn, c->block_size,
-                   c->max_blocks);
+    kv_cache_write(c->k[layer], c->v[layer], qkv, c->start, c->table, B, T, s->C_attn, s->n_head, s->n_kv_head,
+                   c->block_size, c->max_blocks);
     attention_cached_forward(out, scores, qkv, c->k[layer], c->v[layer], c->start, c->table, B, T, s->C_attn,
-                             s->n_head, c->block_size, c->max_blocks);
+                             s->n_head, s->n_kv_head, c->block_size, c->max_blocks);
 }
 
 // the embedding of row t of sequence b at position start[b] + t (the block's own call asks for

@@ -42,9 +42,9 @@ typedef struct {
     int *table_host;      // the same, host: written by the caller before a pass
 } KVCache;
 
-// the columns of keys (and of values) a position keeps per layer: one per key head's dimension.
-// The one place that says how wide the cache is: a model with fewer key heads than query heads
-// keeps fewer.
+// the columns of keys (and of values) a position keeps per layer: one per key head's dimension,
+// n_kv_head x head size (C_kv). The one place that says how wide the cache is: a model with fewer
+// key heads than query heads (grouped-query attention) keeps n_head / n_kv_head times fewer.
 int kv_width(const ModelShape *s);
 void kv_cache_alloc(KVCache *c, int n_layer, int n_blocks, int block_size, int maxT, int rows, int width);
 void kv_cache_free(KVCache *c);
