@@ -1,6 +1,7 @@
 // kv_cache.c: the KV cache and the two layers it changes (see kv_cache.h).
 #include "kv_cache.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "device.h"
@@ -31,6 +32,16 @@ void kv_cache_free(KVCache *c) {
 
 size_t kv_bytes_per_block(int n_layer, int block_size, int width) {
     return 2 * (size_t)n_layer * block_size * width * sizeof(float);
+}
+
+int kv_pool_blocks(size_t pool_bytes, int B, int maxT, int block_size, size_t per_block) {
+    int whole = (maxT + block_size - 1) / block_size;
+    if (!pool_bytes) return B * whole;
+    size_t n = pool_bytes / per_block;
+    if (n < (size_t)whole)
+        fatal("key 'kv_cache_bytes': expected at least %zu bytes per rank (one whole context: %d blocks of %d "
+              "positions, %zu bytes each), found %zu", whole * per_block, whole, block_size, per_block, pool_bytes);
+    return n > INT32_MAX ? INT32_MAX : (int)n;
 }
 
 size_t kv_cache_bytes(const KVCache *c) {

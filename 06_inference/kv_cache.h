@@ -52,6 +52,10 @@ void kv_cache_free(KVCache *c);
 size_t kv_cache_bytes(const KVCache *c);
 // the blocks of one position's keys and values over all layers, for sizing a pool from bytes
 size_t kv_bytes_per_block(int n_layer, int block_size, int width);
+// the pool's blocks: as many of per_block bytes as pool_bytes holds, or B whole contexts of maxT
+// positions when pool_bytes is 0. Refused when it cannot hold one whole context: a long request
+// could never run.
+int kv_pool_blocks(size_t pool_bytes, int B, int maxT, int block_size, size_t per_block);
 // rows 0 .. B-1 a whole context each: row b the blocks b * max_blocks .. (b + 1) * max_blocks - 1
 // (the pool must hold B * max_blocks)
 void kv_cache_slot_tables(KVCache *c, int B);
