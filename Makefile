@@ -125,16 +125,17 @@ build/ceilings: $(B)/ceilings
 	@cp $< $@
 $(B)/ceilings: $(B)/tools/ceilings.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
-# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, pipeline.c, experts.c,
-# moe.c and context.c): it links them, and with them the comm layer (mpicc), which its ping-pong calibration uses too
-PLAN_TOOL_OBJS := $(addprefix $(B)/tools/,plan.o plan_cluster.o plan_measure.o)
+# the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, kv_cache.c, pipeline.c,
+# experts.c, moe.c and context.c): it links them, and with them the comm layer (mpicc), which its ping-pong calibration uses too
+PLAN_TOOL_OBJS := $(addprefix $(B)/tools/,plan.o plan_cluster.o plan_measure.o plan_serve.o)
 PLAN_OBJS := $(PLAN_TOOL_OBJS) \
              $(addprefix $(B)/,04_fsdp/fsdp.o 05_tensor_parallel/tp_linear.o 05_tensor_parallel/tp_model.o \
+                               06_inference/kv_cache.o \
                                07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o \
                                09_context_parallel/context.o) $(STAGE_OBJS_9) \
              $(addprefix $(B)/07_pipeline_parallel/,schedules.o zero_bubble.o)
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
-$(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel -I08_mixture_of_experts -I09_context_parallel
+$(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I06_inference -I07_pipeline_parallel -I08_mixture_of_experts -I09_context_parallel
 build/plan: $(B)/plan
 	@cp $< $@
 $(B)/plan: $(PLAN_OBJS) $(COMMON_OBJS) $(COMM_OBJS)

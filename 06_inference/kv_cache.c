@@ -1,12 +1,13 @@
 // kv_cache.c: the KV cache and the two layers it changes (see kv_cache.h).
 #include "kv_cache.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "device.h"
 #include "log.h"
 
-int kv_width(const ModelShape *s) { return s->C_attn; }
+int kv_width(const ModelShape *s) { return s->C_kv; }
 
 void kv_cache_alloc(KVCache *c, int n_layer, int n_blocks, int block_size, int maxT, int rows, int width) {
     *c = (KVCache){.n_layer = n_layer, .width = width, .n_blocks = n_blocks, .block_size = block_size,
@@ -31,6 +32,16 @@ void kv_cache_free(KVCache *c) {
 
 size_t kv_bytes_per_block(int n_layer, int block_size, int width) {
     return 2 * (size_t)n_layer * block_size * width * sizeof(float);
+}
+
+int kv_pool_blocks(size_t pool_bytes, int B, int maxT, int block_size, size_t per_block) {
+    int whole = (maxT + block_size - 1) / block_size;
+    if (!pool_bytes) return B * whole;
+    size_t n = pool_bytes / per_block;
+    if (n < (size_t)whole)
+        fatal("key 'kv_cache_bytes': expected at least %zu bytes per rank (one whole context: %d blocks of %d "
+              "positions, %zu bytes each), found %zu", whole * per_block, whole, block_size, per_block, pool_bytes);
+    return n > INT32_MAX ? INT32_MAX : (int)n;
 }
 
 size_t kv_cache_bytes(const KVCache *c) {
@@ -59,14 +70,16 @@ void kv_cache_copy_block(KVCache *c, int dst, int src) {
 
 // The new keys and values join the cache, then the new queries attend to all of it. Heads are
 // independent: on a grid each rank writes and reads its own heads' share, and no rank needs
-// another's cache.
+// another's cache. With grouped-query attention the block hands over every query head's copy of
+// its group's key and value (gqa_expand); the cache keeps the key/value heads only, and each query
+// head reads its group's.
 static void cached_attention(LayerOps *ops, int layer, float *out, float *scores, const float *qkv,
                              const ModelShape *s, int B, int T) {
     KVCache *c = ((KVLayers *)ops)->cache;
-    kv_cache_write(c->k[layer], c->v[layer], qkv, c->start, c->table, B, T, s->C_attn, c->block_size,
-                   c->max_blocks);
+    kv_cache_write(c->k[layer], c->v[layer], qkv, c->start, c->table, B, T, s->C_attn, s->n_head, s->n_kv_head,
+                   c->block_size, c->max_blocks);
     attention_cached_forward(out, scores, qkv, c->k[layer], c->v[layer], c->start, c->table, B, T, s->C_attn,
-                             s->n_head, c->block_size, c->max_blocks);
+                             s->n_head, s->n_kv_head, c->block_size, c->max_blocks);
 }
 
 // the embedding of row t of sequence b at position start[b] + t (the block's own call asks for

@@ -42,9 +42,9 @@ typedef struct {
     int *table_host;      // the same, host: written by the caller before a pass
 } KVCache;
 
-// the columns of keys (and of values) a position keeps per layer: one per key head's dimension.
-// The one place that says how wide the cache is: a model with fewer key heads than query heads
-// keeps fewer.
+// the columns of keys (and of values) a position keeps per layer: one per key head's dimension,
+// n_kv_head x head size (C_kv). The one place that says how wide the cache is: a model with fewer
+// key heads than query heads (grouped-query attention) keeps n_head / n_kv_head times fewer.
 int kv_width(const ModelShape *s);
 void kv_cache_alloc(KVCache *c, int n_layer, int n_blocks, int block_size, int maxT, int rows, int width);
 void kv_cache_free(KVCache *c);
@@ -52,6 +52,10 @@ void kv_cache_free(KVCache *c);
 size_t kv_cache_bytes(const KVCache *c);
 // the blocks of one position's keys and values over all layers, for sizing a pool from bytes
 size_t kv_bytes_per_block(int n_layer, int block_size, int width);
+// the pool's blocks: as many of per_block bytes as pool_bytes holds, or B whole contexts of maxT
+// positions when pool_bytes is 0. Refused when it cannot hold one whole context: a long request
+// could never run.
+int kv_pool_blocks(size_t pool_bytes, int B, int maxT, int block_size, size_t per_block);
 // rows 0 .. B-1 a whole context each: row b the blocks b * max_blocks .. (b + 1) * max_blocks - 1
 // (the pool must hold B * max_blocks)
 void kv_cache_slot_tables(KVCache *c, int B);

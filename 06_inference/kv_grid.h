@@ -2,9 +2,9 @@
 // into stage 05's layers (05_tensor_parallel/tp_model.h) instead of the serial ones.
 //
 // Rank (x, y) holds the heads n_head/x (its qkv rows and its share of the KV cache, a pool of the
-// same blocks on every rank, C/x columns each per layer: the cache is split by heads and never
-// moves, and one block table serves every rank), the MLP's columns 4C/x, the
-// vocabulary Vp/x, and the hidden dimension C/y of each. Around the pass (kv_model.c) the grid
+// same blocks on every rank, C_kv/x columns each per layer: its n_kv_head/x key/value heads; the
+// cache is split by heads and never moves, and one block table serves every rank), the MLP's
+// columns 4C/x, the vocabulary Vp/x, and the hidden dimension C/y of each. Around the pass (kv_model.c) the grid
 // adds two steps: before it, stage 05's weight stream is told the pass's order of weights; after
 // the head, the x ranks' logit shards are gathered into whole rows on every rank.
 #ifndef KV_GRID_H

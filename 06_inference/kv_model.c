@@ -2,7 +2,6 @@
 // cache plugged into its layers.
 #include "kv_model.h"
 
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,24 +31,12 @@ void kv_model_alloc_params(KVModel *m, const GPTConfig *cfg, const ParamLayout *
     }
 }
 
-// the blocks of pool_bytes; it must hold one whole context at least, or a long request could
-// never run
-static int pool_blocks(const KVModel *m, int width) {
-    int whole = (m->maxT + m->block_size - 1) / m->block_size;
-    if (!m->pool_bytes) return m->B * whole;
-    size_t per_block = kv_bytes_per_block(m->cfg.n_layer, m->block_size, width);
-    size_t n = m->pool_bytes / per_block;
-    if (n < (size_t)whole)
-        fatal("key 'kv_cache_bytes': expected at least %zu bytes per rank (one whole context: %d blocks of %d "
-              "positions, %zu bytes each), found %zu", whole * per_block, whole, m->block_size, per_block,
-              m->pool_bytes);
-    return n > INT32_MAX ? INT32_MAX : (int)n;
-}
-
 void kv_model_alloc_passes(KVModel *m, LayerOps *inner, const ModelShape *shape, bool half_mode) {
     m->shape = *shape;
-    kv_cache_alloc(&m->cache, m->cfg.n_layer, pool_blocks(m, kv_width(shape)), m->block_size, m->maxT, m->B * m->T,
-                   kv_width(shape));
+    int width = kv_width(shape);
+    int blocks = kv_pool_blocks(m->pool_bytes, m->B, m->maxT, m->block_size,
+                                kv_bytes_per_block(m->cfg.n_layer, m->block_size, width));
+    kv_cache_alloc(&m->cache, m->cfg.n_layer, blocks, m->block_size, m->maxT, m->B * m->T, width);
     kv_layers_init(&m->layers, inner, &m->cache);
     ActsSpec spec = whole_model_acts(&m->cfg, m->B, m->T, half_mode, true);  // one block's set, for every layer
     spec.keys = m->cache.max_blocks * m->block_size;  // the attention scores of T new rows against a whole context

@@ -335,6 +335,14 @@ KERNEL_FN float gqa_expanded_value(const float *proj, int c, int C_attn, int NH,
     return proj[C_attn + kv * NKV * hs + h / (NH / NKV) * hs + i];
 }
 
+// the first column of query head h's key/value head in a row of the NKV heads' keys (or values):
+// the KV cache keeps each group's one head, not the expanded row's copies
+KERNEL_FN int gqa_kv_column(int h, int hs, int NH, int NKV) { return h / (NH / NKV) * hs; }
+
+// column c of a row of the NKV heads' keys (or values) in the expanded row's keys (or values):
+// the copy its group's first query head holds
+KERNEL_FN int gqa_expanded_column(int c, int hs, int NH, int NKV) { return c / hs * (NH / NKV) * hs + c % hs; }
+
 // element c of a projection row's gradient: the sum over the group's heads of the expanded row's
 KERNEL_FN float gqa_reduced_grad(const float *dexp, int c, int C_attn, int NH, int NKV) {
     if (c < C_attn) return dexp[c];

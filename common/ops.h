@@ -167,18 +167,21 @@ void attention_backward(float *dqkv, float *datt, const float *dout, const float
 // ends. start (B) is a *device* array: sequence b's new rows sit at positions start[b] ..
 // start[b] + T - 1 (so sequences of a batch may have different lengths, and a CUDA graph can
 // replay a step with new positions). The cache is paged: a pool of blocks of block_size rows per
-// layer for keys and another for values, (n_blocks, block_size, C), heads side by side in C;
+// layer for keys and another for values, (n_blocks, block_size, C_kv), the NKV key/value heads
+// side by side in C_kv = NKV x C / NH (C without grouped-query attention, where NKV = NH);
 // table (B, max_blocks), a *device* array, names sequence b's blocks in order (its position p
 // lies in block table[b][p / block_size], row p % block_size).
-// copies the k and v parts of qkv (B, T, 3C) into positions start[b] + t of the pools
+// copies the k and v parts of qkv (B, T, 3C) into positions start[b] + t of the pools: of each
+// group of NH / NKV heads, which gqa_expand made copies of one key/value head, the first
 void kv_cache_write(float *k_pool, float *v_pool, const float *qkv, const int *start, const int *table,
-                    int B, int T, int C, int block_size, int max_blocks);
+                    int B, int T, int C, int NH, int NKV, int block_size, int max_blocks);
 // causal attention of the new rows against the cache (written first with kv_cache_write): query
-// (b, t) sees positions 0 .. start[b] + t. qkv (B, T, 3C) (only q is read); out (B, T, C);
-// scores (B, NH, T, max_blocks * block_size) scratch.
+// (b, t) sees positions 0 .. start[b] + t, query head h the keys and values of head h / (NH /
+// NKV). qkv (B, T, 3C) (only q is read); out (B, T, C); scores (B, NH, T, max_blocks *
+// block_size) scratch.
 void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_pool,
                               const float *v_pool, const int *start, const int *table, int B, int T, int C,
-                              int NH, int block_size, int max_blocks);
+                              int NH, int NKV, int block_size, int max_blocks);
 
 // grouped-query attention (Llama): NKV key and value heads, each serving NH / NKV query heads.
 // qkv (N, 3 C_attn) = the projection proj (N, C_attn + 2 NKV hs) with each key and value head

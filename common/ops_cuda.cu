@@ -1695,8 +1695,8 @@ void adamw_update(float *param, const float *grad, float grad_scale, float *m, f
 // ----------------------------------------------------------------------------------------------
 // ---- attention with a KV cache; CUDA graphs
 //
-//   kv_cache_write         a thread per (row, column): k and v copied side by side into the
-//                          pool block the row's position lies in (the sequence's block table)
+//   kv_cache_write         a thread per (row, key/value column): k and v copied side by side into
+//                          the pool block the row's position lies in (the sequence's block table)
 //   attention_cached       a block of ATT_CACHED_THREADS per (sequence, head, new row): the lanes
 //                          share the keys for the scores and the value columns for the output
 //                          (kernels.h's three steps), max and sum combined by block_reduce. At
@@ -1707,24 +1707,25 @@ void adamw_update(float *param, const float *grad, float grad_scale, float *m, f
 #define ATT_CACHED_THREADS 64
 
 static __global__ void kv_cache_write_kernel(float *k_pool, float *v_pool, const float *qkv, const int *start,
-                                             const int *table, int T, size_t n, int C, int block_size,
-                                             int max_blocks) {
+                                             const int *table, int T, size_t n, int C, int NH, int NKV,
+                                             int block_size, int max_blocks) {
+    int hs = C / NH, Ckv = NKV * hs;
     GRID_STRIDE(i, n) {
-        int bt = (int)(i / C), c = (int)(i % C), b = bt / T;
+        int bt = (int)(i / Ckv), c = (int)(i % Ckv), b = bt / T;
         const int *tab = table + (size_t)b * max_blocks;
-        int pos = start[b] + bt % T;
-        ((float *)cache_row(k_pool, tab, pos, block_size, C))[c] = qkv[(size_t)bt * 3 * C + C + c];
-        ((float *)cache_row(v_pool, tab, pos, block_size, C))[c] = qkv[(size_t)bt * 3 * C + 2 * C + c];
+        int pos = start[b] + bt % T, from = gqa_expanded_column(c, hs, NH, NKV);
+        ((float *)cache_row(k_pool, tab, pos, block_size, Ckv))[c] = qkv[(size_t)bt * 3 * C + C + from];
+        ((float *)cache_row(v_pool, tab, pos, block_size, Ckv))[c] = qkv[(size_t)bt * 3 * C + 2 * C + from];
     }
 }
 
 void kv_cache_write(float *k_pool, float *v_pool, const float *qkv, const int *start, const int *table,
-                    int B, int T, int C, int block_size, int max_blocks) {
-    size_t n = (size_t)B * T * C;
+                    int B, int T, int C, int NH, int NKV, int block_size, int max_blocks) {
+    size_t n = (size_t)B * T * (C / NH * NKV);
     if (!n) return;
     ensure_init();
-    LAUNCH(kv_cache_write_kernel, grid_for(n), THREADS, 0, k_pool, v_pool, qkv, start, table, T, n, C, block_size,
-           max_blocks);
+    LAUNCH(kv_cache_write_kernel, grid_for(n), THREADS, 0, k_pool, v_pool, qkv, start, table, T, n, C, NH, NKV,
+           block_size, max_blocks);
 }
 
 // blockIdx.x = (b * NH + h) * T + t. Every thread reaches both block_reduce barriers: the loop
@@ -1732,29 +1733,28 @@ void kv_cache_write(float *k_pool, float *v_pool, const float *qkv, const int *s
 // are read through the sequence's block table (PagedAttention), a cache block at a time.
 static __global__ void attention_cached_kernel(float *out, float *scores, const float *qkv, const float *k_pool,
                                                const float *v_pool, const int *start, const int *table, int T,
-                                               int C, int NH, int block_size, int max_blocks) {
-    int hs = C / NH, lane = threadIdx.x, nlanes = blockDim.x;
+                                               int C, int NH, int NKV, int block_size, int max_blocks) {
+    int hs = C / NH, Ckv = NKV * hs, lane = threadIdx.x, nlanes = blockDim.x;
     int t = blockIdx.x % T, bh = blockIdx.x / T, b = bh / NH, h = bh % NH;
-    int npos = start[b] + t + 1;
+    int npos = start[b] + t + 1, kv = gqa_kv_column(h, hs, NH, NKV);  // the head's keys and values
     const float *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
     const int *tab = table + (size_t)b * max_blocks;
     float *s = scores + (size_t)blockIdx.x * max_blocks * block_size;
-    float max = block_reduce(attention_cached_scores(s, q, k_pool + (size_t)h * hs, tab, block_size, npos, hs, C,
-                                                     lane, nlanes),
+    float max = block_reduce(attention_cached_scores(s, q, k_pool + kv, tab, block_size, npos, hs, Ckv, lane, nlanes),
                              -INFINITY, MaxOp());
     // the barriers inside block_reduce also make every lane's scores visible to the others
     float sum = block_reduce(attention_exp(s, max, npos, lane, nlanes), 0.0f, SumOp());
-    attention_cached_values(out + ((size_t)b * T + t) * C + (size_t)h * hs, s, 1.0f / sum, v_pool + (size_t)h * hs,
-                            tab, block_size, npos, hs, C, lane, nlanes);
+    attention_cached_values(out + ((size_t)b * T + t) * C + (size_t)h * hs, s, 1.0f / sum, v_pool + kv, tab,
+                            block_size, npos, hs, Ckv, lane, nlanes);
 }
 
 void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_pool,
                               const float *v_pool, const int *start, const int *table, int B, int T, int C,
-                              int NH, int block_size, int max_blocks) {
+                              int NH, int NKV, int block_size, int max_blocks) {
     if (B <= 0 || T <= 0) return;
     ensure_init();
     LAUNCH(attention_cached_kernel, (unsigned)((size_t)B * NH * T), ATT_CACHED_THREADS, 0, out, scores, qkv, k_pool,
-           v_pool, start, table, T, C, NH, block_size, max_blocks);
+           v_pool, start, table, T, C, NH, NKV, block_size, max_blocks);
 }
 
 static void *g_cublas_workspace = NULL;

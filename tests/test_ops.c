@@ -1191,8 +1191,8 @@ static void test_kv_cache(void) {
     int *d_start = dev_malloc(sizeof start), *d_table = dev_malloc((size_t)B * mb * sizeof(int));
     copy_to_device(d_start, start, sizeof start);
     copy_to_device(d_table, table, (size_t)B * mb * sizeof(int));
-    kv_cache_write(d_k, d_v, d_qkv, d_start, d_table, B, T, C, bs, mb);
-    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, d_table, B, T, C, NH, bs, mb);
+    kv_cache_write(d_k, d_v, d_qkv, d_start, d_table, B, T, C, NH, NH, bs, mb);
+    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, d_table, B, T, C, NH, NH, bs, mb);
     double *got_k = download(d_k, npool), *got_v = download(d_v, npool), *got = download(d_out, nout);
     check_array("kv_cache_write keys through the block table (other rows and blocks untouched)", got_k, kp,
                 npool, 0, 0);
@@ -1228,6 +1228,95 @@ static void test_kv_cache(void) {
     dev_free(d_start), dev_free(d_wte), dev_free(d_wpe), dev_free(d_tokens);
     free(qkv), free(k0), free(v0), free(k), free(v), free(want), free(got_k), free(got_v);
     free(got), free(wte), free(wpe), free(want_enc), free(got_enc);
+}
+
+// Grouped-query attention (Llama): NKV key/value heads, each shared by NH / NKV query heads. The
+// block hands the cache rows in which every query head holds a copy of its group's key and value
+// (gqa_expand); the cache keeps NKV heads a position (C_kv = NKV hs columns), and query head h
+// attends with head h / (NH / NKV). A double reference with the heads mapped by hand; on
+// `threads` threads, where the CPU's tasks split the query heads across groups (3 of 6 heads,
+// groups of 2: a task's heads read key/value heads 0, 0, 1 and 1, 2, 2).
+static void test_kv_cache_gqa(int B, int T, int NH, int NKV, int threads) {
+    const int hs = 4, C = NH * hs, Ckv = NKV * hs, group = NH / NKV, maxT = 9, start[2] = {0, 4};
+    size_t nproj = (size_t)B * T * (C + 2 * Ckv), ncache = (size_t)B * maxT * Ckv, nout = (size_t)B * T * C;
+    // a projection row q | k (NKV heads) | v (NKV heads), and the row the block attends with
+    double *proj = rand_array(nproj, -1.5, 1.5), *qkv = malloc_or_die(nout * 3 * sizeof(double));
+    for (int bt = 0; bt < B * T; bt++) {
+        const double *p = proj + (size_t)bt * (C + 2 * Ckv);
+        double *row = qkv + (size_t)bt * 3 * C;
+        for (int c = 0; c < C; c++) {
+            int h = c / hs, i = c % hs;
+            row[c] = p[c];
+            row[C + c] = p[C + h / group * hs + i];
+            row[2 * C + c] = p[C + Ckv + h / group * hs + i];
+        }
+    }
+    // the logical cache (B, maxT, C_kv) before and after the write
+    double *k0 = rand_array(ncache, -1.5, 1.5), *v0 = rand_array(ncache, -1.5, 1.5);
+    double *k = copy_array(k0, ncache), *v = copy_array(v0, ncache);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < Ckv; c++) {
+                const double *p = proj + ((size_t)b * T + t) * (C + 2 * Ckv);
+                k[((size_t)b * maxT + start[b] + t) * Ckv + c] = p[C + c];
+                v[((size_t)b * maxT + start[b] + t) * Ckv + c] = p[C + Ckv + c];
+            }
+    double *want = malloc_or_die(nout * sizeof(double)), scores[9];
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                int npos = start[b] + t + 1, kv = h / group * hs;
+                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double max = -INFINITY, sum = 0.0;
+                for (int j = 0; j < npos; j++) {
+                    scores[j] = 0.0;
+                    for (int i = 0; i < hs; i++) scores[j] += q[i] * k[((size_t)b * maxT + j) * Ckv + kv + i];
+                    scores[j] /= sqrt((double)hs);
+                    max = fmax(max, scores[j]);
+                }
+                for (int j = 0; j < npos; j++) sum += scores[j] = exp(scores[j] - max);
+                for (int i = 0; i < hs; i++) {
+                    double acc = 0.0;
+                    for (int j = 0; j < npos; j++) acc += scores[j] * v[((size_t)b * maxT + j) * Ckv + kv + i];
+                    want[((size_t)b * T + t) * C + h * hs + i] = acc / sum;
+                }
+            }
+    // the pool: blocks of 2 positions, scrambled (pool_table), 3 spare
+    const int bs = 2, mb = (maxT + bs - 1) / bs, n_blocks = B * mb + 3;
+    size_t npool = (size_t)n_blocks * bs * Ckv;
+    int *table = pool_table(B, mb, n_blocks);
+    double *kp0 = rand_array(npool, -1.5, 1.5), *vp0 = rand_array(npool, -1.5, 1.5);
+    double *kp = copy_array(kp0, npool), *vp = copy_array(vp0, npool);
+    for (int b = 0; b < B; b++)
+        for (int p = 0; p < maxT; p++)
+            for (int c = 0; c < Ckv; c++) {
+                size_t at = pool_at(table, mb, bs, Ckv, b, p, c), logical = ((size_t)b * maxT + p) * Ckv + c;
+                kp0[at] = k0[logical], vp0[at] = v0[logical];
+                kp[at] = k[logical], vp[at] = v[logical];
+            }
+    float *d_qkv = upload(qkv, nout * 3), *d_k = upload(kp0, npool), *d_v = upload(vp0, npool);
+    float *d_out = dev_malloc(nout * sizeof(float));
+    float *d_scores = dev_malloc((size_t)B * NH * T * mb * bs * sizeof(float));
+    int *d_start = dev_malloc(sizeof start), *d_table = dev_malloc((size_t)B * mb * sizeof(int));
+    copy_to_device(d_start, start, sizeof start);
+    copy_to_device(d_table, table, (size_t)B * mb * sizeof(int));
+    int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    kv_cache_write(d_k, d_v, d_qkv, d_start, d_table, B, T, C, NH, NKV, bs, mb);
+    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, d_table, B, T, C, NH, NKV, bs, mb);
+    omp_set_num_threads(before);
+    double *got_k = download(d_k, npool), *got_v = download(d_v, npool), *got = download(d_out, nout);
+    char what[96];
+    snprintf(what, sizeof what, "kv_cache_write NH=%d NKV=%d: the key/value heads' keys", NH, NKV);
+    check_array(what, got_k, kp, npool, 0, 0);
+    snprintf(what, sizeof what, "kv_cache_write NH=%d NKV=%d: the key/value heads' values", NH, NKV);
+    check_array(what, got_v, vp, npool, 0, 0);
+    snprintf(what, sizeof what, "attention_cached_forward NH=%d NKV=%d on %d threads", NH, NKV, threads);
+    check_array(what, got, want, nout, 1e-4, 1e-5);
+    dev_free(d_qkv), dev_free(d_k), dev_free(d_v), dev_free(d_out), dev_free(d_scores), dev_free(d_start);
+    dev_free(d_table);
+    free(proj), free(qkv), free(k0), free(v0), free(k), free(v), free(want), free(table), free(kp0), free(vp0);
+    free(kp), free(vp), free(got_k), free(got_v), free(got);
 }
 
 // The CPU's cached attention reads each cache row's heads together (the cache front to back), one
@@ -1277,7 +1366,7 @@ static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
     copy_to_device(d_table, table, (size_t)B * mb * sizeof(int));
     int before = omp_get_max_threads();
     omp_set_num_threads(threads);
-    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, d_table, B, T, C, NH, bs, mb);
+    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, d_table, B, T, C, NH, NH, bs, mb);
     omp_set_num_threads(before);
     float *got = malloc_or_die(nout * sizeof(float));
     copy_to_host(got, d_out, nout * sizeof(float));
@@ -1674,6 +1763,9 @@ int main(int argc, char **argv) {
     RUN(test_init_normal());
     RUN(test_reductions_and_elementwise());
     RUN(test_kv_cache());
+    RUN(test_kv_cache_gqa(2, 3, 4, 2, 2));  // Llama's tiny test shape: 2 key/value heads of 4
+    RUN(test_kv_cache_gqa(1, 1, 6, 3, 2));  // batch 1 on 2 threads: tasks of 3 heads across groups of 2
+    RUN(test_kv_cache_gqa(2, 2, 6, 1, 1));  // one key/value head for all (multi-query attention)
     RUN(test_kv_attention_order(1, 1, 12, 8, 2));   // batch 1: the heads in 2 groups of 6
     RUN(test_kv_attention_order(3, 2, 20, 4, 2));   // 6 rows, 20 heads: 2 groups of 10
     RUN(test_kv_attention_order(3, 1, 5, 16, 4));   // 4 threads, 3 rows: 2 groups of 3 and 2 heads

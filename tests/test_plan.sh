@@ -9,6 +9,8 @@
 #    collective, stats.json's totals divided by the steps -- exactly. Sequences are cut at
 #    max_seq_len=64, shorter than every record, so every batch is T = 64 tokens as planned;
 #  - the compute and bubble times follow docs/PLANNER.md's model, recomputed from the shape;
+#  - --inference (stage 06's memory per rank): Llama-3.1-8B on [1,1,1] and [2,1,1] against the
+#    figures by hand, and a tiny Llama's KV cache blocks against those its server allocates;
 #  - the shipped cluster descriptions load; --calibrate describes this machine (on stage 08 for a
 #    mixture of experts) and --measure reads its runs back (bytes and memory as planned);
 #  - a malformed cluster description, a layout that cannot run and a rank count no layout fits
@@ -16,6 +18,7 @@
 # Measured step times are not checked here (timing belongs to make bench: scripts/bench.sh).
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
+source tests/server_lib.sh
 steps=3
 args=(--config configs/tiny.json --max_seq_len=64 --eval_batches=0 --log_interval=100)
 cluster=configs/clusters/h100-sxm.json
@@ -259,6 +262,47 @@ python3 tools/plan_order.py "$tmp/one_pass.json" >"$tmp/one_pass.txt" 2>&1
 rc=$?
 check '[ $rc -ne 0 ] && grep -q "A: expected at least 2 measured passes" "$tmp/one_pass.txt"' \
     "one pass (no spread) compared anyway: exit $rc, $(cat "$tmp/one_pass.txt")"
+
+# ---- --inference: stage 06's memory per rank ----
+# Llama-3.1-8B on the tutorial's inference setting (configs/llama-3.1-8b.json: bf16-mixed, batch 8,
+# context 1024), sized from its model_id (random_init: no checkpoint), against the figures by
+# hand: 32 blocks of q and o (4096 x 4096), k and v (1024 x 4096: 8 key/value heads of 128),
+# gate, up and down (14336 x 4096) and 2 RMSNorms (4096), the embedding and the untied lm_head
+# (128256 x 4096), the final RMSNorm: 8,030,261,248 parameters, 4 bytes each and their bf16 copy
+# 2; the cache 8 x 1024 positions x 32 layers x keys and values x 8 x 128 x 4 bytes = 2 GiB. On
+# [2,1,1] each rank holds half of every matrix and every RMSNorm whole, and 4 key/value heads.
+serve_plan=(build/plan --inference --cluster=$cluster --config configs/llama-3.1-8b.json --random_init=true --tokenizer_path=)
+"${serve_plan[@]}" --json="$tmp/serve1.json" >"$tmp/serve1.log" 2>&1
+"${serve_plan[@]}" --ranks=2 --layout=2,1,1 --json="$tmp/serve2.json" >"$tmp/serve2.log" 2>&1
+check 'python3 - "$tmp/serve1.json" "$tmp/serve2.json" <<PY
+import json, sys
+C, kv, ffn, V, L = 4096, 1024, 14336, 128256, 32
+norms = (2 * L + 1) * C
+n = L * (2 * C * C + 2 * kv * C + 3 * ffn * C) + 2 * V * C + norms
+assert n == 8030261248
+cache = 8 * 1024 * L * 2 * kv * 4
+half = (n - norms) // 2 + norms
+want = [{"weights (fp32)": 4 * n, "weights (bf16 copy)": 2 * n, "KV cache (fp32)": cache},
+        {"weights (fp32)": 4 * half, "weights (bf16 copy)": 2 * half, "KV cache (fp32)": cache // 2}]
+got = [json.load(open(p))["layouts"] for p in sys.argv[1:]]
+ok = all(len(g) == 1 and g[0]["memory"] == w and g[0]["memory_total"] == sum(w.values()) for g, w in zip(got, want))
+sys.exit(0 if ok and got[0][0]["tp_dimensions"] == [1, 1, 1] and got[1][0]["kv_heads_per_rank"] == 4 else 1)
+PY' "--inference, Llama-3.1-8B: not the figures by hand: $(tail -3 "$tmp/serve1.log") $(tail -3 "$tmp/serve2.log")"
+# and the blocks a server of a tiny Llama allocates for kv_cache_bytes, on one rank and [2,1,1]
+tiny_llama=(--config configs/inference.json --random_init=true --model_id=custom --arch=llama --n_layer=2 --n_head=4
+            --n_kv_head=2 --n_embd=64 --intermediate_size=172 --serve=true --kv_block_size=4 --kv_cache_bytes=300000)
+for np in 1 2; do
+    build/plan --inference --cluster=$cluster --ranks=$np --layout=$np,1,1 "${tiny_llama[@]}" --json="$tmp/tiny$np.json" \
+        >"$tmp/tiny$np.log" 2>&1
+    start_server "tiny$np" $np "${tiny_llama[@]}" --tp_dimensions=$np,1,1
+    served=$(curl -s -m 10 "$url/metrics" | sed -n 's/^workbook_kv_cache_blocks //p')
+    stop_server
+    planned=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["layouts"][0]["kv_cache_blocks"])' \
+        "$tmp/tiny$np.json" 2>/dev/null)
+    check '[ -n "$served" ] && [ "$planned" = "$served" ]' "--inference on $np rank(s): $planned KV blocks planned, $served served"
+done
+expect_one_error "--inference: a grid the key/value heads do not split over" \
+    "no grid \[x, y, 1\] of 16 ranks named 16,1,1 can run this model: .*n_kv_head 8, x 16" "${serve_plan[@]}" --ranks=16 --layout=16,1,1
 
 # ---- bad input: one clear error each ----
 plan=(build/plan --ranks=4 "${args[@]}")

@@ -701,6 +701,7 @@ typedef struct {
     const char *cluster, *layout, *json, *calibrate;
     int ranks, nodes, measure_steps, passes, seq_len, microbatches;
     bool help;
+    bool inference;  // --inference: stage 06's memory per rank (plan_serve.c)
     char **config_args;  // argv[0], then what is not the planner's: --config, --key=value
     int n_config_args;
 } Options;
@@ -724,6 +725,7 @@ static void parse_options(Options *o, int argc, char **argv) {
             o->help = true, printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--layout=L[+L...]] [--microbatches=M]\n"
                    "                  [--seq_len=T] [--json=FILE] [--measure[=STEPS] [--passes=N]] [--config FILE] [--key=value ...]\n"
                    "       build/plan --calibrate=FILE [--ranks=P] [--passes=N] [--config FILE] [--key=value ...]\n"
+                   "       build/plan --inference --cluster=FILE [--ranks=P] [--layout=X,Y,1] [--json=FILE] [--config FILE] [--key=value ...]\n"
                    "layouts: ddp, fsdp, zero1, zero2, hsdpR, zeroN-hsdpR (FSDP's ladder), X,Y,Z (a tensor-parallel grid), "
                    "ppN (N pipeline stages); docs/PLANNER.md\n"
                    "the training config's keys follow (the planner reads them as the stages do)\n\n");
@@ -735,6 +737,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (strncmp(a, "--nodes=", 8) == 0) o->nodes = positive_option(a + 8, "--nodes");
         else if (strncmp(a, "--seq_len=", 10) == 0) o->seq_len = positive_option(a + 10, "--seq_len");
         else if (strncmp(a, "--microbatches=", 15) == 0) o->microbatches = positive_option(a + 15, "--microbatches");
+        else if (strcmp(a, "--inference") == 0) o->inference = true;
         else if (strcmp(a, "--measure") == 0) o->measure_steps = 6;
         else if (strncmp(a, "--measure=", 10) == 0) o->measure_steps = positive_option(a + 10, "--measure");
         else if (strncmp(a, "--passes=", 9) == 0) o->passes = positive_option(a + 9, "--passes");
@@ -791,6 +794,12 @@ int main(int argc, char **argv) {
         bool experts = stage_of_config(o.n_config_args, o.config_args) == STAGE_MIXTURE_OF_EXPERTS;
         calibrate_machine(o.calibrate, o.ranks ? o.ranks : 4, o.config_args, o.n_config_args, experts,
                           o.passes ? o.passes : 1);
+        return 0;
+    }
+    if (o.inference && o.cluster) {
+        Cluster serving;
+        cluster_load(&serving, o.cluster);
+        plan_inference(&serving, o.ranks, o.layout, o.json, o.n_config_args, o.config_args);
         return 0;
     }
     Config cfg;
