@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
 #if defined(__AVX512F__)
@@ -48,6 +49,33 @@ void ops_init(void) {
 }
 
 const char *ops_backend_name(void) { return "cpu"; }
+
+// OpenMP threads wait passively (sleep on a futex) between and at the end of parallel regions,
+// unless the environment says otherwise (OMP_WAIT_POLICY, or GOMP_SPINCOUNT, which libgomp lets
+// win). libgomp's default spins first, for about 3 ms: with another process on one of two
+// cores, the thread sharing that core spends its time slice spinning while the main thread
+// works alone, then is descheduled when the next region needs it, and every region waits a
+// slice for it: a step took 6-9x its time on an idle machine. A sleeping thread keeps its
+// share, and the scheduler runs it at once when woken.
+// libgomp reads the variable once, in its own initialiser, before main, and has no call to
+// change it afterwards. An executable's .preinit_array runs before every shared library's
+// initialisers (ELF gABI), but before the C library has its environment too (setenv there is
+// lost): so the process starts itself again, at once, with the variable added. That costs one
+// exec, before anything else has happened (the same process id: mpirun and srun see nothing).
+static void restart_with_passive_waiting(int argc, char **argv, char **envp) {
+    (void)argc;
+    int n = 0;
+    for (; envp[n]; n++)
+        if (!strncmp(envp[n], "OMP_WAIT_POLICY=", 16) || !strncmp(envp[n], "GOMP_SPINCOUNT=", 15)) return;
+    char **env = malloc((size_t)(n + 2) * sizeof *env);
+    if (!env) return;  // then the default policy, which is only slower when a core is busy
+    memcpy(env, envp, (size_t)n * sizeof *env);
+    env[n] = "OMP_WAIT_POLICY=passive", env[n + 1] = NULL;
+    execve("/proc/self/exe", argv, env);
+    free(env);  // no /proc (or exec refused): run on with the default policy
+}
+__attribute__((section(".preinit_array"), used)) static void (*const g_restart_with_passive_waiting)(int, char **, char **) =
+    restart_with_passive_waiting;
 
 // A memory descriptor of a row-major or transposed matrix view: element (i, j) lives at
 // i * row_stride + j * col_stride. Strides are how we hand oneDNN a transposed operand without
