@@ -225,6 +225,12 @@ preflight:
 bench:
 	@$(MAKE) --no-print-directory all
 	@bash scripts/bench.sh
+# part of `make bench` alone: a step against its bound on this machine (scripts/bench_bound.sh),
+# its figures in build/bench/bench.json
+.PHONY: bench-bound
+bench-bound:
+	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@bash scripts/bench_bound.sh
 
 demo:
 	@$(MAKE) --no-print-directory BACKEND=cpu all

@@ -27,6 +27,7 @@
 #include "kernels.h"
 #include "log.h"
 #include "ops_peak.h"
+#include "trace.h"
 
 // ----------------------------------------------------------------------------------------------
 // oneDNN plumbing
@@ -425,7 +426,11 @@ void dev_free(void *ptr) {
     free(base);
 }
 
-void dev_zero(void *ptr, size_t bytes) { if (bytes) memset(ptr, 0, bytes); }
+void dev_zero(void *ptr, size_t bytes) {
+    int m0 = trace_op_begin();
+    if (bytes) memset(ptr, 0, bytes);
+    trace_op_end("dev_zero", m0, (double)bytes, 0, NULL);
+}
 void dev_copy(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
 void copy_to_device(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
 void copy_to_host(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
@@ -678,13 +683,35 @@ static void few_rows_matmul(float *out, const void *x, size_t x_row, const void 
     }
 }
 
+// trace_op_end for a linear layer's matmuls: `products` of 2 N C OC FLOPs each (forward: 1;
+// backward: dinp's and dweight's), the shape "NxCxOC" beside them
+static void trace_matmul(const char *name, int m0, double bytes, int products, int N, int C, int OC) {
+    char shape[48];
+    snprintf(shape, sizeof shape, "%dx%dx%d", N, C, OC);
+    trace_op_end(name, m0, bytes, 2.0 * products * N * C * OC, shape);
+}
+
+// what a linear layer's backward reads and writes at least: dout (the 16-bit copy's `in_size`
+// bytes an element, and the f32 one for dbias), the weight for dinp, the input for dweight;
+// dinp, dweight and dbias are accumulated (read and written)
+static double matmul_backward_bytes(const float *dinp, const float *dweight, const float *dbias, int in_size,
+                                    int dout_size, int N, int C, int OC) {
+    double bytes = (double)dout_size * N * OC;
+    if (dinp) bytes += (double)in_size * C * OC + 8.0 * N * C;
+    if (dweight) bytes += (double)in_size * N * C + 8.0 * C * OC;
+    if (dbias) bytes += 8.0 * OC + (dout_size == 4 ? 0 : 4.0 * N * OC);
+    return bytes;
+}
+
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                     int C, int OC) {
     if (N <= FEW_ROWS_MAX) {
         few_rows_matmul(out, inp, C, weight, 0, bias, N, C, OC);
         return;
     }
+    int m0 = trace_op_begin();
     matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 0), inp, weight, bias, out);
+    trace_matmul("matmul_forward", m0, 4.0 * ((double)N * C + (double)C * OC + (double)N * OC + (bias ? OC : 0)), 1, N, C, OC);
 }
 
 static void bias_backward(float *dbias, const float *dout, int N, int OC) {
@@ -698,28 +725,36 @@ static void bias_backward(float *dbias, const float *dout, int N, int OC) {
 
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int N, int C, int OC) {
+    int m0 = trace_op_begin();
     if (dinp) matmul_run(matmul_plan(MM_BACKWARD_DATA, N, C, OC, 0, 0), dout, weight, NULL, dinp);
     if (dweight)
         matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0, 0), dout, inp, NULL, dweight);
     if (dbias) bias_backward(dbias, dout, N, OC);
+    trace_matmul("matmul_backward", m0, matmul_backward_bytes(dinp, dweight, dbias, 4, 4, N, C, OC),
+                 (dinp != NULL) + (dweight != NULL), N, C, OC);
 }
 
 // ----------------------------------------------------------------------------------------------
 // the 16-bit copies: bf16, or fp16 (precision 16-mixed)
 
 void cast_to_16(half16 *out, const float *in, size_t n) {
+    int m0 = trace_op_begin();
     int fp16 = g_half == HALF_FP16;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = half_from_float(in[i], fp16);
+    trace_op_end("cast_to_16", m0, 6.0 * n, 0, NULL);
 }
 
 void cast_to_float(float *out, const half16 *in, size_t n) {
+    int m0 = trace_op_begin();
     int fp16 = g_half == HALF_FP16;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = half_to_float(in[i], fp16);
+    trace_op_end("cast_to_float", m0, 6.0 * n, 0, NULL);
 }
 
 void cast_gradient_to_16(half16 *out, const float *in, size_t n) {
+    int m0 = trace_op_begin();
     int fp16 = g_half == HALF_FP16;
     long nonzero = 0, flushed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : nonzero, flushed)
@@ -730,6 +765,7 @@ void cast_gradient_to_16(half16 *out, const float *in, size_t n) {
     }
     g_grad_nonzero += (double)nonzero;
     g_grad_flushed += (double)flushed;
+    trace_op_end("cast_gradient_to_16", m0, 6.0 * n, 0, NULL);
 }
 
 void ops_half_underflow(double *nonzero, double *flushed) {
@@ -799,16 +835,18 @@ void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, cons
         few_rows_matmul(out, x, x_row, weight, 1, bias, N, C, OC);
         return;
     }
-    if (widen_half()) {
+    int m0 = trace_op_begin();
+    if (widen_half())
         matmul_forward(out, widened(inp, (size_t)N * C, 0), widened(weight, (size_t)OC * C, 1), bias,
                        N, C, OC);
-        return;
-    }
-    matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 1), inp, weight, bias, out);
+    else matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 1), inp, weight, bias, out);
+    trace_matmul("matmul_forward_16", m0, 2.0 * ((double)N * C + (double)C * OC) + 4.0 * ((double)N * OC + (bias ? OC : 0)),
+                 1, N, C, OC);
 }
 
 void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
                           const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C, int OC) {
+    int m0 = trace_op_begin();
     if (widen_half()) {
         const float *g = widened(dout16, (size_t)N * OC, 0);
         if (dinp) matmul_backward(dinp, NULL, NULL, g, NULL, widened(weight, (size_t)OC * C, 1), N, C, OC);
@@ -818,30 +856,37 @@ void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *
         if (dweight) matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0, 1), dout16, inp, NULL, dweight);
     }
     if (dbias) bias_backward(dbias, dout, N, OC);
+    trace_matmul("matmul_backward_16", m0, matmul_backward_bytes(dinp, dweight, dbias, 2, 2, N, C, OC),
+                 (dinp != NULL) + (dweight != NULL), N, C, OC);
 }
 
 void embedding_forward(float *out, const int *tokens, const int *start, const float *wte,
                        const float *wpe, int v_lo, int v_count, int B, int T, int C) {
+    int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         float *o = out + (size_t)bt * C;
         int pos = (start ? start[bt / T] : 0) + bt % T;
         for (int c = 0; c < C; c++) o[c] = embedding_value(wte, wpe, tokens[bt], pos, c, C, v_lo, v_count);
     }
+    trace_op_end("embedding_forward", m0, 4.0 * ((double)B * T * (1 + 2.0 * C) + (wpe ? (double)T * C : 0)), 0, NULL);
 }
 
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int v_lo,
                         int v_count, int B, int T, int C) {
+    int m0 = trace_op_begin();
 #pragma omp parallel
     {
         int c0, c1;
         column_block(C, &c0, &c1);
         embedding_backward_columns(dwte, dwpe, dout, tokens, B * T, T, C, v_lo, v_count, c0, c1);
     }
+    trace_op_end("embedding_backward", m0, 4.0 * ((double)B * T * (1 + 3.0 * C) + (dwpe ? 2.0 * T * C : 0)), 0, NULL);
 }
 
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *weight, const float *bias, int N, int C) {
+    int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
@@ -853,11 +898,13 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
         mean[n] = m;
         rstd[n] = r;
     }
+    trace_op_end("layernorm_forward", m0, 4.0 * (2.0 * N * C + 2.0 * C + 2.0 * N), 0, NULL);
 }
 
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, const float *mean,
                         const float *rstd, int N, int C) {
+    int m0 = trace_op_begin();
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
@@ -877,6 +924,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
         column_block(C, &c0, &c1);
         layernorm_param_grad_columns(dweight, dbias, dout, inp, mean, rstd, N, C, c0, c1);
     }
+    trace_op_end("layernorm_backward", m0, 4.0 * (4.0 * N * C + 5.0 * C + 2.0 * N), 0, NULL);
 }
 
 void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps) {
@@ -963,7 +1011,12 @@ void gqa_reduce(float *dproj, const float *dqkv, int N, int C_attn, int NH, int 
             dproj[(size_t)n * width + c] = gqa_reduced_grad(dqkv + (size_t)n * 3 * C_attn, c, C_attn, NH, NKV);
 }
 
+// the attention probabilities a causal step computes (and forward keeps for backward): each
+// query's scores against itself and the keys before it
+static double causal_scores(int B, int T, int NH) { return (double)B * NH * T * (T + 1.0) / 2; }
+
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int m0 = trace_op_begin();
     // one task per (sequence, head, query); a query t row costs ~t, so hand them out in an
     // interleaved order (schedule static,1) to keep the threads' loads even
 #pragma omp parallel for schedule(static, 1) collapse(2)
@@ -975,10 +1028,12 @@ void attention_forward(float *out, float *att, const float *qkv, int B, int T, i
                                     t, h, T, C, NH);
         }
     }
+    trace_op_end("attention_forward", m0, 4.0 * (4.0 * B * T * C + causal_scores(B, T, NH)), 2.0 * B * T * (T + 1.0) * C, NULL);
 }
 
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH) {
+    int m0 = trace_op_begin();
 #pragma omp parallel
     {
         // pass 1: per query row (datt becomes the pre-softmax gradient); the implicit barrier
@@ -1004,16 +1059,21 @@ void attention_backward(float *dqkv, float *datt, const float *dout, const float
             }
         }
     }
+    trace_op_end("attention_backward", m0, 4.0 * (7.0 * B * T * C + causal_scores(B, T, NH)), 4.0 * B * T * (T + 1.0) * C, NULL);
 }
 
 void gelu_forward(float *out, const float *inp, size_t n) {
+    int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = gelu_value(inp[i]);
+    trace_op_end("gelu_forward", m0, 8.0 * n, 0, NULL);
 }
 
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * gelu_grad(inp[i]);
+    trace_op_end("gelu_backward", m0, 16.0 * n, 0, NULL);
 }
 
 void swiglu_forward(float *h, const float *gate_up, int N, int F) {
@@ -1077,8 +1137,10 @@ void moe_combine_backward(float *dy, float *dweight, const float *dout, const fl
 }
 
 void add_inplace(float *acc, const float *x, size_t n) {
+    int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) acc[i] += x[i];
+    trace_op_end("add_inplace", m0, 12.0 * n, 0, NULL);
 }
 
 void scale_inplace(float *x, float s, size_t n) {
@@ -1112,6 +1174,7 @@ void cross_entropy_forward(float *losses, const float *logits, const int *target
 
 void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
                                     float dloss, int N, int V, int Vp) {
+    int m0 = trace_op_begin();
     check_targets(targets, N, V);
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -1138,6 +1201,7 @@ void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, c
         for (int i = 0; i < V; i++) x[i] = cross_entropy_dlogit(x[i] * inv_sum, i == target, dloss);
         for (int i = V; i < Vp; i++) x[i] = 0.0f;  // padded vocabulary: never a prediction
     }
+    trace_op_end("cross_entropy_forward_backward", m0, 4.0 * (2.0 * N * Vp + 2.0 * N), 0, NULL);
 }
 
 // Sums over a whole buffer, in double, split into a fixed number of chunks whatever the thread
@@ -1145,6 +1209,7 @@ void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, c
 #define SUM_CHUNKS 64
 
 double sum_squares(const float *x, size_t n) {
+    int m0 = trace_op_begin();
     double partial[SUM_CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int k = 0; k < SUM_CHUNKS; k++) {
@@ -1158,10 +1223,12 @@ double sum_squares(const float *x, size_t n) {
     }
     double total = 0.0;
     for (int k = 0; k < SUM_CHUNKS; k++) total += partial[k];
+    trace_op_end("sum_squares", m0, 4.0 * n, 0, NULL);
     return total;
 }
 
 double sum_values(const float *x, size_t n) {
+    int m0 = trace_op_begin();
     double partial[SUM_CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int k = 0; k < SUM_CHUNKS; k++) {
@@ -1175,6 +1242,7 @@ double sum_values(const float *x, size_t n) {
     }
     double total = 0.0;
     for (int k = 0; k < SUM_CHUNKS; k++) total += partial[k];
+    trace_op_end("sum_values", m0, 4.0 * n, 0, NULL);
     return total;
 }
 
@@ -1185,12 +1253,14 @@ double sum_values(const float *x, size_t n) {
 // scalar and compute-bound: measured 330 ms instead of 55 ms for 124M parameters).
 void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t) {
+    int m0 = trace_op_begin();
     float bc1 = (float)(1.0 - pow(beta1, t));
     float bc2 = (float)(1.0 - pow(beta2, t));
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++)
         adamw_element(&param[i], &m[i], &v[i], grad[i] * grad_scale, lr, beta1, beta2, eps, weight_decay,
                       bc1, bc2);
+    trace_op_end("adamw_update", m0, 28.0 * n, 0, NULL);
 }
 
 // ----------------------------------------------------------------------------------------------
