@@ -292,16 +292,18 @@ static double g_grad_nonzero, g_grad_flushed;  // cast_gradient_to_16's counts
 void ops_set_half_format(HalfFormat format) { g_half = format; }
 HalfFormat ops_half_format(void) { return g_half; }
 
+// which engine multiplies bf16 inputs: see choose_bf16_engine below
+typedef struct {
+    int native;      // 1: oneDNN's bf16 matmul; 0: widened to f32
+    char why[200];   // "measured: ...", "OPS_BF16_MATMUL=f32", "oneDNN has no bf16 matmul on this CPU"
+} Bf16Engine;
+
+static const Bf16Engine *bf16_engine(void);
+
 // fp16 inputs are always widened here: a product of two fp16 numbers is exact in f32, so an f32
 // matmul over the widened values is what fp16 hardware with f32 accumulation computes
 static int widen_half(void) { return g_half == HALF_FP16 || !ops_bf16_native(); }
 
-// Why bf16 matmuls are widened to f32 here, as a phrase ("" where they are not).
-static const char *why_bf16_widened(void) {
-    if (ops_bf16_native()) return "";
-    return probe_plan(1) ? "oneDNN has only its slow reference bf16 matmul on this CPU"
-                         : "oneDNN has no bf16 matmul on this CPU";
-}
 
 const char *ops_matmul_engine_16(void) {
     static char name[400];
@@ -309,9 +311,12 @@ const char *ops_matmul_engine_16(void) {
         if (g_half == HALF_FP16)
             sentence_printf(name, sizeof name, "fp16 widened to f32 (exact: a product of two fp16 "
                             "numbers fits in f32): %s", ops_matmul_engine());
-        else if (ops_bf16_native()) describe_engine(name, sizeof name, "bf16", probe_plan(1)->impl);
-        else sentence_printf(name, sizeof name, "bf16 widened to f32 (%s): %s",
-                             why_bf16_widened(), ops_matmul_engine());
+        else if (ops_bf16_native()) {
+            char engine[160];
+            describe_engine(engine, sizeof engine, "bf16", probe_plan(1)->impl);
+            sentence_printf(name, sizeof name, "%s; %s", engine, bf16_engine()->why);
+        } else sentence_printf(name, sizeof name, "bf16 widened to f32 (%s): %s", bf16_engine()->why,
+                               ops_matmul_engine());
     }
     return name;
 }
@@ -358,6 +363,70 @@ static void *calibration_matrix(int n, int bf16_values) {
     return m;
 }
 
+// FLOP/s of oneDNN's best n x n x n product, f32 or bf16 inputs, after an untimed warm-up (OpenMP's
+// threads start, caches fill): at least PEAK_MIN_REPS products, more until PEAK_BUDGET_S
+static double square_matmul_rate(int n, int bf16, int *reps) {
+    MatmulPlan *p = matmul_plan(MM_FORWARD, n, n, n, 0, bf16);
+    void *a = calibration_matrix(n, bf16), *b = calibration_matrix(n, bf16);
+    float *c = calibration_matrix(n, 0);
+    double start = wall_seconds();
+    matmul_run(p, a, b, NULL, c);
+    double best = INFINITY;
+    *reps = 0;
+    while (*reps < PEAK_MIN_REPS || (*reps < PEAK_MAX_REPS && wall_seconds() - start < PEAK_BUDGET_S)) {
+        double t = wall_seconds();
+        matmul_run(p, a, b, NULL, c);
+        t = wall_seconds() - t;
+        if (t < best) best = t;
+        ++*reps;
+    }
+    free(a), free(b), free(c);
+    return 2.0 * n * n * n / best;
+}
+
+// ---- which engine multiplies bf16 inputs
+// oneDNN's bf16 matmul, or its f32 matmul over the bf16 values widened to f32: the same products
+// (a product of two bf16 numbers is exact in f32), only the order of the sums may differ. Widened
+// where oneDNN has no fast bf16 matmul on this CPU (without AVX512-BF16 or AMX it has only its
+// slow reference one, "ref" in the implementation's name, 3.x; or none, 2.x), and where its bf16
+// matmul is measured slower than its f32 one: a Xeon with AVX512-BF16 and no AMX runs oneDNN's
+// bf16 at about half its f32 rate (169 against 315 GFLOP/s), and bf16-mixed training would be
+// slower than fp32. OPS_BF16_MATMUL (native, f32 or auto, the default) chooses instead: a run
+// that must not depend on a measurement, or a test of both engines on one machine.
+#define BF16_ENGINE_ENV "OPS_BF16_MATMUL"
+
+static void choose_bf16_engine(Bf16Engine *e) {
+    const char *forced = getenv(BF16_ENGINE_ENV);
+    MatmulPlan *probe = probe_plan(1);
+    int fast = probe && strstr(probe->impl, "ref") == NULL;
+    if (forced && *forced && strcmp(forced, "auto")) {
+        if (strcmp(forced, "native") && strcmp(forced, "f32"))
+            fatal("environment variable %s is '%s': expected native, f32 or auto", BF16_ENGINE_ENV, forced);
+        e->native = !strcmp(forced, "native");
+        if (e->native && !fast)
+            fatal("environment variable %s is 'native', but oneDNN has %s bf16 matmul on this CPU: "
+                  "expected f32 or auto", BF16_ENGINE_ENV, probe ? "only its slow reference" : "no");
+        snprintf(e->why, sizeof e->why, "%s=%s", BF16_ENGINE_ENV, forced);
+    } else if (!fast) {
+        e->native = 0;
+        snprintf(e->why, sizeof e->why, "oneDNN has %s bf16 matmul on this CPU", probe ? "only its slow reference" : "no");
+    } else {
+        int n = calibration_side(omp_get_max_threads()), reps;
+        double f32 = square_matmul_rate(n, 0, &reps), bf16 = square_matmul_rate(n, 1, &reps);
+        e->native = bf16 > f32;
+        snprintf(e->why, sizeof e->why, "measured: oneDNN's bf16 matmul at %.2fx its f32 rate, %dx%dx%d, "
+                 "%s=native|f32 forces one", bf16 / f32, n, n, n, BF16_ENGINE_ENV);
+    }
+}
+
+// the engine, chosen on the first call and kept
+static const Bf16Engine *bf16_engine(void) {
+    static Bf16Engine engine;
+    static int chosen;
+    if (!chosen) choose_bf16_engine(&engine), chosen = 1;
+    return &engine;
+}
+
 static PeakFlops g_peak[2];  // f32, bf16
 
 // The finder for peak_flops_once (ops_peak.h): f32 (bf16 == 0) or bf16 inputs.
@@ -365,31 +434,17 @@ static void measure_peak(PeakFlops *peak, int bf16) {
     if (bf16 && widen_half()) {
         char why[160];
         if (g_half == HALF_FP16) sentence_printf(why, sizeof why, "fp16 matmuls are widened to f32");
-        else sentence_printf(why, sizeof why, "bf16 matmuls are widened to f32 (%s)", why_bf16_widened());
+        else sentence_printf(why, sizeof why, "bf16 matmuls are widened to f32 (%s)", bf16_engine()->why);
         peak_of_widened_bf16(peak, peak_flops_once(g_peak, 0, measure_peak), why);
         return;
     }
-    int threads = omp_get_max_threads(), n = calibration_side(threads);
-    MatmulPlan *p = matmul_plan(MM_FORWARD, n, n, n, 0, bf16);
-    void *a = calibration_matrix(n, bf16), *b = calibration_matrix(n, bf16);
-    float *c = calibration_matrix(n, 0);
+    int threads = omp_get_max_threads(), n = calibration_side(threads), reps;
     double start = wall_seconds();
-    matmul_run(p, a, b, NULL, c);  // warm-up, not timed: OpenMP's threads start, caches fill
-    double best = INFINITY;
-    int reps = 0;
-    while (reps < PEAK_MIN_REPS || (reps < PEAK_MAX_REPS && wall_seconds() - start < PEAK_BUDGET_S)) {
-        double t = wall_seconds();
-        matmul_run(p, a, b, NULL, c);
-        t = wall_seconds() - t;
-        if (t < best) best = t;
-        reps++;
-    }
-    double seconds = wall_seconds() - start;
-    free(a), free(b), free(c);
-    peak->flops = 2.0 * n * n * n / best;
+    peak->flops = square_matmul_rate(n, bf16, &reps);
     snprintf(peak->source, sizeof peak->source,
              "measured: best of %d oneDNN %s matmuls %dx%dx%d (%s) on %d threads, %.2f s", reps,
-             bf16 ? "bf16" : "f32", n, n, n, p->impl, threads, seconds);
+             bf16 ? "bf16" : "f32", n, n, n, matmul_plan(MM_FORWARD, n, n, n, 0, bf16)->impl, threads,
+             wall_seconds() - start);
 }
 
 double ops_peak_flops(int bf16) { return peak_flops_once(g_peak, bf16, measure_peak)->flops; }
@@ -773,17 +828,7 @@ void ops_half_underflow(double *nonzero, double *flushed) {
     g_grad_nonzero = g_grad_flushed = 0;
 }
 
-// Without AVX512-BF16 or AMX, oneDNN answers a bf16 matmul only with its slow reference
-// implementation ("ref" in the implementation name; 3.x), or not at all (2.x on a CPU without
-// AVX-512); then we widen to f32 ourselves.
-int ops_bf16_native(void) {
-    static int native = -1;
-    if (native < 0) {
-        MatmulPlan *p = probe_plan(1);
-        native = p && strstr(p->impl, "ref") == NULL;
-    }
-    return native;
-}
+int ops_bf16_native(void) { return bf16_engine()->native; }
 
 // Widens a bf16 matrix into one of two reusable f32 scratch buffers (the fallback path).
 static const float *widened(const half16 *x, size_t n, int which) {
