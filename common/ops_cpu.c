@@ -304,7 +304,6 @@ static const Bf16Engine *bf16_engine(void);
 // matmul over the widened values is what fp16 hardware with f32 accumulation computes
 static int widen_half(void) { return g_half == HALF_FP16 || !ops_bf16_native(); }
 
-
 const char *ops_matmul_engine_16(void) {
     static char name[400];
     if (!name[0]) {
