@@ -226,6 +226,16 @@ preflight:
 bench:
 	@$(MAKE) --no-print-directory all
 	@bash scripts/bench.sh
+# parts of `make bench` alone: a step against its bound on this machine (scripts/bench_bound.sh),
+# and stage 01 with another process on one core against idle (scripts/bench_sharing.sh); both add
+# their figures to build/bench/bench.json
+.PHONY: bench-bound bench-sharing
+bench-bound:
+	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@bash scripts/bench_bound.sh
+bench-sharing:
+	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@bash scripts/bench_sharing.sh
 
 demo:
 	@$(MAKE) --no-print-directory BACKEND=cpu all

@@ -80,7 +80,9 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
                      const float *inp, const float *weight, int N, int C, int OC);
 
 // 1 when the bf16 matmuls below run on bf16 hardware (AVX512-BF16/AMX, tensor cores); 0 when the
-// backend converts the bf16 inputs to f32 and multiplies those (the same numbers, slower)
+// backend converts the bf16 inputs to f32 and multiplies those (the same products): where there is
+// no bf16 hardware, and on the CPU also where oneDNN's bf16 matmul is measured slower than its f32
+// one, or OPS_BF16_MATMUL=f32 asks (common/ops_cpu.c, choose_bf16_engine)
 int ops_bf16_native(void);
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias: 16-bit inputs (the run's format), f32
 // accumulation and output

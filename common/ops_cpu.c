@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
 #if defined(__AVX512F__)
@@ -26,6 +27,7 @@
 #include "kernels.h"
 #include "log.h"
 #include "ops_peak.h"
+#include "trace.h"
 
 // ----------------------------------------------------------------------------------------------
 // oneDNN plumbing
@@ -48,6 +50,33 @@ void ops_init(void) {
 }
 
 const char *ops_backend_name(void) { return "cpu"; }
+
+// OpenMP threads wait passively (sleep on a futex) between and at the end of parallel regions,
+// unless the environment says otherwise (OMP_WAIT_POLICY, or GOMP_SPINCOUNT, which libgomp lets
+// win). libgomp's default spins first, for about 3 ms: with another process on one of two
+// cores, the thread sharing that core spends its time slice spinning while the main thread
+// works alone, then is descheduled when the next region needs it, and every region waits a
+// slice for it: a step took 6-9x its time on an idle machine. A sleeping thread keeps its
+// share, and the scheduler runs it at once when woken.
+// libgomp reads the variable once, in its own initialiser, before main, and has no call to
+// change it afterwards. An executable's .preinit_array runs before every shared library's
+// initialisers (ELF gABI), but before the C library has its environment too (setenv there is
+// lost): so the process starts itself again, at once, with the variable added. That costs one
+// exec, before anything else has happened (the same process id: mpirun and srun see nothing).
+static void restart_with_passive_waiting(int argc, char **argv, char **envp) {
+    (void)argc;
+    int n = 0;
+    for (; envp[n]; n++)
+        if (!strncmp(envp[n], "OMP_WAIT_POLICY=", 16) || !strncmp(envp[n], "GOMP_SPINCOUNT=", 15)) return;
+    char **env = malloc((size_t)(n + 2) * sizeof *env);
+    if (!env) return;  // then the default policy, which is only slower when a core is busy
+    memcpy(env, envp, (size_t)n * sizeof *env);
+    env[n] = "OMP_WAIT_POLICY=passive", env[n + 1] = NULL;
+    execve("/proc/self/exe", argv, env);
+    free(env);  // no /proc (or exec refused): run on with the default policy
+}
+__attribute__((section(".preinit_array"), used)) static void (*const g_restart_with_passive_waiting)(int, char **, char **) =
+    restart_with_passive_waiting;
 
 // A memory descriptor of a row-major or transposed matrix view: element (i, j) lives at
 // i * row_stride + j * col_stride. Strides are how we hand oneDNN a transposed operand without
@@ -263,16 +292,17 @@ static double g_grad_nonzero, g_grad_flushed;  // cast_gradient_to_16's counts
 void ops_set_half_format(HalfFormat format) { g_half = format; }
 HalfFormat ops_half_format(void) { return g_half; }
 
+// which engine multiplies bf16 inputs: see choose_bf16_engine below
+typedef struct {
+    int native;      // 1: oneDNN's bf16 matmul; 0: widened to f32
+    char why[200];   // "measured: ...", "OPS_BF16_MATMUL=f32", "oneDNN has no bf16 matmul on this CPU"
+} Bf16Engine;
+
+static const Bf16Engine *bf16_engine(void);
+
 // fp16 inputs are always widened here: a product of two fp16 numbers is exact in f32, so an f32
 // matmul over the widened values is what fp16 hardware with f32 accumulation computes
 static int widen_half(void) { return g_half == HALF_FP16 || !ops_bf16_native(); }
-
-// Why bf16 matmuls are widened to f32 here, as a phrase ("" where they are not).
-static const char *why_bf16_widened(void) {
-    if (ops_bf16_native()) return "";
-    return probe_plan(1) ? "oneDNN has only its slow reference bf16 matmul on this CPU"
-                         : "oneDNN has no bf16 matmul on this CPU";
-}
 
 const char *ops_matmul_engine_16(void) {
     static char name[400];
@@ -280,9 +310,12 @@ const char *ops_matmul_engine_16(void) {
         if (g_half == HALF_FP16)
             sentence_printf(name, sizeof name, "fp16 widened to f32 (exact: a product of two fp16 "
                             "numbers fits in f32): %s", ops_matmul_engine());
-        else if (ops_bf16_native()) describe_engine(name, sizeof name, "bf16", probe_plan(1)->impl);
-        else sentence_printf(name, sizeof name, "bf16 widened to f32 (%s): %s",
-                             why_bf16_widened(), ops_matmul_engine());
+        else if (ops_bf16_native()) {
+            char engine[160];
+            describe_engine(engine, sizeof engine, "bf16", probe_plan(1)->impl);
+            sentence_printf(name, sizeof name, "%s; %s", engine, bf16_engine()->why);
+        } else sentence_printf(name, sizeof name, "bf16 widened to f32 (%s): %s", bf16_engine()->why,
+                               ops_matmul_engine());
     }
     return name;
 }
@@ -329,6 +362,70 @@ static void *calibration_matrix(int n, int bf16_values) {
     return m;
 }
 
+// FLOP/s of oneDNN's best n x n x n product, f32 or bf16 inputs, after an untimed warm-up (OpenMP's
+// threads start, caches fill): at least PEAK_MIN_REPS products, more until PEAK_BUDGET_S
+static double square_matmul_rate(int n, int bf16, int *reps) {
+    MatmulPlan *p = matmul_plan(MM_FORWARD, n, n, n, 0, bf16);
+    void *a = calibration_matrix(n, bf16), *b = calibration_matrix(n, bf16);
+    float *c = calibration_matrix(n, 0);
+    double start = wall_seconds();
+    matmul_run(p, a, b, NULL, c);
+    double best = INFINITY;
+    *reps = 0;
+    while (*reps < PEAK_MIN_REPS || (*reps < PEAK_MAX_REPS && wall_seconds() - start < PEAK_BUDGET_S)) {
+        double t = wall_seconds();
+        matmul_run(p, a, b, NULL, c);
+        t = wall_seconds() - t;
+        if (t < best) best = t;
+        ++*reps;
+    }
+    free(a), free(b), free(c);
+    return 2.0 * n * n * n / best;
+}
+
+// ---- which engine multiplies bf16 inputs
+// oneDNN's bf16 matmul, or its f32 matmul over the bf16 values widened to f32: the same products
+// (a product of two bf16 numbers is exact in f32), only the order of the sums may differ. Widened
+// where oneDNN has no fast bf16 matmul on this CPU (without AVX512-BF16 or AMX it has only its
+// slow reference one, "ref" in the implementation's name, 3.x; or none, 2.x), and where its bf16
+// matmul is measured slower than its f32 one: a Xeon with AVX512-BF16 and no AMX runs oneDNN's
+// bf16 at about half its f32 rate (169 against 315 GFLOP/s), and bf16-mixed training would be
+// slower than fp32. OPS_BF16_MATMUL (native, f32 or auto, the default) chooses instead: a run
+// that must not depend on a measurement, or a test of both engines on one machine.
+#define BF16_ENGINE_ENV "OPS_BF16_MATMUL"
+
+static void choose_bf16_engine(Bf16Engine *e) {
+    const char *forced = getenv(BF16_ENGINE_ENV);
+    MatmulPlan *probe = probe_plan(1);
+    int fast = probe && strstr(probe->impl, "ref") == NULL;
+    if (forced && *forced && strcmp(forced, "auto")) {
+        if (strcmp(forced, "native") && strcmp(forced, "f32"))
+            fatal("environment variable %s is '%s': expected native, f32 or auto", BF16_ENGINE_ENV, forced);
+        e->native = !strcmp(forced, "native");
+        if (e->native && !fast)
+            fatal("environment variable %s is 'native', but oneDNN has %s bf16 matmul on this CPU: "
+                  "expected f32 or auto", BF16_ENGINE_ENV, probe ? "only its slow reference" : "no");
+        snprintf(e->why, sizeof e->why, "%s=%s", BF16_ENGINE_ENV, forced);
+    } else if (!fast) {
+        e->native = 0;
+        snprintf(e->why, sizeof e->why, "oneDNN has %s bf16 matmul on this CPU", probe ? "only its slow reference" : "no");
+    } else {
+        int n = calibration_side(omp_get_max_threads()), reps;
+        double f32 = square_matmul_rate(n, 0, &reps), bf16 = square_matmul_rate(n, 1, &reps);
+        e->native = bf16 > f32;
+        snprintf(e->why, sizeof e->why, "measured: oneDNN's bf16 matmul at %.2fx its f32 rate, %dx%dx%d, "
+                 "%s=native|f32 forces one", bf16 / f32, n, n, n, BF16_ENGINE_ENV);
+    }
+}
+
+// the engine, chosen on the first call and kept
+static const Bf16Engine *bf16_engine(void) {
+    static Bf16Engine engine;
+    static int chosen;
+    if (!chosen) choose_bf16_engine(&engine), chosen = 1;
+    return &engine;
+}
+
 static PeakFlops g_peak[2];  // f32, bf16
 
 // The finder for peak_flops_once (ops_peak.h): f32 (bf16 == 0) or bf16 inputs.
@@ -336,31 +433,17 @@ static void measure_peak(PeakFlops *peak, int bf16) {
     if (bf16 && widen_half()) {
         char why[160];
         if (g_half == HALF_FP16) sentence_printf(why, sizeof why, "fp16 matmuls are widened to f32");
-        else sentence_printf(why, sizeof why, "bf16 matmuls are widened to f32 (%s)", why_bf16_widened());
+        else sentence_printf(why, sizeof why, "bf16 matmuls are widened to f32 (%s)", bf16_engine()->why);
         peak_of_widened_bf16(peak, peak_flops_once(g_peak, 0, measure_peak), why);
         return;
     }
-    int threads = omp_get_max_threads(), n = calibration_side(threads);
-    MatmulPlan *p = matmul_plan(MM_FORWARD, n, n, n, 0, bf16);
-    void *a = calibration_matrix(n, bf16), *b = calibration_matrix(n, bf16);
-    float *c = calibration_matrix(n, 0);
+    int threads = omp_get_max_threads(), n = calibration_side(threads), reps;
     double start = wall_seconds();
-    matmul_run(p, a, b, NULL, c);  // warm-up, not timed: OpenMP's threads start, caches fill
-    double best = INFINITY;
-    int reps = 0;
-    while (reps < PEAK_MIN_REPS || (reps < PEAK_MAX_REPS && wall_seconds() - start < PEAK_BUDGET_S)) {
-        double t = wall_seconds();
-        matmul_run(p, a, b, NULL, c);
-        t = wall_seconds() - t;
-        if (t < best) best = t;
-        reps++;
-    }
-    double seconds = wall_seconds() - start;
-    free(a), free(b), free(c);
-    peak->flops = 2.0 * n * n * n / best;
+    peak->flops = square_matmul_rate(n, bf16, &reps);
     snprintf(peak->source, sizeof peak->source,
              "measured: best of %d oneDNN %s matmuls %dx%dx%d (%s) on %d threads, %.2f s", reps,
-             bf16 ? "bf16" : "f32", n, n, n, p->impl, threads, seconds);
+             bf16 ? "bf16" : "f32", n, n, n, matmul_plan(MM_FORWARD, n, n, n, 0, bf16)->impl, threads,
+             wall_seconds() - start);
 }
 
 double ops_peak_flops(int bf16) { return peak_flops_once(g_peak, bf16, measure_peak)->flops; }
@@ -397,7 +480,11 @@ void dev_free(void *ptr) {
     free(base);
 }
 
-void dev_zero(void *ptr, size_t bytes) { if (bytes) memset(ptr, 0, bytes); }
+void dev_zero(void *ptr, size_t bytes) {
+    int m0 = trace_op_begin();
+    if (bytes) memset(ptr, 0, bytes);
+    trace_op_end("dev_zero", m0, (double)bytes, 0, NULL);
+}
 void dev_copy(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
 void copy_to_device(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
 void copy_to_host(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
@@ -650,13 +737,35 @@ static void few_rows_matmul(float *out, const void *x, size_t x_row, const void 
     }
 }
 
+// trace_op_end for a linear layer's matmuls: `products` of 2 N C OC FLOPs each (forward: 1;
+// backward: dinp's and dweight's), the shape "NxCxOC" beside them
+static void trace_matmul(const char *name, int m0, double bytes, int products, int N, int C, int OC) {
+    char shape[48];
+    snprintf(shape, sizeof shape, "%dx%dx%d", N, C, OC);
+    trace_op_end(name, m0, bytes, 2.0 * products * N * C * OC, shape);
+}
+
+// what a linear layer's backward reads and writes at least: dout (the 16-bit copy's `in_size`
+// bytes an element, and the f32 one for dbias), the weight for dinp, the input for dweight;
+// dinp, dweight and dbias are accumulated (read and written)
+static double matmul_backward_bytes(const float *dinp, const float *dweight, const float *dbias, int in_size,
+                                    int dout_size, int N, int C, int OC) {
+    double bytes = (double)dout_size * N * OC;
+    if (dinp) bytes += (double)in_size * C * OC + 8.0 * N * C;
+    if (dweight) bytes += (double)in_size * N * C + 8.0 * C * OC;
+    if (dbias) bytes += 8.0 * OC + (dout_size == 4 ? 0 : 4.0 * N * OC);
+    return bytes;
+}
+
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                     int C, int OC) {
     if (N <= FEW_ROWS_MAX) {
         few_rows_matmul(out, inp, C, weight, 0, bias, N, C, OC);
         return;
     }
+    int m0 = trace_op_begin();
     matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 0), inp, weight, bias, out);
+    trace_matmul("matmul_forward", m0, 4.0 * ((double)N * C + (double)C * OC + (double)N * OC + (bias ? OC : 0)), 1, N, C, OC);
 }
 
 static void bias_backward(float *dbias, const float *dout, int N, int OC) {
@@ -670,28 +779,36 @@ static void bias_backward(float *dbias, const float *dout, int N, int OC) {
 
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int N, int C, int OC) {
+    int m0 = trace_op_begin();
     if (dinp) matmul_run(matmul_plan(MM_BACKWARD_DATA, N, C, OC, 0, 0), dout, weight, NULL, dinp);
     if (dweight)
         matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0, 0), dout, inp, NULL, dweight);
     if (dbias) bias_backward(dbias, dout, N, OC);
+    trace_matmul("matmul_backward", m0, matmul_backward_bytes(dinp, dweight, dbias, 4, 4, N, C, OC),
+                 (dinp != NULL) + (dweight != NULL), N, C, OC);
 }
 
 // ----------------------------------------------------------------------------------------------
 // the 16-bit copies: bf16, or fp16 (precision 16-mixed)
 
 void cast_to_16(half16 *out, const float *in, size_t n) {
+    int m0 = trace_op_begin();
     int fp16 = g_half == HALF_FP16;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = half_from_float(in[i], fp16);
+    trace_op_end("cast_to_16", m0, 6.0 * n, 0, NULL);
 }
 
 void cast_to_float(float *out, const half16 *in, size_t n) {
+    int m0 = trace_op_begin();
     int fp16 = g_half == HALF_FP16;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = half_to_float(in[i], fp16);
+    trace_op_end("cast_to_float", m0, 6.0 * n, 0, NULL);
 }
 
 void cast_gradient_to_16(half16 *out, const float *in, size_t n) {
+    int m0 = trace_op_begin();
     int fp16 = g_half == HALF_FP16;
     long nonzero = 0, flushed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : nonzero, flushed)
@@ -702,6 +819,7 @@ void cast_gradient_to_16(half16 *out, const float *in, size_t n) {
     }
     g_grad_nonzero += (double)nonzero;
     g_grad_flushed += (double)flushed;
+    trace_op_end("cast_gradient_to_16", m0, 6.0 * n, 0, NULL);
 }
 
 void ops_half_underflow(double *nonzero, double *flushed) {
@@ -709,17 +827,7 @@ void ops_half_underflow(double *nonzero, double *flushed) {
     g_grad_nonzero = g_grad_flushed = 0;
 }
 
-// Without AVX512-BF16 or AMX, oneDNN answers a bf16 matmul only with its slow reference
-// implementation ("ref" in the implementation name; 3.x), or not at all (2.x on a CPU without
-// AVX-512); then we widen to f32 ourselves.
-int ops_bf16_native(void) {
-    static int native = -1;
-    if (native < 0) {
-        MatmulPlan *p = probe_plan(1);
-        native = p && strstr(p->impl, "ref") == NULL;
-    }
-    return native;
-}
+int ops_bf16_native(void) { return bf16_engine()->native; }
 
 // Widens a bf16 matrix into one of two reusable f32 scratch buffers (the fallback path).
 static const float *widened(const half16 *x, size_t n, int which) {
@@ -771,16 +879,18 @@ void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, cons
         few_rows_matmul(out, x, x_row, weight, 1, bias, N, C, OC);
         return;
     }
-    if (widen_half()) {
+    int m0 = trace_op_begin();
+    if (widen_half())
         matmul_forward(out, widened(inp, (size_t)N * C, 0), widened(weight, (size_t)OC * C, 1), bias,
                        N, C, OC);
-        return;
-    }
-    matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 1), inp, weight, bias, out);
+    else matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 1), inp, weight, bias, out);
+    trace_matmul("matmul_forward_16", m0, 2.0 * ((double)N * C + (double)C * OC) + 4.0 * ((double)N * OC + (bias ? OC : 0)),
+                 1, N, C, OC);
 }
 
 void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
                           const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C, int OC) {
+    int m0 = trace_op_begin();
     if (widen_half()) {
         const float *g = widened(dout16, (size_t)N * OC, 0);
         if (dinp) matmul_backward(dinp, NULL, NULL, g, NULL, widened(weight, (size_t)OC * C, 1), N, C, OC);
@@ -790,30 +900,37 @@ void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *
         if (dweight) matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0, 1), dout16, inp, NULL, dweight);
     }
     if (dbias) bias_backward(dbias, dout, N, OC);
+    trace_matmul("matmul_backward_16", m0, matmul_backward_bytes(dinp, dweight, dbias, 2, 2, N, C, OC),
+                 (dinp != NULL) + (dweight != NULL), N, C, OC);
 }
 
 void embedding_forward(float *out, const int *tokens, const int *start, const float *wte,
                        const float *wpe, int v_lo, int v_count, int B, int T, int C) {
+    int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         float *o = out + (size_t)bt * C;
         int pos = (start ? start[bt / T] : 0) + bt % T;
         for (int c = 0; c < C; c++) o[c] = embedding_value(wte, wpe, tokens[bt], pos, c, C, v_lo, v_count);
     }
+    trace_op_end("embedding_forward", m0, 4.0 * ((double)B * T * (1 + 2.0 * C) + (wpe ? (double)T * C : 0)), 0, NULL);
 }
 
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int v_lo,
                         int v_count, int B, int T, int C) {
+    int m0 = trace_op_begin();
 #pragma omp parallel
     {
         int c0, c1;
         column_block(C, &c0, &c1);
         embedding_backward_columns(dwte, dwpe, dout, tokens, B * T, T, C, v_lo, v_count, c0, c1);
     }
+    trace_op_end("embedding_backward", m0, 4.0 * ((double)B * T * (1 + 3.0 * C) + (dwpe ? 2.0 * T * C : 0)), 0, NULL);
 }
 
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *weight, const float *bias, int N, int C) {
+    int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
@@ -825,11 +942,13 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
         mean[n] = m;
         rstd[n] = r;
     }
+    trace_op_end("layernorm_forward", m0, 4.0 * (2.0 * N * C + 2.0 * C + 2.0 * N), 0, NULL);
 }
 
 void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, const float *mean,
                         const float *rstd, int N, int C) {
+    int m0 = trace_op_begin();
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
@@ -849,6 +968,7 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
         column_block(C, &c0, &c1);
         layernorm_param_grad_columns(dweight, dbias, dout, inp, mean, rstd, N, C, c0, c1);
     }
+    trace_op_end("layernorm_backward", m0, 4.0 * (4.0 * N * C + 5.0 * C + 2.0 * N), 0, NULL);
 }
 
 void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps) {
@@ -935,7 +1055,12 @@ void gqa_reduce(float *dproj, const float *dqkv, int N, int C_attn, int NH, int 
             dproj[(size_t)n * width + c] = gqa_reduced_grad(dqkv + (size_t)n * 3 * C_attn, c, C_attn, NH, NKV);
 }
 
+// the attention probabilities a causal step computes (and forward keeps for backward): each
+// query's scores against itself and the keys before it
+static double causal_scores(int B, int T, int NH) { return (double)B * NH * T * (T + 1.0) / 2; }
+
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int m0 = trace_op_begin();
     // one task per (sequence, head, query); a query t row costs ~t, so hand them out in an
     // interleaved order (schedule static,1) to keep the threads' loads even
 #pragma omp parallel for schedule(static, 1) collapse(2)
@@ -947,10 +1072,12 @@ void attention_forward(float *out, float *att, const float *qkv, int B, int T, i
                                     t, h, T, C, NH);
         }
     }
+    trace_op_end("attention_forward", m0, 4.0 * (4.0 * B * T * C + causal_scores(B, T, NH)), 2.0 * B * T * (T + 1.0) * C, NULL);
 }
 
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH) {
+    int m0 = trace_op_begin();
 #pragma omp parallel
     {
         // pass 1: per query row (datt becomes the pre-softmax gradient); the implicit barrier
@@ -976,16 +1103,21 @@ void attention_backward(float *dqkv, float *datt, const float *dout, const float
             }
         }
     }
+    trace_op_end("attention_backward", m0, 4.0 * (7.0 * B * T * C + causal_scores(B, T, NH)), 4.0 * B * T * (T + 1.0) * C, NULL);
 }
 
 void gelu_forward(float *out, const float *inp, size_t n) {
+    int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = gelu_value(inp[i]);
+    trace_op_end("gelu_forward", m0, 8.0 * n, 0, NULL);
 }
 
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) dinp[i] += dout[i] * gelu_grad(inp[i]);
+    trace_op_end("gelu_backward", m0, 16.0 * n, 0, NULL);
 }
 
 void swiglu_forward(float *h, const float *gate_up, int N, int F) {
@@ -1049,8 +1181,10 @@ void moe_combine_backward(float *dy, float *dweight, const float *dout, const fl
 }
 
 void add_inplace(float *acc, const float *x, size_t n) {
+    int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) acc[i] += x[i];
+    trace_op_end("add_inplace", m0, 12.0 * n, 0, NULL);
 }
 
 void scale_inplace(float *x, float s, size_t n) {
@@ -1084,6 +1218,7 @@ void cross_entropy_forward(float *losses, const float *logits, const int *target
 
 void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
                                     float dloss, int N, int V, int Vp) {
+    int m0 = trace_op_begin();
     check_targets(targets, N, V);
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -1110,6 +1245,7 @@ void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, c
         for (int i = 0; i < V; i++) x[i] = cross_entropy_dlogit(x[i] * inv_sum, i == target, dloss);
         for (int i = V; i < Vp; i++) x[i] = 0.0f;  // padded vocabulary: never a prediction
     }
+    trace_op_end("cross_entropy_forward_backward", m0, 4.0 * (2.0 * N * Vp + 2.0 * N), 0, NULL);
 }
 
 // Sums over a whole buffer, in double, split into a fixed number of chunks whatever the thread
@@ -1117,6 +1253,7 @@ void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, c
 #define SUM_CHUNKS 64
 
 double sum_squares(const float *x, size_t n) {
+    int m0 = trace_op_begin();
     double partial[SUM_CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int k = 0; k < SUM_CHUNKS; k++) {
@@ -1130,10 +1267,12 @@ double sum_squares(const float *x, size_t n) {
     }
     double total = 0.0;
     for (int k = 0; k < SUM_CHUNKS; k++) total += partial[k];
+    trace_op_end("sum_squares", m0, 4.0 * n, 0, NULL);
     return total;
 }
 
 double sum_values(const float *x, size_t n) {
+    int m0 = trace_op_begin();
     double partial[SUM_CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int k = 0; k < SUM_CHUNKS; k++) {
@@ -1147,6 +1286,7 @@ double sum_values(const float *x, size_t n) {
     }
     double total = 0.0;
     for (int k = 0; k < SUM_CHUNKS; k++) total += partial[k];
+    trace_op_end("sum_values", m0, 4.0 * n, 0, NULL);
     return total;
 }
 
@@ -1157,12 +1297,14 @@ double sum_values(const float *x, size_t n) {
 // scalar and compute-bound: measured 330 ms instead of 55 ms for 124M parameters).
 void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t) {
+    int m0 = trace_op_begin();
     float bc1 = (float)(1.0 - pow(beta1, t));
     float bc2 = (float)(1.0 - pow(beta2, t));
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++)
         adamw_element(&param[i], &m[i], &v[i], grad[i] * grad_scale, lr, beta1, beta2, eps, weight_decay,
                       bc1, bc2);
+    trace_op_end("adamw_update", m0, 28.0 * n, 0, NULL);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ static struct {
     double epoch;
     Pending *pending;
     int n_pending, cap_pending;
+    int op_depth;  // ops open now (trace_op_begin without its end)
     char *text;
     size_t len, cap;
     double lane_end[MAX_LANES];  // the latest end of a collective on each comm lane
@@ -59,6 +60,17 @@ static void keep(const char *name, const char *args, int tid, int begin, int wai
 }
 
 void trace_span(const char *name, int tid, int m0, int m1, const char *args) { keep(name, args, tid, m0, -1, m1); }
+
+int trace_op_begin(void) { return g_trace.op_depth++ ? -1 : trace_mark(); }
+
+void trace_op_end(const char *name, int m0, double bytes, double flops, const char *shape) {
+    g_trace.op_depth--;
+    if (m0 < 0) return;
+    char args[160];
+    snprintf(args, sizeof args, "{\"op\":true,\"bytes\":%.0f,\"flops\":%.0f%s%s%s}", bytes, flops,
+             shape ? ",\"shape\":\"" : "", shape ? shape : "", shape ? "\"" : "");
+    keep(name, args, TRACK_COMPUTE, m0, -1, trace_mark());
+}
 
 void trace_collective(const char *kind, const char *group, double bytes, int launch, int wait, int end) {
     char args[160];

@@ -30,6 +30,13 @@ int trace_mark(void);
 // one complete event from mark m0 to mark m1; args: a JSON object's text or NULL. Nothing is
 // kept when either mark is -1 (the span began or ended outside the recorded steps).
 void trace_span(const char *name, int tid, int m0, int m1, const char *args);
+// One op (ops.h) on the compute track, with what its bound is made of (tools/step_bound.py):
+// bytes, what it must read and write at least (its inputs and outputs once), and FLOPs, its
+// matmul-shaped work (0 for element-wise ops); shape: the matmul's "NxCxOC" (NULL for others).
+// Only the outermost op is kept (a 16-bit matmul that widens its inputs runs casts and an f32
+// matmul inside): trace_op_begin returns -1 inside another op, as outside the recorded steps.
+int trace_op_begin(void);
+void trace_op_end(const char *name, int m0, double bytes, double flops, const char *shape);
 // a collective from launch to end on a comm lane not busy in that time, and on the compute
 // track the wait from `wait` until it ended (empty when it had ended before)
 void trace_collective(const char *kind, const char *group, double bytes, int launch, int wait, int end);

@@ -2,13 +2,18 @@
 # make bench: tokens/s, ms/step and MFU of the training stages, as a table; stage 06's decode
 # speed and its server's throughput and time to first token under load. Each run's first
 # step (warm-up: page faults, primitive creation) is left out; the median of the rest is shown.
-# Then the flight recorder's cost (scripts/bench_flight.sh). Last, the planner's predicted step
+# Then each step against its bound and stage 01 sharing the machine (build/bench/bench.json keeps
+# their figures); the flight recorder's cost (scripts/bench_flight.sh). Last, the planner's predicted step
 # times against measured ones (scripts/bench_plan.sh, which also runs alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+# the figures as data (scripts/bench_bound.sh and bench_sharing.sh write theirs into it)
+export BENCH_JSON=build/bench/bench.json
+mkdir -p build/bench
+rm -f "$BENCH_JSON"
 
 run() { # run <label> <stage> <f32|bf16> <args...>
     local label=$1 stage=$2 precision=$3; shift 3
@@ -134,6 +139,11 @@ PY
 done
 kill -TERM $server
 wait $server || { echo "bench: the server did not exit 0 on SIGTERM:"; tail "$server_log"; exit 1; }
+# ---- a step against its bound (scripts/bench_bound.sh); stage 01 sharing the machine (scripts/bench_sharing.sh) ----
+echo
+bash scripts/bench_bound.sh
+echo
+bash scripts/bench_sharing.sh
 # ---- stage 06's engine: paged KV cache, prefix caching, chunked prefill, speculative decoding ----
 bash scripts/bench_engine.sh
 # ---- the flight recorder's cost: step time with it on and off (scripts/bench_flight.sh) ----

@@ -4,6 +4,7 @@
 //   export CEILING_MATMUL_F32=3.41e+11  # 341 GFLOP/s: f32 matmuls of one block and the head ...
 //   export CEILING_MATMUL_BF16=...
 //   export CEILING_READ=...             # bytes/s read by OMP_NUM_THREADS threads
+//   export CEILING_MATMUL_F32_768x2304=...  # one linear's forward and backward, alone (each of the five)
 //
 // The matmul ceiling is the rate of exactly the matmuls a training step of the model runs, alone:
 // the forward and backward of a block's four linears and of the head, at N rows. A whole step
@@ -69,20 +70,26 @@ static void one_linear(const Buffers *k, const Shape *s, int cin, int cout, int 
     }
 }
 
-// best of PASSES passes over the five linears, forward and backward, after one warm-up pass
-static double matmul_rate(const Shape *s, int bf16_inputs) {
+// best of PASSES passes over the five linears, forward and backward, after one warm-up pass;
+// rate[i]: linear i's own (its FLOP over its best time in those passes)
+static double matmul_rate(const Shape *s, int bf16_inputs, double rate[5]) {
     int in[5], out[5];
     linear_widths(s, in, out);
     Buffers k[5];
     for (int i = 0; i < 5; i++) alloc_buffers(&k[i], s, in[i], out[i]);
-    double best = 1e30;
+    double best = 1e30, best_one[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
     for (int pass = 0; pass <= PASSES; pass++) {
         dev_synchronize();
         double t0 = wall_seconds();
-        for (int i = 0; i < 5; i++) one_linear(&k[i], s, in[i], out[i], bf16_inputs);
-        dev_synchronize();
+        for (int i = 0; i < 5; i++) {
+            double t = wall_seconds();
+            one_linear(&k[i], s, in[i], out[i], bf16_inputs);
+            dev_synchronize();
+            if (pass > 0 && wall_seconds() - t < best_one[i]) best_one[i] = wall_seconds() - t;
+        }
         if (pass > 0 && wall_seconds() - t0 < best) best = wall_seconds() - t0;
     }
+    for (int i = 0; i < 5; i++) rate[i] = 6.0 * s->N * in[i] * out[i] / best_one[i];
     for (int i = 0; i < 5; i++) {
         void *all[] = {k[i].w, k[i].dw, k[i].b, k[i].db, k[i].out, k[i].dout, k[i].in, k[i].din,
                        k[i].w16, k[i].in16, k[i].dout16};
@@ -123,10 +130,19 @@ int main(int argc, char **argv) {
     Shape s = {positive_arg(argv[1], "N"), positive_arg(argv[2], "C"), positive_arg(argv[3], "V")};
     ops_init();
     const char *what = "the forward and backward of one block's four linears and the head";
+    double f32[5], bf16[5];
+    int in[5], out[5];
+    linear_widths(&s, in, out);
     printf("export CEILING_MATMUL_F32=%.4e  # f32 matmuls: %s, N=%d C=%d V=%d, best of %d (%s)\n",
-           matmul_rate(&s, 0), what, s.N, s.C, s.V, PASSES, ops_matmul_engine());
-    printf("export CEILING_MATMUL_BF16=%.4e  # bf16 matmuls: the same (%s)\n", matmul_rate(&s, 1),
+           matmul_rate(&s, 0, f32), what, s.N, s.C, s.V, PASSES, ops_matmul_engine());
+    printf("export CEILING_MATMUL_BF16=%.4e  # bf16 matmuls: the same (%s)\n", matmul_rate(&s, 1, bf16),
            ops_matmul_engine_16());
     printf("export CEILING_READ=%.4e  # bytes/s: a sum over 1 GiB, best of %d\n", read_rate(), PASSES);
+    // each linear alone: the ceiling for a matmul of its shape (tools/step_bound.py); the
+    // attention projection and the MLP's down projection share a shape only when 4C == C
+    for (int i = 0; i < 5; i++)
+        for (int bf = 0; bf < 2; bf++)
+            printf("export CEILING_MATMUL_%s_%dx%d=%.4e  # %s: the %d -> %d linear alone, forward and backward\n",
+                   bf ? "BF16" : "F32", in[i], out[i], bf ? bf16[i] : f32[i], bf ? "bf16" : "f32", in[i], out[i]);
     return 0;
 }

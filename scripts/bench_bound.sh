@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# A training step against its bound on this machine (tools/step_bound.py): GPT-2 124M at the bench
+# shape (1 x 256 tokens), stage 01 in fp32 and stage 02 in bf16-mixed, each traced (trace: true,
+# whose op spans carry every op's bytes and FLOPs), against the ceilings build/ceilings measures at
+# those shapes. Other work on the machine lowers a ceiling measured at a busy moment, and a bound
+# from it would be too long: the ceilings are measured again after the runs, and each figure is
+# the higher of the two (or of the one scripts/bench.sh measured and exported, and this one).
+# Prints the step, its bound and the ratio, and a table per op; the figures go to $BENCH_JSON
+# under "step_bound". Runs alone too: `make bench-bound`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+BENCH_JSON=${BENCH_JSON:-build/bench/bench.json}
+mkdir -p "$(dirname "$BENCH_JSON")"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+[ -n "${CEILING_MATMUL_F32_768x2304:-}" ] || eval "$(build/ceilings 256 768 50304)"
+env | grep '^CEILING_' | sed 's/^/export /' >"$out/ceilings-before"
+
+run() { # run <stage> <args...>: 6 traced steps
+    local stage=$1; shift
+    build/stage-$stage --config configs/bench_gpt2.json "$@" --trace=true --trace_steps=6 --out_dir="$out/$stage" \
+        --eval_batches=0 --checkpoint_interval=0 >"$out/$stage.log" 2>&1 ||
+        { echo "bench: stage-$stage failed:"; tail "$out/$stage.log"; exit 1; }
+}
+bound() { # bound <label> <stage>
+    local label=$1 stage=$2
+    if ! grep -q "cpu backend" "$out/$stage.log"; then  # the op spans are the CPU backend's
+        echo "$label: skipped (only the CPU backend records its ops' bytes and FLOPs)"
+        return
+    fi
+    grep -m1 "backend" "$out/$stage.log" | sed 's/^/  /'
+    python3 tools/step_bound.py "$out/$stage" --label="$label" --json="$BENCH_JSON"
+    echo
+}
+echo "step against its bound ($OMP_NUM_THREADS threads; $(uptime | sed 's/.*load/load/')):"
+run 1
+run 2 --precision=bf16-mixed
+build/ceilings 256 768 50304 >"$out/ceilings-after"
+eval "$(python3 - "$out/ceilings-before" "$out/ceilings-after" <<'PY'
+import re, sys
+best = {}
+for path in sys.argv[1:]:
+    for name, value in re.findall(r"^export (CEILING_\w+)=([0-9.e+-]+)", open(path).read(), re.M):
+        best[name] = max(best.get(name, 0.0), float(value))
+print("\n".join(f"export {k}={v:.4e}" for k, v in best.items()))
+PY
+)"
+echo "an op's bound: the longer of its FLOPs at the matmul ceiling of its shape and precision and its"
+echo "bytes (inputs and outputs once) at the read bandwidth; the step's: their sum (tools/step_bound.py);"
+echo "ceilings: the higher of two measurements, before and after the runs ($(uptime | sed 's/.*load/load/'))"
+bound "stage-1 gpt2-124M fp32" 1
+bound "stage-2 gpt2-124M bf16-mixed" 2
+echo "figures: $BENCH_JSON (step_bound)"
