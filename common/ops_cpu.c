@@ -608,7 +608,7 @@ static inline __attribute__((always_inline)) void dot_rows(float *out, int OC, i
 
 // two weight rows times the N input rows, up to 8 in one pass: a copy of the loop for each count,
 // so that the 5 rows of a step verifying 4 speculative tokens take one pass over the weights, not
-// a pass of 4 and another of 1 (which ran at a third of the 4's rate)
+// a pass of 4 and another of 1 (one core, 5 rows: 10% faster with 67 MB of weights, 8% with 13 MB)
 static void weight_rows_times_rows(float *out, int OC, int next, const void *x, size_t x_row,
                                    const void *w0, const void *w1, float bias0, float bias1,
                                    int is_bf16, int N, int C) {
