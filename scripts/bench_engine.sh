@@ -69,7 +69,7 @@ done
 
 # Speculative decoding at batch 1. It pays where a decode step costs what reading the weights
 # costs, so that checking k + 1 rows costs little more than one: the model is 4 layers of 512
-# (51 MB of f32 weights, more than this CPU's 32 MB L3 cache), the draft 1 layer of 64 (0.4 MB).
+# (52 MB of f32 weights, more than this CPU's 32 MB L3 cache), the draft 1 layer of 64 (0.4 MB).
 # Both learn here, from the same records, a task whose answers are predictable, counting ("Count
 # to 27." -> "1 2 3 ... 27"): the case speculative decoding is built for (boilerplate, code, text
 # that quotes the prompt), where a small draft agrees with the model on most tokens. The model
