@@ -123,16 +123,18 @@ void kv_forward(KVModel *m, const int *tokens, const int *start, int B, int T, c
     forward_on_device(m, B, T, rows, B);
 }
 
-// n rounded up to a multiple of 16, at most most
+// n as it is up to 16, else rounded up to a multiple of 16, at most most
 static int padded(int n, int most) {
-    int p = (n + 15) / 16 * 16;
+    int p = n <= 16 ? n : (n + 15) / 16 * 16;
     return p < most ? p : most;
 }
 
 // The CPU backend keeps a matmul primitive per shape (ops_cpu.c, at most 512 of them), and the
-// server's passes have every number of rows: the rows are padded to a multiple of 16 with copies
-// of the last one (which writes the same keys and values to the same place again), and the logit
-// rows likewise.
+// server's passes have every number of rows: past 16 rows they are padded to a multiple of 16
+// with copies of the last one (which writes the same keys and values to the same place again),
+// and the logit rows likewise. Up to 16 rows (decode steps at small batches, speculative
+// decoding's passes) take the few-rows matmul, which keeps no primitive: padding them would make
+// a batch-1 step cost a 16-row one.
 void kv_forward_rows(KVModel *m, const int *tokens, const int *pos, int R, const int *logit_rows, int L) {
     if (L > R || R > m->B * m->T) fatal("internal: logits of %d rows of %d (at most %d)", L, R, m->B * m->T);
     int Rp = padded(R, m->B * m->T), Lp = padded(L, Rp);

@@ -693,26 +693,24 @@ static inline __attribute__((always_inline)) void dot_rows(float *out, int OC, i
     }
 }
 
-// two weight rows times the N input rows, 8, 4, 2 or 1 at a time: a copy of the loop for each
+// two weight rows times the N input rows, up to 8 in one pass: a copy of the loop for each count,
+// so that the 5 rows of a step verifying 4 speculative tokens take one pass over the weights, not
+// a pass of 4 and another of 1 (one core, 5 rows: 10% faster with 67 MB of weights, 8% with 13 MB)
 static void weight_rows_times_rows(float *out, int OC, int next, const void *x, size_t x_row,
                                    const void *w0, const void *w1, float bias0, float bias1,
                                    int is_bf16, int N, int C) {
     size_t x_elem = is_bf16 && !BF16_ROWS_WIDENED ? sizeof(half16) : sizeof(float);
     for (int n = 0; n < N;) {
-        int rows = N - n >= 8 ? 8 : N - n >= 4 ? 4 : N - n >= 2 ? 2 : 1;
+        int rows = N - n < ROWS_PER_PASS ? N - n : ROWS_PER_PASS;
         float *o = out + (size_t)n * OC;
         const void *xn = (const char *)x + n * x_row * x_elem;
-#define DOT_ROWS(bf, r) dot_rows(o, OC, next, xn, x_row, w0, w1, bias0, bias1, bf, r, C, N > 1)
-        if (is_bf16) {
-            if (rows == 8) DOT_ROWS(1, 8);
-            else if (rows == 4) DOT_ROWS(1, 4);
-            else if (rows == 2) DOT_ROWS(1, 2);
-            else DOT_ROWS(1, 1);
-        } else {
-            if (rows == 8) DOT_ROWS(0, 8);
-            else if (rows == 4) DOT_ROWS(0, 4);
-            else if (rows == 2) DOT_ROWS(0, 2);
-            else DOT_ROWS(0, 1);
+#define DOT_ROWS(r) \
+    case r: \
+        if (is_bf16) dot_rows(o, OC, next, xn, x_row, w0, w1, bias0, bias1, 1, r, C, N > 1); \
+        else dot_rows(o, OC, next, xn, x_row, w0, w1, bias0, bias1, 0, r, C, N > 1); \
+        break;
+        switch (rows) {
+            DOT_ROWS(1) DOT_ROWS(2) DOT_ROWS(3) DOT_ROWS(4) DOT_ROWS(5) DOT_ROWS(6) DOT_ROWS(7) DOT_ROWS(8)
         }
 #undef DOT_ROWS
         n += rows;

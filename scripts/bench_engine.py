@@ -5,6 +5,10 @@ by scripts/bench_engine.sh), over tests/server_client.py's HTTP calls. Prints on
   ttft <url> <prefix_file>            time to first token of 8 requests sharing a long prefix
   stall <url> <long_prompt_file>      16 decoding streams' token gaps before and while a long
                                       prompt arrives
+  speculation <url> <draft_url> <body_file>  one request at a time, to the server without a draft
+                                      and to the one with, in turn (8 each): the best and the
+                                      median decode tokens/s of each, and the draft's acceptance
+                                      rate
 """
 import json
 import os
@@ -90,10 +94,36 @@ def stall(url, long_file):
             "gaps_before": len(before), "gaps_during": len(during)}
 
 
+def decode_tokens_per_second(url, body):
+    """one streamed answer's tokens after the first over the time from the first to the last: the
+    decode steps alone (speculative decoding does not change the prompt's prefill)"""
+    times = [time.time() for piece, finish, _ in sc.stream(url, body) if finish is None]
+    times = times[1:] if "messages" in body else times  # a chat answer's first event is its role
+    if len(times) < 2:
+        sys.exit(f"bench: an answer of {len(times)} tokens: too short to time its decoding")
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def speculation(url, draft_url, body_file):
+    """The two servers run side by side but only one answers at a time, so both see the machine
+    alike: their requests alternate. The best answer of each is its speed when no other job got
+    in its way; the medians are given too"""
+    body = json.load(open(body_file))
+    alone, drafted = [], []
+    for _ in range(8):
+        alone.append(decode_tokens_per_second(url, body))
+        drafted.append(decode_tokens_per_second(draft_url, body))
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    return {"alone_tokens_per_second": max(alone), "draft_tokens_per_second": max(drafted),
+            "alone_median": median(alone), "draft_median": median(drafted),
+            "acceptance_rate": sc.metric(draft_url, "workbook_spec_acceptance_rate")}
+
+
 def main():
     cmd, url, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     result = {"capacity": lambda: capacity(url), "ttft": lambda: ttft(url, args[0]),
-              "stall": lambda: stall(url, args[0])}[cmd]()
+              "stall": lambda: stall(url, args[0]),
+              "speculation": lambda: speculation(url, args[0], args[1])}[cmd]()
     print(json.dumps(result))
 
 

@@ -1734,14 +1734,17 @@ int main(int argc, char **argv) {
     RUN(test_matmul_bf16(5, 7, 9));
     RUN(test_matmul_bf16(67, 96, 81));
     RUN(test_matmul_bf16(1, 771, 40));
-    // the few-rows path: 8 rows a pass, then 4, 2, 1 (13 = 8 + 4 + 1); columns past a multiple of
-    // 16 (771); 16 rows, its largest batch, and 17, oneDNN's again
+    // the few-rows path: up to 8 rows a pass (13 = 8 + 5; 5, a step verifying 4 speculative
+    // tokens, and 7 in one); columns past a multiple of 16 (771); 16 rows, its largest batch, and
+    // 17, oneDNN's again
     for (int bf = 0; bf <= 1; bf++) {
         RUN(test_few_rows_matmul(1, 771, 41, bf));  // one row: one weight row at a time
         RUN(test_few_rows_matmul(8, 96, 37, bf));
         RUN(test_few_rows_matmul(13, 771, 40, bf));
         RUN(test_few_rows_matmul(16, 64, 50, bf));
         RUN(test_few_rows_matmul(3, 5, 7, bf));
+        RUN(test_few_rows_matmul(5, 771, 41, bf));
+        RUN(test_few_rows_matmul(7, 96, 37, bf));
     }
     RUN(test_matmul(17, 96, 40, 1, 0));
     printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_16());
