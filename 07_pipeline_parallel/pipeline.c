@@ -355,12 +355,13 @@ static void exchange(Pipeline *p, Message *pending, const Message *recv) {
 // The compute of one op. The last stage's forward computes the loss and its gradient at once
 // (dlogits wait in the slot for the backward); evaluation (with_grad false) only the loss. Under
 // zb-h1 a backward leaves its linear layers' weight gradients to the weight pass (zero_bubble.c).
-// Its seconds go into *secs.
+// Its wall time counts as busy in the measured bubble (compute_s); its device time
+// (dev_busy_seconds: on a CPU shared with other processes, only the time it ran) goes into *secs.
 static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *grads, float dloss, bool with_grad,
                       double *secs) {
     int slot = slot_of(p, op);
     Activations *a = &p->slots[slot];
-    double t0 = wall_seconds(), loss = 0;
+    double t0 = wall_seconds(), busy0 = dev_busy_seconds(), loss = 0;
     int m0 = trace_mark();
     if (op->weights) {
         deferred_weight_pass(p->deferred[slot]);
@@ -379,8 +380,8 @@ static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *gr
     op_name(p, op, name, sizeof name);
     trace_span(name, TRACK_COMPUTE, m0, trace_mark(), NULL);
     dev_synchronize();
-    *secs = wall_seconds() - t0;
-    p->compute_s += *secs;
+    *secs = dev_busy_seconds() - busy0;
+    p->compute_s += wall_seconds() - t0;
     return loss;
 }
 

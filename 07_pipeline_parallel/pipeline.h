@@ -111,7 +111,7 @@ typedef struct {
     bool tracing;                // record the op sequence (the first step)
     char trace[PIPE_TRACE_CHARS];
     double compute_s, schedule_s;  // summed over the steps measured: busy time and schedule time
-    double *op_s;                // [n_ops]: each op's compute seconds in the traced step
+    double *op_s;                // [n_ops]: each op's device seconds in the traced step (dev_busy_seconds)
 } Pipeline;
 
 // one slot per micro-batch in flight, each the activations of one micro-batch of the longest

@@ -36,6 +36,11 @@ int dev_mark(void);
 int dev_mark_stream(void *stream);
 double dev_mark_seconds(int mark);
 void dev_marks_clear(void);
+// A clock that runs while the device computes for this process, to time one op (between two
+// dev_synchronize): CUDA's is wall_seconds(), the GPU being this process's alone; the CPU's is the
+// host thread's CPU time, which stops while the OS runs another process on the core, so that an
+// op's time on a shared machine is its own work and not its neighbours'.
+double dev_busy_seconds(void);
 size_t dev_bytes_in_use(void);      // what dev_malloc currently holds
 size_t dev_bytes_peak(void);
 

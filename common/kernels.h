@@ -263,18 +263,21 @@ KERNEL_FN float moe_weight_grad_partial(const float *dout, const float *y, int s
 #define GELU_K 0.044715f
 #define GELU_2A 1.5957691216057308f  // 2 * sqrt(2 / pi)
 
-KERNEL_FN float gelu_value(float x) {
-    float z = GELU_2A * (x + GELU_K * x * x * x);
-    return x / (1.0f + expf(-z));
-}
+KERNEL_FN float gelu_z(float x) { return GELU_2A * (x + GELU_K * x * x * x); }
+
+// gelu(x) and gelu'(x) from e = expf(-z(x)): apart, so that the CPU can make its expf calls in a
+// loop of their own and vectorize the rest (ops_cpu.c)
+KERNEL_FN float gelu_value_of_exp(float x, float e) { return x / (1.0f + e); }
 
 // d/dx [x sigmoid(z(x))] = sigmoid(z) + x sigmoid(z) (1 - sigmoid(z)) z'(x)
-KERNEL_FN float gelu_grad(float x) {
-    float z = GELU_2A * (x + GELU_K * x * x * x);
-    float sig = 1.0f / (1.0f + expf(-z));
+KERNEL_FN float gelu_grad_of_exp(float x, float e) {
+    float sig = 1.0f / (1.0f + e);
     float dz = GELU_2A * (1.0f + 3.0f * GELU_K * x * x);
     return sig + x * sig * (1.0f - sig) * dz;
 }
+
+KERNEL_FN float gelu_value(float x) { return gelu_value_of_exp(x, expf(-gelu_z(x))); }
+KERNEL_FN float gelu_grad(float x) { return gelu_grad_of_exp(x, expf(-gelu_z(x))); }
 
 // ----------------------------------------------------------------------------------------------
 // Rotary position embedding (phi-1_5, Llama; Hugging Face's rotate_half layout): within one head,

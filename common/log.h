@@ -28,6 +28,7 @@ char *copy_string_or_die(const char *s);  // a malloc'd copy
 char *read_file_or_die(const char *path, size_t *len);
 
 double wall_seconds(void);  // monotonic clock
+double thread_cpu_seconds(void);  // the calling thread's CPU time
 
 // this process's peak resident memory (VmHWM in /proc/self/status) in bytes; 0 where unknown
 size_t peak_resident_bytes(void);

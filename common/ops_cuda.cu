@@ -480,6 +480,8 @@ void dev_synchronize(void) {
     sync_stream();
 }
 
+double dev_busy_seconds(void) { return wall_seconds(); }
+
 size_t dev_bytes_in_use(void) { return g_bytes_in_use; }
 size_t dev_bytes_peak(void) { return g_bytes_peak; }
 

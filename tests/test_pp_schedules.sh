@@ -5,13 +5,14 @@
 #    with 4 and 8 micro-batches between them, reproduce stage 01's per-step figures within 1e-5
 #    over 20 steps; bf16-mixed interleaved and ZB-H1 match stage 02 within stage 03's 1e-3;
 #  - the bubble from stats.json: the first step replayed with the theory's unit times gives each
-#    formula exactly (the orders are right); replayed with the first step's measured compute times,
+#    formula exactly (the orders are right); replayed with the first step's measured compute times
+#    (on the CPU each op's thread CPU time, which the other processes on the cores do not inflate),
 #    each op kind's median over the stages (bubble_first_step_balanced), interleaved lies within 10%
-#    of (p-1)/(v m + p-1) and ZB-H1's is at most two thirds of 1F1B's at the same p and m (a wide,
-#    short model, 16 blocks of n_embd 256 over 16 tokens, where the matmuls that W splits off
-#    dominate and the head weighs little beside a chunk). With F = B = W the ratio is
-#    (m+p-1)/(3m+p-1) = 0.38 here; measured on a CPU it is 0.46-0.54, because W, the weight
-#    gradients' matmuls alone, takes less time than B with the rest of the backward;
+#    of (p-1)/(v m + p-1) and ZB-H1's is at most half of 1F1B's at the same p and m (with F = B = W
+#    (m+p-1)/(3m+p-1) = 0.38). The model is wide and short, 16 blocks of n_embd 384 over 16 tokens,
+#    so that the matmuls, which W splits off, dominate: W is matmuls alone, while F and B also run
+#    GELU's exponentials and the other elementwise work, which grows as n_embd and the matmuls as
+#    its square (at n_embd 256 the ratio measures 0.42-0.45 on a CPU, at 384 0.39-0.41);
 #  - ZB-H1 keeps 9 N C floats a block and slot of deferred output gradients (stats.json memory);
 #  - the planner's bubble for each schedule follows its formula;
 #  - bad input: virtual_stages with fewer blocks than p v, virtual_stages without interleaved,
@@ -68,15 +69,15 @@ check '[ "$slots" = 3 ] && [ "$deferred" = "$((3 * 2 * 9 * 4 * 256 * C * 4))" ]'
     "deferred weight gradients on stage 0: $deferred bytes in $slots slots"
 
 # the bubble on the first step's timeline, measured compute times: a wide, short model, 2 steps
-wide=(--n_embd=256 --max_seq_len=16 --stop_iteration=2 --n_layer=16 --pp_size=2 --num_microbatches=4)
+wide=(--n_embd=384 --max_seq_len=16 --stop_iteration=2 --n_layer=16 --pp_size=2 --num_microbatches=4)
 run_ranks 7 bubble_il 2 "${wide[@]}" "${il[@]}"
 run_ranks 7 bubble_zb 2 "${wide[@]}" --pp_schedule=zb-h1
 run_ranks 7 bubble_1f1b 2 "${wide[@]}" --pp_schedule=1f1b
 bubble() { json_value "$1/stats.json" bubble_first_step_balanced; }
 check 'python3 -c "import sys; b = float(sys.argv[1]); t = 1 / (2 * 4 + 1); sys.exit(abs(b - t) > 0.1 * t)" "$(bubble "$tmp/bubble_il")"' \
     "interleaved p 2, v 2, m 4: measured bubble $(bubble "$tmp/bubble_il"), not within 10% of 1/9"
-check 'python3 -c "import sys; sys.exit(float(sys.argv[1]) > 2 / 3 * float(sys.argv[2]))" "$(bubble "$tmp/bubble_zb")" "$(bubble "$tmp/bubble_1f1b")"' \
-    "zb-h1's measured bubble $(bubble "$tmp/bubble_zb") is more than two thirds of 1F1B's $(bubble "$tmp/bubble_1f1b") (p 2, m 4)"
+check 'python3 -c "import sys; sys.exit(float(sys.argv[1]) > float(sys.argv[2]) / 2)" "$(bubble "$tmp/bubble_zb")" "$(bubble "$tmp/bubble_1f1b")"' \
+    "zb-h1's measured bubble $(bubble "$tmp/bubble_zb") is more than half of 1F1B's $(bubble "$tmp/bubble_1f1b") (p 2, m 4)"
 
 # the planner (a GPU cluster: a core each): compute x (1 + bubble / (1 - bubble)) is the critical
 # path, so bubble_s / compute_s is (p-1)/m for 1F1B, (p-1)/(v m) interleaved, (p-1)/(3m) ZB-H1
