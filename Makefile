@@ -39,7 +39,7 @@ ifeq ($(BACKEND),cuda)
   $(B)/common/ops_cuda.o: $(CUDA_ARCH_STAMP)
 endif
 COMMON := log files config tokenizer alpaca synthetic gpt layout activations checkpoint run_setup optimizer loss_scale \
-          metrics run_stats evaluate run_checkpoint preemption trace stage_run
+          metrics run_stats evaluate run_checkpoint preemption trace stage_run lora
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o
@@ -111,11 +111,15 @@ $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
 $(foreach n,$(STAGES),$(eval $(call stage_rule,$(n))))
 
-TOOLS := tokenize peak_flops ceilings plan
+TOOLS := tokenize peak_flops ceilings plan lora_merge
 tools: $(addprefix build/,$(TOOLS))
 build/tokenize: $(B)/tokenize
 	@cp $< $@
 $(B)/tokenize: $(B)/tools/tokenize.o $(COMMON_OBJS)
+	$(CC) $^ -o $@ $(LDLIBS)
+build/lora_merge: $(B)/lora_merge
+	@cp $< $@
+$(B)/lora_merge: $(B)/tools/lora_merge.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
 build/peak_flops: $(B)/peak_flops
 	@cp $< $@

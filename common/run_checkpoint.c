@@ -27,6 +27,7 @@ static const char *const RUN_KEYS[] = {
     "num_epochs", "lr", "min_lr", "warmup_steps", "beta1", "beta2", "eps", "weight_decay",
     "grad_clip", "precision", "loss_scale", "loss_scale_window", "init_from", "random_init",
     "num_experts", "experts_per_token", "moe_every", "capacity_factor", "aux_loss_coef",
+    "lora_rank",
 };
 
 static const char *const START_OVER = "set resume=false to start over in it (its files are replaced), or choose "

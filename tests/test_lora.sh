@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# test_lora.sh: LoRA fine-tuning (common/lora.h) on the tiny Llama.
+#  - against peft 0.14.0 (tests/oracle_lora.py, our side tests/test_lora.c --oracle): the adapted
+#    model's logits within 1e-5, the adapters' gradients after one step within 1e-4, the adapter we
+#    save loading in peft with our logits, the base bit-identical after the step, and the model
+#    build/lora_merge writes loading in transformers with the adapted logits; GPT-2's and phi's
+#    module names too;
+#  - stage 01 with lora_rank: the base has no gradients and no AdamW state (stats.json's memory:
+#    both the adapters' size), the run saves PEFT's two files and no model.safetensors, and a run
+#    starting from that adapter (lora_adapter) trains on;
+#  - refused by name: a target naming no linear, an adapter whose r differs from lora_rank, a stage
+#    that does not train adapters.
+source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
+args=(--config configs/tiny_llama.json --stop_iteration=5 --eval_batches=1 --log_interval=100 --n_embd=64
+      --intermediate_size=172 --lora_rank=4 --lora_alpha=8
+      --lora_targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
+
+oracle_venv peft
+check '[ -x build/tests/test_lora ] && [ -x build/lora_merge ]' "build/tests/test_lora or build/lora_merge is not built"
+mkdir -p "$tmp/oracle"
+PYTHONPATH=tests "$ORACLE_VENV/bin/python" tests/oracle_lora.py build/tests/test_lora build/lora_merge "$tmp/oracle" \
+    >"$tmp/oracle.txt" 2>"$tmp/oracle.err"
+cat "$tmp/oracle.txt"
+passed=$((passed + $(grep -c '^ok: ' "$tmp/oracle.txt")))
+failed=$((failed + $(grep -c '^FAIL: ' "$tmp/oracle.txt")))
+check "grep -q 'lora oracle: done' '$tmp/oracle.txt'" "tests/oracle_lora.py did not run to the end: $(tail -3 "$tmp/oracle.err")"
+
+# stage 01: the frozen base's memory, PEFT's files
+run_single 1 lora
+check 'python3 - "$tmp/lora" <<'"'PY'"'
+import json, os, sys
+d = sys.argv[1]
+mem = json.load(open(os.path.join(d, "stats.json")))["memory"]
+adapters = mem["LoRA adapters (fp32)"]
+ok = mem["gradients (fp32)"] == adapters and mem["AdamW m and v (fp32)"] == 2 * adapters
+ok = ok and 0 < adapters * 10 < mem["parameters (fp32)"]
+ok = ok and os.path.exists(os.path.join(d, "adapter_model.safetensors")) and not os.path.exists(os.path.join(d, "model.safetensors"))
+cfg = json.load(open(os.path.join(d, "adapter_config.json")))
+ok = ok and cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] == 8 and len(cfg["target_modules"]) == 7
+losses = [json.loads(l)["loss"] for l in open(os.path.join(d, "metrics.jsonl"))]
+sys.exit(0 if ok and len(losses) == 5 and losses[-1] < losses[0] else 1)
+PY' "stage 01 LoRA: memory, files or losses wrong: $(cat "$tmp/lora/stats.json" | head -c 600)"
+
+# from that adapter, the run goes on where it stopped: its first loss is below the first run's first
+run_single 1 again --lora_adapter="$tmp/lora"
+check 'python3 -c "
+import json, sys
+a = [json.loads(l)[\"loss\"] for l in open(sys.argv[1])]
+b = [json.loads(l)[\"loss\"] for l in open(sys.argv[2])]
+sys.exit(0 if b[0] < a[0] and b[0] < a[1] else 1)" "$tmp/lora/metrics.jsonl" "$tmp/again/metrics.jsonl"' \
+    "stage 01 from its adapter does not start where it stopped"
+
+expect_one_error "a LoRA target naming no linear" "lora_targets.*\"c_attn\" names no linear" \
+    build/stage-1 "${args[@]}" --lora_targets=q_proj,c_attn --out_dir="$tmp/bad"
+expect_one_error "an adapter of another rank" "adapter_config.json: r 4.*lora_rank" \
+    build/stage-1 "${args[@]}" --lora_rank=8 --lora_adapter="$tmp/lora" --out_dir="$tmp/bad"
+expect_one_error "LoRA in a stage without it" "lora_rank.*stage 02 does not train LoRA" \
+    build/stage-2 "${args[@]}" --out_dir="$tmp/bad"
+
+finish test_lora
