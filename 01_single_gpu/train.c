@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     ParamLayout layout;
     gpt_layout(&layout, &mc);
     ModelBuffers mb;  // mb.params, mb.grads, mb.adam_m, mb.adam_v; mb.w and mb.g name their tensors
-    lora_model_buffers_alloc(&mb, &cfg, &layout, false);  // with LoRA the base's parameters only
+    model_buffers_alloc(&mb, &layout, false);
     long step = 0;
     if (cfg.resume) step = resume_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v);
     else if (starts_from_checkpoint(&cfg)) load_initial_weights(&cfg, &layout, mb.params);
@@ -57,16 +57,16 @@ int main(int argc, char **argv) {
     Activations acts;
     acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
                acts_flags(&cfg));
-    // LoRA (lora_rank > 0): adapters on the frozen base's linears are what trains (common/lora.h)
+    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
+    // are the adapters' (common/lora.h)
     Lora lora;
-    Trained tr = lora_attach(&lora, &cfg, &layout, &mb, &acts);
+    lora_attach(&lora, &cfg, &layout, &mb, &acts);
 
     print_stage_banner(1, 1, &cfg, &mc, mb.n);
     print_batch_plan(&cfg, data, 1, "", total_steps);
-    MemoryItem memory[] = {{"parameters (fp32)", mb.bytes}, {"gradients (fp32)", tr.bytes},
-                           {"AdamW m and v (fp32)", 2 * tr.bytes}, {"activations", acts.bytes + lora.acts_bytes},
-                           {"LoRA adapters (fp32)", lora.bytes}};
-    print_memory_report("device memory:", memory, lora.rank ? 5 : 4);
+    MemoryItem memory[] = {{"parameters (fp32)", lora.base_bytes + mb.bytes}, {"gradients (fp32)", mb.bytes},
+                           {"AdamW m and v (fp32)", 2 * mb.bytes}, {"activations", acts.bytes + lora.acts_bytes}};
+    print_memory_report("device memory:", memory, 4);
 
     // ---- the training loop ----
     trace_open(cfg.trace, cfg.trace_steps, 0, wall_seconds());
@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
         // loss is divided by the number of target tokens in the WHOLE global batch, so the
         // gradient is the mean over the global batch however it is cut into micro-batches.
         // (A batch whose responses were all cut off by max_seq_len has no targets: loss 0.)
-        dev_zero(tr.grads, tr.bytes);
+        dev_zero(mb.grads, mb.bytes);
         double loss_sum = 0;
         long tokens = 0, n_targets = 0;
         int acc = cfg.gradient_acc_steps;
@@ -102,9 +102,9 @@ int main(int argc, char **argv) {
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
         // clip the global gradient norm, then one AdamW step
-        double norm = sqrt(sum_squares(tr.grads, tr.n));
+        double norm = sqrt(sum_squares(mb.grads, mb.n));
         float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-        adamw_step(tr.layout, tr.params, tr.grads, tr.m, tr.v, 0, tr.n, &cfg, lr, step + 1, clip);
+        adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
         dev_synchronize();
 
         StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr, .grad_norm = norm,
@@ -117,15 +117,16 @@ int main(int argc, char **argv) {
             s.val_loss = val[1] ? val[0] / val[1] : -1;
         }
         metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
-        if (checkpoint_due(&cfg, step + 1, last)) lora_save_checkpoint(&lora, &cfg, &layout, &mb, step + 1);
+        if (checkpoint_due(&cfg, step + 1, last))
+            save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
         if (!last && preemption_signalled()) {
-            lora_save_checkpoint(&lora, &cfg, &layout, &mb, step + 1);
+            save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, step + 1);
             print_stopped_to_be_resumed(&cfg, step + 1);
             exit(EXIT_TO_BE_RESUMED);
         }
     }
-    lora_save_checkpoint(&lora, &cfg, &layout, &mb, total_steps);
+    save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
     printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors",
            total_steps);
     run_stats_write(&cfg, 1, 1, (RunLayout){.dp = 1}, NULL);

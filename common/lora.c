@@ -14,7 +14,6 @@
 #include "log.h"
 #include "numbers.h"
 #include "ops.h"
-#include "run_checkpoint.h"
 
 #define PEFT_PREFIX "base_model.model."
 // the adapters' random streams, apart from the base's (whose stream is a tensor's index)
@@ -161,7 +160,9 @@ void lora_describe(Lora *lo, const ParamLayout *base, int rank, double alpha, co
 
 // ---- PEFT's files -------------------------------------------------------------------------------
 
-static const cJSON *json_item(const cJSON *root, const char *key) { return cJSON_GetObjectItemCaseSensitive(root, key); }
+static const cJSON *json_item(const cJSON *root, const char *key) {
+    return cJSON_GetObjectItemCaseSensitive(root, key);
+}
 
 // a key we do not implement must be absent, null, false, empty or its default
 static void require_unset(const cJSON *root, const char *key, const char *path, const char *dflt) {
@@ -287,7 +288,8 @@ void lora_merge(const Lora *lo, const float *adapters, float *base_params) {
         for (int o = 0; o < s->rows; o++)
             for (int c = 0; c < s->in_dim; c++) {
                 double sum = 0;
-                for (int k = 0; k < lo->rank; k++) sum += (double)B[(size_t)o * lo->rank + k] * A[(size_t)k * s->in_dim + c];
+                for (int k = 0; k < lo->rank; k++)
+                    sum += (double)B[(size_t)o * lo->rank + k] * A[(size_t)k * s->in_dim + c];
                 W[(size_t)o * s->in_dim + c] += (float)(lo->scale * sum);
             }
     }
@@ -363,23 +365,6 @@ static void point_nowhere(Weights *g, int n_layer) {
     g->h = calloc_or_die((size_t)n_layer, sizeof(BlockWeights));
 }
 
-void lora_model_buffers_alloc(ModelBuffers *mb, const Config *cfg, const ParamLayout *layout, bool with_16bit_copy) {
-    if (!cfg->lora_rank) {
-        model_buffers_alloc(mb, layout, with_16bit_copy);
-        return;
-    }
-    memset(mb, 0, sizeof *mb);
-    mb->n = layout->num_params;
-    mb->bytes = mb->n * sizeof(float);
-    mb->params = dev_malloc(mb->bytes);
-    weights_point(&mb->w, layout, mb->params);
-    point_nowhere(&mb->g, layout->cfg.n_layer);
-    if (with_16bit_copy) {
-        mb->params16 = dev_malloc(mb->n * sizeof(half16));
-        weights_point_16(&mb->w, layout, mb->params16);
-    }
-}
-
 // lora_adapter's config must describe the adapters the keys do
 static void require_adapter_fits_keys(const Lora *lo, const Config *cfg, const ParamLayout *base) {
     int rank;
@@ -436,45 +421,67 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
     acts->ops = &lo->ops;
 }
 
-Trained lora_attach(Lora *lo, const Config *cfg, const ParamLayout *base, ModelBuffers *mb, Activations *acts) {
-    if (!cfg->lora_rank) {
-        memset(lo, 0, sizeof *lo);
-        return (Trained){base, mb->n, mb->bytes, mb->params, mb->grads, mb->adam_m, mb->adam_v};
-    }
+void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers *mb, Activations *acts) {
+    memset(lo, 0, sizeof *lo);
+    if (!cfg->lora_rank) return;
     if (cfg->lora_dropout > 0)
         fatal("%s: key 'lora_dropout' is %g: LoRA dropout is not implemented yet (set it to 0)",
               config_source("lora_dropout"), cfg->lora_dropout);
-    lora_describe(lo, base, cfg->lora_rank, cfg->lora_alpha, cfg->lora_targets, config_source("lora_targets"));
+    lora_describe(lo, layout, cfg->lora_rank, cfg->lora_alpha, cfg->lora_targets, config_source("lora_targets"));
     lo->dropout = (float)cfg->lora_dropout;
     float *host = malloc_or_die(lo->layout.num_params * sizeof(float));
     if (cfg->lora_adapter[0]) {
-        require_adapter_fits_keys(lo, cfg, base);
+        require_adapter_fits_keys(lo, cfg, layout);
         lora_read_adapter(lo, cfg->lora_adapter, host);
     } else {
         lora_init(lo, host, (uint64_t)cfg->seed);
     }
     lora_plug(lo, host, mb->params, acts);
     free(host);
-    return (Trained){&lo->layout, lo->layout.num_params, lo->bytes, lo->params, lo->grads, lo->m, lo->v};
+    // the base: frozen, so no gradients and no AdamW moments; its parameters stay with the Lora
+    lo->base_layout = *layout;
+    lo->base_params = mb->params;
+    lo->base_bytes = mb->bytes;
+    dev_free(mb->grads), dev_free(mb->adam_m), dev_free(mb->adam_v);
+    weights_free(&mb->g);
+    point_nowhere(&mb->g, layout->cfg.n_layer);
+    // what trains from here on: the adapters (mb.w still names the base, which forward reads)
+    *layout = lo->layout;
+    mb->n = lo->layout.num_params;
+    mb->bytes = lo->bytes;
+    mb->params = lo->params, mb->grads = lo->grads, mb->adam_m = lo->m, mb->adam_v = lo->v;
 }
 
-void lora_save_checkpoint(const Lora *lo, const Config *cfg, const ParamLayout *base, const ModelBuffers *mb,
-                          long step) {
-    if (!lo->rank) {
-        save_checkpoint(cfg, base, mb->params, mb->adam_m, mb->adam_v, step);
-        return;
+void lora_save(const Config *cfg, const ParamLayout *adapters, const float *host) {
+    char targets[256] = "";  // the modules' last names, in the order the adapters first name them
+    for (int i = 0; i < adapters->num_tensors; i++) {
+        char module[64];
+        module_of(module, sizeof module, adapters->tensors[i].name);  // <module>.lora_A
+        *strrchr(module, '.') = '\0';
+        const char *last = strrchr(module, '.') + 1;
+        char padded[80], list[260];
+        snprintf(padded, sizeof padded, ",%s,", last);
+        snprintf(list, sizeof list, ",%s,", targets);
+        if (strstr(list, padded)) continue;
+        size_t n = strlen(targets);
+        snprintf(targets + n, sizeof targets - n, "%s%s", n ? "," : "", last);
     }
-    float *host = malloc_or_die(lo->bytes);
-    copy_to_host(host, lo->params, lo->bytes);
-    lora_write_adapter(lo, cfg->out_dir, host, cfg->init_from);
-    free(host);
+    Lora lo = {.rank = adapters->tensors[0].shape[0], .alpha = (float)cfg->lora_alpha,
+               .dropout = (float)cfg->lora_dropout, .arch = adapters->arch, .layout = *adapters};
+    snprintf(lo.targets, sizeof lo.targets, "%s", targets);
+    lora_write_adapter(&lo, cfg->out_dir, host, cfg->init_from);
 }
 
 void lora_free(Lora *lo) {
     for (int i = 0; i < lo->n_sites; i++) dev_free(lo->sites[i].h);
     free(lo->sites);
-    gpt_layout_free(&lo->layout);
-    dev_free(lo->params), dev_free(lo->grads), dev_free(lo->m), dev_free(lo->v);
+    if (lo->base_params) {  // lora_attach: the adapters' buffers and table are the stage's now
+        dev_free(lo->base_params);
+        gpt_layout_free(&lo->base_layout);
+    } else {
+        gpt_layout_free(&lo->layout);
+        dev_free(lo->params), dev_free(lo->grads), dev_free(lo->m), dev_free(lo->v);
+    }
     dev_free(lo->dy), dev_free(lo->dh), dev_free(lo->x32);
     dev_free(lo->norm_grads.w), dev_free(lo->norm_grads.b);
     memset(lo, 0, sizeof *lo);

@@ -57,14 +57,11 @@ typedef struct {
     size_t acts_bytes;     // what the sites keep for backward, and the backward scratch
     float *dy, *dh, *x32;  // scratch: an adapter's output (gradient), x A^T's gradient, a widened input
     Norm norm_grads;       // where the frozen norms' weight gradients go (never read)
+    // after lora_attach: the frozen base's table and parameters (its bytes in the memory report)
+    ParamLayout base_layout;
+    float *base_params;
+    size_t base_bytes;
 } Lora;
-
-// What an optimizer step works on: the whole model's buffers, or the adapters alone.
-typedef struct {
-    const ParamLayout *layout;
-    size_t n, bytes;
-    float *params, *grads, *m, *v;
-} Trained;
 
 // The adapters of `rank` on the linears of `base` that `targets` names (comma-separated Hugging
 // Face module names, matched as PEFT does: the module's name or its last components; empty: PEFT's
@@ -85,22 +82,23 @@ void lora_write_adapter(const Lora *lo, const char *dir, const float *host, cons
 // W += scale * B @ A for every site: host buffers, base laid out as lora_describe's base
 void lora_merge(const Lora *lo, const float *adapters, float *base_params);
 
-// The base's buffers for a stage: with lora_rank > 0 the parameters only (frozen: no gradients,
-// no AdamW moments; mb->g names nothing), else model_buffers_alloc's.
-void lora_model_buffers_alloc(ModelBuffers *mb, const Config *cfg, const ParamLayout *layout, bool with_16bit_copy);
 // Puts the described adapters (host values) on the device, with their gradients, AdamW's moments
 // and what the layers keep, and plugs the LoRA layers in around acts->ops: the base whose
 // linears they adapt is laid out in base_params (device), as lora_describe's base.
 void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activations *acts);
-// With lora_rank > 0: describes the adapters (cfg's keys, checked against lora_adapter's config
-// when that is set), starts them (lora_init, or lora_adapter's tensors), allocates their buffers
-// and plugs the LoRA layers in around acts->ops. Returns what the optimizer trains: the adapters,
-// or, without LoRA, mb's buffers.
-Trained lora_attach(Lora *lo, const Config *cfg, const ParamLayout *base, ModelBuffers *mb, Activations *acts);
-// The run's checkpoint: with LoRA the adapters alone in out_dir (PEFT's files), else
-// save_checkpoint's model and optimizer state
-void lora_save_checkpoint(const Lora *lo, const Config *cfg, const ParamLayout *base, const ModelBuffers *mb,
-                          long step);
+// A stage's LoRA (lora_rank > 0; otherwise nothing happens): describes the adapters on `layout`'s
+// linears (cfg's keys, checked against lora_adapter's config when that is set), starts them
+// (lora_init, or lora_adapter's tensors) and plugs the LoRA layers in around acts->ops. Then the
+// stage trains the adapters with the code it trains a model with: layout becomes the adapters'
+// table and mb's params, grads, adam_m, adam_v, n and bytes the adapters' buffers, while mb.w still
+// names the base (which forward reads) and mb.g names nothing. The base's gradients and moments are
+// freed; its parameters and table stay with lo (lora_free frees them, model_buffers_free and
+// gpt_layout_free the adapters').
+void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers *mb, Activations *acts);
+// The adapters of a LoRA run (laid out as lora_attach's layout, host values) as PEFT's two files in
+// out_dir; what save_checkpoint writes when lora_rank > 0
+void lora_save(const Config *cfg, const ParamLayout *adapters, const float *host);
+// frees what lo holds (after lora_attach: the base's parameters and table)
 void lora_free(Lora *lo);
 
 #endif

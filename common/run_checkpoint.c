@@ -11,6 +11,7 @@
 #include "device.h"
 #include "log.h"
 #include "loss_scale.h"
+#include "lora.h"
 #include "trace.h"
 
 // ---- resume: what out_dir holds ---------------------------------------------------------------
@@ -89,16 +90,23 @@ static float *to_host(const float *dev, size_t n) {
     return host;
 }
 
-void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
-                     const float *m, const float *v, long step) {
-    int m0 = trace_mark();
-    size_t n = layout->num_params;
-    float *hp = to_host(params, n), *hm = to_host(m, n), *hv = to_host(v, n);
+// the model and the optimizer state (host copies)
+static void save_model_checkpoint(const Config *cfg, const ParamLayout *layout, const float *hp, const float *hm,
+                                  const float *hv, long step) {
     char *json = config_to_json(cfg);
     TrainState state = {.step = step, .seed = (uint64_t)cfg->seed};
     loss_scaler_save(&state);
     checkpoint_save(cfg->out_dir, layout, hp, hm, hv, &state, json);
     free(json);
+}
+
+void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
+                     const float *m, const float *v, long step) {
+    int m0 = trace_mark();
+    size_t n = layout->num_params;
+    float *hp = to_host(params, n), *hm = to_host(m, n), *hv = to_host(v, n);
+    if (cfg->lora_rank) lora_save(cfg, layout, hp);  // layout: the adapters (lora_attach)
+    else save_model_checkpoint(cfg, layout, hp, hm, hv, step);
     free(hp);
     free(hm);
     free(hv);

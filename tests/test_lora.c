@@ -67,7 +67,8 @@ static void test_sites(void) {
     }
     lora_free(&lo);
     lora_describe(&lo, &l, 2, 2, "", "test");
-    CHECK(lo.n_sites == 4 && site_named(&lo, "model.layers.0.self_attn.v_proj") && !site_named(&lo, "model.layers.0.self_attn.k_proj"),
+    CHECK(lo.n_sites == 4 && site_named(&lo, "model.layers.0.self_attn.v_proj") &&
+              !site_named(&lo, "model.layers.0.self_attn.k_proj"),
           "empty lora_targets: PEFT's default for Llama, q_proj and v_proj (%d sites)", lo.n_sites);
     lora_free(&lo);
     // a target naming no linear: refused by name, in a child (fatal exits)

@@ -32,9 +32,8 @@ check 'python3 - "$tmp/lora" <<'"'PY'"'
 import json, os, sys
 d = sys.argv[1]
 mem = json.load(open(os.path.join(d, "stats.json")))["memory"]
-adapters = mem["LoRA adapters (fp32)"]
-ok = mem["gradients (fp32)"] == adapters and mem["AdamW m and v (fp32)"] == 2 * adapters
-ok = ok and 0 < adapters * 10 < mem["parameters (fp32)"]
+adapters = mem["gradients (fp32)"]  # the adapters only: the base has none
+ok = mem["AdamW m and v (fp32)"] == 2 * adapters and 0 < adapters * 10 < mem["parameters (fp32)"] - adapters
 ok = ok and os.path.exists(os.path.join(d, "adapter_model.safetensors")) and not os.path.exists(os.path.join(d, "model.safetensors"))
 cfg = json.load(open(os.path.join(d, "adapter_config.json")))
 ok = ok and cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] == 8 and len(cfg["target_modules"]) == 7
