@@ -57,13 +57,13 @@ int main(int argc, char **argv) {
     Activations acts;
     acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
                acts_flags(&cfg));
+
+    print_stage_banner(1, 1, &cfg, &mc, mb.n);
+    print_batch_plan(&cfg, data, 1, "", total_steps);
     // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
     // are the adapters' (common/lora.h)
     Lora lora;
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
-
-    print_stage_banner(1, 1, &cfg, &mc, mb.n);
-    print_batch_plan(&cfg, data, 1, "", total_steps);
     MemoryItem memory[] = {{"parameters (fp32)", lora.base_bytes + mb.bytes}, {"gradients (fp32)", mb.bytes},
                            {"AdamW m and v (fp32)", 2 * mb.bytes}, {"activations", acts.bytes + lora.acts_bytes}};
     print_memory_report("device memory:", memory, 4);

@@ -450,6 +450,10 @@ void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers 
     mb->n = lo->layout.num_params;
     mb->bytes = lo->bytes;
     mb->params = lo->params, mb->grads = lo->grads, mb->adam_m = lo->m, mb->adam_v = lo->v;
+    if (log_rank() == 0)
+        printf("LoRA: r %d, alpha %g on %s: %d adapters, %zu trained parameters (%.2f%% of the base's %zu, frozen)\n",
+               lo->rank, lo->alpha, lo->targets, lo->n_sites, mb->n, 100.0 * (double)mb->n / lo->base_layout.num_params,
+               lo->base_layout.num_params);
 }
 
 void lora_save(const Config *cfg, const ParamLayout *adapters, const float *host) {
