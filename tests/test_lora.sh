@@ -6,8 +6,9 @@
 #    build/lora_merge writes loading in transformers with the adapted logits; GPT-2's and phi's
 #    module names too;
 #  - stage 01 with lora_rank: the base has no gradients and no AdamW state (stats.json's memory:
-#    both the adapters' size), the run saves PEFT's two files and no model.safetensors, and a run
-#    starting from that adapter (lora_adapter) trains on;
+#    both the adapters' size), the run saves PEFT's two files and no model.safetensors, its losses
+#    fall, activation_checkpointing gives the same losses, and a run starting from that adapter
+#    (lora_adapter) goes on from where it stopped;
 #  - refused by name: a target naming no linear, an adapter whose r differs from lora_rank, a stage
 #    that does not train adapters.
 source "$(dirname "$0")/lib.sh"
@@ -40,6 +41,10 @@ ok = ok and cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] =
 losses = [json.loads(l)["loss"] for l in open(os.path.join(d, "metrics.jsonl"))]
 sys.exit(0 if ok and len(losses) == 5 and losses[-1] < losses[0] else 1)
 PY' "stage 01 LoRA: memory, files or losses wrong: $(cat "$tmp/lora/stats.json" | head -c 600)"
+
+# recomputing the blocks' activations in backward recomputes the adapters' too: the same losses
+run_single 1 recompute --activation_checkpointing=true
+check 'compare_losses "$tmp/lora" "$tmp/recompute" 5 1e-6' "stage 01 LoRA with activation_checkpointing has other losses"
 
 # from that adapter, the run goes on where it stopped: its first loss is below the first run's first
 run_single 1 again --lora_adapter="$tmp/lora"
