@@ -2,8 +2,7 @@
 //
 // Without arguments: the adapters a Llama's lora_targets describe sit in the right rows of the
 // fused projections (q, k, v in qkv; gate and up in fc) with PEFT's shapes; a target naming no
-// linear is refused by name (a child process); add_columns_scaled against a plain loop; and the
-// adapted model's logits equal those of the base with lora_merge's W + scale B A, on random
+// linear is refused by name (a child process); and the adapted model's logits equal those of the base with lora_merge's W + scale B A, on random
 // adapters (B non-zero).
 //
 // `test_lora --oracle DIR`: DIR holds ckpt/ (a Hugging Face checkpoint), adapter/ (a PEFT adapter
@@ -91,17 +90,6 @@ static void test_sites(void) {
               strstr(msg, "gate_proj"),
           "lora_targets c_attn on a Llama is refused naming it and the linears there are: %s", msg);
     gpt_layout_free(&l);
-}
-
-static void test_add_columns(void) {
-    enum { N = 3, W = 7, S = 11, OFF = 2 };
-    float dst[N * S], src[N * W], want[N * S];
-    for (int i = 0; i < N * S; i++) dst[i] = want[i] = (float)i;
-    for (int i = 0; i < N * W; i++) src[i] = (float)(100 + i);
-    for (int n = 0; n < N; n++)
-        for (int j = 0; j < W; j++) want[n * S + OFF + j] += 0.5f * src[n * W + j];
-    add_columns_scaled(dst + OFF, S, src, W, N, W, 0.5f);
-    CHECK(memcmp(dst, want, sizeof dst) == 0, "add_columns_scaled adds s * src into columns [2, 9) of dst only");
 }
 
 // the adapted model's logits against the merged base's, on random adapters
@@ -213,7 +201,6 @@ int main(int argc, char **argv) {
     ops_init();
     if (argc == 3 && strcmp(argv[1], "--oracle") == 0) return run_lora_oracle(argv[2]);
     test_sites();
-    test_add_columns();
     test_merge_equals_adapted();
     return test_summary("test_lora");
 }
