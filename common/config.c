@@ -340,7 +340,7 @@ static const StageInfo STAGES[] = {
                           .no_half = "stage 01 trains in fp32 (32 or 32-true); bf16 and fp16 are stage 02 "
                                      "(build/stage-2)",
                           .lora = true},
-    [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json"},
+    [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true},
     [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json"},
     [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true},
     [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json"},
@@ -779,6 +779,9 @@ static void require_lora_keys_fit_stage(const Config *cfg, const Sources *src, S
     if (cfg->num_experts)
         fatal("%s: key 'lora_rank' is %d but num_experts is %d: LoRA adapts dense linears only",
               source_of(src, "lora_rank"), cfg->lora_rank, cfg->num_experts);
+    if (cfg->prec == PREC_BF16)
+        fatal("%s: key 'precision' is bf16 but LoRA's adapters train in fp32 over the base's 16-bit copy: "
+              "use bf16-mixed", source_of(src, "precision"));
     if (strcmp(cfg->resume_mode, "true") == 0)
         fatal("%s: key 'resume' is true but a LoRA run (lora_rank %d) saves its adapters only and does not "
               "resume; start from them with lora_adapter", source_of(src, "resume"), cfg->lora_rank);

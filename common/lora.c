@@ -445,6 +445,14 @@ void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers 
     dev_free(mb->grads), dev_free(mb->adam_m), dev_free(mb->adam_v);
     weights_free(&mb->g);
     point_nowhere(&mb->g, layout->cfg.n_layer);
+    // stage 02: the base's 16-bit copy, which its matmuls read, is made once (the base never
+    // changes); the adapters stay fp32 in their own matmuls, and the stage's cast of its trained
+    // parameters each step goes to a copy of theirs, which nothing reads
+    if (mb->params16) {
+        cast_to_16(mb->params16, mb->params, mb->n);
+        lo->base_params16 = mb->params16;
+        mb->params16 = dev_malloc(lo->layout.num_params * sizeof(half16));
+    }
     // what trains from here on: the adapters (mb.w still names the base, which forward reads)
     *layout = lo->layout;
     mb->n = lo->layout.num_params;
@@ -454,6 +462,12 @@ void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers 
         printf("LoRA: r %d, alpha %g on %s: %d adapters, %zu trained parameters (%.2f%% of the base's %zu, frozen)\n",
                lo->rank, lo->alpha, lo->targets, lo->n_sites, mb->n, 100.0 * (double)mb->n / lo->base_layout.num_params,
                lo->base_layout.num_params);
+}
+
+void lora_add_memory(const Lora *lo, MemoryItem items[MODEL_MEMORY_ITEMS]) {
+    items[0].bytes += lo->base_bytes;
+    if (lo->base_params16) items[1].bytes += lo->base_bytes / sizeof(float) * sizeof(half16);
+    items[4].bytes += lo->acts_bytes;
 }
 
 void lora_save(const Config *cfg, const ParamLayout *adapters, const float *host) {
@@ -481,6 +495,7 @@ void lora_free(Lora *lo) {
     free(lo->sites);
     if (lo->base_params) {  // lora_attach: the adapters' buffers and table are the stage's now
         dev_free(lo->base_params);
+        dev_free(lo->base_params16);
         gpt_layout_free(&lo->base_layout);
     } else {
         gpt_layout_free(&lo->layout);

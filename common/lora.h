@@ -60,6 +60,7 @@ typedef struct {
     // after lora_attach: the frozen base's table and parameters (its bytes in the memory report)
     ParamLayout base_layout;
     float *base_params;
+    half16 *base_params16;  // its 16-bit copy (stage 02), or NULL
     size_t base_bytes;
 } Lora;
 
@@ -95,6 +96,10 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
 // freed; its parameters and table stay with lo (lora_free frees them, model_buffers_free and
 // gpt_layout_free the adapters').
 void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers *mb, Activations *acts);
+// adds to model_memory_items' rows (which, after lora_attach, count the adapters) the frozen base's
+// parameters and 16-bit copy, and to the activations what the adapters keep for backward and their
+// scratch
+void lora_add_memory(const Lora *lo, MemoryItem items[MODEL_MEMORY_ITEMS]);
 // The adapters of a LoRA run (laid out as lora_attach's layout, host values) as PEFT's two files in
 // out_dir; what save_checkpoint writes when lora_rank > 0
 void lora_save(const Config *cfg, const ParamLayout *adapters, const float *host);

@@ -9,8 +9,10 @@
 #    both the adapters' size), the run saves PEFT's two files and no model.safetensors, its losses
 #    fall, activation_checkpointing gives the same losses, and a run starting from that adapter
 #    (lora_adapter) goes on from where it stopped;
+#  - stage 02: fp32 gives stage 01's losses, bf16-mixed (the base's bf16 copy, fp32 adapters) stays
+#    within 1e-2 of them;
 #  - refused by name: a target naming no linear, an adapter whose r differs from lora_rank, a stage
-#    that does not train adapters.
+#    that does not train adapters, a pure bf16 precision (the adapters train in fp32).
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 args=(--config configs/tiny_llama.json --stop_iteration=5 --eval_batches=1 --log_interval=100 --n_embd=64
@@ -46,6 +48,13 @@ PY' "stage 01 LoRA: memory, files or losses wrong: $(cat "$tmp/lora/stats.json" 
 run_single 1 recompute --activation_checkpointing=true
 check 'compare_losses "$tmp/lora" "$tmp/recompute" 5 1e-6' "stage 01 LoRA with activation_checkpointing has other losses"
 
+# stage 02: in fp32 the same losses as stage 01; in bf16-mixed (the base's matmuls read its bf16 copy,
+# the adapters stay fp32) within bf16's rounding of stage 01's
+run_single 2 lora32
+check 'compare_losses "$tmp/lora" "$tmp/lora32" 5 1e-6' "stage 02 LoRA in fp32 strays from stage 01's losses"
+run_single 2 lora16 --precision=bf16-mixed
+check 'compare_losses "$tmp/lora" "$tmp/lora16" 5 1e-2 0.25' "stage 02 LoRA in bf16-mixed strays from stage 01's losses"
+
 # from that adapter, the run goes on where it stopped: its first loss is below the first run's first
 run_single 1 again --lora_adapter="$tmp/lora"
 check 'python3 -c "
@@ -59,7 +68,9 @@ expect_one_error "a LoRA target naming no linear" "lora_targets.*\"c_attn\" name
     build/stage-1 "${args[@]}" --lora_targets=q_proj,c_attn --out_dir="$tmp/bad"
 expect_one_error "an adapter of another rank" "adapter_config.json: r 4.*lora_rank" \
     build/stage-1 "${args[@]}" --lora_rank=8 --lora_adapter="$tmp/lora" --out_dir="$tmp/bad"
-expect_one_error "LoRA in a stage without it" "lora_rank.*stage 02 does not train LoRA" \
-    build/stage-2 "${args[@]}" --out_dir="$tmp/bad"
+expect_one_error "LoRA in a stage without it" "lora_rank.*stage 03 does not train LoRA" \
+    mpirun -np 2 --bind-to none build/stage-3 "${args[@]}" --out_dir="$tmp/bad"
+expect_one_error "LoRA over a pure bf16 base" "precision.*bf16.*bf16-mixed" \
+    build/stage-2 "${args[@]}" --precision=bf16 --out_dir="$tmp/bad"
 
 finish test_lora
