@@ -81,8 +81,9 @@ static void test_sites(void) {
     }
     close(pipefd[1]);
     char msg[1024] = {0};
-    ssize_t got = read(pipefd[0], msg, sizeof msg - 1);
-    (void)got;
+    size_t used = 0;
+    for (ssize_t got; used < sizeof msg - 1 && (got = read(pipefd[0], msg + used, sizeof msg - 1 - used)) > 0;)
+        used += (size_t)got;  // fatal() may write its message in pieces: read to the end
     close(pipefd[0]);
     int status;
     waitpid(pid, &status, 0);
