@@ -341,7 +341,7 @@ static const StageInfo STAGES[] = {
                                      "(build/stage-2)",
                           .lora = true},
     [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true},
-    [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json"},
+    [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json", .lora = true},
     [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true},
     [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json"},
     [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json", .experts = true, .generates = true,
@@ -357,7 +357,7 @@ static const StageInfo STAGES[] = {
                                   .no_half_experts = "stage 08's experts train in fp32 (32 or 32-true)",
                                   .no_overlap = "stage 08 all-reduces its gradients after backward (its MoE "
                                                 "blocks already talk during backward)"},
-    [STAGE_CONTEXT_PARALLEL] = {"context_parallel", NULL, "configs/context_parallel.json"},
+    [STAGE_CONTEXT_PARALLEL] = {"context_parallel", NULL, "configs/context_parallel.json", .lora = true},
 };
 #define LAST_STAGE STAGE_CONTEXT_PARALLEL
 

@@ -132,6 +132,17 @@ static void add_site(const TensorInfo *t, LinearKind kind, int row0, size_t fuse
     }
 }
 
+// where each block's adapters start in the layout (the sites come in block order): what lets DDP's
+// gradient buckets launch after a block's backward
+static void mark_block_starts(ParamLayout *l) {
+    l->block_first = calloc_or_die((size_t)l->n_blocks + 1, sizeof(size_t));
+    int t = 0;
+    for (int b = 0; b <= l->n_blocks; b++) {
+        while (t < l->num_tensors && l->tensors[t].block < l->first_block + b) t++;
+        l->block_first[b] = t < l->num_tensors ? l->tensors[t].offset : l->num_params;
+    }
+}
+
 void lora_describe(Lora *lo, const ParamLayout *base, int rank, double alpha, const char *targets, const char *where) {
     memset(lo, 0, sizeof *lo);
     lo->rank = rank;
@@ -152,6 +163,7 @@ void lora_describe(Lora *lo, const ParamLayout *base, int rank, double alpha, co
     }
     if (!d.n_names) fatal("%s: key 'lora_targets': no module names in \"%s\"", where, targets);
     each_block_linear(base, add_site, &d);
+    mark_block_starts(&lo->layout);
     for (int i = 0; i < d.n_names; i++)
         if (!d.matched[i])
             fatal("%s: key 'lora_targets': \"%s\" names no linear layer of this %s model; its linears are %s",
@@ -356,6 +368,33 @@ static void lora_embed_backward(LayerOps *ops, Weights *g, const float *dout, co
     (void)ops, (void)g, (void)dout, (void)tokens, (void)s, (void)B, (void)T;  // frozen: nothing to compute
 }
 
+// The layers LoRA leaves alone run the wrapped ones', given their own table: a stage's layers
+// (context parallelism's attention and embedding) find their state behind it
+static void lora_embed_forward(LayerOps *ops, float *out, const int *tokens, const int *start, const Weights *w,
+                               const ModelShape *s, int B, int T) {
+    LayerOps *in = of(ops)->inner;
+    in->embed_forward(in, out, tokens, start, w, s, B, T);
+}
+
+static void lora_norm_forward(LayerOps *ops, float *out, float *mean, float *rstd, const float *inp, const Norm *w,
+                              const ModelShape *s, int N) {
+    LayerOps *in = of(ops)->inner;
+    in->norm_forward(in, out, mean, rstd, inp, w, s, N);
+}
+
+static void lora_attention_forward(LayerOps *ops, int layer, float *out, float *att, const float *qkv,
+                                   const ModelShape *s, int B, int T) {
+    LayerOps *in = of(ops)->inner;
+    in->attention_forward(in, layer, out, att, qkv, s, B, T);
+}
+
+static void lora_attention_backward(LayerOps *ops, int layer, float *dqkv, float *datt, const float *dout,
+                                    const float *qkv, const float *out, const float *att, const ModelShape *s, int B,
+                                    int T) {
+    LayerOps *in = of(ops)->inner;
+    in->attention_backward(in, layer, dqkv, datt, dout, qkv, out, att, s, B, T);
+}
+
 // ---- in a stage -----------------------------------------------------------------------------------
 
 // weights naming nothing: the frozen base's gradients (every pointer NULL)
@@ -411,13 +450,18 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
     lo->norm_grads = (Norm){dev_malloc((size_t)C * sizeof(float)), dev_malloc((size_t)C * sizeof(float))};
     lo->acts_bytes = (lo->n_sites * N * lo->rank + N * widest + N * lo->rank + (lo->x32 ? N * in_widest : 0) + 2 * C) *
                      sizeof(float);
-    // the plug-in: the wrapped layers' table, with LoRA's linears, norms' and embedding's backward
+    // the plug-in: LoRA's linears, norms' and embedding's backward; the rest passed to the wrapped
+    // layers, but for the MLP, whose dense form calls the table's linears (the adapted ones)
     lo->inner = acts->ops;
     lo->ops = *acts->ops;
+    lo->ops.embed_forward = lora_embed_forward;
+    lo->ops.embed_backward = lora_embed_backward;
     lo->ops.linear_forward = lora_linear_forward;
     lo->ops.linear_backward = lora_linear_backward;
+    lo->ops.norm_forward = lora_norm_forward;
     lo->ops.norm_backward = lora_norm_backward;
-    lo->ops.embed_backward = lora_embed_backward;
+    lo->ops.attention_forward = lora_attention_forward;
+    lo->ops.attention_backward = lora_attention_backward;
     acts->ops = &lo->ops;
 }
 
