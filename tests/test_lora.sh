@@ -11,6 +11,10 @@
 #    (lora_adapter) goes on from where it stopped;
 #  - stage 02: fp32 gives stage 01's losses, bf16-mixed (the base's bf16 copy, fp32 adapters) stays
 #    within 1e-2 of them;
+#  - the parallel stages that train adapters reproduce stage 01's LoRA losses within 1e-5 over 20
+#    steps and save its adapter (the same tensors, names and shapes, values within 1e-5): 03 (DDP)
+#    on 2 ranks with gradient buckets and on 4, whose all-reduce moves the adapters' gradients
+#    only, and 09 (context parallel) on 2;
 #  - refused by name: a target naming no linear, an adapter whose r differs from lora_rank, a stage
 #    that does not train adapters, a pure bf16 precision (the adapters train in fp32).
 source "$(dirname "$0")/lib.sh"
@@ -64,12 +68,45 @@ b = [json.loads(l)[\"loss\"] for l in open(sys.argv[2])]
 sys.exit(0 if b[0] < a[0] and b[0] < a[1] else 1)" "$tmp/lora/metrics.jsonl" "$tmp/again/metrics.jsonl"' \
     "stage 01 from its adapter does not start where it stopped"
 
+# the parallel stages: stage 01's losses over 20 steps, its adapter's tensors
+same_adapter() {
+    python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def read(d):
+    raw = open(d + "/adapter_model.safetensors", "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    data = raw[8 + n:]
+    values = {k: struct.unpack("<%df" % (len(data[v["data_offsets"][0]:v["data_offsets"][1]]) // 4),
+                               data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
+    config = json.load(open(d + "/adapter_config.json"))
+    return header, values, config
+(ha, va, ca), (hb, vb, cb) = read(sys.argv[1]), read(sys.argv[2])
+gap = max(abs(x - y) / max(abs(x), 1.0) for k in va for x, y in zip(va[k], vb[k])) if ha == hb else float("inf")
+print("%s: adapter's largest difference %.2e" % (sys.argv[2], gap))
+sys.exit(0 if ha == hb and ca == cb and gap <= 1e-5 else 1)
+PY
+}
+run_single 1 ref20 --stop_iteration=20
+run_ranks 3 ddp2 2 --stop_iteration=20 --overlap_communication=true --bucket_size_mb=0.01
+run_ranks 3 ddp4 4 --stop_iteration=20
+run_ranks 9 cp2 2 --stop_iteration=20 --cp_size=2
+for run in ddp2 ddp4 cp2; do
+    check 'compare_losses "$tmp/ref20" "$tmp/$run" 20 1e-5' "LoRA run $run strays from stage 01's losses"
+    check 'same_adapter "$tmp/ref20" "$tmp/$run"' "LoRA run $run saved another adapter than stage 01's"
+done
+# DDP's all-reduce: the adapters' gradients, once a step (stats.json: the bytes it moved)
+check '[ "$(comm_value "$tmp/ddp4/stats.json" world all-reduce bytes)" -eq \
+        $((20 * $(json_value "$tmp/ddp4/stats.json" memory "gradients (fp32)"))) ]' \
+    "stage 03 LoRA all-reduced other than the adapters' gradients: $(comm_value "$tmp/ddp4/stats.json" world all-reduce bytes) bytes"
+
 expect_one_error "a LoRA target naming no linear" "lora_targets.*\"c_attn\" names no linear" \
     build/stage-1 "${args[@]}" --lora_targets=q_proj,c_attn --out_dir="$tmp/bad"
 expect_one_error "an adapter of another rank" "adapter_config.json: r 4.*lora_rank" \
     build/stage-1 "${args[@]}" --lora_rank=8 --lora_adapter="$tmp/lora" --out_dir="$tmp/bad"
-expect_one_error "LoRA in a stage without it" "lora_rank.*stage 03 does not train LoRA" \
-    mpirun -np 2 --bind-to none build/stage-3 "${args[@]}" --out_dir="$tmp/bad"
+expect_one_error "LoRA in a stage without it" "lora_rank.*stage 04 does not train LoRA" \
+    mpirun -np 2 --bind-to none build/stage-4 "${args[@]}" --out_dir="$tmp/bad"
 expect_one_error "LoRA over a pure bf16 base" "precision.*bf16.*bf16-mixed" \
     build/stage-2 "${args[@]}" --precision=bf16 --out_dir="$tmp/bad"
 
