@@ -71,6 +71,8 @@ MPI_STAGES := $(filter 3 4 5 6 7 8 9,$(STAGES))
 # files of another stage that a stage builds on: stage 06 on a grid wraps stage 05's tensor-parallel
 # layers, and generates from stage 08's checkpoints with its mixture-of-experts MLP (08's moe.c)
 STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 08_mixture_of_experts/moe.c
+# (tp_model.c hands a LoRA run's norm and checkpoint to stage 05's tp_lora.c)
+STAGE_EXTRA_6 += 05_tensor_parallel/tp_lora.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
 # ... and its server mode speaks HTTP through libmicrohttpd
@@ -137,6 +139,7 @@ PLAN_OBJS := $(PLAN_TOOL_OBJS) \
                                07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o \
                                09_context_parallel/context.o) $(STAGE_OBJS_9) \
              $(addprefix $(B)/07_pipeline_parallel/,schedules.o zero_bubble.o)
+PLAN_OBJS += $(B)/05_tensor_parallel/tp_lora.o
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
 $(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I07_pipeline_parallel -I08_mixture_of_experts -I09_context_parallel
 build/plan: $(B)/plan

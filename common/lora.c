@@ -330,6 +330,7 @@ static void lora_linear_forward(LayerOps *ops, LinearKind k, float *out, const f
         if (s->kind != k || s->base_w != w->w) continue;
         if (!x) x = adapter_input(lo, inp, inp16, N, in_dim);
         matmul_forward(s->h, x, adapter(lo, s->a), NULL, N, in_dim, lo->rank);       // h = x A^T
+        if (lo->complete) lo->complete(lo->complete_ctx, k, false, s->h, (size_t)N * lo->rank);
         matmul_forward(lo->dy, s->h, adapter(lo, s->b), NULL, N, lo->rank, s->rows);  // h B^T
         add_columns_scaled(out + s->row0, out_dim, lo->dy, s->rows, N, s->rows, lo->scale);
     }
@@ -352,6 +353,7 @@ static void lora_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Linea
         add_columns_scaled(lo->dy, s->rows, dout + s->row0, out_dim, N, s->rows, lo->scale);
         dev_zero(lo->dh, (size_t)N * lo->rank * sizeof(float));
         matmul_backward(lo->dh, adapter_grad(lo, s->b), NULL, lo->dy, s->h, adapter(lo, s->b), N, lo->rank, s->rows);
+        if (lo->complete) lo->complete(lo->complete_ctx, k, true, lo->dh, (size_t)N * lo->rank);
         matmul_backward(dinp, adapter_grad(lo, s->a), NULL, lo->dh, x, adapter(lo, s->a), N, in_dim, lo->rank);
     }
 }
@@ -465,23 +467,36 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
     acts->ops = &lo->ops;
 }
 
-void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers *mb, Activations *acts) {
-    memset(lo, 0, sizeof *lo);
-    if (!cfg->lora_rank) return;
+void lora_describe_keys(Lora *lo, const Config *cfg, const ParamLayout *base) {
     if (cfg->lora_dropout > 0)
         fatal("%s: key 'lora_dropout' is %g: LoRA dropout is not implemented yet (set it to 0)",
               config_source("lora_dropout"), cfg->lora_dropout);
-    lora_describe(lo, layout, cfg->lora_rank, cfg->lora_alpha, cfg->lora_targets, config_source("lora_targets"));
+    lora_describe(lo, base, cfg->lora_rank, cfg->lora_alpha, cfg->lora_targets, config_source("lora_targets"));
     lo->dropout = (float)cfg->lora_dropout;
+}
+
+float *lora_start(const Lora *lo, const Config *cfg, const ParamLayout *base) {
     float *host = malloc_or_die(lo->layout.num_params * sizeof(float));
     if (cfg->lora_adapter[0]) {
-        require_adapter_fits_keys(lo, cfg, layout);
+        require_adapter_fits_keys(lo, cfg, base);
         lora_read_adapter(lo, cfg->lora_adapter, host);
     } else {
         lora_init(lo, host, (uint64_t)cfg->seed);
     }
+    return host;
+}
+
+void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers *mb, Activations *acts) {
+    memset(lo, 0, sizeof *lo);
+    if (!cfg->lora_rank) return;
+    lora_describe_keys(lo, cfg, layout);
+    float *host = lora_start(lo, cfg, layout);
     lora_plug(lo, host, mb->params, acts);
     free(host);
+    lora_take_over(lo, layout, mb);
+}
+
+void lora_take_over(Lora *lo, ParamLayout *layout, ModelBuffers *mb) {
     // the base: frozen, so no gradients and no AdamW moments; its parameters stay with the Lora
     lo->base_layout = *layout;
     lo->base_params = mb->params;

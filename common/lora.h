@@ -56,6 +56,11 @@ typedef struct {
     size_t bytes;          // of one of those buffers
     size_t acts_bytes;     // what the sites keep for backward, and the backward scratch
     float *dy, *dh, *x32;  // scratch: an adapter's output (gradient), x A^T's gradient, a widened input
+    // a stage whose linears are split over ranks (05): completes x A^T (forward) or its gradient
+    // dy B (backward), (N, r) partial sums over the slices of A's columns or B's rows this rank
+    // holds, by summing them over the ranks that hold the others; NULL: nothing to complete
+    void (*complete)(void *ctx, LinearKind k, bool backward, float *h, size_t n);
+    void *complete_ctx;
     Norm norm_grads;       // where the frozen norms' weight gradients go (never read)
     // after lora_attach: the frozen base's table and parameters (its bytes in the memory report)
     ParamLayout base_layout;
@@ -96,6 +101,13 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
 // freed; its parameters and table stay with lo (lora_free frees them, model_buffers_free and
 // gpt_layout_free the adapters').
 void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers *mb, Activations *acts);
+// The pieces of lora_attach, for a stage that lays the adapters out its own way (05): describes
+// them on `base`'s linears from cfg's keys; their starting values on the host (lora_init, or
+// lora_adapter's tensors, checked against the keys; the caller frees them); and, once plugged in,
+// the hand-over of layout and mb described above
+void lora_describe_keys(Lora *lo, const Config *cfg, const ParamLayout *base);
+float *lora_start(const Lora *lo, const Config *cfg, const ParamLayout *base);
+void lora_take_over(Lora *lo, ParamLayout *layout, ModelBuffers *mb);
 // adds to model_memory_items' rows (which, after lora_attach, count the adapters) the frozen base's
 // parameters and 16-bit copy, and to the activations what the adapters keep for backward and their
 // scratch
