@@ -14,7 +14,8 @@
 #  - the parallel stages that train adapters reproduce stage 01's LoRA losses within 1e-5 over 20
 #    steps and save its adapter (the same tensors, names and shapes, values within 1e-5): 03 (DDP)
 #    on 2 ranks with gradient buckets and on 4, whose all-reduce moves the adapters' gradients
-#    only, and 09 (context parallel) on 2;
+#    only, 05 (tensor parallel, A and B split as their linear) on [2,1,1], [2,2,1] and [1,1,2],
+#    whose memory holds no gradient or moment of the base, and 09 (context parallel) on 2;
 #  - refused by name: a target naming no linear, an adapter whose r differs from lora_rank, a stage
 #    that does not train adapters, a pure bf16 precision (the adapters train in fp32).
 source "$(dirname "$0")/lib.sh"
@@ -91,8 +92,11 @@ PY
 run_single 1 ref20 --stop_iteration=20
 run_ranks 3 ddp2 2 --stop_iteration=20 --overlap_communication=true --bucket_size_mb=0.01
 run_ranks 3 ddp4 4 --stop_iteration=20
+run_ranks 5 tp211 2 --stop_iteration=20 --tp_dimensions=2,1,1
+run_ranks 5 tp221 4 --stop_iteration=20 --tp_dimensions=2,2,1
+run_ranks 5 tp112 2 --stop_iteration=20 --tp_dimensions=1,1,2 --overlap_communication=true
 run_ranks 9 cp2 2 --stop_iteration=20 --cp_size=2
-for run in ddp2 ddp4 cp2; do
+for run in ddp2 ddp4 tp211 tp221 tp112 cp2; do
     check 'compare_losses "$tmp/ref20" "$tmp/$run" 20 1e-5' "LoRA run $run strays from stage 01's losses"
     check 'same_adapter "$tmp/ref20" "$tmp/$run"' "LoRA run $run saved another adapter than stage 01's"
 done
@@ -100,6 +104,13 @@ done
 check '[ "$(comm_value "$tmp/ddp4/stats.json" world all-reduce bytes)" -eq \
         $((20 * $(json_value "$tmp/ddp4/stats.json" memory "gradients (fp32)"))) ]' \
     "stage 03 LoRA all-reduced other than the adapters' gradients: $(comm_value "$tmp/ddp4/stats.json" world all-reduce bytes) bytes"
+
+check 'python3 - "$tmp/tp221/stats.json" <<'"'PY'"'
+import json, sys
+mem = json.load(open(sys.argv[1]))["memory"]
+adapters = mem["gradients (fp32)"]  # the slices of the adapters on this rank only
+sys.exit(0 if mem["AdamW m and v (fp32)"] == 2 * adapters and 0 < adapters * 5 < mem["parameters (fp32)"] - adapters else 1)
+PY' "stage 05 LoRA's memory report counts the base's gradients or moments: $(head -c 600 "$tmp/tp221/stats.json")"
 
 expect_one_error "a LoRA target naming no linear" "lora_targets.*\"c_attn\" names no linear" \
     build/stage-1 "${args[@]}" --lora_targets=q_proj,c_attn --out_dir="$tmp/bad"
