@@ -39,7 +39,7 @@ ifeq ($(BACKEND),cuda)
   $(B)/common/ops_cuda.o: $(CUDA_ARCH_STAMP)
 endif
 COMMON := log files config tokenizer alpaca synthetic gpt layout activations checkpoint run_setup optimizer loss_scale \
-          metrics run_stats evaluate run_checkpoint preemption trace stage_run
+          metrics run_stats evaluate run_checkpoint preemption trace stage_run lora
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
   COMMON_OBJS += $(B)/common/ops_cuda.o
@@ -71,6 +71,8 @@ MPI_STAGES := $(filter 3 4 5 6 7 8 9,$(STAGES))
 # files of another stage that a stage builds on: stage 06 on a grid wraps stage 05's tensor-parallel
 # layers, and generates from stage 08's checkpoints with its mixture-of-experts MLP (08's moe.c)
 STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 08_mixture_of_experts/moe.c
+# (tp_model.c hands a LoRA run's norm and checkpoint to stage 05's tp_lora.c)
+STAGE_EXTRA_6 += 05_tensor_parallel/tp_lora.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
 # ... and its server mode speaks HTTP through libmicrohttpd
@@ -111,11 +113,15 @@ $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
 $(foreach n,$(STAGES),$(eval $(call stage_rule,$(n))))
 
-TOOLS := tokenize peak_flops ceilings plan
+TOOLS := tokenize peak_flops ceilings plan lora_merge
 tools: $(addprefix build/,$(TOOLS))
 build/tokenize: $(B)/tokenize
 	@cp $< $@
 $(B)/tokenize: $(B)/tools/tokenize.o $(COMMON_OBJS)
+	$(CC) $^ -o $@ $(LDLIBS)
+build/lora_merge: $(B)/lora_merge
+	@cp $< $@
+$(B)/lora_merge: $(B)/tools/lora_merge.o $(COMMON_OBJS)
 	$(CC) $^ -o $@ $(LDLIBS)
 build/peak_flops: $(B)/peak_flops
 	@cp $< $@
@@ -134,6 +140,7 @@ PLAN_OBJS := $(PLAN_TOOL_OBJS) \
                                07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o \
                                09_context_parallel/context.o) $(STAGE_OBJS_9) \
              $(addprefix $(B)/07_pipeline_parallel/,schedules.o zero_bubble.o)
+PLAN_OBJS += $(B)/05_tensor_parallel/tp_lora.o
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
 $(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I06_inference -I07_pipeline_parallel -I08_mixture_of_experts -I09_context_parallel
 build/plan: $(B)/plan

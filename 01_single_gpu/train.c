@@ -16,6 +16,7 @@
 #include "evaluate.h"
 #include "gpt.h"
 #include "log.h"
+#include "lora.h"
 #include "metrics.h"
 #include "ops.h"
 #include "optimizer.h"
@@ -59,8 +60,12 @@ int main(int argc, char **argv) {
 
     print_stage_banner(1, 1, &cfg, &mc, mb.n);
     print_batch_plan(&cfg, data, 1, "", total_steps);
-    MemoryItem memory[] = {{"parameters (fp32)", mb.bytes}, {"gradients (fp32)", mb.bytes},
-                           {"AdamW m and v (fp32)", 2 * mb.bytes}, {"activations", acts.bytes}};
+    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
+    // are the adapters' (common/lora.h)
+    Lora lora;
+    lora_attach(&lora, &cfg, &layout, &mb, &acts);
+    MemoryItem memory[] = {{"parameters (fp32)", lora.base_bytes + mb.bytes}, {"gradients (fp32)", mb.bytes},
+                           {"AdamW m and v (fp32)", 2 * mb.bytes}, {"activations", acts.bytes + lora.acts_bytes}};
     print_memory_report("device memory:", memory, 4);
 
     // ---- the training loop ----
@@ -122,12 +127,14 @@ int main(int argc, char **argv) {
         }
     }
     save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
-    printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+    printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors",
+           total_steps);
     run_stats_write(&cfg, 1, 1, (RunLayout){.dp = 1}, NULL);
 
     trace_write(cfg.out_dir);
     metrics_close(&metrics);
     batch_free(&batch);
+    lora_free(&lora);
     acts_free(&acts);
     model_buffers_free(&mb);
     gpt_layout_free(&layout);

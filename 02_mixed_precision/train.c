@@ -21,6 +21,7 @@
 #include "evaluate.h"
 #include "gpt.h"
 #include "log.h"
+#include "lora.h"
 #include "loss_scale.h"
 #include "metrics.h"
 #include "ops.h"
@@ -68,8 +69,13 @@ int main(int argc, char **argv) {
 
     print_stage_banner(2, 1, &cfg, &mc, mb.n);
     print_batch_plan(&cfg, data, 1, "", total_steps);
+    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
+    // are the adapters' (common/lora.h)
+    Lora lora;
+    lora_attach(&lora, &cfg, &layout, &mb, &acts);
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes);
+    lora_add_memory(&lora, memory);  // LoRA: the frozen base, its 16-bit copy, what the adapters keep
     print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
     print_16bit_activation_saving(&acts);
 
@@ -147,12 +153,14 @@ int main(int argc, char **argv) {
         }
     }
     save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
-    printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+    printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors",
+           total_steps);
     run_stats_write(&cfg, 2, 1, (RunLayout){.dp = 1}, NULL);
 
     trace_write(cfg.out_dir);
     metrics_close(&metrics);
     batch_free(&batch);
+    lora_free(&lora);
     acts_free(&acts);
     model_buffers_free(&mb);
     gpt_layout_free(&layout);

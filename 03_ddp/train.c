@@ -23,6 +23,7 @@
 #include "evaluate.h"
 #include "gpt.h"
 #include "log.h"
+#include "lora.h"
 #include "loss_scale.h"
 #include "metrics.h"
 #include "ops.h"
@@ -74,16 +75,21 @@ int main(int argc, char **argv) {
     acts_alloc(&acts, &mc, micro_batch, mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len,
                acts_flags(&cfg));
 
-    BucketPlan buckets;
-    plan_buckets(&buckets, &layout, cfg.bucket_size_mb, mb.grads, world);
     // only rank 0 prints, writes metrics and saves checkpoints: the replicas are identical
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     print_stage_banner(3, P, &cfg, &mc, mb.n);
-    print_gradient_sync(&buckets, cfg.overlap_communication, cfg.bucket_size_mb);
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
+    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
+    // are the adapters' (common/lora.h)
+    Lora lora;
+    lora_attach(&lora, &cfg, &layout, &mb, &acts);
+    BucketPlan buckets;  // of the gradients that train: with LoRA, the adapters' only
+    plan_buckets(&buckets, &layout, cfg.bucket_size_mb, mb.grads, world);
+    print_gradient_sync(&buckets, cfg.overlap_communication, cfg.bucket_size_mb);
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes);
+    lora_add_memory(&lora, memory);  // LoRA: the frozen base, its 16-bit copy, what the adapters keep
     print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
     print_16bit_activation_saving(&acts);
 
@@ -177,7 +183,8 @@ int main(int argc, char **argv) {
         }
     }
     if (rank == 0) save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
-    printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+    printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors",
+           total_steps);
     // the proof that data parallelism kept the replicas identical: their weights agree
     comm_check_replicas_identical(world, mb.params, mb.n);
     comm_print_table(world);
@@ -186,6 +193,7 @@ int main(int argc, char **argv) {
     comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     batch_free(&batch);
+    lora_free(&lora);
     acts_free(&acts);
     model_buffers_free(&mb);
     gpt_layout_free(&layout);

@@ -9,6 +9,7 @@
 #include "log.h"
 #include "run_checkpoint.h"
 #include "run_stats.h"
+#include "tp_lora.h"
 
 // ---- the grid must fit ------------------------------------------------------------------------
 
@@ -188,6 +189,7 @@ void tp_model_layout(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool v
 }
 
 void tp_model_free(TPModel *m) {
+    tp_lora_free(m);
     free(m->local);
     free(m->layout.tensors);
     gpt_layout_free(&m->full);
@@ -274,6 +276,7 @@ void tp_assemble(const TPModel *m, float *full, const float *local, Comm *group)
 }
 
 double tp_norm_squares(const TPModel *m, const float *grads) {
+    if (m->lora) return tp_lora_norm_squares(m, grads);
     double s = 0;
     for (int i = 0; i < m->full.num_tensors; i++)
         if (is_owner(m, &m->local[i])) s += sum_squares(grads + m->local[i].offset, m->local[i].numel);
@@ -372,7 +375,7 @@ static void tp_norm_backward(LayerOps *ops, float *dinp, Norm *g, const float *d
 
 // ---- the linear layers ------------------------------------------------------------------------
 
-static const TPLinear *layer_of(const TPModel *m, LinearKind k) {
+const TPLinear *tp_layer_of(const TPModel *m, LinearKind k) {
     switch (k) {
     case LIN_QKV: return &m->qkv;
     case LIN_ATTN_PROJ: return &m->proj;
@@ -391,7 +394,7 @@ static void tp_layer_forward(LayerOps *ops, LinearKind k, float *out, const floa
     TPLayers *t = (TPLayers *)ops;
     Linear W = tp_stream_next(t->stream);
     W.b = w->b;
-    tp_linear_forward(layer_of(t->m, k), out, inp, inp16, W, N);
+    tp_linear_forward(tp_layer_of(t->m, k), out, inp, inp16, W, N);
 }
 
 // Where layer l's weight gradient goes: straight into the gradient shard when z = 1, else into a
@@ -414,7 +417,11 @@ static void tp_layer_backward(LayerOps *ops, LinearKind k, float *dinp, Linear *
     (void)w, (void)in_dim, (void)out_dim;
     TPLayers *t = (TPLayers *)ops;
     const TPModel *m = t->m;
-    const TPLinear *l = layer_of(m, k);
+    const TPLinear *l = tp_layer_of(m, k);
+    if (!g->w) {  // a frozen weight (LoRA's base): the input gradient only
+        tp_linear_backward(l, dinp, NULL, NULL, dout, dout16, inp, inp16, tp_stream_next(t->stream), N, t->overlap);
+        return;
+    }
     bool tied_head = k == LIN_HEAD && m->full.arch->tied_head;  // wte's gradient: the embedding adds to it
     TPGradSlot *slot = tied_head ? &t->slots->wte : &t->slots->mat[t->slots->next++ % 2];
     float *target = grad_target(m, slot, l, g->w);
@@ -616,6 +623,10 @@ static void full_free(FullState *f) {
 
 void tp_save_checkpoint(const Config *cfg, const TPModel *m, Comm *group, const float *params,
                       const float *adam_m, const float *adam_v, long step) {
+    if (m->lora) {
+        tp_lora_save(cfg, m, group, params);
+        return;
+    }
     FullState f;
     full_alloc(&f, m);
     tp_assemble(m, f.params, params, group);

@@ -47,6 +47,7 @@ typedef struct {
     size_t max_block;
     bool vocab_parallel_loss;
     ModelShape shape;       // this rank's share of a block, for the common block code
+    struct TPLora *lora;    // LoRA (tp_lora.h): this rank's slices of the adapters, which train; NULL without
 } TPModel;
 
 // Refuses a grid that does not fit the model or the batch (fatal, naming the constraint).
@@ -70,10 +71,12 @@ void tp_extract(const TPModel *m, float *local, const float *full);
 // `group`, the whole world; the owner of each element is the one copy with x, y or z = 0)
 void tp_assemble(const TPModel *m, float *full, const float *local, Comm *group);
 // sum of squares of the gradient over this rank's tensors, each element counted on one rank of
-// the replica only: add over the tp group for the model's norm
+// the replica only: add over the tp group for the model's norm (LoRA: the adapters')
 double tp_norm_squares(const TPModel *m, const float *grads);
 
 // ---- the layers, plugged into the common block ------------------------------------------------
+// the layer that runs a linear of kind k
+const TPLinear *tp_layer_of(const TPModel *m, LinearKind k);
 // Where weight gradients go when z > 1: one slot for wte (head and embedding add into it), two
 // alternating ones for the blocks' matrices.
 typedef struct {

@@ -25,6 +25,7 @@
 #include "device.h"
 #include "gpt.h"
 #include "log.h"
+#include "lora.h"
 #include "loss_scale.h"
 #include "metrics.h"
 #include "ops.h"
@@ -36,6 +37,7 @@
 #include "stage_run.h"
 #include "tokenizer.h"
 #include "tp_linear.h"
+#include "tp_lora.h"
 #include "tp_model.h"
 #include "trace.h"
 
@@ -85,8 +87,14 @@ int main(int argc, char **argv) {
     print_stage_banner(5, P, &cfg, &mc, model.full.num_params);
     tp_print_grid(&model, P, cfg.overlap_communication);
     print_batch_plan(&cfg, data, grid->row_ranks, "row groups (z x data)", total_steps);
+    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
+    // are the adapters' (common/lora.h), each A and B split as its linear (tp_lora.h)
+    Lora lora;
+    ParamLayout layout = model.layout;  // what AdamW steps: this rank's share of the model, or of the adapters
+    tp_lora_attach(&lora, &cfg, &model, &layout, &mb, &acts);
     MemoryItem memory[TP_MEMORY_ITEMS];
     tp_memory_items(&model, &cfg, acts.bytes, memory);
+    tp_lora_memory(&lora, memory);  // LoRA: the base without gradients or moments, the adapters
     print_memory_report("device memory (this rank):", memory, TP_MEMORY_ITEMS);
     run_stats_number("state_bytes", 4.0 * mb.bytes);
 
@@ -130,7 +138,8 @@ int main(int argc, char **argv) {
         // already did), then everything over the data replicas. Over x or y the copies saw the
         // same rows and hold the same gradient: summing there would count it twice (AxoNN's
         // bias bug is the opposite mistake: its biases were never summed over depth).
-        tp_all_reduce(grid->gz, mb.grads, model.small_numel);
+        // (LoRA's adapters are copies on every z rank: all of them)
+        tp_all_reduce(grid->gz, mb.grads, lora.rank ? mb.n : model.small_numel);
         tp_all_reduce(grid->gdata, mb.grads, mb.n);
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
@@ -145,7 +154,7 @@ int main(int argc, char **argv) {
         double norm = sqrt(comm_sum_double(grid->tp, tp_norm_squares(&model, mb.grads)));
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step(&model.layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
@@ -180,7 +189,8 @@ int main(int argc, char **argv) {
         }
     }
     tp_save_checkpoint(&cfg, &model, ckpt_group, mb.params, mb.adam_m, mb.adam_v, total_steps);
-    printf("saved %s/model.safetensors (step %ld, the full model)\n", cfg.out_dir, total_steps);
+    printf("saved %s/%s (step %ld, the full model)\n", cfg.out_dir,
+           lora.rank ? "adapter_model.safetensors" : "model.safetensors", total_steps);
     comm_print_table(world);
     run_stats_number("tokens_trained", (double)tokens_trained);
     if (rank == 0)
@@ -190,6 +200,7 @@ int main(int argc, char **argv) {
     comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     batch_free(&batch);
+    lora_free(&lora);
     tp_acts_free(&acts);
     model_buffers_free(&mb);
     tp_model_free(&model);

@@ -25,6 +25,7 @@
 #include "experts.h"
 #include "gpt.h"
 #include "log.h"
+#include "lora.h"
 #include "loss_scale.h"
 #include "metrics.h"
 #include "moe.h"
@@ -86,8 +87,13 @@ int main(int argc, char **argv) {
     print_stage_banner(8, P, &cfg, &mc, mb.n);
     print_expert_plan(&grid, &mc);
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
+    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
+    // are the adapters' (common/lora.h)
+    Lora lora;
+    lora_attach(&lora, &cfg, &layout, &mb, &acts);
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes);
+    lora_add_memory(&lora, memory);  // LoRA: the frozen base, its 16-bit copy, what the adapters keep
     print_memory_report("device memory (this rank's experts only):", memory, MODEL_MEMORY_ITEMS);
 
     // ---- the training loop ----
@@ -169,7 +175,8 @@ int main(int argc, char **argv) {
         }
     }
     expert_save_checkpoint(&cfg, &grid, &layout, &whole_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
-    printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+    printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors",
+           total_steps);
     // the proof that data parallelism kept the replicas identical: their weights agree
     comm_check_replicas_identical(grid.expert_dp, mb.params, mb.n);
     comm_print_table(world);
@@ -179,6 +186,7 @@ int main(int argc, char **argv) {
     comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     batch_free(&batch);
+    lora_free(&lora);
     acts_free(&acts);
     expert_layers_free(&experts);
     model_buffers_free(&mb);

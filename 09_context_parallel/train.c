@@ -24,6 +24,7 @@
 #include "evaluate.h"
 #include "gpt.h"
 #include "log.h"
+#include "lora.h"
 #include "loss_scale.h"
 #include "metrics.h"
 #include "ops.h"
@@ -89,8 +90,13 @@ int main(int argc, char **argv) {
     print_stage_banner(9, P, &cfg, &mc, mb.n);
     print_context_plan(&grid, &cfg);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
+    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
+    // are the adapters' (common/lora.h)
+    Lora lora;
+    lora_attach(&lora, &cfg, &layout, &mb, &acts);
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes + layers.bytes);  // with attention's own buffers
+    lora_add_memory(&lora, memory);  // LoRA: the frozen base, its 16-bit copy, what the adapters keep
     print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
     print_16bit_activation_saving(&acts);
 
@@ -182,7 +188,8 @@ int main(int argc, char **argv) {
         }
     }
     if (rank == 0) save_checkpoint(&cfg, &layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
-    printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+    printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors",
+           total_steps);
     // the proof that data parallelism kept the replicas identical: their weights agree
     comm_check_replicas_identical(world, mb.params, mb.n);
     comm_print_table(world);
@@ -191,6 +198,7 @@ int main(int argc, char **argv) {
     comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     batch_free(&batch);
+    lora_free(&lora);
     batch_free(&local);
     acts_free(&acts);
     cp_layers_free(&layers);

@@ -930,6 +930,23 @@ void checkpoint_save_model(const char *out_dir, const ParamLayout *layout, const
     free(config);
 }
 
+void safetensors_save_layout(const char *dir, const char *file, const char *prefix, const ParamLayout *layout,
+                             const float *params) {
+    OutTensor *t = calloc_or_die((size_t)layout->num_tensors, sizeof(OutTensor));
+    char (*names)[160] = calloc_or_die((size_t)layout->num_tensors, sizeof *names);
+    for (int i = 0; i < layout->num_tensors; i++) {
+        const TensorInfo *info = &layout->tensors[i];
+        snprintf(names[i], sizeof names[i], "%s%s", prefix, info->name);
+        t[i] = (OutTensor){.name = names[i], .ndim = info->ndim, .shape = {info->shape[0], info->shape[1]},
+                           .src = params + info->offset};
+    }
+    cJSON *meta = cJSON_CreateObject();
+    cJSON_AddStringToObject(meta, "format", "pt");
+    write_safetensors(dir, file, t, layout->num_tensors, meta);
+    free(names);
+    free(t);
+}
+
 // ---- optimizer state ----------------------------------------------------------------------------
 
 // __metadata__ values are strings: a number goes in as its text

@@ -84,6 +84,11 @@ char *checkpoint_run_config(const char *dir);
 void checkpoint_save(const char *out_dir, const ParamLayout *layout, const float *params, const float *m,
                      const float *v, const TrainState *state, const char *run_config_json);
 
+// Writes <dir>/<file>: the tensors of `layout` from params (host), F32, as laid out, each named
+// prefix + its name: a file of tensors that are not a model (LoRA's adapters, common/lora.h)
+void safetensors_save_layout(const char *dir, const char *file, const char *prefix, const ParamLayout *layout,
+                             const float *params);
+
 // ---- the safetensors reader underneath ---------------------------------------------------------
 
 #define SAFETENSORS_MAX_DIMS 8

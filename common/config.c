@@ -113,6 +113,14 @@ static const Key KEYS[] = {
     K(cp_size, T_INT, "1", "context_parallel: ranks each sequence is split over (ranks / cp_size replicas)"),
     K(cp_impl, T_STRING, "ring",
       "context_parallel: ring (keys and values passed around the ranks) or ulysses (all-to-all to heads)"),
+    K(lora_rank, T_INT, "0", "LoRA: rank r of the adapters trained on the frozen base's linears (0: full fine-tuning)"),
+    K(lora_alpha, T_FLOAT, "16", "LoRA: the adapters' output is scaled by lora_alpha / lora_rank"),
+    K(lora_dropout, T_FLOAT, "0", "LoRA: dropout on the adapters' input (0: none)"),
+    K(lora_targets, T_STRING, "",
+      "LoRA: the linears that get adapters, Hugging Face module names (llama: q_proj,k_proj,v_proj,o_proj,"
+      "gate_proj,up_proj,down_proj; phi: q_proj,k_proj,v_proj,dense,fc1,fc2; gpt2: c_attn,c_proj,c_fc); "
+      "empty: PEFT's default for the architecture"),
+    K(lora_adapter, T_STRING, "", "LoRA: a PEFT adapter directory to start the adapters from (empty: A random, B zero)"),
     K(always_input_template, T_BOOL, "false",
       "the tutorial's quirk: use the with-input prompt template for every record"),
     K(prompts_path, T_STRING, "data/inference/prompts.txt", "inference: prompts, one per line ('-': stdin)"),
@@ -324,16 +332,18 @@ typedef struct {
     const char *no_overlap;       // overlap_communication true
     const char *no_grid_depth;    // tp_dimensions with z > 1
     bool zero_ladder;             // takes zero_stage other than 3 and hsdp_replicas other than 1
+    bool lora;                    // trains LoRA adapters (lora_rank > 0)
 } StageInfo;
 
 static const StageInfo STAGES[] = {
     [STAGE_SINGLE_GPU] = {"single_device", NULL, "configs/single_gpu.json",
                           .no_half = "stage 01 trains in fp32 (32 or 32-true); bf16 and fp16 are stage 02 "
-                                     "(build/stage-2)"},
-    [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json"},
-    [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json"},
+                                     "(build/stage-2)",
+                          .lora = true},
+    [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true},
+    [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json", .lora = true},
     [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true},
-    [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json"},
+    [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json", .lora = true},
     [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json", .experts = true, .generates = true,
                          // z shards the weights to gather them again before each use: a saving for
                          // training's memory, only traffic for a decode step, whose cost is reading
@@ -347,7 +357,7 @@ static const StageInfo STAGES[] = {
                                   .no_half_experts = "stage 08's experts train in fp32 (32 or 32-true)",
                                   .no_overlap = "stage 08 all-reduces its gradients after backward (its MoE "
                                                 "blocks already talk during backward)"},
-    [STAGE_CONTEXT_PARALLEL] = {"context_parallel", NULL, "configs/context_parallel.json"},
+    [STAGE_CONTEXT_PARALLEL] = {"context_parallel", NULL, "configs/context_parallel.json", .lora = true},
 };
 #define LAST_STAGE STAGE_CONTEXT_PARALLEL
 
@@ -751,6 +761,32 @@ static void require_llama_keys_fit_arch(const Config *cfg, const Sources *src) {
               sources_of_pair(src, "n_head", "n_kv_head", where, sizeof where), cfg->n_head, cfg->n_kv_head);
 }
 
+// LoRA: which stages train adapters, and the keys' ranges (lora_targets is checked against the
+// model's linears by common/lora.c, which knows them)
+static void require_lora_keys_fit_stage(const Config *cfg, const Sources *src, Stage stage) {
+    require_not_negative(src, "lora_rank", cfg->lora_rank);
+    if (!cfg->lora_rank) return;
+    require_positive(src, "lora_alpha", cfg->lora_alpha);
+    if (cfg->lora_dropout < 0 || cfg->lora_dropout >= 1)
+        fatal("%s: key 'lora_dropout': expected a value in [0, 1), found %g", source_of(src, "lora_dropout"),
+              cfg->lora_dropout);
+    char stages[64] = "";
+    for (int n = STAGE_SINGLE_GPU; n <= LAST_STAGE; n++)
+        if (STAGES[n].lora) snprintf(stages + strlen(stages), sizeof stages - strlen(stages), " %02d", n);
+    if (!STAGES[stage].lora)
+        fatal("%s: key 'lora_rank' is %d but stage %02d does not train LoRA adapters (stages that do:%s)",
+              source_of(src, "lora_rank"), cfg->lora_rank, (int)stage, stages);
+    if (cfg->num_experts)
+        fatal("%s: key 'lora_rank' is %d but num_experts is %d: LoRA adapts dense linears only",
+              source_of(src, "lora_rank"), cfg->lora_rank, cfg->num_experts);
+    if (cfg->prec == PREC_BF16)
+        fatal("%s: key 'precision' is bf16 but LoRA's adapters train in fp32 over the base's 16-bit copy: "
+              "use bf16-mixed", source_of(src, "precision"));
+    if (strcmp(cfg->resume_mode, "true") == 0)
+        fatal("%s: key 'resume' is true but a LoRA run (lora_rank %d) saves its adapters only and does not "
+              "resume; start from them with lora_adapter", source_of(src, "resume"), cfg->lora_rank);
+}
+
 static void validate(Config *cfg, const Sources *src, Stage stage) {
     resolve_precision(cfg, src);
     static const char *const comm_backends[] = {"auto", "nccl", "mpi", "mpi-staged"};
@@ -762,6 +798,7 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     require_moe_keys_fit_stage(cfg, src, stage);
     require_grid_fits_stage(cfg, src, stage);
     require_ladder_keys_fit_stage(cfg, src, stage);
+    require_lora_keys_fit_stage(cfg, src, stage);
     resolve_dataset(cfg, src);
     apply_model_preset(cfg, src);
     require_positive(src, "n_layer", cfg->n_layer);

@@ -76,6 +76,12 @@ typedef struct {
     // context parallelism (stage 09)
     int cp_size;                 // ranks each sequence is split over; ranks / cp_size replicas
     char cp_impl[16];            // "ring" (keys and values passed around) or "ulysses" (all-to-all)
+    // LoRA: adapters on the frozen base's linears (common/lora.h)
+    int lora_rank;               // r (0: full fine-tuning)
+    double lora_alpha;           // the adapters' output is scaled by lora_alpha / lora_rank
+    double lora_dropout;         // dropout on the adapters' input
+    char lora_targets[256];      // Hugging Face module names, comma-separated ("": PEFT's default)
+    char lora_adapter[512];      // a PEFT adapter directory to start from ("": A random, B zero)
     // inference (stage 06)
     char prompts_path[512];      // prompts, one per line ("-": stdin)
     int max_batch_size;          // prompts generated together

@@ -217,6 +217,9 @@ void swiglu_backward(float *dgate_up, const float *gate_up, const float *dh, int
 void add_forward(float *out, const float *a, const float *b, size_t n);  // out = a + b
 void add_inplace(float *acc, const float *x, size_t n);                  // acc += x
 void scale_inplace(float *x, float s, size_t n);                         // x *= s
+// dst (N rows, stride dst_stride) += s * src (N rows of width, stride src_stride): a column slice of
+// one into the other (LoRA's adapter on q, k or v: a slice of the fused qkv projection)
+void add_columns_scaled(float *dst, int dst_stride, const float *src, int src_stride, int N, int width, float s);
 
 // ----------------------------------------------------------------------------------------------
 // mixture of experts: token rows to their experts' rows and back. slot (N, k) (device): the row

@@ -1206,6 +1206,12 @@ void add_inplace(float *acc, const float *x, size_t n) {
     trace_op_end("add_inplace", m0, 12.0 * n, 0, NULL);
 }
 
+void add_columns_scaled(float *dst, int dst_stride, const float *src, int src_stride, int N, int width, float s) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < width; j++) dst[(size_t)n * dst_stride + j] += s * src[(size_t)n * src_stride + j];
+}
+
 void scale_inplace(float *x, float s, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) x[i] *= s;

@@ -1438,6 +1438,14 @@ static __global__ void add_inplace_kernel(float *acc, const float *x, size_t n) 
     GRID_STRIDE(i, n) acc[i] += x[i];
 }
 
+static __global__ void add_columns_scaled_kernel(float *dst, int dst_stride, const float *src, int src_stride,
+                                                 int width, float s, size_t n) {
+    GRID_STRIDE(i, n) {
+        size_t row = i / (size_t)width, col = i % (size_t)width;
+        dst[row * dst_stride + col] += s * src[row * src_stride + col];
+    }
+}
+
 static __global__ void scale_kernel(float *x, float s, size_t n) {
     GRID_STRIDE(i, n) x[i] *= s;
 }
@@ -1568,6 +1576,13 @@ void add_inplace(float *acc, const float *x, size_t n) {
     if (!n) return;
     ensure_init();
     LAUNCH(add_inplace_kernel, grid_for(n), THREADS, 0, acc, x, n);
+}
+
+void add_columns_scaled(float *dst, int dst_stride, const float *src, int src_stride, int N, int width, float s) {
+    size_t n = (size_t)N * width;
+    if (!n) return;
+    ensure_init();
+    LAUNCH(add_columns_scaled_kernel, grid_for(n), THREADS, 0, dst, dst_stride, src, src_stride, width, s, n);
 }
 
 void scale_inplace(float *x, float s, size_t n) {

@@ -11,6 +11,7 @@
 #include "device.h"
 #include "log.h"
 #include "loss_scale.h"
+#include "lora.h"
 #include "trace.h"
 
 // ---- resume: what out_dir holds ---------------------------------------------------------------
@@ -27,6 +28,7 @@ static const char *const RUN_KEYS[] = {
     "num_epochs", "lr", "min_lr", "warmup_steps", "beta1", "beta2", "eps", "weight_decay",
     "grad_clip", "precision", "loss_scale", "loss_scale_window", "init_from", "random_init",
     "num_experts", "experts_per_token", "moe_every", "capacity_factor", "aux_loss_coef",
+    "lora_rank",
 };
 
 static const char *const START_OVER = "set resume=false to start over in it (its files are replaced), or choose "
@@ -88,16 +90,23 @@ static float *to_host(const float *dev, size_t n) {
     return host;
 }
 
-void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
-                     const float *m, const float *v, long step) {
-    int m0 = trace_mark();
-    size_t n = layout->num_params;
-    float *hp = to_host(params, n), *hm = to_host(m, n), *hv = to_host(v, n);
+// the model and the optimizer state (host copies)
+static void save_model_checkpoint(const Config *cfg, const ParamLayout *layout, const float *hp, const float *hm,
+                                  const float *hv, long step) {
     char *json = config_to_json(cfg);
     TrainState state = {.step = step, .seed = (uint64_t)cfg->seed};
     loss_scaler_save(&state);
     checkpoint_save(cfg->out_dir, layout, hp, hm, hv, &state, json);
     free(json);
+}
+
+void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
+                     const float *m, const float *v, long step) {
+    int m0 = trace_mark();
+    size_t n = layout->num_params;
+    float *hp = to_host(params, n), *hm = to_host(m, n), *hv = to_host(v, n);
+    if (cfg->lora_rank) lora_save(cfg, layout, hp);  // layout: the adapters (lora_attach)
+    else save_model_checkpoint(cfg, layout, hp, hm, hv, step);
     free(hp);
     free(hm);
     free(hv);

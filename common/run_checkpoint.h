@@ -21,7 +21,9 @@
 // A training stage calls it right after config_load, on every rank.
 void resolve_resume(Config *cfg);
 
-// copies the device buffers to the host and writes model + optimizer state to out_dir
+// copies the device buffers to the host and writes model + optimizer state to out_dir; in a LoRA
+// run (lora_rank > 0, layout and params the adapters': lora.h's lora_attach) the adapters alone, as
+// PEFT's adapter_model.safetensors and adapter_config.json
 void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
                      const float *m, const float *v, long step);
 // loads model + optimizer state from out_dir; returns the step to continue from

@@ -187,18 +187,26 @@ expect_one_error() {
         "$what: exit $rc, stderr: $(cat "$tmp/err.log")"
 }
 
-# oracle_venv: makes, once, the venv the oracle tests (test_phi_oracle, test_moe_oracle) run their
-# Python in: Debian's python3 and its torch, plus transformers 4.49.0 (and its safetensors) from
-# PyPI; one check that it imports. The venv is $ORACLE_VENV.
+# oracle_venv [peft]: makes, once, the venv the oracle tests (test_phi_oracle, test_moe_oracle,
+# test_lora) run their Python in: Debian's python3 and its torch, plus transformers 4.49.0 (and its
+# safetensors) and peft 0.14.0 from PyPI (accelerate, which peft needs, held below 1.3: later ones
+# need torch 2); one check that it imports, peft too when asked. A venv made before peft was
+# added gets it installed. The venv is $ORACLE_VENV.
 ORACLE_VENV=build/phi-oracle-venv
+ORACLE_PACKAGES=(transformers==4.49.0 peft==0.14.0 "accelerate<1.3")
 oracle_venv() {
     if ! "$ORACLE_VENV/bin/python" -c 'import transformers' 2>/dev/null; then
         rm -rf "$ORACLE_VENV"
         /usr/bin/python3 -m venv --system-site-packages "$ORACLE_VENV" &&
-            "$ORACLE_VENV/bin/pip" install -q transformers==4.49.0 >"$tmp/pip.log" 2>&1
+            "$ORACLE_VENV/bin/pip" install -q "${ORACLE_PACKAGES[@]}" >"$tmp/pip.log" 2>&1
+    elif ! "$ORACLE_VENV/bin/python" -c 'import peft' 2>/dev/null; then
+        "$ORACLE_VENV/bin/pip" install -q "${ORACLE_PACKAGES[@]}" >"$tmp/pip.log" 2>&1
     fi
     check '"$ORACLE_VENV/bin/python" -c "import transformers, torch; assert transformers.__version__ == \"4.49.0\""' \
         "transformers 4.49.0 does not import in $ORACLE_VENV (pip: $(tail -2 "$tmp/pip.log" 2>/dev/null))"
+    [ "${1:-}" = peft ] || return 0
+    check '"$ORACLE_VENV/bin/python" -c "import peft; assert peft.__version__ == \"0.14.0\""' \
+        "peft 0.14.0 does not import in $ORACLE_VENV (pip: $(tail -2 "$tmp/pip.log" 2>/dev/null))"
 }
 
 # finish <name>: the summary line tests/run.sh reads, and the exit status

@@ -26,19 +26,19 @@
 #define ORACLE_EPS 1e-8f
 #define ORACLE_WD 0.1f
 
-static double oracle_dot(const float *a, const float *b, size_t n) {
+static inline double oracle_dot(const float *a, const float *b, size_t n) {
     double s = 0;
     for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
     return s;
 }
 
-static void write_rows(const char *path, const float *rows, int N, int stride, int width) {
+static inline void write_rows(const char *path, const float *rows, int N, int stride, int width) {
     FILE *f = fopen_or_die(path, "wb");
     for (int n = 0; n < N; n++) fwrite(rows + (size_t)n * stride, sizeof(float), (size_t)width, f);
     fclose(f);
 }
 
-static void write_grads(const char *path, const ParamLayout *l, const float *grads, double loss) {
+static inline void write_grads(const char *path, const ParamLayout *l, const float *grads, double loss) {
     FILE *f = fopen_or_die(path, "w");
     fprintf(f, "{\"loss\": %.9g", loss);
     for (int i = 0; i < l->num_tensors; i++) {
@@ -49,7 +49,7 @@ static void write_grads(const char *path, const ParamLayout *l, const float *gra
     fclose(f);
 }
 
-static int run_oracle(const char *dir) {
+static inline int run_oracle(const char *dir) {
     GPTConfig cfg;
     checkpoint_read_config(dir, &cfg);
     ParamLayout l;

@@ -1041,6 +1041,17 @@ static void test_reductions_and_elementwise(void) {
     got = download(d_out, n);
     check_array("scale_inplace", got, want, n, 0, 0);
     free(got);
+    // a column slice: 37 rows of 11 (stride 11) into columns [5, 16) of 37 rows of 28 (LoRA's q in qkv)
+    enum { ROWS = 37, W = 11, S = 28, OFF = 5 };
+    dev_copy(d_out, d_a, n * sizeof(float));
+    add_columns_scaled(d_out + OFF, S, d_b, W, ROWS, W, 0.375f);
+    for (size_t i = 0; i < n; i++) want[i] = a[i];
+    for (int r = 0; r < ROWS; r++)
+        for (int j = 0; j < W; j++)
+            want[r * S + OFF + j] = (float)((float)a[r * S + OFF + j] + 0.375f * (float)b[r * W + j]);
+    got = download(d_out, n);
+    check_array("add_columns_scaled", got, want, n, 1e-7, 0);
+    free(got);
     fill_constant(d_out, n, -2.5f);
     for (size_t i = 0; i < n; i++) want[i] = -2.5;
     got = download(d_out, n);

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# test_lora.sh: LoRA fine-tuning (common/lora.h) on the tiny Llama.
+#  - against peft 0.14.0 (tests/oracle_lora.py, our side tests/test_lora.c --oracle): the adapted
+#    model's logits within 1e-5, the adapters' gradients after one step within 1e-4, the adapter we
+#    save loading in peft with our logits, the base bit-identical after the step, and the model
+#    build/lora_merge writes loading in transformers with the adapted logits; GPT-2's and phi's
+#    module names too;
+#  - stage 01 with lora_rank: the base has no gradients and no AdamW state (stats.json's memory:
+#    both the adapters' size), the run saves PEFT's two files and no model.safetensors, its losses
+#    fall, activation_checkpointing gives the same losses, and a run starting from that adapter
+#    (lora_adapter) goes on from where it stopped;
+#  - stage 02: fp32 gives stage 01's losses, bf16-mixed (the base's bf16 copy, fp32 adapters) stays
+#    within 1e-2 of them;
+#  - the parallel stages that train adapters reproduce stage 01's LoRA losses within 1e-5 over 20
+#    steps and save its adapter (the same tensors, names and shapes, values within 1e-5): 03 (DDP)
+#    on 2 ranks with gradient buckets and on 4, whose all-reduce moves the adapters' gradients
+#    only, 05 (tensor parallel, A and B split as their linear) on [2,2,1] and [1,1,2],
+#    whose memory holds no gradient or moment of the base, and 09 (context parallel) on 2;
+#  - refused by name: a target naming no linear, an adapter whose r differs from lora_rank, a stage
+#    that does not train adapters, a pure bf16 precision (the adapters train in fp32).
+source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
+args=(--config configs/tiny_llama.json --stop_iteration=5 --eval_batches=1 --log_interval=100 --n_embd=64
+      --intermediate_size=172 --lora_rank=4 --lora_alpha=8
+      --lora_targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
+
+oracle_venv peft
+check '[ -x build/tests/test_lora ] && [ -x build/lora_merge ]' "build/tests/test_lora or build/lora_merge is not built"
+mkdir -p "$tmp/oracle"
+PYTHONPATH=tests "$ORACLE_VENV/bin/python" tests/oracle_lora.py build/tests/test_lora build/lora_merge "$tmp/oracle" \
+    >"$tmp/oracle.txt" 2>"$tmp/oracle.err"
+cat "$tmp/oracle.txt"
+passed=$((passed + $(grep -c '^ok: ' "$tmp/oracle.txt")))
+failed=$((failed + $(grep -c '^FAIL: ' "$tmp/oracle.txt")))
+check "grep -q 'lora oracle: done' '$tmp/oracle.txt'" "tests/oracle_lora.py did not run to the end: $(tail -3 "$tmp/oracle.err")"
+
+# stage 01: the frozen base's memory, PEFT's files
+run_single 1 lora
+check 'python3 - "$tmp/lora" <<'"'PY'"'
+import json, os, sys
+d = sys.argv[1]
+mem = json.load(open(os.path.join(d, "stats.json")))["memory"]
+adapters = mem["gradients (fp32)"]  # the adapters only: the base has none
+ok = mem["AdamW m and v (fp32)"] == 2 * adapters and 0 < adapters * 10 < mem["parameters (fp32)"] - adapters
+ok = ok and os.path.exists(os.path.join(d, "adapter_model.safetensors")) and not os.path.exists(os.path.join(d, "model.safetensors"))
+cfg = json.load(open(os.path.join(d, "adapter_config.json")))
+ok = ok and cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] == 8 and len(cfg["target_modules"]) == 7
+losses = [json.loads(l)["loss"] for l in open(os.path.join(d, "metrics.jsonl"))]
+sys.exit(0 if ok and len(losses) == 5 and losses[-1] < losses[0] else 1)
+PY' "stage 01 LoRA: memory, files or losses wrong: $(cat "$tmp/lora/stats.json" | head -c 600)"
+
+# recomputing the blocks' activations in backward recomputes the adapters' too: the same losses
+run_single 1 recompute --activation_checkpointing=true
+check 'compare_losses "$tmp/lora" "$tmp/recompute" 5 1e-6' "stage 01 LoRA with activation_checkpointing has other losses"
+
+# stage 02: in fp32 the same losses as stage 01; in bf16-mixed (the base's matmuls read its bf16 copy,
+# the adapters stay fp32) within bf16's rounding of stage 01's
+run_single 2 lora32
+check 'compare_losses "$tmp/lora" "$tmp/lora32" 5 1e-6' "stage 02 LoRA in fp32 strays from stage 01's losses"
+run_single 2 lora16 --precision=bf16-mixed
+check 'compare_losses "$tmp/lora" "$tmp/lora16" 5 1e-2 0.25' "stage 02 LoRA in bf16-mixed strays from stage 01's losses"
+
+# from that adapter, the run goes on where it stopped: its first loss is below the first run's first
+run_single 1 again --lora_adapter="$tmp/lora"
+check 'python3 -c "
+import json, sys
+a = [json.loads(l)[\"loss\"] for l in open(sys.argv[1])]
+b = [json.loads(l)[\"loss\"] for l in open(sys.argv[2])]
+sys.exit(0 if b[0] < a[0] and b[0] < a[1] else 1)" "$tmp/lora/metrics.jsonl" "$tmp/again/metrics.jsonl"' \
+    "stage 01 from its adapter does not start where it stopped"
+
+# the parallel stages: stage 01's losses over 20 steps, its adapter's tensors
+same_adapter() {
+    python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def read(d):
+    raw = open(d + "/adapter_model.safetensors", "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    data = raw[8 + n:]
+    values = {k: struct.unpack("<%df" % (len(data[v["data_offsets"][0]:v["data_offsets"][1]]) // 4),
+                               data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
+    config = json.load(open(d + "/adapter_config.json"))
+    return header, values, config
+(ha, va, ca), (hb, vb, cb) = read(sys.argv[1]), read(sys.argv[2])
+gap = max(abs(x - y) / max(abs(x), 1.0) for k in va for x, y in zip(va[k], vb[k])) if ha == hb else float("inf")
+print("%s: adapter's largest difference %.2e" % (sys.argv[2], gap))
+sys.exit(0 if ha == hb and ca == cb and gap <= 1e-5 else 1)
+PY
+}
+run_single 1 ref20 --stop_iteration=20
+run_ranks 3 ddp2 2 --stop_iteration=20 --overlap_communication=true --bucket_size_mb=0.01
+run_ranks 3 ddp4 4 --stop_iteration=20
+run_ranks 5 tp221 4 --stop_iteration=20 --tp_dimensions=2,2,1
+run_ranks 5 tp112 2 --stop_iteration=20 --tp_dimensions=1,1,2 --overlap_communication=true
+run_ranks 9 cp2 2 --stop_iteration=20 --cp_size=2
+for run in ddp2 ddp4 tp221 tp112 cp2; do
+    check 'compare_losses "$tmp/ref20" "$tmp/$run" 20 1e-5' "LoRA run $run strays from stage 01's losses"
+    check 'same_adapter "$tmp/ref20" "$tmp/$run"' "LoRA run $run saved another adapter than stage 01's"
+done
+# DDP's all-reduce: the adapters' gradients, once a step (stats.json: the bytes it moved)
+check '[ "$(comm_value "$tmp/ddp4/stats.json" world all-reduce bytes)" -eq \
+        $((20 * $(json_value "$tmp/ddp4/stats.json" memory "gradients (fp32)"))) ]' \
+    "stage 03 LoRA all-reduced other than the adapters' gradients: $(comm_value "$tmp/ddp4/stats.json" world all-reduce bytes) bytes"
+
+check 'python3 - "$tmp/tp221/stats.json" <<'"'PY'"'
+import json, sys
+mem = json.load(open(sys.argv[1]))["memory"]
+adapters = mem["gradients (fp32)"]  # the slices of the adapters on this rank only
+sys.exit(0 if mem["AdamW m and v (fp32)"] == 2 * adapters and 0 < adapters * 5 < mem["parameters (fp32)"] - adapters else 1)
+PY' "stage 05 LoRA's memory report counts the base's gradients or moments: $(head -c 600 "$tmp/tp221/stats.json")"
+
+expect_one_error "a LoRA target naming no linear" "lora_targets.*\"c_attn\" names no linear" \
+    build/stage-1 "${args[@]}" --lora_targets=q_proj,c_attn --out_dir="$tmp/bad"
+expect_one_error "an adapter of another rank" "adapter_config.json: r 4.*lora_rank" \
+    build/stage-1 "${args[@]}" --lora_rank=8 --lora_adapter="$tmp/lora" --out_dir="$tmp/bad"
+expect_one_error "LoRA in a stage without it" "lora_rank.*stage 04 does not train LoRA" \
+    mpirun -np 2 --bind-to none build/stage-4 "${args[@]}" --out_dir="$tmp/bad"
+expect_one_error "LoRA over a pure bf16 base" "precision.*bf16.*bf16-mixed" \
+    build/stage-2 "${args[@]}" --precision=bf16 --out_dir="$tmp/bad"
+
+finish test_lora
