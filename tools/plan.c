@@ -602,6 +602,16 @@ static void why_best(const Plan *plans, int n, char *out, size_t size) {
         snprintf(out, size, "%s wins: %.2f ms less compute per step than %s", a->name, 1e3 * dc, b->name);
 }
 
+// root written to path as indented JSON, then freed (the training plan's and the serving plan's)
+void write_plan_json(const char *path, cJSON *root) {
+    char *text = cJSON_Print(root);
+    if (!text) fatal("out of memory writing %s", path);
+    FILE *f = fopen_or_die(path, "w");
+    if (fputs(text, f) == EOF || fclose(f) != 0) fatal("%s: cannot write the plan", path);
+    free(text);
+    cJSON_Delete(root);
+}
+
 static void write_json(const char *path, const Setup *s, const Plan *plans, int n, const char *why) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "cluster", s->cluster->path);
@@ -663,12 +673,7 @@ static void write_json(const char *path, const Setup *s, const Plan *plans, int 
         }
         cJSON_AddItemToArray(list, j);
     }
-    char *text = cJSON_Print(root);
-    if (!text) fatal("out of memory writing %s", path);
-    FILE *f = fopen_or_die(path, "w");
-    if (fputs(text, f) == EOF || fclose(f) != 0) fatal("%s: cannot write the plan", path);
-    free(text);
-    cJSON_Delete(root);
+    write_plan_json(path, root);
 }
 
 // the most cores other jobs kept busy during one of a layout's passes (-1: unknown)

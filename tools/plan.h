@@ -72,6 +72,9 @@ void pingpong(int *argc, char ***argv);
 // --inference: stage 06's memory per rank (weights, KV cache) on every tensor-parallel grid
 // [x, y, 1] of `ranks` (0: the config's tp_dimensions) or the one `layout` names ("" : every one),
 // for the config (argv: the --config and --key=value arguments, loaded as stage 06 loads them);
+// root written to path as indented JSON, then freed
+void write_plan_json(const char *path, cJSON *root);
+
 // printed, and written to json unless NULL (tools/plan_serve.c)
 void plan_inference(const Cluster *cluster, int ranks, const char *layout, const char *json, int argc, char **argv);
 

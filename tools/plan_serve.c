@@ -74,12 +74,7 @@ static void write_serve_json(const char *path, const Cluster *c, int ranks, cons
         cJSON_AddBoolToObject(j, "fits", p->fits);
         cJSON_AddItemToArray(list, j);
     }
-    char *text = cJSON_Print(root);
-    if (!text) fatal("out of memory writing %s", path);
-    FILE *f = fopen_or_die(path, "w");
-    if (fputs(text, f) == EOF || fclose(f) != 0) fatal("%s: cannot write the plan", path);
-    free(text);
-    cJSON_Delete(root);
+    write_plan_json(path, root);
 }
 
 static void print_serve_plan(const Cluster *c, int ranks, const Config *cfg, const GPTConfig *mc,
