@@ -365,15 +365,17 @@ def queue_full_and_hang_ups(url, model):
     before = metric(url, "workbook_generated_tokens_total")
     a = connect(url, "127.0.0.2")
     a.request("POST", "/v1/completions", json.dumps(dict(long, stream=True)), {"Content-Type": "application/json"})
+    sockets = [a.sock]  # the connection lets its socket go to the response (Connection: close)
     ra = a.getresponse()
     ra.fp.readline()  # its first event: a holds the slot
     b = connect(url, "127.0.0.2")
     b.request("POST", "/v1/completions", json.dumps(long), {"Content-Type": "application/json"})
+    sockets.append(b.sock)
     queued = wait_metric(url, "workbook_queue_length", 1)
     status, headers, data = request(url, "POST", "/v1/completions", json.dumps(long), source="127.0.0.2")
-    for conn in (a, b):  # close alone would leave the socket open while a response object holds it
-        conn.sock.shutdown(socket.SHUT_RDWR)
-        conn.sock.close()
+    for sock in sockets:  # close alone would leave the socket open while a response object holds it
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
     freed = wait_metric(url, "workbook_running_batch_size", 0) and wait_metric(url, "workbook_queue_length", 0)
     generated = metric(url, "workbook_generated_tokens_total") - before
     ok_429 = queued and status == 429 and headers.get("Retry-After") == "1" and openai_error(data) is not None
