@@ -997,7 +997,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
-// ---- the door: a new connection's first request head, checked before libmicrohttpd parses it ---
+// ---- the door: each request head, checked before libmicrohttpd parses it ---------------------
 
 // libmicrohttpd answers a head it cannot parse (a malformed request line or header line, an HTTP
 // version other than 1.x, a Content-Length that is not a number, a request line or headers over
