@@ -43,8 +43,8 @@ static const char *FINISH_NAMES[] = {"", "stop", "length"};
 // The limits a client meets (README.md, "Limits"): headers of MAX_HEADER_BYTES, a body of
 // MAX_BODY bytes; MAX_CONNECTIONS open at once, MAX_CONNECTIONS_PER_CLIENT of them from one
 // address, so that one client holding connections open cannot lock the others out; CLIENT_DEADLINE_S
-// to send a whole request (from the connection's start or its last answer) and to take each piece
-// of an answer, so that a slow or idle client cannot hold its connections for ever.
+// to send its request (from the connection's start) and to take each piece of an answer, so that
+// a slow or idle client cannot hold its connections for ever.
 enum { MAX_BODY = 1 << 20, MAX_HEADER_BYTES = 16 << 10, MAX_CONNECTIONS = 512, MAX_CONNECTIONS_PER_CLIENT = 128,
        CLIENT_DEADLINE_S = 10, RETRY_AFTER_S = 1 };
 
@@ -129,13 +129,13 @@ void job_release(Server *s, Job *j) {
 
 // libmicrohttpd's own timeout counts the seconds a connection sends nothing: a client sending a
 // byte every few seconds would hold its connection for ever; and it would close a connection
-// whose answer takes long to generate. So the server keeps its own
-// deadlines: CLIENT_DEADLINE_S to send a whole request (from the connection's start, or from its
-// last answer on a kept-alive connection), none while the answer is generated, CLIENT_DEADLINE_S
-// to take each piece of the answer. A watcher thread shuts a late connection's socket down, which
-// libmicrohttpd then sees as a client gone (the door, below, closes its own late ones). Every
-// connection has its place here from its accept to its close, so that the places held from one
-// address can be counted, and its deadline runs on when the door hands it to libmicrohttpd.
+// whose answer takes long to generate. So the server keeps its own deadlines: CLIENT_DEADLINE_S to
+// send the request (from the connection's start), none while the answer is generated,
+// CLIENT_DEADLINE_S to take each piece of the answer. A watcher thread shuts a late connection's
+// socket down, which libmicrohttpd then sees as a client gone (the door, below, closes its own
+// late ones). Every connection has its place here from its accept to its close, so that the
+// places held from one address can be counted, and its deadline runs on when the door hands it to
+// libmicrohttpd.
 typedef struct Gate Gate;
 typedef enum {
     PLACE_FREE,
@@ -792,12 +792,20 @@ static void release_response(void *cls) {
 
 // ---- HTTP ------------------------------------------------------------------------------------
 
-static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, char *text) {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+// Every answer ends its connection (Connection: close, after which libmicrohttpd closes it and
+// drops what the client sent after the request): the next request comes on a new connection,
+// through the door, so that no request head meets libmicrohttpd's own HTML page.
+static enum MHD_Result queue_last(struct MHD_Connection *c, int status, struct MHD_Response *resp) {
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
     MHD_destroy_response(resp);
     return ret;
+}
+
+static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, char *text) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    return queue_last(c, status, resp);
 }
 
 // an error as OpenAI's JSON; a 429 (the queue is full) says when to try again
@@ -815,9 +823,7 @@ static enum MHD_Result send_error(Server *s, struct MHD_Connection *c, const Api
         snprintf(retry, sizeof retry, "%d", RETRY_AFTER_S);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, retry);
     }
-    enum MHD_Result ret = MHD_queue_response(c, (unsigned)e->status, resp);
-    MHD_destroy_response(resp);
-    return ret;
+    return queue_last(c, e->status, resp);
 }
 
 // queues a checked job, or says why not (429: the queue is full; 503: the server is stopping)
@@ -853,9 +859,7 @@ static enum MHD_Result serve_completion(Server *s, Waker *waker, struct MHD_Conn
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_response, r, release_response);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, j->stream ? "text/event-stream" : "application/json");
     if (j->stream) MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
-    return ret;
+    return queue_last(c, MHD_HTTP_OK, resp);
 }
 
 static cJSON *model_object(const Server *s) {
@@ -908,11 +912,9 @@ static bool content_length_ok(const char *v, size_t n, ApiError *e) {
 }
 
 typedef struct {
-    size_t bytes;                   // "key: value\r\n" of each
     int hosts;
     const char *length;             // the first Content-Length
     bool lengths_differ;
-    const char *spaced_name;        // a name with whitespace before its colon
     const char *transfer_encoding;
 } HeaderTally;
 
@@ -920,32 +922,24 @@ static enum MHD_Result tally_header(void *cls, enum MHD_ValueKind kind, const ch
     (void)kind;
     HeaderTally *t = cls;
     value = value ? value : "";
-    t->bytes += strlen(key) + strlen(value) + 4;
     if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) t->hosts++;
     if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
         t->lengths_differ |= t->length && strcmp(t->length, value) != 0;
         if (!t->length) t->length = value;
     }
     if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) t->transfer_encoding = value;
-    if (strpbrk(key, " \t")) t->spaced_name = key;
     return MHD_YES;
 }
 
 // What can be refused before the body comes, of the heads libmicrohttpd passes on (the door
-// refuses those it would refuse itself), on every request of a connection: headers over
-// MAX_HEADER_BYTES (431); what RFC 9112 says to refuse with 400: whitespace between a name and its
-// colon, an HTTP/1.1 request without one Host, two different Content-Lengths; a Content-Length
-// over MAX_BODY (413); a body in chunks (411 Length Required: libmicrohttpd would answer a
-// malformed chunk with its own HTML page, after route has accepted the head) or in a transfer
-// coding it does not know (501, as RFC 9112 says).
-static bool check_headers(struct MHD_Connection *c, const char *url, const char *version, ApiError *e) {
-    HeaderTally t = {.bytes = strlen(url)};
+// refuses those it would refuse itself, and every head over MAX_HEADER_BYTES): what RFC 9112 says
+// to refuse with 400: an HTTP/1.1 request without one Host, two different Content-Lengths; a
+// Content-Length over MAX_BODY (413); a body in chunks (411 Length Required: libmicrohttpd would
+// answer a malformed chunk with its own HTML page, after route has accepted the head) or in a
+// transfer coding it does not know (501, as RFC 9112 says).
+static bool check_headers(struct MHD_Connection *c, const char *version, ApiError *e) {
+    HeaderTally t = {0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, tally_header, &t);
-    if (t.bytes > MAX_HEADER_BYTES)
-        return fail(e, 431, NULL, "headers_too_large", "the request line and headers are %zu bytes, over "
-                    "%d", t.bytes, MAX_HEADER_BYTES);
-    if (t.spaced_name)
-        return fail(e, 400, NULL, "invalid_header", "the header '%.64s' has whitespace before its colon", t.spaced_name);
     if (strcmp(version, MHD_HTTP_VERSION_1_0) != 0 && t.hosts != 1)
         return fail(e, 400, NULL, "invalid_host", "an HTTP/1.1 request must have one Host header, this one has %d",
                     t.hosts);
@@ -967,7 +961,7 @@ static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *ur
     ApiError e;
     if (!up) {  // the headers: the body follows in later calls
         *con_cls = calloc_or_die(1, sizeof(Upload));
-        return check_headers(c, url, version, &e) ? MHD_YES : send_error(s, c, &e, true);
+        return check_headers(c, version, &e) ? MHD_YES : send_error(s, c, &e, true);
     }
     if (*data_size) {
         if (up->body.len + *data_size > MAX_BODY) up->too_big = true;
@@ -993,10 +987,9 @@ static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *ur
     return serve_completion(s, waker, c, &up->body, chat);
 }
 
-// a request answered: a kept-alive connection has CLIENT_DEADLINE_S for its next one
+// a request answered (or its client gone): its body is freed; its connection closes
 static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
-    (void)cls, (void)why;
-    arrival_set(arrival_of(c), CLIENT_DEADLINE_S);
+    (void)cls, (void)c, (void)why;
     Upload *up = *con_cls;
     if (!up) return;
     free(up->body.p);
@@ -1004,7 +997,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
-// ---- the door: a new connection's first request head, checked before libmicrohttpd parses it ---
+// ---- the door: each request head, checked before libmicrohttpd parses it ---------------------
 
 // libmicrohttpd answers a head it cannot parse (a malformed request line or header line, an HTTP
 // version other than 1.x, a Content-Length that is not a number, a request line or headers over
@@ -1012,9 +1005,8 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 // otherwise. So the server accepts connections itself, on the polling thread (below): it peeks
 // at each new connection's request head (MSG_PEEK: the bytes stay for libmicrohttpd), answers a
 // head that libmicrohttpd would refuse with OpenAI's error object, and hands every other
-// connection to libmicrohttpd (MHD_add_connection) as soon as its head is in. The door sees only
-// a connection's first request: a kept-alive connection's later requests go to libmicrohttpd
-// alone.
+// connection to libmicrohttpd (MHD_add_connection) as soon as its head is in. A connection
+// carries one request (every answer closes it: queue_last), so the door sees every request.
 typedef enum { HEAD_PARTIAL, HEAD_OK, HEAD_BAD } HeadCheck;
 enum { REFUSED_LINGER_S = 1 };
 
@@ -1291,9 +1283,8 @@ static int listen_on(const Config *cfg) {
 
 // One polling thread (epoll) for every connection: the door's, and libmicrohttpd's, whose answers
 // wait for their tokens suspended (the waker resumes them). MAX_CONNECTIONS_PER_CLIENT and the gate's deadlines keep one client's idle or slow connections
-// from taking every place; the memory of a connection holds MAX_HEADER_BYTES of headers and more,
-// so that check_headers, not libmicrohttpd's own page, refuses larger ones on a kept-alive
-// connection too.
+// from taking every place; the memory of a connection holds a head the door lets in
+// (MAX_HEADER_BYTES) with room to spare.
 static struct MHD_Daemon *start_http(Server *s, Gate *g, Waker *w) {
     g->s = s;
     g->listener = listen_on(s->cfg);

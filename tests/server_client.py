@@ -57,10 +57,11 @@ def summary(status, reply):
 
 
 def stream(url, body):
-    """yields each event's text (delta content or text); returns at [DONE]"""
+    """yields each event's text (delta content or text), finish reason and socket; returns at [DONE]"""
     c = connect(url)
     c.request("POST", path_of(body), body=json.dumps(dict(body, stream=True)),
               headers={"Content-Type": "application/json"})
+    sock = c.sock  # the response takes it from the connection (Connection: close)
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"stream: status {r.status}: {r.read()[:200]}")
@@ -74,7 +75,7 @@ def stream(url, body):
         event = json.loads(line[len("data: "):])
         choice = event["choices"][0]
         yield choice.get("delta", {}).get("content") if "delta" in choice else choice["text"], \
-            choice["finish_reason"], c
+            choice["finish_reason"], sock
     raise RuntimeError("stream: no [DONE]")
 
 
@@ -129,10 +130,10 @@ def midjoin(url, a, b):
     return {"a": "".join(text), "b": joined.get("text"), "a_finish": finish, "b_within_a": b_within_a}
 
 
-def hang_up(conn):
+def hang_up(sock):
     # close alone would leave the socket open while a response's file object holds it
-    conn.sock.shutdown(socket.SHUT_RDWR)
-    conn.sock.close()
+    sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 def gone(url, before):
@@ -144,16 +145,16 @@ def disconnect(url, body):
     """a streamed answer whose client goes away after 3 tokens; then a whole (not streamed) one
     whose client goes away while it waits"""
     before = metric(url, "workbook_generated_tokens_total")
-    for i, (_, _, conn) in enumerate(stream(url, body)):
+    for i, (_, _, sock) in enumerate(stream(url, body)):
         if i == 3:
-            hang_up(conn)
+            hang_up(sock)
             break
     streamed = gone(url, before)
     before = metric(url, "workbook_generated_tokens_total")
     conn = connect(url)
     conn.request("POST", path_of(body), body=json.dumps(body), headers={"Content-Type": "application/json"})
     running = wait_metric(url, "workbook_running_batch_size", 1)
-    hang_up(conn)
+    hang_up(conn.sock)
     return {"streamed": streamed, "whole": dict(gone(url, before), started=running)}
 
 
