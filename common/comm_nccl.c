@@ -124,7 +124,7 @@ static bool ranks_share_gpus(Comm *world) {
     MPI_Request req;
     comm_check_mpi(MPI_Iallreduce(&shared, &any, 1, MPI_INT, MPI_MAX, world->mpi, &req), "ranks per GPU");
     comm_wait_mpi(&req, 1, "ranks per GPU", world->name);
-    char name[256] = "this host";
+    char name[65] = "this host";  // HOST_NAME_MAX + 1
     gethostname(name, sizeof name);
     if (shared)
         snprintf(g_why, sizeof g_why, "%d ranks share %s's %d GPU%s, and NCCL needs a GPU per rank", ranks_here,

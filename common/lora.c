@@ -121,7 +121,10 @@ static void add_site(const TensorInfo *t, LinearKind kind, int row0, size_t fuse
         TensorInfo *ti = &l->tensors[l->num_tensors];
         *ti = (TensorInfo){.role = t->role, .offset = l->num_params, .ndim = 2, .decay = 1, .block = t->block,
                            .repeat = -1, .moe_slot = -1, .init_stream = l->num_tensors};
-        snprintf(ti->name, sizeof ti->name, "%s.lora_%c.weight", module, ab ? 'B' : 'A');
+        int n = snprintf(ti->name, sizeof ti->name, "%s.lora_%c.weight", module, ab ? 'B' : 'A');
+        if (n < 0 || (size_t)n >= sizeof ti->name)
+            fatal("LoRA: the adapter name %s.lora_%c.weight is longer than a tensor name may be (%zu characters)",
+                  module, ab ? 'B' : 'A', sizeof ti->name - 1);
         ti->shape[0] = shapes[ab][0], ti->shape[1] = shapes[ab][1];
         ti->hf_rows = ti->shape[0];
         ti->numel = (size_t)ti->shape[0] * ti->shape[1];
