@@ -532,7 +532,11 @@ def per_node(args):
     rows = []
     for line in out.splitlines():
         if line.startswith("PREFLIGHT_NODE "):
-            rows += json.loads(line[len("PREFLIGHT_NODE "):])
+            try:
+                rows.append(json.loads(line[len("PREFLIGHT_NODE "):]))
+            except ValueError:
+                rows.append({"check": "nodes: node checks", "status": "fail", "measured": f"a garbled line: {line[:200]}",
+                             "expected": "one check a line", "next": "rerun; report it if it repeats"})
     if rc != 0 and not rows:
         rows.append({"check": "nodes: node checks", "status": "fail", "measured": f"exit {rc}: {last_lines(out)}",
                      "expected": "every node reports", "next": "a node that cannot run python3 or reach the repository"})
@@ -596,8 +600,10 @@ def main():
     args = parse_args(sys.argv[1:])
     os.chdir(ROOT)
     if args.node_only:
-        rows = node_checks(args, socket.gethostname() + ": ").rows
-        print("PREFLIGHT_NODE " + json.dumps(rows), flush=True)
+        # a check a line: srun forwards the nodes' output in pieces of about 1 KiB, and two nodes'
+        # pieces of one longer line interleave
+        for row in node_checks(args, socket.gethostname() + ": ").rows:
+            print("PREFLIGHT_NODE " + json.dumps(row), flush=True)
         return 0
     os.makedirs(args.report, exist_ok=True)
     t0 = time.time()
