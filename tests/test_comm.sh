@@ -8,13 +8,13 @@ source tests/mpi_env.sh
 
 for np in 1 2 3 4; do
     # a deadlock among the checks ends after a minute instead of the default 300 s
-    out=$(COMM_TIMEOUT=60 mpirun_np "$np" build/tests/mpi/comm_check 2>&1)
+    out=$(COMM_TIMEOUT=60 timeout -k 5 300 mpirun -np "$np" --bind-to none build/tests/mpi/comm_check 2>&1)
     check 'echo "$out" | grep -qE "^comm_check: [0-9]+ passed, 0 failed$"' \
         "comm_check on $np ranks: $(echo "$out" | tail -20)"
 done
 # the same through host copies: the MPI path of CUDA ranks that share a GPU, staging with memcpy
 for np in 1 2 3 4; do
-    out_staged=$(COMM_TIMEOUT=60 mpirun_np "$np" build/tests/mpi/comm_check mpi-staged 2>&1)
+    out_staged=$(COMM_TIMEOUT=60 timeout -k 5 300 mpirun -np "$np" --bind-to none build/tests/mpi/comm_check mpi-staged 2>&1)
     check 'echo "$out_staged" | grep -qE "^comm_check: [0-9]+ passed, 0 failed$" &&
            echo "$out_staged" | grep -q "^communication: MPI, staged through host copies"' \
         "comm_check mpi-staged on $np ranks: $(echo "$out_staged" | tail -20)"
@@ -34,12 +34,20 @@ done
 
 # hang_case <ranks> <operation> [die]: the job ends, non-zero (not 127: it did not start), well
 # before the 60 s guard; a stuck (not dead) rank's peers say which operation timed out
+# Open MPI 4.1's mpirun can deadlock in PMIx_server_finalize after its ranks have exited (seen in
+# CI: the ranks defunct, mpirun waiting in PMIx_server_finalize for good); such a run is killed
+# at the guard and tried once more, and the retry is said
 hang_case() {
     local np=$1 operation=$2 how=${3:-stuck}
-    local start=$SECONDS
-    out=$(COMM_TIMEOUT=3 timeout 60 mpirun -np "$np" --bind-to none build/tests/mpi/comm_hang "$operation" ${3:+"$3"} 2>&1)
-    local rc=$? took=$((SECONDS - start))
-    check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 127 ] && [ $took -lt 45 ]' \
+    local start rc took
+    for attempt in 1 2; do
+        start=$SECONDS
+        out=$(COMM_TIMEOUT=3 timeout -k 5 60 mpirun -np "$np" --bind-to none build/tests/mpi/comm_hang "$operation" ${3:+"$3"} 2>&1)
+        rc=$? took=$((SECONDS - start))
+        [ $rc -ne 124 ] && [ $rc -ne 137 ] && break
+        echo "$operation with a $how rank: mpirun did not end within 60 s (attempt $attempt)"
+    done
+    check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] && [ $rc -ne 127 ] && [ $took -lt 45 ]' \
         "$operation with a $how rank: exit $rc after $took s (want non-zero, not the 60 s guard): $(echo "$out" | tail -5)"
     if [ "$how" = stuck ]; then
         check 'echo "$out" | grep -q "$operation on group .world. did not finish within 3 s"' \
