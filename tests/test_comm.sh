@@ -44,10 +44,10 @@ hang_case() {
         start=$SECONDS
         out=$(COMM_TIMEOUT=3 timeout -k 5 60 mpirun -np "$np" --bind-to none build/tests/mpi/comm_hang "$operation" ${3:+"$3"} 2>&1)
         rc=$? took=$((SECONDS - start))
-        [ $rc -ne 124 ] && [ $rc -ne 137 ] && break
+        [ $took -lt 60 ] && break  # (137 alone is no sign: mpirun's own exit when a rank is killed)
         echo "$operation with a $how rank: mpirun did not end within 60 s (attempt $attempt)"
     done
-    check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] && [ $rc -ne 127 ] && [ $took -lt 45 ]' \
+    check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 127 ] && [ $took -lt 45 ]' \
         "$operation with a $how rank: exit $rc after $took s (want non-zero, not the 60 s guard): $(echo "$out" | tail -5)"
     if [ "$how" = stuck ]; then
         check 'echo "$out" | grep -q "$operation on group .world. did not finish within 3 s"' \
