@@ -3,7 +3,7 @@
 # "name: N passed, N failed" lines and ends with the total on the last line. A test that crashes
 # or exits non-zero without failing a check counts as one failure, so nothing fails silently; a
 # test's "name: SKIPPED: why" lines are shown, so nothing is skipped silently either. A test that
-# runs past TEST_TIMEOUT seconds (default 900; the longest takes about 3 minutes) is stopped with
+# runs past TEST_TIMEOUT seconds (default 900; the longest, test_demo, takes about 5 minutes) is stopped with
 # everything it started and fails with its log's tail, so a hang costs minutes, not the whole run.
 # Usage: tests/run.sh [name-filter]
 set -u
