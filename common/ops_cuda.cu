@@ -1442,7 +1442,9 @@ static __global__ void add_columns_scaled_kernel(float *dst, int dst_stride, con
                                                  int width, float s, size_t n) {
     GRID_STRIDE(i, n) {
         size_t row = i / (size_t)width, col = i % (size_t)width;
-        dst[row * dst_stride + col] += s * src[row * src_stride + col];
+        // rounded twice, as on the CPU (nvcc would fuse an FMA): both backends give the same bits
+        float *d = &dst[row * dst_stride + col];
+        *d = __fadd_rn(*d, __fmul_rn(s, src[row * src_stride + col]));
     }
 }
 
