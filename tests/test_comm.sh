@@ -8,13 +8,13 @@ source tests/mpi_env.sh
 
 for np in 1 2 3 4; do
     # a deadlock among the checks ends after a minute instead of the default 300 s
-    out=$(COMM_TIMEOUT=60 timeout -k 5 300 mpirun -np "$np" --bind-to none build/tests/mpi/comm_check 2>&1)
+    out=$(COMM_TIMEOUT=60 mpirun_np "$np" build/tests/mpi/comm_check 2>&1)
     check 'echo "$out" | grep -qE "^comm_check: [0-9]+ passed, 0 failed$"' \
         "comm_check on $np ranks: $(echo "$out" | tail -20)"
 done
 # the same through host copies: the MPI path of CUDA ranks that share a GPU, staging with memcpy
 for np in 1 2 3 4; do
-    out_staged=$(COMM_TIMEOUT=60 timeout -k 5 300 mpirun -np "$np" --bind-to none build/tests/mpi/comm_check mpi-staged 2>&1)
+    out_staged=$(COMM_TIMEOUT=60 mpirun_np "$np" build/tests/mpi/comm_check mpi-staged 2>&1)
     check 'echo "$out_staged" | grep -qE "^comm_check: [0-9]+ passed, 0 failed$" &&
            echo "$out_staged" | grep -q "^communication: MPI, staged through host copies"' \
         "comm_check mpi-staged on $np ranks: $(echo "$out_staged" | tail -20)"
@@ -23,7 +23,7 @@ done
 # with the reason, once, and the job ends on every rank
 expect_one_error "comm_backend gloo" "^error: command line: key 'comm_backend': expected auto, nccl, mpi or mpi-staged" \
     build/stage-3 --config configs/tiny.json --comm_backend=gloo
-out_nccl=$(timeout 60 mpirun -np 2 --bind-to none build/stage-3 --config configs/tiny.json --comm_backend=nccl --out_dir="$tmp/nccl" 2>&1)
+out_nccl=$(MPI_GUARD=60 mpirun_np 2 build/stage-3 --config configs/tiny.json --comm_backend=nccl --out_dir="$tmp/nccl" 2>&1)
 rc=$?
 check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out_nccl" | grep -c "^error: key .comm_backend. is \"nccl\" but this is the CPU build")" -eq 1 ]' \
     "comm_backend=nccl on the CPU build on 2 ranks: exit $rc: $(echo "$out_nccl" | head -3)"
@@ -42,7 +42,7 @@ hang_case() {
     local start rc took
     for attempt in 1 2; do
         start=$SECONDS
-        out=$(COMM_TIMEOUT=3 timeout -k 5 60 mpirun -np "$np" --bind-to none build/tests/mpi/comm_hang "$operation" ${3:+"$3"} 2>&1)
+        out=$(COMM_TIMEOUT=3 MPI_GUARD=60 mpirun_np "$np" build/tests/mpi/comm_hang "$operation" ${3:+"$3"} 2>&1)
         rc=$? took=$((SECONDS - start))
         [ $took -lt 60 ] && break  # (137 alone is no sign: mpirun's own exit when a rank is killed)
         echo "$operation with a $how rank: mpirun did not end within 60 s (attempt $attempt)"

@@ -12,9 +12,12 @@
 #     comm_backend=nccl is refused there;
 #   - traces (section trace): valid with CUDA-event spans, and stage 03's bucket all-reduces overlap
 #     the backward on the GPU's clock with overlap_communication, not without;
+#   - sections paged, llama, lora: the CPU suite's tests of the serving engine, Llama and LoRA,
+#     run on the CUDA binaries;
 #   - without a GPU: one SKIPPED line, nothing counted (test_ops_cuda.sh checks the build and the
 #     no-device error there).
-# Usage: tests/test_cuda_stages.sh [section ...]   sections 1 2 3 4 5 6 7 8 phi trace share; default: all
+# Usage: tests/test_cuda_stages.sh [section ...]   sections 1 2 3 4 5 6 7 8 phi trace share paged llama lora;
+#   default: all
 # A dry run of this script's logic where there is no GPU: the CPU binaries, as if G GPUs were
 # visible (it checks the script, not the CUDA backend); the layouts that would share a GPU run
 # through the same MPI path with comm_backend=mpi-staged (memcpy for the staging copies):
@@ -24,7 +27,7 @@ source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 name=test_cuda_stages
 STAGES="1 2 3 4 5 6 7 8"
-SECTIONS="$STAGES phi trace share"
+SECTIONS="$STAGES phi trace share paged llama lora"
 [ $# -gt 0 ] || set -- $SECTIONS
 for section in "$@"; do
     case " $SECTIONS " in
@@ -308,6 +311,19 @@ section_share() {
     check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "NCCL needs a GPU per rank" "$tmp/share_nccl.log"' \
         "stage 03 on $np ranks, $gpus GPU(s), comm_backend=nccl: exit $rc, want a refusal with the reason: $(grep -m2 error "$tmp/share_nccl.log")"
 }
+
+# The serving engine (paged KV cache, prefix caching, chunked prefill, speculative decoding), Llama
+# and LoRA on the GPU: the CPU suite's own tests of them, run on the binaries in $STAGE_BIN, each
+# against its own references (no-cache greedy answers, the single-process run, peft)
+suite() { # suite <test name>: tests/<name>.sh on $STAGE_BIN, one check
+    local rc
+    STAGE_BIN=$STAGE_BIN bash "tests/$1.sh" </dev/null >"$tmp/$1.log" 2>&1
+    rc=$?
+    check '[ $rc -eq 0 ]' "tests/$1.sh on $STAGE_BIN/ (exit $rc): $(grep -E '^FAIL' "$tmp/$1.log" | head -5) $(tail -1 "$tmp/$1.log")"
+}
+section_paged() { suite test_paged; }
+section_llama() { suite test_llama_stages; suite test_llama_inference; }
+section_lora() { suite test_lora; }
 
 for section in "$@"; do
     start=$SECONDS

@@ -40,6 +40,6 @@ sys.exit(0 if abs(a - b) <= 1e-5 * abs(a) else 1)" "$tmp/single/metrics.jsonl" "
     "Llama: stage 01 from its own checkpoint has another validation loss: $(tail -1 "$tmp/reload/metrics.jsonl")"
 
 expect_one_error "key/value heads that do not split over x" 'n_kv_head.*x' \
-    mpirun -np 4 --bind-to none build/stage-5 "${args[@]}" --tp_dimensions=4,1,1 --out_dir="$tmp/tp411"
+    mpirun -np 4 --bind-to none $STAGE_BIN/stage-5 "${args[@]}" --tp_dimensions=4,1,1 --out_dir="$tmp/tp411"
 
 finish test_llama_stages

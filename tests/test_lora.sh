@@ -112,12 +112,12 @@ sys.exit(0 if mem["AdamW m and v (fp32)"] == 2 * adapters and 0 < adapters * 5 <
 PY' "stage 05 LoRA's memory report counts the base's gradients or moments: $(head -c 600 "$tmp/tp221/stats.json")"
 
 expect_one_error "a LoRA target naming no linear" "lora_targets.*\"c_attn\" names no linear" \
-    build/stage-1 "${args[@]}" --lora_targets=q_proj,c_attn --out_dir="$tmp/bad"
+    $STAGE_BIN/stage-1 "${args[@]}" --lora_targets=q_proj,c_attn --out_dir="$tmp/bad"
 expect_one_error "an adapter of another rank" "adapter_config.json: r 4.*lora_rank" \
-    build/stage-1 "${args[@]}" --lora_rank=8 --lora_adapter="$tmp/lora" --out_dir="$tmp/bad"
+    $STAGE_BIN/stage-1 "${args[@]}" --lora_rank=8 --lora_adapter="$tmp/lora" --out_dir="$tmp/bad"
 expect_one_error "LoRA in a stage without it" "lora_rank.*stage 04 does not train LoRA" \
-    mpirun -np 2 --bind-to none build/stage-4 "${args[@]}" --out_dir="$tmp/bad"
+    mpirun -np 2 --bind-to none $STAGE_BIN/stage-4 "${args[@]}" --out_dir="$tmp/bad"
 expect_one_error "LoRA over a pure bf16 base" "precision.*bf16.*bf16-mixed" \
-    build/stage-2 "${args[@]}" --precision=bf16 --out_dir="$tmp/bad"
+    $STAGE_BIN/stage-2 "${args[@]}" --precision=bf16 --out_dir="$tmp/bad"
 
 finish test_lora

@@ -26,13 +26,13 @@ client() { timeout 300 python3 tests/server_client.py "$@"; }
 # every answer runs to its limit and the running requests keep taking blocks. Its greedy choice is
 # degenerate (spaces); the sampled answers walk through varied text, and a sampled token changes
 # if the logits differ by about a millionth.
-build/stage-1 --config configs/tiny.json --n_layer=2 --n_embd=64 --stop_iteration=25 \
+$STAGE_BIN/stage-1 --config configs/tiny.json --n_layer=2 --n_embd=64 --stop_iteration=25 \
     --global_batch_size=8 --log_interval=100 --eval_batches=1 --out_dir="$tmp/model" \
     --data_path="${FIXTURES:-../shared/fixtures}/alpaca/rasbt-LLMs-from-scratch_instruction-data.json" >"$tmp/train.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 training for the test failed: $(tail -3 "$tmp/train.log")"
 # speculative decoding's draft: the same data and tokenizer, 1 layer of 32, 8 steps: it agrees
 # with the model often, and its own distribution is plainly another
-build/stage-1 --config configs/tiny.json --n_layer=1 --n_embd=32 --stop_iteration=8 \
+$STAGE_BIN/stage-1 --config configs/tiny.json --n_layer=1 --n_embd=32 --stop_iteration=8 \
     --global_batch_size=8 --log_interval=100 --eval_batches=1 --out_dir="$tmp/draft" \
     --data_path="${FIXTURES:-../shared/fixtures}/alpaca/rasbt-LLMs-from-scratch_instruction-data.json" >"$tmp/draft.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 training of the draft failed: $(tail -3 "$tmp/draft.log")"
@@ -58,7 +58,7 @@ json.dump(reqs[:8] + reqs[56:], open(f"{sys.argv[1]}/again.json", "w"))
 PY
 
 # the references: no cache (greedy), and the slot design one request at a time (all)
-timeout 300 build/stage-6 "${model[@]}" --prompts_path="$tmp/prompts.txt" --kv_cache=false --show_token_ids=true \
+timeout 300 $STAGE_BIN/stage-6 "${model[@]}" --prompts_path="$tmp/prompts.txt" --kv_cache=false --show_token_ids=true \
     >"$tmp/nocache.log" 2>&1
 python3 - "$tmp" <<'PY' >"$tmp/nocache.txt"
 import json, sys
