@@ -1,4 +1,4 @@
-"""The peft side of tests/test_lora.sh.
+"""The peft side of tests/test_lora_oracle.sh.
 
 usage: PYTHON tests/oracle_lora.py OUR_TEST_BINARY OUR_MERGE_TOOL WORKDIR   (PYTHON: the oracle venv, with peft)
 

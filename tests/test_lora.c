@@ -1,4 +1,4 @@
-// test_lora.c: LoRA's own parts (common/lora.h), and our side of tests/test_lora.sh's peft oracle.
+// test_lora.c: LoRA's own parts (common/lora.h), and our side of tests/test_lora_oracle.sh's peft oracle.
 //
 // Without arguments: the adapters a Llama's lora_targets describe sit in the right rows of the
 // fused projections (q, k, v in qkv; gate and up in fc) with PEFT's shapes; a target naming no
