@@ -342,7 +342,7 @@ static const StageInfo STAGES[] = {
                           .lora = true},
     [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true},
     [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json", .lora = true},
-    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true},
+    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true, .lora = true},
     [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json", .lora = true},
     [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json", .experts = true, .generates = true,
                          // z shards the weights to gather them again before each use: a saving for
