@@ -352,7 +352,8 @@ static const StageInfo STAGES[] = {
                                           "infer.py neither): z must be 1"},
     [STAGE_PIPELINE_PARALLEL] = {"pipeline", NULL, "configs/pipeline.json",
                                  .no_overlap = "stage 07 has no overlapped variant (stage 03 and 04 do); set "
-                                               "it to false"},
+                                               "it to false",
+                                 .lora = true},
     [STAGE_MIXTURE_OF_EXPERTS] = {"expert_parallel", NULL, "configs/moe.json", .experts = true, .expert_ranks = true,
                                   .no_half_experts = "stage 08's experts train in fp32 (32 or 32-true)",
                                   .no_overlap = "stage 08 all-reduces its gradients after backward (its MoE "

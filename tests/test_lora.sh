@@ -17,9 +17,13 @@
 #    only, 04 (FSDP, the base sharded and frozen, the adapters whole on every rank) on 2 ranks
 #    with prefetching and on 4 as ZeRO-1 in 2 HSDP groups, which reduce-scatters no gradient and
 #    all-reduces the adapters' only, 05 (tensor parallel, A and B split as their linear) on [2,2,1]
-#    and [1,1,2], whose memory holds no gradient or moment of the base, and 09 (context parallel) on 2;
+#    and [1,1,2], whose memory holds no gradient or moment of the base, 07 (pipeline, each stage its
+#    blocks' adapters, the saved adapter put together from the stages') on 2 stages under 1f1b,
+#    whose first stage holds two micro-batches in flight (backward recomputes x A^T), and on 2
+#    stages x 2 replicas under gpipe, and 09 (context parallel) on 2;
 #  - refused by name: a target naming no linear, an adapter whose r differs from lora_rank, a stage
-#    that does not train adapters, a pure bf16 precision (the adapters train in fp32).
+#    that does not train adapters, a pure bf16 precision (the adapters train in fp32), the zb-h1
+#    pipeline schedule (it defers weight gradients).
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 args=(--config configs/tiny_llama.json --stop_iteration=5 --eval_batches=1 --log_interval=100 --n_embd=64
@@ -96,10 +100,12 @@ run_ranks 3 ddp2 2 --stop_iteration=20 --overlap_communication=true --bucket_siz
 run_ranks 3 ddp4 4 --stop_iteration=20
 run_ranks 4 fsdp2 2 --stop_iteration=20 --overlap_communication=true
 run_ranks 4 fsdp4 4 --stop_iteration=20 --zero_stage=1 --hsdp_replicas=2
+run_ranks 7 pp2 2 --stop_iteration=20 --pp_size=2 --num_microbatches=4
+run_ranks 7 pp2dp2 4 --stop_iteration=20 --pp_size=2 --num_microbatches=2 --pp_schedule=gpipe
 run_ranks 5 tp221 4 --stop_iteration=20 --tp_dimensions=2,2,1
 run_ranks 5 tp112 2 --stop_iteration=20 --tp_dimensions=1,1,2 --overlap_communication=true
 run_ranks 9 cp2 2 --stop_iteration=20 --cp_size=2
-for run in ddp2 ddp4 fsdp2 fsdp4 tp221 tp112 cp2; do
+for run in ddp2 ddp4 fsdp2 fsdp4 tp221 tp112 pp2 pp2dp2 cp2; do
     check 'compare_losses "$tmp/ref20" "$tmp/$run" 20 1e-5' "LoRA run $run strays from stage 01's losses"
     check 'same_adapter "$tmp/ref20" "$tmp/$run"' "LoRA run $run saved another adapter than stage 01's"
 done
@@ -133,8 +139,11 @@ expect_one_error "a LoRA target naming no linear" "lora_targets.*\"c_attn\" name
     build/stage-1 "${args[@]}" --lora_targets=q_proj,c_attn --out_dir="$tmp/bad"
 expect_one_error "an adapter of another rank" "adapter_config.json: r 4.*lora_rank" \
     build/stage-1 "${args[@]}" --lora_rank=8 --lora_adapter="$tmp/lora" --out_dir="$tmp/bad"
-expect_one_error "LoRA in a stage without it" "lora_rank.*stage 07 does not train LoRA" \
-    mpirun -np 2 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad"
+expect_one_error "LoRA in a stage without it" "lora_rank.*stage 08 does not train LoRA" \
+    mpirun -np 2 --bind-to none build/stage-8 "${args[@]}" --out_dir="$tmp/bad"
+expect_one_error "LoRA under zb-h1" "pp_schedule.*zb-h1.*LoRA" \
+    mpirun -np 2 --bind-to none build/stage-7 "${args[@]}" --pp_size=2 --num_microbatches=2 --pp_schedule=zb-h1 \
+    --comm_backend=mpi --out_dir="$tmp/bad"
 expect_one_error "LoRA over a pure bf16 base" "precision.*bf16.*bf16-mixed" \
     build/stage-2 "${args[@]}" --precision=bf16 --out_dir="$tmp/bad"
 
