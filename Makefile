@@ -141,6 +141,7 @@ PLAN_OBJS := $(PLAN_TOOL_OBJS) \
                                09_context_parallel/context.o) $(STAGE_OBJS_9) \
              $(addprefix $(B)/07_pipeline_parallel/,schedules.o zero_bubble.o)
 PLAN_OBJS += $(B)/05_tensor_parallel/tp_lora.o
+PLAN_OBJS += $(B)/04_fsdp/fsdp_lora.o
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
 $(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I06_inference -I07_pipeline_parallel -I08_mixture_of_experts -I09_context_parallel
 build/plan: $(B)/plan

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "fsdp_lora.h"
 #include "log.h"
 #include "ops.h"
 #include "optimizer.h"
@@ -152,7 +153,20 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cf
     }
 }
 
+void fsdp_freeze_base(Fsdp *f, Lora *lo) {
+    dev_free(f->grads), dev_free(f->adam_m), dev_free(f->adam_v), dev_free(f->root_grad);
+    f->adam_m = f->adam_v = f->root_grad = NULL;
+    for (int s = 0; s < 2; s++) dev_free(f->block_grad[s]), f->block_grad[s] = NULL;
+    // ZeRO-2, 3 held the root's gradient and a block's (two, prefetching) beside their weights
+    if (!grads_whole(f))
+        f->gathered_bytes -= (padded(f, &f->units[0]) + (f->prefetch ? 2 : 1) * f->max_block) * sizeof(float);
+    f->lora = lo;
+    f->grads = lo->grads;
+    f->grads_numel = lo->layout.num_params;
+}
+
 void fsdp_free(Fsdp *f) {
+    if (f->lora) f->grads = NULL;  // the adapters' (lora_free frees them)
     void *all[] = {f->params, f->grads, f->adam_m, f->adam_v, f->root, f->root_grad, f->block[0],
                    f->block[1], f->block_grad[0], f->block_grad[1], f->shard_scratch[0],
                    f->shard_scratch[1], f->root16, f->block16[0], f->block16[1], f->shard16[0],
@@ -163,6 +177,7 @@ void fsdp_free(Fsdp *f) {
 }
 
 size_t fsdp_state_bytes(const Fsdp *f) {
+    if (f->lora) return f->params_numel * sizeof(float) + 4 * f->lora->bytes;  // the base; the adapters' 4 buffers
     return (f->params_numel + f->grads_numel + 2 * f->shard_numel) * sizeof(float);
 }
 
@@ -253,6 +268,10 @@ long fsdp_load_checkpoint(Fsdp *f, const Config *cfg) {
 
 void fsdp_save_checkpoint(Fsdp *f, const Config *cfg, long step) {
     bool writer = comm_rank(f->world) == 0;  // HSDP: the other groups hold the same shards
+    if (f->lora) {
+        if (writer) save_checkpoint(cfg, &f->lora->layout, f->lora->params, f->lora->m, f->lora->v, step);
+        return;
+    }
     size_t bytes = f->layout->num_params * sizeof(float);
     float *params = NULL, *m = NULL, *v = NULL;
     if (writer) {
@@ -382,6 +401,7 @@ static void forward(Fsdp *f, Gathers *g, Weights *root, Activations *a, const GP
     for (int l = 0; l < L; l++) {
         int next = l + 1 < L ? l + 1 : (then_backward ? L - 1 : -1);
         BlockWeights bw = block_for_use(g, l, next);
+        if (f->lora) lora_run_block(f->lora, l);
         gpt_block_forward(a, l, &bw, B, T);
         // the block's full weights are now free: the next use overwrites them
     }
@@ -395,6 +415,19 @@ void fsdp_forward(void *fsdp, Activations *a, const int *inputs, int B, int T) {
     forward(f, &g, &root, a, &f->layout->cfg, inputs, B, T, false);
 }
 
+// LoRA: the frozen base's backward computes input gradients only (the adapters' gradients add up
+// in theirs): the blocks are gathered again, and no gradient is reduce-scattered. The embedding,
+// frozen, has nothing to compute.
+static void backward_frozen(Fsdp *f, Gathers *g, const Weights *root, Activations *a, int B, int T) {
+    Weights none = {0};  // the base's gradients: every pointer NULL
+    gpt_head_backward(a, root, &none, B, T);
+    for (int l = f->layout->cfg.n_layer - 1; l >= 0; l--) {
+        BlockWeights bw = block_for_use(g, l, l - 1), bg = {0};
+        lora_run_block(f->lora, l);
+        gpt_block_backward(a, l, &bw, &bg, B, T);
+    }
+}
+
 double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, const int *inputs,
                              const int *targets, int B, int T, float dloss) {
     int L = cfg->n_layer;
@@ -403,6 +436,10 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
     forward(f, &g, &root, a, cfg, inputs, B, T, true);
     copy_to_device(a->targets, targets, (size_t)B * T * sizeof(int));
     double loss_sum = gpt_loss_forward_backward(a, cfg, B, T, dloss);
+    if (f->lora) {
+        backward_frozen(f, &g, &root, a, B, T);
+        return loss_sum;
+    }
 
     // the root's gradient collects the head's and (at the very end) the embedding's parts; ZeRO-1
     // adds every gradient into the whole buffer over the step's micro-batches, as DDP does
@@ -440,6 +477,10 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
 // ---- the optimizer step on shards -------------------------------------------------------------
 
 void fsdp_reduce_gradients(Fsdp *f) {
+    if (f->lora) {  // whole on every rank: all-reduced as DDP's (the base has no gradient)
+        comm_all_reduce(f->world, f->grads, f->grads_numel);
+        return;
+    }
     // ZeRO-1: each unit's whole gradient, summed over the group into this rank's slice of it
     for (int i = 0; grads_whole(f) && i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
@@ -454,6 +495,7 @@ void fsdp_reduce_gradients(Fsdp *f) {
 }
 
 double fsdp_grad_norm(Fsdp *f) {
+    if (f->lora) return sqrt(sum_squares(f->grads, f->grads_numel));  // whole on every rank, summed
     double squares = 0;
     if (!grads_whole(f)) squares = sum_squares(f->grads, f->shard_numel);
     for (int i = 0; grads_whole(f) && i < f->n_units; i++) squares += sum_squares(grad_shard(f, &f->units[i]), f->units[i].shard);
@@ -471,6 +513,11 @@ static void gather_updated_params(Fsdp *f) {
 }
 
 void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
+    if (f->lora) {
+        const Lora *lo = f->lora;
+        adamw_step(&lo->layout, lo->params, lo->grads, lo->m, lo->v, 0, f->grads_numel, cfg, lr, t, clip);
+        return;
+    }
     for (int i = 0; i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
         adamw_step(f->layout, param_shard(f, u), grad_shard(f, u), f->adam_m + u->local, f->adam_v + u->local,
@@ -515,6 +562,7 @@ void fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_byte
         fsdp[i] = (MemoryItem){rows[i].what, rows[i].fsdp};
         if (ddp) ddp[i] = (MemoryItem){rows[i].what, rows[i].ddp};
     }
+    if (f->lora) fsdp_lora_memory_items(f->lora, fsdp, ddp);
 }
 
 void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_bytes) {
@@ -530,15 +578,20 @@ void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_byte
     }
     printf("  %-30s %10.2f MiB %10.2f MiB\n", "total", total_fsdp / 1048576.0, total_ddp / 1048576.0);
     if (f->zero_stage == 3)
-        printf("  the gathered units: the root (%zu elements, held for a micro-batch) and %d block slot%s "
-               "and gradient%s (%zu elements each)\n", f->units[0].numel, f->prefetch ? 2 : 1, f->prefetch ? "s" : "",
-               f->prefetch ? "s" : "", f->n_units > 1 ? f->units[1].numel : 0);
+        printf("  the gathered units: the root (%zu elements, held for a micro-batch) and %d block slot%s%s "
+               "(%zu elements each)\n", f->units[0].numel, f->prefetch ? 2 : 1, f->prefetch ? "s" : "",
+               f->lora ? "" : (f->prefetch ? " and gradients" : " and gradient"), f->n_units > 1 ? f->units[1].numel : 0);
     if (f->zero_stage == 2)
         printf("  the gradients held whole: the root's (through a micro-batch) and %d block's at a time (%zu "
                "elements each), reduce-scattered as they finish\n", f->prefetch ? 2 : 1,
                f->n_units > 1 ? f->units[1].numel : 0);
-    printf("  state (parameters + gradients + AdamW) per rank: %zu bytes = 4 x (%zu + %zu + 2 x %zu) elements "
-           "(DDP: 16 x %zu)\n", fsdp_state_bytes(f), f->params_numel, f->grads_numel, f->shard_numel, n);
+    if (f->lora)
+        printf("  state (parameters + gradients + AdamW) per rank: %zu bytes = 4 x (%zu + 4 x %zu) elements: "
+               "the base's parameters, the adapters' parameters, gradients and m, v\n", fsdp_state_bytes(f),
+               f->params_numel, f->grads_numel);
+    else
+        printf("  state (parameters + gradients + AdamW) per rank: %zu bytes = 4 x (%zu + %zu + 2 x %zu) elements "
+               "(DDP: 16 x %zu)\n", fsdp_state_bytes(f), f->params_numel, f->grads_numel, f->shard_numel, n);
     run_stats_number("state_bytes", (double)fsdp_state_bytes(f));
     run_stats_number("zero_stage", f->zero_stage);
     run_stats_number("hsdp_replicas", f->n_replicas);

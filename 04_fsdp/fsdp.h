@@ -33,6 +33,7 @@
 #include "comm.h"
 #include "config.h"
 #include "gpt.h"
+#include "lora.h"
 #include "run_stats.h"
 
 typedef struct {
@@ -76,6 +77,9 @@ typedef struct {
     float *pack_send[2], *pack_recv[2];  // its fp32 part, and every rank's (P x fp32_pack)
     size_t gathered_bytes;     // what the fp32 gathered buffers above take (grads, packs included)
     size_t gathered16_bytes;   // and their bf16 copies
+    // LoRA (fsdp_lora.h): the adapters, whole on every rank, trained on the frozen base (NULL: the
+    // base trains). grads and grads_numel then name the adapters' gradients; the base has none.
+    Lora *lora;
 } Fsdp;
 
 // Cuts the layout into units for world rank `rank` of P (its group: P / replicas ranks) and sizes
@@ -88,6 +92,10 @@ void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetc
 bool fsdp_replicas_fit(int replicas, int P, char *why, size_t why_size);
 // fsdp_plan, then makes the groups and allocates this rank's shards (zero) and the gathered buffers.
 void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cfg, bool use_16bit);
+// LoRA: the base is frozen. Frees its gradients, AdamW moments and gathered gradient buffers;
+// grads and grads_numel name lo's gradients from here on, and every step's function hands the
+// adapters to fsdp_lora.c.
+void fsdp_freeze_base(Fsdp *f, Lora *lo);
 // the rung and the groups, one line (rank 0 prints it)
 void fsdp_print_sharding(const Fsdp *f);
 void fsdp_free(Fsdp *f);

@@ -23,8 +23,10 @@
 #include "device.h"
 #include "evaluate.h"
 #include "fsdp.h"
+#include "fsdp_lora.h"
 #include "gpt.h"
 #include "log.h"
+#include "lora.h"
 #include "loss_scale.h"
 #include "metrics.h"
 #include "ops.h"
@@ -82,6 +84,10 @@ int main(int argc, char **argv) {
     print_stage_banner(4, P, &cfg, &mc, layout.num_params);
     fsdp_print_sharding(&fsdp);
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
+    // LoRA (lora_rank > 0): the base frozen (its shards gathered, never updated), adapters on its
+    // linears trained, whole on every rank; from here on fsdp.grads are the adapters' (fsdp_lora.h)
+    Lora lora;
+    fsdp_lora_attach(&lora, &cfg, &fsdp, &acts);
     fsdp_print_memory(&fsdp, parameters_label(&cfg), acts.bytes);
     print_16bit_activation_saving(&acts);
 
@@ -168,14 +174,16 @@ int main(int argc, char **argv) {
     // the proof that sharding saves memory: every rank's peak resident memory (VmHWM) in training
     fsdp_print_peak_memory(&fsdp);
     fsdp_save_checkpoint(&fsdp, &cfg, total_steps);
-    printf("saved %s/model.safetensors (step %ld): rank 0 held the whole model for it, peak %.1f MiB\n",
-           cfg.out_dir, total_steps, peak_resident_bytes() / 1048576.0);
+    printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors",
+           total_steps);
+    if (!lora.rank) printf("  rank 0 held the whole model for it: peak %.1f MiB\n", peak_resident_bytes() / 1048576.0);
     comm_print_table(world);
     if (rank == 0) run_stats_write(&cfg, 4, P, (RunLayout){.dp = P, .sharded = true}, comm_stats_json());
 
     comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     batch_free(&batch);
+    lora_free(&lora);
     acts_free(&acts);
     fsdp_free(&fsdp);
     gpt_layout_free(&layout);

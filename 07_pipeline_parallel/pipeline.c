@@ -253,6 +253,7 @@ void pipeline_print_memory(const Pipeline *p, const Config *cfg, size_t n) {
         if (p->deferred) deferred += deferred_weights_bytes(p->deferred[i]);
     }
     model_memory_items(memory, cfg, n, acts);
+    if (p->lora) lora_add_memory(p->lora, memory);  // the frozen base, its 16-bit copy, what the adapters keep
     print_memory_report("device memory (rank 0: stage 0):", memory, MODEL_MEMORY_ITEMS);
     printf("  activations: %d micro-batches in flight x %.2f MB (%s keeps %s)\n", p->n_slots,
            acts / 1e6 / p->n_slots, p->schedule, slots_rule(p->schedule));

@@ -13,6 +13,7 @@
 #include "comm.h"
 #include "config.h"
 #include "gpt.h"
+#include "lora.h"
 
 // Where this rank sits. Rank = replica * pp + stage: a pipeline's stages are consecutive ranks,
 // so its point-to-point traffic, which every micro-batch waits on, stays on one node.
@@ -112,6 +113,7 @@ typedef struct {
     char trace[PIPE_TRACE_CHARS];
     double compute_s, schedule_s;  // summed over the steps measured: busy time and schedule time
     double *op_s;                // [n_ops]: each op's device seconds in the traced step (dev_busy_seconds)
+    const Lora *lora;            // LoRA (pipe_lora.h): this stage's adapters, in every slot's layers; or NULL
 } Pipeline;
 
 // one slot per micro-batch in flight, each the activations of one micro-batch of the longest

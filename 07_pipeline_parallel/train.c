@@ -23,10 +23,12 @@
 #include "evaluate.h"
 #include "gpt.h"
 #include "log.h"
+#include "lora.h"
 #include "loss_scale.h"
 #include "metrics.h"
 #include "ops.h"
 #include "optimizer.h"
+#include "pipe_lora.h"
 #include "pipeline.h"
 #include "preemption.h"
 #include "run_checkpoint.h"
@@ -82,6 +84,10 @@ int main(int argc, char **argv) {
     print_stage_banner(7, P, &cfg, &mc, mb.n);
     print_pipeline_plan(&grid, &cfg, &mc, mb.n, pipe.n_slots);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
+    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
+    // are the adapters' (common/lora.h), this stage's, and full_layout the whole model's (pipe_lora.h)
+    Lora lora;
+    pipe_lora_attach(&lora, &cfg, &layout, &full_layout, &mb, &pipe);
     pipeline_print_memory(&pipe, &cfg, mb.n);
 
     // ---- the training loop ----
@@ -118,8 +124,8 @@ int main(int argc, char **argv) {
         if (grid.is_first)
             for (int micro = 0; micro < m; micro++) tokens += (long)batches[micro].rows * batches[micro].T;
         // GPT-2's lm_head is wte: the first stage holds its embedding half of the gradient, the
-        // last its head half; summed, both copies take the same AdamW step and stay equal
-        if (grid.tied) comm_all_reduce(grid.tied, mb.g.wte, (size_t)mc.padded_vocab_size * mc.n_embd);
+        // last its head half; summed, both copies take the same AdamW step and stay equal (LoRA: frozen)
+        if (grid.tied && !lora.rank) comm_all_reduce(grid.tied, mb.g.wte, (size_t)mc.padded_vocab_size * mc.n_embd);
         // sum each stage's gradients over the replicas, as stage 03 does for the whole model
         if (grid.dp > 1) comm_all_reduce(grid.dp_group, mb.grads, mb.n);
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
@@ -172,7 +178,8 @@ int main(int argc, char **argv) {
     }
     print_bubble(world, &pipe);
     pipe_save_checkpoint(&cfg, &grid, &layout, &full_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
-    printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
+    printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors",
+           total_steps);
     // the proof that data parallelism kept each stage's replicas identical
     if (grid.dp > 1) comm_check_replicas_identical(grid.dp_group, mb.params, mb.n);
     comm_print_table(world);
@@ -182,6 +189,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     for (int micro = 0; micro < m; micro++) batch_free(&batches[micro]);
     free(batches);
+    lora_free(&lora);
     pipeline_free(&pipe);
     model_buffers_free(&mb);
     gpt_layout_free(&layout);

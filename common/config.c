@@ -342,7 +342,7 @@ static const StageInfo STAGES[] = {
                           .lora = true},
     [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true},
     [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json", .lora = true},
-    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true},
+    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true, .lora = true},
     [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json", .lora = true},
     [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json", .experts = true, .generates = true,
                          // z shards the weights to gather them again before each use: a saving for
@@ -352,7 +352,8 @@ static const StageInfo STAGES[] = {
                                           "infer.py neither): z must be 1"},
     [STAGE_PIPELINE_PARALLEL] = {"pipeline", NULL, "configs/pipeline.json",
                                  .no_overlap = "stage 07 has no overlapped variant (stage 03 and 04 do); set "
-                                               "it to false"},
+                                               "it to false",
+                                 .lora = true},
     [STAGE_MIXTURE_OF_EXPERTS] = {"expert_parallel", NULL, "configs/moe.json", .experts = true, .expert_ranks = true,
                                   .no_half_experts = "stage 08's experts train in fp32 (32 or 32-true)",
                                   .no_overlap = "stage 08 all-reduces its gradients after backward (its MoE "

@@ -323,6 +323,17 @@ static const float *adapter_input(Lora *lo, const float *inp, const half16 *inp1
     return lo->x32;
 }
 
+// whether site s adapts the linear that runs: its kind, and its weight (or the block the stage runs)
+static bool site_runs(const Lora *lo, const LoraSite *s, LinearKind k, const Linear *w) {
+    return s->kind == k && (lo->by_block ? s->layer == lo->block : s->base_w == w->w);
+}
+
+// h = x A^T, completed over the ranks that hold A's other columns
+static void adapter_down(Lora *lo, LinearKind k, LoraSite *s, const float *x, int N, int in_dim) {
+    matmul_forward(s->h, x, adapter(lo, s->a), NULL, N, in_dim, lo->rank);
+    if (lo->complete) lo->complete(lo->complete_ctx, k, false, s->h, (size_t)N * lo->rank);
+}
+
 static void lora_linear_forward(LayerOps *ops, LinearKind k, float *out, const float *inp, half16 *inp16,
                                 const Linear *w, int N, int in_dim, int out_dim) {
     Lora *lo = of(ops);
@@ -330,10 +341,9 @@ static void lora_linear_forward(LayerOps *ops, LinearKind k, float *out, const f
     const float *x = NULL;
     for (int i = 0; i < lo->n_sites; i++) {
         LoraSite *s = &lo->sites[i];
-        if (s->kind != k || s->base_w != w->w) continue;
+        if (!site_runs(lo, s, k, w)) continue;
         if (!x) x = adapter_input(lo, inp, inp16, N, in_dim);
-        matmul_forward(s->h, x, adapter(lo, s->a), NULL, N, in_dim, lo->rank);       // h = x A^T
-        if (lo->complete) lo->complete(lo->complete_ctx, k, false, s->h, (size_t)N * lo->rank);
+        adapter_down(lo, k, s, x, N, in_dim);
         matmul_forward(lo->dy, s->h, adapter(lo, s->b), NULL, N, lo->rank, s->rows);  // h B^T
         add_columns_scaled(out + s->row0, out_dim, lo->dy, s->rows, N, s->rows, lo->scale);
     }
@@ -349,8 +359,9 @@ static void lora_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Linea
     const float *x = NULL;
     for (int i = 0; i < lo->n_sites; i++) {
         LoraSite *s = &lo->sites[i];
-        if (s->kind != k || s->base_w != w->w) continue;
+        if (!site_runs(lo, s, k, w)) continue;
         if (!x) x = adapter_input(lo, inp, inp16, N, in_dim);
+        if (lo->recompute_h) adapter_down(lo, k, s, x, N, in_dim);
         // dy = scale * dout's rows of this adapter; dh = dy B, dB += dy^T h; dinp += dh A, dA += dh^T x
         dev_zero(lo->dy, (size_t)N * s->rows * sizeof(float));
         add_columns_scaled(lo->dy, s->rows, dout + s->row0, out_dim, N, s->rows, lo->scale);
@@ -443,7 +454,7 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
     size_t N = (size_t)acts->spec.B * acts->spec.T, widest = 0, in_widest = 0;
     for (int i = 0; i < lo->n_sites; i++) {
         LoraSite *s = &lo->sites[i];
-        s->base_w = base_params + s->base_offset;
+        s->base_w = base_params ? base_params + s->base_offset : NULL;
         s->h = dev_malloc(N * lo->rank * sizeof(float));
         if ((size_t)s->rows > widest) widest = (size_t)s->rows;
         if ((size_t)s->in_dim > in_widest) in_widest = (size_t)s->in_dim;
@@ -468,7 +479,10 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
     lo->ops.attention_forward = lora_attention_forward;
     lo->ops.attention_backward = lora_attention_backward;
     acts->ops = &lo->ops;
+    lo->by_block = !base_params;
 }
+
+void lora_run_block(Lora *lo, int block) { lo->block = block; }
 
 void lora_describe_keys(Lora *lo, const Config *cfg, const ParamLayout *base) {
     if (cfg->lora_dropout > 0)
@@ -520,10 +534,14 @@ void lora_take_over(Lora *lo, ParamLayout *layout, ModelBuffers *mb) {
     mb->n = lo->layout.num_params;
     mb->bytes = lo->bytes;
     mb->params = lo->params, mb->grads = lo->grads, mb->adam_m = lo->m, mb->adam_v = lo->v;
+    lora_print_summary(lo, lo->base_layout.num_params);
+}
+
+void lora_print_summary(const Lora *lo, size_t base_params) {
+    size_t n = lo->layout.num_params;
     if (log_rank() == 0)
         printf("LoRA: r %d, alpha %g on %s: %d adapters, %zu trained parameters (%.2f%% of the base's %zu, frozen)\n",
-               lo->rank, lo->alpha, lo->targets, lo->n_sites, mb->n, 100.0 * (double)mb->n / lo->base_layout.num_params,
-               lo->base_layout.num_params);
+               lo->rank, lo->alpha, lo->targets, lo->n_sites, n, 100.0 * (double)n / base_params, base_params);
 }
 
 void lora_add_memory(const Lora *lo, MemoryItem items[MODEL_MEMORY_ITEMS]) {

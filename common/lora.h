@@ -36,6 +36,7 @@ typedef struct {
     int row0, rows, in_dim;
     size_t base_offset;   // where the base linear's (fused) weight starts in the base's flat buffer
     const float *base_w;  // that weight in the running model: how the layer ops recognise the linear
+                          // (NULL where the stage says which block runs: lora_run_block)
     int a, b;             // its tensors A and B in Lora.layout
     float *h;             // (N, r) on the device: x A^T, kept from forward for backward
 } LoraSite;
@@ -61,6 +62,13 @@ typedef struct {
     // holds, by summing them over the ranks that hold the others; NULL: nothing to complete
     void (*complete)(void *ctx, LinearKind k, bool backward, float *h, size_t n);
     void *complete_ctx;
+    // a stage that passes every block's weights through one buffer (04's gathers) says which block
+    // runs (lora_run_block): the sites are then recognised by block and kind, not by weight
+    bool by_block;
+    int block;
+    // a stage whose micro-batches run their forwards before earlier ones' backwards (07's
+    // pipeline): backward recomputes x A^T from the input the block kept, as one site's h is shared
+    bool recompute_h;
     Norm norm_grads;       // where the frozen norms' weight gradients go (never read)
     // after lora_attach: the frozen base's table and parameters (its bytes in the memory report)
     ParamLayout base_layout;
@@ -91,7 +99,10 @@ void lora_merge(const Lora *lo, const float *adapters, float *base_params);
 // Puts the described adapters (host values) on the device, with their gradients, AdamW's moments
 // and what the layers keep, and plugs the LoRA layers in around acts->ops: the base whose
 // linears they adapt is laid out in base_params (device), as lora_describe's base.
+// base_params NULL: the stage says which block runs (lora_run_block) before each runs.
 void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activations *acts);
+// the block whose linears run next (after lora_plug with no base_params)
+void lora_run_block(Lora *lo, int block);
 // A stage's LoRA (lora_rank > 0; otherwise nothing happens): describes the adapters on `layout`'s
 // linears (cfg's keys, checked against lora_adapter's config when that is set), starts them
 // (lora_init, or lora_adapter's tensors) and plugs the LoRA layers in around acts->ops. Then the
@@ -108,6 +119,9 @@ void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers 
 void lora_describe_keys(Lora *lo, const Config *cfg, const ParamLayout *base);
 float *lora_start(const Lora *lo, const Config *cfg, const ParamLayout *base);
 void lora_take_over(Lora *lo, ParamLayout *layout, ModelBuffers *mb);
+// the one line a LoRA run prints once its adapters are plugged in (rank 0): r, alpha, targets and
+// the trained parameters beside the frozen base's `base_params`
+void lora_print_summary(const Lora *lo, size_t base_params);
 // adds to model_memory_items' rows (which, after lora_attach, count the adapters) the frozen base's
 // parameters and 16-bit copy, and to the activations what the adapters keep for backward and their
 // scratch

@@ -11,10 +11,16 @@
 #  - the parallel stages that train adapters reproduce stage 01's LoRA losses within 1e-5 over 20
 #    steps and save its adapter (the same tensors, names and shapes, values within 1e-5): 03 (DDP)
 #    on 2 ranks with gradient buckets and on 4, whose all-reduce moves the adapters' gradients
-#    only, 05 (tensor parallel, A and B split as their linear) on [2,2,1] and [1,1,2],
-#    whose memory holds no gradient or moment of the base, and 09 (context parallel) on 2;
+#    only, 04 (FSDP, the base sharded and frozen, the adapters whole on every rank) on 2 ranks
+#    with prefetching and on 4 as ZeRO-1 in 2 HSDP groups, which reduce-scatters no gradient and
+#    all-reduces the adapters' only, 05 (tensor parallel, A and B split as their linear) on [2,2,1]
+#    and [1,1,2], whose memory holds no gradient or moment of the base, 07 (pipeline, each stage its
+#    blocks' adapters, the saved adapter put together from the stages') on 2 stages under 1f1b,
+#    whose first stage holds two micro-batches in flight (backward recomputes x A^T), and on 2
+#    stages x 2 replicas under gpipe, and 09 (context parallel) on 2;
 #  - refused by name: a target naming no linear, an adapter whose r differs from lora_rank, a stage
-#    that does not train adapters, a pure bf16 precision (the adapters train in fp32).
+#    that does not train adapters, a pure bf16 precision (the adapters train in fp32), the zb-h1
+#    pipeline schedule (it defers weight gradients).
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 args=(--config configs/tiny_llama.json --stop_iteration=5 --eval_batches=1 --log_interval=100 --n_embd=64
@@ -79,10 +85,14 @@ PY
 run_single 1 ref20 --stop_iteration=20
 run_ranks 3 ddp2 2 --stop_iteration=20 --overlap_communication=true --bucket_size_mb=0.01
 run_ranks 3 ddp4 4 --stop_iteration=20
+run_ranks 4 fsdp2 2 --stop_iteration=20 --overlap_communication=true
+run_ranks 4 fsdp4 4 --stop_iteration=20 --zero_stage=1 --hsdp_replicas=2
+run_ranks 7 pp2 2 --stop_iteration=20 --pp_size=2 --num_microbatches=4
+run_ranks 7 pp2dp2 4 --stop_iteration=20 --pp_size=2 --num_microbatches=2 --pp_schedule=gpipe
 run_ranks 5 tp221 4 --stop_iteration=20 --tp_dimensions=2,2,1
 run_ranks 5 tp112 2 --stop_iteration=20 --tp_dimensions=1,1,2 --overlap_communication=true
 run_ranks 9 cp2 2 --stop_iteration=20 --cp_size=2
-for run in ddp2 ddp4 tp221 tp112 cp2; do
+for run in ddp2 ddp4 fsdp2 fsdp4 tp221 tp112 pp2 pp2dp2 cp2; do
     check 'compare_losses "$tmp/ref20" "$tmp/$run" 20 1e-5' "LoRA run $run strays from stage 01's losses"
     check 'same_adapter "$tmp/ref20" "$tmp/$run"' "LoRA run $run saved another adapter than stage 01's"
 done
@@ -90,6 +100,20 @@ done
 check '[ "$(comm_value "$tmp/ddp4/stats.json" world all-reduce bytes)" -eq \
         $((20 * $(json_value "$tmp/ddp4/stats.json" memory "gradients (fp32)"))) ]' \
     "stage 03 LoRA all-reduced other than the adapters' gradients: $(comm_value "$tmp/ddp4/stats.json" world all-reduce bytes) bytes"
+# FSDP's: the same, and no reduce-scatter (the base has no gradient); its memory holds a shard of
+# the base, the adapters whole, and their gradients and moments only
+check '[ "$(comm_value "$tmp/fsdp2/stats.json" world all-reduce bytes)" -eq \
+        $((20 * $(json_value "$tmp/fsdp2/stats.json" memory "gradients (fp32)"))) ] &&
+       ! comm_value "$tmp/fsdp2/stats.json" world reduce-scatter bytes >/dev/null' \
+    "stage 04 LoRA moved other gradients than the adapters': $(grep -o '"communication".*' "$tmp/fsdp2/stats.json" | head -c 600)"
+check 'python3 - "$tmp/fsdp2/stats.json" "$tmp/ddp2/stats.json" <<'"'PY'"'
+import json, sys
+fsdp, ddp = (json.load(open(p))["memory"] for p in sys.argv[1:])
+adapters = fsdp["gradients (fp32)"]
+ok = adapters == ddp["gradients (fp32)"] and fsdp["AdamW m and v (fp32)"] == 2 * adapters
+# the parameters: half the base (2 shards) beside the whole adapters; DDP holds the whole base
+sys.exit(0 if ok and abs(2 * (fsdp["parameters (fp32)"] - adapters) - (ddp["parameters (fp32)"] - adapters)) <= 8 * 4 else 1)
+PY' "stage 04 LoRA's memory report is not a shard of the base and the adapters whole: $(head -c 600 "$tmp/fsdp2/stats.json")"
 
 check 'python3 - "$tmp/tp221/stats.json" <<'"'PY'"'
 import json, sys
@@ -102,8 +126,11 @@ expect_one_error "a LoRA target naming no linear" "lora_targets.*\"c_attn\" name
     $STAGE_BIN/stage-1 "${args[@]}" --lora_targets=q_proj,c_attn --out_dir="$tmp/bad"
 expect_one_error "an adapter of another rank" "adapter_config.json: r 4.*lora_rank" \
     $STAGE_BIN/stage-1 "${args[@]}" --lora_rank=8 --lora_adapter="$tmp/lora" --out_dir="$tmp/bad"
-expect_one_error "LoRA in a stage without it" "lora_rank.*stage 04 does not train LoRA" \
-    mpirun -np 2 --bind-to none $STAGE_BIN/stage-4 "${args[@]}" --out_dir="$tmp/bad"
+expect_one_error "LoRA in a stage without it" "lora_rank.*stage 08 does not train LoRA" \
+    mpirun -np 2 --bind-to none $STAGE_BIN/stage-8 "${args[@]}" --out_dir="$tmp/bad"
+expect_one_error "LoRA under zb-h1" "pp_schedule.*zb-h1.*LoRA" \
+    mpirun -np 2 --bind-to none $STAGE_BIN/stage-7 "${args[@]}" --pp_size=2 --num_microbatches=2 --pp_schedule=zb-h1 \
+    --comm_backend=mpi --out_dir="$tmp/bad"
 expect_one_error "LoRA over a pure bf16 base" "precision.*bf16.*bf16-mixed" \
     $STAGE_BIN/stage-2 "${args[@]}" --precision=bf16 --out_dir="$tmp/bad"
 

@@ -10,9 +10,9 @@ cd "$(dirname "$0")/.." || exit 1
 # from to budget
 pairs="01_single_gpu 02_mixed_precision 70
 02_mixed_precision 03_ddp 110
-03_ddp 04_fsdp 115
+03_ddp 04_fsdp 113
 03_ddp 05_tensor_parallel 150
-03_ddp 07_pipeline_parallel 150
+03_ddp 07_pipeline_parallel 146
 03_ddp 08_mixture_of_experts 100
 03_ddp 09_context_parallel 85"
 while read -r from to budget; do
