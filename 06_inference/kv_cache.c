@@ -9,16 +9,21 @@
 
 int kv_width(const ModelShape *s) { return s->C_kv; }
 
-void kv_cache_alloc(KVCache *c, int n_layer, int n_blocks, int block_size, int maxT, int rows, int width) {
-    *c = (KVCache){.n_layer = n_layer, .width = width, .n_blocks = n_blocks, .block_size = block_size,
+void kv_cache_alloc(KVCache *c, int n_layer, int block_size, int maxT, int rows, int width) {
+    *c = (KVCache){.n_layer = n_layer, .width = width, .block_size = block_size,
                    .max_blocks = (maxT + block_size - 1) / block_size, .rows = rows};
-    size_t per_layer = (size_t)n_blocks * block_size * width * sizeof(float);
     c->k = calloc_or_die((size_t)n_layer, sizeof(float *));
     c->v = calloc_or_die((size_t)n_layer, sizeof(float *));
-    for (int l = 0; l < n_layer; l++) c->k[l] = dev_malloc(per_layer), c->v[l] = dev_malloc(per_layer);
     c->start = dev_malloc((size_t)rows * sizeof(int));
     c->table = dev_malloc((size_t)rows * c->max_blocks * sizeof(int));
     c->table_host = calloc_or_die((size_t)rows * c->max_blocks, sizeof(int));
+}
+
+void kv_cache_alloc_pool(KVCache *c, int n_blocks) {
+    if (c->n_blocks) fatal("internal: the KV cache's pool was allocated already");
+    c->n_blocks = n_blocks;
+    size_t per_layer = (size_t)n_blocks * c->block_size * c->width * sizeof(float);
+    for (int l = 0; l < c->n_layer; l++) c->k[l] = dev_malloc(per_layer), c->v[l] = dev_malloc(per_layer);
 }
 
 void kv_cache_free(KVCache *c) {

@@ -46,7 +46,11 @@ typedef struct {
 // n_kv_head x head size (C_kv). The one place that says how wide the cache is: a model with fewer
 // key heads than query heads (grouped-query attention) keeps n_head / n_kv_head times fewer.
 int kv_width(const ModelShape *s);
-void kv_cache_alloc(KVCache *c, int n_layer, int n_blocks, int block_size, int maxT, int rows, int width);
+// everything but the pool: the tables and starts of a pass's rows
+void kv_cache_alloc(KVCache *c, int n_layer, int block_size, int maxT, int rows, int width);
+// then the pool's n_blocks blocks, last: a pool sized from the free memory (the server's
+// kv_cache_memory_fraction) is measured once everything else is allocated
+void kv_cache_alloc_pool(KVCache *c, int n_blocks);
 void kv_cache_free(KVCache *c);
 // the device bytes of the keys and values
 size_t kv_cache_bytes(const KVCache *c);
