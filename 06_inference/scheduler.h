@@ -62,7 +62,7 @@ typedef struct {
 
 // ---- metrics (served in Prometheus's text format by server.c) ----------------------------------
 
-enum { N_BUCKETS = 11, N_CODES = 7 };  // server.c's TTFT_BUCKETS and TPOT_BUCKETS; STATUS_CODES
+enum { N_BUCKETS = 11, N_CODES = 12 };  // server.c's TTFT_BUCKETS and TPOT_BUCKETS; STATUS_CODES
 
 typedef struct {
     const double *le;
