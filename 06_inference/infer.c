@@ -11,7 +11,6 @@
 //   build/stage-6 --config configs/inference.json --init_from=out/demo-stage-1
 //   mpirun -np 4 build/stage-6 --config configs/inference.json --tp_dimensions=2,2,1
 #include <math.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -437,7 +436,7 @@ static int pool_blocks_of_free(KVModel *m, const Config *cfg, Comm *world, size_
               "whole context (%d blocks of %d positions, %zu bytes each), found %g (%.0f blocks)", m->pool_free_bytes,
               comm_size(world) > 1 ? ", the least of the ranks'" : "", whole, m->block_size, per_block,
               cfg->kv_cache_memory_fraction, blocks);
-    return blocks > INT32_MAX ? INT32_MAX : (int)blocks;
+    return blocks > KV_MAX_BLOCKS ? KV_MAX_BLOCKS : (int)blocks;
 }
 
 // The KV cache's pool, allocated last: the server's from kv_cache_bytes per rank or from

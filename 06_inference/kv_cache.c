@@ -1,7 +1,6 @@
 // kv_cache.c: the KV cache and the two layers it changes (see kv_cache.h).
 #include "kv_cache.h"
 
-#include <stdint.h>
 #include <stdlib.h>
 
 #include "device.h"
@@ -46,7 +45,7 @@ int kv_pool_blocks(size_t pool_bytes, int B, int maxT, int block_size, size_t pe
     if (n < (size_t)whole)
         fatal("key 'kv_cache_bytes': expected at least %zu bytes per rank (one whole context: %d blocks of %d "
               "positions, %zu bytes each), found %zu", whole * per_block, whole, block_size, per_block, pool_bytes);
-    return n > INT32_MAX ? INT32_MAX : (int)n;
+    return n > KV_MAX_BLOCKS ? KV_MAX_BLOCKS : (int)n;
 }
 
 size_t kv_cache_bytes(const KVCache *c) {

@@ -58,8 +58,11 @@ size_t kv_cache_bytes(const KVCache *c);
 size_t kv_bytes_per_block(int n_layer, int block_size, int width);
 // the pool's blocks: as many of per_block bytes as pool_bytes holds, or B whole contexts of maxT
 // positions when pool_bytes is 0. Refused when it cannot hold one whole context: a long request
-// could never run.
+// could never run. At most KV_MAX_BLOCKS.
 int kv_pool_blocks(size_t pool_bytes, int B, int maxT, int block_size, size_t per_block);
+// the server's steps are broadcast as floats (scheduler.c's plan), block numbers among them, and a
+// float holds every whole number up to 2^24 only
+enum { KV_MAX_BLOCKS = 1 << 24 };
 // rows 0 .. B-1 a whole context each: row b the blocks b * max_blocks .. (b + 1) * max_blocks - 1
 // (the pool must hold B * max_blocks)
 void kv_cache_slot_tables(KVCache *c, int B);
