@@ -409,20 +409,64 @@ static float *load_weights(KVModel *m, const Config *cfg) {
 }
 
 // Speculative decoding's draft model (rank 0 of a server): draft_model, with the tokenizer's
-// vocabulary and the context, its cache a pool of as many blocks as m's (it uses m's block
-// tables), room for a decoding job's last two tokens besides a step's rows.
+// vocabulary and the context, room for a decoding job's last two tokens besides a step's rows;
+// its cache's pool (as many blocks as m's: it uses m's block tables) comes with m's (alloc_pools).
 static void load_draft(KVModel *draft, KVModel *m, const Config *cfg, const Tokenizer *tok, int longest) {
     Config dc = *cfg;
     snprintf(dc.init_from, sizeof dc.init_from, "%s", cfg->draft_model);
     dc.random_init = false;
     GPTConfig dmc = model_shape(&dc, tok);
-    ModelShape shape = whole_model_shape(&dmc);
-    size_t pool = (size_t)m->cache.n_blocks * kv_bytes_per_block(dmc.n_layer, m->block_size, kv_width(&shape));
-    kv_model_alloc(draft, &dmc, m->B, longest + 1, m->maxT, pool, m->block_size, config_is_half(cfg));
+    kv_model_alloc(draft, &dmc, m->B, longest + 1, m->maxT, m->block_size, config_is_half(cfg));
     dev_free(load_weights(draft, &dc));
     m->draft = draft;
-    printf("speculative decoding: %s proposes %d tokens a step (%s L=%d C=%d, %.2fM parameters)\n", cfg->draft_model,
-           cfg->num_speculative_tokens, gpt_arch(&dmc)->name, dmc.n_layer, dmc.n_embd, draft->full.num_params / 1e6);
+}
+
+// kv_cache_memory_fraction's pool: the blocks that share of the device's free memory holds, now
+// that everything else is allocated (the weights, the passes' buffers, the draft model's), each
+// of per_block bytes (m's and the draft's pools take as many blocks each). Every rank takes the
+// least rank's count: the ranks admit requests as one, so they must agree on the pool.
+static int pool_blocks_of_free(KVModel *m, const Config *cfg, Comm *world, size_t per_block) {
+    size_t free_bytes = dev_free_bytes();
+    double blocks = (double)((size_t)(cfg->kv_cache_memory_fraction * (double)free_bytes) / per_block);
+    blocks = -comm_max_double(world, -blocks);  // exact: counts and bytes stay below 2^53
+    m->pool_free_bytes = (size_t)-comm_max_double(world, -(double)free_bytes);
+    int whole = (m->maxT + m->block_size - 1) / m->block_size;
+    if (blocks < whole)
+        fatal("key 'kv_cache_memory_fraction': expected a share of the free memory (%zu bytes%s) that holds one "
+              "whole context (%d blocks of %d positions, %zu bytes each), found %g (%.0f blocks)", m->pool_free_bytes,
+              comm_size(world) > 1 ? ", the least of the ranks'" : "", whole, m->block_size, per_block,
+              cfg->kv_cache_memory_fraction, blocks);
+    return blocks > KV_MAX_BLOCKS ? KV_MAX_BLOCKS : (int)blocks;
+}
+
+// The KV cache's pool, allocated last: the server's from kv_cache_bytes per rank or from
+// kv_cache_memory_fraction, the draft model's with as many blocks; the prompts mode gives each
+// batch row a whole context.
+static void alloc_pools(KVModel *m, const Config *cfg, Comm *world) {
+    size_t per_block = kv_model_bytes_per_block(m);
+    int blocks;
+    if (cfg->serve && cfg->kv_cache_memory_fraction > 0)
+        blocks = pool_blocks_of_free(m, cfg, world, per_block + (m->draft ? kv_model_bytes_per_block(m->draft) : 0));
+    else blocks = kv_pool_blocks(cfg->serve ? (size_t)cfg->kv_cache_bytes : 0, m->B, m->maxT, m->block_size, per_block);
+    kv_cache_alloc_pool(&m->cache, blocks);
+    if (m->draft) kv_cache_alloc_pool(&m->draft->cache, blocks);
+    if (!cfg->serve) kv_cache_slot_tables(&m->cache, cfg->max_batch_size);
+}
+
+// the server's pool: its size, and what decided it
+static void print_pool(const KVModel *m, const Config *cfg, int ranks) {
+    printf("KV cache pool: %d blocks of %d positions, %zu bytes per rank", m->cache.n_blocks, m->block_size,
+           kv_cache_bytes(&m->cache));
+    if (m->draft) printf(" (the draft model's: %zu more)", kv_cache_bytes(&m->draft->cache));
+    if (cfg->kv_cache_memory_fraction > 0)
+        printf(", from kv_cache_memory_fraction %g of %zu bytes free%s\n", cfg->kv_cache_memory_fraction,
+               m->pool_free_bytes, ranks > 1 ? " (the least of the ranks')" : "");
+    else if (cfg->kv_cache_bytes > 0) printf(", from kv_cache_bytes %.0f\n", cfg->kv_cache_bytes);
+    else printf(", from max_batch_size: %d whole contexts\n", m->B);
+    if (m->draft)
+        printf("speculative decoding: %s proposes %d tokens a step (%s L=%d C=%d, %.2fM parameters)\n",
+               cfg->draft_model, cfg->num_speculative_tokens, gpt_arch(&m->draft->cfg)->name, m->draft->cfg.n_layer,
+               m->draft->cfg.n_embd, m->draft->full.num_params / 1e6);
 }
 
 static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
@@ -457,6 +501,7 @@ static void print_setup(const Generator *g, const Config *cfg, int n_prompts) {
         printf("compile: true: with tensor parallelism the decode step runs op by op (its "
                "collectives are not captured in a graph)\n");
     else if (cfg->compile) printf("compile: true: the decode step is captured as a CUDA graph and replayed\n");
+    if (cfg->serve) print_pool(m, cfg, m->grid ? m->grid->tp.grid.X * m->grid->tp.grid.Y : 1);
 }
 
 int main(int argc, char **argv) {
@@ -508,14 +553,11 @@ int main(int argc, char **argv) {
         longest = (cfg.max_batch_size + prompt_rows + cfg.max_batch_size - 1) / cfg.max_batch_size;
     }
 
-    KVModel m;  // one device: the cache around the serial layers; a grid: around stage 05's
-    // the prompts mode gives each batch row a whole context's blocks; the server shares a pool
-    size_t pool = cfg.serve ? (size_t)cfg.kv_cache_bytes : 0;
+    KVModel m, draft;  // one device: the cache around the serial layers; a grid: around stage 05's
     if (comm_size(world) == 1)
-        kv_model_alloc(&m, &mc, cfg.max_batch_size, longest, maxT, pool, cfg.kv_block_size, config_is_half(&cfg));
-    else kv_model_alloc_grid(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT, pool,
+        kv_model_alloc(&m, &mc, cfg.max_batch_size, longest, maxT, cfg.kv_block_size, config_is_half(&cfg));
+    else kv_model_alloc_grid(&m, world, &mc, cfg.tp_dimensions, cfg.max_batch_size, longest, maxT,
                              cfg.kv_block_size, config_is_half(&cfg));
-    if (!cfg.serve) kv_cache_slot_tables(&m.cache, cfg.max_batch_size);
     float *full = load_weights(&m, &cfg);
     Generator g = {.cfg = &cfg, .m = &m, .tok = tok, .stream = true,
                    .use_graph = cfg.compile && ops_graphs_supported() && comm_size(world) == 1};
@@ -524,11 +566,11 @@ int main(int argc, char **argv) {
     g.logits = malloc_or_die((size_t)cfg.max_batch_size * mc.padded_vocab_size * sizeof(float));
     if (!cfg.kv_cache) g.nocache = nocache_alloc(&m, full, cfg.max_batch_size, maxT);
     else dev_free(full);
+    if (cfg.serve && cfg.draft_model[0] && rank == 0) load_draft(&draft, &m, &cfg, tok, longest);
+    alloc_pools(&m, &cfg, world);
     print_setup(&g, &cfg, n_prompts);
 
     if (cfg.serve) {
-        KVModel draft;
-        if (cfg.draft_model[0] && rank == 0) load_draft(&draft, &m, &cfg, tok, longest);
         serve(&cfg, &m, tok, &g.sampler, world, g.use_graph);
         if (m.draft) kv_model_free(m.draft);
     } else if (cfg.eval_accuracy) {

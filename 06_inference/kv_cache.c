@@ -1,7 +1,6 @@
 // kv_cache.c: the KV cache and the two layers it changes (see kv_cache.h).
 #include "kv_cache.h"
 
-#include <stdint.h>
 #include <stdlib.h>
 
 #include "device.h"
@@ -9,16 +8,21 @@
 
 int kv_width(const ModelShape *s) { return s->C_kv; }
 
-void kv_cache_alloc(KVCache *c, int n_layer, int n_blocks, int block_size, int maxT, int rows, int width) {
-    *c = (KVCache){.n_layer = n_layer, .width = width, .n_blocks = n_blocks, .block_size = block_size,
+void kv_cache_alloc(KVCache *c, int n_layer, int block_size, int maxT, int rows, int width) {
+    *c = (KVCache){.n_layer = n_layer, .width = width, .block_size = block_size,
                    .max_blocks = (maxT + block_size - 1) / block_size, .rows = rows};
-    size_t per_layer = (size_t)n_blocks * block_size * width * sizeof(float);
     c->k = calloc_or_die((size_t)n_layer, sizeof(float *));
     c->v = calloc_or_die((size_t)n_layer, sizeof(float *));
-    for (int l = 0; l < n_layer; l++) c->k[l] = dev_malloc(per_layer), c->v[l] = dev_malloc(per_layer);
     c->start = dev_malloc((size_t)rows * sizeof(int));
     c->table = dev_malloc((size_t)rows * c->max_blocks * sizeof(int));
     c->table_host = calloc_or_die((size_t)rows * c->max_blocks, sizeof(int));
+}
+
+void kv_cache_alloc_pool(KVCache *c, int n_blocks) {
+    if (c->n_blocks) fatal("internal: the KV cache's pool was allocated already");
+    c->n_blocks = n_blocks;
+    size_t per_layer = (size_t)n_blocks * c->block_size * c->width * sizeof(float);
+    for (int l = 0; l < c->n_layer; l++) c->k[l] = dev_malloc(per_layer), c->v[l] = dev_malloc(per_layer);
 }
 
 void kv_cache_free(KVCache *c) {
@@ -41,7 +45,7 @@ int kv_pool_blocks(size_t pool_bytes, int B, int maxT, int block_size, size_t pe
     if (n < (size_t)whole)
         fatal("key 'kv_cache_bytes': expected at least %zu bytes per rank (one whole context: %d blocks of %d "
               "positions, %zu bytes each), found %zu", whole * per_block, whole, block_size, per_block, pool_bytes);
-    return n > INT32_MAX ? INT32_MAX : (int)n;
+    return n > KV_MAX_BLOCKS ? KV_MAX_BLOCKS : (int)n;
 }
 
 size_t kv_cache_bytes(const KVCache *c) {

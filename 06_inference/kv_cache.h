@@ -46,7 +46,11 @@ typedef struct {
 // n_kv_head x head size (C_kv). The one place that says how wide the cache is: a model with fewer
 // key heads than query heads (grouped-query attention) keeps n_head / n_kv_head times fewer.
 int kv_width(const ModelShape *s);
-void kv_cache_alloc(KVCache *c, int n_layer, int n_blocks, int block_size, int maxT, int rows, int width);
+// everything but the pool: the tables and starts of a pass's rows
+void kv_cache_alloc(KVCache *c, int n_layer, int block_size, int maxT, int rows, int width);
+// then the pool's n_blocks blocks, last: a pool sized from the free memory (the server's
+// kv_cache_memory_fraction) is measured once everything else is allocated
+void kv_cache_alloc_pool(KVCache *c, int n_blocks);
 void kv_cache_free(KVCache *c);
 // the device bytes of the keys and values
 size_t kv_cache_bytes(const KVCache *c);
@@ -54,8 +58,11 @@ size_t kv_cache_bytes(const KVCache *c);
 size_t kv_bytes_per_block(int n_layer, int block_size, int width);
 // the pool's blocks: as many of per_block bytes as pool_bytes holds, or B whole contexts of maxT
 // positions when pool_bytes is 0. Refused when it cannot hold one whole context: a long request
-// could never run.
+// could never run. At most KV_MAX_BLOCKS.
 int kv_pool_blocks(size_t pool_bytes, int B, int maxT, int block_size, size_t per_block);
+// the server's steps are broadcast as floats (scheduler.c's plan), block numbers among them, and a
+// float holds every whole number up to 2^24 only
+enum { KV_MAX_BLOCKS = 1 << 24 };
 // rows 0 .. B-1 a whole context each: row b the blocks b * max_blocks .. (b + 1) * max_blocks - 1
 // (the pool must hold B * max_blocks)
 void kv_cache_slot_tables(KVCache *c, int B);

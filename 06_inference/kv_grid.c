@@ -7,10 +7,10 @@
 #include "log.h"
 
 void kv_model_alloc_grid(KVModel *m, Comm *world, const GPTConfig *cfg, const int dims[3], int B, int T,
-                         int maxT, size_t pool_bytes, int block_size, bool half_mode) {
+                         int maxT, int block_size, bool half_mode) {
     KVGrid *g = calloc_or_die(1, sizeof *g);
     tp_model_init(&g->tp, world, cfg, dims, true);
-    kv_model_alloc_params(m, cfg, &g->tp.layout, B, T, maxT, pool_bytes, block_size, half_mode);
+    kv_model_alloc_params(m, cfg, &g->tp.layout, B, T, maxT, block_size, half_mode);
     m->grid = g;
     tp_stream_init(&g->stream, &g->tp.grid, g->tp.max_block, false, half_mode);
     g->stats = dev_malloc(2 * (size_t)B * T * sizeof(float));

@@ -26,9 +26,9 @@ struct KVGrid {
 };
 
 // kv_model_alloc on the grid dims = [x, y, 1] of world (every rank calls it; the grid was checked
-// with tp_check_grid). Load the weights with kv_model_load.
+// with tp_check_grid), all but the cache's pool, as kv_model_alloc.
 void kv_model_alloc_grid(KVModel *m, Comm *world, const GPTConfig *cfg, const int dims[3], int B, int T,
-                         int maxT, size_t pool_bytes, int block_size, bool half_mode);
+                         int maxT, int block_size, bool half_mode);
 
 // kv_model.c's calls, where m->grid is set:
 // params = this rank's share of full (device, the whole model's layout)

@@ -12,13 +12,12 @@
 // ---- the model --------------------------------------------------------------------------------
 
 void kv_model_alloc_params(KVModel *m, const GPTConfig *cfg, const ParamLayout *held, int B, int T, int maxT,
-                           size_t pool_bytes, int block_size, bool half_mode) {
+                           int block_size, bool half_mode) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->B = B;
     m->T = T;
     m->maxT = maxT;
-    m->pool_bytes = pool_bytes;
     m->block_size = block_size;
     gpt_layout(&m->full, cfg);
     if (!held) held = &m->full;
@@ -33,10 +32,7 @@ void kv_model_alloc_params(KVModel *m, const GPTConfig *cfg, const ParamLayout *
 
 void kv_model_alloc_passes(KVModel *m, LayerOps *inner, const ModelShape *shape, bool half_mode) {
     m->shape = *shape;
-    int width = kv_width(shape);
-    int blocks = kv_pool_blocks(m->pool_bytes, m->B, m->maxT, m->block_size,
-                                kv_bytes_per_block(m->cfg.n_layer, m->block_size, width));
-    kv_cache_alloc(&m->cache, m->cfg.n_layer, blocks, m->block_size, m->maxT, m->B * m->T, width);
+    kv_cache_alloc(&m->cache, m->cfg.n_layer, m->block_size, m->maxT, m->B * m->T, kv_width(shape));
     kv_layers_init(&m->layers, inner, &m->cache);
     ActsSpec spec = whole_model_acts(&m->cfg, m->B, m->T, half_mode, true);  // one block's set, for every layer
     spec.keys = m->cache.max_blocks * m->block_size;  // the attention scores of T new rows against a whole context
@@ -48,11 +44,14 @@ void kv_model_alloc_passes(KVModel *m, LayerOps *inner, const ModelShape *shape,
     m->logits = m->acts.logits;  // the whole vocabulary's rows (a grid with x > 1 gathers them elsewhere)
 }
 
-void kv_model_alloc(KVModel *m, const GPTConfig *cfg, int B, int T, int maxT, size_t pool_bytes, int block_size,
-                    bool half_mode) {
-    kv_model_alloc_params(m, cfg, NULL, B, T, maxT, pool_bytes, block_size, half_mode);
+void kv_model_alloc(KVModel *m, const GPTConfig *cfg, int B, int T, int maxT, int block_size, bool half_mode) {
+    kv_model_alloc_params(m, cfg, NULL, B, T, maxT, block_size, half_mode);
     ModelShape shape = whole_model_shape(cfg);
     kv_model_alloc_passes(m, serial_layer_ops(), &shape, half_mode);
+}
+
+size_t kv_model_bytes_per_block(const KVModel *m) {
+    return kv_bytes_per_block(m->cfg.n_layer, m->block_size, kv_width(&m->shape));
 }
 
 void kv_model_load(KVModel *m, const float *full) {

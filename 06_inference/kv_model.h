@@ -35,8 +35,9 @@ typedef struct KVModel {
     Activations acts;          // one block's activations for B * T rows, reused by every layer:
                                // nothing is kept for a backward
     int B, T, maxT;            // capacity: B sequences, T new rows each, maxT cached positions
-    size_t pool_bytes;         // the cache's pool (kv_cache.h), asked for (0: B whole contexts)
-    int block_size;            // ... in blocks of this many positions
+    int block_size;            // the cache's positions per block
+    size_t pool_free_bytes;    // the free memory the pool is a share of (kv_cache_memory_fraction:
+                               // the least of the ranks'), or 0 (kv_cache_bytes, or whole contexts)
     float *last;               // (B x T, C) the rows whose logits a pass takes, the head's input
     float *logits;             // (B, Vp) the whole vocabulary (device)
     size_t bytes;              // device memory of everything above but the weights and the cache
@@ -47,16 +48,16 @@ typedef struct KVModel {
     long graph_replays;        // decode steps that replayed it (the GPU test asserts some did)
 } KVModel;
 
-// Allocates the model's buffers for cfg on one device, the cache (a pool of pool_bytes in blocks
-// of block_size positions; 0: B whole contexts of maxT) around serial_layer_ops(). Load the
-// weights with kv_model_load.
-void kv_model_alloc(KVModel *m, const GPTConfig *cfg, int B, int T, int maxT, size_t pool_bytes, int block_size,
-                    bool half_mode);
+// Allocates the model's buffers for cfg on one device, the cache (in blocks of block_size
+// positions) around serial_layer_ops(), all but the cache's pool. Load the weights with
+// kv_model_load, then give the cache its pool (kv_cache_alloc_pool): last, so that a pool sized
+// from the free memory is measured after everything else.
+void kv_model_alloc(KVModel *m, const GPTConfig *cfg, int B, int T, int maxT, int block_size, bool half_mode);
 // The two halves of kv_model_alloc, which kv_model_alloc_grid calls with the grid's parts. First
 // the sizes and the parameters this process holds, laid out as `held` (NULL: the whole model).
 void kv_model_alloc_params(KVModel *m, const GPTConfig *cfg, const ParamLayout *held, int B, int T, int maxT,
-                           size_t pool_bytes, int block_size, bool half_mode);
-// Then the rest: the cache, the layers (inner with the cache
+                           int block_size, bool half_mode);
+// Then the rest: the cache (but its pool), the layers (inner with the cache
 // plugged in), the activations at `shape`'s sizes (what this process holds of a block), the
 // head's buffers.
 void kv_model_alloc_passes(KVModel *m, LayerOps *inner, const ModelShape *shape, bool half_mode);
@@ -64,6 +65,8 @@ void kv_model_alloc_passes(KVModel *m, LayerOps *inner, const ModelShape *shape,
 // when bf16 was asked for.
 void kv_model_load(KVModel *m, const float *full);
 void kv_model_free(KVModel *m);
+// the cache's bytes per block on this process (all layers, keys and values of its heads)
+size_t kv_model_bytes_per_block(const KVModel *m);
 
 // One forward pass over T new rows of B sequences: tokens (B, T) and start (B) are host arrays;
 // sequence b's rows sit at positions start[b] .. start[b] + T - 1, its cache blocks are

@@ -124,6 +124,8 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
     q.sampler = sampler;
     speculation_init(s, &q, m, sampler);
     s->metrics.cache_blocks = m->cache.n_blocks;
+    s->metrics.cache_bytes = kv_cache_bytes(&m->cache);
+    s->metrics.cache_free_bytes = m->pool_free_bytes;
     while (wait_and_admit(s, &g, &q)) {
         grow_or_preempt(s, &q);
         step(s, &g, &q, sampler);
@@ -647,10 +649,15 @@ static int accept_proposals(Server *s, Batch *q, Sampler *sampler, int b, const 
 
 void scheduler_metrics_text(const Server *s, Buf *out) {
     const ServerMetrics *m = &s->metrics;
-    char text[3072];
+    char text[4096];
     int n = snprintf(text, sizeof text,
                      "# HELP workbook_kv_cache_blocks blocks of the paged KV cache's pool\n"
                      "# TYPE workbook_kv_cache_blocks gauge\nworkbook_kv_cache_blocks %d\n"
+                     "# HELP workbook_kv_cache_bytes device bytes of the pool on each rank\n"
+                     "# TYPE workbook_kv_cache_bytes gauge\nworkbook_kv_cache_bytes %zu\n"
+                     "# HELP workbook_kv_cache_free_memory_bytes the device's free memory (the least of the "
+                     "ranks') that kv_cache_memory_fraction sized the pool from; 0: sized otherwise\n"
+                     "# TYPE workbook_kv_cache_free_memory_bytes gauge\nworkbook_kv_cache_free_memory_bytes %zu\n"
                      "# HELP workbook_kv_cache_blocks_used blocks held by running requests\n"
                      "# TYPE workbook_kv_cache_blocks_used gauge\nworkbook_kv_cache_blocks_used %d\n"
                      "# HELP workbook_preemptions_total running requests whose blocks were freed, to be "
@@ -671,7 +678,7 @@ void scheduler_metrics_text(const Server *s, Buf *out) {
                      "# TYPE workbook_spec_accepted_tokens_total counter\nworkbook_spec_accepted_tokens_total %ld\n"
                      "# HELP workbook_spec_acceptance_rate accepted / proposed\n"
                      "# TYPE workbook_spec_acceptance_rate gauge\nworkbook_spec_acceptance_rate %.4f\n",
-                     m->cache_blocks, m->cache_blocks_used, m->preemptions, m->prefix_hits, m->prefix_tokens_saved,
+                     m->cache_blocks, m->cache_bytes, m->cache_free_bytes, m->cache_blocks_used, m->preemptions, m->prefix_hits, m->prefix_tokens_saved,
                      m->block_copies, m->spec_proposed, m->spec_accepted,
                      m->spec_proposed ? (double)m->spec_accepted / (double)m->spec_proposed : 0.0);
     buf_append(out, text, (size_t)n);

@@ -62,7 +62,7 @@ typedef struct {
 
 // ---- metrics (served in Prometheus's text format by server.c) ----------------------------------
 
-enum { N_BUCKETS = 11, N_CODES = 7 };  // server.c's TTFT_BUCKETS and TPOT_BUCKETS; STATUS_CODES
+enum { N_BUCKETS = 11, N_CODES = 12 };  // server.c's TTFT_BUCKETS and TPOT_BUCKETS; STATUS_CODES
 
 typedef struct {
     const double *le;
@@ -77,6 +77,8 @@ typedef struct {
     Histogram ttft, tpot;    // time to first token, time per output token (scheduler.c)
     // the paged KV cache (scheduler.c)
     int cache_blocks, cache_blocks_used;
+    size_t cache_bytes;      // the pool's device bytes on each rank
+    size_t cache_free_bytes; // the free memory kv_cache_memory_fraction sized it from, else 0
     long preemptions;        // running jobs whose blocks were taken back to let the others go on
     long prefix_hits, prefix_tokens_saved;  // jobs that began with cached blocks; their positions
     long block_copies;       // cached blocks copied to be written (copy-on-write)

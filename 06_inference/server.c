@@ -233,7 +233,7 @@ static void histogram_print(Buf *b, const char *name, const char *help, const Hi
                h->sum, name, h->count);
 }
 
-static const int STATUS_CODES[] = {200, 400, 404, 405, 413, 429, 503};
+static const int STATUS_CODES[] = {200, 400, 404, 405, 411, 413, 414, 429, 431, 501, 503, 505};
 _Static_assert(sizeof STATUS_CODES / sizeof STATUS_CODES[0] == N_CODES, "scheduler.h's N_CODES");
 
 static void count_status(Server *s, int code) {
@@ -245,7 +245,7 @@ static char *metrics_text(Server *s) {
     Buf b = {0};
     pthread_mutex_lock(&s->lock);
     const ServerMetrics *m = &s->metrics;
-    buf_printf(&b, "# HELP workbook_requests_total HTTP requests to the completion endpoints, by status\n"
+    buf_printf(&b, "# HELP workbook_requests_total HTTP requests answered with a completion (200) or refused, by status\n"
                    "# TYPE workbook_requests_total counter\n");
     for (int i = 0; i < N_CODES; i++)
         buf_printf(&b, "workbook_requests_total{code=\"%d\"} %ld\n", STATUS_CODES[i], m->requests[i]);

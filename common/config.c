@@ -139,6 +139,9 @@ static const Key KEYS[] = {
     K(kv_block_size, T_INT, "16", "inference: positions per block of the paged KV cache"),
     K(kv_cache_bytes, T_FLOAT, "0",
       "inference server: bytes of the KV cache's block pool per rank (0: max_batch_size whole contexts)"),
+    K(kv_cache_memory_fraction, T_FLOAT, "0",
+      "inference server: the KV cache's block pool as a share (0, 1] of the device's free memory once the "
+      "weights are loaded, instead of kv_cache_bytes (not given: kv_cache_bytes decides)"),
     K(prefix_caching, T_BOOL, "true",
       "inference server: requests whose text begins alike share the KV cache's blocks of it"),
     K(draft_model, T_STRING, "",
@@ -695,6 +698,22 @@ static void require_grid_fits_stage(const Config *cfg, const Sources *src, Stage
               "cell ([1, 1, 1]): its experts are not split", where, tp[0], tp[1], tp[2]);
 }
 
+// The server's pool is sized by kv_cache_bytes or by kv_cache_memory_fraction: one of them, and a
+// fraction that is a share of something.
+static void require_one_pool_size(const Config *cfg, const Sources *src) {
+    const char *fraction_from = source_of(src, "kv_cache_memory_fraction");
+    char where[1200];
+    if (strcmp(fraction_from, "defaults") == 0) return;
+    if (strcmp(source_of(src, "kv_cache_bytes"), "defaults") != 0)
+        fatal("%s: keys 'kv_cache_bytes' and 'kv_cache_memory_fraction' both size the KV cache's pool: expected "
+              "one of them, found %g and %g",
+              sources_of_pair(src, "kv_cache_bytes", "kv_cache_memory_fraction", where, sizeof where),
+              cfg->kv_cache_bytes, cfg->kv_cache_memory_fraction);
+    if (!(cfg->kv_cache_memory_fraction > 0 && cfg->kv_cache_memory_fraction <= 1))
+        fatal("%s: key 'kv_cache_memory_fraction': expected a share of the free memory in (0, 1], found %g",
+              fraction_from, cfg->kv_cache_memory_fraction);
+}
+
 // The keys of a stage that generates (stage 06).
 static void require_generation_keys(const Config *cfg, const Sources *src) {
     char where[1200];
@@ -709,6 +728,7 @@ static void require_generation_keys(const Config *cfg, const Sources *src) {
         fatal("%s: key 'top_p': expected a value in (0, 1], found %g", source_of(src, "top_p"), cfg->top_p);
     require_positive(src, "kv_block_size", cfg->kv_block_size);
     require_not_negative(src, "kv_cache_bytes", cfg->kv_cache_bytes);
+    require_one_pool_size(cfg, src);
     require_not_negative(src, "max_prefill_tokens", cfg->max_prefill_tokens);
     require_positive(src, "num_speculative_tokens", cfg->num_speculative_tokens);
     if (cfg->serve && !cfg->kv_cache)

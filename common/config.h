@@ -97,6 +97,7 @@ typedef struct {
     char served_model_name[128]; // the "model" it answers to ("": init_from's base name)
     int kv_block_size;           // positions per block of the paged KV cache
     double kv_cache_bytes;       // the server's block pool per rank (0: max_batch_size whole contexts)
+    double kv_cache_memory_fraction;  // ... or this share of the device's free memory (not given: 0)
     int max_prefill_tokens;      // prompt tokens a server step takes (0: whole prompts)
     bool prefix_caching;         // requests whose text begins alike share cache blocks
     char draft_model[512];       // speculative decoding's draft checkpoint ("": none)

@@ -43,5 +43,10 @@ void dev_marks_clear(void);
 double dev_busy_seconds(void);
 size_t dev_bytes_in_use(void);      // what dev_malloc currently holds
 size_t dev_bytes_peak(void);
+// The device's free memory now, for sizing a buffer as a share of it (the server's KV cache pool):
+// CUDA's cudaMemGetInfo, after the stream drains and the allocator hands back what dev_free gave
+// it; on the CPU backend the host's MemAvailable (/proc/meminfo), what can be allocated without
+// swapping. Exits with a message when it cannot be read.
+size_t dev_free_bytes(void);
 
 #endif

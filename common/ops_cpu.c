@@ -516,6 +516,18 @@ void dev_marks_clear(void) { g_marks.n = 0; }
 size_t dev_bytes_in_use(void) { return g_bytes_in_use; }
 size_t dev_bytes_peak(void) { return g_bytes_peak; }
 
+size_t dev_free_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) fatal("the host's free memory: cannot open /proc/meminfo");
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    fclose(f);
+    if (!found) fatal("the host's free memory: /proc/meminfo has no 'MemAvailable: N kB' line");
+    return (size_t)kib * 1024;
+}
+
 // ----------------------------------------------------------------------------------------------
 // initialisation
 

@@ -485,6 +485,19 @@ double dev_busy_seconds(void) { return wall_seconds(); }
 size_t dev_bytes_in_use(void) { return g_bytes_in_use; }
 size_t dev_bytes_peak(void) { return g_bytes_peak; }
 
+// cudaFreeAsync gives memory back to the stream-ordered allocator's pool, not to the device:
+// trimmed, the pool's unused memory counts as free again
+size_t dev_free_bytes(void) {
+    ensure_init();
+    sync_stream();
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetMemPool(&pool, g.device));
+    CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return free_b;
+}
+
 // Marks are timed events. Their times come from cudaEventElapsedTime against an anchor event
 // that the host saw the device pass (the stream drained, so the anchor's time is the host
 // clock's reading just after it): one host/GPU clock pairing per trace, drift over a few steps

@@ -55,6 +55,20 @@ def metric(url, name):
     raise RuntimeError(f"no metric {name}")
 
 
+# the statuses only the door and the head checks answer (server.c's check_head, check_headers)
+DOOR_CODES = (411, 414, 431, 501, 505)
+
+
+def status_counts(url, codes):
+    """/metrics's workbook_requests_total of each code (None: not counted at all)"""
+    _, _, text = request(url, "GET", "/metrics", source="127.0.0.2")
+    lines = text.decode().splitlines()
+    def count(code):
+        prefix = f'workbook_requests_total{{code="{code}"}} '
+        return next((float(l[len(prefix):]) for l in lines if l.startswith(prefix)), None)
+    return {code: count(code) for code in codes}
+
+
 def wait_metric(url, name, want, seconds=30):
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -437,11 +451,21 @@ def main():
     answers = [timed_answer(url, model, "127.0.0.4", limit) for _ in range(3)]
     checks["served while another trickles headers on 40"] = (all(s == 200 and t < limit for s, t in answers), answers)
 
-    for name, want, code, status, error, text in bad_requests(url, model):
+    counted_before = status_counts(url, DOOR_CODES)
+    refused, heads = bad_requests(url, model), head_refusals(url)
+    counted_after = status_counts(url, DOOR_CODES)
+    for name, want, code, status, error, text in refused:
         checks[f"refused: {name}"] = (status == want and error is not None and (code is None or error["code"] == code),
                                       {"status": status, "want": want, "body": text})
-    for name, ok, detail in head_refusals(url):
+    for name, ok, detail in heads:
         checks[f"refused head: {name}"] = (ok, detail)
+    # /metrics counts each of those answers by its status, as the clients saw them
+    seen = [r[3] for r in refused] + [detail["status"] for _, _, detail in heads]
+    counted = {code: None if None in (counted_before[code], counted_after[code])
+               else counted_after[code] - counted_before[code] for code in DOOR_CODES}
+    checks["/metrics counts the door's refusals by status"] = (
+        all(seen.count(code) > 0 and counted[code] == seen.count(code) for code in DOOR_CODES),
+        {"counted": counted, "answered": {code: seen.count(code) for code in DOOR_CODES}})
     checks["a second request on a connection: never answered, the connection closed"] = guarded(second_requests, url, model)
     checks["every answer says Connection: close"] = guarded(closing_answers, url, model)
     checks["stream_options include_usage"] = guarded(include_usage, url, model)

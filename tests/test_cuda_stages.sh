@@ -10,6 +10,9 @@
 #     over MPI through pinned host memory (comm.h comm_select_backend; each run's banner must say
 #     which); section share: more ranks than GPUs choose MPI by themselves and say why, and
 #     comm_backend=nccl is refused there;
+#   - stage 06's server sizes its KV cache pool as a share of the GPU's free memory
+#     (kv_cache_memory_fraction, section 6): the blocks that share of what it measured holds, and
+#     nvidia-smi sees the GPU that much fuller;
 #   - traces (section trace): valid with CUDA-event spans, and stage 03's bucket all-reduces overlap
 #     the backward on the GPU's clock with overlap_communication, not without;
 #   - sections paged, llama, lora: the CPU suite's tests of the serving engine, Llama and LoRA,
@@ -198,6 +201,43 @@ section_6() {
         generates_like "s6_greedy_tp$dims" "$np" s6_greedy --tp_dimensions="$dims"
         generates_like "s6_sampled_tp$dims" "$np" s6_sampled "${sample[@]}" --tp_dimensions="$dims"
     done
+    pool_of_free_memory
+}
+
+# pool_figures <metrics> <fraction> <nvidia-smi's free MiB, or empty>: "ok", or what is wrong
+pool_figures() {
+    python3 - "$@" <<'PY'
+import sys
+m = {l.split()[0]: int(float(l.split()[1])) for l in open(sys.argv[1]) if l.startswith("workbook_kv_cache")}
+fraction, smi = float(sys.argv[2]), sys.argv[3]
+free, blocks = m.get("workbook_kv_cache_free_memory_bytes", 0), m.get("workbook_kv_cache_blocks", 0)
+want = int(fraction * free) // 16384
+left = (free - blocks * 16384) / 2**20  # MiB
+ok = blocks > 0 and blocks == want and m.get("workbook_kv_cache_bytes") == blocks * 16384
+ok = ok and (not smi or abs(int(smi) - left) < 1024)
+print("ok" if ok else f"want {want} blocks of 16384 bytes from {free} bytes free and nvidia-smi's free "
+      f"{smi or '(not asked)'} MiB near {left:.0f} MiB; found {m}")
+PY
+}
+# The server's KV cache pool as a share of the GPU's free memory (kv_cache_memory_fraction, 0.25):
+# the blocks that share of the free memory it measured holds (16384 bytes each: keys and values,
+# 2 layers, 16 positions, 64 columns, fp32), and the GPU that much fuller once it is allocated, by
+# nvidia-smi within 1 GiB (cuBLAS's workspace and the like come later). A dry run takes 0.0001 of
+# the host's memory and leaves nvidia-smi out.
+pool_of_free_memory() {
+    local fraction=0.25 gpu=${CUDA_VISIBLE_DEVICES:-0} smi="" pid url
+    [ -n "${TEST_GPUS:-}" ] && fraction=0.0001
+    timeout 120 "$STAGE_BIN/stage-6" --config configs/inference.json --init_from="$tmp/s6_model" --serve=true \
+        --host=127.0.0.1 --port=0 --kv_cache_memory_fraction=$fraction >"$tmp/s6_pool.log" 2>&1 </dev/null &
+    pid=$!
+    for _ in $(seq 600); do grep -q "^server: model" "$tmp/s6_pool.log" && break; sleep 0.1; done
+    url=http://127.0.0.1:$(grep -ao 'http://127.0.0.1:[0-9]*' "$tmp/s6_pool.log" | sed 's/.*://')
+    curl -s -m 10 "$url/metrics" >"$tmp/s6_pool.metrics"
+    [ -z "${TEST_GPUS:-}" ] && smi=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits -i "${gpu%%,*}")
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid"
+    check '[ "$(pool_figures "$tmp/s6_pool.metrics" "$fraction" "$smi")" = ok ]' \
+        "stage 06 server, kv_cache_memory_fraction $fraction: $(pool_figures "$tmp/s6_pool.metrics" "$fraction" "$smi") $(tail -2 "$tmp/s6_pool.log")"
 }
 
 # stage 07 (test_stage7.sh): pipelines of 1-4 stages (an uneven 3), GPipe and 1F1B, 1 and 4

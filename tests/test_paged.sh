@@ -11,6 +11,8 @@
 #    requests run out of blocks mid-answer and the newest are preempted (freed, and recomputed
 #    later); then with prefix caching (hits counted in /metrics), chunked prefill (32 positions a
 #    step, the prompts ~225), everything at once, and everything on a [2,1,1] grid;
+#  - a pool sized as a share of the free memory (kv_cache_memory_fraction), on one rank and on
+#    [2,1,1]: its blocks are what the share of the measured free memory holds; bad shares refused;
 #  - prompts asked again in blocks of one position: the whole prompt is cached and its last block
 #    copied before it is written (copy-on-write, counted in /metrics);
 #  - speculative decoding (a 1-layer draft proposes 3 tokens a step): greedy answers equal no
@@ -113,6 +115,48 @@ served_ranks=2 served tp "[2,1,1], everything on" --tp_dimensions=2,1,1 --max_pr
     --kv_cache_bytes=245760
 check '[ "$(metric tp workbook_preemptions_total)" -gt 0 ] && [ "$(metric tp workbook_prefix_cache_hits_total)" -gt 0 ]' \
     "[2,1,1], everything on: want preemptions and prefix hits: $(grep -a "^workbook_.*\(cache\|preempt\)" "$tmp/tp.metrics")"
+
+# the pool as a share of the free memory (kv_cache_memory_fraction): the share that makes about 200
+# blocks of this host's MemAvailable now. The server reports the free memory it measured once the
+# model was loaded (the least of the ranks'); its blocks must be what that share of it holds, at
+# 4096 bytes a block (2048 a rank on [2,1,1], which holds half the heads), and its measure this
+# host's MemAvailable give or take half. The answers stay the slot design's.
+available=$(sed -n 's/^MemAvailable: *\([0-9]*\) kB$/\1/p' /proc/meminfo)
+fraction=$(python3 -c "import sys; print(repr(200 * 4096 / (int(sys.argv[1]) * 1024)))" "$available")
+pool_of_free() {  # <name> <bytes per block>: the pool's figures against the arithmetic
+    python3 - "$tmp/$1.metrics" "$fraction" "$2" "$available" <<'PY'
+import sys
+m = {l.split()[0]: int(float(l.split()[1])) for l in open(sys.argv[1]) if l.startswith("workbook_kv_cache")}
+fraction, per_block, available = float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) * 1024
+free, blocks = m["workbook_kv_cache_free_memory_bytes"], m["workbook_kv_cache_blocks"]
+ok = blocks == int(fraction * free) // per_block and m["workbook_kv_cache_bytes"] == blocks * per_block \
+    and available / 2 < free < available * 2
+print("ok" if ok else f"want {int(fraction * free) // per_block} blocks of {per_block} bytes from {free} bytes free "
+      f"(MemAvailable {available}), found {m}")
+PY
+}
+served fraction "a pool of kv_cache_memory_fraction $fraction" --kv_block_size=4 --kv_cache_memory_fraction="$fraction" \
+    --prefix_caching=false
+check '[ "$(pool_of_free fraction 4096)" = ok ]' "kv_cache_memory_fraction: $(pool_of_free fraction 4096)"
+check 'grep -q "^KV cache pool: $(metric fraction workbook_kv_cache_blocks) blocks of 4 positions, $(metric fraction workbook_kv_cache_bytes) bytes per rank, from kv_cache_memory_fraction" "$tmp/fraction.log"' \
+    "kv_cache_memory_fraction: the pool it chose is not printed: $(grep -a "KV cache" "$tmp/fraction.log")"
+served_ranks=2 served tpfraction "[2,1,1], a pool of kv_cache_memory_fraction $fraction" --tp_dimensions=2,1,1 \
+    --kv_block_size=4 --kv_cache_memory_fraction="$fraction" --max_prefill_tokens=32
+check '[ "$(pool_of_free tpfraction 2048)" = ok ]' "[2,1,1], kv_cache_memory_fraction: $(pool_of_free tpfraction 2048)"
+# refused: a share outside (0, 1], one with kv_cache_bytes, one too small for a whole context
+refused() {  # <what> <the error's words> <args...>
+    local what=$1 want=$2; shift 2
+    timeout 60 build/stage-6 "${model[@]}" --serve=true --port=0 "$@" >"$tmp/refused.log" 2>&1 </dev/null; rc=$?
+    check '[ $rc -ne 0 ] && grep -q "$want" "$tmp/refused.log"' "$what: want a refusal saying '$want', exit $rc: $(tail -2 "$tmp/refused.log")"
+}
+refused "kv_cache_memory_fraction 0" "command line: key 'kv_cache_memory_fraction': expected a share of the free memory in (0, 1], found 0" \
+    --kv_cache_memory_fraction=0
+refused "kv_cache_memory_fraction 1.5" "key 'kv_cache_memory_fraction': expected a share of the free memory in (0, 1], found 1.5" \
+    --kv_cache_memory_fraction=1.5
+refused "both pool keys" "keys 'kv_cache_bytes' and 'kv_cache_memory_fraction' both size the KV cache's pool" \
+    --kv_cache_memory_fraction=0.5 --kv_cache_bytes=491520
+refused "a share too small" "key 'kv_cache_memory_fraction': expected a share of the free memory (.*) that holds one whole context" \
+    --kv_cache_memory_fraction=1e-12
 
 # speculative decoding: the draft proposes 3 tokens a step, the model checks them in one pass;
 # alone, then with everything else on, then on a [2,2,1] grid (the draft runs on rank 0)

@@ -288,6 +288,24 @@ got = [json.load(open(p))["layouts"] for p in sys.argv[1:]]
 ok = all(len(g) == 1 and g[0]["memory"] == w and g[0]["memory_total"] == sum(w.values()) for g, w in zip(got, want))
 sys.exit(0 if ok and got[0][0]["tp_dimensions"] == [1, 1, 1] and got[1][0]["kv_heads_per_rank"] == 4 else 1)
 PY' "--inference, Llama-3.1-8B: not the figures by hand: $(tail -3 "$tmp/serve1.log") $(tail -3 "$tmp/serve2.log")"
+# served with kv_cache_memory_fraction: the share of what the weights leave of the GPU (the
+# cluster's memory_gib), in blocks of 16 positions x 32 layers x keys and values x the rank's
+# key/value heads x 128 x 4 bytes; a share too small for one whole context (64 blocks) does not fit
+for f in 0.9 0.0001; do
+    "${serve_plan[@]}" --serve=true --kv_cache_memory_fraction=$f --ranks=2 --json="$tmp/share$f.json" >"$tmp/share$f.log" 2>&1
+done
+check 'python3 - "$cluster" "$tmp/share0.9.json" "$tmp/share0.0001.json" <<PY
+import json, math, sys
+capacity = json.load(open(sys.argv[1]))["memory_gib"] * 2**30
+def right(g, f):
+    per_block = 16 * 32 * 2 * (8 // g["tp_dimensions"][0]) * 128 * 4
+    m = g["memory"]
+    blocks = math.floor(f * (capacity - m["weights (fp32)"] - m["weights (bf16 copy)"]) / per_block)
+    return g["kv_cache_blocks"] == blocks and m["KV cache (fp32)"] == blocks * per_block and g["fits"] == (blocks >= 64)
+big, small = (json.load(open(p))["layouts"] for p in sys.argv[2:])
+sys.exit(not (len(big) == len(small) == 2 and all(right(g, 0.9) and g["fits"] for g in big)
+              and all(right(g, 0.0001) and not g["fits"] for g in small)))
+PY' "--inference, Llama-3.1-8B with kv_cache_memory_fraction: not the share of what the weights leave: $(tail -4 "$tmp/share0.9.log")"
 # and the blocks a server of a tiny Llama allocates for kv_cache_bytes, on one rank and [2,1,1]
 tiny_llama=(--config configs/inference.json --random_init=true --model_id=custom --arch=llama --n_layer=2 --n_head=4
             --n_kv_head=2 --n_embd=64 --intermediate_size=172 --serve=true --kv_block_size=4 --kv_cache_bytes=300000)

@@ -11,7 +11,8 @@
 #  - so does every request head libmicrohttpd would refuse with its own HTML page (or no answer),
 #    each on a new connection, with /health answered right after it: request lines and versions
 #    (505), header lines, Host, Content-Length, a body in chunks (411), another transfer coding
-#    (501), a request line (414) or headers (431) over 16 KiB; a second request on a connection,
+#    (501), a request line (414) or headers (431) over 16 KiB, each counted by its status in
+#    /metrics (workbook_requests_total); a second request on a connection,
 #    right or malformed, sent before the first answer, is not answered: every answer says
 #    Connection: close and ends its connection, so each request comes through the door;
 #  - stream_options.include_usage sends the usage chunk; GET /v1/models/{id}; chat content as a

@@ -4,10 +4,12 @@
 // kv_width, kv_bytes_per_block, kv_pool_blocks):
 //   weights   the rank's share of the parameters in fp32, and their 16-bit copy when the precision
 //             has one (stage 06 casts the fp32 weights it loaded, and keeps both);
-//   KV cache  max_batch_size whole contexts of max_seq_len positions (serving: kv_cache_bytes), in
-//             blocks of kv_block_size positions, keys and values of the rank's n_kv_head / x
-//             key/value heads in fp32.
+//   KV cache  max_batch_size whole contexts of max_seq_len positions (serving: kv_cache_bytes, or
+//             kv_cache_memory_fraction of what the weights leave of the GPU), in blocks of
+//             kv_block_size positions, keys and values of the rank's n_kv_head / x key/value heads
+//             in fp32.
 // Not counted: one pass's activations and logits, which grow with the longest prompt.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,22 +36,35 @@ typedef struct {
     bool fits;
 } ServePlan;
 
+// kv_cache_memory_fraction's pool as the planner sees it: the share of what the weights leave of
+// the GPU. The server measures the free memory once the passes' buffers are allocated too (and the
+// CUDA context), so its pool comes out a little smaller.
+static int blocks_of_share(double fraction, double left, size_t per_block) {
+    double n = left > 0 ? floor(fraction * left / (double)per_block) : 0;
+    return n > KV_MAX_BLOCKS ? KV_MAX_BLOCKS : (int)n;
+}
+
 static void plan_grid(ServePlan *p, const Config *cfg, const GPTConfig *mc, int X, int Y, double capacity) {
     TPGrid grid = {.X = X, .Y = Y, .Z = 1, .D = 1};
     TPModel m;
     tp_model_layout(&m, mc, &grid, true);  // rank (0, 0)'s share, as kv_grid.c makes it
     size_t n = m.layout.num_params, per_block = kv_bytes_per_block(mc->n_layer, cfg->kv_block_size, kv_width(&m.shape));
-    // the prompts mode gives each batch row a whole context; the server a pool of kv_cache_bytes
-    size_t pool = cfg->serve ? (size_t)cfg->kv_cache_bytes : 0;
-    *p = (ServePlan){.dims = {X, Y, 1}, .kv_heads = m.shape.n_kv_head,
-                     .blocks = kv_pool_blocks(pool, cfg->max_batch_size, cfg->max_seq_len, cfg->kv_block_size, per_block)};
+    *p = (ServePlan){.dims = {X, Y, 1}, .kv_heads = m.shape.n_kv_head};
     bool half = config_is_half(cfg);
     p->memory[0] = (MemoryItem){"weights (fp32)", n * sizeof(float)};
     p->memory[1] = (MemoryItem){config_half_format(cfg) == HALF_FP16 ? "weights (fp16 copy)" : "weights (bf16 copy)",
                                 half ? n * sizeof(half16) : 0};
+    // the prompts mode gives each batch row a whole context; the server a pool of kv_cache_bytes,
+    // or a share of what the weights leave (fewer blocks than a whole context: it does not fit)
+    size_t pool = cfg->serve ? (size_t)cfg->kv_cache_bytes : 0;
+    bool share = cfg->serve && cfg->kv_cache_memory_fraction > 0;
+    p->blocks = share ? blocks_of_share(cfg->kv_cache_memory_fraction,
+                                        capacity - (double)(p->memory[0].bytes + p->memory[1].bytes), per_block)
+                      : kv_pool_blocks(pool, cfg->max_batch_size, cfg->max_seq_len, cfg->kv_block_size, per_block);
     p->memory[2] = (MemoryItem){"KV cache (fp32)", (size_t)p->blocks * per_block};
     for (int i = 0; i < SERVE_MEMORY_ITEMS; i++) p->total += p->memory[i].bytes;
-    p->fits = (double)p->total <= capacity;
+    int whole = (cfg->max_seq_len + cfg->kv_block_size - 1) / cfg->kv_block_size;
+    p->fits = (double)p->total <= capacity && p->blocks >= whole;
     tp_model_free(&m);
 }
 
