@@ -146,7 +146,7 @@ check '[ "$(pool_of_free tpfraction 2048)" = ok ]' "[2,1,1], kv_cache_memory_fra
 # refused: a share outside (0, 1], one with kv_cache_bytes, one too small for a whole context
 refused() {  # <what> <the error's words> <args...>
     local what=$1 want=$2; shift 2
-    timeout 60 build/stage-6 "${model[@]}" --serve=true --port=0 "$@" >"$tmp/refused.log" 2>&1 </dev/null; rc=$?
+    timeout 60 $STAGE_BIN/stage-6 "${model[@]}" --serve=true --port=0 "$@" >"$tmp/refused.log" 2>&1 </dev/null; rc=$?
     check '[ $rc -ne 0 ] && grep -q "$want" "$tmp/refused.log"' "$what: want a refusal saying '$want', exit $rc: $(tail -2 "$tmp/refused.log")"
 }
 refused "kv_cache_memory_fraction 0" "command line: key 'kv_cache_memory_fraction': expected a share of the free memory in (0, 1], found 0" \
