@@ -105,21 +105,39 @@ static md_t md_matrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t co
 static void md_release(md_t md) { (void)md; }
 #endif
 
+// A stack of `batch` such matrices, the next one batch_stride elements on: attention's heads,
+// side by side in a row of qkv (batch_stride hs, row_stride 3C), or its (T, T) squares.
+static md_t md_batch(int64_t batch, int64_t rows, int64_t cols, int64_t batch_stride, int64_t row_stride,
+                     int64_t col_stride) {
+    dnnl_dims_t dims = {batch, rows, cols}, strides = {batch_stride, row_stride, col_stride};
+    md_t md;
+#if DNNL_VERSION_MAJOR >= 3
+    DNNL_CHECK(dnnl_memory_desc_create_with_strides(&md, 3, dims, dnnl_f32, strides));
+#else
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 3, dims, dnnl_f32, strides));
+#endif
+    return md;
+}
+
 // The three products a linear layer needs. oneDNN's matmul computes dst (M, N) = src (M, K) @
 // weights (K, N) [+ bias]; each kind says which of our tensors plays which role.
 enum { MM_FORWARD, MM_BACKWARD_DATA, MM_BACKWARD_WEIGHTS };
+// ... and the six of attention, each over all NH heads of one sequence (describe_attention)
+enum { ATT_SCORES = MM_BACKWARD_WEIGHTS + 1, ATT_VALUES, ATT_DPROBS, ATT_DQUERIES, ATT_DKEYS, ATT_DVALUES };
 
 // A created primitive and its memory objects, reused for every call of the same shape: creating a
 // primitive means choosing and JIT-compiling a kernel (milliseconds), so a training step, which
 // repeats the same dozen shapes, creates each once and afterwards only swaps the data pointers.
 typedef struct {
-    int kind, N, C, OC, has_bias, bf16;  // bf16: the two inputs are bf16 (the output stays f32)
+    int kind, N, C, OC, has_bias, bf16;  // bf16: the two inputs are bf16 (the output stays f32);
+                                         // attention (describe_attention): N = T, C = hs, OC = NH
     dnnl_primitive_t prim;
     dnnl_memory_t src, weights, bias, dst;
     char impl[64];  // which oneDNN implementation was picked, e.g. "brg:avx512_core"
 } MatmulPlan;
 
-#define MAX_PLANS 512  // a run's shapes: each linear at each batch length, the experts' row chunks
+#define MAX_PLANS 2048  // a run's shapes: each linear and attention's products at each batch length
+                        // (up to 32: a multiple of 8 up to 256), the experts' row chunks
 static MatmulPlan g_plans[MAX_PLANS];
 static int g_nplans = 0;
 
@@ -141,9 +159,8 @@ static MatmulPlan *find_plan(int kind, int N, int C, int OC, int has_bias, int b
 
 // The memory descriptors of one product; returns 1 when it adds into dst (the backward kinds).
 static int describe_operands(int kind, int N, int C, int OC, int bf16, md_t *src, md_t *weights,
-                             md_t *dst, md_t *bias) {
+                             md_t *dst) {
     dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32, f32 = dnnl_f32;
-    *bias = md_matrix(1, OC, OC, 1, f32);  // broadcast over the rows
     if (kind == MM_FORWARD) {
         // out (N, OC) = inp (N, C) @ weight^T (C, OC): the weight read transposed via strides
         *src = md_matrix(N, C, C, 1, in);
@@ -163,6 +180,50 @@ static int describe_operands(int kind, int N, int C, int OC, int bf16, md_t *src
     *weights = md_matrix(N, C, C, 1, in);
     *dst = md_matrix(OC, C, C, 1, f32);
     return 1;
+}
+
+// attention's operands, over NH heads: each head's (T, T) square of att or datt (or its
+// transpose), and each head's hs columns of T rows row_stride apart (qkv's q, k or v block: 3C;
+// out or dout: C), or their transpose
+static md_t attention_squares(int T, int NH, int transposed) {
+    int64_t TT = (int64_t)T * T;
+    return transposed ? md_batch(NH, T, T, TT, 1, T) : md_batch(NH, T, T, TT, T, 1);
+}
+static md_t attention_heads(int T, int hs, int NH, int64_t row_stride, int transposed) {
+    return transposed ? md_batch(NH, hs, T, hs, 1, row_stride) : md_batch(NH, T, hs, hs, row_stride, 1);
+}
+
+// The memory descriptors of one of attention's products for one sequence of T rows, NH heads of
+// hs columns (C = NH hs): Q, K, V are qkv's column blocks, P and dS the squares of att and datt;
+// returns 1 when it adds into dst (the gradients of q, k and v).
+static int describe_attention(int kind, int T, int hs, int NH, md_t *src, md_t *weights, md_t *dst) {
+    int64_t C = (int64_t)NH * hs, C3 = 3 * C;
+    switch (kind) {
+    case ATT_SCORES:  // S = Q K^T
+        *src = attention_heads(T, hs, NH, C3, 0), *weights = attention_heads(T, hs, NH, C3, 1);
+        *dst = attention_squares(T, NH, 0);
+        return 0;
+    case ATT_VALUES:  // out = P V
+        *src = attention_squares(T, NH, 0), *weights = attention_heads(T, hs, NH, C3, 0);
+        *dst = attention_heads(T, hs, NH, C, 0);
+        return 0;
+    case ATT_DPROBS:  // dP = dout V^T
+        *src = attention_heads(T, hs, NH, C, 0), *weights = attention_heads(T, hs, NH, C3, 1);
+        *dst = attention_squares(T, NH, 0);
+        return 0;
+    case ATT_DQUERIES:  // dQ += dS K
+        *src = attention_squares(T, NH, 0), *weights = attention_heads(T, hs, NH, C3, 0);
+        *dst = attention_heads(T, hs, NH, C3, 0);
+        return 1;
+    case ATT_DKEYS:  // dK += dS^T Q
+        *src = attention_squares(T, NH, 1), *weights = attention_heads(T, hs, NH, C3, 0);
+        *dst = attention_heads(T, hs, NH, C3, 0);
+        return 1;
+    default:  // ATT_DVALUES: dV += P^T dout
+        *src = attention_squares(T, NH, 1), *weights = attention_heads(T, hs, NH, C, 0);
+        *dst = attention_heads(T, hs, NH, C3, 0);
+        return 1;
+    }
 }
 
 // The sum post-op turns dst = A @ B into dst = 1.0 * dst + A @ B inside the kernel, so the
@@ -207,8 +268,9 @@ static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_b
     if (g_nplans == MAX_PLANS) fatal("ops_cpu: more than %d matmul shapes in use", MAX_PLANS);
     ops_init();
 
-    md_t src, weights, dst, bias;
-    int accumulate = describe_operands(kind, N, C, OC, bf16, &src, &weights, &dst, &bias);
+    md_t src, weights, dst, bias = md_matrix(1, OC, OC, 1, dnnl_f32);  // bias: broadcast over the rows
+    int accumulate = kind >= ATT_SCORES ? describe_attention(kind, N, C, OC, &src, &weights, &dst)
+                                        : describe_operands(kind, N, C, OC, bf16, &src, &weights, &dst);
     dnnl_primitive_attr_t attr = attr_for(accumulate);
     dnnl_primitive_desc_t pd;
     dnnl_status_t status = matmul_pd_create(&pd, src, weights, bias, dst, has_bias, attr);
@@ -1058,49 +1120,64 @@ void gqa_reduce(float *dproj, const float *dqkv, int N, int C_attn, int NH, int 
 // query's scores against itself and the keys before it
 static double causal_scores(int B, int T, int NH) { return (double)B * NH * T * (T + 1.0) / 2; }
 
+// one of attention's products for sequence b: src and weights are read, dst written (or added
+// into: the gradients of q, k and v)
+static void attention_matmul(int kind, const float *src, const float *weights, float *dst, int T, int C, int NH) {
+    matmul_run(matmul_plan(kind, T, C / NH, NH, 0, 0), src, weights, NULL, dst);
+}
+
+// The softmax rows of every (sequence, head, query) between the products: one task per row; a
+// query t row costs ~t, so they are handed out interleaved (schedule static,1) to keep the
+// threads' loads even. Forward: att's raw scores into probabilities.
+static void attention_probabilities(float *att, int B, int T, int hs, int NH) {
+    float scale = attention_scale(hs);
+#pragma omp parallel for schedule(static, 1) collapse(2)
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++) attention_row_probabilities(att + ((size_t)bh * T + t) * T, t, T, scale);
+}
+
+// backward: datt's rows (the probabilities' gradients) into the scores' gradients
+static void attention_softmax_backward(float *datt, const float *att, int B, int T, int hs, int NH) {
+    float scale = attention_scale(hs);
+#pragma omp parallel for schedule(static, 1) collapse(2)
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++) {
+            size_t row = ((size_t)bh * T + t) * T;
+            attention_row_softmax_backward(datt + row, att + row, t, T, scale);
+        }
+}
+
+// The products take whole (T, T) squares, future included: twice the causal FLOPs, at the matmul
+// engine's rate (GPT-2 124M at T = 256: a fifth of the time the row-at-a-time loops took). The
+// traced FLOPs are the causal ones, what the step needs.
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     int m0 = trace_op_begin();
-    // one task per (sequence, head, query); a query t row costs ~t, so hand them out in an
-    // interleaved order (schedule static,1) to keep the threads' loads even
-#pragma omp parallel for schedule(static, 1) collapse(2)
-    for (int bh = 0; bh < B * NH; bh++) {
-        for (int t = 0; t < T; t++) {
-            int b = bh / NH, h = bh % NH;
-            attention_query_forward(out + (size_t)b * T * C + (size_t)t * C,
-                                    att + ((size_t)bh * T + t) * T, qkv + (size_t)b * T * 3 * C,
-                                    t, h, T, C, NH);
-        }
+    size_t TT = (size_t)T * T;
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + (size_t)b * T * 3 * C;
+        attention_matmul(ATT_SCORES, q, q + C, att + b * NH * TT, T, C, NH);
     }
+    attention_probabilities(att, B, T, C / NH, NH);
+    for (int b = 0; b < B; b++)
+        attention_matmul(ATT_VALUES, att + b * NH * TT, qkv + (size_t)b * T * 3 * C + 2 * C, out + (size_t)b * T * C,
+                         T, C, NH);
     trace_op_end("attention_forward", m0, 4.0 * (4.0 * B * T * C + causal_scores(B, T, NH)), 2.0 * B * T * (T + 1.0) * C, NULL);
 }
 
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH) {
     int m0 = trace_op_begin();
-#pragma omp parallel
-    {
-        // pass 1: per query row (datt becomes the pre-softmax gradient); the implicit barrier
-        // at the end of this loop is what pass 2 needs
-#pragma omp for schedule(static, 1) collapse(2)
-        for (int bh = 0; bh < B * NH; bh++) {
-            for (int t = 0; t < T; t++) {
-                int b = bh / NH, h = bh % NH;
-                attention_query_backward(dqkv + (size_t)b * T * 3 * C,
-                                         datt + ((size_t)bh * T + t) * T,
-                                         dout + (size_t)b * T * C, qkv + (size_t)b * T * 3 * C,
-                                         att + ((size_t)bh * T + t) * T, t, h, T, C, NH);
-            }
-        }
-        // pass 2: per key row
-#pragma omp for schedule(static, 1) collapse(2)
-        for (int bh = 0; bh < B * NH; bh++) {
-            for (int t2 = 0; t2 < T; t2++) {
-                int b = bh / NH, h = bh % NH;
-                attention_key_backward(dqkv + (size_t)b * T * 3 * C, datt + (size_t)bh * T * T,
-                                       att + (size_t)bh * T * T, dout + (size_t)b * T * C,
-                                       qkv + (size_t)b * T * 3 * C, t2, h, T, C, NH);
-            }
-        }
+    size_t TT = (size_t)T * T;
+    for (int b = 0; b < B; b++)
+        attention_matmul(ATT_DPROBS, dout + (size_t)b * T * C, qkv + (size_t)b * T * 3 * C + 2 * C, datt + b * NH * TT,
+                         T, C, NH);
+    attention_softmax_backward(datt, att, B, T, C / NH, NH);
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + (size_t)b * T * 3 * C, *ds = datt + b * NH * TT, *p = att + b * NH * TT;
+        float *dq = dqkv + (size_t)b * T * 3 * C;
+        attention_matmul(ATT_DQUERIES, ds, q + C, dq, T, C, NH);
+        attention_matmul(ATT_DKEYS, ds, q, dq + C, T, C, NH);
+        attention_matmul(ATT_DVALUES, p, dout + (size_t)b * T * C, dq + 2 * C, T, C, NH);
     }
     trace_op_end("attention_backward", m0, 4.0 * (7.0 * B * T * C + causal_scores(B, T, NH)), 4.0 * B * T * (T + 1.0) * C, NULL);
 }
