@@ -131,6 +131,7 @@ enum { ATT_SCORES = MM_BACKWARD_WEIGHTS + 1, ATT_VALUES, ATT_DPROBS, ATT_DQUERIE
 typedef struct {
     int kind, N, C, OC, has_bias, bf16;  // bf16: the two inputs are bf16 (the output stays f32);
                                          // attention (describe_attention): N = T, C = hs, OC = NH
+    int row0;                            // attention's: the tile's first row; else 0
     dnnl_primitive_t prim;
     dnnl_memory_t src, weights, bias, dst;
     char impl[64];  // which oneDNN implementation was picked, e.g. "brg:avx512_core"
@@ -147,11 +148,11 @@ static dnnl_memory_t memory_for(md_t md) {
     return mem;
 }
 
-static MatmulPlan *find_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
+static MatmulPlan *find_plan(int kind, int N, int C, int OC, int has_bias, int bf16, int row0) {
     for (int i = 0; i < g_nplans; i++) {
         MatmulPlan *p = &g_plans[i];
         if (p->kind == kind && p->N == N && p->C == C && p->OC == OC && p->has_bias == has_bias &&
-            p->bf16 == bf16)
+            p->bf16 == bf16 && p->row0 == row0)
             return p;
     }
     return NULL;
@@ -182,46 +183,54 @@ static int describe_operands(int kind, int N, int C, int OC, int bf16, md_t *src
     return 1;
 }
 
-// attention's operands, over NH heads: each head's (T, T) square of att or datt (or its
-// transpose), and each head's hs columns of T rows row_stride apart (qkv's q, k or v block: 3C;
-// out or dout: C), or their transpose
-static md_t attention_squares(int T, int NH, int transposed) {
+// attention's operands, over NH heads: each head's rows x cols of a (T, T) square of att or datt
+// (or its transpose), and each head's hs columns of rows rows row_stride apart (qkv's q, k or v
+// block: 3C; out or dout: C), or their transpose
+static md_t attention_squares(int rows, int cols, int T, int NH, int transposed) {
     int64_t TT = (int64_t)T * T;
-    return transposed ? md_batch(NH, T, T, TT, 1, T) : md_batch(NH, T, T, TT, T, 1);
+    return transposed ? md_batch(NH, rows, cols, TT, 1, T) : md_batch(NH, rows, cols, TT, T, 1);
 }
-static md_t attention_heads(int T, int hs, int NH, int64_t row_stride, int transposed) {
-    return transposed ? md_batch(NH, hs, T, hs, 1, row_stride) : md_batch(NH, T, hs, hs, row_stride, 1);
+static md_t attention_heads(int rows, int hs, int NH, int64_t row_stride, int transposed) {
+    return transposed ? md_batch(NH, hs, rows, hs, 1, row_stride) : md_batch(NH, rows, hs, hs, row_stride, 1);
 }
 
-// The memory descriptors of one of attention's products for one sequence of T rows, NH heads of
-// hs columns (C = NH hs): Q, K, V are qkv's column blocks, P and dS the squares of att and datt;
-// returns 1 when it adds into dst (the gradients of q, k and v).
-static int describe_attention(int kind, int T, int hs, int NH, md_t *src, md_t *weights, md_t *dst) {
+// The causal square in tiles of ATT_TILE rows: query rows [r0, r1) see keys [0, r1), and key rows
+// [r0, r1) are seen by queries [r0, T). A tile's products skip the square's future beyond it: at
+// T = 256, 4 tiles, 62% of the whole square's FLOPs (the causal half is 50%).
+#define ATT_TILE 64
+static int attention_tile_end(int r0, int T) { return r0 + ATT_TILE < T ? r0 + ATT_TILE : T; }
+
+// The memory descriptors of one of attention's products for one tile (first row r0) of a sequence
+// of T rows, NH heads of hs columns (C = NH hs): Q, K, V are qkv's column blocks, P and dS the
+// squares of att and datt; the operands start at the tile (attention_backward and _forward offset
+// the pointers). Returns 1 when it adds into dst (the gradients of q, k and v).
+static int describe_attention(int kind, int T, int hs, int NH, int r0, md_t *src, md_t *weights, md_t *dst) {
     int64_t C = (int64_t)NH * hs, C3 = 3 * C;
+    int r1 = attention_tile_end(r0, T), n = r1 - r0;  // the tile's rows
     switch (kind) {
-    case ATT_SCORES:  // S = Q K^T
-        *src = attention_heads(T, hs, NH, C3, 0), *weights = attention_heads(T, hs, NH, C3, 1);
-        *dst = attention_squares(T, NH, 0);
+    case ATT_SCORES:  // S[r0:r1, :r1] = Q[r0:r1] K[:r1]^T
+        *src = attention_heads(n, hs, NH, C3, 0), *weights = attention_heads(r1, hs, NH, C3, 1);
+        *dst = attention_squares(n, r1, T, NH, 0);
         return 0;
-    case ATT_VALUES:  // out = P V
-        *src = attention_squares(T, NH, 0), *weights = attention_heads(T, hs, NH, C3, 0);
-        *dst = attention_heads(T, hs, NH, C, 0);
+    case ATT_VALUES:  // out[r0:r1] = P[r0:r1, :r1] V[:r1]
+        *src = attention_squares(n, r1, T, NH, 0), *weights = attention_heads(r1, hs, NH, C3, 0);
+        *dst = attention_heads(n, hs, NH, C, 0);
         return 0;
-    case ATT_DPROBS:  // dP = dout V^T
-        *src = attention_heads(T, hs, NH, C, 0), *weights = attention_heads(T, hs, NH, C3, 1);
-        *dst = attention_squares(T, NH, 0);
+    case ATT_DPROBS:  // dP[r0:r1, :r1] = dout[r0:r1] V[:r1]^T
+        *src = attention_heads(n, hs, NH, C, 0), *weights = attention_heads(r1, hs, NH, C3, 1);
+        *dst = attention_squares(n, r1, T, NH, 0);
         return 0;
-    case ATT_DQUERIES:  // dQ += dS K
-        *src = attention_squares(T, NH, 0), *weights = attention_heads(T, hs, NH, C3, 0);
-        *dst = attention_heads(T, hs, NH, C3, 0);
+    case ATT_DQUERIES:  // dQ[r0:r1] += dS[r0:r1, :r1] K[:r1]
+        *src = attention_squares(n, r1, T, NH, 0), *weights = attention_heads(r1, hs, NH, C3, 0);
+        *dst = attention_heads(n, hs, NH, C3, 0);
         return 1;
-    case ATT_DKEYS:  // dK += dS^T Q
-        *src = attention_squares(T, NH, 1), *weights = attention_heads(T, hs, NH, C3, 0);
-        *dst = attention_heads(T, hs, NH, C3, 0);
+    case ATT_DKEYS:  // dK[r0:r1] += dS[r0:, r0:r1]^T Q[r0:]
+        *src = attention_squares(n, T - r0, T, NH, 1), *weights = attention_heads(T - r0, hs, NH, C3, 0);
+        *dst = attention_heads(n, hs, NH, C3, 0);
         return 1;
-    default:  // ATT_DVALUES: dV += P^T dout
-        *src = attention_squares(T, NH, 1), *weights = attention_heads(T, hs, NH, C, 0);
-        *dst = attention_heads(T, hs, NH, C3, 0);
+    default:  // ATT_DVALUES: dV[r0:r1] += P[r0:, r0:r1]^T dout[r0:]
+        *src = attention_squares(n, T - r0, T, NH, 1), *weights = attention_heads(T - r0, hs, NH, C, 0);
+        *dst = attention_heads(n, hs, NH, C3, 0);
         return 1;
     }
 }
@@ -262,14 +271,14 @@ static dnnl_status_t matmul_pd_create(dnnl_primitive_desc_t *pd, md_t src, md_t 
 
 // The plan of one product, created on first use; NULL when oneDNN has no implementation for it
 // here (only ever for bf16: ops_bf16_native() asks this way, the ops through matmul_plan).
-static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
-    MatmulPlan *p = find_plan(kind, N, C, OC, has_bias, bf16);
+static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_bias, int bf16, int row0) {
+    MatmulPlan *p = find_plan(kind, N, C, OC, has_bias, bf16, row0);
     if (p) return p;
     if (g_nplans == MAX_PLANS) fatal("ops_cpu: more than %d matmul shapes in use", MAX_PLANS);
     ops_init();
 
     md_t src, weights, dst, bias = md_matrix(1, OC, OC, 1, dnnl_f32);  // bias: broadcast over the rows
-    int accumulate = kind >= ATT_SCORES ? describe_attention(kind, N, C, OC, &src, &weights, &dst)
+    int accumulate = kind >= ATT_SCORES ? describe_attention(kind, N, C, OC, row0, &src, &weights, &dst)
                                         : describe_operands(kind, N, C, OC, bf16, &src, &weights, &dst);
     dnnl_primitive_attr_t attr = attr_for(accumulate);
     dnnl_primitive_desc_t pd;
@@ -279,7 +288,7 @@ static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_b
               bf16 ? "bf16" : "f32", N, C, OC, (int)status);
     if (status == dnnl_success) {
         p = &g_plans[g_nplans++];
-        *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias, .bf16 = bf16};
+        *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias, .bf16 = bf16, .row0 = row0};
         DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
         const char *impl = NULL;
         DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
@@ -299,7 +308,7 @@ static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_b
 }
 
 static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
-    MatmulPlan *p = find_or_create_plan(kind, N, C, OC, has_bias, bf16);
+    MatmulPlan *p = find_or_create_plan(kind, N, C, OC, has_bias, bf16, 0);
     if (!p)
         fatal("oneDNN has no %s matmul implementation on this CPU (shape N=%d C=%d OC=%d)",
               bf16 ? "bf16" : "f32", N, C, OC);
@@ -331,7 +340,7 @@ static void matmul_run(MatmulPlan *p, const void *src, const void *weights, cons
 // A GPT-2 sized forward product, to ask oneDNN which implementation it picks on this CPU; for
 // bf16, NULL when it has none.
 static MatmulPlan *probe_plan(int bf16) {
-    return (bf16 ? find_or_create_plan : matmul_plan)(MM_FORWARD, 256, 768, 768, 1, bf16);
+    return bf16 ? find_or_create_plan(MM_FORWARD, 256, 768, 768, 1, bf16, 0) : matmul_plan(MM_FORWARD, 256, 768, 768, 1, 0);
 }
 
 // "oneDNN 3.6.2 bf16 matmul (brg:avx512_core_bf16), 2 threads"
@@ -1120,10 +1129,13 @@ void gqa_reduce(float *dproj, const float *dqkv, int N, int C_attn, int NH, int 
 // query's scores against itself and the keys before it
 static double causal_scores(int B, int T, int NH) { return (double)B * NH * T * (T + 1.0) / 2; }
 
-// one of attention's products for sequence b: src and weights are read, dst written (or added
-// into: the gradients of q, k and v)
-static void attention_matmul(int kind, const float *src, const float *weights, float *dst, int T, int C, int NH) {
-    matmul_run(matmul_plan(kind, T, C / NH, NH, 0, 0), src, weights, NULL, dst);
+// one of attention's products for one tile (first row r0) of a sequence: src and weights are
+// read, dst written (or added into: the gradients of q, k and v)
+static void attention_matmul(int kind, int r0, const float *src, const float *weights, float *dst, int T, int C,
+                             int NH) {
+    MatmulPlan *p = find_or_create_plan(kind, T, C / NH, NH, 0, 0, r0);
+    if (!p) fatal("oneDNN has no f32 matmul implementation for attention (T=%d C=%d NH=%d)", T, C, NH);
+    matmul_run(p, src, weights, NULL, dst);
 }
 
 // The softmax rows of every (sequence, head, query) between the products: one task per row; a
@@ -1147,37 +1159,45 @@ static void attention_softmax_backward(float *datt, const float *att, int B, int
         }
 }
 
-// The products take whole (T, T) squares, future included: twice the causal FLOPs, at the matmul
-// engine's rate (GPT-2 124M at T = 256: a fifth of the time the row-at-a-time loops took). The
-// traced FLOPs are the causal ones, what the step needs.
+// The products by tiles of the causal square (describe_attention); the traced FLOPs are the causal
+// half's, what the step needs.
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     int m0 = trace_op_begin();
-    size_t TT = (size_t)T * T;
+    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
     for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * T * 3 * C;
-        attention_matmul(ATT_SCORES, q, q + C, att + b * NH * TT, T, C, NH);
+        const float *q = qkv + b * T * C3;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
+            attention_matmul(ATT_SCORES, r0, q + r0 * C3, q + C, att + b * NH * TT + (size_t)r0 * T, T, C, NH);
     }
     attention_probabilities(att, B, T, C / NH, NH);
-    for (int b = 0; b < B; b++)
-        attention_matmul(ATT_VALUES, att + b * NH * TT, qkv + (size_t)b * T * 3 * C + 2 * C, out + (size_t)b * T * C,
-                         T, C, NH);
+    for (int b = 0; b < B; b++) {
+        const float *p = att + b * NH * TT, *v = qkv + b * T * C3 + 2 * C;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
+            attention_matmul(ATT_VALUES, r0, p + (size_t)r0 * T, v, out + ((size_t)b * T + r0) * C, T, C, NH);
+    }
     trace_op_end("attention_forward", m0, 4.0 * (4.0 * B * T * C + causal_scores(B, T, NH)), 2.0 * B * T * (T + 1.0) * C, NULL);
 }
 
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH) {
     int m0 = trace_op_begin();
-    size_t TT = (size_t)T * T;
-    for (int b = 0; b < B; b++)
-        attention_matmul(ATT_DPROBS, dout + (size_t)b * T * C, qkv + (size_t)b * T * 3 * C + 2 * C, datt + b * NH * TT,
-                         T, C, NH);
+    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
+    for (int b = 0; b < B; b++) {
+        const float *v = qkv + b * T * C3 + 2 * C, *g = dout + (size_t)b * T * C;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
+            attention_matmul(ATT_DPROBS, r0, g + (size_t)r0 * C, v, datt + b * NH * TT + (size_t)r0 * T, T, C, NH);
+    }
     attention_softmax_backward(datt, att, B, T, C / NH, NH);
     for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * T * 3 * C, *ds = datt + b * NH * TT, *p = att + b * NH * TT;
-        float *dq = dqkv + (size_t)b * T * 3 * C;
-        attention_matmul(ATT_DQUERIES, ds, q + C, dq, T, C, NH);
-        attention_matmul(ATT_DKEYS, ds, q, dq + C, T, C, NH);
-        attention_matmul(ATT_DVALUES, p, dout + (size_t)b * T * C, dq + 2 * C, T, C, NH);
+        const float *q = qkv + b * T * C3, *g = dout + (size_t)b * T * C;
+        const float *ds = datt + b * NH * TT, *p = att + b * NH * TT;
+        float *dq = dqkv + b * T * C3;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE) {
+            size_t diagonal = (size_t)r0 * T + r0;  // (query r0, key r0): where a key tile's queries start
+            attention_matmul(ATT_DQUERIES, r0, ds + (size_t)r0 * T, q + C, dq + r0 * C3, T, C, NH);
+            attention_matmul(ATT_DKEYS, r0, ds + diagonal, q + r0 * C3, dq + r0 * C3 + C, T, C, NH);
+            attention_matmul(ATT_DVALUES, r0, p + diagonal, g + (size_t)r0 * C, dq + r0 * C3 + 2 * C, T, C, NH);
+        }
     }
     trace_op_end("attention_backward", m0, 4.0 * (7.0 * B * T * C + causal_scores(B, T, NH)), 4.0 * B * T * (T + 1.0) * C, NULL);
 }
