@@ -137,10 +137,12 @@ typedef struct {
     char impl[64];  // which oneDNN implementation was picked, e.g. "brg:avx512_core"
 } MatmulPlan;
 
-#define MAX_PLANS 2048  // a run's shapes: each linear and attention's products at each batch length
-                        // (up to 32: a multiple of 8 up to 256), the experts' row chunks
-static MatmulPlan g_plans[MAX_PLANS];
-static int g_nplans = 0;
+// A run's shapes: each linear layer's three products and attention's six by tiles, at each batch
+// length (a multiple of 8 up to max_seq_len: at 1024, 128 lengths of up to 111 plans), and the
+// experts' row chunks. Each plan is allocated on its own, so a pointer to one stays valid as the
+// list grows.
+static MatmulPlan **g_plans;
+static int g_nplans = 0, g_plans_capacity = 0;
 
 static dnnl_memory_t memory_for(md_t md) {
     dnnl_memory_t mem;
@@ -150,7 +152,7 @@ static dnnl_memory_t memory_for(md_t md) {
 
 static MatmulPlan *find_plan(int kind, int N, int C, int OC, int has_bias, int bf16, int row0) {
     for (int i = 0; i < g_nplans; i++) {
-        MatmulPlan *p = &g_plans[i];
+        MatmulPlan *p = g_plans[i];
         if (p->kind == kind && p->N == N && p->C == C && p->OC == OC && p->has_bias == has_bias &&
             p->bf16 == bf16 && p->row0 == row0)
             return p;
@@ -274,7 +276,6 @@ static dnnl_status_t matmul_pd_create(dnnl_primitive_desc_t *pd, md_t src, md_t 
 static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_bias, int bf16, int row0) {
     MatmulPlan *p = find_plan(kind, N, C, OC, has_bias, bf16, row0);
     if (p) return p;
-    if (g_nplans == MAX_PLANS) fatal("ops_cpu: more than %d matmul shapes in use", MAX_PLANS);
     ops_init();
 
     md_t src, weights, dst, bias = md_matrix(1, OC, OC, 1, dnnl_f32);  // bias: broadcast over the rows
@@ -287,7 +288,12 @@ static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_b
         fatal("oneDNN could not set up a %s matmul of shape N=%d C=%d OC=%d: status %d",
               bf16 ? "bf16" : "f32", N, C, OC, (int)status);
     if (status == dnnl_success) {
-        p = &g_plans[g_nplans++];
+        if (g_nplans == g_plans_capacity) {
+            g_plans_capacity = g_plans_capacity ? 2 * g_plans_capacity : 64;
+            g_plans = realloc(g_plans, (size_t)g_plans_capacity * sizeof *g_plans);
+            if (!g_plans) fatal("out of memory for %d matmul plans", g_plans_capacity);
+        }
+        p = g_plans[g_nplans++] = malloc_or_die(sizeof *p);
         *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias, .bf16 = bf16, .row0 = row0};
         DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
         const char *impl = NULL;
