@@ -1,8 +1,8 @@
 // ops_cpu.c: the CPU backend of ops.h. Matmuls go to oneDNN (several times faster than
-// hand-written loops, and most of a training step is matmul), but for the few rows of a decode
-// step (up to 16: few_rows_matmul, vector loops); every other op is an OpenMP loop
-// over rows or elements that calls the math in kernels.h, the same functions the CUDA backend
-// calls. "Device memory" is ordinary host memory here, so the copies are memcpy.
+// hand-written loops, and most of a training step is matmul), attention's products included,
+// but for the few rows of a decode step (up to 16: few_rows_matmul, vector loops); every other
+// op is an OpenMP loop over rows or elements that calls the math in kernels.h, the same
+// functions the CUDA backend calls. "Device memory" is ordinary host memory here, so the copies are memcpy.
 //
 // Builds against oneDNN 2.x (Debian 12 ships 2.6) and 3.x: the two differ in how memory
 // descriptors and matmul primitive descriptors are created, and in the sum post-op's signature;
