@@ -42,6 +42,32 @@ KERNEL_FN float dot_product(const float *a, const float *b, int n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// expf(x) in arithmetic a compiler vectorizes (plain operations and selects, no call): the CPU's
+// loops over many exponentials (GELU's, attention's softmax rows) take it, where a call to the C
+// library's expf per element keeps a loop scalar (GELU at GPT-2 124M's bench shape: 9.4M
+// exponentials a step, 6x faster this way on an AVX-512 core). Cephes' expf: x = n ln2 + r with
+// n = round(x / ln2) (adding and subtracting 1.5 2^23 rounds a float to an integer; floorf does not
+// vectorize without -ffast-math), ln2 in two parts whose first times n is exact, e^r by a
+// degree-6 polynomial on |r| <= ln2 / 2, 2^n (as 2^(n-1) 2, so that n = 128 fits the exponent
+// bits) put into the exponent. Within 1 ulp of glibc's expf on [-86, 88.7] (test_ops sweeps floats
+// there), the same bits on 99% of them; +inf above 88.72 (expf overflows there too) and 0
+// below -86.6 (expf's results there are below 2.5e-38).
+KERNEL_FN float expf_vectorizable(float x) {
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float er = p * r * r + r + 1.0f;
+    float n_fits = n < -125.0f ? -125.0f : n > 128.0f ? 128.0f : n;  // fminf, fmaxf: no vectors either
+    float half_two_n = float_from_bits((uint32_t)(int)(n_fits + 126.0f) << 23);
+    float e = er * half_two_n * 2.0f;
+    return x > 88.72283f ? INFINITY : x < -86.6f ? 0.0f : e;
+}
+
 // step 1 of a row reduction (see the top of the file): this lane's share of sum(x)
 KERNEL_FN float row_partial_sum(const float *x, int n, int lane, int nlanes) {
     float s = 0.0f;
@@ -265,8 +291,8 @@ KERNEL_FN float moe_weight_grad_partial(const float *dout, const float *y, int s
 
 KERNEL_FN float gelu_z(float x) { return GELU_2A * (x + GELU_K * x * x * x); }
 
-// gelu(x) and gelu'(x) from e = expf(-z(x)): apart, so that the CPU can make its expf calls in a
-// loop of their own and vectorize the rest (ops_cpu.c)
+// gelu(x) and gelu'(x) from e = expf(-z(x)): apart, so that the CPU can take e from
+// expf_vectorizable (ops_cpu.c)
 KERNEL_FN float gelu_value_of_exp(float x, float e) { return x / (1.0f + e); }
 
 // d/dx [x sigmoid(z(x))] = sigmoid(z) + x sigmoid(z) (1 - sigmoid(z)) z'(x)
@@ -440,105 +466,43 @@ KERNEL_FN float cross_entropy_dlogit(float p, int is_target, float dloss) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// causal self-attention, one (sequence, head, query position t) row at a time: the CPU backend's
-// (a thread owns a row, and the row of T probabilities it keeps for backward stays in its cache).
+// causal self-attention on the CPU: its matmul-shaped parts (scores = Q K^T, out = P V, and the
+// four products of backward) are oneDNN matmuls over all of a sequence's heads at once
+// (ops_cpu.c), and between them each (sequence, head, query position t) row of the (T, T)
+// square goes through the functions below: a thread owns a row, which stays in its cache.
 // The CUDA backend takes the keys a block at a time instead (further below).
-// qkv points at one sequence's (T, 3C) block: row t holds q | k | v, each C = NH * hs wide, and
+// qkv holds one sequence's (T, 3C) block: row t holds q | k | v, each C = NH * hs wide, and
 // head h owns columns h*hs .. h*hs + hs - 1 of each. Query t may look at keys t2 = 0..t only.
 
 // scores are q . k / sqrt(hs): keeps their variance near 1 whatever hs is
 KERNEL_FN float attention_scale(int hs) { return 1.0f / sqrtf((float)hs); }
 
-// Forward of one query row: scores, softmax, weighted sum of values.
-// att points at this row's T probabilities (zero for t2 > t, so backward can read the whole
-// row); out points at token t's (C) output row, of which head h writes its hs columns.
-KERNEL_FN void attention_query_forward(float *out, float *att, const float *qkv, int t, int h,
-                                       int T, int C, int NH) {
-    int hs = C / NH;
-    size_t C3 = 3 * (size_t)C;
-    float scale = attention_scale(hs);
-    const float *q = qkv + t * C3 + h * hs;
-
+// Forward of one query row t: att holds its T products q . k[t2] (the whole row, future
+// included, as the matmul wrote them) and gets the probabilities softmax(scale q . k[t2]) over
+// t2 = 0..t, zero for the future (backward reads the whole row, and P V adds nothing from it).
+KERNEL_FN void attention_row_probabilities(float *att, int t, int T, float scale) {
     float max = -INFINITY;
     for (int t2 = 0; t2 <= t; t2++) {
-        const float *k = qkv + t2 * C3 + C + h * hs;
-        att[t2] = dot_product(q, k, hs) * scale;
-        max = fmaxf(max, att[t2]);
+        att[t2] *= scale;
+        max = att[t2] > max ? att[t2] : max;  // fmaxf's value here (no NaN), in a loop that vectorizes
     }
+    // the exponentials (softmax_exp's) in a loop of their own, which vectorizes; then their sum
+    for (int t2 = 0; t2 <= t; t2++) att[t2] = expf_vectorizable(att[t2] - max);
     float sum = 0.0f;
-    for (int t2 = 0; t2 <= t; t2++) {
-        att[t2] = softmax_exp(att[t2], max);
-        sum += att[t2];
-    }
+    for (int t2 = 0; t2 <= t; t2++) sum += att[t2];
     float inv_sum = 1.0f / sum;
     for (int t2 = 0; t2 <= t; t2++) att[t2] *= inv_sum;
     for (int t2 = t + 1; t2 < T; t2++) att[t2] = 0.0f;  // the future: masked out
-
-    // out = sum over t2 of att[t2] * v[t2], accumulated a whole value row at a time, so the inner
-    // loop runs along contiguous memory and vectorises
-    float *o = out + h * hs;
-    for (int i = 0; i < hs; i++) o[i] = 0.0f;
-    for (int t2 = 0; t2 <= t; t2++) {
-        const float *v = qkv + t2 * C3 + 2 * C + h * hs;
-        float a = att[t2];
-        for (int i = 0; i < hs; i++) o[i] += a * v[i];
-    }
 }
 
-// Backward, pass 1 of 2, one query row t: everything that flows into query t.
-//   datt[t2] = dout_t . v[t2]                         (out = sum att * v)
-//   dpre[t2] = att[t2] (datt[t2] - sum_j att[j] datt[j])  (softmax backward)
-//   dq      += scale * sum_t2 dpre[t2] k[t2]           (scores = scale q . k)
-// dpre (this row's T entries of the (T, T) scratch) keeps dpre * scale for pass 2; the keys and
-// values also receive gradient from every later query, which pass 2 collects per key, so no two
-// workers ever add into the same dk or dv (and the result does not depend on thread timing).
-// dout points at the sequence's (T, C) gradient block, dqkv at its (T, 3C) block.
-KERNEL_FN void attention_query_backward(float *dqkv, float *dpre, const float *dout,
-                                        const float *qkv, const float *att, int t, int h, int T,
-                                        int C, int NH) {
-    int hs = C / NH;
-    size_t C3 = 3 * (size_t)C;
-    float scale = attention_scale(hs);
-    const float *dout_t = dout + (size_t)t * C + h * hs;
-
+// Backward of one query row t through the softmax: datt holds dprob[t2] = dout_t . v[t2] (the
+// whole row) and gets the scores' gradient times scale, what dq, dk (the products with k and q)
+// need:  dpre[t2] = att[t2] (dprob[t2] - sum_j att[j] dprob[j]) scale;  0 for the future.
+KERNEL_FN void attention_row_softmax_backward(float *datt, const float *att, int t, int T, float scale) {
     float att_dot_datt = 0.0f;
-    for (int t2 = 0; t2 <= t; t2++) {
-        const float *v = qkv + t2 * C3 + 2 * C + h * hs;
-        dpre[t2] = dot_product(dout_t, v, hs);  // datt for now
-        att_dot_datt += att[t2] * dpre[t2];
-    }
-    for (int t2 = 0; t2 <= t; t2++) dpre[t2] = att[t2] * (dpre[t2] - att_dot_datt) * scale;
-    for (int t2 = t + 1; t2 < T; t2++) dpre[t2] = 0.0f;
-
-    float *dq = dqkv + t * C3 + h * hs;
-    for (int t2 = 0; t2 <= t; t2++) {
-        const float *k = qkv + t2 * C3 + C + h * hs;
-        float d = dpre[t2];
-        for (int i = 0; i < hs; i++) dq[i] += d * k[i];
-    }
-}
-
-// Backward, pass 2 of 2, one key/value row t2: the sums over every query t >= t2 that saw it.
-//   dk[t2] += sum_t dpre[t][t2] q[t]      dv[t2] += sum_t att[t][t2] dout[t]
-// dpre and att point at this (sequence, head)'s (T, T) blocks; pass 1 must have finished for
-// every query of the block (a separate parallel loop on the CPU, a separate launch on the GPU).
-KERNEL_FN void attention_key_backward(float *dqkv, const float *dpre, const float *att,
-                                      const float *dout, const float *qkv, int t2, int h, int T,
-                                      int C, int NH) {
-    int hs = C / NH;
-    size_t C3 = 3 * (size_t)C;
-    float *dk = dqkv + t2 * C3 + C + h * hs;
-    float *dv = dqkv + t2 * C3 + 2 * C + h * hs;
-    for (int t = t2; t < T; t++) {
-        const float *q = qkv + t * C3 + h * hs;
-        const float *dout_t = dout + (size_t)t * C + h * hs;
-        float dp = dpre[(size_t)t * T + t2];
-        float a = att[(size_t)t * T + t2];
-        for (int i = 0; i < hs; i++) {
-            dk[i] += dp * q[i];
-            dv[i] += a * dout_t[i];
-        }
-    }
+    for (int t2 = 0; t2 <= t; t2++) att_dot_datt += att[t2] * datt[t2];
+    for (int t2 = 0; t2 <= t; t2++) datt[t2] = att[t2] * (datt[t2] - att_dot_datt) * scale;
+    for (int t2 = t + 1; t2 < T; t2++) datt[t2] = 0.0f;
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 // ops_cpu.c: the CPU backend of ops.h. Matmuls go to oneDNN (several times faster than
-// hand-written loops, and most of a training step is matmul), but for the few rows of a decode
-// step (up to 16: few_rows_matmul, vector loops); every other op is an OpenMP loop
-// over rows or elements that calls the math in kernels.h, the same functions the CUDA backend
-// calls. "Device memory" is ordinary host memory here, so the copies are memcpy.
+// hand-written loops, and most of a training step is matmul), attention's products included,
+// but for the few rows of a decode step (up to 16: few_rows_matmul, vector loops); every other
+// op is an OpenMP loop over rows or elements that calls the math in kernels.h, the same
+// functions the CUDA backend calls. "Device memory" is ordinary host memory here, so the copies are memcpy.
 //
 // Builds against oneDNN 2.x (Debian 12 ships 2.6) and 3.x: the two differ in how memory
 // descriptors and matmul primitive descriptors are created, and in the sum post-op's signature;
@@ -105,23 +105,44 @@ static md_t md_matrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t co
 static void md_release(md_t md) { (void)md; }
 #endif
 
+// A stack of `batch` such matrices, the next one batch_stride elements on: attention's heads,
+// side by side in a row of qkv (batch_stride hs, row_stride 3C), or its (T, T) squares.
+static md_t md_batch(int64_t batch, int64_t rows, int64_t cols, int64_t batch_stride, int64_t row_stride,
+                     int64_t col_stride) {
+    dnnl_dims_t dims = {batch, rows, cols}, strides = {batch_stride, row_stride, col_stride};
+    md_t md;
+#if DNNL_VERSION_MAJOR >= 3
+    DNNL_CHECK(dnnl_memory_desc_create_with_strides(&md, 3, dims, dnnl_f32, strides));
+#else
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 3, dims, dnnl_f32, strides));
+#endif
+    return md;
+}
+
 // The three products a linear layer needs. oneDNN's matmul computes dst (M, N) = src (M, K) @
 // weights (K, N) [+ bias]; each kind says which of our tensors plays which role.
 enum { MM_FORWARD, MM_BACKWARD_DATA, MM_BACKWARD_WEIGHTS };
+// ... and the six of attention, each over all NH heads of one sequence (describe_attention)
+enum { ATT_SCORES = MM_BACKWARD_WEIGHTS + 1, ATT_VALUES, ATT_DPROBS, ATT_DQUERIES, ATT_DKEYS, ATT_DVALUES };
 
 // A created primitive and its memory objects, reused for every call of the same shape: creating a
 // primitive means choosing and JIT-compiling a kernel (milliseconds), so a training step, which
 // repeats the same dozen shapes, creates each once and afterwards only swaps the data pointers.
 typedef struct {
-    int kind, N, C, OC, has_bias, bf16;  // bf16: the two inputs are bf16 (the output stays f32)
+    int kind, N, C, OC, has_bias, bf16;  // bf16: the two inputs are bf16 (the output stays f32);
+                                         // attention (describe_attention): N = T, C = hs, OC = NH
+    int row0;                            // attention's: the tile's first row; else 0
     dnnl_primitive_t prim;
     dnnl_memory_t src, weights, bias, dst;
     char impl[64];  // which oneDNN implementation was picked, e.g. "brg:avx512_core"
 } MatmulPlan;
 
-#define MAX_PLANS 512  // a run's shapes: each linear at each batch length, the experts' row chunks
-static MatmulPlan g_plans[MAX_PLANS];
-static int g_nplans = 0;
+// A run's shapes: each linear layer's three products and attention's six by tiles, at each batch
+// length (a multiple of 8 up to max_seq_len: at 1024, 128 lengths of up to 111 plans), and the
+// experts' row chunks. Each plan is allocated on its own, so a pointer to one stays valid as the
+// list grows.
+static MatmulPlan **g_plans;
+static int g_nplans = 0, g_plans_capacity = 0;
 
 static dnnl_memory_t memory_for(md_t md) {
     dnnl_memory_t mem;
@@ -129,11 +150,11 @@ static dnnl_memory_t memory_for(md_t md) {
     return mem;
 }
 
-static MatmulPlan *find_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
+static MatmulPlan *find_plan(int kind, int N, int C, int OC, int has_bias, int bf16, int row0) {
     for (int i = 0; i < g_nplans; i++) {
-        MatmulPlan *p = &g_plans[i];
+        MatmulPlan *p = g_plans[i];
         if (p->kind == kind && p->N == N && p->C == C && p->OC == OC && p->has_bias == has_bias &&
-            p->bf16 == bf16)
+            p->bf16 == bf16 && p->row0 == row0)
             return p;
     }
     return NULL;
@@ -141,9 +162,8 @@ static MatmulPlan *find_plan(int kind, int N, int C, int OC, int has_bias, int b
 
 // The memory descriptors of one product; returns 1 when it adds into dst (the backward kinds).
 static int describe_operands(int kind, int N, int C, int OC, int bf16, md_t *src, md_t *weights,
-                             md_t *dst, md_t *bias) {
+                             md_t *dst) {
     dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32, f32 = dnnl_f32;
-    *bias = md_matrix(1, OC, OC, 1, f32);  // broadcast over the rows
     if (kind == MM_FORWARD) {
         // out (N, OC) = inp (N, C) @ weight^T (C, OC): the weight read transposed via strides
         *src = md_matrix(N, C, C, 1, in);
@@ -163,6 +183,58 @@ static int describe_operands(int kind, int N, int C, int OC, int bf16, md_t *src
     *weights = md_matrix(N, C, C, 1, in);
     *dst = md_matrix(OC, C, C, 1, f32);
     return 1;
+}
+
+// attention's operands, over NH heads: each head's rows x cols of a (T, T) square of att or datt
+// (or its transpose), and each head's hs columns of rows rows row_stride apart (qkv's q, k or v
+// block: 3C; out or dout: C), or their transpose
+static md_t attention_squares(int rows, int cols, int T, int NH, int transposed) {
+    int64_t TT = (int64_t)T * T;
+    return transposed ? md_batch(NH, rows, cols, TT, 1, T) : md_batch(NH, rows, cols, TT, T, 1);
+}
+static md_t attention_heads(int rows, int hs, int NH, int64_t row_stride, int transposed) {
+    return transposed ? md_batch(NH, hs, rows, hs, 1, row_stride) : md_batch(NH, rows, hs, hs, row_stride, 1);
+}
+
+// The causal square in tiles of ATT_TILE rows: query rows [r0, r1) see keys [0, r1), and key rows
+// [r0, r1) are seen by queries [r0, T). A tile's products skip the square's future beyond it: at
+// T = 256, 4 tiles, 62% of the whole square's FLOPs (the causal half is 50%).
+#define ATT_TILE 64
+static int attention_tile_end(int r0, int T) { return r0 + ATT_TILE < T ? r0 + ATT_TILE : T; }
+
+// The memory descriptors of one of attention's products for one tile (first row r0) of a sequence
+// of T rows, NH heads of hs columns (C = NH hs): Q, K, V are qkv's column blocks, P and dS the
+// squares of att and datt; the operands start at the tile (attention_backward and _forward offset
+// the pointers). Returns 1 when it adds into dst (the gradients of q, k and v).
+static int describe_attention(int kind, int T, int hs, int NH, int r0, md_t *src, md_t *weights, md_t *dst) {
+    int64_t C = (int64_t)NH * hs, C3 = 3 * C;
+    int r1 = attention_tile_end(r0, T), n = r1 - r0;  // the tile's rows
+    switch (kind) {
+    case ATT_SCORES:  // S[r0:r1, :r1] = Q[r0:r1] K[:r1]^T
+        *src = attention_heads(n, hs, NH, C3, 0), *weights = attention_heads(r1, hs, NH, C3, 1);
+        *dst = attention_squares(n, r1, T, NH, 0);
+        return 0;
+    case ATT_VALUES:  // out[r0:r1] = P[r0:r1, :r1] V[:r1]
+        *src = attention_squares(n, r1, T, NH, 0), *weights = attention_heads(r1, hs, NH, C3, 0);
+        *dst = attention_heads(n, hs, NH, C, 0);
+        return 0;
+    case ATT_DPROBS:  // dP[r0:r1, :r1] = dout[r0:r1] V[:r1]^T
+        *src = attention_heads(n, hs, NH, C, 0), *weights = attention_heads(r1, hs, NH, C3, 1);
+        *dst = attention_squares(n, r1, T, NH, 0);
+        return 0;
+    case ATT_DQUERIES:  // dQ[r0:r1] += dS[r0:r1, :r1] K[:r1]
+        *src = attention_squares(n, r1, T, NH, 0), *weights = attention_heads(r1, hs, NH, C3, 0);
+        *dst = attention_heads(n, hs, NH, C3, 0);
+        return 1;
+    case ATT_DKEYS:  // dK[r0:r1] += dS[r0:, r0:r1]^T Q[r0:]
+        *src = attention_squares(n, T - r0, T, NH, 1), *weights = attention_heads(T - r0, hs, NH, C3, 0);
+        *dst = attention_heads(n, hs, NH, C3, 0);
+        return 1;
+    default:  // ATT_DVALUES: dV[r0:r1] += P[r0:, r0:r1]^T dout[r0:]
+        *src = attention_squares(n, T - r0, T, NH, 1), *weights = attention_heads(T - r0, hs, NH, C, 0);
+        *dst = attention_heads(n, hs, NH, C3, 0);
+        return 1;
+    }
 }
 
 // The sum post-op turns dst = A @ B into dst = 1.0 * dst + A @ B inside the kernel, so the
@@ -201,14 +273,14 @@ static dnnl_status_t matmul_pd_create(dnnl_primitive_desc_t *pd, md_t src, md_t 
 
 // The plan of one product, created on first use; NULL when oneDNN has no implementation for it
 // here (only ever for bf16: ops_bf16_native() asks this way, the ops through matmul_plan).
-static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
-    MatmulPlan *p = find_plan(kind, N, C, OC, has_bias, bf16);
+static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_bias, int bf16, int row0) {
+    MatmulPlan *p = find_plan(kind, N, C, OC, has_bias, bf16, row0);
     if (p) return p;
-    if (g_nplans == MAX_PLANS) fatal("ops_cpu: more than %d matmul shapes in use", MAX_PLANS);
     ops_init();
 
-    md_t src, weights, dst, bias;
-    int accumulate = describe_operands(kind, N, C, OC, bf16, &src, &weights, &dst, &bias);
+    md_t src, weights, dst, bias = md_matrix(1, OC, OC, 1, dnnl_f32);  // bias: broadcast over the rows
+    int accumulate = kind >= ATT_SCORES ? describe_attention(kind, N, C, OC, row0, &src, &weights, &dst)
+                                        : describe_operands(kind, N, C, OC, bf16, &src, &weights, &dst);
     dnnl_primitive_attr_t attr = attr_for(accumulate);
     dnnl_primitive_desc_t pd;
     dnnl_status_t status = matmul_pd_create(&pd, src, weights, bias, dst, has_bias, attr);
@@ -216,8 +288,13 @@ static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_b
         fatal("oneDNN could not set up a %s matmul of shape N=%d C=%d OC=%d: status %d",
               bf16 ? "bf16" : "f32", N, C, OC, (int)status);
     if (status == dnnl_success) {
-        p = &g_plans[g_nplans++];
-        *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias, .bf16 = bf16};
+        if (g_nplans == g_plans_capacity) {
+            g_plans_capacity = g_plans_capacity ? 2 * g_plans_capacity : 64;
+            g_plans = realloc(g_plans, (size_t)g_plans_capacity * sizeof *g_plans);
+            if (!g_plans) fatal("out of memory for %d matmul plans", g_plans_capacity);
+        }
+        p = g_plans[g_nplans++] = malloc_or_die(sizeof *p);
+        *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias, .bf16 = bf16, .row0 = row0};
         DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
         const char *impl = NULL;
         DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
@@ -237,7 +314,7 @@ static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_b
 }
 
 static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
-    MatmulPlan *p = find_or_create_plan(kind, N, C, OC, has_bias, bf16);
+    MatmulPlan *p = find_or_create_plan(kind, N, C, OC, has_bias, bf16, 0);
     if (!p)
         fatal("oneDNN has no %s matmul implementation on this CPU (shape N=%d C=%d OC=%d)",
               bf16 ? "bf16" : "f32", N, C, OC);
@@ -269,7 +346,7 @@ static void matmul_run(MatmulPlan *p, const void *src, const void *weights, cons
 // A GPT-2 sized forward product, to ask oneDNN which implementation it picks on this CPU; for
 // bf16, NULL when it has none.
 static MatmulPlan *probe_plan(int bf16) {
-    return (bf16 ? find_or_create_plan : matmul_plan)(MM_FORWARD, 256, 768, 768, 1, bf16);
+    return bf16 ? find_or_create_plan(MM_FORWARD, 256, 768, 768, 1, bf16, 0) : matmul_plan(MM_FORWARD, 256, 768, 768, 1, 0);
 }
 
 // "oneDNN 3.6.2 bf16 matmul (brg:avx512_core_bf16), 2 threads"
@@ -1070,18 +1147,51 @@ void gqa_reduce(float *dproj, const float *dqkv, int N, int C_attn, int NH, int 
 // query's scores against itself and the keys before it
 static double causal_scores(int B, int T, int NH) { return (double)B * NH * T * (T + 1.0) / 2; }
 
+// one of attention's products for one tile (first row r0) of a sequence: src and weights are
+// read, dst written (or added into: the gradients of q, k and v)
+static void attention_matmul(int kind, int r0, const float *src, const float *weights, float *dst, int T, int C,
+                             int NH) {
+    MatmulPlan *p = find_or_create_plan(kind, T, C / NH, NH, 0, 0, r0);
+    if (!p) fatal("oneDNN has no f32 matmul implementation for attention (T=%d C=%d NH=%d)", T, C, NH);
+    matmul_run(p, src, weights, NULL, dst);
+}
+
+// The softmax rows of every (sequence, head, query) between the products: one task per row; a
+// query t row costs ~t, so they are handed out interleaved (schedule static,1) to keep the
+// threads' loads even. Forward: att's raw scores into probabilities.
+static void attention_probabilities(float *att, int B, int T, int hs, int NH) {
+    float scale = attention_scale(hs);
+#pragma omp parallel for schedule(static, 1) collapse(2)
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++) attention_row_probabilities(att + ((size_t)bh * T + t) * T, t, T, scale);
+}
+
+// backward: datt's rows (the probabilities' gradients) into the scores' gradients
+static void attention_softmax_backward(float *datt, const float *att, int B, int T, int hs, int NH) {
+    float scale = attention_scale(hs);
+#pragma omp parallel for schedule(static, 1) collapse(2)
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++) {
+            size_t row = ((size_t)bh * T + t) * T;
+            attention_row_softmax_backward(datt + row, att + row, t, T, scale);
+        }
+}
+
+// The products by tiles of the causal square (describe_attention); the traced FLOPs are the causal
+// half's, what the step needs.
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     int m0 = trace_op_begin();
-    // one task per (sequence, head, query); a query t row costs ~t, so hand them out in an
-    // interleaved order (schedule static,1) to keep the threads' loads even
-#pragma omp parallel for schedule(static, 1) collapse(2)
-    for (int bh = 0; bh < B * NH; bh++) {
-        for (int t = 0; t < T; t++) {
-            int b = bh / NH, h = bh % NH;
-            attention_query_forward(out + (size_t)b * T * C + (size_t)t * C,
-                                    att + ((size_t)bh * T + t) * T, qkv + (size_t)b * T * 3 * C,
-                                    t, h, T, C, NH);
-        }
+    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + b * T * C3;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
+            attention_matmul(ATT_SCORES, r0, q + r0 * C3, q + C, att + b * NH * TT + (size_t)r0 * T, T, C, NH);
+    }
+    attention_probabilities(att, B, T, C / NH, NH);
+    for (int b = 0; b < B; b++) {
+        const float *p = att + b * NH * TT, *v = qkv + b * T * C3 + 2 * C;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
+            attention_matmul(ATT_VALUES, r0, p + (size_t)r0 * T, v, out + ((size_t)b * T + r0) * C, T, C, NH);
     }
     trace_op_end("attention_forward", m0, 4.0 * (4.0 * B * T * C + causal_scores(B, T, NH)), 2.0 * B * T * (T + 1.0) * C, NULL);
 }
@@ -1089,65 +1199,42 @@ void attention_forward(float *out, float *att, const float *qkv, int B, int T, i
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH) {
     int m0 = trace_op_begin();
-#pragma omp parallel
-    {
-        // pass 1: per query row (datt becomes the pre-softmax gradient); the implicit barrier
-        // at the end of this loop is what pass 2 needs
-#pragma omp for schedule(static, 1) collapse(2)
-        for (int bh = 0; bh < B * NH; bh++) {
-            for (int t = 0; t < T; t++) {
-                int b = bh / NH, h = bh % NH;
-                attention_query_backward(dqkv + (size_t)b * T * 3 * C,
-                                         datt + ((size_t)bh * T + t) * T,
-                                         dout + (size_t)b * T * C, qkv + (size_t)b * T * 3 * C,
-                                         att + ((size_t)bh * T + t) * T, t, h, T, C, NH);
-            }
-        }
-        // pass 2: per key row
-#pragma omp for schedule(static, 1) collapse(2)
-        for (int bh = 0; bh < B * NH; bh++) {
-            for (int t2 = 0; t2 < T; t2++) {
-                int b = bh / NH, h = bh % NH;
-                attention_key_backward(dqkv + (size_t)b * T * 3 * C, datt + (size_t)bh * T * T,
-                                       att + (size_t)bh * T * T, dout + (size_t)b * T * C,
-                                       qkv + (size_t)b * T * 3 * C, t2, h, T, C, NH);
-            }
+    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
+    for (int b = 0; b < B; b++) {
+        const float *v = qkv + b * T * C3 + 2 * C, *g = dout + (size_t)b * T * C;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
+            attention_matmul(ATT_DPROBS, r0, g + (size_t)r0 * C, v, datt + b * NH * TT + (size_t)r0 * T, T, C, NH);
+    }
+    attention_softmax_backward(datt, att, B, T, C / NH, NH);
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + b * T * C3, *g = dout + (size_t)b * T * C;
+        const float *ds = datt + b * NH * TT, *p = att + b * NH * TT;
+        float *dq = dqkv + b * T * C3;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE) {
+            size_t diagonal = (size_t)r0 * T + r0;  // (query r0, key r0): where a key tile's queries start
+            attention_matmul(ATT_DQUERIES, r0, ds + (size_t)r0 * T, q + C, dq + r0 * C3, T, C, NH);
+            attention_matmul(ATT_DKEYS, r0, ds + diagonal, q + r0 * C3, dq + r0 * C3 + C, T, C, NH);
+            attention_matmul(ATT_DVALUES, r0, p + diagonal, g + (size_t)r0 * C, dq + r0 * C3 + 2 * C, T, C, NH);
         }
     }
     trace_op_end("attention_backward", m0, 4.0 * (7.0 * B * T * C + causal_scores(B, T, NH)), 4.0 * B * T * (T + 1.0) * C, NULL);
 }
 
-// GELU a chunk at a time: first each element's expf, one call at a time (the vector expf that GCC
-// calls under -ffast-math rounds differently), then the rest of the arithmetic, which vectorizes.
-// The same operations in the same order as gelu_value and gelu_grad, so the same bits; around
-// each call the division and the products had run one element at a time, twice the expf's time.
-#define GELU_CHUNK 256
-
-static void gelu_exps(float *e, const float *inp, size_t n) {
-    for (size_t i = 0; i < n; i++) e[i] = expf(-gelu_z(inp[i]));
-}
-
+// GELU with its exponential from expf_vectorizable (kernels.h), within 1 ulp of expf's: each loop
+// vectorizes whole (with the C library's expf, a call per element, it did not, and GELU forward
+// and backward took ~60 ms of a GPT-2 124M bench step)
 void gelu_forward(float *restrict out, const float *restrict inp, size_t n) {
     int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < n; c += GELU_CHUNK) {
-        size_t len = n - c < GELU_CHUNK ? n - c : GELU_CHUNK;
-        float e[GELU_CHUNK];
-        gelu_exps(e, inp + c, len);
-        for (size_t i = 0; i < len; i++) out[c + i] = gelu_value_of_exp(inp[c + i], e[i]);
-    }
+    for (size_t i = 0; i < n; i++) out[i] = gelu_value_of_exp(inp[i], expf_vectorizable(-gelu_z(inp[i])));
     trace_op_end("gelu_forward", m0, 8.0 * n, 0, NULL);
 }
 
 void gelu_backward(float *restrict dinp, const float *restrict inp, const float *restrict dout, size_t n) {
     int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < n; c += GELU_CHUNK) {
-        size_t len = n - c < GELU_CHUNK ? n - c : GELU_CHUNK;
-        float e[GELU_CHUNK];
-        gelu_exps(e, inp + c, len);
-        for (size_t i = 0; i < len; i++) dinp[c + i] += dout[c + i] * gelu_grad_of_exp(inp[c + i], e[i]);
-    }
+    for (size_t i = 0; i < n; i++)
+        dinp[i] += dout[i] * gelu_grad_of_exp(inp[i], expf_vectorizable(-gelu_z(inp[i])));
     trace_op_end("gelu_backward", m0, 16.0 * n, 0, NULL);
 }
 

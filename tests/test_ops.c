@@ -741,6 +741,29 @@ static void test_attention_blocks(AttnShape s, Blocking bk) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// expf_vectorizable against the C library's expf: within 1 ulp on [-86, 88.7] (every 97th float
+// there, by bits, about 23 million), and expf's limits beyond
+
+static void test_expf_vectorizable(void) {
+    long worst = 0, count = 0, same = 0;
+    float worst_x = 0.0f;
+    for (uint64_t u = 0; u <= 0xFFFFFFFFu; u += 97) {
+        float x = float_from_bits((uint32_t)u);
+        if (!(x >= -86.0f && x <= 88.7f)) continue;  // NaN too
+        long ulps = labs((long)float_bits(expf_vectorizable(x)) - (long)float_bits(expf(x)));
+        if (ulps > worst) worst = ulps, worst_x = x;
+        count++, same += ulps == 0;
+    }
+    CHECK(count > 20000000 && worst <= 1, "expf_vectorizable: %ld ulp from expf at x = %.9g (of %ld floats)", worst,
+          (double)worst_x, count);
+    CHECK(same > 0.95 * count, "expf_vectorizable: the same bits as expf on only %ld of %ld floats", same, count);
+    CHECK(expf_vectorizable(0.0f) == 1.0f && expf_vectorizable(1.0f) == expf(1.0f), "expf_vectorizable(0) is %.9g, (1) %.9g",
+          (double)expf_vectorizable(0.0f), (double)expf_vectorizable(1.0f));
+    CHECK(isinf(expf_vectorizable(88.73f)) && isinf(expf_vectorizable(INFINITY)), "expf_vectorizable beyond 88.72: not +inf");
+    CHECK(expf_vectorizable(-87.0f) == 0.0f && expf_vectorizable(-INFINITY) == 0.0f, "expf_vectorizable below -86.6: not 0");
+}
+
+// ----------------------------------------------------------------------------------------------
 // GELU: the reference is the tanh formula as GPT-2 writes it (the op computes it as x*sigmoid)
 
 static void ref_gelu(double *out, double *const *in, const void *ctx) {
@@ -1770,6 +1793,7 @@ int main(int argc, char **argv) {
     RUN(test_attention_blocks((AttnShape){2, 70, 96, 3}, (Blocking){32, 32}));
     RUN(test_attention_blocks((AttnShape){2, 23, 12, 3}, (Blocking){5, 3}));
     RUN(test_attention_blocks((AttnShape){1, 40, 128, 2}, (Blocking){7, 3}));
+    RUN(test_expf_vectorizable());
     RUN(test_gelu());
     RUN(test_embedding());
     RUN(test_cross_entropy());
