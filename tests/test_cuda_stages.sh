@@ -357,8 +357,8 @@ section_share() {
 # against its own references (no-cache greedy answers, the single-process run, peft)
 suite() { # suite <test name>: tests/<name>.sh on $STAGE_BIN, one check
     local rc
-    STAGE_BIN=$STAGE_BIN bash "tests/$1.sh" </dev/null >"$tmp/$1.log" 2>&1
-    rc=$?
+    STAGE_BIN=$STAGE_BIN bash "tests/$1.sh" </dev/null 2>&1 | tee "$tmp/$1.log"  # (the section's log keeps it)
+    rc=${PIPESTATUS[0]}
     check '[ $rc -eq 0 ]' "tests/$1.sh on $STAGE_BIN/ (exit $rc): $(grep -E '^FAIL' "$tmp/$1.log" | head -5) $(tail -1 "$tmp/$1.log")"
 }
 section_paged() { suite test_paged; }
