@@ -332,13 +332,17 @@ static bool site_runs(const Lora *lo, const LoraSite *s, LinearKind k, const Lin
     return s->kind == k && (lo->by_block ? s->layer == lo->block : s->base_w == w->w);
 }
 
-// the input adapter s sees: x itself, or in training x with its dropout mask applied (into xd)
-static const float *adapter_x(Lora *lo, const LoraSite *s, const float *x, int N, int in_dim, DropoutMask *mask) {
-    if (!lo->training) return x;
+void lora_site_mask(const Lora *lo, const LoraSite *s, DropoutMask *mask) {
     *mask = lo->rows;
     mask->stream = LORA_DROPOUT_STREAM | (uint64_t)lo->step << 15 | (uint64_t)s->layer << 5 | (uint64_t)s->kind << 2 |
                    (uint64_t)s->part;
     mask->col0 = s->col0;
+}
+
+// the input adapter s sees: x itself, or in training x with its dropout mask applied (into xd)
+static const float *adapter_x(Lora *lo, const LoraSite *s, const float *x, int N, int in_dim, DropoutMask *mask) {
+    if (!lo->training) return x;
+    lora_site_mask(lo, s, mask);
     dropout_apply(lo->xd, x, N, in_dim, mask, 0);
     return lo->xd;
 }

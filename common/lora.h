@@ -131,6 +131,8 @@ void lora_training_chunks(Lora *lo, int pos0, int pos1);
 void lora_training_micro(Lora *lo, int after);
 // training's micro-batches are done: what runs next (evaluation) sees no dropout
 void lora_training_done(Lora *lo);
+// the mask site s draws in training, for the rows lora_training last described
+void lora_site_mask(const Lora *lo, const LoraSite *s, DropoutMask *mask);
 // A stage's LoRA (lora_rank > 0; otherwise nothing happens): describes the adapters on `layout`'s
 // linears (cfg's keys, checked against lora_adapter's config when that is set), starts them
 // (lora_init, or lora_adapter's tensors) and plugs the LoRA layers in around acts->ops. Then the
