@@ -12,6 +12,9 @@
 //   DIR/stepped/            the adapters after one AdamW step (ORACLE_* of tests/oracle_step.h), our files
 //   DIR/stepped_logits.bin  the adapted model's logits after that step
 //   DIR/base_after/         the base's weights after the step (they must not have moved)
+// `test_lora --oracle-dropout DIR P`: the same DIR, one training step's adapter gradients with
+// lora_dropout P (step 0, the tokens as sequences 0.. of the batch) in DIR/grads/, and each
+// adapter's mask, B*T rows of its input width (0 or 1 / (1 - P)), in DIR/mask.<module>.bin
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -340,69 +343,120 @@ static void test_dropout_adapter(void) {
 
 // ---- the oracle run -------------------------------------------------------------------------------
 
-static int run_lora_oracle(const char *dir) {
+// what both oracle runs start from: DIR's base and adapter, plugged into activations for its tokens
+typedef struct {
+    GPTConfig cfg;
+    ParamLayout l;
+    float *params, *adapters;
+    Lora lo;
+    int B, T, *tokens;
+    Weights w, g;
+    Activations a;
+} OracleRun;
+
+static void oracle_open(OracleRun *o, const char *dir, float dropout) {
     char path[1024], adapter_dir[1024];
     snprintf(path, sizeof path, "%s/ckpt", dir);
     snprintf(adapter_dir, sizeof adapter_dir, "%s/adapter", dir);
-    GPTConfig cfg;
-    checkpoint_read_config(path, &cfg);
-    ParamLayout l;
-    gpt_layout(&l, &cfg);
-    size_t P = l.num_params;
-    float *params = calloc_or_die(P, sizeof(float));
-    checkpoint_load_model(path, &l, params);
+    checkpoint_read_config(path, &o->cfg);
+    gpt_layout(&o->l, &o->cfg);
+    o->params = calloc_or_die(o->l.num_params, sizeof(float));
+    checkpoint_load_model(path, &o->l, o->params);
     int rank;
     double alpha;
     char targets[256];
     lora_read_adapter_config(adapter_dir, &rank, &alpha, targets, sizeof targets);
-    Lora lo;
-    lora_describe(&lo, &l, rank, alpha, targets, adapter_dir);
-    size_t n = lo.layout.num_params;
-    float *adapters = calloc_or_die(n, sizeof(float)), *host = calloc_or_die(n, sizeof(float));
-    lora_read_adapter(&lo, adapter_dir, adapters);
+    lora_describe(&o->lo, &o->l, rank, alpha, targets, adapter_dir);
+    o->lo.dropout = dropout, o->lo.seed = 1;
+    o->adapters = calloc_or_die(o->lo.layout.num_params, sizeof(float));
+    lora_read_adapter(&o->lo, adapter_dir, o->adapters);
+    o->tokens = read_oracle_tokens(dir, &o->B, &o->T);
+    weights_point(&o->w, &o->l, o->params);
+    o->g = (Weights){.n_layer = o->cfg.n_layer, .h = calloc_or_die((size_t)o->cfg.n_layer, sizeof(BlockWeights))};
+    acts_alloc(&o->a, &o->cfg, o->B, o->T, 0);
+    lora_plug(&o->lo, o->adapters, o->params, &o->a);
+}
 
-    int B, T;
-    int *tokens = read_oracle_tokens(dir, &B, &T);
-    const int *x = tokens + 2, *y = tokens + 2 + B * T;
-    int N = B * T;
-    Weights w, g;
-    weights_point(&w, &l, params);
-    g = (Weights){.n_layer = cfg.n_layer, .h = calloc_or_die((size_t)cfg.n_layer, sizeof(BlockWeights))};
-    Activations a;
-    acts_alloc(&a, &cfg, B, T, 0);
-    lora_plug(&lo, adapters, params, &a);
-    gpt_forward(&a, &w, x, B, T);
-    snprintf(path, sizeof path, "%s/logits.bin", dir);
-    write_rows(path, a.logits, N, cfg.padded_vocab_size, cfg.vocab_size);
-    double loss = gpt_forward_backward(&a, &w, &g, &cfg, x, y, B, T, 1.0f / (float)N) / N;
-    printf("loss %.9g\n", loss);
-    copy_to_host(host, lo.grads, lo.bytes);
+static void oracle_close(OracleRun *o) {
+    acts_free(&o->a);
+    lora_free(&o->lo);
+    weights_free(&o->w), weights_free(&o->g);
+    gpt_layout_free(&o->l);
+    free(o->tokens), free(o->params), free(o->adapters);
+}
+
+static int run_lora_oracle_dropout(const char *dir, float p) {
+    OracleRun o;
+    oracle_open(&o, dir, p);
+    int N = o.B * o.T;
+    const int *x = o.tokens + 2, *y = o.tokens + 2 + N;
+    lora_training(&o.lo, 0, 0, o.T);
+    gpt_forward_backward(&o.a, &o.w, &o.g, &o.cfg, x, y, o.B, o.T, 1.0f / (float)N);
+    float *host = malloc_or_die(o.lo.bytes);
+    copy_to_host(host, o.lo.grads, o.lo.bytes);
+    char path[1200];
     snprintf(path, sizeof path, "%s/grads", dir);
-    lora_write_adapter(&lo, path, host, "ckpt");
-    for (int i = 0; i < lo.layout.num_tensors; i++) {
-        const TensorInfo *t = &lo.layout.tensors[i];
-        adamw_update(lo.params + t->offset, lo.grads + t->offset, 1.0f, lo.m + t->offset, lo.v + t->offset, t->numel,
-                     ORACLE_LR, ORACLE_BETA1, ORACLE_BETA2, ORACLE_EPS, ORACLE_WD, 1);
+    lora_write_adapter(&o.lo, path, host, "ckpt");
+    free(host);
+    for (int i = 0; i < o.lo.n_sites; i++) {
+        const LoraSite *s = &o.lo.sites[i];
+        size_t n = (size_t)N * s->in_dim;
+        float *ones = malloc_or_die(n * sizeof(float)), *mask = malloc_or_die(n * sizeof(float));
+        for (size_t k = 0; k < n; k++) ones[k] = 1.0f;
+        DropoutMask m;
+        lora_site_mask(&o.lo, s, &m);
+        dropout_apply(mask, ones, N, s->in_dim, &m, 0);
+        char module[80];  // <module>.lora_A.weight
+        snprintf(module, sizeof module, "%s", o.lo.layout.tensors[s->a].name);
+        *strstr(module, ".lora_A.weight") = '\0';
+        snprintf(path, sizeof path, "%s/mask.%s.bin", dir, module);
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(mask, sizeof(float), n, f) != n || fclose(f) != 0) fatal("cannot write %s", path);
+        free(ones), free(mask);
     }
-    copy_to_host(host, lo.params, lo.bytes);
+    oracle_close(&o);
+    return 0;
+}
+
+static int run_lora_oracle(const char *dir) {
+    OracleRun o;
+    oracle_open(&o, dir, 0);
+    Lora *lo = &o.lo;
+    const GPTConfig *cfg = &o.cfg;
+    int N = o.B * o.T;
+    const int *x = o.tokens + 2, *y = o.tokens + 2 + N;
+    float *host = calloc_or_die(lo->layout.num_params, sizeof(float));
+    char path[1200];
+    gpt_forward(&o.a, &o.w, x, o.B, o.T);
+    snprintf(path, sizeof path, "%s/logits.bin", dir);
+    write_rows(path, o.a.logits, N, cfg->padded_vocab_size, cfg->vocab_size);
+    double loss = gpt_forward_backward(&o.a, &o.w, &o.g, cfg, x, y, o.B, o.T, 1.0f / (float)N) / N;
+    printf("loss %.9g\n", loss);
+    copy_to_host(host, lo->grads, lo->bytes);
+    snprintf(path, sizeof path, "%s/grads", dir);
+    lora_write_adapter(lo, path, host, "ckpt");
+    for (int i = 0; i < lo->layout.num_tensors; i++) {
+        const TensorInfo *t = &lo->layout.tensors[i];
+        adamw_update(lo->params + t->offset, lo->grads + t->offset, 1.0f, lo->m + t->offset, lo->v + t->offset,
+                     t->numel, ORACLE_LR, ORACLE_BETA1, ORACLE_BETA2, ORACLE_EPS, ORACLE_WD, 1);
+    }
+    copy_to_host(host, lo->params, lo->bytes);
     snprintf(path, sizeof path, "%s/stepped", dir);
-    lora_write_adapter(&lo, path, host, "ckpt");
-    gpt_forward(&a, &w, x, B, T);
+    lora_write_adapter(lo, path, host, "ckpt");
+    gpt_forward(&o.a, &o.w, x, o.B, o.T);
     snprintf(path, sizeof path, "%s/stepped_logits.bin", dir);
-    write_rows(path, a.logits, N, cfg.padded_vocab_size, cfg.vocab_size);
+    write_rows(path, o.a.logits, N, cfg->padded_vocab_size, cfg->vocab_size);
     snprintf(path, sizeof path, "%s/base_after", dir);
-    checkpoint_save_model(path, &l, params, NULL);
-    acts_free(&a);
-    lora_free(&lo);
-    weights_free(&w), weights_free(&g);
-    gpt_layout_free(&l);
-    free(tokens), free(params), free(adapters), free(host);
+    checkpoint_save_model(path, &o.l, o.params, NULL);
+    free(host);
+    oracle_close(&o);
     return 0;
 }
 
 int main(int argc, char **argv) {
     ops_init();
     if (argc == 3 && strcmp(argv[1], "--oracle") == 0) return run_lora_oracle(argv[2]);
+    if (argc == 4 && strcmp(argv[1], "--oracle-dropout") == 0) return run_lora_oracle_dropout(argv[2], (float)atof(argv[3]));
     test_sites();
     test_merge_equals_adapted();
     test_dropout_mask();
