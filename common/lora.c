@@ -381,10 +381,12 @@ static void lora_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Linea
         LoraSite *s = &lo->sites[i];
         if (!site_runs(lo, s, k, w)) continue;
         if (!x) x = adapter_input(lo, inp, inp16, N, in_dim);
-        DropoutMask mask;  // recomputed rather than kept: the same bits for a few hashes per element
+        // the adapter's input again, its mask recomputed rather than kept from forward: a hash per
+        // element instead of N x in_dim floats per adapter held from forward to backward
+        DropoutMask mask;
         const float *xs = adapter_x(lo, s, x, N, in_dim, &mask);
         if (lo->recompute_h) adapter_down(lo, k, s, xs, N, in_dim);
-        // dy = scale * dout's rows of this adapter; dh = dy B, dB += dy^T h; dinp += dh A, dA += dh^T x
+        // dy = scale * dout's rows of this adapter; dh = dy B, dB += dy^T h; dinp += dh A, dA += dh^T xs
         dev_zero(lo->dy, (size_t)N * s->rows * sizeof(float));
         add_columns_scaled(lo->dy, s->rows, dout + s->row0, out_dim, N, s->rows, lo->scale);
         dev_zero(lo->dh, (size_t)N * lo->rank * sizeof(float));

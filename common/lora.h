@@ -3,8 +3,9 @@
 //
 // The base model is frozen: its parameters have no gradient buffer and no AdamW state. Each target
 // linear W (out, in) of each block gets two small fp32 matrices, A (r, in) and B (out, r), and
-// computes y = x W^T + (alpha / r) (x A^T) B^T. A starts Kaiming-uniform (PEFT's bound,
-// 1/sqrt(in)), B at zero, so the adapted model starts as the base. Only A and B train.
+// computes y = x W^T + (alpha / r) (x A^T) B^T, in training with lora_dropout on the adapter's x
+// (lora_training below). A starts Kaiming-uniform (PEFT's bound, 1/sqrt(in)), B at zero, so the
+// adapted model starts as the base. Only A and B train.
 //
 // The plug-in wraps the layers that run the base (serial_layer_ops(), or a stage's): a linear's
 // forward runs the base's, then adds each of its adapters; its backward computes the base's input
