@@ -92,12 +92,14 @@ int main(int argc, char **argv) {
         for (int micro = 0; micro < acc; micro++) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
                               micro, acc, &batch);
+            lora_training(&lora, step, micro * batch.rows, batch.T);  // where its dropout masks lie
             n_targets = batch.n_targets_global;
             float dloss = n_targets ? 1.0f / (float)n_targets : 0.0f;
             loss_sum += gpt_forward_backward(&acts, &mb.w, &mb.g, &mc, batch.inputs, batch.targets,
                                              batch.rows, batch.T, dloss);
             tokens += (long)batch.rows * batch.T;
         }
+        lora_training_done(&lora);  // evaluation runs without dropout
         double loss = n_targets ? loss_sum / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 

@@ -126,6 +126,7 @@ int main(int argc, char **argv) {
         for (int micro = 0; micro < acc; micro++) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
                               rank * acc + micro, P * acc, &batch);
+            lora_training(&lora, step, (rank * acc + micro) * batch.rows, batch.T);  // where its dropout masks lie
             n_targets = batch.n_targets_global;
             float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
             bool overlap = cfg.overlap_communication && micro == acc - 1;
@@ -134,6 +135,7 @@ int main(int argc, char **argv) {
                                                     overlap ? launch_ready_buckets : NULL, &buckets);
             tokens += (long)batch.rows * batch.T;
         }
+        lora_training_done(&lora);  // evaluation runs without dropout
         // sum the gradients over the ranks: afterwards every rank holds the global gradient
         if (cfg.overlap_communication) wait_buckets(&buckets);
         else comm_all_reduce(world, mb.grads, mb.n);

@@ -122,12 +122,14 @@ int main(int argc, char **argv) {
         for (int micro = 0; micro < acc; micro++) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
                               rank * acc + micro, P * acc, &batch);
+            lora_training(&lora, step, (rank * acc + micro) * batch.rows, batch.T);  // where its dropout masks lie
             n_targets = batch.n_targets_global;
             float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
             loss_sum += fsdp_forward_backward(&fsdp, &acts, &mc, batch.inputs, batch.targets,
                                               batch.rows, batch.T, dloss);
             tokens += (long)batch.rows * batch.T;
         }
+        lora_training_done(&lora);  // evaluation runs without dropout
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
         comm_sum_doubles(world, totals, 3);

@@ -41,6 +41,7 @@ static void slice_site(const TPModel *m, const LoraSite *w, LoraSite *s, Slice *
     s->base_offset = lt->offset;
     s->in_dim = lt->cols;
     s->rows = 0;
+    s->col0 = lt->col0;  // its dropout mask's columns: the whole input's
     *sl = (Slice){.a_col0 = lt->col0};
     for (int r = 0, at = 0; r < lt->nranges; at += lt->rows[r], r++) {
         int lo = imax(w->row0, lt->row0[r]), hi = imin(w->row0 + w->rows, lt->row0[r] + lt->rows[r]);
@@ -68,7 +69,7 @@ static void add_tensor(ParamLayout *l, const TensorInfo *whole, int rows, int co
 // lo: this rank's slices of t->whole's adapters
 static void describe_slices(Lora *lo, struct TPLora *t, const TPModel *m) {
     const Lora *w = &t->whole;
-    *lo = (Lora){.rank = w->rank, .alpha = w->alpha, .scale = w->scale, .dropout = w->dropout, .arch = w->arch,
+    *lo = (Lora){.rank = w->rank, .alpha = w->alpha, .scale = w->scale, .dropout = w->dropout, .seed = w->seed, .arch = w->arch,
                  .n_sites = w->n_sites};
     memcpy(lo->targets, w->targets, sizeof lo->targets);
     lo->layout = (ParamLayout){.cfg = w->layout.cfg, .arch = w->layout.arch, .first_block = w->layout.first_block,

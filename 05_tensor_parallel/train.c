@@ -126,6 +126,7 @@ int main(int argc, char **argv) {
         for (int micro = 0; micro < acc; micro++) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
                               grid->row_rank * acc + micro, grid->row_ranks * acc, &batch);
+            lora_training(&lora, step, (grid->row_rank * acc + micro) * batch.rows, batch.T);  // its dropout masks
             n_targets = batch.n_targets_global;
             float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
             tp_forward(&model, &acts, &mb.w, batch.inputs, batch.rows, batch.T);
@@ -133,6 +134,7 @@ int main(int argc, char **argv) {
             tp_backward(&model, &acts, &mb.w, &mb.g, batch.rows, batch.T);
             if (grid->counts_rows) loss_sum += l, tokens += (long)batch.rows * batch.T;
         }
+        lora_training_done(&lora);  // evaluation runs without dropout
         // the gradient of a tensor with copies on several ranks must be summed over exactly the
         // copies that saw different rows: the small tensors over z (the weights' reduce-scatter
         // already did), then everything over the data replicas. Over x or y the copies saw the

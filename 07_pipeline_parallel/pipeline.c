@@ -364,6 +364,7 @@ static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *gr
     Activations *a = &p->slots[slot];
     double t0 = wall_seconds(), busy0 = dev_busy_seconds(), loss = 0;
     int m0 = trace_mark();
+    if (p->lora) lora_training_micro(p->lora, op->micro * b->rows);  // its dropout masks' rows
     if (op->weights) {
         deferred_weight_pass(p->deferred[slot]);
     } else if (op->backward) {

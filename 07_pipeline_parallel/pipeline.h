@@ -113,7 +113,7 @@ typedef struct {
     char trace[PIPE_TRACE_CHARS];
     double compute_s, schedule_s;  // summed over the steps measured: busy time and schedule time
     double *op_s;                // [n_ops]: each op's device seconds in the traced step (dev_busy_seconds)
-    const Lora *lora;            // LoRA (pipe_lora.h): this stage's adapters, in every slot's layers; or NULL
+    Lora *lora;                  // LoRA (pipe_lora.h): this stage's adapters, in every slot's layers; or NULL
 } Pipeline;
 
 // one slot per micro-batch in flight, each the activations of one micro-batch of the longest

@@ -120,7 +120,10 @@ int main(int argc, char **argv) {
         // the schedule: forwards and backwards of the micro-batches through the stages;
         // gradients add up in `mb.grads`, the loss on the last stage
         dev_zero(mb.grads, mb.bytes);
+        // LoRA dropout's masks: the replica's first sequence (pipeline.c adds each micro-batch's place)
+        lora_training(&lora, step, grid.replica * m * batches[0].rows, batches[0].T);
         double loss_sum = pipeline_step(&pipe, &mb.g, batches, dloss);
+        lora_training_done(&lora);  // evaluation runs without dropout
         if (grid.is_first)
             for (int micro = 0; micro < m; micro++) tokens += (long)batches[micro].rows * batches[micro].T;
         // GPT-2's lm_head is wte: the first stage holds its embedding half of the gradient, the

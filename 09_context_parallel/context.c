@@ -45,6 +45,8 @@ int cp_chunk_len(const CPGrid *g, int T) { return (T + 2 * g->cp - 1) / (2 * g->
 // the global chunk index of this rank's half 0 (early) or 1 (late)
 static int chunk_of(const CPGrid *g, int cp_rank, int half) { return half ? 2 * g->cp - 1 - cp_rank : cp_rank; }
 
+int cp_chunk_start(const CPGrid *g, int half, int T) { return chunk_of(g, g->cp_rank, half) * cp_chunk_len(g, T); }
+
 void cp_local_batch(const CPGrid *g, const Batch *full, Batch *local) {
     int c = cp_chunk_len(g, full->T), rows = full->rows;
     size_t n = (size_t)2 * rows * c;

@@ -134,12 +134,16 @@ int main(int argc, char **argv) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
                               grid.replica * acc + micro, grid.dp * acc, &batch);
             cp_local_batch(&grid, &batch, &local);
+            // where its LoRA dropout masks lie: the replica's rows, at this rank's chunks' positions
+            lora_training(&lora, step, (grid.replica * acc + micro) * batch.rows, local.T);
+            lora_training_chunks(&lora, cp_chunk_start(&grid, 0, batch.T), cp_chunk_start(&grid, 1, batch.T));
             n_targets = batch.n_targets_global;
             float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
             loss_sum += gpt_forward_backward(&acts, &mb.w, &mb.g, &mc, local.inputs, local.targets, local.rows,
                                              local.T, dloss);
             tokens += (long)local.rows * local.T;
         }
+        lora_training_done(&lora);  // evaluation runs without dropout
         // sum the gradients over all ranks (cp x dp): afterwards every rank holds the global gradient
         comm_all_reduce(world, mb.grads, mb.n);
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came

@@ -715,4 +715,14 @@ KERNEL_FN float max_over_shards(const float *maxes, int nmax, int N, int n) {
     return m;
 }
 
+// dropout's factor for element (n, c) of N rows (ops.h: DropoutMask): 0, or 1 / (1 - p) if kept.
+// The top 24 bits of the hash are a uniform in [0, 1) with steps of 2^-24.
+KERNEL_FN float dropout_factor(const DropoutMask *m, int N, int n, int c) {
+    int per_chunk = N / m->n_chunks, g = n / per_chunk, r = n % per_chunk;
+    uint64_t seq = (uint64_t)(m->first_seq + r / m->T), pos = (uint64_t)(m->pos0[g] + r % m->T);
+    uint64_t index = (seq << 40) | (pos << 20) | (uint64_t)(m->col0 + c);
+    float u = (float)(rng_hash(m->seed, m->stream, index) >> 40) * (1.0f / 16777216.0f);
+    return u < m->p ? 0.0f : 1.0f / (1.0f - m->p);
+}
+
 #endif

@@ -18,6 +18,8 @@
 #define PEFT_PREFIX "base_model.model."
 // the adapters' random streams, apart from the base's (whose stream is a tensor's index)
 #define LORA_STREAM_BASE (1ULL << 40)
+// the dropout masks' streams: (step, layer, kind, part) in bits above every other stream's
+#define LORA_DROPOUT_STREAM (1ULL << 62)
 
 // ---- which linears: the description's matrices, by Hugging Face module name ---------------------
 
@@ -85,6 +87,7 @@ typedef struct {
     char names[32][64];   // the targets
     int n_names;
     int matched[32];      // linears each one matched
+    int part;             // the visited linear's part of its fused linear
     char known[512];      // the last components of every linear's name, for the message
 } Describe;
 
@@ -103,6 +106,7 @@ static void add_known(Describe *d, const char *module) {
 static void add_site(const TensorInfo *t, LinearKind kind, int row0, size_t fused, void *ctx) {
     Describe *d = ctx;
     Lora *lo = d->lo;
+    d->part = row0 ? d->part + 1 : 0;
     char module[64];
     module_of(module, sizeof module, t->name);
     add_known(d, module);
@@ -113,7 +117,7 @@ static void add_site(const TensorInfo *t, LinearKind kind, int row0, size_t fuse
     lo->sites = grow(lo->sites, (size_t)(lo->n_sites + 1) * sizeof(LoraSite));
     LoraSite *s = &lo->sites[lo->n_sites++];
     *s = (LoraSite){.kind = kind, .layer = t->block, .row0 = row0, .rows = t->shape[0], .in_dim = t->shape[1],
-                    .base_offset = fused};
+                    .base_offset = fused, .part = d->part};
     ParamLayout *l = &lo->layout;
     l->tensors = grow(l->tensors, (size_t)(l->num_tensors + 2) * sizeof(TensorInfo));
     int shapes[2][2] = {{lo->rank, s->in_dim}, {s->rows, lo->rank}};
@@ -328,6 +332,21 @@ static bool site_runs(const Lora *lo, const LoraSite *s, LinearKind k, const Lin
     return s->kind == k && (lo->by_block ? s->layer == lo->block : s->base_w == w->w);
 }
 
+void lora_site_mask(const Lora *lo, const LoraSite *s, DropoutMask *mask) {
+    *mask = lo->rows;
+    mask->stream = LORA_DROPOUT_STREAM | (uint64_t)lo->step << 15 | (uint64_t)s->layer << 5 | (uint64_t)s->kind << 2 |
+                   (uint64_t)s->part;
+    mask->col0 = s->col0;
+}
+
+// the input adapter s sees: x itself, or in training x with its dropout mask applied (into xd)
+static const float *adapter_x(Lora *lo, const LoraSite *s, const float *x, int N, int in_dim, DropoutMask *mask) {
+    if (!lo->training) return x;
+    lora_site_mask(lo, s, mask);
+    dropout_apply(lo->xd, x, N, in_dim, mask, 0);
+    return lo->xd;
+}
+
 // h = x A^T, completed over the ranks that hold A's other columns
 static void adapter_down(Lora *lo, LinearKind k, LoraSite *s, const float *x, int N, int in_dim) {
     matmul_forward(s->h, x, adapter(lo, s->a), NULL, N, in_dim, lo->rank);
@@ -343,7 +362,8 @@ static void lora_linear_forward(LayerOps *ops, LinearKind k, float *out, const f
         LoraSite *s = &lo->sites[i];
         if (!site_runs(lo, s, k, w)) continue;
         if (!x) x = adapter_input(lo, inp, inp16, N, in_dim);
-        adapter_down(lo, k, s, x, N, in_dim);
+        DropoutMask mask;
+        adapter_down(lo, k, s, adapter_x(lo, s, x, N, in_dim, &mask), N, in_dim);
         matmul_forward(lo->dy, s->h, adapter(lo, s->b), NULL, N, lo->rank, s->rows);  // h B^T
         add_columns_scaled(out + s->row0, out_dim, lo->dy, s->rows, N, s->rows, lo->scale);
     }
@@ -361,14 +381,25 @@ static void lora_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Linea
         LoraSite *s = &lo->sites[i];
         if (!site_runs(lo, s, k, w)) continue;
         if (!x) x = adapter_input(lo, inp, inp16, N, in_dim);
-        if (lo->recompute_h) adapter_down(lo, k, s, x, N, in_dim);
-        // dy = scale * dout's rows of this adapter; dh = dy B, dB += dy^T h; dinp += dh A, dA += dh^T x
+        // the adapter's input again, its mask recomputed rather than kept from forward: a hash per
+        // element instead of N x in_dim floats per adapter held from forward to backward
+        DropoutMask mask;
+        const float *xs = adapter_x(lo, s, x, N, in_dim, &mask);
+        if (lo->recompute_h) adapter_down(lo, k, s, xs, N, in_dim);
+        // dy = scale * dout's rows of this adapter; dh = dy B, dB += dy^T h; dinp += dh A, dA += dh^T xs
         dev_zero(lo->dy, (size_t)N * s->rows * sizeof(float));
         add_columns_scaled(lo->dy, s->rows, dout + s->row0, out_dim, N, s->rows, lo->scale);
         dev_zero(lo->dh, (size_t)N * lo->rank * sizeof(float));
         matmul_backward(lo->dh, adapter_grad(lo, s->b), NULL, lo->dy, s->h, adapter(lo, s->b), N, lo->rank, s->rows);
         if (lo->complete) lo->complete(lo->complete_ctx, k, true, lo->dh, (size_t)N * lo->rank);
-        matmul_backward(dinp, adapter_grad(lo, s->a), NULL, lo->dh, x, adapter(lo, s->a), N, in_dim, lo->rank);
+        if (!lo->training) {
+            matmul_backward(dinp, adapter_grad(lo, s->a), NULL, lo->dh, xs, adapter(lo, s->a), N, in_dim, lo->rank);
+            continue;
+        }
+        // through the dropout: dinp += mask(dh A)
+        dev_zero(lo->dxd, (size_t)N * in_dim * sizeof(float));
+        matmul_backward(lo->dxd, adapter_grad(lo, s->a), NULL, lo->dh, xs, adapter(lo, s->a), N, in_dim, lo->rank);
+        dropout_apply(dinp, lo->dxd, N, in_dim, &mask, 1);
     }
 }
 
@@ -462,9 +493,12 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
     lo->dy = dev_malloc(N * widest * sizeof(float));
     lo->dh = dev_malloc(N * lo->rank * sizeof(float));
     lo->x32 = acts->spec.half ? dev_malloc(N * in_widest * sizeof(float)) : NULL;
+    lo->xd = lo->dropout > 0 ? dev_malloc(N * in_widest * sizeof(float)) : NULL;
+    lo->dxd = lo->dropout > 0 ? dev_malloc(N * in_widest * sizeof(float)) : NULL;
     int C = acts->spec.shape.C;
     lo->norm_grads = (Norm){dev_malloc((size_t)C * sizeof(float)), dev_malloc((size_t)C * sizeof(float))};
-    lo->acts_bytes = (lo->n_sites * N * lo->rank + N * widest + N * lo->rank + (lo->x32 ? N * in_widest : 0) + 2 * C) *
+    lo->acts_bytes = (lo->n_sites * N * lo->rank + N * widest + N * lo->rank + (lo->x32 ? N * in_widest : 0) +
+                      (lo->xd ? 2 * N * in_widest : 0) + 2 * C) *
                      sizeof(float);
     // the plug-in: LoRA's linears, norms' and embedding's backward; the rest passed to the wrapped
     // layers, but for the MLP, whose dense form calls the table's linears (the adapted ones)
@@ -484,12 +518,26 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
 
 void lora_run_block(Lora *lo, int block) { lo->block = block; }
 
+void lora_training(Lora *lo, long step, int first_seq, int T) {
+    lo->training = lo->dropout > 0;
+    lo->step = step;
+    lo->first_seq = first_seq;
+    lo->rows = (DropoutMask){.seed = lo->seed, .p = lo->dropout, .first_seq = first_seq, .T = T, .n_chunks = 1};
+}
+
+void lora_training_chunks(Lora *lo, int pos0, int pos1) {
+    lo->rows.n_chunks = 2;
+    lo->rows.pos0[0] = pos0, lo->rows.pos0[1] = pos1;
+}
+
+void lora_training_micro(Lora *lo, int after) { lo->rows.first_seq = lo->first_seq + after; }
+
+void lora_training_done(Lora *lo) { lo->training = false; }
+
 void lora_describe_keys(Lora *lo, const Config *cfg, const ParamLayout *base) {
-    if (cfg->lora_dropout > 0)
-        fatal("%s: key 'lora_dropout' is %g: LoRA dropout is not implemented yet (set it to 0)",
-              config_source("lora_dropout"), cfg->lora_dropout);
     lora_describe(lo, base, cfg->lora_rank, cfg->lora_alpha, cfg->lora_targets, config_source("lora_targets"));
     lo->dropout = (float)cfg->lora_dropout;
+    lo->seed = (uint64_t)cfg->seed;
 }
 
 float *lora_start(const Lora *lo, const Config *cfg, const ParamLayout *base) {
@@ -581,7 +629,7 @@ void lora_free(Lora *lo) {
         gpt_layout_free(&lo->layout);
         dev_free(lo->params), dev_free(lo->grads), dev_free(lo->m), dev_free(lo->v);
     }
-    dev_free(lo->dy), dev_free(lo->dh), dev_free(lo->x32);
+    dev_free(lo->dy), dev_free(lo->dh), dev_free(lo->x32), dev_free(lo->xd), dev_free(lo->dxd);
     dev_free(lo->norm_grads.w), dev_free(lo->norm_grads.b);
     memset(lo, 0, sizeof *lo);
 }

@@ -3,8 +3,9 @@
 //
 // The base model is frozen: its parameters have no gradient buffer and no AdamW state. Each target
 // linear W (out, in) of each block gets two small fp32 matrices, A (r, in) and B (out, r), and
-// computes y = x W^T + (alpha / r) (x A^T) B^T. A starts Kaiming-uniform (PEFT's bound,
-// 1/sqrt(in)), B at zero, so the adapted model starts as the base. Only A and B train.
+// computes y = x W^T + (alpha / r) (x A^T) B^T, in training with lora_dropout on the adapter's x
+// (lora_training below). A starts Kaiming-uniform (PEFT's bound, 1/sqrt(in)), B at zero, so the
+// adapted model starts as the base. Only A and B train.
 //
 // The plug-in wraps the layers that run the base (serial_layer_ops(), or a stage's): a linear's
 // forward runs the base's, then adds each of its adapters; its backward computes the base's input
@@ -26,6 +27,7 @@
 
 #include "config.h"
 #include "gpt.h"
+#include "ops.h"
 #include "stage_run.h"
 
 // One adapter: B (rows, r) @ A (r, in_dim), times scale, added to rows [row0, row0 + rows) of one
@@ -38,6 +40,9 @@ typedef struct {
     const float *base_w;  // that weight in the running model: how the layer ops recognise the linear
                           // (NULL where the stage says which block runs: lora_run_block)
     int a, b;             // its tensors A and B in Lora.layout
+    int part;             // which part of its fused linear it adapts (q 0, k 1, v 2; gate 0, up 1)
+    int col0;             // its input's first column in the whole linear's (tensor parallelism's
+                          // row-parallel slices): with layer, kind and part, where its dropout mask lies
     float *h;             // (N, r) on the device: x A^T, kept from forward for backward
 } LoraSite;
 
@@ -46,7 +51,14 @@ typedef struct {
     LayerOps *inner;       // the layers that run the base
     int rank;              // 0: no LoRA (full fine-tuning); the rest is then unset
     float alpha, scale;    // scale = alpha / rank
-    float dropout;
+    float dropout;         // lora_dropout: the adapters' input dropped with this probability in training
+    uint64_t seed;         // the run's, which the dropout masks are drawn from
+    // in training (lora_training) the rows that run next, as lora_training describes them; the
+    // step goes into each site's mask stream. Otherwise (evaluation, inference) no dropout.
+    bool training;
+    long step;
+    int first_seq;         // lora_training's
+    DropoutMask rows;
     const Arch *arch;
     char targets[256];     // the target module names, comma-separated, as resolved
     ParamLayout layout;    // the adapters' tensors, named as PEFT's without "base_model.model."
@@ -57,6 +69,7 @@ typedef struct {
     size_t bytes;          // of one of those buffers
     size_t acts_bytes;     // what the sites keep for backward, and the backward scratch
     float *dy, *dh, *x32;  // scratch: an adapter's output (gradient), x A^T's gradient, a widened input
+    float *xd, *dxd;       // with dropout: the dropped input, and its gradient (scratch)
     // a stage whose linears are split over ranks (05): completes x A^T (forward) or its gradient
     // dy B (backward), (N, r) partial sums over the slices of A's columns or B's rows this rank
     // holds, by summing them over the ranks that hold the others; NULL: nothing to complete
@@ -103,6 +116,24 @@ void lora_merge(const Lora *lo, const float *adapters, float *base_params);
 void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activations *acts);
 // the block whose linears run next (after lora_plug with no base_params)
 void lora_run_block(Lora *lo, int block);
+// LoRA dropout (lora_dropout > 0). In training, each adapter sees its input with every element
+// zeroed with probability p and the rest scaled by 1 / (1 - p) (PEFT's nn.Dropout on lora_A's
+// input); the base sees it whole. The mask is a pure function of (seed, step, layer, linear,
+// part, sequence in the global batch, position, column), recomputed in backward, so every layout
+// of the run draws one mask and backward (or a recomputation) the forward's.
+// lora_training: the micro-batch that runs next (its forward and backward) is `T`-token sequences
+// first_seq, first_seq + 1, ... of step `step`'s global batch (a slice's rows: slice * rows).
+void lora_training(Lora *lo, long step, int first_seq, int T);
+// context parallelism: the rows are two chunks of every sequence, chunk 0's first, each c tokens,
+// starting at positions pos0 and pos1 (after lora_training, with T = c)
+void lora_training_chunks(Lora *lo, int pos0, int pos1);
+// a pipeline, whose micro-batches run out of order: lora_training named the replica's first
+// sequence, and the micro-batch that runs next starts `after` sequences later
+void lora_training_micro(Lora *lo, int after);
+// training's micro-batches are done: what runs next (evaluation) sees no dropout
+void lora_training_done(Lora *lo);
+// the mask site s draws in training, for the rows lora_training last described
+void lora_site_mask(const Lora *lo, const LoraSite *s, DropoutMask *mask);
 // A stage's LoRA (lora_rank > 0; otherwise nothing happens): describes the adapters on `layout`'s
 // linears (cfg's keys, checked against lora_adapter's config when that is set), starts them
 // (lora_init, or lora_adapter's tensors) and plugs the LoRA layers in around acts->ops. Then the

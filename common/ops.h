@@ -221,6 +221,21 @@ void scale_inplace(float *x, float s, size_t n);                         // x *=
 // one into the other (LoRA's adapter on q, k or v: a slice of the fused qkv projection)
 void add_columns_scaled(float *dst, int dst_stride, const float *src, int src_stride, int N, int width, float s);
 
+// Dropout whose mask is a pure function of each element's place in the global batch (LoRA's
+// dropout): element (n, c) of N rows of `width` is kept with probability 1 - p, and then scaled
+// by 1 / (1 - p), when rng_hash(seed, stream, (sequence << 40) | (position << 20) | (col0 + c))
+// says so. Local row n is position pos0[g] + n % T of sequence first_seq + (n % (S T)) / T, in
+// chunk g = n / (S T) of n_chunks, S = N / (n_chunks T): so any rank holding any rows, positions
+// or columns of the batch draws the elements' global masks.
+typedef struct {
+    uint64_t seed, stream;
+    float p;
+    int first_seq, T, col0;
+    int n_chunks, pos0[2];  // 1 and {0}, but under context parallelism (a rank's two chunks)
+} DropoutMask;
+// out (N, width) = mask(inp), or with add, out += mask(inp); out may be inp
+void dropout_apply(float *out, const float *inp, int N, int width, const DropoutMask *m, int add);
+
 // ----------------------------------------------------------------------------------------------
 // mixture of experts: token rows to their experts' rows and back. slot (N, k) (device): the row
 // of packed that token n's j-th expert runs, -1 when it was dropped; the rows are distinct.

@@ -1311,6 +1311,16 @@ void add_columns_scaled(float *dst, int dst_stride, const float *src, int src_st
         for (int j = 0; j < width; j++) dst[(size_t)n * dst_stride + j] += s * src[(size_t)n * src_stride + j];
 }
 
+void dropout_apply(float *out, const float *inp, int N, int width, const DropoutMask *m, int add) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < width; c++) {
+            size_t i = (size_t)n * width + c;
+            float v = inp[i] * dropout_factor(m, N, n, c);
+            out[i] = add ? out[i] + v : v;
+        }
+}
+
 void scale_inplace(float *x, float s, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) x[i] *= s;

@@ -1461,6 +1461,13 @@ static __global__ void add_columns_scaled_kernel(float *dst, int dst_stride, con
     }
 }
 
+static __global__ void dropout_kernel(float *out, const float *inp, int N, int width, DropoutMask m, int add) {
+    GRID_STRIDE(i, (size_t)N * width) {
+        float v = __fmul_rn(inp[i], dropout_factor(&m, N, (int)(i / width), (int)(i % width)));
+        out[i] = add ? __fadd_rn(out[i], v) : v;
+    }
+}
+
 static __global__ void scale_kernel(float *x, float s, size_t n) {
     GRID_STRIDE(i, n) x[i] *= s;
 }
@@ -1598,6 +1605,13 @@ void add_columns_scaled(float *dst, int dst_stride, const float *src, int src_st
     if (!n) return;
     ensure_init();
     LAUNCH(add_columns_scaled_kernel, grid_for(n), THREADS, 0, dst, dst_stride, src, src_stride, width, s, n);
+}
+
+void dropout_apply(float *out, const float *inp, int N, int width, const DropoutMask *m, int add) {
+    size_t n = (size_t)N * width;
+    if (!n) return;
+    ensure_init();
+    LAUNCH(dropout_kernel, grid_for(n), THREADS, 0, out, inp, N, width, *m, add);
 }
 
 void scale_inplace(float *x, float s, size_t n) {

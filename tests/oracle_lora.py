@@ -9,7 +9,9 @@ save_pretrained, runs `OUR_TEST_BINARY --oracle WORKDIR/llama` (tests/test_lora.
 the adapted model's logits, the adapters' gradients after one step, the adapter we saved after
 one AdamW step loading in peft with our logits, the base weights bit-identical after the step,
 and the model our merge tool writes loading in transformers with the adapted logits. Then the
-same logits and gradients for GPT-2's and phi's module names. Prints "ok: ..." or "FAIL: ..."
+adapters' gradients with lora_dropout 0.1: peft's lora_dropout modules replaced by ones applying
+the masks `OUR_TEST_BINARY --oracle-dropout` drew, so that both sides drop the same elements. Then
+the same logits and gradients for GPT-2's and phi's module names. Prints "ok: ..." or "FAIL: ..."
 per check.
 """
 import copy
@@ -31,9 +33,9 @@ from oracle_step import check, close
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def adapted(base, targets, fan_in_fan_out=False):
+def adapted(base, targets, fan_in_fan_out=False, dropout=0.0):
     """base (left as it is) wrapped by peft, every adapter matrix random"""
-    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, fan_in_fan_out=fan_in_fan_out)
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=targets, fan_in_fan_out=fan_in_fan_out)
     model = get_peft_model(copy.deepcopy(base), config)
     torch.manual_seed(2)
     with torch.no_grad():
@@ -72,19 +74,8 @@ def compare_logits_and_grads(name, d, model, x, y):
     check(close(ours, theirs, 1e-5, 1e-5),
           f"{name}: the adapted model's logits equal peft's (max |diff| {float(np.abs(ours - theirs).max()):.3g})")
     model.train()
-    model.zero_grad()
-    loss = F.cross_entropy(model(input_ids=x.long()).logits.reshape(-1, V), y.flatten().long())
-    loss.backward()
+    compare_grads(name, d, model, x, y)
     model.eval()
-    grads = load_file(os.path.join(d, "grads", "adapter_model.safetensors"))
-    theirs = {n.replace(".default", ""): p.grad for n, p in model.named_parameters() if p.requires_grad}
-    frozen_grads = [n for n, p in model.named_parameters() if not p.requires_grad and p.grad is not None]
-    bad = [n for n, g in theirs.items()
-           if n not in grads or not close(grads[n].numpy(), g.numpy(), 1e-4, 1e-4 * float(g.abs().max()))]
-    check(not bad and len(grads) == len(theirs) and not frozen_grads,
-          f"{name}: the {len(theirs)} adapter gradients equal peft's within 1e-4, under peft's names "
-          f"(differ or missing: {bad[:3]}; ours {len(grads)})")
-    return loss
 
 
 def adamw_step(model):
@@ -137,6 +128,65 @@ def check_llama(binary, merge_tool, work):
               f"{float(np.abs(stepped - m).max()):.3g})")
 
 
+class FixedMask(torch.nn.Module):
+    """peft's lora_dropout with our mask: x times the factors (0 or 1 / (1 - p)) we drew"""
+
+    def __init__(self, factors):
+        super().__init__()
+        self.factors = factors
+
+    def forward(self, x):
+        return x * self.factors
+
+
+def compare_grads(name, d, model, x, y):
+    """one backward of the mean loss in peft (model in training mode) against our DIR/grads/"""
+    V = model.config.vocab_size
+    model.zero_grad()
+    loss = F.cross_entropy(model(input_ids=x.long()).logits.reshape(-1, V), y.flatten().long())
+    loss.backward()
+    grads = load_file(os.path.join(d, "grads", "adapter_model.safetensors"))
+    theirs = {n.replace(".default", ""): p.grad for n, p in model.named_parameters() if p.requires_grad}
+    frozen_grads = [n for n, p in model.named_parameters() if not p.requires_grad and p.grad is not None]
+    bad = [n for n, g in theirs.items()
+           if n not in grads or not close(grads[n].numpy(), g.numpy(), 1e-4, 1e-4 * float(g.abs().max()))]
+    check(not bad and len(grads) == len(theirs) and not frozen_grads,
+          f"{name}: the {len(theirs)} adapter gradients equal peft's within 1e-4, under peft's names "
+          f"(differ or missing: {bad[:3]}; ours {len(grads)})")
+
+
+def check_llama_dropout(binary, work):
+    """one step's adapter gradients with lora_dropout 0.1, both sides dropping our masks' elements"""
+    p = 0.1
+    base = tiny_llama()
+    B, T, V = 2, 24, base.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
+    y = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
+    model = adapted(base, LLAMA_TARGETS, dropout=p)
+    d = prepare(work, "llama_dropout", base, model, x, y)
+    run = subprocess.run([binary, "--oracle-dropout", d, str(p)], capture_output=True, text=True)
+    check(run.returncode == 0, f"our --oracle-dropout run exits 0 ({run.stderr.strip()[-300:]})")
+    if run.returncode != 0:
+        return
+    rates, replaced, kept = [], 0, set()
+    for name, module in model.named_modules():
+        if not hasattr(module, "lora_dropout") or "default" not in module.lora_dropout:
+            continue
+        ours = name[len("base_model.model."):]
+        width = module.in_features
+        factors = np.fromfile(os.path.join(d, f"mask.{ours}.bin"), dtype=np.float32).reshape(B, T, width)
+        rates.append(float((factors == 0).mean()))
+        kept |= {float(v) for v in np.unique(factors)}
+        module.lora_dropout["default"] = FixedMask(torch.from_numpy(factors))
+        replaced += 1
+    check(replaced == 14 and all(0.05 < r < 0.15 for r in rates) and kept == {0.0, float(np.float32(1 / (1 - p)))},
+          f"llama dropout: our 14 masks drop about 10% (rates {[round(r, 3) for r in rates[:4]]}...; "
+          f"{replaced} replaced; factors {sorted(kept)})")
+    model.train()
+    compare_grads("llama with lora_dropout 0.1", d, model, x, y)
+
+
 def check_other(binary, work, name, base, targets, fan_in_fan_out):
     """GPT-2's and phi's module names: logits and gradients"""
     torch.manual_seed(0)
@@ -156,6 +206,7 @@ def check_other(binary, work, name, base, targets, fan_in_fan_out):
 def main():
     binary, merge_tool, work = sys.argv[1], sys.argv[2], sys.argv[3]
     check_llama(binary, merge_tool, work)
+    check_llama_dropout(binary, work)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4,
                                       resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)).float().eval()
     check_other(binary, work, "gpt2", gpt2, ["c_attn", "c_proj", "c_fc"], True)

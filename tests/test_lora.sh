@@ -18,6 +18,13 @@
 #    blocks' adapters, the saved adapter put together from the stages') on 2 stages under 1f1b,
 #    whose first stage holds two micro-batches in flight (backward recomputes x A^T), and on 2
 #    stages x 2 replicas under gpipe, and 09 (context parallel) on 2;
+#  - LoRA dropout (lora_dropout 0.3): stage 01's losses differ from its dropout-0 run's, and
+#    activation_checkpointing reproduces them (the masks are recomputed); 03 on 2 ranks, 04 on 2, 05 on
+#    [2,1,1] (a row-parallel linear's rank masks a column shard of the input), 07 on 2 stages under
+#    1f1b (micro-batches out of order) and 09 on 2 (each rank two chunks of every sequence) reproduce
+#    them within 1e-5, as each draws the masks of the global batch's elements; evaluation sees no
+#    dropout: from one adapter, at a learning rate of 1e-9, runs with lora_dropout 0.5 and 0 train on
+#    other losses and report one validation loss;
 #  - refused by name: a target naming no linear, an adapter whose r differs from lora_rank, a stage
 #    that does not train adapters, a pure bf16 precision (the adapters train in fp32), the zb-h1
 #    pipeline schedule (it defers weight gradients).
@@ -121,6 +128,37 @@ mem = json.load(open(sys.argv[1]))["memory"]
 adapters = mem["gradients (fp32)"]  # the slices of the adapters on this rank only
 sys.exit(0 if mem["AdamW m and v (fp32)"] == 2 * adapters and 0 < adapters * 5 < mem["parameters (fp32)"] - adapters else 1)
 PY' "stage 05 LoRA's memory report counts the base's gradients or moments: $(head -c 600 "$tmp/tp221/stats.json")"
+
+# LoRA dropout: the masks act, and every layout draws stage 01's
+run_single 1 drop --lora_dropout=0.3
+check 'python3 -c "
+import json, sys
+a = [json.loads(l)[\"loss\"] for l in open(sys.argv[1])]
+b = [json.loads(l)[\"loss\"] for l in open(sys.argv[2])]
+sys.exit(0 if len(a) == len(b) == 5 and max(abs(x - y) for x, y in zip(a, b)) > 1e-4 else 1)" \
+    "$tmp/lora/metrics.jsonl" "$tmp/drop/metrics.jsonl"' "stage 01 with lora_dropout 0.3 has the losses of lora_dropout 0"
+run_single 1 droprecompute --lora_dropout=0.3 --activation_checkpointing=true
+check 'compare_losses "$tmp/drop" "$tmp/droprecompute" 5 1e-6' \
+    "stage 01 LoRA dropout with activation_checkpointing has other losses"
+run_ranks 3 dropddp2 2 --lora_dropout=0.3
+run_ranks 4 dropfsdp2 2 --lora_dropout=0.3
+run_ranks 5 droptp211 2 --lora_dropout=0.3 --tp_dimensions=2,1,1
+run_ranks 7 droppp2 2 --lora_dropout=0.3 --pp_size=2 --num_microbatches=4
+run_ranks 9 dropcp2 2 --lora_dropout=0.3 --cp_size=2
+for run in dropddp2 dropfsdp2 droptp211 droppp2 dropcp2; do
+    check 'compare_losses "$tmp/drop" "$tmp/$run" 5 1e-5' "LoRA dropout run $run strays from stage 01's losses"
+done
+# evaluation without dropout: an adapter that moves the loss, one step of lr 1e-9 from it (the
+# weights evaluated are the adapter's to ~1e-9) with and without dropout
+run_single 1 strong --stop_iteration=3 --lr=1e-2 --warmup_steps=0
+run_single 1 evalp0 --stop_iteration=1 --lr=1e-9 --min_lr=0 --lora_adapter="$tmp/strong"
+run_single 1 evalp5 --stop_iteration=1 --lr=1e-9 --min_lr=0 --lora_adapter="$tmp/strong" --lora_dropout=0.5
+check 'python3 -c "
+import json, sys
+a, b = (json.loads(open(p).readline()) for p in sys.argv[1:])
+sys.exit(0 if abs(a[\"loss\"] - b[\"loss\"]) > 1e-3 and abs(a[\"val_loss\"] - b[\"val_loss\"]) < 1e-6 else 1)" \
+    "$tmp/evalp0/metrics.jsonl" "$tmp/evalp5/metrics.jsonl"' \
+    "lora_dropout 0.5 does not change training's loss, or changes the validation loss: $(head -c 300 "$tmp/evalp5/metrics.jsonl")"
 
 expect_one_error "a LoRA target naming no linear" "lora_targets.*\"c_attn\" names no linear" \
     $STAGE_BIN/stage-1 "${args[@]}" --lora_targets=q_proj,c_attn --out_dir="$tmp/bad"

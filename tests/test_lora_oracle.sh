@@ -3,7 +3,9 @@
 # tests/test_lora.c --oracle): the adapted model's logits within 1e-5, the adapters' gradients
 # after one step within 1e-4, the adapter we save loading in peft with our logits, the base
 # bit-identical after the step, and the model build/lora_merge writes loading in transformers with
-# the adapted logits; GPT-2's and phi's module names too. The oracle is tests/lib.sh's venv.
+# the adapted logits; the adapters' gradients with lora_dropout 0.1 within 1e-4, peft dropping the
+# elements our masks drop (test_lora --oracle-dropout writes them); GPT-2's and phi's module names
+# too. The oracle is tests/lib.sh's venv.
 source "$(dirname "$0")/lib.sh"
 oracle_venv peft
 check '[ -x build/tests/test_lora ] && [ -x build/lora_merge ]' "build/tests/test_lora or build/lora_merge is not built"

@@ -1093,6 +1093,41 @@ static void test_reductions_and_elementwise(void) {
     free(a), free(b), free(want);
 }
 
+// dropout_apply (LoRA's dropout): 2 chunks x 3 sequences x 6 positions of 11 columns, from sequence
+// 4 and column 5, against the mask written out from the hash: element (sequence, position, column)
+// is dropped when the top 24 bits of rng_hash(seed, stream, sequence << 40 | position << 20 |
+// column), over 2^24, fall below p; out = mask(x), then out += mask(x)
+static void test_dropout(void) {
+    enum { G = 2, S = 3, T = 6, W = 11, N = G * S * T };
+    const float p = 0.4f;
+    DropoutMask m = {.seed = 77, .stream = 123, .p = p, .first_seq = 4, .T = T, .col0 = 5, .n_chunks = G,
+                     .pos0 = {6, 0}};
+    double *x = rand_array((size_t)N * W, -1, 1), want[N * W], twice[N * W];
+    size_t dropped = 0;
+    for (int n = 0; n < N; n++) {
+        int g = n / (S * T), seq = 4 + (n % (S * T)) / T, pos = m.pos0[g] + n % T;
+        for (int c = 0; c < W; c++) {
+            uint64_t h = rng_hash(77, 123, (uint64_t)seq << 40 | (uint64_t)pos << 20 | (uint64_t)(5 + c));
+            int drop = (double)(h >> 40) / 16777216.0 < p;
+            float v = drop ? 0.0f : (float)x[n * W + c] * (1.0f / (1.0f - p));
+            want[n * W + c] = v;
+            twice[n * W + c] = (float)(v + v);
+            dropped += drop;
+        }
+    }
+    CHECK(dropped > N * W / 5 && dropped < N * W * 3 / 5, "dropout: %zu of %d dropped at p 0.4", dropped, N * W);
+    float *d_x = upload(x, (size_t)N * W), *d_out = dev_malloc((size_t)N * W * sizeof(float));
+    dropout_apply(d_out, d_x, N, W, &m, 0);
+    double *got = download(d_out, (size_t)N * W);
+    check_array("dropout_apply", got, want, (size_t)N * W, 1e-7, 0);
+    free(got);
+    dropout_apply(d_out, d_x, N, W, &m, 1);
+    got = download(d_out, (size_t)N * W);
+    check_array("dropout_apply, adding", got, twice, (size_t)N * W, 1e-7, 0);
+    free(got), free(x);
+    dev_free(d_x), dev_free(d_out);
+}
+
 // An upper bound on what the device could possibly do, to catch a peak that is off by a unit or a
 // factor: every processor at 5 GHz with two 512-bit FMA units (64 f32 FLOP/cycle); bf16 up to
 // AMX's 2048 FLOP/cycle. A GPU: well above any made (B200: 2.25 PFLOP/s dense bf16).
@@ -1800,6 +1835,7 @@ int main(int argc, char **argv) {
     RUN(test_adamw());
     RUN(test_init_normal());
     RUN(test_reductions_and_elementwise());
+    RUN(test_dropout());
     RUN(test_kv_cache());
     RUN(test_kv_cache_gqa(2, 3, 4, 2, 2));  // Llama's tiny test shape: 2 key/value heads of 4
     RUN(test_kv_cache_gqa(1, 1, 6, 3, 2));  // batch 1 on 2 threads: tasks of 3 heads across groups of 2
