@@ -127,12 +127,14 @@ int main(int argc, char **argv) {
         for (int micro = 0; micro < acc; micro++) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
                               rank * acc + micro, P * acc, &batch);
+            lora_training(&lora, step, (rank * acc + micro) * batch.rows, batch.T);  // where its dropout masks lie
             n_targets = batch.n_targets_global;
             float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
             loss_sum += gpt_forward_backward(&acts, &mb.w, &mb.g, &mc, batch.inputs, batch.targets, batch.rows, batch.T,
                                              dloss);
             tokens += (long)batch.rows * batch.T;
         }
+        lora_training_done(&lora);  // evaluation runs without dropout
         // sum the gradients: the experts' over the ranks holding them, the rest over every rank
         all_reduce_gradients(&grid, &layout, mb.grads);
         const MoEStepStats *moe = expert_step_stats(&experts, &acts, &mc, cfg.global_batch_size);
