@@ -97,17 +97,25 @@ static void test_sites(void) {
     gpt_layout_free(&l);
 }
 
+// the tiny Llama's layout and random weights, and lora_init's adapters (r 4, alpha 8) on `targets`
+static float *adapted_tiny_llama(ParamLayout *l, float **params, Lora *lo, const char *targets) {
+    GPTConfig cfg = tiny_llama();
+    gpt_layout(l, &cfg);
+    *params = malloc_or_die(l->num_params * sizeof(float));
+    gpt_init_range(*params, l, 0, l->num_params, 7);
+    lora_describe(lo, l, 4, 8, targets, "test");
+    float *adapters = malloc_or_die(lo->layout.num_params * sizeof(float));
+    lora_init(lo, adapters, 3);
+    return adapters;
+}
+
 // the adapted model's logits against the merged base's, on random adapters
 static void test_merge_equals_adapted(void) {
-    GPTConfig cfg = tiny_llama();
     ParamLayout l;
-    gpt_layout(&l, &cfg);
-    float *params = malloc_or_die(l.num_params * sizeof(float));
-    gpt_init_range(params, &l, 0, l.num_params, 7);
+    float *params;
     Lora lo;
-    lora_describe(&lo, &l, 4, 8, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "test");
-    float *adapters = malloc_or_die(lo.layout.num_params * sizeof(float));
-    lora_init(&lo, adapters, 3);
+    float *adapters = adapted_tiny_llama(&l, &params, &lo, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+    GPTConfig cfg = l.cfg;
     for (size_t i = 0; i < lo.layout.num_params; i++)
         if (adapters[i] == 0) adapters[i] = 0.05f * (float)((i * 7919) % 13) - 0.3f;  // B non-zero
     int B = 2, T = 8, N = B * T, tokens[16];
@@ -230,16 +238,12 @@ static double gap(const float *got, const double *want, size_t n) {
 // its output, input gradient and the adapters' gradients against a double-precision reference
 // with the masks written out; after lora_training_done, the output without dropout.
 static void test_dropout_adapter(void) {
-    GPTConfig cfg = tiny_llama();
     ParamLayout l;
-    gpt_layout(&l, &cfg);
-    float *params = malloc_or_die(l.num_params * sizeof(float));
-    gpt_init_range(params, &l, 0, l.num_params, 7);
+    float *params;
     Lora lo;
-    lora_describe(&lo, &l, 4, 8, "q_proj,v_proj", "test");
+    float *adapters = adapted_tiny_llama(&l, &params, &lo, "q_proj,v_proj");
+    GPTConfig cfg = l.cfg;
     lo.dropout = 0.25f, lo.seed = 11;
-    float *adapters = malloc_or_die(lo.layout.num_params * sizeof(float));
-    lora_init(&lo, adapters, 3);
     for (size_t i = 0; i < lo.layout.num_params; i++)
         if (adapters[i] == 0) adapters[i] = 0.05f * (float)((i * 7919) % 13) - 0.3f;  // B non-zero
     int B = 2, T = 8, N = B * T, C = cfg.n_embd;
