@@ -1,6 +1,6 @@
 // flight.c: see flight.h. The ring is written from signal handlers, so flight_write uses only
 // async-signal-safe calls (open, write, rename, clock_gettime) and formats its numbers itself.
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700  // SA_ONSTACK
 #include "flight.h"
 
 #include <errno.h>
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "preemption.h"
 
 enum { FLIGHT_GROUPS = 64, PATH_LEN = 600 };
 typedef enum { ISSUED, STARTED, COMPLETED } OpState;
@@ -250,9 +251,10 @@ static void on_signal(int sig) {
 }
 
 static void install_handlers(void) {
+    signal_handlers_own_stack();  // preemption.h: a SIGUSR2 lands mid-computation too
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
+    sa.sa_flags = SA_RESTART | SA_ONSTACK;
     if (sigaction(SIGUSR2, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0 ||
         sigaction(SIGINT, &sa, NULL) != 0)
         fatal("cannot install the flight recorder's signal handlers: %s", strerror(errno));

@@ -1,9 +1,10 @@
 // preemption.c: see preemption.h.
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700  // sigaltstack, SA_ONSTACK
 #include "preemption.h"
 
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -19,10 +20,20 @@ static void note_signal(int sig) {
     if (g_also) g_also(sig);
 }
 
+void signal_handlers_own_stack(void) {
+    static char stack[1 << 16];
+    static bool given;
+    if (given) return;
+    stack_t alt = {.ss_sp = stack, .ss_size = sizeof stack};
+    if (sigaltstack(&alt, NULL) != 0) fatal("cannot give the signal handlers a stack: %s", strerror(errno));
+    given = true;
+}
+
 void preemption_watch(void) {
+    signal_handlers_own_stack();
     struct sigaction sa = {.sa_handler = note_signal};
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;  // a read or an MPI wait that the signal interrupts carries on
+    sa.sa_flags = SA_RESTART | SA_ONSTACK;  // a read or an MPI wait that the signal interrupts carries on
     if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0)
         fatal("cannot install the SIGTERM/SIGUSR1 handlers: %s", strerror(errno));
 }

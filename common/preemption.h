@@ -12,6 +12,13 @@
 
 // installs the SIGTERM and SIGUSR1 handlers; call once, before the step loop
 void preemption_watch(void);
+// Gives the calling thread's signal handlers (those installed with SA_ONSTACK) a stack of their
+// own; once is enough, later calls do nothing. A signal lands in the middle of whatever the thread
+// runs, oneDNN's JIT kernels included, and the handler's frame is otherwise built below that
+// code's stack pointer. Seen in test-slurm's preemption jobs: a USR1 arriving during oneDNN's
+// batched attention matmuls corrupted the heap ("corrupted size vs. prev_size") in 3 runs of 3,
+// and in none of 4 once the handlers had this stack.
+void signal_handlers_own_stack(void);
 // hook(sig) runs in the handler too (async-signal-safe, then: the flight recorder's ring)
 void preemption_on_signal(void (*hook)(int sig));
 // 1 if this process has been signalled (a long, ready for comm_sum_long: the ranks agree when
