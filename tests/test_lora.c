@@ -97,7 +97,8 @@ static void test_sites(void) {
     gpt_layout_free(&l);
 }
 
-// the tiny Llama's layout and random weights, and lora_init's adapters (r 4, alpha 8) on `targets`
+// the tiny Llama's layout and random weights, and adapters (r 4, alpha 8) on `targets`: lora_init's
+// A and a non-zero B (lora_init's zero B would hide every adapter's effect)
 static float *adapted_tiny_llama(ParamLayout *l, float **params, Lora *lo, const char *targets) {
     GPTConfig cfg = tiny_llama();
     gpt_layout(l, &cfg);
@@ -106,6 +107,8 @@ static float *adapted_tiny_llama(ParamLayout *l, float **params, Lora *lo, const
     lora_describe(lo, l, 4, 8, targets, "test");
     float *adapters = malloc_or_die(lo->layout.num_params * sizeof(float));
     lora_init(lo, adapters, 3);
+    for (size_t i = 0; i < lo->layout.num_params; i++)
+        if (adapters[i] == 0) adapters[i] = 0.05f * (float)((i * 7919) % 13) - 0.3f;
     return adapters;
 }
 
@@ -116,8 +119,6 @@ static void test_merge_equals_adapted(void) {
     Lora lo;
     float *adapters = adapted_tiny_llama(&l, &params, &lo, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
     GPTConfig cfg = l.cfg;
-    for (size_t i = 0; i < lo.layout.num_params; i++)
-        if (adapters[i] == 0) adapters[i] = 0.05f * (float)((i * 7919) % 13) - 0.3f;  // B non-zero
     int B = 2, T = 8, N = B * T, tokens[16];
     for (int i = 0; i < N; i++) tokens[i] = (i * 17 + 3) % cfg.vocab_size;
     Weights w;
@@ -244,8 +245,6 @@ static void test_dropout_adapter(void) {
     float *adapters = adapted_tiny_llama(&l, &params, &lo, "q_proj,v_proj");
     GPTConfig cfg = l.cfg;
     lo.dropout = 0.25f, lo.seed = 11;
-    for (size_t i = 0; i < lo.layout.num_params; i++)
-        if (adapters[i] == 0) adapters[i] = 0.05f * (float)((i * 7919) % 13) - 0.3f;  // B non-zero
     int B = 2, T = 8, N = B * T, C = cfg.n_embd;
     Weights w;
     weights_point(&w, &l, params);
