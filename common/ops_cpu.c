@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
@@ -51,32 +52,92 @@ void ops_init(void) {
 
 const char *ops_backend_name(void) { return "cpu"; }
 
-// OpenMP threads wait passively (sleep on a futex) between and at the end of parallel regions,
-// unless the environment says otherwise (OMP_WAIT_POLICY, or GOMP_SPINCOUNT, which libgomp lets
-// win). libgomp's default spins first, for about 3 ms: with another process on one of two
-// cores, the thread sharing that core spends its time slice spinning while the main thread
-// works alone, then is descheduled when the next region needs it, and every region waits a
-// slice for it: a step took 6-9x its time on an idle machine. A sleeping thread keeps its
-// share, and the scheduler runs it at once when woken.
+// OpenMP threads spin for about SPIN_WAIT_NS between and at the end of parallel regions, then
+// sleep on a futex, unless the environment says otherwise (OMP_WAIT_POLICY, or GOMP_SPINCOUNT,
+// which libgomp lets win). Both of libgomp's own choices cost a lot on a small machine:
+// - its default spins for about 300,000 pauses (several ms): with another process on one of two
+//   cores, the thread sharing that core spends its time slice spinning while the main thread
+//   works alone, then is descheduled when the next region needs it, and every region waits a
+//   slice for it: a step took 6-9x its time on an idle machine;
+// - OMP_WAIT_POLICY=passive sleeps at once, and waking a sleeping thread took 50-75 us on the
+//   2-core virtual machines this was measured on (its idle core halts): a decode step has ~110
+//   regions, and fp32 decode ran at 45 tokens/s instead of 60-69, a tiny.json training step in
+//   125-165 ms instead of 90-100.
+// A spin of ~15 us covers the gap between a step's back-to-back regions, so an idle machine wakes
+// no thread inside a step, and is short beside a time slice (ms), so a shared core costs about
+// what the core is worth. Measured on that machine (tiny.json step idle / with one core busy,
+// decode tokens/s fp32 / bf16): 5 us: 105-134 / 184-198 ms, 53-56 / 89-94; 10 us: 89-92 / 195-199
+// ms, 60-62 / 98-103; 15 us: 88-90 / 196-204 ms, 59 / 104-106; 25 us: 89 / 210-219 ms, 59-63 /
+// 104-110 (make bench-sharing measures the first against passive waiting and libgomp's default).
+// libgomp counts its spin in loop turns, each a pause instruction, whose length differs between
+// CPUs by 10x (25 ns on the AMD EPYC measured): the count is the turns such a loop makes here in
+// SPIN_WAIT_NS, timed at start-up.
 // libgomp reads the variable once, in its own initialiser, before main, and has no call to
 // change it afterwards. An executable's .preinit_array runs before every shared library's
 // initialisers (ELF gABI), but before the C library has its environment too (setenv there is
 // lost): so the process starts itself again, at once, with the variable added. That costs one
-// exec, before anything else has happened (the same process id: mpirun and srun see nothing).
-static void restart_with_passive_waiting(int argc, char **argv, char **envp) {
+// exec and ~100 us of timing, before anything else has happened (the same process id: mpirun and
+// srun see nothing).
+#define SPIN_WAIT_NS 15000
+
+static inline void spin_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();  // what libgomp's spin waits on x86
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#else
+    __asm__ volatile("" ::: "memory");
+#endif
+}
+
+static double monotonic_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+// the turns of a spin loop like libgomp's (load a flag, compare, pause) that take SPIN_WAIT_NS
+// here: the fastest of three timings of 2048 turns
+static long spin_turns_for_wait(void) {
+    static volatile int never_set = 0;
+    double best = 1e30;
+    for (int trial = 0; trial < 3; trial++) {
+        double t0 = monotonic_ns();
+        for (int i = 0; i < 2048 && !never_set; i++) spin_pause();
+        double dt = monotonic_ns() - t0;
+        if (dt < best) best = dt;
+    }
+    long turns = (long)(SPIN_WAIT_NS * 2048 / (best > 1 ? best : 1));
+    return turns < 100 ? 100 : turns > 1000000 ? 1000000 : turns;
+}
+
+// "GOMP_SPINCOUNT=<n>" into out, without the C library's formatting (its locale is not set up yet)
+static void spin_count_variable(char *out, long n) {
+    const char *name = "GOMP_SPINCOUNT=";
+    char digits[24];
+    int k = 0;
+    do digits[k++] = (char)('0' + n % 10), n /= 10; while (n);
+    while (*name) *out++ = *name++;
+    while (k) *out++ = digits[--k];
+    *out = 0;
+}
+
+static void restart_with_short_spin(int argc, char **argv, char **envp) {
     (void)argc;
+    static char variable[48];
     int n = 0;
     for (; envp[n]; n++)
         if (!strncmp(envp[n], "OMP_WAIT_POLICY=", 16) || !strncmp(envp[n], "GOMP_SPINCOUNT=", 15)) return;
     char **env = malloc((size_t)(n + 2) * sizeof *env);
-    if (!env) return;  // then the default policy, which is only slower when a core is busy
+    if (!env) return;  // then libgomp's default, which is only slower when a core is busy
+    spin_count_variable(variable, spin_turns_for_wait());
     memcpy(env, envp, (size_t)n * sizeof *env);
-    env[n] = "OMP_WAIT_POLICY=passive", env[n + 1] = NULL;
+    env[n] = variable, env[n + 1] = NULL;
     execve("/proc/self/exe", argv, env);
     free(env);  // no /proc (or exec refused): run on with the default policy
 }
-__attribute__((section(".preinit_array"), used)) static void (*const g_restart_with_passive_waiting)(int, char **, char **) =
-    restart_with_passive_waiting;
+__attribute__((section(".preinit_array"), used)) static void (*const g_restart_with_short_spin)(int, char **, char **) =
+    restart_with_short_spin;
 
 // A memory descriptor of a row-major or transposed matrix view: element (i, j) lives at
 // i * row_stride + j * col_stride. Strides are how we hand oneDNN a transposed operand without
