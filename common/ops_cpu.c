@@ -9,6 +9,7 @@
 // those few lines are behind DNNL_VERSION_MAJOR below.
 //
 // Not thread-safe: ops are called from one host thread (OpenMP parallelises inside each op).
+#define _DEFAULT_SOURCE  // madvise's MADV_HUGEPAGE (sys/mman.h)
 #include "ops.h"
 
 #include <math.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -592,30 +594,49 @@ const char *ops_peak_flops_source(int bf16) {
 
 // ----------------------------------------------------------------------------------------------
 // memory: 64-byte aligned (a cache line, one AVX-512 register) and zero-filled. A 64-byte header
-// in front of each block remembers its size, so dev_free can keep the byte counts.
+// in front of each block remembers its size, so dev_free can keep the byte counts, and where its
+// allocation starts.
 
 #define DEV_ALIGN 64
 static size_t g_bytes_in_use = 0, g_bytes_peak = 0;
 
+// Buffers of HUGE_PAGE_MIN bytes or more sit on 2 MiB pages (Linux's transparent huge pages, which
+// Debian gives only to memory that asks: madvise): fewer TLB misses where an op streams through
+// the weights, their gradients and moments, or the KV cache. On the 2-core AMD EPYC, interleaved
+// with the 4 KiB-page build: GPT-2 124M decode at batch 1 102-108 -> 111 tokens/s (bf16 weights),
+// 59-61 -> 61-62 (fp32); a training step (1 x 256) 1044-1063 -> 1003-1007 ms (fp32), 653-705 ->
+// 635-642 (bf16-mixed).
+#define HUGE_PAGE (2u << 20)
+#define HUGE_PAGE_MIN (8u << 20)
+
+// what dev_malloc keeps in the DEV_ALIGN bytes before a buffer
+typedef struct {
+    size_t bytes;
+    void *base;  // what aligned_alloc returned
+} DevHeader;
+
 void *dev_malloc(size_t bytes) {
     size_t rounded = (bytes + DEV_ALIGN - 1) / DEV_ALIGN * DEV_ALIGN;
-    char *base = aligned_alloc(DEV_ALIGN, DEV_ALIGN + rounded);
+    size_t align = rounded >= HUGE_PAGE_MIN ? HUGE_PAGE : DEV_ALIGN;
+    size_t total = (align + rounded + align - 1) / align * align;  // aligned_alloc wants a multiple
+    char *base = aligned_alloc(align, total);
     if (!base) fatal("out of memory: dev_malloc of %zu bytes (%zu already in use)", bytes,
                      g_bytes_in_use);
-    memcpy(base, &bytes, sizeof bytes);
-    memset(base + DEV_ALIGN, 0, rounded);
+    if (align == HUGE_PAGE) madvise(base, total, MADV_HUGEPAGE);  // refused: 4 KiB pages, as before
+    char *ptr = base + align;
+    memcpy(ptr - DEV_ALIGN, &(DevHeader){bytes, base}, sizeof(DevHeader));
+    memset(ptr, 0, rounded);
     g_bytes_in_use += bytes;
     if (g_bytes_in_use > g_bytes_peak) g_bytes_peak = g_bytes_in_use;
-    return base + DEV_ALIGN;
+    return ptr;
 }
 
 void dev_free(void *ptr) {
     if (!ptr) return;
-    char *base = (char *)ptr - DEV_ALIGN;
-    size_t bytes;
-    memcpy(&bytes, base, sizeof bytes);
-    g_bytes_in_use -= bytes;
-    free(base);
+    DevHeader h;
+    memcpy(&h, (char *)ptr - DEV_ALIGN, sizeof h);
+    g_bytes_in_use -= h.bytes;
+    free(h.base);
 }
 
 void dev_zero(void *ptr, size_t bytes) {

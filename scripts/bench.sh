@@ -72,9 +72,11 @@ run "stage-1 tiny.json" 1 f32 --config configs/tiny.json --stop_iteration=12
 run "stage-2 tiny.json bf16-mixed" 2 bf16 --config configs/tiny.json --stop_iteration=12 --precision=bf16-mixed
 
 # Stage 06: decode speed at batch 1 and 8, random weights (the speed does not depend on them). At
-# batch 1 a decode step reads every weight once to produce one token, so tokens/s is bounded by
-# memory bandwidth / bytes of weights; the bandwidth is the read ceiling measured above. bf16
-# weights (--precision=bf16-mixed) are half the bytes: the bound doubles.
+# batch 1 a decode step reads every weight once and the cached keys and values of every position
+# before it (fp32, 2 x L x C floats a position) to produce one token, so tokens/s is bounded by
+# memory bandwidth / those bytes; the bandwidth is the read ceiling measured above, the positions
+# the mean a step attends over (each prompt's prefill, then half its generated tokens). bf16
+# weights (--precision=bf16-mixed) are half the weights' bytes.
 bw=$CEILING_READ
 head -4 data/inference/prompts.txt >"$out/prompts8.txt"
 head -4 data/inference/prompts.txt >>"$out/prompts8.txt"
@@ -83,14 +85,16 @@ decode() { # decode <label> <batch> <bytes per weight> <args...>
     build/stage-6 "$@" --random_init=true --tokens_to_generate=48 --max_seq_len=256 \
         --prompts_path="$out/prompts8.txt" --max_batch_size="$batch" >"$out/$label.log" 2>&1 ||
         { echo "bench: $label failed:"; tail "$out/$label.log"; exit 1; }
-    python3 - "$label" "$out/$label.log" "$batch" "$bw" "$weight_bytes" <<'PY'
+    python3 - "$label" "$out/$label.log" "$batch" "$bw" "$weight_bytes" "$(wc -l <"$out/prompts8.txt")" <<'PY'
 import re, sys
 log = open(sys.argv[2], errors="replace").read()
 params = float(re.search(r"\| ([0-9.]+)M parameters", log)[1]) * 1e6
+L, C = (int(x) for x in re.search(r" L=(\d+) H=\d+ C=(\d+)", log).groups())
 m = re.search(r"prefill: (\d+) tokens in ([0-9.]+) ms = (\d+) tokens/s \| decode: (\d+) tokens in ([0-9.]+) ms = (\d+) tokens/s", log)
-batch, bw, weight_bytes = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+batch, bw, weight_bytes, prompts = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 decode_tps, prefill_tps = float(m[6]), float(m[3])
-bound = bw / (weight_bytes * params)  # every weight read once per step, batch tokens per step
+positions = (int(m[1]) + int(m[4]) / 2) / prompts  # attended by a mean decode step
+bound = bw / (weight_bytes * params + 2 * L * C * 4 * positions)  # batch tokens per step
 share = f"{100 * decode_tps / batch / bound:5.1f}% of {bound:6.0f}" if batch == 1 else "         -    "
 print(f"| {sys.argv[1]:<28} | {decode_tps:>12.0f} | {1e3 * batch / decode_tps:>9.2f} | {prefill_tps:>9.0f} | {share} |")
 open(f"{sys.argv[2]}.tps", "w").write(f"{decode_tps}\n")
