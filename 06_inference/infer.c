@@ -117,6 +117,7 @@ typedef struct {
     bool use_graph;          // compile: true on the CUDA backend
     // totals over every batch
     long prefill_tokens, decode_tokens;
+    long decode_steps, cache_rows_read;  // the steps with a KV cache, and the rows they attended over
     double prefill_seconds, decode_seconds;
 } Generator;
 
@@ -247,6 +248,8 @@ static void decode_step(Generator *g, Request *r, int B, int *tokens, int *start
         start[b] = done ? 0 : r[b].n_ids + r[b].n_out - 1;
     }
     kv_decode(g->m, tokens, start, B, g->use_graph);
+    g->decode_steps++;
+    for (int b = 0; b < B; b++) g->cache_rows_read += start[b] + 1;
     copy_to_host(g->logits, g->m->logits, (size_t)B * g->m->cfg.padded_vocab_size * sizeof(float));
 }
 
@@ -309,6 +312,38 @@ static void free_requests(Request *r, int n) {
 
 // ---- timings --------------------------------------------------------------------------------
 
+// How fast this process reads the weights decode reads (the bf16 copy's bytes, with bf16-mixed,
+// summed as floats: only the time counts), best of 3. Measured here, over those very buffers, not
+// by a separate tool: on the 2-core VM this was written on, one buffer read at ~34 GB/s and the
+// next at ~55 (the memory each was given), and the weights' own rate is the one decode can reach.
+static double weights_read_rate(const KVModel *m) {
+    const float *x = m->params16 ? (const float *)m->params16 : m->params;
+    size_t n = m->params16 ? m->num_params / 2 : m->num_params;
+    double best = 1e30;
+    for (int i = 0; i < 3; i++) {
+        double t0 = wall_seconds();
+        sum_values(x, n);
+        double dt = wall_seconds() - t0;
+        if (dt < best) best = dt;
+    }
+    return (double)n * sizeof(float) / best;
+}
+
+// A batch-1 decode step reads every weight once (the bf16 copy's, with bf16-mixed) and the cached
+// keys and values of every position it attends over: those bytes at the process's read rate bound
+// its tokens/s. One process, batch 1, with a cache: where each step is one sequence's token.
+static void print_decode_bound(const Generator *g) {
+    const KVModel *m = g->m;
+    if (g->cfg->max_batch_size != 1 || !g->cfg->kv_cache || m->grid || g->decode_steps == 0) return;
+    double weights = (double)m->num_params * (m->params16 ? sizeof(half16) : sizeof(float));
+    double cache = 2.0 * m->cfg.n_layer * m->cache.width * sizeof(float) * g->cache_rows_read / g->decode_steps;
+    double rate = weights_read_rate(m), bound = rate / (weights + cache);
+    double tps = g->decode_tokens / g->decode_seconds;
+    printf("decode bound at batch 1: %.1f MB of weights and %.1f MB of cache a step at %.1f GB/s (this "
+           "process reading those weights, best of 3) = %.1f tokens/s; decode ran at %.0f%% of it\n",
+           weights / 1e6, cache / 1e6, rate / 1e9, bound, 100 * tps / bound);
+}
+
 static void print_timings(const Generator *g, const Request *r, int n) {
     printf("\n%-6s | %9s | %9s | %8s | %12s | %12s\n", "prompt", "in tokens", "out tokens",
            "TTFT ms", "ms per token", "decode tok/s");
@@ -326,6 +361,7 @@ static void print_timings(const Generator *g, const Request *r, int n) {
            1e3 * g->decode_seconds, g->decode_seconds > 0 ? g->decode_tokens / g->decode_seconds : 0.0);
     if (g->cfg->compile && ops_graphs_supported())
         printf("compile: %ld decode steps replayed a CUDA graph\n", g->m->graph_replays);
+    print_decode_bound(g);
 }
 
 // ---- evaluation: exact answers on the held-out split ------------------------------------------

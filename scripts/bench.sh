@@ -73,42 +73,38 @@ run "stage-2 tiny.json bf16-mixed" 2 bf16 --config configs/tiny.json --stop_iter
 
 # Stage 06: decode speed at batch 1 and 8, random weights (the speed does not depend on them). At
 # batch 1 a decode step reads every weight once and the cached keys and values of every position
-# before it (fp32, 2 x L x C floats a position) to produce one token, so tokens/s is bounded by
-# memory bandwidth / those bytes; the bandwidth is the read ceiling measured above, the positions
-# the mean a step attends over (each prompt's prefill, then half its generated tokens). bf16
-# weights (--precision=bf16-mixed) are half the weights' bytes.
-bw=$CEILING_READ
+# before it to produce one token, so tokens/s is bounded by those bytes over the memory's read
+# rate: stage 06 prints that bound itself at batch 1 (06_inference/infer.c, print_decode_bound),
+# the rate measured in its own process over the weights it decodes with. bf16 weights
+# (--precision=bf16-mixed) are half the weights' bytes.
 head -4 data/inference/prompts.txt >"$out/prompts8.txt"
 head -4 data/inference/prompts.txt >>"$out/prompts8.txt"
-decode() { # decode <label> <batch> <bytes per weight> <args...>
-    local label=$1 batch=$2 weight_bytes=$3; shift 3
+decode() { # decode <label> <batch> <args...>
+    local label=$1 batch=$2; shift 2
     build/stage-6 "$@" --random_init=true --tokens_to_generate=48 --max_seq_len=256 \
         --prompts_path="$out/prompts8.txt" --max_batch_size="$batch" >"$out/$label.log" 2>&1 ||
         { echo "bench: $label failed:"; tail "$out/$label.log"; exit 1; }
-    python3 - "$label" "$out/$label.log" "$batch" "$bw" "$weight_bytes" "$(wc -l <"$out/prompts8.txt")" <<'PY'
+    python3 - "$label" "$out/$label.log" "$batch" <<'PY'
 import re, sys
 log = open(sys.argv[2], errors="replace").read()
-params = float(re.search(r"\| ([0-9.]+)M parameters", log)[1]) * 1e6
-L, C = (int(x) for x in re.search(r" L=(\d+) H=\d+ C=(\d+)", log).groups())
 m = re.search(r"prefill: (\d+) tokens in ([0-9.]+) ms = (\d+) tokens/s \| decode: (\d+) tokens in ([0-9.]+) ms = (\d+) tokens/s", log)
-batch, bw, weight_bytes, prompts = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+batch = int(sys.argv[3])
 decode_tps, prefill_tps = float(m[6]), float(m[3])
-positions = (int(m[1]) + int(m[4]) / 2) / prompts  # attended by a mean decode step
-bound = bw / (weight_bytes * params + 2 * L * C * 4 * positions)  # batch tokens per step
-share = f"{100 * decode_tps / batch / bound:5.1f}% of {bound:6.0f}" if batch == 1 else "         -    "
+b = re.search(r"at ([0-9.]+) GB/s \(this process.* = ([0-9.]+) tokens/s; decode ran at (\d+)% of it", log)
+share = f"{int(b[3]):4d}% of {float(b[2]):6.0f} at {float(b[1]):5.1f} GB/s" if b else "          -                "
 print(f"| {sys.argv[1]:<28} | {decode_tps:>12.0f} | {1e3 * batch / decode_tps:>9.2f} | {prefill_tps:>9.0f} | {share} |")
 open(f"{sys.argv[2]}.tps", "w").write(f"{decode_tps}\n")
 PY
 }
 echo
-echo "stage 06 decode (greedy, 8 prompts); read ceiling $(python3 -c "print(f'{$bw/1e9:.1f}')") GB/s ($OMP_NUM_THREADS threads)"
-echo "| run                          | decode tok/s | ms/step   | prefill/s | batch-1 bound tok/s |"
-echo "|------------------------------|--------------|-----------|-----------|---------------------|"
-decode "stage-6 tiny.json B=1" 1 4 --config configs/tiny.json
-decode "stage-6 tiny.json B=8" 8 4 --config configs/tiny.json
-decode "stage-6 gpt2-124M B=1" 1 4 --config configs/bench_gpt2.json
-decode "stage-6 gpt2-124M B=8" 8 4 --config configs/bench_gpt2.json
-decode "stage-6 gpt2-124M B=1 bf16" 1 2 --config configs/bench_gpt2.json --precision=bf16-mixed
+echo "stage 06 decode (greedy, 8 prompts; $OMP_NUM_THREADS threads)"
+echo "| run                          | decode tok/s | ms/step   | prefill/s | batch-1 bound tok/s, read rate |"
+echo "|------------------------------|--------------|-----------|-----------|--------------------------------|"
+decode "stage-6 tiny.json B=1" 1 --config configs/tiny.json
+decode "stage-6 tiny.json B=8" 8 --config configs/tiny.json
+decode "stage-6 gpt2-124M B=1" 1 --config configs/bench_gpt2.json
+decode "stage-6 gpt2-124M B=8" 8 --config configs/bench_gpt2.json
+decode "stage-6 gpt2-124M B=1 bf16" 1 --config configs/bench_gpt2.json --precision=bf16-mixed
 python3 -c "import sys; print(f'bf16 weights decode {float(sys.argv[2]) / float(sys.argv[1]):.2f}x as fast as fp32 at batch 1')" \
     "$(cat "$out/stage-6 gpt2-124M B=1.log.tps")" "$(cat "$out/stage-6 gpt2-124M B=1 bf16.log.tps")"
 

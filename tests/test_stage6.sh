@@ -10,6 +10,7 @@
 #  - prompts from stdin; eval_accuracy reports an accuracy;
 #  - tensor parallelism: [2,1,1], [4,1,1] and [2,2,1] generate exactly the tokens of [1,1,1]
 #    (fp32, greedy and seeded sampling);
+#  - the batch-1 decode bound stage 06 prints, recomputed from its own banner and table;
 #  - bad prompts file, empty prompt, an input with no instruction, prompt longer than the context, checkpoint/tokenizer vocab
 #    mismatch, z > 1, a grid that does not match the ranks or the model: one clear error each.
 source "$(dirname "$0")/lib.sh"
@@ -60,6 +61,31 @@ check 'grep -q "CUDA graphs are a CUDA feature" "$tmp/compile.log" && [ "$(answe
     "compile: true on the CPU: no note, or different tokens"
 check 'grep -q "prefill: .* tokens/s | decode: .* tokens/s" "$tmp/cache.log" && grep -q "TTFT ms" "$tmp/cache.log"' \
     "no prefill/decode timings: $(tail -3 "$tmp/cache.log")"
+
+# the batch-1 decode bound (infer.c, print_decode_bound), recomputed from the run's own banner and
+# table: the weights' bytes (4 a parameter, 2 with bf16 weights), the cache's per step between
+# the fewest and the most positions a step attended over (2 L C floats each), the share its
+# tokens/s of the bound; absent at batch 3
+decode_bound_ok() { # decode_bound_ok <log> <bytes per weight>
+    python3 - "$1" "$2" <<'PY'
+import re, sys
+log = open(sys.argv[1], errors="replace").read()
+L, C = (int(x) for x in re.search(r" L=(\d+) H=\d+ C=(\d+)", log).groups())
+params = float(re.search(r"\| ([0-9.]+)M parameters", log)[1]) * 1e6
+rows = [(int(a), int(b)) for a, b in re.findall(r"^\d+ +\| +(\d+) \| +(\d+) \|", log, re.M)]
+tps = float(re.search(r"decode: \d+ tokens in [0-9.]+ ms = (\d+) tokens/s", log)[1])
+b = re.search(r"decode bound at batch 1: ([0-9.]+) MB of weights and ([0-9.]+) MB of cache a step at ([0-9.]+) GB/s"
+              r".* = ([0-9.]+) tokens/s; decode ran at (\d+)% of it", log)
+weights, cache, bound, share = float(b[1]), float(b[2]), float(b[4]), int(b[5])
+per_row = 2 * L * C * 4 / 1e6
+ok = (abs(weights - params * int(sys.argv[2]) / 1e6) < 0.1 + 0.002 * weights
+      and min(n + 1 for n, _ in rows) * per_row - 0.05 <= cache <= max(n + k for n, k in rows) * per_row + 0.05
+      and abs(share - 100 * tps / bound) <= 1 + 0.02 * share)
+print("ok" if ok else f"weights {weights} MB (params {params}), cache {cache} MB (rows {rows}), {share}% of {bound} at {tps}")
+PY
+}
+check '[ "$(decode_bound_ok "$tmp/s1batch1.log" 4)" = ok ] && [ "$(decode_bound_ok "$tmp/b16batch1.log" 2)" = ok ] && ! grep -q "decode bound" "$tmp/s1.log"' \
+    "the batch-1 decode bound: $(decode_bound_ok "$tmp/s1batch1.log" 4 2>&1 | tail -1); bf16: $(decode_bound_ok "$tmp/b16batch1.log" 2 2>&1 | tail -1); batch 3: $(grep -c "decode bound" "$tmp/s1.log")"
 
 # 2. the PyTorch oracle: the Hugging Face fixture (GPT-2 tokenizer), then our trained model
 run6 hf --config configs/inference.json --init_from="$FIX/model.safetensors" --tokenizer_path="$FIX" \
