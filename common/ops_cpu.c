@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
@@ -92,24 +91,18 @@ static inline void spin_pause(void) {
 #endif
 }
 
-static double monotonic_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
 // the turns of a spin loop like libgomp's (load a flag, compare, pause) that take SPIN_WAIT_NS
 // here: the fastest of three timings of 2048 turns
 static long spin_turns_for_wait(void) {
     static volatile int never_set = 0;
     double best = 1e30;
     for (int trial = 0; trial < 3; trial++) {
-        double t0 = monotonic_ns();
+        double t0 = wall_seconds();
         for (int i = 0; i < 2048 && !never_set; i++) spin_pause();
-        double dt = monotonic_ns() - t0;
+        double dt = wall_seconds() - t0;
         if (dt < best) best = dt;
     }
-    long turns = (long)(SPIN_WAIT_NS * 2048 / (best > 1 ? best : 1));
+    long turns = (long)(SPIN_WAIT_NS * 1e-9 * 2048 / (best > 1e-9 ? best : 1e-9));
     return turns < 100 ? 100 : turns > 1000000 ? 1000000 : turns;
 }
 
