@@ -26,6 +26,7 @@
 #include "ops.h"
 #include "run_checkpoint.h"
 #include "run_setup.h"
+#include "run_stats.h"
 #include "sampler.h"
 #include "server.h"
 #include "tokenizer.h"
@@ -312,39 +313,43 @@ static void free_requests(Request *r, int n) {
 
 // ---- timings --------------------------------------------------------------------------------
 
-// How fast this process reads the weights decode reads (the bf16 copy's bytes, with bf16-mixed,
-// summed as floats: only the time counts), best of 3. Measured here, over those very buffers, not
-// by a separate tool: on the 2-core VM this was written on, one buffer read at ~34 GB/s and the
-// next at ~55 (the memory each was given), and the weights' own rate is the one decode can reach.
-static double weights_read_rate(const KVModel *m) {
-    const float *x = m->params16 ? (const float *)m->params16 : m->params;
-    size_t n = m->params16 ? m->num_params / 2 : m->num_params;
-    double best = 1e30;
-    for (int i = 0; i < 3; i++) {
-        double t0 = wall_seconds();
-        sum_values(x, n);
-        double dt = wall_seconds() - t0;
-        if (dt < best) best = dt;
-    }
-    return (double)n * sizeof(float) / best;
-}
-
 // A batch-1 decode step reads every weight once (the bf16 copy's, with bf16-mixed) and the cached
 // keys and values of every position it attends over: those bytes at the process's read rate bound
 // its tokens/s. One process, batch 1, with a cache: where each step is one sequence's token.
-static void print_decode_bound(const Generator *g) {
-    const KVModel *m = g->m;
-    if (g->cfg->max_batch_size != 1 || !g->cfg->kv_cache || m->grid || g->decode_steps == 0) return;
-    double weights = (double)m->num_params * (m->params16 ? sizeof(half16) : sizeof(float));
-    double cache = 2.0 * m->cfg.n_layer * m->cache.width * sizeof(float) * g->cache_rows_read / g->decode_steps;
-    double rate = weights_read_rate(m), bound = rate / (weights + cache);
-    double tps = g->decode_tokens / g->decode_seconds;
-    printf("decode bound at batch 1: %.1f MB of weights and %.1f MB of cache a step at %.1f GB/s (this "
-           "process reading those weights, best of 3) = %.1f tokens/s; decode ran at %.0f%% of it\n",
-           weights / 1e6, cache / 1e6, rate / 1e9, bound, 100 * tps / bound);
+static bool prints_decode_bound(const Generator *g) {
+    return g->cfg->max_batch_size == 1 && g->cfg->kv_cache && !g->m->grid;
 }
 
-static void print_timings(const Generator *g, const Request *r, int n) {
+// How fast this process reads the weights decode reads (the bf16 copy's with bf16-mixed, summed
+// as floats: only the time counts), best of 3. Measured here, over those very buffers, not by a
+// separate tool, and both before and after the decode: on the 2-core VM this was written on, the
+// rate was ~34 GB/s in one process and ~58 in the next, and within one process it moved from one
+// to the other between the two measurements (GPT-2 124M: 35.1 before, 56.8 after).
+static double weights_read_rate(const KVModel *m) {
+    const float *x = m->params16 ? (const float *)m->params16 : m->params;
+    size_t n = m->params16 ? m->num_params / 2 : m->num_params;
+    return read_rate(x, n, 3);
+}
+
+// The bound takes the faster rate (the tighter bound); when the two differ by more than a fifth,
+// a second line says that the rate moved during the run, so the share is not the decode's alone.
+static void print_decode_bound(const Generator *g, double rate_before) {
+    const KVModel *m = g->m;
+    if (!prints_decode_bound(g) || g->decode_steps == 0) return;
+    double weights = (double)m->num_params * (m->params16 ? sizeof(half16) : sizeof(float));
+    double cache = 2.0 * m->cfg.n_layer * m->cache.width * sizeof(float) * g->cache_rows_read / g->decode_steps;
+    double rate_after = weights_read_rate(m), rate = fmax(rate_before, rate_after), bound = rate / (weights + cache);
+    double tps = g->decode_tokens / g->decode_seconds;
+    printf("decode bound at batch 1: %.1f MB of weights and %.1f MB of cache a step at %.1f GB/s (this "
+           "process reading those weights, best of 3: %.1f before the decode, %.1f after) = %.1f "
+           "tokens/s; decode ran at %.0f%% of it\n", weights / 1e6, cache / 1e6, rate / 1e9,
+           rate_before / 1e9, rate_after / 1e9, bound, 100 * tps / bound);
+    if (rate > 1.2 * fmin(rate_before, rate_after))
+        printf("(the read rate moved by %.0f%% during the run: the share above is against the faster rate)\n",
+               100 * (rate / fmin(rate_before, rate_after) - 1));
+}
+
+static void print_timings(const Generator *g, const Request *r, int n, double rate_before) {
     printf("\n%-6s | %9s | %9s | %8s | %12s | %12s\n", "prompt", "in tokens", "out tokens",
            "TTFT ms", "ms per token", "decode tok/s");
     printf("-------|-----------|-----------|----------|--------------|-------------\n");
@@ -361,7 +366,7 @@ static void print_timings(const Generator *g, const Request *r, int n) {
            1e3 * g->decode_seconds, g->decode_seconds > 0 ? g->decode_tokens / g->decode_seconds : 0.0);
     if (g->cfg->compile && ops_graphs_supported())
         printf("compile: %ld decode steps replayed a CUDA graph\n", g->m->graph_replays);
-    print_decode_bound(g);
+    print_decode_bound(g, rate_before);
 }
 
 // ---- evaluation: exact answers on the held-out split ------------------------------------------
@@ -612,8 +617,9 @@ int main(int argc, char **argv) {
     } else if (cfg.eval_accuracy) {
         evaluate(&g, &cfg);
     } else {
+        double rate_before = prints_decode_bound(&g) ? weights_read_rate(&m) : 0;
         generate_all(&g, r, n_prompts);
-        print_timings(&g, r, n_prompts);
+        print_timings(&g, r, n_prompts, rate_before);
         free_requests(r, n_prompts);
         for (int i = 0; i < n_prompts; i++) free(prompts[i]);
         free(prompts);

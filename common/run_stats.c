@@ -50,6 +50,19 @@ void print_16bit_activation_saving(const Activations *acts) {
     run_stats_number("fp32_activations_bytes", (double)fp32_bytes);
 }
 
+// ---- the machine ------------------------------------------------------------------------------
+
+double read_rate(const float *x, size_t n, int passes) {
+    double best = 1e30;
+    for (int pass = 0; pass <= passes; pass++) {
+        double t0 = wall_seconds();
+        sum_values(x, n);
+        double dt = wall_seconds() - t0;
+        if (pass > 0 && dt < best) best = dt;
+    }
+    return n * sizeof(float) / best;
+}
+
 // ---- stats.json -------------------------------------------------------------------------------
 
 // What the run has recorded so far, until run_stats_write puts it into the file. One record per

@@ -25,6 +25,12 @@ const char *activations_label(const Config *cfg);
 // bf16 modes: what the same activations would take in fp32, and what stays fp32 and why
 void print_16bit_activation_saving(const Activations *acts);
 
+// ---- the machine ------------------------------------------------------------------------------
+// How fast this process reads x (n floats, where the backend keeps its buffers): bytes a second
+// of sum_values over them, the best of `passes` after one pass that warms up. The best, because
+// other work on the machine only ever slows a pass down.
+double read_rate(const float *x, size_t n, int passes);
+
 // ---- the whole run's figures: <out_dir>/stats.json --------------------------------------------
 // metrics.jsonl holds each step; stats.json holds what describes the run as a whole: the stage,
 // its parallel layout, the memory report's items, the communication per group and kind, and the

@@ -64,8 +64,9 @@ check 'grep -q "prefill: .* tokens/s | decode: .* tokens/s" "$tmp/cache.log" && 
 
 # the batch-1 decode bound (infer.c, print_decode_bound), recomputed from the run's own banner and
 # table: the weights' bytes (4 a parameter, 2 with bf16 weights), the cache's per step between
-# the fewest and the most positions a step attended over (2 L C floats each), the share its
-# tokens/s of the bound; absent at batch 3
+# the fewest and the most positions a step attended over (2 L C floats each), the faster of the
+# read rates before and after the decode (and the line saying they differ, when they do by more
+# than a fifth), the share its tokens/s of the bound; absent at batch 3
 decode_bound_ok() { # decode_bound_ok <log> <bytes per weight>
     python3 - "$1" "$2" <<'PY'
 import re, sys
@@ -76,9 +77,13 @@ rows = [(int(a), int(b)) for a, b in re.findall(r"^\d+ +\| +(\d+) \| +(\d+) \|",
 tps = float(re.search(r"decode: \d+ tokens in [0-9.]+ ms = (\d+) tokens/s", log)[1])
 b = re.search(r"decode bound at batch 1: ([0-9.]+) MB of weights and ([0-9.]+) MB of cache a step at ([0-9.]+) GB/s"
               r".* = ([0-9.]+) tokens/s; decode ran at (\d+)% of it", log)
-weights, cache, bound, share = float(b[1]), float(b[2]), float(b[4]), int(b[5])
+weights, cache, rate, bound, share = float(b[1]), float(b[2]), float(b[3]), float(b[4]), int(b[5])
+before, after = (float(x) for x in re.search(r"best of 3: ([0-9.]+) before the decode, ([0-9.]+) after", log).groups())
+moved = re.search(r"read rate moved by (\d+)%", log)
 per_row = 2 * L * C * 4 / 1e6
-ok = (abs(weights - params * int(sys.argv[2]) / 1e6) < 0.1 + 0.002 * weights
+hi, lo = max(before, after), min(before, after)  # printed to 0.1 GB/s: near 1.2x either is right
+ok = (rate == hi and (moved is not None or hi < 1.2 * lo + 0.2) and (moved is None or hi > 1.2 * lo - 0.2)
+      and abs(weights - params * int(sys.argv[2]) / 1e6) < 0.1 + 0.002 * weights
       and min(n + 1 for n, _ in rows) * per_row - 0.05 <= cache <= max(n + k for n, k in rows) * per_row + 0.05
       and abs(share - 100 * tps / bound) <= 1 + 0.02 * share)
 print("ok" if ok else f"weights {weights} MB (params {params}), cache {cache} MB (rows {rows}), {share}% of {bound} at {tps}")

@@ -19,6 +19,7 @@
 #include "device.h"
 #include "log.h"
 #include "ops.h"
+#include "run_stats.h"
 
 #define PASSES 5
 
@@ -99,20 +100,13 @@ static double matmul_rate(const Shape *s, int bf16_inputs, double rate[5]) {
 }
 
 // bytes/s of a sum over 1 GiB: what reading weights that do not fit in a cache costs
-static double read_rate(void) {
+static double read_rate_of_a_gib(void) {
     const size_t n = (size_t)1 << 28;
     float *x = dev_malloc(n * sizeof(float));
     fill_constant(x, n, 1.0f);
-    double best = 1e30;
-    for (int pass = 0; pass <= PASSES; pass++) {
-        double t0 = wall_seconds();
-        double total = sum_values(x, n);
-        double dt = wall_seconds() - t0;
-        if (total != (double)n) fatal("ceilings: the sum of %zu ones is %.0f", n, total);
-        if (pass > 0 && dt < best) best = dt;
-    }
+    double rate = read_rate(x, n, PASSES);
     dev_free(x);
-    return n * sizeof(float) / best;
+    return rate;
 }
 
 static int positive_arg(const char *s, const char *what) {
@@ -137,7 +131,7 @@ int main(int argc, char **argv) {
            matmul_rate(&s, 0, f32), what, s.N, s.C, s.V, PASSES, ops_matmul_engine());
     printf("export CEILING_MATMUL_BF16=%.4e  # bf16 matmuls: the same (%s)\n", matmul_rate(&s, 1, bf16),
            ops_matmul_engine_16());
-    printf("export CEILING_READ=%.4e  # bytes/s: a sum over 1 GiB, best of %d\n", read_rate(), PASSES);
+    printf("export CEILING_READ=%.4e  # bytes/s: a sum over 1 GiB, best of %d\n", read_rate_of_a_gib(), PASSES);
     // each linear alone: the ceiling for a matmul of its shape (tools/step_bound.py); the
     // attention projection and the MLP's down projection share a shape only when 4C == C
     for (int i = 0; i < 5; i++)
