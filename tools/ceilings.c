@@ -104,7 +104,8 @@ static double read_rate_of_a_gib(void) {
     const size_t n = (size_t)1 << 28;
     float *x = dev_malloc(n * sizeof(float));
     fill_constant(x, n, 1.0f);
-    double rate = read_rate(x, n, PASSES);
+    double rate = read_rate(x, n, PASSES), total = sum_values(x, n);
+    if (total != (double)n) fatal("ceilings: the sum of %zu ones is %.0f", n, total);
     dev_free(x);
     return rate;
 }
