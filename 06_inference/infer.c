@@ -338,15 +338,16 @@ static void print_decode_bound(const Generator *g, double rate_before) {
     if (!prints_decode_bound(g) || g->decode_steps == 0) return;
     double weights = (double)m->num_params * (m->params16 ? sizeof(half16) : sizeof(float));
     double cache = 2.0 * m->cfg.n_layer * m->cache.width * sizeof(float) * g->cache_rows_read / g->decode_steps;
-    double rate_after = weights_read_rate(m), rate = fmax(rate_before, rate_after), bound = rate / (weights + cache);
+    double rate_after = weights_read_rate(m), rate = fmax(rate_before, rate_after), slower = fmin(rate_before, rate_after);
+    double bound = rate / (weights + cache);
     double tps = g->decode_tokens / g->decode_seconds;
     printf("decode bound at batch 1: %.1f MB of weights and %.1f MB of cache a step at %.1f GB/s (this "
            "process reading those weights, best of 3: %.1f before the decode, %.1f after) = %.1f "
            "tokens/s; decode ran at %.0f%% of it\n", weights / 1e6, cache / 1e6, rate / 1e9,
            rate_before / 1e9, rate_after / 1e9, bound, 100 * tps / bound);
-    if (rate > 1.2 * fmin(rate_before, rate_after))
+    if (rate > 1.2 * slower)
         printf("(the read rate moved by %.0f%% during the run: the share above is against the faster rate)\n",
-               100 * (rate / fmin(rate_before, rate_after) - 1));
+               100 * (rate / slower - 1));
 }
 
 static void print_timings(const Generator *g, const Request *r, int n, double rate_before) {
