@@ -21,12 +21,17 @@ void kv_cache_alloc(KVCache *c, int n_layer, int block_size, int maxT, int rows,
 void kv_cache_alloc_pool(KVCache *c, int n_blocks) {
     if (c->n_blocks) fatal("internal: the KV cache's pool was allocated already");
     c->n_blocks = n_blocks;
-    size_t per_layer = (size_t)n_blocks * c->block_size * c->width * sizeof(float);
-    for (int l = 0; l < c->n_layer; l++) c->k[l] = dev_malloc(per_layer), c->v[l] = dev_malloc(per_layer);
+    size_t per_layer = (size_t)n_blocks * c->block_size * c->width;
+    // one allocation for all layers: at GPT-2's shape and 256 positions a layer's keys are 768 KB,
+    // below the size dev_malloc puts on huge pages, and a decode step reads a head's piece of
+    // every cache row, a page apart (GPT-2 124M, batch 1, 220 positions, timed standalone with a
+    // cold cache: attention 1.55-1.58 ms a step on 4 KiB pages, 1.40-1.46 on 2 MiB ones)
+    c->pool = dev_malloc(2 * c->n_layer * per_layer * sizeof(float));
+    for (int l = 0; l < c->n_layer; l++) c->k[l] = c->pool + 2 * l * per_layer, c->v[l] = c->k[l] + per_layer;
 }
 
 void kv_cache_free(KVCache *c) {
-    for (int l = 0; l < c->n_layer; l++) dev_free(c->k[l]), dev_free(c->v[l]);
+    dev_free(c->pool);
     free(c->k);
     free(c->v);
     dev_free(c->start);

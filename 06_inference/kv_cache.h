@@ -36,7 +36,8 @@ typedef struct {
     int block_size;       // positions per block
     int max_blocks;       // blocks of a whole context: max_seq_len / block_size, rounded up
     int rows;             // a pass's rows at most (each has its table)
-    float **k, **v;       // [n_layer] of (n_blocks, block_size, width), device
+    float *pool;          // every layer's keys and values, one allocation, device
+    float **k, **v;       // [n_layer] of (n_blocks, block_size, width), in pool
     int *start;           // (rows) device: where each sequence's new rows begin
     int *table;           // (rows, max_blocks) device: each pass row's blocks, uploaded each pass
     int *table_host;      // the same, host: written by the caller before a pass
