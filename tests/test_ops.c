@@ -1388,15 +1388,16 @@ static void test_kv_cache_gqa(int B, int T, int NH, int NKV, int threads) {
     free(kp), free(vp), free(got_k), free(got_v), free(got);
 }
 
-// The CPU's cached attention reads each cache row's heads together (the cache front to back), one
-// task per new row and group of heads: the same bits as kernels.h's three steps run head by head
-// over a contiguous cache, though it reads the cache from a scrambled pool of blocks.
-// Batch 1 splits the heads between the threads; 20 heads are more than one task holds (16). The
+// The CPU's cached attention runs a task per new row and group of heads, reading up to 4 of a
+// task's heads from each cache row together, in vectors where a head is whole vectors: the same
+// bits as kernels.h's three steps run head by head over a contiguous cache, though it reads the
+// cache from a scrambled pool of blocks, with grouped-query heads too. Fewer rows than threads
+// take a task per head; 20 heads are more than one task holds (16). The
 // CUDA kernel sums a head's scores in a tree over its lanes and takes the GPU's expf: the same
 // values to rounding, not the same bits, so there the values are checked and the bits are not.
-static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
-    int C = NH * hs, maxT = 11, start[3] = {3, 0, 7}, bs = 4, mb = 3, n_blocks = B * mb + 1;
-    size_t nqkv = (size_t)B * T * 3 * C, ncache = (size_t)B * maxT * C, nout = (size_t)B * T * C;
+static void test_kv_attention_order(int B, int T, int NH, int NKV, int hs, int threads) {
+    int C = NH * hs, Ckv = NKV * hs, maxT = 11, start[3] = {3, 0, 7}, bs = 4, mb = 3, n_blocks = B * mb + 1;
+    size_t nqkv = (size_t)B * T * 3 * C, ncache = (size_t)B * maxT * Ckv, nout = (size_t)B * T * C;
     float *qkv = malloc_or_die(nqkv * sizeof(float)), *k = malloc_or_die(ncache * sizeof(float));
     float *v = malloc_or_die(ncache * sizeof(float)), *want = malloc_or_die(nout * sizeof(float));
     float *s = malloc_or_die((size_t)maxT * sizeof(float));
@@ -1407,22 +1408,23 @@ static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
             for (int h = 0; h < NH; h++) {
                 int npos = start[b] + t + 1;
                 const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                const float *kb = k + (size_t)b * maxT * C + h * hs, *vb = v + (size_t)b * maxT * C + h * hs;
-                float max = attention_scores(s, q, kb, C, npos, hs, 0, 1);
+                size_t kv = (size_t)b * maxT * Ckv + gqa_kv_column(h, hs, NH, NKV);
+                const float *kb = k + kv, *vb = v + kv;
+                float max = attention_scores(s, q, kb, Ckv, npos, hs, 0, 1);
                 float sum = attention_exp(s, max, npos, 0, 1);
                 int whole = 0;  // the contiguous cache as one block of maxT positions
                 attention_cached_values(want + ((size_t)b * T + t) * C + h * hs, s, 1.0f / sum, vb, &whole, maxT,
-                                        npos, hs, C, 0, 1);
+                                        npos, hs, Ckv, 0, 1);
             }
     // the same cache in blocks of 4 positions, scrambled in a pool (pool_table)
-    size_t npool = (size_t)n_blocks * bs * C;
+    size_t npool = (size_t)n_blocks * bs * Ckv;
     int *table = pool_table(B, mb, n_blocks);
     float *kp = calloc_or_die(npool, sizeof(float)), *vp = calloc_or_die(npool, sizeof(float));
     for (int b = 0; b < B; b++)
         for (int p = 0; p < maxT; p++)
-            for (int c = 0; c < C; c++) {
-                size_t at = pool_at(table, mb, bs, C, b, p, c);
-                kp[at] = k[((size_t)b * maxT + p) * C + c], vp[at] = v[((size_t)b * maxT + p) * C + c];
+            for (int c = 0; c < Ckv; c++) {
+                size_t at = pool_at(table, mb, bs, Ckv, b, p, c);
+                kp[at] = k[((size_t)b * maxT + p) * Ckv + c], vp[at] = v[((size_t)b * maxT + p) * Ckv + c];
             }
     float *d_qkv = dev_malloc(nqkv * sizeof(float)), *d_k = dev_malloc(npool * sizeof(float));
     float *d_v = dev_malloc(npool * sizeof(float)), *d_out = dev_malloc(nout * sizeof(float));
@@ -1435,7 +1437,7 @@ static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
     copy_to_device(d_table, table, (size_t)B * mb * sizeof(int));
     int before = omp_get_max_threads();
     omp_set_num_threads(threads);
-    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, d_table, B, T, C, NH, NH, bs, mb);
+    attention_cached_forward(d_out, d_scores, d_qkv, d_k, d_v, d_start, d_table, B, T, C, NH, NKV, bs, mb);
     omp_set_num_threads(before);
     float *got = malloc_or_die(nout * sizeof(float));
     copy_to_host(got, d_out, nout * sizeof(float));
@@ -1444,11 +1446,11 @@ static void test_kv_attention_order(int B, int T, int NH, int hs, int threads) {
         differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
         far += !(fabsf(got[i] - want[i]) <= 1e-5f * fabsf(want[i]) + 1e-5f);  // the outputs are about 1
     }
-    CHECK(far == 0, "attention_cached_forward B=%d T=%d NH=%d on %d threads: %zu of %zu outputs "
-          "differ from the per-head steps by more than 1e-5 (relative and absolute)", B, T, NH, threads, far, nout);
+    CHECK(far == 0, "attention_cached_forward B=%d T=%d NH=%d NKV=%d hs=%d on %d threads: %zu of %zu outputs "
+          "differ from the per-head steps by more than 1e-5 (relative and absolute)", B, T, NH, NKV, hs, threads, far, nout);
     if (strcmp(ops_backend_name(), "cpu") == 0)
-        CHECK(differ == 0, "attention_cached_forward B=%d T=%d NH=%d on %d threads: %zu of %zu outputs "
-              "differ from the per-head steps' bits", B, T, NH, threads, differ, nout);
+        CHECK(differ == 0, "attention_cached_forward B=%d T=%d NH=%d NKV=%d hs=%d on %d threads: %zu of %zu outputs "
+              "differ from the per-head steps' bits", B, T, NH, NKV, hs, threads, differ, nout);
     dev_free(d_qkv), dev_free(d_k), dev_free(d_v), dev_free(d_out), dev_free(d_scores), dev_free(d_start);
     dev_free(d_table);
     free(qkv), free(k), free(v), free(want), free(s), free(got), free(table), free(kp), free(vp);
@@ -1840,9 +1842,12 @@ int main(int argc, char **argv) {
     RUN(test_kv_cache_gqa(2, 3, 4, 2, 2));  // Llama's tiny test shape: 2 key/value heads of 4
     RUN(test_kv_cache_gqa(1, 1, 6, 3, 2));  // batch 1 on 2 threads: tasks of 3 heads across groups of 2
     RUN(test_kv_cache_gqa(2, 2, 6, 1, 1));  // one key/value head for all (multi-query attention)
-    RUN(test_kv_attention_order(1, 1, 12, 8, 2));   // batch 1: the heads in 2 groups of 6
-    RUN(test_kv_attention_order(3, 2, 20, 4, 2));   // 6 rows, 20 heads: 2 groups of 10
-    RUN(test_kv_attention_order(3, 1, 5, 16, 4));   // 4 threads, 3 rows: 2 groups of 3 and 2 heads
+    RUN(test_kv_attention_order(1, 1, 12, 12, 8, 2));  // batch 1: a task per head (heads of 8: the pieces)
+    RUN(test_kv_attention_order(3, 2, 20, 20, 4, 2));  // 6 rows, 20 heads: 2 groups of 10
+    RUN(test_kv_attention_order(3, 1, 5, 5, 16, 4));   // 4 threads, 3 rows: a task per head
+    RUN(test_kv_attention_order(1, 1, 12, 12, 64, 2)); // GPT-2's heads at batch 1: 4 vectors each
+    RUN(test_kv_attention_order(3, 1, 6, 6, 64, 2));   // a task per row: its 6 heads read 4, then 2
+    RUN(test_kv_attention_order(3, 1, 8, 2, 32, 2));   // grouped-query: 4 query heads a pass, one key head
     RUN(test_embedding_shards());
     RUN(test_embedding_elements());
     RUN(test_layernorm_shards());
