@@ -33,13 +33,19 @@
 // instead of one: a single sum waits for each add to finish before starting the next (about
 // four cycles each), eight independent ones keep the floating-point unit busy, and the compiler
 // can put the eight into one vector register.
+// Its last steps, which the CPU's vector loops over cache rows (ops_cpu.c) share: the columns from
+// i on (the tail, when n is not a multiple of 8) into sum 0, then the eight sums in a tree.
+KERNEL_FN float dot_product_finish(float acc[8], const float *a, const float *b, int i, int n) {
+    for (; i < n; i++) acc[0] += a[i] * b[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 KERNEL_FN float dot_product(const float *a, const float *b, int n) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     int i = 0;
     for (; i + 8 <= n; i += 8)
         for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
-    for (; i < n; i++) acc[0] += a[i] * b[i];  // the tail, when n is not a multiple of 8
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return dot_product_finish(acc, a, b, i, n);
 }
 
 // expf(x) in arithmetic a compiler vectorizes (plain operations and selects, no call): the CPU's

@@ -1561,20 +1561,18 @@ void kv_cache_write(float *k_pool, float *v_pool, const float *qkv, const int *s
 typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float Floats8InMemory __attribute__((vector_size(8 * sizeof(float)), aligned(4)));
 
-// heads read together: as many as keep their outputs in VALUE_VECTORS vectors (1 when a head is
-// not whole vectors: then the pieces)
+// heads read together: HEADS_TOGETHER, or fewer where that many heads of whole vectors would not
+// keep their outputs in VALUE_VECTORS vectors (at least 1)
 static int heads_read_together(int hs) {
-    if (hs % LANES || hs > VALUE_VECTORS * LANES) return 1;
-    int n = VALUE_VECTORS * LANES / hs;
-    return n < HEADS_TOGETHER ? n : HEADS_TOGETHER;
+    int n = hs % LANES ? HEADS_TOGETHER : VALUE_VECTORS * LANES / hs;
+    return n < 1 ? 1 : n < HEADS_TOGETHER ? n : HEADS_TOGETHER;
 }
 
-// dot_product's last steps: the columns past the whole vectors into sum 0, then its tree
+// dot_product's last steps on a vector's eight sums
 static inline float finish_dot(const Floats8 *acc, const float *a, const float *b, int i, int n) {
     float sum[8];
     memcpy(sum, acc, sizeof sum);
-    for (; i < n; i++) sum[0] += a[i] * b[i];
-    return ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
+    return dot_product_finish(sum, a, b, i, n);
 }
 
 // s[j * s_head + t] = the score of query head h0 + j (q + j * hs) against position t's key, for
@@ -1614,9 +1612,20 @@ static void cached_scores(float *s, size_t s_head, const float *q, const float *
 }
 
 // o[j * hs ..] = inv_sum[j] times the sum over positions t of p[j * s_head + t] times position t's
-// values from column kc[j] on, for nh heads of whole vectors (nh * hs <= VALUE_VECTORS * LANES)
+// values from column kc[j] on, for nh heads: in vectors where the heads are whole vectors that fit
+// in VALUE_VECTORS of them, else with the pieces
 static void cached_values(float *o, const float *p, size_t s_head, const float *inv_sum, const float *v_pool,
                           const int *blocks, int block_size, int Ckv, const int *kc, int nh, int npos, int hs) {
+    if (hs % LANES || nh * hs > VALUE_VECTORS * LANES) {
+        for (int i = 0; i < nh * hs; i++) o[i] = 0.0f;
+        for (int t = 0; t < npos; t++) {
+            const float *v = cache_row(v_pool, blocks, t, block_size, Ckv);
+            for (int j = 0; j < nh; j++) attention_add_row(o + j * hs, p[j * s_head + t], v + kc[j], hs, 0, 1);
+        }
+        for (int j = 0; j < nh; j++)
+            for (int i = 0; i < hs; i++) o[j * hs + i] *= inv_sum[j];
+        return;
+    }
     int per_head = hs / LANES, n = nh * per_head, col[VALUE_VECTORS];
     size_t p_row[VALUE_VECTORS];  // vector c: its columns in a cache row, its head's probabilities
     for (int c = 0; c < n; c++) col[c] = kc[c / per_head] + c % per_head * LANES, p_row[c] = c / per_head * s_head;
@@ -1682,19 +1691,9 @@ void attention_cached_forward(float *out, float *scores, const float *qkv, const
             for (int t2 = 0; t2 < npos; t2++) max = fmaxf(max, sj[t2]);
             inv_sum[j] = 1.0f / attention_exp(sj, max, npos, 0, 1);
         }
-        if (hs % LANES == 0)
-            for (int j = 0; j < nh; j += together)
-                cached_values(o + j * hs, s + j * head_scores, head_scores, inv_sum + j, v_pool, blocks, block_size,
-                              Ckv, kc + j, nh - j < together ? nh - j : together, npos, hs);
-        else {  // heads of odd sizes: the pieces
-            for (int i = 0; i < nh * hs; i++) o[i] = 0.0f;
-            for (int t2 = 0; t2 < npos; t2++) {
-                const float *v = cache_row(v_pool, blocks, t2, block_size, Ckv);
-                for (int j = 0; j < nh; j++) attention_add_row(o + j * hs, s[j * head_scores + t2], v + kc[j], hs, 0, 1);
-            }
-            for (int j = 0; j < nh; j++)
-                for (int i = 0; i < hs; i++) o[j * hs + i] *= inv_sum[j];
-        }
+        for (int j = 0; j < nh; j += together)
+            cached_values(o + j * hs, s + j * head_scores, head_scores, inv_sum + j, v_pool, blocks, block_size, Ckv,
+                          kc + j, nh - j < together ? nh - j : together, npos, hs);
         // exercise decode-attention: end
     }
 }

@@ -1848,6 +1848,7 @@ int main(int argc, char **argv) {
     RUN(test_kv_attention_order(1, 1, 12, 12, 64, 2)); // GPT-2's heads at batch 1: 4 vectors each
     RUN(test_kv_attention_order(3, 1, 6, 6, 64, 2));   // a task per row: its 6 heads read 4, then 2
     RUN(test_kv_attention_order(3, 1, 8, 2, 32, 2));   // grouped-query: 4 query heads a pass, one key head
+    RUN(test_kv_attention_order(1, 1, 2, 2, 272, 2));  // a head of 17 vectors, more than a pass holds: the pieces
     RUN(test_embedding_shards());
     RUN(test_embedding_elements());
     RUN(test_layernorm_shards());
