@@ -1190,11 +1190,22 @@ static void test_memory(void) {
 // The cache is paged: sequence b's position p lies in pool block table[b][p / bs]. These tests
 // keep a logical cache (B, maxT, C) and lay it into a pool of blocks of bs positions in a
 // scrambled order, with spare blocks no sequence holds: the ops must read and write through the
-// tables. pool_table gives sequence b's i-th block the number (b * mb + i) * 7 % n (7 and n
-// coprime: a permutation).
+// tables. pool_table gives sequence b's i-th block the number (b * mb + i) * m % n, m the first
+// odd number from 7 on that shares no factor with n: a permutation (with m = 7 and n = 7, every
+// block would have been block 0).
+static int shares_factor(int a, int b) {
+    while (b) {
+        int r = a % b;
+        a = b, b = r;
+    }
+    return a > 1;
+}
+
 static int *pool_table(int B, int mb, int n_blocks) {
+    int m = 7;
+    while (shares_factor(m, n_blocks)) m += 2;
     int *table = malloc_or_die((size_t)B * mb * sizeof(int));
-    for (int i = 0; i < B * mb; i++) table[i] = i * 7 % n_blocks;
+    for (int i = 0; i < B * mb; i++) table[i] = i * m % n_blocks;
     return table;
 }
 
@@ -1848,6 +1859,7 @@ int main(int argc, char **argv) {
     RUN(test_kv_attention_order(1, 1, 12, 12, 64, 2)); // GPT-2's heads at batch 1: 4 vectors each
     RUN(test_kv_attention_order(3, 1, 6, 6, 64, 2));   // a task per row: its 6 heads read 4, then 2
     RUN(test_kv_attention_order(3, 1, 8, 2, 32, 2));   // grouped-query: 4 query heads a pass, one key head
+    RUN(test_kv_attention_order(2, 1, 8, 2, 32, 2));   // the same at batch 2: 7 pool blocks
     RUN(test_kv_attention_order(1, 1, 2, 2, 272, 2));  // a head of 17 vectors, more than a pass holds: the pieces
     RUN(test_embedding_shards());
     RUN(test_embedding_elements());
