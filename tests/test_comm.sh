@@ -32,46 +32,12 @@ for kind in send recv send-recv all-to-all; do
     check 'echo "$out" | grep -qE "^  world +$kind +[0-9]+ "' "no '$kind' row in the table on 4 ranks"
 done
 
-# Open MPI 4.1's mpirun can deadlock in PMIx_server_finalize after its ranks have ended (its
-# progress thread waiting on a lock for good; seen in CI twice in a row, and here in about 1 run in
-# 7 of the 3-rank all-to-all below). What is checked is when the ranks end and what mpirun says of
-# them, so a mpirun left with no ranks after saying it aborted the job is killed there.
-
-# ranks_of <mpirun pid>: its children that have not ended (a zombie has ended)
-ranks_of() { ps -o stat= --ppid "$1" 2>/dev/null | grep -vc '^Z'; }
-
-# run_hang_job <ranks> <comm_hang args...>: sets out, rc (mpirun's, or "lingered" where it was killed
-# as above) and took (seconds until mpirun ended, or until its ranks had when it was killed)
-run_hang_job() {
-    local np=$1; shift
-    local start=$SECONDS log="$tmp/hang.log" mpirun_pid alone=0
-    COMM_TIMEOUT=3 MPI_GUARD=60 mpirun_np "$np" build/tests/mpi/comm_hang "$@" >"$log" 2>&1 &
-    local job=$!  # the shell running mpirun_np, whose child timeout runs mpirun
-    took=
-    while kill -0 "$job" 2>/dev/null; do
-        sleep 0.5
-        mpirun_pid=$(pgrep -P "$(pgrep -P "$job" -x timeout)" -x mpirun 2>/dev/null) || continue
-        if [ "$(ranks_of "$mpirun_pid")" -eq 0 ] && grep -q "$ABORT_SAID" "$log"; then
-            alone=$((alone + 1))
-            [ -n "$took" ] || took=$((SECONDS - start))
-            # mpirun ends within a second of its ranks unless it is stuck
-            if [ $alone -ge 10 ]; then kill -KILL "$mpirun_pid"; wait "$job"; rc=lingered; out=$(cat "$log"); return; fi
-        else
-            alone=0 took=
-        fi
-    done
-    wait "$job"
-    rc=$? took=$((SECONDS - start)) out=$(cat "$log")
-}
-# what mpirun prints when a rank's non-zero exit or death made it end the job
-ABORT_SAID='exited with non-zero status\|exited on signal\|returned a non-zero exit code'
-
 # hang_case <ranks> <operation> [die]: the job ends, non-zero (not 127: it did not start), well
 # before the 60 s guard; a stuck (not dead) rank's peers say which operation timed out
 hang_case() {
     local np=$1 operation=$2 how=${3:-stuck}
-    run_hang_job "$np" "$operation" ${3:+"$3"}
-    [ "$rc" = lingered ] && echo "$operation with a $how rank: the ranks ended after $took s and mpirun did not (killed 5 s later)"
+    COMM_TIMEOUT=3 mpirun_aborting 60 "$tmp/hang.log" "$np" build/tests/mpi/comm_hang "$operation" ${3:+"$3"}
+    out=$(cat "$tmp/hang.log")
     check '[ "$rc" = lingered ] || { [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 127 ]; } && [ $took -lt 45 ]' \
         "$operation with a $how rank: exit $rc after $took s (want non-zero, not the 60 s guard): $(echo "$out" | tail -5)"
     if [ "$how" = stuck ]; then

@@ -22,10 +22,10 @@ print(min(o["started_us"] or o["issued_us"] for o in ops) / 1e6 if ops else 0)' 
 # hang_class <class> <what the paragraph must say> <in the job's log too: yes|no>
 hang_class() {
     local class=$1 want=$2 in_log=$3 out="$tmp/$1"
-    COMM_FAULT=$class:3:world:6 COMM_TIMEOUT=$TIMEOUT timeout 90 mpirun -np 4 --bind-to none build/stage-3 "${args[@]}" \
-        --out_dir="$out" >"$out.log" 2>&1
-    local rc=$?
-    check '[ $rc -ne 0 ] && [ $rc -ne 124 ]' "$class: exit $rc (want a failed job, not the 90 s guard): $(tail -3 "$out.log")"
+    COMM_FAULT=$class:3:world:6 COMM_TIMEOUT=$TIMEOUT mpirun_aborting 90 "$out.log" 4 build/stage-3 "${args[@]}" \
+        --out_dir="$out"
+    check '[ "$rc" = lingered ] || { [ $rc -ne 0 ] && [ $rc -ne 124 ]; }' \
+        "$class: exit $rc (want a failed job, not the 90 s guard): $(tail -3 "$out.log")"
     local said; said=$(python3 tools/hangcheck "$out")
     local now; now=$(date +%s.%N)
     check 'echo "$said" | grep -qF "$want"' "$class: hangcheck does not say '$want': $said"
