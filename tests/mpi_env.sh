@@ -15,10 +15,10 @@ mpirun_np() {
 # mpirun_aborting <guard> <log> <P> <program> [args...]: a job expected to fail: runs it like
 # mpirun_np, its output in <log>, and returns when mpirun ends, or when its ranks have ended, it has
 # said it aborted the job, and it has not followed them within 5 s: Open MPI 4.1's mpirun can
-# deadlock (or crash) in PMIx_server_finalize after a job it aborted, about 1 run in 7 of
-# test_comm's 3-rank all-to-all with a stuck rank here. It is killed then, and says so. Sets rc
-# (mpirun's exit status, or "lingered" when it was killed so) and took (seconds until mpirun ended,
-# or until its ranks had).
+# deadlock (or crash) in PMIx_server_finalize after a job it aborted: 8 hung and 3 crashed of 115
+# runs of test_comm's 3-rank all-to-all with a stuck rank here. Such a mpirun is killed, and this
+# says so. Sets rc (mpirun's exit status, or "lingered" when it was killed so) and took (seconds
+# until mpirun ended, or until its ranks had).
 mpirun_aborting() {
     local guard=$1 log=$2; shift 2
     local start=$SECONDS mpirun_pid alone=0
