@@ -36,25 +36,27 @@ ifeq ($(BACKEND),cuda)
   CUDA_ARCH_STAMP := $(B)/cuda-archs
   CUDA_ARCH_TEXT := sm $(CUDA_ARCHS) ptx $(CUDA_PTX)
   $(shell mkdir -p $(B) && (echo '$(CUDA_ARCH_TEXT)' | cmp -s - $(CUDA_ARCH_STAMP) || echo '$(CUDA_ARCH_TEXT)' >$(CUDA_ARCH_STAMP)))
-  $(B)/common/ops_cuda.o: $(CUDA_ARCH_STAMP)
+  $(B)/common/ops/ops_cuda.o: $(CUDA_ARCH_STAMP)
 endif
-COMMON := log files config tokenizer alpaca synthetic gpt layout activations checkpoint run_setup optimizer loss_scale \
-          metrics run_stats evaluate run_checkpoint preemption trace stage_run lora
+# common/ in folders by concern (common/README.md): base, ops, model, data, config, run, comm
+COMMON := base/log base/files base/trace config/config data/tokenizer data/alpaca data/synthetic \
+          model/gpt model/layout model/activations model/checkpoint run/run_setup run/optimizer run/loss_scale \
+          run/metrics run/run_stats run/evaluate run/run_checkpoint run/preemption run/stage_run run/lora
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
-  COMMON_OBJS += $(B)/common/ops_cuda.o
-  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_nccl.o $(B)/common/comm_mpi.o $(B)/common/flight.o
+  COMMON_OBJS += $(B)/common/ops/ops_cuda.o
+  COMM_OBJS := $(B)/common/comm/comm.o $(B)/common/comm/comm_nccl.o $(B)/common/comm/comm_mpi.o $(B)/common/comm/flight.o
   # nvcc's kernel-launch stubs are C++ (guarded statics): gcc links them with libstdc++
   LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudart -lcublas -lcublasLt -lnccl -lstdc++
 else
-  COMMON_OBJS += $(B)/common/ops_cpu.o
-  COMM_OBJS := $(B)/common/comm.o $(B)/common/comm_cpu.o $(B)/common/comm_mpi.o $(B)/common/flight.o
+  COMMON_OBJS += $(B)/common/ops/ops_cpu.o
+  COMM_OBJS := $(B)/common/comm/comm.o $(B)/common/comm/comm_cpu.o $(B)/common/comm/comm_mpi.o $(B)/common/comm/flight.o
   LDLIBS += -ldnnl
 endif
 # what talks MPI is compiled and linked with mpicc
-$(B)/common/comm.o $(B)/common/comm_mpi.o $(B)/common/comm_cpu.o: CC := $(MPICC)
-$(B)/common/comm_nccl.o: CC := $(MPICC)
-$(B)/common/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include
+$(B)/common/comm/comm.o $(B)/common/comm/comm_mpi.o $(B)/common/comm/comm_cpu.o: CC := $(MPICC)
+$(B)/common/comm/comm_nccl.o: CC := $(MPICC)
+$(B)/common/comm/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include
 
 STAGE_DIR_1 := 01_single_gpu
 STAGE_DIR_2 := 02_mixed_precision

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "log.h"
+#include "base/log.h"
 
 void plan_buckets(BucketPlan *p, const ParamLayout *layout, double bucket_mb, float *grads, Comm *world) {
     size_t limit = (size_t)(bucket_mb * 1e6 / sizeof(float)), end = layout->num_params;

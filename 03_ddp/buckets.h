@@ -11,8 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "comm.h"
-#include "gpt.h"
+#include "comm/comm.h"
+#include "model/gpt.h"
 
 typedef struct {
     size_t first, count;  // the range of the flat buffer

@@ -1,7 +1,7 @@
 // ring_allreduce.c: see ring_allreduce.h.
 #include "ring_allreduce.h"
 
-#include "ops.h"
+#include "ops/ops.h"
 
 // chunk i of P over count elements: [*first, *first + return value)
 static size_t chunk(size_t count, int P, int i, size_t *first) {

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 
 // buf (count floats, on every rank of c) becomes the element-wise sum over the ranks. The buffer
 // is cut into P chunks (the last ones shorter when P does not divide count). P - 1 steps of

@@ -7,13 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
+#include "base/device.h"
+#include "base/log.h"
 #include "fsdp_lora.h"
-#include "log.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "run_checkpoint.h"
-#include "run_stats.h"
+#include "ops/ops.h"
+#include "run/optimizer.h"
+#include "run/run_checkpoint.h"
+#include "run/run_stats.h"
 
 // ---- units and shards -------------------------------------------------------------------------
 

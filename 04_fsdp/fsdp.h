@@ -2,7 +2,7 @@
 //
 // The model is cut into units: unit 0 is the root (wte, wpe, ln_f: the tensors used at both ends
 // of the model) and unit 1 + l is transformer block l, each one contiguous range of the flat
-// parameter layout (common/gpt.h). Every unit is padded to a multiple of P elements and cut into
+// parameter layout (common/model/gpt.h). Every unit is padded to a multiple of P elements and cut into
 // P equal shards: rank r keeps shard r of every unit's parameters, gradients and AdamW moments,
 // and nothing else. A unit's full parameters exist only while it computes:
 //
@@ -30,11 +30,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "comm.h"
-#include "config.h"
-#include "gpt.h"
-#include "lora.h"
-#include "run_stats.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "model/gpt.h"
+#include "run/lora.h"
+#include "run/run_stats.h"
 
 typedef struct {
     size_t first, numel;  // the unit's range of the flat layout

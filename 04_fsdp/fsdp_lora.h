@@ -1,4 +1,4 @@
-// fsdp_lora.h: LoRA (common/lora.h) under FSDP: the frozen base sharded, the adapters replicated.
+// fsdp_lora.h: LoRA (common/run/lora.h) under FSDP: the frozen base sharded, the adapters replicated.
 //
 // The base's shards, gathers and frees are FSDP's as ever, but the base is frozen: it has no
 // gradient to reduce-scatter and no AdamW moments to shard, so a LoRA run on FSDP holds 1/P of

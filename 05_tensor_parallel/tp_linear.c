@@ -4,9 +4,9 @@
 
 #include <string.h>
 
-#include "device.h"
-#include "gpt.h"
-#include "log.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "model/gpt.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 

@@ -25,9 +25,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "comm.h"
-#include "gpt.h"
-#include "ops.h"
+#include "comm/comm.h"
+#include "model/gpt.h"
+#include "ops/ops.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 // world rank = ((data * Z + z) * X + x) * Y + y: y fastest (AxoNN's "inner"/column group), then

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
-#include "log.h"
-#include "ops.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "ops/ops.h"
 
 // this rank's slice of one whole adapter, beside the site that runs it
 typedef struct {

@@ -1,4 +1,4 @@
-// tp_lora.h: LoRA (common/lora.h) on the [x, y, z] grid: each adapter split as its linear.
+// tp_lora.h: LoRA (common/run/lora.h) on the [x, y, z] grid: each adapter split as its linear.
 //
 // A linear's block holds W's rows of this rank's out-features and columns of its in-features
 // (tp_linear.h); its adapters are cut the same way: A (r, in) keeps the block's columns, B (out, r)
@@ -12,7 +12,7 @@
 #ifndef TP_LORA_H
 #define TP_LORA_H
 
-#include "lora.h"
+#include "run/lora.h"
 #include "tp_model.h"
 
 // A stage-05 run's LoRA (lora_rank > 0; otherwise nothing happens): lora_attach's work on the

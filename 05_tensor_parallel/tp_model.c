@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
-#include "evaluate.h"
-#include "log.h"
-#include "run_checkpoint.h"
-#include "run_stats.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "run/evaluate.h"
+#include "run/run_checkpoint.h"
+#include "run/run_stats.h"
 #include "tp_lora.h"
 
 // ---- the grid must fit ------------------------------------------------------------------------

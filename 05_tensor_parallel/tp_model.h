@@ -15,10 +15,10 @@
 
 #include <stdbool.h>
 
-#include "alpaca.h"
-#include "config.h"
-#include "gpt.h"
-#include "run_stats.h"
+#include "config/config.h"
+#include "data/alpaca.h"
+#include "model/gpt.h"
+#include "run/run_stats.h"
 #include "tp_linear.h"
 
 typedef enum { TP_WEIGHT, TP_SPLIT_X, TP_SPLIT_Y } TPKind;

@@ -19,27 +19,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alpaca.h"
-#include "comm.h"
-#include "config.h"
-#include "device.h"
-#include "gpt.h"
-#include "log.h"
-#include "lora.h"
-#include "loss_scale.h"
-#include "metrics.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "preemption.h"
-#include "run_checkpoint.h"
-#include "run_setup.h"
-#include "run_stats.h"
-#include "stage_run.h"
-#include "tokenizer.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "base/trace.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "data/alpaca.h"
+#include "data/tokenizer.h"
+#include "model/gpt.h"
+#include "ops/ops.h"
+#include "run/lora.h"
+#include "run/loss_scale.h"
+#include "run/metrics.h"
+#include "run/optimizer.h"
+#include "run/preemption.h"
+#include "run/run_checkpoint.h"
+#include "run/run_setup.h"
+#include "run/run_stats.h"
+#include "run/stage_run.h"
 #include "tp_linear.h"
 #include "tp_lora.h"
 #include "tp_model.h"
-#include "trace.h"
 
 int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
     tp_print_grid(&model, P, cfg.overlap_communication);
     print_batch_plan(&cfg, data, grid->row_ranks, "row groups (z x data)", total_steps);
     // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
-    // are the adapters' (common/lora.h), each A and B split as its linear (tp_lora.h)
+    // are the adapters' (common/run/lora.h), each A and B split as its linear (tp_lora.h)
     Lora lora;
     ParamLayout layout = model.layout;  // what AdamW steps: this rank's share of the model, or of the adapters
     tp_lora_attach(&lora, &cfg, &model, &layout, &mb, &acts);

@@ -4,7 +4,7 @@
 
 #include <stdlib.h>
 
-#include "log.h"
+#include "base/log.h"
 
 void block_pool_init(BlockPool *p, int n_blocks, int block_size, bool caching) {
     *p = (BlockPool){.n_blocks = n_blocks, .block_size = block_size, .n_free = n_blocks, .caching = caching,

@@ -15,21 +15,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alpaca.h"
-#include "comm.h"
-#include "config.h"
-#include "device.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "data/alpaca.h"
+#include "data/tokenizer.h"
 #include "kv_grid.h"
 #include "kv_model.h"
-#include "log.h"
 #include "moe.h"  // stage 08's mixture-of-experts MLP, for its checkpoints
-#include "ops.h"
-#include "run_checkpoint.h"
-#include "run_setup.h"
-#include "run_stats.h"
+#include "ops/ops.h"
+#include "run/run_checkpoint.h"
+#include "run/run_setup.h"
+#include "run/run_stats.h"
 #include "sampler.h"
 #include "server.h"
-#include "tokenizer.h"
 
 // ---- prompts ----------------------------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 
 #include <stdlib.h>
 
-#include "device.h"
-#include "log.h"
+#include "base/device.h"
+#include "base/log.h"
 
 int kv_width(const ModelShape *s) { return s->C_kv; }
 

@@ -6,7 +6,7 @@
 // answer O(length^2)); with the cache each step computes one row per sequence and reads the
 // earlier keys and values back (a step costs one row of matmuls: the weights, read once).
 //
-// The block is the one every stage runs (common/gpt.c). The cache changes two of its layers and
+// The block is the one every stage runs (common/model/gpt.c). The cache changes two of its layers and
 // nothing else:
 //   attention   the new rows' keys and values are written into the cache of their layer, then
 //               their queries attend to every cached row of their sequence;
@@ -19,7 +19,7 @@
 
 #include <stddef.h>
 
-#include "gpt.h"
+#include "model/gpt.h"
 
 // The cache is paged (PagedAttention, as vLLM's): one pool of blocks per layer, block_size
 // positions each, and a block table per sequence naming its blocks in order. A sequence takes

@@ -3,8 +3,8 @@
 
 #include <stdlib.h>
 
-#include "device.h"
-#include "log.h"
+#include "base/device.h"
+#include "base/log.h"
 
 void kv_model_alloc_grid(KVModel *m, Comm *world, const GPTConfig *cfg, const int dims[3], int B, int T,
                          int maxT, int block_size, bool half_mode) {

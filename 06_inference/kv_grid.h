@@ -13,7 +13,7 @@
 #include <stdbool.h>
 
 #include "../05_tensor_parallel/tp_model.h"
-#include "comm.h"
+#include "comm/comm.h"
 #include "kv_model.h"
 
 struct KVGrid {

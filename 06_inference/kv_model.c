@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
+#include "base/device.h"
+#include "base/log.h"
 #include "kv_grid.h"
-#include "log.h"
 
 // ---- the model --------------------------------------------------------------------------------
 

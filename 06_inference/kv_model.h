@@ -4,7 +4,7 @@
 //   decode:  one row per sequence, writing cache row `pos` and reading 0..pos (weight reads: bound
 //            by memory bandwidth)
 //
-// The block is the one every stage runs (common/gpt.c) with the cache plugged into its layers; the
+// The block is the one every stage runs (common/model/gpt.c) with the cache plugged into its layers; the
 // same block code runs both passes: T new rows per sequence that start at start[b] (0 in the
 // prefill, the sequence's length in a decode step).
 //
@@ -16,9 +16,9 @@
 
 #include <stdbool.h>
 
-#include "gpt.h"
 #include "kv_cache.h"
-#include "ops.h"
+#include "model/gpt.h"
+#include "ops/ops.h"
 
 typedef struct KVGrid KVGrid;
 
@@ -29,7 +29,7 @@ typedef struct KVModel {
     float *params;             // flat (device)
     half16 *params16;            // its bf16 copy (precision bf16-mixed), else NULL
     Weights w;                 // named views into params (and params16)
-    ModelShape shape;          // what this process holds of a block (common/gpt.h)
+    ModelShape shape;          // what this process holds of a block (common/model/gpt.h)
     KVCache cache;
     KVLayers layers;           // the cache plugged into the layers that run the rest
     Activations acts;          // one block's activations for B * T rows, reused by every layer:

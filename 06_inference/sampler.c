@@ -5,8 +5,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "kernels.h"
-#include "log.h"
+#include "base/log.h"
+#include "ops/kernels.h"
 
 void sampler_init(Sampler *s, int V, float temperature, int top_k, float top_p, uint64_t seed) {
     s->temperature = temperature;

@@ -36,9 +36,9 @@
 #include <string.h>
 
 #include "block_pool.h"
-#include "log.h"
-#include "device.h"
-#include "preemption.h"
+#include "base/log.h"
+#include "base/device.h"
+#include "run/preemption.h"
 
 // A step as floats (token ids, positions and block numbers are exact in a float: below 2^24),
 // broadcast by rank 0: [kind, R rows, S sequences, L logit rows, N block copies], then the rows'

@@ -14,11 +14,11 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "comm.h"
-#include "config.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "data/tokenizer.h"
 #include "kv_model.h"
 #include "sampler.h"
-#include "tokenizer.h"
 
 // a growable byte buffer, always NUL-terminated
 typedef struct {

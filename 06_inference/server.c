@@ -33,10 +33,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "alpaca.h"
-#include "device.h"
-#include "log.h"
-#include "preemption.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "data/alpaca.h"
+#include "run/preemption.h"
 #include "scheduler.h"
 
 static const char *FINISH_NAMES[] = {"", "stop", "length"};

@@ -6,11 +6,11 @@
 
 #include <stdbool.h>
 
-#include "comm.h"
-#include "config.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "data/tokenizer.h"
 #include "kv_model.h"
 #include "sampler.h"
-#include "tokenizer.h"
 
 // Every rank calls it once the model is loaded; m holds cfg->max_batch_size cache slots and
 // prefills up to cfg->max_seq_len rows. Rank 0 serves HTTP on cfg->port and schedules; every

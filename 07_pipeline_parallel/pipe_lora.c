@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "base/log.h"
 
 // host buffers: part's tensors from whole's of the same name
 static void take_by_name(const ParamLayout *whole, const float *from, const ParamLayout *part, float *to) {

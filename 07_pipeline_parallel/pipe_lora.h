@@ -1,4 +1,4 @@
-// pipe_lora.h: LoRA (common/lora.h) on a pipeline: each stage trains the adapters of its blocks.
+// pipe_lora.h: LoRA (common/run/lora.h) on a pipeline: each stage trains the adapters of its blocks.
 //
 // A stage's adapters are those of the linears it holds; they train as its other tensors would,
 // all-reduced over the replicas of the stage, and the base stays frozen (the tied wte of GPT-2
@@ -12,8 +12,8 @@
 #ifndef PIPE_LORA_H
 #define PIPE_LORA_H
 
-#include "lora.h"
 #include "pipeline.h"
+#include "run/lora.h"
 
 // A stage-07 run's LoRA (lora_rank > 0; otherwise nothing happens): lora_attach's work on this
 // stage's layout, plugged into every activation slot of p. layout and mb become the stage's

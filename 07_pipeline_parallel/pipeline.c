@@ -6,13 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
-#include "log.h"
-#include "ops.h"
-#include "run_checkpoint.h"
-#include "run_setup.h"
-#include "stage_run.h"
-#include "trace.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "base/trace.h"
+#include "ops/ops.h"
+#include "run/run_checkpoint.h"
+#include "run/run_setup.h"
+#include "run/stage_run.h"
 #include "zero_bubble.h"
 
 // ---- the grid ---------------------------------------------------------------------------------

@@ -9,11 +9,11 @@
 
 #include <stdbool.h>
 
-#include "alpaca.h"
-#include "comm.h"
-#include "config.h"
-#include "gpt.h"
-#include "lora.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "data/alpaca.h"
+#include "model/gpt.h"
+#include "run/lora.h"
 
 // Where this rank sits. Rank = replica * pp + stage: a pipeline's stages are consecutive ranks,
 // so its point-to-point traffic, which every micro-batch waits on, stays on one node.

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "base/log.h"
 #include "pipeline.h"
 
 bool pipe_interleaved(const char *schedule) { return strcmp(schedule, "interleaved") == 0; }

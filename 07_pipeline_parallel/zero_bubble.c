@@ -1,5 +1,5 @@
 // zero_bubble.c: the backward split in two for zero-bubble schedules (ZB-H1), as a LayerOps
-// around the serial layers (gpt.h), so the block's math stays in common/gpt.c.
+// around the serial layers (gpt.h), so the block's math stays in common/model/gpt.c.
 //
 // A linear layer's backward computes two things: dinp = dout @ w, which the layer below (and the
 // previous stage) waits for, and dw = dout^T @ inp, db = sum(dout), which nothing waits for until
@@ -16,8 +16,8 @@
 
 #include <stdlib.h>
 
-#include "device.h"
-#include "log.h"
+#include "base/device.h"
+#include "base/log.h"
 
 typedef struct {
     LinearKind kind;

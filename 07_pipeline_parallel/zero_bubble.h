@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "gpt.h"
+#include "model/gpt.h"
 
 typedef struct DeferredWeights DeferredWeights;
 

@@ -6,12 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
-#include "log.h"
+#include "base/device.h"
+#include "base/log.h"
 #include "moe.h"
-#include "ops.h"
-#include "run_checkpoint.h"
-#include "run_stats.h"
+#include "ops/ops.h"
+#include "run/run_checkpoint.h"
+#include "run/run_stats.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 

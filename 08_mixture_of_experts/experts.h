@@ -8,10 +8,10 @@
 #ifndef EXPERTS_H
 #define EXPERTS_H
 
-#include "comm.h"
-#include "config.h"
-#include "gpt.h"
-#include "metrics.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "model/gpt.h"
+#include "run/metrics.h"
 
 // Where this rank sits. Rank = replica * ep + ep_rank: a replica's ranks, which exchange tokens in
 // every MoE block, are consecutive, so that traffic stays on one node.

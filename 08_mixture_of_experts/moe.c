@@ -4,10 +4,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "device.h"
-#include "kernels.h"
-#include "log.h"
-#include "ops.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "ops/kernels.h"
+#include "ops/ops.h"
 
 // ---- the MLP the core sees ----------------------------------------------------------------------
 

@@ -17,7 +17,7 @@
 // The steps below are what moe_forward / moe_backward (one rank, every expert) run; stage 08
 // puts an all-to-all between them to run each expert on the rank that holds it (experts.c).
 //
-// The core (common/gpt.h) knows the MoE blocks' MLP only as MOE_MLP, which the programs that run
+// The core (common/model/gpt.h) knows the MoE blocks' MLP only as MOE_MLP, which the programs that run
 // one put in GPTConfig.moe_mlp (moe_model): its tensors, which the layout puts in place of the
 // dense MLP's, the activations below, and moe_forward / moe_backward, which serial_layer_ops()
 // runs for a MoE block. Stage 08 trains with it; stage 06 generates with it, and the planner
@@ -25,7 +25,7 @@
 #ifndef MOE_H
 #define MOE_H
 
-#include "gpt.h"
+#include "model/gpt.h"
 
 // A MoE block's MLP as GPT-2's names it (after Mixtral's sparse block): the router
 // (mlp.gate.weight, (E, C), no bias), then each expert held, one GPT-2 MLP each

@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
-#include "evaluate.h"
-#include "log.h"
-#include "ops.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "base/trace.h"
+#include "ops/ops.h"
 #include "ring_blocks.h"
-#include "trace.h"
+#include "run/evaluate.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 

@@ -11,10 +11,10 @@
 
 #include <stdbool.h>
 
-#include "alpaca.h"
-#include "comm.h"
-#include "config.h"
-#include "gpt.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "data/alpaca.h"
+#include "model/gpt.h"
 
 // Where this rank sits. Rank = replica * cp + cp_rank: a replica's ranks, which pass keys and values
 // in every block, are consecutive, so that traffic stays on one node.

@@ -1,6 +1,6 @@
 // ring_math.h: ring attention's math, one (query row, head) or (key row, head) at a time, written
 // once for both backends (ring_blocks.h's CPU loops and CUDA kernels call it), from the block
-// pieces of common/kernels.h: the online softmax forward, and the backward from each row's
+// pieces of common/ops/kernels.h: the online softmax forward, and the backward from each row's
 // log-sum-exp.
 //
 // A rank's rows: its two chunks of each of B sequences, chunk `chunk[0]` of every sequence first
@@ -13,7 +13,7 @@
 #ifndef RING_MATH_H
 #define RING_MATH_H
 
-#include "kernels.h"
+#include "ops/kernels.h"
 
 typedef struct {
     int B, c, C, NH;         // sequences, tokens per chunk, width and heads of q, k and v

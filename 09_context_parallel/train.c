@@ -16,26 +16,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alpaca.h"
-#include "comm.h"
-#include "config.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "base/trace.h"
+#include "comm/comm.h"
+#include "config/config.h"
 #include "context.h"
-#include "device.h"
-#include "evaluate.h"
-#include "gpt.h"
-#include "log.h"
-#include "lora.h"
-#include "loss_scale.h"
-#include "metrics.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "preemption.h"
-#include "run_checkpoint.h"
-#include "run_setup.h"
-#include "run_stats.h"
-#include "stage_run.h"
-#include "tokenizer.h"
-#include "trace.h"
+#include "data/alpaca.h"
+#include "data/tokenizer.h"
+#include "model/gpt.h"
+#include "ops/ops.h"
+#include "run/evaluate.h"
+#include "run/lora.h"
+#include "run/loss_scale.h"
+#include "run/metrics.h"
+#include "run/optimizer.h"
+#include "run/preemption.h"
+#include "run/run_checkpoint.h"
+#include "run/run_setup.h"
+#include "run/run_stats.h"
+#include "run/stage_run.h"
 
 int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
     print_context_plan(&grid, &cfg);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
     // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
-    // are the adapters' (common/lora.h)
+    // are the adapters' (common/run/lora.h)
     Lora lora;
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
     MemoryItem memory[MODEL_MEMORY_ITEMS];

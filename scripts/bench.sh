@@ -60,7 +60,7 @@ print(f"ceilings at the GPT-2 124M bench shape: {e['CEILING_MATMUL_F32']:.0f} GF
 PY
 sed 's/^[^#]*# /    /' <<<"$ceilings"
 echo "step GFLOP/s = FLOP per token x tokens/s, FLOP per token = 6 (12 L C^2 + V C) + 12 L C T"
-echo "(common/run_setup.c: flops_per_token, as MFU counts it); % ceil = step GFLOP/s / matmul ceiling"
+echo "(common/run/run_setup.c: flops_per_token, as MFU counts it); % ceil = step GFLOP/s / matmul ceiling"
 # GPT-2 124M at 1 x 256 tokens: the matmuls see 256 rows, as at 4 x 64, but a 256-token window
 # holds a whole record of the built-in data (the byte-level template alone is longer than 64), so
 # every step has response tokens to predict: a real loss, the softmax of every row computed.

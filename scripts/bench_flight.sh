@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The flight recorder's cost (common/flight.h): stage 07 on 4 ranks (2 pipeline stages x 2
+# The flight recorder's cost (common/comm/flight.h): stage 07 on 4 ranks (2 pipeline stages x 2
 # replicas, 4 micro-batches: a send or receive per micro-batch and stage boundary, and the
 # replicas' all-reduce), tiny.json (n_embd 64: more of the step is communication), with the recorder on and off (FLIGHT_RECORDER=0), the runs
 # interleaved so that a machine whose load changes slows both alike. Prints each run's median

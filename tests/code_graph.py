@@ -9,6 +9,8 @@ Usage: code_graph.py <make database> <compile commands>
 Prints one line per finding: "<kind> <TAB> <who> <TAB> <what>", kinds:
   cycle     common/ modules that include each other, round a loop (module = file stem: gpt.c
             and gpt.h are gpt; x_internal.h is x's); "a -> b -> a" and every include inside it
+  folder    a common/ file including a file of a folder its own may not include (common/README.md's
+            table), or a folder with no row there
   outside   a common/ file including a file outside common/
   links     a program linking another stage's object (who: stage-N or a tool)
   flag      a stage's or tool's object compiled with -I<another stage's directory>
@@ -53,18 +55,45 @@ def shortest_loop(edges, scc):
     return scc
 
 
+def folder_rules():
+    """common/README.md's table: each folder and the folders it may include."""
+    rules = {}
+    for m in re.finditer(r"^\| `(\w+)/` \| ([^|]*) \|", open("common/README.md").read(), flags=re.M):
+        rules[m.group(1)] = set(re.findall(r"`(\w+)/`", m.group(2)))
+    return rules
+
+
 def common_cycles():
-    """Strongly connected components of more than one module, found by Tarjan's algorithm."""
-    files = [f"common/{f}" for f in sorted(os.listdir("common")) if f.endswith((".c", ".h", ".cu"))]
+    """Strongly connected components of more than one module, found by Tarjan's algorithm; and
+    every include from one folder of common/ into another that common/README.md does not allow."""
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk("common") for f in fs if f.endswith((".c", ".h", ".cu")))
     # a module is a file stem; x_internal.h, the private header of x's files, is part of x
-    stem = lambda p: re.sub(r"_internal$", "", os.path.splitext(os.path.basename(p))[0])
+    stem = lambda p: re.sub(r"_internal$", "", os.path.splitext(p)[0])
+    folder = lambda p: p.split("/")[1] if p.count("/") > 1 else ""
+    rules = folder_rules()
     edges, findings = {}, []
+    for a in rules:  # the table itself has an order: no folder may reach itself
+        seen, todo = set(), list(rules[a])
+        while todo:
+            b = todo.pop()
+            if b == a:
+                findings.append(("folder", f"common/{a}/", "reaches itself through common/README.md's table"))
+                break
+            if b not in seen:
+                seen.add(b)
+                todo += rules.get(b, ())
+    for d in sorted({folder(f) for f in files}):
+        if d not in rules:
+            findings.append(("folder", f"common/{d}/", "has no row in common/README.md's table"))
     for f in files:
         for name in includes(f):
             p = resolve(name, f, ["common"])
             if p is None or not p.startswith("common/"):
                 findings.append(("outside", f, f"#include \"{name}\" ({p or 'not found'})"))
                 continue
+            a, b = folder(f), folder(p)
+            if a != b and b not in rules.get(a, set()):
+                findings.append(("folder", f, f"#include \"{name}\": common/{a}/ may not include common/{b}/ (common/README.md)"))
             if stem(p) != stem(f):
                 edges.setdefault(stem(f), set()).add(stem(p))
     index, low, stack, on, sccs = {}, {}, [], set(), []

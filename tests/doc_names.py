@@ -8,7 +8,7 @@ Usage: doc_names.py <keys file> <make targets file> <allow file> <markdown file>
 Prints one line per name: "ok|bad|skip <TAB> file:line <TAB> token <TAB> what it was taken for".
 
 A name is what a `code span` holds, every command line of a ```sh block, a link's target and a
-path of a source file written in the text (common/gpt.c): these must exist. How a span is read:
+path of a source file written in the text (common/model/gpt.c): these must exist. How a span is read:
   - a command (its first word, after VAR=value assignments, is make, a build/ program, a script
     of the tree or a program of the workbook's toolchain): the program exists; make's targets are
     the Makefile's; a stage's --key=value names a config key, another program's --flag is one

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "log.h"
+#include "base/log.h"
 
 static uint64_t test_rng_state = 88172645463325252ull;
 

@@ -13,11 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "checkpoint.h"
-#include "gpt.h"
+#include "base/log.h"
 #include "inputs.h"
-#include "log.h"
-#include "ops.h"
+#include "model/checkpoint.h"
+#include "model/gpt.h"
+#include "ops/ops.h"
 
 // the AdamW step the oracles take too
 #define ORACLE_LR 1e-3f

@@ -1,4 +1,4 @@
-# oracle_tokenizer.py: our tokenizer.json reader (common/tokenizer.c) against Hugging Face's
+# oracle_tokenizer.py: our tokenizer.json reader (common/data/tokenizer.c) against Hugging Face's
 # `tokenizers` library, which shares no code with it.
 #
 #   python tests/oracle_tokenizer.py build/tests/tokenizer_ids WORKDIR

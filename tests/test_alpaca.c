@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alpaca.h"
+#include "base/log.h"
 #include "check.h"
-#include "log.h"
-#include "synthetic.h"
-#include "tokenizer.h"
+#include "data/alpaca.h"
+#include "data/synthetic.h"
+#include "data/tokenizer.h"
 
 #define FIXTURES "../shared/fixtures/"
 #define ALPACA FIXTURES "alpaca/"

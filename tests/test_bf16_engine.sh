@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The engine that multiplies bf16 inputs (common/ops_cpu.c, choose_bf16_engine): oneDNN's bf16
+# The engine that multiplies bf16 inputs (common/ops/ops_cpu.c, choose_bf16_engine): oneDNN's bf16
 # matmul, or its f32 matmul over the bf16 values widened to f32, chosen by measurement at start-up
 # unless OPS_BF16_MATMUL (native, f32, auto) forces one. Both engines form the same products and
 # differ only in the order of their sums: stage 02 in bf16-mixed gives the same losses with either

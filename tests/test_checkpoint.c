@@ -19,12 +19,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/device.h"
+#include "base/log.h"
 #include "check.h"
-#include "checkpoint.h"
-#include "device.h"
-#include "gpt.h"
-#include "log.h"
-#include "ops.h"
+#include "model/checkpoint.h"
+#include "model/gpt.h"
+#include "ops/ops.h"
 
 #define FIX "../shared/fixtures"
 

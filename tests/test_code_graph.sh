@@ -3,8 +3,9 @@
 # another stage's files except where the design says so. tests/code_graph.py reads the graph
 # from the sources' #include "..." lines and from make itself (make -pn: what each program links;
 # make -n -B: the -I flags each object is compiled with), and this checks:
-#  - common/'s modules (a file stem: gpt.c + gpt.h) include each other round no loop, and
-#    common/ includes nothing outside it;
+#  - common/'s modules (a file stem: gpt.c + gpt.h) include each other round no loop, a folder of
+#    common/ includes only the folders common/README.md's table allows it, and common/ includes
+#    nothing outside it;
 #  - no stage or tool links, includes or puts on its include path another stage's file, except
 #    stage 06 -> 05 (tensor-parallel inference), stage 06 -> 08's moe* files (generation from MoE
 #    checkpoints) and the planner (tools/plan*: it sizes layouts with the stages' arithmetic).
@@ -21,7 +22,7 @@ check '[ $rc -eq 0 ]' "tests/code_graph.py failed (exit $rc)"
 check 'grep -q "^ok	stage-6	links 05_tensor_parallel/tp_linear.o" "$tmp/graph"' "stage 06's link to 05's tp_linear.o was not found: the make database was not read"
 check 'grep -q "^ok	plan	links 04_fsdp/fsdp.o" "$tmp/graph"' "the planner's link to 04's fsdp.o was not found: the make database was not read"
 check 'grep -q "^ok	plan	tools/plan.c is compiled with -I04_fsdp" "$tmp/graph"' "the planner's -I04_fsdp was not found: the compile commands were not read"
-for kind in cycle outside links flag includes; do
+for kind in cycle folder outside links flag includes; do
     found=$(grep "^$kind	" "$tmp/graph" | cut -f2- | tr '\t' ' ')
     check '[ -z "$found" ]' "$kind: $(sed 's/$/;/' <<<"$found" | tr '\n' ' ')"
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The config's errors and the keys that choose code paths (common/config.c):
+# The config's errors and the keys that choose code paths (common/config/config.c):
 #  - an error names where the bad value came from: the file, the command line, or each of two;
 #  - a second --config and an empty config file are errors, not silently something else;
 #  - strategy: empty means the stage's own; another stage's strategy is refused with the stage

@@ -19,7 +19,7 @@ gds | PMIx's gds component named by its error messages
 tail -f slurm/logs/stage-3-1234.out | an example job's log: job 1234's
 EOF
 
-# the config keys, from the key table itself (common/config.c) through --help
+# the config keys, from the key table itself (common/config/config.c) through --help
 if [ ! -x build/stage-1 ]; then
     make --no-print-directory -j2 BACKEND=cpu build/stage-1 >"$tmp/make.log" 2>&1
 fi

@@ -16,14 +16,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/device.h"
+#include "base/log.h"
 #include "check.h"
-#include "checkpoint.h"
-#include "device.h"
-#include "gpt.h"
 #include "inputs.h"
-#include "log.h"
+#include "model/checkpoint.h"
+#include "model/gpt.h"
 #include "moe.h"  // 08_mixture_of_experts: the MoE blocks of test_layer_ranges
-#include "ops.h"
+#include "ops/ops.h"
 
 #define FIXTURES "../shared/fixtures/reference/"
 // bf16 against PyTorch running the same recipe: both round the same f32 values to bf16, so

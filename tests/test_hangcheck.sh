@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The flight recorder (common/flight.h) and tools/hangcheck on stage 03, 4 ranks, a 3 s
+# The flight recorder (common/comm/flight.h) and tools/hangcheck on stage 03, 4 ranks, a 3 s
 # COMM_TIMEOUT: each hang the test-only COMM_FAULT injects on rank 3 at collective #6 of group
 # world (a skipped collective, a mismatched one, a dead rank, a far slower rank, a send nobody
 # receives) ends the job with every surviving rank's ring written, and the paragraph tools/hangcheck

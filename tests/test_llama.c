@@ -12,11 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/device.h"
 #include "check.h"
-#include "device.h"
 #include "inputs.h"
-#include "kernels.h"
-#include "ops.h"
+#include "ops/kernels.h"
+#include "ops/ops.h"
 #include "oracle_step.h"
 
 static float *random_floats(size_t n, double scale) {

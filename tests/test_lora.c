@@ -1,4 +1,4 @@
-// test_lora.c: LoRA's own parts (common/lora.h), and our side of tests/test_lora_oracle.sh's peft oracle.
+// test_lora.c: LoRA's own parts (common/run/lora.h), and our side of tests/test_lora_oracle.sh's peft oracle.
 //
 // Without arguments: the adapters a Llama's lora_targets describe sit in the right rows of the
 // fused projections (q, k, v in qkv; gate and up in fc) with PEFT's shapes; a target naming no
@@ -21,12 +21,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/device.h"
+#include "base/numbers.h"
 #include "check.h"
-#include "device.h"
-#include "lora.h"
-#include "numbers.h"
-#include "ops.h"
+#include "ops/ops.h"
 #include "oracle_step.h"
+#include "run/lora.h"
 
 static GPTConfig tiny_llama(void) {
     return (GPTConfig){.arch = &ARCH_LLAMA, .max_seq_len = 16, .vocab_size = 50, .padded_vocab_size = 128,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_lora.sh: LoRA fine-tuning (common/lora.h) on the tiny Llama, in the stages (the op-level
+# test_lora.sh: LoRA fine-tuning (common/run/lora.h) on the tiny Llama, in the stages (the op-level
 # comparison with peft is tests/test_lora_oracle.sh). STAGE_BIN (tests/lib.sh) names the binaries,
 # so that make test-cuda runs these on the CUDA build too.
 #  - stage 01 with lora_rank: the base has no gradients and no AdamW state (stats.json's memory:

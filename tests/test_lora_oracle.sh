@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_lora_oracle.sh: LoRA (common/lora.h) against peft 0.14.0 (tests/oracle_lora.py, our side
+# test_lora_oracle.sh: LoRA (common/run/lora.h) against peft 0.14.0 (tests/oracle_lora.py, our side
 # tests/test_lora.c --oracle): the adapted model's logits within 1e-5, the adapters' gradients
 # after one step within 1e-4, the adapter we save loading in peft with our logits, the base
 # bit-identical after the step, and the model build/lora_merge writes loading in transformers with

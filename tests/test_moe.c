@@ -1,4 +1,4 @@
-// test_moe.c: the mixture-of-experts MLP (08_mixture_of_experts/moe.c, in common/gpt.c's block) against
+// test_moe.c: the mixture-of-experts MLP (08_mixture_of_experts/moe.c, in common/model/gpt.c's block) against
 // references written here, and our side of tests/test_moe_oracle.sh.
 //
 // Without arguments, on tiny GPT-2 MoE models (every block or every second block a MoE, k = 1 and
@@ -33,15 +33,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/device.h"
+#include "base/files.h"
+#include "base/log.h"
 #include "check.h"
-#include "checkpoint.h"
-#include "device.h"
-#include "files.h"
-#include "gpt.h"
 #include "inputs.h"
-#include "log.h"
+#include "model/checkpoint.h"
+#include "model/gpt.h"
 #include "moe.h"
-#include "ops.h"
+#include "ops/ops.h"
 
 static GPTConfig moe_config(int n_layer, int moe_every, int E, int k, float capacity_factor, float coef) {
     GPTConfig cfg = {.max_seq_len = 8, .vocab_size = 40, .n_layer = n_layer, .n_head = 2, .n_embd = 16,

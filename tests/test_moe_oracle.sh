@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_moe_oracle.sh: our mixture-of-experts GPT-2 (08_mixture_of_experts/moe.c in common/gpt.c's
+# test_moe_oracle.sh: our mixture-of-experts GPT-2 (08_mixture_of_experts/moe.c in common/model/gpt.c's
 # block) against a PyTorch one written in tests/oracle_moe.py (GPT-2 blocks and a Mixtral-style
 # sparse block with our capacity, in float64, with autograd), on random tiny checkpoints with
 # k = 1 and 2, with and without dropping: router probabilities, chosen experts, dropped pairs,

@@ -22,11 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/device.h"
+#include "base/log.h"
 #include "check.h"
-#include "device.h"
-#include "kernels.h"
-#include "log.h"
-#include "ops.h"
+#include "ops/kernels.h"
+#include "ops/ops.h"
 
 // ----------------------------------------------------------------------------------------------
 // helpers

@@ -1,4 +1,4 @@
-// test_optimizer.c: the optimizer step's scalar arithmetic (common/optimizer.c) against its
+// test_optimizer.c: the optimizer step's scalar arithmetic (common/run/optimizer.c) against its
 // definition written out here in double: the learning-rate schedule (linear warm-up, then cosine
 // decay to min_lr at the last step) and the gradient-clipping factor. (AdamW's per-element update
 // is test_ops's.)
@@ -6,7 +6,7 @@
 #include <stdio.h>
 
 #include "check.h"
-#include "optimizer.h"
+#include "run/optimizer.h"
 
 static double schedule(double lr, double min_lr, long warmup, long step, long total) {
     if (step < warmup) return lr * (double)(step + 1) / (double)warmup;

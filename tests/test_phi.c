@@ -13,15 +13,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/device.h"
+#include "base/log.h"
 #include "check.h"
-#include "checkpoint.h"
-#include "device.h"
-#include "gpt.h"
+#include "data/tokenizer.h"
 #include "inputs.h"
-#include "log.h"
-#include "ops.h"
+#include "model/checkpoint.h"
+#include "model/gpt.h"
+#include "ops/ops.h"
 #include "oracle_step.h"
-#include "tokenizer.h"
 
 static double dot(const float *a, const float *b, size_t n) {
     double s = 0;

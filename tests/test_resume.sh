@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Exact resume: 20 steps straight, and 10 steps + resume + 10 steps, give bit-identical losses
 # (the same metrics.jsonl values), and the checkpoint_interval saves happen. The key resume
-# (common/run_checkpoint.h): auto (the default) resumes a checkpoint of the same run with the same losses
+# (common/run/run_checkpoint.h): auto (the default) resumes a checkpoint of the same run with the same losses
 # as resume=true; another run's checkpoint (a key that changes the numbers differs) or an
 # incomplete one is refused with one error naming the out_dir, the key and both values, and its
 # files stay byte for byte; resume=true on a directory without a checkpoint is an error;

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "kernels.h"
+#include "ops/kernels.h"
 #include "sampler.h"
 
 enum { V = 37, DRAWS = 3000 };

@@ -61,7 +61,7 @@ check '[ $rc -eq 1 ] && grep -q "still missing after apt-get install: libcjson-d
     "packages still missing after apt: exit $rc, output: $(cat "$tmp/noop.out")"
 
 # ---- a renewed stamp leaves the objects up to date (they need it first, not newer) ----
-obj=build/cpu/common/log.o
+obj=build/cpu/common/base/log.o
 if [ -e "$obj" ]; then
     touch "$tmp/stamp"
     make -q BACKEND=cpu SETUP_STAMP="$tmp/stamp" "$obj"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A step against its bound (tools/step_bound.py, `make bench`'s scripts/bench_bound.sh): the op
-# spans a traced run writes carry every op's bytes and FLOPs (common/ops_cpu.c, trace_op_end), and
+# spans a traced run writes carry every op's bytes and FLOPs (common/ops/ops_cpu.c, trace_op_end), and
 # the tool adds them up against the ceilings. Checked against figures computed here from the model's
 # shape: the matmul FLOPs of a step (6 N (12 L C^2 + Vp C), as MFU counts them), attention's
 # causal products, LayerNorm's and AdamW's bytes; a bound made from given ceilings; the ops' time

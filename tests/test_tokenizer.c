@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alpaca.h"
+#include "base/log.h"
 #include "check.h"
-#include "log.h"
-#include "tokenizer.h"
+#include "data/alpaca.h"
+#include "data/tokenizer.h"
 
 #define FIXTURES "../shared/fixtures/"
 #define OPENAI_DIR FIXTURES "gpt2-tokenizer"       // encoder.json + vocab.bpe

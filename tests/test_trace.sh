@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Traces (trace: true, common/trace.h), read by tools/trace_check.py:
+# Traces (trace: true, common/base/trace.h), read by tools/trace_check.py:
 #  - stage 01, stage 03 on 2 ranks (overlap on and off) and stage 04 on 2 ranks write a
 #    trace.json that parses, whose events all have ph, ts, pid, tid, non-negative durations and
 #    nest on every track; every collective of a group appears on each rank with the same bytes,

@@ -13,8 +13,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "log.h"
-#include "tokenizer.h"
+#include "base/log.h"
+#include "data/tokenizer.h"
 
 static char *hex(const char *s, size_t n) {
     char *out = malloc_or_die(2 * n + 1);

@@ -16,10 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "device.h"
-#include "log.h"
-#include "ops.h"
-#include "run_stats.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "ops/ops.h"
+#include "run/run_stats.h"
 
 #define PASSES 5
 

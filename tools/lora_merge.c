@@ -11,10 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "checkpoint.h"
-#include "gpt.h"
-#include "log.h"
-#include "lora.h"
+#include "base/log.h"
+#include "model/checkpoint.h"
+#include "model/gpt.h"
+#include "run/lora.h"
 
 int main(int argc, char **argv) {
     if (argc != 4) {

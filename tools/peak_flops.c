@@ -8,9 +8,9 @@
 // of measuring its own. Run with the OMP_NUM_THREADS the runs will use.
 #include <stdio.h>
 
-#include "device.h"
-#include "ops.h"
-#include "ops_peak.h"
+#include "base/device.h"
+#include "ops/ops.h"
+#include "ops/ops_peak.h"
 
 int main(int argc, char **argv) {
     (void)argv;

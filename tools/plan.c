@@ -20,20 +20,20 @@
 
 #include <cjson/cJSON.h>
 
+#include "base/log.h"
 #include "context.h"
+#include "data/tokenizer.h"
 #include "experts.h"
 #include "fsdp.h"
-#include "gpt.h"
-#include "log.h"
+#include "model/gpt.h"
 #include "moe.h"
-#include "ops.h"
+#include "ops/ops.h"
 #include "pipeline.h"
 #include "plan.h"
-#include "run_checkpoint.h"
-#include "run_setup.h"
-#include "run_stats.h"
-#include "stage_run.h"
-#include "tokenizer.h"
+#include "run/run_checkpoint.h"
+#include "run/run_setup.h"
+#include "run/run_stats.h"
+#include "run/stage_run.h"
 #include "tp_model.h"
 
 typedef struct {

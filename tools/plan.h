@@ -6,9 +6,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "plan_cluster.h"
-#include "run_stats.h"
+#include "run/run_stats.h"
 
 // one collective of a step, as rank 0 counts it (comm.h's sizes)
 typedef struct {

@@ -8,7 +8,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "log.h"
+#include "base/log.h"
 
 // what a JSON value is, in the words of an error message
 static const char *found(const cJSON *v, char *buf, size_t n) {

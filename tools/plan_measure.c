@@ -12,11 +12,11 @@
 
 #include <cjson/cJSON.h>
 
-#include "comm.h"
-#include "device.h"
-#include "log.h"
-#include "ops.h"
-#include "ops_peak.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "comm/comm.h"
+#include "ops/ops.h"
+#include "ops/ops_peak.h"
 #include "plan.h"
 
 // mpirun as the tests start it: ranks may outnumber the cores, nothing bound (MPIRUN overrides)

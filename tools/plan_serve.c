@@ -16,14 +16,14 @@
 
 #include <cjson/cJSON.h>
 
-#include "gpt.h"
+#include "base/log.h"
+#include "data/tokenizer.h"
 #include "kv_cache.h"
-#include "log.h"
-#include "ops.h"
+#include "model/gpt.h"
+#include "ops/ops.h"
 #include "plan.h"
-#include "run_setup.h"
-#include "run_stats.h"
-#include "tokenizer.h"
+#include "run/run_setup.h"
+#include "run/run_stats.h"
 #include "tp_model.h"
 
 enum { SERVE_MEMORY_ITEMS = 3 };

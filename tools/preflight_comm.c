@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
-#include "device.h"
-#include "log.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "comm/comm.h"
 
 #define MAX_SIZES 16
 

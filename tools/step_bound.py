@@ -1,7 +1,7 @@
 """step_bound.py: a training step against what this machine allows it, op by op.
 
 Reads a run made with `trace: true` (its trace.json, whose op spans carry each op's bytes and
-FLOPs: common/trace.h, trace_op_end; and its metrics.jsonl) and the ceilings build/ceilings
+FLOPs: common/base/trace.h, trace_op_end; and its metrics.jsonl) and the ceilings build/ceilings
 measured (its CEILING_* variables, from the environment). An op's bound is the longer of
 
   - its FLOPs at the matmul ceiling: a linear layer's at the ceiling measured for its shape and
@@ -76,7 +76,7 @@ def analyse(run_dir, ceil):
     steps = steps_of(events)[1:]
     if not any(steps):
         sys.exit(f"step_bound.py: {path} holds no op spans: the backend that ran records none "
-                 "(the CPU backend does: common/ops_cpu.c)")
+                 "(the CPU backend does: common/ops/ops_cpu.c)")
     metrics = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     traced = metrics[1:1 + len(steps)]
     # a step's shape follows its batch (its longest sequence): each figure is the mean per step

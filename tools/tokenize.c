@@ -14,10 +14,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "alpaca.h"
-#include "log.h"
-#include "synthetic.h"
-#include "tokenizer.h"
+#include "base/log.h"
+#include "data/alpaca.h"
+#include "data/synthetic.h"
+#include "data/tokenizer.h"
 
 typedef struct {
     const char *data, *tokenizer, *text, *write_synthetic, *split, *color;

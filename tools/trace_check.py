@@ -1,4 +1,4 @@
-"""trace_check.py: reads a run's merged trace.json (common/trace.h) and checks it is a valid
+"""trace_check.py: reads a run's merged trace.json (common/base/trace.h) and checks it is a valid
 timeline, or measures it. Used by tests/test_trace.sh; prints one line per problem.
 
   trace_check.py valid TRACE        the checks below; exit 1 with the problems listed

@@ -6,8 +6,8 @@
 #include "../ring_math.h"  // C++ linkage: the math headers it includes are C++ under nvcc
 extern "C" {  // C headers, without extern "C" of their own
 #include "../ring_blocks.h"
-#include "device.h"
-#include "log.h"
+#include "base/device.h"
+#include "base/log.h"
 }
 
 static const int THREADS = 128;

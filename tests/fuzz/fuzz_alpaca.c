@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alpaca.h"
+#include "data/alpaca.h"
+#include "data/tokenizer.h"
 #include "fuzz_common.h"
-#include "tokenizer.h"
 
 static void check_record(const AlpacaRecord *r, const Tokenizer *t, int max_seq_len, int quirk) {
     AlpacaTokens seq;

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/tokenizer.h"
 #include "fuzz_common.h"
-#include "tokenizer.h"
 
 static void check_round_trip(const Tokenizer *t, const uint8_t *data, size_t size) {
     int *ids;

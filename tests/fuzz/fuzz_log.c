@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "base/log.h"
 #include "fuzz_common.h"
-#include "log.h"
 
 jmp_buf fuzz_on_fatal;
 int fuzz_fatal_count;

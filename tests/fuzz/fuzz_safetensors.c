@@ -1,11 +1,11 @@
-// fuzz_safetensors.c: a libFuzzer harness for the safetensors checks in common/checkpoint.c.
+// fuzz_safetensors.c: a libFuzzer harness for the safetensors checks in common/model/checkpoint.c.
 // Each input is a whole file. Whatever the bytes, safetensors_parse_bytes must either refuse
 // them with a message or accept them, and then every tensor it accepted must lie inside the
 // input: we read each one (converting the float types), and AddressSanitizer stops us at the
 // first byte outside. Not part of `make test`; run it by hand:
 //
 //   clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-//       -Icommon tests/fuzz/fuzz_safetensors.c common/checkpoint.c common/log.c \
+//       -Icommon tests/fuzz/fuzz_safetensors.c common/model/checkpoint.c common/base/log.c \
 //       -lcjson -lm -o build/fuzz_safetensors
 //   mkdir -p build/fuzz_corpus && cp ../shared/fixtures/lm-buddy-tiny_gpt2/model.safetensors build/fuzz_corpus/
 //   build/fuzz_safetensors -max_total_time=300 -dict=tests/fuzz/safetensors.dict build/fuzz_corpus
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h"
+#include "model/checkpoint.h"
 
 // checkpoint.c's one call into layout.c (reading config.json) is never reached from here; this
 // stand-in saves linking the model and its ops into the fuzzer.

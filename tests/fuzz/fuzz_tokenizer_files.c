@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "data/tokenizer.h"
 #include "fuzz_common.h"
-#include "tokenizer.h"
 
 static char g_dir[64];
 

@@ -13,9 +13,9 @@ build() {  # build NAME SOURCES...
     local name=$1; shift
     clang $CFLAGS "tests/fuzz/$name.c" tests/fuzz/fuzz_log.c "$@" -o "$out/$name" -lcjson -lm
 }
-build fuzz_bpe common/tokenizer.c
-build fuzz_alpaca common/alpaca.c common/tokenizer.c common/synthetic.c
-build fuzz_tokenizer_files common/tokenizer.c
+build fuzz_bpe common/data/tokenizer.c
+build fuzz_alpaca common/data/alpaca.c common/data/tokenizer.c common/data/synthetic.c
+build fuzz_tokenizer_files common/data/tokenizer.c
 
 # seeds: a few real records, small texts, a tiny tokenizer
 mkdir -p "$out/corpus_fuzz_bpe" "$out/corpus_fuzz_alpaca" "$out/corpus_fuzz_tokenizer_files"

@@ -10,9 +10,9 @@
 #include <time.h>
 
 #include "../check.h"
-#include "comm.h"
-#include "device.h"
-#include "log.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "comm/comm.h"
 
 // rank r's element i: a value every rank can compute for every other rank
 static float value(int r, size_t i) { return (float)(r + 1) * 0.5f + (float)(i % 7); }

@@ -7,9 +7,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "comm.h"
-#include "device.h"
-#include "log.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "comm/comm.h"
 
 // 16 MB: far past any eager limit, so a send cannot finish before its receive is posted
 #define COUNT ((size_t)4 << 20)

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 
 #include "../check.h"
-#include "comm.h"
-#include "device.h"
+#include "base/device.h"
+#include "comm/comm.h"
 #include "ring_allreduce.h"
 
 static float value(int r, size_t i) { return (float)((r * 7 + 3) % 11) - 4.5f + 0.25f * (float)(i % 13); }

@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "comm.h"
-#include "device.h"
-#include "log.h"
+#include "base/device.h"
+#include "base/log.h"
+#include "comm/comm.h"
 // The layer lives in its stage's directory, where the learner reads it; the Makefile links its
 // object into this program.
 #include "../../05_tensor_parallel/tp_linear.h"

@@ -1,0 +1,1801 @@
+// ops_cpu.c: the CPU backend of ops.h. Matmuls go to oneDNN (several times faster than
+// hand-written loops, and most of a training step is matmul), attention's products included,
+// but for the few rows of a decode step (up to 16: few_rows_matmul, vector loops); every other
+// op is an OpenMP loop over rows or elements that calls the math in kernels.h, the same
+// functions the CUDA backend calls. "Device memory" is ordinary host memory here, so the copies are memcpy.
+//
+// Builds against oneDNN 2.x (Debian 12 ships 2.6) and 3.x: the two differ in how memory
+// descriptors and matmul primitive descriptors are created, and in the sum post-op's signature;
+// those few lines are behind DNNL_VERSION_MAJOR below.
+//
+// Not thread-safe: ops are called from one host thread (OpenMP parallelises inside each op).
+#define _DEFAULT_SOURCE  // madvise's MADV_HUGEPAGE (sys/mman.h)
+#include "ops.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <oneapi/dnnl/dnnl.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>  // few_rows_matmul: _mm512_fmadd_ps, and _mm512_dpbf16_ps with AVX512-BF16
+#endif
+
+#include "base/device.h"
+#include "base/log.h"
+#include "base/trace.h"
+#include "kernels.h"
+#include "ops_peak.h"
+
+// ----------------------------------------------------------------------------------------------
+// oneDNN plumbing
+
+#define DNNL_CHECK(call)                                                                       \
+    do {                                                                                       \
+        dnnl_status_t s_ = (call);                                                             \
+        if (s_ != dnnl_success)                                                                \
+            fatal("oneDNN call %s failed with status %d (%s:%d)", #call, (int)s_, __FILE__,    \
+                  __LINE__);                                                                   \
+    } while (0)
+
+static dnnl_engine_t g_engine = NULL;
+static dnnl_stream_t g_stream = NULL;
+
+void ops_init(void) {
+    if (g_engine) return;
+    DNNL_CHECK(dnnl_engine_create(&g_engine, dnnl_cpu, 0));
+    DNNL_CHECK(dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags));
+}
+
+const char *ops_backend_name(void) { return "cpu"; }
+
+// OpenMP threads spin for about SPIN_WAIT_NS between and at the end of parallel regions, then
+// sleep on a futex, unless the environment says otherwise (OMP_WAIT_POLICY, or GOMP_SPINCOUNT,
+// which libgomp lets win). Both of libgomp's own choices cost a lot on a small machine:
+// - its default spins for about 300,000 pauses (several ms): with another process on one of two
+//   cores, the thread sharing that core spends its time slice spinning while the main thread
+//   works alone, then is descheduled when the next region needs it, and every region waits a
+//   slice for it: a step took 6-9x its time on an idle machine;
+// - OMP_WAIT_POLICY=passive sleeps at once, and waking a sleeping thread took 50-75 us on the
+//   2-core virtual machines this was measured on (its idle core halts): a decode step has ~110
+//   regions, and fp32 decode ran at 45 tokens/s instead of 60-69, a tiny.json training step in
+//   125-165 ms instead of 90-100.
+// A spin of ~15 us covers the gap between a step's back-to-back regions, so an idle machine wakes
+// no thread inside a step, and is short beside a time slice (ms), so a shared core costs about
+// what the core is worth. Measured on that machine (tiny.json step idle / with one core busy,
+// decode tokens/s fp32 / bf16): 5 us: 105-134 / 184-198 ms, 53-56 / 89-94; 10 us: 89-92 / 195-199
+// ms, 60-62 / 98-103; 15 us: 88-90 / 196-204 ms, 59 / 104-106; 25 us: 89 / 210-219 ms, 59-63 /
+// 104-110 (make bench-sharing measures the first against passive waiting and libgomp's default).
+// libgomp counts its spin in loop turns, each a pause instruction, whose length differs between
+// CPUs by 10x (25 ns on the AMD EPYC measured): the count is the turns such a loop makes here in
+// SPIN_WAIT_NS, timed at start-up.
+// libgomp reads the variable once, in its own initialiser, before main, and has no call to
+// change it afterwards. An executable's .preinit_array runs before every shared library's
+// initialisers (ELF gABI), but before the C library has its environment too (setenv there is
+// lost): so the process starts itself again, at once, with the variable added. That costs one
+// exec and ~100 us of timing, before anything else has happened (the same process id: mpirun and
+// srun see nothing).
+#define SPIN_WAIT_NS 15000
+
+static inline void spin_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();  // what libgomp's spin waits on x86
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#else
+    __asm__ volatile("" ::: "memory");
+#endif
+}
+
+// the turns of a spin loop like libgomp's (load a flag, compare, pause) that take SPIN_WAIT_NS
+// here: the fastest of three timings of 2048 turns
+static long spin_turns_for_wait(void) {
+    static volatile int never_set = 0;
+    double best = 1e30;
+    for (int trial = 0; trial < 3; trial++) {
+        double t0 = wall_seconds();
+        for (int i = 0; i < 2048 && !never_set; i++) spin_pause();
+        double dt = wall_seconds() - t0;
+        if (dt < best) best = dt;
+    }
+    long turns = (long)(SPIN_WAIT_NS * 1e-9 * 2048 / (best > 1e-9 ? best : 1e-9));
+    return turns < 100 ? 100 : turns > 1000000 ? 1000000 : turns;
+}
+
+// "GOMP_SPINCOUNT=<n>" into out, without the C library's formatting (its locale is not set up yet)
+static void spin_count_variable(char *out, long n) {
+    const char *name = "GOMP_SPINCOUNT=";
+    char digits[24];
+    int k = 0;
+    do digits[k++] = (char)('0' + n % 10), n /= 10; while (n);
+    while (*name) *out++ = *name++;
+    while (k) *out++ = digits[--k];
+    *out = 0;
+}
+
+static void restart_with_short_spin(int argc, char **argv, char **envp) {
+    (void)argc;
+    static char variable[48];
+    int n = 0;
+    for (; envp[n]; n++)
+        if (!strncmp(envp[n], "OMP_WAIT_POLICY=", 16) || !strncmp(envp[n], "GOMP_SPINCOUNT=", 15)) return;
+    char **env = malloc((size_t)(n + 2) * sizeof *env);
+    if (!env) return;  // then libgomp's default, which is only slower when a core is busy
+    spin_count_variable(variable, spin_turns_for_wait());
+    memcpy(env, envp, (size_t)n * sizeof *env);
+    env[n] = variable, env[n + 1] = NULL;
+    execve("/proc/self/exe", argv, env);
+    free(env);  // no /proc (or exec refused): run on with the default policy
+}
+__attribute__((section(".preinit_array"), used)) static void (*const g_restart_with_short_spin)(int, char **, char **) =
+    restart_with_short_spin;
+
+// A memory descriptor of a row-major or transposed matrix view: element (i, j) lives at
+// i * row_stride + j * col_stride. Strides are how we hand oneDNN a transposed operand without
+// copying it: W (OC, C) stored row-major *is* W^T (C, OC) with strides (1, C).
+#if DNNL_VERSION_MAJOR >= 3
+typedef dnnl_memory_desc_t md_t;  // 3.x: an opaque handle, created and destroyed
+#define MD(md) (md)
+static md_t md_matrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+                      dnnl_data_type_t type) {
+    dnnl_dims_t dims = {rows, cols}, strides = {row_stride, col_stride};
+    md_t md;
+    DNNL_CHECK(dnnl_memory_desc_create_with_strides(&md, 2, dims, type, strides));
+    return md;
+}
+static void md_release(md_t md) { dnnl_memory_desc_destroy(md); }
+#else
+typedef dnnl_memory_desc_t md_t;  // 2.x: a plain struct, passed by address
+#define MD(md) (&(md))
+static md_t md_matrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+                      dnnl_data_type_t type) {
+    dnnl_dims_t dims = {rows, cols}, strides = {row_stride, col_stride};
+    md_t md;
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 2, dims, type, strides));
+    return md;
+}
+static void md_release(md_t md) { (void)md; }
+#endif
+
+// A stack of `batch` such matrices, the next one batch_stride elements on: attention's heads,
+// side by side in a row of qkv (batch_stride hs, row_stride 3C), or its (T, T) squares.
+static md_t md_batch(int64_t batch, int64_t rows, int64_t cols, int64_t batch_stride, int64_t row_stride,
+                     int64_t col_stride) {
+    dnnl_dims_t dims = {batch, rows, cols}, strides = {batch_stride, row_stride, col_stride};
+    md_t md;
+#if DNNL_VERSION_MAJOR >= 3
+    DNNL_CHECK(dnnl_memory_desc_create_with_strides(&md, 3, dims, dnnl_f32, strides));
+#else
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 3, dims, dnnl_f32, strides));
+#endif
+    return md;
+}
+
+// The three products a linear layer needs. oneDNN's matmul computes dst (M, N) = src (M, K) @
+// weights (K, N) [+ bias]; each kind says which of our tensors plays which role.
+enum { MM_FORWARD, MM_BACKWARD_DATA, MM_BACKWARD_WEIGHTS };
+// ... and the six of attention, each over all NH heads of one sequence (describe_attention)
+enum { ATT_SCORES = MM_BACKWARD_WEIGHTS + 1, ATT_VALUES, ATT_DPROBS, ATT_DQUERIES, ATT_DKEYS, ATT_DVALUES };
+
+// A created primitive and its memory objects, reused for every call of the same shape: creating a
+// primitive means choosing and JIT-compiling a kernel (milliseconds), so a training step, which
+// repeats the same dozen shapes, creates each once and afterwards only swaps the data pointers.
+typedef struct {
+    int kind, N, C, OC, has_bias, bf16;  // bf16: the two inputs are bf16 (the output stays f32);
+                                         // attention (describe_attention): N = T, C = hs, OC = NH
+    int row0;                            // attention's: the tile's first row; else 0
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, weights, bias, dst;
+    char impl[64];  // which oneDNN implementation was picked, e.g. "brg:avx512_core"
+} MatmulPlan;
+
+// A run's shapes: each linear layer's three products and attention's six by tiles, at each batch
+// length (a multiple of 8 up to max_seq_len: at 1024, 128 lengths of up to 111 plans), and the
+// experts' row chunks. Each plan is allocated on its own, so a pointer to one stays valid as the
+// list grows.
+static MatmulPlan **g_plans;
+static int g_nplans = 0, g_plans_capacity = 0;
+
+static dnnl_memory_t memory_for(md_t md) {
+    dnnl_memory_t mem;
+    DNNL_CHECK(dnnl_memory_create(&mem, MD(md), g_engine, DNNL_MEMORY_NONE));
+    return mem;
+}
+
+static MatmulPlan *find_plan(int kind, int N, int C, int OC, int has_bias, int bf16, int row0) {
+    for (int i = 0; i < g_nplans; i++) {
+        MatmulPlan *p = g_plans[i];
+        if (p->kind == kind && p->N == N && p->C == C && p->OC == OC && p->has_bias == has_bias &&
+            p->bf16 == bf16 && p->row0 == row0)
+            return p;
+    }
+    return NULL;
+}
+
+// The memory descriptors of one product; returns 1 when it adds into dst (the backward kinds).
+static int describe_operands(int kind, int N, int C, int OC, int bf16, md_t *src, md_t *weights,
+                             md_t *dst) {
+    dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32, f32 = dnnl_f32;
+    if (kind == MM_FORWARD) {
+        // out (N, OC) = inp (N, C) @ weight^T (C, OC): the weight read transposed via strides
+        *src = md_matrix(N, C, C, 1, in);
+        *weights = md_matrix(C, OC, 1, C, in);
+        *dst = md_matrix(N, OC, OC, 1, f32);
+        return 0;
+    }
+    if (kind == MM_BACKWARD_DATA) {
+        // dinp (N, C) += dout (N, OC) @ weight (OC, C): both plain row-major
+        *src = md_matrix(N, OC, OC, 1, in);
+        *weights = md_matrix(OC, C, C, 1, in);
+        *dst = md_matrix(N, C, C, 1, f32);
+        return 1;
+    }
+    // dweight (OC, C) += dout^T (OC, N) @ inp (N, C): dout read transposed via strides
+    *src = md_matrix(OC, N, 1, OC, in);
+    *weights = md_matrix(N, C, C, 1, in);
+    *dst = md_matrix(OC, C, C, 1, f32);
+    return 1;
+}
+
+// attention's operands, over NH heads: each head's rows x cols of a (T, T) square of att or datt
+// (or its transpose), and each head's hs columns of rows rows row_stride apart (qkv's q, k or v
+// block: 3C; out or dout: C), or their transpose
+static md_t attention_squares(int rows, int cols, int T, int NH, int transposed) {
+    int64_t TT = (int64_t)T * T;
+    return transposed ? md_batch(NH, rows, cols, TT, 1, T) : md_batch(NH, rows, cols, TT, T, 1);
+}
+static md_t attention_heads(int rows, int hs, int NH, int64_t row_stride, int transposed) {
+    return transposed ? md_batch(NH, hs, rows, hs, 1, row_stride) : md_batch(NH, rows, hs, hs, row_stride, 1);
+}
+
+// The causal square in tiles of ATT_TILE rows: query rows [r0, r1) see keys [0, r1), and key rows
+// [r0, r1) are seen by queries [r0, T). A tile's products skip the square's future beyond it: at
+// T = 256, 4 tiles, 62% of the whole square's FLOPs (the causal half is 50%).
+#define ATT_TILE 64
+static int attention_tile_end(int r0, int T) { return r0 + ATT_TILE < T ? r0 + ATT_TILE : T; }
+
+// The memory descriptors of one of attention's products for one tile (first row r0) of a sequence
+// of T rows, NH heads of hs columns (C = NH hs): Q, K, V are qkv's column blocks, P and dS the
+// squares of att and datt; the operands start at the tile (attention_backward and _forward offset
+// the pointers). Returns 1 when it adds into dst (the gradients of q, k and v).
+static int describe_attention(int kind, int T, int hs, int NH, int r0, md_t *src, md_t *weights, md_t *dst) {
+    int64_t C = (int64_t)NH * hs, C3 = 3 * C;
+    int r1 = attention_tile_end(r0, T), n = r1 - r0;  // the tile's rows
+    switch (kind) {
+    case ATT_SCORES:  // S[r0:r1, :r1] = Q[r0:r1] K[:r1]^T
+        *src = attention_heads(n, hs, NH, C3, 0), *weights = attention_heads(r1, hs, NH, C3, 1);
+        *dst = attention_squares(n, r1, T, NH, 0);
+        return 0;
+    case ATT_VALUES:  // out[r0:r1] = P[r0:r1, :r1] V[:r1]
+        *src = attention_squares(n, r1, T, NH, 0), *weights = attention_heads(r1, hs, NH, C3, 0);
+        *dst = attention_heads(n, hs, NH, C, 0);
+        return 0;
+    case ATT_DPROBS:  // dP[r0:r1, :r1] = dout[r0:r1] V[:r1]^T
+        *src = attention_heads(n, hs, NH, C, 0), *weights = attention_heads(r1, hs, NH, C3, 1);
+        *dst = attention_squares(n, r1, T, NH, 0);
+        return 0;
+    case ATT_DQUERIES:  // dQ[r0:r1] += dS[r0:r1, :r1] K[:r1]
+        *src = attention_squares(n, r1, T, NH, 0), *weights = attention_heads(r1, hs, NH, C3, 0);
+        *dst = attention_heads(n, hs, NH, C3, 0);
+        return 1;
+    case ATT_DKEYS:  // dK[r0:r1] += dS[r0:, r0:r1]^T Q[r0:]
+        *src = attention_squares(n, T - r0, T, NH, 1), *weights = attention_heads(T - r0, hs, NH, C3, 0);
+        *dst = attention_heads(n, hs, NH, C3, 0);
+        return 1;
+    default:  // ATT_DVALUES: dV[r0:r1] += P[r0:, r0:r1]^T dout[r0:]
+        *src = attention_squares(n, T - r0, T, NH, 1), *weights = attention_heads(T - r0, hs, NH, C, 0);
+        *dst = attention_heads(n, hs, NH, C3, 0);
+        return 1;
+    }
+}
+
+// The sum post-op turns dst = A @ B into dst = 1.0 * dst + A @ B inside the kernel, so the
+// accumulation costs no extra pass over memory.
+static dnnl_primitive_attr_t attr_for(int accumulate) {
+    dnnl_primitive_attr_t attr;
+    DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+    if (accumulate) {
+        dnnl_post_ops_t post_ops;
+        DNNL_CHECK(dnnl_post_ops_create(&post_ops));
+#if DNNL_VERSION_MAJOR >= 3
+        DNNL_CHECK(dnnl_post_ops_append_sum(post_ops, 1.0f, 0, dnnl_data_type_undef));
+#else
+        DNNL_CHECK(dnnl_post_ops_append_sum(post_ops, 1.0f));
+#endif
+        DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, post_ops));
+        DNNL_CHECK(dnnl_post_ops_destroy(post_ops));
+    }
+    return attr;
+}
+
+// oneDNN's choice of implementation for one product, or dnnl_unimplemented when it has none on
+// this CPU (oneDNN 2.x has no bf16 matmul at all for a CPU without AVX-512).
+static dnnl_status_t matmul_pd_create(dnnl_primitive_desc_t *pd, md_t src, md_t weights,
+                                      md_t bias, md_t dst, int has_bias,
+                                      dnnl_primitive_attr_t attr) {
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl_matmul_primitive_desc_create(pd, g_engine, src, weights, has_bias ? bias : NULL,
+                                             dst, attr);
+#else
+    dnnl_matmul_desc_t desc;
+    DNNL_CHECK(dnnl_matmul_desc_init(&desc, &src, &weights, has_bias ? &bias : NULL, &dst));
+    return dnnl_primitive_desc_create(pd, &desc, attr, g_engine, NULL);
+#endif
+}
+
+// The plan of one product, created on first use; NULL when oneDNN has no implementation for it
+// here (only ever for bf16: ops_bf16_native() asks this way, the ops through matmul_plan).
+static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_bias, int bf16, int row0) {
+    MatmulPlan *p = find_plan(kind, N, C, OC, has_bias, bf16, row0);
+    if (p) return p;
+    ops_init();
+
+    md_t src, weights, dst, bias = md_matrix(1, OC, OC, 1, dnnl_f32);  // bias: broadcast over the rows
+    int accumulate = kind >= ATT_SCORES ? describe_attention(kind, N, C, OC, row0, &src, &weights, &dst)
+                                        : describe_operands(kind, N, C, OC, bf16, &src, &weights, &dst);
+    dnnl_primitive_attr_t attr = attr_for(accumulate);
+    dnnl_primitive_desc_t pd;
+    dnnl_status_t status = matmul_pd_create(&pd, src, weights, bias, dst, has_bias, attr);
+    if (status != dnnl_success && status != dnnl_unimplemented)
+        fatal("oneDNN could not set up a %s matmul of shape N=%d C=%d OC=%d: status %d",
+              bf16 ? "bf16" : "f32", N, C, OC, (int)status);
+    if (status == dnnl_success) {
+        if (g_nplans == g_plans_capacity) {
+            g_plans_capacity = g_plans_capacity ? 2 * g_plans_capacity : 64;
+            g_plans = realloc(g_plans, (size_t)g_plans_capacity * sizeof *g_plans);
+            if (!g_plans) fatal("out of memory for %d matmul plans", g_plans_capacity);
+        }
+        p = g_plans[g_nplans++] = malloc_or_die(sizeof *p);
+        *p = (MatmulPlan){.kind = kind, .N = N, .C = C, .OC = OC, .has_bias = has_bias, .bf16 = bf16, .row0 = row0};
+        DNNL_CHECK(dnnl_primitive_create(&p->prim, pd));
+        const char *impl = NULL;
+        DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
+        snprintf(p->impl, sizeof p->impl, "%s", impl ? impl : "?");
+        p->src = memory_for(src);
+        p->weights = memory_for(weights);
+        p->dst = memory_for(dst);
+        p->bias = has_bias ? memory_for(bias) : NULL;
+        DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+    }
+    DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+    md_release(src);
+    md_release(weights);
+    md_release(dst);
+    md_release(bias);
+    return p;
+}
+
+static MatmulPlan *matmul_plan(int kind, int N, int C, int OC, int has_bias, int bf16) {
+    MatmulPlan *p = find_or_create_plan(kind, N, C, OC, has_bias, bf16, 0);
+    if (!p)
+        fatal("oneDNN has no %s matmul implementation on this CPU (shape N=%d C=%d OC=%d)",
+              bf16 ? "bf16" : "f32", N, C, OC);
+    return p;
+}
+
+static void matmul_run(MatmulPlan *p, const void *src, const void *weights, const float *bias,
+                       float *dst) {
+    // oneDNN takes non-const handles; it only reads src, weights and bias
+    DNNL_CHECK(dnnl_memory_set_data_handle(p->src, (void *)src));
+    DNNL_CHECK(dnnl_memory_set_data_handle(p->weights, (void *)weights));
+    DNNL_CHECK(dnnl_memory_set_data_handle(p->dst, dst));
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, p->src},
+                               {DNNL_ARG_WEIGHTS, p->weights},
+                               {DNNL_ARG_DST, p->dst},
+                               {DNNL_ARG_BIAS, p->bias}};
+    int nargs = 3;
+    if (p->bias) {
+        DNNL_CHECK(dnnl_memory_set_data_handle(p->bias, (void *)bias));
+        nargs = 4;
+    }
+    DNNL_CHECK(dnnl_primitive_execute(p->prim, g_stream, nargs, args));
+    DNNL_CHECK(dnnl_stream_wait(g_stream));
+}
+
+// ----------------------------------------------------------------------------------------------
+// which engine does the matmuls, and MFU's peak
+
+// A GPT-2 sized forward product, to ask oneDNN which implementation it picks on this CPU; for
+// bf16, NULL when it has none.
+static MatmulPlan *probe_plan(int bf16) {
+    return bf16 ? find_or_create_plan(MM_FORWARD, 256, 768, 768, 1, bf16, 0) : matmul_plan(MM_FORWARD, 256, 768, 768, 1, 0);
+}
+
+// "oneDNN 3.6.2 bf16 matmul (brg:avx512_core_bf16), 2 threads"
+static void describe_engine(char *out, size_t size, const char *type, const char *impl) {
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(out, size, "oneDNN %d.%d.%d %s matmul (%s), %d threads", v->major, v->minor, v->patch,
+             type, impl, omp_get_max_threads());
+}
+
+const char *ops_matmul_engine(void) {
+    static char name[160];
+    if (!name[0]) describe_engine(name, sizeof name, "f32", probe_plan(0)->impl);
+    return name;
+}
+
+// the 16-bit copies' format: bf16, or fp16 (precision 16-mixed)
+static HalfFormat g_half = HALF_BF16;
+static double g_grad_nonzero, g_grad_flushed;  // cast_gradient_to_16's counts
+
+void ops_set_half_format(HalfFormat format) { g_half = format; }
+HalfFormat ops_half_format(void) { return g_half; }
+
+// which engine multiplies bf16 inputs: see choose_bf16_engine below
+typedef struct {
+    int native;      // 1: oneDNN's bf16 matmul; 0: widened to f32
+    char why[200];   // "measured: ...", "OPS_BF16_MATMUL=f32", "oneDNN has no bf16 matmul on this CPU"
+} Bf16Engine;
+
+static const Bf16Engine *bf16_engine(void);
+
+// fp16 inputs are always widened here: a product of two fp16 numbers is exact in f32, so an f32
+// matmul over the widened values is what fp16 hardware with f32 accumulation computes
+static int widen_half(void) { return g_half == HALF_FP16 || !ops_bf16_native(); }
+
+const char *ops_matmul_engine_16(void) {
+    static char name[400];
+    if (!name[0]) {
+        if (g_half == HALF_FP16)
+            sentence_printf(name, sizeof name, "fp16 widened to f32 (exact: a product of two fp16 "
+                            "numbers fits in f32): %s", ops_matmul_engine());
+        else if (ops_bf16_native()) {
+            char engine[160];
+            describe_engine(engine, sizeof engine, "bf16", probe_plan(1)->impl);
+            sentence_printf(name, sizeof name, "%s; %s", engine, bf16_engine()->why);
+        } else sentence_printf(name, sizeof name, "bf16 widened to f32 (%s): %s", bf16_engine()->why,
+                               ops_matmul_engine());
+    }
+    return name;
+}
+
+// MFU's peak is measured: the best rate of oneDNN's own matmul at a large square shape, with the
+// OpenMP threads this run uses. Why not a formula or a hand-written loop:
+//  - cores x clock x FLOPs per cycle cannot be read off the CPU. FLOPs per cycle differ between
+//    CPUs with the same flags (Zen 4 runs AVX-512 as two 256-bit halves, 32 f32 FLOP/cycle; Zen 5
+//    and Xeons with two 512-bit FMA units, 64; one-unit Xeons, 32; AMX adds 2048 bf16), the
+//    clock under load is in no register (cpuid's frequency leaf is Intel-only, and a VM often has
+//    no cpufreq), and the cores a run gets are what OpenMP was given, not what the CPU has.
+//  - a register-only FMA loop measures the hardware well, but needs its own code for every
+//    instruction set (AVX2, AVX-512, VDPBF16PS, AMX tiles, NEON) and a build for each.
+// oneDNN already has a kernel for each of those and picks the best this CPU offers, and the
+// measurement runs at the clock the CPU holds under load on the threads the run uses. MFU then
+// reads "share of the best matmul rate of this machine's matmul engine" (what Bekman's ML
+// Engineering book calls the maximum achievable matmul FLOPS): somewhat above a share of the
+// data-sheet peak. On the 2-core Zen 3 VM this was written on, oneDNN 2.6's f32 matmul reached
+// 165 GFLOP/s and a loop of independent AVX2 FMAs 190 GFLOP/s.
+// Timed by the wall clock, as the stages' tokens/s are: on a machine busy with other work at
+// start-up the peak comes out lower, as the steps do (measured here under a load of 10 on 2 cores:
+// 21-35 GFLOP/s), so MFU stays a share of what this run can get; OPS_PEAK_FLOPS_F32 pins it.
+#define PEAK_BUDGET_S 0.15  // seconds (warm-up included) after which, past the minimum, it stops
+#define PEAK_MIN_REPS 3
+#define PEAK_MAX_REPS 50
+
+// The square's side: 1024 for up to 8 threads, growing with the square root of the thread count
+// beyond, so each thread keeps at least a 128-row share of a 1024-wide output (on 2 threads here
+// 1024 reaches the rate of 2048 in an eighth of the time: 13 ms a product).
+static int calibration_side(int threads) {
+    return 1024 * (int)ceil(sqrt(threads / 8.0));
+}
+
+// An n x n matrix of 0.5 (f32 or bf16), 64-byte aligned. Written, not calloc'ed: untouched pages
+// would all map the one shared zero page, and the matmul would read it from L1.
+static void *calibration_matrix(int n, int bf16_values) {
+    size_t count = (size_t)n * n, bytes = count * (bf16_values ? sizeof(half16) : sizeof(float));
+    void *m = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!m) fatal("out of memory: %zu bytes for measuring MFU's peak", bytes);
+    for (size_t i = 0; i < count; i++) {
+        if (bf16_values) ((half16 *)m)[i] = bf16_from_float(0.5f);
+        else ((float *)m)[i] = 0.5f;
+    }
+    return m;
+}
+
+// FLOP/s of oneDNN's best n x n x n product, f32 or bf16 inputs, after an untimed warm-up (OpenMP's
+// threads start, caches fill): at least PEAK_MIN_REPS products, more until PEAK_BUDGET_S
+static double square_matmul_rate(int n, int bf16, int *reps) {
+    MatmulPlan *p = matmul_plan(MM_FORWARD, n, n, n, 0, bf16);
+    void *a = calibration_matrix(n, bf16), *b = calibration_matrix(n, bf16);
+    float *c = calibration_matrix(n, 0);
+    double start = wall_seconds();
+    matmul_run(p, a, b, NULL, c);
+    double best = INFINITY;
+    *reps = 0;
+    while (*reps < PEAK_MIN_REPS || (*reps < PEAK_MAX_REPS && wall_seconds() - start < PEAK_BUDGET_S)) {
+        double t = wall_seconds();
+        matmul_run(p, a, b, NULL, c);
+        t = wall_seconds() - t;
+        if (t < best) best = t;
+        ++*reps;
+    }
+    free(a), free(b), free(c);
+    return 2.0 * n * n * n / best;
+}
+
+// ---- which engine multiplies bf16 inputs
+// oneDNN's bf16 matmul, or its f32 matmul over the bf16 values widened to f32: the same products
+// (a product of two bf16 numbers is exact in f32), only the order of the sums may differ. Widened
+// where oneDNN has no fast bf16 matmul on this CPU (without AVX512-BF16 or AMX it has only its
+// slow reference one, "ref" in the implementation's name, 3.x; or none, 2.x), and where its bf16
+// matmul is measured slower than its f32 one: a Xeon with AVX512-BF16 and no AMX runs oneDNN's
+// bf16 at about half its f32 rate (169 against 315 GFLOP/s), and bf16-mixed training would be
+// slower than fp32. OPS_BF16_MATMUL (native, f32 or auto, the default) chooses instead: a run
+// that must not depend on a measurement, or a test of both engines on one machine.
+#define BF16_ENGINE_ENV "OPS_BF16_MATMUL"
+
+static void choose_bf16_engine(Bf16Engine *e) {
+    const char *forced = getenv(BF16_ENGINE_ENV);
+    MatmulPlan *probe = probe_plan(1);
+    int fast = probe && strstr(probe->impl, "ref") == NULL;
+    if (forced && *forced && strcmp(forced, "auto")) {
+        if (strcmp(forced, "native") && strcmp(forced, "f32"))
+            fatal("environment variable %s is '%s': expected native, f32 or auto", BF16_ENGINE_ENV, forced);
+        e->native = !strcmp(forced, "native");
+        if (e->native && !fast)
+            fatal("environment variable %s is 'native', but oneDNN has %s bf16 matmul on this CPU: "
+                  "expected f32 or auto", BF16_ENGINE_ENV, probe ? "only its slow reference" : "no");
+        snprintf(e->why, sizeof e->why, "%s=%s", BF16_ENGINE_ENV, forced);
+    } else if (!fast) {
+        e->native = 0;
+        snprintf(e->why, sizeof e->why, "oneDNN has %s bf16 matmul on this CPU", probe ? "only its slow reference" : "no");
+    } else {
+        int n = calibration_side(omp_get_max_threads()), reps;
+        double f32 = square_matmul_rate(n, 0, &reps), bf16 = square_matmul_rate(n, 1, &reps);
+        e->native = bf16 > f32;
+        snprintf(e->why, sizeof e->why, "measured: oneDNN's bf16 matmul at %.2fx its f32 rate, %dx%dx%d, "
+                 "%s=native|f32 forces one", bf16 / f32, n, n, n, BF16_ENGINE_ENV);
+    }
+}
+
+// the engine, chosen on the first call and kept
+static const Bf16Engine *bf16_engine(void) {
+    static Bf16Engine engine;
+    static int chosen;
+    if (!chosen) choose_bf16_engine(&engine), chosen = 1;
+    return &engine;
+}
+
+static PeakFlops g_peak[2];  // f32, bf16
+
+// The finder for peak_flops_once (ops_peak.h): f32 (bf16 == 0) or bf16 inputs.
+static void measure_peak(PeakFlops *peak, int bf16) {
+    if (bf16 && widen_half()) {
+        char why[160];
+        if (g_half == HALF_FP16) sentence_printf(why, sizeof why, "fp16 matmuls are widened to f32");
+        else sentence_printf(why, sizeof why, "bf16 matmuls are widened to f32 (%s)", bf16_engine()->why);
+        peak_of_widened_bf16(peak, peak_flops_once(g_peak, 0, measure_peak), why);
+        return;
+    }
+    int threads = omp_get_max_threads(), n = calibration_side(threads), reps;
+    double start = wall_seconds();
+    peak->flops = square_matmul_rate(n, bf16, &reps);
+    snprintf(peak->source, sizeof peak->source,
+             "measured: best of %d oneDNN %s matmuls %dx%dx%d (%s) on %d threads, %.2f s", reps,
+             bf16 ? "bf16" : "f32", n, n, n, matmul_plan(MM_FORWARD, n, n, n, 0, bf16)->impl, threads,
+             wall_seconds() - start);
+}
+
+double ops_peak_flops(int bf16) { return peak_flops_once(g_peak, bf16, measure_peak)->flops; }
+
+const char *ops_peak_flops_source(int bf16) {
+    return peak_flops_once(g_peak, bf16, measure_peak)->source;
+}
+
+// ----------------------------------------------------------------------------------------------
+// memory: 64-byte aligned (a cache line, one AVX-512 register) and zero-filled. A 64-byte header
+// in front of each block remembers its size, so dev_free can keep the byte counts, and where its
+// allocation starts.
+
+#define DEV_ALIGN 64
+static size_t g_bytes_in_use = 0, g_bytes_peak = 0;
+
+// Buffers of HUGE_PAGE_MIN bytes or more sit on 2 MiB pages (Linux's transparent huge pages, which
+// Debian gives only to memory that asks: madvise): fewer TLB misses where an op streams through
+// the weights, their gradients and moments, or the KV cache. On the 2-core AMD EPYC, interleaved
+// with the 4 KiB-page build: GPT-2 124M decode at batch 1 102-108 -> 111 tokens/s (bf16 weights),
+// 59-61 -> 61-62 (fp32); a training step (1 x 256) 1044-1063 -> 1003-1007 ms (fp32), 653-705 ->
+// 635-642 (bf16-mixed).
+#define HUGE_PAGE (2u << 20)
+#define HUGE_PAGE_MIN (8u << 20)
+
+// what dev_malloc keeps in the DEV_ALIGN bytes before a buffer
+typedef struct {
+    size_t bytes;
+    void *base;  // what aligned_alloc returned
+} DevHeader;
+
+void *dev_malloc(size_t bytes) {
+    size_t rounded = (bytes + DEV_ALIGN - 1) / DEV_ALIGN * DEV_ALIGN;
+    size_t align = rounded >= HUGE_PAGE_MIN ? HUGE_PAGE : DEV_ALIGN;
+    size_t total = (align + rounded + align - 1) / align * align;  // aligned_alloc wants a multiple
+    char *base = aligned_alloc(align, total);
+    if (!base) fatal("out of memory: dev_malloc of %zu bytes (%zu already in use)", bytes,
+                     g_bytes_in_use);
+    if (align == HUGE_PAGE) madvise(base, total, MADV_HUGEPAGE);  // refused: 4 KiB pages, as before
+    char *ptr = base + align;
+    memcpy(ptr - DEV_ALIGN, &(DevHeader){bytes, base}, sizeof(DevHeader));
+    memset(ptr, 0, rounded);
+    g_bytes_in_use += bytes;
+    if (g_bytes_in_use > g_bytes_peak) g_bytes_peak = g_bytes_in_use;
+    return ptr;
+}
+
+void dev_free(void *ptr) {
+    if (!ptr) return;
+    DevHeader h;
+    memcpy(&h, (char *)ptr - DEV_ALIGN, sizeof h);
+    g_bytes_in_use -= h.bytes;
+    free(h.base);
+}
+
+void dev_zero(void *ptr, size_t bytes) {
+    int m0 = trace_op_begin();
+    if (bytes) memset(ptr, 0, bytes);
+    trace_op_end("dev_zero", m0, (double)bytes, 0, NULL);
+}
+void dev_copy(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
+void copy_to_device(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
+void copy_to_host(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
+void dev_synchronize(void) {}
+double dev_busy_seconds(void) { return thread_cpu_seconds(); }
+void *dev_stream(void) { return NULL; }  // the CPU runs every op to completion in order
+void dev_on_wait(void (*check)(void)) { (void)check; }
+
+// marks are clock readings: every op has finished by the time it returns
+static struct { double *seconds; int n, cap; } g_marks;
+
+int dev_mark(void) {
+    if (g_marks.n == g_marks.cap) {
+        g_marks.cap = g_marks.cap ? 2 * g_marks.cap : 1024;
+        g_marks.seconds = realloc(g_marks.seconds, (size_t)g_marks.cap * sizeof *g_marks.seconds);
+        if (!g_marks.seconds) fatal("out of memory for %d trace marks; lower trace_steps", g_marks.cap);
+    }
+    g_marks.seconds[g_marks.n] = wall_seconds();
+    return g_marks.n++;
+}
+
+int dev_mark_stream(void *stream) {
+    (void)stream;
+    return dev_mark();
+}
+
+double dev_mark_seconds(int mark) { return g_marks.seconds[mark]; }
+void dev_marks_clear(void) { g_marks.n = 0; }
+size_t dev_bytes_in_use(void) { return g_bytes_in_use; }
+size_t dev_bytes_peak(void) { return g_bytes_peak; }
+
+size_t dev_free_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) fatal("the host's free memory: cannot open /proc/meminfo");
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    fclose(f);
+    if (!found) fatal("the host's free memory: /proc/meminfo has no 'MemAvailable: N kB' line");
+    return (size_t)kib * 1024;
+}
+
+// ----------------------------------------------------------------------------------------------
+// initialisation
+
+void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, uint64_t first, float std) {
+#pragma omp parallel for schedule(static)
+    for (size_t j = 0; j < n; j++) out[j] = std * rng_normal(seed, stream, first + j);
+}
+
+void fill_constant(float *out, size_t n, float value) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = value;
+}
+
+// ----------------------------------------------------------------------------------------------
+// layers
+
+// Threads split the columns [0, ncols) of a column-owning loop into blocks of whole cache lines
+// (16 floats), so no two threads write the same line.
+static void column_block(int ncols, int *c0, int *c1) {
+    int nthreads = omp_get_num_threads(), tid = omp_get_thread_num();
+    int lines = (ncols + 15) / 16;
+    int per = (lines + nthreads - 1) / nthreads;
+    *c0 = tid * per * 16;
+    *c1 = (tid + 1) * per * 16;
+    if (*c0 > ncols) *c0 = ncols;
+    if (*c1 > ncols) *c1 = ncols;
+}
+
+// A decode step multiplies a few rows (one per sequence) by every weight matrix: 2 FLOPs per
+// weight and row. At batch 1 the step's speed is the memory's, reading the weights; at batch 8 (16
+// FLOPs per weight) the arithmetic takes about as long (on the 2-core AMD EPYC this was measured on:
+// ~36 GB/s; these loops do ~80 GFLOP/s a core in f32, weights in cache, 8 rows). oneDNN's matmul
+// keeps neither busy while the other works: one row streamed the weights at ~60% of the read
+// ceiling, and eight cost 2.5 to 3 times one (GPT-2 124M decode: 35-39 ms a step against 13-16).
+// Here each thread walks its share of the weight rows once, in order, two at a time, multiplying
+// them by all the input rows (which stay in L1 or L2) while a prefetch brings the next two into
+// L2; past FEW_ROWS_MAX input rows oneDNN's blocking wins.
+//
+// Each output is one dot product summed in the same order at any number of rows, so a sequence
+// decodes to the same bits alone or in a batch: lane j of a 16-float vector adds its columns'
+// products in order (f32: the columns c = j mod 16, each a fused multiply-add; bf16, in 32-column
+// blocks: the odd column 2j+1 of each block, then the even one 2j, products exact in f32), then
+// the lanes add pairwise (8 + 8, 4 + 4, 2 + 2, 1 + 1).
+// The vectors are GCC's vector extensions (also in clang): one AVX-512 register here, two AVX or
+// four NEON registers elsewhere.
+#define FEW_ROWS_MAX 16  // input rows; at 16 (2 EPYC cores) f32 is about even with oneDNN, bf16 1.6x faster
+#define ROWS_PER_PASS 8  // input rows per pass over two weight rows: 16 accumulators in registers
+#define LANES 16
+typedef float Floats __attribute__((vector_size(LANES * sizeof(float))));
+typedef uint32_t Uints __attribute__((vector_size(LANES * sizeof(uint32_t))));  // 2 bf16 each
+// Vectors are read through `volatile` pointers with the rows' own alignment. volatile makes each
+// load happen once, where the source reads it: otherwise GCC (tuned for Zen) folds the loads into
+// the multiplies and repeats them there, two loads a multiply-add, and the loads set the pace (4
+// rows: 42 GFLOP/s against 70).
+typedef float FloatsInMemory __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
+typedef uint32_t UintsInMemory __attribute__((vector_size(LANES * sizeof(uint32_t)), aligned(2)));
+#define LOAD(type, p) (*(const volatile type##InMemory *)(p))
+#if defined(__AVX512BF16__)
+#define BF16_ROWS_WIDENED 0  // the CPU multiplies bf16 pairs itself (bf16_step)
+#else
+#define BF16_ROWS_WIDENED 1  // the input rows are widened to floats once a matmul
+#endif
+
+// *v = the `bytes` at p, zeros after them: a row's last columns, fewer than a vector
+static void load_tail(void *v, const void *p, size_t bytes) {
+    unsigned char b[LANES * sizeof(float)] = {0};
+    memcpy(b, p, bytes);
+    memcpy(v, b, sizeof b);
+}
+
+// *acc += a * b lane by lane, each lane rounded once (a fused multiply-add). Written out: C11 does
+// not fuse `acc += a * b` (GCC's -std=c11 keeps the multiply's rounding), and the separate
+// multiply and add took twice the instructions (f32, 8 rows, weights in cache, one core: 58
+// GFLOP/s, 81 fused). Vectors go by pointer, here and below: a 64-byte vector passed by value has
+// no agreed ABI without AVX-512.
+static inline __attribute__((always_inline)) void fma_lanes(Floats *acc, const Floats *a, const Floats *b) {
+#if defined(__AVX512F__)
+    *acc = (Floats)_mm512_fmadd_ps((__m512)*a, (__m512)*b, (__m512)*acc);
+#else
+    for (int i = 0; i < LANES; i++) (*acc)[i] = fmaf((*a)[i], (*b)[i], (*acc)[i]);
+#endif
+}
+
+static inline float sum_lanes(const Floats *v) {
+    float s[LANES];
+    memcpy(s, v, sizeof s);
+    for (int i = 0; i < 8; i++) s[i] += s[i + 8];
+    for (int i = 0; i < 4; i++) s[i] += s[i + 4];
+    for (int i = 0; i < 2; i++) s[i] += s[i + 2];
+    return s[0] + s[1];
+}
+
+// f32, columns [c, c + count), count <= LANES: acc0[n] += w0's columns * x row n's, and acc1[n]
+// with w1's, for the n < rows input rows. Each input vector loaded serves two weight rows (with
+// one, a load per multiply-add would set the pace).
+static inline __attribute__((always_inline)) void f32_step(Floats *acc0, Floats *acc1, const float *w0,
+                                                         const float *w1, const float *x, size_t x_row,
+                                                         int c, int count, int rows) {
+    Floats v0, v1, xv;
+    if (count == LANES) v0 = LOAD(Floats, w0 + c), v1 = LOAD(Floats, w1 + c);
+    else load_tail(&v0, w0 + c, count * sizeof(float)), load_tail(&v1, w1 + c, count * sizeof(float));
+    for (int n = 0; n < rows; n++) {
+        const float *xn = x + n * x_row + c;
+        if (count == LANES) xv = LOAD(Floats, xn);
+        else load_tail(&xv, xn, count * sizeof(float));
+        fma_lanes(&acc0[n], &v0, &xv);
+        fma_lanes(&acc1[n], &v1, &xv);
+    }
+}
+
+// bf16, columns [c, c + count), count <= 2 * LANES: as f32_step. Each 32-bit word holds two bf16
+// numbers, an even column in its low half and the odd one after it in its high half; a bf16 number
+// is the top half of a float's bits. The products of two bf16 numbers are exact in f32.
+static inline __attribute__((always_inline)) void bf16_step(Floats *acc0, Floats *acc1, const half16 *w0,
+                                                          const half16 *w1, const void *x, size_t x_row,
+                                                          int c, int count, int rows) {
+    Uints u0, u1;
+    if (count == 2 * LANES) u0 = LOAD(Uints, w0 + c), u1 = LOAD(Uints, w1 + c);
+    else load_tail(&u0, w0 + c, count * sizeof(half16)), load_tail(&u1, w1 + c, count * sizeof(half16));
+#if defined(__AVX512BF16__)
+    // One AVX512-BF16 instruction per row and weight row: the odd columns' product then the even
+    // ones', each rounded as below (test_ops checks the bits), but subnormal numbers count as 0.
+    // x: the bf16 rows as they are.
+    for (int n = 0; n < rows; n++) {
+        const half16 *xn = (const half16 *)x + n * x_row + c;
+        Uints ux;
+        if (count == 2 * LANES) ux = LOAD(Uints, xn);
+        else load_tail(&ux, xn, count * sizeof(half16));
+        acc0[n] = (Floats)_mm512_dpbf16_ps((__m512)acc0[n], (__m512bh)u0, (__m512bh)ux);
+        acc1[n] = (Floats)_mm512_dpbf16_ps((__m512)acc1[n], (__m512bh)u1, (__m512bh)ux);
+    }
+#else
+    // x: floats in 32-column blocks, each block's 16 even columns then its 16 odd ones, padded with
+    // zeros to whole blocks (bf16_rows_for_few_rows)
+    Floats even0 = (Floats)(u0 << 16), odd0 = (Floats)(u0 & 0xFFFF0000u);
+    Floats even1 = (Floats)(u1 << 16), odd1 = (Floats)(u1 & 0xFFFF0000u);
+    for (int n = 0; n < rows; n++) {
+        const float *xn = (const float *)x + n * x_row + c;
+        Floats x_even = LOAD(Floats, xn), x_odd = LOAD(Floats, xn + LANES);
+        acc0[n] += odd0 * x_odd;
+        acc1[n] += odd1 * x_odd;
+        acc0[n] += even0 * x_even;
+        acc1[n] += even1 * x_even;
+    }
+#endif
+}
+
+// out[n * OC] = w0 . x row n + bias0 and out[n * OC + next] = w1 . x row n + bias1 for the
+// n < rows input rows (x_row elements apart). Inlined with rows and is_bf16 constants: the
+// accumulators are registers. The prefetch asks for the next two weight rows, column for column,
+// into L2: on its own the hardware keeps too few reads in flight while the arithmetic runs (f32,
+// 8 rows, one core: 80 ms a step without it, 35 with; oneDNN 51). One input row reads the weights
+// fastest without it.
+static inline __attribute__((always_inline)) void dot_rows(float *out, int OC, int next, const void *x,
+                                                         size_t x_row, const void *w0, const void *w1,
+                                                         float bias0, float bias1, int is_bf16,
+                                                         int rows, int C, int prefetch) {
+    Floats acc0[ROWS_PER_PASS] = {0}, acc1[ROWS_PER_PASS] = {0};
+    size_t elem = is_bf16 ? sizeof(half16) : sizeof(float), row_bytes = (size_t)C * elem;
+    int step = is_bf16 ? 2 * LANES : LANES, c = 0;
+    for (; c + step <= C; c += step) {
+        if (prefetch) {
+            __builtin_prefetch((const char *)w0 + c * elem + 2 * row_bytes, 0, 2);
+            __builtin_prefetch((const char *)w1 + c * elem + 2 * row_bytes, 0, 2);
+        }
+        if (is_bf16) bf16_step(acc0, acc1, w0, w1, x, x_row, c, step, rows);
+        else f32_step(acc0, acc1, w0, w1, x, x_row, c, step, rows);
+    }
+    if (c < C) {
+        if (is_bf16) bf16_step(acc0, acc1, w0, w1, x, x_row, c, C - c, rows);
+        else f32_step(acc0, acc1, w0, w1, x, x_row, c, C - c, rows);
+    }
+    for (int n = 0; n < rows; n++) {
+        out[(size_t)n * OC] = sum_lanes(&acc0[n]) + bias0;
+        out[(size_t)n * OC + next] = sum_lanes(&acc1[n]) + bias1;
+    }
+}
+
+// two weight rows times the N input rows, up to 8 in one pass: a copy of the loop for each count,
+// so that the 5 rows of a step verifying 4 speculative tokens take one pass over the weights, not
+// a pass of 4 and another of 1 (one core, 5 rows: 10% faster with 67 MB of weights, 8% with 13 MB)
+static void weight_rows_times_rows(float *out, int OC, int next, const void *x, size_t x_row,
+                                   const void *w0, const void *w1, float bias0, float bias1,
+                                   int is_bf16, int N, int C) {
+    size_t x_elem = is_bf16 && !BF16_ROWS_WIDENED ? sizeof(half16) : sizeof(float);
+    for (int n = 0; n < N;) {
+        int rows = N - n < ROWS_PER_PASS ? N - n : ROWS_PER_PASS;
+        float *o = out + (size_t)n * OC;
+        const void *xn = (const char *)x + n * x_row * x_elem;
+#define DOT_ROWS(r) \
+    case r: \
+        if (is_bf16) dot_rows(o, OC, next, xn, x_row, w0, w1, bias0, bias1, 1, r, C, N > 1); \
+        else dot_rows(o, OC, next, xn, x_row, w0, w1, bias0, bias1, 0, r, C, N > 1); \
+        break;
+        switch (rows) {
+            DOT_ROWS(1) DOT_ROWS(2) DOT_ROWS(3) DOT_ROWS(4) DOT_ROWS(5) DOT_ROWS(6) DOT_ROWS(7) DOT_ROWS(8)
+        }
+#undef DOT_ROWS
+        n += rows;
+    }
+}
+
+// out (N, OC) = x (N, C) @ weight (OC, C)^T + bias for N <= FEW_ROWS_MAX; f32 weights with f32 x
+// rows, or bf16 weights with x rows from bf16_rows_for_few_rows; x_row: elements from one x row
+// to the next. Outputs go in pairs; an odd last one pairs with itself (computed twice, the same
+// bits). One input row goes one weight row at a time, paired with itself: one stream, which the
+// hardware follows best (the second dot product is free next to reading the row).
+static void few_rows_matmul(float *out, const void *x, size_t x_row, const void *weight, int is_bf16,
+                            const float *bias, int N, int C, int OC) {
+    size_t row_bytes = (size_t)C * (is_bf16 ? sizeof(half16) : sizeof(float));
+    int pair = N > 1;
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < OC; o += 1 + pair) {
+        int next = pair && o + 1 < OC;
+        const char *w0 = (const char *)weight + o * row_bytes;
+        weight_rows_times_rows(out + o, OC, next, x, x_row, w0, w0 + next * row_bytes,
+                               bias ? bias[o] : 0.0f, bias ? bias[o + next] : 0.0f, is_bf16, N, C);
+    }
+}
+
+// trace_op_end for a linear layer's matmuls: `products` of 2 N C OC FLOPs each (forward: 1;
+// backward: dinp's and dweight's), the shape "NxCxOC" beside them
+static void trace_matmul(const char *name, int m0, double bytes, int products, int N, int C, int OC) {
+    char shape[48];
+    snprintf(shape, sizeof shape, "%dx%dx%d", N, C, OC);
+    trace_op_end(name, m0, bytes, 2.0 * products * N * C * OC, shape);
+}
+
+// what a linear layer's backward reads and writes at least: dout (the 16-bit copy's `in_size`
+// bytes an element, and the f32 one for dbias), the weight for dinp, the input for dweight;
+// dinp, dweight and dbias are accumulated (read and written)
+static double matmul_backward_bytes(const float *dinp, const float *dweight, const float *dbias, int in_size,
+                                    int dout_size, int N, int C, int OC) {
+    double bytes = (double)dout_size * N * OC;
+    if (dinp) bytes += (double)in_size * C * OC + 8.0 * N * C;
+    if (dweight) bytes += (double)in_size * N * C + 8.0 * C * OC;
+    if (dbias) bytes += 8.0 * OC + (dout_size == 4 ? 0 : 4.0 * N * OC);
+    return bytes;
+}
+
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+                    int C, int OC) {
+    if (N <= FEW_ROWS_MAX) {
+        few_rows_matmul(out, inp, C, weight, 0, bias, N, C, OC);
+        return;
+    }
+    int m0 = trace_op_begin();
+    matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 0), inp, weight, bias, out);
+    trace_matmul("matmul_forward", m0, 4.0 * ((double)N * C + (double)C * OC + (double)N * OC + (bias ? OC : 0)), 1, N, C, OC);
+}
+
+static void bias_backward(float *dbias, const float *dout, int N, int OC) {
+#pragma omp parallel
+    {
+        int c0, c1;
+        column_block(OC, &c0, &c1);
+        column_sums(dbias, dout, N, OC, c0, c1);
+    }
+}
+
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                     const float *inp, const float *weight, int N, int C, int OC) {
+    int m0 = trace_op_begin();
+    if (dinp) matmul_run(matmul_plan(MM_BACKWARD_DATA, N, C, OC, 0, 0), dout, weight, NULL, dinp);
+    if (dweight)
+        matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0, 0), dout, inp, NULL, dweight);
+    if (dbias) bias_backward(dbias, dout, N, OC);
+    trace_matmul("matmul_backward", m0, matmul_backward_bytes(dinp, dweight, dbias, 4, 4, N, C, OC),
+                 (dinp != NULL) + (dweight != NULL), N, C, OC);
+}
+
+// An element-wise loop over fewer elements than this runs on the calling thread: handing it to
+// the others and waiting for them took 2-12 us a loop on 2 cores, and a decode step at batch 1
+// runs ~110 such loops of 768 to 3072 elements, under a microsecond of work each (GPT-2 124M,
+// bf16 weights, traced: its LayerNorms, GELUs, casts, residual adds and embedding took 0.45-0.51
+// ms of a 9-10 ms step shared out, 0.15-0.19 on one thread).
+#define ELEMENTWISE_PARALLEL_MIN 8192
+
+// ----------------------------------------------------------------------------------------------
+// the 16-bit copies: bf16, or fp16 (precision 16-mixed)
+
+void cast_to_16(half16 *out, const float *in, size_t n) {
+    int m0 = trace_op_begin();
+    int fp16 = g_half == HALF_FP16;
+#pragma omp parallel for schedule(static) if (n >= ELEMENTWISE_PARALLEL_MIN)
+    for (size_t i = 0; i < n; i++) out[i] = half_from_float(in[i], fp16);
+    trace_op_end("cast_to_16", m0, 6.0 * n, 0, NULL);
+}
+
+void cast_to_float(float *out, const half16 *in, size_t n) {
+    int m0 = trace_op_begin();
+    int fp16 = g_half == HALF_FP16;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = half_to_float(in[i], fp16);
+    trace_op_end("cast_to_float", m0, 6.0 * n, 0, NULL);
+}
+
+void cast_gradient_to_16(half16 *out, const float *in, size_t n) {
+    int m0 = trace_op_begin();
+    int fp16 = g_half == HALF_FP16;
+    long nonzero = 0, flushed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : nonzero, flushed)
+    for (size_t i = 0; i < n; i++) {
+        out[i] = half_from_float(in[i], fp16);
+        nonzero += in[i] != 0.0f;
+        flushed += in[i] != 0.0f && (out[i] & 0x7FFFu) == 0;
+    }
+    g_grad_nonzero += (double)nonzero;
+    g_grad_flushed += (double)flushed;
+    trace_op_end("cast_gradient_to_16", m0, 6.0 * n, 0, NULL);
+}
+
+void ops_half_underflow(double *nonzero, double *flushed) {
+    *nonzero = g_grad_nonzero, *flushed = g_grad_flushed;
+    g_grad_nonzero = g_grad_flushed = 0;
+}
+
+int ops_bf16_native(void) { return bf16_engine()->native; }
+
+// Widens a bf16 matrix into one of two reusable f32 scratch buffers (the fallback path).
+static const float *widened(const half16 *x, size_t n, int which) {
+    static float *scratch[2];
+    static size_t capacity[2];
+    if (n > capacity[which]) {
+        free(scratch[which]);
+        scratch[which] = malloc_or_die(n * sizeof(float));
+        capacity[which] = n;
+    }
+    cast_to_float(scratch[which], x, n);
+    return scratch[which];
+}
+
+// The bf16 input rows as few_rows_matmul reads them; *x_row: elements from one row to the next.
+// With AVX512-BF16 the rows as they are; else widened to floats (exactly) in 32-column blocks, each
+// block's 16 even columns then its 16 odd ones, padded with zeros to whole blocks.
+static const void *bf16_rows_for_few_rows(const half16 *x, int N, int C, size_t *x_row) {
+    if (!BF16_ROWS_WIDENED) {
+        *x_row = (size_t)C;
+        return x;
+    }
+    static float *scratch;
+    static size_t capacity;
+    int blocks = (C + 2 * LANES - 1) / (2 * LANES);
+    size_t row = (size_t)blocks * 2 * LANES;
+    if ((size_t)N * row > capacity) {
+        free(scratch);
+        capacity = (size_t)N * row;
+        scratch = malloc_or_die(capacity * sizeof(float));
+    }
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < blocks; k++) {
+            float *block = scratch + n * row + k * 2 * LANES;
+            for (int i = 0; i < 2 * LANES; i++) {  // i < LANES: column 2i of the block; else 2(i - LANES) + 1
+                int c = k * 2 * LANES + (i < LANES ? 2 * i : 2 * (i - LANES) + 1);
+                block[i] = c < C ? bf16_to_float(x[(size_t)n * C + c]) : 0.0f;
+            }
+        }
+    *x_row = row;
+    return scratch;
+}
+
+void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, const float *bias, int N,
+                         int C, int OC) {
+    if (N <= FEW_ROWS_MAX && g_half == HALF_BF16) {
+        size_t x_row;
+        const void *x = bf16_rows_for_few_rows(inp, N, C, &x_row);
+        few_rows_matmul(out, x, x_row, weight, 1, bias, N, C, OC);
+        return;
+    }
+    int m0 = trace_op_begin();
+    if (widen_half())
+        matmul_forward(out, widened(inp, (size_t)N * C, 0), widened(weight, (size_t)OC * C, 1), bias,
+                       N, C, OC);
+    else matmul_run(matmul_plan(MM_FORWARD, N, C, OC, bias != NULL, 1), inp, weight, bias, out);
+    trace_matmul("matmul_forward_16", m0, 2.0 * ((double)N * C + (double)C * OC) + 4.0 * ((double)N * OC + (bias ? OC : 0)),
+                 1, N, C, OC);
+}
+
+void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C, int OC) {
+    int m0 = trace_op_begin();
+    if (widen_half()) {
+        const float *g = widened(dout16, (size_t)N * OC, 0);
+        if (dinp) matmul_backward(dinp, NULL, NULL, g, NULL, widened(weight, (size_t)OC * C, 1), N, C, OC);
+        if (dweight) matmul_backward(NULL, dweight, NULL, g, widened(inp, (size_t)N * C, 1), NULL, N, C, OC);
+    } else {
+        if (dinp) matmul_run(matmul_plan(MM_BACKWARD_DATA, N, C, OC, 0, 1), dout16, weight, NULL, dinp);
+        if (dweight) matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0, 1), dout16, inp, NULL, dweight);
+    }
+    if (dbias) bias_backward(dbias, dout, N, OC);
+    trace_matmul("matmul_backward_16", m0, matmul_backward_bytes(dinp, dweight, dbias, 2, 2, N, C, OC),
+                 (dinp != NULL) + (dweight != NULL), N, C, OC);
+}
+
+void embedding_forward(float *out, const int *tokens, const int *start, const float *wte,
+                       const float *wpe, int v_lo, int v_count, int B, int T, int C) {
+    int m0 = trace_op_begin();
+#pragma omp parallel for schedule(static) if ((size_t)B * T * C >= ELEMENTWISE_PARALLEL_MIN)
+    for (int bt = 0; bt < B * T; bt++) {
+        float *o = out + (size_t)bt * C;
+        int pos = (start ? start[bt / T] : 0) + bt % T;
+        for (int c = 0; c < C; c++) o[c] = embedding_value(wte, wpe, tokens[bt], pos, c, C, v_lo, v_count);
+    }
+    trace_op_end("embedding_forward", m0, 4.0 * ((double)B * T * (1 + 2.0 * C) + (wpe ? (double)T * C : 0)), 0, NULL);
+}
+
+void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int v_lo,
+                        int v_count, int B, int T, int C) {
+    int m0 = trace_op_begin();
+#pragma omp parallel
+    {
+        int c0, c1;
+        column_block(C, &c0, &c1);
+        embedding_backward_columns(dwte, dwpe, dout, tokens, B * T, T, C, v_lo, v_count, c0, c1);
+    }
+    trace_op_end("embedding_backward", m0, 4.0 * ((double)B * T * (1 + 3.0 * C) + (dwpe ? 2.0 * T * C : 0)), 0, NULL);
+}
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                       const float *weight, const float *bias, int N, int C) {
+    int m0 = trace_op_begin();
+#pragma omp parallel for schedule(static) if ((size_t)N * C >= ELEMENTWISE_PARALLEL_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        // one thread owns the row: lane 0 of 1, so the partial sums are the sums
+        float m = row_partial_sum(x, C, 0, 1) / (float)C;
+        float r = layernorm_rstd(row_partial_sqdev(x, m, C, 0, 1), C);
+        for (int c = 0; c < C; c++) o[c] = layernorm_value(x[c], m, r, weight[c], bias[c]);
+        mean[n] = m;
+        rstd[n] = r;
+    }
+    trace_op_end("layernorm_forward", m0, 4.0 * (2.0 * N * C + 2.0 * C + 2.0 * N), 0, NULL);
+}
+
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean,
+                        const float *rstd, int N, int C) {
+    int m0 = trace_op_begin();
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            float sum_dnorm, sum_dnorm_norm;
+            layernorm_backward_partials(&sum_dnorm, &sum_dnorm_norm, g, x, weight, mean[n],
+                                        rstd[n], C, 0, 1);
+            float mean_dnorm = sum_dnorm / (float)C, mean_dnorm_norm = sum_dnorm_norm / (float)C;
+            for (int c = 0; c < C; c++)
+                dx[c] += layernorm_dinp(g[c], x[c], weight[c], mean[n], rstd[n], mean_dnorm,
+                                        mean_dnorm_norm);
+        }
+        // the parameter gradients sum over rows: each thread owns a block of columns
+        int c0, c1;
+        column_block(C, &c0, &c1);
+        layernorm_param_grad_columns(dweight, dbias, dout, inp, mean, rstd, N, C, c0, c1);
+    }
+    trace_op_end("layernorm_backward", m0, 4.0 * (4.0 * N * C + 5.0 * C + 2.0 * N), 0, NULL);
+}
+
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float r = rmsnorm_rstd(row_partial_sqdev(x, 0.0f, C, 0, 1), C, eps);
+        for (int c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+        rstd[n] = r;
+    }
+}
+
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                      const float *rstd, int N, int C) {
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            float mean_dnorm_norm = rmsnorm_backward_partial(g, x, weight, rstd[n], C, 0, 1) / (float)C;
+            for (int c = 0; c < C; c++) dx[c] += rmsnorm_dinp(g[c], x[c], weight[c], rstd[n], mean_dnorm_norm);
+        }
+        int c0, c1;
+        column_block(C, &c0, &c1);
+        rmsnorm_param_grad_columns(dweight, dout, inp, rstd, N, C, c0, c1);
+    }
+}
+
+void rmsnorm_row_sums(float *sum_sq, const float *inp, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) sum_sq[n] = row_partial_sqdev(inp + (size_t)n * C, 0.0f, C, 0, 1);
+}
+
+void rmsnorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight, const float *sum_sq,
+                           int N, int C, int C_total, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float r = rmsnorm_rstd(sum_sq[n], C_total, eps);
+        for (int c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+        rstd[n] = r;
+    }
+}
+
+void rmsnorm_backward_row_sums(float *sums, const float *dout, const float *inp, const float *weight,
+                               const float *rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        sums[n] = rmsnorm_backward_partial(dout + (size_t)n * C, inp + (size_t)n * C, weight, rstd[n], C, 0, 1);
+}
+
+void rmsnorm_backward_stats(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                            const float *rstd, const float *sums, int N, int C, int C_total) {
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            for (int c = 0; c < C; c++) dx[c] += rmsnorm_dinp(g[c], x[c], weight[c], rstd[n], sums[n] / (float)C_total);
+        }
+        int c0, c1;
+        column_block(C, &c0, &c1);
+        rmsnorm_param_grad_columns(dweight, dout, inp, rstd, N, C, c0, c1);
+    }
+}
+
+void gqa_expand(float *qkv, const float *proj, int N, int C_attn, int NH, int NKV) {
+    int width = C_attn + 2 * (C_attn / NH) * NKV;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < 3 * C_attn; c++)
+            qkv[(size_t)n * 3 * C_attn + c] = gqa_expanded_value(proj + (size_t)n * width, c, C_attn, NH, NKV);
+}
+
+void gqa_reduce(float *dproj, const float *dqkv, int N, int C_attn, int NH, int NKV) {
+    int width = C_attn + 2 * (C_attn / NH) * NKV;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < width; c++)
+            dproj[(size_t)n * width + c] = gqa_reduced_grad(dqkv + (size_t)n * 3 * C_attn, c, C_attn, NH, NKV);
+}
+
+// the attention probabilities a causal step computes (and forward keeps for backward): each
+// query's scores against itself and the keys before it
+static double causal_scores(int B, int T, int NH) { return (double)B * NH * T * (T + 1.0) / 2; }
+
+// one of attention's products for one tile (first row r0) of a sequence: src and weights are
+// read, dst written (or added into: the gradients of q, k and v)
+static void attention_matmul(int kind, int r0, const float *src, const float *weights, float *dst, int T, int C,
+                             int NH) {
+    MatmulPlan *p = find_or_create_plan(kind, T, C / NH, NH, 0, 0, r0);
+    if (!p) fatal("oneDNN has no f32 matmul implementation for attention (T=%d C=%d NH=%d)", T, C, NH);
+    matmul_run(p, src, weights, NULL, dst);
+}
+
+// The softmax rows of every (sequence, head, query) between the products: one task per row; a
+// query t row costs ~t, so they are handed out interleaved (schedule static,1) to keep the
+// threads' loads even. Forward: att's raw scores into probabilities.
+static void attention_probabilities(float *att, int B, int T, int hs, int NH) {
+    float scale = attention_scale(hs);
+#pragma omp parallel for schedule(static, 1) collapse(2)
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++) attention_row_probabilities(att + ((size_t)bh * T + t) * T, t, T, scale);
+}
+
+// backward: datt's rows (the probabilities' gradients) into the scores' gradients
+static void attention_softmax_backward(float *datt, const float *att, int B, int T, int hs, int NH) {
+    float scale = attention_scale(hs);
+#pragma omp parallel for schedule(static, 1) collapse(2)
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++) {
+            size_t row = ((size_t)bh * T + t) * T;
+            attention_row_softmax_backward(datt + row, att + row, t, T, scale);
+        }
+}
+
+// The products by tiles of the causal square (describe_attention); the traced FLOPs are the causal
+// half's, what the step needs.
+void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int m0 = trace_op_begin();
+    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + b * T * C3;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
+            attention_matmul(ATT_SCORES, r0, q + r0 * C3, q + C, att + b * NH * TT + (size_t)r0 * T, T, C, NH);
+    }
+    attention_probabilities(att, B, T, C / NH, NH);
+    for (int b = 0; b < B; b++) {
+        const float *p = att + b * NH * TT, *v = qkv + b * T * C3 + 2 * C;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
+            attention_matmul(ATT_VALUES, r0, p + (size_t)r0 * T, v, out + ((size_t)b * T + r0) * C, T, C, NH);
+    }
+    trace_op_end("attention_forward", m0, 4.0 * (4.0 * B * T * C + causal_scores(B, T, NH)), 2.0 * B * T * (T + 1.0) * C, NULL);
+}
+
+void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                        const float *att, int B, int T, int C, int NH) {
+    int m0 = trace_op_begin();
+    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
+    for (int b = 0; b < B; b++) {
+        const float *v = qkv + b * T * C3 + 2 * C, *g = dout + (size_t)b * T * C;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
+            attention_matmul(ATT_DPROBS, r0, g + (size_t)r0 * C, v, datt + b * NH * TT + (size_t)r0 * T, T, C, NH);
+    }
+    attention_softmax_backward(datt, att, B, T, C / NH, NH);
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + b * T * C3, *g = dout + (size_t)b * T * C;
+        const float *ds = datt + b * NH * TT, *p = att + b * NH * TT;
+        float *dq = dqkv + b * T * C3;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE) {
+            size_t diagonal = (size_t)r0 * T + r0;  // (query r0, key r0): where a key tile's queries start
+            attention_matmul(ATT_DQUERIES, r0, ds + (size_t)r0 * T, q + C, dq + r0 * C3, T, C, NH);
+            attention_matmul(ATT_DKEYS, r0, ds + diagonal, q + r0 * C3, dq + r0 * C3 + C, T, C, NH);
+            attention_matmul(ATT_DVALUES, r0, p + diagonal, g + (size_t)r0 * C, dq + r0 * C3 + 2 * C, T, C, NH);
+        }
+    }
+    trace_op_end("attention_backward", m0, 4.0 * (7.0 * B * T * C + causal_scores(B, T, NH)), 4.0 * B * T * (T + 1.0) * C, NULL);
+}
+
+// GELU with its exponential from expf_vectorizable (kernels.h), within 1 ulp of expf's: each loop
+// vectorizes whole (with the C library's expf, a call per element, it did not, and GELU forward
+// and backward took ~60 ms of a GPT-2 124M bench step)
+void gelu_forward(float *restrict out, const float *restrict inp, size_t n) {
+    int m0 = trace_op_begin();
+#pragma omp parallel for schedule(static) if (n >= ELEMENTWISE_PARALLEL_MIN)
+    for (size_t i = 0; i < n; i++) out[i] = gelu_value_of_exp(inp[i], expf_vectorizable(-gelu_z(inp[i])));
+    trace_op_end("gelu_forward", m0, 8.0 * n, 0, NULL);
+}
+
+void gelu_backward(float *restrict dinp, const float *restrict inp, const float *restrict dout, size_t n) {
+    int m0 = trace_op_begin();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        dinp[i] += dout[i] * gelu_grad_of_exp(inp[i], expf_vectorizable(-gelu_z(inp[i])));
+    trace_op_end("gelu_backward", m0, 16.0 * n, 0, NULL);
+}
+
+void swiglu_forward(float *h, const float *gate_up, int N, int F) {
+    size_t n = (size_t)N * F;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) h[i] = swiglu_value(gate_up, i, F);
+}
+
+void swiglu_backward(float *dgate_up, const float *gate_up, const float *dh, int N, int F) {
+    size_t n = (size_t)N * F;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) swiglu_grad(dgate_up, gate_up, dh, i, F);
+}
+
+static void rotary_apply(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim,
+                         Rope rope, float direction) {
+    long pairs = (long)B * T * 2 * NH * (rot_dim / 2);
+#pragma omp parallel for schedule(static)
+    for (long p = 0; p < pairs; p++) rotary_qkv_pair(qkv, start, p, T, C_attn, NH, rot_dim, rope, direction);
+}
+
+void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, Rope rope) {
+    rotary_apply(qkv, start, B, T, C_attn, NH, rot_dim, rope, 1.0f);
+}
+
+void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, Rope rope) {
+    rotary_apply(dqkv, start, B, T, C_attn, NH, rot_dim, rope, -1.0f);
+}
+
+void add_forward(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+// one thread per token: its rows are its own
+void moe_dispatch(float *packed, const float *x, const int *slot, int N, int k, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) moe_dispatch_row(packed, x + (size_t)n * C, slot + (size_t)n * k, k, C, 0, 1);
+}
+
+void moe_dispatch_backward(float *dx, const float *dpacked, const int *slot, int N, int k, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        moe_dispatch_backward_row(dx + (size_t)n * C, dpacked, slot + (size_t)n * k, k, C, 0, 1);
+}
+
+void moe_combine(float *out, const float *y, const int *slot, const float *weight, int N, int k, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        moe_combine_row(out + (size_t)n * C, y, slot + (size_t)n * k, weight + (size_t)n * k, k, C, 0, 1);
+}
+
+void moe_combine_backward(float *dy, float *dweight, const float *dout, const float *y, const int *slot,
+                          const float *weight, int N, int k, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + (size_t)n * C;
+        moe_combine_backward_row(dy, d, slot + (size_t)n * k, weight + (size_t)n * k, k, C, 0, 1);
+        for (int j = 0; j < k; j++) dweight[(size_t)n * k + j] = moe_weight_grad_partial(d, y, slot[(size_t)n * k + j], C, 0, 1);
+    }
+}
+
+void add_inplace(float *acc, const float *x, size_t n) {
+    int m0 = trace_op_begin();
+#pragma omp parallel for schedule(static) if (n >= ELEMENTWISE_PARALLEL_MIN)
+    for (size_t i = 0; i < n; i++) acc[i] += x[i];
+    trace_op_end("add_inplace", m0, 12.0 * n, 0, NULL);
+}
+
+void add_columns_scaled(float *dst, int dst_stride, const float *src, int src_stride, int N, int width, float s) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < width; j++) dst[(size_t)n * dst_stride + j] += s * src[(size_t)n * src_stride + j];
+}
+
+void dropout_apply(float *out, const float *inp, int N, int width, const DropoutMask *m, int add) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < width; c++) {
+            size_t i = (size_t)n * width + c;
+            float v = inp[i] * dropout_factor(m, N, n, c);
+            out[i] = add ? out[i] + v : v;
+        }
+}
+
+void scale_inplace(float *x, float s, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+// A target outside [0, V) (other than the "no loss" negatives) would read outside the row; the
+// check is a pass over N ints, cheap next to the N x V logits.
+static void check_targets(const int *targets, int N, int V) {
+    for (int n = 0; n < N; n++)
+        if (targets[n] >= V) fatal("cross-entropy: target %d of row %d is outside the vocabulary "
+                                   "of %d tokens", targets[n], n, V);
+}
+
+void cross_entropy_forward(float *losses, const float *logits, const int *targets, int N, int V,
+                           int Vp) {
+    check_targets(targets, N, V);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vp;
+        if (targets[n] < 0) {
+            losses[n] = 0.0f;
+            continue;
+        }
+        float max = row_partial_max(x, V, 0, 1);
+        float sumexp = row_partial_sumexp(x, max, V, 0, 1);
+        losses[n] = cross_entropy_loss(x[targets[n]], max, sumexp);
+    }
+}
+
+void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
+                                    float dloss, int N, int V, int Vp) {
+    int m0 = trace_op_begin();
+    check_targets(targets, N, V);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *x = logits_then_dlogits + (size_t)n * Vp;
+        int target = targets[n];
+        if (target < 0) {  // no loss, so no gradient either
+            losses[n] = 0.0f;
+            memset(x, 0, (size_t)Vp * sizeof(float));
+            continue;
+        }
+        // Three passes over a row of 200 KB, which stays in this core's L2 cache after the
+        // first: the max; the exponentials, written in place and summed (one expf per logit,
+        // the costly part); then the scaling into gradients. From memory, the row is read once
+        // and written once.
+        float max = row_partial_max(x, V, 0, 1);
+        float x_target = x[target];
+        float sumexp = 0.0f;
+        for (int i = 0; i < V; i++) {
+            x[i] = softmax_exp(x[i], max);
+            sumexp += x[i];
+        }
+        losses[n] = cross_entropy_loss(x_target, max, sumexp);
+        float inv_sum = 1.0f / sumexp;
+        for (int i = 0; i < V; i++) x[i] = cross_entropy_dlogit(x[i] * inv_sum, i == target, dloss);
+        for (int i = V; i < Vp; i++) x[i] = 0.0f;  // padded vocabulary: never a prediction
+    }
+    trace_op_end("cross_entropy_forward_backward", m0, 4.0 * (2.0 * N * Vp + 2.0 * N), 0, NULL);
+}
+
+// Sums over a whole buffer, in double, split into a fixed number of chunks whatever the thread
+// count, then added in chunk order: the result is the same bits on 1 thread or 16.
+#define SUM_CHUNKS 64
+
+double sum_squares(const float *x, size_t n) {
+    int m0 = trace_op_begin();
+    double partial[SUM_CHUNKS];
+#pragma omp parallel for schedule(static)
+    for (int k = 0; k < SUM_CHUNKS; k++) {
+        size_t lo = n * k / SUM_CHUNKS, hi = n * (k + 1) / SUM_CHUNKS;
+        double acc[8] = {0};  // eight running sums, as in dot_product, for speed
+        size_t i = lo;
+        for (; i + 8 <= hi; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += (double)x[i + j] * (double)x[i + j];
+        for (; i < hi; i++) acc[0] += (double)x[i] * (double)x[i];
+        partial[k] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+    double total = 0.0;
+    for (int k = 0; k < SUM_CHUNKS; k++) total += partial[k];
+    trace_op_end("sum_squares", m0, 4.0 * n, 0, NULL);
+    return total;
+}
+
+double sum_values(const float *x, size_t n) {
+    int m0 = trace_op_begin();
+    double partial[SUM_CHUNKS];
+#pragma omp parallel for schedule(static)
+    for (int k = 0; k < SUM_CHUNKS; k++) {
+        size_t lo = n * k / SUM_CHUNKS, hi = n * (k + 1) / SUM_CHUNKS;
+        double acc[8] = {0};
+        size_t i = lo;
+        for (; i + 8 <= hi; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += (double)x[i + j];
+        for (; i < hi; i++) acc[0] += (double)x[i];
+        partial[k] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+    double total = 0.0;
+    for (int k = 0; k < SUM_CHUNKS; k++) total += partial[k];
+    trace_op_end("sum_values", m0, 4.0 * n, 0, NULL);
+    return total;
+}
+
+// One fused pass: each parameter, its gradient and both moments are read once and written once
+// (28 bytes per parameter; for GPT-2 124M that is 3.5 GB per step, so this op is bound by
+// memory bandwidth, not arithmetic). That holds only if gcc vectorises the loop, and it does so
+// only under -fno-math-errno (otherwise sqrtf must be able to set errno, and the loop stays
+// scalar and compute-bound: measured 330 ms instead of 55 ms for 124M parameters).
+void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t) {
+    int m0 = trace_op_begin();
+    float bc1 = (float)(1.0 - pow(beta1, t));
+    float bc2 = (float)(1.0 - pow(beta2, t));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        adamw_element(&param[i], &m[i], &v[i], grad[i] * grad_scale, lr, beta1, beta2, eps, weight_decay,
+                      bc1, bc2);
+    trace_op_end("adamw_update", m0, 28.0 * n, 0, NULL);
+}
+
+// ----------------------------------------------------------------------------------------------
+// ---- attention with a KV cache; CUDA graphs
+
+void kv_cache_write(float *k_pool, float *v_pool, const float *qkv, const int *start, const int *table,
+                    int B, int T, int C, int NH, int NKV, int block_size, int max_blocks) {
+    int hs = C / NH, Ckv = NKV * hs;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *row = qkv + ((size_t)b * T + t) * 3 * C;
+            const int *tab = table + (size_t)b * max_blocks;
+            float *k = (float *)cache_row(k_pool, tab, start[b] + t, block_size, Ckv);
+            float *v = (float *)cache_row(v_pool, tab, start[b] + t, block_size, Ckv);
+            for (int c = 0; c < Ckv; c += hs) {  // a key/value head at a time
+                int from = gqa_expanded_column(c, hs, NH, NKV);
+                memcpy(k + c, row + C + from, (size_t)hs * sizeof(float));
+                memcpy(v + c, row + 2 * C + from, (size_t)hs * sizeof(float));
+            }
+        }
+}
+
+// The inner loops of a decode task. Written with kernels.h's pieces element by element, each
+// cache row's sums waited on the last row's, through memory, and the loads of the next rows (a
+// head's few lines of each, scattered over the pool) did not run ahead far enough to hide the
+// memory's latency. Here up to HEADS_TOGETHER of the task's heads are read together from each
+// cache row, the sums stay in registers, and the rows PREFETCH_ROWS ahead are asked for while a
+// row is summed. GPT-2 124M, batch 1, bf16 weights, 2 threads, the two versions taking turns by
+// decode step in one process (4 runs): attention 1.21-1.39 ms a step with the pieces, 0.96-1.06
+// here. Splitting a new row's positions between the threads instead (scores by positions, values
+// by groups of heads) took 1.22-1.30 ms where this took 0.93-1.00, in a standalone timing with a
+// cold cache.
+// Each score is dot_product's eight running sums (lane k of an 8-float vector takes the columns k
+// mod 8) and each output adds the rows in order: the same bits as the pieces.
+#define HEADS_TOGETHER 4
+#define VALUE_VECTORS 16  // a pass's output columns at most: 16 vectors of LANES floats
+#define PREFETCH_ROWS 8
+typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float Floats8InMemory __attribute__((vector_size(8 * sizeof(float)), aligned(4)));
+
+// heads read together: HEADS_TOGETHER, or fewer where that many heads of whole vectors would not
+// keep their outputs in VALUE_VECTORS vectors (at least 1)
+static int heads_read_together(int hs) {
+    int n = hs % LANES ? HEADS_TOGETHER : VALUE_VECTORS * LANES / hs;
+    return n < 1 ? 1 : n < HEADS_TOGETHER ? n : HEADS_TOGETHER;
+}
+
+// dot_product's last steps on a vector's eight sums
+static inline float finish_dot(const Floats8 *acc, const float *a, const float *b, int i, int n) {
+    float sum[8];
+    memcpy(sum, acc, sizeof sum);
+    return dot_product_finish(sum, a, b, i, n);
+}
+
+// s[j * s_head + t] = the score of query head h0 + j (q + j * hs) against position t's key, for
+// nh <= HEADS_TOGETHER heads whose key columns start at kc[j]; two positions at a time: 2 nh
+// independent sums
+static void cached_scores(float *s, size_t s_head, const float *q, const float *k_pool, const int *blocks,
+                          int block_size, int Ckv, const int *kc, int nh, int npos, int hs, float scale) {
+    int t = 0;
+    for (; t + 2 <= npos; t += 2) {
+        const float *k0 = cache_row(k_pool, blocks, t, block_size, Ckv);
+        const float *k1 = cache_row(k_pool, blocks, t + 1, block_size, Ckv);
+        if (t + PREFETCH_ROWS + 1 < npos)
+            for (int r = 0; r < 2; r++) {
+                const float *ahead = cache_row(k_pool, blocks, t + PREFETCH_ROWS + r, block_size, Ckv);
+                for (int j = 0; j < nh; j++)
+                    for (int i = 0; i < hs; i += LANES) __builtin_prefetch(ahead + kc[j] + i);
+            }
+        Floats8 a0[HEADS_TOGETHER] = {0}, a1[HEADS_TOGETHER] = {0};
+        int i = 0;
+        for (; i + 8 <= hs; i += 8)
+#pragma GCC unroll 4
+            for (int j = 0; j < HEADS_TOGETHER; j++)
+                if (j < nh) {
+                    Floats8 qv = LOAD(Floats8, q + j * hs + i);
+                    a0[j] += qv * LOAD(Floats8, k0 + kc[j] + i);
+                    a1[j] += qv * LOAD(Floats8, k1 + kc[j] + i);
+                }
+        for (int j = 0; j < nh; j++) {
+            s[j * s_head + t] = finish_dot(&a0[j], q + j * hs, k0 + kc[j], i, hs) * scale;
+            s[j * s_head + t + 1] = finish_dot(&a1[j], q + j * hs, k1 + kc[j], i, hs) * scale;
+        }
+    }
+    for (; t < npos; t++)
+        for (int j = 0; j < nh; j++)
+            s[j * s_head + t] = attention_score(q + j * hs, cache_row(k_pool, blocks, t, block_size, Ckv) + kc[j],
+                                                scale, hs);
+}
+
+// o[j * hs ..] = inv_sum[j] times the sum over positions t of p[j * s_head + t] times position t's
+// values from column kc[j] on, for nh heads: in vectors where the heads are whole vectors that fit
+// in VALUE_VECTORS of them, else with the pieces
+static void cached_values(float *o, const float *p, size_t s_head, const float *inv_sum, const float *v_pool,
+                          const int *blocks, int block_size, int Ckv, const int *kc, int nh, int npos, int hs) {
+    if (hs % LANES || nh * hs > VALUE_VECTORS * LANES) {
+        for (int i = 0; i < nh * hs; i++) o[i] = 0.0f;
+        for (int t = 0; t < npos; t++) {
+            const float *v = cache_row(v_pool, blocks, t, block_size, Ckv);
+            for (int j = 0; j < nh; j++) attention_add_row(o + j * hs, p[j * s_head + t], v + kc[j], hs, 0, 1);
+        }
+        for (int j = 0; j < nh; j++)
+            for (int i = 0; i < hs; i++) o[j * hs + i] *= inv_sum[j];
+        return;
+    }
+    int per_head = hs / LANES, n = nh * per_head, col[VALUE_VECTORS];
+    size_t p_row[VALUE_VECTORS];  // vector c: its columns in a cache row, its head's probabilities
+    for (int c = 0; c < n; c++) col[c] = kc[c / per_head] + c % per_head * LANES, p_row[c] = c / per_head * s_head;
+    Floats acc[VALUE_VECTORS] = {0};
+    for (int t = 0; t < npos; t++) {
+        const float *v = cache_row(v_pool, blocks, t, block_size, Ckv);
+        if (t + PREFETCH_ROWS < npos) {
+            const float *ahead = cache_row(v_pool, blocks, t + PREFETCH_ROWS, block_size, Ckv);
+            for (int c = 0; c < n; c++) __builtin_prefetch(ahead + col[c]);
+        }
+#pragma GCC unroll 16
+        for (int c = 0; c < VALUE_VECTORS; c++)
+            if (c < n) acc[c] += p[p_row[c] + t] * LOAD(Floats, v + col[c]);
+    }
+    for (int c = 0; c < n; c++) {
+        Floats x = acc[c] * inv_sum[c / per_head];
+        memcpy(o + c * LANES, &x, sizeof x);
+    }
+}
+
+// One task per new row and group of heads. A task reads its sequence's positions in order (a
+// block of rows at a time, through its table), each row's heads in turn (a group's columns of a
+// row are contiguous; consecutive query heads read the same or the next key/value head), so the
+// cache streams from memory as the weights do. A task per head would read every row in hs-column pieces C columns
+// apart, which the hardware prefetchers do not follow (batch 8 at 265 positions, one core: 9 GB/s
+// that way). With fewer rows than threads the heads split anyway, to give every thread tasks: one
+// head a task, taken as threads come free (GPT-2 124M, batch 1, 2 threads, bf16 weights: 153-157
+// tokens/s against 124-135 with two tasks of 6 heads in processes reading ~60 GB/s, 112-115
+// against 111-117 in those reading ~37).
+// Every score, sum and output adds the same terms in the same order as kernels.h's per-head
+// steps: the same bits.
+#define TASK_HEADS_MAX 16  // heads per task: the sums it keeps between its passes
+
+void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_pool,
+                              const float *v_pool, const int *start, const int *table, int B, int T, int C,
+                              int NH, int NKV, int block_size, int max_blocks) {
+    int hs = C / NH, Ckv = NKV * hs, rows = B * T, threads = omp_get_max_threads();
+    int groups = rows < threads ? NH : 1, fewest = (NH + TASK_HEADS_MAX - 1) / TASK_HEADS_MAX;
+    if (groups < fewest) groups = fewest;
+    if (groups > NH) groups = NH;
+    int per_group = (NH + groups - 1) / groups;
+    groups = (NH + per_group - 1) / per_group;  // none empty
+    float scale = attention_scale(hs);
+    int maxT = max_blocks * block_size;
+    size_t head_scores = (size_t)T * maxT;  // scores (B, NH, T, maxT): one head's rows apart
+#pragma omp parallel for schedule(dynamic)  // sequences of different lengths: tasks of different sizes
+    for (int task = 0; task < rows * groups; task++) {
+        int bt = task / groups, b = bt / T, t = bt % T, npos = start[b] + t + 1;
+        int h0 = task % groups * per_group, nh = NH - h0 < per_group ? NH - h0 : per_group;
+        size_t cols = (size_t)h0 * hs;  // the group's first column
+        const float *q = qkv + (size_t)bt * 3 * C + cols;
+        const int *blocks = table + (size_t)b * max_blocks;  // the sequence's blocks, in order
+        float *o = out + (size_t)bt * C + cols, *s = scores + ((size_t)b * NH + h0) * head_scores + (size_t)t * maxT;
+        // exercise decode-attention: begin
+        float inv_sum[TASK_HEADS_MAX];
+        int together = heads_read_together(hs), kc[TASK_HEADS_MAX];
+        for (int j = 0; j < nh; j++) kc[j] = gqa_kv_column(h0 + j, hs, NH, NKV);
+        for (int j = 0; j < nh; j += together)
+            cached_scores(s + j * head_scores, head_scores, q + j * hs, k_pool, blocks, block_size, Ckv, kc + j,
+                          nh - j < together ? nh - j : together, npos, hs, scale);
+        for (int j = 0; j < nh; j++) {
+            float *sj = s + j * head_scores, max = -INFINITY;
+            for (int t2 = 0; t2 < npos; t2++) max = fmaxf(max, sj[t2]);
+            inv_sum[j] = 1.0f / attention_exp(sj, max, npos, 0, 1);
+        }
+        for (int j = 0; j < nh; j += together)
+            cached_values(o + j * hs, s + j * head_scores, head_scores, inv_sum + j, v_pool, blocks, block_size, Ckv,
+                          kc + j, nh - j < together ? nh - j : together, npos, hs);
+        // exercise decode-attention: end
+    }
+}
+
+// CUDA graphs are a CUDA feature: on the CPU every op runs when it is called
+int ops_graphs_supported(void) { return 0; }
+void ops_graph_begin(void) { fatal("internal: CUDA graphs are not available on the CPU backend"); }
+void *ops_graph_end(void) { fatal("internal: CUDA graphs are not available on the CPU backend"); }
+void ops_graph_replay(void *graph) {
+    (void)graph;
+    fatal("internal: CUDA graphs are not available on the CPU backend");
+}
+void ops_graph_free(void *graph) { (void)graph; }
+
+// ----------------------------------------------------------------------------------------------
+// ---- LayerNorm and cross-entropy over rows split into shards (the sums between the steps are
+// the caller's)
+
+void layernorm_row_sums(float *sums, const float *inp, const float *mean, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        sums[n] = mean ? row_partial_sqdev(x, mean[n], C, 0, 1) : row_partial_sum(x, C, 0, 1);
+    }
+}
+
+void layernorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight,
+                             const float *bias, const float *mean, const float *sum_sqdev,
+                             int N, int C, int C_total) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float r = layernorm_rstd(sum_sqdev[n], C_total);
+        for (int c = 0; c < C; c++) o[c] = layernorm_value(x[c], mean[n], r, weight[c], bias[c]);
+        rstd[n] = r;
+    }
+}
+
+void layernorm_backward_row_sums(float *sums, const float *dout, const float *inp,
+                                 const float *weight, const float *mean, const float *rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        layernorm_backward_partials(&sums[2 * n], &sums[2 * n + 1], dout + (size_t)n * C,
+                                    inp + (size_t)n * C, weight, mean[n], rstd[n], C, 0, 1);
+}
+
+void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, const float *mean,
+                              const float *rstd, const float *sums, int N, int C, int C_total) {
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            float mean_dnorm = sums[2 * n] / (float)C_total, mean_dnorm_norm = sums[2 * n + 1] / (float)C_total;
+            for (int c = 0; c < C; c++)
+                dx[c] += layernorm_dinp(g[c], x[c], weight[c], mean[n], rstd[n], mean_dnorm, mean_dnorm_norm);
+        }
+        int c0, c1;
+        column_block(C, &c0, &c1);
+        layernorm_param_grad_columns(dweight, dbias, dout, inp, mean, rstd, N, C, c0, c1);
+    }
+}
+
+void cross_entropy_shard_max(float *max, const float *logits, int N, int v_count, int Vl) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) max[n] = row_partial_max(logits + (size_t)n * Vl, v_count, 0, 1);
+}
+
+void cross_entropy_shard_sums(float *sums, const float *logits, const float *maxes, int nmax,
+                              const int *targets, int v_lo, int v_count, int N, int Vl) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vl;
+        float m = max_over_shards(maxes, nmax, N, n);
+        int local = vocab_shard_index(targets[n], v_lo, v_count);
+        sums[2 * n] = row_partial_sumexp(x, m, v_count, 0, 1);
+        sums[2 * n + 1] = local >= 0 ? x[local] : 0.0f;
+    }
+}
+
+void cross_entropy_shard_finish(float *losses, float *dlogits, const float *logits,
+                                const float *maxes, int nmax, const float *sums, const int *targets,
+                                float dloss, int v_lo, int v_count, int N, int Vl) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vl;
+        float *dx = dlogits ? dlogits + (size_t)n * Vl : NULL;
+        int target = targets[n];
+        if (target < 0) {  // no loss, so no gradient either
+            losses[n] = 0.0f;
+            if (dx) memset(dx, 0, (size_t)Vl * sizeof(float));
+            continue;
+        }
+        float m = max_over_shards(maxes, nmax, N, n), inv_sum = 1.0f / sums[2 * n];
+        losses[n] = cross_entropy_loss(sums[2 * n + 1], m, sums[2 * n]);
+        if (!dx) continue;
+        int local = vocab_shard_index(target, v_lo, v_count);
+        for (int i = 0; i < v_count; i++)
+            dx[i] = cross_entropy_dlogit(softmax_exp(x[i], m) * inv_sum, i == local, dloss);
+        for (int i = v_count; i < Vl; i++) dx[i] = 0.0f;  // padded vocabulary
+    }
+}

@@ -1,0 +1,25 @@
+// optimizer.h: one optimizer step's arithmetic that every stage shares: the learning-rate
+// schedule, AdamW over the parameter table (whole or a shard) and the gradient-clipping factor.
+#ifndef OPTIMIZER_H
+#define OPTIMIZER_H
+
+#include <stddef.h>
+
+#include "config/config.h"
+#include "model/gpt.h"
+
+// Linear warm-up from lr/warmup to lr over warmup_steps, then cosine decay to min_lr at the last
+// step. `step` counts from 0.
+double learning_rate(const Config *cfg, long step, long total_steps);
+
+// AdamW over the flat range [first, first + n) of the parameter table: weight decay only where
+// the table says so (matrices and embeddings). Works on a whole model or on any shard of it.
+// It reads each gradient times `clip` (clip_factor): clipping costs no pass of its own.
+void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
+                size_t first, size_t n, const Config *cfg, double lr, long t, float clip);
+
+// The factor that brings gradients of global norm `norm` down to max_norm (1 when they are
+// within it, or max_norm is 0: no clipping).
+float clip_factor(double norm, double max_norm);
+
+#endif
