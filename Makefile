@@ -30,6 +30,14 @@ NVFLAGS += -std=c++17 -Icommon $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$
            -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP
 
 B := build/$(BACKEND)
+# one short line per file (`CC common/model/gpt.c`, `LD build/cpu/stage-3`), as kbuild prints;
+# `make V=1` prints the whole commands
+V ?= 0
+ifeq ($(V),0)
+  Q = @printf '  %-3s %s\n' $(1) $(2);
+else
+  Q =
+endif
 # ops_cuda.o depends on the architectures it was built for: a file holding them, rewritten only
 # when they change, so that a build for the GPU present and a full one never mix their objects
 ifeq ($(BACKEND),cuda)
@@ -96,10 +104,10 @@ $(SETUP_STAMP): scripts/setup.sh
 
 $(B)/%.o: %.c | $(SETUP_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(call Q,CC,$<)$(CC) $(CFLAGS) -c $< -o $@
 $(B)/%.o: %.cu | $(SETUP_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(call Q,NVCC,$<)$(NVCC) $(NVFLAGS) -c $< -o $@
 
 # build/stage-N is a copy of the binary of the backend built last (always refreshed, so that
 # `make BACKEND=cpu` after a CUDA build puts the CPU one back); build/<backend>/ keeps both. The copy
@@ -110,7 +118,7 @@ stage-$(1): build/stage-$(1)
 build/stage-$(1): $(B)/stage-$(1)
 	@cp $$< $$@.tmp && mv -f $$@.tmp $$@
 $(B)/stage-$(1): $(patsubst %.c,$(B)/%.o,$(wildcard $(STAGE_DIR_$(1))/*.c) $(STAGE_EXTRA_$(1))) $(STAGE_OBJS_$(1)) $(COMMON_OBJS) $(if $(filter $(1),$(MPI_STAGES)),$(COMM_OBJS))
-	$(if $(filter $(1),$(MPI_STAGES)),$(MPICC),$(CC)) $$^ -o $$@ $(LDLIBS) $(STAGE_LIBS_$(1))
+	$$(call Q,LD,$$@)$(if $(filter $(1),$(MPI_STAGES)),$(MPICC),$(CC)) $$^ -o $$@ $(LDLIBS) $(STAGE_LIBS_$(1))
 $(if $(filter $(1),$(MPI_STAGES)),$(B)/$(STAGE_DIR_$(1))/%.o: CC := $(MPICC))
 endef
 $(foreach n,$(STAGES),$(eval $(call stage_rule,$(n))))
@@ -120,19 +128,19 @@ tools: $(addprefix build/,$(TOOLS))
 build/tokenize: $(B)/tokenize
 	@cp $< $@
 $(B)/tokenize: $(B)/tools/tokenize.o $(COMMON_OBJS)
-	$(CC) $^ -o $@ $(LDLIBS)
+	$(call Q,LD,$@)$(CC) $^ -o $@ $(LDLIBS)
 build/lora_merge: $(B)/lora_merge
 	@cp $< $@
 $(B)/lora_merge: $(B)/tools/lora_merge.o $(COMMON_OBJS)
-	$(CC) $^ -o $@ $(LDLIBS)
+	$(call Q,LD,$@)$(CC) $^ -o $@ $(LDLIBS)
 build/peak_flops: $(B)/peak_flops
 	@cp $< $@
 $(B)/peak_flops: $(B)/tools/peak_flops.o $(COMMON_OBJS)
-	$(CC) $^ -o $@ $(LDLIBS)
+	$(call Q,LD,$@)$(CC) $^ -o $@ $(LDLIBS)
 build/ceilings: $(B)/ceilings
 	@cp $< $@
 $(B)/ceilings: $(B)/tools/ceilings.o $(COMMON_OBJS)
-	$(CC) $^ -o $@ $(LDLIBS)
+	$(call Q,LD,$@)$(CC) $^ -o $@ $(LDLIBS)
 # the planner sizes layouts with the stages' own arithmetic (fsdp.c, tp_model.c, kv_cache.c, pipeline.c,
 # experts.c, moe.c and context.c): it links them, and with them the comm layer (mpicc), which its ping-pong calibration uses too
 PLAN_TOOL_OBJS := $(addprefix $(B)/tools/,plan.o plan_cluster.o plan_measure.o plan_serve.o)
@@ -149,13 +157,13 @@ $(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I06_inference -I07_
 build/plan: $(B)/plan
 	@cp $< $@
 $(B)/plan: $(PLAN_OBJS) $(COMMON_OBJS) $(COMM_OBJS)
-	$(MPICC) $^ -o $@ $(LDLIBS)
+	$(call Q,LD,$@)$(MPICC) $^ -o $@ $(LDLIBS)
 .PHONY: tools $(addprefix build/stage-,$(STAGES)) $(addprefix build/,$(TOOLS))
 # the preflight's communication check (tools/preflight_comm.c): an MPI program on the comm layer
 build/preflight_comm: $(B)/preflight_comm
 	@cp $< $@
 $(B)/preflight_comm: $(B)/tools/preflight_comm.o $(COMMON_OBJS) $(COMM_OBJS)
-	$(MPICC) $^ -o $@ $(LDLIBS)
+	$(call Q,LD,$@)$(MPICC) $^ -o $@ $(LDLIBS)
 $(B)/tools/preflight_comm.o: CC := $(MPICC)
 tools: build/preflight_comm
 .PHONY: build/preflight_comm
@@ -168,7 +176,7 @@ TEST_PROGS := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c)) \
 TEST_PROGS += build/tests/tokenizer_ids
 build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 	@mkdir -p $(dir $@)
-	$(MPICC) $^ -o $@ $(LDLIBS)
+	$(call Q,LD,$@)$(MPICC) $^ -o $@ $(LDLIBS)
 $(B)/tests/mpi/%.o: CC := $(MPICC)
 # a check of a stage's code links that stage's objects: one prerequisite line per program
 build/tests/mpi/tp_linear_check: $(B)/05_tensor_parallel/tp_linear.o
@@ -180,11 +188,11 @@ build/tests/test_sampler build/tests/test_top_p: $(B)/06_inference/sampler.o
 $(B)/tests/test_sampler.o $(B)/tests/test_top_p.o: CFLAGS += -I06_inference
 build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $^ -o $@ $(LDLIBS)
+	$(call Q,LD,$@)$(CC) $^ -o $@ $(LDLIBS)
 
 # test_ops is the one test program built for CUDA too: the ops against their double-precision reference
 build/cuda/tests/test_ops: build/cuda/tests/test_ops.o $(COMMON_OBJS)
-	$(CC) $^ -o $@ $(LDLIBS)
+	$(call Q,LD,$@)$(CC) $^ -o $@ $(LDLIBS)
 # `make test-cuda`: tests/cuda_run.sh builds every CUDA binary into build/cuda/ for the GPU present
 # (not `all`: build/stage-N stay the CPU copies the other tests run) and runs the CUDA tests
 # section by section within a time budget (TEST_CUDA_BUDGET, seconds, default 480 including the
