@@ -29,7 +29,6 @@
 #include "moe.h"
 #include "ops/ops.h"
 #include "run/evaluate.h"
-#include "run/lora.h"
 #include "run/loss_scale.h"
 #include "run/metrics.h"
 #include "run/optimizer.h"
@@ -87,13 +86,8 @@ int main(int argc, char **argv) {
     print_stage_banner(8, P, &cfg, &mc, mb.n);
     print_expert_plan(&grid, &mc);
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
-    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
-    // are the adapters' (common/run/lora.h)
-    Lora lora;
-    lora_attach(&lora, &cfg, &layout, &mb, &acts);
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes);
-    lora_add_memory(&lora, memory);  // LoRA: the frozen base, its 16-bit copy, what the adapters keep
     print_memory_report("device memory (this rank's experts only):", memory, MODEL_MEMORY_ITEMS);
 
     // ---- the training loop ----
@@ -127,14 +121,12 @@ int main(int argc, char **argv) {
         for (int micro = 0; micro < acc; micro++) {
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
                               rank * acc + micro, P * acc, &batch);
-            lora_training(&lora, step, (rank * acc + micro) * batch.rows, batch.T);  // where its dropout masks lie
             n_targets = batch.n_targets_global;
             float dloss = loss_scaler_dloss(&scaler, n_targets, step);  // 1 / n_targets x the loss scale
             loss_sum += gpt_forward_backward(&acts, &mb.w, &mb.g, &mc, batch.inputs, batch.targets, batch.rows, batch.T,
                                              dloss);
             tokens += (long)batch.rows * batch.T;
         }
-        lora_training_done(&lora);  // evaluation runs without dropout
         // sum the gradients: the experts' over the ranks holding them, the rest over every rank
         all_reduce_gradients(&grid, &layout, mb.grads);
         const MoEStepStats *moe = expert_step_stats(&experts, &acts, &mc, cfg.global_batch_size);
@@ -177,8 +169,7 @@ int main(int argc, char **argv) {
         }
     }
     expert_save_checkpoint(&cfg, &grid, &layout, &whole_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
-    printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors",
-           total_steps);
+    printf("saved %s/model.safetensors (step %ld)\n", cfg.out_dir, total_steps);
     // the proof that data parallelism kept the replicas identical: their weights agree
     comm_check_replicas_identical(grid.expert_dp, mb.params, mb.n);
     comm_print_table(world);
@@ -188,7 +179,6 @@ int main(int argc, char **argv) {
     comm_trace_write(world, cfg.out_dir, cfg.trace);
     metrics_close(&metrics);
     batch_free(&batch);
-    lora_free(&lora);
     acts_free(&acts);
     expert_layers_free(&experts);
     model_buffers_free(&mb);

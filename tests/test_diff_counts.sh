@@ -14,4 +14,18 @@ while read -r pair changed budget; do
     check '[[ "$quoted" == *"$pair $changed"[,.\;]* || "$quoted" == *"$pair $changed" ]]' \
         "docs/ARCHITECTURE.md quotes $(grep -o "$pair [0-9]*" <<<"$quoted" || echo "no count") for $pair; tools/diff_counts.sh counts $changed"
 done <"$tmp/counts"
+# a stage's train.c keeps no line of a feature the stage refuses: LoRA named in the train.c of a
+# stage that refuses lora_rank is dead code a learner reads (the binary says whether it refuses)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+for n in $(sed -E 's/^([0-9]+)→([0-9]+) .*/\1 \2/' "$tmp/counts" | tr ' ' '\n' | sort -u); do
+    n=$((10#$n))
+    [ -x "$STAGE_BIN/stage-$n" ] || continue
+    timeout --kill-after=5 60 "$STAGE_BIN/stage-$n" --config configs/tiny.json --lora_rank=2 --stop_iteration=0 \
+        --out_dir="$tmp/lora-$n" >"$tmp/lora-$n.log" 2>&1
+    grep -q "does not train LoRA adapters" "$tmp/lora-$n.log" || continue
+    file=$(ls -d "$(printf '%02d' "$n")"_*)/train.c
+    check '! grep -qi lora "$file"' "$file: stage $n refuses lora_rank, yet its train.c names LoRA: $(grep -ni lora "$file" | head -3 | tr '\n' ' ')"
+    refusing=$((${refusing:-0} + 1))
+done
+check '[ "${refusing:-0}" -ge 1 ]' "no stage refused lora_rank: the refusal check read nothing (stage 08 refuses it)"
 finish test_diff_counts

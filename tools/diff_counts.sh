@@ -8,13 +8,15 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 # from to budget
+# budgets are ceilings with room (~15% over the count when set), so that removing a stage's dead
+# lines never needs a budget raised to land
 pairs="01_single_gpu 02_mixed_precision 70
 02_mixed_precision 03_ddp 110
-03_ddp 04_fsdp 113
-03_ddp 05_tensor_parallel 150
-03_ddp 07_pipeline_parallel 149
-03_ddp 08_mixture_of_experts 100
-03_ddp 09_context_parallel 86"
+03_ddp 04_fsdp 130
+03_ddp 05_tensor_parallel 170
+03_ddp 07_pipeline_parallel 170
+03_ddp 08_mixture_of_experts 130
+03_ddp 09_context_parallel 100"
 while read -r from to budget; do
     for f in "$from/train.c" "$to/train.c"; do
         [ -f "$f" ] || { echo "error: tools/diff_counts.sh: no $f" >&2; exit 1; }
