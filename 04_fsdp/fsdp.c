@@ -10,6 +10,7 @@
 #include "base/device.h"
 #include "base/log.h"
 #include "fsdp_lora.h"
+#include "model/activations.h"
 #include "ops/ops.h"
 #include "run/optimizer.h"
 #include "run/run_checkpoint.h"

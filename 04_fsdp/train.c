@@ -26,6 +26,7 @@
 #include "data/tokenizer.h"
 #include "fsdp.h"
 #include "fsdp_lora.h"
+#include "model/activations.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
 #include "run/evaluate.h"

@@ -17,6 +17,7 @@
 
 #include "config/config.h"
 #include "data/alpaca.h"
+#include "model/activations.h"
 #include "model/gpt.h"
 #include "run/run_stats.h"
 #include "tp_linear.h"

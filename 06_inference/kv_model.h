@@ -17,6 +17,7 @@
 #include <stdbool.h>
 
 #include "kv_cache.h"
+#include "model/activations.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "model/activations.h"
 
 // host buffers: part's tensors from whole's of the same name
 static void take_by_name(const ParamLayout *whole, const float *from, const ParamLayout *part, float *to) {

@@ -18,6 +18,7 @@
 
 #include "base/device.h"
 #include "base/log.h"
+#include "model/activations.h"
 
 typedef struct {
     LinearKind kind;

@@ -9,6 +9,7 @@
 #include "base/device.h"
 #include "base/log.h"
 #include "moe.h"
+#include "model/activations.h"
 #include "ops/ops.h"
 #include "run/run_checkpoint.h"
 #include "run/run_stats.h"

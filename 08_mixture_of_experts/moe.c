@@ -6,6 +6,8 @@
 
 #include "base/device.h"
 #include "base/log.h"
+#include "model/activations.h"
+#include "model/moe_mlp.h"
 #include "ops/kernels.h"
 #include "ops/ops.h"
 

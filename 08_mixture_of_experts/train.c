@@ -25,6 +25,7 @@
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
 #include "experts.h"
+#include "model/activations.h"
 #include "model/gpt.h"
 #include "moe.h"
 #include "ops/ops.h"

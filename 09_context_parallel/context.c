@@ -8,6 +8,7 @@
 #include "base/device.h"
 #include "base/log.h"
 #include "base/trace.h"
+#include "model/activations.h"
 #include "ops/ops.h"
 #include "ring_blocks.h"
 #include "run/evaluate.h"

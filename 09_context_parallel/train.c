@@ -24,6 +24,7 @@
 #include "context.h"
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
+#include "model/activations.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
 #include "run/evaluate.h"

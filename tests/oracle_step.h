@@ -15,6 +15,7 @@
 
 #include "base/log.h"
 #include "inputs.h"
+#include "model/activations.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "ops/ops.h"

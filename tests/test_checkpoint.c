@@ -22,6 +22,7 @@
 #include "base/device.h"
 #include "base/log.h"
 #include "check.h"
+#include "model/activations.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "ops/ops.h"

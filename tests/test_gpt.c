@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "check.h"
 #include "inputs.h"
+#include "model/activations.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "moe.h"  // 08_mixture_of_experts: the MoE blocks of test_layer_ranges

@@ -38,6 +38,7 @@
 #include "base/log.h"
 #include "check.h"
 #include "inputs.h"
+#include "model/activations.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "moe.h"

@@ -1,7 +1,8 @@
 // activations.c: what the layer steps (gpt.c) keep from forward for backward, and their backward
 // scratch: allocated once for a capacity of B x T tokens, or only counted (acts_bytes), by the one
 // function that says what a rank keeps.
-#include "gpt.h"
+#include "activations.h"
+#include "moe_mlp.h"
 
 #include <stdlib.h>
 #include <string.h>

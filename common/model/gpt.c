@@ -6,7 +6,9 @@
 // layers on one rank (serial_layer_ops) that the stages plug their own versions into.
 // Backward mirrors forward line for line. The parameters' layout is layout.c's, the activations'
 // activations.c's.
+#include "activations.h"
 #include "gpt.h"
+#include "moe_mlp.h"
 
 #include <stdio.h>
 

@@ -1,6 +1,7 @@
 // layout.c: the descriptions of GPT-2, phi-1_5 and Llama (gpt.c runs their block), the layout of their
 // parameters in one flat buffer, the named views into it, and their initial values.
-#include "gpt.h"
+#include "layout.h"
+#include "moe_mlp.h"
 
 #include <math.h>
 #include <stdio.h>

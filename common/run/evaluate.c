@@ -2,6 +2,7 @@
 #include "evaluate.h"
 
 #include "base/device.h"
+#include "model/activations.h"
 #include "run_setup.h"
 
 static void whole_model_forward(void *weights, Activations *a, const int *inputs, int B, int T) {

@@ -12,6 +12,7 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "base/numbers.h"
+#include "model/activations.h"
 #include "model/checkpoint.h"
 #include "ops/ops.h"
 

@@ -6,6 +6,7 @@
 
 #include "base/log.h"
 #include "data/synthetic.h"
+#include "model/activations.h"
 #include "model/checkpoint.h"
 
 // ---- model shape ------------------------------------------------------------------------------

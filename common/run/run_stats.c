@@ -7,6 +7,7 @@
 
 #include "base/files.h"
 #include "base/log.h"
+#include "model/activations.h"
 #include "ops/ops.h"
 
 void print_memory_report(const char *title, const MemoryItem *items, int n) {
