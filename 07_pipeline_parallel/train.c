@@ -23,6 +23,7 @@
 #include "config/config.h"
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
+#include "model/activations.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
 #include "pipe_lora.h"
