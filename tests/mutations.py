@@ -124,10 +124,13 @@ def test_command(tree, name):
 
 
 def build(tree, log, tests):
-    """every stage, and the test programs among `tests` (the tools and other programs wait)"""
+    """every stage, the test programs among `tests` and the MPI checks (tests/mpi/*.c) the test
+    scripts start (the tools and other programs wait)"""
     stages = sorted(f"stage-{int(d[:2])}" for d in os.listdir(tree)
                     if d[:2].isdigit() and any(f.endswith(".c") for f in os.listdir(os.path.join(tree, d))))
     progs = [os.path.join("build", "tests", t) for t in tests if os.path.isfile(os.path.join(tree, "tests", t + ".c"))]
+    progs += sorted(os.path.join("build", "tests", "mpi", f[:-2]) for f in os.listdir(os.path.join(tree, "tests", "mpi"))
+                    if f.endswith(".c"))
     return run(["make", "-j2", "--no-print-directory", "BACKEND=cpu"] + stages + progs, tree, log, 1800)
 
 
