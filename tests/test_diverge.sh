@@ -3,7 +3,8 @@
 # step): stage 03 on 3 ranks agrees with stage 01 (exit 0); a run whose lr differs parts at step
 # 1 by lr alone; a pipeline run (stage 07, pp 2 x dp 2) resumed at step 3 from a checkpoint with
 # one tensor scaled by 1.1 parts at step 4, and that tensor is named, held by the ranks of
-# pipeline stage 1 (1 and 3: rank = replica x pp + stage). Checks read the finder's --json.
+# pipeline stage 1 (1 and 3: rank = replica x pp + stage); the tied embedding is held by both
+# ends. Checks read the finder's --json.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 args=(--config configs/tiny.json --global_batch_size=12 --stop_iteration=6 --checkpoint_interval=0)
@@ -50,6 +51,10 @@ check '[ $rc -eq 1 ] && [ "$(field pipe "r[\"first_step\"][\"step\"], \"loss\" i
     "the pipeline run with a tensor scaled after step 3: exit $rc, want 1 and step 4's loss named: $(cat "$tmp/pipe.out")"
 check '[ "$(field pipe "r[\"tensors\"][0][\"name\"], r[\"tensors\"][0][\"ranks\"], r[\"tensors\"][0][\"held_by\"]")" = "transformer.h.1.mlp.c_fc.weight [1, 3] pipeline stage 1 of 2" ]' \
     "the pipeline run: want transformer.h.1.mlp.c_fc.weight on ranks 1 and 3 named first: $(cat "$tmp/pipe.out")"
+# the root tensors of the same run: the tied wte on both ends, wpe on the first stage, ln_f on the last
+holders=$(python3 -c 'import sys; sys.path.insert(0, "tools"); import diverge
+print([diverge.holders(sys.argv[1], "transformer." + t)[0] for t in ("wte.weight", "wpe.weight", "ln_f.weight")])' "$tmp/pipe")
+check '[ "$holders" = "[[0, 1, 2, 3], [0, 2], [1, 3]]" ]' "the pipeline's wte, wpe and ln_f held by $holders, want [[0, 1, 2, 3], [0, 2], [1, 3]]"
 
 # a run directory without metrics: one error, exit 2
 diverge missing "$tmp/ref" "$tmp/nothing"

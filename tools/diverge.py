@@ -160,7 +160,8 @@ def holders(run, name):
     except (OSError, ValueError):
         return None, "unknown (no stats.json)"
     world, layout = int(stats.get("world_size", 1)), stats.get("layout", {})
-    config = json.loads(read_header(weights_file(run))[1].get("run_config", "{}"))
+    header, metadata, _ = read_header(weights_file(run))
+    config = json.loads(metadata.get("run_config", "{}"))
     block = re.search(r"\.(?:h|layers)\.(\d+)\.", name)
     pp = int(layout.get("pp", 1))
     if pp > 1:
@@ -171,9 +172,10 @@ def holders(run, name):
                            if 0 <= layer - stage_blocks(int(config["n_layer"]), pp * chunks, v)[0]
                            < stage_blocks(int(config["n_layer"]), pp * chunks, v)[1])
             stages = [virtual % pp]
-        elif re.search(r"wte|wpe|embed_tokens", name):
-            tied = "wte" in name and not config.get("arch", "gpt2").startswith("phi")
-            stages = [0, pp - 1] if tied else [0]
+        elif re.search(r"wte|embed_tokens", name):  # tied: the last stage's head holds it too
+            stages = [0] if "lm_head.weight" in header else [0, pp - 1]
+        elif "wpe" in name:
+            stages = [0]
         else:
             stages = [pp - 1]
         ranks = sorted(replica * pp + s for replica in range(world // pp) for s in stages)
