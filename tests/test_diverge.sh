@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # tools/diverge.py, the divergence finder, on runs of the tiny config (6 steps, 12 sequences a
-# step): stage 03 on 3 ranks agrees with stage 01 (exit 0); a run whose lr differs parts at step
-# 1 by lr alone; a pipeline run (stage 07, pp 2 x dp 2) resumed at step 3 from a checkpoint with
-# one tensor scaled by 1.1 parts at step 4, and that tensor is named, held by the ranks of
-# pipeline stage 1 (1 and 3: rank = replica x pp + stage); the tied embedding is held by both
-# ends. Checks read the finder's --json.
+# step): stage 03 on 3 ranks agrees with stage 01 (exit 0), given stage 01's run or making it
+# itself from the run's config; a run whose lr differs parts at step 1 by lr alone; a pipeline
+# run (stage 07, pp 2 x dp 2) resumed at step 3 from a checkpoint with one tensor scaled by 1.1
+# parts at step 4, and that tensor is named, held by the ranks of pipeline stage 1 (1 and 3: rank
+# = replica x pp + stage); the tied embedding is held by both ends. Checks read the finder's --json.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 args=(--config configs/tiny.json --global_batch_size=12 --stop_iteration=6 --checkpoint_interval=0)
@@ -24,6 +24,13 @@ run_ranks 3 ddp 3
 diverge agree "$tmp/ref" "$tmp/ddp"
 check '[ $rc -eq 0 ] && [ "$(field agree "r[\"agree\"], r[\"first_step\"], r[\"checkpoint_step\"], r[\"steps_compared\"]")" = "True None 6 6" ]' \
     "stage 03 on 3 ranks against stage 01: exit $rc, want 0 and agreement at every step and tensor: $(cat "$tmp/agree.out")"
+# the same with the run alone: the finder runs stage 01 on the run's config, its layout keys left
+# out, and gets the losses of the stage 01 run above to the bit
+diverge alone "$tmp/ddp"
+losses() { python3 -c 'import json, sys; print([json.loads(l)["loss"] for l in open(sys.argv[1])])' "$1/metrics.jsonl"; }
+check '[ $rc -eq 0 ] && [ "$(field alone "r[\"agree\"], r[\"reference\"], r[\"steps_compared\"]")" = "True $tmp/ddp-reference 6" ] &&
+       [ "$(losses "$tmp/ddp-reference")" = "$(losses "$tmp/ref")" ]' \
+    "stage 03 alone: exit $rc, want 0, stage 01 run into $tmp/ddp-reference with the losses of stage 01's run: $(cat "$tmp/alone.out")"
 
 run_single 1 lr --lr=2.2e-3
 diverge lr "$tmp/ref" "$tmp/lr"

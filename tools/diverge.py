@@ -1,4 +1,9 @@
-"""diverge.py [--tol R] [--tensor-tol R] [--json FILE] REFERENCE RUN: where two training runs part.
+"""diverge.py [--tol R] [--tensor-tol R] [--json FILE] [REFERENCE] RUN: where two training runs part.
+
+With RUN alone the reference is made first: the run's config (its checkpoint's run_config) run
+as one process for as many steps as RUN logged, without its layout's keys, by stage 01 (stage 02
+for a 16-bit precision, stage 08 for a mixture of experts), into RUN-reference/ (started over;
+the config it ran is reference_config.json there).
 
 Reads what the runs already wrote to their out_dirs (metrics.jsonl, stats.json, the checkpoint's
 model.safetensors or LoRA's adapter_model.safetensors, with the run's config in its metadata and
@@ -30,8 +35,15 @@ import math
 import os
 import re
 import struct
+import subprocess
 import sys
 from array import array
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the keys that lay a run out over ranks (and where it writes): the reference runs without them
+LAYOUT_KEYS = ("strategy", "tp_dimensions", "pp_size", "num_microbatches", "pp_schedule", "virtual_stages", "ep_size",
+               "cp_size", "cp_impl", "zero_stage", "hsdp_replicas", "overlap_communication", "bucket_size_mb",
+               "vocab_parallel_loss", "comm_backend", "out_dir", "resume", "stop_iteration", "trace", "trace_steps")
 
 # metrics.jsonl figures that say how a run is laid out or how fast it ran, not what it trained
 NOT_TRAINING = {"step", "ms", "tokens_per_sec", "mfu", "mem_bytes", "comm_bytes", "comm_ms", "state_bytes",
@@ -191,6 +203,35 @@ def holders(run, name):
     return list(range(world)), how
 
 
+# ---- the reference of one run --------------------------------------------------------------------
+
+def make_reference(run):
+    """runs the reference of `run` (module docstring) and returns its out_dir"""
+    weights = weights_file(run)
+    if not weights:
+        fail(f"{run}: no model.safetensors to read the run's config from (a run writes it at its end)")
+    config = json.loads(read_header(weights)[1].get("run_config") or "null")
+    if not isinstance(config, dict):
+        fail(f"{weights}: no run_config in its metadata: the run's config is unknown")
+    stage = 8 if config.get("num_experts") else 1 if config.get("precision") in ("32", "32-true") else 2
+    reference = run.rstrip("/") + "-reference"
+    os.makedirs(reference, exist_ok=True)
+    path = os.path.join(reference, "reference_config.json")
+    with open(path, "w") as f:
+        json.dump({k: v for k, v in config.items() if k not in LAYOUT_KEYS}, f)
+    steps = max(read_metrics(run))
+    program = os.path.join(os.environ.get("STAGE_BIN", os.path.join(ROOT, "build")), f"stage-{stage}")
+    command = [program, "--config", path, f"--out_dir={reference}", f"--stop_iteration={steps}", "--resume=false"]
+    print(f"the reference: {' '.join(command)}", flush=True)
+    try:
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        fail(f"{program}: {e.strerror} (make stage-{stage})")
+    if done.returncode != 0:
+        fail(f"the reference run ({' '.join(command)}) failed: {done.stderr.strip()[-400:]}")
+    return reference
+
+
 # ---- the report -------------------------------------------------------------------------------
 
 def compare(ref, run, tol, tensor_tol):
@@ -248,13 +289,15 @@ def print_report(r):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("reference")
-    parser.add_argument("run")
+    parser.add_argument("runs", nargs="+", metavar="[REFERENCE] RUN")
     parser.add_argument("--tol", type=float, default=1e-5)
     parser.add_argument("--tensor-tol", type=float, default=1e-2)
     parser.add_argument("--json")
     args = parser.parse_args()
-    result = compare(args.reference, args.run, args.tol, args.tensor_tol)
+    if len(args.runs) > 2:
+        parser.error(f"expected one or two run directories, found {len(args.runs)}")
+    reference, run = args.runs if len(args.runs) == 2 else (make_reference(args.runs[0]), args.runs[0])
+    result = compare(reference, run, args.tol, args.tensor_tol)
     print_report(result)
     if args.json:  # strict JSON: a tensor one file lacks, or of another shape, is null apart
         for t in result["tensors"]:
