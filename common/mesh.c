@@ -21,6 +21,15 @@ static int dimension_named(const char *name, size_t len) {
     return -1;
 }
 
+// "ep 1 x cp 1 x tp 4": the dimensions inside d but dp, whose size is what the others leave
+static void describe_inside(int d, const int size[MESH_DIMS], char *out, size_t n) {
+    size_t used = 0;
+    out[0] = '\0';
+    for (int e = d + 1; e < MESH_DIMS && used < n; e++)
+        if (e != MESH_DP)
+            used += (size_t)snprintf(out + used, n - used, "%s%s %d", used ? " x " : "", MESH_NAMES[e], size[e]);
+}
+
 bool mesh_fits(const int size[MESH_DIMS], int ranks, char *why, size_t why_size) {
     for (int d = 0; d < MESH_DIMS; d++)
         if (size[d] < 1) {
@@ -32,8 +41,15 @@ bool mesh_fits(const int size[MESH_DIMS], int ranks, char *why, size_t why_size)
     for (int d = MESH_DIMS - 1; d >= 0; d--) {
         if (d == MESH_DP) continue;
         if (left % size[d] != 0) {
-            snprintf(why, why_size, "dimension '%s' is %d, which does not divide %d (the %d ranks over the "
-                     "dimensions inside it)", MESH_NAMES[d], size[d], left, ranks);
+            if (left == ranks)
+                snprintf(why, why_size, "dimension '%s' is %d, which does not divide the %d ranks", MESH_NAMES[d],
+                         size[d], ranks);
+            else {
+                char inside[96];
+                describe_inside(d, size, inside, sizeof inside);
+                snprintf(why, why_size, "dimension '%s' is %d, which does not divide %d: the %d ranks over the "
+                         "dimensions inside it (%s)", MESH_NAMES[d], size[d], left, ranks, inside);
+            }
             return false;
         }
         left /= size[d];

@@ -29,8 +29,8 @@ refused_mesh() {
            [ "$(grep -c "^error" "$tmp/refused.log")" -eq 1 ] && grep -qF -- "error: $want" "$tmp/refused.log"' \
         "mesh $mesh on $np ranks: exit $rc, want one error reading '$want': $(grep -v "^mesh" "$tmp/refused.log" | head -5)"
 }
-refused_mesh 8 tp=3 "command line: mesh: dimension 'tp' is 3, which does not divide 8 (the 8 ranks"
-refused_mesh 8 tp=4,pp=4 "command line: mesh: dimension 'pp' is 4, which does not divide 2 (the 8 ranks over the dimensions inside it)"
+refused_mesh 8 tp=3 "command line: mesh: dimension 'tp' is 3, which does not divide the 8 ranks"
+refused_mesh 8 tp=4,pp=4 "command line: mesh: dimension 'pp' is 4, which does not divide 2: the 8 ranks over the dimensions inside it (ep 1 x cp 1 x tp 4)"
 refused_mesh 8 dp=3,tp=2 "command line: mesh: dimension 'dp' is 3, expected 4: the 8 ranks over pp 1 x ep 1 x cp 1 x tp 2 leave 4 replicas"
 refused_mesh 4 tp=0 "command line: mesh: dimension 'tp': expected a whole number of at least 1, found '0'"
 refused_mesh 4 tp=2,xp=2 "command line: mesh: 'xp=2': expected <dimension>=<size>, the dimension pp, dp, ep, cp or tp"
