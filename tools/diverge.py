@@ -122,9 +122,11 @@ def read_tensor(path, entry, data_start):
 
 
 def checkpoint_step(run):
+    """the step of the run's checkpoint: its optimizer state's, or the last logged (a LoRA run
+    keeps no optimizer state and saves its adapters at its end)"""
     path = os.path.join(run, "optimizer.safetensors")
     if not os.path.exists(path):
-        return None
+        return max(read_metrics(run))
     return int(read_header(path)[1].get("step", -1))
 
 
@@ -212,7 +214,8 @@ def make_reference(run):
         fail(f"{run}: no model.safetensors to read the run's config from (a run writes it at its end)")
     config = json.loads(read_header(weights)[1].get("run_config") or "null")
     if not isinstance(config, dict):
-        fail(f"{weights}: no run_config in its metadata: the run's config is unknown")
+        fail(f"{weights}: no run_config in its metadata (a LoRA run's adapters keep none), so the reference "
+             f"cannot be made: give the reference run's directory before this one")
     stage = 8 if config.get("num_experts") else 1 if config.get("precision") in ("32", "32-true") else 2
     reference = run.rstrip("/") + "-reference"
     os.makedirs(reference, exist_ok=True)
