@@ -180,6 +180,8 @@ build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 $(B)/tests/mpi/%.o: CC := $(MPICC)
 # a check of a stage's code links that stage's objects: one prerequisite line per program
 build/tests/mpi/tp_linear_check: $(B)/05_tensor_parallel/tp_linear.o
+# the mesh of composed runs (common/comm/mesh.c), which the stages do not link yet
+build/tests/mpi/mesh_check: $(B)/common/comm/mesh.o
 build/tests/mpi/ring_allreduce_check: $(B)/03_ddp/ring_allreduce.o
 $(B)/tests/mpi/ring_allreduce_check.o: CFLAGS += -I03_ddp
 build/tests/test_moe build/tests/test_gpt: $(B)/08_mixture_of_experts/moe.o

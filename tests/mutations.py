@@ -7,8 +7,9 @@ an error) and exits 0 only when every mutation was caught.
 
 usage: python3 tests/mutations.py [name-filter]
 
-A mutation names a snippet of C code, not a file and a line, so that the list survives code being
-moved between files: the snippet must occur exactly once in the tree's C sources (*.c, *.h, *.cu),
+A mutation names a snippet of code, not a file and a line, so that the list survives code being
+moved between files: the snippet must occur exactly once in the tree's sources (*.c, *.h, *.cu, and
+*.py for the tools written in Python),
 else the mutation is reported as an error. tests/mutations.txt says how to write one.
 """
 import os
@@ -19,7 +20,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = (".c", ".h", ".cu")
+SOURCES = (".c", ".h", ".cu", ".py")
 TEST_TIMEOUT = 3600  # a hung test ends; a slow one (a loaded machine) does not
 
 
@@ -124,10 +125,13 @@ def test_command(tree, name):
 
 
 def build(tree, log, tests):
-    """every stage, and the test programs among `tests` (the tools and other programs wait)"""
+    """every stage, the test programs among `tests` and the MPI checks (tests/mpi/*.c) the test
+    scripts start (the tools and other programs wait)"""
     stages = sorted(f"stage-{int(d[:2])}" for d in os.listdir(tree)
                     if d[:2].isdigit() and any(f.endswith(".c") for f in os.listdir(os.path.join(tree, d))))
     progs = [os.path.join("build", "tests", t) for t in tests if os.path.isfile(os.path.join(tree, "tests", t + ".c"))]
+    progs += sorted(os.path.join("build", "tests", "mpi", f[:-2]) for f in os.listdir(os.path.join(tree, "tests", "mpi"))
+                    if f.endswith(".c"))
     return run(["make", "-j2", "--no-print-directory", "BACKEND=cpu"] + stages + progs, tree, log, 1800)
 
 
@@ -141,7 +145,7 @@ def try_mutation(tree, m, log, failing):
     """(result, detail): caught (by which test), missed, or error (why)"""
     hits = locate(tree, m["find"])
     if len(hits) != 1:
-        return "error", f"snippet found {len(hits)} times in the C sources, not once"
+        return "error", f"snippet found {len(hits)} times in the sources, not once"
     unknown = [t for t in m["tests"] if not test_command(tree, t)]
     if unknown:
         return "error", f"no test named {' '.join(unknown)} (tests/NAME.sh or tests/NAME.c)"
