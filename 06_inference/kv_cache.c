@@ -122,8 +122,8 @@ static void inner_mlp(LayerOps *ops, Activations *a, int layer, const BlockWeigh
 }
 
 // Starts from inner's table, so that an op without state of its own (a mixture of experts' MLP,
-// common/moe.c) stays inner's as it is; the backward ops are cleared: nothing here keeps what a
-// backward would need.
+// 08_mixture_of_experts/moe.c) stays inner's as it is; the backward ops are cleared: nothing here
+// keeps what a backward would need.
 void kv_layers_init(KVLayers *k, LayerOps *inner, KVCache *cache) {
     *k = (KVLayers){.base = *inner, .inner = inner, .cache = cache};
     k->base.attention_forward = cached_attention;
