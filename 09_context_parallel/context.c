@@ -10,6 +10,7 @@
 #include "log.h"
 #include "ops.h"
 #include "ring_blocks.h"
+#include "run_stats.h"
 #include "trace.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
@@ -222,6 +223,35 @@ static RingBlock ulysses_block(const CPGrid *g, const ModelShape *s, int B, int 
     return (RingBlock){.B = B / 2, .c = T, .C = s->C_attn / g->cp, .NH = s->n_head / g->cp,
                        .chunk = {chunk_of(g, i, 0), chunk_of(g, i, 1)},
                        .kv_chunk = {chunk_of(g, j, 0), chunk_of(g, j, 1)}};
+}
+
+// ---- the work each rank's attention does -------------------------------------------------------
+
+// the query-key scores one block pairing computes: every key a query sees, for every sequence and head
+static double block_scores(const RingBlock *r) {
+    double n = 0;
+    for (int q_half = 0; q_half < 2; q_half++)
+        for (int t = 0; t < r->c; t++)
+            for (int half = 0; half < 2; half++) n += ring_keys_seen(r, q_half, t, half);
+    return n * r->B * r->NH;
+}
+
+// the scores this rank computes for one sequence of 2 cp chunks of c tokens: the ring's blocks
+// from every rank, or Ulysses' every pairing of its heads
+static double rank_attention_scores(const CPGrid *g, const ModelShape *s, int c) {
+    double n = 0;
+    for (int j = 0; j < g->cp; j++)
+        for (int i = 0; i < (g->ulysses ? g->cp : 1); i++) {
+            RingBlock r = g->ulysses ? ulysses_block(g, s, 2, c, i, j) : ring_block(g, s, 2, c, j);
+            n += block_scores(&r);
+        }
+    return n;
+}
+
+void cp_record_attention_balance(const CPGrid *g, const ModelShape *s, int c) {
+    double mine = rank_attention_scores(g, s, c);
+    run_stats_number("attention_scores_per_rank_max", comm_max_double(g->world, mine));
+    run_stats_number("attention_scores_per_rank_min", -comm_max_double(g->world, -mine));
 }
 
 // Ulysses' all-to-all buffers, send and recv (N x 3C floats each), also hold its attention's

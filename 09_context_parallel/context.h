@@ -42,6 +42,11 @@ void cp_local_batch(const CPGrid *g, const Batch *full, Batch *local);
 // masks are drawn at the tokens' positions in the whole sequence)
 int cp_chunk_start(const CPGrid *g, int half, int T);
 
+// stats.json's attention_scores_per_rank_max and _min: the most and the fewest query-key scores any
+// rank's attention computes for a sequence of 2 cp chunks of c tokens, every head, under the causal
+// mask. The chunk pairs (r, 2 cp - 1 - r) make them equal; called on every rank (a reduction).
+void cp_record_attention_balance(const CPGrid *g, const ModelShape *s, int c);
+
 // The LayerOps of this grid: serial_layer_ops() with the embedding at the chunks' positions and
 // the context-parallel attention. Sized for 2 * B chunks of c tokens and the model's layers. The
 // activations' start must be x->start, which the embedding fills with the rows' positions.
