@@ -97,6 +97,41 @@ static void test_sites(void) {
     gpt_layout_free(&l);
 }
 
+// PEFT's start: every lora_A drawn as torch's kaiming_uniform_(a=sqrt(5)), U(-1/sqrt(in), 1/sqrt(in)),
+// every lora_B zero, so that the adapted model starts as the base and B's gradient moves first.
+// Each A within its bound; their spread, pooled over the adapters in units of each one's bound,
+// that of U(-1, 1) (standard deviation 1/sqrt(3)) within 10%.
+static void test_init_as_peft(void) {
+    GPTConfig cfg = tiny_llama();
+    ParamLayout l;
+    gpt_layout(&l, &cfg);
+    Lora lo;
+    lora_describe(&lo, &l, 3, 7, "q_proj,v_proj,o_proj,down_proj", "test");
+    float *adapters = malloc_or_die(lo.layout.num_params * sizeof(float));
+    lora_init(&lo, adapters, 3);
+    double sum2 = 0;
+    size_t count = 0;
+    for (int i = 0; i < lo.n_sites; i++) {
+        const TensorInfo *a = &lo.layout.tensors[lo.sites[i].a], *b = &lo.layout.tensors[lo.sites[i].b];
+        double bound = 1.0 / sqrt((double)a->shape[1]), largest = 0;
+        size_t nonzero_b = 0;
+        for (size_t j = 0; j < a->numel; j++) {
+            double x = adapters[a->offset + j] / bound;
+            sum2 += x * x, count++;
+            largest = fmax(largest, fabs(x));
+        }
+        for (size_t j = 0; j < b->numel; j++) nonzero_b += adapters[b->offset + j] != 0.0f;
+        CHECK(largest <= 1 && nonzero_b == 0, "%s: A within its bound 1/sqrt(in) %.3g (largest %.3g of it), B zero "
+              "(%zu elements not)", a->name, bound, largest, nonzero_b);
+    }
+    double sd = sqrt(sum2 / (double)count), want = 1 / sqrt(3.0);
+    CHECK(fabs(sd - want) < 0.1 * want, "A's %zu elements spread as U(-bound, bound): standard deviation %.3g of the "
+          "bound, want %.3g", count, sd, want);
+    lora_free(&lo);
+    gpt_layout_free(&l);
+    free(adapters);
+}
+
 // the tiny Llama's layout and random weights, and adapters of rank r and lora_alpha alpha on
 // `targets`: lora_init's A and a non-zero B (lora_init's zero B would hide every adapter's effect)
 static float *adapted_tiny_llama(ParamLayout *l, float **params, Lora *lo, const char *targets, int r, double alpha) {
@@ -464,6 +499,7 @@ int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--oracle") == 0) return run_lora_oracle(argv[2]);
     if (argc == 4 && strcmp(argv[1], "--oracle-dropout") == 0) return run_lora_oracle_dropout(argv[2], (float)atof(argv[3]));
     test_sites();
+    test_init_as_peft();
     test_merge_equals_adapted();
     test_dropout_mask();
     test_dropout_adapter();
