@@ -33,10 +33,13 @@ void cp_grid_init(CPGrid *g, Comm *world, const Config *cfg, const GPTConfig *mc
     g->cp_group = comm_split(world, g->replica, g->cp_rank, "cp");
 }
 
-void print_context_plan(const CPGrid *g, const Config *cfg) {
+static void print_attention_balance(const CPGrid *g, const ModelShape *s, int c);  // with the attention below
+
+void print_context_plan(const CPGrid *g, const Config *cfg, const ModelShape *s, int c) {
     printf("context parallelism: %d x %d (cp x dp), cp_impl %s; rank %d holds chunks %d and %d of %d of "
            "each sequence%s\n", g->cp, g->dp, cfg->cp_impl, g->cp_rank, g->cp_rank, 2 * g->cp - 1 - g->cp_rank,
            2 * g->cp, g->ulysses ? "" : g->overlap ? "; the next block travels during this one" : "");
+    print_attention_balance(g, s, c);
 }
 
 // ---- the batch --------------------------------------------------------------------------------
@@ -248,10 +251,15 @@ static double rank_attention_scores(const CPGrid *g, const ModelShape *s, int c)
     return n;
 }
 
-void cp_record_attention_balance(const CPGrid *g, const ModelShape *s, int c) {
-    double mine = rank_attention_scores(g, s, c);
-    run_stats_number("attention_scores_per_rank_max", comm_max_double(g->world, mine));
-    run_stats_number("attention_scores_per_rank_min", -comm_max_double(g->world, -mine));
+// the most and the fewest scores of any rank, printed and in stats.json (a reduction: every rank
+// calls it)
+static void print_attention_balance(const CPGrid *g, const ModelShape *s, int c) {
+    double mine = rank_attention_scores(g, s, c), most = comm_max_double(g->world, mine);
+    double fewest = -comm_max_double(g->world, -mine);
+    printf("  attention under the causal mask: %.0f to %.0f query-key scores a rank for a sequence of %d tokens\n",
+           fewest, most, 2 * g->cp * c);
+    run_stats_number("attention_scores_per_rank_max", most);
+    run_stats_number("attention_scores_per_rank_min", fewest);
 }
 
 // Ulysses' all-to-all buffers, send and recv (N x 3C floats each), also hold its attention's
