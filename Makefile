@@ -187,7 +187,8 @@ $(B)/tests/mpi/ring_allreduce_check.o: CFLAGS += -I03_ddp
 build/tests/test_moe build/tests/test_gpt: $(B)/08_mixture_of_experts/moe.o
 $(B)/tests/test_moe.o $(B)/tests/test_gpt.o: CFLAGS += -I08_mixture_of_experts
 build/tests/test_sampler build/tests/test_top_p: $(B)/06_inference/sampler.o
-$(B)/tests/test_sampler.o $(B)/tests/test_top_p.o: CFLAGS += -I06_inference
+build/tests/test_prefix_cache: $(B)/06_inference/block_pool.o $(B)/06_inference/prefix_cache.o
+$(B)/tests/test_sampler.o $(B)/tests/test_top_p.o $(B)/tests/test_prefix_cache.o: CFLAGS += -I06_inference
 build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	$(call Q,LD,$@)$(CC) $^ -o $@ $(LDLIBS)

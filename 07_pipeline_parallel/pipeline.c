@@ -224,7 +224,7 @@ void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Co
         spec.embed = g->is_first && c == 0, spec.head = g->is_last && c == g->chunks - 1;
         for (int k = 0; k < p->chunk_slots[c]; k++, i++) {
             acts_alloc_spec(&p->slots[i], &spec);
-            if (p->deferred) p->deferred[i] = deferred_weights_new(&p->slots[i], spec.n_layers, spec.B * spec.T);
+            if (p->deferred) p->deferred[i] = deferred_weights_new(&p->slots[i]);
         }
     }
 }
@@ -265,8 +265,8 @@ void pipeline_print_memory(const Pipeline *p, const Config *cfg, size_t n) {
     }
     if (p->deferred) {
         // zero bubble's price: the output gradients each linear layer's W will read
-        printf("  deferred weight gradients: %.2f MB (%d slots x 9 N C floats a block: the output gradients W reads)\n",
-               deferred / 1e6, p->n_slots);
+        printf("  deferred weight gradients: %.2f MB (%d slots x %zu N floats a block: the output gradients W reads)\n",
+               deferred / 1e6, p->n_slots, deferred_floats_per_row(&p->slots[0].spec.shape));
         run_stats_memory("deferred weight gradients", deferred);
     }
     run_stats_number("activation_slots", p->n_slots);

@@ -7,8 +7,8 @@
 // weight gradient needs: its input, which stays in the slot's activations until W, and dout, which
 // is copied (it lives in backward scratch that the next layer reuses) -- except the head's, the
 // dlogits, which stay in the slot. W runs the notes. The copies are zero bubble's memory price:
-// 9 N C floats per block (the output gradients of qkv 3C, attn_proj C, fc 4C, fc_proj C) for each
-// micro-batch between its B and its W.
+// a block's four output gradients, N rows of the linear layers' output widths added up
+// (deferred_floats_per_row), for each micro-batch between its B and its W.
 // What stays in B: LayerNorm's weight gradient comes out of the same pass over the rows as its
 // input gradient (deferring it would keep its dout for little compute), attention has no weights,
 // and the embedding's gradient is the first stage's last op, which no stage waits for.
@@ -67,14 +67,26 @@ static void deferred_linear_backward(LayerOps *ops, LinearKind k, float *dinp, L
     d->dout16 = dout16;
 }
 
-DeferredWeights *deferred_weights_new(Activations *a, int max_blocks, int max_rows) {
+// the widths gpt.c's block gives its linear layers' outputs: qkv (q, and k and v of the key/value
+// heads), attn_proj, fc (gate and up side by side in a gated MLP) and fc_proj. GPT-2 and phi come
+// to 9 C; Llama's grouped-query qkv is narrower and its SwiGLU fc as wide as twice the MLP.
+size_t deferred_floats_per_row(const ModelShape *s) {
+    size_t qkv = (size_t)s->C_attn + 2 * (size_t)s->C_kv, fc = (size_t)s->C_mlp * (s->gated_mlp ? 2 : 1);
+    return qkv + (size_t)s->C + fc + (size_t)s->C;
+}
+
+size_t deferred_weights_floats(const ActsSpec *spec) {
+    return (size_t)spec->n_layers * spec->B * spec->T * deferred_floats_per_row(&spec->shape);
+}
+
+DeferredWeights *deferred_weights_new(Activations *a) {
     DeferredWeights *d = calloc_or_die(1, sizeof *d);
     d->inner = a->ops;
     d->ops = *a->ops;
     d->ops.linear_backward = deferred_linear_backward;
-    d->max_notes = 4 * max_blocks + 1;  // four linears a block, and the head
+    d->max_notes = 4 * a->spec.n_layers + 1;  // four linears a block, and the head
     d->notes = calloc_or_die((size_t)d->max_notes, sizeof *d->notes);
-    d->capacity = (size_t)max_blocks * 9 * max_rows * a->spec.shape.C;
+    d->capacity = deferred_weights_floats(&a->spec);
     d->douts = d->capacity ? dev_malloc(d->capacity * sizeof(float)) : NULL;
     a->ops = &d->ops;
     return d;

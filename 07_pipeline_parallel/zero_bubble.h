@@ -5,13 +5,19 @@
 
 #include <stddef.h>
 
+#include "model/activations.h"
 #include "model/gpt.h"
 
 typedef struct DeferredWeights DeferredWeights;
 
+// the output gradients one row of a block's linear layers keeps for W: their output widths added up
+size_t deferred_floats_per_row(const ModelShape *s);
+// the floats a slot of activations for spec keeps for W: its blocks' output gradients of B x T rows
+// (the one formula of the buffer, pipeline.c's memory report and the planner)
+size_t deferred_weights_floats(const ActsSpec *spec);
 // Wraps a's layer ops so that its backwards can defer their weight gradients, with room for the
-// output gradients of max_blocks blocks of max_rows rows.
-DeferredWeights *deferred_weights_new(Activations *a, int max_blocks, int max_rows);
+// output gradients of its blocks at its capacity (deferred_weights_floats of a->spec).
+DeferredWeights *deferred_weights_new(Activations *a);
 // the device bytes it keeps for the deferred weight gradients
 size_t deferred_weights_bytes(const DeferredWeights *d);
 void deferred_weights_free(DeferredWeights *d);

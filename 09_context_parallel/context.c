@@ -12,6 +12,7 @@
 #include "ops/ops.h"
 #include "ring_blocks.h"
 #include "run/evaluate.h"
+#include "run/run_stats.h"
 
 // ---- the grid ---------------------------------------------------------------------------------
 
@@ -33,10 +34,13 @@ void cp_grid_init(CPGrid *g, Comm *world, const Config *cfg, const GPTConfig *mc
     g->cp_group = comm_split(world, g->replica, g->cp_rank, "cp");
 }
 
-void print_context_plan(const CPGrid *g, const Config *cfg) {
+static void print_attention_balance(const CPGrid *g, const ModelShape *s, int c);  // with the attention below
+
+void print_context_plan(const CPGrid *g, const Config *cfg, const ModelShape *s, int c) {
     printf("context parallelism: %d x %d (cp x dp), cp_impl %s; rank %d holds chunks %d and %d of %d of "
            "each sequence%s\n", g->cp, g->dp, cfg->cp_impl, g->cp_rank, g->cp_rank, 2 * g->cp - 1 - g->cp_rank,
            2 * g->cp, g->ulysses ? "" : g->overlap ? "; the next block travels during this one" : "");
+    print_attention_balance(g, s, c);
 }
 
 // ---- the batch --------------------------------------------------------------------------------
@@ -223,6 +227,40 @@ static RingBlock ulysses_block(const CPGrid *g, const ModelShape *s, int B, int 
     return (RingBlock){.B = B / 2, .c = T, .C = s->C_attn / g->cp, .NH = s->n_head / g->cp,
                        .chunk = {chunk_of(g, i, 0), chunk_of(g, i, 1)},
                        .kv_chunk = {chunk_of(g, j, 0), chunk_of(g, j, 1)}};
+}
+
+// ---- the work each rank's attention does -------------------------------------------------------
+
+// the query-key scores one block pairing computes: every key a query sees, for every sequence and head
+static double block_scores(const RingBlock *r) {
+    double n = 0;
+    for (int q_half = 0; q_half < 2; q_half++)
+        for (int t = 0; t < r->c; t++)
+            for (int half = 0; half < 2; half++) n += ring_keys_seen(r, q_half, t, half);
+    return n * r->B * r->NH;
+}
+
+// the scores this rank computes for one sequence of 2 cp chunks of c tokens: the ring's blocks
+// from every rank, or Ulysses' every pairing of its heads
+static double rank_attention_scores(const CPGrid *g, const ModelShape *s, int c) {
+    double n = 0;
+    for (int j = 0; j < g->cp; j++)
+        for (int i = 0; i < (g->ulysses ? g->cp : 1); i++) {
+            RingBlock r = g->ulysses ? ulysses_block(g, s, 2, c, i, j) : ring_block(g, s, 2, c, j);
+            n += block_scores(&r);
+        }
+    return n;
+}
+
+// the most and the fewest scores of any rank, printed and in stats.json (a reduction: every rank
+// calls it)
+static void print_attention_balance(const CPGrid *g, const ModelShape *s, int c) {
+    double mine = rank_attention_scores(g, s, c), most = comm_max_double(g->world, mine);
+    double fewest = -comm_max_double(g->world, -mine);
+    printf("  attention under the causal mask: %.0f to %.0f query-key scores a rank for a sequence of %d tokens\n",
+           fewest, most, 2 * g->cp * c);
+    run_stats_number("attention_scores_per_rank_max", most);
+    run_stats_number("attention_scores_per_rank_min", fewest);
 }
 
 // Ulysses' all-to-all buffers, send and recv (N x 3C floats each), also hold its attention's

@@ -30,7 +30,11 @@ typedef struct {
 // Checks the grid against the ranks, the sequence length and the heads (fatal() on every rank
 // alike), then makes the group.
 void cp_grid_init(CPGrid *g, Comm *world, const Config *cfg, const GPTConfig *mc);
-void print_context_plan(const CPGrid *g, const Config *cfg);
+// Prints the grid and each rank's chunks, and the most and the fewest query-key scores any rank's
+// attention computes for a sequence of 2 cp chunks of c tokens, every head, under the causal mask
+// (stats.json: attention_scores_per_rank_max and _min). The chunk pairs (r, 2 cp - 1 - r) make
+// them equal. Every rank calls it (the figures are a reduction); rank 0 prints.
+void print_context_plan(const CPGrid *g, const Config *cfg, const ModelShape *s, int c);
 
 // The chunks' length for sequences of T tokens: T padded to a multiple of 2 cp (the pads are past
 // the sequence's end, seen by no real token, and have no target), divided into 2 cp

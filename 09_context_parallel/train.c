@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     print_stage_banner(9, P, &cfg, &mc, mb.n);
-    print_context_plan(&grid, &cfg);
+    print_context_plan(&grid, &cfg, &spec.shape, chunk);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
     // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
     // are the adapters' (common/run/lora.h)

@@ -188,19 +188,29 @@ expect_one_error() {
 }
 
 # oracle_venv [peft]: makes, once, the venv the oracle tests (test_phi_oracle, test_moe_oracle,
-# test_lora) run their Python in: Debian's python3 and its torch, plus transformers 4.49.0 (and its
-# safetensors) and peft 0.14.0 from PyPI (accelerate, which peft needs, held below 1.3: later ones
-# need torch 2); one check that it imports, peft too when asked. A venv made before peft was
-# added gets it installed. The venv is $ORACLE_VENV.
+# test_lora_oracle, ...) run their Python in: Debian's python3 and its torch, plus transformers
+# 4.49.0, peft 0.14.0, accelerate 1.2.1 (peft needs it; later ones need torch 2) and the small
+# packages they import, every one pinned and installed with --no-deps. pip's resolver would read
+# peft's torch>=1.13.0 as excluding Debian's 1.13.0a0 and pull a torch 2 with its CUDA libraries,
+# gigabytes on every fresh machine. A venv holding a torch of its own is made anew, one holding
+# other packages than these gets these. Setting it up prints the venv's size and what it holds;
+# one check that it imports, peft too when asked. The venv is $ORACLE_VENV.
 ORACLE_VENV=build/phi-oracle-venv
-ORACLE_PACKAGES=(transformers==4.49.0 peft==0.14.0 "accelerate<1.3")
+ORACLE_PACKAGES=(transformers==4.49.0 peft==0.14.0 accelerate==1.2.1
+                 huggingface-hub==0.28.1 tokenizers==0.21.0 safetensors==0.5.2 regex==2024.11.6
+                 tqdm==4.67.1 packaging==24.2 filelock==3.17.0 fsspec==2024.12.0 jinja2==3.1.5 markupsafe==3.0.2)
 oracle_venv() {
-    if ! "$ORACLE_VENV/bin/python" -c 'import transformers' 2>/dev/null; then
+    if ! "$ORACLE_VENV/bin/python" -c 'import torch; assert torch.__file__.startswith("/usr/")' 2>/dev/null; then
         rm -rf "$ORACLE_VENV"
-        /usr/bin/python3 -m venv --system-site-packages "$ORACLE_VENV" &&
-            "$ORACLE_VENV/bin/pip" install -q "${ORACLE_PACKAGES[@]}" >"$tmp/pip.log" 2>&1
-    elif ! "$ORACLE_VENV/bin/python" -c 'import peft' 2>/dev/null; then
-        "$ORACLE_VENV/bin/pip" install -q "${ORACLE_PACKAGES[@]}" >"$tmp/pip.log" 2>&1
+        /usr/bin/python3 -m venv --system-site-packages "$ORACLE_VENV"
+    fi
+    local held wanted
+    held=$("$ORACLE_VENV/bin/pip" freeze --local 2>/dev/null | tr 'A-Z_' 'a-z-' | sort)
+    wanted=$(printf '%s\n' "${ORACLE_PACKAGES[@]}" | sort)
+    if [ "$held" != "$wanted" ]; then
+        "$ORACLE_VENV/bin/pip" install -q --no-deps "${ORACLE_PACKAGES[@]}" >"$tmp/pip.log" 2>&1
+        echo "oracle venv $ORACLE_VENV: $(du -sh "$ORACLE_VENV" | cut -f1) over Debian's torch, holding:" \
+            $("$ORACLE_VENV/bin/pip" freeze --local 2>/dev/null)
     fi
     check '"$ORACLE_VENV/bin/python" -c "import transformers, torch; assert transformers.__version__ == \"4.49.0\""' \
         "transformers 4.49.0 does not import in $ORACLE_VENV (pip: $(tail -2 "$tmp/pip.log" 2>/dev/null))"

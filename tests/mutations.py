@@ -8,9 +8,8 @@ an error) and exits 0 only when every mutation was caught.
 usage: python3 tests/mutations.py [name-filter]
 
 A mutation names a snippet of code, not a file and a line, so that the list survives code being
-moved between files: the snippet must occur exactly once in the tree's sources (*.c, *.h, *.cu, and
-*.py for the tools written in Python),
-else the mutation is reported as an error. tests/mutations.txt says how to write one.
+moved between files: the snippet must occur exactly once in the tree's sources (*.c, *.h, *.cu,
+*.py), else the mutation is reported as an error. tests/mutations.txt says how to write one.
 """
 import os
 import shutil
@@ -20,7 +19,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = (".c", ".h", ".cu", ".py")
+SOURCES = (".c", ".h", ".cu", ".py")  # the tools in Python (the exercise grader) too
 TEST_TIMEOUT = 3600  # a hung test ends; a slow one (a loaded machine) does not
 
 

@@ -9,13 +9,16 @@ misplaced one shows), saves it with save_pretrained, runs `OUR_BINARY --oracle W
 loss, per-tensor gradient norms, the weights after one AdamW step, and a checkpoint we saved loaded
 back into transformers; our logits from fp16 and bf16 copies saved in shards
 (model.safetensors.index.json); our logits for a tied-embedding model with Llama 3's
-rope_scaling; and that configs with what we do not implement are refused by name. Prints
-"ok: ..." or "FAIL: ..." per check.
+rope_scaling, and the config.json we save for it loading in transformers with no warning, each
+float written as the shortest decimal of its float32; and that configs with what we do not
+implement are refused by name. Prints "ok: ..." or "FAIL: ..." per check.
 """
 import json
+import logging
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -50,6 +53,38 @@ def check_logits(binary, work, name, model, x, y):
         ours, theirs = our_logits(ckpt, x), model(input_ids=x.long()).logits.detach().numpy()
         check(close(ours, theirs, 1e-5, 1e-5),
               f"{name}: logits equal transformers' (max |diff| {float(np.abs(ours - theirs).max()):.3g})")
+
+
+def check_saved_config(ckpt, model):
+    """the config.json we saved loads in transformers with no warning, and each float in it is
+    written as the shortest decimal that reads back as its float32 (json.loads keeps the text)"""
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("transformers").addHandler(handler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = LlamaConfig.from_pretrained(ckpt)
+    logging.getLogger("transformers").removeHandler(handler)
+    said = [r.getMessage() for r in records if r.levelno >= logging.WARNING] + [str(w.message) for w in caught]
+    check(not said and loaded.rope_scaling == model.config.rope_scaling,
+          f"the config.json we saved loads in transformers with no warning and its rope_scaling (said: {said[:3]})")
+    text = json.load(open(os.path.join(ckpt, "config.json")), parse_float=lambda t: ("float", t))
+    floats = {}
+
+    def collect(obj, path):
+        for k, v in obj.items():
+            if isinstance(v, dict):
+                collect(v, path + k + ".")
+            elif isinstance(v, tuple):
+                floats[path + k] = v[1]
+    collect(text, "")
+    wanted = ["rope_theta", "rms_norm_eps", "rope_scaling.factor", "rope_scaling.low_freq_factor",
+              "rope_scaling.high_freq_factor"]
+    long = {k: t for k, t in floats.items() if float(t) != float(str(np.float32(t)))}
+    check(all(k in floats for k in wanted) and not long,
+          f"config.json writes its floats ({sorted(floats)}) as floats, each the shortest decimal of its "
+          f"float32 (not: {long}; ints: {[k for k in wanted if k not in floats]})")
 
 
 def check_refused(binary, work, model, x, y):
@@ -88,7 +123,9 @@ def main():
     # Llama 3's bounds at original_max_position_embeddings 64 (64 / 4 = 16 and 64 / 1 = 64)
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 64}
-    check_logits(binary, work, "tied_llama3", tiny_llama(tie_word_embeddings=True, rope_scaling=llama3), x, y)
+    tied = tiny_llama(tie_word_embeddings=True, rope_scaling=llama3, rms_norm_eps=1e-6)
+    check_logits(binary, work, "tied_llama3", tied, x, y)
+    check_saved_config(os.path.join(work, "tied_llama3", "resaved"), tied)
     check_refused(binary, work, model, x, y)
     if not run_ours(binary, ckpt, x, y):
         return

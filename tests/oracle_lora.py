@@ -3,16 +3,17 @@
 usage: PYTHON tests/oracle_lora.py OUR_TEST_BINARY OUR_MERGE_TOOL WORKDIR   (PYTHON: the oracle venv, with peft)
 
 Builds tests/oracle_llama.py's tiny random Llama (grouped-query attention), wraps it with peft's
-get_peft_model (LoRA r 4 on all seven of its linears), gives lora_B random values too (peft starts
+get_peft_model (LoRA r 3, lora_alpha 7 on three of its seven linears), gives lora_B random values too (peft starts
 it at zero, which would hide A's gradient and the adapters' effect), saves base and adapter with
 save_pretrained, runs `OUR_TEST_BINARY --oracle WORKDIR/llama` (tests/test_lora.c) and compares:
 the adapted model's logits, the adapters' gradients after one step, the adapter we saved after
 one AdamW step loading in peft with our logits, the base weights bit-identical after the step,
 and the model our merge tool writes loading in transformers with the adapted logits. Then the
-adapters' gradients with lora_dropout 0.1: peft's lora_dropout modules replaced by ones applying
-the masks `OUR_TEST_BINARY --oracle-dropout` drew, so that both sides drop the same elements. Then
-the same logits and gradients for GPT-2's and phi's module names. Prints "ok: ..." or "FAIL: ..."
-per check.
+adapters' gradients with lora_dropout 0.1 (r 4, lora_alpha 6 on all seven): peft's lora_dropout
+modules replaced by ones applying the masks `OUR_TEST_BINARY --oracle-dropout` drew, so that both
+sides drop the same elements. Then the same logits and gradients for GPT-2's module names (r 2,
+lora_alpha 5 on two of its three) and phi's (r 5, lora_alpha 3 on all six). The scales alpha / r,
+7/3, 1.5, 2.5 and 0.6, are none of them integers. Prints "ok: ..." or "FAIL: ..." per check.
 """
 import copy
 import os
@@ -33,9 +34,11 @@ from oracle_step import check, close
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def adapted(base, targets, fan_in_fan_out=False, dropout=0.0):
-    """base (left as it is) wrapped by peft, every adapter matrix random"""
-    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=targets, fan_in_fan_out=fan_in_fan_out)
+def adapted(base, targets, r, alpha, fan_in_fan_out=False, dropout=0.0):
+    """base (left as it is) wrapped by peft with adapters of rank r scaled by alpha / r, every adapter
+    matrix random"""
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                        fan_in_fan_out=fan_in_fan_out)
     model = get_peft_model(copy.deepcopy(base), config)
     torch.manual_seed(2)
     with torch.no_grad():
@@ -92,7 +95,7 @@ def check_llama(binary, merge_tool, work):
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
     y = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
-    model = adapted(base, LLAMA_TARGETS)
+    model = adapted(base, ["q_proj", "v_proj", "down_proj"], 3, 7)
     d = prepare(work, "llama", base, model, x, y)
     if not run_ours(binary, d):
         return
@@ -163,7 +166,7 @@ def check_llama_dropout(binary, work):
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
     y = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
-    model = adapted(base, LLAMA_TARGETS, dropout=p)
+    model = adapted(base, LLAMA_TARGETS, 4, 6, dropout=p)
     d = prepare(work, "llama_dropout", base, model, x, y)
     run = subprocess.run([binary, "--oracle-dropout", d, str(p)], capture_output=True, text=True)
     check(run.returncode == 0, f"our --oracle-dropout run exits 0 ({run.stderr.strip()[-300:]})")
@@ -187,7 +190,7 @@ def check_llama_dropout(binary, work):
     compare_grads("llama with lora_dropout 0.1", d, model, x, y)
 
 
-def check_other(binary, work, name, base, targets, fan_in_fan_out):
+def check_other(binary, work, name, base, targets, r, alpha, fan_in_fan_out):
     """GPT-2's and phi's module names: logits and gradients"""
     torch.manual_seed(0)
     with torch.no_grad():
@@ -197,7 +200,7 @@ def check_other(binary, work, name, base, targets, fan_in_fan_out):
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, V, (2, 16), generator=g, dtype=torch.int32)
     y = torch.randint(0, V, (2, 16), generator=g, dtype=torch.int32)
-    model = adapted(base, targets, fan_in_fan_out)
+    model = adapted(base, targets, r, alpha, fan_in_fan_out)
     d = prepare(work, name, base, model, x, y)
     if run_ours(binary, d):
         compare_logits_and_grads(name, d, model, x, y)
@@ -209,12 +212,12 @@ def main():
     check_llama_dropout(binary, work)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4,
                                       resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)).float().eval()
-    check_other(binary, work, "gpt2", gpt2, ["c_attn", "c_proj", "c_fc"], True)
+    check_other(binary, work, "gpt2", gpt2, ["c_attn", "c_fc"], 2, 5, True)
     phi = PhiForCausalLM(PhiConfig(vocab_size=300, hidden_size=32, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, max_position_embeddings=64, partial_rotary_factor=0.5,
                                    resid_pdrop=0, embd_pdrop=0, attention_dropout=0,
                                    attn_implementation="eager")).float().eval()
-    check_other(binary, work, "phi", phi, ["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"], False)
+    check_other(binary, work, "phi", phi, ["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"], 5, 3, False)
     print("lora oracle: done")
 
 

@@ -6,8 +6,9 @@
 #  - at least 20 exercises, two or more for each of stages 01-09 and common/, and 80% of all
 #    points need no GPU;
 #  - the grader's robustness: a copy that does not compile, one that hangs (its processes ended at
-#    the time limit), one that crashes printing bytes that are not text, and one that writes outside
-#    its copy are each graded failed with that reason, and the grader goes on to the next check.
+#    the time limit), one that crashes printing bytes that are not text, one that writes outside
+#    its copy, and a check whose program is missing (exit 127) are each graded failed with that
+#    reason, and the grader goes on to the next check.
 # Copies go to work/.test-exercises/ (removed at the end); grades are read from grade.json.
 source "$(dirname "$0")/lib.sh"
 base=work/.test-exercises
@@ -67,13 +68,13 @@ for id in $ids; do
 done
 echo "every starter graded: $((SECONDS - start)) s"
 
-# robustness: four broken hand-ins, graded with a catalogue made for them
+# robustness: five broken hand-ins, graded with a catalogue made for them
 python3 - "$tmp/robust.json" <<'PY'
 import json, sys
 sampler = dict(stage="06", kind="code", file="06_inference/sampler.c", function="candidates",
                build=["build/tests/test_top_p"], title="robustness")
-def exercise(id, stub, limit=60):
-    return dict(sampler, id=id, stub=stub, checks=[{"name": "sampler", "points": 1, "command": "build/tests/test_top_p",
+def exercise(id, stub, limit=60, command="build/tests/test_top_p"):
+    return dict(sampler, id=id, stub=stub, checks=[{"name": "sampler", "points": 1, "command": command,
                                                     "time_limit_s": limit, "needs_gpu": False},
                                                    {"name": "after", "points": 1, "command": "true",
                                                     "time_limit_s": limit, "needs_gpu": False}])
@@ -81,7 +82,8 @@ used = "    (void)s, (void)mass, (void)by_probability_desc, (void)g_sort_prob;\n
 ex = [exercise("no-compile", "    this is not C;"),
       exercise("hangs", used + "    for (;;) {\n    }\n    return 0;", limit=5),
       exercise("garbage", used + '    fwrite("\\xff\\xfe\\x1b[2J\\x07", 1, 6, stdout);\n    fflush(stdout);\n    abort();'),
-      exercise("outside", used + '    FILE *f = fopen("../../../exercise-outside-probe", "w");\n    if (f) fclose(f);\n    abort();')]
+      exercise("outside", used + '    FILE *f = fopen("../../../exercise-outside-probe", "w");\n    if (f) fclose(f);\n    abort();'),
+      exercise("missing", used + "    return 0;", command="build/tests/test_top_p_not_built")]
 json.dump({"exercises": ex}, open(sys.argv[1], "w"))
 PY
 robust() { # robust <id>: starts and grades that broken copy; its grade.json's first check is printed
@@ -105,4 +107,7 @@ check 'python3 -c "import json, sys; json.load(open(sys.argv[1]))" "$base/garbag
 out=$(robust outside)
 check '[[ "$out" == "failed passed wrote outside its copy: exercise-outside-probe"* ]]' "a copy that writes outside itself: $out"
 rm -f exercise-outside-probe
+# a check whose program is not there (bash: command not found, exit 127) is failed, not passed
+out=$(robust missing)
+check '[[ "$out" == "failed passed exit status 127"* ]]' "a check whose program is missing: $out"
 finish test_exercises

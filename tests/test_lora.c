@@ -97,14 +97,49 @@ static void test_sites(void) {
     gpt_layout_free(&l);
 }
 
-// the tiny Llama's layout and random weights, and adapters (r 4, alpha 8) on `targets`: lora_init's
-// A and a non-zero B (lora_init's zero B would hide every adapter's effect)
-static float *adapted_tiny_llama(ParamLayout *l, float **params, Lora *lo, const char *targets) {
+// PEFT's start: every lora_A drawn as torch's kaiming_uniform_(a=sqrt(5)), U(-1/sqrt(in), 1/sqrt(in)),
+// every lora_B zero, so that the adapted model starts as the base and B's gradient moves first.
+// Each A within its bound; their spread, pooled over the adapters in units of each one's bound,
+// that of U(-1, 1) (standard deviation 1/sqrt(3)) within 10%.
+static void test_init_as_peft(void) {
+    GPTConfig cfg = tiny_llama();
+    ParamLayout l;
+    gpt_layout(&l, &cfg);
+    Lora lo;
+    lora_describe(&lo, &l, 3, 7, "q_proj,v_proj,o_proj,down_proj", "test");
+    float *adapters = malloc_or_die(lo.layout.num_params * sizeof(float));
+    lora_init(&lo, adapters, 3);
+    double sum2 = 0;
+    size_t count = 0;
+    for (int i = 0; i < lo.n_sites; i++) {
+        const TensorInfo *a = &lo.layout.tensors[lo.sites[i].a], *b = &lo.layout.tensors[lo.sites[i].b];
+        double bound = 1.0 / sqrt((double)a->shape[1]), largest = 0;
+        size_t nonzero_b = 0;
+        for (size_t j = 0; j < a->numel; j++) {
+            double x = adapters[a->offset + j] / bound;
+            sum2 += x * x, count++;
+            largest = fmax(largest, fabs(x));
+        }
+        for (size_t j = 0; j < b->numel; j++) nonzero_b += adapters[b->offset + j] != 0.0f;
+        CHECK(largest <= 1 && nonzero_b == 0, "%s: A within its bound 1/sqrt(in) %.3g (largest %.3g of it), B zero "
+              "(%zu elements not)", a->name, bound, largest, nonzero_b);
+    }
+    double sd = sqrt(sum2 / (double)count), want = 1 / sqrt(3.0);
+    CHECK(fabs(sd - want) < 0.1 * want, "A's %zu elements spread as U(-bound, bound): standard deviation %.3g of the "
+          "bound, want %.3g", count, sd, want);
+    lora_free(&lo);
+    gpt_layout_free(&l);
+    free(adapters);
+}
+
+// the tiny Llama's layout and random weights, and adapters of rank r and lora_alpha alpha on
+// `targets`: lora_init's A and a non-zero B (lora_init's zero B would hide every adapter's effect)
+static float *adapted_tiny_llama(ParamLayout *l, float **params, Lora *lo, const char *targets, int r, double alpha) {
     GPTConfig cfg = tiny_llama();
     gpt_layout(l, &cfg);
     *params = malloc_or_die(l->num_params * sizeof(float));
     gpt_init_range(*params, l, 0, l->num_params, 7);
-    lora_describe(lo, l, 4, 8, targets, "test");
+    lora_describe(lo, l, r, alpha, targets, "test");
     float *adapters = malloc_or_die(lo->layout.num_params * sizeof(float));
     lora_init(lo, adapters, 3);
     for (size_t i = 0; i < lo->layout.num_params; i++)
@@ -117,7 +152,7 @@ static void test_merge_equals_adapted(void) {
     ParamLayout l;
     float *params;
     Lora lo;
-    float *adapters = adapted_tiny_llama(&l, &params, &lo, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+    float *adapters = adapted_tiny_llama(&l, &params, &lo, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", 4, 8);
     GPTConfig cfg = l.cfg;
     int B = 2, T = 8, N = B * T, tokens[16];
     for (int i = 0; i < N; i++) tokens[i] = (i * 17 + 3) % cfg.vocab_size;
@@ -237,12 +272,15 @@ static double gap(const float *got, const double *want, size_t n) {
 
 // The adapted qkv projection (q and v adapted, each with its own mask) in training with dropout:
 // its output, input gradient and the adapters' gradients against a double-precision reference
-// with the masks written out; after lora_training_done, the output without dropout.
+// with the masks written out; after lora_training_done, the output without dropout. Rank 3 and
+// alpha 7: PEFT's scale alpha / r is 7/3, which a scale rounded to an integer (2) misses.
 static void test_dropout_adapter(void) {
+    enum { R = 3 };  // the adapters' rank
     ParamLayout l;
     float *params;
     Lora lo;
-    float *adapters = adapted_tiny_llama(&l, &params, &lo, "q_proj,v_proj");
+    const double scale = 7.0 / R;
+    float *adapters = adapted_tiny_llama(&l, &params, &lo, "q_proj,v_proj", R, 7);
     GPTConfig cfg = l.cfg;
     lo.dropout = 0.25f, lo.seed = 11;
     int B = 2, T = 8, N = B * T, C = cfg.n_embd;
@@ -275,7 +313,7 @@ static void test_dropout_adapter(void) {
                 want[n * out_dim + o] += (double)x[n * C + c] * qkv->w[o * C + c];
                 dx[n * C + c] += (double)dout[n * out_dim + o] * qkv->w[o * C + c];
             }
-    double *xd = malloc_or_die((size_t)N * C * sizeof(double)), h[16 * 4], dh[16 * 4];
+    double *xd = malloc_or_die((size_t)N * C * sizeof(double)), h[16 * R], dh[16 * R];
     int sites = 0;
     for (int i = 0; i < lo.n_sites; i++) {
         const LoraSite *s = &lo.sites[i];
@@ -288,23 +326,23 @@ static void test_dropout_adapter(void) {
             for (int c = 0; c < C; c++)
                 xd[n * C + c] = x[n * C + c] * mask_factor(11, stream, 0.25f, first_seq + n / T, n % T, c);
         for (int n = 0; n < N; n++)
-            for (int k = 0; k < 4; k++) {
-                h[n * 4 + k] = 0, dh[n * 4 + k] = 0;
-                for (int c = 0; c < C; c++) h[n * 4 + k] += xd[n * C + c] * A[k * C + c];
-                for (int j = 0; j < s->rows; j++) dh[n * 4 + k] += lo.scale * dout[n * out_dim + s->row0 + j] * Bm[j * 4 + k];
+            for (int k = 0; k < R; k++) {
+                h[n * R + k] = 0, dh[n * R + k] = 0;
+                for (int c = 0; c < C; c++) h[n * R + k] += xd[n * C + c] * A[k * C + c];
+                for (int j = 0; j < s->rows; j++) dh[n * R + k] += scale * dout[n * out_dim + s->row0 + j] * Bm[j * R + k];
             }
         for (int n = 0; n < N; n++)
             for (int j = 0; j < s->rows; j++)
-                for (int k = 0; k < 4; k++) {
-                    want[n * out_dim + s->row0 + j] += lo.scale * h[n * 4 + k] * Bm[j * 4 + k];
-                    dB[j * 4 + k] += lo.scale * dout[n * out_dim + s->row0 + j] * h[n * 4 + k];
+                for (int k = 0; k < R; k++) {
+                    want[n * out_dim + s->row0 + j] += scale * h[n * R + k] * Bm[j * R + k];
+                    dB[j * R + k] += scale * dout[n * out_dim + s->row0 + j] * h[n * R + k];
                 }
         for (int n = 0; n < N; n++)
             for (int c = 0; c < C; c++) {
                 double f = x[n * C + c] ? xd[n * C + c] / x[n * C + c] : 0;  // the mask's factor
-                for (int k = 0; k < 4; k++) {
-                    dx[n * C + c] += f * dh[n * 4 + k] * A[k * C + c];
-                    dA[k * C + c] += dh[n * 4 + k] * xd[n * C + c];
+                for (int k = 0; k < R; k++) {
+                    dx[n * C + c] += f * dh[n * R + k] * A[k * C + c];
+                    dA[k * C + c] += dh[n * R + k] * xd[n * C + c];
                 }
             }
     }
@@ -328,10 +366,10 @@ static void test_dropout_adapter(void) {
         if (s->layer != 1) continue;
         const float *A = adapters + lo.layout.tensors[s->a].offset, *Bm = adapters + lo.layout.tensors[s->b].offset;
         for (int n = 0; n < N; n++)
-            for (int k = 0; k < 4; k++) {
+            for (int k = 0; k < R; k++) {
                 double hk = 0;
                 for (int c = 0; c < C; c++) hk += (double)x[n * C + c] * A[k * C + c];
-                for (int j = 0; j < s->rows; j++) want[n * out_dim + s->row0 + j] += lo.scale * hk * Bm[j * 4 + k];
+                for (int j = 0; j < s->rows; j++) want[n * out_dim + s->row0 + j] += scale * hk * Bm[j * R + k];
             }
     }
     e_out = gap(out, want, (size_t)N * out_dim);
@@ -461,6 +499,7 @@ int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--oracle") == 0) return run_lora_oracle(argv[2]);
     if (argc == 4 && strcmp(argv[1], "--oracle-dropout") == 0) return run_lora_oracle_dropout(argv[2], (float)atof(argv[3]));
     test_sites();
+    test_init_as_peft();
     test_merge_equals_adapted();
     test_dropout_mask();
     test_dropout_adapter();

@@ -13,8 +13,12 @@
 #    so that the matmuls, which W splits off, dominate: W is matmuls alone, while F and B also run
 #    GELU's exponentials and the other elementwise work, which grows as n_embd and the matmuls as
 #    its square (at n_embd 256 the ratio measures 0.42-0.45 on a CPU, at 384 0.39-0.41);
-#  - ZB-H1 keeps 9 N C floats a block and slot of deferred output gradients (stats.json memory);
-#  - the planner's bubble for each schedule follows its formula;
+#  - phi and Llama (tiny_phi, tiny_llama: grouped-query attention, SwiGLU 344 wide) on the alpaca
+#    fixture, whose batches fill max_seq_len, under 1F1B, interleaved and ZB-H1 reproduce stage 01;
+#  - ZB-H1 keeps, a block and slot, N rows of its linear layers' output widths added up of deferred
+#    output gradients (stats.json memory): 9 C for GPT-2 and phi, (C + 2 C_kv) + C + 2 I + C for
+#    Llama, which on tiny_llama (1200) is more than 9 C (1152);
+#  - the planner's bubble for each schedule follows its formula, and its deferred memory the run's;
 #  - bad input: virtual_stages with fewer blocks than p v, virtual_stages without interleaved,
 #    interleaved micro-batches not a multiple of p, zb-h1 with recomputation, an unknown schedule.
 source "$(dirname "$0")/lib.sh"
@@ -51,6 +55,23 @@ for name in il_bf16 zb_bf16; do
     check 'compare_losses "$tmp/s2bf16" "$tmp/$name" 20 1e-3' "$name strays from stage 2"
 done
 
+# every family at full length: the alpaca fixture's records fill max_seq_len (256), so the
+# deferred buffer is used to its last row; 6 steps, 4 blocks, 2 stages
+families() {
+    local family=$1 schedule
+    local args=(--config "configs/tiny_$family.json" --n_layer=4 --stop_iteration=6 --eval_batches=1 --log_interval=100
+                --data_path=../shared/fixtures/alpaca/rasbt-LLMs-from-scratch_instruction-data.json)
+    run_single 1 "single_$family"
+    for schedule in 1f1b interleaved zb-h1; do
+        run_ranks 7 "${schedule}_$family" 2 --pp_size=2 --num_microbatches=4 --pp_schedule=$schedule \
+            $([ $schedule = interleaved ] && echo --virtual_stages=2)
+        check 'compare_losses "$tmp/single_$family" "$tmp/${schedule}_$family" 6 1e-5' \
+            "$family under $schedule does not reproduce stage 01 at full sequence length"
+    done
+}
+families phi
+families llama
+
 # the orders: replayed with unit times (F 1, B 2; zb-h1 F = B = W = 1) each gives its formula
 unit_gap() {
     python3 -c "import json,sys; s = json.load(open(sys.argv[1])); print(abs(s['bubble_unit_times'] - s['bubble_theory']) < 1e-9 and s['bubble_theory'] == float(sys.argv[2]))" \
@@ -61,12 +82,19 @@ check '[ "$(unit_gap "$tmp/il_p4_L8_m8" "$(python3 -c "print(3 / (2 * 8 + 3))")"
 check '[ "$(unit_gap "$tmp/zb_p3_m8" "$(python3 -c "print(2 / (3 * 8 + 2))")")" = True ]' \
     "zb-h1 p 3, m 8: the unit-time replay or the theory is not 2/26"
 
-# zero bubble's price: 9 N C floats a block and slot (N = 4 rows x T tokens), T = the longest
-# sequence (256), stage 0 of p 2 holding 2 blocks, and p + 1 = 3 slots (each until its W)
-slots=$(json_value "$tmp/zb_p2_m4/stats.json" activation_slots)
-deferred=$(json_value "$tmp/zb_p2_m4/stats.json" memory "deferred weight gradients")
-check '[ "$slots" = 3 ] && [ "$deferred" = "$((3 * 2 * 9 * 4 * 256 * C * 4))" ]' \
-    "deferred weight gradients on stage 0: $deferred bytes in $slots slots"
+# zero bubble's price: a row's output widths x N floats a block and slot (N = 4 rows x T tokens),
+# T = the longest sequence (256), stage 0 of p 2 holding 2 blocks, and p + 1 = 3 slots (each until
+# its W). A row: GPT-2 and phi qkv 3C, attn_proj C, fc 4C, fc_proj C; tiny_llama (C 128, 2 of 4
+# heads for keys and values: C_kv 64, intermediate 344) q C + k, v 2 C_kv, attn_proj C, gate and up
+# 2 x 344, down C
+llama_row=$(((128 + 2 * 64) + 128 + 2 * 344 + 128))
+for run in zb_p2_m4:$((9 * C)) zb-h1_phi:$((9 * 128)) zb-h1_llama:$llama_row; do
+    name=${run%:*} row=${run#*:}
+    slots=$(json_value "$tmp/$name/stats.json" activation_slots)
+    deferred=$(json_value "$tmp/$name/stats.json" memory "deferred weight gradients")
+    check '[ "$slots" = 3 ] && [ "$deferred" = "$((3 * 2 * row * 4 * 256 * 4))" ]' \
+        "$name: deferred weight gradients on stage 0: $deferred bytes in $slots slots, want $row floats a row"
+done
 
 # the bubble on the first step's timeline, measured compute times: a wide, short model, 2 steps
 wide=(--n_embd=384 --max_seq_len=16 --stop_iteration=2 --n_layer=16 --pp_size=2 --num_microbatches=4)
@@ -100,6 +128,12 @@ check 'python3 -c "import sys; a, b, c = map(float, sys.argv[1:]); sys.exit(not 
 # and its memory for zb-h1: stage 0's 4 of 8 blocks in p + 1 = 3 slots of deferred output gradients
 plan_deferred=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['layouts'][0]['memory']['deferred weight gradients'])" "$tmp/plan_zb-h1.json")
 check '[ "$plan_deferred" = "$((3 * 4 * 9 * 4 * 256 * C * 4))" ]' "the planner's deferred weight gradients: $plan_deferred bytes"
+# on tiny_llama, whose row is wider than 9 C
+build/plan --cluster="$tmp/gpus.json" --ranks=2 --layout=pp2 --microbatches=4 --json="$tmp/plan_llama.json" \
+    --config configs/tiny_llama.json --n_layer=8 --pp_schedule=zb-h1 >"$tmp/plan_llama.log" 2>&1
+rc=$?; check '[ $rc -eq 0 ]' "plan of tiny_llama with zb-h1 failed: $(tail -2 "$tmp/plan_llama.log")"
+plan_deferred=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['layouts'][0]['memory']['deferred weight gradients'])" "$tmp/plan_llama.json")
+check '[ "$plan_deferred" = "$((3 * 4 * llama_row * 4 * 256 * 4))" ]' "the planner's deferred weight gradients on tiny_llama: $plan_deferred bytes"
 
 # bad input: one error, every rank stops
 bad=(timeout 120 mpirun -np 2 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad" --pp_size=2)

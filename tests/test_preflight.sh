@@ -10,7 +10,8 @@
 #   - an expected bus bandwidth far above what the ranks reach (the slowest pair is named);
 #   - GPUs: a stand-in nvidia-smi that fails, one that lists too few GPUs, and GPUs too small for
 #     the planner's need.
-# Every figure is read from the run's preflight.json, never from its table.
+# The bandwidths in comm.json are nccl-tests' algbw and busbw for the rank count. Every figure is
+# read from the run's preflight.json (and comm.json), never from its table.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 FIX=${FIXTURES:-../shared/fixtures}
@@ -64,6 +65,19 @@ for c in "library: cJSON" "library: oneDNN" "library: MPI" "library: libmicrohtt
     expect "$ok" pass "$c"
 done
 for n in 1 2 3 4 5 6 7 8; do expect "$ok" pass "stage $n: one step"; done
+# the bandwidths as nccl-tests defines them (its PERFORMANCE.md): algbw = size / time, busbw = algbw x
+# 2(n-1)/n for all-reduce (a reduce-scatter and an all-gather) and x (n-1)/n for all-gather
+check 'python3 - "$ok/comm.json" <<'"'PY'"'
+import json, sys
+d = json.load(open(sys.argv[1]))
+n, wrong = d["ranks"], []
+for kind, factor in (("all_reduce", 2 * (d["ranks"] - 1) / d["ranks"]), ("all_gather", (d["ranks"] - 1) / d["ranks"])):
+    for row in d[kind]:
+        alg = row["bytes"] / row["seconds"] / 1e9
+        if abs(row["algbw_GBps"] - alg) > 1e-9 * alg or abs(row["busbw_GBps"] - alg * factor) > 1e-9 * alg:
+            wrong.append((kind, row))
+sys.exit(1 if wrong or not d["all_reduce"] or not d["all_gather"] else 0)
+PY' "comm.json's algbw or busbw is not nccl-tests' (size / time; x 2(n-1)/n all-reduce, x (n-1)/n all-gather): $(head -c 400 "$ok/comm.json")"
 expect "$ok" skipped "gpus: count" "CPU backend"
 secs=$(python3 -c "import json; print(json.load(open('$ok/preflight.json'))['seconds'])")
 check 'awk -v s="$secs" "BEGIN { exit !(s < 300) }"' "make preflight took $secs s, over 5 minutes"

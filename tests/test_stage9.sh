@@ -8,6 +8,8 @@
 #    moment, (1 - beta1) x the gradient without clipping) equals stage 01's within 1e-5 of the
 #    tensor's largest;
 #  - bf16-mixed within stage 03's bound of stage 02 (1e-3);
+#  - every rank's attention computes the same number of query-key scores, a cp-th of the whole
+#    (stats.json), ring and ulysses;
 #  - comm_bytes per step: the gradient all-reduce plus the ring's or the all-to-alls' bytes;
 #  - memory: the ring's and Ulysses' activations a rank at cp 2 and 4 within 10% of stage 01's at
 #    T / cp;
@@ -32,6 +34,17 @@ for name in cp2dp2 cp4 ulysses_cp2dp2 cp4dp2 ulysses_cp4dp2; do
 done
 check '[ "$(json_value "$tmp/cp2dp2/stats.json" layout)" = "{\"cp\": 2, \"dp\": 2}" ]' \
     "stats.json's layout: $(json_value "$tmp/cp2dp2/stats.json" layout)"
+# equal work: the causal attention of a sequence padded to 2 cp chunks of c tokens (Tp = 2 cp c) is
+# 4 heads x Tp (Tp + 1) / 2 query-key scores, and every rank computes a cp-th of them (the fewest and
+# the most of any rank in stats.json); pairing chunk r with cp + r instead stays correct but not even
+for run in cp2dp2:2 cp4:4 ulysses_cp2dp2:2 cp4dp2:4 ulysses_cp4dp2:4; do
+    name=${run%:*} cp=${run#*:}
+    Tp=$((2 * cp * ((238 + 2 * cp - 1) / (2 * cp))))
+    most=$(json_value "$tmp/$name/stats.json" attention_scores_per_rank_max)
+    fewest=$(json_value "$tmp/$name/stats.json" attention_scores_per_rank_min)
+    check '[ -n "$most" ] && [ "$most" = "$fewest" ] && [ "$most" = "$((4 * Tp * (Tp + 1) / 2 / cp))" ]' \
+        "$name: a rank's attention scores range from $fewest to $most, want $((4 * Tp * (Tp + 1) / 2 / cp)) on every rank"
+done
 args=(--config configs/tiny_phi.json "${common[@]}")
 run_single 1 phi
 run_ranks 9 phi_cp2dp2 4 --cp_size=2

@@ -5,6 +5,7 @@
 #    The global batch of 16 allows 8 micro-batches on 2 ranks, 4 on 4. Runs: ZeRO-1 on 2 ranks x 8
 #    and HSDP 2x2 x 4; ZeRO-2 on 4 ranks x 4 (overlapped) and 2 ranks x 8; ZeRO-3 on 2 ranks x 8
 #    and HSDP 2x2 x 4 (prefetching); test_stage4.sh covers ZeRO-3 on 2, 3 and 4 ranks otherwise;
+#  - ZeRO-1 and ZeRO-2 on 3 ranks, whose blocks do not divide into 3 shards, reproduce stage 01 too;
 #  - bf16-mixed: ZeRO-1 and ZeRO-2 on 2 ranks match stage 02 within 1e-3 (stage 03's bound);
 #  - memory per rank from stats.json against a stage-3 run's rows (DDP): ZeRO-1's AdamW m and v are
 #    1/P of them, its parameters and gradients equal; ZeRO-2's gradient shard is 1/P, and it holds
@@ -43,6 +44,14 @@ while read -r name np zero R acc extra; do
     run_ranks 4 "$name" "$np" --zero_stage="$zero" --hsdp_replicas="$R" --gradient_acc_steps="$acc" $extra </dev/null
     check 'compare_losses "$tmp/single" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01"
 done <<<"$runs"
+# 3 ranks: a block's 12 C^2 + 13 C elements do not divide by 3, so the last shard ends in padding and
+# a rank's slice of a whole unit starts at rank x the padded shard, not rank x numel / 3 (a global
+# batch of 12: 4 sequences a rank, 2 micro-batches)
+run_single 1 single12 --global_batch_size=12
+for zero in 1 2; do
+    run_ranks 4 "z${zero}_np3" 3 --zero_stage=$zero --global_batch_size=12 --gradient_acc_steps=2
+    check 'compare_losses "$tmp/single12" "$tmp/z${zero}_np3" 20 1e-5' "ZeRO-$zero on 3 ranks does not reproduce stage 01"
+done
 
 # ---- communication: the textbook figures from the model's shape ---------------------------------
 # prints: per-step bytes, the shard group's and the replicas' totals over the run, and the wire

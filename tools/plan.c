@@ -35,6 +35,7 @@
 #include "run/run_stats.h"
 #include "run/stage_run.h"
 #include "tp_model.h"
+#include "zero_bubble.h"
 
 typedef struct {
     const Config *cfg;
@@ -265,7 +266,7 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     size_t n = layout.num_params;
     int rows = s->cfg->global_batch_size / dp / m;
     // 07_pipeline_parallel's report: each chunk's slots of its activations, and zb-h1's deferred
-    // output gradients (zero_bubble.c: 9 N C floats a block and slot)
+    // output gradients (zero_bubble.c: a block's linear output widths x N floats a block and slot)
     int *slots = calloc_or_die((size_t)g.chunks, sizeof *slots);
     pipe_slots(s->cfg->pp_schedule, m, pp, g.chunks, 0, slots);
     size_t acts = 0, deferred = 0;
@@ -274,7 +275,7 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
         pipe_chunk_blocks(&g, s->mc->n_layer, c, &spec.first_layer, &spec.n_layers);
         spec.embed = c == 0, spec.head = pp == 1 && c == g.chunks - 1;
         acts += (size_t)slots[c] * acts_bytes(&spec);
-        deferred += (size_t)slots[c] * spec.n_layers * 9 * rows * s->T * s->mc->n_embd * sizeof(float);
+        deferred += (size_t)slots[c] * deferred_weights_floats(&spec) * sizeof(float);
     }
     add_model_memory(p, s->cfg, n, acts);
     if (pipe_zero_bubble(s->cfg->pp_schedule)) add_memory(p, "deferred weight gradients", deferred);

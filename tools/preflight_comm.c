@@ -117,7 +117,8 @@ static double time_collective(Comm *w, const char *kind, size_t bytes, int iters
 }
 
 static cJSON *measure_collective(Comm *w, const char *kind, const Options *o, float *a, float *b) {
-    double n = comm_size(w), factor = strcmp(kind, "all_reduce") == 0 ? 2 * (n - 1) / n : (n - 1) / n;
+    int n = comm_size(w);
+    double factor = comm_bus_factor(strcmp(kind, "all_reduce") == 0 ? COLL_ALL_REDUCE : COLL_ALL_GATHER, n);
     cJSON *rows = cJSON_CreateArray();
     for (int s = 0; s < o->n_sizes; s++) {
         // the all-gather's size is its output: n equal blocks

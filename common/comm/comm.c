@@ -189,8 +189,7 @@ double comm_total_count(const size_t *counts, int n) {
     return total;
 }
 
-// nccl-tests' factors (comm.h): what each link carries relative to the size
-static double bus_factor(CollKind kind, int n) {
+double comm_bus_factor(CollKind kind, int n) {
     switch (kind) {
     case COLL_ALL_REDUCE: return 2.0 * (n - 1) / n;
     case COLL_ALL_GATHER:
@@ -217,7 +216,7 @@ void comm_wait(CommRequest *r) {
     s->calls[r->kind]++;
     s->bytes[r->kind] += r->bytes;
     s->seconds[r->kind] += comm_backend_seconds(r);
-    s->bus_bytes[r->kind] += r->bytes * bus_factor(r->kind, r->comm->size);
+    s->bus_bytes[r->kind] += r->bytes * comm_bus_factor(r->kind, r->comm->size);
     free(r);
 }
 

@@ -37,6 +37,11 @@ typedef enum {
     COLL_KINDS
 } CollKind;
 
+// nccl-tests' bus factor of a collective of `kind` over n ranks: what each link carries relative
+// to the size (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; else 1), so
+// that bus bandwidth = size x factor / seconds compares with a link's bandwidth at any n
+double comm_bus_factor(CollKind kind, int n);
+
 // Starts MPI and returns the world group; sets log_set_rank(). Call first in main.
 Comm *comm_init(int *argc, char ***argv);
 // Chooses what moves the payload, from the config's comm_backend: call on every rank right after

@@ -810,6 +810,22 @@ static cJSON *new_config(const char *model_type, const char *architecture) {
     return c;
 }
 
+// key: a float32 as the shortest decimal that reads back as the same float32 (rms_norm_eps 1e-06,
+// not the double nearest the float, 9.99999997475243e-07), whole ones with ".0" so that Python
+// reads a float: transformers warns when Llama 3's rope_scaling factors are ints
+static void add_float(cJSON *obj, const char *key, float v) {
+    char text[32];
+    if (v == truncf(v) && fabsf(v) < 1e7f) {  // whole, and every digit significant
+        snprintf(text, sizeof text, "%.1f", (double)v);
+    } else {
+        for (int digits = 1; digits <= 9; digits++) {  // 9 significant digits always read back
+            snprintf(text, sizeof text, "%.*g", digits, (double)v);
+            if (strtof(text, NULL) == v) break;
+        }
+    }
+    cJSON_AddRawToObject(obj, key, text);
+}
+
 // the text of a config.json (c is freed)
 static char *config_text(cJSON *c) {
     char *text = cJSON_Print(c);
@@ -845,7 +861,7 @@ static char *hf_config_json(const GPTConfig *cfg) {
         cJSON_AddNumberToObject(c, "num_local_experts", cfg->n_experts);
         cJSON_AddNumberToObject(c, "num_experts_per_tok", cfg->experts_per_token);
         cJSON_AddNumberToObject(c, "moe_every", cfg->moe_every);
-        cJSON_AddNumberToObject(c, "router_aux_loss_coef", cfg->aux_loss_coef);
+        add_float(c, "router_aux_loss_coef", cfg->aux_loss_coef);
     }
     return config_text(c);
 }
@@ -860,8 +876,8 @@ static char *phi_config_json(const GPTConfig *cfg) {
     cJSON_AddNumberToObject(c, "num_attention_heads", cfg->n_head);
     cJSON_AddNumberToObject(c, "num_key_value_heads", cfg->n_head);
     cJSON_AddNumberToObject(c, "max_position_embeddings", cfg->max_seq_len);
-    cJSON_AddNumberToObject(c, "partial_rotary_factor", (double)cfg->rotary_dim / (cfg->n_embd / cfg->n_head));
-    cJSON_AddNumberToObject(c, "rope_theta", cfg->rope_theta);
+    add_float(c, "partial_rotary_factor", (float)cfg->rotary_dim / (float)(cfg->n_embd / cfg->n_head));
+    add_float(c, "rope_theta", cfg->rope_theta);
     cJSON_AddNullToObject(c, "rope_scaling");
     cJSON_AddStringToObject(c, "hidden_act", "gelu_new");
     cJSON_AddNumberToObject(c, "layer_norm_eps", 1e-5);
@@ -885,18 +901,18 @@ static char *llama_config_json(const GPTConfig *cfg) {
     cJSON_AddNumberToObject(c, "num_attention_heads", cfg->n_head);
     cJSON_AddNumberToObject(c, "num_key_value_heads", cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head);
     cJSON_AddNumberToObject(c, "max_position_embeddings", cfg->max_seq_len);
-    cJSON_AddNumberToObject(c, "rope_theta", cfg->rope_theta);
+    add_float(c, "rope_theta", cfg->rope_theta);
     if (cfg->rope_factor) {
         cJSON *r = cJSON_AddObjectToObject(c, "rope_scaling");
         cJSON_AddStringToObject(r, "rope_type", "llama3");
-        cJSON_AddNumberToObject(r, "factor", cfg->rope_factor);
-        cJSON_AddNumberToObject(r, "low_freq_factor", cfg->rope_low_freq_factor);
-        cJSON_AddNumberToObject(r, "high_freq_factor", cfg->rope_high_freq_factor);
+        add_float(r, "factor", cfg->rope_factor);
+        add_float(r, "low_freq_factor", cfg->rope_low_freq_factor);
+        add_float(r, "high_freq_factor", cfg->rope_high_freq_factor);
         cJSON_AddNumberToObject(r, "original_max_position_embeddings", cfg->rope_original_max_positions);
     } else {
         cJSON_AddNullToObject(c, "rope_scaling");
     }
-    cJSON_AddNumberToObject(c, "rms_norm_eps", cfg->norm_eps);
+    add_float(c, "rms_norm_eps", cfg->norm_eps);
     cJSON_AddStringToObject(c, "hidden_act", "silu");
     cJSON_AddBoolToObject(c, "attention_bias", 0);
     cJSON_AddBoolToObject(c, "mlp_bias", 0);
