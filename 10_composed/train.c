@@ -121,8 +121,9 @@ int main(int argc, char **argv) {
         // the bf16 copy of this step's weights: made once, read by every matmul of the step
         if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);
 
-        // this replica's micro-batches (slices replica * m ... of dp * m), each stage fetching the
-        // same ones: the first reads their tokens, the last their targets, every stage their shape.
+        // this replica's micro-batches (slices replica * m ... of dp * m: sharded by the data
+        // dimension only), each stage and each x rank fetching the same ones: the first stage reads
+        // their tokens, the last their targets, every stage their shape.
         // Each token's loss is divided by the target tokens of the WHOLE global batch, as in 03.
         for (int micro = 0; micro < m; micro++)
             dataset_get_batch(data, 0, (uint64_t)cfg.seed, epoch, b, cfg.global_batch_size,
