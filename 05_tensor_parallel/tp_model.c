@@ -489,7 +489,6 @@ static float *alloc_floats(TPActs *a, size_t n) {
     return dev_malloc(n * sizeof(float));
 }
 
-// the block's activations at this rank's sizes
 // the block's activations at this rank's sizes, for the layers m holds
 static ActsSpec tp_acts_spec(const TPModel *m, int B, int T, int flags) {
     ActsSpec spec = whole_model_acts(&m->cfg, B, T, flags & ACTS_16BIT, flags & ACTS_RECOMPUTE);
