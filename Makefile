@@ -93,6 +93,8 @@ STAGE_LIBS_6 := -lmicrohttpd -pthread
 STAGE_EXTRA_10 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 05_tensor_parallel/tp_lora.c \
                   07_pipeline_parallel/pipeline.c 07_pipeline_parallel/schedules.c 07_pipeline_parallel/zero_bubble.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_10)): CC := $(MPICC)
+# ... on the mesh of composed runs (common/comm/mesh.c)
+STAGE_OBJS_10 := $(B)/common/comm/mesh.o
 # a stage's objects built per backend: stage 09's ring attention steps (kernels, or OpenMP loops)
 STAGE_OBJS_9 := $(B)/09_context_parallel/backend/ring_blocks_$(BACKEND).o
 
@@ -186,7 +188,7 @@ build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 $(B)/tests/mpi/%.o: CC := $(MPICC)
 # a check of a stage's code links that stage's objects: one prerequisite line per program
 build/tests/mpi/tp_linear_check: $(B)/05_tensor_parallel/tp_linear.o
-# the mesh of composed runs (common/comm/mesh.c), which the stages do not link yet
+# the mesh of composed runs (common/comm/mesh.c), which stage 10 links
 build/tests/mpi/mesh_check: $(B)/common/comm/mesh.o
 build/tests/mpi/ring_allreduce_check: $(B)/03_ddp/ring_allreduce.o
 $(B)/tests/mpi/ring_allreduce_check.o: CFLAGS += -I03_ddp

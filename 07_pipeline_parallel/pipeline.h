@@ -12,6 +12,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "data/alpaca.h"
+#include "model/activations.h"
 #include "model/gpt.h"
 #include "run/lora.h"
 

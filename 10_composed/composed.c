@@ -11,32 +11,27 @@
 
 // ---- the mesh ---------------------------------------------------------------------------------
 
-void mesh_init(Mesh *m, Comm *world, const Config *cfg) {
-    int rank = comm_rank(world), P = comm_size(world);
+void composed_groups_init(ComposedGroups *g, Comm *world, const Config *cfg) {
     const int *d = cfg->tp_dimensions;
     // 05's y splits the hidden dimension of the residual stream, which the pipeline sends whole
     if (d[1] != 1)
-        fatal("key 'tp_dimensions' is [%d, %d, %d] but stage 10 splits layers 1-D over x: y must be 1 (a y split "
-              "would cut the activations the pipeline stages send each other)", d[0], d[1], d[2]);
-    int tp = d[0], pp = cfg->pp_size;
-    if (P % (tp * pp) != 0)
-        fatal("the mesh does not fit %d ranks: tp (tp_dimensions x, %d) x pp (pp_size, %d) = %d must divide them "
-              "(the rest is data parallelism)", P, tp, pp, tp * pp);
-    *m = (Mesh){.dp = P / (tp * pp), .pp = pp, .tp = tp};
-    m->t = rank % tp;
-    m->stage = rank / tp % pp;
-    m->replica = rank / (tp * pp);
-    m->stage_ranks = comm_split(world, m->stage, m->replica * tp + m->t, "stage");
-    m->slice = comm_split(world, m->t, m->replica * pp + m->stage, "slice");
-    m->replica_ranks = comm_split(world, m->replica, m->stage * tp + m->t, "replica");
-    m->checkpoint = comm_split(world, m->stage, m->replica * tp + m->t, "checkpoint");
-}
-
-void print_mesh(const Mesh *m) {
-    printf("mesh: dp %d x pp %d x tp %d = %d ranks, rank = (replica * %d + stage) * %d + t: tensor parallelism "
-           "innermost (its all-reduces run in every layer: keep them inside a host), then the pipeline's "
-           "stages (one message per micro-batch), the data-parallel replicas outermost (one all-reduce a step)\n",
-           m->dp, m->pp, m->tp, m->dp * m->pp * m->tp, m->pp, m->tp);
+        fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but stage 10 splits layers 1-D over x: y must be 1 (a y "
+              "split would cut the activations the pipeline stages send each other)", config_source("tp_dimensions"),
+              d[0], d[1], d[2]);
+    char text[64], source[1200], why[320];
+    int size[MESH_DIMS];
+    snprintf(text, sizeof text, "tp=%d,pp=%d", d[0], cfg->pp_size);
+    snprintf(source, sizeof source, "%s (tp_dimensions), %s (pp_size)", config_source("tp_dimensions"),
+             config_source("pp_size"));
+    if (!mesh_parse(text, comm_size(world), size, why, sizeof why)) fatal("%s: mesh: %s", source, why);
+    Mesh *m = &g->mesh;
+    mesh_init(m, world, size, source);
+    int stage = m->coord[MESH_PP], replica = m->coord[MESH_DP], pp = m->size[MESH_PP];
+    // 07's grid numbers its ranks replica * pp + stage: the mesh's pp x dp group, renumbered
+    g->slice = comm_split(world, m->coord[MESH_TP], replica * pp + stage, "slice");
+    g->stage_ranks = mesh_group(m, MESH_ALONG(MESH_DP) | MESH_ALONG(MESH_TP), "stage");
+    g->replica_ranks = mesh_group(m, MESH_ALONG(MESH_PP) | MESH_ALONG(MESH_TP), "replica");
+    g->checkpoint = mesh_group(m, MESH_ALONG(MESH_DP) | MESH_ALONG(MESH_TP), "checkpoint");
 }
 
 // ---- 05's layers inside 07's stages -----------------------------------------------------------
@@ -77,7 +72,7 @@ double composed_norm_squares(const TPModel *m, const PipeGrid *pg, const float *
 
 // ---- checkpoints ------------------------------------------------------------------------------
 
-void composed_save_checkpoint(const Config *cfg, const Mesh *mesh, const PipeGrid *pg, const TPModel *m,
+void composed_save_checkpoint(const Config *cfg, const ComposedGroups *groups, const PipeGrid *pg, const TPModel *m,
                               const ParamLayout *full, const float *params, const float *adam_m,
                               const float *adam_v, long step) {
     size_t bytes = m->full.num_params * sizeof(float);
@@ -85,9 +80,9 @@ void composed_save_checkpoint(const Config *cfg, const Mesh *mesh, const PipeGri
     float *part[3];
     for (int i = 0; i < 3; i++) {
         part[i] = dev_malloc(bytes);
-        tp_assemble(m, part[i], mine[i], mesh->checkpoint);  // this stage's part, on each of its ranks
+        tp_assemble(m, part[i], mine[i], groups->checkpoint);  // this stage's part, on each of its ranks
     }
-    if (mesh->t == 0) pipe_save_checkpoint(cfg, pg, &m->full, full, part[0], part[1], part[2], step);
+    if (groups->mesh.coord[MESH_TP] == 0) pipe_save_checkpoint(cfg, pg, &m->full, full, part[0], part[1], part[2], step);
     for (int i = 0; i < 3; i++) dev_free(part[i]);
 }
 

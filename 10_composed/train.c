@@ -1,6 +1,6 @@
 // Stage 10: the techniques composed, data x tensor x pipeline parallelism on one mesh.
 //
-// The P ranks form a mesh dp x pp x tp (composed.h; tensor parallelism innermost). 07's pipeline
+// The P ranks form a mesh pp x dp x tp (composed.h; tensor parallelism innermost). 07's pipeline
 // cuts the blocks into pp_size stages and runs num_microbatches micro-batches through them in the
 // order pp_schedule says (gpipe, 1f1b); inside each stage, 05's tensor-parallel layers split every
 // block over tp_dimensions' x ranks (heads, MLP columns, the vocabulary); the pipelines are
@@ -60,17 +60,17 @@ int main(int argc, char **argv) {
     // ---- the mesh: each piece's grid made over its ranks, refused before any work if it does
     // not fit the model and the batch ----
     GPTConfig mc = model_shape(&cfg, tok);
-    Mesh mesh;
-    mesh_init(&mesh, world, &cfg);
+    ComposedGroups groups;  // the mesh pp x dp x tp, and the ranks each piece's grid is made over
+    composed_groups_init(&groups, world, &cfg);
     PipeGrid grid;  // 07's: pp stages x dp replicas, over the ranks of this tensor-parallel rank
-    pipe_grid_init(&grid, mesh.slice, &cfg, &mc);
+    pipe_grid_init(&grid, groups.slice, &cfg, &mc);
     if (grid.chunks > 1)
         fatal("key 'pp_schedule' is 'interleaved', but stage 10 runs gpipe and 1f1b (a chunk's tensor-parallel "
               "weight stream is the stage's whole range)");
     int m = cfg.num_microbatches;
-    tp_check_grid(&mc, cfg.tp_dimensions, comm_size(mesh.stage_ranks), cfg.global_batch_size, m);
+    tp_check_grid(&mc, cfg.tp_dimensions, comm_size(groups.stage_ranks), cfg.global_batch_size, m);
     TPGrid tp_grid;  // 05's: [tp, 1, 1] x dp, over the ranks of this pipeline stage
-    tp_grid_init(&tp_grid, mesh.stage_ranks, cfg.tp_dimensions);
+    tp_grid_init(&tp_grid, groups.stage_ranks, cfg.tp_dimensions);
     ParamLayout stage_layout, full_layout;
     pipe_stage_layout(&stage_layout, &mc, &grid);  // its blocks, embedding, head
     gpt_layout(&full_layout, &mc);
@@ -97,7 +97,7 @@ int main(int argc, char **argv) {
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     print_stage_banner(10, P, &cfg, &mc, mb.n);
-    print_mesh(&mesh);
+    print_mesh_plan(&groups.mesh);
     print_pipeline_plan(&grid, &cfg, &mc, mb.n, pipe.n_slots);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
     pipeline_print_memory(&pipe, &cfg, mb.n);
@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
         // clip the global gradient norm (one replica's squares summed, each element once), then
         // one AdamW step on this rank's tensors; in 16-mixed the gradients are first divided by
         // the loss scale, and a step whose gradients overflowed is skipped
-        double norm = sqrt(comm_sum_double(mesh.replica_ranks, composed_norm_squares(&model, &grid, mb.grads)));
+        double norm = sqrt(comm_sum_double(groups.replica_ranks, composed_norm_squares(&model, &grid, mb.grads)));
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
             adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
@@ -182,27 +182,27 @@ int main(int argc, char **argv) {
             s.val_loss = val[1] ? val[0] / val[1] : -1;
         }
         if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
-        print_first_schedule(mesh.slice, &pipe);  // after step 1 only: its traced schedule (x = 0's pipelines)
+        print_first_schedule(groups.slice, &pipe);  // after step 1 only: its traced schedule (x = 0's pipelines)
         if (checkpoint_due(&cfg, step + 1, last))
-            composed_save_checkpoint(&cfg, &mesh, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
+            composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
                                      step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
         if (!last && totals[2] > 0) {
-            composed_save_checkpoint(&cfg, &mesh, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
+            composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
                                      step + 1);
             print_stopped_to_be_resumed(&cfg, step + 1);
             comm_finalize(world);
             exit(EXIT_TO_BE_RESUMED);
         }
     }
-    print_bubble(mesh.slice, &pipe);
-    composed_save_checkpoint(&cfg, &mesh, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
+    print_bubble(groups.slice, &pipe);
+    composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld, the full model)\n", cfg.out_dir, total_steps);
     // the proof that data parallelism kept each stage's replicas identical
     if (grid.dp > 1) comm_check_replicas_identical(grid.dp_group, mb.params, mb.n);
     comm_print_table(world);
     if (rank == 0)
-        run_stats_write(&cfg, 10, P, (RunLayout){.dp = grid.dp, .pp = grid.pp, .tp_dimensions = {mesh.tp, 1, 1}},
+        run_stats_write(&cfg, 10, P, (RunLayout){.dp = grid.dp, .pp = grid.pp, .tp_dimensions = {tp_grid.X, 1, 1}},
                         comm_stats_json());
 
     comm_trace_write(world, cfg.out_dir, cfg.trace);

@@ -6,7 +6,7 @@
 # Options: CONFIG_FILE, EXTRA_ARGS, LAUNCHER=srun|mpirun and the NCCL / Open MPI settings in
 # slurm/common.sh. More nodes: change --nodes; ranks = nodes x tasks per node, a multiple of
 # tp x pp_size. A tensor-parallel group is tp consecutive ranks: keep tp <= tasks per node, so its
-# all-reduces (every layer) stay inside a host; the replicas, outermost, cross the nodes.
+# all-reduces (every layer) stay inside a host; the pipeline's stages, outermost, cross the nodes.
 #SBATCH --job-name=stage-10
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8

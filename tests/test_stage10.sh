@@ -6,7 +6,8 @@
 #    (RMSNorm, SwiGLU, grouped-query attention) on dp 2 x tp 2 x pp 2 too; and with the loss
 #    seeing the gradient's scale (SCALE_ARGS: no clipping), where a tied wte summed twice or not at
 #    all, or a loss counted on every x rank, moves it; bf16-mixed matches stage 02 within 1e-3;
-#  - the mesh puts tensor parallelism innermost (stats.json layout: dp, pp, tp_dimensions);
+#  - the mesh (common/comm/mesh.h) puts tensor parallelism innermost and says so; stats.json's
+#    layout holds dp, pp and tp_dimensions;
 #  - comm_bytes per step on rank 0, and the tied wte's and the replicas' bytes, equal the README's
 #    formula;
 #  - a head count tp does not divide, a pipeline longer than the blocks, a mesh that does not
@@ -28,14 +29,15 @@ check 'compare_losses "$tmp/single2" "$tmp/d2t2p2" 20 1e-5' "dp 2 x tp 2 x pp 2 
 for name in d2t2p3_gpipe t4p2; do
     check 'compare_losses "$tmp/single4" "$tmp/$name" 20 1e-5' "$name does not reproduce stage 01 (n_layer 4)"
 done
-check 'grep -q "rank = (replica \* 2 + stage) \* 2 + t" "$tmp/d2t2p2.log"' "the mesh's rank order is not printed"
+check 'grep -q "^mesh: pp 2 x dp 2 x ep 1 x cp 1 x tp 2 = 8 ranks" "$tmp/d2t2p2.log" && grep -q "^mesh order, outermost first: pp, dp, ep, cp, tp" "$tmp/d2t2p2.log"' \
+    "the mesh and its order are not printed"
 check 'grep -q "stage 0: blocks 0-1 + embedding" "$tmp/d2t2p3_gpipe.log" && grep -q "stage 2: blocks 3-3 + final" "$tmp/d2t2p3_gpipe.log"' \
     "4 blocks over 3 stages are not split 2, 1, 1"
 check '[ "$(json_value "$tmp/d2t2p2/stats.json" layout)" = "{\"tp_dimensions\": [2, 1, 1], \"pp\": 2, \"dp\": 2}" ]' \
     "stats.json layout is $(json_value "$tmp/d2t2p2/stats.json" layout)"
 check 'grep -q "replicas identical on all 2 ranks" "$tmp/d2t2p2.log"' "no replica check on dp 2"
 
-# communication on rank 0 (t 0 of stage 0 of replica 0) per step, T fixed by a short max_seq_len,
+# communication on rank 0 (t 0 of replica 0 of stage 0) per step, T fixed by a short max_seq_len,
 # the README's formula: per micro-batch of r rows, the x group all-reduces r x T x C floats once
 # for the embedding and four times a block (attention's and the MLP's row-parallel outputs
 # forward, their column-parallel inputs' gradients backward); the pipeline sends m activations
@@ -88,7 +90,7 @@ expect_one_error "a head count tp does not divide" "attention heads must divide 
     bad 6 --n_layer=2 --tp_dimensions=3,1,1 --pp_size=2
 expect_one_error "more stages than blocks" "key 'pp_size': 3 stages for 2 blocks" \
     bad 3 --n_layer=2 --pp_size=3
-expect_one_error "a mesh that does not divide the ranks" "tp (tp_dimensions x, 2) x pp (pp_size, 2) = 4 must divide them" \
+expect_one_error "a mesh that does not divide the ranks" "mesh: dimension 'pp' is 2, which does not divide 3" \
     bad 6 --n_layer=2 "${mesh[@]}"
 expect_one_error "a y split" "y must be 1" bad 4 --n_layer=2 --tp_dimensions=2,2,1
 expect_one_error "a z split" "z must be 1" bad 4 --n_layer=2 --tp_dimensions=2,1,2
