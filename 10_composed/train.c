@@ -26,6 +26,7 @@
 #include "config/config.h"
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
+#include "model/activations.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
 #include "run/evaluate.h"
