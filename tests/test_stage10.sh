@@ -5,7 +5,7 @@
 #    within 1e-5 relative over 20 steps; phi (an untied head with a bias, rotary) and Llama
 #    (RMSNorm, SwiGLU, grouped-query attention) on dp 2 x tp 2 x pp 2 too; and with the loss
 #    seeing the gradient's scale (SCALE_ARGS: no clipping), where a tied wte summed twice or not at
-#    all, or a loss counted on every x rank, moves it; bf16-mixed matches stage 02 within 1e-3;
+#    all, or a loss counted on every x rank, moves it; bf16-mixed and fp16 match stage 02 within 1e-3;
 #  - the mesh (common/comm/mesh.h) puts tensor parallelism innermost and says so; stats.json's
 #    layout holds dp, pp and tp_dimensions;
 #  - comm_bytes per step on rank 0, and the tied wte's and the replicas' bytes, equal the README's
@@ -68,11 +68,14 @@ run_ranks 10 d2t2p2_scale 8 --n_layer=2 "${mesh[@]}"
 check 'compare_losses "$tmp/single_scale" "$tmp/d2t2p2_scale" 20 1e-5' \
     "dp 2 x tp 2 x pp 2 without clipping, eps 1e-3, does not reproduce stage 01"
 
-# bf16-mixed against stage 02, within stage 03's bound (bf16 sums depend on their order)
-args=(--config configs/tiny.json "${common[@]}" --precision=bf16-mixed)
-run_single 2 single_bf16 --n_layer=2
-run_ranks 10 d2t2p2_bf16 8 --n_layer=2 "${mesh[@]}"
-check 'compare_losses "$tmp/single_bf16" "$tmp/d2t2p2_bf16" 20 1e-3' "bf16-mixed on dp 2 x tp 2 x pp 2 strays from stage 02"
+# bf16-mixed and fp16 (16-mixed: its loss scale and skipped steps too) against stage 02, within
+# stage 03's bound (16-bit sums depend on their order)
+for precision in bf16-mixed 16-mixed; do
+    args=(--config configs/tiny.json "${common[@]}" --precision=$precision)
+    run_single 2 single_$precision --n_layer=2
+    run_ranks 10 d2t2p2_$precision 8 --n_layer=2 "${mesh[@]}"
+    check 'compare_losses "$tmp/single_$precision" "$tmp/d2t2p2_$precision" 20 1e-3' "$precision on dp 2 x tp 2 x pp 2 strays from stage 02"
+done
 
 # the other model families: phi (untied lm_head with a bias, partial rotary), Llama (RMSNorm,
 # SwiGLU, 4 query heads on 2 key/value heads: one of each per x rank)
