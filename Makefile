@@ -75,9 +75,10 @@ STAGE_DIR_6 := 06_inference
 STAGE_DIR_7 := 07_pipeline_parallel
 STAGE_DIR_8 := 08_mixture_of_experts
 STAGE_DIR_9 := 09_context_parallel
+STAGE_DIR_10 := 10_composed
 # the stages whose directory holds C files; from 03 on they talk MPI
-STAGES := $(foreach n,1 2 3 4 5 6 7 8 9,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
-MPI_STAGES := $(filter 3 4 5 6 7 8 9,$(STAGES))
+STAGES := $(foreach n,1 2 3 4 5 6 7 8 9 10,$(if $(wildcard $(STAGE_DIR_$(n))/*.c),$(n)))
+MPI_STAGES := $(filter 3 4 5 6 7 8 9 10,$(STAGES))
 # files of another stage that a stage builds on: stage 06 on a grid wraps stage 05's tensor-parallel
 # layers, and generates from stage 08's checkpoints with its mixture-of-experts MLP (08's moe.c)
 STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 08_mixture_of_experts/moe.c
@@ -87,6 +88,13 @@ $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
+# stage 10 composes the pieces: 07's pipeline (with its schedules) whose stages run 05's
+# tensor-parallel layers (tp_model.c hands a LoRA run's norm to tp_lora.c, which stage 10 refuses)
+STAGE_EXTRA_10 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 05_tensor_parallel/tp_lora.c \
+                  07_pipeline_parallel/pipeline.c 07_pipeline_parallel/schedules.c 07_pipeline_parallel/zero_bubble.c
+$(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_10)): CC := $(MPICC)
+# ... on the mesh of composed runs (common/comm/mesh.c)
+STAGE_OBJS_10 := $(B)/common/comm/mesh.o
 # a stage's objects built per backend: stage 09's ring attention steps (kernels, or OpenMP loops)
 STAGE_OBJS_9 := $(B)/09_context_parallel/backend/ring_blocks_$(BACKEND).o
 
@@ -180,7 +188,7 @@ build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 $(B)/tests/mpi/%.o: CC := $(MPICC)
 # a check of a stage's code links that stage's objects: one prerequisite line per program
 build/tests/mpi/tp_linear_check: $(B)/05_tensor_parallel/tp_linear.o
-# the mesh of composed runs (common/comm/mesh.c), which the stages do not link yet
+# the mesh of composed runs (common/comm/mesh.c), which stage 10 links
 build/tests/mpi/mesh_check: $(B)/common/comm/mesh.o
 build/tests/mpi/ring_allreduce_check: $(B)/03_ddp/ring_allreduce.o
 $(B)/tests/mpi/ring_allreduce_check.o: CFLAGS += -I03_ddp

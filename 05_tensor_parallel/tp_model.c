@@ -152,7 +152,15 @@ void tp_model_init(TPModel *m, Comm *world, const GPTConfig *mc, const int dims[
 }
 
 void tp_model_layout(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool vocab_parallel_loss) {
+    ParamLayout whole;
+    gpt_layout(&whole, mc);
+    tp_model_layout_part(m, mc, grid, vocab_parallel_loss, whole);
+}
+
+void tp_model_layout_part(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool vocab_parallel_loss,
+                          ParamLayout part) {
     memset(m, 0, sizeof *m);
+    m->full = part;
     m->cfg = *mc;
     m->vocab_parallel_loss = vocab_parallel_loss;
     m->grid = *grid;
@@ -176,7 +184,6 @@ void tp_model_layout(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool v
     m->shape.C_mlp = m->C4x;
     m->shape.v_lo = m->v_lo;
     m->shape.v_rows = m->Vl;
-    gpt_layout(&m->full, mc);
     build_local_layout(m);  // reads the shape
     m->qkv = tp_linear_make(g, C, C + 2 * whole.C_kv, false);
     m->proj = tp_linear_make(g, C, C, true);
@@ -277,9 +284,14 @@ void tp_assemble(const TPModel *m, float *full, const float *local, Comm *group)
 
 double tp_norm_squares(const TPModel *m, const float *grads) {
     if (m->lora) return tp_lora_norm_squares(m, grads);
+    return tp_norm_squares_of(m, grads, NULL, NULL);
+}
+
+double tp_norm_squares_of(const TPModel *m, const float *grads, TensorFilter take, const void *ctx) {
     double s = 0;
     for (int i = 0; i < m->full.num_tensors; i++)
-        if (is_owner(m, &m->local[i])) s += sum_squares(grads + m->local[i].offset, m->local[i].numel);
+        if (is_owner(m, &m->local[i]) && (!take || take(&m->full.tensors[i], ctx)))
+            s += sum_squares(grads + m->local[i].offset, m->local[i].numel);
     return s;
 }
 
@@ -297,19 +309,22 @@ static void add_block_forward(const TPModel *m, TPWeightStream *s, const BlockWe
     add_use(s, &m->fcproj, &b->fc_proj);
 }
 
+// the layers m holds: every block, the embedding and the head, or a pipeline stage's part
 void tp_stream_forward(const TPModel *m, TPWeightStream *s, const Weights *w) {
+    const ParamLayout *f = &m->full;
     s->n = 0;
     Linear wte = {.w = w->wte};  // the embedding reads wte's block in fp32 (no 16-bit copy)
-    add_use(s, &m->head, &wte);
-    for (int b = 0; b < m->cfg.n_layer; b++) add_block_forward(m, s, &w->h[b]);
-    add_use(s, &m->head, &w->head);  // the lm_head
+    if (f->has_embed) add_use(s, &m->head, &wte);
+    for (int b = f->first_block; b < f->first_block + f->n_blocks; b++) add_block_forward(m, s, &w->h[b]);
+    if (f->has_head) add_use(s, &m->head, &w->head);  // the lm_head
     tp_stream_begin(s);
 }
 
 void tp_stream_backward(const TPModel *m, TPWeightStream *s, const Weights *w, bool recompute) {
+    const ParamLayout *f = &m->full;
     s->n = 0;
-    add_use(s, &m->head, &w->head);
-    for (int b = m->cfg.n_layer - 1; b >= 0; b--) {
+    if (f->has_head) add_use(s, &m->head, &w->head);
+    for (int b = f->first_block + f->n_blocks - 1; b >= f->first_block; b--) {
         if (recompute) add_block_forward(m, s, &w->h[b]);
         add_use(s, &m->fcproj, &w->h[b].fc_proj);
         add_use(s, &m->fc, &w->h[b].fc);
@@ -448,7 +463,9 @@ static void tp_embed_forward(LayerOps *ops, float *out, const int *tokens, const
 static void tp_embed_backward(LayerOps *ops, Weights *g, const float *dout, const int *tokens,
                               const ModelShape *s, int B, int T) {
     TPLayers *t = (TPLayers *)ops;
-    if (!t->m->full.arch->tied_head) t->dwte = grad_target(t->m, &t->slots->wte, &t->m->head, g->wte);
+    // (a part without the head, a first pipeline stage, collects its tied wte's gradient alone)
+    const ParamLayout *f = &t->m->full;
+    if (!f->arch->tied_head || !f->has_head) t->dwte = grad_target(t->m, &t->slots->wte, &t->m->head, g->wte);
     embedding_backward(t->dwte, g->wpe, dout, tokens, s->v_lo, s->v_rows, B, T, s->C);
     grad_done(t->m, &t->slots->wte, t->overlap);
 }
@@ -472,14 +489,24 @@ static float *alloc_floats(TPActs *a, size_t n) {
     return dev_malloc(n * sizeof(float));
 }
 
-// the block's activations at this rank's sizes
+// the block's activations at this rank's sizes, for the layers m holds
 static ActsSpec tp_acts_spec(const TPModel *m, int B, int T, int flags) {
     ActsSpec spec = whole_model_acts(&m->cfg, B, T, flags & ACTS_16BIT, flags & ACTS_RECOMPUTE);
     spec.shape = m->shape;
+    spec.first_layer = m->full.first_block, spec.n_layers = m->full.n_blocks;
+    spec.embed = m->full.has_embed, spec.head = m->full.has_head;
     return spec;
 }
 
 void tp_acts_alloc(TPActs *a, const TPModel *m, int B, int T, int flags, bool overlap) {
+    tp_scratch_alloc(a, m, B, T, flags, overlap);
+    ActsSpec spec = tp_acts_spec(m, B, T, flags);
+    spec.ops = &a->layers.base;
+    acts_alloc_spec(&a->acts, &spec);
+    a->bytes += a->acts.bytes;
+}
+
+void tp_scratch_alloc(TPActs *a, const TPModel *m, int B, int T, int flags, bool overlap) {
     size_t N = (size_t)B * T, X = m->grid.X;
     memset(a, 0, sizeof *a);
     tp_stream_init(&a->stream, &m->grid, m->max_block, overlap, flags & ACTS_16BIT);
@@ -489,10 +516,6 @@ void tp_acts_alloc(TPActs *a, const TPModel *m, int B, int T, int flags, bool ov
     }
     a->stats = alloc_floats(a, 2 * N);
     tp_layers_init(&a->layers, m, &a->stream, &a->slots, overlap, a->stats);
-    ActsSpec spec = tp_acts_spec(m, B, T, flags);
-    spec.ops = &a->layers.base;
-    acts_alloc_spec(&a->acts, &spec);
-    a->bytes += a->acts.bytes;
     a->ce_max = alloc_floats(a, N), a->ce_maxes = alloc_floats(a, X * N), a->ce_sums = alloc_floats(a, 2 * N);
     if (!m->vocab_parallel_loss) {
         a->gathered = alloc_floats(a, X * N * m->Vl);
@@ -539,16 +562,20 @@ void tp_acts_free(TPActs *a) {
 // ---- the passes -------------------------------------------------------------------------------
 
 void tp_forward(const TPModel *m, TPActs *a, const Weights *w, const int *inputs, int B, int T) {
+    tp_forward_on(m, a, &a->acts, w, inputs, B, T);
+}
+
+void tp_forward_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, const int *inputs, int B, int T) {
     tp_stream_forward(m, a->layers.stream, w);
-    gpt_forward(&a->acts, w, inputs, B, T);
+    gpt_forward(k, w, inputs, B, T);
 }
 
 // Vocab-parallel (the default): softmax over a vocabulary split over x needs only each row's max
 // (an all-gather of N floats) and its sum of exponentials and target logit (an all-reduce of 2N):
 // the (N, V) logits never exist on one rank.
-static void loss_vocab_parallel(const TPModel *m, TPActs *a, int N, float dloss, bool backward) {
+static void loss_vocab_parallel(const TPModel *m, TPActs *a, const Activations *k, int N, float dloss,
+                                bool backward) {
     int X = m->grid.X;
-    const Activations *k = &a->acts;
     cross_entropy_shard_max(a->ce_max, k->logits, N, m->v_count, m->Vl);
     const float *maxes = a->ce_max;
     if (X > 1) {
@@ -576,10 +603,9 @@ void tp_gather_vocab(const TPModel *m, float *full, float *gathered, const float
 // x into full (N, Vp) rows on every x rank, run the serial loss, keep this rank's columns of the
 // gradient. Simple, but it moves and holds N x Vp floats: for GPT-2 that is the largest
 // activation of the model.
-static void loss_gathered(const TPModel *m, TPActs *a, int N, float dloss, bool backward) {
+static void loss_gathered(const TPModel *m, TPActs *a, const Activations *k, int N, float dloss, bool backward) {
     int Vl = m->Vl, Vp = m->cfg.padded_vocab_size;
     size_t row = (size_t)Vl * sizeof(float);
-    Activations *k = &a->acts;
     tp_gather_vocab(m, a->full_logits, a->gathered, k->logits, N);
     if (!backward) {
         cross_entropy_forward(k->losses, a->full_logits, k->targets, N, m->cfg.vocab_size, Vp);
@@ -590,16 +616,25 @@ static void loss_gathered(const TPModel *m, TPActs *a, int N, float dloss, bool 
 }
 
 double tp_loss(const TPModel *m, TPActs *a, const int *targets, int B, int T, float dloss, bool backward) {
+    return tp_loss_on(m, a, &a->acts, targets, B, T, dloss, backward);
+}
+
+double tp_loss_on(const TPModel *m, TPActs *a, Activations *k, const int *targets, int B, int T, float dloss,
+                  bool backward) {
     int N = B * T;
-    copy_to_device(a->acts.targets, targets, (size_t)N * sizeof(int));
-    if (m->vocab_parallel_loss) loss_vocab_parallel(m, a, N, dloss, backward);
-    else loss_gathered(m, a, N, dloss, backward);
-    return sum_values(a->acts.losses, (size_t)N);
+    copy_to_device(k->targets, targets, (size_t)N * sizeof(int));
+    if (m->vocab_parallel_loss) loss_vocab_parallel(m, a, k, N, dloss, backward);
+    else loss_gathered(m, a, k, N, dloss, backward);
+    return sum_values(k->losses, (size_t)N);
 }
 
 void tp_backward(const TPModel *m, TPActs *a, const Weights *w, Weights *g, int B, int T) {
-    tp_stream_backward(m, a->layers.stream, w, a->acts.spec.recompute);
-    gpt_backward(&a->acts, w, g, B, T, NULL, NULL);
+    tp_backward_on(m, a, &a->acts, w, g, B, T);
+}
+
+void tp_backward_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, Weights *g, int B, int T) {
+    tp_stream_backward(m, a->layers.stream, w, k->spec.recompute);
+    gpt_backward(k, w, g, B, T, NULL, NULL);
     if (m->grid.Z > 1) {  // every weight gradient of this micro-batch has arrived
         TPGradSlots *slots = a->layers.slots;
         for (int i = 0; i < 2; i++) tp_grad_slot_finish(&slots->mat[i]);

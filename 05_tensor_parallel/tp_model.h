@@ -37,7 +37,8 @@ typedef struct {
 typedef struct {
     TPGrid grid;
     GPTConfig cfg;
-    ParamLayout full;       // the serial model's layout (checkpoints, init)
+    ParamLayout full;       // the serial model's layout (checkpoints, init), or the part of it a
+                            // pipeline stage holds (stage 10: tp_model_layout_part)
     LocalTensor *local;     // [full.num_tensors], indexed like full.tensors
     ParamLayout layout;     // this rank's flat buffer: small tensors first, then the weight shards
     size_t small_numel;     // [0, small_numel): tensors with copies on other ranks (norms, biases, wpe)
@@ -60,6 +61,10 @@ void tp_model_init(TPModel *m, Comm *world, const GPTConfig *mc, const int dims[
 // the same on a grid already made, or one with only sizes and coordinates (no groups: the
 // planner, tools/plan.c, sizes a rank's share without running it)
 void tp_model_layout(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool vocab_parallel_loss);
+// the same for a part of the model, a range of blocks with or without the embedding and the head
+// (gpt_layout_range: a pipeline stage's, stage 10); m takes `part` over and frees it
+void tp_model_layout_part(TPModel *m, const GPTConfig *mc, const TPGrid *grid, bool vocab_parallel_loss,
+                          ParamLayout part);
 void tp_model_free(TPModel *m);
 // (this rank's tensors are named with weights_point(&w, &m->layout, flat), as any model's)
 
@@ -74,6 +79,9 @@ void tp_assemble(const TPModel *m, float *full, const float *local, Comm *group)
 // sum of squares of the gradient over this rank's tensors, each element counted on one rank of
 // the replica only: add over the tp group for the model's norm (LoRA: the adapters')
 double tp_norm_squares(const TPModel *m, const float *grads);
+// the same over the tensors take(t, ctx) accepts (t: m->full's): a pipeline stage leaves out its
+// copy of the tied wte (stage 10)
+double tp_norm_squares_of(const TPModel *m, const float *grads, TensorFilter take, const void *ctx);
 
 // ---- the layers, plugged into the common block ------------------------------------------------
 // the layer that runs a linear of kind k
@@ -129,6 +137,10 @@ typedef struct {
 } TPActs;
 
 void tp_acts_alloc(TPActs *a, const TPModel *m, int B, int T, int flags, bool overlap);
+// all of it but a->acts, for callers that keep several micro-batches' activations (a pipeline's
+// slots, stage 10): each allocated with a->layers.base as its ops and m->shape as its shape, and
+// passed to the _on passes below
+void tp_scratch_alloc(TPActs *a, const TPModel *m, int B, int T, int flags, bool overlap);
 void tp_acts_free(TPActs *a);
 // the bytes tp_acts_alloc allocates, allocating nothing
 size_t tp_acts_bytes(const TPModel *m, int B, int T, int flags);
@@ -142,6 +154,11 @@ void tp_forward(const TPModel *m, TPActs *a, const Weights *w, const int *inputs
 double tp_loss(const TPModel *m, TPActs *a, const int *targets, int B, int T, float dloss, bool backward);
 // adds this micro-batch's gradients into g (weights: already summed over z)
 void tp_backward(const TPModel *m, TPActs *a, const Weights *w, Weights *g, int B, int T);
+// the three on activations k of the layers m holds, with a's weight stream, layers and loss scratch
+void tp_forward_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, const int *inputs, int B, int T);
+double tp_loss_on(const TPModel *m, TPActs *a, Activations *k, const int *targets, int B, int T, float dloss,
+                  bool backward);
+void tp_backward_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, Weights *g, int B, int T);
 
 // ---- around the training loop -----------------------------------------------------------------
 // Checkpoints hold the full model, whatever the grid. Saving puts every rank's share together (an

@@ -146,12 +146,15 @@ void print_pipeline_plan(const PipeGrid *g, const Config *cfg, const GPTConfig *
 // the last stage's wte is a copy of the first's (the tied lm_head): counted and saved once, there
 static bool holds_wte_copy(const PipeGrid *g) { return g->is_last && !g->is_first; }
 
+bool pipe_tensor_counted(const TensorInfo *t, const void *grid) {
+    return t->role != ROLE_WTE || !holds_wte_copy(grid);
+}
+
 double stage_sum_squares(const PipeGrid *g, const ParamLayout *layout, const float *grads) {
     double sum = 0;
     for (int i = 0; i < layout->num_tensors; i++) {
         const TensorInfo *t = &layout->tensors[i];
-        if (t->role == ROLE_WTE && holds_wte_copy(g)) continue;
-        sum += sum_squares(grads + t->offset, t->numel);
+        if (pipe_tensor_counted(t, g)) sum += sum_squares(grads + t->offset, t->numel);
     }
     return sum;
 }
@@ -190,8 +193,39 @@ int pipe_schedule(PipeOp *ops, const char *schedule, int m, int pp, int chunks, 
 
 // ---- the step ---------------------------------------------------------------------------------
 
+// the stage's blocks on this rank alone
+static void serial_adapt(PipeLayers *l, ActsSpec *spec) { (void)l, (void)spec; }
+
+static void serial_forward(PipeLayers *l, Activations *a, const Weights *w, const int *inputs, int B, int T) {
+    (void)l;
+    gpt_forward(a, w, inputs, B, T);
+}
+
+static double serial_loss(PipeLayers *l, Activations *a, const GPTConfig *mc, const int *targets, int B, int T,
+                          float dloss, bool backward) {
+    (void)l;
+    copy_to_device(a->targets, targets, (size_t)B * T * sizeof(int));
+    return backward ? gpt_loss_forward_backward(a, mc, B, T, dloss) : gpt_loss_forward(a, mc, B, T);
+}
+
+static void serial_backward(PipeLayers *l, Activations *a, const Weights *w, Weights *g, int B, int T) {
+    (void)l;
+    gpt_backward(a, w, g, B, T, NULL, NULL);
+}
+
+PipeLayers *pipe_serial_layers(void) {
+    static PipeLayers serial = {serial_adapt, serial_forward, serial_loss, serial_backward};
+    return &serial;
+}
+
 void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, const Weights *w) {
+    pipeline_init_layers(p, g, mc, cfg, w, pipe_serial_layers());
+}
+
+void pipeline_init_layers(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, const Weights *w,
+                          PipeLayers *layers) {
     memset(p, 0, sizeof *p);
+    p->layers = layers;
     p->grid = g;
     p->w = w;
     p->mc = mc;
@@ -214,6 +248,9 @@ void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Co
     p->slots = calloc_or_die((size_t)p->n_slots, sizeof *p->slots);
     p->fwd_sends = calloc_or_die((size_t)p->n_slots, sizeof *p->fwd_sends);
     p->bwd_sends = calloc_or_die((size_t)p->n_slots, sizeof *p->bwd_sends);
+    if (pipe_zero_bubble(p->schedule) && layers != pipe_serial_layers())
+        fatal("key 'pp_schedule' is 'zb-h1', whose split backward (zero_bubble.c) wraps the serial layers only: "
+              "use gpipe or 1f1b");
     if (pipe_zero_bubble(p->schedule)) p->deferred = calloc_or_die((size_t)p->n_slots, sizeof *p->deferred);
     int flags = acts_flags(cfg), T = mc->max_seq_len < cfg->max_seq_len ? mc->max_seq_len : cfg->max_seq_len;
     ActsSpec spec = whole_model_acts(mc, cfg->global_batch_size / g->dp / p->m, T, flags & ACTS_16BIT,
@@ -222,6 +259,7 @@ void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Co
         p->chunk_first[c] = i;
         pipe_chunk_blocks(g, mc->n_layer, c, &spec.first_layer, &spec.n_layers);
         spec.embed = g->is_first && c == 0, spec.head = g->is_last && c == g->chunks - 1;
+        layers->adapt(layers, &spec);
         for (int k = 0; k < p->chunk_slots[c]; k++, i++) {
             acts_alloc_spec(&p->slots[i], &spec);
             if (p->deferred) p->deferred[i] = deferred_weights_new(&p->slots[i]);
@@ -370,14 +408,10 @@ static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *gr
         deferred_weight_pass(p->deferred[slot]);
     } else if (op->backward) {
         if (p->deferred) deferred_backward(p->deferred[slot], a, p->w, grads, b->rows, b->T);
-        else gpt_backward(a, p->w, grads, b->rows, b->T, NULL, NULL);
+        else p->layers->backward(p->layers, a, p->w, grads, b->rows, b->T);
     } else {
-        gpt_forward(a, p->w, a->spec.embed ? b->inputs : NULL, b->rows, b->T);
-        if (a->spec.head) {
-            copy_to_device(a->targets, b->targets, (size_t)b->rows * b->T * sizeof(int));
-            loss = with_grad ? gpt_loss_forward_backward(a, p->mc, b->rows, b->T, dloss)
-                             : gpt_loss_forward(a, p->mc, b->rows, b->T);
-        }
+        p->layers->forward(p->layers, a, p->w, a->spec.embed ? b->inputs : NULL, b->rows, b->T);
+        if (a->spec.head) loss = p->layers->loss(p->layers, a, p->mc, b->targets, b->rows, b->T, dloss, with_grad);
     }
     char name[32];  // the op on the trace's compute track, around its layers' spans
     op_name(p, op, name, sizeof name);
@@ -569,17 +603,12 @@ void print_bubble(Comm *world, const Pipeline *p) {
 
 // ---- checkpoints ------------------------------------------------------------------------------
 
-// every tensor but the last stage's copy of the tied wte (the first stage's is the one)
-static bool not_wte_copy(const TensorInfo *t, const void *grid) {
-    return t->role != ROLE_WTE || !holds_wte_copy(grid);
-}
-
 static void sum_over_pipeline(float *buf, size_t n, void *pipe) { comm_all_reduce(pipe, buf, n); }
 
 void pipe_save_checkpoint(const Config *cfg, const PipeGrid *g, const ParamLayout *local,
                           const ParamLayout *full, const float *params, const float *m,
                           const float *v, long step) {
     if (g->replica != 0) return;  // the replicas are identical
-    save_checkpoint_from_parts(cfg, local, full, params, m, v, step, not_wte_copy, g, sum_over_pipeline, g->pipe,
+    save_checkpoint_from_parts(cfg, local, full, params, m, v, step, pipe_tensor_counted, g, sum_over_pipeline, g->pipe,
                                g->is_first);
 }

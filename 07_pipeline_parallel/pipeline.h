@@ -12,6 +12,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "data/alpaca.h"
+#include "model/activations.h"
 #include "model/gpt.h"
 #include "run/lora.h"
 
@@ -31,7 +32,7 @@ typedef struct {
 } PipeGrid;
 
 // Checks the grid against the ranks, the model and the batch (fatal() on every rank alike), then
-// makes the groups.
+// makes the groups. world: the ranks the pipelines are made of (stage 10: those of one tensor-parallel rank).
 void pipe_grid_init(PipeGrid *g, Comm *world, const Config *cfg, const GPTConfig *mc);
 // the same check as a question: false, with the message in why, when cfg's grid does not fit
 bool pipe_grid_fits(const Config *cfg, int ranks, int n_layer, char *why, size_t why_size);
@@ -50,6 +51,9 @@ void print_pipeline_plan(const PipeGrid *g, const Config *cfg, const GPTConfig *
 // this stage's part of the squared gradient norm: the last stage leaves out its copy of the tied
 // wte, which the first stage counts
 double stage_sum_squares(const PipeGrid *g, const ParamLayout *layout, const float *grads);
+// whether this stage's tensor t is the one counted in the norm and saved (a TensorFilter; grid: a
+// PipeGrid): every tensor but the last stage's copy of the tied wte
+bool pipe_tensor_counted(const TensorInfo *t, const void *grid);
 
 // One step of the schedule: the forward or the backward of one micro-batch through one chunk of
 // the stage's blocks (chunk 0 but for interleaved). Zero-bubble schedules split the backward in
@@ -95,6 +99,21 @@ double pipe_replay(const char *schedule, int m, int pp, int chunks, double *cons
 
 #define PIPE_TRACE_CHARS 2048
 
+// How a stage runs its layers over one slot's activations: on one rank (pipe_serial_layers, stage
+// 07), or with another technique's layers inside each stage (stage 10: 05's tensor-parallel ones).
+typedef struct PipeLayers PipeLayers;
+struct PipeLayers {
+    // a slot's activations: spec holds the chunk's blocks at the whole model's sizes; the layers
+    // set this rank's sizes and their ops
+    void (*adapt)(PipeLayers *l, ActsSpec *spec);
+    void (*forward)(PipeLayers *l, Activations *a, const Weights *w, const int *inputs, int B, int T);
+    // the summed loss of a's logits (backward: they become dlogits, scaled by dloss)
+    double (*loss)(PipeLayers *l, Activations *a, const GPTConfig *mc, const int *targets, int B, int T, float dloss,
+                   bool backward);
+    void (*backward)(PipeLayers *l, Activations *a, const Weights *w, Weights *g, int B, int T);
+};
+PipeLayers *pipe_serial_layers(void);
+
 typedef struct {
     const PipeGrid *grid;
     const GPTConfig *mc;
@@ -114,11 +133,15 @@ typedef struct {
     double compute_s, schedule_s;  // summed over the steps measured: busy time and schedule time
     double *op_s;                // [n_ops]: each op's device seconds in the traced step (dev_busy_seconds)
     Lora *lora;                  // LoRA (pipe_lora.h): this stage's adapters, in every slot's layers; or NULL
+    PipeLayers *layers;          // how the slots' micro-batches run through this stage's blocks
 } Pipeline;
 
 // one slot per micro-batch in flight, each the activations of one micro-batch of the longest
 // sequences for this stage's blocks (cfg's sizes and precision); w: the stage's weights
 void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, const Weights *w);
+// the same with the stage's blocks run by `layers` (zb-h1's split backward needs the serial ones)
+void pipeline_init_layers(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, const Weights *w,
+                          PipeLayers *layers);
 void pipeline_free(Pipeline *p);
 // the memory report of this rank (n: its parameters), with the slots' activations
 void pipeline_print_memory(const Pipeline *p, const Config *cfg, size_t n);

@@ -130,10 +130,13 @@ def common_cycles():
 
 def allowed(who, path):
     """The uses of another stage's files the design allows: stage 06 runs 05's tensor-parallel
-    layers and generates from 08's MoE checkpoints with 08's moe files; the planner sizes every
-    layout with the stages' own arithmetic."""
+    layers and generates from 08's MoE checkpoints with 08's moe files; stage 10 composes the
+    techniques, calling 05's tensor-parallel layers inside 07's pipeline stages (the pieces, not
+    copies); the planner sizes every layout with the stages' own arithmetic."""
     if who == "plan":
         return True
+    if who == "stage-10":
+        return path.startswith(("05_tensor_parallel/", "07_pipeline_parallel/"))
     if who == "stage-6":
         return path.startswith("05_tensor_parallel/") or (path.startswith("08_mixture_of_experts/")
                                                           and os.path.basename(path).startswith("moe"))
@@ -148,7 +151,7 @@ def main():
     db = open(sys.argv[1]).read()
     compiles = open(sys.argv[2]).read().split("\n")
     v = make_vars(db)
-    stage_dirs = {n: v[f"STAGE_DIR_{n}"][0] for n in "12345678" if f"STAGE_DIR_{n}" in v}
+    stage_dirs = {n: v[f"STAGE_DIR_{n}"][0] for n in map(str, range(1, 11)) if f"STAGE_DIR_{n}" in v}
     dir_of = {d: n for n, d in stage_dirs.items()}
     findings = common_cycles()
     programs = {f"stage-{n}": d for n, d in stage_dirs.items()}

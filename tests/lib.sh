@@ -1,6 +1,6 @@
 # tests/lib.sh: what the shell tests share. Source it first: it moves to the repository root,
 # makes $tmp (removed on exit) and gives check, compare_losses, json_value, comm_value, run_ranks,
-# run_single and finish. The figures a check compares come from a run's metrics.jsonl and
+# run_single, first_loss, stage1_starts_alike and finish. The figures a check compares come from a run's metrics.jsonl and
 # stats.json, not from the text the run prints for people.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -91,6 +91,28 @@ for key in sys.argv[2:]:
     value = value[key]
 print(value if isinstance(value, (str, int, float)) else json.dumps(value))
 PY
+}
+
+# first_loss <out_dir>: the loss of the first step the run's metrics.jsonl logged
+first_loss() {
+    python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['loss'])" "$1/metrics.jsonl"
+}
+
+# stage1_starts_alike <stage> <checkpoint out_dir> <run from it> <random start out_dir> [args...]:
+# three checks that a stage's checkpoint holds the whole model: build/stage-1 started from it
+# (the test's "${args[@]}" plus [args...], one step, into $tmp/from_s1) runs, logs the first loss
+# <run from it> logged, and that loss is a trained model's (at least 1 below the random start's)
+stage1_starts_alike() {
+    local stage=$1 ckpt=$2 run=$3 random=$4
+    shift 4
+    OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" "$@" --init_from="$ckpt" --stop_iteration=1 --out_dir="$tmp/from_s1" \
+        >"$tmp/from_s1.log" 2>&1
+    local rc=$? first start
+    check '[ $rc -eq 0 ]' "stage 1 from the stage-$stage checkpoint failed: $(tail -3 "$tmp/from_s1.log")"
+    check 'compare_losses "$tmp/from_s1" "$run" 1 1e-5' "stage 01 from the stage-$stage checkpoint gives another first loss"
+    first=$(first_loss "$tmp/from_s1") start=$(first_loss "$random")
+    check 'awk -v a="$first" -v b="$start" "BEGIN { exit !(a < b - 1) }"' \
+        "the checkpoint's first loss $first is not a trained model's (random start $start)"
 }
 
 # comm_value <stats.json> <group> <kind> <field>: one field (calls, bytes, seconds, algbw_GBps,

@@ -8,10 +8,11 @@
 #    nothing outside it;
 #  - no stage or tool links, includes or puts on its include path another stage's file, except
 #    stage 06 -> 05 (tensor-parallel inference), stage 06 -> 08's moe* files (generation from MoE
-#    checkpoints) and the planner (tools/plan*: it sizes layouts with the stages' arithmetic).
+#    checkpoints), stage 10 -> 05 and 07 (the techniques composed: 05's layers inside 07's stages)
+#    and the planner (tools/plan*: it sizes layouts with the stages' arithmetic).
 source "$(dirname "$0")/lib.sh"
 make -pn BACKEND=cpu >"$tmp/db" 2>/dev/null
-objects=$(sed -n 's/^build\/cpu\/\(stage-[0-9]\|plan\|tokenize\|peak_flops\|ceilings\): //p' "$tmp/db" |
+objects=$(sed -n 's/^build\/cpu\/\(stage-[0-9][0-9]*\|plan\|tokenize\|peak_flops\|ceilings\): //p' "$tmp/db" |
     tr ' ' '\n' | grep -v '^build/cpu/common/' | grep '\.o$' | sort -u)
 # shellcheck disable=SC2086 # one word per object
 make -n -B BACKEND=cpu $objects >"$tmp/compiles" 2>/dev/null
@@ -20,6 +21,7 @@ rc=$?
 check '[ $rc -eq 0 ]' "tests/code_graph.py failed (exit $rc)"
 # the graph was read: the edges the design allows are there
 check 'grep -q "^ok	stage-6	links 05_tensor_parallel/tp_linear.o" "$tmp/graph"' "stage 06's link to 05's tp_linear.o was not found: the make database was not read"
+check 'grep -q "^ok	stage-10	links 07_pipeline_parallel/pipeline.o" "$tmp/graph"' "stage 10's link to 07's pipeline.o was not found"
 check 'grep -q "^ok	plan	links 04_fsdp/fsdp.o" "$tmp/graph"' "the planner's link to 04's fsdp.o was not found: the make database was not read"
 check 'grep -q "^ok	plan	tools/plan.c is compiled with -I04_fsdp" "$tmp/graph"' "the planner's -I04_fsdp was not found: the compile commands were not read"
 for kind in cycle folder outside links flag includes; do

@@ -100,7 +100,7 @@ check '[ "$(run_config "$tmp/file" dataset_id)" = alpaca ]' "a data_path alone d
 # ---- 4. the shipped configs agree with their stages: validation gets past strategy and data to
 # a key set wrong on purpose (so nothing starts)
 for pair in 1:single_gpu 2:mixed_precision 3:ddp 4:fsdp 5:axonn 6:inference 6:inference_axonn 7:pipeline \
-            1:tiny 2:tiny 3:tiny 4:tiny 5:tiny 6:tiny 7:tiny 1:bench_gpt2 6:bench_gpt2; do
+            10:composed 1:tiny 2:tiny 3:tiny 4:tiny 5:tiny 6:tiny 7:tiny 10:tiny 1:bench_gpt2 6:bench_gpt2; do
     IFS=: read -r n config <<<"$pair"
     expect_one_error "stage $n with configs/$config.json" "^error: command line: key 'num_epochs'" \
         timeout 60 "build/stage-$n" --config "configs/$config.json" --num_epochs=0

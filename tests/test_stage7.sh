@@ -126,11 +126,5 @@ check '[ "$(losses "$tmp/pp2_1f1b_m4")" = "$(losses "$tmp/resumed")" ]' "10 + re
 
 # the checkpoint holds the whole model: stage 01 starts from it with stage 07's first loss
 run_ranks 7 from_pp 2 --n_layer=2 --pp_size=2 --num_microbatches=2 --init_from="$tmp/pp2_1f1b_m4" --stop_iteration=1
-OMP_NUM_THREADS=2 build/stage-1 "${args[@]}" --init_from="$tmp/pp2_1f1b_m4" --stop_iteration=1 --out_dir="$tmp/from_s1" \
-    >"$tmp/from_s1.log" 2>&1
-rc=$?; check '[ $rc -eq 0 ]' "stage 1 from the stage-7 checkpoint failed: $(tail -3 "$tmp/from_s1.log")"
-check 'compare_losses "$tmp/from_s1" "$tmp/from_pp" 1 1e-5' "stage 01 from the stage-07 checkpoint gives another first loss"
-first=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['loss'])" "$tmp/from_s1/metrics.jsonl")
-start=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['loss'])" "$tmp/single2/metrics.jsonl")
-check 'awk -v a="$first" -v b="$start" "BEGIN { exit !(a < b - 1) }"' "the checkpoint's first loss $first is not a trained model's (random start $start)"
+stage1_starts_alike 07 "$tmp/pp2_1f1b_m4" "$tmp/from_pp" "$tmp/single2"
 finish test_stage7

@@ -37,8 +37,9 @@ static const Key KEYS[] = {
     K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
     K(precision, T_STRING, "32", "32, 32-true, bf16-mixed, bf16 or 16-mixed (fp16 with loss scaling)"),
     K(strategy, T_STRING, "",
-      "single_device, ddp, fsdp, axonn, pipeline, expert_parallel or context_parallel; empty: the stage's own (above)"),
-    K(tp_dimensions, T_INT3, "1,1,1", "tensor-parallel grid [x, y, z] (strategy axonn)"),
+      "single_device, ddp, fsdp, axonn, pipeline, expert_parallel, context_parallel or composed; empty: the "
+      "stage's own (above)"),
+    K(tp_dimensions, T_INT3, "1,1,1", "tensor-parallel grid [x, y, z] (strategy axonn; composed: [x, 1, 1])"),
     K(global_batch_size, T_INT, "32", "sequences per optimizer step, over all ranks"),
     K(gradient_acc_steps, T_INT, "1", "micro-batches per optimizer step"),
     K(log_interval, T_INT, "1", "print a progress line every N steps"),
@@ -362,8 +363,14 @@ static const StageInfo STAGES[] = {
                                   .no_overlap = "stage 08 all-reduces its gradients after backward (its MoE "
                                                 "blocks already talk during backward)"},
     [STAGE_CONTEXT_PARALLEL] = {"context_parallel", NULL, "configs/context_parallel.json", .lora = true},
+    // 05's layers inside 07's stages: 1-D tensor parallelism [x, 1, 1] (10_composed/README.md)
+    [STAGE_COMPOSED] = {"composed", NULL, "configs/composed.json",
+                        .no_overlap = "stage 10 overlaps nothing yet (stage 07, whose schedule it runs, neither); set "
+                                      "it to false",
+                        .no_grid_depth = "stage 10 splits layers 1-D, over x (Megatron's column and row split): z "
+                                         "must be 1"},
 };
-#define LAST_STAGE STAGE_CONTEXT_PARALLEL
+#define LAST_STAGE STAGE_COMPOSED
 
 static bool stage_runs(const StageInfo *s, const char *strategy) {
     return strcmp(s->strategy, strategy) == 0 || (s->also && strcmp(s->also, strategy) == 0);
@@ -550,14 +557,14 @@ static void resolve_precision(Config *cfg, const Sources *src) {
 // An empty strategy is the stage's own; another stage's strategy is refused with where to go.
 static void resolve_strategy(Config *cfg, const Sources *src, Stage stage) {
     static const char *const strategies[] = {"single_device", "ddp", "fsdp", "axonn", "pipeline", "expert_parallel",
-                                             "context_parallel"};
+                                             "context_parallel", "composed"};
     const StageInfo *s = &STAGES[stage];
     if (!cfg->strategy[0]) {
         strcpy(cfg->strategy, s->strategy);
         return;
     }
-    require_one_of(src, "strategy", cfg->strategy, strategies, 7,
-                   "single_device, ddp, fsdp, axonn, pipeline, expert_parallel or context_parallel");
+    require_one_of(src, "strategy", cfg->strategy, strategies, 8,
+                   "single_device, ddp, fsdp, axonn, pipeline, expert_parallel, context_parallel or composed");
     if (stage_runs(s, cfg->strategy)) return;
     char runs[64];
     fatal("%s: key 'strategy' is \"%s\" but stage %02d runs %s; run build/stage-%d for %s",
@@ -611,7 +618,7 @@ static void require_pipeline_keys_fit_strategy(const Config *cfg, const Sources 
     require_positive(src, "num_microbatches", cfg->num_microbatches);
     require_one_of(src, "pp_schedule", cfg->pp_schedule, schedules, 4, "gpipe, 1f1b, interleaved or zb-h1");
     require_schedule_keys(cfg, src);
-    bool pipeline = strcmp(cfg->strategy, "pipeline") == 0;
+    bool pipeline = strcmp(cfg->strategy, "pipeline") == 0 || strcmp(cfg->strategy, "composed") == 0;
     if (!pipeline && (cfg->pp_size != 1 || cfg->num_microbatches != 1))
         fatal("%s: keys 'pp_size' and 'num_microbatches' are %d and %d but strategy \"%s\" runs no "
               "pipeline: pipeline parallelism is strategy pipeline (build/stage-7)",
@@ -686,7 +693,7 @@ static void require_grid_fits_stage(const Config *cfg, const Sources *src, Stage
     for (int i = 0; i < 3; i++) require_positive(src, "tp_dimensions", tp[i]);
     if (tp[0] * tp[1] * tp[2] == 1) return;
     const char *where = source_of(src, "tp_dimensions");
-    if (strcmp(cfg->strategy, "axonn") != 0)
+    if (strcmp(cfg->strategy, "axonn") != 0 && strcmp(cfg->strategy, "composed") != 0)
         fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but strategy \"%s\" does not split layers: a "
               "tensor-parallel grid is strategy axonn (build/stage-5; build/stage-6 for inference)",
               where, tp[0], tp[1], tp[2], cfg->strategy);

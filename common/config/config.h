@@ -119,6 +119,7 @@ typedef enum {
     STAGE_PIPELINE_PARALLEL,    // pipeline
     STAGE_MIXTURE_OF_EXPERTS,   // expert_parallel
     STAGE_CONTEXT_PARALLEL,     // context_parallel
+    STAGE_COMPOSED,             // composed: data x tensor x pipeline parallelism on one mesh
 } Stage;
 
 // Reads the stage's config, applies --key=value overrides, validates, and fills in what empty
