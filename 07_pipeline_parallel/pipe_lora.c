@@ -24,7 +24,7 @@ void pipe_lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ParamLay
     // the adapters' gradients would have to be deferred with them
     if (p->deferred)
         fatal("%s: key 'pp_schedule' is '%s', but LoRA (lora_rank %d) runs under gpipe, 1f1b and interleaved only",
-              config_source("pp_schedule"), p->schedule, cfg->lora_rank);
+              config_source("pp_schedule"), pipe_schedule_name(p->schedule), cfg->lora_rank);
     Lora whole;
     lora_describe_keys(&whole, cfg, full);
     float *all = lora_start(&whole, cfg, full);  // the values every stage starts from

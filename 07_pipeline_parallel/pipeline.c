@@ -26,7 +26,7 @@ void stage_blocks(int n_layer, int pp, int stage, int *first, int *n) {
     *first = stage * base + (stage < extra ? stage : extra);
 }
 
-int pipe_chunks(const Config *cfg) { return pipe_interleaved(cfg->pp_schedule) ? cfg->virtual_stages : 1; }
+int pipe_chunks(const Config *cfg) { return pipe_interleaved(cfg->pp_sched) ? cfg->virtual_stages : 1; }
 
 bool pipe_grid_fits(const Config *cfg, int ranks, int n_layer, char *why, size_t why_size) {
     int pp = cfg->pp_size, m = cfg->num_microbatches, v = pipe_chunks(cfg);
@@ -41,7 +41,7 @@ bool pipe_grid_fits(const Config *cfg, int ranks, int n_layer, char *why, size_t
     else if (pp * v > n_layer)
         snprintf(why, why_size, "key 'virtual_stages': %d chunks on each of %d stages need at least %d blocks, "
                  "n_layer is %d", v, pp, pp * v, n_layer);
-    else if (pipe_interleaved(cfg->pp_schedule) && m % pp != 0)
+    else if (pipe_interleaved(cfg->pp_sched) && m % pp != 0)
         snprintf(why, why_size, "key 'num_microbatches': the interleaved schedule sends micro-batches round the "
                  "stages in groups of pp_size (%d): %d is not a multiple of it", pp, m);
     else if (cfg->global_batch_size % (ranks / pp * m) != 0)
@@ -161,7 +161,7 @@ double stage_sum_squares(const PipeGrid *g, const ParamLayout *layout, const flo
 
 // ---- the schedules ----------------------------------------------------------------------------
 
-static bool is_gpipe(const char *schedule) { return strcmp(schedule, "gpipe") == 0; }
+static bool is_gpipe(PipeSchedule schedule) { return schedule == SCHED_GPIPE; }
 
 // 1F1B: stage s first runs the forwards that fill the pipeline behind it (pp - s - 1 of them),
 // then alternates one forward with one backward, then drains the backwards left.
@@ -170,7 +170,7 @@ static int warmup_forwards(int m, int pp, int stage) {
     return w < m ? w : m;
 }
 
-int pipe_schedule(PipeOp *ops, const char *schedule, int m, int pp, int chunks, int stage) {
+int pipe_schedule(PipeOp *ops, PipeSchedule schedule, int m, int pp, int chunks, int stage) {
     int n = 0;
     if (pipe_interleaved(schedule)) return interleaved_schedule(ops, m, pp, chunks, stage);
     if (pipe_zero_bubble(schedule)) return zb_h1_schedule(ops, m, pp, stage);
@@ -229,13 +229,14 @@ void pipeline_init_layers(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, c
     p->grid = g;
     p->w = w;
     p->mc = mc;
-    p->schedule = cfg->pp_schedule;
+    p->schedule = cfg->pp_sched;
     p->m = cfg->num_microbatches;
     // their sends and receives are started one by one and, around the ring, form cycles, which
     // NCCL (running a rank's operations in order) would deadlock; MPI progresses them all at once
     if ((pipe_interleaved(p->schedule) || pipe_zero_bubble(p->schedule)) && comm_p2p_in_order())
         fatal("key 'pp_schedule' is '%s', which this stage runs over MPI only: set comm_backend to mpi "
-              "(NCCL would run its separately started sends one after another and deadlock)", p->schedule);
+              "(NCCL would run its separately started sends one after another and deadlock)",
+              pipe_schedule_name(p->schedule));
     p->ops = malloc_or_die((size_t)pipe_max_ops(p->m, g->chunks) * sizeof *p->ops);
     p->n_ops = pipe_schedule(p->ops, p->schedule, p->m, g->pp, g->chunks, g->stage);
     p->op_s = calloc_or_die((size_t)p->n_ops, sizeof *p->op_s);
@@ -277,7 +278,7 @@ void pipeline_free(Pipeline *p) {
 }
 
 // what each schedule keeps on a stage, from a micro-batch's forward to the end of its backward
-static const char *slots_rule(const char *schedule) {
+static const char *slots_rule(PipeSchedule schedule) {
     if (is_gpipe(schedule)) return "all m";
     if (pipe_zero_bubble(schedule)) return "up to p + 1 on stage 0, p on the others, each until its W";
     if (pipe_interleaved(schedule)) return "per chunk, from the ring's warm-up";
@@ -295,7 +296,7 @@ void pipeline_print_memory(const Pipeline *p, const Config *cfg, size_t n) {
     if (p->lora) lora_add_memory(p->lora, memory);  // the frozen base, its 16-bit copy, what the adapters keep
     print_memory_report("device memory (rank 0: stage 0):", memory, MODEL_MEMORY_ITEMS);
     printf("  activations: %d micro-batches in flight x %.2f MB (%s keeps %s)\n", p->n_slots,
-           acts / 1e6 / p->n_slots, p->schedule, slots_rule(p->schedule));
+           acts / 1e6 / p->n_slots, pipe_schedule_name(p->schedule), slots_rule(p->schedule));
     if (p->grid->chunks > 1) {
         printf("  per chunk:");
         for (int c = 0; c < p->grid->chunks; c++) printf(" %d", p->chunk_slots[c]);
@@ -575,7 +576,7 @@ void print_first_schedule(Comm *world, Pipeline *p) {
     size_t stride;
     float *all = gather_traces(world, p, &stride);
     printf("schedule %s, step 1 (F3/B3/W3: forward/backward/weight pass of micro-batch 3%s; r: its input received "
-           "first, s: its output sent after; bubble = idle / schedule time):\n", p->schedule,
+           "first, s: its output sent after; bubble = idle / schedule time):\n", pipe_schedule_name(p->schedule),
            p->grid->chunks > 1 ? ", c1: through chunk 1" : "");
     print_bubble_rows(all, stride, comm_size(world), p, true);
     double stages = replayed_bubble(all, stride, p, STAGE_MEDIANS);

@@ -70,32 +70,32 @@ typedef struct {
 int interleaved_schedule(PipeOp *ops, int m, int pp, int chunks, int stage);
 int zb_h1_schedule(PipeOp *ops, int m, int pp, int stage);
 // whether the schedule splits the backward into B and W (zb-h1); whether it interleaves chunks
-bool pipe_zero_bubble(const char *schedule);
-bool pipe_interleaved(const char *schedule);
+bool pipe_zero_bubble(PipeSchedule schedule);
+bool pipe_interleaved(PipeSchedule schedule);
 // the stages an op receives its input from and sends its output to (-1: none): the neighbours in
 // the ring of pp * chunks virtual stages (chunk c of stage s is virtual stage c * pp + s)
 void pipe_op_peers(const PipeOp *op, int pp, int chunks, int stage, int *recv_from, int *send_to);
 // the most ops a stage runs per step: m forwards, m backwards and m weight passes per chunk
 int pipe_max_ops(int m, int chunks);
 // the ops of a stage, in order (ops has room for pipe_max_ops); returns how many
-int pipe_schedule(PipeOp *ops, const char *schedule, int m, int pp, int chunks, int stage);
+int pipe_schedule(PipeOp *ops, PipeSchedule schedule, int m, int pp, int chunks, int stage);
 // micro-batches whose activations a stage holds at once, over all its chunks (from a forward to
 // the end of its backward, or of its weight pass): m for GPipe, min(m, pp - stage) for 1F1B; per
 // chunk into per_chunk[chunks] unless NULL
-int pipe_slots(const char *schedule, int m, int pp, int chunks, int stage, int *per_chunk);
+int pipe_slots(PipeSchedule schedule, int m, int pp, int chunks, int stage, int *per_chunk);
 // the bubble fraction of the schedule when every forward takes one unit of time and a backward two
 // (zero-bubble: a backward one and a weight pass one): (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1),
 // zb-h1 (p-1)/(3m+p-1)
-double pipe_bubble_theory(const char *schedule, int m, int pp, int chunks);
+double pipe_bubble_theory(PipeSchedule schedule, int m, int pp, int chunks);
 // the formula behind it, as text
-const char *pipe_bubble_formula(const char *schedule);
+const char *pipe_bubble_formula(PipeSchedule schedule);
 
 // The schedule of every stage replayed on one clock: each op starts when the stage's previous op
 // ended and its input was produced (the messages taking no time). secs[s] holds stage s's op
 // times (NULL: the unit times above). Fills busy[s] and returns the time the last op ends; fatal()
 // if the orders would deadlock, or if a stage would receive its messages from a neighbour in
 // another order than the neighbour sends them (one tag: they would land in the wrong buffers).
-double pipe_replay(const char *schedule, int m, int pp, int chunks, double *const *secs, double *busy);
+double pipe_replay(PipeSchedule schedule, int m, int pp, int chunks, double *const *secs, double *busy);
 
 #define PIPE_TRACE_CHARS 2048
 
@@ -118,7 +118,7 @@ typedef struct {
     const PipeGrid *grid;
     const GPTConfig *mc;
     const Weights *w;
-    const char *schedule;
+    PipeSchedule schedule;
     int m;                       // micro-batches per step
     PipeOp *ops;                 // this stage's schedule: [n_ops]
     int n_ops;

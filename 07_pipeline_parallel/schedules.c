@@ -15,8 +15,8 @@
 #include "base/log.h"
 #include "pipeline.h"
 
-bool pipe_interleaved(const char *schedule) { return strcmp(schedule, "interleaved") == 0; }
-bool pipe_zero_bubble(const char *schedule) { return strcmp(schedule, "zb-h1") == 0; }
+bool pipe_interleaved(PipeSchedule schedule) { return schedule == SCHED_INTERLEAVED; }
+bool pipe_zero_bubble(PipeSchedule schedule) { return schedule == SCHED_ZB_H1; }
 
 int pipe_max_ops(int m, int chunks) { return 3 * m * chunks; }
 
@@ -89,7 +89,7 @@ int zb_h1_schedule(PipeOp *ops, int m, int pp, int stage) {
 
 // ---- what a schedule holds ----------------------------------------------------------------------
 
-int pipe_slots(const char *schedule, int m, int pp, int chunks, int stage, int *per_chunk) {
+int pipe_slots(PipeSchedule schedule, int m, int pp, int chunks, int stage, int *per_chunk) {
     PipeOp *ops = malloc_or_die((size_t)pipe_max_ops(m, chunks) * sizeof *ops);
     int n = pipe_schedule(ops, schedule, m, pp, chunks, stage), total = 0;
     int *live = calloc_or_die((size_t)chunks * 2, sizeof *live), *most = live + chunks;
@@ -109,13 +109,13 @@ int pipe_slots(const char *schedule, int m, int pp, int chunks, int stage, int *
     return total;
 }
 
-double pipe_bubble_theory(const char *schedule, int m, int pp, int chunks) {
+double pipe_bubble_theory(PipeSchedule schedule, int m, int pp, int chunks) {
     // zb-h1: p - 1 units of the first stage's idle remain (F + B - W) out of 3m of work
     if (pipe_zero_bubble(schedule)) return (double)(pp - 1) / (3.0 * m + pp - 1);
     return (double)(pp - 1) / ((double)chunks * m + pp - 1);
 }
 
-const char *pipe_bubble_formula(const char *schedule) {
+const char *pipe_bubble_formula(PipeSchedule schedule) {
     if (pipe_zero_bubble(schedule)) return "(p-1)/(3m+p-1) with F = B = W";
     if (pipe_interleaved(schedule)) return "(p-1)/(v*m+p-1)";
     return "(p-1)/(m+p-1)";
@@ -146,7 +146,7 @@ static int producer_stage(const PipeOp *op, int stage, int pp, int chunks) {
     return vs < pp * chunks - 1 ? vs + 1 : -1;
 }
 
-static double unit_time(const char *schedule, const PipeOp *op) {
+static double unit_time(PipeSchedule schedule, const PipeOp *op) {
     return op->backward && !pipe_zero_bubble(schedule) ? 2.0 : 1.0;
 }
 
@@ -183,7 +183,7 @@ static void check_message_order(PipeOp **ops, const int *n, int pp, int chunks) 
         }
 }
 
-double pipe_replay(const char *schedule, int m, int pp, int chunks, double *const *secs, double *busy) {
+double pipe_replay(PipeSchedule schedule, int m, int pp, int chunks, double *const *secs, double *busy) {
     int vs_count = pp * chunks, *n = calloc_or_die((size_t)pp * 2, sizeof *n), *next = n + pp;
     PipeOp **ops = calloc_or_die((size_t)pp, sizeof *ops);
     double *free_at = calloc_or_die((size_t)pp, sizeof *free_at), end = 0;
@@ -213,7 +213,7 @@ double pipe_replay(const char *schedule, int m, int pp, int chunks, double *cons
             }
     }
     for (int s = 0; s < pp; s++)
-        if (next[s] < n[s]) fatal("internal: the %s schedule deadlocks on stage %d", schedule, s);
+        if (next[s] < n[s]) fatal("internal: the %s schedule deadlocks on stage %d", pipe_schedule_name(schedule), s);
     for (int s = 0; s < pp; s++) free(ops[s]);
     free(ops), free(n), free(free_at), free(f_end);
     return end;

@@ -54,7 +54,7 @@ expect_one_error "stage 02 given axonn" "stage 02 runs \"single_device\"; run bu
     build/stage-2 --config configs/tiny.json --strategy=axonn
 expect_one_error "stage 05 given single_device" "stage 05 runs \"axonn\"; run build/stage-1 for single_device" \
     build/stage-5 --config configs/tiny.json --strategy=single_device
-expect_one_error "unknown strategy" "key 'strategy': expected single_device, ddp, fsdp, axonn, pipeline, expert_parallel or context_parallel, found 'zero3'" \
+expect_one_error "unknown strategy" "key 'strategy': expected single_device, ddp, fsdp, axonn, pipeline, expert_parallel, context_parallel or composed, found 'zero3'" \
     build/stage-1 --config configs/tiny.json --strategy=zero3
 expect_one_error "cp_size on stage 01" "key 'cp_size' is 2 but strategy \"single_device\" does not split sequences" \
     build/stage-1 --config configs/tiny.json --cp_size=2

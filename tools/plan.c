@@ -268,7 +268,7 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     // 07_pipeline_parallel's report: each chunk's slots of its activations, and zb-h1's deferred
     // output gradients (zero_bubble.c: a block's linear output widths x N floats a block and slot)
     int *slots = calloc_or_die((size_t)g.chunks, sizeof *slots);
-    pipe_slots(s->cfg->pp_schedule, m, pp, g.chunks, 0, slots);
+    pipe_slots(s->cfg->pp_sched, m, pp, g.chunks, 0, slots);
     size_t acts = 0, deferred = 0;
     for (int c = 0; c < g.chunks; c++) {
         ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
@@ -278,14 +278,14 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
         deferred += (size_t)slots[c] * deferred_weights_floats(&spec) * sizeof(float);
     }
     add_model_memory(p, s->cfg, n, acts);
-    if (pipe_zero_bubble(s->cfg->pp_schedule)) add_memory(p, "deferred weight gradients", deferred);
+    if (pipe_zero_bubble(s->cfg->pp_sched)) add_memory(p, "deferred weight gradients", deferred);
     gpt_layout_free(&layout);
     free(slots);
 
     // the messages as pipeline.c's exchange sends them: a send followed by a receive from the
     // same neighbour travels as one send-recv, counted as the message sent
     PipeOp *ops = calloc_or_die((size_t)pipe_max_ops(m, g.chunks), sizeof *ops);
-    int n_ops = pipe_schedule(ops, s->cfg->pp_schedule, m, pp, g.chunks, 0), pending = -1;
+    int n_ops = pipe_schedule(ops, s->cfg->pp_sched, m, pp, g.chunks, 0), pending = -1;
     long sends = 0, send_recvs = 0, recvs = 0;
     for (int k = 0; k < n_ops && pp > 1; k++) {
         int from, to;
@@ -407,7 +407,7 @@ static void predict_time(const Setup *s, Plan *p) {
     // a pipeline's bubble: filling and draining pp stages idles (pp - 1) / m of a rank's work.
     // Where ranks share cores, an idle rank's core runs the others: the bubble costs only what
     // the critical path (own work plus idling) exceeds the shared compute by.
-    double bubble = p->stage == 7 ? pipe_bubble_theory(s->cfg->pp_schedule, p->microbatches, p->pp,
+    double bubble = p->stage == 7 ? pipe_bubble_theory(s->cfg->pp_sched, p->microbatches, p->pp,
                                                         pipe_chunks(s->cfg)) : 0;
     double critical = p->stage == 7 ? own * (1.0 + bubble / (1.0 - bubble)) : 0;  // idle per unit of work
     p->bubble_s = critical > p->compute_s ? critical - p->compute_s : 0;

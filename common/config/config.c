@@ -552,6 +552,21 @@ static void resolve_precision(Config *cfg, const Sources *src) {
           source_of(src, "precision"), cfg->precision);
 }
 
+// pp_schedule's names, in PipeSchedule's order (config.h)
+static const char *const PIPE_SCHEDULES[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+
+static void resolve_pp_schedule(Config *cfg, const Sources *src) {
+    for (size_t i = 0; i < sizeof PIPE_SCHEDULES / sizeof PIPE_SCHEDULES[0]; i++)
+        if (strcmp(cfg->pp_schedule, PIPE_SCHEDULES[i]) == 0) {
+            cfg->pp_sched = (PipeSchedule)i;
+            return;
+        }
+    fatal("%s: key 'pp_schedule': expected gpipe, 1f1b, interleaved or zb-h1, found '%s'",
+          source_of(src, "pp_schedule"), cfg->pp_schedule);
+}
+
+const char *pipe_schedule_name(PipeSchedule s) { return PIPE_SCHEDULES[s]; }
+
 // ---- the stage rules (the STAGES table) -------------------------------------------------------
 
 // An empty strategy is the stage's own; another stage's strategy is refused with where to go.
@@ -599,11 +614,11 @@ static void require_ladder_keys_fit_stage(const Config *cfg, const Sources *src,
 // keep (each block's are recomputed into one buffer that the next block's recomputation overwrites)
 static void require_schedule_keys(const Config *cfg, const Sources *src) {
     require_positive(src, "virtual_stages", cfg->virtual_stages);
-    if (cfg->virtual_stages != 1 && strcmp(cfg->pp_schedule, "interleaved") != 0)
+    if (cfg->virtual_stages != 1 && cfg->pp_sched != SCHED_INTERLEAVED)
         fatal("%s: key 'virtual_stages' is %d but pp_schedule is '%s': only pp_schedule interleaved "
               "gives a stage more than one chunk of blocks", source_of(src, "virtual_stages"), cfg->virtual_stages,
               cfg->pp_schedule);
-    if (strcmp(cfg->pp_schedule, "zb-h1") == 0 && cfg->activation_checkpointing)
+    if (cfg->pp_sched == SCHED_ZB_H1 && cfg->activation_checkpointing)
         fatal("%s: key 'activation_checkpointing' is true but pp_schedule zb-h1 computes each weight gradient "
               "after the block's backward, from activations recomputation does not keep: set one of them "
               "otherwise", source_of(src, "activation_checkpointing"));
@@ -613,10 +628,8 @@ static void require_schedule_keys(const Config *cfg, const Sources *src) {
 // be ignored. Stage 07 cuts the batch with num_microbatches: a gradient_acc_steps beside it would
 // be a second, conflicting answer to the same question.
 static void require_pipeline_keys_fit_strategy(const Config *cfg, const Sources *src) {
-    static const char *const schedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
     require_positive(src, "pp_size", cfg->pp_size);
     require_positive(src, "num_microbatches", cfg->num_microbatches);
-    require_one_of(src, "pp_schedule", cfg->pp_schedule, schedules, 4, "gpipe, 1f1b, interleaved or zb-h1");
     require_schedule_keys(cfg, src);
     bool pipeline = strcmp(cfg->strategy, "pipeline") == 0 || strcmp(cfg->strategy, "composed") == 0;
     if (!pipeline && (cfg->pp_size != 1 || cfg->num_microbatches != 1))
@@ -817,6 +830,7 @@ static void require_lora_keys_fit_stage(const Config *cfg, const Sources *src, S
 
 static void validate(Config *cfg, const Sources *src, Stage stage) {
     resolve_precision(cfg, src);
+    resolve_pp_schedule(cfg, src);
     static const char *const comm_backends[] = {"auto", "nccl", "mpi", "mpi-staged"};
     require_one_of(src, "comm_backend", cfg->comm_backend, comm_backends, 4, "auto, nccl, mpi or mpi-staged");
     resolve_strategy(cfg, src, stage);

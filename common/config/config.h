@@ -17,6 +17,14 @@ typedef enum {
     PREC_FP16_MIXED,  // "16-mixed": fp16 copies of fp32 master weights, with loss scaling
 } Precision;
 
+// The key pp_schedule as config_load reads it, once (the string stays for what the config writes)
+typedef enum {
+    SCHED_GPIPE,        // "gpipe": every forward, then every backward
+    SCHED_1F1B,         // "1f1b": one forward, one backward once the pipe is full
+    SCHED_INTERLEAVED,  // "interleaved": 1F1B over virtual_stages chunks of blocks per stage
+    SCHED_ZB_H1,        // "zb-h1": the backward split into B and W, the W's filling the bubble
+} PipeSchedule;
+
 typedef struct {
     // the tutorial's keys
     char model_id[64];        // "gpt2", "gpt2-medium", ... picks n_layer/n_head/n_embd; "custom"
@@ -65,6 +73,7 @@ typedef struct {
     int pp_size;                 // pipeline stages; the ranks / pp_size replicas are data-parallel
     int num_microbatches;        // micro-batches a replica's rows are cut into (in place of gradient_acc_steps)
     char pp_schedule[16];        // "gpipe", "1f1b", "interleaved" or "zb-h1"
+    PipeSchedule pp_sched;       // not a key: config_load's reading of pp_schedule
     int virtual_stages;          // interleaved: chunks of blocks per stage
     // mixture of experts (stage 08; stage 06 generates with such a model)
     int num_experts;             // experts of each MoE block (0: every block has its dense MLP)
@@ -138,6 +147,8 @@ char *config_to_json(const Config *cfg);
 // precision helpers: matmul inputs in 16 bits (every precision but fp32), and in which format
 // (HALF_FP16 for 16-mixed, else HALF_BF16)
 static inline bool config_is_half(const Config *cfg) { return cfg->prec != PREC_FP32; }
+// pp_schedule's name of s ("gpipe", "1f1b", "interleaved", "zb-h1")
+const char *pipe_schedule_name(PipeSchedule s);
 static inline HalfFormat config_half_format(const Config *cfg) {
     return cfg->prec == PREC_FP16_MIXED ? HALF_FP16 : HALF_BF16;
 }
