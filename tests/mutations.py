@@ -115,19 +115,29 @@ def run(cmd, cwd, log, timeout):
         return 124
 
 
-def test_command(tree, name):
-    if os.path.isfile(os.path.join(tree, "tests", name + ".sh")):
-        return ["bash", os.path.join("tests", name + ".sh")]
-    if os.path.isfile(os.path.join(tree, "tests", name + ".c")):
-        return [os.path.join("build", "tests", name)]
+def test_program(tree, name):
+    """the test program a name means: NAME.c, or NAME where no tests/NAME.sh takes it; else None"""
+    stem = name[:-2] if name.endswith(".c") else name
+    if os.path.isfile(os.path.join(tree, "tests", stem + ".c")) and (
+            name.endswith(".c") or not os.path.isfile(os.path.join(tree, "tests", name + ".sh"))):
+        return stem
     return None
+
+
+def test_command(tree, name):
+    """NAME or NAME.sh: tests/NAME.sh; NAME.c (or NAME without a script): build/tests/NAME"""
+    script = name if name.endswith(".sh") else name + ".sh"
+    if not name.endswith(".c") and os.path.isfile(os.path.join(tree, "tests", script)):
+        return ["bash", os.path.join("tests", script)]
+    program = test_program(tree, name)
+    return [os.path.join("build", "tests", program)] if program else None
 
 
 def build(tree, log, tests):
     """every stage, and the test programs among `tests` (the tools and other programs wait)"""
     stages = sorted(f"stage-{int(d[:2])}" for d in os.listdir(tree)
                     if d[:2].isdigit() and any(f.endswith(".c") for f in os.listdir(os.path.join(tree, d))))
-    progs = [os.path.join("build", "tests", t) for t in tests if os.path.isfile(os.path.join(tree, "tests", t + ".c"))]
+    progs = [os.path.join("build", "tests", test_program(tree, t)) for t in tests if test_program(tree, t)]
     return run(["make", "-j2", "--no-print-directory", "BACKEND=cpu"] + stages + progs, tree, log, 1800)
 
 
@@ -144,7 +154,7 @@ def try_mutation(tree, m, log, failing):
         return "error", f"snippet found {len(hits)} times in the sources, not once"
     unknown = [t for t in m["tests"] if not test_command(tree, t)]
     if unknown:
-        return "error", f"no test named {' '.join(unknown)} (tests/NAME.sh or tests/NAME.c)"
+        return "error", f"no test named {' '.join(unknown)} (tests/NAME.sh, or tests/NAME.c as NAME.c)"
     if failing & set(m["tests"]):
         return "error", f"{' '.join(sorted(failing & set(m['tests'])))} fails without the mutation"
     path = hits[0]
