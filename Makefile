@@ -98,7 +98,7 @@ STAGE_OBJS_10 := $(B)/common/comm/mesh.o
 # a stage's objects built per backend: stage 09's ring attention steps (kernels, or OpenMP loops)
 STAGE_OBJS_9 := $(B)/09_context_parallel/backend/ring_blocks_$(BACKEND).o
 
-.PHONY: preflight exercise grade exercises-pack plot report all setup test test-mutations test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
+.PHONY: preflight exercise grade exercises-pack plot report all setup test test-programs test-mutations test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools
 
 # scripts/setup.sh installs missing packages (apt) and only checks when none is missing; the
@@ -227,6 +227,10 @@ bench-cuda:
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all $(TEST_PROGS)
 	@bash tests/run.sh
+
+# what the tests run: every stage and tool and every test program (tests/mutations.py rebuilds it
+# after planting each bug, so that a script's programs carry the bug too)
+test-programs: all $(TEST_PROGS)
 
 # plants each bug listed in tests/mutations.txt, one at a time, in a scratch copy of the tree,
 # rebuilds it and runs the tests named beside the bug (tests/mutations.py); not part of `make test`

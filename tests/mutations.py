@@ -115,23 +115,28 @@ def run(cmd, cwd, log, timeout):
         return 124
 
 
-def test_command(tree, name):
-    if os.path.isfile(os.path.join(tree, "tests", name + ".sh")):
-        return ["bash", os.path.join("tests", name + ".sh")]
-    if os.path.isfile(os.path.join(tree, "tests", name + ".c")):
-        return [os.path.join("build", "tests", name)]
+def test_program(tree, name):
+    """the test program a name means: NAME.c, or NAME where no tests/NAME.sh takes it; else None"""
+    stem = name[:-2] if name.endswith(".c") else name
+    if os.path.isfile(os.path.join(tree, "tests", stem + ".c")) and (
+            name.endswith(".c") or not os.path.isfile(os.path.join(tree, "tests", name + ".sh"))):
+        return stem
     return None
 
 
-def build(tree, log, tests):
-    """every stage, the test programs among `tests` and the MPI checks (tests/mpi/*.c) the test
-    scripts start (the tools and other programs wait)"""
-    stages = sorted(f"stage-{int(d[:2])}" for d in os.listdir(tree)
-                    if d[:2].isdigit() and any(f.endswith(".c") for f in os.listdir(os.path.join(tree, d))))
-    progs = [os.path.join("build", "tests", t) for t in tests if os.path.isfile(os.path.join(tree, "tests", t + ".c"))]
-    progs += sorted(os.path.join("build", "tests", "mpi", f[:-2]) for f in os.listdir(os.path.join(tree, "tests", "mpi"))
-                    if f.endswith(".c"))
-    return run(["make", "-j2", "--no-print-directory", "BACKEND=cpu"] + stages + progs, tree, log, 1800)
+def test_command(tree, name):
+    """NAME or NAME.sh: tests/NAME.sh; NAME.c (or NAME without a script): build/tests/NAME"""
+    script = name if name.endswith(".sh") else name + ".sh"
+    if not name.endswith(".c") and os.path.isfile(os.path.join(tree, "tests", script)):
+        return ["bash", os.path.join("tests", script)]
+    program = test_program(tree, name)
+    return [os.path.join("build", "tests", program)] if program else None
+
+
+def build(tree, log):
+    """every stage, tool and test program (the Makefile's test-programs): a script's tests run the
+    programs it names (test_llama_oracle runs build/tests/test_llama), which must carry the bug"""
+    return run(["make", "-j2", "--no-print-directory", "BACKEND=cpu", "test-programs"], tree, log, 1800)
 
 
 def failing_without_mutations(tree, tests, logs):
@@ -147,14 +152,14 @@ def try_mutation(tree, m, log, failing):
         return "error", f"snippet found {len(hits)} times in the sources, not once"
     unknown = [t for t in m["tests"] if not test_command(tree, t)]
     if unknown:
-        return "error", f"no test named {' '.join(unknown)} (tests/NAME.sh or tests/NAME.c)"
+        return "error", f"no test named {' '.join(unknown)} (tests/NAME.sh, or tests/NAME.c as NAME.c)"
     if failing & set(m["tests"]):
         return "error", f"{' '.join(sorted(failing & set(m['tests'])))} fails without the mutation"
     path = hits[0]
     original = open(path, encoding="utf-8").read()
     open(path, "w", encoding="utf-8").write(original.replace(m["find"], m["replace"]))
     try:
-        if build(tree, log, m["tests"]) != 0:
+        if build(tree, log) != 0:
             return "error", f"the mutated tree does not build ({os.path.relpath(path, tree)}; see {log})"
         for t in m["tests"]:
             if run(test_command(tree, t), tree, log, TEST_TIMEOUT) != 0:
@@ -173,7 +178,7 @@ def main():
     os.makedirs(logs)
     tree = copy_tree(scratch)
     every_test = sorted({t for m in chosen for t in m["tests"]})
-    if build(tree, os.path.join(logs, "unmutated.log"), every_test) != 0:
+    if build(tree, os.path.join(logs, "unmutated.log")) != 0:
         sys.exit(f"the unmutated copy does not build: see {logs}/unmutated.log")
     failing = failing_without_mutations(tree, every_test, logs)
     counts = {"caught": 0, "missed": 0, "error": 0}
