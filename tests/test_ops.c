@@ -25,6 +25,7 @@
 #include "base/device.h"
 #include "base/log.h"
 #include "check.h"
+#include "ops/few_rows.h"
 #include "ops/kernels.h"
 #include "ops/ops.h"
 
@@ -1759,6 +1760,40 @@ static size_t few_rows_bits_differ(const double *got, const double *inp, const d
     return differ;
 }
 
+// out (N, OC) as the GPU's few-rows kernel computes it (ops_cuda.cu: few_rows_kernel), driven on
+// the host: passes of FEW_ROWS_PASS input rows; in each, FEW_ROWS_LANES lanes per weight row run
+// few_rows.h's lane sums, which few_rows_combine adds as the kernel's shuffles do. Inputs already
+// rounded to what the op reads (bf16 values where bf16_weights).
+static void few_rows_kernel_model(float *out, const double *inp, const double *weight, const double *bias, int N,
+                                  int C, int OC, int bf16_weights) {
+    size_t nin = (size_t)N * C, nw = (size_t)OC * C;
+    float *x = malloc_or_die(nin * sizeof(float)), *w = malloc_or_die(nw * sizeof(float));
+    uint16_t *x16 = malloc_or_die(nin * sizeof(uint16_t)), *w16 = malloc_or_die(nw * sizeof(uint16_t));
+    for (size_t i = 0; i < nin; i++) x[i] = (float)inp[i], x16[i] = bf16_from_float(x[i]);
+    for (size_t i = 0; i < nw; i++) w[i] = (float)weight[i], w16[i] = bf16_from_float(w[i]);
+    for (int n0 = 0; n0 < N; n0 += FEW_ROWS_PASS) {
+        int rows = imin(N - n0, FEW_ROWS_PASS);
+        for (int o = 0; o < OC; o++) {
+            float acc[FEW_ROWS_LANES][FEW_ROWS_PASS], lanes[FEW_ROWS_LANES];
+            for (int lane = 0; lane < FEW_ROWS_LANES; lane++)
+                if (bf16_weights)
+                    few_rows_lane_bf16(acc[lane], w16 + (size_t)o * C, x16 + (size_t)n0 * C, (size_t)C, rows, C, lane);
+                else few_rows_lane_f32(acc[lane], w + (size_t)o * C, x + (size_t)n0 * C, (size_t)C, rows, C, lane);
+            for (int r = 0; r < rows; r++) {
+                for (int lane = 0; lane < FEW_ROWS_LANES; lane++) lanes[lane] = acc[lane][r];
+                out[(size_t)(n0 + r) * OC + o] = few_rows_combine(lanes, (float)bias[o]);
+            }
+        }
+    }
+    free(x), free(w), free(x16), free(w16);
+}
+
+// 1 where this backend's few-rows products run in few_rows.h's order: the CPU's, and the GPU's when
+// its few-rows kernel is switched on (OPS_CUDA_KERNELS=few_rows; the engine's sentence says so)
+static int backend_runs_few_rows_order(void) {
+    return strcmp(ops_backend_name(), "cpu") == 0 || strstr(ops_matmul_engine(), "few-rows kernel") != NULL;
+}
+
 static void test_few_rows_matmul(int N, int C, int OC, int bf16_weights) {
     size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
     double *inp = rand_array(nin, -1, 1), *weight = rand_array(nw, -1, 1), *bias = rand_array(OC, -1, 1);
@@ -1779,9 +1814,16 @@ static void test_few_rows_matmul(int N, int C, int OC, int bf16_weights) {
     char what[128];
     snprintf(what, sizeof what, "few-rows matmul %s N=%d C=%d OC=%d", bf16_weights ? "bf16" : "f32", N, C, OC);
     check_array(what, got, want, nout, 1e-5, 1e-5 * C);
-    if (strcmp(ops_backend_name(), "cpu") == 0) {  // cuBLAS sums in an order of its own
+    if (backend_runs_few_rows_order()) {  // cuBLAS sums in an order of its own
         size_t differ = few_rows_bits_differ(got, inp, weight, bias, N, C, OC, bf16_weights);
         CHECK(differ == 0, "%s: %zu of %zu outputs are not the bits of the documented order", what, differ, nout);
+        float *model = malloc_or_die(nout * sizeof(float));
+        few_rows_kernel_model(model, inp, weight, bias, N, C, OC, bf16_weights);
+        differ = 0;
+        for (size_t i = 0; i < nout; i++) differ += (float)got[i] != model[i];
+        CHECK(differ == 0, "%s: %zu of %zu outputs are not the bits of the GPU kernel's model (few_rows.h)", what,
+              differ, nout);
+        free(model);
     }
     dev_free(d_b), dev_free(d_out);
     free(inp), free(weight), free(bias), free(want), free(got);
@@ -1827,6 +1869,7 @@ int main(int argc, char **argv) {
         RUN(test_few_rows_matmul(3, 5, 7, bf));
         RUN(test_few_rows_matmul(5, 771, 41, bf));
         RUN(test_few_rows_matmul(7, 96, 37, bf));
+        RUN(test_few_rows_matmul(2, 2049, 3, bf));  // phi's width + 1: an odd column alone in the last block
     }
     RUN(test_matmul(17, 96, 40, 1, 0));
     printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_16());

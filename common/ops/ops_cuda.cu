@@ -62,6 +62,7 @@ extern "C" {  // ops.h and log.h are C headers (no extern "C" of their own)
 #include "ops.h"
 #include "ops_peak.h"
 }
+#include "few_rows.h"
 #include "kernels.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -119,6 +120,37 @@ static struct {
 
 static HalfFormat g_half = HALF_BF16;  // the 16-bit copies' format (ops_set_half_format)
 
+// Kernels not yet measured on a GPU run only where the environment asks for them, so that the
+// one measuring them can compare both paths and flip the default (docs/CUDA.md, "Kernels behind a
+// switch"): OPS_CUDA_KERNELS=few_rows (a comma-separated list of names, or all).
+enum { KERNEL_FEW_ROWS = 1 };
+static const struct {
+    const char *name;
+    unsigned bit;
+} switched_kernels[] = {{"few_rows", KERNEL_FEW_ROWS}};
+static unsigned g_switched;  // the bits of the kernels switched on
+
+static unsigned switched_kernel_bit(const char *name, size_t len, const char *value) {
+    if (len == 3 && strncmp(name, "all", 3) == 0) return ~0u;
+    for (size_t i = 0; i < sizeof switched_kernels / sizeof switched_kernels[0]; i++)
+        if (strlen(switched_kernels[i].name) == len && strncmp(name, switched_kernels[i].name, len) == 0)
+            return switched_kernels[i].bit;
+    fatal("environment variable OPS_CUDA_KERNELS is '%s': expected a comma-separated list of "
+          "few_rows, or all; found '%.*s'", value, (int)len, name);
+    return 0;
+}
+
+static unsigned switched_kernels_from_env(void) {
+    const char *value = getenv("OPS_CUDA_KERNELS");
+    unsigned bits = 0;
+    for (const char *p = value; p && *p;) {
+        size_t len = strcspn(p, ",");
+        bits |= switched_kernel_bit(p, len, value);
+        p += len + (p[len] == ',');
+    }
+    return bits;
+}
+
 #define THREADS 256  // block size of the element-wise and column kernels
 
 // the local rank from the launcher's environment (Open MPI, Slurm, torchrun-style), else 0
@@ -161,6 +193,7 @@ void ops_init(void) {
     g.cc_major = prop.major;
     g.cc_minor = prop.minor;
     g.smem_optin = (int)prop.sharedMemPerBlockOptin;
+    g_switched = switched_kernels_from_env();
     if (cudaDeviceGetAttribute(&g.clock_khz, cudaDevAttrClockRate, g.device) != cudaSuccess)
         g.clock_khz = 0;
     (void)cudaGetLastError();  // the attribute query is optional: forget its error, if any
@@ -240,8 +273,9 @@ const char *ops_matmul_engine(void) {
         ensure_init();
         char cublas[64];
         describe_cublas(cublas, sizeof cublas);
-        sentence_printf(text, sizeof text, "%s SGEMM (f32, no TF32) on %s (sm_%d%d, %d SMs, GPU %d)",
-                        cublas, g.name, g.cc_major, g.cc_minor, g.sm_count, g.device);
+        sentence_printf(text, sizeof text, "%s SGEMM (f32, no TF32) on %s (sm_%d%d, %d SMs, GPU %d)%s",
+                        cublas, g.name, g.cc_major, g.cc_minor, g.sm_count, g.device,
+                        g_switched & KERNEL_FEW_ROWS ? ", up to 16 rows by the few-rows kernel" : "");
     }
     return text;
 }
@@ -720,10 +754,53 @@ static void bias_backward(float *dbias, const float *dout, int N, int OC) {
     LAUNCH(column_sums_kernel, blocks_for((size_t)OC, THREADS), THREADS, 0, dbias, partial, nchunks, OC);
 }
 
+// A decode step's few rows (OPS_CUDA_KERNELS=few_rows): few_rows.h's order, the CPU's, so the
+// GPU decodes to the CPU's bits. A half-warp per weight row (two rows a warp), each lane summing
+// its columns for up to FEW_ROWS_PASS input rows a pass, so each weight is read once a pass; the
+// lanes combine by shuffles within their half (width 16), every lane of the warp taking part, the
+// lanes of a row past OC too (they read row OC - 1 and store nothing).
+#define FEW_ROWS_MAX 16     // input rows this path takes (the CPU's limit too); past it, cuBLAS
+#define FEW_ROWS_THREADS 128
+
+template <int IS_BF16>
+static __global__ void few_rows_kernel(float *out, const void *x, const void *weight, const float *bias, int N,
+                                       int C, int OC) {
+    int lane = threadIdx.x % FEW_ROWS_LANES;
+    int o = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / FEW_ROWS_LANES);
+    int row = o < OC ? o : OC - 1;
+    for (int n0 = 0; n0 < N; n0 += FEW_ROWS_PASS) {
+        int rows = N - n0 < FEW_ROWS_PASS ? N - n0 : FEW_ROWS_PASS;
+        float acc[FEW_ROWS_PASS];
+        if (IS_BF16)
+            few_rows_lane_bf16(acc, (const uint16_t *)weight + (size_t)row * C,
+                               (const uint16_t *)x + (size_t)n0 * C, (size_t)C, rows, C, lane);
+        else
+            few_rows_lane_f32(acc, (const float *)weight + (size_t)row * C, (const float *)x + (size_t)n0 * C,
+                              (size_t)C, rows, C, lane);
+        for (int width = FEW_ROWS_LANES / 2; width > 0; width /= 2)
+#pragma unroll
+            for (int r = 0; r < FEW_ROWS_PASS; r++)
+                acc[r] += __shfl_down_sync(0xffffffffu, acc[r], width, FEW_ROWS_LANES);
+        if (lane == 0 && o < OC)
+            for (int r = 0; r < rows; r++) out[(size_t)(n0 + r) * OC + o] = acc[r] + (bias ? bias[o] : 0.0f);
+    }
+}
+
+// 1 when the few-rows kernel did the product
+static int few_rows_matmul(float *out, const void *x, const void *weight, int is_bf16, const float *bias, int N,
+                           int C, int OC) {
+    if (!(g_switched & KERNEL_FEW_ROWS) || N > FEW_ROWS_MAX) return 0;
+    unsigned blocks = blocks_for((size_t)OC * FEW_ROWS_LANES, FEW_ROWS_THREADS);
+    if (is_bf16) LAUNCH(few_rows_kernel<1>, blocks, FEW_ROWS_THREADS, 0, out, x, weight, bias, N, C, OC);
+    else LAUNCH(few_rows_kernel<0>, blocks, FEW_ROWS_THREADS, 0, out, x, weight, bias, N, C, OC);
+    return 1;
+}
+
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                     int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     ensure_init();
+    if (few_rows_matmul(out, inp, weight, 0, bias, N, C, OC)) return;
     const float *beta = &ZERO;  // beta = 0: out's old contents are never read
     if (bias) {
         LAUNCH(bias_rows_kernel, grid_for((size_t)N * OC), THREADS, 0, out, bias, (size_t)N, (size_t)OC);
@@ -823,6 +900,7 @@ void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, cons
                          int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     ensure_init();
+    if (g_half == HALF_BF16 && few_rows_matmul(out, inp, weight, 1, bias, N, C, OC)) return;
     if (widen_half()) {
         float *inp32 = (float *)scratch(((size_t)N * C + (size_t)OC * C) * sizeof(float));
         float *w32 = inp32 + (size_t)N * C;
