@@ -9,6 +9,10 @@
 #   graphs:    stage 06 records its decode step as a CUDA graph on two short prompts, replays it
 #              after two longer ones grew the workspace (decode steps that replayed a graph are
 #              counted, and must be some), and generates what it generates without graphs;
+#   switched:  the kernels behind OPS_CUDA_KERNELS (docs/CUDA.md), all switched on: test_ops on the
+#              GPU (the few-rows kernel's outputs must be the bits of its model, few_rows.h, and of
+#              the CPU backend), memcheck clean over it, and stage 06 decoding greedily at batch 1
+#              and 3 generates the tokens it generates with the switch off;
 #   memcheck, racecheck, synccheck: compute-sanitizer's tools each find nothing in test_ops and in
 #              two steps of stage 01 (SKIPPED where compute-sanitizer is missing).
 # Without nvcc: says so and counts nothing (skipped, never passed); without a GPU, the sections
@@ -17,7 +21,7 @@
 # Usage: tests/test_ops_cuda.sh [section ...]   default: all of them
 source "$(dirname "$0")/lib.sh"
 name=test_ops_cuda
-SECTIONS="build ops stage1 graphs memcheck racecheck synccheck"
+SECTIONS="build ops stage1 graphs switched memcheck racecheck synccheck"
 [ $# -gt 0 ] || set -- $SECTIONS
 for section in "$@"; do
     case " $SECTIONS " in
@@ -120,6 +124,53 @@ section_graphs() {
     replays=$(sed -n 's/^compile: \([0-9]*\) decode steps replayed a CUDA graph$/\1/p' "$tmp/gen-true.log")
     check '[ -n "$replays" ] && [ "$replays" -gt 0 ]' "stage 06 --compile=true replayed no decode graph ('${replays:-no count}')"
     echo "stage 06: ${replays:-0} decode steps replayed a CUDA graph"
+}
+
+# the kernels behind OPS_CUDA_KERNELS, all switched on (the default runs without them: sections ops
+# and graphs). Decode's answers are compared GPU against GPU, switch off and on: the few-rows
+# kernel sums in another order than cuBLAS, which moves a greedy token only at a near tie of two
+# logits; the CPU's answers are printed beside them (the same matmul bits, other ops' not).
+section_switched() {
+    OPS_CUDA_KERNELS=all build/cuda/tests/test_ops >"$tmp/switched-ops.log" 2>&1
+    local rc=$? line batch switch
+    line=$(grep -E "^test_ops: [0-9]+ passed, [0-9]+ failed" "$tmp/switched-ops.log" | tail -1)
+    check '[ $rc -eq 0 ] && [ -n "$line" ]' "test_ops on the GPU with OPS_CUDA_KERNELS=all: exit $rc
+$(grep FAIL "$tmp/switched-ops.log" | head -20; tail -5 "$tmp/switched-ops.log")"
+    check 'grep -q "few-rows kernel" "$tmp/switched-ops.log"' \
+        "test_ops with OPS_CUDA_KERNELS=all: the engine line does not name the few-rows kernel: $(grep -m1 'matmuls by' "$tmp/switched-ops.log")"
+    echo "switched on: $line"
+    local sanitizer
+    sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+    if [ -x "$sanitizer" ]; then
+        OPS_CUDA_KERNELS=all "$sanitizer" --tool memcheck --error-exitcode 99 build/cuda/tests/test_ops few_rows \
+            >"$tmp/switched-memcheck.log" 2>&1
+        rc=$?
+        check '[ $rc -eq 0 ]' "compute-sanitizer memcheck over the switched kernels: exit $rc
+$(grep -m5 -E "=========|FAIL" "$tmp/switched-memcheck.log")"
+    fi
+    printf 'Hi.\nSort 3 1 2.\nName three colours.\n' >"$tmp/switched-prompts.txt"
+    for batch in 1 3; do
+        for switch in "" all; do
+            OPS_CUDA_KERNELS=$switch build/cuda/stage-6 --config configs/tiny.json --random_init=true --seed=7 \
+                --prompts_path="$tmp/switched-prompts.txt" --max_batch_size=$batch --tokens_to_generate=24 \
+                --show_token_ids=true --out_dir="$tmp/dec-$batch-$switch" >"$tmp/dec-$batch-${switch:-off}.log" 2>&1
+            echo $? >"$tmp/dec-$batch-${switch:-off}.rc"
+        done
+        check '[ "$(cat "$tmp/dec-$batch-off.rc")" = 0 ] && [ "$(cat "$tmp/dec-$batch-all.rc")" = 0 ]' \
+            "stage 06 at batch $batch with and without OPS_CUDA_KERNELS=all: $(tail -2 "$tmp/dec-$batch-off.log" "$tmp/dec-$batch-all.log")"
+        check '[ "$(grep -ac "answer ids:" "$tmp/dec-$batch-all.log")" -eq 3 ] &&
+               [ "$(grep -a "answer ids:" "$tmp/dec-$batch-off.log")" = "$(grep -a "answer ids:" "$tmp/dec-$batch-all.log")" ]' \
+            "stage 06 at batch $batch: other tokens with OPS_CUDA_KERNELS=all: $(diff <(grep -a "answer ids:" "$tmp/dec-$batch-off.log") <(grep -a "answer ids:" "$tmp/dec-$batch-all.log") | head -4)"
+    done
+    if [ -x build/cpu/stage-6 ]; then
+        build/cpu/stage-6 --config configs/tiny.json --random_init=true --seed=7 --prompts_path="$tmp/switched-prompts.txt" \
+            --max_batch_size=3 --tokens_to_generate=24 --show_token_ids=true --out_dir="$tmp/dec-cpu" >"$tmp/dec-cpu.log" 2>&1
+        if [ "$(grep -a "answer ids:" "$tmp/dec-cpu.log")" = "$(grep -a "answer ids:" "$tmp/dec-3-all.log")" ]; then
+            echo "stage 06 at batch 3, switched on: the CPU's tokens"
+        else
+            echo "stage 06 at batch 3, switched on: not the CPU's tokens (for information; a near tie moves one)"
+        fi
+    fi
 }
 
 # compute-sanitizer <tool> over test_ops and two steps of stage 01: the op kernels alone, then as
