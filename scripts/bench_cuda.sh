@@ -5,7 +5,8 @@
 # (build/peak_flops: derived from the device); stage 06 decoding at batch 1 and 8, tokens/s against
 # what the GPU's memory bandwidth allows (every weight read once per decode step; the bandwidth is
 # build/ceilings' sum over 1 GiB, measured now). Each training run's first step (warm-up) is left
-# out and the median of the other steps shown. Decode runs twice: with the default kernels and with
+# out and the median of the other steps shown; stage 02 runs again with the attention forward on
+# the tensor cores (OPS_CUDA_KERNELS=flash_bf16). Decode runs twice: with the default kernels and with
 # those behind OPS_CUDA_KERNELS=all (docs/CUDA.md, "Kernels behind a switch"), so one run shows
 # whether a switched kernel should become the default. Beside the training figures, the anchors'
 # published figures for the same model on the same GPU class (not measured here).
@@ -61,7 +62,13 @@ PY
 echo "| GPU                    | run                        |   tokens/s |  ms/step |   MFU |"
 echo "|------------------------|----------------------------|------------|----------|-------|"
 train "stage 01 fp32" 1
+# the tf32 lesson (01_single_gpu/README.md), where the GPU has TF32 (compute capability 8.0 on);
+# its MFU is against the f32 peak, as stage 01's
+[ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | cut -d. -f1)" -ge 8 ] &&
+    train "stage 01 tf32 (lesson)" 1 --tf32=true
 train "stage 02 bf16-mixed" 2 --precision=bf16-mixed
+# the attention forward on the tensor cores (docs/CUDA.md, "Kernels behind a switch")
+OPS_CUDA_KERNELS=flash_bf16 train "stage 02, flash_bf16" 2 --precision=bf16-mixed
 # published figures for GPT-2 124M training at T=1024 on this GPU class, for scale
 case "$name" in
     *H100* | *H200*) echo "anchors: llm.c about 460,000 tokens/s per H100 (GPT-2 124M, 10B tokens in about 45 min on 8 H100s; bf16)" ;;

@@ -26,6 +26,7 @@
 #include "base/log.h"
 #include "check.h"
 #include "ops/few_rows.h"
+#include "ops/flash_tiles.h"
 #include "ops/kernels.h"
 #include "ops/ops.h"
 
@@ -739,6 +740,117 @@ static void test_attention_blocks(AttnShape s, Blocking bk) {
     check_dqkv(what, got_d, want_d, B * T, C, 1e-4, 1e-5);
     free(qkv), free(dout), free(want), free(want_lse), free(att), free(want_d), free(fqkv), free(fdout);
     free(out), free(lse), free(dqkv), free(got), free(got_lse), free(got_d);
+}
+
+// ----------------------------------------------------------------------------------------------
+// the tensor-core attention forward (OPS_CUDA_KERNELS=flash_bf16): flash_tiles.h's steps driven on
+// the host as flash_forward_kernel drives them, a block of FLASH_BR query rows at a time; its
+// products (the tensor cores', on the GPU) summed here in index order over bf16 inputs
+
+// rows [r0, r0 + n) of one head's q, k or v (part 0, 1, 2) of sequence b as bf16 bits, zeros past T
+static void flash_load_rows(uint16_t *dst, const float *qkv, int b, int h, int part, int r0, int n, int T, int C,
+                            int hs) {
+    for (int r = 0; r < n; r++)
+        for (int d = 0; d < hs; d++)
+            dst[(size_t)r * hs + d] = r0 + r < T ? bf16_from_float(qkv[((size_t)b * T + r0 + r) * 3 * C + part * C +
+                                                                       (size_t)h * hs + d]) : 0;
+}
+
+static void flash_forward_model(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = attention_scale(hs);
+    uint16_t *q = malloc_or_die((size_t)FLASH_BR * hs * 2), *k = malloc_or_die((size_t)FLASH_BC * hs * 2);
+    uint16_t *v = malloc_or_die((size_t)FLASH_BC * hs * 2), p[FLASH_BR][FLASH_BC];
+    float *o = malloc_or_die((size_t)FLASH_BR * hs * sizeof(float)), s[FLASH_BR][FLASH_BC], alpha[FLASH_BR];
+    OnlineSoftmax run[FLASH_BR];
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int q0 = 0; q0 < T; q0 += FLASH_BR) {
+                flash_load_rows(q, qkv, b, h, 0, q0, FLASH_BR, T, C, hs);
+                for (int r = 0; r < FLASH_BR; r++) run[r] = online_softmax_start();
+                memset(o, 0, (size_t)FLASH_BR * hs * sizeof(float));
+                for (int kt = 0; kt < flash_key_tiles(q0, T); kt++) {
+                    flash_load_rows(k, qkv, b, h, 1, kt * FLASH_BC, FLASH_BC, T, C, hs);
+                    flash_load_rows(v, qkv, b, h, 2, kt * FLASH_BC, FLASH_BC, T, C, hs);
+                    for (int r = 0; r < FLASH_BR; r++) {
+                        for (int j = 0; j < FLASH_BC; j++) {
+                            s[r][j] = 0.0f;
+                            for (int d = 0; d < hs; d++)
+                                s[r][j] += bf16_to_float(q[(size_t)r * hs + d]) * bf16_to_float(k[(size_t)j * hs + d]);
+                        }
+                        alpha[r] = flash_row_tile(p[r], s[r], q0 + r, kt * FLASH_BC, T, scale, &run[r]);
+                        for (int c = 0; c < hs; c++) {
+                            float acc = alpha[r] * o[(size_t)r * hs + c];
+                            for (int j = 0; j < FLASH_BC; j++)
+                                acc += bf16_to_float(p[r][j]) * bf16_to_float(v[(size_t)j * hs + c]);
+                            o[(size_t)r * hs + c] = acc;
+                        }
+                    }
+                }
+                for (int r = 0; r < FLASH_BR && q0 + r < T; r++)
+                    lse[((size_t)b * NH + h) * T + q0 + r] =
+                        attention_finish(out + ((size_t)b * T + q0 + r) * C + (size_t)h * hs, o + (size_t)r * hs,
+                                         &run[r], hs, 0, 1);
+            }
+    free(q), free(k), free(v), free(o);
+}
+
+static double max_abs_diff(const double *a, const double *b, size_t n) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]));
+    return worst;
+}
+
+// 1 where this run asked the CUDA backend for the tensor-core attention (the variable the backend reads)
+static int flash_switched_on(void) {
+    const char *k = getenv("OPS_CUDA_KERNELS");
+    return strcmp(ops_backend_name(), "cuda") == 0 && k && (strstr(k, "flash_bf16") || strstr(k, "all"));
+}
+
+// The model against the double-precision reference with bf16's tolerance (q, k, v and the
+// probabilities rounded to 8 significant bits; inputs in [-1.5, 1.5]: the worst absolute errors
+// measured at these shapes are 3.8e-3 to 6.4e-3, printed; the bound is 2e-2), and against the
+// backend's own attention_forward: the CPU's f32 op, the same bound; the GPU's tensor-core kernel
+// when switched on, the same steps with only the products' summation order different, which can
+// move a probability's bf16 rounding by one step (4e-3 of it): 1e-2, the printed difference to be
+// measured on the first GPU run and the bound tightened to it.
+static void test_flash_forward(AttnShape s) {
+    int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    double *qkv = rand_array(nqkv, -1.5, 1.5), *want = malloc_or_die(nout * sizeof(double));
+    double *want_lse = malloc_or_die(nlse * sizeof(double)), *att = malloc_or_die((size_t)B * NH * T * T * sizeof(double));
+    ref_attention_full(want, att, want_lse, qkv, &s);
+    float *fqkv = malloc_or_die(nqkv * sizeof(float)), *out = malloc_or_die(nout * sizeof(float));
+    float *lse = malloc_or_die(nlse * sizeof(float));
+    for (size_t i = 0; i < nqkv; i++) fqkv[i] = (float)qkv[i];
+    flash_forward_model(out, lse, fqkv, B, T, C, NH);
+    double *model = malloc_or_die(nout * sizeof(double)), *model_lse = malloc_or_die(nlse * sizeof(double));
+    for (size_t i = 0; i < nout; i++) model[i] = out[i];
+    for (size_t i = 0; i < nlse; i++) model_lse[i] = lse[i];
+    char what[160];
+    snprintf(what, sizeof what, "tensor-core attention model B=%d T=%d hs=%d NH=%d vs double", B, T, hs, NH);
+    check_array(what, model, want, nout, 0, 2e-2);
+    check_array("... its log-sum-exp per row", model_lse, want_lse, nlse, 0, 2e-2);
+    printf("%s: worst |error| %.2e, log-sum-exp %.2e\n", what, max_abs_diff(model, want, nout),
+           max_abs_diff(model_lse, want_lse, nlse));
+
+    float *d_qkv = upload(qkv, nqkv), *d_out = dev_malloc(nout * sizeof(float));
+    float *d_att = dev_malloc((size_t)B * NH * T * T * sizeof(float));
+    attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    double *got = download(d_out, nout);
+    int flash = flash_switched_on() && flash_head_size_ok(hs);
+    snprintf(what, sizeof what, "attention_forward (%s) B=%d T=%d hs=%d vs the tensor-core model", flash ?
+             "the tensor-core kernel" : "the backend's f32 op", B, T, hs);
+    check_array(what, got, model, nout, 0, flash ? 1e-2 : 2e-2);
+    printf("%s: worst |difference| %.2e\n", what, max_abs_diff(got, model, nout));
+    if (flash) {  // on the GPU att's first B NH T floats are each row's log-sum-exp
+        double *got_lse = download(d_att, nlse);
+        check_array("... its log-sum-exp per row", got_lse, model_lse, nlse, 0, 1e-2);
+        free(got_lse);
+    }
+    dev_free(d_qkv), dev_free(d_out), dev_free(d_att);
+    free(qkv), free(want), free(want_lse), free(att), free(fqkv), free(out), free(lse), free(model), free(model_lse);
+    free(got);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1884,6 +1996,13 @@ int main(int argc, char **argv) {
     RUN(test_attention_blocks((AttnShape){2, 70, 96, 3}, (Blocking){32, 32}));
     RUN(test_attention_blocks((AttnShape){2, 23, 12, 3}, (Blocking){5, 3}));
     RUN(test_attention_blocks((AttnShape){1, 40, 128, 2}, (Blocking){7, 3}));
+    // the tensor-core attention's tiling: T past one tile and not a multiple of it (37, 70, 130),
+    // one query block over several key tiles, GPT-2's hs = 64, phi's and Llama's 128 hs and an
+    // odd multiple of 16 (80), 3 heads
+    RUN(test_flash_forward((AttnShape){2, 37, 192, 3}));    // hs 64
+    RUN(test_flash_forward((AttnShape){1, 130, 384, 3}));   // hs 128, 3 key tiles, 3 query blocks
+    RUN(test_flash_forward((AttnShape){2, 70, 240, 3}));    // hs 80
+    RUN(test_flash_forward((AttnShape){1, 1, 64, 1}));      // one row
     RUN(test_expf_vectorizable());
     RUN(test_gelu());
     RUN(test_embedding());

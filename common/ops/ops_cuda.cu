@@ -45,7 +45,9 @@
 // Not thread-safe: ops are called from one host thread, like the CPU backend.
 #include <cub/device/device_radix_sort.cuh>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -63,6 +65,7 @@ extern "C" {  // ops.h and log.h are C headers (no extern "C" of their own)
 #include "ops_peak.h"
 }
 #include "few_rows.h"
+#include "flash_tiles.h"
 #include "kernels.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -122,12 +125,12 @@ static HalfFormat g_half = HALF_BF16;  // the 16-bit copies' format (ops_set_hal
 
 // Kernels not yet measured on a GPU run only where the environment asks for them, so that the
 // one measuring them can compare both paths and flip the default (docs/CUDA.md, "Kernels behind a
-// switch"): OPS_CUDA_KERNELS=few_rows (a comma-separated list of names, or all).
-enum { KERNEL_FEW_ROWS = 1 };
+// switch"): OPS_CUDA_KERNELS=few_rows,flash_bf16 (a comma-separated list of names, or all).
+enum { KERNEL_FEW_ROWS = 1, KERNEL_FLASH_BF16 = 2 };
 static const struct {
     const char *name;
     unsigned bit;
-} switched_kernels[] = {{"few_rows", KERNEL_FEW_ROWS}};
+} switched_kernels[] = {{"few_rows", KERNEL_FEW_ROWS}, {"flash_bf16", KERNEL_FLASH_BF16}};
 static unsigned g_switched;  // the bits of the kernels switched on
 
 static unsigned switched_kernel_bit(const char *name, size_t len, const char *value) {
@@ -136,7 +139,7 @@ static unsigned switched_kernel_bit(const char *name, size_t len, const char *va
         if (strlen(switched_kernels[i].name) == len && strncmp(name, switched_kernels[i].name, len) == 0)
             return switched_kernels[i].bit;
     fatal("environment variable OPS_CUDA_KERNELS is '%s': expected a comma-separated list of "
-          "few_rows, or all; found '%.*s'", value, (int)len, name);
+          "few_rows and flash_bf16, or all; found '%.*s'", value, (int)len, name);
     return 0;
 }
 
@@ -267,17 +270,28 @@ static void describe_cublas(char *out, size_t size) {
     snprintf(out, size, "cuBLAS %d.%d.%d", major, minor, patch);
 }
 
+static int g_tf32;  // ops_set_tf32
+
+// written at each call: ops_set_tf32 may change it
 const char *ops_matmul_engine(void) {
     static char text[400];
-    if (!text[0]) {
-        ensure_init();
-        char cublas[64];
-        describe_cublas(cublas, sizeof cublas);
-        sentence_printf(text, sizeof text, "%s SGEMM (f32, no TF32) on %s (sm_%d%d, %d SMs, GPU %d)%s",
-                        cublas, g.name, g.cc_major, g.cc_minor, g.sm_count, g.device,
-                        g_switched & KERNEL_FEW_ROWS ? ", up to 16 rows by the few-rows kernel" : "");
-    }
+    ensure_init();
+    char cublas[64];
+    describe_cublas(cublas, sizeof cublas);
+    sentence_printf(text, sizeof text, "%s SGEMM (%s) on %s (sm_%d%d, %d SMs, GPU %d)%s", cublas,
+                    g_tf32 ? "f32 in TF32 on the tensor cores: inputs rounded to 10 mantissa bits" : "f32, no TF32",
+                    g.name, g.cc_major, g.cc_minor, g.sm_count, g.device,
+                    g_switched & KERNEL_FEW_ROWS ? ", up to 16 rows by the few-rows kernel" : "");
     return text;
+}
+
+void ops_set_tf32(int on) {
+    ensure_init();
+    if (on && g.cc_major < 8)
+        fatal("tf32: %s (compute capability %d.%d) has no TF32 tensor cores (compute capability 8.0 on)",
+              g.name, g.cc_major, g.cc_minor);
+    CUBLAS_CHECK(cublasSetMathMode(g.cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    g_tf32 = on;
 }
 
 const char *ops_matmul_engine_16(void) {
@@ -1352,9 +1366,123 @@ static __global__ void attention_forward_kernel(float *out, float *lse, const fl
     }
 }
 
+// ---- attention forward on the tensor cores (OPS_CUDA_KERNELS=flash_bf16): flash_tiles.h's tiling,
+// bf16 q, k, v and probabilities, f32 accumulation (wmma's 16 x 16 x 16 tiles, sm_80 on). Shared
+// memory: the block's q (FLASH_BR x hs), a tile's k and v (FLASH_BC x hs), in bf16; per warp its
+// scores s (16 x FLASH_BC f32), probabilities p (bf16), output o (16 x hs f32: the rescale by alpha
+// needs each element's row, which a wmma accumulator does not tell) and the rows' alpha. Each
+// region is a multiple of 32 bytes, as wmma's loads need. Lane r < 16 of a warp owns row r's
+// online softmax (run, in its registers) for every tile.
+static size_t flash_smem_bytes(int hs) {
+    return (size_t)(FLASH_BR + 2 * FLASH_BC) * hs * sizeof(__nv_bfloat16) +
+           (size_t)FLASH_WARPS * FLASH_ROWS * (FLASH_BC * (sizeof(float) + sizeof(uint16_t)) + hs * sizeof(float)) +
+           (size_t)FLASH_WARPS * FLASH_ROWS * sizeof(float);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // bf16 wmma: the kernel's body exists from sm_80 on
+// rows [r0, r0 + n) of a head's slice (rows `stride` floats apart) as bf16, zeros past T; the block's threads
+static __device__ void flash_load(__nv_bfloat16 *dst, const float *src, size_t stride, int r0, int n, int T, int hs) {
+    for (int i = threadIdx.x; i < n * hs; i += blockDim.x) {
+        int r = i / hs, d = i % hs;
+        dst[i] = __float2bfloat16_rn(r0 + r < T ? src[(size_t)(r0 + r) * stride + d] : 0.0f);
+    }
+}
+#endif
+
+static __global__ void __launch_bounds__(FLASH_WARPS * 32)
+    flash_forward_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH, int row_blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // never launched before sm_80 (flash_forward)
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char flash_smem[];
+    int hs = C / NH, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x / row_blocks, q0 = (blockIdx.x % row_blocks) * FLASH_BR, b = bh / NH, h = bh % NH;
+    int row = q0 + warp * FLASH_ROWS + lane;  // lanes < 16: the query row whose softmax the lane keeps
+    size_t C3 = 3 * (size_t)C;
+    const float *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+    float scale = attention_scale(hs);
+    unsigned char *at = flash_smem;
+    __nv_bfloat16 *q = (__nv_bfloat16 *)at, *k = q + FLASH_BR * hs, *v = k + FLASH_BC * hs;
+    at = (unsigned char *)(v + FLASH_BC * hs);
+    float *s = (float *)at + warp * FLASH_ROWS * FLASH_BC;
+    at += FLASH_WARPS * FLASH_ROWS * FLASH_BC * sizeof(float);
+    uint16_t *p = (uint16_t *)at + warp * FLASH_ROWS * FLASH_BC;
+    at += FLASH_WARPS * FLASH_ROWS * FLASH_BC * sizeof(uint16_t);
+    float *o = (float *)at + warp * FLASH_ROWS * hs;
+    at += (size_t)FLASH_WARPS * FLASH_ROWS * hs * sizeof(float);
+    float *alpha = (float *)at + warp * FLASH_ROWS;
+
+    flash_load(q, seq, C3, q0, FLASH_BR, T, hs);
+    for (int i = lane; i < FLASH_ROWS * hs; i += 32) o[i] = 0.0f;
+    OnlineSoftmax run = online_softmax_start();
+    const __nv_bfloat16 *qw = q + warp * FLASH_ROWS * hs, *pw = (const __nv_bfloat16 *)p;
+    int tiles = flash_key_tiles(q0, T);
+    for (int kt = 0; kt < tiles; kt++) {
+        __syncthreads();  // every warp is done with the previous tile's k and v
+        flash_load(k, seq + C, C3, kt * FLASH_BC, FLASH_BC, T, hs);
+        flash_load(v, seq + 2 * (size_t)C, C3, kt * FLASH_BC, FLASH_BC, T, hs);
+        __syncthreads();
+        // 1. s = q k^T for the warp's 16 rows: k's rows read as the columns of a column-major matrix
+        for (int n = 0; n < FLASH_BC / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kk = 0; kk < hs / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bk;
+                wmma::load_matrix_sync(a, qw + kk * 16, hs);
+                wmma::load_matrix_sync(bk, k + n * 16 * hs + kk * 16, hs);
+                wmma::mma_sync(acc, a, bk, acc);
+            }
+            wmma::store_matrix_sync(s + n * 16, acc, FLASH_BC, wmma::mem_row_major);
+        }
+        __syncwarp();
+        // 2. each row's online softmax over the tile
+        if (lane < FLASH_ROWS)
+            alpha[lane] = flash_row_tile(p + lane * FLASH_BC, s + lane * FLASH_BC, row, kt * FLASH_BC, T, scale, &run);
+        __syncwarp();
+        // 3. o = alpha o + p v
+        for (int i = lane; i < FLASH_ROWS * hs; i += 32) o[i] *= alpha[i / hs];
+        __syncwarp();
+        for (int cf = 0; cf < hs / 16; cf++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, o + cf * 16, hs, wmma::mem_row_major);
+            for (int kk = 0; kk < FLASH_BC / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> bv;
+                wmma::load_matrix_sync(a, pw + warp * FLASH_ROWS * FLASH_BC + kk * 16, FLASH_BC);
+                wmma::load_matrix_sync(bv, v + kk * 16 * hs + cf * 16, hs);
+                wmma::mma_sync(acc, a, bv, acc);
+            }
+            wmma::store_matrix_sync(o + cf * 16, acc, hs, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    if (lane < FLASH_ROWS && row < T)
+        lse[(size_t)bh * T + row] =
+            attention_finish(out + ((size_t)b * T + row) * C + (size_t)h * hs, o + lane * hs, &run, hs, 0, 1);
+#else
+    (void)out, (void)lse, (void)qkv, (void)T, (void)C, (void)NH, (void)row_blocks;
+#endif
+}
+
+// 1 when the tensor-core forward ran: switched on, a head size it takes, bf16 tensor cores, and
+// its shared memory within the device's limit
+static int flash_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    size_t smem = flash_smem_bytes(hs);
+    if (!(g_switched & KERNEL_FLASH_BF16) || !flash_head_size_ok(hs) || !ops_bf16_native() ||
+        smem > (size_t)g.smem_optin)
+        return 0;
+    CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int row_blocks = (T + FLASH_BR - 1) / FLASH_BR;
+    LAUNCH(flash_forward_kernel, (unsigned)((size_t)B * NH * row_blocks), FLASH_WARPS * 32, smem, out, att, qkv, T,
+           C, NH, row_blocks);
+    return 1;
+}
+
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) return;
     ensure_init();
+    if (flash_forward(out, att, qkv, B, T, C, NH)) return;
     int hs = C / NH, row_blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
     size_t smem = att_prepare(attention_forward_kernel, ATT_FORWARD_SMEM, hs);
     LAUNCH(attention_forward_kernel, (unsigned)((size_t)B * NH * row_blocks), ATT_WARPS * 32, smem, out, att,
