@@ -6,7 +6,7 @@
 # what the GPU's memory bandwidth allows (every weight read once per decode step; the bandwidth is
 # build/ceilings' sum over 1 GiB, measured now). Each training run's first step (warm-up) is left
 # out and the median of the other steps shown; stage 02 runs again with the attention forward on
-# the tensor cores (OPS_CUDA_KERNELS=flash_bf16). Decode runs twice: with the default kernels and with
+# the tensor cores (OPS_CUDA_KERNELS=flash_bf16), and with every switched kernel (all). Decode runs twice: with the default kernels and with
 # those behind OPS_CUDA_KERNELS=all (docs/CUDA.md, "Kernels behind a switch"), so one run shows
 # whether a switched kernel should become the default. Beside the training figures, the anchors'
 # published figures for the same model on the same GPU class (not measured here).
@@ -67,8 +67,10 @@ train "stage 01 fp32" 1
 [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | cut -d. -f1)" -ge 8 ] &&
     train "stage 01 tf32 (lesson)" 1 --tf32=true
 train "stage 02 bf16-mixed" 2 --precision=bf16-mixed
-# the attention forward on the tensor cores (docs/CUDA.md, "Kernels behind a switch")
+# the kernels behind a switch (docs/CUDA.md): the attention forward on the tensor cores alone, then
+# with the bias gradients in cuBLASLt's epilogue too
 OPS_CUDA_KERNELS=flash_bf16 train "stage 02, flash_bf16" 2 --precision=bf16-mixed
+OPS_CUDA_KERNELS=all train "stage 02, all switched" 2 --precision=bf16-mixed
 # published figures for GPT-2 124M training at T=1024 on this GPU class, for scale
 case "$name" in
     *H100* | *H200*) echo "anchors: llm.c about 460,000 tokens/s per H100 (GPT-2 124M, 10B tokens in about 45 min on 8 H100s; bf16)" ;;

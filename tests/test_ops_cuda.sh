@@ -12,7 +12,8 @@
 #              counted, and must be some), and generates what it generates without graphs;
 #   switched:  the kernels behind OPS_CUDA_KERNELS (docs/CUDA.md): test_ops' checks of each against
 #              its model (the few-rows kernel: the bits of few_rows.h's order; the tensor-core
-#              attention: flash_tiles.h's within 1e-2), memcheck clean over them; stage 06 decoding
+#              attention: flash_tiles.h's within 1e-2; the matmuls' gradients with bias_epilogue:
+#              the f32 tolerances), memcheck clean over them; stage 06 decoding
 #              greedily at batch 1 and 3 generates the same tokens with few_rows as without;
 #              stages 01 and 02 with flash_bf16 follow their curves without it within 2%;
 #   memcheck, racecheck, synccheck: compute-sanitizer's tools each find nothing in test_ops and in
@@ -150,9 +151,11 @@ section_graphs() {
 # are printed beside them (the same matmul bits, other ops' not). The tensor-core attention
 # (flash_bf16) rounds q, k, v and the probabilities to bf16: stage 02 bf16-mixed with it follows
 # stage 02 without it within bf16's 2%, and stage 01's backward, which reads its log-sum-exp, too.
+# bias_epilogue changes only the bias gradients' summation order in f32 (stage 01: 1e-4, as the GPU
+# against the CPU), and sums the 16-bit copy of dout in bf16-mixed (stage 02: 2%).
 section_switched() {
     local rc line test batch switch sanitizer
-    for test in few_rows flash; do
+    for test in matmul flash; do
         OPS_CUDA_KERNELS=all build/cuda/tests/test_ops $test >"$tmp/switched-$test.log" 2>&1
         rc=$?
         line=$(grep -E "^test_ops: [0-9]+ passed, [0-9]+ failed" "$tmp/switched-$test.log" | tail -1)
@@ -161,19 +164,20 @@ $(grep FAIL "$tmp/switched-$test.log" | head -20; tail -5 "$tmp/switched-$test.l
         echo "switched on, test_ops $test: $line"
         grep -E "worst \|difference\|" "$tmp/switched-$test.log"
     done
-    check 'grep -q "few-rows kernel" "$tmp/switched-few_rows.log"' \
-        "test_ops with OPS_CUDA_KERNELS=all: the engine line does not name the few-rows kernel: $(grep -m1 'matmuls by' "$tmp/switched-few_rows.log")"
+    check 'grep -q "few-rows kernel" "$tmp/switched-matmul.log"' \
+        "test_ops with OPS_CUDA_KERNELS=all: the engine line does not name the few-rows kernel: $(grep -m1 'matmuls by' "$tmp/switched-matmul.log")"
+    grep -m2 "note: OPS_CUDA_KERNELS=bias_epilogue" "$tmp/switched-matmul.log"  # where the epilogue did not run
     check 'grep -q "attention_forward (the tensor-core kernel)" "$tmp/switched-flash.log"' \
         "test_ops flash with OPS_CUDA_KERNELS=all did not compare the tensor-core kernel (sm_80 on): $(grep -m2 attention_forward "$tmp/switched-flash.log")"
     # a name the backend does not know: one error naming the variable and the names it knows
     OPS_CUDA_KERNELS=few_rows,fast build/cuda/tests/test_ops few_rows >"$tmp/switched-bad.out" 2>"$tmp/switched-bad.err"
     rc=$?
     check '[ $rc -eq 1 ] && [ "$(grep -c "^error" "$tmp/switched-bad.err")" -eq 1 ] &&
-           grep -q "OPS_CUDA_KERNELS is .few_rows,fast.: expected a comma-separated list of few_rows and flash_bf16, or all; found .fast." "$tmp/switched-bad.err"' \
+           grep -q "OPS_CUDA_KERNELS is .few_rows,fast.: expected a comma-separated list of few_rows, flash_bf16 and bias_epilogue, or all; found .fast." "$tmp/switched-bad.err"' \
         "OPS_CUDA_KERNELS=few_rows,fast: want one error naming it; exit $rc: $(cat "$tmp/switched-bad.err")"
     sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     if [ -x "$sanitizer" ]; then
-        for test in few_rows flash; do
+        for test in matmul flash; do
             OPS_CUDA_KERNELS=all "$sanitizer" --tool memcheck --error-exitcode 99 build/cuda/tests/test_ops $test \
                 >"$tmp/switched-memcheck-$test.log" 2>&1
             rc=$?
@@ -204,19 +208,22 @@ $(grep -m5 -E "=========|FAIL" "$tmp/switched-memcheck-$test.log")"
             echo "stage 06 at batch 3 with few_rows: not the CPU's tokens (for information; a near tie moves one)"
         fi
     fi
-    local stage precision
-    for stage in 1 2; do
+    # stage <stage> switched: the run's tolerance against the same stage without the switch
+    local spec stage precision switch tol
+    for spec in 1:flash_bf16:0.02 2:flash_bf16:0.02 1:bias_epilogue:1e-4 2:bias_epilogue:0.02; do
+        IFS=: read -r stage switch tol <<<"$spec"
         precision=32
-        [ $stage = 2 ] && precision=bf16-mixed
-        for switch in "" flash_bf16; do
-            OPS_CUDA_KERNELS=$switch build/cuda/stage-$stage "${args[@]}" --stop_iteration=20 --precision=$precision \
-                --out_dir="$tmp/flash-$stage-${switch:-off}" >"$tmp/flash-$stage-${switch:-off}.log" 2>&1
+        [ "$stage" = 2 ] && precision=bf16-mixed
+        for run in off "$switch"; do
+            [ -e "$tmp/sw-$stage-$run" ] && continue  # each stage's run without a switch, once
+            OPS_CUDA_KERNELS=${run#off} build/cuda/stage-$stage "${args[@]}" --stop_iteration=20 --precision=$precision \
+                --out_dir="$tmp/sw-$stage-$run" >"$tmp/sw-$stage-$run.log" 2>&1
             rc=$?
-            check '[ $rc -eq 0 ]' "stage 0$stage with OPS_CUDA_KERNELS='$switch' failed: $(tail -3 "$tmp/flash-$stage-${switch:-off}.log")"
+            check '[ $rc -eq 0 ]' "stage 0$stage with OPS_CUDA_KERNELS='${run#off}' failed: $(tail -3 "$tmp/sw-$stage-$run.log")"
         done
-        echo "stage 0$stage ($precision), attention on the tensor cores against without:"
-        check 'compare_losses "$tmp/flash-$stage-off" "$tmp/flash-$stage-flash_bf16" 20 0.02 0.25' \
-            "stage 0$stage with OPS_CUDA_KERNELS=flash_bf16 strays more than 2% from without"
+        echo "stage 0$stage ($precision) with $switch against without:"
+        check 'compare_losses "$tmp/sw-$stage-off" "$tmp/sw-$stage-$switch" 20 $tol 0.25' \
+            "stage 0$stage with OPS_CUDA_KERNELS=$switch strays more than $tol from without"
     done
 }
 

@@ -44,6 +44,7 @@
 //
 // Not thread-safe: ops are called from one host thread, like the CPU backend.
 #include <cub/device/device_radix_sort.cuh>
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -126,11 +127,12 @@ static HalfFormat g_half = HALF_BF16;  // the 16-bit copies' format (ops_set_hal
 // Kernels not yet measured on a GPU run only where the environment asks for them, so that the
 // one measuring them can compare both paths and flip the default (docs/CUDA.md, "Kernels behind a
 // switch"): OPS_CUDA_KERNELS=few_rows,flash_bf16 (a comma-separated list of names, or all).
-enum { KERNEL_FEW_ROWS = 1, KERNEL_FLASH_BF16 = 2 };
+enum { KERNEL_FEW_ROWS = 1, KERNEL_FLASH_BF16 = 2, KERNEL_BIAS_EPILOGUE = 4 };
 static const struct {
     const char *name;
     unsigned bit;
-} switched_kernels[] = {{"few_rows", KERNEL_FEW_ROWS}, {"flash_bf16", KERNEL_FLASH_BF16}};
+} switched_kernels[] = {{"few_rows", KERNEL_FEW_ROWS}, {"flash_bf16", KERNEL_FLASH_BF16},
+                        {"bias_epilogue", KERNEL_BIAS_EPILOGUE}};
 static unsigned g_switched;  // the bits of the kernels switched on
 
 static unsigned switched_kernel_bit(const char *name, size_t len, const char *value) {
@@ -139,7 +141,7 @@ static unsigned switched_kernel_bit(const char *name, size_t len, const char *va
         if (strlen(switched_kernels[i].name) == len && strncmp(name, switched_kernels[i].name, len) == 0)
             return switched_kernels[i].bit;
     fatal("environment variable OPS_CUDA_KERNELS is '%s': expected a comma-separated list of "
-          "few_rows and flash_bf16, or all; found '%.*s'", value, (int)len, name);
+          "few_rows, flash_bf16 and bias_epilogue, or all; found '%.*s'", value, (int)len, name);
     return 0;
 }
 
@@ -824,6 +826,68 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
                              beta, out, OC));
 }
 
+// dweight and dbias in one cuBLASLt matmul (OPS_CUDA_KERNELS=bias_epilogue): the dweight product
+// above, dW^T (C, OC) += inp^T (C, N) dout (N, OC), with CUBLASLT_EPILOGUE_BGRADB, which sums B
+// (dout) over the product's k dimension (the N rows) into a vector of D's OC columns: dbias's
+// column sums without a pass of their own. The epilogue writes the vector (it does not add), so
+// it lands in scratch and is added to dbias. Returns 0, and nothing is computed, where cuBLASLt
+// offers no algorithm for it (the types, the GPU): the caller takes the two-pass path.
+#define LT_WORKSPACE ((size_t)32 << 20)
+
+static int dweight_with_bias_grad(float *dweight, float *dbias, const void *inp, const void *dout, cudaDataType_t t,
+                                  int N, int C, int OC) {
+    static cublasLtHandle_t lt;
+    static void *workspace;
+    if (!lt) {
+        CUBLAS_CHECK(cublasLtCreate(&lt));
+        CUDA_CHECK(cudaMalloc(&workspace, LT_WORKSPACE));
+    }
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasOperation_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_T;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    float *column_sums = (float *)scratch((size_t)OC * sizeof(float));
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &column_sums,
+                                                sizeof column_sums));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, t, C, N, C));    // inp^T: C x N, column-major
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, t, OC, N, OC));  // dout^T as stored; op T makes it N x OC
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, C, OC, C));
+    cublasLtMatmulPreference_t pref;
+    size_t ws = LT_WORKSPACE;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t found;
+    int count = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &found, &count);
+    int ran = s == CUBLAS_STATUS_SUCCESS && count > 0;
+    static int told[2];  // whoever measures the switch must know when it did nothing: once per type
+    if (!ran && !told[t != CUDA_R_32F]++)
+        fprintf(stderr, "note: OPS_CUDA_KERNELS=bias_epilogue: cuBLASLt offers no BGRADB algorithm for %s "
+                "inputs on this GPU; their bias gradients take the two-pass path\n", t == CUDA_R_32F ? "f32" : "16-bit");
+    if (ran) {
+        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, inp, a, dout, b, &ONE, dweight, c, dweight, c, &found.algo,
+                                    workspace, LT_WORKSPACE, g.stream));
+        add_inplace(dbias, column_sums, (size_t)OC);
+    }
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(a));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(c));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    return ran;
+}
+
+// 1 when dweight and dbias were computed together (bias_epilogue switched on, both wanted, cuBLASLt willing)
+static int fused_bias_grad(float *dweight, float *dbias, const void *inp, const void *dout, cudaDataType_t t, int N,
+                           int C, int OC) {
+    return (g_switched & KERNEL_BIAS_EPILOGUE) && dweight && dbias &&
+           dweight_with_bias_grad(dweight, dbias, inp, dout, t, N, C, OC);
+}
+
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
@@ -831,6 +895,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
     if (dinp)
         CUBLAS_CHECK(cublasSgemm(g.cublas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &ONE, weight, C, dout,
                                  OC, &ONE, dinp, C));
+    if (fused_bias_grad(dweight, dbias, inp, dout, CUDA_R_32F, N, C, OC)) return;
     if (dweight)
         CUBLAS_CHECK(cublasSgemm(g.cublas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &ONE, inp, C, dout,
                                  OC, &ONE, dweight, C));
@@ -946,6 +1011,9 @@ void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *
         matmul_backward(dinp, dweight, NULL, dout32, inp32, w32, N, C, OC);
     } else {
         if (dinp) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout16, OC, &ONE, dinp, C);
+        // bias_epilogue: dbias summed from the 16-bit copy of dout, which the product reads
+        if (fused_bias_grad(dweight, dbias, inp, dout16, g_half == HALF_FP16 ? CUDA_R_16F : CUDA_R_16BF, N, C, OC))
+            return;
         if (dweight) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout16, OC, &ONE, dweight, C);
     }
     bias_backward(dbias, dout, N, OC);  // from the f32 gradient
