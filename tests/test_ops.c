@@ -795,6 +795,60 @@ static void flash_forward_model(float *out, float *lse, const float *qkv, int B,
     free(q), free(k), free(v), free(o);
 }
 
+// dk and dv added into dqkv (B, T, 3C) as flash_backward_key_kernel adds them: blocks of FLASH_BR
+// keys, query tiles from flash_first_query_tile on; lse and delta (B, NH, T) as the forward and the
+// query kernel leave them
+static void flash_backward_key_model(float *dqkv, const float *qkv, const float *dout, const float *lse,
+                                     const float *delta, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = attention_scale(hs), st[FLASH_BC], dpt[FLASH_BC];
+    size_t rows = (size_t)FLASH_BR * hs;
+    uint16_t *k = malloc_or_die(rows * 2), *v = malloc_or_die(rows * 2), *q = malloc_or_die(rows * 2);
+    uint16_t *g = malloc_or_die(rows * 2), pt[FLASH_BR][FLASH_BC], dst[FLASH_BR][FLASH_BC];
+    float *dk = malloc_or_die(rows * sizeof(float)), *dv = malloc_or_die(rows * sizeof(float));
+    float *g32 = malloc_or_die((size_t)B * T * 3 * C * sizeof(float));  // dout laid out as qkv's q part
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int c = 0; c < C; c++) g32[r * 3 * C + c] = dout[r * C + c];
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *tl = lse + ((size_t)b * NH + h) * T, *td = delta + ((size_t)b * NH + h) * T;
+            for (int k0 = 0; k0 < T; k0 += FLASH_BR) {
+                flash_load_rows(k, qkv, b, h, 1, k0, FLASH_BR, T, C, hs);
+                flash_load_rows(v, qkv, b, h, 2, k0, FLASH_BR, T, C, hs);
+                memset(dk, 0, rows * sizeof(float)), memset(dv, 0, rows * sizeof(float));
+                for (int q0 = flash_first_query_tile(k0) * FLASH_BC; q0 < T; q0 += FLASH_BC) {
+                    flash_load_rows(q, qkv, b, h, 0, q0, FLASH_BC, T, C, hs);
+                    flash_load_rows(g, g32, b, h, 0, q0, FLASH_BC, T, C, hs);
+                    float tile_lse[FLASH_BC], tile_delta[FLASH_BC];
+                    for (int i = 0; i < FLASH_BC; i++)
+                        tile_lse[i] = q0 + i < T ? tl[q0 + i] : 0.0f, tile_delta[i] = q0 + i < T ? td[q0 + i] : 0.0f;
+                    for (int j = 0; j < FLASH_BR; j++) {
+                        for (int i = 0; i < FLASH_BC; i++) {
+                            st[i] = dpt[i] = 0.0f;
+                            for (int d = 0; d < hs; d++) {
+                                st[i] += bf16_to_float(k[(size_t)j * hs + d]) * bf16_to_float(q[(size_t)i * hs + d]);
+                                dpt[i] += bf16_to_float(v[(size_t)j * hs + d]) * bf16_to_float(g[(size_t)i * hs + d]);
+                            }
+                        }
+                        flash_key_tile(pt[j], dst[j], st, dpt, k0 + j, q0, T, scale, tile_lse, tile_delta);
+                        for (int c = 0; c < hs; c++)
+                            for (int i = 0; i < FLASH_BC; i++) {
+                                dv[(size_t)j * hs + c] += bf16_to_float(pt[j][i]) * bf16_to_float(g[(size_t)i * hs + c]);
+                                dk[(size_t)j * hs + c] += bf16_to_float(dst[j][i]) * bf16_to_float(q[(size_t)i * hs + c]);
+                            }
+                    }
+                }
+                for (int j = 0; j < FLASH_BR && k0 + j < T; j++)
+                    for (int c = 0; c < hs; c++) {
+                        float *row = dqkv + ((size_t)b * T + k0 + j) * 3 * C + (size_t)h * hs + c;
+                        row[C] += dk[(size_t)j * hs + c];
+                        row[2 * C] += dv[(size_t)j * hs + c];
+                    }
+            }
+        }
+    free(k), free(v), free(q), free(g), free(dk), free(dv), free(g32);
+}
+
 static double max_abs_diff(const double *a, const double *b, size_t n) {
     double worst = 0.0;
     for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]));
@@ -851,6 +905,82 @@ static void test_flash_forward(AttnShape s) {
     dev_free(d_qkv), dev_free(d_out), dev_free(d_att);
     free(qkv), free(want), free(want_lse), free(att), free(fqkv), free(out), free(lse), free(model), free(model_lse);
     free(got);
+}
+
+// The keys' side of the tensor-core backward: the model's dk and dv against the double reference
+// (bf16's tolerance: worst errors measured at these shapes 1.1e-3 to 5.2e-3, printed; the bound is
+// 5e-2 of the largest gradient, at least 0.1), fed the reference's lse and delta; then the backend's attention_backward after
+// its attention_forward: on the CPU its f32 dk and dv against the model within the same bound; on a
+// GPU with flash_bf16 switched on, against the model fed the GPU's own lse and delta (1e-2 of the
+// largest, to tighten once measured), and its f32 dq against the reference within bf16's bound
+// (the lse it reads is the tensor-core forward's)
+static void test_flash_backward(AttnShape s) {
+    int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    double *qkv = rand_array(nqkv, -1.5, 1.5), *dout = rand_array(nout, -1, 1);
+    double *out = malloc_or_die(nout * sizeof(double)), *lse = malloc_or_die(nlse * sizeof(double));
+    double *att = malloc_or_die((size_t)B * NH * T * T * sizeof(double)), *want = malloc_or_die(nqkv * sizeof(double));
+    ref_attention_full(out, att, lse, qkv, &s);
+    ref_attention_backward(want, dout, qkv, &s);
+    float *fqkv = malloc_or_die(nqkv * sizeof(float)), *fdout = malloc_or_die(nout * sizeof(float));
+    float *flse = malloc_or_die(nlse * sizeof(float)), *fdelta = malloc_or_die(nlse * sizeof(float));
+    for (size_t i = 0; i < nqkv; i++) fqkv[i] = (float)qkv[i];
+    for (size_t i = 0; i < nout; i++) fdout[i] = (float)dout[i];
+    for (int b = 0; b < B; b++)  // delta = dout . out per row, lse as computed
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                size_t r = ((size_t)b * NH + h) * T + t, o = ((size_t)b * T + t) * C + (size_t)h * hs;
+                double d = 0.0;
+                for (int c = 0; c < hs; c++) d += dout[o + c] * out[o + c];
+                fdelta[r] = (float)d, flse[r] = (float)lse[r];
+            }
+    float *model = calloc_or_die(nqkv, sizeof(float));
+    flash_backward_key_model(model, fqkv, fdout, flse, fdelta, B, T, C, NH);
+    double *m = malloc_or_die(nqkv * sizeof(double));
+    for (size_t i = 0; i < nqkv; i++) m[i] = model[i];
+    double *want_k = qkv_part(want, B * T, C, 1), *want_v = qkv_part(want, B * T, C, 2);
+    double *m_k = qkv_part(m, B * T, C, 1), *m_v = qkv_part(m, B * T, C, 2);
+    double scale_k = 0.0, scale_v = 0.0;
+    for (size_t i = 0; i < nout; i++) scale_k = fmax(scale_k, fabs(want_k[i])), scale_v = fmax(scale_v, fabs(want_v[i]));
+    // a gradient near zero everywhere (one key: dk = 0) still has bf16's rounding of dp and delta
+    scale_k = fmax(scale_k, 0.1), scale_v = fmax(scale_v, 0.1);
+    char what[160];
+    snprintf(what, sizeof what, "tensor-core attention backward model B=%d T=%d hs=%d NH=%d vs double", B, T, hs, NH);
+    check_array(what, m_k, want_k, nout, 0, 5e-2 * scale_k);
+    check_array("... its dv", m_v, want_v, nout, 0, 5e-2 * scale_v);
+    printf("%s: worst |error| dk %.2e, dv %.2e (largest |dk| %.2f, |dv| %.2f)\n", what, max_abs_diff(m_k, want_k, nout),
+           max_abs_diff(m_v, want_v, nout), scale_k, scale_v);
+
+    float *d_qkv = upload(qkv, nqkv), *d_out = dev_malloc(nout * sizeof(float)), *d_dout = upload(dout, nout);
+    float *d_att = dev_malloc((size_t)B * NH * T * T * sizeof(float)), *d_datt = dev_malloc((size_t)B * NH * T * T * sizeof(float));
+    float *d_dqkv = dev_malloc(nqkv * sizeof(float));
+    attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    attention_backward(d_dqkv, d_datt, d_dout, d_qkv, d_att, B, T, C, NH);
+    double *got = download(d_dqkv, nqkv);
+    int flash = flash_switched_on() && flash_head_size_ok(hs);
+    if (flash) {  // the model again, fed the GPU's own lse and delta (att's and datt's first B NH T floats)
+        copy_to_host(flse, d_att, nlse * sizeof(float));
+        copy_to_host(fdelta, d_datt, nlse * sizeof(float));
+        memset(model, 0, nqkv * sizeof(float));
+        flash_backward_key_model(model, fqkv, fdout, flse, fdelta, B, T, C, NH);
+        for (size_t i = 0; i < nqkv; i++) m[i] = model[i];
+        free(m_k), free(m_v);
+        m_k = qkv_part(m, B * T, C, 1), m_v = qkv_part(m, B * T, C, 2);
+        double *got_q = qkv_part(got, B * T, C, 0), *want_q = qkv_part(want, B * T, C, 0), scale_q = 0.0;
+        for (size_t i = 0; i < nout; i++) scale_q = fmax(scale_q, fabs(want_q[i]));
+        check_array("attention_backward dq after the tensor-core forward", got_q, want_q, nout, 0, 5e-2 * scale_q);
+        free(got_q), free(want_q);
+    }
+    double *got_k = qkv_part(got, B * T, C, 1), *got_v = qkv_part(got, B * T, C, 2);
+    double bound = flash ? 1e-2 : 5e-2;
+    snprintf(what, sizeof what, "attention_backward (%s) B=%d T=%d hs=%d dk vs the model",
+             flash ? "the tensor-core key kernel" : "the backend's f32 op", B, T, hs);
+    check_array(what, got_k, m_k, nout, 0, bound * scale_k);
+    check_array("... its dv", got_v, m_v, nout, 0, bound * scale_v);
+    printf("%s: worst |difference| dk %.2e, dv %.2e\n", what, max_abs_diff(got_k, m_k, nout), max_abs_diff(got_v, m_v, nout));
+    dev_free(d_qkv), dev_free(d_out), dev_free(d_dout), dev_free(d_att), dev_free(d_datt), dev_free(d_dqkv);
+    free(qkv), free(dout), free(out), free(lse), free(att), free(want), free(fqkv), free(fdout), free(flse), free(fdelta);
+    free(model), free(m), free(want_k), free(want_v), free(m_k), free(m_v), free(got), free(got_k), free(got_v);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -2003,6 +2133,10 @@ int main(int argc, char **argv) {
     RUN(test_flash_forward((AttnShape){1, 130, 384, 3}));   // hs 128, 3 key tiles, 3 query blocks
     RUN(test_flash_forward((AttnShape){2, 70, 240, 3}));    // hs 80
     RUN(test_flash_forward((AttnShape){1, 1, 64, 1}));      // one row
+    RUN(test_flash_backward((AttnShape){2, 37, 192, 3}));
+    RUN(test_flash_backward((AttnShape){1, 130, 384, 3}));  // 3 key blocks, the first over 3 query tiles
+    RUN(test_flash_backward((AttnShape){2, 70, 240, 3}));
+    RUN(test_flash_backward((AttnShape){1, 1, 64, 1}));
     RUN(test_expf_vectorizable());
     RUN(test_gelu());
     RUN(test_embedding());

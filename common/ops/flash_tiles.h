@@ -1,5 +1,6 @@
-// flash_tiles.h: the tiling of the CUDA attention forward on the tensor cores (ops_cuda.cu:
-// flash_forward_kernel, behind OPS_CUDA_KERNELS=flash_bf16), FlashAttention-2's: the steps written
+// flash_tiles.h: the tiling of the CUDA attention on the tensor cores (ops_cuda.cu:
+// flash_forward_kernel and flash_backward_key_kernel, behind OPS_CUDA_KERNELS=flash_bf16),
+// FlashAttention-2's: the steps written
 // once, run by the kernel and driven on the host by tests/test_ops.c exactly as the kernel drives
 // them, so that the CPU tests check the tiling (tile sizes, the causal skip, the online-softmax
 // order) and a GPU run checks the products.
@@ -17,6 +18,16 @@
 //   3. o = alpha o + p v (16 x hs, f32 accumulation on the tensor cores);
 // and at the end each row's out = o / sum and its log-sum-exp (kernels.h's attention_finish),
 // which the existing backward reads. Nothing of size T x T is kept.
+//
+// Backward, the keys' side (dk, dv; the f32 query kernel computes delta and dq before it): a block
+// takes FLASH_BR keys, 16 a warp, and walks the query tiles of FLASH_BC queries from the one
+// holding its first key to the end (the earlier ones cannot see these keys). For each tile each
+// warp
+//   1. s^T = k q^T and dp^T = v dout^T for its 16 keys (tensor cores, f32 accumulation, unscaled);
+//   2. per key (flash_key_tile): p = exp(scale s - lse) of the queries that see the key, and
+//      ds = scale p (dp - delta), both rounded to bf16;
+//   3. dv += p^T dout and dk += ds^T q, accumulated across the tiles (no rescaling: lse is final);
+// and at the end adds dk and dv into dqkv.
 #ifndef FLASH_TILES_H
 #define FLASH_TILES_H
 
@@ -54,6 +65,23 @@ KERNEL_FN float flash_row_tile(uint16_t *p, const float *s, int q, int k0, int T
     }
     run->sum += sum;
     return alpha;
+}
+
+// the first query tile that sees a key block starting at k0 (causal: queries from k0 on)
+KERNEL_FN int flash_first_query_tile(int k0) { return k0 / FLASH_BC; }
+
+// Step 2 of backward for key `key` over the tile of queries from q0: st and dpt hold its unscaled
+// scores k.q and products v.dout with the tile's queries, lse and delta the tile's rows'. pt gets
+// the probabilities and dst the scores' gradients, as bf16 bits; zero for queries before the key
+// or past T.
+KERNEL_FN void flash_key_tile(uint16_t *pt, uint16_t *dst, const float *st, const float *dpt, int key, int q0, int T,
+                              float scale, const float *lse, const float *delta) {
+    for (int i = 0; i < FLASH_BC; i++) {
+        int sees = key <= q0 + i && q0 + i < T;
+        float p = sees ? expf(st[i] * scale - lse[i]) : 0.0f;
+        pt[i] = bf16_from_float(p);
+        dst[i] = bf16_from_float(scale * p * (dpt[i] - delta[i]));
+    }
 }
 
 #endif

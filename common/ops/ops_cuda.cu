@@ -1532,14 +1532,18 @@ static __global__ void __launch_bounds__(FLASH_WARPS * 32)
 #endif
 }
 
-// 1 when the tensor-core forward ran: switched on, a head size it takes, bf16 tensor cores, and
-// its shared memory within the device's limit
+// 1 when a tensor-core attention kernel needing `smem` bytes runs at head size hs: switched on,
+// a head size it takes, bf16 tensor cores, and the shared memory within the device's limit
+static int flash_switched_for(int hs, size_t smem) {
+    return (g_switched & KERNEL_FLASH_BF16) && flash_head_size_ok(hs) && ops_bf16_native() &&
+           smem <= (size_t)g.smem_optin;
+}
+
+// 1 when the tensor-core forward ran (flash_switched_for)
 static int flash_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     int hs = C / NH;
     size_t smem = flash_smem_bytes(hs);
-    if (!(g_switched & KERNEL_FLASH_BF16) || !flash_head_size_ok(hs) || !ops_bf16_native() ||
-        smem > (size_t)g.smem_optin)
-        return 0;
+    if (!flash_switched_for(hs, smem)) return 0;
     CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int row_blocks = (T + FLASH_BR - 1) / FLASH_BR;
     LAUNCH(flash_forward_kernel, (unsigned)((size_t)B * NH * row_blocks), FLASH_WARPS * 32, smem, out, att, qkv, T,
@@ -1667,6 +1671,113 @@ static __global__ void attention_key_backward_kernel(float *dqkv, const float *d
 }
 
 // att holds the forward's log-sum-exps; datt, scratch, gets each row's delta
+// ---- attention backward's keys' side on the tensor cores (OPS_CUDA_KERNELS=flash_bf16):
+// flash_tiles.h's steps, after the f32 query kernel has left delta in datt and added dq. Shared
+// memory: the block's k and v (FLASH_BR x hs) and a tile's q and dout (FLASH_BC x hs) in bf16,
+// the tile's lse and delta; per warp s^T and dp^T (16 x FLASH_BC f32 each, side by side: at the
+// end they hold the warp's dk or dv rows, 16 x hs f32, on their way out) and p^T and ds^T (bf16).
+// dk and dv accumulate in wmma fragments over every tile (FLASH_MAX_HS / 16 of each, the ones
+// past hs unused). Lane r < 16 of a warp runs key r's step 2.
+static size_t flash_key_smem_bytes(int hs) {
+    return (size_t)(FLASH_BR + FLASH_BC) * 2 * hs * sizeof(__nv_bfloat16) + 2 * FLASH_BC * sizeof(float) +
+           (size_t)FLASH_WARPS * FLASH_ROWS * FLASH_BC * 2 * (sizeof(float) + sizeof(uint16_t));
+}
+
+static __global__ void __launch_bounds__(FLASH_WARPS * 32)
+    flash_backward_key_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *delta,
+                              int T, int C, int NH, int key_blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // never launched before sm_80 (attention_backward)
+    using namespace nvcuda;
+    typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> RowA;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> RowB;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> ColB;
+    extern __shared__ __align__(128) unsigned char flash_smem[];
+    int hs = C / NH, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x / key_blocks, k0 = (blockIdx.x % key_blocks) * FLASH_BR, b = bh / NH, h = bh % NH;
+    int key = k0 + warp * FLASH_ROWS + lane;  // lanes < 16: the key whose step 2 the lane runs
+    size_t C3 = 3 * (size_t)C;
+    const float *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs, *dseq = dout + (size_t)b * T * C + (size_t)h * hs;
+    float scale = attention_scale(hs);
+    __nv_bfloat16 *k = (__nv_bfloat16 *)flash_smem, *v = k + FLASH_BR * hs, *q = v + FLASH_BR * hs, *g = q + FLASH_BC * hs;
+    float *tile_lse = (float *)(g + FLASH_BC * hs), *tile_delta = tile_lse + FLASH_BC;
+    float *st = tile_delta + FLASH_BC + warp * FLASH_ROWS * FLASH_BC * 2, *dpt = st + FLASH_ROWS * FLASH_BC;
+    uint16_t *pt = (uint16_t *)(tile_delta + FLASH_BC + FLASH_WARPS * FLASH_ROWS * FLASH_BC * 2) +
+                   warp * FLASH_ROWS * FLASH_BC * 2,
+             *dst = pt + FLASH_ROWS * FLASH_BC;
+    const __nv_bfloat16 *kw = k + warp * FLASH_ROWS * hs, *vw = v + warp * FLASH_ROWS * hs;
+
+    flash_load(k, seq + C, C3, k0, FLASH_BR, T, hs);
+    flash_load(v, seq + 2 * (size_t)C, C3, k0, FLASH_BR, T, hs);
+    Acc dk[FLASH_MAX_HS / 16], dv[FLASH_MAX_HS / 16];
+#pragma unroll
+    for (int cf = 0; cf < FLASH_MAX_HS / 16; cf++) wmma::fill_fragment(dk[cf], 0.0f), wmma::fill_fragment(dv[cf], 0.0f);
+    for (int q0 = flash_first_query_tile(k0) * FLASH_BC; q0 < T; q0 += FLASH_BC) {
+        __syncthreads();  // every warp is done with the previous tile
+        flash_load(q, seq, C3, q0, FLASH_BC, T, hs);
+        flash_load(g, dseq, C, q0, FLASH_BC, T, hs);
+        for (int i = threadIdx.x; i < FLASH_BC; i += blockDim.x) {
+            tile_lse[i] = q0 + i < T ? lse[(size_t)bh * T + q0 + i] : 0.0f;
+            tile_delta[i] = q0 + i < T ? delta[(size_t)bh * T + q0 + i] : 0.0f;
+        }
+        __syncthreads();
+        // 1. s^T = k q^T and dp^T = v dout^T for the warp's 16 keys
+        for (int n = 0; n < FLASH_BC / 16; n++) {
+            Acc s_acc, dp_acc;
+            wmma::fill_fragment(s_acc, 0.0f);
+            wmma::fill_fragment(dp_acc, 0.0f);
+            for (int kk = 0; kk < hs / 16; kk++) {
+                RowA a;
+                ColB bt;
+                wmma::load_matrix_sync(a, kw + kk * 16, hs);
+                wmma::load_matrix_sync(bt, q + n * 16 * hs + kk * 16, hs);
+                wmma::mma_sync(s_acc, a, bt, s_acc);
+                wmma::load_matrix_sync(a, vw + kk * 16, hs);
+                wmma::load_matrix_sync(bt, g + n * 16 * hs + kk * 16, hs);
+                wmma::mma_sync(dp_acc, a, bt, dp_acc);
+            }
+            wmma::store_matrix_sync(st + n * 16, s_acc, FLASH_BC, wmma::mem_row_major);
+            wmma::store_matrix_sync(dpt + n * 16, dp_acc, FLASH_BC, wmma::mem_row_major);
+        }
+        __syncwarp();
+        // 2. each key's probabilities and scores' gradients over the tile
+        if (lane < FLASH_ROWS)
+            flash_key_tile(pt + lane * FLASH_BC, dst + lane * FLASH_BC, st + lane * FLASH_BC, dpt + lane * FLASH_BC, key,
+                           q0, T, scale, tile_lse, tile_delta);
+        __syncwarp();
+        // 3. dv += p^T dout, dk += ds^T q
+#pragma unroll
+        for (int cf = 0; cf < FLASH_MAX_HS / 16; cf++) {
+            if (cf >= hs / 16) break;
+            for (int kk = 0; kk < FLASH_BC / 16; kk++) {
+                RowA a;
+                RowB bm;
+                wmma::load_matrix_sync(a, (const __nv_bfloat16 *)pt + kk * 16, FLASH_BC);
+                wmma::load_matrix_sync(bm, g + kk * 16 * hs + cf * 16, hs);
+                wmma::mma_sync(dv[cf], a, bm, dv[cf]);
+                wmma::load_matrix_sync(a, (const __nv_bfloat16 *)dst + kk * 16, FLASH_BC);
+                wmma::load_matrix_sync(bm, q + kk * 16 * hs + cf * 16, hs);
+                wmma::mma_sync(dk[cf], a, bm, dk[cf]);
+            }
+        }
+    }
+    // dk, then dv, through the warp's s^T/dp^T space (16 x hs floats) into dqkv: added, as every backward adds
+    for (int part = 1; part <= 2; part++) {
+        __syncwarp();
+#pragma unroll
+        for (int cf = 0; cf < FLASH_MAX_HS / 16; cf++)
+            if (cf < hs / 16) wmma::store_matrix_sync(st + cf * 16, part == 1 ? dk[cf] : dv[cf], hs, wmma::mem_row_major);
+        __syncwarp();
+        for (int i = lane; i < FLASH_ROWS * hs; i += 32) {
+            int r = k0 + warp * FLASH_ROWS + i / hs;
+            if (r < T) dqkv[((size_t)b * T + r) * C3 + (size_t)part * C + (size_t)h * hs + i % hs] += st[i];
+        }
+    }
+#else
+    (void)dqkv, (void)dout, (void)qkv, (void)lse, (void)delta, (void)T, (void)C, (void)NH, (void)key_blocks;
+#endif
+}
+
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) return;
@@ -1676,6 +1787,15 @@ void attention_backward(float *dqkv, float *datt, const float *dout, const float
     size_t smem = att_prepare(attention_query_backward_kernel, ATT_QUERY_BACKWARD_SMEM, hs);
     LAUNCH(attention_query_backward_kernel, blocks, ATT_WARPS * 32, smem, dqkv, datt, dout, qkv, att, T, C, NH,
            row_blocks);
+    smem = flash_key_smem_bytes(hs);
+    if (flash_switched_for(hs, smem)) {
+        CUDA_CHECK(cudaFuncSetAttribute(flash_backward_key_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        int key_blocks = (T + FLASH_BR - 1) / FLASH_BR;
+        LAUNCH(flash_backward_key_kernel, (unsigned)((size_t)B * NH * key_blocks), FLASH_WARPS * 32, smem, dqkv, dout,
+               qkv, att, datt, T, C, NH, key_blocks);
+        return;
+    }
     smem = att_prepare(attention_key_backward_kernel, ATT_KEY_BACKWARD_SMEM, hs);
     LAUNCH(attention_key_backward_kernel, blocks, ATT_WARPS * 32, smem, dqkv, dout, qkv, att, datt, T, C, NH,
            row_blocks);
