@@ -702,18 +702,46 @@ static void blocks_backward(float *dq, float *dk, float *dv, size_t d_stride, co
     free(ds), free(p), free(acc), free(acc2), free(delta);
 }
 
+// One attention case for the tests that drive a kernel's steps on the host: random qkv (B, T, 3C)
+// and dout (B, T, C), the double reference's out, probabilities att (B, NH, T, T), log-sum-exp
+// (B, NH, T) and gradient dqkv, and qkv and dout as floats (the same values)
+typedef struct {
+    double *qkv, *dout, *out, *att, *lse, *dqkv;
+    float *fqkv, *fdout;
+} AttnCase;
+
+static float *floats_of(const double *x, size_t n) {
+    float *f = malloc_or_die(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+    return f;
+}
+
+static double *doubles_of(const float *x, size_t n) {
+    double *d = malloc_or_die(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static AttnCase attn_case(const AttnShape *s) {
+    size_t nqkv = (size_t)s->B * s->T * 3 * s->C, nout = (size_t)s->B * s->T * s->C, nlse = (size_t)s->B * s->NH * s->T;
+    AttnCase c = {.qkv = rand_array(nqkv, -1.5, 1.5), .dout = rand_array(nout, -1, 1)};
+    c.out = malloc_or_die(nout * sizeof(double)), c.lse = malloc_or_die(nlse * sizeof(double));
+    c.att = malloc_or_die(nlse * s->T * sizeof(double)), c.dqkv = malloc_or_die(nqkv * sizeof(double));
+    ref_attention_full(c.out, c.att, c.lse, c.qkv, s);
+    ref_attention_backward(c.dqkv, c.dout, c.qkv, s);
+    c.fqkv = floats_of(c.qkv, nqkv), c.fdout = floats_of(c.dout, nout);
+    return c;
+}
+
+static void attn_case_free(AttnCase *c) {
+    free(c->qkv), free(c->dout), free(c->out), free(c->att), free(c->lse), free(c->dqkv), free(c->fqkv), free(c->fdout);
+}
+
 static void test_attention_blocks(AttnShape s, Blocking bk) {
     int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
-    double *qkv = rand_array(nqkv, -1.5, 1.5), *dout = rand_array(nout, -1, 1);
-    double *want = malloc_or_die(nout * sizeof(double)), *want_lse = malloc_or_die(nlse * sizeof(double));
-    double *att = malloc_or_die((size_t)B * NH * T * T * sizeof(double)), *want_d = malloc_or_die(nqkv * sizeof(double));
-    ref_attention_full(want, att, want_lse, qkv, &s);
-    ref_attention_backward(want_d, dout, qkv, &s);
-
-    float *fqkv = malloc_or_die(nqkv * sizeof(float)), *fdout = malloc_or_die(nout * sizeof(float));
-    for (size_t i = 0; i < nqkv; i++) fqkv[i] = (float)qkv[i];
-    for (size_t i = 0; i < nout; i++) fdout[i] = (float)dout[i];
+    AttnCase ac = attn_case(&s);
+    float *fqkv = ac.fqkv, *fdout = ac.fdout;
     float *out = calloc_or_die(nout, sizeof(float)), *lse = calloc_or_die(nlse, sizeof(float));
     float *dqkv = calloc_or_die(nqkv, sizeof(float));
     for (int b = 0; b < B; b++)
@@ -727,18 +755,14 @@ static void test_attention_blocks(AttnShape s, Blocking bk) {
                             bk);
             free(q), free(k), free(v), free(g);
         }
-    double *got = malloc_or_die(nout * sizeof(double)), *got_lse = malloc_or_die(nlse * sizeof(double));
-    double *got_d = malloc_or_die(nqkv * sizeof(double));
-    for (size_t i = 0; i < nout; i++) got[i] = out[i];
-    for (size_t i = 0; i < nlse; i++) got_lse[i] = lse[i];
-    for (size_t i = 0; i < nqkv; i++) got_d[i] = dqkv[i];
+    double *got = doubles_of(out, nout), *got_lse = doubles_of(lse, nlse), *got_d = doubles_of(dqkv, nqkv);
     char what[160];
     snprintf(what, sizeof what, "attention in blocks of %d keys, %d lanes, B=%d T=%d hs=%d NH=%d", bk.block,
              bk.nlanes, B, T, hs, NH);
-    check_array(what, got, want, nout, 1e-4, 1e-5);
-    check_array("... its log-sum-exp per row", got_lse, want_lse, nlse, 1e-5, 1e-5);
-    check_dqkv(what, got_d, want_d, B * T, C, 1e-4, 1e-5);
-    free(qkv), free(dout), free(want), free(want_lse), free(att), free(want_d), free(fqkv), free(fdout);
+    check_array(what, got, ac.out, nout, 1e-4, 1e-5);
+    check_array("... its log-sum-exp per row", got_lse, ac.lse, nlse, 1e-5, 1e-5);
+    check_dqkv(what, got_d, ac.dqkv, B * T, C, 1e-4, 1e-5);
+    attn_case_free(&ac);
     free(out), free(lse), free(dqkv), free(got), free(got_lse), free(got_d);
 }
 
@@ -871,16 +895,11 @@ static int flash_switched_on(void) {
 static void test_flash_forward(AttnShape s) {
     int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
-    double *qkv = rand_array(nqkv, -1.5, 1.5), *want = malloc_or_die(nout * sizeof(double));
-    double *want_lse = malloc_or_die(nlse * sizeof(double)), *att = malloc_or_die((size_t)B * NH * T * T * sizeof(double));
-    ref_attention_full(want, att, want_lse, qkv, &s);
-    float *fqkv = malloc_or_die(nqkv * sizeof(float)), *out = malloc_or_die(nout * sizeof(float));
-    float *lse = malloc_or_die(nlse * sizeof(float));
-    for (size_t i = 0; i < nqkv; i++) fqkv[i] = (float)qkv[i];
-    flash_forward_model(out, lse, fqkv, B, T, C, NH);
-    double *model = malloc_or_die(nout * sizeof(double)), *model_lse = malloc_or_die(nlse * sizeof(double));
-    for (size_t i = 0; i < nout; i++) model[i] = out[i];
-    for (size_t i = 0; i < nlse; i++) model_lse[i] = lse[i];
+    AttnCase ac = attn_case(&s);
+    double *qkv = ac.qkv, *want = ac.out, *want_lse = ac.lse;
+    float *out = malloc_or_die(nout * sizeof(float)), *lse = malloc_or_die(nlse * sizeof(float));
+    flash_forward_model(out, lse, ac.fqkv, B, T, C, NH);
+    double *model = doubles_of(out, nout), *model_lse = doubles_of(lse, nlse);
     char what[160];
     snprintf(what, sizeof what, "tensor-core attention model B=%d T=%d hs=%d NH=%d vs double", B, T, hs, NH);
     check_array(what, model, want, nout, 0, 2e-2);
@@ -903,8 +922,8 @@ static void test_flash_forward(AttnShape s) {
         free(got_lse);
     }
     dev_free(d_qkv), dev_free(d_out), dev_free(d_att);
-    free(qkv), free(want), free(want_lse), free(att), free(fqkv), free(out), free(lse), free(model), free(model_lse);
-    free(got);
+    attn_case_free(&ac);
+    free(out), free(lse), free(model), free(model_lse), free(got);
 }
 
 // The keys' side of the tensor-core backward: the model's dk and dv against the double reference
@@ -917,15 +936,10 @@ static void test_flash_forward(AttnShape s) {
 static void test_flash_backward(AttnShape s) {
     int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
-    double *qkv = rand_array(nqkv, -1.5, 1.5), *dout = rand_array(nout, -1, 1);
-    double *out = malloc_or_die(nout * sizeof(double)), *lse = malloc_or_die(nlse * sizeof(double));
-    double *att = malloc_or_die((size_t)B * NH * T * T * sizeof(double)), *want = malloc_or_die(nqkv * sizeof(double));
-    ref_attention_full(out, att, lse, qkv, &s);
-    ref_attention_backward(want, dout, qkv, &s);
-    float *fqkv = malloc_or_die(nqkv * sizeof(float)), *fdout = malloc_or_die(nout * sizeof(float));
+    AttnCase ac = attn_case(&s);
+    double *qkv = ac.qkv, *dout = ac.dout, *out = ac.out, *lse = ac.lse, *want = ac.dqkv;
+    float *fqkv = ac.fqkv, *fdout = ac.fdout;
     float *flse = malloc_or_die(nlse * sizeof(float)), *fdelta = malloc_or_die(nlse * sizeof(float));
-    for (size_t i = 0; i < nqkv; i++) fqkv[i] = (float)qkv[i];
-    for (size_t i = 0; i < nout; i++) fdout[i] = (float)dout[i];
     for (int b = 0; b < B; b++)  // delta = dout . out per row, lse as computed
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
@@ -936,8 +950,7 @@ static void test_flash_backward(AttnShape s) {
             }
     float *model = calloc_or_die(nqkv, sizeof(float));
     flash_backward_key_model(model, fqkv, fdout, flse, fdelta, B, T, C, NH);
-    double *m = malloc_or_die(nqkv * sizeof(double));
-    for (size_t i = 0; i < nqkv; i++) m[i] = model[i];
+    double *m = doubles_of(model, nqkv);
     double *want_k = qkv_part(want, B * T, C, 1), *want_v = qkv_part(want, B * T, C, 2);
     double *m_k = qkv_part(m, B * T, C, 1), *m_v = qkv_part(m, B * T, C, 2);
     double scale_k = 0.0, scale_v = 0.0;
@@ -979,8 +992,8 @@ static void test_flash_backward(AttnShape s) {
     check_array("... its dv", got_v, m_v, nout, 0, bound * scale_v);
     printf("%s: worst |difference| dk %.2e, dv %.2e\n", what, max_abs_diff(got_k, m_k, nout), max_abs_diff(got_v, m_v, nout));
     dev_free(d_qkv), dev_free(d_out), dev_free(d_dout), dev_free(d_att), dev_free(d_datt), dev_free(d_dqkv);
-    free(qkv), free(dout), free(out), free(lse), free(att), free(want), free(fqkv), free(fdout), free(flse), free(fdelta);
-    free(model), free(m), free(want_k), free(want_v), free(m_k), free(m_v), free(got), free(got_k), free(got_v);
+    attn_case_free(&ac);
+    free(flse), free(fdelta), free(model), free(m), free(want_k), free(want_v), free(m_k), free(m_v), free(got), free(got_k), free(got_v);
 }
 
 // ----------------------------------------------------------------------------------------------
