@@ -31,7 +31,7 @@ plan=(
     "5|ops|tests/test_ops_cuda.sh ops"
     "5|stage 01 against the CPU|tests/test_ops_cuda.sh stage1"
     "5|stage 06 CUDA graphs|tests/test_ops_cuda.sh graphs"
-    "15|kernels behind OPS_CUDA_KERNELS|tests/test_ops_cuda.sh switched"
+    "30|kernels behind OPS_CUDA_KERNELS|tests/test_ops_cuda.sh switched"
     "5|ranks sharing a GPU choose MPI|tests/test_cuda_stages.sh share"
     "15|stage 03 equivalence|tests/test_cuda_stages.sh 3"
     "15|stage 04 equivalence|tests/test_cuda_stages.sh 4"
