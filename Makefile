@@ -206,7 +206,7 @@ build/cuda/tests/test_ops: build/cuda/tests/test_ops.o $(COMMON_OBJS)
 	$(call Q,LD,$@)$(CC) $^ -o $@ $(LDLIBS)
 # `make test-cuda`: tests/cuda_run.sh builds every CUDA binary into build/cuda/ for the GPU present
 # (not `all`: build/stage-N stay the CPU copies the other tests run) and runs the CUDA tests
-# section by section within a time budget (TEST_CUDA_BUDGET, seconds, default 480 including the
+# section by section within a time budget (TEST_CUDA_BUDGET, seconds, default 600 including the
 # build): test_ops on the GPU, stage 01 against the CPU's loss curve, CUDA graphs, every stage's
 # equivalence tests on 1 GPU and on 2-4 ranks (sharing it, or one a GPU over NCCL where there are
 # enough), compute-sanitizer's memcheck. A section that would not finish within the budget is

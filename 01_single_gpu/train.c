@@ -34,6 +34,7 @@ int main(int argc, char **argv) {
     config_load(&cfg, argc, argv, STAGE_SINGLE_GPU);
     resolve_resume(&cfg);  // continue the run saved in out_dir, or start one (key resume)
     ops_init();
+    ops_set_tf32(cfg.tf32);  // the lesson of key tf32: f32 matmuls with 10-bit inputs (README)
 
     // ---- data: alpaca records -> prompt template -> tokens with the prompt masked ----
     Tokenizer *tok = tokenizer_load(cfg.tokenizer_path);

@@ -5,7 +5,13 @@
 # (build/peak_flops: derived from the device); stage 06 decoding at batch 1 and 8, tokens/s against
 # what the GPU's memory bandwidth allows (every weight read once per decode step; the bandwidth is
 # build/ceilings' sum over 1 GiB, measured now). Each training run's first step (warm-up) is left
-# out and the median of the other steps shown. Without a GPU or nvcc it says SKIPPED and exits 0.
+# out and the median of the other steps shown; stage 02 runs again with the attention forward on
+# the tensor cores (OPS_CUDA_KERNELS=flash_bf16), and with every switched kernel (all). Decode runs twice: with the default kernels and with
+# those behind OPS_CUDA_KERNELS=all (docs/CUDA.md, "Kernels behind a switch"), so one run shows
+# whether a switched kernel should become the default. Beside the training figures, the anchors'
+# published figures for the same model on the same GPU class (not measured here).
+#   BENCH_B   sequences a training step (default 4, 1 below 20 GiB); printed
+# Without a GPU or nvcc it says SKIPPED and exits 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
@@ -24,6 +30,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 B=4 T=1024
 [ "$mem_mib" -lt 20480 ] && B=1
+B=${BENCH_B:-$B}
 
 # records longer than T (the byte tokenizer: one token a character), so that every batch is B x T
 # tokens: a batch is as long as its longest record, and the built-in ones are a few hundred
@@ -55,10 +62,25 @@ PY
 echo "| GPU                    | run                        |   tokens/s |  ms/step |   MFU |"
 echo "|------------------------|----------------------------|------------|----------|-------|"
 train "stage 01 fp32" 1
+# the tf32 lesson (01_single_gpu/README.md), where the GPU has TF32 (compute capability 8.0 on);
+# its MFU is against the f32 peak, as stage 01's
+[ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | cut -d. -f1)" -ge 8 ] &&
+    train "stage 01 tf32 (lesson)" 1 --tf32=true
 train "stage 02 bf16-mixed" 2 --precision=bf16-mixed
+# the kernels behind a switch (docs/CUDA.md): the attention forward on the tensor cores alone, then
+# with the bias gradients in cuBLASLt's epilogue too
+OPS_CUDA_KERNELS=flash_bf16 train "stage 02, flash_bf16" 2 --precision=bf16-mixed
+OPS_CUDA_KERNELS=all train "stage 02, all switched" 2 --precision=bf16-mixed
+# published figures for GPT-2 124M training at T=1024 on this GPU class, for scale
+case "$name" in
+    *H100* | *H200*) echo "anchors: llm.c about 460,000 tokens/s per H100 (GPT-2 124M, 10B tokens in about 45 min on 8 H100s; bf16)" ;;
+    *A100*) echo "anchors: llm.c about 230,000 tokens/s per A100; nanoGPT with torch.compile about 140,000 (GPT-2 124M, bf16)" ;;
+    *) echo "anchors: none published for this GPU class (llm.c: about 460,000 tokens/s per H100, 230,000 per A100)" ;;
+esac
 
-decode() { # decode <label> <batch> <bytes per weight> <args...>
+decode() { # decode <label> <batch> <bytes per weight> <args...>; OPS_CUDA_KERNELS from the caller
     local label=$1 batch=$2 weight_bytes=$3; shift 3
+    [ -n "${OPS_CUDA_KERNELS:-}" ] && label="$label, $OPS_CUDA_KERNELS"
     build/cuda/stage-6 --config configs/bench_gpt2.json --random_init=true --tokens_to_generate=64 --max_seq_len=256 \
         --prompts_path="$out/prompts8.txt" --max_batch_size="$batch" "$@" >"$out/$label.log" 2>&1 ||
         { echo "bench-cuda: $label failed:"; tail -5 "$out/$label.log"; return 1; }
@@ -70,15 +92,20 @@ log = open(path, errors="replace").read()
 params = float(re.search(r"\| ([0-9.]+)M parameters", log)[1]) * 1e6
 tps = float(re.search(r"decode: \d+ tokens in [0-9.]+ ms = (\d+) tokens/s", log)[1])
 bound = batch * bw / (weight_bytes * params)  # a step reads every weight once and makes `batch` tokens
-print(f"| {name:<22} | {label:<26} | {tps:>12.0f} | {bound:>15.0f} | {100 * tps / bound:>5.1f}% |")
+print(f"| {name:<22} | {label:<35} | {tps:>12.0f} | {bound:>15.0f} | {100 * tps / bound:>5.1f}% |")
 PY
 }
 cat data/inference/prompts.txt data/inference/prompts.txt | head -8 >"$out/prompts8.txt"  # a batch of 8
 echo
-echo "| GPU                    | stage 06 decode            | tokens/s     | bandwidth bound | share |"
-echo "|------------------------|----------------------------|--------------|-----------------|-------|"
-decode "batch 1, fp32 weights" 1 4
-decode "batch 8, fp32 weights" 8 4
-decode "batch 1, bf16 weights" 1 2 --precision=bf16-mixed
-decode "batch 1, fp32, CUDA graph" 1 4 --compile=true
+echo "| GPU                    | stage 06 decode                     | tokens/s     | bandwidth bound | share |"
+echo "|------------------------|-------------------------------------|--------------|-----------------|-------|"
+for kernels in "" all; do
+    export OPS_CUDA_KERNELS=$kernels
+    decode "batch 1, fp32 weights" 1 4
+    decode "batch 8, fp32 weights" 8 4
+    decode "batch 1, bf16 weights" 1 2 --precision=bf16-mixed
+    decode "batch 8, bf16 weights" 8 2 --precision=bf16-mixed
+    decode "batch 1, fp32, CUDA graph" 1 4 --compile=true
+done
+unset OPS_CUDA_KERNELS
 echo "bench-cuda: $SECONDS s"

@@ -4,6 +4,7 @@
 #  - a second --config and an empty config file are errors, not silently something else;
 #  - strategy: empty means the stage's own; another stage's strategy is refused with the stage
 #    that runs it, on every rank of a parallel stage; a tensor-parallel grid needs axonn;
+#  - tf32: refused by the CPU backend and by every stage but 01;
 #  - dataset_id: the alpaca file in data_path, or the built-in synthetic set, or refused;
 #  - every shipped config agrees with the stage that reads it.
 source "$(dirname "$0")/lib.sh"
@@ -66,6 +67,14 @@ expect_one_error "a grid without axonn" "key 'tp_dimensions' is \[2, 1, 1\] but 
     build/stage-6 --config configs/inference.json --strategy=single_device --tp_dimensions=2,1,1
 expect_one_error "a grid on stage 01" "key 'tp_dimensions' is \[1, 2, 1\] but strategy \"single_device\"" \
     build/stage-1 --config configs/tiny.json --tp_dimensions=1,2,1
+# tf32 is stage 01's lesson on a GPU: the CPU backend has no TF32 (it would multiply in f32 and say
+# nothing), the other stages keep their f32; refused before anything is written, on every rank
+expect_one_error "tf32 on the CPU backend" "^error: tf32: the CPU backend has no TF32 matmuls" \
+    build/stage-1 --config configs/tiny.json --tf32=true --out_dir="$tmp/tf32cpu"
+check '[ ! -e "$tmp/tf32cpu" ]' "stage 01 refused tf32 but left $tmp/tf32cpu behind"
+expect_one_error "tf32 on stage 03, 3 ranks" "^error: command line: key 'tf32' is true but stage 03 keeps its f32 matmuls in f32" \
+    timeout 60 mpirun -np 3 --bind-to none build/stage-3 --config configs/tiny.json --tf32=true --out_dir="$tmp/tf32s3"
+check '[ ! -e "$tmp/tf32s3" ]' "stage 03 refused tf32 but left $tmp/tf32s3 behind"
 # every rank checks (rank 0 speaks for the job, the others stop too: mpirun exits 1, no output)
 expect_one_error "stage 03 on 2 ranks given fsdp" \
     "^error: command line: key 'strategy' is \"fsdp\" but stage 03 runs \"ddp\"; run build/stage-4 for fsdp" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every stage's equivalence tests on the CUDA backend (build/cuda/): the runs of test_stage2.sh ..
-# test_stage8.sh and test_phi_stages.sh that must reproduce a single process's loss curve (or its
+# test_stage9.sh and test_phi_stages.sh that must reproduce a single process's loss curve (or its
 # generated tokens), here on GPUs, with those tests' tolerances (fp32: 1e-5 relative at every step;
 # bf16: their documented looser bounds). GPU against GPU: a GPU adds floats in another order than
 # the CPU, so the references are single-process runs on the GPU (tests/test_ops_cuda.sh holds stage
@@ -19,7 +19,7 @@
 #     run on the CUDA binaries;
 #   - without a GPU: one SKIPPED line, nothing counted (test_ops_cuda.sh checks the build and the
 #     no-device error there).
-# Usage: tests/test_cuda_stages.sh [section ...]   sections 1 2 3 4 5 6 7 8 phi trace share paged llama lora;
+# Usage: tests/test_cuda_stages.sh [section ...]   sections 1 2 3 4 5 6 7 8 9 phi trace share paged llama lora;
 #   default: all
 # A dry run of this script's logic where there is no GPU: the CPU binaries, as if G GPUs were
 # visible (it checks the script, not the CUDA backend); the layouts that would share a GPU run
@@ -29,7 +29,7 @@ STAGE_BIN=${STAGE_BIN:-build/cuda}
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 name=test_cuda_stages
-STAGES="1 2 3 4 5 6 7 8"
+STAGES="1 2 3 4 5 6 7 8 9"
 SECTIONS="$STAGES phi trace share paged llama lora"
 [ $# -gt 0 ] || set -- $SECTIONS
 for section in "$@"; do
@@ -278,6 +278,26 @@ section_8() {
         layout 8 "s8_$run" "$np" s8_ep1 20 1e-5 --ep_size="$ep" &&
             check 'same_routing "$tmp/s8_ep1" "$tmp/s8_$run"' "stage 08 $run drops other pairs or loads the experts otherwise than one rank"
     done
+}
+
+# stage 09 (test_stage9.sh): the ring's CUDA blocks (09_context_parallel/backend/ring_blocks_cuda.cu)
+# and Ulysses' all-to-alls, on sequences of 238 tokens (padded chunks, the last one past the
+# positions): ring cp 2 with overlap and cp 4, Ulysses cp 2 x dp 2, for GPT-2, phi and Llama
+# (grouped-query) against stage 01 within 1e-5; bf16-mixed ring cp 2 x dp 2 against stage 02 within 1e-3
+section_9() {
+    local common=(--stop_iteration=20 --eval_batches=1 --log_interval=100 --n_layer=2 --n_embd=64
+                  --max_seq_len=238 --global_batch_size=4) model
+    for model in tiny tiny_phi tiny_llama; do
+        args=(--config "configs/$model.json" "${common[@]}")
+        run_single 1 "s9_${model}_ref"
+        layout 9 "s9_${model}_ring2" 2 "s9_${model}_ref" 20 1e-5 --cp_size=2 --overlap_communication=true
+        layout 9 "s9_${model}_ulysses2dp2" 4 "s9_${model}_ref" 20 1e-5 --cp_size=2 --cp_impl=ulysses
+    done
+    args=(--config configs/tiny.json "${common[@]}")
+    layout 9 s9_ring4 4 s9_tiny_ref 20 1e-5 --cp_size=4
+    args=(--config configs/tiny.json "${common[@]}" --precision=bf16-mixed)
+    run_single 2 s9_bf16_ref
+    layout 9 s9_bf16_ring2dp2 4 s9_bf16_ref 20 1e-3 --cp_size=2 --overlap_communication=true
 }
 
 # phi (test_phi_stages.sh): DDP, FSDP (3 ranks: padded shards), tensor-parallel grids and pipelines

@@ -25,6 +25,8 @@
 #include "base/device.h"
 #include "base/log.h"
 #include "check.h"
+#include "ops/few_rows.h"
+#include "ops/flash_tiles.h"
 #include "ops/kernels.h"
 #include "ops/ops.h"
 
@@ -700,18 +702,46 @@ static void blocks_backward(float *dq, float *dk, float *dv, size_t d_stride, co
     free(ds), free(p), free(acc), free(acc2), free(delta);
 }
 
+// One attention case for the tests that drive a kernel's steps on the host: random qkv (B, T, 3C)
+// and dout (B, T, C), the double reference's out, probabilities att (B, NH, T, T), log-sum-exp
+// (B, NH, T) and gradient dqkv, and qkv and dout as floats (the same values)
+typedef struct {
+    double *qkv, *dout, *out, *att, *lse, *dqkv;
+    float *fqkv, *fdout;
+} AttnCase;
+
+static float *floats_of(const double *x, size_t n) {
+    float *f = malloc_or_die(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+    return f;
+}
+
+static double *doubles_of(const float *x, size_t n) {
+    double *d = malloc_or_die(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static AttnCase attn_case(const AttnShape *s) {
+    size_t nqkv = (size_t)s->B * s->T * 3 * s->C, nout = (size_t)s->B * s->T * s->C, nlse = (size_t)s->B * s->NH * s->T;
+    AttnCase c = {.qkv = rand_array(nqkv, -1.5, 1.5), .dout = rand_array(nout, -1, 1)};
+    c.out = malloc_or_die(nout * sizeof(double)), c.lse = malloc_or_die(nlse * sizeof(double));
+    c.att = malloc_or_die(nlse * s->T * sizeof(double)), c.dqkv = malloc_or_die(nqkv * sizeof(double));
+    ref_attention_full(c.out, c.att, c.lse, c.qkv, s);
+    ref_attention_backward(c.dqkv, c.dout, c.qkv, s);
+    c.fqkv = floats_of(c.qkv, nqkv), c.fdout = floats_of(c.dout, nout);
+    return c;
+}
+
+static void attn_case_free(AttnCase *c) {
+    free(c->qkv), free(c->dout), free(c->out), free(c->att), free(c->lse), free(c->dqkv), free(c->fqkv), free(c->fdout);
+}
+
 static void test_attention_blocks(AttnShape s, Blocking bk) {
     int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
-    double *qkv = rand_array(nqkv, -1.5, 1.5), *dout = rand_array(nout, -1, 1);
-    double *want = malloc_or_die(nout * sizeof(double)), *want_lse = malloc_or_die(nlse * sizeof(double));
-    double *att = malloc_or_die((size_t)B * NH * T * T * sizeof(double)), *want_d = malloc_or_die(nqkv * sizeof(double));
-    ref_attention_full(want, att, want_lse, qkv, &s);
-    ref_attention_backward(want_d, dout, qkv, &s);
-
-    float *fqkv = malloc_or_die(nqkv * sizeof(float)), *fdout = malloc_or_die(nout * sizeof(float));
-    for (size_t i = 0; i < nqkv; i++) fqkv[i] = (float)qkv[i];
-    for (size_t i = 0; i < nout; i++) fdout[i] = (float)dout[i];
+    AttnCase ac = attn_case(&s);
+    float *fqkv = ac.fqkv, *fdout = ac.fdout;
     float *out = calloc_or_die(nout, sizeof(float)), *lse = calloc_or_die(nlse, sizeof(float));
     float *dqkv = calloc_or_die(nqkv, sizeof(float));
     for (int b = 0; b < B; b++)
@@ -725,19 +755,245 @@ static void test_attention_blocks(AttnShape s, Blocking bk) {
                             bk);
             free(q), free(k), free(v), free(g);
         }
-    double *got = malloc_or_die(nout * sizeof(double)), *got_lse = malloc_or_die(nlse * sizeof(double));
-    double *got_d = malloc_or_die(nqkv * sizeof(double));
-    for (size_t i = 0; i < nout; i++) got[i] = out[i];
-    for (size_t i = 0; i < nlse; i++) got_lse[i] = lse[i];
-    for (size_t i = 0; i < nqkv; i++) got_d[i] = dqkv[i];
+    double *got = doubles_of(out, nout), *got_lse = doubles_of(lse, nlse), *got_d = doubles_of(dqkv, nqkv);
     char what[160];
     snprintf(what, sizeof what, "attention in blocks of %d keys, %d lanes, B=%d T=%d hs=%d NH=%d", bk.block,
              bk.nlanes, B, T, hs, NH);
-    check_array(what, got, want, nout, 1e-4, 1e-5);
-    check_array("... its log-sum-exp per row", got_lse, want_lse, nlse, 1e-5, 1e-5);
-    check_dqkv(what, got_d, want_d, B * T, C, 1e-4, 1e-5);
-    free(qkv), free(dout), free(want), free(want_lse), free(att), free(want_d), free(fqkv), free(fdout);
+    check_array(what, got, ac.out, nout, 1e-4, 1e-5);
+    check_array("... its log-sum-exp per row", got_lse, ac.lse, nlse, 1e-5, 1e-5);
+    check_dqkv(what, got_d, ac.dqkv, B * T, C, 1e-4, 1e-5);
+    attn_case_free(&ac);
     free(out), free(lse), free(dqkv), free(got), free(got_lse), free(got_d);
+}
+
+// ----------------------------------------------------------------------------------------------
+// the tensor-core attention forward (OPS_CUDA_KERNELS=flash_bf16): flash_tiles.h's steps driven on
+// the host as flash_forward_kernel drives them, a block of FLASH_BR query rows at a time; its
+// products (the tensor cores', on the GPU) summed here in index order over bf16 inputs
+
+// rows [r0, r0 + n) of one head's q, k or v (part 0, 1, 2) of sequence b as bf16 bits, zeros past T
+static void flash_load_rows(uint16_t *dst, const float *qkv, int b, int h, int part, int r0, int n, int T, int C,
+                            int hs) {
+    for (int r = 0; r < n; r++)
+        for (int d = 0; d < hs; d++)
+            dst[(size_t)r * hs + d] = r0 + r < T ? bf16_from_float(qkv[((size_t)b * T + r0 + r) * 3 * C + part * C +
+                                                                       (size_t)h * hs + d]) : 0;
+}
+
+static void flash_forward_model(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = attention_scale(hs);
+    uint16_t *q = malloc_or_die((size_t)FLASH_BR * hs * 2), *k = malloc_or_die((size_t)FLASH_BC * hs * 2);
+    uint16_t *v = malloc_or_die((size_t)FLASH_BC * hs * 2), p[FLASH_BR][FLASH_BC];
+    float *o = malloc_or_die((size_t)FLASH_BR * hs * sizeof(float)), s[FLASH_BR][FLASH_BC], alpha[FLASH_BR];
+    OnlineSoftmax run[FLASH_BR];
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int q0 = 0; q0 < T; q0 += FLASH_BR) {
+                flash_load_rows(q, qkv, b, h, 0, q0, FLASH_BR, T, C, hs);
+                for (int r = 0; r < FLASH_BR; r++) run[r] = online_softmax_start();
+                memset(o, 0, (size_t)FLASH_BR * hs * sizeof(float));
+                for (int kt = 0; kt < flash_key_tiles(q0, T); kt++) {
+                    flash_load_rows(k, qkv, b, h, 1, kt * FLASH_BC, FLASH_BC, T, C, hs);
+                    flash_load_rows(v, qkv, b, h, 2, kt * FLASH_BC, FLASH_BC, T, C, hs);
+                    for (int r = 0; r < FLASH_BR; r++) {
+                        for (int j = 0; j < FLASH_BC; j++) {
+                            s[r][j] = 0.0f;
+                            for (int d = 0; d < hs; d++)
+                                s[r][j] += bf16_to_float(q[(size_t)r * hs + d]) * bf16_to_float(k[(size_t)j * hs + d]);
+                        }
+                        alpha[r] = flash_row_tile(p[r], s[r], q0 + r, kt * FLASH_BC, T, scale, &run[r]);
+                        for (int c = 0; c < hs; c++) {
+                            float acc = alpha[r] * o[(size_t)r * hs + c];
+                            for (int j = 0; j < FLASH_BC; j++)
+                                acc += bf16_to_float(p[r][j]) * bf16_to_float(v[(size_t)j * hs + c]);
+                            o[(size_t)r * hs + c] = acc;
+                        }
+                    }
+                }
+                for (int r = 0; r < FLASH_BR && q0 + r < T; r++)
+                    lse[((size_t)b * NH + h) * T + q0 + r] =
+                        attention_finish(out + ((size_t)b * T + q0 + r) * C + (size_t)h * hs, o + (size_t)r * hs,
+                                         &run[r], hs, 0, 1);
+            }
+    free(q), free(k), free(v), free(o);
+}
+
+// dk and dv added into dqkv (B, T, 3C) as flash_backward_key_kernel adds them: blocks of FLASH_BR
+// keys, query tiles from flash_first_query_tile on; lse and delta (B, NH, T) as the forward and the
+// query kernel leave them
+static void flash_backward_key_model(float *dqkv, const float *qkv, const float *dout, const float *lse,
+                                     const float *delta, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = attention_scale(hs), st[FLASH_BC], dpt[FLASH_BC];
+    size_t rows = (size_t)FLASH_BR * hs;
+    uint16_t *k = malloc_or_die(rows * 2), *v = malloc_or_die(rows * 2), *q = malloc_or_die(rows * 2);
+    uint16_t *g = malloc_or_die(rows * 2), pt[FLASH_BR][FLASH_BC], dst[FLASH_BR][FLASH_BC];
+    float *dk = malloc_or_die(rows * sizeof(float)), *dv = malloc_or_die(rows * sizeof(float));
+    float *g32 = malloc_or_die((size_t)B * T * 3 * C * sizeof(float));  // dout laid out as qkv's q part
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int c = 0; c < C; c++) g32[r * 3 * C + c] = dout[r * C + c];
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *tl = lse + ((size_t)b * NH + h) * T, *td = delta + ((size_t)b * NH + h) * T;
+            for (int k0 = 0; k0 < T; k0 += FLASH_BR) {
+                flash_load_rows(k, qkv, b, h, 1, k0, FLASH_BR, T, C, hs);
+                flash_load_rows(v, qkv, b, h, 2, k0, FLASH_BR, T, C, hs);
+                memset(dk, 0, rows * sizeof(float)), memset(dv, 0, rows * sizeof(float));
+                for (int q0 = flash_first_query_tile(k0) * FLASH_BC; q0 < T; q0 += FLASH_BC) {
+                    flash_load_rows(q, qkv, b, h, 0, q0, FLASH_BC, T, C, hs);
+                    flash_load_rows(g, g32, b, h, 0, q0, FLASH_BC, T, C, hs);
+                    float tile_lse[FLASH_BC], tile_delta[FLASH_BC];
+                    for (int i = 0; i < FLASH_BC; i++)
+                        tile_lse[i] = q0 + i < T ? tl[q0 + i] : 0.0f, tile_delta[i] = q0 + i < T ? td[q0 + i] : 0.0f;
+                    for (int j = 0; j < FLASH_BR; j++) {
+                        for (int i = 0; i < FLASH_BC; i++) {
+                            st[i] = dpt[i] = 0.0f;
+                            for (int d = 0; d < hs; d++) {
+                                st[i] += bf16_to_float(k[(size_t)j * hs + d]) * bf16_to_float(q[(size_t)i * hs + d]);
+                                dpt[i] += bf16_to_float(v[(size_t)j * hs + d]) * bf16_to_float(g[(size_t)i * hs + d]);
+                            }
+                        }
+                        flash_key_tile(pt[j], dst[j], st, dpt, k0 + j, q0, T, scale, tile_lse, tile_delta);
+                        for (int c = 0; c < hs; c++)
+                            for (int i = 0; i < FLASH_BC; i++) {
+                                dv[(size_t)j * hs + c] += bf16_to_float(pt[j][i]) * bf16_to_float(g[(size_t)i * hs + c]);
+                                dk[(size_t)j * hs + c] += bf16_to_float(dst[j][i]) * bf16_to_float(q[(size_t)i * hs + c]);
+                            }
+                    }
+                }
+                for (int j = 0; j < FLASH_BR && k0 + j < T; j++)
+                    for (int c = 0; c < hs; c++) {
+                        float *row = dqkv + ((size_t)b * T + k0 + j) * 3 * C + (size_t)h * hs + c;
+                        row[C] += dk[(size_t)j * hs + c];
+                        row[2 * C] += dv[(size_t)j * hs + c];
+                    }
+            }
+        }
+    free(k), free(v), free(q), free(g), free(dk), free(dv), free(g32);
+}
+
+static double max_abs_diff(const double *a, const double *b, size_t n) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]));
+    return worst;
+}
+
+// 1 where this run asked the CUDA backend for the tensor-core attention (the variable the backend reads)
+static int flash_switched_on(void) {
+    const char *k = getenv("OPS_CUDA_KERNELS");
+    return strcmp(ops_backend_name(), "cuda") == 0 && k && (strstr(k, "flash_bf16") || strstr(k, "all"));
+}
+
+// The model against the double-precision reference with bf16's tolerance (q, k, v and the
+// probabilities rounded to 8 significant bits; inputs in [-1.5, 1.5]: the worst absolute errors
+// measured at these shapes are 3.8e-3 to 6.4e-3, printed; the bound is 2e-2), and against the
+// backend's own attention_forward: the CPU's f32 op, the same bound; the GPU's tensor-core kernel
+// when switched on, the same steps with only the products' summation order different, which can
+// move a probability's bf16 rounding by one step (4e-3 of it): 1e-2, the printed difference to be
+// measured on the first GPU run and the bound tightened to it.
+static void test_flash_forward(AttnShape s) {
+    int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    AttnCase ac = attn_case(&s);
+    double *qkv = ac.qkv, *want = ac.out, *want_lse = ac.lse;
+    float *out = malloc_or_die(nout * sizeof(float)), *lse = malloc_or_die(nlse * sizeof(float));
+    flash_forward_model(out, lse, ac.fqkv, B, T, C, NH);
+    double *model = doubles_of(out, nout), *model_lse = doubles_of(lse, nlse);
+    char what[160];
+    snprintf(what, sizeof what, "tensor-core attention model B=%d T=%d hs=%d NH=%d vs double", B, T, hs, NH);
+    check_array(what, model, want, nout, 0, 2e-2);
+    check_array("... its log-sum-exp per row", model_lse, want_lse, nlse, 0, 2e-2);
+    printf("%s: worst |error| %.2e, log-sum-exp %.2e\n", what, max_abs_diff(model, want, nout),
+           max_abs_diff(model_lse, want_lse, nlse));
+
+    float *d_qkv = upload(qkv, nqkv), *d_out = dev_malloc(nout * sizeof(float));
+    float *d_att = dev_malloc((size_t)B * NH * T * T * sizeof(float));
+    attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    double *got = download(d_out, nout);
+    int flash = flash_switched_on() && flash_head_size_ok(hs);
+    snprintf(what, sizeof what, "attention_forward (%s) B=%d T=%d hs=%d vs the tensor-core model", flash ?
+             "the tensor-core kernel" : "the backend's f32 op", B, T, hs);
+    check_array(what, got, model, nout, 0, flash ? 1e-2 : 2e-2);
+    printf("%s: worst |difference| %.2e\n", what, max_abs_diff(got, model, nout));
+    if (flash) {  // on the GPU att's first B NH T floats are each row's log-sum-exp
+        double *got_lse = download(d_att, nlse);
+        check_array("... its log-sum-exp per row", got_lse, model_lse, nlse, 0, 1e-2);
+        free(got_lse);
+    }
+    dev_free(d_qkv), dev_free(d_out), dev_free(d_att);
+    attn_case_free(&ac);
+    free(out), free(lse), free(model), free(model_lse), free(got);
+}
+
+// The keys' side of the tensor-core backward: the model's dk and dv against the double reference
+// (bf16's tolerance: worst errors measured at these shapes 1.1e-3 to 5.2e-3, printed; the bound is
+// 5e-2 of the largest gradient, at least 0.1), fed the reference's lse and delta; then the backend's attention_backward after
+// its attention_forward: on the CPU its f32 dk and dv against the model within the same bound; on a
+// GPU with flash_bf16 switched on, against the model fed the GPU's own lse and delta (1e-2 of the
+// largest, to tighten once measured), and its f32 dq against the reference within bf16's bound
+// (the lse it reads is the tensor-core forward's)
+static void test_flash_backward(AttnShape s) {
+    int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    AttnCase ac = attn_case(&s);
+    double *qkv = ac.qkv, *dout = ac.dout, *out = ac.out, *lse = ac.lse, *want = ac.dqkv;
+    float *fqkv = ac.fqkv, *fdout = ac.fdout;
+    float *flse = malloc_or_die(nlse * sizeof(float)), *fdelta = malloc_or_die(nlse * sizeof(float));
+    for (int b = 0; b < B; b++)  // delta = dout . out per row, lse as computed
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                size_t r = ((size_t)b * NH + h) * T + t, o = ((size_t)b * T + t) * C + (size_t)h * hs;
+                double d = 0.0;
+                for (int c = 0; c < hs; c++) d += dout[o + c] * out[o + c];
+                fdelta[r] = (float)d, flse[r] = (float)lse[r];
+            }
+    float *model = calloc_or_die(nqkv, sizeof(float));
+    flash_backward_key_model(model, fqkv, fdout, flse, fdelta, B, T, C, NH);
+    double *m = doubles_of(model, nqkv);
+    double *want_k = qkv_part(want, B * T, C, 1), *want_v = qkv_part(want, B * T, C, 2);
+    double *m_k = qkv_part(m, B * T, C, 1), *m_v = qkv_part(m, B * T, C, 2);
+    double scale_k = 0.0, scale_v = 0.0;
+    for (size_t i = 0; i < nout; i++) scale_k = fmax(scale_k, fabs(want_k[i])), scale_v = fmax(scale_v, fabs(want_v[i]));
+    // a gradient near zero everywhere (one key: dk = 0) still has bf16's rounding of dp and delta
+    scale_k = fmax(scale_k, 0.1), scale_v = fmax(scale_v, 0.1);
+    char what[160];
+    snprintf(what, sizeof what, "tensor-core attention backward model B=%d T=%d hs=%d NH=%d vs double", B, T, hs, NH);
+    check_array(what, m_k, want_k, nout, 0, 5e-2 * scale_k);
+    check_array("... its dv", m_v, want_v, nout, 0, 5e-2 * scale_v);
+    printf("%s: worst |error| dk %.2e, dv %.2e (largest |dk| %.2f, |dv| %.2f)\n", what, max_abs_diff(m_k, want_k, nout),
+           max_abs_diff(m_v, want_v, nout), scale_k, scale_v);
+
+    float *d_qkv = upload(qkv, nqkv), *d_out = dev_malloc(nout * sizeof(float)), *d_dout = upload(dout, nout);
+    float *d_att = dev_malloc((size_t)B * NH * T * T * sizeof(float)), *d_datt = dev_malloc((size_t)B * NH * T * T * sizeof(float));
+    float *d_dqkv = dev_malloc(nqkv * sizeof(float));
+    attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    attention_backward(d_dqkv, d_datt, d_dout, d_qkv, d_att, B, T, C, NH);
+    double *got = download(d_dqkv, nqkv);
+    int flash = flash_switched_on() && flash_head_size_ok(hs);
+    if (flash) {  // the model again, fed the GPU's own lse and delta (att's and datt's first B NH T floats)
+        copy_to_host(flse, d_att, nlse * sizeof(float));
+        copy_to_host(fdelta, d_datt, nlse * sizeof(float));
+        memset(model, 0, nqkv * sizeof(float));
+        flash_backward_key_model(model, fqkv, fdout, flse, fdelta, B, T, C, NH);
+        for (size_t i = 0; i < nqkv; i++) m[i] = model[i];
+        free(m_k), free(m_v);
+        m_k = qkv_part(m, B * T, C, 1), m_v = qkv_part(m, B * T, C, 2);
+        double *got_q = qkv_part(got, B * T, C, 0), *want_q = qkv_part(want, B * T, C, 0), scale_q = 0.0;
+        for (size_t i = 0; i < nout; i++) scale_q = fmax(scale_q, fabs(want_q[i]));
+        check_array("attention_backward dq after the tensor-core forward", got_q, want_q, nout, 0, 5e-2 * scale_q);
+        free(got_q), free(want_q);
+    }
+    double *got_k = qkv_part(got, B * T, C, 1), *got_v = qkv_part(got, B * T, C, 2);
+    double bound = flash ? 1e-2 : 5e-2;
+    snprintf(what, sizeof what, "attention_backward (%s) B=%d T=%d hs=%d dk vs the model",
+             flash ? "the tensor-core key kernel" : "the backend's f32 op", B, T, hs);
+    check_array(what, got_k, m_k, nout, 0, bound * scale_k);
+    check_array("... its dv", got_v, m_v, nout, 0, bound * scale_v);
+    printf("%s: worst |difference| dk %.2e, dv %.2e\n", what, max_abs_diff(got_k, m_k, nout), max_abs_diff(got_v, m_v, nout));
+    dev_free(d_qkv), dev_free(d_out), dev_free(d_dout), dev_free(d_att), dev_free(d_datt), dev_free(d_dqkv);
+    attn_case_free(&ac);
+    free(flse), free(fdelta), free(model), free(m), free(want_k), free(want_v), free(m_k), free(m_v), free(got), free(got_k), free(got_v);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1759,6 +2015,40 @@ static size_t few_rows_bits_differ(const double *got, const double *inp, const d
     return differ;
 }
 
+// out (N, OC) as the GPU's few-rows kernel computes it (ops_cuda.cu: few_rows_kernel), driven on
+// the host: passes of FEW_ROWS_PASS input rows; in each, FEW_ROWS_LANES lanes per weight row run
+// few_rows.h's lane sums, which few_rows_combine adds as the kernel's shuffles do. Inputs already
+// rounded to what the op reads (bf16 values where bf16_weights).
+static void few_rows_kernel_model(float *out, const double *inp, const double *weight, const double *bias, int N,
+                                  int C, int OC, int bf16_weights) {
+    size_t nin = (size_t)N * C, nw = (size_t)OC * C;
+    float *x = malloc_or_die(nin * sizeof(float)), *w = malloc_or_die(nw * sizeof(float));
+    uint16_t *x16 = malloc_or_die(nin * sizeof(uint16_t)), *w16 = malloc_or_die(nw * sizeof(uint16_t));
+    for (size_t i = 0; i < nin; i++) x[i] = (float)inp[i], x16[i] = bf16_from_float(x[i]);
+    for (size_t i = 0; i < nw; i++) w[i] = (float)weight[i], w16[i] = bf16_from_float(w[i]);
+    for (int n0 = 0; n0 < N; n0 += FEW_ROWS_PASS) {
+        int rows = imin(N - n0, FEW_ROWS_PASS);
+        for (int o = 0; o < OC; o++) {
+            float acc[FEW_ROWS_LANES][FEW_ROWS_PASS], lanes[FEW_ROWS_LANES];
+            for (int lane = 0; lane < FEW_ROWS_LANES; lane++)
+                if (bf16_weights)
+                    few_rows_lane_bf16(acc[lane], w16 + (size_t)o * C, x16 + (size_t)n0 * C, (size_t)C, rows, C, lane);
+                else few_rows_lane_f32(acc[lane], w + (size_t)o * C, x + (size_t)n0 * C, (size_t)C, rows, C, lane);
+            for (int r = 0; r < rows; r++) {
+                for (int lane = 0; lane < FEW_ROWS_LANES; lane++) lanes[lane] = acc[lane][r];
+                out[(size_t)(n0 + r) * OC + o] = few_rows_combine(lanes, (float)bias[o]);
+            }
+        }
+    }
+    free(x), free(w), free(x16), free(w16);
+}
+
+// 1 where this backend's few-rows products run in few_rows.h's order: the CPU's, and the GPU's when
+// its few-rows kernel is switched on (OPS_CUDA_KERNELS=few_rows; the engine's sentence says so)
+static int backend_runs_few_rows_order(void) {
+    return strcmp(ops_backend_name(), "cpu") == 0 || strstr(ops_matmul_engine(), "few-rows kernel") != NULL;
+}
+
 static void test_few_rows_matmul(int N, int C, int OC, int bf16_weights) {
     size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
     double *inp = rand_array(nin, -1, 1), *weight = rand_array(nw, -1, 1), *bias = rand_array(OC, -1, 1);
@@ -1779,9 +2069,16 @@ static void test_few_rows_matmul(int N, int C, int OC, int bf16_weights) {
     char what[128];
     snprintf(what, sizeof what, "few-rows matmul %s N=%d C=%d OC=%d", bf16_weights ? "bf16" : "f32", N, C, OC);
     check_array(what, got, want, nout, 1e-5, 1e-5 * C);
-    if (strcmp(ops_backend_name(), "cpu") == 0) {  // cuBLAS sums in an order of its own
+    if (backend_runs_few_rows_order()) {  // cuBLAS sums in an order of its own
         size_t differ = few_rows_bits_differ(got, inp, weight, bias, N, C, OC, bf16_weights);
         CHECK(differ == 0, "%s: %zu of %zu outputs are not the bits of the documented order", what, differ, nout);
+        float *model = malloc_or_die(nout * sizeof(float));
+        few_rows_kernel_model(model, inp, weight, bias, N, C, OC, bf16_weights);
+        differ = 0;
+        for (size_t i = 0; i < nout; i++) differ += (float)got[i] != model[i];
+        CHECK(differ == 0, "%s: %zu of %zu outputs are not the bits of the GPU kernel's model (few_rows.h)", what,
+              differ, nout);
+        free(model);
     }
     dev_free(d_b), dev_free(d_out);
     free(inp), free(weight), free(bias), free(want), free(got);
@@ -1827,6 +2124,7 @@ int main(int argc, char **argv) {
         RUN(test_few_rows_matmul(3, 5, 7, bf));
         RUN(test_few_rows_matmul(5, 771, 41, bf));
         RUN(test_few_rows_matmul(7, 96, 37, bf));
+        RUN(test_few_rows_matmul(2, 2049, 3, bf));  // phi's width + 1: an odd column alone in the last block
     }
     RUN(test_matmul(17, 96, 40, 1, 0));
     printf("test_ops: bf16 matmuls by %s\n", ops_matmul_engine_16());
@@ -1841,6 +2139,17 @@ int main(int argc, char **argv) {
     RUN(test_attention_blocks((AttnShape){2, 70, 96, 3}, (Blocking){32, 32}));
     RUN(test_attention_blocks((AttnShape){2, 23, 12, 3}, (Blocking){5, 3}));
     RUN(test_attention_blocks((AttnShape){1, 40, 128, 2}, (Blocking){7, 3}));
+    // the tensor-core attention's tiling: T past one tile and not a multiple of it (37, 70, 130),
+    // one query block over several key tiles, GPT-2's hs = 64, phi's and Llama's 128 hs and an
+    // odd multiple of 16 (80), 3 heads
+    RUN(test_flash_forward((AttnShape){2, 37, 192, 3}));    // hs 64
+    RUN(test_flash_forward((AttnShape){1, 130, 384, 3}));   // hs 128, 3 key tiles, 3 query blocks
+    RUN(test_flash_forward((AttnShape){2, 70, 240, 3}));    // hs 80
+    RUN(test_flash_forward((AttnShape){1, 1, 64, 1}));      // one row
+    RUN(test_flash_backward((AttnShape){2, 37, 192, 3}));
+    RUN(test_flash_backward((AttnShape){1, 130, 384, 3}));  // 3 key blocks, the first over 3 query tiles
+    RUN(test_flash_backward((AttnShape){2, 70, 240, 3}));
+    RUN(test_flash_backward((AttnShape){1, 1, 64, 1}));
     RUN(test_expf_vectorizable());
     RUN(test_gelu());
     RUN(test_embedding());

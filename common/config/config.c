@@ -46,6 +46,7 @@ static const Key KEYS[] = {
     K(num_epochs, T_INT, "1", "passes over the training split"),
     K(random_init, T_BOOL, "false", "start from random weights even if init_from is set"),
     K(compile, T_BOOL, "false", "inference: capture the decode step as a CUDA graph"),
+    K(tf32, T_BOOL, "false", "stage 01 on a GPU: f32 matmuls on the tensor cores in TF32 (10-bit mantissa), a lesson"),
     K(stop_iteration, T_INT, "-1", "stop after N optimizer steps (-1: run all epochs)"),
     K(tokens_to_generate, T_INT, "256", "inference: maximum new tokens per prompt"),
     K(n_layer, T_INT, "0", "transformer blocks (0: from model_id)"),
@@ -334,6 +335,7 @@ typedef struct {
     const char *no_half;          // precision bf16-mixed, bf16 or 16-mixed
     const char *no_half_experts;  // the same, with num_experts > 0
     const char *no_overlap;       // overlap_communication true
+    bool tf32;                    // takes tf32 true (stage 01's lesson; elsewhere the CPU-equivalence tests' f32)
     const char *no_grid_depth;    // tp_dimensions with z > 1
     bool zero_ladder;             // takes zero_stage other than 3 and hsdp_replicas other than 1
     bool lora;                    // trains LoRA adapters (lora_rank > 0)
@@ -343,6 +345,7 @@ static const StageInfo STAGES[] = {
     [STAGE_SINGLE_GPU] = {"single_device", NULL, "configs/single_gpu.json",
                           .no_half = "stage 01 trains in fp32 (32 or 32-true); bf16 and fp16 are stage 02 "
                                      "(build/stage-2)",
+                          .tf32 = true,
                           .lora = true},
     [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true},
     [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json", .lora = true},
@@ -595,6 +598,9 @@ static void require_stage_takes_switches(const Config *cfg, const Sources *src, 
     if (s->no_overlap && cfg->overlap_communication)
         fatal("%s: key 'overlap_communication' is true but %s", source_of(src, "overlap_communication"),
               s->no_overlap);
+    if (!s->tf32 && cfg->tf32)
+        fatal("%s: key 'tf32' is true but stage %02d keeps its f32 matmuls in f32: TF32 is stage 01's lesson "
+              "(build/cuda/stage-1 --tf32=true)", source_of(src, "tf32"), (int)stage);
 }
 
 // The sharding ladder is stage 04's: elsewhere zero_stage and hsdp_replicas would be ignored.

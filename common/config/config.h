@@ -42,6 +42,7 @@ typedef struct {
     int num_epochs;
     bool random_init;         // ignore init_from and start from random weights
     bool compile;             // inference: capture the decode step as a CUDA graph
+    bool tf32;                // stage 01: f32 matmuls in TF32 on the tensor cores (ops_set_tf32)
     int stop_iteration;       // stop after this many optimizer steps (-1: run every epoch)
     int tokens_to_generate;
     // ours

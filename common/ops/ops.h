@@ -79,6 +79,11 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int N, int C, int OC);
 
+// f32 matmuls in TF32 (on: inputs rounded to 10 mantissa bits on the tensor cores, f32
+// accumulation; stage 01's tf32 lesson) or in full f32 (off, the default). Only the CUDA backend on
+// compute capability 8.0 or newer has TF32; elsewhere asking for it stops the program with why.
+void ops_set_tf32(int on);
+
 // 1 when the bf16 matmuls below run on bf16 hardware (AVX512-BF16/AMX, tensor cores); 0 when the
 // backend converts the bf16 inputs to f32 and multiplies those (the same products): where there is
 // no bf16 hardware, and on the CPU also where oneDNN's bf16 matmul is measured slower than its f32

@@ -418,6 +418,13 @@ const char *ops_matmul_engine(void) {
     return name;
 }
 
+// TF32 is the tensor cores' format; oneDNN would take the request as a hint and multiply in f32
+void ops_set_tf32(int on) {
+    if (on)
+        fatal("tf32: the CPU backend has no TF32 matmuls (TF32 is the NVIDIA tensor cores' format, "
+              "compute capability 8.0 on): run the CUDA build, build/cuda/stage-1 --tf32=true");
+}
+
 // the 16-bit copies' format: bf16, or fp16 (precision 16-mixed)
 static HalfFormat g_half = HALF_BF16;
 static double g_grad_nonzero, g_grad_flushed;  // cast_gradient_to_16's counts

@@ -44,8 +44,11 @@
 //
 // Not thread-safe: ops are called from one host thread, like the CPU backend.
 #include <cub/device/device_radix_sort.cuh>
+#include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -62,6 +65,8 @@ extern "C" {  // ops.h and log.h are C headers (no extern "C" of their own)
 #include "ops.h"
 #include "ops_peak.h"
 }
+#include "few_rows.h"
+#include "flash_tiles.h"
 #include "kernels.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -119,6 +124,38 @@ static struct {
 
 static HalfFormat g_half = HALF_BF16;  // the 16-bit copies' format (ops_set_half_format)
 
+// Kernels not yet measured on a GPU run only where the environment asks for them, so that the
+// one measuring them can compare both paths and flip the default (docs/CUDA.md, "Kernels behind a
+// switch"): OPS_CUDA_KERNELS=few_rows,flash_bf16 (a comma-separated list of names, or all).
+enum { KERNEL_FEW_ROWS = 1, KERNEL_FLASH_BF16 = 2, KERNEL_BIAS_EPILOGUE = 4 };
+static const struct {
+    const char *name;
+    unsigned bit;
+} switched_kernels[] = {{"few_rows", KERNEL_FEW_ROWS}, {"flash_bf16", KERNEL_FLASH_BF16},
+                        {"bias_epilogue", KERNEL_BIAS_EPILOGUE}};
+static unsigned g_switched;  // the bits of the kernels switched on
+
+static unsigned switched_kernel_bit(const char *name, size_t len, const char *value) {
+    if (len == 3 && strncmp(name, "all", 3) == 0) return ~0u;
+    for (size_t i = 0; i < sizeof switched_kernels / sizeof switched_kernels[0]; i++)
+        if (strlen(switched_kernels[i].name) == len && strncmp(name, switched_kernels[i].name, len) == 0)
+            return switched_kernels[i].bit;
+    fatal("environment variable OPS_CUDA_KERNELS is '%s': expected a comma-separated list of "
+          "few_rows, flash_bf16 and bias_epilogue, or all; found '%.*s'", value, (int)len, name);
+    return 0;
+}
+
+static unsigned switched_kernels_from_env(void) {
+    const char *value = getenv("OPS_CUDA_KERNELS");
+    unsigned bits = 0;
+    for (const char *p = value; p && *p;) {
+        size_t len = strcspn(p, ",");
+        bits |= switched_kernel_bit(p, len, value);
+        p += len + (p[len] == ',');
+    }
+    return bits;
+}
+
 #define THREADS 256  // block size of the element-wise and column kernels
 
 // the local rank from the launcher's environment (Open MPI, Slurm, torchrun-style), else 0
@@ -161,6 +198,7 @@ void ops_init(void) {
     g.cc_major = prop.major;
     g.cc_minor = prop.minor;
     g.smem_optin = (int)prop.sharedMemPerBlockOptin;
+    g_switched = switched_kernels_from_env();
     if (cudaDeviceGetAttribute(&g.clock_khz, cudaDevAttrClockRate, g.device) != cudaSuccess)
         g.clock_khz = 0;
     (void)cudaGetLastError();  // the attribute query is optional: forget its error, if any
@@ -234,16 +272,28 @@ static void describe_cublas(char *out, size_t size) {
     snprintf(out, size, "cuBLAS %d.%d.%d", major, minor, patch);
 }
 
+static int g_tf32;  // ops_set_tf32
+
+// written at each call: ops_set_tf32 may change it
 const char *ops_matmul_engine(void) {
     static char text[400];
-    if (!text[0]) {
-        ensure_init();
-        char cublas[64];
-        describe_cublas(cublas, sizeof cublas);
-        sentence_printf(text, sizeof text, "%s SGEMM (f32, no TF32) on %s (sm_%d%d, %d SMs, GPU %d)",
-                        cublas, g.name, g.cc_major, g.cc_minor, g.sm_count, g.device);
-    }
+    ensure_init();
+    char cublas[64];
+    describe_cublas(cublas, sizeof cublas);
+    sentence_printf(text, sizeof text, "%s SGEMM (%s) on %s (sm_%d%d, %d SMs, GPU %d)%s", cublas,
+                    g_tf32 ? "f32 in TF32 on the tensor cores: inputs rounded to 10 mantissa bits" : "f32, no TF32",
+                    g.name, g.cc_major, g.cc_minor, g.sm_count, g.device,
+                    g_switched & KERNEL_FEW_ROWS ? ", up to 16 rows by the few-rows kernel" : "");
     return text;
+}
+
+void ops_set_tf32(int on) {
+    ensure_init();
+    if (on && g.cc_major < 8)
+        fatal("tf32: %s (compute capability %d.%d) has no TF32 tensor cores (compute capability 8.0 on)",
+              g.name, g.cc_major, g.cc_minor);
+    CUBLAS_CHECK(cublasSetMathMode(g.cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    g_tf32 = on;
 }
 
 const char *ops_matmul_engine_16(void) {
@@ -720,10 +770,53 @@ static void bias_backward(float *dbias, const float *dout, int N, int OC) {
     LAUNCH(column_sums_kernel, blocks_for((size_t)OC, THREADS), THREADS, 0, dbias, partial, nchunks, OC);
 }
 
+// A decode step's few rows (OPS_CUDA_KERNELS=few_rows): few_rows.h's order, the CPU's, so the
+// GPU decodes to the CPU's bits. A half-warp per weight row (two rows a warp), each lane summing
+// its columns for up to FEW_ROWS_PASS input rows a pass, so each weight is read once a pass; the
+// lanes combine by shuffles within their half (width 16), every lane of the warp taking part, the
+// lanes of a row past OC too (they read row OC - 1 and store nothing).
+#define FEW_ROWS_MAX 16     // input rows this path takes (the CPU's limit too); past it, cuBLAS
+#define FEW_ROWS_THREADS 128
+
+template <int IS_BF16>
+static __global__ void few_rows_kernel(float *out, const void *x, const void *weight, const float *bias, int N,
+                                       int C, int OC) {
+    int lane = threadIdx.x % FEW_ROWS_LANES;
+    int o = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / FEW_ROWS_LANES);
+    int row = o < OC ? o : OC - 1;
+    for (int n0 = 0; n0 < N; n0 += FEW_ROWS_PASS) {
+        int rows = N - n0 < FEW_ROWS_PASS ? N - n0 : FEW_ROWS_PASS;
+        float acc[FEW_ROWS_PASS];
+        if (IS_BF16)
+            few_rows_lane_bf16(acc, (const uint16_t *)weight + (size_t)row * C,
+                               (const uint16_t *)x + (size_t)n0 * C, (size_t)C, rows, C, lane);
+        else
+            few_rows_lane_f32(acc, (const float *)weight + (size_t)row * C, (const float *)x + (size_t)n0 * C,
+                              (size_t)C, rows, C, lane);
+        for (int width = FEW_ROWS_LANES / 2; width > 0; width /= 2)
+#pragma unroll
+            for (int r = 0; r < FEW_ROWS_PASS; r++)
+                acc[r] += __shfl_down_sync(0xffffffffu, acc[r], width, FEW_ROWS_LANES);
+        if (lane == 0 && o < OC)
+            for (int r = 0; r < rows; r++) out[(size_t)(n0 + r) * OC + o] = acc[r] + (bias ? bias[o] : 0.0f);
+    }
+}
+
+// 1 when the few-rows kernel did the product
+static int few_rows_matmul(float *out, const void *x, const void *weight, int is_bf16, const float *bias, int N,
+                           int C, int OC) {
+    if (!(g_switched & KERNEL_FEW_ROWS) || N > FEW_ROWS_MAX) return 0;
+    unsigned blocks = blocks_for((size_t)OC * FEW_ROWS_LANES, FEW_ROWS_THREADS);
+    if (is_bf16) LAUNCH(few_rows_kernel<1>, blocks, FEW_ROWS_THREADS, 0, out, x, weight, bias, N, C, OC);
+    else LAUNCH(few_rows_kernel<0>, blocks, FEW_ROWS_THREADS, 0, out, x, weight, bias, N, C, OC);
+    return 1;
+}
+
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                     int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     ensure_init();
+    if (few_rows_matmul(out, inp, weight, 0, bias, N, C, OC)) return;
     const float *beta = &ZERO;  // beta = 0: out's old contents are never read
     if (bias) {
         LAUNCH(bias_rows_kernel, grid_for((size_t)N * OC), THREADS, 0, out, bias, (size_t)N, (size_t)OC);
@@ -733,6 +826,68 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
                              beta, out, OC));
 }
 
+// dweight and dbias in one cuBLASLt matmul (OPS_CUDA_KERNELS=bias_epilogue): the dweight product
+// above, dW^T (C, OC) += inp^T (C, N) dout (N, OC), with CUBLASLT_EPILOGUE_BGRADB, which sums B
+// (dout) over the product's k dimension (the N rows) into a vector of D's OC columns: dbias's
+// column sums without a pass of their own. The epilogue writes the vector (it does not add), so
+// it lands in scratch and is added to dbias. Returns 0, and nothing is computed, where cuBLASLt
+// offers no algorithm for it (the types, the GPU): the caller takes the two-pass path.
+#define LT_WORKSPACE ((size_t)32 << 20)
+
+static int dweight_with_bias_grad(float *dweight, float *dbias, const void *inp, const void *dout, cudaDataType_t t,
+                                  int N, int C, int OC) {
+    static cublasLtHandle_t lt;
+    static void *workspace;
+    if (!lt) {
+        CUBLAS_CHECK(cublasLtCreate(&lt));
+        CUDA_CHECK(cudaMalloc(&workspace, LT_WORKSPACE));
+    }
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasOperation_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_T;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    float *column_sums = (float *)scratch((size_t)OC * sizeof(float));
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &column_sums,
+                                                sizeof column_sums));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, t, C, N, C));    // inp^T: C x N, column-major
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, t, OC, N, OC));  // dout^T as stored; op T makes it N x OC
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, C, OC, C));
+    cublasLtMatmulPreference_t pref;
+    size_t ws = LT_WORKSPACE;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t found;
+    int count = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &found, &count);
+    int ran = s == CUBLAS_STATUS_SUCCESS && count > 0;
+    static int told[2];  // whoever measures the switch must know when it did nothing: once per type
+    if (!ran && !told[t != CUDA_R_32F]++)
+        fprintf(stderr, "note: OPS_CUDA_KERNELS=bias_epilogue: cuBLASLt offers no BGRADB algorithm for %s "
+                "inputs on this GPU; their bias gradients take the two-pass path\n", t == CUDA_R_32F ? "f32" : "16-bit");
+    if (ran) {
+        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, inp, a, dout, b, &ONE, dweight, c, dweight, c, &found.algo,
+                                    workspace, LT_WORKSPACE, g.stream));
+        add_inplace(dbias, column_sums, (size_t)OC);
+    }
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(a));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(c));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    return ran;
+}
+
+// 1 when dweight and dbias were computed together (bias_epilogue switched on, both wanted, cuBLASLt willing)
+static int fused_bias_grad(float *dweight, float *dbias, const void *inp, const void *dout, cudaDataType_t t, int N,
+                           int C, int OC) {
+    return (g_switched & KERNEL_BIAS_EPILOGUE) && dweight && dbias &&
+           dweight_with_bias_grad(dweight, dbias, inp, dout, t, N, C, OC);
+}
+
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                      const float *inp, const float *weight, int N, int C, int OC) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
@@ -740,6 +895,7 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
     if (dinp)
         CUBLAS_CHECK(cublasSgemm(g.cublas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &ONE, weight, C, dout,
                                  OC, &ONE, dinp, C));
+    if (fused_bias_grad(dweight, dbias, inp, dout, CUDA_R_32F, N, C, OC)) return;
     if (dweight)
         CUBLAS_CHECK(cublasSgemm(g.cublas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &ONE, inp, C, dout,
                                  OC, &ONE, dweight, C));
@@ -823,6 +979,7 @@ void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, cons
                          int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     ensure_init();
+    if (g_half == HALF_BF16 && few_rows_matmul(out, inp, weight, 1, bias, N, C, OC)) return;
     if (widen_half()) {
         float *inp32 = (float *)scratch(((size_t)N * C + (size_t)OC * C) * sizeof(float));
         float *w32 = inp32 + (size_t)N * C;
@@ -854,6 +1011,9 @@ void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *
         matmul_backward(dinp, dweight, NULL, dout32, inp32, w32, N, C, OC);
     } else {
         if (dinp) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout16, OC, &ONE, dinp, C);
+        // bias_epilogue: dbias summed from the 16-bit copy of dout, which the product reads
+        if (fused_bias_grad(dweight, dbias, inp, dout16, g_half == HALF_FP16 ? CUDA_R_16F : CUDA_R_16BF, N, C, OC))
+            return;
         if (dweight) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout16, OC, &ONE, dweight, C);
     }
     bias_backward(dbias, dout, N, OC);  // from the f32 gradient
@@ -1274,9 +1434,127 @@ static __global__ void attention_forward_kernel(float *out, float *lse, const fl
     }
 }
 
+// ---- attention forward on the tensor cores (OPS_CUDA_KERNELS=flash_bf16): flash_tiles.h's tiling,
+// bf16 q, k, v and probabilities, f32 accumulation (wmma's 16 x 16 x 16 tiles, sm_80 on). Shared
+// memory: the block's q (FLASH_BR x hs), a tile's k and v (FLASH_BC x hs), in bf16; per warp its
+// scores s (16 x FLASH_BC f32), probabilities p (bf16), output o (16 x hs f32: the rescale by alpha
+// needs each element's row, which a wmma accumulator does not tell) and the rows' alpha. Each
+// region is a multiple of 32 bytes, as wmma's loads need. Lane r < 16 of a warp owns row r's
+// online softmax (run, in its registers) for every tile.
+static size_t flash_smem_bytes(int hs) {
+    return (size_t)(FLASH_BR + 2 * FLASH_BC) * hs * sizeof(__nv_bfloat16) +
+           (size_t)FLASH_WARPS * FLASH_ROWS * (FLASH_BC * (sizeof(float) + sizeof(uint16_t)) + hs * sizeof(float)) +
+           (size_t)FLASH_WARPS * FLASH_ROWS * sizeof(float);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // bf16 wmma: the kernel's body exists from sm_80 on
+// rows [r0, r0 + n) of a head's slice (rows `stride` floats apart) as bf16, zeros past T; the block's threads
+static __device__ void flash_load(__nv_bfloat16 *dst, const float *src, size_t stride, int r0, int n, int T, int hs) {
+    for (int i = threadIdx.x; i < n * hs; i += blockDim.x) {
+        int r = i / hs, d = i % hs;
+        dst[i] = __float2bfloat16_rn(r0 + r < T ? src[(size_t)(r0 + r) * stride + d] : 0.0f);
+    }
+}
+#endif
+
+static __global__ void __launch_bounds__(FLASH_WARPS * 32)
+    flash_forward_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH, int row_blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // never launched before sm_80 (flash_forward)
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char flash_smem[];
+    int hs = C / NH, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x / row_blocks, q0 = (blockIdx.x % row_blocks) * FLASH_BR, b = bh / NH, h = bh % NH;
+    int row = q0 + warp * FLASH_ROWS + lane;  // lanes < 16: the query row whose softmax the lane keeps
+    size_t C3 = 3 * (size_t)C;
+    const float *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+    float scale = attention_scale(hs);
+    unsigned char *at = flash_smem;
+    __nv_bfloat16 *q = (__nv_bfloat16 *)at, *k = q + FLASH_BR * hs, *v = k + FLASH_BC * hs;
+    at = (unsigned char *)(v + FLASH_BC * hs);
+    float *s = (float *)at + warp * FLASH_ROWS * FLASH_BC;
+    at += FLASH_WARPS * FLASH_ROWS * FLASH_BC * sizeof(float);
+    uint16_t *p = (uint16_t *)at + warp * FLASH_ROWS * FLASH_BC;
+    at += FLASH_WARPS * FLASH_ROWS * FLASH_BC * sizeof(uint16_t);
+    float *o = (float *)at + warp * FLASH_ROWS * hs;
+    at += (size_t)FLASH_WARPS * FLASH_ROWS * hs * sizeof(float);
+    float *alpha = (float *)at + warp * FLASH_ROWS;
+
+    flash_load(q, seq, C3, q0, FLASH_BR, T, hs);
+    for (int i = lane; i < FLASH_ROWS * hs; i += 32) o[i] = 0.0f;
+    OnlineSoftmax run = online_softmax_start();
+    const __nv_bfloat16 *qw = q + warp * FLASH_ROWS * hs, *pw = (const __nv_bfloat16 *)p;
+    int tiles = flash_key_tiles(q0, T);
+    for (int kt = 0; kt < tiles; kt++) {
+        __syncthreads();  // every warp is done with the previous tile's k and v
+        flash_load(k, seq + C, C3, kt * FLASH_BC, FLASH_BC, T, hs);
+        flash_load(v, seq + 2 * (size_t)C, C3, kt * FLASH_BC, FLASH_BC, T, hs);
+        __syncthreads();
+        // 1. s = q k^T for the warp's 16 rows: k's rows read as the columns of a column-major matrix
+        for (int n = 0; n < FLASH_BC / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kk = 0; kk < hs / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bk;
+                wmma::load_matrix_sync(a, qw + kk * 16, hs);
+                wmma::load_matrix_sync(bk, k + n * 16 * hs + kk * 16, hs);
+                wmma::mma_sync(acc, a, bk, acc);
+            }
+            wmma::store_matrix_sync(s + n * 16, acc, FLASH_BC, wmma::mem_row_major);
+        }
+        __syncwarp();
+        // 2. each row's online softmax over the tile
+        if (lane < FLASH_ROWS)
+            alpha[lane] = flash_row_tile(p + lane * FLASH_BC, s + lane * FLASH_BC, row, kt * FLASH_BC, T, scale, &run);
+        __syncwarp();
+        // 3. o = alpha o + p v
+        for (int i = lane; i < FLASH_ROWS * hs; i += 32) o[i] *= alpha[i / hs];
+        __syncwarp();
+        for (int cf = 0; cf < hs / 16; cf++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, o + cf * 16, hs, wmma::mem_row_major);
+            for (int kk = 0; kk < FLASH_BC / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> bv;
+                wmma::load_matrix_sync(a, pw + warp * FLASH_ROWS * FLASH_BC + kk * 16, FLASH_BC);
+                wmma::load_matrix_sync(bv, v + kk * 16 * hs + cf * 16, hs);
+                wmma::mma_sync(acc, a, bv, acc);
+            }
+            wmma::store_matrix_sync(o + cf * 16, acc, hs, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    if (lane < FLASH_ROWS && row < T)
+        lse[(size_t)bh * T + row] =
+            attention_finish(out + ((size_t)b * T + row) * C + (size_t)h * hs, o + lane * hs, &run, hs, 0, 1);
+#else
+    (void)out, (void)lse, (void)qkv, (void)T, (void)C, (void)NH, (void)row_blocks;
+#endif
+}
+
+// 1 when a tensor-core attention kernel needing `smem` bytes runs at head size hs: switched on,
+// a head size it takes, bf16 tensor cores, and the shared memory within the device's limit
+static int flash_switched_for(int hs, size_t smem) {
+    return (g_switched & KERNEL_FLASH_BF16) && flash_head_size_ok(hs) && ops_bf16_native() &&
+           smem <= (size_t)g.smem_optin;
+}
+
+// 1 when the tensor-core forward ran (flash_switched_for)
+static int flash_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    size_t smem = flash_smem_bytes(hs);
+    if (!flash_switched_for(hs, smem)) return 0;
+    CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int row_blocks = (T + FLASH_BR - 1) / FLASH_BR;
+    LAUNCH(flash_forward_kernel, (unsigned)((size_t)B * NH * row_blocks), FLASH_WARPS * 32, smem, out, att, qkv, T,
+           C, NH, row_blocks);
+    return 1;
+}
+
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) return;
     ensure_init();
+    if (flash_forward(out, att, qkv, B, T, C, NH)) return;
     int hs = C / NH, row_blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
     size_t smem = att_prepare(attention_forward_kernel, ATT_FORWARD_SMEM, hs);
     LAUNCH(attention_forward_kernel, (unsigned)((size_t)B * NH * row_blocks), ATT_WARPS * 32, smem, out, att,
@@ -1393,6 +1671,113 @@ static __global__ void attention_key_backward_kernel(float *dqkv, const float *d
 }
 
 // att holds the forward's log-sum-exps; datt, scratch, gets each row's delta
+// ---- attention backward's keys' side on the tensor cores (OPS_CUDA_KERNELS=flash_bf16):
+// flash_tiles.h's steps, after the f32 query kernel has left delta in datt and added dq. Shared
+// memory: the block's k and v (FLASH_BR x hs) and a tile's q and dout (FLASH_BC x hs) in bf16,
+// the tile's lse and delta; per warp s^T and dp^T (16 x FLASH_BC f32 each, side by side: at the
+// end they hold the warp's dk or dv rows, 16 x hs f32, on their way out) and p^T and ds^T (bf16).
+// dk and dv accumulate in wmma fragments over every tile (FLASH_MAX_HS / 16 of each, the ones
+// past hs unused). Lane r < 16 of a warp runs key r's step 2.
+static size_t flash_key_smem_bytes(int hs) {
+    return (size_t)(FLASH_BR + FLASH_BC) * 2 * hs * sizeof(__nv_bfloat16) + 2 * FLASH_BC * sizeof(float) +
+           (size_t)FLASH_WARPS * FLASH_ROWS * FLASH_BC * 2 * (sizeof(float) + sizeof(uint16_t));
+}
+
+static __global__ void __launch_bounds__(FLASH_WARPS * 32)
+    flash_backward_key_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *delta,
+                              int T, int C, int NH, int key_blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // never launched before sm_80 (attention_backward)
+    using namespace nvcuda;
+    typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> RowA;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> RowB;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> ColB;
+    extern __shared__ __align__(128) unsigned char flash_smem[];
+    int hs = C / NH, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x / key_blocks, k0 = (blockIdx.x % key_blocks) * FLASH_BR, b = bh / NH, h = bh % NH;
+    int key = k0 + warp * FLASH_ROWS + lane;  // lanes < 16: the key whose step 2 the lane runs
+    size_t C3 = 3 * (size_t)C;
+    const float *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs, *dseq = dout + (size_t)b * T * C + (size_t)h * hs;
+    float scale = attention_scale(hs);
+    __nv_bfloat16 *k = (__nv_bfloat16 *)flash_smem, *v = k + FLASH_BR * hs, *q = v + FLASH_BR * hs, *g = q + FLASH_BC * hs;
+    float *tile_lse = (float *)(g + FLASH_BC * hs), *tile_delta = tile_lse + FLASH_BC;
+    float *st = tile_delta + FLASH_BC + warp * FLASH_ROWS * FLASH_BC * 2, *dpt = st + FLASH_ROWS * FLASH_BC;
+    uint16_t *pt = (uint16_t *)(tile_delta + FLASH_BC + FLASH_WARPS * FLASH_ROWS * FLASH_BC * 2) +
+                   warp * FLASH_ROWS * FLASH_BC * 2,
+             *dst = pt + FLASH_ROWS * FLASH_BC;
+    const __nv_bfloat16 *kw = k + warp * FLASH_ROWS * hs, *vw = v + warp * FLASH_ROWS * hs;
+
+    flash_load(k, seq + C, C3, k0, FLASH_BR, T, hs);
+    flash_load(v, seq + 2 * (size_t)C, C3, k0, FLASH_BR, T, hs);
+    Acc dk[FLASH_MAX_HS / 16], dv[FLASH_MAX_HS / 16];
+#pragma unroll
+    for (int cf = 0; cf < FLASH_MAX_HS / 16; cf++) wmma::fill_fragment(dk[cf], 0.0f), wmma::fill_fragment(dv[cf], 0.0f);
+    for (int q0 = flash_first_query_tile(k0) * FLASH_BC; q0 < T; q0 += FLASH_BC) {
+        __syncthreads();  // every warp is done with the previous tile
+        flash_load(q, seq, C3, q0, FLASH_BC, T, hs);
+        flash_load(g, dseq, C, q0, FLASH_BC, T, hs);
+        for (int i = threadIdx.x; i < FLASH_BC; i += blockDim.x) {
+            tile_lse[i] = q0 + i < T ? lse[(size_t)bh * T + q0 + i] : 0.0f;
+            tile_delta[i] = q0 + i < T ? delta[(size_t)bh * T + q0 + i] : 0.0f;
+        }
+        __syncthreads();
+        // 1. s^T = k q^T and dp^T = v dout^T for the warp's 16 keys
+        for (int n = 0; n < FLASH_BC / 16; n++) {
+            Acc s_acc, dp_acc;
+            wmma::fill_fragment(s_acc, 0.0f);
+            wmma::fill_fragment(dp_acc, 0.0f);
+            for (int kk = 0; kk < hs / 16; kk++) {
+                RowA a;
+                ColB bt;
+                wmma::load_matrix_sync(a, kw + kk * 16, hs);
+                wmma::load_matrix_sync(bt, q + n * 16 * hs + kk * 16, hs);
+                wmma::mma_sync(s_acc, a, bt, s_acc);
+                wmma::load_matrix_sync(a, vw + kk * 16, hs);
+                wmma::load_matrix_sync(bt, g + n * 16 * hs + kk * 16, hs);
+                wmma::mma_sync(dp_acc, a, bt, dp_acc);
+            }
+            wmma::store_matrix_sync(st + n * 16, s_acc, FLASH_BC, wmma::mem_row_major);
+            wmma::store_matrix_sync(dpt + n * 16, dp_acc, FLASH_BC, wmma::mem_row_major);
+        }
+        __syncwarp();
+        // 2. each key's probabilities and scores' gradients over the tile
+        if (lane < FLASH_ROWS)
+            flash_key_tile(pt + lane * FLASH_BC, dst + lane * FLASH_BC, st + lane * FLASH_BC, dpt + lane * FLASH_BC, key,
+                           q0, T, scale, tile_lse, tile_delta);
+        __syncwarp();
+        // 3. dv += p^T dout, dk += ds^T q
+#pragma unroll
+        for (int cf = 0; cf < FLASH_MAX_HS / 16; cf++) {
+            if (cf >= hs / 16) break;
+            for (int kk = 0; kk < FLASH_BC / 16; kk++) {
+                RowA a;
+                RowB bm;
+                wmma::load_matrix_sync(a, (const __nv_bfloat16 *)pt + kk * 16, FLASH_BC);
+                wmma::load_matrix_sync(bm, g + kk * 16 * hs + cf * 16, hs);
+                wmma::mma_sync(dv[cf], a, bm, dv[cf]);
+                wmma::load_matrix_sync(a, (const __nv_bfloat16 *)dst + kk * 16, FLASH_BC);
+                wmma::load_matrix_sync(bm, q + kk * 16 * hs + cf * 16, hs);
+                wmma::mma_sync(dk[cf], a, bm, dk[cf]);
+            }
+        }
+    }
+    // dk, then dv, through the warp's s^T/dp^T space (16 x hs floats) into dqkv: added, as every backward adds
+    for (int part = 1; part <= 2; part++) {
+        __syncwarp();
+#pragma unroll
+        for (int cf = 0; cf < FLASH_MAX_HS / 16; cf++)
+            if (cf < hs / 16) wmma::store_matrix_sync(st + cf * 16, part == 1 ? dk[cf] : dv[cf], hs, wmma::mem_row_major);
+        __syncwarp();
+        for (int i = lane; i < FLASH_ROWS * hs; i += 32) {
+            int r = k0 + warp * FLASH_ROWS + i / hs;
+            if (r < T) dqkv[((size_t)b * T + r) * C3 + (size_t)part * C + (size_t)h * hs + i % hs] += st[i];
+        }
+    }
+#else
+    (void)dqkv, (void)dout, (void)qkv, (void)lse, (void)delta, (void)T, (void)C, (void)NH, (void)key_blocks;
+#endif
+}
+
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) return;
@@ -1402,6 +1787,15 @@ void attention_backward(float *dqkv, float *datt, const float *dout, const float
     size_t smem = att_prepare(attention_query_backward_kernel, ATT_QUERY_BACKWARD_SMEM, hs);
     LAUNCH(attention_query_backward_kernel, blocks, ATT_WARPS * 32, smem, dqkv, datt, dout, qkv, att, T, C, NH,
            row_blocks);
+    smem = flash_key_smem_bytes(hs);
+    if (flash_switched_for(hs, smem)) {
+        CUDA_CHECK(cudaFuncSetAttribute(flash_backward_key_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        int key_blocks = (T + FLASH_BR - 1) / FLASH_BR;
+        LAUNCH(flash_backward_key_kernel, (unsigned)((size_t)B * NH * key_blocks), FLASH_WARPS * 32, smem, dqkv, dout,
+               qkv, att, datt, T, C, NH, key_blocks);
+        return;
+    }
     smem = att_prepare(attention_key_backward_kernel, ATT_KEY_BACKWARD_SMEM, hs);
     LAUNCH(attention_key_backward_kernel, blocks, ATT_WARPS * 32, smem, dqkv, dout, qkv, att, datt, T, C, NH,
            row_blocks);
