@@ -27,6 +27,9 @@
 #include "check.h"
 #include "ops/kernels.h"
 #include "ops/ops.h"
+#if defined(OPS_CPU_FAST_PATHS)
+#include "ops/ops_cpu_fast.h"  // the CPU backend's fast paths, checked against their plain loops
+#endif
 
 // ----------------------------------------------------------------------------------------------
 // helpers
@@ -1467,6 +1470,38 @@ static void test_kv_attention_order(int B, int T, int NH, int NKV, int hs, int t
     free(qkv), free(k), free(v), free(want), free(s), free(got), free(table), free(kp), free(vp);
 }
 
+#if defined(OPS_CPU_FAST_PATHS)
+// The CPU's cached attention in vectors (ops_cpu_fast.c) against its plain loops (ops_cpu.c), called
+// directly on one task: nh heads of hs columns whose keys and values sit at columns kc[j] of a pool
+// of scrambled blocks of 3 positions. Heads of 1 to 16, widths that leave tails (5, 13: fewer than
+// 8 columns; 24, 40: not whole vectors of 16; 272: more than a pass of values holds), odd counts of
+// positions (the scores go two at a time): every output the same bits.
+static void test_fast_cached_attention(int nh, int hs, int npos) {
+    int bs = 3, nblocks = (npos + bs - 1) / bs, pool_blocks = nblocks + 2, nkv = (nh + 1) / 2, Ckv = nkv * hs;
+    int *blocks = malloc_or_die((size_t)nblocks * sizeof(int)), kc[TASK_HEADS_MAX];
+    for (int i = 0; i < nblocks; i++) blocks[i] = (i * 5 + 1) % pool_blocks;  // 5 and nblocks + 2 share no factor here
+    for (int j = 0; j < nh; j++) kc[j] = j / 2 * hs;  // grouped: two query heads a key/value head
+    size_t npool = (size_t)pool_blocks * bs * Ckv, s_head = (size_t)npos + 3, ns = nh * s_head;
+    float *k = malloc_or_die(npool * sizeof(float)), *v = malloc_or_die(npool * sizeof(float));
+    float *q = malloc_or_die((size_t)nh * hs * sizeof(float)), inv_sum[TASK_HEADS_MAX];
+    float *s_fast = calloc_or_die(ns, sizeof(float)), *s_plain = calloc_or_die(ns, sizeof(float));
+    float *o_fast = malloc_or_die((size_t)nh * hs * sizeof(float)), *o_plain = malloc_or_die((size_t)nh * hs * sizeof(float));
+    for (size_t i = 0; i < npool; i++) k[i] = (float)(4 * urand() - 2), v[i] = (float)(4 * urand() - 2);
+    for (int i = 0; i < nh * hs; i++) q[i] = (float)(4 * urand() - 2);
+    for (int j = 0; j < nh; j++) inv_sum[j] = (float)(0.1 + urand());
+    float scale = attention_scale(hs);
+    cached_scores_fast(s_fast, s_head, q, k, blocks, bs, Ckv, kc, nh, npos, hs, scale);
+    cached_scores_plain(s_plain, s_head, q, k, blocks, bs, Ckv, kc, nh, 0, npos, hs, scale);
+    CHECK(memcmp(s_fast, s_plain, ns * sizeof(float)) == 0,
+          "cached_scores_fast nh=%d hs=%d npos=%d: not the bits of cached_scores_plain", nh, hs, npos);
+    cached_values_fast(o_fast, s_plain, s_head, inv_sum, v, blocks, bs, Ckv, kc, nh, npos, hs);
+    cached_values_plain(o_plain, s_plain, s_head, inv_sum, v, blocks, bs, Ckv, kc, nh, npos, hs);
+    CHECK(memcmp(o_fast, o_plain, (size_t)nh * hs * sizeof(float)) == 0,
+          "cached_values_fast nh=%d hs=%d npos=%d: not the bits of cached_values_plain", nh, hs, npos);
+    free(blocks), free(k), free(v), free(q), free(s_fast), free(s_plain), free(o_fast), free(o_plain);
+}
+#endif
+
 // ----------------------------------------------------------------------------------------------
 // ---- ops on rows or a vocabulary split into shards
 // The shard ops run on two shards of a row (or of the vocabulary); the host adds their partial
@@ -1724,7 +1759,7 @@ static void test_graph_after_workspace_growth(void) {
 }
 
 // A decode step's few rows (one per sequence) go through a loop that multiplies each weight row by
-// all of them (ops_cpu.c: few_rows_matmul). Its sums must run in the order ops_cpu.c documents,
+// all of them (ops_cpu_fast.c: few_rows_matmul). Its sums must run in the order ops_cpu_fast.c documents,
 // which is the same at any number of rows, so that a sequence decodes to the same bits alone or in
 // a batch: lane j of 16 adds its columns' products in order (f32: the columns c = j mod 16, each a
 // fused multiply-add; bf16, in 32-column blocks: the odd column 2j + 1 of each block, then the even
@@ -1861,6 +1896,14 @@ int main(int argc, char **argv) {
     RUN(test_kv_attention_order(3, 1, 8, 2, 32, 2));   // grouped-query: 4 query heads a pass, one key head
     RUN(test_kv_attention_order(2, 1, 8, 2, 32, 2));   // the same at batch 2: 7 pool blocks
     RUN(test_kv_attention_order(1, 1, 2, 2, 272, 2));  // a head of 17 vectors, more than a pass holds: the pieces
+#if defined(OPS_CPU_FAST_PATHS)
+    for (int hs_i = 0; hs_i < 7; hs_i++)
+        for (int nh = 1; nh <= 16; nh += nh < 5 ? 1 : 5)
+            for (int npos = 1; npos <= 20; npos += 6) {  // 1, 7, 13, 19: odd, past 3 blocks of 3
+                int hs = (int[]){5, 8, 13, 16, 24, 40, 272}[hs_i];
+                RUN(test_fast_cached_attention(nh, hs, npos));
+            }
+#endif
     RUN(test_embedding_shards());
     RUN(test_embedding_elements());
     RUN(test_layernorm_shards());

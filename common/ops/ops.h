@@ -26,7 +26,7 @@ const char *ops_matmul_engine(void);
 const char *ops_matmul_engine_16(void);
 // MFU's peak: the matmul FLOP/s of this process's device for f32 or (bf16 != 0) bf16 inputs,
 // found on the first call and kept. CPU: measured (oneDNN's best rate at a large square product
-// with this run's OpenMP threads, about 0.2 s); CUDA: derived from the device (SMs x clock x
+// with this run's OpenMP threads, a fraction of a second); CUDA: derived from the device (SMs x clock x
 // FLOPs per clock per SM). OPS_PEAK_FLOPS_F32 / OPS_PEAK_FLOPS_BF16 (FLOP/s) replace it. Ranks
 // sharing a machine should ask at the same point (before the first step), so they measure
 // together and each gets its share of the cores.
