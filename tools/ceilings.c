@@ -133,7 +133,7 @@ static double matmul_rate(const Shape *s, int bf16_inputs, double fwd[5], double
 // ---- memory bandwidth, the way each kind of op uses it
 
 // the ways an op uses memory: reads only (sum_values, as sum_squares does), writes only (dev_zero,
-// and fill_constant's threads), reads and writes (add_inplace: two streams read, one written back
+// the step's one such op), reads and writes (add_inplace: two streams read, one written back
 // in place, as AdamW, the casts and the element-wise ops do)
 enum { BW_READ, BW_WRITE, BW_UPDATE, BW_KINDS };
 static const char *const BW_NAMES[BW_KINDS] = {"READ", "WRITE", "UPDATE"};
@@ -147,17 +147,13 @@ static const size_t BW_SIZES[] = {256u << 10, 1u << 20, 4u << 20, 16u << 20, 64u
 static void bw_call(int kind, float *x, float *y, size_t bytes) {
     if (kind == BW_READ) sum_values(x, bytes / sizeof(float));
     else if (kind == BW_UPDATE) add_inplace(x, y, bytes / (3 * sizeof(float)));
-    else {
-        dev_zero(x, bytes);  // one thread's memset, which may stream past the cache ...
-        fill_constant(x, bytes / sizeof(float), 0.0f);  // ... and every thread's stores
-    }
+    else dev_zero(x, bytes);
 }
 
 // bytes/s of the kind at that size: calls repeated to BW_BYTES_PER_TIMING a timing, best of PASSES
 // after a warm-up; *spread: the timings' spread
 static double bandwidth(int kind, float *x, float *y, size_t bytes, double *spread) {
     size_t calls = bytes >= BW_BYTES_PER_TIMING ? 1 : BW_BYTES_PER_TIMING / bytes;
-    size_t moved = kind == BW_WRITE ? 2 * bytes : bytes;  // the write kind does both of its stores
     Timings t = {1e30, 0};
     for (int pass = 0; pass <= PASSES; pass++) {
         double t0 = wall_seconds();
@@ -165,7 +161,7 @@ static double bandwidth(int kind, float *x, float *y, size_t bytes, double *spre
         if (pass > 0) timings_add(&t, wall_seconds() - t0);
     }
     *spread = timings_spread(&t);
-    return (double)calls * moved / t.best;
+    return (double)calls * bytes / t.best;
 }
 
 // every kind at every size, one line each; the streaming read is also CEILING_READ (what
@@ -182,7 +178,7 @@ static void print_bandwidths(void) {
             double spread, rate = bandwidth(kind, x, y, BW_SIZES[i], &spread);
             printf("export CEILING_BW_%s_%zu=%.4e  # bytes/s: %s, %zu KiB a call, best of %d (spread %.0f%%)\n",
                    BW_NAMES[kind], BW_SIZES[i], rate,
-                   kind == BW_READ ? "sum_values" : kind == BW_WRITE ? "dev_zero then fill_constant" : "add_inplace",
+                   kind == BW_READ ? "sum_values" : kind == BW_WRITE ? "dev_zero" : "add_inplace",
                    BW_SIZES[i] >> 10, PASSES, 100 * spread);
             if (kind == BW_READ && BW_SIZES[i] == largest)
                 printf("export CEILING_READ=%.4e  # bytes/s: a sum over 1 GiB, best of %d (spread %.0f%%)\n", rate,
