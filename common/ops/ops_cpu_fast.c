@@ -1,6 +1,7 @@
-// ops_cpu_fast.c: the CPU backend's paths that exist only for speed. Each computes what a plain
-// loop computes (ops_cpu_fast.h names it), in the same order, and says what it speeds up; none is
-// needed to understand an op. tests/test_ops.c checks each against its plain loop, bit for bit.
+// ops_cpu_fast.c: the CPU backend's paths that exist only for speed. Each says what it speeds up,
+// and each that computes computes what a plain loop computes (ops_cpu_fast.h names it), in the same
+// order: tests/test_ops.c checks it against that loop, bit for bit. None is needed to understand an
+// op.
 //  - few_rows_matmul: a decode step's few rows through a linear layer, at the speed of reading the
 //    weights (plain: its documented order of sums as a loop, tests/test_ops.c's few_rows_dot; past
 //    FEW_ROWS_MAX rows ops_cpu.c's matmul_forward takes oneDNN's matmul);
