@@ -958,6 +958,47 @@ static void test_adamw(void) {
     free(p), free(m), free(v);
 }
 
+// AdamW writing the 16-bit copy in its own pass (mixed precision's weights for the next step): the
+// same bits as adamw_update followed by cast_to_16, in bf16 and in fp16, over a length that is no
+// multiple of a vector (1001), three steps, the second clipped
+static void test_adamw_16(HalfFormat format) {
+    const size_t n = 1001;
+    HalfFormat before = ops_half_format();
+    ops_set_half_format(format);
+    double *p = rand_array(n, -1, 1);
+    float *a[3], *b[3];  // params, m, v: adamw_update then cast_to_16 (a), adamw_update_16 (b)
+    for (int k = 0; k < 3; k++) {
+        a[k] = k ? dev_malloc(n * sizeof(float)) : upload(p, n);
+        b[k] = k ? dev_malloc(n * sizeof(float)) : upload(p, n);
+    }
+    half16 *a16 = dev_malloc(n * sizeof(half16)), *b16 = dev_malloc(n * sizeof(half16));
+    for (int t = 1; t <= 3; t++) {
+        double *g = rand_array(n, -1, 1);
+        float *d_g = upload(g, n), clip = t == 2 ? 0.25f : 1.0f;
+        adamw_update(a[0], d_g, clip, a[1], a[2], n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        cast_to_16(a16, a[0], n);
+        adamw_update_16(b[0], b16, d_g, clip, b[1], b[2], n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        const char *names[3] = {"params", "first moment", "second moment"};
+        for (int k = 0; k < 3; k++) {
+            float *ha = malloc_or_die(n * sizeof(float)), *hb = malloc_or_die(n * sizeof(float));
+            copy_to_host(ha, a[k], n * sizeof(float)), copy_to_host(hb, b[k], n * sizeof(float));
+            CHECK(memcmp(ha, hb, n * sizeof(float)) == 0, "adamw_update_16 (%s) step %d: its %s are not adamw_update's bits",
+                  format == HALF_FP16 ? "fp16" : "bf16", t, names[k]);
+            free(ha), free(hb);
+        }
+        half16 *ha16 = malloc_or_die(n * sizeof(half16)), *hb16 = malloc_or_die(n * sizeof(half16));
+        copy_to_host(ha16, a16, n * sizeof(half16)), copy_to_host(hb16, b16, n * sizeof(half16));
+        CHECK(memcmp(ha16, hb16, n * sizeof(half16)) == 0, "adamw_update_16 (%s) step %d: its 16-bit copy is not "
+              "cast_to_16's of the updated params", format == HALF_FP16 ? "fp16" : "bf16", t);
+        free(ha16), free(hb16), free(g);
+        dev_free(d_g);
+    }
+    for (int k = 0; k < 3; k++) dev_free(a[k]), dev_free(b[k]);
+    dev_free(a16), dev_free(b16);
+    free(p);
+    ops_set_half_format(before);
+}
+
 // ----------------------------------------------------------------------------------------------
 // init_normal: statistics, and slice invariance (the property sharded initialisation relies on)
 
@@ -1881,6 +1922,8 @@ int main(int argc, char **argv) {
     RUN(test_embedding());
     RUN(test_cross_entropy());
     RUN(test_adamw());
+    RUN(test_adamw_16(HALF_BF16));
+    RUN(test_adamw_16(HALF_FP16));
     RUN(test_init_normal());
     RUN(test_reductions_and_elementwise());
     RUN(test_dropout());

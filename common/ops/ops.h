@@ -290,6 +290,11 @@ double sum_values(const float *x, size_t n);
 // gradient is read as grad[i] x grad_scale (gradient clipping's factor, 1 for none).
 void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t);
+// ... and, where param16 is not NULL, the same pass writes the updated parameters' 16-bit copy
+// too (param16[i] = param[i] rounded as cast_to_16 rounds it): the next step's matmul weights
+// without a pass over the parameters of their own
+void adamw_update_16(float *param, half16 *param16, const float *grad, float grad_scale, float *m, float *v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
 
 // ----------------------------------------------------------------------------------------------
 // CUDA graphs: between ops_graph_begin and ops_graph_end the ops are recorded instead of run;
