@@ -57,7 +57,10 @@ ifeq ($(BACKEND),cuda)
   # nvcc's kernel-launch stubs are C++ (guarded statics): gcc links them with libstdc++
   LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudart -lcublas -lcublasLt -lnccl -lstdc++
 else
-  COMMON_OBJS += $(B)/common/ops/ops_cpu.o
+  # ops_cpu.c: the ops as a learner reads them; ops_cpu_fast.c: the paths that exist only for speed
+  COMMON_OBJS += $(B)/common/ops/ops_cpu.o $(B)/common/ops/ops_cpu_fast.o
+  # test_ops checks each fast path against its plain loop, on the CPU build only
+  $(B)/tests/test_ops.o: CFLAGS += -DOPS_CPU_FAST_PATHS
   COMM_OBJS := $(B)/common/comm/comm.o $(B)/common/comm/comm_cpu.o $(B)/common/comm/comm_mpi.o $(B)/common/comm/flight.o
   LDLIBS += -ldnnl
 endif

@@ -88,15 +88,14 @@ int main(int argc, char **argv) {
     metrics_open(&metrics, cfg.out_dir, cfg.resume, step);
     Batch batch = {0};
     preemption_watch();
+    // the bf16 copy of the weights, read by every matmul: made once; AdamW's pass writes it after
+    if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);
     for (; step < total_steps; step++) {
         trace_step();
         double t0 = wall_seconds();
         int epoch = (int)(step / batches_per_epoch);
         long b = step % batches_per_epoch;
         double lr = learning_rate(&cfg, step, schedule_steps);
-
-        // the bf16 copy of this step's weights: made once, read by every matmul of the step
-        if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);
 
         // forward + backward over the micro-batches; gradients add up in `mb.grads`. Each token's
         // loss is divided by the number of target tokens in the WHOLE global batch, so the
@@ -125,12 +124,12 @@ int main(int argc, char **argv) {
         double norm = sqrt(sum_squares(mb.grads, mb.n));
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+            adamw_step_16(&layout, mb.params, mb.params16, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr,
+                          step + 1, clip);  // ... and the weights' bf16 copy, in the same pass
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
         if (pure_bf16) {
-            cast_to_16(mb.params16, mb.params, mb.n);
             cast_to_float(mb.params, mb.params16, mb.n);
         }
         dev_synchronize();
@@ -140,7 +139,6 @@ int main(int argc, char **argv) {
         step_stats_measure(&s, &cfg, t0, tokens, flops_per_token(&mc, batch.T), 1);
         bool last = step + 1 == total_steps;
         if (evaluation_due(&cfg, step + 1, last)) {
-            if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
             double val[2];  // the validation loss summed over its target tokens, and their count
             evaluate_sums(&acts, &mb.w, &mc, data, &cfg, 0, 1, val);
             s.val_loss = val[1] ? val[0] / val[1] : -1;

@@ -5,8 +5,9 @@
 # those shapes. Other work on the machine lowers a ceiling measured at a busy moment, and a bound
 # from it would be too long: the ceilings are measured again after the runs, and each figure is
 # the higher of the two (or of the one scripts/bench.sh measured and exported, and this one).
-# Prints the step, its bound and the ratio, and a table per op; the figures go to $BENCH_JSON
-# under "step_bound". Runs alone too: `make bench-bound`.
+# Prints the step, its bound and the ratio, and a table per op; an op that ran faster than its bound
+# is flagged as a measurement error naming the ceiling measured too low. The figures go to
+# $BENCH_JSON under "step_bound" (the flags under each label's "over_bound"). Runs alone too: `make bench-bound`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
@@ -14,7 +15,7 @@ BENCH_JSON=${BENCH_JSON:-build/bench/bench.json}
 mkdir -p "$(dirname "$BENCH_JSON")"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-[ -n "${CEILING_MATMUL_F32_768x2304:-}" ] || eval "$(build/ceilings 256 768 50304)"
+[ -n "${CEILING_MATMUL_F32_FWD_768x2304:-}" ] || eval "$(build/ceilings 256 768 50304)"
 env | grep '^CEILING_' | sed 's/^/export /' >"$out/ceilings-before"
 
 run() { # run <stage> <args...>: 6 traced steps
@@ -46,8 +47,10 @@ for path in sys.argv[1:]:
 print("\n".join(f"export {k}={v:.4e}" for k, v in best.items()))
 PY
 )"
-echo "an op's bound: the longer of its FLOPs at the matmul ceiling of its shape and precision and its"
-echo "bytes (inputs and outputs once) at the read bandwidth; the step's: their sum (tools/step_bound.py);"
+echo "an op's bound: the longer of its FLOPs at the matmul ceiling of its shape, precision and direction and"
+echo "its bytes (inputs and outputs once) at the bandwidth measured the way it uses memory (read, write,"
+echo "read+write) at its size or smaller; the step's: their sum (tools/step_bound.py). An op faster than its"
+echo "bound is a measurement error, printed with the ceiling measured too low;"
 echo "ceilings: the higher of two measurements, before and after the runs ($(uptime | sed 's/.*load/load/'))"
 bound "stage-1 gpt2-124M fp32" 1
 bound "stage-2 gpt2-124M bf16-mixed" 2

@@ -3,7 +3,7 @@
 # busy (a shell loop pinned to the last core), interleaved over rounds, so that both see the same
 # machine. On 2 cores, losing one should cost about 2x, no more: OpenMP threads that spin at
 # barriers made it 6-9x. Each run three ways: as the stages run (their threads spin ~15 us, then
-# sleep: common/ops/ops_cpu.c, restart_with_short_spin), waiting passively (OMP_WAIT_POLICY=passive:
+# sleep: common/ops/ops_cpu_fast.c, restart_with_short_spin), waiting passively (OMP_WAIT_POLICY=passive:
 # the best when shared, slow when idle where waking a thread is slow) and with libgomp's default
 # (GOMP_SPINCOUNT=300000, several ms: the worst when shared). The figures go to $BENCH_JSON under
 # "sharing". Runs alone too: `make bench-sharing`.

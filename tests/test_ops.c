@@ -29,6 +29,9 @@
 #include "ops/flash_tiles.h"
 #include "ops/kernels.h"
 #include "ops/ops.h"
+#if defined(OPS_CPU_FAST_PATHS)
+#include "ops/ops_cpu_fast.h"  // the CPU backend's fast paths, checked against their plain loops
+#endif
 
 // ----------------------------------------------------------------------------------------------
 // helpers
@@ -1211,6 +1214,47 @@ static void test_adamw(void) {
     free(p), free(m), free(v);
 }
 
+// AdamW writing the 16-bit copy in its own pass (mixed precision's weights for the next step): the
+// same bits as adamw_update followed by cast_to_16, in bf16 and in fp16, over a length that is no
+// multiple of a vector (1001), three steps, the second clipped
+static void test_adamw_16(HalfFormat format) {
+    const size_t n = 1001;
+    HalfFormat before = ops_half_format();
+    ops_set_half_format(format);
+    double *p = rand_array(n, -1, 1);
+    float *a[3], *b[3];  // params, m, v: adamw_update then cast_to_16 (a), adamw_update_16 (b)
+    for (int k = 0; k < 3; k++) {
+        a[k] = k ? dev_malloc(n * sizeof(float)) : upload(p, n);
+        b[k] = k ? dev_malloc(n * sizeof(float)) : upload(p, n);
+    }
+    half16 *a16 = dev_malloc(n * sizeof(half16)), *b16 = dev_malloc(n * sizeof(half16));
+    for (int t = 1; t <= 3; t++) {
+        double *g = rand_array(n, -1, 1);
+        float *d_g = upload(g, n), clip = t == 2 ? 0.25f : 1.0f;
+        adamw_update(a[0], d_g, clip, a[1], a[2], n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        cast_to_16(a16, a[0], n);
+        adamw_update_16(b[0], b16, d_g, clip, b[1], b[2], n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        const char *names[3] = {"params", "first moment", "second moment"};
+        for (int k = 0; k < 3; k++) {
+            float *ha = malloc_or_die(n * sizeof(float)), *hb = malloc_or_die(n * sizeof(float));
+            copy_to_host(ha, a[k], n * sizeof(float)), copy_to_host(hb, b[k], n * sizeof(float));
+            CHECK(memcmp(ha, hb, n * sizeof(float)) == 0, "adamw_update_16 (%s) step %d: its %s are not adamw_update's bits",
+                  format == HALF_FP16 ? "fp16" : "bf16", t, names[k]);
+            free(ha), free(hb);
+        }
+        half16 *ha16 = malloc_or_die(n * sizeof(half16)), *hb16 = malloc_or_die(n * sizeof(half16));
+        copy_to_host(ha16, a16, n * sizeof(half16)), copy_to_host(hb16, b16, n * sizeof(half16));
+        CHECK(memcmp(ha16, hb16, n * sizeof(half16)) == 0, "adamw_update_16 (%s) step %d: its 16-bit copy is not "
+              "cast_to_16's of the updated params", format == HALF_FP16 ? "fp16" : "bf16", t);
+        free(ha16), free(hb16), free(g);
+        dev_free(d_g);
+    }
+    for (int k = 0; k < 3; k++) dev_free(a[k]), dev_free(b[k]);
+    dev_free(a16), dev_free(b16);
+    free(p);
+    ops_set_half_format(before);
+}
+
 // ----------------------------------------------------------------------------------------------
 // init_normal: statistics, and slice invariance (the property sharded initialisation relies on)
 
@@ -1723,6 +1767,38 @@ static void test_kv_attention_order(int B, int T, int NH, int NKV, int hs, int t
     free(qkv), free(k), free(v), free(want), free(s), free(got), free(table), free(kp), free(vp);
 }
 
+#if defined(OPS_CPU_FAST_PATHS)
+// The CPU's cached attention in vectors (ops_cpu_fast.c) against its plain loops (ops_cpu.c), called
+// directly on one task: nh heads of hs columns whose keys and values sit at columns kc[j] of a pool
+// of scrambled blocks of 3 positions. Heads of 1 to 16, widths that leave tails (5, 13: fewer than
+// 8 columns; 24, 40: not whole vectors of 16; 272: more than a pass of values holds), odd counts of
+// positions (the scores go two at a time): every output the same bits.
+static void test_fast_cached_attention(int nh, int hs, int npos) {
+    int bs = 3, nblocks = (npos + bs - 1) / bs, pool_blocks = nblocks + 2, nkv = (nh + 1) / 2, Ckv = nkv * hs;
+    int *blocks = malloc_or_die((size_t)nblocks * sizeof(int)), kc[TASK_HEADS_MAX];
+    for (int i = 0; i < nblocks; i++) blocks[i] = (i * 5 + 1) % pool_blocks;  // 5 and nblocks + 2 share no factor here
+    for (int j = 0; j < nh; j++) kc[j] = j / 2 * hs;  // grouped: two query heads a key/value head
+    size_t npool = (size_t)pool_blocks * bs * Ckv, s_head = (size_t)npos + 3, ns = nh * s_head;
+    float *k = malloc_or_die(npool * sizeof(float)), *v = malloc_or_die(npool * sizeof(float));
+    float *q = malloc_or_die((size_t)nh * hs * sizeof(float)), inv_sum[TASK_HEADS_MAX];
+    float *s_fast = calloc_or_die(ns, sizeof(float)), *s_plain = calloc_or_die(ns, sizeof(float));
+    float *o_fast = malloc_or_die((size_t)nh * hs * sizeof(float)), *o_plain = malloc_or_die((size_t)nh * hs * sizeof(float));
+    for (size_t i = 0; i < npool; i++) k[i] = (float)(4 * urand() - 2), v[i] = (float)(4 * urand() - 2);
+    for (int i = 0; i < nh * hs; i++) q[i] = (float)(4 * urand() - 2);
+    for (int j = 0; j < nh; j++) inv_sum[j] = (float)(0.1 + urand());
+    float scale = attention_scale(hs);
+    cached_scores_fast(s_fast, s_head, q, k, blocks, bs, Ckv, kc, nh, npos, hs, scale);
+    cached_scores_plain(s_plain, s_head, q, k, blocks, bs, Ckv, kc, nh, 0, npos, hs, scale);
+    CHECK(memcmp(s_fast, s_plain, ns * sizeof(float)) == 0,
+          "cached_scores_fast nh=%d hs=%d npos=%d: not the bits of cached_scores_plain", nh, hs, npos);
+    cached_values_fast(o_fast, s_plain, s_head, inv_sum, v, blocks, bs, Ckv, kc, nh, npos, hs);
+    cached_values_plain(o_plain, s_plain, s_head, inv_sum, v, blocks, bs, Ckv, kc, nh, npos, hs);
+    CHECK(memcmp(o_fast, o_plain, (size_t)nh * hs * sizeof(float)) == 0,
+          "cached_values_fast nh=%d hs=%d npos=%d: not the bits of cached_values_plain", nh, hs, npos);
+    free(blocks), free(k), free(v), free(q), free(s_fast), free(s_plain), free(o_fast), free(o_plain);
+}
+#endif
+
 // ----------------------------------------------------------------------------------------------
 // ---- ops on rows or a vocabulary split into shards
 // The shard ops run on two shards of a row (or of the vocabulary); the host adds their partial
@@ -1980,7 +2056,7 @@ static void test_graph_after_workspace_growth(void) {
 }
 
 // A decode step's few rows (one per sequence) go through a loop that multiplies each weight row by
-// all of them (ops_cpu.c: few_rows_matmul). Its sums must run in the order ops_cpu.c documents,
+// all of them (ops_cpu_fast.c: few_rows_matmul). Its sums must run in the order ops_cpu_fast.c documents,
 // which is the same at any number of rows, so that a sequence decodes to the same bits alone or in
 // a batch: lane j of 16 adds its columns' products in order (f32: the columns c = j mod 16, each a
 // fused multiply-add; bf16, in 32-column blocks: the odd column 2j + 1 of each block, then the even
@@ -2155,6 +2231,8 @@ int main(int argc, char **argv) {
     RUN(test_embedding());
     RUN(test_cross_entropy());
     RUN(test_adamw());
+    RUN(test_adamw_16(HALF_BF16));
+    RUN(test_adamw_16(HALF_FP16));
     RUN(test_init_normal());
     RUN(test_reductions_and_elementwise());
     RUN(test_dropout());
@@ -2170,6 +2248,14 @@ int main(int argc, char **argv) {
     RUN(test_kv_attention_order(3, 1, 8, 2, 32, 2));   // grouped-query: 4 query heads a pass, one key head
     RUN(test_kv_attention_order(2, 1, 8, 2, 32, 2));   // the same at batch 2: 7 pool blocks
     RUN(test_kv_attention_order(1, 1, 2, 2, 272, 2));  // a head of 17 vectors, more than a pass holds: the pieces
+#if defined(OPS_CPU_FAST_PATHS)
+    for (int hs_i = 0; hs_i < 7; hs_i++)
+        for (int nh = 1; nh <= 16; nh += nh < 5 ? 1 : 5)
+            for (int npos = 1; npos <= 20; npos += 6) {  // 1, 7, 13, 19: odd, past 3 blocks of 3
+                int hs = (int[]){5, 8, 13, 16, 24, 40, 272}[hs_i];
+                RUN(test_fast_cached_attention(nh, hs, npos));
+            }
+#endif
     RUN(test_embedding_shards());
     RUN(test_embedding_elements());
     RUN(test_layernorm_shards());

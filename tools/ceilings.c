@@ -3,23 +3,33 @@
 //
 //   export CEILING_MATMUL_F32=3.41e+11  # 341 GFLOP/s: f32 matmuls of one block and the head ...
 //   export CEILING_MATMUL_BF16=...
-//   export CEILING_READ=...             # bytes/s read by OMP_NUM_THREADS threads
-//   export CEILING_MATMUL_F32_768x2304=...  # one linear's forward and backward, alone (each of the five)
+//   export CEILING_READ=...             # bytes/s read by OMP_NUM_THREADS threads, streaming
+//   export CEILING_MATMUL_F32_FWD_768x2304=...  # one linear's forward alone (each of the five)
+//   export CEILING_MATMUL_F32_BWD_768x2304=...  # ... and its backward alone (both products)
+//   export CEILING_BW_UPDATE_1048576=...        # bytes/s of a read+write op moving 1 MiB a call
 //
 // The matmul ceiling is the rate of exactly the matmuls a training step of the model runs, alone:
 // the forward and backward of a block's four linears and of the head, at N rows. A whole step
 // cannot run its matmuls faster than that, and adds everything else (attention, LayerNorm, GELU,
 // the loss, AdamW) on top. MFU's peak (build/peak_flops) is a 1024^3 matmul instead: the best
-// case, not the model's.
+// case, not the model's. Each linear's forward and backward are measured apart, as the step runs
+// them: the backward's products read an operand transposed, and run at a rate of their own.
+//
+// The bandwidth ceilings are measured the way the ops use memory (read only: a sum; write only:
+// zeroing; read and write: an in-place add), at sizes from cache-resident to streaming: an op
+// whose inputs were just written by the op before it finds them in cache, and a ceiling measured
+// over 1 GiB only would be one it beats. Every figure is the best of PASSES timings after a
+// warm-up, with the spread (slowest / fastest - 1) printed beside it: a wide spread says the
+// machine was busy, and the best is the one a bound can trust.
 //
 // Usage: build/ceilings N C V   (rows per step, width, padded vocabulary)
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "base/device.h"
 #include "base/log.h"
 #include "ops/ops.h"
-#include "run/run_stats.h"
 
 #define PASSES 5
 
@@ -61,53 +71,121 @@ static void alloc_buffers(Buffers *k, const Shape *s, int cin, int cout) {
     cast_to_16(k->dout16, k->dout, nout);
 }
 
-static void one_linear(const Buffers *k, const Shape *s, int cin, int cout, int bf16_inputs) {
-    if (bf16_inputs) {
-        matmul_forward_16(k->out, k->in16, k->w16, k->b, s->N, cin, cout);
-        matmul_backward_16(k->din, k->dw, k->db, k->dout, k->dout16, k->in16, k->w16, s->N, cin, cout);
-    } else {
-        matmul_forward(k->out, k->in, k->w, k->b, s->N, cin, cout);
-        matmul_backward(k->din, k->dw, k->db, k->dout, k->in, k->w, s->N, cin, cout);
-    }
+static void one_linear_forward(const Buffers *k, const Shape *s, int cin, int cout, int bf16_inputs) {
+    if (bf16_inputs) matmul_forward_16(k->out, k->in16, k->w16, k->b, s->N, cin, cout);
+    else matmul_forward(k->out, k->in, k->w, k->b, s->N, cin, cout);
 }
 
+static void one_linear_backward(const Buffers *k, const Shape *s, int cin, int cout, int bf16_inputs) {
+    if (bf16_inputs) matmul_backward_16(k->din, k->dw, k->db, k->dout, k->dout16, k->in16, k->w16, s->N, cin, cout);
+    else matmul_backward(k->din, k->dw, k->db, k->dout, k->in, k->w, s->N, cin, cout);
+}
+
+// the best (lowest) and the slowest of the PASSES timings kept
+typedef struct {
+    double best, worst;
+} Timings;
+
+static void timings_add(Timings *t, double seconds) {
+    if (seconds < t->best) t->best = seconds;
+    if (seconds > t->worst) t->worst = seconds;
+}
+
+static double timings_spread(const Timings *t) { return t->worst / t->best - 1.0; }
+
 // best of PASSES passes over the five linears, forward and backward, after one warm-up pass;
-// rate[i]: linear i's own (its FLOP over its best time in those passes)
-static double matmul_rate(const Shape *s, int bf16_inputs, double rate[5]) {
+// fwd[i], bwd[i]: linear i's forward and backward alone (its FLOP over its best time in those
+// passes), their spreads in *spread (the widest)
+static double matmul_rate(const Shape *s, int bf16_inputs, double fwd[5], double bwd[5], double *spread) {
     int in[5], out[5];
     linear_widths(s, in, out);
     Buffers k[5];
     for (int i = 0; i < 5; i++) alloc_buffers(&k[i], s, in[i], out[i]);
-    double best = 1e30, best_one[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
+    Timings whole = {1e30, 0}, f[5], b[5];
+    for (int i = 0; i < 5; i++) f[i] = b[i] = whole;
     for (int pass = 0; pass <= PASSES; pass++) {
         dev_synchronize();
         double t0 = wall_seconds();
         for (int i = 0; i < 5; i++) {
             double t = wall_seconds();
-            one_linear(&k[i], s, in[i], out[i], bf16_inputs);
+            one_linear_forward(&k[i], s, in[i], out[i], bf16_inputs);
             dev_synchronize();
-            if (pass > 0 && wall_seconds() - t < best_one[i]) best_one[i] = wall_seconds() - t;
+            double t1 = wall_seconds();
+            one_linear_backward(&k[i], s, in[i], out[i], bf16_inputs);
+            dev_synchronize();
+            if (pass > 0) timings_add(&f[i], t1 - t), timings_add(&b[i], wall_seconds() - t1);
         }
-        if (pass > 0 && wall_seconds() - t0 < best) best = wall_seconds() - t0;
+        if (pass > 0) timings_add(&whole, wall_seconds() - t0);
     }
-    for (int i = 0; i < 5; i++) rate[i] = 6.0 * s->N * in[i] * out[i] / best_one[i];
+    *spread = timings_spread(&whole);
+    for (int i = 0; i < 5; i++) {
+        fwd[i] = 2.0 * s->N * in[i] * out[i] / f[i].best, bwd[i] = 4.0 * s->N * in[i] * out[i] / b[i].best;
+        *spread = fmax(*spread, fmax(timings_spread(&f[i]), timings_spread(&b[i])));
+    }
     for (int i = 0; i < 5; i++) {
         void *all[] = {k[i].w, k[i].dw, k[i].b, k[i].db, k[i].out, k[i].dout, k[i].in, k[i].din,
                        k[i].w16, k[i].in16, k[i].dout16};
         for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) dev_free(all[j]);
     }
-    return pass_flops(s) / best;
+    return pass_flops(s) / whole.best;
 }
 
-// bytes/s of a sum over 1 GiB: what reading weights that do not fit in a cache costs
-static double read_rate_of_a_gib(void) {
-    const size_t n = (size_t)1 << 28;
-    float *x = dev_malloc(n * sizeof(float));
-    fill_constant(x, n, 1.0f);
-    double rate = read_rate(x, n, PASSES), total = sum_values(x, n);
-    if (total != (double)n) fatal("ceilings: the sum of %zu ones is %.0f", n, total);
-    dev_free(x);
-    return rate;
+// ---- memory bandwidth, the way each kind of op uses it
+
+// the ways an op uses memory: reads only (sum_values, as sum_squares does), writes only (dev_zero,
+// the step's one such op), reads and writes (add_inplace: two streams read, one written back
+// in place, as AdamW, the casts and the element-wise ops do)
+enum { BW_READ, BW_WRITE, BW_UPDATE, BW_KINDS };
+static const char *const BW_NAMES[BW_KINDS] = {"READ", "WRITE", "UPDATE"};
+// the bytes a call moves, as its trace span counts them: from a few cache-resident sizes (an L2,
+// a shared L3) to streaming from memory
+static const size_t BW_SIZES[] = {256u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20, 1u << 30};
+#define BW_SIZE_COUNT (sizeof BW_SIZES / sizeof BW_SIZES[0])
+#define BW_BYTES_PER_TIMING (64u << 20)  // a small size is called again until a timing moves this much
+
+// one call of the op of that kind over buffers of n floats moving `bytes`
+static void bw_call(int kind, float *x, float *y, size_t bytes) {
+    if (kind == BW_READ) sum_values(x, bytes / sizeof(float));
+    else if (kind == BW_UPDATE) add_inplace(x, y, bytes / (3 * sizeof(float)));
+    else dev_zero(x, bytes);
+}
+
+// bytes/s of the kind at that size: calls repeated to BW_BYTES_PER_TIMING a timing, best of PASSES
+// after a warm-up; *spread: the timings' spread
+static double bandwidth(int kind, float *x, float *y, size_t bytes, double *spread) {
+    size_t calls = bytes >= BW_BYTES_PER_TIMING ? 1 : BW_BYTES_PER_TIMING / bytes;
+    Timings t = {1e30, 0};
+    for (int pass = 0; pass <= PASSES; pass++) {
+        double t0 = wall_seconds();
+        for (size_t c = 0; c < calls; c++) bw_call(kind, x, y, bytes);
+        if (pass > 0) timings_add(&t, wall_seconds() - t0);
+    }
+    *spread = timings_spread(&t);
+    return (double)calls * bytes / t.best;
+}
+
+// every kind at every size, one line each; the streaming read is also CEILING_READ (what
+// scripts/bench.sh and stage 06's decode bound read)
+static void print_bandwidths(void) {
+    size_t largest = BW_SIZES[BW_SIZE_COUNT - 1];
+    float *x = dev_malloc(largest), *y = dev_malloc(largest);
+    fill_constant(x, largest / sizeof(float), 1.0f);
+    fill_constant(y, largest / sizeof(float), 1.0f);
+    double total = sum_values(x, largest / sizeof(float));
+    if (total != (double)(largest / sizeof(float))) fatal("ceilings: the sum of %zu ones is %.0f", largest / sizeof(float), total);
+    for (int kind = 0; kind < BW_KINDS; kind++)
+        for (size_t i = 0; i < BW_SIZE_COUNT; i++) {
+            double spread, rate = bandwidth(kind, x, y, BW_SIZES[i], &spread);
+            printf("export CEILING_BW_%s_%zu=%.4e  # bytes/s: %s, %zu KiB a call, best of %d (spread %.0f%%)\n",
+                   BW_NAMES[kind], BW_SIZES[i], rate,
+                   kind == BW_READ ? "sum_values" : kind == BW_WRITE ? "dev_zero" : "add_inplace",
+                   BW_SIZES[i] >> 10, PASSES, 100 * spread);
+            if (kind == BW_READ && BW_SIZES[i] == largest)
+                printf("export CEILING_READ=%.4e  # bytes/s: a sum over 1 GiB, best of %d (spread %.0f%%)\n", rate,
+                       PASSES, 100 * spread);
+            if (kind == BW_UPDATE) fill_constant(x, largest / sizeof(float), 1.0f);  // the adds grew it
+        }
+    dev_free(x), dev_free(y);
 }
 
 static int positive_arg(const char *s, const char *what) {
@@ -125,19 +203,25 @@ int main(int argc, char **argv) {
     Shape s = {positive_arg(argv[1], "N"), positive_arg(argv[2], "C"), positive_arg(argv[3], "V")};
     ops_init();
     const char *what = "the forward and backward of one block's four linears and the head";
-    double f32[5], bf16[5];
+    double f32[5], bf16[5], f32_bwd[5], bf16_bwd[5], spread;
     int in[5], out[5];
     linear_widths(&s, in, out);
-    printf("export CEILING_MATMUL_F32=%.4e  # f32 matmuls: %s, N=%d C=%d V=%d, best of %d (%s)\n",
-           matmul_rate(&s, 0, f32), what, s.N, s.C, s.V, PASSES, ops_matmul_engine());
-    printf("export CEILING_MATMUL_BF16=%.4e  # bf16 matmuls: the same (%s)\n", matmul_rate(&s, 1, bf16),
+    double rate = matmul_rate(&s, 0, f32, f32_bwd, &spread);
+    printf("export CEILING_MATMUL_F32=%.4e  # f32 matmuls: %s, N=%d C=%d V=%d, best of %d, widest spread %.0f%% (%s)\n",
+           rate, what, s.N, s.C, s.V, PASSES, 100 * spread, ops_matmul_engine());
+    rate = matmul_rate(&s, 1, bf16, bf16_bwd, &spread);
+    printf("export CEILING_MATMUL_BF16=%.4e  # bf16 matmuls: the same, widest spread %.0f%% (%s)\n", rate, 100 * spread,
            ops_matmul_engine_16());
-    printf("export CEILING_READ=%.4e  # bytes/s: a sum over 1 GiB, best of %d\n", read_rate_of_a_gib(), PASSES);
-    // each linear alone: the ceiling for a matmul of its shape (tools/step_bound.py); the
-    // attention projection and the MLP's down projection share a shape only when 4C == C
+    // each linear alone, forward and backward apart: the ceiling for a matmul of its shape and
+    // direction (tools/step_bound.py); the attention projection and the MLP's down projection share
+    // a shape only when 4C == C
     for (int i = 0; i < 5; i++)
         for (int bf = 0; bf < 2; bf++)
-            printf("export CEILING_MATMUL_%s_%dx%d=%.4e  # %s: the %d -> %d linear alone, forward and backward\n",
-                   bf ? "BF16" : "F32", in[i], out[i], bf ? bf16[i] : f32[i], bf ? "bf16" : "f32", in[i], out[i]);
+            for (int bwd = 0; bwd < 2; bwd++)
+                printf("export CEILING_MATMUL_%s_%s_%dx%d=%.4e  # %s: the %d -> %d linear's %s alone\n",
+                       bf ? "BF16" : "F32", bwd ? "BWD" : "FWD", in[i], out[i],
+                       bwd ? (bf ? bf16_bwd[i] : f32_bwd[i]) : (bf ? bf16[i] : f32[i]), bf ? "bf16" : "f32", in[i],
+                       out[i], bwd ? "backward (data and weights)" : "forward");
+    print_bandwidths();
     return 0;
 }

@@ -4,14 +4,20 @@ Reads a run made with `trace: true` (its trace.json, whose op spans carry each o
 FLOPs: common/base/trace.h, trace_op_end; and its metrics.jsonl) and the ceilings build/ceilings
 measured (its CEILING_* variables, from the environment). An op's bound is the longer of
 
-  - its FLOPs at the matmul ceiling: a linear layer's at the ceiling measured for its shape and
-    precision (CEILING_MATMUL_F32_768x2304 ...; the whole set's, CEILING_MATMUL_F32 or _BF16, for
-    a shape not measured), attention's matmul-shaped products (QK^T and PV, f32 on the CPU) at
-    the f32 one;
-  - the bytes it must read and write at least (its inputs and outputs once) at the read
-    bandwidth (CEILING_READ);
+  - its FLOPs at the matmul ceiling: a linear layer's at the ceiling measured for its shape,
+    precision and direction (CEILING_MATMUL_F32_FWD_768x2304, ..._BWD_...: a backward reads an
+    operand transposed; the whole set's, CEILING_MATMUL_F32 or _BF16, for a shape not measured),
+    attention's matmul-shaped products (QK^T and PV, f32 on the CPU) at the f32 one;
+  - the bytes it must read and write at least (its inputs and outputs once) at the bandwidth
+    measured the way it uses memory (CEILING_BW_READ_<bytes> for an op that only reads,
+    CEILING_BW_WRITE_ for one that only writes, the faster of CEILING_BW_READ_ and
+    CEILING_BW_UPDATE_ for one that does both), the fastest at a size no larger than what the op
+    moves (an op's inputs may still be in cache; CEILING_READ, the streaming read, where no size
+    was measured);
 
-and the step's bound is the sum over its ops. Steps are told apart by their "embedding forward"
+and the step's bound is the sum over its ops. A bound is what the op cannot beat: an op that
+runs faster than its bound shows a ceiling measured too low (a busy machine, a size or layout
+not measured), and is printed as a measurement error naming that ceiling ("over_bound"). Steps are told apart by their "embedding forward"
 span; the first (warm-up) is left out, and each figure is the mean over the others (a step's
 shape follows its batch).
 
@@ -36,15 +42,51 @@ def ceilings():
     return c
 
 
-def op_bound(name, args, ceil):
-    """seconds: the longer of the op's FLOPs at its matmul ceiling and its bytes at the read rate"""
-    flops, nbytes = args["flops"], args["bytes"]
+READ_ONLY = ("sum_squares", "sum_values")  # the ops that write nothing but a few sums
+WRITE_ONLY = ("dev_zero",)
+
+
+def matmul_ceiling(name, args, ceil):
+    """(FLOP/s, its ceiling's name) for an op's FLOPs: its shape's and direction's, else the set's"""
     precision = "BF16" if name.endswith("_16") else "F32"
-    rate = ceil[f"MATMUL_{precision}"]
+    key = f"MATMUL_{precision}"
     if "shape" in args:
         _, c, oc = args["shape"].split("x")
-        rate = ceil.get(f"MATMUL_{precision}_{c}x{oc}", rate)
-    return max(flops / rate if flops else 0.0, nbytes / ceil["READ"])
+        direction = "BWD" if "backward" in name else "FWD"
+        if f"MATMUL_{precision}_{direction}_{c}x{oc}" in ceil:
+            key = f"MATMUL_{precision}_{direction}_{c}x{oc}"
+    return ceil[key], key
+
+
+def bandwidth_ceiling(name, nbytes, ceil):
+    """(bytes/s, its ceiling's name) for an op that moves nbytes: the fastest measured of the kinds
+    of memory use it may have, at the sizes measured that are at most nbytes (a smaller working set
+    is the more cache-resident: the faster), or at the smallest where nbytes is smaller still;
+    CEILING_READ where none was measured"""
+    kinds = ("READ",) if name in READ_ONLY else ("WRITE",) if name in WRITE_ONLY else ("READ", "UPDATE")
+    best = (ceil["READ"], "READ")
+    measured = []
+    for kind in kinds:
+        sizes = sorted(int(k.rsplit("_", 1)[1]) for k in ceil if k.startswith(f"BW_{kind}_"))
+        if sizes:
+            fits = [size for size in sizes if size <= nbytes] or sizes[:1]
+            measured += [(ceil[f"BW_{kind}_{size}"], f"BW_{kind}_{size}") for size in fits]
+    return max(measured) if measured else best
+
+
+def op_bound(name, args, ceil):
+    """(seconds, the ceiling that sets it): the longer of the op's FLOPs at its matmul ceiling and
+    its bytes at its bandwidth ceiling"""
+    flops, nbytes = args["flops"], args["bytes"]
+    by_flops, by_bytes = (0.0, None), (0.0, None)
+    if flops:
+        rate, key = matmul_ceiling(name, args, ceil)
+        by_flops = (flops / rate, key)
+    if nbytes:
+        rate, key = bandwidth_ceiling(name, nbytes, ceil)
+        by_bytes = (nbytes / rate, key)
+    seconds, key = max(by_flops, by_bytes, key=lambda b: b[0])
+    return seconds, f"CEILING_{key}" if key else None
 
 
 def steps_of(events):
@@ -85,15 +127,23 @@ def analyse(run_dir, ceil):
     for k, step in enumerate(steps):
         for e in step:
             r = rows.setdefault(row_key(e), {"op": row_key(e), "calls": 0, "ms": 0.0, "bytes": 0.0, "flops": 0.0,
-                                             "bound_ms": 0.0})
+                                             "bound_ms": 0.0, "ceilings": {}})
+            seconds, key = op_bound(e["name"], e["args"], ceil)
             r["calls"] += per_step
             r["ms"] += per_step * e["dur"] / 1e3
             r["bytes"] += per_step * e["args"]["bytes"]
             r["flops"] += per_step * e["args"]["flops"]
-            r["bound_ms"] += per_step * 1e3 * op_bound(e["name"], e["args"], ceil)
+            r["bound_ms"] += per_step * 1e3 * seconds
+            if key:
+                r["ceilings"][key] = r["ceilings"].get(key, 0.0) + per_step * 1e3 * seconds
     for r in rows.values():
         r["share_of_bound"] = r["bound_ms"] / r["ms"] if r["ms"] > 0 else None
+        # the ceiling that sets most of the row's bound: the one a time under the bound shows too low
+        r["ceiling"] = max(r["ceilings"], key=r["ceilings"].get) if r["ceilings"] else None
     ops = sorted(rows.values(), key=lambda r: -r["ms"])
+    over = [{"op": r["op"], "ms": r["ms"], "bound_ms": r["bound_ms"], "ceiling": r["ceiling"],
+             "value": ceil.get(r["ceiling"][len("CEILING_"):]) if r["ceiling"] else None}
+            for r in ops if r["ms"] < r["bound_ms"]]
     step_ms = statistics.mean(m["ms"] for m in traced)
     bound_ms = sum(r["bound_ms"] for r in ops)
     ops_ms = sum(r["ms"] for r in ops)
@@ -101,7 +151,7 @@ def analyse(run_dir, ceil):
     return {"steps": len(steps), "step_ms": step_ms, "bound_ms": bound_ms, "ratio": step_ms / bound_ms,
             "flop_bound_ms": flop_bound, "byte_bound_ms": bound_ms - flop_bound,
             "ops_ms": ops_ms, "outside_ops_ms": step_ms - ops_ms,
-            "ceilings": {k: v for k, v in ceil.items()}, "ops": ops}
+            "ceilings": {k: v for k, v in ceil.items()}, "ops": ops, "over_bound": over}
 
 
 def report(label, a):
@@ -117,6 +167,10 @@ def report(label, a):
               f"| {r['flops'] / 1e9:>6.2f} | {r['bound_ms']:>8.2f} | {share} |")
     print(f"| {'(outside any op: data, the loop)':<32} |       | {a['outside_ops_ms']:>7.1f} |         "
           f"|        |          |            |")
+    for o in a["over_bound"]:
+        unit = "FLOP/s" if "MATMUL" in o["ceiling"] else "bytes/s"
+        print(f"measurement error: {o['op']} took {o['ms']:.2f} ms, under its bound of {o['bound_ms']:.2f} ms: "
+              f"{o['ceiling']} ({o['value']:.4g} {unit}) was measured too low")
 
 
 def main(argv):

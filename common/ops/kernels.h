@@ -33,7 +33,7 @@
 // instead of one: a single sum waits for each add to finish before starting the next (about
 // four cycles each), eight independent ones keep the floating-point unit busy, and the compiler
 // can put the eight into one vector register.
-// Its last steps, which the CPU's vector loops over cache rows (ops_cpu.c) share: the columns from
+// Its last steps, which the CPU's vector loops over cache rows (ops_cpu_fast.c) share: the columns from
 // i on (the tail, when n is not a multiple of 8) into sum 0, then the eight sums in a tree.
 KERNEL_FN float dot_product_finish(float acc[8], const float *a, const float *b, int i, int n) {
     for (; i < n; i++) acc[0] += a[i] * b[i];
@@ -51,7 +51,7 @@ KERNEL_FN float dot_product(const float *a, const float *b, int n) {
 // expf(x) in arithmetic a compiler vectorizes (plain operations and selects, no call): the CPU's
 // loops over many exponentials (GELU's, attention's softmax rows) take it, where a call to the C
 // library's expf per element keeps a loop scalar (GELU at GPT-2 124M's bench shape: 9.4M
-// exponentials a step, 6x faster this way on an AVX-512 core). Cephes' expf: x = n ln2 + r with
+// exponentials a step, several times faster this way in vectors). Cephes' expf: x = n ln2 + r with
 // n = round(x / ln2) (adding and subtracting 1.5 2^23 rounds a float to an integer; floorf does not
 // vectorize without -ffast-math), ln2 in two parts whose first times n is exact, e^r by a
 // degree-6 polynomial on |r| <= ln2 / 2, 2^n (as 2^(n-1) 2, so that n = 128 fits the exponent

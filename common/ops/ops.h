@@ -26,7 +26,7 @@ const char *ops_matmul_engine(void);
 const char *ops_matmul_engine_16(void);
 // MFU's peak: the matmul FLOP/s of this process's device for f32 or (bf16 != 0) bf16 inputs,
 // found on the first call and kept. CPU: measured (oneDNN's best rate at a large square product
-// with this run's OpenMP threads, about 0.2 s); CUDA: derived from the device (SMs x clock x
+// with this run's OpenMP threads, a fraction of a second); CUDA: derived from the device (SMs x clock x
 // FLOPs per clock per SM). OPS_PEAK_FLOPS_F32 / OPS_PEAK_FLOPS_BF16 (FLOP/s) replace it. Ranks
 // sharing a machine should ask at the same point (before the first step), so they measure
 // together and each gets its share of the cores.
@@ -295,6 +295,11 @@ double sum_values(const float *x, size_t n);
 // gradient is read as grad[i] x grad_scale (gradient clipping's factor, 1 for none).
 void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t);
+// ... and, where param16 is not NULL, the same pass writes the updated parameters' 16-bit copy
+// too (param16[i] = param[i] rounded as cast_to_16 rounds it): the next step's matmul weights
+// without a pass over the parameters of their own
+void adamw_update_16(float *param, half16 *param16, const float *grad, float grad_scale, float *m, float *v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
 
 // ----------------------------------------------------------------------------------------------
 // CUDA graphs: between ops_graph_begin and ops_graph_end the ops are recorded instead of run;

@@ -1,8 +1,11 @@
-// ops_cpu.c: the CPU backend of ops.h. Matmuls go to oneDNN (several times faster than
-// hand-written loops, and most of a training step is matmul), attention's products included,
-// but for the few rows of a decode step (up to 16: few_rows_matmul, vector loops); every other
-// op is an OpenMP loop over rows or elements that calls the math in kernels.h, the same
-// functions the CUDA backend calls. "Device memory" is ordinary host memory here, so the copies are memcpy.
+// ops_cpu.c: the CPU backend of ops.h, each op as a learner reads it. Matmuls go to oneDNN (several
+// times faster than hand-written loops, and most of a training step is matmul), attention's
+// products included; every other op is an OpenMP loop over rows or elements that calls the math in
+// kernels.h, the same functions the CUDA backend calls. "Device memory" is ordinary host memory
+// here, so the copies are memcpy.
+// The paths that exist only for speed are in ops_cpu_fast.c, each checked against the plain loop
+// it replaces (tests/test_ops.c): a decode step's few rows (few_rows_matmul), its cached attention
+// in vectors, and the short spin of OpenMP's idle threads.
 //
 // Builds against oneDNN 2.x (Debian 12 ships 2.6) and 3.x: the two differ in how memory
 // descriptors and matmul primitive descriptors are created, and in the sum post-op's signature;
@@ -18,17 +21,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>  // few_rows_matmul: _mm512_fmadd_ps, and _mm512_dpbf16_ps with AVX512-BF16
-#endif
 
 #include "base/device.h"
 #include "base/log.h"
 #include "base/trace.h"
 #include "kernels.h"
+#include "ops_cpu_fast.h"
 #include "ops_peak.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -53,88 +53,6 @@ void ops_init(void) {
 
 const char *ops_backend_name(void) { return "cpu"; }
 
-// OpenMP threads spin for about SPIN_WAIT_NS between and at the end of parallel regions, then
-// sleep on a futex, unless the environment says otherwise (OMP_WAIT_POLICY, or GOMP_SPINCOUNT,
-// which libgomp lets win). Both of libgomp's own choices cost a lot on a small machine:
-// - its default spins for about 300,000 pauses (several ms): with another process on one of two
-//   cores, the thread sharing that core spends its time slice spinning while the main thread
-//   works alone, then is descheduled when the next region needs it, and every region waits a
-//   slice for it: a step took 6-9x its time on an idle machine;
-// - OMP_WAIT_POLICY=passive sleeps at once, and waking a sleeping thread took 50-75 us on the
-//   2-core virtual machines this was measured on (its idle core halts): a decode step has ~110
-//   regions, and fp32 decode ran at 45 tokens/s instead of 60-69, a tiny.json training step in
-//   125-165 ms instead of 90-100.
-// A spin of ~15 us covers the gap between a step's back-to-back regions, so an idle machine wakes
-// no thread inside a step, and is short beside a time slice (ms), so a shared core costs about
-// what the core is worth. Measured on that machine (tiny.json step idle / with one core busy,
-// decode tokens/s fp32 / bf16): 5 us: 105-134 / 184-198 ms, 53-56 / 89-94; 10 us: 89-92 / 195-199
-// ms, 60-62 / 98-103; 15 us: 88-90 / 196-204 ms, 59 / 104-106; 25 us: 89 / 210-219 ms, 59-63 /
-// 104-110 (make bench-sharing measures the first against passive waiting and libgomp's default).
-// libgomp counts its spin in loop turns, each a pause instruction, whose length differs between
-// CPUs by 10x (25 ns on the AMD EPYC measured): the count is the turns such a loop makes here in
-// SPIN_WAIT_NS, timed at start-up.
-// libgomp reads the variable once, in its own initialiser, before main, and has no call to
-// change it afterwards. An executable's .preinit_array runs before every shared library's
-// initialisers (ELF gABI), but before the C library has its environment too (setenv there is
-// lost): so the process starts itself again, at once, with the variable added. That costs one
-// exec and ~100 us of timing, before anything else has happened (the same process id: mpirun and
-// srun see nothing).
-#define SPIN_WAIT_NS 15000
-
-static inline void spin_pause(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();  // what libgomp's spin waits on x86
-#elif defined(__aarch64__)
-    __asm__ volatile("yield");
-#else
-    __asm__ volatile("" ::: "memory");
-#endif
-}
-
-// the turns of a spin loop like libgomp's (load a flag, compare, pause) that take SPIN_WAIT_NS
-// here: the fastest of three timings of 2048 turns
-static long spin_turns_for_wait(void) {
-    static volatile int never_set = 0;
-    double best = 1e30;
-    for (int trial = 0; trial < 3; trial++) {
-        double t0 = wall_seconds();
-        for (int i = 0; i < 2048 && !never_set; i++) spin_pause();
-        double dt = wall_seconds() - t0;
-        if (dt < best) best = dt;
-    }
-    long turns = (long)(SPIN_WAIT_NS * 1e-9 * 2048 / (best > 1e-9 ? best : 1e-9));
-    return turns < 100 ? 100 : turns > 1000000 ? 1000000 : turns;
-}
-
-// "GOMP_SPINCOUNT=<n>" into out, without the C library's formatting (its locale is not set up yet)
-static void spin_count_variable(char *out, long n) {
-    const char *name = "GOMP_SPINCOUNT=";
-    char digits[24];
-    int k = 0;
-    do digits[k++] = (char)('0' + n % 10), n /= 10; while (n);
-    while (*name) *out++ = *name++;
-    while (k) *out++ = digits[--k];
-    *out = 0;
-}
-
-static void restart_with_short_spin(int argc, char **argv, char **envp) {
-    (void)argc;
-    static char variable[48];
-    int n = 0;
-    for (; envp[n]; n++)
-        if (!strncmp(envp[n], "OMP_WAIT_POLICY=", 16) || !strncmp(envp[n], "GOMP_SPINCOUNT=", 15)) return;
-    char **env = malloc((size_t)(n + 2) * sizeof *env);
-    if (!env) return;  // then libgomp's default, which is only slower when a core is busy
-    spin_count_variable(variable, spin_turns_for_wait());
-    memcpy(env, envp, (size_t)n * sizeof *env);
-    env[n] = variable, env[n + 1] = NULL;
-    execve("/proc/self/exe", argv, env);
-    free(env);  // no /proc (or exec refused): run on with the default policy
-}
-__attribute__((section(".preinit_array"), used)) static void (*const g_restart_with_short_spin)(int, char **, char **) =
-    restart_with_short_spin;
-
-// A memory descriptor of a row-major or transposed matrix view: element (i, j) lives at
 // i * row_stride + j * col_stride. Strides are how we hand oneDNN a transposed operand without
 // copying it: W (OC, C) stored row-major *is* W^T (C, OC) with strides (1, C).
 #if DNNL_VERSION_MAJOR >= 3
@@ -473,18 +391,17 @@ const char *ops_matmul_engine_16(void) {
 // measurement runs at the clock the CPU holds under load on the threads the run uses. MFU then
 // reads "share of the best matmul rate of this machine's matmul engine" (what Bekman's ML
 // Engineering book calls the maximum achievable matmul FLOPS): somewhat above a share of the
-// data-sheet peak. On the 2-core Zen 3 VM this was written on, oneDNN 2.6's f32 matmul reached
-// 165 GFLOP/s and a loop of independent AVX2 FMAs 190 GFLOP/s.
+// data-sheet peak (a loop of independent FMAs can beat oneDNN's matmul by some).
 // Timed by the wall clock, as the stages' tokens/s are: on a machine busy with other work at
-// start-up the peak comes out lower, as the steps do (measured here under a load of 10 on 2 cores:
-// 21-35 GFLOP/s), so MFU stays a share of what this run can get; OPS_PEAK_FLOPS_F32 pins it.
+// start-up the peak comes out lower, as the steps do, so MFU stays a share of what this run can
+// get; OPS_PEAK_FLOPS_F32 pins it.
 #define PEAK_BUDGET_S 0.15  // seconds (warm-up included) after which, past the minimum, it stops
 #define PEAK_MIN_REPS 3
 #define PEAK_MAX_REPS 50
 
 // The square's side: 1024 for up to 8 threads, growing with the square root of the thread count
-// beyond, so each thread keeps at least a 128-row share of a 1024-wide output (on 2 threads here
-// 1024 reaches the rate of 2048 in an eighth of the time: 13 ms a product).
+// beyond, so each thread keeps at least a 128-row share of a 1024-wide output (on a few threads
+// 1024 reaches the rate of 2048 in an eighth of the time).
 static int calibration_side(int threads) {
     return 1024 * (int)ceil(sqrt(threads / 8.0));
 }
@@ -528,10 +445,10 @@ static double square_matmul_rate(int n, int bf16, int *reps) {
 // (a product of two bf16 numbers is exact in f32), only the order of the sums may differ. Widened
 // where oneDNN has no fast bf16 matmul on this CPU (without AVX512-BF16 or AMX it has only its
 // slow reference one, "ref" in the implementation's name, 3.x; or none, 2.x), and where its bf16
-// matmul is measured slower than its f32 one: a Xeon with AVX512-BF16 and no AMX runs oneDNN's
-// bf16 at about half its f32 rate (169 against 315 GFLOP/s), and bf16-mixed training would be
-// slower than fp32. OPS_BF16_MATMUL (native, f32 or auto, the default) chooses instead: a run
-// that must not depend on a measurement, or a test of both engines on one machine.
+// matmul is measured slower than its f32 one: a Xeon with AVX512-BF16 and no AMX can run oneDNN's
+// bf16 at about half its f32 rate, and bf16-mixed training would be slower than fp32.
+// OPS_BF16_MATMUL (native, f32 or auto, the default) chooses instead: a run that must not depend
+// on a measurement, or a test of both engines on one machine.
 #define BF16_ENGINE_ENV "OPS_BF16_MATMUL"
 
 static void choose_bf16_engine(Bf16Engine *e) {
@@ -602,10 +519,8 @@ static size_t g_bytes_in_use = 0, g_bytes_peak = 0;
 
 // Buffers of HUGE_PAGE_MIN bytes or more sit on 2 MiB pages (Linux's transparent huge pages, which
 // Debian gives only to memory that asks: madvise): fewer TLB misses where an op streams through
-// the weights, their gradients and moments, or the KV cache. On the 2-core AMD EPYC, interleaved
-// with the 4 KiB-page build: GPT-2 124M decode at batch 1 102-108 -> 111 tokens/s (bf16 weights),
-// 59-61 -> 61-62 (fp32); a training step (1 x 256) 1044-1063 -> 1003-1007 ms (fp32), 653-705 ->
-// 635-642 (bf16-mixed).
+// the weights, their gradients and moments, or the KV cache (decode and training steps both gain
+// a few percent against 4 KiB pages).
 #define HUGE_PAGE (2u << 20)
 #define HUGE_PAGE_MIN (8u << 20)
 
@@ -715,199 +630,6 @@ static void column_block(int ncols, int *c0, int *c1) {
     if (*c1 > ncols) *c1 = ncols;
 }
 
-// A decode step multiplies a few rows (one per sequence) by every weight matrix: 2 FLOPs per
-// weight and row. At batch 1 the step's speed is the memory's, reading the weights; at batch 8 (16
-// FLOPs per weight) the arithmetic takes about as long (on the 2-core AMD EPYC this was measured on:
-// ~36 GB/s; these loops do ~80 GFLOP/s a core in f32, weights in cache, 8 rows). oneDNN's matmul
-// keeps neither busy while the other works: one row streamed the weights at ~60% of the read
-// ceiling, and eight cost 2.5 to 3 times one (GPT-2 124M decode: 35-39 ms a step against 13-16).
-// Here each thread walks its share of the weight rows once, in order, two at a time, multiplying
-// them by all the input rows (which stay in L1 or L2) while a prefetch brings the next two into
-// L2; past FEW_ROWS_MAX input rows oneDNN's blocking wins.
-//
-// Each output is one dot product summed in the same order at any number of rows, so a sequence
-// decodes to the same bits alone or in a batch: lane j of a 16-float vector adds its columns'
-// products in order (f32: the columns c = j mod 16, each a fused multiply-add; bf16, in 32-column
-// blocks: the odd column 2j+1 of each block, then the even one 2j, products exact in f32), then
-// the lanes add pairwise (8 + 8, 4 + 4, 2 + 2, 1 + 1).
-// The vectors are GCC's vector extensions (also in clang): one AVX-512 register here, two AVX or
-// four NEON registers elsewhere.
-#define FEW_ROWS_MAX 16  // input rows; at 16 (2 EPYC cores) f32 is about even with oneDNN, bf16 1.6x faster
-#define ROWS_PER_PASS 8  // input rows per pass over two weight rows: 16 accumulators in registers
-#define LANES 16
-typedef float Floats __attribute__((vector_size(LANES * sizeof(float))));
-typedef uint32_t Uints __attribute__((vector_size(LANES * sizeof(uint32_t))));  // 2 bf16 each
-// Vectors are read through `volatile` pointers with the rows' own alignment. volatile makes each
-// load happen once, where the source reads it: otherwise GCC (tuned for Zen) folds the loads into
-// the multiplies and repeats them there, two loads a multiply-add, and the loads set the pace (4
-// rows: 42 GFLOP/s against 70).
-typedef float FloatsInMemory __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
-typedef uint32_t UintsInMemory __attribute__((vector_size(LANES * sizeof(uint32_t)), aligned(2)));
-#define LOAD(type, p) (*(const volatile type##InMemory *)(p))
-#if defined(__AVX512BF16__)
-#define BF16_ROWS_WIDENED 0  // the CPU multiplies bf16 pairs itself (bf16_step)
-#else
-#define BF16_ROWS_WIDENED 1  // the input rows are widened to floats once a matmul
-#endif
-
-// *v = the `bytes` at p, zeros after them: a row's last columns, fewer than a vector
-static void load_tail(void *v, const void *p, size_t bytes) {
-    unsigned char b[LANES * sizeof(float)] = {0};
-    memcpy(b, p, bytes);
-    memcpy(v, b, sizeof b);
-}
-
-// *acc += a * b lane by lane, each lane rounded once (a fused multiply-add). Written out: C11 does
-// not fuse `acc += a * b` (GCC's -std=c11 keeps the multiply's rounding), and the separate
-// multiply and add took twice the instructions (f32, 8 rows, weights in cache, one core: 58
-// GFLOP/s, 81 fused). Vectors go by pointer, here and below: a 64-byte vector passed by value has
-// no agreed ABI without AVX-512.
-static inline __attribute__((always_inline)) void fma_lanes(Floats *acc, const Floats *a, const Floats *b) {
-#if defined(__AVX512F__)
-    *acc = (Floats)_mm512_fmadd_ps((__m512)*a, (__m512)*b, (__m512)*acc);
-#else
-    for (int i = 0; i < LANES; i++) (*acc)[i] = fmaf((*a)[i], (*b)[i], (*acc)[i]);
-#endif
-}
-
-static inline float sum_lanes(const Floats *v) {
-    float s[LANES];
-    memcpy(s, v, sizeof s);
-    for (int i = 0; i < 8; i++) s[i] += s[i + 8];
-    for (int i = 0; i < 4; i++) s[i] += s[i + 4];
-    for (int i = 0; i < 2; i++) s[i] += s[i + 2];
-    return s[0] + s[1];
-}
-
-// f32, columns [c, c + count), count <= LANES: acc0[n] += w0's columns * x row n's, and acc1[n]
-// with w1's, for the n < rows input rows. Each input vector loaded serves two weight rows (with
-// one, a load per multiply-add would set the pace).
-static inline __attribute__((always_inline)) void f32_step(Floats *acc0, Floats *acc1, const float *w0,
-                                                         const float *w1, const float *x, size_t x_row,
-                                                         int c, int count, int rows) {
-    Floats v0, v1, xv;
-    if (count == LANES) v0 = LOAD(Floats, w0 + c), v1 = LOAD(Floats, w1 + c);
-    else load_tail(&v0, w0 + c, count * sizeof(float)), load_tail(&v1, w1 + c, count * sizeof(float));
-    for (int n = 0; n < rows; n++) {
-        const float *xn = x + n * x_row + c;
-        if (count == LANES) xv = LOAD(Floats, xn);
-        else load_tail(&xv, xn, count * sizeof(float));
-        fma_lanes(&acc0[n], &v0, &xv);
-        fma_lanes(&acc1[n], &v1, &xv);
-    }
-}
-
-// bf16, columns [c, c + count), count <= 2 * LANES: as f32_step. Each 32-bit word holds two bf16
-// numbers, an even column in its low half and the odd one after it in its high half; a bf16 number
-// is the top half of a float's bits. The products of two bf16 numbers are exact in f32.
-static inline __attribute__((always_inline)) void bf16_step(Floats *acc0, Floats *acc1, const half16 *w0,
-                                                          const half16 *w1, const void *x, size_t x_row,
-                                                          int c, int count, int rows) {
-    Uints u0, u1;
-    if (count == 2 * LANES) u0 = LOAD(Uints, w0 + c), u1 = LOAD(Uints, w1 + c);
-    else load_tail(&u0, w0 + c, count * sizeof(half16)), load_tail(&u1, w1 + c, count * sizeof(half16));
-#if defined(__AVX512BF16__)
-    // One AVX512-BF16 instruction per row and weight row: the odd columns' product then the even
-    // ones', each rounded as below (test_ops checks the bits), but subnormal numbers count as 0.
-    // x: the bf16 rows as they are.
-    for (int n = 0; n < rows; n++) {
-        const half16 *xn = (const half16 *)x + n * x_row + c;
-        Uints ux;
-        if (count == 2 * LANES) ux = LOAD(Uints, xn);
-        else load_tail(&ux, xn, count * sizeof(half16));
-        acc0[n] = (Floats)_mm512_dpbf16_ps((__m512)acc0[n], (__m512bh)u0, (__m512bh)ux);
-        acc1[n] = (Floats)_mm512_dpbf16_ps((__m512)acc1[n], (__m512bh)u1, (__m512bh)ux);
-    }
-#else
-    // x: floats in 32-column blocks, each block's 16 even columns then its 16 odd ones, padded with
-    // zeros to whole blocks (bf16_rows_for_few_rows)
-    Floats even0 = (Floats)(u0 << 16), odd0 = (Floats)(u0 & 0xFFFF0000u);
-    Floats even1 = (Floats)(u1 << 16), odd1 = (Floats)(u1 & 0xFFFF0000u);
-    for (int n = 0; n < rows; n++) {
-        const float *xn = (const float *)x + n * x_row + c;
-        Floats x_even = LOAD(Floats, xn), x_odd = LOAD(Floats, xn + LANES);
-        acc0[n] += odd0 * x_odd;
-        acc1[n] += odd1 * x_odd;
-        acc0[n] += even0 * x_even;
-        acc1[n] += even1 * x_even;
-    }
-#endif
-}
-
-// out[n * OC] = w0 . x row n + bias0 and out[n * OC + next] = w1 . x row n + bias1 for the
-// n < rows input rows (x_row elements apart). Inlined with rows and is_bf16 constants: the
-// accumulators are registers. The prefetch asks for the next two weight rows, column for column,
-// into L2: on its own the hardware keeps too few reads in flight while the arithmetic runs (f32,
-// 8 rows, one core: 80 ms a step without it, 35 with; oneDNN 51). One input row reads the weights
-// fastest without it.
-static inline __attribute__((always_inline)) void dot_rows(float *out, int OC, int next, const void *x,
-                                                         size_t x_row, const void *w0, const void *w1,
-                                                         float bias0, float bias1, int is_bf16,
-                                                         int rows, int C, int prefetch) {
-    Floats acc0[ROWS_PER_PASS] = {0}, acc1[ROWS_PER_PASS] = {0};
-    size_t elem = is_bf16 ? sizeof(half16) : sizeof(float), row_bytes = (size_t)C * elem;
-    int step = is_bf16 ? 2 * LANES : LANES, c = 0;
-    for (; c + step <= C; c += step) {
-        if (prefetch) {
-            __builtin_prefetch((const char *)w0 + c * elem + 2 * row_bytes, 0, 2);
-            __builtin_prefetch((const char *)w1 + c * elem + 2 * row_bytes, 0, 2);
-        }
-        if (is_bf16) bf16_step(acc0, acc1, w0, w1, x, x_row, c, step, rows);
-        else f32_step(acc0, acc1, w0, w1, x, x_row, c, step, rows);
-    }
-    if (c < C) {
-        if (is_bf16) bf16_step(acc0, acc1, w0, w1, x, x_row, c, C - c, rows);
-        else f32_step(acc0, acc1, w0, w1, x, x_row, c, C - c, rows);
-    }
-    for (int n = 0; n < rows; n++) {
-        out[(size_t)n * OC] = sum_lanes(&acc0[n]) + bias0;
-        out[(size_t)n * OC + next] = sum_lanes(&acc1[n]) + bias1;
-    }
-}
-
-// two weight rows times the N input rows, up to 8 in one pass: a copy of the loop for each count,
-// so that the 5 rows of a step verifying 4 speculative tokens take one pass over the weights, not
-// a pass of 4 and another of 1 (one core, 5 rows: 10% faster with 67 MB of weights, 8% with 13 MB)
-static void weight_rows_times_rows(float *out, int OC, int next, const void *x, size_t x_row,
-                                   const void *w0, const void *w1, float bias0, float bias1,
-                                   int is_bf16, int N, int C) {
-    size_t x_elem = is_bf16 && !BF16_ROWS_WIDENED ? sizeof(half16) : sizeof(float);
-    for (int n = 0; n < N;) {
-        int rows = N - n < ROWS_PER_PASS ? N - n : ROWS_PER_PASS;
-        float *o = out + (size_t)n * OC;
-        const void *xn = (const char *)x + n * x_row * x_elem;
-#define DOT_ROWS(r) \
-    case r: \
-        if (is_bf16) dot_rows(o, OC, next, xn, x_row, w0, w1, bias0, bias1, 1, r, C, N > 1); \
-        else dot_rows(o, OC, next, xn, x_row, w0, w1, bias0, bias1, 0, r, C, N > 1); \
-        break;
-        switch (rows) {
-            DOT_ROWS(1) DOT_ROWS(2) DOT_ROWS(3) DOT_ROWS(4) DOT_ROWS(5) DOT_ROWS(6) DOT_ROWS(7) DOT_ROWS(8)
-        }
-#undef DOT_ROWS
-        n += rows;
-    }
-}
-
-// out (N, OC) = x (N, C) @ weight (OC, C)^T + bias for N <= FEW_ROWS_MAX; f32 weights with f32 x
-// rows, or bf16 weights with x rows from bf16_rows_for_few_rows; x_row: elements from one x row
-// to the next. Outputs go in pairs; an odd last one pairs with itself (computed twice, the same
-// bits). One input row goes one weight row at a time, paired with itself: one stream, which the
-// hardware follows best (the second dot product is free next to reading the row).
-static void few_rows_matmul(float *out, const void *x, size_t x_row, const void *weight, int is_bf16,
-                            const float *bias, int N, int C, int OC) {
-    size_t row_bytes = (size_t)C * (is_bf16 ? sizeof(half16) : sizeof(float));
-    int pair = N > 1;
-#pragma omp parallel for schedule(static)
-    for (int o = 0; o < OC; o += 1 + pair) {
-        int next = pair && o + 1 < OC;
-        const char *w0 = (const char *)weight + o * row_bytes;
-        weight_rows_times_rows(out + o, OC, next, x, x_row, w0, w0 + next * row_bytes,
-                               bias ? bias[o] : 0.0f, bias ? bias[o + next] : 0.0f, is_bf16, N, C);
-    }
-}
-
-// trace_op_end for a linear layer's matmuls: `products` of 2 N C OC FLOPs each (forward: 1;
 // backward: dinp's and dweight's), the shape "NxCxOC" beside them
 static void trace_matmul(const char *name, int m0, double bytes, int products, int N, int C, int OC) {
     char shape[48];
@@ -929,7 +651,7 @@ static double matmul_backward_bytes(const float *dinp, const float *dweight, con
 
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                     int C, int OC) {
-    if (N <= FEW_ROWS_MAX) {
+    if (N <= FEW_ROWS_MAX) {  // a decode step's few rows: at the speed of reading the weights (ops_cpu_fast.c)
         few_rows_matmul(out, inp, C, weight, 0, bias, N, C, OC);
         return;
     }
@@ -959,10 +681,10 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
 }
 
 // An element-wise loop over fewer elements than this runs on the calling thread: handing it to
-// the others and waiting for them took 2-12 us a loop on 2 cores, and a decode step at batch 1
-// runs ~110 such loops of 768 to 3072 elements, under a microsecond of work each (GPT-2 124M,
-// bf16 weights, traced: its LayerNorms, GELUs, casts, residual adds and embedding took 0.45-0.51
-// ms of a 9-10 ms step shared out, 0.15-0.19 on one thread).
+// the others and waiting for them costs more than the loop, and a decode step at batch 1 runs
+// ~110 such loops of 768 to 3072 elements, under a microsecond of work each (traced, its
+// LayerNorms, GELUs, casts, residual adds and embedding took several times longer shared out
+// than on one thread).
 #define ELEMENTWISE_PARALLEL_MIN 8192
 
 // ----------------------------------------------------------------------------------------------
@@ -1019,38 +741,9 @@ static const float *widened(const half16 *x, size_t n, int which) {
     return scratch[which];
 }
 
-// The bf16 input rows as few_rows_matmul reads them; *x_row: elements from one row to the next.
-// With AVX512-BF16 the rows as they are; else widened to floats (exactly) in 32-column blocks, each
-// block's 16 even columns then its 16 odd ones, padded with zeros to whole blocks.
-static const void *bf16_rows_for_few_rows(const half16 *x, int N, int C, size_t *x_row) {
-    if (!BF16_ROWS_WIDENED) {
-        *x_row = (size_t)C;
-        return x;
-    }
-    static float *scratch;
-    static size_t capacity;
-    int blocks = (C + 2 * LANES - 1) / (2 * LANES);
-    size_t row = (size_t)blocks * 2 * LANES;
-    if ((size_t)N * row > capacity) {
-        free(scratch);
-        capacity = (size_t)N * row;
-        scratch = malloc_or_die(capacity * sizeof(float));
-    }
-    for (int n = 0; n < N; n++)
-        for (int k = 0; k < blocks; k++) {
-            float *block = scratch + n * row + k * 2 * LANES;
-            for (int i = 0; i < 2 * LANES; i++) {  // i < LANES: column 2i of the block; else 2(i - LANES) + 1
-                int c = k * 2 * LANES + (i < LANES ? 2 * i : 2 * (i - LANES) + 1);
-                block[i] = c < C ? bf16_to_float(x[(size_t)n * C + c]) : 0.0f;
-            }
-        }
-    *x_row = row;
-    return scratch;
-}
-
 void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, const float *bias, int N,
                          int C, int OC) {
-    if (N <= FEW_ROWS_MAX && g_half == HALF_BF16) {
+    if (N <= FEW_ROWS_MAX && g_half == HALF_BF16) {  // as matmul_forward's few rows
         size_t x_row;
         const void *x = bf16_rows_for_few_rows(inp, N, C, &x_row);
         few_rows_matmul(out, x, x_row, weight, 1, bias, N, C, OC);
@@ -1311,7 +1004,7 @@ void attention_backward(float *dqkv, float *datt, const float *dout, const float
 
 // GELU with its exponential from expf_vectorizable (kernels.h), within 1 ulp of expf's: each loop
 // vectorizes whole (with the C library's expf, a call per element, it did not, and GELU forward
-// and backward took ~60 ms of a GPT-2 124M bench step)
+// and backward were a visible share of a GPT-2 124M bench step)
 void gelu_forward(float *restrict out, const float *restrict inp, size_t n) {
     int m0 = trace_op_begin();
 #pragma omp parallel for schedule(static) if (n >= ELEMENTWISE_PARALLEL_MIN)
@@ -1517,17 +1210,33 @@ double sum_values(const float *x, size_t n) {
 // (28 bytes per parameter; for GPT-2 124M that is 3.5 GB per step, so this op is bound by
 // memory bandwidth, not arithmetic). That holds only if gcc vectorises the loop, and it does so
 // only under -fno-math-errno (otherwise sqrtf must be able to set errno, and the loop stays
-// scalar and compute-bound: measured 330 ms instead of 55 ms for 124M parameters).
-void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t) {
+// scalar and compute-bound, several times slower).
+// With a 16-bit copy to write, 2 bytes more per parameter, and no pass of cast_to_16's (6 bytes).
+// The copy is written block by block, each block's right after its update, while its parameters
+// are still in cache: the update and the rounding are loops of their own, each of which the
+// compiler vectorises (one loop doing both it does not).
+#define ADAMW_BLOCK 2048  // parameters: 8 KiB of each of param, grad, m and v, in L1 or L2
+void adamw_update_16(float *param, half16 *param16, const float *grad, float grad_scale, float *m, float *v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
     int m0 = trace_op_begin();
     float bc1 = (float)(1.0 - pow(beta1, t));
     float bc2 = (float)(1.0 - pow(beta2, t));
+    int fp16 = g_half == HALF_FP16;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++)
-        adamw_element(&param[i], &m[i], &v[i], grad[i] * grad_scale, lr, beta1, beta2, eps, weight_decay,
-                      bc1, bc2);
-    trace_op_end("adamw_update", m0, 28.0 * n, 0, NULL);
+    for (size_t b = 0; b < n; b += ADAMW_BLOCK) {
+        size_t end = n - b < ADAMW_BLOCK ? n : b + ADAMW_BLOCK;
+        for (size_t i = b; i < end; i++)
+            adamw_element(&param[i], &m[i], &v[i], grad[i] * grad_scale, lr, beta1, beta2, eps, weight_decay,
+                          bc1, bc2);
+        if (param16)
+            for (size_t i = b; i < end; i++) param16[i] = half_from_float(param[i], fp16);
+    }
+    trace_op_end(param16 ? "adamw_update_16" : "adamw_update", m0, (param16 ? 30.0 : 28.0) * n, 0, NULL);
+}
+
+void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t) {
+    adamw_update_16(param, NULL, grad, grad_scale, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1550,122 +1259,38 @@ void kv_cache_write(float *k_pool, float *v_pool, const float *qkv, const int *s
         }
 }
 
-// The inner loops of a decode task. Written with kernels.h's pieces element by element, each
-// cache row's sums waited on the last row's, through memory, and the loads of the next rows (a
-// head's few lines of each, scattered over the pool) did not run ahead far enough to hide the
-// memory's latency. Here up to HEADS_TOGETHER of the task's heads are read together from each
-// cache row, the sums stay in registers, and the rows PREFETCH_ROWS ahead are asked for while a
-// row is summed. GPT-2 124M, batch 1, bf16 weights, 2 threads, the two versions taking turns by
-// decode step in one process (4 runs): attention 1.21-1.39 ms a step with the pieces, 0.96-1.06
-// here. Splitting a new row's positions between the threads instead (scores by positions, values
-// by groups of heads) took 1.22-1.30 ms where this took 0.93-1.00, in a standalone timing with a
-// cold cache.
-// Each score is dot_product's eight running sums (lane k of an 8-float vector takes the columns k
-// mod 8) and each output adds the rows in order: the same bits as the pieces.
-#define HEADS_TOGETHER 4
-#define VALUE_VECTORS 16  // a pass's output columns at most: 16 vectors of LANES floats
-#define PREFETCH_ROWS 8
-typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float Floats8InMemory __attribute__((vector_size(8 * sizeof(float)), aligned(4)));
-
-// heads read together: HEADS_TOGETHER, or fewer where that many heads of whole vectors would not
-// keep their outputs in VALUE_VECTORS vectors (at least 1)
-static int heads_read_together(int hs) {
-    int n = hs % LANES ? HEADS_TOGETHER : VALUE_VECTORS * LANES / hs;
-    return n < 1 ? 1 : n < HEADS_TOGETHER ? n : HEADS_TOGETHER;
-}
-
-// dot_product's last steps on a vector's eight sums
-static inline float finish_dot(const Floats8 *acc, const float *a, const float *b, int i, int n) {
-    float sum[8];
-    memcpy(sum, acc, sizeof sum);
-    return dot_product_finish(sum, a, b, i, n);
-}
-
-// s[j * s_head + t] = the score of query head h0 + j (q + j * hs) against position t's key, for
-// nh <= HEADS_TOGETHER heads whose key columns start at kc[j]; two positions at a time: 2 nh
-// independent sums
-static void cached_scores(float *s, size_t s_head, const float *q, const float *k_pool, const int *blocks,
-                          int block_size, int Ckv, const int *kc, int nh, int npos, int hs, float scale) {
-    int t = 0;
-    for (; t + 2 <= npos; t += 2) {
-        const float *k0 = cache_row(k_pool, blocks, t, block_size, Ckv);
-        const float *k1 = cache_row(k_pool, blocks, t + 1, block_size, Ckv);
-        if (t + PREFETCH_ROWS + 1 < npos)
-            for (int r = 0; r < 2; r++) {
-                const float *ahead = cache_row(k_pool, blocks, t + PREFETCH_ROWS + r, block_size, Ckv);
-                for (int j = 0; j < nh; j++)
-                    for (int i = 0; i < hs; i += LANES) __builtin_prefetch(ahead + kc[j] + i);
-            }
-        Floats8 a0[HEADS_TOGETHER] = {0}, a1[HEADS_TOGETHER] = {0};
-        int i = 0;
-        for (; i + 8 <= hs; i += 8)
-#pragma GCC unroll 4
-            for (int j = 0; j < HEADS_TOGETHER; j++)
-                if (j < nh) {
-                    Floats8 qv = LOAD(Floats8, q + j * hs + i);
-                    a0[j] += qv * LOAD(Floats8, k0 + kc[j] + i);
-                    a1[j] += qv * LOAD(Floats8, k1 + kc[j] + i);
-                }
-        for (int j = 0; j < nh; j++) {
-            s[j * s_head + t] = finish_dot(&a0[j], q + j * hs, k0 + kc[j], i, hs) * scale;
-            s[j * s_head + t + 1] = finish_dot(&a1[j], q + j * hs, k1 + kc[j], i, hs) * scale;
-        }
+// The plain loops of a decode task's attention, with kernels.h's pieces: the scores of nh query
+// heads against positions [t0, npos), a position at a time (each row's heads read together: they
+// are neighbours in the row) ...
+void cached_scores_plain(float *s, size_t s_head, const float *q, const float *k_pool, const int *blocks,
+                         int block_size, int Ckv, const int *kc, int nh, int t0, int npos, int hs, float scale) {
+    for (int t = t0; t < npos; t++) {
+        const float *k = cache_row(k_pool, blocks, t, block_size, Ckv);
+        for (int j = 0; j < nh; j++) s[j * s_head + t] = attention_score(q + j * hs, k + kc[j], scale, hs);
     }
-    for (; t < npos; t++)
-        for (int j = 0; j < nh; j++)
-            s[j * s_head + t] = attention_score(q + j * hs, cache_row(k_pool, blocks, t, block_size, Ckv) + kc[j],
-                                                scale, hs);
 }
 
-// o[j * hs ..] = inv_sum[j] times the sum over positions t of p[j * s_head + t] times position t's
-// values from column kc[j] on, for nh heads: in vectors where the heads are whole vectors that fit
-// in VALUE_VECTORS of them, else with the pieces
-static void cached_values(float *o, const float *p, size_t s_head, const float *inv_sum, const float *v_pool,
-                          const int *blocks, int block_size, int Ckv, const int *kc, int nh, int npos, int hs) {
-    if (hs % LANES || nh * hs > VALUE_VECTORS * LANES) {
-        for (int i = 0; i < nh * hs; i++) o[i] = 0.0f;
-        for (int t = 0; t < npos; t++) {
-            const float *v = cache_row(v_pool, blocks, t, block_size, Ckv);
-            for (int j = 0; j < nh; j++) attention_add_row(o + j * hs, p[j * s_head + t], v + kc[j], hs, 0, 1);
-        }
-        for (int j = 0; j < nh; j++)
-            for (int i = 0; i < hs; i++) o[j * hs + i] *= inv_sum[j];
-        return;
-    }
-    int per_head = hs / LANES, n = nh * per_head, col[VALUE_VECTORS];
-    size_t p_row[VALUE_VECTORS];  // vector c: its columns in a cache row, its head's probabilities
-    for (int c = 0; c < n; c++) col[c] = kc[c / per_head] + c % per_head * LANES, p_row[c] = c / per_head * s_head;
-    Floats acc[VALUE_VECTORS] = {0};
+// ... and each head's output: its probabilities (unnormalised: p) times the values, added a position
+// at a time, then scaled by the head's 1 / sum
+void cached_values_plain(float *o, const float *p, size_t s_head, const float *inv_sum, const float *v_pool,
+                         const int *blocks, int block_size, int Ckv, const int *kc, int nh, int npos, int hs) {
+    for (int i = 0; i < nh * hs; i++) o[i] = 0.0f;
     for (int t = 0; t < npos; t++) {
         const float *v = cache_row(v_pool, blocks, t, block_size, Ckv);
-        if (t + PREFETCH_ROWS < npos) {
-            const float *ahead = cache_row(v_pool, blocks, t + PREFETCH_ROWS, block_size, Ckv);
-            for (int c = 0; c < n; c++) __builtin_prefetch(ahead + col[c]);
-        }
-#pragma GCC unroll 16
-        for (int c = 0; c < VALUE_VECTORS; c++)
-            if (c < n) acc[c] += p[p_row[c] + t] * LOAD(Floats, v + col[c]);
+        for (int j = 0; j < nh; j++) attention_add_row(o + j * hs, p[j * s_head + t], v + kc[j], hs, 0, 1);
     }
-    for (int c = 0; c < n; c++) {
-        Floats x = acc[c] * inv_sum[c / per_head];
-        memcpy(o + c * LANES, &x, sizeof x);
-    }
+    for (int j = 0; j < nh; j++)
+        for (int i = 0; i < hs; i++) o[j * hs + i] *= inv_sum[j];
 }
 
 // One task per new row and group of heads. A task reads its sequence's positions in order (a
 // block of rows at a time, through its table), each row's heads in turn (a group's columns of a
 // row are contiguous; consecutive query heads read the same or the next key/value head), so the
-// cache streams from memory as the weights do. A task per head would read every row in hs-column pieces C columns
-// apart, which the hardware prefetchers do not follow (batch 8 at 265 positions, one core: 9 GB/s
-// that way). With fewer rows than threads the heads split anyway, to give every thread tasks: one
-// head a task, taken as threads come free (GPT-2 124M, batch 1, 2 threads, bf16 weights: 153-157
-// tokens/s against 124-135 with two tasks of 6 heads in processes reading ~60 GB/s, 112-115
-// against 111-117 in those reading ~37).
-// Every score, sum and output adds the same terms in the same order as kernels.h's per-head
-// steps: the same bits.
-#define TASK_HEADS_MAX 16  // heads per task: the sums it keeps between its passes
-
+// cache streams from memory as the weights do. A task per head would read every row in hs-column
+// pieces C columns apart, which the hardware prefetchers do not follow. With fewer rows than
+// threads the heads split anyway, to give every thread tasks: one head a task, taken as threads
+// come free. The loops run in vectors (cached_scores_fast, cached_values_fast: ops_cpu_fast.c),
+// which add the same terms in the same order as the plain loops above: the same bits.
 void attention_cached_forward(float *out, float *scores, const float *qkv, const float *k_pool,
                               const float *v_pool, const int *start, const int *table, int B, int T, int C,
                               int NH, int NKV, int block_size, int max_blocks) {
@@ -1688,19 +1313,15 @@ void attention_cached_forward(float *out, float *scores, const float *qkv, const
         float *o = out + (size_t)bt * C + cols, *s = scores + ((size_t)b * NH + h0) * head_scores + (size_t)t * maxT;
         // exercise decode-attention: begin
         float inv_sum[TASK_HEADS_MAX];
-        int together = heads_read_together(hs), kc[TASK_HEADS_MAX];
+        int kc[TASK_HEADS_MAX];  // each head's key/value columns in a cache row
         for (int j = 0; j < nh; j++) kc[j] = gqa_kv_column(h0 + j, hs, NH, NKV);
-        for (int j = 0; j < nh; j += together)
-            cached_scores(s + j * head_scores, head_scores, q + j * hs, k_pool, blocks, block_size, Ckv, kc + j,
-                          nh - j < together ? nh - j : together, npos, hs, scale);
+        cached_scores_fast(s, head_scores, q, k_pool, blocks, block_size, Ckv, kc, nh, npos, hs, scale);
         for (int j = 0; j < nh; j++) {
             float *sj = s + j * head_scores, max = -INFINITY;
             for (int t2 = 0; t2 < npos; t2++) max = fmaxf(max, sj[t2]);
             inv_sum[j] = 1.0f / attention_exp(sj, max, npos, 0, 1);
         }
-        for (int j = 0; j < nh; j += together)
-            cached_values(o + j * hs, s + j * head_scores, head_scores, inv_sum + j, v_pool, blocks, block_size, Ckv,
-                          kc + j, nh - j < together ? nh - j : together, npos, hs);
+        cached_values_fast(o, s, head_scores, inv_sum, v_pool, blocks, block_size, Ckv, kc, nh, npos, hs);
         // exercise decode-attention: end
     }
 }

@@ -2115,21 +2115,28 @@ double sum_values(const float *x, size_t n) { return sum_to_host(x, n, 0); }
 // AdamW: one fused pass, a thread per parameter (grid-stride); the bias corrections are computed
 // once on the host, exactly as the CPU backend does
 
-static __global__ void adamw_kernel(float *param, const float *grad, float grad_scale, float *m, float *v,
-                                    size_t n, float lr, float beta1, float beta2, float eps,
+static __global__ void adamw_kernel(float *param, half16 *param16, int fp16, const float *grad, float grad_scale,
+                                    float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps,
                                     float weight_decay, float bc1, float bc2) {
-    GRID_STRIDE(i, n)
-    adamw_element(&param[i], &m[i], &v[i], grad[i] * grad_scale, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+    GRID_STRIDE(i, n) {
+        adamw_element(&param[i], &m[i], &v[i], grad[i] * grad_scale, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+        if (param16) param16[i] = half_from_float(param[i], fp16);
+    }
 }
 
-void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t) {
+void adamw_update_16(float *param, half16 *param16, const float *grad, float grad_scale, float *m, float *v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
     if (!n) return;
     ensure_init();
     float bc1 = (float)(1.0 - pow(beta1, t));
     float bc2 = (float)(1.0 - pow(beta2, t));
-    LAUNCH(adamw_kernel, grid_for(n), THREADS, 0, param, grad, grad_scale, m, v, n, lr, beta1, beta2, eps,
-           weight_decay, bc1, bc2);
+    LAUNCH(adamw_kernel, grid_for(n), THREADS, 0, param, param16, g_half == HALF_FP16, grad, grad_scale, m, v, n,
+           lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+}
+
+void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t) {
+    adamw_update_16(param, NULL, grad, grad_scale, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -571,8 +571,9 @@ void lora_take_over(Lora *lo, ParamLayout *layout, ModelBuffers *mb) {
     weights_free(&mb->g);
     point_nowhere(&mb->g, layout->cfg.n_layer);
     // stage 02: the base's 16-bit copy, which its matmuls read, is made once (the base never
-    // changes); the adapters stay fp32 in their own matmuls, and the stage's cast of its trained
-    // parameters each step goes to a copy of theirs, which nothing reads
+    // changes); the adapters stay fp32 in their own matmuls, and the 16-bit copy a stage makes of
+    // its trained parameters (a cast each step, or AdamW's pass in stage 02) goes to a copy of
+    // theirs, which nothing reads
     if (mb->params16) {
         cast_to_16(mb->params16, mb->params, mb->n);
         lo->base_params16 = mb->params16;

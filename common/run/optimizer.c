@@ -16,8 +16,8 @@ double learning_rate(const Config *cfg, long step, long total_steps) {
     return cfg->min_lr + cosine * (cfg->lr - cfg->min_lr);
 }
 
-void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
-                size_t first, size_t n, const Config *cfg, double lr, long t, float clip) {
+void adamw_step_16(const ParamLayout *layout, float *params, half16 *params16, const float *grads, float *m,
+                   float *v, size_t first, size_t n, const Config *cfg, double lr, long t, float clip) {
     int m0 = trace_mark();
     // One call per tensor (or per part of one inside [first, first + n)), because the weight
     // decay differs between tensors; the pointers are to the range's first element.
@@ -27,11 +27,16 @@ void adamw_step(const ParamLayout *layout, float *params, const float *grads, fl
         size_t hi = ti->offset + ti->numel < first + n ? ti->offset + ti->numel : first + n;
         if (lo >= hi) continue;
         size_t at = lo - first;
-        adamw_update(params + at, grads + at, clip, m + at, v + at, hi - lo, (float)lr, (float)cfg->beta1,
-                     (float)cfg->beta2, (float)cfg->eps, ti->decay ? (float)cfg->weight_decay : 0.0f,
-                     (int)t);
+        adamw_update_16(params + at, params16 ? params16 + at : NULL, grads + at, clip, m + at, v + at, hi - lo,
+                        (float)lr, (float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps,
+                        ti->decay ? (float)cfg->weight_decay : 0.0f, (int)t);
     }
     trace_span("optimizer", TRACK_COMPUTE, m0, trace_mark(), NULL);
+}
+
+void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
+                size_t first, size_t n, const Config *cfg, double lr, long t, float clip) {
+    adamw_step_16(layout, params, NULL, grads, m, v, first, n, cfg, lr, t, clip);
 }
 
 float clip_factor(double norm, double max_norm) {

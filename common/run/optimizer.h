@@ -7,6 +7,7 @@
 
 #include "config/config.h"
 #include "model/gpt.h"
+#include "ops/ops.h"  // half16
 
 // Linear warm-up from lr/warmup to lr over warmup_steps, then cosine decay to min_lr at the last
 // step. `step` counts from 0.
@@ -17,6 +18,10 @@ double learning_rate(const Config *cfg, long step, long total_steps);
 // It reads each gradient times `clip` (clip_factor): clipping costs no pass of its own.
 void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
                 size_t first, size_t n, const Config *cfg, double lr, long t, float clip);
+// ... writing the updated weights' 16-bit copy params16 (the same range) in the same pass, where
+// params16 is not NULL: mixed precision's next matmul weights without a cast of their own
+void adamw_step_16(const ParamLayout *layout, float *params, half16 *params16, const float *grads, float *m,
+                   float *v, size_t first, size_t n, const Config *cfg, double lr, long t, float clip);
 
 // The factor that brings gradients of global norm `norm` down to max_norm (1 when they are
 // within it, or max_norm is 0: no clipping).
