@@ -13,4 +13,4 @@ check 'grep -q "rank 0 (stage 0, replica 0): .*| F0s F1s rB0 F2s rB1 F3s rB2 rB3
     "1F1B's sequence on stage 0: $(grep -a "rank 0 (stage 0" "$tmp/pp.log")"
 check 'grep -q "rank 1 (stage 1, replica 0): .*| rF0 B0s rF1 B1s rF2 B2s rF3 B3s *$" "$tmp/pp.log"' \
     "1F1B's sequence on stage 1: $(grep -a "rank 1 (stage 1" "$tmp/pp.log")"
-[ "$failed" -eq 0 ]
+finish one_f_one_b_order
