@@ -307,7 +307,7 @@ def start(cat, ex_id, state, copy, with_build=True, again=False):
     shutil.rmtree(copy, ignore_errors=True)
     os.rename(fresh, copy)
     what = {"code": f"write the body of {ex.get('function') or 'the marked region'} in {ex['file']}",
-            "bug-hunt": f"find and fix the bug in {ex['function']} ({ex['file']}) that the checks catch",
+            "bug-hunt": f"find and fix the bug in {ex.get('function')} ({ex['file']}) that the checks catch",
             "calculation": "fill in answers.json"}[ex["kind"]]
     print(f"{os.path.relpath(copy, ROOT)}: {ex_id} ({state}); {what} (exercises/{ex_id}.md), then: make grade EX={ex_id}")
 
@@ -370,24 +370,28 @@ def readable(raw, keep=WHY_LINES):
     return lines[-keep:]
 
 
-def run_command(command, tree, limit):
-    """(rc or None on timeout, output bytes) of bash -c command in tree, in a session of its own."""
-    tmp = os.path.join(tree, ".tmp")
-    os.makedirs(tmp, exist_ok=True)
-    env = dict(os.environ, TMPDIR=tmp)
-    log = os.path.join(tree, ".check.log")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(["bash", "-c", command], cwd=tree, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            rc = None
-        end_session(proc.pid)  # a hung rank or a stray child, ended with its session
-        if rc is None:
-            proc.wait()
-    with open(log, "rb") as f:
-        return rc, f.read()
+def run_command(command, cwd, limit):
+    """(rc or None on timeout, output bytes) of bash -c command in cwd, in a session of its own;
+    its temporary files and its log lie under work/.grading/, never in the tree it runs in."""
+    os.makedirs(GRADING, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=".run-", dir=GRADING)
+    log = os.path.join(scratch, "log")
+    try:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=dict(os.environ, TMPDIR=scratch),
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                rc = None
+            end_session(proc.pid)  # a hung rank or a stray child, ended with its session
+            if rc is None:
+                proc.wait()
+        with open(log, "rb") as f:
+            return rc, f.read()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def why_lines(output):
