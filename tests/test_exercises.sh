@@ -20,6 +20,7 @@
 #    that reason, and the grader goes on.
 # Copies go to work/.test-exercises/ (removed at the end); grades are read from the JSON files.
 source "$(dirname "$0")/lib.sh"
+export PYTHONDONTWRITEBYTECODE=1  # tools/ is imported below: no byte-code beside the sources
 base=$PWD/work/.test-exercises
 rm -rf "$base"
 mkdir -p "$base"
@@ -135,6 +136,7 @@ ex = exercise.load_catalogue()['grad-clip']
 print(exercise.learner_part('.', ex), end='')")
 (
     cd "$pack" && export GIT_CEILING_DIRECTORIES=/tmp
+    passed=0 failed=0  # this part's own counts, added to the rest's below
     check '[ -f README.md ] && [ -f Makefile ] && [ -f AGENTS.md ] && ! git rev-parse 2>/dev/null' "the pack's root: $(ls)"
     make exercise EX=grad-clip >/dev/null 2>&1
     check '[ -f work/grad-clip/AGENTS.md ] && grep -q "TODO" "work/grad-clip/$clip_file"' "make exercise in the pack made no starter copy"

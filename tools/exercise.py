@@ -9,8 +9,9 @@ one planted bug, a calculation's copy a blank answers.json.
 Grading never builds or runs the learner's copy. It takes only the exercise's own part from it
 (the body of its function or region, a bug hunt's function, a calculation's answers.json) into a
 fresh tree made from the workbook (its files and its build; in a class's pack, the exercise's
-starter tree), writes that file newer than every object so that what includes it is rebuilt, and
-runs the catalogue's checks there, each in a session of its own under a time limit. A check
+starter tree), writes that file newer than every object so that what includes it is rebuilt (in
+the workbook, a part the same as the workbook's own keeps the objects built from it), and runs
+the catalogue's checks there, each in a session of its own under a time limit. A check
 passes on exit status 0 together with its test's own summary line ("NAME: N passed, 0 failed",
 N > 0); a check marked `partial` earns its points in proportion to the cases that pass.
 
@@ -54,6 +55,7 @@ SUMMARY = re.compile(r"^(.*\S): (\d+) passed, (\d+) failed\s*$")
 NOISE = re.compile(r"^\s*$|^-{5,}|^={5,}|mpirun|prterun|PRTE|Primary job|MPI_ABORT|NOTE: invoking|"
                    r"You may or may not|errorcode|Open MPI|process rank|make(\[\d+\])?: |Clock skew|"
                    r"modification time .* in the future")
+FAILED_AT = re.compile(r"^FAIL (\S+:\d+):")  # check.h's failure line: which check failed
 # the lines that name what is wrong, ahead of the rest
 CAUSE = re.compile(r"^FAIL|\bgot\b.*\bwant|\bnan\b|\binf\b|error|wrong|not answered|does not|did not|not exactly",
                    re.I)
@@ -203,10 +205,13 @@ def learner_part(copy, ex):
 
 
 def put_part(tree, ex, part):
+    """The hand-in's part into the grading tree's file, which is then newer than every object. In
+    the workbook, a part the same as the workbook's own leaves the file as it is: the build copied
+    with it was made from that very text (in a pack, the build may be a previous hand-in's)."""
     path = os.path.join(tree, ex["file"])
     if ex["kind"] == "calculation":
         write_newer(path, part)
-    else:
+    elif in_pack() or learner_part(tree, ex) != part:
         replace_part(path, ex, part)
 
 
@@ -396,9 +401,16 @@ def run_command(command, cwd, limit):
 
 def why_lines(output):
     """What says why a check failed: the lines that name a cause, in their order, ahead of the
-    rest; mpirun's and make's boilerplate left out."""
+    rest, one per failing check of the test (its first: a test that fails one check many times
+    would hide its others); mpirun's and make's boilerplate left out."""
     lines = [l for l in readable(output, keep=10 ** 6) if not NOISE.search(l)]
-    causes = [l for l in lines if CAUSE.search(l)]
+    causes, seen = [], set()
+    for line in lines:
+        where = FAILED_AT.match(line)
+        if CAUSE.search(line) and not (where and where.group(1) in seen):
+            causes.append(line)
+            if where:
+                seen.add(where.group(1))
     return causes[:WHY_LINES - 1] or lines[-(WHY_LINES - 1):]
 
 
@@ -501,11 +513,8 @@ def grade_one(ex, copy, gpu):
 def grade_side_by_side(cat, handins, jobs):
     """Grades [(exercise id, copy)] with up to `jobs` at once; the rows of each, in order."""
     gpu = has_gpu()
-    if not in_pack():  # the workbook's build is where every grading tree starts
-        targets = sorted({t for ex_id, _ in handins for t in cat[ex_id].get("build", [])})
-        why = make_targets(targets, ROOT)
-        if why:
-            die("the workbook does not build: " + " / ".join(why))
+    # the workbook's build is not made here: its phony targets would be rewritten under the checks
+    # of other gradings; a grading tree's own make rebuilds whatever of it is stale
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(lambda h: grade_one(cat[h[0]], h[1], gpu), handins))
 
@@ -517,7 +526,7 @@ def print_table(rows):
     for r in rows:
         who = (r["learner"] + "/" if "learner" in r else "") + r["exercise"]
         print(f"{who:<{w}}  {r['check']:<{c}}  {r['earned']:>2}/{r['points']:<3}  {r['result']}")
-        for line in r["why"][:3]:
+        for line in r["why"][:4]:
             print(f"{'':<{w}}    {line}")
     s = rubric(rows)
     print(f"total: {s['earned']} / {s['earnable']} points earnable here" +
