@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""exercises/calc_check.py <exercise> [--solve]: the check of a calculation exercise.
+"""exercises/calc_check.py <exercise>: the check of a calculation exercise.
 
 Reads the learner's numbers from answers.json (in the copy's root) and compares each with the
 planner's (build/plan --json, the stages' own arithmetic) and, where the question is about a run,
 with a measured run's stats.json or metrics.jsonl (which the planner must also match). Each answer
-within its tolerance (relative, from exercises/catalogue.json) passes; any other fails the check.
---solve writes the planner's numbers into answers.json instead (the instructor's key).
+within its tolerance (relative, from exercises/catalogue.json) is a case that passes, any other
+one that fails; the summary line "calc_check: N passed, N failed" lets the grader give points per
+key. Only whether each answer is right is printed, never the right number.
 """
 import json
 import os
@@ -71,23 +72,23 @@ def tolerances(ex_id):
 
 
 def main():
-    ex_id, solve = sys.argv[1], "--solve" in sys.argv[2:]
+    ex_id = sys.argv[1]
     with tempfile.TemporaryDirectory() as tmp:
         want = truth(ex_id, tmp)
-    if solve:
-        json.dump(want, open("answers.json", "w"), indent=2)
-        return
     try:
         got = json.load(open("answers.json"))
     except (OSError, ValueError) as e:
         sys.exit(f"answers.json: {e}")
-    wrong = 0
-    for key, tol in tolerances(ex_id).items():
+    if not isinstance(got, dict):
+        sys.exit("answers.json: expected an object of numbers by key, found " + type(got).__name__)
+    wrong, keys = 0, tolerances(ex_id)
+    for key, tol in keys.items():
         value = got.get(key)
         ok = isinstance(value, (int, float)) and abs(value - want[key]) <= tol * abs(want[key])
         print(f"{key}: {'right' if ok else 'wrong' if isinstance(value, (int, float)) else 'not answered'}"
               f" (your {value})")
         wrong += not ok
+    print(f"calc_check: {len(keys) - wrong} passed, {wrong} failed")
     sys.exit(1 if wrong else 0)
 
 

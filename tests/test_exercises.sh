@@ -1,31 +1,48 @@
 #!/usr/bin/env bash
-# The exercises (exercises/catalogue.json, graded by tools/exercise.py):
-#  - the workbook's own code (one unchanged copy, shared by every exercise) scores full points on
-#    every exercise, and every exercise's starter (its stub, or its planted bug) scores 0: an
-#    exercise whose checks cannot tell the two apart fails here;
+# The exercises (exercises/catalogue.json, graded by tools/exercise.py on pristine tests):
+#  - the workbook's own code scores full points on every exercise, and every exercise's starter (its
+#    stub, or its planted bug) scores 0 even when its copy grades itself: each starter copy has its
+#    tests' summaries and checks made to pass, its check scripts made to exit 0, its catalogue's
+#    tolerances widened, the answer-key-free calc_check.py made to exit 0, and its exercise's file
+#    dated before the build (stale objects); grading takes only the exercise's part, so none of it
+#    counts. Exercises are graded two at a time, side by side;
+#  - an answer that calls exit(0) scores 0 with a reason that names the missing summary line;
+#  - a calculation with one key of three wrong earns its points for the other two;
+#  - a GPU check is reported blocked, apart from the points earnable here;
 #  - at least 20 exercises, two or more for each of stages 01-09 and common/, and 80% of all
-#    points need no GPU;
-#  - the grader's robustness: a copy that does not compile, one that hangs (its processes ended at
-#    the time limit), one that crashes printing bytes that are not text, one that writes outside
-#    its copy, and a check whose program is missing (exit 127) are each graded failed with that
-#    reason, and the grader goes on to the next check.
-# Copies go to work/.test-exercises/ (removed at the end); grades are read from grade.json.
+#    points need no GPU; no calculation has an answer-key mode;
+#  - the pack unpacked in an empty directory, without git: make exercise, make grade (inside the
+#    copy too), make exercise AGAIN=1; the instructor's class command grades a folder of hand-ins
+#    into CSV and JSON;
+#  - the grader's robustness: a hand-in that does not compile, one that hangs (its processes ended
+#    at the time limit), one that crashes printing bytes that are not text, one that writes
+#    outside its tree, and a check whose program is missing (exit 127) are each graded failed with
+#    that reason, and the grader goes on.
+# Copies go to work/.test-exercises/ (removed at the end); grades are read from the JSON files.
 source "$(dirname "$0")/lib.sh"
-base=work/.test-exercises
+export PYTHONDONTWRITEBYTECODE=1  # tools/ is imported below: no byte-code beside the sources
+base=$PWD/work/.test-exercises
 rm -rf "$base"
+mkdir -p "$base"
 trap 'rm -rf "$tmp" "$base"' EXIT
 ids=$(python3 -c "import json; print(' '.join(e['id'] for e in json.load(open('exercises/catalogue.json'))['exercises']))")
+# the workbook's build of every check's targets, once: each grading tree starts from it
+make -j2 --no-print-directory BACKEND=cpu $(python3 -c "import json; print(' '.join(sorted({t for e in json.load(open('exercises/catalogue.json'))['exercises'] for t in e.get('build', [])})))") >/dev/null
 
-kind() { python3 -c "import json, sys; print(next(e['kind'] for e in json.load(open('exercises/catalogue.json'))['exercises'] if e['id'] == sys.argv[1]))" "$1"; }
-# grade_sum <copy> <field>: earned, points or blocked of the copy's grade.json
-grade_sum() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1/grade.json" "$2"; }
+# field <grade.json> <key>: earned, earnable, blocked ... of a grade
+field() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 failures() { python3 -c "
 import json, sys
 for c in json.load(open(sys.argv[1]))['checks']:
     if c['result'] != 'passed': print('   ', c['check'], '->', c['result'], '|', ' / '.join(c['why'][:3]))
-" "$1/grade.json"; }
+" "$1"; }
+file_of() { python3 -c "import json, sys; print(next(e['file'] for e in json.load(open('exercises/catalogue.json'))['exercises'] if e['id'] == sys.argv[1]))" "$1"; }
+# first_why <grade.json>: the result and the first reason of its first check
+first_why() { python3 -c "
+import json, sys
+c = json.load(open(sys.argv[1]))['checks'][0]
+print(c['result'], c['earned'], ' '.join(c['why']))" "$1"; }
 
-# the catalogue's shape: counts per stage, and the points a CPU can earn
 check 'python3 - <<PY
 import json, collections, sys
 ex = json.load(open("exercises/catalogue.json"))["exercises"]
@@ -37,36 +54,122 @@ ok = len(ex) >= 20 and all(per[s] >= 2 for s in need) and cpu >= 0.8 * points
 print(f"{len(ex)} exercises, per stage {dict(per)}, {cpu} of {points} points without a GPU")
 sys.exit(0 if ok else 1)
 PY' "the catalogue needs >= 20 exercises, >= 2 per stage and common/, and 80% of the points without a GPU"
+check '! grep -q -- "--solve\|\"solve\"" exercises/calc_check.py exercises/catalogue.json' \
+    "a calculation still has an answer-key mode"
 
-# the workbook's own code: one copy, every exercise's checks on it; a calculation's copy of its
-# own, whose answers.json the tool fills with the planner's numbers
-start=$SECONDS
-python3 tools/exercise.py start adamw-update --state solution --dir "$base/solution" >/dev/null
-for id in $ids; do
-    copy=$base/solution
-    if [ "$(kind "$id")" = calculation ]; then
-        copy=$base/solution-$id
-        python3 tools/exercise.py start "$id" --state solution --dir "$copy" >/dev/null
+# A copy that grades itself: what a learner could edit in it to pass, all of it ignored by grading
+tamper() { # tamper <copy> <exercise's file>
+    local c=$1
+    sed -i 's/return check_failed_ ? 1 : 0;/return 0;/' "$c/tests/check.h"
+    sed -i 's/if eval "\$1"; then/if true; then/; s/\[ "\$failed" -eq 0 \]$/true/' "$c/tests/lib.sh"
+    sed -i '1a exit 0' "$c"/exercises/*.sh
+    sed -i 's/"tolerance": [0-9.e-]*/"tolerance": 1e9/' "$c/exercises/catalogue.json"
+    sed -i 's/sys.exit(1 if wrong else 0)/sys.exit(0)/' "$c/exercises/calc_check.py"
+    touch -d 2001-01-01 "$c/$2"
+}
+export -f tamper
+
+# one exercise: the workbook's own code (a calculation: a copy with the right numbers), then its
+# starter, tampered; each grade's JSON in $tmp
+grade_pair() { # grade_pair <id>
+    local id=$1 kind file
+    read -r kind file < <(python3 -c "import json, sys; e = next(e for e in json.load(open('exercises/catalogue.json'))['exercises'] if e['id'] == sys.argv[1]); print(e['kind'], e['file'])" "$id")
+    if [ "$kind" = calculation ]; then
+        python3 tools/exercise.py start "$id" --state solution --dir "$base/solution-$id" >/dev/null
+        python3 tools/exercise.py grade --dir "$base/solution-$id" --json "$tmp/solution-$id.json" >"$tmp/solution-$id.log" 2>&1
+    else
+        python3 tools/exercise.py grade --dir . --as "$id" --json "$tmp/solution-$id.json" >"$tmp/solution-$id.log" 2>&1
     fi
-    python3 tools/exercise.py grade --dir "$copy" --as "$id" >"$tmp/solution-$id.log" 2>&1
-    earned=$(grade_sum "$copy" earned) points=$(grade_sum "$copy" points) blocked=$(grade_sum "$copy" blocked)
-    check '[ "$earned" -eq $((points - blocked)) ] && [ "$earned" -gt 0 ]' \
-        "$id: the workbook's own code scores $earned of $points points ($blocked blocked):
-$(failures "$copy")"
-done
-
-echo "every exercise's checks on the workbook's own code: $((SECONDS - start)) s"
-
-# every starter scores 0
-start=$SECONDS
-for id in $ids; do
     python3 tools/exercise.py start "$id" --dir "$base/$id" >/dev/null
-    python3 tools/exercise.py grade --dir "$base/$id" >"$tmp/starter-$id.log" 2>&1
-    earned=$(grade_sum "$base/$id" earned)
-    check '[ "$earned" = 0 ]' "$id: its starter scores $earned points; its checks cannot tell it from the solution"
-    rm -rf "${base:?}/$id"
+    tamper "$base/$id" "$file"
+    python3 tools/exercise.py grade --dir "$base/$id" --json "$tmp/starter-$id.json" >"$tmp/starter-$id.log" 2>&1
+    if [ "$kind" != calculation ]; then rm -rf "${base:?}/$id"; fi
+}
+export -f grade_pair
+export base tmp
+
+start=$SECONDS
+printf '%s\n' $ids | xargs -P 2 -I{} bash -c 'grade_pair {}'
+for id in $ids; do
+    s=$tmp/solution-$id.json
+    check '[ -f "$s" ] && [ "$(field "$s" earned)" -eq "$(field "$s" earnable)" ] && [ "$(field "$s" earned)" -gt 0 ]' \
+        "$id: the workbook's own code scores $(field "$s" earned) of $(field "$s" earnable) points earnable here:
+$(failures "$s")"
+    s=$tmp/starter-$id.json
+    check '[ -f "$s" ] && [ "$(field "$s" earned)" = 0 ]' \
+        "$id: its starter, in a copy that grades itself, scores $(field "$s" earned) points; grading ran the copy's own tests or build"
 done
-echo "every starter graded: $((SECONDS - start)) s"
+echo "every exercise's solution and tampered starter, two at a time: $((SECONDS - start)) s"
+
+# blocked points stand apart: adamw-update's GPU check
+s=$tmp/solution-adamw-update.json
+check '[ "$(field "$s" blocked)" = 5 ] && [ "$(field "$s" earnable)" = 10 ] || [ "$(field "$s" blocked)" = 0 ]' \
+    "adamw-update's GPU check is counted in what a CPU can earn: $(field "$s" earnable) earnable, $(field "$s" blocked) blocked"
+
+# exit(0) in an answer ends the test before its summary line: no points, and the reason says so
+python3 tools/exercise.py start adamw-update --dir "$base/exit0" >/dev/null
+sed -i 's|^    // TODO: one AdamW step|    exit(0);\n&|' "$base/exit0/$(file_of adamw-update)"
+python3 tools/exercise.py grade --dir "$base/exit0" --json "$tmp/exit0.json" >/dev/null 2>&1
+out=$(first_why "$tmp/exit0.json")
+check '[[ "$out" == "failed 0 exited 0 without its test"*"summary line"* ]]' "an answer that calls exit(0): $out"
+
+# a calculation with 2 of its 3 keys right earns 2/3 of its points
+python3 - "$base/solution-calc-ddp-comm/answers.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))
+a["parameters"] += 1000
+json.dump(a, open(sys.argv[1], "w"))
+PY
+python3 tools/exercise.py grade --dir "$base/solution-calc-ddp-comm" --json "$tmp/partial.json" >/dev/null 2>&1
+out=$(first_why "$tmp/partial.json")
+check '[[ "$out" == "partial 6 2 of 3 cases pass"*"parameters: wrong"* ]]' "calc-ddp-comm with one key of three wrong: $out"
+
+# the pack: unpacked in an empty directory, no git anywhere above it
+python3 tools/exercise.py pack --out "$tmp/pack.tar.gz" >/dev/null
+check '! tar tzf "$tmp/pack.tar.gz" | grep -q "\.git/"' "the pack holds version history"
+pack=$(mktemp -d /tmp/exercise-pack.XXXXXX)
+clip_file=$(file_of grad-clip)
+tar xzf "$tmp/pack.tar.gz" -C "$pack"
+solution_body=$(python3 -c "
+import sys; sys.path.insert(0, 'tools'); import exercise
+ex = exercise.load_catalogue()['grad-clip']
+print(exercise.learner_part('.', ex), end='')")
+(
+    cd "$pack" && export GIT_CEILING_DIRECTORIES=/tmp
+    passed=0 failed=0  # this part's own counts, added to the rest's below
+    check '[ -f README.md ] && [ -f Makefile ] && [ -f AGENTS.md ] && ! git rev-parse 2>/dev/null' "the pack's root: $(ls)"
+    make exercise EX=grad-clip >/dev/null 2>&1
+    check '[ -f work/grad-clip/AGENTS.md ] && grep -q "TODO" "work/grad-clip/$clip_file"' "make exercise in the pack made no starter copy"
+    SOLUTION="$solution_body" python3 -c "
+import os, sys; sys.path.insert(0, 'tools'); import exercise
+ex = exercise.load_catalogue()['grad-clip']
+exercise.put_part('work/grad-clip', ex, os.environ['SOLUTION'])"
+    (cd work/grad-clip && make grade >/dev/null 2>&1)
+    check '[ "$(field work/grad-clip/grade.json earned)" = 10 ]' "make grade inside the pack's copy, with the right answer: $(cat work/grad-clip/grade.json 2>&1 | head -5)"
+    make exercise EX=grad-clip AGAIN=1 >/dev/null 2>&1
+    make grade EX=grad-clip >/dev/null 2>&1
+    check '[ "$(field work/grad-clip/grade.json earned)" = 0 ] && grep -q TODO "work/grad-clip/$clip_file"' \
+        "make exercise AGAIN=1 in the pack: not a starter again, graded $(field work/grad-clip/grade.json earned 2>&1)"
+    finish pack >"$tmp/pack.result"
+)
+read -r _ p _ f _ <"$tmp/pack.result"
+passed=$((passed + p)) failed=$((failed + f))
+rm -rf "$pack"
+
+# the instructor's side: a folder with one folder per learner, into one CSV and one JSON
+mkdir -p "$base/class/ana/work" "$base/class/ben" "$base/class/cai"
+mv "$base/solution-calc-bubble" "$base/class/ana/work/calc-bubble"
+mv "$base/exit0" "$base/class/ben/adamw-update"
+python3 tools/exercise.py class "$base/class" --csv "$tmp/class.csv" --json "$tmp/class.json" --jobs 2 >/dev/null 2>&1
+check 'python3 - "$tmp/class.csv" "$tmp/class.json" <<PY
+import csv, json, sys
+rows = {(r["learner"], r["check"][:30]): r for r in csv.DictReader(open(sys.argv[1]))}
+by = json.load(open(sys.argv[2]))
+ok = (by["ana"]["earned"] == 10 and by["ben"]["earned"] == 0 and by["ben"]["blocked"] in (0, 5)
+      and by["cai"]["earned"] == 0 and "no exercise copy" in by["cai"]["checks"][0]["why"][0]
+      and any(k[0] == "ben" for k in rows))
+sys.exit(0 if ok else 1)
+PY' "the class's grades: $(cat "$tmp/class.csv" 2>&1 | head -6)"
 
 # robustness: five broken hand-ins, graded with a catalogue made for them
 python3 - "$tmp/robust.json" <<'PY'
@@ -76,7 +179,7 @@ sampler = dict(stage="06", kind="code", file="06_inference/sampler.c", function=
 def exercise(id, stub, limit=60, command="build/tests/test_top_p"):
     return dict(sampler, id=id, stub=stub, checks=[{"name": "sampler", "points": 1, "command": command,
                                                     "time_limit_s": limit, "needs_gpu": False},
-                                                   {"name": "after", "points": 1, "command": "true",
+                                                   {"name": "after", "points": 1, "command": "echo 'after: 1 passed, 0 failed'",
                                                     "time_limit_s": limit, "needs_gpu": False}])
 used = "    (void)s, (void)mass, (void)by_probability_desc, (void)g_sort_prob;\n"
 ex = [exercise("no-compile", "    this is not C;"),
@@ -86,7 +189,7 @@ ex = [exercise("no-compile", "    this is not C;"),
       exercise("missing", used + "    return 0;", command="build/tests/test_top_p_not_built")]
 json.dump({"exercises": ex}, open(sys.argv[1], "w"))
 PY
-robust() { # robust <id>: starts and grades that broken copy; its grade.json's first check is printed
+robust() { # robust <id>: starts and grades that broken copy; its first check's result and why are printed
     python3 tools/exercise.py --catalogue "$tmp/robust.json" start "$1" --dir "$base/$1" >/dev/null
     timeout 300 python3 tools/exercise.py --catalogue "$tmp/robust.json" grade --dir "$base/$1" >"$tmp/robust-$1.log" 2>&1
     python3 -c "
@@ -105,7 +208,7 @@ out=$(robust garbage)
 check '[[ "$out" == "failed passed crashed: SIGABRT"* ]]' "a copy that crashes printing bytes: $out"
 check 'python3 -c "import json, sys; json.load(open(sys.argv[1]))" "$base/garbage/grade.json"' "grade.json of the garbage-printing copy is not JSON"
 out=$(robust outside)
-check '[[ "$out" == "failed passed wrote outside its copy: exercise-outside-probe"* ]]' "a copy that writes outside itself: $out"
+check '[[ "$out" == "failed passed wrote outside its tree: exercise-outside-probe"* ]]' "a copy that writes outside itself: $out"
 rm -f exercise-outside-probe
 # a check whose program is not there (bash: command not found, exit 127) is failed, not passed
 out=$(robust missing)

@@ -222,29 +222,35 @@ static float bits_to_float(uint32_t u) {
 
 static void test_bf16_rounding(void) {
     // (input bits, expected bf16 bits): exact, round down, round up, the two ties (to even),
-    // the largest finite float rounding to infinity, infinity, a NaN that must stay a NaN
+    // the largest finite float rounding to infinity, infinity
     static const uint32_t cases[][2] = {
         {0x3F800000u, 0x3F80u}, {0x3F807FFFu, 0x3F80u}, {0x3F808001u, 0x3F81u},
         {0x3F808000u, 0x3F80u}, {0x3F818000u, 0x3F82u}, {0xBF818000u, 0xBF82u},
         {0x7F7FFFFFu, 0x7F80u}, {0x7F800000u, 0x7F80u}, {0x00000001u, 0x0000u}};
-    int n = (int)(sizeof cases / sizeof cases[0]);
-    float *in = dev_malloc((size_t)(n + 1) * sizeof(float));
-    half16 *out = dev_malloc((size_t)(n + 1) * sizeof(half16));
-    float host[16];
+    // NaNs of every class, each of which must stay a NaN: a quiet one the rounding carry leaves a
+    // NaN, then those it would not: a payload only in the low 16 bits (truncated, an infinity),
+    // all ones (the carry runs into the sign: -0, or past bit 31: +0), of either sign
+    static const uint32_t nans[] = {0x7FC00001u, 0x7F800001u, 0xFF800001u, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x7FBFFFFFu};
+    int n = (int)(sizeof cases / sizeof cases[0]), n_nan = (int)(sizeof nans / sizeof nans[0]), all = n + n_nan;
+    float *in = dev_malloc((size_t)all * sizeof(float));
+    half16 *out = dev_malloc((size_t)all * sizeof(half16));
+    float host[32];
     for (int i = 0; i < n; i++) host[i] = bits_to_float(cases[i][0]);
-    host[n] = bits_to_float(0x7FC00001u);  // NaN
-    copy_to_device(in, host, (size_t)(n + 1) * sizeof(float));
-    cast_to_16(out, in, (size_t)n + 1);
-    half16 got[16];
-    copy_to_host(got, out, (size_t)(n + 1) * sizeof(half16));
+    for (int i = 0; i < n_nan; i++) host[n + i] = bits_to_float(nans[i]);
+    copy_to_device(in, host, (size_t)all * sizeof(float));
+    cast_to_16(out, in, (size_t)all);
+    half16 got[32];
+    copy_to_host(got, out, (size_t)all * sizeof(half16));
     for (int i = 0; i < n; i++)
         CHECK(got[i] == cases[i][1], "bf16 of 0x%08X: got 0x%04X, want 0x%04X", cases[i][0], got[i], cases[i][1]);
-    CHECK((got[n] & 0x7F80u) == 0x7F80u && (got[n] & 0x7Fu) != 0, "NaN became 0x%04X", got[n]);
+    for (int i = 0; i < n_nan; i++)
+        CHECK((got[n + i] & 0x7F80u) == 0x7F80u && (got[n + i] & 0x7Fu) != 0, "the NaN 0x%08X became 0x%04X, not a NaN",
+              nans[i], got[n + i]);
     // widening back is exact: bf16 -> float -> bf16 gives the same bits
-    float back[16];
-    float *wide = dev_malloc((size_t)(n + 1) * sizeof(float));
-    cast_to_float(wide, out, (size_t)n + 1);
-    copy_to_host(back, wide, (size_t)(n + 1) * sizeof(float));
+    float back[32];
+    float *wide = dev_malloc((size_t)all * sizeof(float));
+    cast_to_float(wide, out, (size_t)all);
+    copy_to_host(back, wide, (size_t)all * sizeof(float));
     for (int i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &back[i], sizeof u);

@@ -1,36 +1,64 @@
 #!/usr/bin/env python3
-"""The workbook's exercises: make a learner's copy, grade it, pack a class's archive.
+"""The workbook's exercises: make a learner's copy, grade hand-ins on pristine tests, pack a class.
 
 The stages are the solutions. An exercise (exercises/catalogue.json) names a function in a stage
 or in common/ (found by its definition), or a region between `// exercise <id>: begin` and
 `// exercise <id>: end`; a starter copy has that body replaced by a stub, a bug hunt's copy has
-one planted bug. Grading builds the copy and runs the exercise's checks (the workbook's own
-tests), each all-or-nothing, each in its own process group under a time limit.
+one planted bug, a calculation's copy a blank answers.json.
+
+Grading never builds or runs the learner's copy. It takes only the exercise's own part from it
+(the body of its function or region, a bug hunt's function, a calculation's answers.json) into a
+fresh tree made from the workbook (its files and its build; in a class's pack, the exercise's
+starter tree), writes that file newer than every object so that what includes it is rebuilt (in
+the workbook, a part the same as the workbook's own keeps the objects built from it), and runs
+the catalogue's checks there, each in a session of its own under a time limit. A check
+passes on exit status 0 together with its test's own summary line ("NAME: N passed, 0 failed",
+N > 0); a check marked `partial` earns its points in proportion to the cases that pass.
 
   tools/exercise.py list
   tools/exercise.py start EX [--state starter|solution|bug] [--dir DIR] [--again]
-  tools/exercise.py grade [EX ...] [--dir DIR] [--as EX]
+  tools/exercise.py grade [EX ...] [--dir DIR ...] [--as EX] [--jobs N] [--json FILE]
+  tools/exercise.py class HANDINS [--csv FILE] [--json FILE] [--jobs N]
   tools/exercise.py pack [--out FILE]
 
 Standard library only.
 """
 import argparse
+import concurrent.futures
+import csv
+import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CATALOGUE = os.path.join(ROOT, "exercises", "catalogue.json")
 WORK = os.path.join(ROOT, "work")
-MARK = ".exercise.json"  # in a copy: which exercise, in which state
+GRADING = os.path.join(WORK, ".grading")  # the fresh trees, one per hand-in being graded
+TREES = os.path.join(ROOT, "exercises", "trees")  # only in a class's pack: <id>.tar.gz, each starter tree
+BUILD_CACHE = os.path.join(WORK, ".build")  # in a pack: each exercise's last grading build, reused
+PACK_FILES = os.path.join(ROOT, "exercises", "pack")  # the pack's README.md and Makefile
+AGENTS = os.path.join(ROOT, "exercises", "AGENTS.md")  # for a learner's AI assistant, in every copy
+MARK = ".exercise.json"  # in a copy: which exercise, in which state, made by which grader
 BUILD_LIMIT_S = 900
 WHY_LINES = 6
+SUMMARY = re.compile(r"^(.*\S): (\d+) passed, (\d+) failed\s*$")
+# lines of mpirun's and make's own that say nothing about the learner's code
+NOISE = re.compile(r"^\s*$|^-{5,}|^={5,}|mpirun|prterun|PRTE|Primary job|MPI_ABORT|NOTE: invoking|"
+                   r"You may or may not|errorcode|Open MPI|process rank|make(\[\d+\])?: |Clock skew|"
+                   r"modification time .* in the future")
+FAILED_AT = re.compile(r"^FAIL (\S+:\d+):")  # check.h's failure line: which check failed
+# the lines that name what is wrong, ahead of the rest
+CAUSE = re.compile(r"^FAIL|\bgot\b.*\bwant|\bnan\b|\binf\b|error|wrong|not answered|does not|did not|not exactly",
+                   re.I)
 
 
 def die(msg):
@@ -51,6 +79,14 @@ def find(cat, ex_id):
     if ex_id not in cat:
         die(f"no exercise '{ex_id}' (exercises: {', '.join(sorted(cat))})")
     return cat[ex_id]
+
+
+def in_pack():
+    return os.path.isdir(TREES)
+
+
+class NoPart(Exception):
+    """The exercise's part is missing from a file (its function or region cannot be found)."""
 
 
 # ---- locating a body ---------------------------------------------------------------------------
@@ -121,7 +157,7 @@ def locate(text, ex):
     span = region_body(text, ex["id"]) if ex.get("region") else function_body(text, ex["function"])
     if span is None:
         what = f"region '// exercise {ex['id']}: begin/end'" if ex.get("region") else f"function {ex['function']}"
-        die(f"{ex['file']}: {what} not found")
+        raise NoPart(f"{ex['file']}: {what} not found")
     return span
 
 
@@ -130,11 +166,12 @@ def stub_text(ex):
     return stub if ex.get("region") else "\n" + stub.rstrip("\n") + "\n"
 
 
-def apply_stub(copy, ex):
-    path = os.path.join(copy, ex["file"])
+def replace_part(path, ex, part):
+    """Puts part in place of the exercise's body in the file at path, written newer than every
+    object built before, so that make rebuilds whatever includes it."""
     text = open(path).read()
     start, end = locate(text, ex)
-    write_changed(path, text[:start] + stub_text(ex) + text[end:])
+    write_newer(path, text[:start] + part + text[end:])
 
 
 def apply_bug(copy, ex):
@@ -143,41 +180,105 @@ def apply_bug(copy, ex):
     bug = ex["bug"]
     if text.count(bug["find"]) != 1:
         die(f"{ex['file']}: the bug's text to replace occurs {text.count(bug['find'])} times, not once")
-    write_changed(path, text.replace(bug["find"], bug["replace"]))
+    write_newer(path, text.replace(bug["find"], bug["replace"]))
 
 
-def write_changed(path, text):
+def write_newer(path, text):
     with open(path, "w") as f:
         f.write(text)
-    # newer than every object seeded from the workbook's build, so make recompiles what uses it
     now = time.time()
     os.utime(path, (now + 1, now + 1))
 
 
-# ---- making a copy -----------------------------------------------------------------------------
+def learner_part(copy, ex):
+    """The one part of a learner's copy that grading takes: the exercise's body (a bug hunt's
+    whole function) or a calculation's answers.json."""
+    path = os.path.join(copy, ex["file"])
+    try:
+        text = open(path, encoding="utf-8", errors="replace").read()
+    except OSError as e:
+        raise NoPart(f"{ex['file']}: {e.strerror}")
+    if ex["kind"] == "calculation":
+        return text
+    start, end = locate(text, ex)
+    return text[start:end]
 
-def tracked_files():
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                         cwd=ROOT, capture_output=True, check=True).stdout.decode()
-    return [p for p in out.split("\0") if p and not p.startswith("work/") and os.path.isfile(os.path.join(ROOT, p))]
+
+def put_part(tree, ex, part):
+    """The hand-in's part into the grading tree's file, which is then newer than every object. In
+    the workbook, a part the same as the workbook's own leaves the file as it is: the build copied
+    with it was made from that very text (in a pack, the build may be a previous hand-in's)."""
+    path = os.path.join(tree, ex["file"])
+    if ex["kind"] == "calculation":
+        write_newer(path, part)
+    elif in_pack() or learner_part(tree, ex) != part:
+        replace_part(path, ex, part)
 
 
-def make_copy(copy, with_build=True):
-    if os.path.exists(copy):
-        shutil.rmtree(copy)
-    for rel in tracked_files():
-        dst = os.path.join(copy, rel)
+# ---- the workbook's trees ----------------------------------------------------------------------
+
+def source_files(root):
+    """The workbook's files, relative to root: git's tracked and unignored ones when root is a git
+    checkout, else every file but the build, the copies and version control's own."""
+    git = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True) \
+        if shutil.which("git") else None
+    if git and git.returncode == 0 and os.path.samefile(git.stdout.strip(), root):
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                             cwd=root, capture_output=True, check=True).stdout.decode()
+        files = [p for p in out.split("\0") if p]
+    else:
+        files = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            if dirpath == root:
+                dirnames[:] = [d for d in dirnames if d not in ("build", "work", "out", ".git")]
+            files += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames]
+    return [p for p in files if not p.startswith("work/") and os.path.isfile(os.path.join(root, p))]
+
+
+def workbook_tree(dest, with_build):
+    """dest becomes a copy of the workbook's files and, times kept, its build (no oracle venvs)."""
+    for rel in source_files(ROOT):
+        dst = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, rel), dst, follow_symlinks=False)
-    # the workbook's own build, times kept: only what the exercise changes recompiles
     if with_build and os.path.isdir(os.path.join(ROOT, "build")):
-        shutil.copytree(os.path.join(ROOT, "build"), os.path.join(copy, "build"), symlinks=True)
+        shutil.copytree(os.path.join(ROOT, "build"), os.path.join(dest, "build"), symlinks=True,
+                        ignore=shutil.ignore_patterns("*-venv"))
+
+
+def packed_tree(ex_id, dest):
+    """dest becomes a pack's starter tree of exercise ex_id, file times kept."""
+    with tarfile.open(os.path.join(TREES, f"{ex_id}.tar.gz")) as tar:
+        tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+
+
+def starter_tree(ex, state, dest, with_build=True):
+    """dest becomes the exercise's copy in state starter, bug or solution (workbook only)."""
+    if in_pack():
+        packed_tree(ex["id"], dest)
+        return
+    workbook_tree(dest, with_build)
+    if state == "starter" and ex["kind"] != "calculation":
+        replace_part(os.path.join(dest, ex["file"]), ex, stub_text(ex))
+    elif state == "bug":
+        apply_bug(dest, ex)
+    if ex["kind"] == "calculation":
+        write_answers(ex, dest, state == "solution")
+    if os.path.isfile(AGENTS):
+        shutil.copy2(AGENTS, os.path.join(dest, "AGENTS.md"))
+
+
+# the key of a calculation, for the workbook's own test of its grader: no learner's copy has a mode
+# that writes it
+ANSWER_KEY = ("import json, sys, tempfile; sys.path.insert(0, 'exercises'); import calc_check\n"
+              "with tempfile.TemporaryDirectory() as t:\n"
+              "    json.dump(calc_check.truth(sys.argv[1], t), open('answers.json', 'w'), indent=2)")
 
 
 def write_answers(ex, copy, solved):
-    """answers.json, the file a calculation's learner fills: blank, or (solved) the planner's numbers"""
+    """answers.json, the file a calculation's learner fills: blank, or (solved) the right numbers"""
     if solved:
-        rc, out = run_command(ex["solve"], copy, BUILD_LIMIT_S)
+        rc, out = run_command(f"python3 -c {shlex.quote(ANSWER_KEY)} {ex['id']}", copy, BUILD_LIMIT_S)
         if rc != 0:
             die(f"{ex['id']}: solving failed: {' / '.join(readable(out))}")
         return
@@ -186,25 +287,32 @@ def write_answers(ex, copy, solved):
         f.write("\n")
 
 
+# ---- making a copy -----------------------------------------------------------------------------
+
 def start(cat, ex_id, state, copy, with_build=True, again=False):
     ex = find(cat, ex_id)
     if os.path.exists(copy) and not again:
         die(f"{os.path.relpath(copy, ROOT)} exists (your work on it): start over with make exercise EX={ex_id} AGAIN=1")
     if state == "bug" and "bug" not in ex:
         die(f"{ex_id} is not a bug hunt")
-    if state == "starter":
-        state = "bug" if ex["kind"] == "bug-hunt" else "starter"
-    make_copy(copy, with_build)
-    if state == "starter" and ex["kind"] != "calculation":
-        apply_stub(copy, ex)
-    elif state == "bug":
-        apply_bug(copy, ex)
-    if ex["kind"] == "calculation":
-        write_answers(ex, copy, state == "solution")
-    with open(os.path.join(copy, MARK), "w") as f:
-        json.dump({"exercise": ex_id, "state": state}, f)
+    if state == "starter" and ex["kind"] == "bug-hunt":
+        state = "bug"
+    if in_pack() and state == "solution":
+        die("a class's pack holds no solutions")
+    # the new copy is made beside the old one and only then takes its place: a failure leaves both
+    fresh = copy.rstrip("/") + ".new"
+    shutil.rmtree(fresh, ignore_errors=True)
+    try:
+        starter_tree(ex, state, fresh, with_build)
+        with open(os.path.join(fresh, MARK), "w") as f:
+            json.dump({"exercise": ex_id, "state": state, "home": ROOT}, f)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    shutil.rmtree(copy, ignore_errors=True)
+    os.rename(fresh, copy)
     what = {"code": f"write the body of {ex.get('function') or 'the marked region'} in {ex['file']}",
-            "bug-hunt": "find and fix the bug the checks catch",
+            "bug-hunt": f"find and fix the bug in {ex.get('function')} ({ex['file']}) that the checks catch",
             "calculation": "fill in answers.json"}[ex["kind"]]
     print(f"{os.path.relpath(copy, ROOT)}: {ex_id} ({state}); {what} (exercises/{ex_id}.md), then: make grade EX={ex_id}")
 
@@ -244,12 +352,11 @@ def end_session(sid):
         time.sleep(0.5)
 
 
-def snapshot(copy):
-    """(path -> (size, mtime)) of the workbook's tree outside the copies under work/ (work/'s own
-    files included): what a check must not touch."""
+def snapshot():
+    """(path -> (size, mtime)) of the workbook's tree outside work/: what a check must not touch."""
     seen = {}
     for dirpath, dirnames, filenames in os.walk(ROOT):
-        dirnames[:] = [d for d in dirnames if d != ".git" and dirpath != WORK]
+        dirnames[:] = [d for d in dirnames if d != ".git" and os.path.join(dirpath, d) != WORK]
         for fn in filenames:
             p = os.path.join(dirpath, fn)
             try:
@@ -268,150 +375,303 @@ def readable(raw, keep=WHY_LINES):
     return lines[-keep:]
 
 
-def run_command(command, copy, limit):
-    """(rc or None on timeout, output bytes) of bash -c command in copy, in a session of its own."""
-    tmp = os.path.join(copy, ".tmp")
-    os.makedirs(tmp, exist_ok=True)
-    env = dict(os.environ, TMPDIR=tmp, EXERCISE_COPY=copy)
-    log = os.path.join(copy, ".check.log")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(["bash", "-c", command], cwd=copy, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            rc = None
-        end_session(proc.pid)  # a hung rank or a stray child, ended with its session
-        if rc is None:
-            proc.wait()
-    with open(log, "rb") as f:
-        return rc, f.read()
+def run_command(command, cwd, limit):
+    """(rc or None on timeout, output bytes) of bash -c command in cwd, in a session of its own;
+    its temporary files and its log lie under work/.grading/, never in the tree it runs in."""
+    os.makedirs(GRADING, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=".run-", dir=GRADING)
+    log = os.path.join(scratch, "log")
+    try:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=dict(os.environ, TMPDIR=scratch),
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                rc = None
+            end_session(proc.pid)  # a hung rank or a stray child, ended with its session
+            if rc is None:
+                proc.wait()
+        with open(log, "rb") as f:
+            return rc, f.read()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def why_lines(output):
-    """What says why a check failed: its first failure or error lines, else its last lines."""
-    lines = readable(output, keep=10 ** 6)
-    failures = [l for l in lines if l.startswith("FAIL") or "error" in l.lower()]
-    return failures[:WHY_LINES - 1] or lines[-(WHY_LINES - 1):]
+    """What says why a check failed: the lines that name a cause, in their order, ahead of the
+    rest, one per failing check of the test (its first: a test that fails one check many times
+    would hide its others); mpirun's and make's boilerplate left out."""
+    lines = [l for l in readable(output, keep=10 ** 6) if not NOISE.search(l)]
+    causes, seen = [], set()
+    for line in lines:
+        where = FAILED_AT.match(line)
+        if CAUSE.search(line) and not (where and where.group(1) in seen):
+            causes.append(line)
+            if where:
+                seen.add(where.group(1))
+    return causes[:WHY_LINES - 1] or lines[-(WHY_LINES - 1):]
 
 
-def verdict(rc, output, limit, touched):
+def summary_counts(output):
+    """(passed, failed) added over the test's summary lines ("NAME: N passed, N failed"), or None
+    when it printed none (it did not run to its end)."""
+    counts = [SUMMARY.match(l) for l in readable(output, keep=10 ** 6)]
+    counts = [(int(m.group(2)), int(m.group(3))) for m in counts if m]
+    return (sum(p for p, _ in counts), sum(f for _, f in counts)) if counts else None
+
+
+def verdict(chk, rc, output, touched):
+    """(points earned, result, why) of one check's run."""
     if touched:
-        return "failed", [f"wrote outside its copy: {', '.join(sorted(os.path.relpath(p, ROOT) for p in touched)[:5])}"]
+        return 0, "failed", [f"wrote outside its tree: {', '.join(sorted(os.path.relpath(p, ROOT) for p in touched)[:5])}"]
     if rc is None:
-        return "failed", [f"timed out after {limit} s (its processes were ended)"] + why_lines(output)
+        return 0, "failed", [f"timed out after {chk['time_limit_s']} s (its processes were ended)"] + why_lines(output)
     if rc < 0:
-        return "failed", [f"crashed: {signal.Signals(-rc).name}"] + why_lines(output)
-    if rc != 0:
-        return "failed", [f"exit status {rc}"] + why_lines(output)
-    return "passed", []
+        return 0, "failed", [f"crashed: {signal.Signals(-rc).name}"] + why_lines(output)
+    counts = summary_counts(output)
+    if rc == 0 and counts and counts[0] > 0 and counts[1] == 0:
+        return chk["points"], "passed", []
+    if rc == 0:
+        return 0, "failed", ["exited 0 without its test's summary line (N passed, 0 failed, N > 0): "
+                             "the test did not run to its end"] + why_lines(output)
+    if chk.get("partial") and counts and counts[0] > 0:
+        passed, cases = counts[0], counts[0] + counts[1]
+        return chk["points"] * passed // cases, "partial", [f"{passed} of {cases} cases pass"] + why_lines(output)
+    return 0, "failed", [f"exit status {rc}"] + why_lines(output)
 
 
-def check_outside(before, copy):
-    after = snapshot(copy)
+def check_outside(before):
+    after = snapshot()
     return [p for p in set(before) | set(after) if before.get(p) != after.get(p)]
 
 
-def build(ex, copy):
-    targets = ex.get("build", [])
+def make_targets(targets, tree):
+    """None when make builds the targets in tree, else why not."""
     if not targets:
         return None
-    cmd = "make -j2 --no-print-directory BACKEND=cpu " + " ".join(targets)
-    rc, out = run_command(cmd, copy, BUILD_LIMIT_S)
+    rc, out = run_command("make -j2 --no-print-directory BACKEND=cpu " + " ".join(targets), tree, BUILD_LIMIT_S)
     if rc == 0:
         return None
     return ["build failed" if rc is not None else f"build timed out after {BUILD_LIMIT_S} s"] + why_lines(out)
 
 
+def grading_tree(ex):
+    """A fresh tree for one grading: the workbook's (or the pack's starter tree, with the build of
+    its last grading)."""
+    os.makedirs(GRADING, exist_ok=True)
+    tree = tempfile.mkdtemp(prefix=ex["id"] + "-", dir=GRADING)
+    if in_pack():
+        packed_tree(ex["id"], tree)
+        cache = os.path.join(BUILD_CACHE, ex["id"])
+        if os.path.isdir(cache):
+            shutil.copytree(cache, os.path.join(tree, "build"), symlinks=True)
+    else:
+        workbook_tree(tree, with_build=True)
+    return tree
+
+
+def keep_build(ex, tree):
+    """In a pack, the grading's build is the next one's start (only what changed recompiles)."""
+    if in_pack() and os.path.isdir(os.path.join(tree, "build")):
+        cache = os.path.join(BUILD_CACHE, ex["id"])
+        shutil.rmtree(cache, ignore_errors=True)
+        os.makedirs(BUILD_CACHE, exist_ok=True)
+        shutil.move(os.path.join(tree, "build"), cache)
+
+
 def grade_one(ex, copy, gpu):
-    rows = []
-    why_build = build(ex, copy)
-    for chk in ex["checks"]:
-        row = {"exercise": ex["id"], "check": chk["name"], "points": chk["points"]}
-        if chk.get("needs_gpu") and not gpu:
-            row.update(result="blocked", why=["needs a GPU; none is visible here"])
-        elif why_build:
-            row.update(result="failed", why=why_build)
-        else:
-            before = snapshot(copy)
-            rc, out = run_command(chk["command"], copy, chk["time_limit_s"])
-            result, why = verdict(rc, out, chk["time_limit_s"], check_outside(before, copy))
-            row.update(result=result, why=why)
-        rows.append(row)
+    """The rows of one hand-in: its part of the exercise, put into a fresh tree, checked there."""
+    rows = [{"exercise": ex["id"], "check": c["name"], "points": c["points"]} for c in ex["checks"]]
+    try:
+        part = learner_part(copy, ex)
+    except NoPart as e:
+        for row in rows:
+            row.update(earned=0, result="failed", why=[f"nothing to grade: {e}"])
+        return rows
+    tree = grading_tree(ex)
+    try:
+        put_part(tree, ex, part)
+        why_build = make_targets(ex.get("build", []), tree)
+        for chk, row in zip(ex["checks"], rows):
+            if chk.get("needs_gpu") and not gpu:
+                row.update(earned=0, result="blocked", why=["needs a GPU; none is visible here"])
+            elif why_build:
+                row.update(earned=0, result="failed", why=why_build)
+            else:
+                before = snapshot()
+                rc, out = run_command(chk["command"], tree, chk["time_limit_s"])
+                earned, result, why = verdict(chk, rc, out, check_outside(before))
+                row.update(earned=earned, result=result, why=why)
+        keep_build(ex, tree)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
     return rows
 
 
+def grade_side_by_side(cat, handins, jobs):
+    """Grades [(exercise id, copy)] with up to `jobs` at once; the rows of each, in order."""
+    gpu = has_gpu()
+    # the workbook's build is not made here: its phony targets would be rewritten under the checks
+    # of other gradings; a grading tree's own make rebuilds whatever of it is stale
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda h: grade_one(cat[h[0]], h[1], gpu), handins))
+
+
 def print_table(rows):
-    w = max([len(r["exercise"]) for r in rows] + [8])
+    w = max([len(r.get("learner", "") + r["exercise"]) + 1 for r in rows] + [8])
     c = max([len(r["check"]) for r in rows] + [5])
     print(f"{'exercise':<{w}}  {'check':<{c}}  points  result")
     for r in rows:
-        earned = r["points"] if r["result"] == "passed" else 0
-        print(f"{r['exercise']:<{w}}  {r['check']:<{c}}  {earned:>2}/{r['points']:<3}  {r['result']}")
-        for line in r["why"][:3]:
+        who = (r["learner"] + "/" if "learner" in r else "") + r["exercise"]
+        print(f"{who:<{w}}  {r['check']:<{c}}  {r['earned']:>2}/{r['points']:<3}  {r['result']}")
+        for line in r["why"][:4]:
             print(f"{'':<{w}}    {line}")
-    total = sum(r["points"] for r in rows)
-    earned = sum(r["points"] for r in rows if r["result"] == "passed")
-    blocked = sum(r["points"] for r in rows if r["result"] == "blocked")
-    print(f"total: {earned}/{total} points" + (f" ({blocked} blocked: they need a GPU)" if blocked else ""))
+    s = rubric(rows)
+    print(f"total: {s['earned']} / {s['earnable']} points earnable here" +
+          (f"; {s['blocked']} more blocked (they need a GPU): {', '.join(s['blocked_checks'])}" if s["blocked"] else ""))
 
 
 def rubric(rows):
-    return {"points": sum(r["points"] for r in rows),
-            "earned": sum(r["points"] for r in rows if r["result"] == "passed"),
-            "blocked": sum(r["points"] for r in rows if r["result"] == "blocked"),
+    blocked = [r for r in rows if r["result"] == "blocked"]
+    return {"earned": sum(r["earned"] for r in rows),
+            "earnable": sum(r["points"] for r in rows) - sum(r["points"] for r in blocked),
+            "blocked": sum(r["points"] for r in blocked),
+            "blocked_checks": [f"{r['exercise']}: {r['check']}" for r in blocked],
             "checks": rows}
 
 
-def grade(cat, ids, copy_dir, as_ex):
-    if copy_dir:
-        copies = [os.path.abspath(copy_dir)]
+def copies_under_work():
+    return sorted(os.path.join(WORK, d) for d in (os.listdir(WORK) if os.path.isdir(WORK) else [])
+                  if os.path.isfile(os.path.join(WORK, d, MARK)))
+
+
+def exercise_of(copy):
+    try:
+        with open(os.path.join(copy, MARK)) as f:
+            return json.load(f)["exercise"]
+    except (OSError, ValueError, KeyError, TypeError):
+        die(f"{copy}: not an exercise copy (make exercise EX=<id> makes one)")
+
+
+def grade(cat, ids, dirs, as_ex, jobs, json_out=None):
+    if dirs:
+        copies = [os.path.abspath(d) for d in dirs]
     elif ids:
         copies = [os.path.join(WORK, i) for i in ids]
     else:
-        copies = sorted(os.path.join(WORK, d) for d in (os.listdir(WORK) if os.path.isdir(WORK) else [])
-                        if os.path.isfile(os.path.join(WORK, d, MARK)))
+        copies = copies_under_work()
         if not copies:
             die("no exercise started: make exercise EX=<id> first")
-    gpu = has_gpu()
+    handins = [(find(cat, as_ex or exercise_of(c))["id"], c) for c in copies]
     every = []
-    for copy in copies:
-        try:
-            mark = json.load(open(os.path.join(copy, MARK)))
-        except (OSError, ValueError):
-            die(f"{copy}: not an exercise copy (make exercise EX=<id> makes one)")
-        ex = find(cat, as_ex or mark["exercise"])
-        rows = grade_one(ex, copy, gpu)
-        with open(os.path.join(copy, "grade.json"), "w") as f:
-            json.dump(dict(rubric(rows), exercise=ex["id"]), f, indent=2)
-            f.write("\n")
+    for (ex_id, copy), rows in zip(handins, grade_side_by_side(cat, handins, jobs)):
+        if os.path.abspath(copy) != ROOT:
+            with open(os.path.join(copy, "grade.json"), "w") as f:
+                json.dump(dict(rubric(rows), exercise=ex_id), f, indent=2)
+                f.write("\n")
         every += rows
     print_table(every)
-    if len(copies) > 1:
-        os.makedirs(WORK, exist_ok=True)
-        with open(os.path.join(WORK, "grade.json"), "w") as f:
+    if json_out or (len(copies) > 1 and not dirs):
+        with open(json_out or os.path.join(WORK, "grade.json"), "w") as f:
             json.dump(rubric(every), f, indent=2)
             f.write("\n")
     return every
 
 
-# ---- an archive for a class ----------------------------------------------------------------------
+# ---- a class's hand-ins ------------------------------------------------------------------------
+
+def learner_copies(folder):
+    """A learner's folder is a copy, or holds copies (a work/ of them, or work/ itself)."""
+    if os.path.isfile(os.path.join(folder, MARK)):
+        return [folder]
+    found = []
+    for sub in ("", "work"):
+        d = os.path.join(folder, sub)
+        if os.path.isdir(d):
+            found += [os.path.join(d, c) for c in sorted(os.listdir(d)) if os.path.isfile(os.path.join(d, c, MARK))]
+    return found
+
+
+def grade_class(cat, folder, csv_out, json_out, jobs):
+    """Grades every learner's folder in `folder` (one per learner) into one CSV and one JSON."""
+    learners = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
+    handins, owners, rows = [], [], []
+    for who in learners:
+        copies = learner_copies(os.path.join(folder, who))
+        if not copies:
+            rows.append({"learner": who, "exercise": "-", "check": "-", "points": 0, "earned": 0,
+                         "result": "failed", "why": ["no exercise copy in this folder"]})
+        for copy in copies:
+            ex_id = exercise_of(copy)
+            if ex_id not in cat:
+                rows.append({"learner": who, "exercise": ex_id, "check": "-", "points": 0, "earned": 0,
+                             "result": "failed", "why": [f"no exercise '{ex_id}'"]})
+                continue
+            handins.append((ex_id, copy))
+            owners.append(who)
+    for who, graded in zip(owners, grade_side_by_side(cat, handins, jobs)):
+        rows += [dict(r, learner=who) for r in graded]
+    rows.sort(key=lambda r: r["learner"])
+    print_table(rows)
+    with open(csv_out, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["learner", "exercise", "check", "points", "earned", "result", "why"])
+        for r in rows:
+            out.writerow([r["learner"], r["exercise"], r["check"], r["points"], r["earned"], r["result"],
+                          " / ".join(r["why"][:2])])
+    with open(json_out, "w") as f:
+        json.dump({who: rubric(list(mine)) for who, mine in itertools.groupby(rows, key=lambda r: r["learner"])},
+                  f, indent=2)
+        f.write("\n")
+    print(f"{csv_out}, {json_out}: {len(learners)} learners, {len(handins)} hand-ins")
+
+
+# ---- an archive for a class --------------------------------------------------------------------
 
 def pack(cat, out):
+    """An archive that works unpacked in an empty directory, without git: README.md, Makefile,
+    AGENTS.md, the pages and catalogue, the grader, and each exercise's starter tree (its own
+    stub; no build, no version history)."""
+    if in_pack():
+        die("this is a class's pack already")
     staging = os.path.join(WORK, ".pack")
-    if os.path.exists(staging):
-        shutil.rmtree(staging)
-    os.makedirs(staging)
+    shutil.rmtree(staging, ignore_errors=True)
+    trees = os.path.join(staging, "exercises", "trees")
+    os.makedirs(trees)
     for ex_id in sorted(cat):
-        copy = os.path.join(staging, "work", ex_id)
-        start(cat, ex_id, "starter", copy, with_build=False, again=True)  # learners build their own
+        tree = os.path.join(staging, "tree")
+        starter_tree(cat[ex_id], "bug" if cat[ex_id]["kind"] == "bug-hunt" else "starter", tree, with_build=False)
+        with tarfile.open(os.path.join(trees, f"{ex_id}.tar.gz"), "w:gz") as tar:
+            tar.add(tree, arcname=".")
+        shutil.rmtree(tree)
+    for name in os.listdir(os.path.join(ROOT, "exercises")):
+        if name.endswith(".md") or name == "catalogue.json":
+            shutil.copy2(os.path.join(ROOT, "exercises", name), os.path.join(staging, "exercises", name))
+    os.makedirs(os.path.join(staging, "tools"))
+    shutil.copy2(os.path.abspath(__file__), os.path.join(staging, "tools", "exercise.py"))
+    for src, dst in ((os.path.join(PACK_FILES, "README.md"), "README.md"),
+                     (os.path.join(PACK_FILES, "Makefile"), "Makefile"), (AGENTS, "AGENTS.md")):
+        shutil.copy2(src, os.path.join(staging, dst))
     with tarfile.open(out, "w:gz") as tar:
-        tar.add(os.path.join(ROOT, "exercises"), arcname="exercises")
-        tar.add(os.path.join(ROOT, "tools", "exercise.py"), arcname="tools/exercise.py")
-        for ex_id in sorted(cat):
-            tar.add(os.path.join(staging, "work", ex_id), arcname=f"work/{ex_id}")
+        tar.add(staging, arcname=".")
     shutil.rmtree(staging)
-    print(f"{out}: {len(cat)} starter copies, the task pages and the grader")
+    print(f"{out}: {len(cat)} starter trees, the task pages and the grader; unpack it in an empty directory")
+
+
+def home_of_copy():
+    """Inside a learner's copy, the grader of the workbook or pack that made it (its tests are the
+    pristine ones); None elsewhere."""
+    if not os.path.isfile(os.path.join(ROOT, MARK)):
+        return None
+    with open(os.path.join(ROOT, MARK)) as f:
+        home = json.load(f).get("home", "")
+    for root in (home, os.path.dirname(os.path.dirname(ROOT))):
+        script = os.path.join(root, "tools", "exercise.py")
+        if root and os.path.isfile(script) and not os.path.isfile(os.path.join(root, MARK)):
+            return script
+    die("this copy's workbook or pack is gone: grade it from there with tools/exercise.py grade --dir DIR")
 
 
 def main():
@@ -426,11 +686,22 @@ def main():
     s.add_argument("--again", action="store_true", help="replace an existing copy (and the work in it)")
     g = sub.add_parser("grade")
     g.add_argument("ids", nargs="*")
-    g.add_argument("--dir", help="grade this copy (default: work/<id>)")
-    g.add_argument("--as", dest="as_ex", help="with this exercise's checks (a shared solution copy)")
+    g.add_argument("--dir", action="append", help="grade this copy (default: work/<id>); repeatable")
+    g.add_argument("--as", dest="as_ex", help="with this exercise's checks (the workbook's own code: --dir .)")
+    g.add_argument("--jobs", type=int, default=1, help="copies graded side by side")
+    g.add_argument("--json", help="also write the grade of every copy graded here to this file")
+    c = sub.add_parser("class")
+    c.add_argument("handins", help="a folder with one folder per learner")
+    c.add_argument("--csv", default="grades.csv")
+    c.add_argument("--json", default="grades.json")
+    c.add_argument("--jobs", type=int, default=1)
     p = sub.add_parser("pack")
     p.add_argument("--out", default=os.path.join(ROOT, "exercises-pack.tar.gz"))
     args = ap.parse_args()
+    home = home_of_copy() if args.cmd in ("start", "grade") else None
+    if home:  # a copy's own grader and tests are the learner's to edit: never the ones that grade
+        argv = sys.argv[1:] if args.cmd == "start" else ["grade", "--dir", ROOT]
+        os.execv(sys.executable, [sys.executable, home] + argv)
     cat = load_catalogue(args.catalogue)
     if args.cmd == "list":
         for ex in cat.values():
@@ -439,7 +710,9 @@ def main():
         start(cat, args.id, args.state, os.path.abspath(args.dir) if args.dir else os.path.join(WORK, args.id),
               again=args.again)
     elif args.cmd == "grade":
-        grade(cat, args.ids, args.dir, args.as_ex)
+        grade(cat, args.ids, args.dir, args.as_ex, args.jobs, args.json)
+    elif args.cmd == "class":
+        grade_class(cat, args.handins, args.csv, args.json, args.jobs)
     elif args.cmd == "pack":
         pack(cat, args.out)
 
