@@ -77,6 +77,15 @@ end: the ring's bytes. 20 steps."
 mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-9 --config configs/tiny.json \
     --cp_size=2 --overlap_communication=true --stop_iteration=20 --log_interval=10 --trace=true --out_dir=out/demo-stage-9
 
+say "Stage 10: the techniques composed, tensor pairs inside 2 pipeline stages" \
+"The 4 ranks form a mesh: ranks 0 and 1 split every linear of pipeline stage 0 (tensor
+parallelism, innermost: on a cluster, the same host), ranks 2 and 3 those of stage 1. Watch the
+mesh the run prints first (its order, and why tensor parallelism is innermost), then the table at
+the end: the x group's all-reduces in every layer, the pipeline's send-recv at the stage edge, the
+tied embedding's all-reduce between the first and last stage. The loss is stage 01's. 20 steps."
+mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 build/stage-10 --config configs/tiny.json \
+    --tp_dimensions=2,1,1 --pp_size=2 --num_microbatches=2 --stop_iteration=20 --log_interval=10 --out_dir=out/demo-stage-10
+
 say "Stage 06: the model from stage 01 answers questions it never saw" \
 "Generation with a KV cache: each batch of prompts is read in one pass (prefill), then every
 step adds one token per prompt, reading the earlier tokens' keys and values from the cache

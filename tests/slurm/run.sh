@@ -143,7 +143,7 @@ fi
 
 # ---- 3. every stage that exists, on the CPU build ---------------------------------------------------
 # (make test-slurm builds BACKEND=cpu first; build/stage-N is the backend built last)
-for n in 1 2 3 4 5 6 7 8 9; do
+for n in 1 2 3 4 5 6 7 8 9 10; do
     if [ ! -x "build/stage-$n" ]; then
         skipped+=("stage-$n (build/stage-$n does not exist yet)")
         continue
@@ -176,6 +176,11 @@ for n in 1 2 3 4 5 6 7 8 9; do
             OMP_NUM_THREADS=1 CONFIG_FILE=configs/tiny.json \
                 EXTRA_ARGS="--cp_size=2 --overlap_communication=true --stop_iteration=$STEPS --log_interval=1 --out_dir=$out" \
                 run_job "stage 9: slurm/stage-9.sh, 4 ranks (cp 2 x dp 2), $STEPS steps" slurm/stage-9.sh check_training ;;
+        10) # the composed mesh on 4 ranks: tensor pairs inside 2 pipeline stages (tp 2 x pp 2)
+            OMP_NUM_THREADS=1 CONFIG_FILE=configs/tiny.json \
+                EXTRA_ARGS="--tp_dimensions=2,1,1 --pp_size=2 --num_microbatches=2 --stop_iteration=$STEPS --log_interval=1 --out_dir=$out" \
+                run_job "stage 10: slurm/stage-10.sh, 4 ranks (tp 2 x pp 2), $STEPS steps" slurm/stage-10.sh check_training \
+                --ntasks-per-node=4 --gpus-per-node=4 ;;
         6) # generation from the checkpoint the stage-1 job wrote, if there is one
             init=""; [ -e "$WORK/out/stage-1/model.safetensors" ] && init="--init_from=$WORK/out/stage-1"
             OMP_NUM_THREADS=$(nproc) CONFIG_FILE=configs/tiny.json \
