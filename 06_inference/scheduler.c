@@ -130,11 +130,11 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
         grow_or_preempt(s, &q);
         step(s, &g, &q, sampler);
     }
+    speculation_free(&q);  // before the rows it reads are freed
     for (int b = 0; b < s->n_slots; b++) free(q.seq[b].blocks), free(q.seq[b].keys);
     free(q.seq);
     free(q.preempted);
     free(q.copies);
-    speculation_free(&q);
     block_pool_free(&q.pool);
     send_plan(&g, PLAN_STOP, 0, 0, 0, 0);
     engine_free(&g);
@@ -390,10 +390,14 @@ static int plan_rows(Server *s, Engine *g, Batch *q, int *n_seqs, int *n_logits)
     return R;
 }
 
-// the blocks sq filled are cached from now on, known by their prefix
+// the blocks sq filled are cached from now on, known by their prefix; with a draft model, those
+// the draft has filled too (it lags the model by a position or two): a job that begins with a
+// cached block finds the draft's keys and values there as well, not what the block held before,
+// so the draft proposes the same tokens to it whichever job computed the block
 static void key_full_blocks(Batch *q, Seq *sq, const Job *j) {
     int bs = q->block_size, tokens[bs];
-    for (; sq->n_keyed < sq->n_cached / bs; sq->n_keyed++) {
+    int filled = q->draft && sq->draft_cached < sq->n_cached ? sq->draft_cached : sq->n_cached;
+    for (; sq->n_keyed < filled / bs; sq->n_keyed++) {
         int i = sq->n_keyed;
         uint64_t parent = i ? sq->keys[i - 1] : 0;
         block_tokens(j, i, bs, tokens);
@@ -530,7 +534,7 @@ static void speculation_init(Server *s, Batch *q, KVModel *m, const Sampler *sam
 
 static void speculation_free(Batch *q) {
     if (!q->draft) return;
-    for (int b = 0; q->seq && b < q->draft->B; b++) free(q->seq[b].proposals);
+    for (int b = 0; b < q->draft->B; b++) free(q->seq[b].proposals);
     free(q->q_probs);
     free(q->p_probs);
     free(q->draft_logits);
@@ -541,9 +545,12 @@ static void speculation_free(Batch *q) {
 }
 
 // the proposals a decoding job takes this step: num_speculative_tokens, as far as the context
-// and its max_tokens leave room
+// and its max_tokens leave room. None for its first token: that one is the sampler's, whether
+// its prompt's last position is computed alone (the rest was cached) or with the others, so that
+// the tokens drawn on the speculative path are the same ones, and a seed's answer with them, in
+// any batch and with any cache hit.
 static int spec_tokens(const Batch *q, const Job *j) {
-    if (!q->draft) return 0;
+    if (!q->draft || j->n_out == 0) return 0;
     int k = q->k, room = q->maxT - job_length(j), left = j->max_tokens - j->n_out - 1;
     k = k < room ? k : room;
     k = k < left ? k : left;
