@@ -5,6 +5,8 @@
 //   top-k        only the k most likely tokens may be drawn (0: no limit)
 //   top-p        only the smallest set of most likely tokens whose probability adds up to p
 //                ("nucleus" sampling; 1: no limit)
+//   min-p        of those, only the tokens at least min_p times as likely as the likeliest
+//                (0: no limit; the server's requests set it, as vLLM's do)
 //
 // The random number of step s of prompt p is a pure function of (seed, p, s) (numbers.h's
 // counter-based hash), so a prompt gets the same sampled answer alone or in any batch.
@@ -17,6 +19,7 @@ typedef struct {
     float temperature;
     int top_k;
     float top_p;
+    float min_p;        // 0 from sampler_init
     uint64_t seed;
     int V;              // the real vocabulary: logits past V are padding, never drawn
     // scratch for V candidates

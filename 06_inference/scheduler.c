@@ -39,6 +39,7 @@
 #include "log.h"
 #include "device.h"
 #include "preemption.h"
+#include "request_logits.h"
 
 // A step as floats (token ids, positions and block numbers are exact in a float: below 2^24),
 // broadcast by rank 0: [kind, R rows, S sequences, L logit rows, N block copies], then the rows'
@@ -89,6 +90,7 @@ typedef struct {
     float *p_probs;         // (V) the model's, scratch
     float *draft_logits;    // (rows, Vp) host
     int *rows_seq;          // (rows) the job (batch row) of each of the draft's rows
+    int *counts;            // (V) zeros: scratch of request_adjust_logits
 } Batch;
 
 static void speculation_init(Server *s, Batch *q, KVModel *m, const Sampler *sampler);
@@ -122,6 +124,7 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
     q.preempted = malloc_or_die((size_t)s->n_slots * sizeof(Job *));
     q.copies = malloc_or_die(2 * (size_t)s->n_slots * sizeof(int));
     q.sampler = sampler;
+    q.counts = calloc_or_die((size_t)sampler->V, sizeof(int));
     speculation_init(s, &q, m, sampler);
     s->metrics.cache_blocks = m->cache.n_blocks;
     s->metrics.cache_bytes = kv_cache_bytes(&m->cache);
@@ -135,6 +138,7 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
     free(q.seq);
     free(q.preempted);
     free(q.copies);
+    free(q.counts);
     block_pool_free(&q.pool);
     send_plan(&g, PLAN_STOP, 0, 0, 0, 0);
     engine_free(&g);
@@ -225,6 +229,7 @@ static void place(Server *s, Batch *q, int b, Job *j, int n) {  // the lock held
     while (sq->n_blocks < blocks_for(len, bs)) sq->blocks[sq->n_blocks++] = block_pool_take(&q->pool);
     sq->draft_cached = sq->n_cached;  // the draft's blocks mirror the model's (same tables)
     if (sq->n_cached) s->metrics.prefix_hits++, s->metrics.prefix_tokens_saved += sq->n_cached;
+    if (j->n_out == 0) j->cached_tokens = sq->n_cached;  // its usage's prompt_tokens_details
     s->slots[b] = j;
     s->busy++;
 }
@@ -430,7 +435,9 @@ static void step(Server *s, Engine *g, Batch *q, Sampler *sampler) {
             sq->draft_cached = sq->n_cached < len + sq->n_spec - 1 ? sq->n_cached : len + sq->n_spec - 1;
         } else if (sq->logit >= 0) {
             pthread_mutex_unlock(&s->lock);  // sampling reads only the scheduler's own fields
-            int token = sample(sampler, g->logits + sq->logit * Vp, j);
+            float *row = g->logits + sq->logit * Vp;
+            if (request_changes_logits(j)) request_adjust_logits(j, row, q->counts);
+            int token = sample(sampler, row, j);
             pthread_mutex_lock(&s->lock);
             accept_token(s, j, token);
         }
@@ -447,6 +454,7 @@ static void use_job_settings(Sampler *sampler, const Job *j) {
     sampler->temperature = j->temperature;
     sampler->top_k = j->top_k;
     sampler->top_p = j->top_p;
+    sampler->min_p = j->min_p;
     sampler->seed = j->seed;
 }
 
@@ -485,7 +493,7 @@ static void accept_token(Server *s, Job *j, int token) {
     j->t_last = now;
     j->last_token = token;
     s->metrics.generated_tokens++;
-    if (token == tokenizer_eot(s->tok)) {
+    if (token == tokenizer_eot(s->tok) && !j->ignore_eos) {
         j->finish = FINISH_STOP;
         j->visible = j->text.len;  // what was held back for a stop string is the answer's end
         return;
@@ -496,6 +504,8 @@ static void accept_token(Server *s, Job *j, int token) {
     size_t before = j->text.len;
     buf_append(&j->text, bytes, (size_t)len);
     j->ends[j->n_out++] = j->visible = j->text.len;
+    for (int i = 0; i < j->n_stop_ids; i++)  // a stop token ends the answer after it
+        if (token == j->stop_ids[i]) j->finish = FINISH_STOP;
     for (int i = 0; i < j->n_stops; i++) {  // a stop string ends the answer before it
         size_t n = strlen(j->stops[i]), from = before + 1 > n ? before + 1 - n : 0;
         char *hit = strstr(j->text.p + from, j->stops[i]);
@@ -550,7 +560,7 @@ static void speculation_free(Batch *q) {
 // the tokens drawn on the speculative path are the same ones, and a seed's answer with them, in
 // any batch and with any cache hit.
 static int spec_tokens(const Batch *q, const Job *j) {
-    if (!q->draft || j->n_out == 0) return 0;
+    if (!q->draft || j->n_out == 0 || request_changes_logits(j)) return 0;
     int k = q->k, room = q->maxT - job_length(j), left = j->max_tokens - j->n_out - 1;
     k = k < room ? k : room;
     k = k < left ? k : left;

@@ -37,9 +37,16 @@ typedef struct {
     bool chat, stream, cancelled;
     int *ids, n_ids;             // the prompt as tokens
     int max_tokens;
-    float temperature, top_p;
+    float temperature, top_p, min_p;
     int top_k;
     uint64_t seed;
+    // the request's own changes to the logits before sampling (request_logits.c)
+    float presence_penalty, frequency_penalty, repetition_penalty;
+    int *bias_ids, n_bias;       // logit_bias: these tokens' logits ...
+    float *bias;                 // ... plus these
+    bool ignore_eos;             // end-of-text is a token like any other
+    int *stop_ids, n_stop_ids;   // stop_token_ids: a token that ends the answer (kept in it)
+    int cached_tokens;           // the prompt's positions the prefix cache held when it was admitted
     long key;                    // picks the random numbers with the seed (sampler_next)
     char *stops[MAX_STOPS];
     int n_stops;

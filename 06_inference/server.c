@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "alpaca.h"
+#include "api_fields.h"
 #include "device.h"
 #include "log.h"
 #include "preemption.h"
@@ -47,6 +48,7 @@ static const char *FINISH_NAMES[] = {"", "stop", "length"};
 // a slow or idle client cannot hold its connections for ever.
 enum { MAX_BODY = 1 << 20, MAX_HEADER_BYTES = 16 << 10, MAX_CONNECTIONS = 512, MAX_CONNECTIONS_PER_CLIENT = 128,
        CLIENT_DEADLINE_S = 10, RETRY_AFTER_S = 1 };
+enum { MAX_STOP_IDS = 64, MAX_LOGIT_BIAS = 300 };  // a request's stop_token_ids, logit_bias (OpenAI's limit)
 
 // ---- a growable byte buffer -----------------------------------------------------------------
 
@@ -115,6 +117,9 @@ static void job_free(Job *j) {
     free(j->text.p);
     free(j->ends);
     free(j->out_ids);
+    free(j->bias_ids);
+    free(j->bias);
+    free(j->stop_ids);
     free(j->out.p);
     free(j);
 }
@@ -276,7 +281,8 @@ static char *metrics_text(Server *s) {
 typedef struct {
     int status;
     char message[512];
-    const char *param, *code;
+    char param[64];  // "": none (a copy: it may name a field of a request that is freed first)
+    const char *code;
 } ApiError;
 
 static bool fail(ApiError *e, int status, const char *param, const char *code, const char *fmt, ...)
@@ -287,7 +293,7 @@ static bool fail(ApiError *e, int status, const char *param, const char *code, c
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
     e->status = status;
-    e->param = param;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     e->code = code;
     return false;
 }
@@ -297,7 +303,7 @@ static char *error_json(const ApiError *e) {
     cJSON_AddStringToObject(err, "message", e->message);
     cJSON_AddStringToObject(err, "type", e->status == 429 ? "rate_limit_error"
                                          : e->status == 503 ? "server_error" : "invalid_request_error");
-    if (e->param) cJSON_AddStringToObject(err, "param", e->param);
+    if (e->param[0]) cJSON_AddStringToObject(err, "param", e->param);
     else cJSON_AddNullToObject(err, "param");
     if (e->code) cJSON_AddStringToObject(err, "code", e->code);
     else cJSON_AddNullToObject(err, "code");
@@ -429,13 +435,13 @@ static bool read_stops(const cJSON *req, Job *j, ApiError *e) {
 }
 
 static bool read_sampling(const cJSON *req, const Config *cfg, Job *j, ApiError *e) {
-    double temperature = cfg->temperature, top_p = cfg->top_p;
-    long top_k = cfg->top_k, seed = -1, n = 1;
+    double temperature = cfg->temperature, top_p = cfg->top_p, min_p = 0;
+    long top_k = cfg->top_k, seed = -1;
     if (!optional_number(req, "temperature", 0, 2, &temperature, e) ||
         !optional_number(req, "top_p", 1e-9, 1, &top_p, e) ||
+        !optional_number(req, "min_p", 0, 1, &min_p, e) ||
         !optional_integer(req, "top_k", 0, 1e9, &top_k, e) ||
-        !optional_integer(req, "seed", 0, 9007199254740991.0, &seed, e) ||
-        !optional_integer(req, "n", 1, 1, &n, e))
+        !optional_integer(req, "seed", 0, 9007199254740991.0, &seed, e))
         return false;
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(req, "stream");
     if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream))
@@ -443,12 +449,81 @@ static bool read_sampling(const cJSON *req, const Config *cfg, Job *j, ApiError 
     j->stream = cJSON_IsTrue(stream);
     j->temperature = (float)temperature;
     j->top_p = (float)top_p;
+    j->min_p = (float)min_p;
     j->top_k = (int)top_k;
     // a request's own seed makes its sample a function of the seed alone; otherwise the server's
     // seed and the request's number pick it
     j->seed = seed >= 0 ? (uint64_t)seed : (uint64_t)cfg->seed;
     j->key = seed >= 0 ? 0 : j->id;
     return read_stops(req, j, e);
+}
+
+// an optional true or false
+static bool optional_bool(const cJSON *req, const char *key, bool *x, ApiError *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, key);
+    if (!v || cJSON_IsNull(v)) return true;
+    if (!cJSON_IsBool(v)) return fail(e, 400, key, "invalid_type", "'%s' must be true or false", key);
+    *x = cJSON_IsTrue(v);
+    return true;
+}
+
+// a token id as a request gives it: an integer in [0, V)
+static bool token_id_ok(double id, int V) { return id >= 0 && id < V && id == floor(id); }
+
+// stop_token_ids: a list of token ids, each of which ends the answer (kept in it, as vLLM does)
+static bool read_stop_token_ids(const cJSON *req, int V, Job *j, ApiError *e) {
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(req, "stop_token_ids"), *id;
+    if (!ids || cJSON_IsNull(ids)) return true;
+    if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) > MAX_STOP_IDS)
+        return fail(e, 400, "stop_token_ids", "invalid_type", "'stop_token_ids' must be a list of up to %d token ids",
+                    MAX_STOP_IDS);
+    j->stop_ids = malloc_or_die((size_t)MAX_STOP_IDS * sizeof(int));
+    cJSON_ArrayForEach(id, ids) {
+        if (!cJSON_IsNumber(id) || !token_id_ok(id->valuedouble, V))
+            return fail(e, 400, "stop_token_ids", "invalid_value", "'stop_token_ids' must hold token ids in [0, %d)", V);
+        j->stop_ids[j->n_stop_ids++] = (int)id->valuedouble;
+    }
+    return true;
+}
+
+// logit_bias: {"token id": a bias in [-100, 100], ...}, OpenAI's (up to MAX_LOGIT_BIAS tokens)
+static bool read_logit_bias(const cJSON *req, int V, Job *j, ApiError *e) {
+    const cJSON *bias = cJSON_GetObjectItemCaseSensitive(req, "logit_bias"), *b;
+    if (!bias || cJSON_IsNull(bias)) return true;
+    if (!cJSON_IsObject(bias) || cJSON_GetArraySize(bias) > MAX_LOGIT_BIAS)
+        return fail(e, 400, "logit_bias", "invalid_type", "'logit_bias' must be an object of up to %d token ids "
+                    "and their biases", MAX_LOGIT_BIAS);
+    j->bias_ids = malloc_or_die((size_t)MAX_LOGIT_BIAS * sizeof(int));
+    j->bias = malloc_or_die((size_t)MAX_LOGIT_BIAS * sizeof(float));
+    cJSON_ArrayForEach(b, bias) {
+        char *end;
+        double id = strtod(b->string, &end);
+        if (!b->string[0] || *end || !token_id_ok(id, V))
+            return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias': '%.40s' is not a token id in [0, %d)",
+                        b->string, V);
+        if (!cJSON_IsNumber(b) || !(b->valuedouble >= -100 && b->valuedouble <= 100))
+            return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias': token %s's bias must be a number in "
+                        "[-100, 100]", b->string);
+        j->bias_ids[j->n_bias] = (int)id;
+        j->bias[j->n_bias++] = (float)b->valuedouble;
+    }
+    return true;
+}
+
+// the request's own changes to the logits (request_logits.c) and to when its answer ends
+static bool read_logit_rules(const cJSON *req, const Server *s, Job *j, ApiError *e) {
+    double presence = 0, frequency = 0, repetition = 1;
+    int V = tokenizer_vocab_size(s->tok);
+    if (!optional_number(req, "presence_penalty", -2, 2, &presence, e) ||
+        !optional_number(req, "frequency_penalty", -2, 2, &frequency, e) ||
+        !optional_number(req, "repetition_penalty", 0.01, 100, &repetition, e) ||
+        !optional_bool(req, "ignore_eos", &j->ignore_eos, e) || !read_stop_token_ids(req, V, j, e) ||
+        !read_logit_bias(req, V, j, e))
+        return false;
+    j->presence_penalty = (float)presence;
+    j->frequency_penalty = (float)frequency;
+    j->repetition_penalty = (float)repetition;
+    return true;
 }
 
 static bool read_prompt(cJSON *req, const Server *s, Job *j, ApiError *e) {
@@ -538,6 +613,13 @@ static cJSON *parse_body(const char *body, size_t len, ApiError *e) {
     return req;
 }
 
+// every field of the request is one this server honours (api_fields.c), or the first that is not
+static bool fields_honoured(const cJSON *req, bool chat, ApiError *e) {
+    const char *why, *field = api_refused_field(req, chat ? API_CHAT : API_COMPLETIONS, &why);
+    return !field || fail(e, 400, field, "unsupported_parameter", "'%s' is refused: %s (README.md, \"The API, "
+                          "field by field\")", field, why);
+}
+
 static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bool *include_usage, ApiError *e) {
     cJSON *req = parse_body(body, len, e);
     if (!req) return NULL;
@@ -551,7 +633,8 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
                           fail(e, 404, "model", "model_not_found", "the model '%s' does not exist "
                                "(this server has '%s')", model, s->model)
                     : fail(e, 400, "model", "invalid_type", "'model' must be a string (this server has '%s')", s->model);
-    ok = ok && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
+    ok = ok && fields_honoured(req, chat, e) && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
+         read_logit_rules(req, s, j, e) &&
          read_stream_options(req, j->stream, include_usage, e);
     cJSON_Delete(req);
     if (!ok) {
@@ -611,6 +694,8 @@ static void append_usage(cJSON *root, const Job *j) {
     cJSON_AddNumberToObject(usage, "prompt_tokens", j->n_ids);
     cJSON_AddNumberToObject(usage, "completion_tokens", j->n_out);
     cJSON_AddNumberToObject(usage, "total_tokens", j->n_ids + j->n_out);
+    // the prompt's positions found in the prefix cache (prefix_caching), not computed again
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(usage, "prompt_tokens_details"), "cached_tokens", j->cached_tokens);
 }
 
 static void append_whole_answer(const Server *s, Job *j) {
@@ -1138,8 +1223,10 @@ static void door_hand_over(Gate *g, Arrival *a) {
     }
 }
 
-// an event on a connection at the door (or, in the same batch of events, on one just handed over)
-static void door_read(Gate *g, Arrival *a, char *buf) {
+// an event on a connection at the door (or, in the same batch of events, on one just handed over);
+// hung_up: the client has closed its side (the bytes it sent before are still there to peek at,
+// so only the event says so)
+static void door_read(Gate *g, Arrival *a, char *buf, bool hung_up) {
     pthread_mutex_lock(&g->lock);
     PlaceState state = a->state;
     pthread_mutex_unlock(&g->lock);
@@ -1152,6 +1239,7 @@ static void door_read(Gate *g, Arrival *a, char *buf) {
     HeadCheck head = check_head(buf, (size_t)n, &e);
     if (head == HEAD_BAD) door_refuse(g, a, &e, buf);
     else if (head == HEAD_OK) door_hand_over(g, a);
+    else if (hung_up) place_close(g, a);  // a head cut short can never be completed: its place is free now
 }
 
 // a new connection takes a free place if its address holds fewer than MAX_CONNECTIONS_PER_CLIENT,
@@ -1177,7 +1265,7 @@ static void door_accept(Gate *g, char *buf) {
         else close(fd);
         pthread_mutex_unlock(&g->lock);
         if (!taken) continue;
-        door_read(g, place, buf);
+        door_read(g, place, buf, false);  // a client that closed at once: its epoll event says so
         pthread_mutex_lock(&g->lock);
         if (place->state == PLACE_AT_DOOR || place->state == PLACE_REFUSED) {
             // edge-triggered: an event when more bytes come (or the client closes); the bytes
@@ -1228,7 +1316,8 @@ static void *poll_connections(void *arg) {
             eventfd_t wakes;
             if (ev[k].data.u32 == EVENT_LISTENER) door_accept(g, buf);
             else if (ev[k].data.u32 == EVENT_WAKE) eventfd_read(g->wake, &wakes);
-            else if (ev[k].data.u32 < MAX_CONNECTIONS) door_read(g, &g->conns[ev[k].data.u32], buf);
+            else if (ev[k].data.u32 < MAX_CONNECTIONS)
+                door_read(g, &g->conns[ev[k].data.u32], buf, ev[k].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR));
         }
         MHD_run(g->daemon);
         if (wall_seconds() >= next_expiry) {  // once a tick, not on every event

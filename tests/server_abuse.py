@@ -147,6 +147,24 @@ def slowloris(url, n, source, stop):
     return socks
 
 
+def hung_up_mid_request(url, model, limit):
+    """128 connections from one address (as many as it may hold) that send part of a request
+    line, or of the headers, and close: their places are free at once, and the address's next
+    request is answered within `limit` (retried until then: the closes and the new connection
+    may reach the server in either order)"""
+    source, parts = "127.0.0.5", (b"POST /v1/compl", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+    for i in range(128):
+        s = raw_socket(url, source)
+        s.sendall(parts[i % 2])
+        s.close()
+    t0, tries = time.time(), []
+    while time.time() - t0 < limit:
+        tries.append(timed_answer(url, model, source, limit))
+        if tries[-1][0] == 200:
+            break
+    return tries[-1][0] == 200 and time.time() - t0 < limit, {"tries": tries, "seconds": time.time() - t0}
+
+
 def bad_requests(url, model):
     """every malformed or hostile request: (name, status wanted, code wanted or None, status, error)"""
     chat = lambda content: json.dumps({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 2})
@@ -450,6 +468,8 @@ def main():
         all(s == 200 and t < limit for s, t in answers), {"answers": answers, "held": len(idle)})
     answers = [timed_answer(url, model, "127.0.0.4", limit) for _ in range(3)]
     checks["served while another trickles headers on 40"] = (all(s == 200 and t < limit for s, t in answers), answers)
+
+    checks["a client that hung up mid-request is served again at once"] = guarded(hung_up_mid_request, url, model, limit)
 
     counted_before = status_counts(url, DOOR_CODES)
     refused, heads = bad_requests(url, model), head_refusals(url)

@@ -1,0 +1,159 @@
+"""tests/server_fields.py: every request field of stage 06's server honoured or refused, for
+tests/test_server_fields.sh. Prints one JSON object: each check's name -> {"ok", "detail"}.
+
+  python3 tests/server_fields.py <url> <model>
+
+The server runs a model whose weights are all 0, with the byte tokenizer (a token is a byte;
+end-of-text is 256): every logit is 0 but those a logit_bias moves, so the greedy answers under the
+penalties are computed here from their definitions (OpenAI's, vLLM's; ties to the lowest id) and
+must match exactly, and min_p's kept tokens are known.
+"""
+import json
+import sys
+
+sys.path.insert(0, "tests")
+import server_client as sc  # noqa: E402
+
+X, Y, EOT = ord("x"), ord("y"), 256
+Z, J = ord("z"), ord("j")  # in neither prompt below, nor in the Alpaca template chat puts around it
+
+# (endpoint, field, a value that asks for something refused, the value that asks for nothing)
+REFUSED = [
+    ("completions", "n", 2, 1),
+    ("chat", "n", 3, 1),
+    ("completions", "best_of", 2, 1),
+    ("completions", "logprobs", 2, None),
+    ("completions", "logprobs", 0, None),
+    ("chat", "logprobs", True, False),
+    ("chat", "top_logprobs", 2, 0),
+    ("completions", "echo", True, False),
+    ("completions", "suffix", "end", None),
+    ("chat", "response_format", {"type": "json_object"}, {"type": "text"}),
+    ("chat", "tools", [{"type": "function", "function": {"name": "f"}}], []),
+    ("chat", "tool_choice", "auto", "none"),
+    ("chat", "functions", [{"name": "f"}], []),
+    ("chat", "function_call", "auto", "none"),
+    ("chat", "store", True, False),
+    ("chat", "metadata", {"a": "b"}, {}),
+    ("completions", "service_tier", "flex", None),
+    ("chat", "modalities", ["text", "audio"], None),
+    ("chat", "audio", {"voice": "alloy"}, None),
+    ("chat", "prediction", {"type": "content", "content": "x"}, None),
+    ("chat", "reasoning_effort", "low", None),
+    ("chat", "web_search_options", {}, None),
+    ("completions", "no_such_field", 1, None),
+    ("chat", "messages_typo", [], None),
+    ("completions", "messages", [], None),   # a chat field at completions
+    ("chat", "prompt", "hi", None),          # and a completions field at chat
+]
+
+
+def body(endpoint, model, **fields):
+    b = {"model": model, "max_tokens": 6, "temperature": 0}
+    b.update({"prompt": "Count."} if endpoint == "completions" else {"messages": [{"role": "user", "content": "Count."}]})
+    b.update(fields)
+    return b
+
+
+def ask(url, endpoint, b):
+    return sc.post(url, "/v1/completions" if endpoint == "completions" else "/v1/chat/completions", b)
+
+
+def text_of(reply):
+    c = reply["choices"][0]
+    return c["message"]["content"] if "message" in c else c["text"]
+
+
+def greedy_with(biases, steps, presence=0.0, frequency=0.0, repetition=1.0, prompt=b"Count."):
+    """the greedy answer when every logit is 0 but the biased ones, under the penalties"""
+    out = []
+    for _ in range(steps):
+        logits = {}
+        for t, b in biases.items():
+            v = float(b)
+            if repetition != 1.0 and (t in prompt or t in out):
+                v = v / repetition if v > 0 else v * repetition
+            v -= frequency * out.count(t) + (presence if t in out else 0.0)
+            logits[t] = v
+        best = max(logits, key=lambda t: (logits[t], -t))
+        out.append(best if logits[best] > 0 else None)  # 0: every other token; never so here
+    return bytes(out).decode()
+
+
+def main():
+    url, model = sys.argv[1], sys.argv[2]
+    checks = {}
+    for endpoint, field, asks, nothing in REFUSED:
+        status, reply = ask(url, endpoint, body(endpoint, model, **{field: asks}))
+        err = reply.get("error", {}) if isinstance(reply, dict) else {}
+        checks[f"{endpoint}: {field}={json.dumps(asks)} refused naming it"] = (
+            status == 400 and err.get("param") == field and err.get("code") == "unsupported_parameter"
+            and err.get("type") == "invalid_request_error" and f"'{field}'" in err.get("message", ""), [status, reply])
+        if nothing is not None or field in ("logprobs", "suffix", "service_tier"):
+            status, reply = ask(url, endpoint, body(endpoint, model, **{field: nothing}))
+            checks[f"{endpoint}: {field}={json.dumps(nothing)} asks nothing: answered"] = (status == 200, [status, reply])
+
+    # logit_bias: +100 makes a token the greedy choice; -100 keeps the greedy choice away
+    for endpoint in ("completions", "chat"):
+        status, reply = ask(url, endpoint, body(endpoint, model, logit_bias={str(X): 100}))
+        checks[f"{endpoint}: logit_bias +100"] = (status == 200 and text_of(reply) == "xxxxxx", reply)
+    # every logit 0: the greedy choice is token 0 (ties to the lowest id); -100 on it leaves token 1
+    _, banned = ask(url, "completions", body("completions", model, max_tokens=3, logit_bias={"0": -100}))
+    checks["logit_bias -100 keeps the greedy choice away"] = (banned["choices"][0]["text"] == "\x01" * 3, banned)
+    # the penalties, against their definitions
+    cases = [
+        ("frequency_penalty 2", {Z: 100, J: 95}, dict(frequency_penalty=2), dict(frequency=2)),
+        ("presence_penalty 2", {Z: 100, J: 99}, dict(presence_penalty=2), dict(presence=2)),
+        ("presence -1 and frequency 0.5", {Z: 99, J: 100}, dict(presence_penalty=-1, frequency_penalty=0.5),
+         dict(presence=-1, frequency=0.5)),
+        ("repetition_penalty 2", {Z: 100, J: 60}, dict(repetition_penalty=2), dict(repetition=2)),
+        ("repetition_penalty 2 on a letter of the prompt", {Z: 50, ord("C"): 90}, dict(repetition_penalty=2),
+         dict(repetition=2)),
+        ("repetition_penalty 1.5 on a negative bias", {Z: -10, J: -14, X: -20}, dict(repetition_penalty=1.5),
+         dict(repetition=1.5)),
+    ]
+    for name, biases, fields, ref in cases:
+        want = greedy_with(biases, 12, **ref) if min(biases.values()) > 0 else None
+        for endpoint in ("completions", "chat"):
+            b = body(endpoint, model, max_tokens=12, logit_bias={str(t): v for t, v in biases.items()}, **fields)
+            status, reply = ask(url, endpoint, b)
+            got = text_of(reply) if status == 200 else reply
+            if want is None:  # negative biases: every other token is likelier; the answer avoids the three
+                ok = status == 200 and not set(got) & {"x", "z", "j"}
+            else:
+                ok = got == want and len(set(want)) > 1
+            checks[f"{endpoint}: {name}"] = (ok, {"got": got, "want": want})
+    # stop_token_ids: the answer ends after the token; ignore_eos: end-of-text is a token like any other
+    status, reply = ask(url, "completions", body("completions", model, logit_bias={str(X): 100}, stop_token_ids=[X]))
+    checks["stop_token_ids"] = (status == 200 and reply["choices"][0]["text"] == "x" and
+                                reply["choices"][0]["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] == 1, reply)
+    status, reply = ask(url, "chat", body("chat", model, logit_bias={str(Y): 100}, stop_token_ids=[EOT, Y]))
+    checks["chat: stop_token_ids"] = (status == 200 and text_of(reply) == "y" and
+                                      reply["choices"][0]["finish_reason"] == "stop", reply)
+    _, ends = ask(url, "completions", body("completions", model, logit_bias={str(EOT): 100}))
+    _, goes_on = ask(url, "completions", body("completions", model, logit_bias={str(EOT): 100}, ignore_eos=True))
+    checks["ignore_eos"] = (ends["usage"]["completion_tokens"] == 0 and ends["choices"][0]["finish_reason"] == "stop" and
+                            goes_on["usage"]["completion_tokens"] == 6 and goes_on["choices"][0]["finish_reason"] == "length",
+                            [ends, goes_on])
+    # min_p: biases 5, 5 and 4 on x, y, z (z e^-1 as likely as x and y, every other token e^-5):
+    # min_p 0.5 keeps x and y, 0.3 z too, 0 every token; 4 seeds of 16 tokens each
+    def letters(min_p):
+        return set("".join(text_of(ask(url, "completions", body(
+            "completions", model, max_tokens=16, temperature=1, seed=s, min_p=min_p,
+            logit_bias={str(X): 5, str(Y): 5, str(ord("z")): 4}))[1]) for s in range(4)))
+    kept = {p: letters(p) for p in (0.5, 0.3, 0)}
+    checks["min_p"] = (kept[0.5] == {"x", "y"} and kept[0.3] == {"x", "y", "z"} and len(kept[0]) > 3,
+                       {p: sorted(v) for p, v in kept.items()})
+    # bad values of the honoured fields: 400 naming the field
+    for field, value in [("logit_bias", {"x": 1}), ("logit_bias", {"257": 1}), ("logit_bias", {"5": 101}),
+                         ("logit_bias", [1]), ("stop_token_ids", [257]), ("stop_token_ids", ["x"]),
+                         ("stop_token_ids", 5), ("ignore_eos", 1), ("min_p", 1.5), ("presence_penalty", 3),
+                         ("frequency_penalty", -2.5), ("repetition_penalty", 0)]:
+        status, reply = ask(url, "completions", body("completions", model, **{field: value}))
+        err = reply.get("error", {}) if isinstance(reply, dict) else {}
+        checks[f"{field}={json.dumps(value)}: 400"] = (status == 400 and err.get("param") == field, [status, reply])
+    print(json.dumps({name: {"ok": bool(ok), "detail": detail} for name, (ok, detail) in checks.items()}, default=str))
+
+
+if __name__ == "__main__":
+    main()
