@@ -17,7 +17,9 @@
 #    copied before it is written (copy-on-write, counted in /metrics);
 #  - speculative decoding (a 1-layer draft proposes 3 tokens a step): greedy answers equal no
 #    cache's, alone, with everything else on, and on a [2,2,1] grid; sampled, a chi-square test
-#    shows the model's distribution of a token the draft proposed, not the draft's.
+#    shows the model's distribution of a token the draft proposed, not the draft's; with prefix
+#    caching, 16 seeded requests get the same answers alone, asked again and all at once, in
+#    blocks of 1, 4 and 16.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 source tests/server_lib.sh

@@ -18,9 +18,12 @@
 #  - stream_options.include_usage sends the usage chunk; GET /v1/models/{id}; chat content as a
 #    list of text parts; clients that hang up free their slot and their place in the queue
 #    (/metrics); the server answers as before at the end;
+#  - 128 connections from one address that send part of a head and close free their places at
+#    once: the address's next request is answered within the second;
 #  - `make` copies build/stage-6 while a server runs from it (no "Text file busy");
 #  - all of it again on a build under AddressSanitizer (build/asan, -O1 -g: make builds it when
-#    the sources changed), which must end without a report.
+#    the sources changed), which must end without a report; and servers with a draft model, on
+#    one rank and on [2,1,1], stopped by SIGTERM with no request, also without a report.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 source tests/server_lib.sh
