@@ -10,7 +10,6 @@
 typedef bool (*AsksNothing)(const cJSON *v);
 
 static bool is_false(const cJSON *v) { return cJSON_IsFalse(v); }
-static bool is_zero(const cJSON *v) { return cJSON_IsNumber(v) && v->valuedouble == 0; }
 static bool is_one(const cJSON *v) { return cJSON_IsNumber(v) && v->valuedouble == 1; }
 static bool is_empty(const cJSON *v) { return (cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child; }
 static bool is_bool(const cJSON *v) { return cJSON_IsBool(v); }
@@ -53,12 +52,10 @@ static const Field FIELDS[] = {
     {"stream", BOTH, NULL, NULL},
     {"stream_options", BOTH, NULL, NULL},
     {"user", BOTH, NULL, NULL},
+    {"logprobs", BOTH, NULL, NULL},
+    {"top_logprobs", API_CHAT, NULL, NULL},
     {"n", BOTH, is_one, "several choices for one request (n > 1) are not implemented"},
     {"best_of", API_COMPLETIONS, is_one, "best_of is not implemented"},
-    // completions' logprobs counts the alternatives wanted: even 0 asks for the chosen token's
-    {"logprobs", API_COMPLETIONS, only_null, "log-probabilities are not implemented"},
-    {"logprobs", API_CHAT, is_false, "log-probabilities are not implemented"},
-    {"top_logprobs", API_CHAT, is_zero, "log-probabilities are not implemented"},
     {"echo", API_COMPLETIONS, is_false, "echoing the prompt is not implemented"},
     {"suffix", API_COMPLETIONS, only_null, "inserting text (a suffix) is not implemented"},
     {"response_format", API_CHAT, is_text_format, "only plain text answers ({\"type\": \"text\"}): "

@@ -10,6 +10,9 @@
 // the draft's proposals would be checked against other logits.
 #include "request_logits.h"
 
+#include <math.h>
+#include <string.h>
+
 bool request_changes_logits(const Job *j) {
     return j->n_bias || j->presence_penalty != 0.0f || j->frequency_penalty != 0.0f || j->repetition_penalty != 1.0f;
 }
@@ -31,6 +34,22 @@ static void answer_penalties(const Job *j, float *logits, int *counts) {
         if (!counts[t]) continue;  // done
         logits[t] -= j->frequency_penalty * (float)counts[t] + j->presence_penalty;
         counts[t] = 0;
+    }
+}
+
+void request_record_logprobs(Job *j, const float *logprobs, int V, int token) {
+    int k = j->logprobs, *ids = j->top_ids + (size_t)j->n_out * k;
+    float *lp = j->top_lp + (size_t)j->n_out * k;
+    j->token_lp[j->n_out] = logprobs[token];
+    for (int i = 0; i < k; i++) ids[i] = -1;
+    for (int t = 0; t < V; t++) {  // insertion into the k best so far: k is at most 20
+        if (logprobs[t] == -INFINITY) continue;
+        int at = k;
+        while (at > 0 && (ids[at - 1] < 0 || logprobs[t] > lp[at - 1])) at--;
+        if (at == k) continue;
+        memmove(ids + at + 1, ids + at, (size_t)(k - at - 1) * sizeof(int));
+        memmove(lp + at + 1, lp + at, (size_t)(k - at - 1) * sizeof(float));
+        ids[at] = t, lp[at] = logprobs[t];
     }
 }
 

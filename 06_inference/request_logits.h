@@ -13,4 +13,9 @@ bool request_changes_logits(const Job *j);
 // scratch, left zeros
 void request_adjust_logits(const Job *j, float *logits, int *counts);
 
+// Records, as job j's token number n_out, the log-probability of `token` and of its j->logprobs
+// likeliest alternatives in logprobs (V: the distribution it was drawn from, sampler_logprobs);
+// the likeliest first, ties to the lower id, none outside the distribution (-INFINITY).
+void request_record_logprobs(Job *j, const float *logprobs, int V, int token);
+
 #endif

@@ -106,6 +106,17 @@ void sampler_probs(Sampler *s, const float *logits, float *probs) {
     for (int i = 0; i < n; i++) probs[s->order[i]] = s->prob[s->order[i]] / mass;
 }
 
+void sampler_logprobs(Sampler *s, const float *logits, float *logprobs) {
+    if (s->temperature > 0.0f) {
+        sampler_probs(s, logits, logprobs);
+        for (int i = 0; i < s->V; i++) logprobs[i] = logprobs[i] > 0.0f ? logf(logprobs[i]) : -INFINITY;
+        return;
+    }
+    float max = logits[argmax(logits, s->V)], sum = 0.0f;
+    for (int i = 0; i < s->V; i++) sum += expf(logits[i] - max);
+    for (int i = 0; i < s->V; i++) logprobs[i] = logits[i] - max - logf(sum);
+}
+
 // streams 1, 2, ...: the prompt's key shifted into the hash's upper bits (keys are far below 2^40)
 float sampler_uniform(const Sampler *s, long prompt, int step, int stream) {
     uint64_t h = rng_hash(s->seed, (uint64_t)prompt + ((uint64_t)stream << 40), (uint64_t)step);

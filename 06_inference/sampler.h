@@ -34,6 +34,9 @@ int sampler_next(Sampler *s, const float *logits, long prompt, int step);
 // The distribution sampler_next draws from (temperature > 0): probs (V) is softmax(logits /
 // temperature) cut to the top k and top p and renormalised, 0 elsewhere.
 void sampler_probs(Sampler *s, const float *logits, float *probs);
+// The log-probabilities (V) of the distribution sampler_next draws from: log of sampler_probs'
+// (-INFINITY outside the kept tokens); greedy (temperature 0), of softmax(logits), uncut.
+void sampler_logprobs(Sampler *s, const float *logits, float *logprobs);
 // a token drawn from probs (V, summing to 1) with the uniform number of (prompt, step) in stream
 // `stream` (the speculative decoder's draws are kept apart from sampler_next's)
 int sampler_draw(const Sampler *s, const float *probs, long prompt, int step, int stream);

@@ -91,6 +91,7 @@ typedef struct {
     float *draft_logits;    // (rows, Vp) host
     int *rows_seq;          // (rows) the job (batch row) of each of the draft's rows
     int *counts;            // (V) zeros: scratch of request_adjust_logits
+    float *logprobs;        // (V) a token's distribution, for a job that asks for logprobs
 } Batch;
 
 static void speculation_init(Server *s, Batch *q, KVModel *m, const Sampler *sampler);
@@ -125,6 +126,7 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
     q.copies = malloc_or_die(2 * (size_t)s->n_slots * sizeof(int));
     q.sampler = sampler;
     q.counts = calloc_or_die((size_t)sampler->V, sizeof(int));
+    q.logprobs = malloc_or_die((size_t)sampler->V * sizeof(float));
     speculation_init(s, &q, m, sampler);
     s->metrics.cache_blocks = m->cache.n_blocks;
     s->metrics.cache_bytes = kv_cache_bytes(&m->cache);
@@ -139,6 +141,7 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
     free(q.preempted);
     free(q.copies);
     free(q.counts);
+    free(q.logprobs);
     block_pool_free(&q.pool);
     send_plan(&g, PLAN_STOP, 0, 0, 0, 0);
     engine_free(&g);
@@ -438,6 +441,10 @@ static void step(Server *s, Engine *g, Batch *q, Sampler *sampler) {
             float *row = g->logits + sq->logit * Vp;
             if (request_changes_logits(j)) request_adjust_logits(j, row, q->counts);
             int token = sample(sampler, row, j);
+            if (j->logprobs >= 0) {  // tokens below n_out are the connection's to read: n_out's is not yet
+                sampler_logprobs(sampler, row, q->logprobs);
+                request_record_logprobs(j, q->logprobs, sampler->V, token);
+            }
             pthread_mutex_lock(&s->lock);
             accept_token(s, j, token);
         }
@@ -558,9 +565,10 @@ static void speculation_free(Batch *q) {
 // and its max_tokens leave room. None for its first token: that one is the sampler's, whether
 // its prompt's last position is computed alone (the rest was cached) or with the others, so that
 // the tokens drawn on the speculative path are the same ones, and a seed's answer with them, in
-// any batch and with any cache hit.
+// any batch and with any cache hit. None for a request that changes its logits or asks for their
+// log-probabilities: the proposals are drawn and checked without either.
 static int spec_tokens(const Batch *q, const Job *j) {
-    if (!q->draft || j->n_out == 0 || request_changes_logits(j)) return 0;
+    if (!q->draft || j->n_out == 0 || request_changes_logits(j) || j->logprobs >= 0) return 0;
     int k = q->k, room = q->maxT - job_length(j), left = j->max_tokens - j->n_out - 1;
     k = k < room ? k : room;
     k = k < left ? k : left;

@@ -47,6 +47,11 @@ typedef struct {
     bool ignore_eos;             // end-of-text is a token like any other
     int *stop_ids, n_stop_ids;   // stop_token_ids: a token that ends the answer (kept in it)
     int cached_tokens;           // the prompt's positions the prefix cache held when it was admitted
+    // logprobs (request_logits.c): -1, none; else each token's log-probability and this many
+    // likeliest alternatives' (max_tokens x logprobs), as the scheduler samples them
+    int logprobs;
+    float *token_lp, *top_lp;
+    int *top_ids;
     long key;                    // picks the random numbers with the seed (sampler_next)
     char *stops[MAX_STOPS];
     int n_stops;

@@ -49,6 +49,7 @@ static const char *FINISH_NAMES[] = {"", "stop", "length"};
 enum { MAX_BODY = 1 << 20, MAX_HEADER_BYTES = 16 << 10, MAX_CONNECTIONS = 512, MAX_CONNECTIONS_PER_CLIENT = 128,
        CLIENT_DEADLINE_S = 10, RETRY_AFTER_S = 1 };
 enum { MAX_STOP_IDS = 64, MAX_LOGIT_BIAS = 300 };  // a request's stop_token_ids, logit_bias (OpenAI's limit)
+enum { MAX_TOP_LOGPROBS = 20 };                    // the alternatives a request's logprobs may ask for (OpenAI's)
 
 // ---- a growable byte buffer -----------------------------------------------------------------
 
@@ -83,13 +84,22 @@ static bool all_continuation_bytes(const char *s, size_t n) {
 // Appends the valid UTF-8 of s[0..n) to out, a bad byte as U+FFFD; an incomplete character at the
 // end is held back (its other bytes come with the next token) unless `final`. Returns the bytes
 // of s it used. A BPE or byte token can end in the middle of a character, and JSON wants text.
+// the bytes the lead byte c says its character has (0: no lead byte)
+static size_t utf8_length(unsigned char c) {
+    return c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+}
+
+// whether s[0..n) begins with a whole, valid character of len bytes
+static bool utf8_char_at(const char *s, size_t n, size_t len) {
+    return len > 0 && len <= n && utf8_is_valid(s, len, NULL);
+}
+
 static size_t append_utf8(Buf *out, const char *s, size_t n, bool final) {
     size_t i = 0;
     while (i < n) {
-        unsigned char c = (unsigned char)s[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        size_t len = utf8_length((unsigned char)s[i]);
         if (len > 1 && i + len > n && !final && all_continuation_bytes(s + i + 1, n - i - 1)) break;
-        if (len > 0 && i + len <= n && utf8_is_valid(s + i, len, NULL)) {
+        if (utf8_char_at(s + i, n - i, len)) {
             buf_append(out, s + i, len);
             i += len;
         } else {
@@ -120,6 +130,9 @@ static void job_free(Job *j) {
     free(j->bias_ids);
     free(j->bias);
     free(j->stop_ids);
+    free(j->token_lp);
+    free(j->top_lp);
+    free(j->top_ids);
     free(j->out.p);
     free(j);
 }
@@ -510,6 +523,24 @@ static bool read_logit_bias(const cJSON *req, int V, Job *j, ApiError *e) {
     return true;
 }
 
+// logprobs: completions' is the number of alternatives wanted with each token's (0 to
+// MAX_TOP_LOGPROBS); chat's is true or false, and its top_logprobs that number
+static bool read_logprobs(const cJSON *req, bool chat, Job *j, ApiError *e) {
+    long n = -1;
+    j->logprobs = -1;
+    if (!chat) {
+        if (!optional_integer(req, "logprobs", 0, MAX_TOP_LOGPROBS, &n, e)) return false;
+        j->logprobs = (int)n;
+        return true;
+    }
+    bool wanted = false;
+    if (!optional_bool(req, "logprobs", &wanted, e) || !optional_integer(req, "top_logprobs", 0, MAX_TOP_LOGPROBS, &n, e))
+        return false;
+    if (n > 0 && !wanted) return fail(e, 400, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs': true");
+    if (wanted) j->logprobs = n > 0 ? (int)n : 0;
+    return true;
+}
+
 // the request's own changes to the logits (request_logits.c) and to when its answer ends
 static bool read_logit_rules(const cJSON *req, const Server *s, Job *j, ApiError *e) {
     double presence = 0, frequency = 0, repetition = 1;
@@ -634,7 +665,7 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
                                "(this server has '%s')", model, s->model)
                     : fail(e, 400, "model", "invalid_type", "'model' must be a string (this server has '%s')", s->model);
     ok = ok && fields_honoured(req, chat, e) && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
-         read_logit_rules(req, s, j, e) &&
+         read_logit_rules(req, s, j, e) && read_logprobs(req, chat, j, e) &&
          read_stream_options(req, j->stream, include_usage, e);
     cJSON_Delete(req);
     if (!ok) {
@@ -643,6 +674,12 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
     }
     j->ends = malloc_or_die((size_t)j->max_tokens * sizeof(size_t));
     j->out_ids = malloc_or_die((size_t)j->max_tokens * sizeof(int));
+    if (j->logprobs >= 0) {
+        size_t top = (size_t)j->max_tokens * (size_t)(j->logprobs ? j->logprobs : 1);
+        j->token_lp = malloc_or_die((size_t)j->max_tokens * sizeof(float));
+        j->top_lp = malloc_or_die(top * sizeof(float));
+        j->top_ids = malloc_or_die(top * sizeof(int));
+    }
     j->created = time(NULL);
     j->t_arrival = wall_seconds();
     j->refs = 2;
@@ -662,9 +699,99 @@ static cJSON *response_head(const Server *s, const Job *j, const char *object) {
     return root;
 }
 
-// one choice: the text (NULL: none), the finish reason (NULL: not yet); chat puts the text in a
-// message, or in a delta when streaming
-static void add_choice(cJSON *root, const Job *j, const char *text, const char *finish, bool role) {
+// ---- log-probabilities: the scheduler's record of each token (request_logits.c) as OpenAI's JSON
+
+// a token as logprobs name it: its bytes when they are whole UTF-8 characters, else OpenAI's
+// "bytes:\xNN..." (a byte or BPE token may hold part of a character)
+static char *token_text(const Tokenizer *tok, int id) {
+    int len;
+    const char *bytes = tokenizer_token_bytes(tok, id, &len);
+    Buf t = {0};
+    buf_append(&t, "", 0);
+    if (utf8_is_valid(bytes, (size_t)len, NULL) && !memchr(bytes, 0, (size_t)len)) buf_append(&t, bytes, (size_t)len);
+    else {
+        buf_append(&t, "bytes:", 6);
+        for (int i = 0; i < len; i++) buf_printf(&t, "\\x%02x", (unsigned char)bytes[i]);
+    }
+    return t.p;
+}
+
+// chat's {"token", "logprob", "bytes"} of token id
+static cJSON *chat_token_logprob(const Tokenizer *tok, int id, float logprob) {
+    cJSON *o = cJSON_CreateObject();
+    char *text = token_text(tok, id);
+    int len;
+    const char *bytes = tokenizer_token_bytes(tok, id, &len);
+    cJSON_AddStringToObject(o, "token", text);
+    cJSON_AddNumberToObject(o, "logprob", logprob);
+    cJSON *b = cJSON_AddArrayToObject(o, "bytes");
+    for (int i = 0; i < len; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)bytes[i]));
+    free(text);
+    return o;
+}
+
+// text_offset: the characters of text[0..len) as the answer writes them (append_utf8: a byte that
+// is no character's is a U+FFFD) that lie wholly before byte `at` (a token that begins inside a
+// character is at that character)
+static int characters_before(const char *text, size_t len, size_t at) {
+    int count = 0;
+    for (size_t i = 0, n; i < len; i += n, count++) {
+        n = utf8_char_at(text + i, len - i, utf8_length((unsigned char)text[i])) ? utf8_length((unsigned char)text[i]) : 1;
+        if (i + n > at) break;
+    }
+    return count;
+}
+
+// The logprobs of j's tokens from..to-1: chat's {"content": [...]}, completions' {"tokens",
+// "token_logprobs", "top_logprobs", "text_offset"}; each with its j->logprobs likeliest alternatives.
+static cJSON *logprobs_json(const Server *s, const Job *j, int from, int to) {
+    cJSON *root = cJSON_CreateObject(), *content = NULL, *tokens = NULL, *lps = NULL, *tops = NULL, *offsets = NULL;
+    if (j->chat) content = cJSON_AddArrayToObject(root, "content");
+    else {
+        tokens = cJSON_AddArrayToObject(root, "tokens");
+        lps = cJSON_AddArrayToObject(root, "token_logprobs");
+        tops = cJSON_AddArrayToObject(root, "top_logprobs");
+        offsets = cJSON_AddArrayToObject(root, "text_offset");
+    }
+    for (int i = from; i < to; i++) {
+        const int *ids = j->top_ids + (size_t)i * j->logprobs;
+        const float *top = j->top_lp + (size_t)i * j->logprobs;
+        if (j->chat) {
+            cJSON *item = chat_token_logprob(s->tok, j->out_ids[i], j->token_lp[i]);
+            cJSON *alternatives = cJSON_AddArrayToObject(item, "top_logprobs");
+            for (int k = 0; k < j->logprobs && ids[k] >= 0; k++)
+                cJSON_AddItemToArray(alternatives, chat_token_logprob(s->tok, ids[k], top[k]));
+            cJSON_AddItemToArray(content, item);
+            continue;
+        }
+        char *text = token_text(s->tok, j->out_ids[i]);
+        cJSON_AddItemToArray(tokens, cJSON_CreateString(text));
+        free(text);
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(j->token_lp[i]));
+        cJSON *alternatives = cJSON_CreateObject();
+        for (int k = 0; k < j->logprobs && ids[k] >= 0; k++) {
+            text = token_text(s->tok, ids[k]);
+            cJSON_AddNumberToObject(alternatives, text, top[k]);
+            free(text);
+        }
+        cJSON_AddItemToArray(tops, alternatives);
+        cJSON_AddItemToArray(offsets, cJSON_CreateNumber(characters_before(j->text.p, j->text.len, i ? j->ends[i - 1] : 0)));
+    }
+    return root;
+}
+
+// the tokens a whole answer shows: those that begin before its visible end (a stop string cuts it)
+static int visible_tokens(const Job *j) {
+    int n = 0;
+    while (n < j->n_out && (n ? j->ends[n - 1] : 0) < j->visible) n++;
+    return n;
+}
+
+// One choice: the text (NULL: none), the finish reason (NULL: not yet), and the logprobs of the
+// tokens from..to-1 when the request asked for them; chat puts the text in a message, or in a
+// delta when streaming.
+static void add_choice(cJSON *root, const Server *s, const Job *j, const char *text, const char *finish, bool role,
+                       int from, int to) {
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddNumberToObject(choice, "index", 0);
     if (j->chat) {
@@ -673,8 +800,9 @@ static void add_choice(cJSON *root, const Job *j, const char *text, const char *
         if (text) cJSON_AddStringToObject(msg, "content", text);
     } else {
         cJSON_AddStringToObject(choice, "text", text ? text : "");
-        cJSON_AddNullToObject(choice, "logprobs");
     }
+    if (j->logprobs >= 0 && from < to) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(s, j, from, to));
+    else cJSON_AddNullToObject(choice, "logprobs");
     if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
     else cJSON_AddNullToObject(choice, "finish_reason");
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
@@ -703,7 +831,7 @@ static void append_whole_answer(const Server *s, Job *j) {
     buf_append(&text, "", 0);
     append_utf8(&text, j->text.p ? j->text.p : "", j->visible, true);
     cJSON *root = response_head(s, j, j->chat ? "chat.completion" : "text_completion");
-    add_choice(root, j, text.p, FINISH_NAMES[j->finish], true);
+    add_choice(root, s, j, text.p, FINISH_NAMES[j->finish], true, 0, visible_tokens(j));
     append_usage(root, j);
     append_json(&j->out, root, false);
     free(text.p);
@@ -716,7 +844,7 @@ static void append_events(const Server *s, Job *j, bool include_usage) {
     const char *object = j->chat ? "chat.completion.chunk" : "text_completion";
     if (j->chat && j->n_written == 0 && !j->done_written) {
         cJSON *root = response_head(s, j, object);  // OpenAI's first chunk: the role
-        add_choice(root, j, "", NULL, true);
+        add_choice(root, s, j, "", NULL, true, 0, 0);
         append_json(&j->out, root, true);
     }
     for (; j->n_written < j->n_out; j->n_written++) {
@@ -725,7 +853,7 @@ static void append_events(const Server *s, Job *j, bool include_usage) {
         buf_append(&piece, "", 0);
         if (end > j->used) j->used += append_utf8(&piece, j->text.p + j->used, end - j->used, false);
         cJSON *root = response_head(s, j, object);
-        add_choice(root, j, piece.p, NULL, false);
+        add_choice(root, s, j, piece.p, NULL, false, j->n_written, j->n_written + 1);
         append_json(&j->out, root, true);
         free(piece.p);
     }
@@ -734,7 +862,7 @@ static void append_events(const Server *s, Job *j, bool include_usage) {
     buf_append(&rest, "", 0);
     if (j->visible > j->used) j->used += append_utf8(&rest, j->text.p + j->used, j->visible - j->used, true);
     cJSON *root = response_head(s, j, object);
-    add_choice(root, j, j->chat && !rest.len ? NULL : rest.p, FINISH_NAMES[j->finish], false);
+    add_choice(root, s, j, j->chat && !rest.len ? NULL : rest.p, FINISH_NAMES[j->finish], false, 0, 0);
     append_json(&j->out, root, true);
     free(rest.p);
     if (include_usage) {

@@ -9,6 +9,7 @@ penalties are computed here from their definitions (OpenAI's, vLLM's; ties to th
 must match exactly, and min_p's kept tokens are known.
 """
 import json
+import math
 import sys
 
 sys.path.insert(0, "tests")
@@ -22,10 +23,6 @@ REFUSED = [
     ("completions", "n", 2, 1),
     ("chat", "n", 3, 1),
     ("completions", "best_of", 2, 1),
-    ("completions", "logprobs", 2, None),
-    ("completions", "logprobs", 0, None),
-    ("chat", "logprobs", True, False),
-    ("chat", "top_logprobs", 2, 0),
     ("completions", "echo", True, False),
     ("completions", "suffix", "end", None),
     ("chat", "response_format", {"type": "json_object"}, {"type": "text"}),
@@ -59,6 +56,16 @@ def ask(url, endpoint, b):
     return sc.post(url, "/v1/completions" if endpoint == "completions" else "/v1/chat/completions", b)
 
 
+def stream_events(url, endpoint, b):
+    """a streamed answer's events, parsed"""
+    c = sc.connect(url)
+    c.request("POST", "/v1/completions" if endpoint == "completions" else "/v1/chat/completions", json.dumps(b),
+              {"Content-Type": "application/json"})
+    lines = c.getresponse().read().decode().split("\n")
+    c.close()
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
 def text_of(reply):
     c = reply["choices"][0]
     return c["message"]["content"] if "message" in c else c["text"]
@@ -80,6 +87,96 @@ def greedy_with(biases, steps, presence=0.0, frequency=0.0, repetition=1.0, prom
     return bytes(out).decode()
 
 
+# logprobs: the logits are the biases below and 0 elsewhere (257 tokens), the same at every step
+LP_BIAS = {X: 3.0, Y: 2.5, Z: 1.0, J: -1.0}
+
+
+def reference_logprobs(temperature, top_k=0, top_p=1.0, min_p=0.0):
+    """the log-probabilities (257) of the distribution the sampler draws from; greedy: softmax's"""
+    logits = [LP_BIAS.get(t, 0.0) for t in range(257)]
+    t = temperature if temperature > 0 else 1.0
+    m = max(logits)
+    p = [math.exp((v - m) / t) for v in logits]
+    total = sum(p)
+    p = [v / total for v in p]
+    if temperature > 0:
+        order = sorted(range(257), key=lambda i: (-p[i], i))
+        kept = order[:top_k] if top_k else order
+        mass, n = 0.0, 0
+        for i in kept:
+            mass, n = mass + p[i], n + 1
+            if mass >= top_p:
+                break
+        kept = kept[:n]
+        kept = [i for i in kept if p[i] >= min_p * p[kept[0]]]
+        mass = sum(p[i] for i in kept)
+        p = [p[i] / mass if i in kept else 0.0 for i in range(257)]
+    return [math.log(v) if v > 0 else -math.inf for v in p]
+
+
+def token_name(i):
+    b = bytes([i])
+    return b.decode() if i < 128 and i != 0 else "bytes:" + "".join(f"\\x{c:02x}" for c in b)
+
+
+def logprobs_match(choice, chat, ref, n, tokens):
+    """the choice's logprobs against the reference: each token's, and its n likeliest alternatives
+    (the likeliest first, ties to the lower id)"""
+    lp = choice["logprobs"]
+    want_top = sorted((i for i in range(257) if ref[i] > -math.inf), key=lambda i: (-ref[i], i))[:n]
+    close = lambda a, b: abs(a - b) < 1e-4
+    if chat:
+        items = lp["content"]
+        ids = [item["bytes"][0] for item in items]
+        ok = all(close(item["logprob"], ref[i]) and item["token"] == token_name(i) and
+                 [a["bytes"][0] for a in item["top_logprobs"]] == want_top and
+                 all(close(a["logprob"], ref[a["bytes"][0]]) for a in item["top_logprobs"]) for item, i in zip(items, ids))
+    else:
+        names = {token_name(i): i for i in range(256)}
+        ids = [names[t] for t in lp["tokens"]]
+        ok = all(close(v, ref[i]) for v, i in zip(lp["token_logprobs"], ids)) and \
+            all([names[k] for k in top] == want_top and all(close(v, ref[names[k]]) for k, v in top.items())
+                for top in lp["top_logprobs"]) and lp["text_offset"] == list(range(len(ids)))  # the byte tokenizer: a byte a character, or a U+FFFD
+    return ok and len(ids) == tokens
+
+
+def logprobs_checks(url, model, checks):
+    bias = {str(t): v for t, v in LP_BIAS.items()}
+    cases = [("greedy", dict(temperature=0), {}), ("temperature 0.7", dict(temperature=0.7, seed=3), {}),
+             ("top_k 3", dict(temperature=1, top_k=3, seed=4), dict(top_k=3)),
+             ("top_p 0.17", dict(temperature=0.8, top_p=0.17, seed=5), dict(top_p=0.17)),
+             ("min_p 0.3", dict(temperature=1.2, min_p=0.3, seed=6), dict(min_p=0.3))]
+    for name, fields, ref_args in cases:
+        ref = reference_logprobs(fields["temperature"], **ref_args)
+        for endpoint, n in (("completions", 5), ("chat", 5), ("chat", 0)):
+            asked = dict(logprobs=n) if endpoint == "completions" else dict(logprobs=True, top_logprobs=n)
+            b = body(endpoint, model, max_tokens=8, logit_bias=bias, **fields, **asked)
+            status, reply = ask(url, endpoint, b)
+            ok = status == 200 and logprobs_match(reply["choices"][0], endpoint == "chat", ref, n, 8)
+            # streamed: each event carries its token's, the same
+            events = [e for e in stream_events(url, endpoint, dict(b, stream=True))
+                      if e["choices"] and e["choices"][0].get("logprobs")]
+            streamed = [x for e in events for x in (e["choices"][0]["logprobs"]["content"] if endpoint == "chat"
+                                                     else e["choices"][0]["logprobs"]["token_logprobs"])]
+            whole = reply["choices"][0]["logprobs"]["content" if endpoint == "chat" else "token_logprobs"] if ok else None
+            checks[f"{endpoint}: logprobs {n}, {name}"] = (ok and streamed == whole, {"reply": reply, "streamed": streamed})
+    # "é" is two bytes, two tokens here: alternating under a frequency penalty, they make "éééé"
+    # (UTF-8 C3 A9): each character's tokens are at its offset; neither byte is a character alone
+    status, reply = ask(url, "completions", body("completions", model, max_tokens=8, logprobs=0, frequency_penalty=2,
+                                                 logit_bias={str(0xC3): 100, str(0xA9): 99}))
+    lp = reply["choices"][0]["logprobs"] if status == 200 else {}
+    checks["logprobs of characters of two tokens"] = (
+        status == 200 and reply["choices"][0]["text"] == "éééé" and lp["text_offset"] == [0, 0, 1, 1, 2, 2, 3, 3]
+        and lp["tokens"] == ["bytes:\\xc3", "bytes:\\xa9"] * 4, reply)
+    status, reply = ask(url, "completions", body("completions", model))
+    checks["no logprobs asked: null"] = (status == 200 and reply["choices"][0]["logprobs"] is None, reply)
+    for endpoint, fields in (("completions", dict(logprobs=21)), ("chat", dict(logprobs=True, top_logprobs=21)),
+                             ("chat", dict(top_logprobs=2)), ("chat", dict(logprobs=1))):
+        status, reply = ask(url, endpoint, body(endpoint, model, **fields))
+        err = reply.get("error", {}) if isinstance(reply, dict) else {}
+        checks[f"{endpoint}: {json.dumps(fields)} refused"] = (status == 400 and err.get("param") in fields, reply)
+
+
 def main():
     url, model = sys.argv[1], sys.argv[2]
     checks = {}
@@ -92,6 +189,8 @@ def main():
         if nothing is not None or field in ("logprobs", "suffix", "service_tier"):
             status, reply = ask(url, endpoint, body(endpoint, model, **{field: nothing}))
             checks[f"{endpoint}: {field}={json.dumps(nothing)} asks nothing: answered"] = (status == 200, [status, reply])
+
+    logprobs_checks(url, model, checks)
 
     # logit_bias: +100 makes a token the greedy choice; -100 keeps the greedy choice away
     for endpoint in ("completions", "chat"):
