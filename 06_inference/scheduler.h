@@ -35,6 +35,7 @@ typedef struct {
     long id;
     int refs;                    // the connection and the scheduler; freed at 0
     bool chat, stream, cancelled;
+    bool echo;                   // completions: the answer begins with the prompt
     int *ids, n_ids;             // the prompt as tokens
     int max_tokens;
     float temperature, top_p, min_p;
@@ -67,7 +68,7 @@ typedef struct {
     // the connection's own
     int n_written;               // tokens written to the client
     size_t used;                 // bytes of text written (an incomplete character is held back)
-    bool done_written;
+    bool done_written, echo_written;
     Buf out;                     // formatted, not yet handed to libmicrohttpd
     size_t out_off;
 } Job;

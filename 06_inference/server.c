@@ -541,6 +541,16 @@ static bool read_logprobs(const cJSON *req, bool chat, Job *j, ApiError *e) {
     return true;
 }
 
+// echo (completions): the answer begins with the prompt; its log-probabilities are not computed
+static bool read_echo(const cJSON *req, Job *j, ApiError *e) {
+    if (j->chat) return true;  // chat has none (api_fields.c refuses it)
+    if (!optional_bool(req, "echo", &j->echo, e)) return false;
+    if (j->echo && j->logprobs >= 0)
+        return fail(e, 400, "echo", "unsupported_parameter", "'echo' with 'logprobs' is refused: the prompt's "
+                    "log-probabilities are not computed");
+    return true;
+}
+
 // the request's own changes to the logits (request_logits.c) and to when its answer ends
 static bool read_logit_rules(const cJSON *req, const Server *s, Job *j, ApiError *e) {
     double presence = 0, frequency = 0, repetition = 1;
@@ -557,6 +567,18 @@ static bool read_logit_rules(const cJSON *req, const Server *s, Job *j, ApiError
     return true;
 }
 
+// a prompt as its tokens: ids in [0, V)
+static bool read_token_prompt(const cJSON *p, int V, Job *j, ApiError *e) {
+    const cJSON *id;
+    j->ids = malloc_or_die((size_t)cJSON_GetArraySize(p) * sizeof(int));
+    cJSON_ArrayForEach(id, p) {
+        if (!cJSON_IsNumber(id) || !token_id_ok(id->valuedouble, V))
+            return fail(e, 400, "prompt", "invalid_value", "'prompt': token %d is not a token id in [0, %d)", j->n_ids, V);
+        j->ids[j->n_ids++] = (int)id->valuedouble;
+    }
+    return true;
+}
+
 static bool read_prompt(cJSON *req, const Server *s, Job *j, ApiError *e) {
     char *text;
     if (j->chat) {
@@ -564,14 +586,20 @@ static bool read_prompt(cJSON *req, const Server *s, Job *j, ApiError *e) {
         if (cJSON_IsArray(messages) && !join_text_parts(messages, e)) return false;
         text = chat_prompt(messages, s->cfg->always_input_template, e);
         if (!text) return false;
-    } else {  // completions: the text as it is (a string, or a list of one)
+    } else {  // completions: the text as it is, or its tokens (either alone, or in a list of one)
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
-        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1) p = cJSON_GetArrayItem(p, 0);
-        if (!cJSON_IsString(p) || !p->valuestring[0])
-            return fail(e, 400, "prompt", "invalid_type", "'prompt' must be a non-empty string");
-        text = copy_string_or_die(p->valuestring);
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !cJSON_IsNumber(p->child))
+            return fail(e, 400, "prompt", "invalid_value", "'prompt' holds %d prompts: this server takes one a "
+                        "request", cJSON_GetArraySize(p));
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child)) p = p->child;
+        if (cJSON_IsArray(p) && p->child) text = NULL;
+        else if (!cJSON_IsString(p) || !p->valuestring[0])
+            return fail(e, 400, "prompt", "invalid_type", "'prompt' must be a non-empty string, a list of token "
+                        "ids, or a list of one of them");
+        else text = copy_string_or_die(p->valuestring);
+        if (!text && !read_token_prompt(p, tokenizer_vocab_size(s->tok), j, e)) return false;
     }
-    j->n_ids = tokenizer_encode(s->tok, text, strlen(text), &j->ids);
+    if (text) j->n_ids = tokenizer_encode(s->tok, text, strlen(text), &j->ids);
     free(text);
     int maxT = s->cfg->max_seq_len;
     if (j->n_ids >= maxT)
@@ -665,7 +693,7 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
                                "(this server has '%s')", model, s->model)
                     : fail(e, 400, "model", "invalid_type", "'model' must be a string (this server has '%s')", s->model);
     ok = ok && fields_honoured(req, chat, e) && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
-         read_logit_rules(req, s, j, e) && read_logprobs(req, chat, j, e) &&
+         read_logit_rules(req, s, j, e) && read_logprobs(req, chat, j, e) && read_echo(req, j, e) &&
          read_stream_options(req, j->stream, include_usage, e);
     cJSON_Delete(req);
     if (!ok) {
@@ -826,10 +854,23 @@ static void append_usage(cJSON *root, const Job *j) {
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(usage, "prompt_tokens_details"), "cached_tokens", j->cached_tokens);
 }
 
+// the prompt's text, for echo: the bytes of its tokens
+static void append_prompt(const Server *s, const Job *j, Buf *bytes) {
+    for (int i = 0; i < j->n_ids; i++) {
+        int len;
+        const char *b = tokenizer_token_bytes(s->tok, j->ids[i], &len);
+        buf_append(bytes, b, (size_t)len);
+    }
+}
+
 static void append_whole_answer(const Server *s, Job *j) {
-    Buf text = {0};
+    Buf text = {0}, bytes = {0};
     buf_append(&text, "", 0);
-    append_utf8(&text, j->text.p ? j->text.p : "", j->visible, true);
+    buf_append(&bytes, "", 0);
+    if (j->echo) append_prompt(s, j, &bytes);
+    buf_append(&bytes, j->text.p ? j->text.p : "", j->visible);
+    append_utf8(&text, bytes.p, bytes.len, true);
+    free(bytes.p);
     cJSON *root = response_head(s, j, j->chat ? "chat.completion" : "text_completion");
     add_choice(root, s, j, text.p, FINISH_NAMES[j->finish], true, 0, visible_tokens(j));
     append_usage(root, j);
@@ -846,6 +887,19 @@ static void append_events(const Server *s, Job *j, bool include_usage) {
         cJSON *root = response_head(s, j, object);  // OpenAI's first chunk: the role
         add_choice(root, s, j, "", NULL, true, 0, 0);
         append_json(&j->out, root, true);
+    }
+    if (j->echo && !j->echo_written) {  // the first chunk: the prompt
+        Buf bytes = {0}, text = {0};
+        buf_append(&bytes, "", 0);
+        buf_append(&text, "", 0);
+        append_prompt(s, j, &bytes);
+        append_utf8(&text, bytes.p, bytes.len, true);
+        cJSON *root = response_head(s, j, object);
+        add_choice(root, s, j, text.p, NULL, false, 0, 0);
+        append_json(&j->out, root, true);
+        free(bytes.p);
+        free(text.p);
+        j->echo_written = true;
     }
     for (; j->n_written < j->n_out; j->n_written++) {
         size_t end = j->ends[j->n_written] < j->visible ? j->ends[j->n_written] : j->visible;

@@ -23,7 +23,6 @@ REFUSED = [
     ("completions", "n", 2, 1),
     ("chat", "n", 3, 1),
     ("completions", "best_of", 2, 1),
-    ("completions", "echo", True, False),
     ("completions", "suffix", "end", None),
     ("chat", "response_format", {"type": "json_object"}, {"type": "text"}),
     ("chat", "tools", [{"type": "function", "function": {"name": "f"}}], []),
@@ -177,6 +176,35 @@ def logprobs_checks(url, model, checks):
         checks[f"{endpoint}: {json.dumps(fields)} refused"] = (status == 400 and err.get("param") in fields, reply)
 
 
+def prompt_checks(url, model, checks):
+    """prompts as text, token ids, lists of one; echo"""
+    ids = list(b"Count.")
+    bias = {str(X): 100}
+    for name, prompt in (("text", "Count."), ("token ids", ids), ("a list of one text", ["Count."]),
+                         ("a list of one list of token ids", [ids])):
+        for stream in (False, True):
+            b = body("completions", model, prompt=prompt, echo=True, logit_bias=bias, stream=stream)
+            if stream:
+                events = stream_events(url, "completions", b)
+                got = ("".join(e["choices"][0]["text"] for e in events if e["choices"]), len(events))
+                want = ("Count.xxxxxx", 1 + 6 + 1)  # the prompt, a token each, the finish
+            else:
+                status, reply = ask(url, "completions", b)
+                got = (reply["choices"][0]["text"], reply["usage"]["prompt_tokens"]) if status == 200 else reply
+                want = ("Count.xxxxxx", 6)
+            checks[f"prompt as {name}, echo{', streamed' if stream else ''}"] = (got == want, {"got": got, "want": want})
+    status, reply = ask(url, "completions", body("completions", model, prompt=ids, logit_bias=bias))
+    checks["prompt as token ids, no echo"] = (status == 200 and reply["choices"][0]["text"] == "xxxxxx", reply)
+    for name, prompt in (("a token id past the vocabulary", [67, 257]), ("no token", []), ("two prompts", ["a", "b"]),
+                         ("two token lists", [[1], [2]]), ("a fraction", [67.5])):
+        status, reply = ask(url, "completions", body("completions", model, prompt=prompt))
+        err = reply.get("error", {}) if isinstance(reply, dict) else {}
+        checks[f"prompt as {name}: 400"] = (status == 400 and err.get("param") == "prompt", reply)
+    status, reply = ask(url, "completions", body("completions", model, echo=True, logprobs=1))
+    err = reply.get("error", {}) if isinstance(reply, dict) else {}
+    checks["echo with logprobs: 400"] = (status == 400 and err.get("param") == "echo", reply)
+
+
 def main():
     url, model = sys.argv[1], sys.argv[2]
     checks = {}
@@ -191,6 +219,7 @@ def main():
             checks[f"{endpoint}: {field}={json.dumps(nothing)} asks nothing: answered"] = (status == 200, [status, reply])
 
     logprobs_checks(url, model, checks)
+    prompt_checks(url, model, checks)
 
     # logit_bias: +100 makes a token the greedy choice; -100 keeps the greedy choice away
     for endpoint in ("completions", "chat"):
