@@ -55,7 +55,7 @@ static const Field FIELDS[] = {
     {"logprobs", BOTH, NULL, NULL},
     {"top_logprobs", API_CHAT, NULL, NULL},
     {"echo", API_COMPLETIONS, NULL, NULL},
-    {"n", BOTH, is_one, "several choices for one request (n > 1) are not implemented"},
+    {"n", BOTH, NULL, NULL},
     {"best_of", API_COMPLETIONS, is_one, "best_of is not implemented"},
     {"suffix", API_COMPLETIONS, only_null, "inserting text (a suffix) is not implemented"},
     {"response_format", API_CHAT, is_text_format, "only plain text answers ({\"type\": \"text\"}): "

@@ -237,13 +237,20 @@ static void place(Server *s, Batch *q, int b, Job *j, int n) {  // the lock held
     s->busy++;
 }
 
+// With prefix caching, a request's later choices (n > 1) wait for its first one's prompt: then
+// they find its blocks cached instead of each computing the prompt again. (A cancelled job's
+// first may be gone: all of a request's jobs are cancelled together.)
+static bool waits_for_first(const Batch *q, const Job *j) {  // the lock held
+    return q->pool.caching && j->first && !j->cancelled && j->first->n_out == 0 && j->first->finish == FINISH_NONE;
+}
+
 // Admits waiting jobs, in order, while a batch row is free and the pool holds the blocks of the
 // job's text so far (its prompt; after a preemption, its tokens too) that are not cached.
 static void admit(Server *s, Batch *q) {  // the lock held
     for (int b = 0; b < s->n_slots; b++) {
         if (s->slots[b]) continue;
         Job *j = next_waiting(s, q, false);
-        if (!j) break;
+        if (!j || waits_for_first(q, j)) break;
         Seq *sq = &q->seq[b];
         int unheld, n = match_prefix(q, j, sq->blocks, sq->keys, &unheld);
         int needed = blocks_for(job_length(j), q->block_size) - n + (n * q->block_size == job_length(j));

@@ -31,9 +31,13 @@ void buf_append(Buf *b, const char *s, size_t n);
 enum { FINISH_NONE, FINISH_STOP, FINISH_LENGTH };
 enum { MAX_STOPS = 4 };
 
-typedef struct {
+typedef struct Job {
     long id;
     int refs;                    // the connection and the scheduler; freed at 0
+    // a request for n choices is n jobs: choice 0 (first NULL), and the others, which point to it
+    int choice;
+    long request_id;             // choice 0's id
+    struct Job *first;
     bool chat, stream, cancelled;
     bool echo;                   // completions: the answer begins with the prompt
     int *ids, n_ids;             // the prompt as tokens
@@ -69,8 +73,6 @@ typedef struct {
     int n_written;               // tokens written to the client
     size_t used;                 // bytes of text written (an incomplete character is held back)
     bool done_written, echo_written;
-    Buf out;                     // formatted, not yet handed to libmicrohttpd
-    size_t out_off;
 } Job;
 
 // ---- metrics (served in Prometheus's text format by server.c) ----------------------------------

@@ -133,7 +133,6 @@ static void job_free(Job *j) {
     free(j->token_lp);
     free(j->top_lp);
     free(j->top_ids);
-    free(j->out.p);
     free(j);
 }
 
@@ -679,7 +678,8 @@ static bool fields_honoured(const cJSON *req, bool chat, ApiError *e) {
                           "field by field\")", field, why);
 }
 
-static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bool *include_usage, ApiError *e) {
+// The request as a job (its choice 0; *n: the choices it asks for, n), or NULL and the error.
+static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bool *include_usage, int *n, ApiError *e) {
     cJSON *req = parse_body(body, len, e);
     if (!req) return NULL;
     Job *j = calloc_or_die(1, sizeof *j);
@@ -692,7 +692,9 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
                           fail(e, 404, "model", "model_not_found", "the model '%s' does not exist "
                                "(this server has '%s')", model, s->model)
                     : fail(e, 400, "model", "invalid_type", "'model' must be a string (this server has '%s')", s->model);
-    ok = ok && fields_honoured(req, chat, e) && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
+    long choices = 1;
+    ok = ok && fields_honoured(req, chat, e) &&
+         optional_integer(req, "n", 1, s->cfg->max_queue, &choices, e) && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
          read_logit_rules(req, s, j, e) && read_logprobs(req, chat, j, e) && read_echo(req, j, e) &&
          read_stream_options(req, j->stream, include_usage, e);
     cJSON_Delete(req);
@@ -708,6 +710,8 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
         j->top_lp = malloc_or_die(top * sizeof(float));
         j->top_ids = malloc_or_die(top * sizeof(int));
     }
+    *n = (int)choices;
+    j->request_id = j->id;
     j->created = time(NULL);
     j->t_arrival = wall_seconds();
     j->refs = 2;
@@ -719,7 +723,7 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
 static cJSON *response_head(const Server *s, const Job *j, const char *object) {
     cJSON *root = cJSON_CreateObject();
     char id[48];
-    snprintf(id, sizeof id, "%s-%ld", j->chat ? "chatcmpl" : "cmpl", j->id);
+    snprintf(id, sizeof id, "%s-%ld", j->chat ? "chatcmpl" : "cmpl", j->request_id);
     cJSON_AddStringToObject(root, "id", id);
     cJSON_AddStringToObject(root, "object", object);
     cJSON_AddNumberToObject(root, "created", (double)j->created);
@@ -821,7 +825,7 @@ static int visible_tokens(const Job *j) {
 static void add_choice(cJSON *root, const Server *s, const Job *j, const char *text, const char *finish, bool role,
                        int from, int to) {
     cJSON *choice = cJSON_CreateObject();
-    cJSON_AddNumberToObject(choice, "index", 0);
+    cJSON_AddNumberToObject(choice, "index", j->choice);
     if (j->chat) {
         cJSON *msg = cJSON_AddObjectToObject(choice, j->stream ? "delta" : "message");
         if (role) cJSON_AddStringToObject(msg, "role", "assistant");
@@ -833,7 +837,8 @@ static void add_choice(cJSON *root, const Server *s, const Job *j, const char *t
     else cJSON_AddNullToObject(choice, "logprobs");
     if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
     else cJSON_AddNullToObject(choice, "finish_reason");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
+    cJSON_AddItemToArray(choices ? choices : cJSON_AddArrayToObject(root, "choices"), choice);
 }
 
 static void append_json(Buf *b, cJSON *root, bool event) {
@@ -845,13 +850,16 @@ static void append_json(Buf *b, cJSON *root, bool event) {
     cJSON_Delete(root);
 }
 
-static void append_usage(cJSON *root, const Job *j) {
+// the usage of a request's jobs (its n choices): the prompt once, the answers' tokens together
+static void append_usage(cJSON *root, Job *const *jobs, int n) {
+    int completion = 0;
+    for (int i = 0; i < n; i++) completion += jobs[i]->n_out;
     cJSON *usage = cJSON_AddObjectToObject(root, "usage");
-    cJSON_AddNumberToObject(usage, "prompt_tokens", j->n_ids);
-    cJSON_AddNumberToObject(usage, "completion_tokens", j->n_out);
-    cJSON_AddNumberToObject(usage, "total_tokens", j->n_ids + j->n_out);
+    cJSON_AddNumberToObject(usage, "prompt_tokens", jobs[0]->n_ids);
+    cJSON_AddNumberToObject(usage, "completion_tokens", completion);
+    cJSON_AddNumberToObject(usage, "total_tokens", jobs[0]->n_ids + completion);
     // the prompt's positions found in the prefix cache (prefix_caching), not computed again
-    cJSON_AddNumberToObject(cJSON_AddObjectToObject(usage, "prompt_tokens_details"), "cached_tokens", j->cached_tokens);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(usage, "prompt_tokens_details"), "cached_tokens", jobs[0]->cached_tokens);
 }
 
 // the prompt's text, for echo: the bytes of its tokens
@@ -863,30 +871,33 @@ static void append_prompt(const Server *s, const Job *j, Buf *bytes) {
     }
 }
 
-static void append_whole_answer(const Server *s, Job *j) {
-    Buf text = {0}, bytes = {0};
-    buf_append(&text, "", 0);
-    buf_append(&bytes, "", 0);
-    if (j->echo) append_prompt(s, j, &bytes);
-    buf_append(&bytes, j->text.p ? j->text.p : "", j->visible);
-    append_utf8(&text, bytes.p, bytes.len, true);
-    free(bytes.p);
-    cJSON *root = response_head(s, j, j->chat ? "chat.completion" : "text_completion");
-    add_choice(root, s, j, text.p, FINISH_NAMES[j->finish], true, 0, visible_tokens(j));
-    append_usage(root, j);
-    append_json(&j->out, root, false);
-    free(text.p);
-    j->done_written = true;
+// a request's whole answer: every choice (its jobs, all finished) and the usage
+static void append_whole_answer(const Server *s, Job *const *jobs, int n, Buf *out) {
+    cJSON *root = response_head(s, jobs[0], jobs[0]->chat ? "chat.completion" : "text_completion");
+    for (int i = 0; i < n; i++) {
+        Job *j = jobs[i];
+        Buf text = {0}, bytes = {0};
+        buf_append(&text, "", 0);
+        buf_append(&bytes, "", 0);
+        if (j->echo) append_prompt(s, j, &bytes);
+        buf_append(&bytes, j->text.p ? j->text.p : "", j->visible);
+        append_utf8(&text, bytes.p, bytes.len, true);
+        free(bytes.p);
+        add_choice(root, s, j, text.p, FINISH_NAMES[j->finish], true, 0, visible_tokens(j));
+        free(text.p);
+        j->done_written = true;
+    }
+    append_usage(root, jobs, n);
+    append_json(out, root, false);
 }
 
-// the events for the tokens that came since the last call: one per token, then the finish, the
-// usage if the request asked for it (stream_options.include_usage), and [DONE]
-static void append_events(const Server *s, Job *j, bool include_usage) {
+// the events of one choice's tokens that came since the last call: one per token, then the finish
+static void append_events(const Server *s, Job *j, Buf *out) {
     const char *object = j->chat ? "chat.completion.chunk" : "text_completion";
     if (j->chat && j->n_written == 0 && !j->done_written) {
         cJSON *root = response_head(s, j, object);  // OpenAI's first chunk: the role
         add_choice(root, s, j, "", NULL, true, 0, 0);
-        append_json(&j->out, root, true);
+        append_json(out, root, true);
     }
     if (j->echo && !j->echo_written) {  // the first chunk: the prompt
         Buf bytes = {0}, text = {0};
@@ -896,7 +907,7 @@ static void append_events(const Server *s, Job *j, bool include_usage) {
         append_utf8(&text, bytes.p, bytes.len, true);
         cJSON *root = response_head(s, j, object);
         add_choice(root, s, j, text.p, NULL, false, 0, 0);
-        append_json(&j->out, root, true);
+        append_json(out, root, true);
         free(bytes.p);
         free(text.p);
         j->echo_written = true;
@@ -908,25 +919,30 @@ static void append_events(const Server *s, Job *j, bool include_usage) {
         if (end > j->used) j->used += append_utf8(&piece, j->text.p + j->used, end - j->used, false);
         cJSON *root = response_head(s, j, object);
         add_choice(root, s, j, piece.p, NULL, false, j->n_written, j->n_written + 1);
-        append_json(&j->out, root, true);
+        append_json(out, root, true);
         free(piece.p);
     }
-    if (j->finish == FINISH_NONE) return;
+    if (j->finish == FINISH_NONE || j->done_written) return;
     Buf rest = {0};  // what an incomplete last character held back
     buf_append(&rest, "", 0);
     if (j->visible > j->used) j->used += append_utf8(&rest, j->text.p + j->used, j->visible - j->used, true);
     cJSON *root = response_head(s, j, object);
     add_choice(root, s, j, j->chat && !rest.len ? NULL : rest.p, FINISH_NAMES[j->finish], false, 0, 0);
-    append_json(&j->out, root, true);
+    append_json(out, root, true);
     free(rest.p);
-    if (include_usage) {
-        root = response_head(s, j, object);
-        cJSON_AddArrayToObject(root, "choices");
-        append_usage(root, j);
-        append_json(&j->out, root, true);
-    }
-    buf_append(&j->out, "data: [DONE]\n\n", 14);
     j->done_written = true;
+}
+
+// a stream's end, once every choice has finished: the usage if the request asked for it
+// (stream_options.include_usage), and [DONE]
+static void append_stream_end(const Server *s, Job *const *jobs, int n, bool include_usage, Buf *out) {
+    if (include_usage) {
+        cJSON *root = response_head(s, jobs[0], jobs[0]->chat ? "chat.completion.chunk" : "text_completion");
+        cJSON_AddArrayToObject(root, "choices");
+        append_usage(root, jobs, n);
+        append_json(out, root, true);
+    }
+    buf_append(out, "data: [DONE]\n\n", 14);
 }
 
 // ---- answers waiting for their tokens --------------------------------------------------------------
@@ -946,13 +962,17 @@ typedef struct {
 
 struct Reader {
     Server *s;
-    Job *j;
+    Job **jobs;    // the request's choices (n > 1: several)
+    int n;
     struct MHD_Connection *c;
     bool include_usage;
     Arrival *arrival;
     Waker *waker;
     Reader *next;  // in the waker's list while suspended
     bool gone;     // its client went away while it was suspended
+    Buf out;       // formatted, not yet handed to libmicrohttpd
+    size_t out_off;
+    bool done;     // the whole answer, or the stream's end, is formatted
 };
 
 static const double LOOK_AT_CLIENT_S = 0.05;  // how often the waker checks the waiting clients
@@ -966,8 +986,31 @@ static bool client_gone(struct MHD_Connection *c) {
     return info && recv(info->connect_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
-static bool has_news(const Job *j) {
-    return j->done_written || j->finish != FINISH_NONE || (j->stream && j->n_written < j->n_out);
+// a whole answer when every choice has finished; a stream at each token and finish
+static bool has_news(const Reader *r) {
+    bool all = true, any = false;
+    for (int i = 0; i < r->n; i++) {
+        const Job *j = r->jobs[i];
+        all &= j->finish != FINISH_NONE;
+        any |= (j->finish != FINISH_NONE && !j->done_written) || j->n_written < j->n_out;
+    }
+    return r->done || all || (r->jobs[0]->stream && any);
+}
+
+// what has come since the last call, formatted (the lock held)
+static void format_news(Reader *r) {
+    if (!r->jobs[0]->stream) {
+        append_whole_answer(r->s, r->jobs, r->n, &r->out);
+        r->done = true;
+        return;
+    }
+    bool all = true;
+    for (int i = 0; i < r->n; i++) {
+        append_events(r->s, r->jobs[i], &r->out);
+        all &= r->jobs[i]->done_written;
+    }
+    if (all) append_stream_end(r->s, r->jobs, r->n, r->include_usage, &r->out);
+    r->done = all;
 }
 
 // resumed connections wait for the polling thread's next MHD_run: it is woken for them
@@ -990,8 +1033,8 @@ static void *wake_readers(void *arg) {
         if (look_now) look = wall_seconds() + LOOK_AT_CLIENT_S;
         for (Reader **p = &w->suspended; *p;) {
             Reader *r = *p;
-            r->gone = !has_news(r->j) && look_now && client_gone(r->c);
-            if (!has_news(r->j) && !r->gone) {
+            r->gone = !has_news(r) && look_now && client_gone(r->c);
+            if (!has_news(r) && !r->gone) {
                 p = &r->next;
                 continue;
             }
@@ -1016,12 +1059,11 @@ static void *wake_readers(void *arg) {
 static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     Reader *r = cls;
-    Job *j = r->j;
     arrival_set(r->arrival, 0);
-    if (j->out_off == j->out.len) {
-        j->out.len = j->out_off = 0;
+    if (r->out_off == r->out.len) {
+        r->out.len = r->out_off = 0;
         pthread_mutex_lock(&r->s->lock);
-        if (!has_news(j)) {
+        if (!has_news(r)) {
             bool end = r->gone || r->waker->stop;
             if (!end) {  // suspended under the lock: the waker resumes it only after this
                 r->next = r->waker->suspended;
@@ -1031,29 +1073,28 @@ static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&r->s->lock);
             return end ? MHD_CONTENT_READER_END_WITH_ERROR : 0;  // release_response cancels the job
         }
-        if (!j->done_written) {
-            if (j->stream) append_events(r->s, j, r->include_usage);
-            else append_whole_answer(r->s, j);
-        }
+        if (!r->done) format_news(r);
         pthread_mutex_unlock(&r->s->lock);
     }
     arrival_set(r->arrival, CLIENT_DEADLINE_S);
-    if (j->out_off == j->out.len) return MHD_CONTENT_READER_END_OF_STREAM;
-    size_t n = j->out.len - j->out_off < max ? j->out.len - j->out_off : max;
-    memcpy(buf, j->out.p + j->out_off, n);
-    j->out_off += n;
+    if (r->out_off == r->out.len) return MHD_CONTENT_READER_END_OF_STREAM;
+    size_t n = r->out.len - r->out_off < max ? r->out.len - r->out_off : max;
+    memcpy(buf, r->out.p + r->out_off, n);
+    r->out_off += n;
     return (ssize_t)n;
 }
 
-// the response is gone: sent, or its client went away (then the job is cancelled: the scheduler
-// frees its slot at the next step)
+// the response is gone: sent, or its client went away (then its jobs are cancelled, all before
+// any is released: the scheduler frees their slots at the next step)
 static void release_response(void *cls) {
     Reader *r = cls;
     pthread_mutex_lock(&r->s->lock);
-    r->j->cancelled = true;
-    job_release(r->s, r->j);
+    for (int i = 0; i < r->n; i++) r->jobs[i]->cancelled = true;
+    for (int i = 0; i < r->n; i++) job_release(r->s, r->jobs[i]);
     pthread_cond_signal(&r->s->work);
     pthread_mutex_unlock(&r->s->lock);
+    free(r->jobs);
+    free(r->out.p);
     free(r);
 }
 
@@ -1093,16 +1134,17 @@ static enum MHD_Result send_error(Server *s, struct MHD_Connection *c, const Api
     return queue_last(c, e->status, resp);
 }
 
-// queues a checked job, or says why not (429: the queue is full; 503: the server is stopping)
-static bool enqueue(Server *s, Job *j, ApiError *e) {
+// queues a checked request's n jobs, all or none, or says why not (429: the queue is full; 503:
+// the server is stopping)
+static bool enqueue(Server *s, Job **jobs, int n, ApiError *e) {
     pthread_mutex_lock(&s->lock);
-    bool ok = !s->stopping && s->queue_len < s->cfg->max_queue;
+    bool ok = !s->stopping && s->queue_len + n <= s->cfg->max_queue;
     if (s->stopping) fail(e, 503, NULL, NULL, "the server is shutting down");
     else if (!ok) fail(e, 429, NULL, "queue_full", "%d requests are waiting already (max_queue): try again later",
                        s->queue_len);
     if (ok) {
-        s->queue[(s->queue_head + s->queue_len++) % s->cfg->max_queue] = j;
-        s->live_jobs++;
+        for (int i = 0; i < n; i++) s->queue[(s->queue_head + s->queue_len++) % s->cfg->max_queue] = jobs[i];
+        s->live_jobs += n;
         count_status(s, 200);
         pthread_cond_signal(&s->work);
     } else {
@@ -1115,14 +1157,24 @@ static bool enqueue(Server *s, Job *j, ApiError *e) {
 static enum MHD_Result serve_completion(Server *s, Waker *waker, struct MHD_Connection *c, const Buf *body, bool chat) {
     ApiError e;
     bool include_usage;
-    Job *j = parse_request(s, body->p ? body->p : "", body->len, chat, &include_usage, &e);
+    int n;
+    Job *j = parse_request(s, body->p ? body->p : "", body->len, chat, &include_usage, &n, &e);
     if (!j) return send_error(s, c, &e, true);
-    if (!enqueue(s, j, &e)) {
-        job_free(j);
+    Job **jobs = malloc_or_die((size_t)n * sizeof(Job *));
+    jobs[0] = j;
+    for (int i = 1; i < n; i++) {  // choice i: the same request, parsed again (as it was: no error)
+        jobs[i] = parse_request(s, body->p, body->len, chat, &include_usage, &n, &e);
+        jobs[i]->choice = i, jobs[i]->first = j, jobs[i]->request_id = j->id;
+        if (!jobs[i]->key) jobs[i]->key = i;  // a seeded request's choice i draws the seed's i-th numbers
+    }
+    if (!enqueue(s, jobs, n, &e)) {
+        for (int i = 0; i < n; i++) job_free(jobs[i]);
+        free(jobs);
         return send_error(s, c, &e, false);
     }
     Reader *r = malloc_or_die(sizeof *r);
-    *r = (Reader){s, j, c, include_usage, arrival_of(c), waker, NULL, false};
+    *r = (Reader){.s = s, .jobs = jobs, .n = n, .c = c, .include_usage = include_usage, .arrival = arrival_of(c),
+                  .waker = waker};
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_response, r, release_response);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, j->stream ? "text/event-stream" : "application/json");
     if (j->stream) MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");

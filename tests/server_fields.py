@@ -20,8 +20,6 @@ Z, J = ord("z"), ord("j")  # in neither prompt below, nor in the Alpaca template
 
 # (endpoint, field, a value that asks for something refused, the value that asks for nothing)
 REFUSED = [
-    ("completions", "n", 2, 1),
-    ("chat", "n", 3, 1),
     ("completions", "best_of", 2, 1),
     ("completions", "suffix", "end", None),
     ("chat", "response_format", {"type": "json_object"}, {"type": "text"}),
@@ -205,6 +203,41 @@ def prompt_checks(url, model, checks):
     checks["echo with logprobs: 400"] = (status == 400 and err.get("param") == "echo", reply)
 
 
+def choices_checks(url, model, checks):
+    """n: distinct seeded choices, choice 0 the answer of n 1, the prompt computed once"""
+    for endpoint in ("completions", "chat"):
+        b = body(endpoint, model, max_tokens=10, temperature=1, seed=11,
+                 **(dict(logprobs=0) if endpoint == "completions" else dict(logprobs=True)))  # to count the tokens
+        _, one = ask(url, endpoint, b)
+        status, three = ask(url, endpoint, dict(b, n=3))
+        _, again = ask(url, endpoint, dict(b, n=3))
+        texts = [text_of({"choices": [c]}) for c in three["choices"]] if status == 200 else []
+        ok = status == 200 and [c["index"] for c in three["choices"]] == [0, 1, 2] and texts[0] == text_of(one) \
+            and len(set(texts)) == 3 and three["choices"] == again["choices"] \
+            and three["usage"]["completion_tokens"] == sum(len(c["logprobs"]["content" if endpoint == "chat" else "tokens"])
+                                                           for c in three["choices"]) \
+            and three["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+        checks[f"{endpoint}: n 3"] = (ok, {"one": one, "three": three})
+        events = stream_events(url, endpoint, dict(b, n=3, stream=True, stream_options={"include_usage": True}))
+        streamed = ["".join((e["choices"][0].get("delta", {}).get("content") or "") if endpoint == "chat"
+                            else e["choices"][0]["text"] for e in events if e["choices"] and e["choices"][0]["index"] == i)
+                    for i in range(3)]
+        usage = [e["usage"] for e in events if not e["choices"]]
+        checks[f"{endpoint}: n 3, streamed"] = (streamed == texts and len(usage) == 1 and
+                                                usage[0]["completion_tokens"] == three["usage"]["completion_tokens"],
+                                                {"streamed": streamed, "whole": texts, "usage": usage})
+    # the later choices find the first one's prompt cached: 6 full blocks of 16 of a prompt of 100
+    prompt = ("Count the digits of " + "2718281828459045235360287471352662497757247093699959574966967627724076630353547594")[:99] + "."
+    saved = sc.metric(url, "workbook_prefix_cache_tokens_saved_total")
+    status, reply = ask(url, "completions", body("completions", model, prompt=prompt, n=3, max_tokens=2))
+    saved = sc.metric(url, "workbook_prefix_cache_tokens_saved_total") - saved
+    checks["n 3 computes the prompt once"] = (status == 200 and len(prompt) == 100 and saved == 2 * 96, {"saved": saved})
+    for n in (0, 10 ** 6):
+        status, reply = ask(url, "completions", body("completions", model, n=n))
+        err = reply.get("error", {}) if isinstance(reply, dict) else {}
+        checks[f"n {n}: 400"] = (status == 400 and err.get("param") == "n", reply)
+
+
 def main():
     url, model = sys.argv[1], sys.argv[2]
     checks = {}
@@ -220,6 +253,7 @@ def main():
 
     logprobs_checks(url, model, checks)
     prompt_checks(url, model, checks)
+    choices_checks(url, model, checks)
 
     # logit_bias: +100 makes a token the greedy choice; -100 keeps the greedy choice away
     for endpoint in ("completions", "chat"):

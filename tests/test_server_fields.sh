@@ -34,7 +34,7 @@ done < <(python3 -c 'import json,sys; [print(("ok" if v["ok"] else "FAIL") + "\t
 # cached_tokens: a prompt of 100 bytes asked three times in blocks of 16; the first computes it,
 # the later ones find its 6 full blocks (96 positions), as /metrics's tokens saved counts them
 saved() { curl -s -m 10 "$url/metrics" | sed -n 's/^workbook_prefix_cache_tokens_saved_total //p'; }
-prompt=$(python3 -c 'print("Count the digits of " + "31415926535897932384626433832795028841971693993751058209749445923078164062862089986280"[:79] + ".")')
+prompt=$(python3 -c 'print(("Sum the digits of " + "31415926535897932384626433832795028841971693993751058209749445923078164062862089986280")[:99] + ".")')
 cached=()
 for i in 1 2 3; do
     before=$(saved)
