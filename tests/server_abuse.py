@@ -366,7 +366,9 @@ def include_usage(url, model):
     usage = json.loads(whole)["usage"]
     final = events[-1] if events else {}
     plain, _ = stream_events(url, dict(body, stream=True))
-    ok = (last == "data: [DONE]" and final.get("choices") == [] and final.get("usage") == usage
+    counts = lambda u: {k: v for k, v in (u or {}).items() if k != "prompt_tokens_details"}  # cached: the cache's state
+    ok = (last == "data: [DONE]" and final.get("choices") == [] and counts(final.get("usage")) == counts(usage)
+          and "cached_tokens" in final["usage"]["prompt_tokens_details"]
           and all("usage" not in e for e in events[:-1]) and all("usage" not in e for e in plain))
     return ok, {"final": final, "usage": usage, "events": len(events), "plain_events": len(plain)}
 
