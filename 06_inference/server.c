@@ -997,13 +997,8 @@ static bool has_news(const Reader *r) {
     return r->done || all || (r->jobs[0]->stream && any);
 }
 
-// what has come since the last call, formatted (the lock held)
+// a stream's events since the last call, formatted (the lock held)
 static void format_news(Reader *r) {
-    if (!r->jobs[0]->stream) {
-        append_whole_answer(r->s, r->jobs, r->n, &r->out);
-        r->done = true;
-        return;
-    }
     bool all = true;
     for (int i = 0; i < r->n; i++) {
         append_events(r->s, r->jobs[i], &r->out);
@@ -1052,7 +1047,7 @@ static void *wake_readers(void *arg) {
     return NULL;
 }
 
-// libmicrohttpd asks for the next bytes of a response (on its polling thread, which must not
+// libmicrohttpd asks for the next bytes of a stream (on its polling thread, which must not
 // wait): the formatted bytes still pending, or, once they are out, the tokens that came since;
 // with none yet, the connection is suspended until the waker resumes it (returning 0: no bytes).
 // It asks when the bytes before are taken: the client has CLIENT_DEADLINE_S to take what it gets.
@@ -1154,7 +1149,49 @@ static bool enqueue(Server *s, Job **jobs, int n, ApiError *e) {
     return ok;
 }
 
-static enum MHD_Result serve_completion(Server *s, Waker *waker, struct MHD_Connection *c, const Buf *body, bool chat) {
+// a request's body as it comes, then, for a whole (not streamed) answer, the request waiting for it
+typedef struct {
+    Buf body;
+    bool too_big;
+    Reader *waiting;  // its connection suspended until every choice has finished
+} Upload;
+
+// A whole answer's status waits for the answer: its connection is suspended, without a response,
+// until the waker resumes it (every choice finished, or the client gone), and then answered
+// with the outcome (answer_when_done). A stream's 200 goes at once.
+static enum MHD_Result wait_for_answer(Waker *waker, struct MHD_Connection *c, Upload *up, Reader *r) {
+    up->waiting = r;
+    pthread_mutex_lock(&r->s->lock);  // suspended under the lock: the waker resumes it only after this
+    r->next = waker->suspended;
+    waker->suspended = r;
+    MHD_suspend_connection(c);
+    pthread_mutex_unlock(&r->s->lock);
+    return MHD_YES;
+}
+
+// a whole answer, resumed: 200 and the answer, or, its client gone, no answer (the connection ends)
+static enum MHD_Result answer_when_done(struct MHD_Connection *c, Upload *up) {
+    Reader *r = up->waiting;
+    up->waiting = NULL;
+    pthread_mutex_lock(&r->s->lock);
+    bool done = !r->gone && has_news(r);
+    if (done) append_whole_answer(r->s, r->jobs, r->n, &r->out);
+    pthread_mutex_unlock(&r->s->lock);
+    Buf out = r->out;
+    r->out = (Buf){0};
+    release_response(r);
+    if (!done) {
+        free(out.p);
+        return MHD_NO;
+    }
+    arrival_set(arrival_of(c), CLIENT_DEADLINE_S);  // to take it
+    struct MHD_Response *resp = MHD_create_response_from_buffer(out.len, out.p, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    return queue_last(c, MHD_HTTP_OK, resp);
+}
+
+static enum MHD_Result serve_completion(Server *s, Waker *waker, struct MHD_Connection *c, Upload *up, bool chat) {
+    const Buf *body = &up->body;
     ApiError e;
     bool include_usage;
     int n;
@@ -1175,9 +1212,10 @@ static enum MHD_Result serve_completion(Server *s, Waker *waker, struct MHD_Conn
     Reader *r = malloc_or_die(sizeof *r);
     *r = (Reader){.s = s, .jobs = jobs, .n = n, .c = c, .include_usage = include_usage, .arrival = arrival_of(c),
                   .waker = waker};
+    if (!j->stream) return wait_for_answer(waker, c, up, r);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_response, r, release_response);
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, j->stream ? "text/event-stream" : "application/json");
-    if (j->stream) MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     return queue_last(c, MHD_HTTP_OK, resp);
 }
 
@@ -1210,10 +1248,6 @@ static enum MHD_Result serve_models(Server *s, struct MHD_Connection *c, const c
     return send_json(c, root);
 }
 
-typedef struct {
-    Buf body;
-    bool too_big;
-} Upload;
 
 // a Content-Length's value: one or more digits (400), at most MAX_BODY (413)
 static bool content_length_ok(const char *v, size_t n, ApiError *e) {
@@ -1288,6 +1322,7 @@ static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *ur
         *data_size = 0;
         return MHD_YES;
     }
+    if (up->waiting) return answer_when_done(c, up);  // resumed
     arrival_set(arrival_of(c), 0);  // the request is in: its answer may take its time to generate
     bool post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0;
     bool chat = strcmp(url, "/v1/chat/completions") == 0, completion = strcmp(url, "/v1/completions") == 0;
@@ -1303,7 +1338,7 @@ static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *ur
                send_error(s, c, &e, true);
     if (up->too_big)
         return fail(&e, 413, NULL, "body_too_large", "the body is over %d bytes", MAX_BODY), send_error(s, c, &e, true);
-    return serve_completion(s, waker, c, &up->body, chat);
+    return serve_completion(s, waker, c, up, chat);
 }
 
 // a request answered (or its client gone): its body is freed; its connection closes

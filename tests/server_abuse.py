@@ -349,6 +349,21 @@ def closing_answers(url, model):
     return not wrong, wrong or list(answers)
 
 
+def whole_answer_head(url, model):
+    """a whole answer's head is sent with the answer, once it exists (the status can say how it
+    went): a Content-Length, not chunks begun before the answer; a stream's begins at once"""
+    body = json.dumps({"model": model, "prompt": "Sort the digits.", "max_tokens": 32, "temperature": 0})
+    reply = exchange(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body.encode()))
+    head, _, data = reply.partition(b"\r\n\r\n")
+    fields = {l.split(b":")[0].strip().lower(): l.split(b":", 1)[1].strip() for l in head.split(b"\r\n")[1:] if b":" in l}
+    _, stream_head, _ = request(url, "POST", "/v1/completions", json.dumps(dict(json.loads(body), stream=True)))
+    ok = head.startswith(b"HTTP/1.1 200") and fields.get(b"content-length") == str(len(data)).encode() \
+        and b"transfer-encoding" not in fields and json.loads(data)["usage"]["completion_tokens"] > 0 \
+        and stream_head.get("Transfer-Encoding") == "chunked"
+    return ok, {"head": head.decode("latin-1"), "stream head": stream_head}
+
+
 def stream_events(url, body, source="127.0.0.2"):
     c = connect(url, source)
     c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -490,6 +505,7 @@ def main():
         {"counted": counted, "answered": {code: seen.count(code) for code in DOOR_CODES}})
     checks["a second request on a connection: never answered, the connection closed"] = guarded(second_requests, url, model)
     checks["every answer says Connection: close"] = guarded(closing_answers, url, model)
+    checks["a whole answer's head comes with it"] = guarded(whole_answer_head, url, model)
     checks["stream_options include_usage"] = guarded(include_usage, url, model)
     checks["GET /v1/models/{id}"] = guarded(models, url, model)
     checks["chat content as text parts"] = guarded(content_parts, url, model)

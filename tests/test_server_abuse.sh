@@ -20,6 +20,7 @@
 #    (/metrics); the server answers as before at the end;
 #  - 128 connections from one address that send part of a head and close free their places at
 #    once: the address's next request is answered within the second;
+#  - a whole answer's head comes with the answer (a Content-Length), a stream's at once (chunks);
 #  - `make` copies build/stage-6 while a server runs from it (no "Text file busy");
 #  - all of it again on a build under AddressSanitizer (build/asan, -O1 -g: make builds it when
 #    the sources changed), which must end without a report; and servers with a draft model, on
