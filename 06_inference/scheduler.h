@@ -115,6 +115,7 @@ typedef struct {
     int n_slots, busy;        // rows (max_batch_size), running jobs
     long next_id, live_jobs;  // live: not yet released by their connection
     bool stopping;            // SIGTERM: new requests get 503, the accepted ones are finished
+    const struct ChatTemplate *chat_template;  // the checkpoint's (chat_template.h), or NULL: Alpaca's
     ServerMetrics metrics;
 } Server;
 

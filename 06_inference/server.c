@@ -35,6 +35,7 @@
 
 #include "alpaca.h"
 #include "api_fields.h"
+#include "chat_template.h"
 #include "device.h"
 #include "log.h"
 #include "preemption.h"
@@ -51,19 +52,7 @@ enum { MAX_BODY = 1 << 20, MAX_HEADER_BYTES = 16 << 10, MAX_CONNECTIONS = 512, M
 enum { MAX_STOP_IDS = 64, MAX_LOGIT_BIAS = 300 };  // a request's stop_token_ids, logit_bias (OpenAI's limit)
 enum { MAX_TOP_LOGPROBS = 20 };                    // the alternatives a request's logprobs may ask for (OpenAI's)
 
-// ---- a growable byte buffer -----------------------------------------------------------------
-
-void buf_append(Buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        char *grown = realloc(b->p, b->cap);
-        if (!grown) fatal("out of memory in the server");
-        b->p = grown;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
+// ---- a growable byte buffer (buf.c): formatted ------------------------------------------------
 
 static void buf_printf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void buf_printf(Buf *b, const char *fmt, ...) {
@@ -428,6 +417,26 @@ static char *chat_prompt(const cJSON *messages, bool always_input, ApiError *e) 
     return prompt.p;
 }
 
+// The chat through the checkpoint's own template (tokenizer_config.json's chat_template), with the
+// assistant's turn begun (add_generation_prompt); a template that raises on it (roles that do not
+// alternate, say) refuses it with its words.
+static char *templated_prompt(const ChatTemplate *t, const cJSON *messages, ApiError *e) {
+    const cJSON *msg;
+    int i = 0;
+    if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0)
+        return fail(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array"), NULL;
+    cJSON_ArrayForEach(msg, messages) {
+        if (!cJSON_IsObject(msg) || !string_field(msg, "role") || !string_field(msg, "content"))
+            return fail(e, 400, "messages", "invalid_type", "messages[%d] must be an object with string 'role' and "
+                        "'content'", i), NULL;
+        i++;
+    }
+    char err[400];
+    char *text = chat_template_render(t->text, messages, true, t->bos, t->eos, err, sizeof err);
+    if (!text) fail(e, 400, "messages", "invalid_value", "%s (%s)", err, t->path);
+    return text;
+}
+
 static bool read_stops(const cJSON *req, Job *j, ApiError *e) {
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(req, "stop"), *item;
     if (!stop || cJSON_IsNull(stop)) return true;
@@ -583,7 +592,8 @@ static bool read_prompt(cJSON *req, const Server *s, Job *j, ApiError *e) {
     if (j->chat) {
         cJSON *messages = cJSON_GetObjectItemCaseSensitive(req, "messages");
         if (cJSON_IsArray(messages) && !join_text_parts(messages, e)) return false;
-        text = chat_prompt(messages, s->cfg->always_input_template, e);
+        text = s->chat_template ? templated_prompt(s->chat_template, messages, e)
+                                : chat_prompt(messages, s->cfg->always_input_template, e);
         if (!text) return false;
     } else {  // completions: the text as it is, or its tokens (either alone, or in a list of one)
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
@@ -1715,10 +1725,17 @@ void serve(const Config *cfg, KVModel *m, const Tokenizer *tok, Sampler *sampler
     preemption_watch();  // SIGTERM sets a flag on every rank: only rank 0 acts on it
     Server s = {.cfg = cfg, .tok = tok, .n_slots = m->B};
     model_name(cfg, s.model, sizeof s.model);  // on every rank: each refuses a bad name
+    // the checkpoint's chat template, beside its tokenizer or its weights (on every rank: each refuses a bad one)
+    ChatTemplate *chat = cfg->tokenizer_path[0] ? chat_template_load(cfg->tokenizer_path) : NULL;
+    if (!chat) chat = chat_template_load(cfg->init_from);
+    s.chat_template = chat;
     if (comm_rank(world) != 0) {
+        chat_template_free(chat);
         scheduler_follow(m, world, use_graph);
         return;
     }
+    if (chat) printf("server: chat messages through %s's chat_template\n", chat->path);
+    else printf("server: chat messages into the Alpaca template (no chat_template beside the checkpoint)\n");
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.work, NULL);
     pthread_cond_init(&s.progress, NULL);
@@ -1732,6 +1749,7 @@ void serve(const Config *cfg, KVModel *m, const Tokenizer *tok, Sampler *sampler
     struct MHD_Daemon *d = start_http(&s, gate, &waker);
     scheduler_run(&s, m, sampler, world, use_graph);
     stop_http(&s, d, gate, &waker);
+    chat_template_free(chat);
     free(gate);
     free(s.queue);
     free(s.slots);
