@@ -131,10 +131,16 @@ static bool take(Expr *x, const char *symbol) {
     return true;
 }
 
-static size_t name_length(const Expr *x) {
+// the name at x->p (after spaces) into name (NAME_SIZE): taken; its length, 0 when there is none
+enum { NAME_SIZE = 64 };
+static size_t take_name(Expr *x, char *name) {
+    skip_spaces(x);
     size_t n = 0;
     while (x->p + n < x->end && (isalnum((unsigned char)x->p[n]) || x->p[n] == '_')) n++;
-    return isdigit((unsigned char)*x->p) ? 0 : n;
+    if (x->p < x->end && isdigit((unsigned char)*x->p)) n = 0;
+    snprintf(name, NAME_SIZE, "%.*s", (int)n, x->p);
+    x->p += n;
+    return n;
 }
 
 static bool truthy(const cJSON *v) {
@@ -209,11 +215,8 @@ static cJSON *primary(Expr *x) {
     if (take_word(x, "true") || take_word(x, "True")) return cJSON_CreateTrue();
     if (take_word(x, "false") || take_word(x, "False")) return cJSON_CreateFalse();
     if (take_word(x, "none") || take_word(x, "None")) return cJSON_CreateNull();
-    size_t n = name_length(x);
-    if (!n) return render_error(x->r, x->at, "unexpected '%.20s'", x->p), NULL;
-    char name[64];
-    snprintf(name, sizeof name, "%.*s", (int)n, x->p);
-    x->p += n;
+    char name[NAME_SIZE];
+    if (!take_name(x, name)) return render_error(x->r, x->at, "unexpected '%.20s'", x->p), NULL;
     if (strcmp(name, "raise_exception") == 0 && take(x, "(")) {
         cJSON *message = expression(x);
         render_error(x->r, x->at, "the template raises: %s", cJSON_IsString(message) ? message->valuestring : "?");
@@ -269,10 +272,8 @@ static cJSON *postfix(Expr *x) {
     cJSON *v = primary(x);
     for (;;) {
         if (take(x, ".")) {
-            size_t n = name_length(x);
-            char name[64];
-            snprintf(name, sizeof name, "%.*s", (int)n, x->p);
-            x->p += n;
+            char name[NAME_SIZE];
+            take_name(x, name);
             cJSON *key = cJSON_CreateString(name);
             v = member(v, key);
             cJSON_Delete(key);
@@ -322,11 +323,8 @@ static cJSON *apply_filter(Expr *x, cJSON *v, const char *name) {
 static cJSON *filtered(Expr *x) {
     cJSON *v = postfix(x);
     while (!x->r->failed && !(x->p + 1 < x->end && x->p[0] == '|' && x->p[1] == '|') && take(x, "|")) {
-        skip_spaces(x);
-        size_t n = name_length(x);
-        char name[32];
-        snprintf(name, sizeof name, "%.*s", (int)n, x->p);
-        x->p += n;
+        char name[NAME_SIZE];
+        take_name(x, name);
         v = apply_filter(x, v, name);
     }
     return v;
@@ -490,12 +488,8 @@ static int run(Render *r, int i, bool emit) {
             }
         } else if (is_statement(r, i, "for", &rest)) {
             Expr x = {r, rest, node->p + node->n, node->at};
-            skip_spaces(&x);
-            size_t n = name_length(&x);
-            char name[64];
-            snprintf(name, sizeof name, "%.*s", (int)n, x.p);
-            x.p += n;
-            if (!n || !take_word(&x, "in")) return render_error(r, node->at, "expected 'for name in list'"), i;
+            char name[NAME_SIZE];
+            if (!take_name(&x, name) || !take_word(&x, "in")) return render_error(r, node->at, "expected 'for name in list'"), i;
             cJSON *list = emit ? evaluate(r, x.p, (size_t)(x.end - x.p), node->at) : NULL;
             int count = cJSON_IsArray(list) ? cJSON_GetArraySize(list) : 0, end = -1, k = 0;
             for (cJSON *item = list ? list->child : NULL; k < count && !r->failed; item = item->next, k++) {
@@ -518,12 +512,8 @@ static int run(Render *r, int i, bool emit) {
         } else if (is_statement(r, i, "set", &rest)) {
             if (!emit) continue;
             Expr x = {r, rest, node->p + node->n, node->at};
-            skip_spaces(&x);
-            size_t n = name_length(&x);
-            char name[64];
-            snprintf(name, sizeof name, "%.*s", (int)n, x.p);
-            x.p += n;
-            if (!n || !take(&x, "=")) return render_error(r, node->at, "expected 'set name = value'"), i;
+            char name[NAME_SIZE];
+            if (!take_name(&x, name) || !take(&x, "=")) return render_error(r, node->at, "expected 'set name = value'"), i;
             cJSON *v = evaluate(r, x.p, (size_t)(x.end - x.p), node->at);
             cJSON_DeleteItemFromObjectCaseSensitive(r->scope, name);
             cJSON_AddItemToObject(r->scope, name, v ? v : cJSON_CreateNull());
