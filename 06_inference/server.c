@@ -1356,6 +1356,9 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
     (void)cls, (void)c, (void)why;
     Upload *up = *con_cls;
     if (!up) return;
+    // a whole answer's client gone: resumed, libmicrohttpd may close the connection without asking
+    // for the answer (answer_when_done); its jobs are cancelled here then
+    if (up->waiting) release_response(up->waiting);
     free(up->body.p);
     free(up);
     *con_cls = NULL;

@@ -432,6 +432,27 @@ def queue_full_and_hang_ups(url, model):
         (freed and generated < 2 * 1500, {"freed": freed, "generated": generated})
 
 
+def whole_answer_hang_up(url, model):
+    """a client waiting in the queue for a whole answer closes its connection (FIN, as a client that
+    gives up does): its place in the queue is free at once, and its job never runs"""
+    long = {"model": model, "prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0}
+    a = connect(url, "127.0.0.2")
+    a.request("POST", "/v1/completions", json.dumps(dict(long, stream=True)), {"Content-Type": "application/json"})
+    holder = a.sock
+    first = a.getresponse()
+    first.fp.readline()  # its first event: a holds the slot
+    body = json.dumps(long).encode()
+    s = raw_socket(url, "127.0.0.2")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    queued = wait_metric(url, "workbook_queue_length", 1)
+    s.close()
+    left = wait_metric(url, "workbook_queue_length", 0)
+    holder.shutdown(socket.SHUT_RDWR)
+    holder.close()
+    freed = wait_metric(url, "workbook_running_batch_size", 0)
+    return queued and left and freed, {"queued": queued, "queue freed": left, "slot freed": freed}
+
+
 def openai_checks(url, model):
     """the official client: NotFoundError for an unknown model, models.retrieve, the usage chunk"""
     try:
@@ -513,6 +534,7 @@ def main():
     if queue_checks[0] is False:  # an exception: both fail with it
         queue_checks = (queue_checks, queue_checks)
     checks["429 with Retry-After"], checks["clients gone free the slot and the queue"] = queue_checks
+    checks["a client that gives up on a whole answer frees its place"] = guarded(whole_answer_hang_up, url, model)
 
     # the idle and the slow connections are closed by the deadline (and the refused ones at once)
     wait = t0 + deadline + 3 - time.time()
