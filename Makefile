@@ -199,7 +199,10 @@ build/tests/test_moe build/tests/test_gpt: $(B)/08_mixture_of_experts/moe.o
 $(B)/tests/test_moe.o $(B)/tests/test_gpt.o: CFLAGS += -I08_mixture_of_experts
 build/tests/test_sampler build/tests/test_top_p: $(B)/06_inference/sampler.o
 build/tests/test_prefix_cache: $(B)/06_inference/block_pool.o $(B)/06_inference/prefix_cache.o
+build/tests/test_request_logits: $(B)/06_inference/sampler.o $(B)/06_inference/request_logits.o
+build/tests/test_chat_template: $(B)/06_inference/chat_template.o $(B)/06_inference/buf.o
 $(B)/tests/test_sampler.o $(B)/tests/test_top_p.o $(B)/tests/test_prefix_cache.o: CFLAGS += -I06_inference
+$(B)/tests/test_request_logits.o $(B)/tests/test_chat_template.o: CFLAGS += -I06_inference -I08_mixture_of_experts
 build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	$(call Q,LD,$@)$(CC) $^ -o $@ $(LDLIBS)

@@ -12,6 +12,7 @@ void sampler_init(Sampler *s, int V, float temperature, int top_k, float top_p, 
     s->temperature = temperature;
     s->top_k = top_k;
     s->top_p = top_p;
+    s->min_p = 0.0f;
     s->seed = seed;
     s->V = V;
     s->prob = malloc_or_die((size_t)V * sizeof(float));
@@ -69,11 +70,23 @@ static int candidates(Sampler *s, float *mass) {
     return n;
 }
 
+// The candidates (n of them, in order) cut to those at least min_p times as likely as the first;
+// returns how many remain and their total probability in *mass.
+static int cut_below_min_p(const Sampler *s, int n, float *mass) {
+    if (s->min_p <= 0.0f) return n;
+    float least = s->min_p * s->prob[s->order[0]], total = 0.0f;
+    int kept = 0;
+    while (kept < n && s->prob[s->order[kept]] >= least) total += s->prob[s->order[kept++]];
+    *mass = total;
+    return kept;
+}
+
 int sampler_next(Sampler *s, const float *logits, long prompt, int step) {
     if (s->temperature <= 0.0f) return argmax(logits, s->V);
     softmax_with_temperature(s, logits);
     float mass;
     int n = candidates(s, &mass);
+    n = cut_below_min_p(s, n, &mass);
     // a uniform number in [0, mass) from the top 24 bits of the hash (exact in a float)
     uint64_t h = rng_hash(s->seed, (uint64_t)prompt, (uint64_t)step);
     float r = (float)(h >> 40) * (1.0f / 16777216.0f) * mass, acc = 0.0f;
@@ -88,8 +101,20 @@ void sampler_probs(Sampler *s, const float *logits, float *probs) {
     softmax_with_temperature(s, logits);
     float mass;
     int n = candidates(s, &mass);
+    n = cut_below_min_p(s, n, &mass);
     for (int i = 0; i < s->V; i++) probs[i] = 0.0f;
     for (int i = 0; i < n; i++) probs[s->order[i]] = s->prob[s->order[i]] / mass;
+}
+
+void sampler_logprobs(Sampler *s, const float *logits, float *logprobs) {
+    if (s->temperature > 0.0f) {
+        sampler_probs(s, logits, logprobs);
+        for (int i = 0; i < s->V; i++) logprobs[i] = logprobs[i] > 0.0f ? logf(logprobs[i]) : -INFINITY;
+        return;
+    }
+    float max = logits[argmax(logits, s->V)], sum = 0.0f;
+    for (int i = 0; i < s->V; i++) sum += expf(logits[i] - max);
+    for (int i = 0; i < s->V; i++) logprobs[i] = logits[i] - max - logf(sum);
 }
 
 // streams 1, 2, ...: the prompt's key shifted into the hash's upper bits (keys are far below 2^40)

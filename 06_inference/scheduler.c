@@ -39,6 +39,7 @@
 #include "base/log.h"
 #include "base/device.h"
 #include "run/preemption.h"
+#include "request_logits.h"
 
 // A step as floats (token ids, positions and block numbers are exact in a float: below 2^24),
 // broadcast by rank 0: [kind, R rows, S sequences, L logit rows, N block copies], then the rows'
@@ -89,6 +90,8 @@ typedef struct {
     float *p_probs;         // (V) the model's, scratch
     float *draft_logits;    // (rows, Vp) host
     int *rows_seq;          // (rows) the job (batch row) of each of the draft's rows
+    int *counts;            // (V) zeros: scratch of request_adjust_logits
+    float *logprobs;        // (V) a token's distribution, for a job that asks for logprobs
 } Batch;
 
 static void speculation_init(Server *s, Batch *q, KVModel *m, const Sampler *sampler);
@@ -122,6 +125,8 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
     q.preempted = malloc_or_die((size_t)s->n_slots * sizeof(Job *));
     q.copies = malloc_or_die(2 * (size_t)s->n_slots * sizeof(int));
     q.sampler = sampler;
+    q.counts = calloc_or_die((size_t)sampler->V, sizeof(int));
+    q.logprobs = malloc_or_die((size_t)sampler->V * sizeof(float));
     speculation_init(s, &q, m, sampler);
     s->metrics.cache_blocks = m->cache.n_blocks;
     s->metrics.cache_bytes = kv_cache_bytes(&m->cache);
@@ -130,11 +135,13 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
         grow_or_preempt(s, &q);
         step(s, &g, &q, sampler);
     }
+    speculation_free(&q);  // before the rows it reads are freed
     for (int b = 0; b < s->n_slots; b++) free(q.seq[b].blocks), free(q.seq[b].keys);
     free(q.seq);
     free(q.preempted);
     free(q.copies);
-    speculation_free(&q);
+    free(q.counts);
+    free(q.logprobs);
     block_pool_free(&q.pool);
     send_plan(&g, PLAN_STOP, 0, 0, 0, 0);
     engine_free(&g);
@@ -225,8 +232,16 @@ static void place(Server *s, Batch *q, int b, Job *j, int n) {  // the lock held
     while (sq->n_blocks < blocks_for(len, bs)) sq->blocks[sq->n_blocks++] = block_pool_take(&q->pool);
     sq->draft_cached = sq->n_cached;  // the draft's blocks mirror the model's (same tables)
     if (sq->n_cached) s->metrics.prefix_hits++, s->metrics.prefix_tokens_saved += sq->n_cached;
+    if (j->n_out == 0) j->cached_tokens = sq->n_cached;  // its usage's prompt_tokens_details
     s->slots[b] = j;
     s->busy++;
+}
+
+// With prefix caching, a request's later choices (n > 1) wait for its first one's prompt: then
+// they find its blocks cached instead of each computing the prompt again. (A cancelled job's
+// first may be gone: all of a request's jobs are cancelled together.)
+static bool waits_for_first(const Batch *q, const Job *j) {  // the lock held
+    return q->pool.caching && j->first && !j->cancelled && j->first->n_out == 0 && j->first->finish == FINISH_NONE;
 }
 
 // Admits waiting jobs, in order, while a batch row is free and the pool holds the blocks of the
@@ -235,7 +250,7 @@ static void admit(Server *s, Batch *q) {  // the lock held
     for (int b = 0; b < s->n_slots; b++) {
         if (s->slots[b]) continue;
         Job *j = next_waiting(s, q, false);
-        if (!j) break;
+        if (!j || waits_for_first(q, j)) break;
         Seq *sq = &q->seq[b];
         int unheld, n = match_prefix(q, j, sq->blocks, sq->keys, &unheld);
         int needed = blocks_for(job_length(j), q->block_size) - n + (n * q->block_size == job_length(j));
@@ -390,10 +405,14 @@ static int plan_rows(Server *s, Engine *g, Batch *q, int *n_seqs, int *n_logits)
     return R;
 }
 
-// the blocks sq filled are cached from now on, known by their prefix
+// the blocks sq filled are cached from now on, known by their prefix; with a draft model, those
+// the draft has filled too (it lags the model by a position or two): a job that begins with a
+// cached block finds the draft's keys and values there as well, not what the block held before,
+// so the draft proposes the same tokens to it whichever job computed the block
 static void key_full_blocks(Batch *q, Seq *sq, const Job *j) {
     int bs = q->block_size, tokens[bs];
-    for (; sq->n_keyed < sq->n_cached / bs; sq->n_keyed++) {
+    int filled = q->draft && sq->draft_cached < sq->n_cached ? sq->draft_cached : sq->n_cached;
+    for (; sq->n_keyed < filled / bs; sq->n_keyed++) {
         int i = sq->n_keyed;
         uint64_t parent = i ? sq->keys[i - 1] : 0;
         block_tokens(j, i, bs, tokens);
@@ -426,7 +445,13 @@ static void step(Server *s, Engine *g, Batch *q, Sampler *sampler) {
             sq->draft_cached = sq->n_cached < len + sq->n_spec - 1 ? sq->n_cached : len + sq->n_spec - 1;
         } else if (sq->logit >= 0) {
             pthread_mutex_unlock(&s->lock);  // sampling reads only the scheduler's own fields
-            int token = sample(sampler, g->logits + sq->logit * Vp, j);
+            float *row = g->logits + sq->logit * Vp;
+            if (request_changes_logits(j)) request_adjust_logits(j, row, q->counts);
+            int token = sample(sampler, row, j);
+            if (j->logprobs >= 0) {  // tokens below n_out are the connection's to read: n_out's is not yet
+                sampler_logprobs(sampler, row, q->logprobs);
+                request_record_logprobs(j, q->logprobs, sampler->V, token);
+            }
             pthread_mutex_lock(&s->lock);
             accept_token(s, j, token);
         }
@@ -443,6 +468,7 @@ static void use_job_settings(Sampler *sampler, const Job *j) {
     sampler->temperature = j->temperature;
     sampler->top_k = j->top_k;
     sampler->top_p = j->top_p;
+    sampler->min_p = j->min_p;
     sampler->seed = j->seed;
 }
 
@@ -481,7 +507,7 @@ static void accept_token(Server *s, Job *j, int token) {
     j->t_last = now;
     j->last_token = token;
     s->metrics.generated_tokens++;
-    if (token == tokenizer_eot(s->tok)) {
+    if (token == tokenizer_eot(s->tok) && !j->ignore_eos) {
         j->finish = FINISH_STOP;
         j->visible = j->text.len;  // what was held back for a stop string is the answer's end
         return;
@@ -492,6 +518,8 @@ static void accept_token(Server *s, Job *j, int token) {
     size_t before = j->text.len;
     buf_append(&j->text, bytes, (size_t)len);
     j->ends[j->n_out++] = j->visible = j->text.len;
+    for (int i = 0; i < j->n_stop_ids; i++)  // a stop token ends the answer after it
+        if (token == j->stop_ids[i]) j->finish = FINISH_STOP;
     for (int i = 0; i < j->n_stops; i++) {  // a stop string ends the answer before it
         size_t n = strlen(j->stops[i]), from = before + 1 > n ? before + 1 - n : 0;
         char *hit = strstr(j->text.p + from, j->stops[i]);
@@ -530,7 +558,7 @@ static void speculation_init(Server *s, Batch *q, KVModel *m, const Sampler *sam
 
 static void speculation_free(Batch *q) {
     if (!q->draft) return;
-    for (int b = 0; q->seq && b < q->draft->B; b++) free(q->seq[b].proposals);
+    for (int b = 0; b < q->draft->B; b++) free(q->seq[b].proposals);
     free(q->q_probs);
     free(q->p_probs);
     free(q->draft_logits);
@@ -541,9 +569,13 @@ static void speculation_free(Batch *q) {
 }
 
 // the proposals a decoding job takes this step: num_speculative_tokens, as far as the context
-// and its max_tokens leave room
+// and its max_tokens leave room. None for its first token: that one is the sampler's, whether
+// its prompt's last position is computed alone (the rest was cached) or with the others, so that
+// the tokens drawn on the speculative path are the same ones, and a seed's answer with them, in
+// any batch and with any cache hit. None for a request that changes its logits or asks for their
+// log-probabilities: the proposals are drawn and checked without either.
 static int spec_tokens(const Batch *q, const Job *j) {
-    if (!q->draft) return 0;
+    if (!q->draft || j->n_out == 0 || request_changes_logits(j) || j->logprobs >= 0) return 0;
     int k = q->k, room = q->maxT - job_length(j), left = j->max_tokens - j->n_out - 1;
     k = k < room ? k : room;
     k = k < left ? k : left;

@@ -31,15 +31,32 @@ void buf_append(Buf *b, const char *s, size_t n);
 enum { FINISH_NONE, FINISH_STOP, FINISH_LENGTH };
 enum { MAX_STOPS = 4 };
 
-typedef struct {
+typedef struct Job {
     long id;
     int refs;                    // the connection and the scheduler; freed at 0
+    // a request for n choices is n jobs: choice 0 (first NULL), and the others, which point to it
+    int choice;
+    long request_id;             // choice 0's id
+    struct Job *first;
     bool chat, stream, cancelled;
+    bool echo;                   // completions: the answer begins with the prompt
     int *ids, n_ids;             // the prompt as tokens
     int max_tokens;
-    float temperature, top_p;
+    float temperature, top_p, min_p;
     int top_k;
     uint64_t seed;
+    // the request's own changes to the logits before sampling (request_logits.c)
+    float presence_penalty, frequency_penalty, repetition_penalty;
+    int *bias_ids, n_bias;       // logit_bias: these tokens' logits ...
+    float *bias;                 // ... plus these
+    bool ignore_eos;             // end-of-text is a token like any other
+    int *stop_ids, n_stop_ids;   // stop_token_ids: a token that ends the answer (kept in it)
+    int cached_tokens;           // the prompt's positions the prefix cache held when it was admitted
+    // logprobs (request_logits.c): -1, none; else each token's log-probability and this many
+    // likeliest alternatives' (max_tokens x logprobs), as the scheduler samples them
+    int logprobs;
+    float *token_lp, *top_lp;
+    int *top_ids;
     long key;                    // picks the random numbers with the seed (sampler_next)
     char *stops[MAX_STOPS];
     int n_stops;
@@ -55,9 +72,7 @@ typedef struct {
     // the connection's own
     int n_written;               // tokens written to the client
     size_t used;                 // bytes of text written (an incomplete character is held back)
-    bool done_written;
-    Buf out;                     // formatted, not yet handed to libmicrohttpd
-    size_t out_off;
+    bool done_written, echo_written;
 } Job;
 
 // ---- metrics (served in Prometheus's text format by server.c) ----------------------------------
@@ -100,6 +115,7 @@ typedef struct {
     int n_slots, busy;        // rows (max_batch_size), running jobs
     long next_id, live_jobs;  // live: not yet released by their connection
     bool stopping;            // SIGTERM: new requests get 503, the accepted ones are finished
+    const struct ChatTemplate *chat_template;  // the checkpoint's (chat_template.h), or NULL: Alpaca's
     ServerMetrics metrics;
 } Server;
 

@@ -33,8 +33,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api_fields.h"
 #include "base/device.h"
 #include "base/log.h"
+#include "chat_template.h"
 #include "data/alpaca.h"
 #include "run/preemption.h"
 #include "scheduler.h"
@@ -47,20 +49,10 @@ static const char *FINISH_NAMES[] = {"", "stop", "length"};
 // a slow or idle client cannot hold its connections for ever.
 enum { MAX_BODY = 1 << 20, MAX_HEADER_BYTES = 16 << 10, MAX_CONNECTIONS = 512, MAX_CONNECTIONS_PER_CLIENT = 128,
        CLIENT_DEADLINE_S = 10, RETRY_AFTER_S = 1 };
+enum { MAX_STOP_IDS = 64, MAX_LOGIT_BIAS = 300 };  // a request's stop_token_ids, logit_bias (OpenAI's limit)
+enum { MAX_TOP_LOGPROBS = 20 };                    // the alternatives a request's logprobs may ask for (OpenAI's)
 
-// ---- a growable byte buffer -----------------------------------------------------------------
-
-void buf_append(Buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        char *grown = realloc(b->p, b->cap);
-        if (!grown) fatal("out of memory in the server");
-        b->p = grown;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
+// ---- a growable byte buffer (buf.c): formatted ------------------------------------------------
 
 static void buf_printf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void buf_printf(Buf *b, const char *fmt, ...) {
@@ -81,13 +73,22 @@ static bool all_continuation_bytes(const char *s, size_t n) {
 // Appends the valid UTF-8 of s[0..n) to out, a bad byte as U+FFFD; an incomplete character at the
 // end is held back (its other bytes come with the next token) unless `final`. Returns the bytes
 // of s it used. A BPE or byte token can end in the middle of a character, and JSON wants text.
+// the bytes the lead byte c says its character has (0: no lead byte)
+static size_t utf8_length(unsigned char c) {
+    return c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+}
+
+// whether s[0..n) begins with a whole, valid character of len bytes
+static bool utf8_char_at(const char *s, size_t n, size_t len) {
+    return len > 0 && len <= n && utf8_is_valid(s, len, NULL);
+}
+
 static size_t append_utf8(Buf *out, const char *s, size_t n, bool final) {
     size_t i = 0;
     while (i < n) {
-        unsigned char c = (unsigned char)s[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        size_t len = utf8_length((unsigned char)s[i]);
         if (len > 1 && i + len > n && !final && all_continuation_bytes(s + i + 1, n - i - 1)) break;
-        if (len > 0 && i + len <= n && utf8_is_valid(s + i, len, NULL)) {
+        if (utf8_char_at(s + i, n - i, len)) {
             buf_append(out, s + i, len);
             i += len;
         } else {
@@ -115,7 +116,12 @@ static void job_free(Job *j) {
     free(j->text.p);
     free(j->ends);
     free(j->out_ids);
-    free(j->out.p);
+    free(j->bias_ids);
+    free(j->bias);
+    free(j->stop_ids);
+    free(j->token_lp);
+    free(j->top_lp);
+    free(j->top_ids);
     free(j);
 }
 
@@ -276,7 +282,8 @@ static char *metrics_text(Server *s) {
 typedef struct {
     int status;
     char message[512];
-    const char *param, *code;
+    char param[64];  // "": none (a copy: it may name a field of a request that is freed first)
+    const char *code;
 } ApiError;
 
 static bool fail(ApiError *e, int status, const char *param, const char *code, const char *fmt, ...)
@@ -287,7 +294,7 @@ static bool fail(ApiError *e, int status, const char *param, const char *code, c
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
     e->status = status;
-    e->param = param;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     e->code = code;
     return false;
 }
@@ -297,7 +304,7 @@ static char *error_json(const ApiError *e) {
     cJSON_AddStringToObject(err, "message", e->message);
     cJSON_AddStringToObject(err, "type", e->status == 429 ? "rate_limit_error"
                                          : e->status == 503 ? "server_error" : "invalid_request_error");
-    if (e->param) cJSON_AddStringToObject(err, "param", e->param);
+    if (e->param[0]) cJSON_AddStringToObject(err, "param", e->param);
     else cJSON_AddNullToObject(err, "param");
     if (e->code) cJSON_AddStringToObject(err, "code", e->code);
     else cJSON_AddNullToObject(err, "code");
@@ -410,6 +417,26 @@ static char *chat_prompt(const cJSON *messages, bool always_input, ApiError *e) 
     return prompt.p;
 }
 
+// The chat through the checkpoint's own template (tokenizer_config.json's chat_template), with the
+// assistant's turn begun (add_generation_prompt); a template that raises on it (roles that do not
+// alternate, say) refuses it with its words.
+static char *templated_prompt(const ChatTemplate *t, const cJSON *messages, ApiError *e) {
+    const cJSON *msg;
+    int i = 0;
+    if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0)
+        return fail(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array"), NULL;
+    cJSON_ArrayForEach(msg, messages) {
+        if (!cJSON_IsObject(msg) || !string_field(msg, "role") || !string_field(msg, "content"))
+            return fail(e, 400, "messages", "invalid_type", "messages[%d] must be an object with string 'role' and "
+                        "'content'", i), NULL;
+        i++;
+    }
+    char err[400];
+    char *text = chat_template_render(t->text, messages, true, t->bos, t->eos, err, sizeof err);
+    if (!text) fail(e, 400, "messages", "invalid_value", "%s (%s)", err, t->path);
+    return text;
+}
+
 static bool read_stops(const cJSON *req, Job *j, ApiError *e) {
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(req, "stop"), *item;
     if (!stop || cJSON_IsNull(stop)) return true;
@@ -429,13 +456,13 @@ static bool read_stops(const cJSON *req, Job *j, ApiError *e) {
 }
 
 static bool read_sampling(const cJSON *req, const Config *cfg, Job *j, ApiError *e) {
-    double temperature = cfg->temperature, top_p = cfg->top_p;
-    long top_k = cfg->top_k, seed = -1, n = 1;
+    double temperature = cfg->temperature, top_p = cfg->top_p, min_p = 0;
+    long top_k = cfg->top_k, seed = -1;
     if (!optional_number(req, "temperature", 0, 2, &temperature, e) ||
         !optional_number(req, "top_p", 1e-9, 1, &top_p, e) ||
+        !optional_number(req, "min_p", 0, 1, &min_p, e) ||
         !optional_integer(req, "top_k", 0, 1e9, &top_k, e) ||
-        !optional_integer(req, "seed", 0, 9007199254740991.0, &seed, e) ||
-        !optional_integer(req, "n", 1, 1, &n, e))
+        !optional_integer(req, "seed", 0, 9007199254740991.0, &seed, e))
         return false;
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(req, "stream");
     if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream))
@@ -443,6 +470,7 @@ static bool read_sampling(const cJSON *req, const Config *cfg, Job *j, ApiError 
     j->stream = cJSON_IsTrue(stream);
     j->temperature = (float)temperature;
     j->top_p = (float)top_p;
+    j->min_p = (float)min_p;
     j->top_k = (int)top_k;
     // a request's own seed makes its sample a function of the seed alone; otherwise the server's
     // seed and the request's number pick it
@@ -451,21 +479,136 @@ static bool read_sampling(const cJSON *req, const Config *cfg, Job *j, ApiError 
     return read_stops(req, j, e);
 }
 
+// an optional true or false
+static bool optional_bool(const cJSON *req, const char *key, bool *x, ApiError *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, key);
+    if (!v || cJSON_IsNull(v)) return true;
+    if (!cJSON_IsBool(v)) return fail(e, 400, key, "invalid_type", "'%s' must be true or false", key);
+    *x = cJSON_IsTrue(v);
+    return true;
+}
+
+// a token id as a request gives it: an integer in [0, V)
+static bool token_id_ok(double id, int V) { return id >= 0 && id < V && id == floor(id); }
+
+// stop_token_ids: a list of token ids, each of which ends the answer (kept in it, as vLLM does)
+static bool read_stop_token_ids(const cJSON *req, int V, Job *j, ApiError *e) {
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(req, "stop_token_ids"), *id;
+    if (!ids || cJSON_IsNull(ids)) return true;
+    if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) > MAX_STOP_IDS)
+        return fail(e, 400, "stop_token_ids", "invalid_type", "'stop_token_ids' must be a list of up to %d token ids",
+                    MAX_STOP_IDS);
+    j->stop_ids = malloc_or_die((size_t)MAX_STOP_IDS * sizeof(int));
+    cJSON_ArrayForEach(id, ids) {
+        if (!cJSON_IsNumber(id) || !token_id_ok(id->valuedouble, V))
+            return fail(e, 400, "stop_token_ids", "invalid_value", "'stop_token_ids' must hold token ids in [0, %d)", V);
+        j->stop_ids[j->n_stop_ids++] = (int)id->valuedouble;
+    }
+    return true;
+}
+
+// logit_bias: {"token id": a bias in [-100, 100], ...}, OpenAI's (up to MAX_LOGIT_BIAS tokens)
+static bool read_logit_bias(const cJSON *req, int V, Job *j, ApiError *e) {
+    const cJSON *bias = cJSON_GetObjectItemCaseSensitive(req, "logit_bias"), *b;
+    if (!bias || cJSON_IsNull(bias)) return true;
+    if (!cJSON_IsObject(bias) || cJSON_GetArraySize(bias) > MAX_LOGIT_BIAS)
+        return fail(e, 400, "logit_bias", "invalid_type", "'logit_bias' must be an object of up to %d token ids "
+                    "and their biases", MAX_LOGIT_BIAS);
+    j->bias_ids = malloc_or_die((size_t)MAX_LOGIT_BIAS * sizeof(int));
+    j->bias = malloc_or_die((size_t)MAX_LOGIT_BIAS * sizeof(float));
+    cJSON_ArrayForEach(b, bias) {
+        char *end;
+        double id = strtod(b->string, &end);
+        if (!b->string[0] || *end || !token_id_ok(id, V))
+            return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias': '%.40s' is not a token id in [0, %d)",
+                        b->string, V);
+        if (!cJSON_IsNumber(b) || !(b->valuedouble >= -100 && b->valuedouble <= 100))
+            return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias': token %s's bias must be a number in "
+                        "[-100, 100]", b->string);
+        j->bias_ids[j->n_bias] = (int)id;
+        j->bias[j->n_bias++] = (float)b->valuedouble;
+    }
+    return true;
+}
+
+// logprobs: completions' is the number of alternatives wanted with each token's (0 to
+// MAX_TOP_LOGPROBS); chat's is true or false, and its top_logprobs that number
+static bool read_logprobs(const cJSON *req, bool chat, Job *j, ApiError *e) {
+    long n = -1;
+    j->logprobs = -1;
+    if (!chat) {
+        if (!optional_integer(req, "logprobs", 0, MAX_TOP_LOGPROBS, &n, e)) return false;
+        j->logprobs = (int)n;
+        return true;
+    }
+    bool wanted = false;
+    if (!optional_bool(req, "logprobs", &wanted, e) || !optional_integer(req, "top_logprobs", 0, MAX_TOP_LOGPROBS, &n, e))
+        return false;
+    if (n > 0 && !wanted) return fail(e, 400, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs': true");
+    if (wanted) j->logprobs = n > 0 ? (int)n : 0;
+    return true;
+}
+
+// echo (completions): the answer begins with the prompt; its log-probabilities are not computed
+static bool read_echo(const cJSON *req, Job *j, ApiError *e) {
+    if (j->chat) return true;  // chat has none (api_fields.c refuses it)
+    if (!optional_bool(req, "echo", &j->echo, e)) return false;
+    if (j->echo && j->logprobs >= 0)
+        return fail(e, 400, "echo", "unsupported_parameter", "'echo' with 'logprobs' is refused: the prompt's "
+                    "log-probabilities are not computed");
+    return true;
+}
+
+// the request's own changes to the logits (request_logits.c) and to when its answer ends
+static bool read_logit_rules(const cJSON *req, const Server *s, Job *j, ApiError *e) {
+    double presence = 0, frequency = 0, repetition = 1;
+    int V = tokenizer_vocab_size(s->tok);
+    if (!optional_number(req, "presence_penalty", -2, 2, &presence, e) ||
+        !optional_number(req, "frequency_penalty", -2, 2, &frequency, e) ||
+        !optional_number(req, "repetition_penalty", 0.01, 100, &repetition, e) ||
+        !optional_bool(req, "ignore_eos", &j->ignore_eos, e) || !read_stop_token_ids(req, V, j, e) ||
+        !read_logit_bias(req, V, j, e))
+        return false;
+    j->presence_penalty = (float)presence;
+    j->frequency_penalty = (float)frequency;
+    j->repetition_penalty = (float)repetition;
+    return true;
+}
+
+// a prompt as its tokens: ids in [0, V)
+static bool read_token_prompt(const cJSON *p, int V, Job *j, ApiError *e) {
+    const cJSON *id;
+    j->ids = malloc_or_die((size_t)cJSON_GetArraySize(p) * sizeof(int));
+    cJSON_ArrayForEach(id, p) {
+        if (!cJSON_IsNumber(id) || !token_id_ok(id->valuedouble, V))
+            return fail(e, 400, "prompt", "invalid_value", "'prompt': token %d is not a token id in [0, %d)", j->n_ids, V);
+        j->ids[j->n_ids++] = (int)id->valuedouble;
+    }
+    return true;
+}
+
 static bool read_prompt(cJSON *req, const Server *s, Job *j, ApiError *e) {
     char *text;
     if (j->chat) {
         cJSON *messages = cJSON_GetObjectItemCaseSensitive(req, "messages");
         if (cJSON_IsArray(messages) && !join_text_parts(messages, e)) return false;
-        text = chat_prompt(messages, s->cfg->always_input_template, e);
+        text = s->chat_template ? templated_prompt(s->chat_template, messages, e)
+                                : chat_prompt(messages, s->cfg->always_input_template, e);
         if (!text) return false;
-    } else {  // completions: the text as it is (a string, or a list of one)
+    } else {  // completions: the text as it is, or its tokens (either alone, or in a list of one)
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
-        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1) p = cJSON_GetArrayItem(p, 0);
-        if (!cJSON_IsString(p) || !p->valuestring[0])
-            return fail(e, 400, "prompt", "invalid_type", "'prompt' must be a non-empty string");
-        text = copy_string_or_die(p->valuestring);
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !cJSON_IsNumber(p->child))
+            return fail(e, 400, "prompt", "invalid_value", "'prompt' holds %d prompts: this server takes one a "
+                        "request", cJSON_GetArraySize(p));
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child)) p = p->child;
+        if (cJSON_IsArray(p) && p->child) text = NULL;
+        else if (!cJSON_IsString(p) || !p->valuestring[0])
+            return fail(e, 400, "prompt", "invalid_type", "'prompt' must be a non-empty string, a list of token "
+                        "ids, or a list of one of them");
+        else text = copy_string_or_die(p->valuestring);
+        if (!text && !read_token_prompt(p, tokenizer_vocab_size(s->tok), j, e)) return false;
     }
-    j->n_ids = tokenizer_encode(s->tok, text, strlen(text), &j->ids);
+    if (text) j->n_ids = tokenizer_encode(s->tok, text, strlen(text), &j->ids);
     free(text);
     int maxT = s->cfg->max_seq_len;
     if (j->n_ids >= maxT)
@@ -538,7 +681,15 @@ static cJSON *parse_body(const char *body, size_t len, ApiError *e) {
     return req;
 }
 
-static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bool *include_usage, ApiError *e) {
+// every field of the request is one this server honours (api_fields.c), or the first that is not
+static bool fields_honoured(const cJSON *req, bool chat, ApiError *e) {
+    const char *why, *field = api_refused_field(req, chat ? API_CHAT : API_COMPLETIONS, &why);
+    return !field || fail(e, 400, field, "unsupported_parameter", "'%s' is refused: %s (README.md, \"The API, "
+                          "field by field\")", field, why);
+}
+
+// The request as a job (its choice 0; *n: the choices it asks for, n), or NULL and the error.
+static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bool *include_usage, int *n, ApiError *e) {
     cJSON *req = parse_body(body, len, e);
     if (!req) return NULL;
     Job *j = calloc_or_die(1, sizeof *j);
@@ -551,7 +702,10 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
                           fail(e, 404, "model", "model_not_found", "the model '%s' does not exist "
                                "(this server has '%s')", model, s->model)
                     : fail(e, 400, "model", "invalid_type", "'model' must be a string (this server has '%s')", s->model);
-    ok = ok && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
+    long choices = 1;
+    ok = ok && fields_honoured(req, chat, e) &&
+         optional_integer(req, "n", 1, s->cfg->max_queue, &choices, e) && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
+         read_logit_rules(req, s, j, e) && read_logprobs(req, chat, j, e) && read_echo(req, j, e) &&
          read_stream_options(req, j->stream, include_usage, e);
     cJSON_Delete(req);
     if (!ok) {
@@ -560,6 +714,14 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
     }
     j->ends = malloc_or_die((size_t)j->max_tokens * sizeof(size_t));
     j->out_ids = malloc_or_die((size_t)j->max_tokens * sizeof(int));
+    if (j->logprobs >= 0) {
+        size_t top = (size_t)j->max_tokens * (size_t)(j->logprobs ? j->logprobs : 1);
+        j->token_lp = malloc_or_die((size_t)j->max_tokens * sizeof(float));
+        j->top_lp = malloc_or_die(top * sizeof(float));
+        j->top_ids = malloc_or_die(top * sizeof(int));
+    }
+    *n = (int)choices;
+    j->request_id = j->id;
     j->created = time(NULL);
     j->t_arrival = wall_seconds();
     j->refs = 2;
@@ -571,7 +733,7 @@ static Job *parse_request(Server *s, const char *body, size_t len, bool chat, bo
 static cJSON *response_head(const Server *s, const Job *j, const char *object) {
     cJSON *root = cJSON_CreateObject();
     char id[48];
-    snprintf(id, sizeof id, "%s-%ld", j->chat ? "chatcmpl" : "cmpl", j->id);
+    snprintf(id, sizeof id, "%s-%ld", j->chat ? "chatcmpl" : "cmpl", j->request_id);
     cJSON_AddStringToObject(root, "id", id);
     cJSON_AddStringToObject(root, "object", object);
     cJSON_AddNumberToObject(root, "created", (double)j->created);
@@ -579,22 +741,114 @@ static cJSON *response_head(const Server *s, const Job *j, const char *object) {
     return root;
 }
 
-// one choice: the text (NULL: none), the finish reason (NULL: not yet); chat puts the text in a
-// message, or in a delta when streaming
-static void add_choice(cJSON *root, const Job *j, const char *text, const char *finish, bool role) {
+// ---- log-probabilities: the scheduler's record of each token (request_logits.c) as OpenAI's JSON
+
+// a token as logprobs name it: its bytes when they are whole UTF-8 characters, else OpenAI's
+// "bytes:\xNN..." (a byte or BPE token may hold part of a character)
+static char *token_text(const Tokenizer *tok, int id) {
+    int len;
+    const char *bytes = tokenizer_token_bytes(tok, id, &len);
+    Buf t = {0};
+    buf_append(&t, "", 0);
+    if (utf8_is_valid(bytes, (size_t)len, NULL) && !memchr(bytes, 0, (size_t)len)) buf_append(&t, bytes, (size_t)len);
+    else {
+        buf_append(&t, "bytes:", 6);
+        for (int i = 0; i < len; i++) buf_printf(&t, "\\x%02x", (unsigned char)bytes[i]);
+    }
+    return t.p;
+}
+
+// chat's {"token", "logprob", "bytes"} of token id
+static cJSON *chat_token_logprob(const Tokenizer *tok, int id, float logprob) {
+    cJSON *o = cJSON_CreateObject();
+    char *text = token_text(tok, id);
+    int len;
+    const char *bytes = tokenizer_token_bytes(tok, id, &len);
+    cJSON_AddStringToObject(o, "token", text);
+    cJSON_AddNumberToObject(o, "logprob", logprob);
+    cJSON *b = cJSON_AddArrayToObject(o, "bytes");
+    for (int i = 0; i < len; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)bytes[i]));
+    free(text);
+    return o;
+}
+
+// text_offset: the characters of text[0..len) as the answer writes them (append_utf8: a byte that
+// is no character's is a U+FFFD) that lie wholly before byte `at` (a token that begins inside a
+// character is at that character)
+static int characters_before(const char *text, size_t len, size_t at) {
+    int count = 0;
+    for (size_t i = 0, n; i < len; i += n, count++) {
+        n = utf8_char_at(text + i, len - i, utf8_length((unsigned char)text[i])) ? utf8_length((unsigned char)text[i]) : 1;
+        if (i + n > at) break;
+    }
+    return count;
+}
+
+// The logprobs of j's tokens from..to-1: chat's {"content": [...]}, completions' {"tokens",
+// "token_logprobs", "top_logprobs", "text_offset"}; each with its j->logprobs likeliest alternatives.
+static cJSON *logprobs_json(const Server *s, const Job *j, int from, int to) {
+    cJSON *root = cJSON_CreateObject(), *content = NULL, *tokens = NULL, *lps = NULL, *tops = NULL, *offsets = NULL;
+    if (j->chat) content = cJSON_AddArrayToObject(root, "content");
+    else {
+        tokens = cJSON_AddArrayToObject(root, "tokens");
+        lps = cJSON_AddArrayToObject(root, "token_logprobs");
+        tops = cJSON_AddArrayToObject(root, "top_logprobs");
+        offsets = cJSON_AddArrayToObject(root, "text_offset");
+    }
+    for (int i = from; i < to; i++) {
+        const int *ids = j->top_ids + (size_t)i * j->logprobs;
+        const float *top = j->top_lp + (size_t)i * j->logprobs;
+        if (j->chat) {
+            cJSON *item = chat_token_logprob(s->tok, j->out_ids[i], j->token_lp[i]);
+            cJSON *alternatives = cJSON_AddArrayToObject(item, "top_logprobs");
+            for (int k = 0; k < j->logprobs && ids[k] >= 0; k++)
+                cJSON_AddItemToArray(alternatives, chat_token_logprob(s->tok, ids[k], top[k]));
+            cJSON_AddItemToArray(content, item);
+            continue;
+        }
+        char *text = token_text(s->tok, j->out_ids[i]);
+        cJSON_AddItemToArray(tokens, cJSON_CreateString(text));
+        free(text);
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(j->token_lp[i]));
+        cJSON *alternatives = cJSON_CreateObject();
+        for (int k = 0; k < j->logprobs && ids[k] >= 0; k++) {
+            text = token_text(s->tok, ids[k]);
+            cJSON_AddNumberToObject(alternatives, text, top[k]);
+            free(text);
+        }
+        cJSON_AddItemToArray(tops, alternatives);
+        cJSON_AddItemToArray(offsets, cJSON_CreateNumber(characters_before(j->text.p, j->text.len, i ? j->ends[i - 1] : 0)));
+    }
+    return root;
+}
+
+// the tokens a whole answer shows: those that begin before its visible end (a stop string cuts it)
+static int visible_tokens(const Job *j) {
+    int n = 0;
+    while (n < j->n_out && (n ? j->ends[n - 1] : 0) < j->visible) n++;
+    return n;
+}
+
+// One choice: the text (NULL: none), the finish reason (NULL: not yet), and the logprobs of the
+// tokens from..to-1 when the request asked for them; chat puts the text in a message, or in a
+// delta when streaming.
+static void add_choice(cJSON *root, const Server *s, const Job *j, const char *text, const char *finish, bool role,
+                       int from, int to) {
     cJSON *choice = cJSON_CreateObject();
-    cJSON_AddNumberToObject(choice, "index", 0);
+    cJSON_AddNumberToObject(choice, "index", j->choice);
     if (j->chat) {
         cJSON *msg = cJSON_AddObjectToObject(choice, j->stream ? "delta" : "message");
         if (role) cJSON_AddStringToObject(msg, "role", "assistant");
         if (text) cJSON_AddStringToObject(msg, "content", text);
     } else {
         cJSON_AddStringToObject(choice, "text", text ? text : "");
-        cJSON_AddNullToObject(choice, "logprobs");
     }
+    if (j->logprobs >= 0 && from < to) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(s, j, from, to));
+    else cJSON_AddNullToObject(choice, "logprobs");
     if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
     else cJSON_AddNullToObject(choice, "finish_reason");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
+    cJSON_AddItemToArray(choices ? choices : cJSON_AddArrayToObject(root, "choices"), choice);
 }
 
 static void append_json(Buf *b, cJSON *root, bool event) {
@@ -606,33 +860,67 @@ static void append_json(Buf *b, cJSON *root, bool event) {
     cJSON_Delete(root);
 }
 
-static void append_usage(cJSON *root, const Job *j) {
+// the usage of a request's jobs (its n choices): the prompt once, the answers' tokens together
+static void append_usage(cJSON *root, Job *const *jobs, int n) {
+    int completion = 0;
+    for (int i = 0; i < n; i++) completion += jobs[i]->n_out;
     cJSON *usage = cJSON_AddObjectToObject(root, "usage");
-    cJSON_AddNumberToObject(usage, "prompt_tokens", j->n_ids);
-    cJSON_AddNumberToObject(usage, "completion_tokens", j->n_out);
-    cJSON_AddNumberToObject(usage, "total_tokens", j->n_ids + j->n_out);
+    cJSON_AddNumberToObject(usage, "prompt_tokens", jobs[0]->n_ids);
+    cJSON_AddNumberToObject(usage, "completion_tokens", completion);
+    cJSON_AddNumberToObject(usage, "total_tokens", jobs[0]->n_ids + completion);
+    // the prompt's positions found in the prefix cache (prefix_caching), not computed again
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(usage, "prompt_tokens_details"), "cached_tokens", jobs[0]->cached_tokens);
 }
 
-static void append_whole_answer(const Server *s, Job *j) {
-    Buf text = {0};
-    buf_append(&text, "", 0);
-    append_utf8(&text, j->text.p ? j->text.p : "", j->visible, true);
-    cJSON *root = response_head(s, j, j->chat ? "chat.completion" : "text_completion");
-    add_choice(root, j, text.p, FINISH_NAMES[j->finish], true);
-    append_usage(root, j);
-    append_json(&j->out, root, false);
-    free(text.p);
-    j->done_written = true;
+// the prompt's text, for echo: the bytes of its tokens
+static void append_prompt(const Server *s, const Job *j, Buf *bytes) {
+    for (int i = 0; i < j->n_ids; i++) {
+        int len;
+        const char *b = tokenizer_token_bytes(s->tok, j->ids[i], &len);
+        buf_append(bytes, b, (size_t)len);
+    }
 }
 
-// the events for the tokens that came since the last call: one per token, then the finish, the
-// usage if the request asked for it (stream_options.include_usage), and [DONE]
-static void append_events(const Server *s, Job *j, bool include_usage) {
+// a request's whole answer: every choice (its jobs, all finished) and the usage
+static void append_whole_answer(const Server *s, Job *const *jobs, int n, Buf *out) {
+    cJSON *root = response_head(s, jobs[0], jobs[0]->chat ? "chat.completion" : "text_completion");
+    for (int i = 0; i < n; i++) {
+        Job *j = jobs[i];
+        Buf text = {0}, bytes = {0};
+        buf_append(&text, "", 0);
+        buf_append(&bytes, "", 0);
+        if (j->echo) append_prompt(s, j, &bytes);
+        buf_append(&bytes, j->text.p ? j->text.p : "", j->visible);
+        append_utf8(&text, bytes.p, bytes.len, true);
+        free(bytes.p);
+        add_choice(root, s, j, text.p, FINISH_NAMES[j->finish], true, 0, visible_tokens(j));
+        free(text.p);
+        j->done_written = true;
+    }
+    append_usage(root, jobs, n);
+    append_json(out, root, false);
+}
+
+// the events of one choice's tokens that came since the last call: one per token, then the finish
+static void append_events(const Server *s, Job *j, Buf *out) {
     const char *object = j->chat ? "chat.completion.chunk" : "text_completion";
     if (j->chat && j->n_written == 0 && !j->done_written) {
         cJSON *root = response_head(s, j, object);  // OpenAI's first chunk: the role
-        add_choice(root, j, "", NULL, true);
-        append_json(&j->out, root, true);
+        add_choice(root, s, j, "", NULL, true, 0, 0);
+        append_json(out, root, true);
+    }
+    if (j->echo && !j->echo_written) {  // the first chunk: the prompt
+        Buf bytes = {0}, text = {0};
+        buf_append(&bytes, "", 0);
+        buf_append(&text, "", 0);
+        append_prompt(s, j, &bytes);
+        append_utf8(&text, bytes.p, bytes.len, true);
+        cJSON *root = response_head(s, j, object);
+        add_choice(root, s, j, text.p, NULL, false, 0, 0);
+        append_json(out, root, true);
+        free(bytes.p);
+        free(text.p);
+        j->echo_written = true;
     }
     for (; j->n_written < j->n_out; j->n_written++) {
         size_t end = j->ends[j->n_written] < j->visible ? j->ends[j->n_written] : j->visible;
@@ -640,26 +928,31 @@ static void append_events(const Server *s, Job *j, bool include_usage) {
         buf_append(&piece, "", 0);
         if (end > j->used) j->used += append_utf8(&piece, j->text.p + j->used, end - j->used, false);
         cJSON *root = response_head(s, j, object);
-        add_choice(root, j, piece.p, NULL, false);
-        append_json(&j->out, root, true);
+        add_choice(root, s, j, piece.p, NULL, false, j->n_written, j->n_written + 1);
+        append_json(out, root, true);
         free(piece.p);
     }
-    if (j->finish == FINISH_NONE) return;
+    if (j->finish == FINISH_NONE || j->done_written) return;
     Buf rest = {0};  // what an incomplete last character held back
     buf_append(&rest, "", 0);
     if (j->visible > j->used) j->used += append_utf8(&rest, j->text.p + j->used, j->visible - j->used, true);
     cJSON *root = response_head(s, j, object);
-    add_choice(root, j, j->chat && !rest.len ? NULL : rest.p, FINISH_NAMES[j->finish], false);
-    append_json(&j->out, root, true);
+    add_choice(root, s, j, j->chat && !rest.len ? NULL : rest.p, FINISH_NAMES[j->finish], false, 0, 0);
+    append_json(out, root, true);
     free(rest.p);
-    if (include_usage) {
-        root = response_head(s, j, object);
-        cJSON_AddArrayToObject(root, "choices");
-        append_usage(root, j);
-        append_json(&j->out, root, true);
-    }
-    buf_append(&j->out, "data: [DONE]\n\n", 14);
     j->done_written = true;
+}
+
+// a stream's end, once every choice has finished: the usage if the request asked for it
+// (stream_options.include_usage), and [DONE]
+static void append_stream_end(const Server *s, Job *const *jobs, int n, bool include_usage, Buf *out) {
+    if (include_usage) {
+        cJSON *root = response_head(s, jobs[0], jobs[0]->chat ? "chat.completion.chunk" : "text_completion");
+        cJSON_AddArrayToObject(root, "choices");
+        append_usage(root, jobs, n);
+        append_json(out, root, true);
+    }
+    buf_append(out, "data: [DONE]\n\n", 14);
 }
 
 // ---- answers waiting for their tokens --------------------------------------------------------------
@@ -679,13 +972,17 @@ typedef struct {
 
 struct Reader {
     Server *s;
-    Job *j;
+    Job **jobs;    // the request's choices (n > 1: several)
+    int n;
     struct MHD_Connection *c;
     bool include_usage;
     Arrival *arrival;
     Waker *waker;
     Reader *next;  // in the waker's list while suspended
     bool gone;     // its client went away while it was suspended
+    Buf out;       // formatted, not yet handed to libmicrohttpd
+    size_t out_off;
+    bool done;     // the whole answer, or the stream's end, is formatted
 };
 
 static const double LOOK_AT_CLIENT_S = 0.05;  // how often the waker checks the waiting clients
@@ -699,8 +996,26 @@ static bool client_gone(struct MHD_Connection *c) {
     return info && recv(info->connect_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
-static bool has_news(const Job *j) {
-    return j->done_written || j->finish != FINISH_NONE || (j->stream && j->n_written < j->n_out);
+// a whole answer when every choice has finished; a stream at each token and finish
+static bool has_news(const Reader *r) {
+    bool all = true, any = false;
+    for (int i = 0; i < r->n; i++) {
+        const Job *j = r->jobs[i];
+        all &= j->finish != FINISH_NONE;
+        any |= (j->finish != FINISH_NONE && !j->done_written) || j->n_written < j->n_out;
+    }
+    return r->done || all || (r->jobs[0]->stream && any);
+}
+
+// a stream's events since the last call, formatted (the lock held)
+static void format_news(Reader *r) {
+    bool all = true;
+    for (int i = 0; i < r->n; i++) {
+        append_events(r->s, r->jobs[i], &r->out);
+        all &= r->jobs[i]->done_written;
+    }
+    if (all) append_stream_end(r->s, r->jobs, r->n, r->include_usage, &r->out);
+    r->done = all;
 }
 
 // resumed connections wait for the polling thread's next MHD_run: it is woken for them
@@ -723,8 +1038,8 @@ static void *wake_readers(void *arg) {
         if (look_now) look = wall_seconds() + LOOK_AT_CLIENT_S;
         for (Reader **p = &w->suspended; *p;) {
             Reader *r = *p;
-            r->gone = !has_news(r->j) && look_now && client_gone(r->c);
-            if (!has_news(r->j) && !r->gone) {
+            r->gone = !has_news(r) && look_now && client_gone(r->c);
+            if (!has_news(r) && !r->gone) {
                 p = &r->next;
                 continue;
             }
@@ -742,19 +1057,18 @@ static void *wake_readers(void *arg) {
     return NULL;
 }
 
-// libmicrohttpd asks for the next bytes of a response (on its polling thread, which must not
+// libmicrohttpd asks for the next bytes of a stream (on its polling thread, which must not
 // wait): the formatted bytes still pending, or, once they are out, the tokens that came since;
 // with none yet, the connection is suspended until the waker resumes it (returning 0: no bytes).
 // It asks when the bytes before are taken: the client has CLIENT_DEADLINE_S to take what it gets.
 static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     Reader *r = cls;
-    Job *j = r->j;
     arrival_set(r->arrival, 0);
-    if (j->out_off == j->out.len) {
-        j->out.len = j->out_off = 0;
+    if (r->out_off == r->out.len) {
+        r->out.len = r->out_off = 0;
         pthread_mutex_lock(&r->s->lock);
-        if (!has_news(j)) {
+        if (!has_news(r)) {
             bool end = r->gone || r->waker->stop;
             if (!end) {  // suspended under the lock: the waker resumes it only after this
                 r->next = r->waker->suspended;
@@ -764,29 +1078,28 @@ static ssize_t read_response(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&r->s->lock);
             return end ? MHD_CONTENT_READER_END_WITH_ERROR : 0;  // release_response cancels the job
         }
-        if (!j->done_written) {
-            if (j->stream) append_events(r->s, j, r->include_usage);
-            else append_whole_answer(r->s, j);
-        }
+        if (!r->done) format_news(r);
         pthread_mutex_unlock(&r->s->lock);
     }
     arrival_set(r->arrival, CLIENT_DEADLINE_S);
-    if (j->out_off == j->out.len) return MHD_CONTENT_READER_END_OF_STREAM;
-    size_t n = j->out.len - j->out_off < max ? j->out.len - j->out_off : max;
-    memcpy(buf, j->out.p + j->out_off, n);
-    j->out_off += n;
+    if (r->out_off == r->out.len) return MHD_CONTENT_READER_END_OF_STREAM;
+    size_t n = r->out.len - r->out_off < max ? r->out.len - r->out_off : max;
+    memcpy(buf, r->out.p + r->out_off, n);
+    r->out_off += n;
     return (ssize_t)n;
 }
 
-// the response is gone: sent, or its client went away (then the job is cancelled: the scheduler
-// frees its slot at the next step)
+// the response is gone: sent, or its client went away (then its jobs are cancelled, all before
+// any is released: the scheduler frees their slots at the next step)
 static void release_response(void *cls) {
     Reader *r = cls;
     pthread_mutex_lock(&r->s->lock);
-    r->j->cancelled = true;
-    job_release(r->s, r->j);
+    for (int i = 0; i < r->n; i++) r->jobs[i]->cancelled = true;
+    for (int i = 0; i < r->n; i++) job_release(r->s, r->jobs[i]);
     pthread_cond_signal(&r->s->work);
     pthread_mutex_unlock(&r->s->lock);
+    free(r->jobs);
+    free(r->out.p);
     free(r);
 }
 
@@ -826,16 +1139,17 @@ static enum MHD_Result send_error(Server *s, struct MHD_Connection *c, const Api
     return queue_last(c, e->status, resp);
 }
 
-// queues a checked job, or says why not (429: the queue is full; 503: the server is stopping)
-static bool enqueue(Server *s, Job *j, ApiError *e) {
+// queues a checked request's n jobs, all or none, or says why not (429: the queue is full; 503:
+// the server is stopping)
+static bool enqueue(Server *s, Job **jobs, int n, ApiError *e) {
     pthread_mutex_lock(&s->lock);
-    bool ok = !s->stopping && s->queue_len < s->cfg->max_queue;
+    bool ok = !s->stopping && s->queue_len + n <= s->cfg->max_queue;
     if (s->stopping) fail(e, 503, NULL, NULL, "the server is shutting down");
     else if (!ok) fail(e, 429, NULL, "queue_full", "%d requests are waiting already (max_queue): try again later",
                        s->queue_len);
     if (ok) {
-        s->queue[(s->queue_head + s->queue_len++) % s->cfg->max_queue] = j;
-        s->live_jobs++;
+        for (int i = 0; i < n; i++) s->queue[(s->queue_head + s->queue_len++) % s->cfg->max_queue] = jobs[i];
+        s->live_jobs += n;
         count_status(s, 200);
         pthread_cond_signal(&s->work);
     } else {
@@ -845,20 +1159,73 @@ static bool enqueue(Server *s, Job *j, ApiError *e) {
     return ok;
 }
 
-static enum MHD_Result serve_completion(Server *s, Waker *waker, struct MHD_Connection *c, const Buf *body, bool chat) {
+// a request's body as it comes, then, for a whole (not streamed) answer, the request waiting for it
+typedef struct {
+    Buf body;
+    bool too_big;
+    Reader *waiting;  // its connection suspended until every choice has finished
+} Upload;
+
+// A whole answer's status waits for the answer: its connection is suspended, without a response,
+// until the waker resumes it (every choice finished, or the client gone), and then answered
+// with the outcome (answer_when_done). A stream's 200 goes at once.
+static enum MHD_Result wait_for_answer(Waker *waker, struct MHD_Connection *c, Upload *up, Reader *r) {
+    up->waiting = r;
+    pthread_mutex_lock(&r->s->lock);  // suspended under the lock: the waker resumes it only after this
+    r->next = waker->suspended;
+    waker->suspended = r;
+    MHD_suspend_connection(c);
+    pthread_mutex_unlock(&r->s->lock);
+    return MHD_YES;
+}
+
+// a whole answer, resumed: 200 and the answer, or, its client gone, no answer (the connection ends)
+static enum MHD_Result answer_when_done(struct MHD_Connection *c, Upload *up) {
+    Reader *r = up->waiting;
+    up->waiting = NULL;
+    pthread_mutex_lock(&r->s->lock);
+    bool done = !r->gone && has_news(r);
+    if (done) append_whole_answer(r->s, r->jobs, r->n, &r->out);
+    pthread_mutex_unlock(&r->s->lock);
+    Buf out = r->out;
+    r->out = (Buf){0};
+    release_response(r);
+    if (!done) {
+        free(out.p);
+        return MHD_NO;
+    }
+    arrival_set(arrival_of(c), CLIENT_DEADLINE_S);  // to take it
+    struct MHD_Response *resp = MHD_create_response_from_buffer(out.len, out.p, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    return queue_last(c, MHD_HTTP_OK, resp);
+}
+
+static enum MHD_Result serve_completion(Server *s, Waker *waker, struct MHD_Connection *c, Upload *up, bool chat) {
+    const Buf *body = &up->body;
     ApiError e;
     bool include_usage;
-    Job *j = parse_request(s, body->p ? body->p : "", body->len, chat, &include_usage, &e);
+    int n;
+    Job *j = parse_request(s, body->p ? body->p : "", body->len, chat, &include_usage, &n, &e);
     if (!j) return send_error(s, c, &e, true);
-    if (!enqueue(s, j, &e)) {
-        job_free(j);
+    Job **jobs = malloc_or_die((size_t)n * sizeof(Job *));
+    jobs[0] = j;
+    for (int i = 1; i < n; i++) {  // choice i: the same request, parsed again (as it was: no error)
+        jobs[i] = parse_request(s, body->p, body->len, chat, &include_usage, &n, &e);
+        jobs[i]->choice = i, jobs[i]->first = j, jobs[i]->request_id = j->id;
+        if (!jobs[i]->key) jobs[i]->key = i;  // a seeded request's choice i draws the seed's i-th numbers
+    }
+    if (!enqueue(s, jobs, n, &e)) {
+        for (int i = 0; i < n; i++) job_free(jobs[i]);
+        free(jobs);
         return send_error(s, c, &e, false);
     }
     Reader *r = malloc_or_die(sizeof *r);
-    *r = (Reader){s, j, c, include_usage, arrival_of(c), waker, NULL, false};
+    *r = (Reader){.s = s, .jobs = jobs, .n = n, .c = c, .include_usage = include_usage, .arrival = arrival_of(c),
+                  .waker = waker};
+    if (!j->stream) return wait_for_answer(waker, c, up, r);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_response, r, release_response);
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, j->stream ? "text/event-stream" : "application/json");
-    if (j->stream) MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     return queue_last(c, MHD_HTTP_OK, resp);
 }
 
@@ -891,10 +1258,6 @@ static enum MHD_Result serve_models(Server *s, struct MHD_Connection *c, const c
     return send_json(c, root);
 }
 
-typedef struct {
-    Buf body;
-    bool too_big;
-} Upload;
 
 // a Content-Length's value: one or more digits (400), at most MAX_BODY (413)
 static bool content_length_ok(const char *v, size_t n, ApiError *e) {
@@ -969,6 +1332,7 @@ static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *ur
         *data_size = 0;
         return MHD_YES;
     }
+    if (up->waiting) return answer_when_done(c, up);  // resumed
     arrival_set(arrival_of(c), 0);  // the request is in: its answer may take its time to generate
     bool post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0;
     bool chat = strcmp(url, "/v1/chat/completions") == 0, completion = strcmp(url, "/v1/completions") == 0;
@@ -984,7 +1348,7 @@ static enum MHD_Result route(void *cls, struct MHD_Connection *c, const char *ur
                send_error(s, c, &e, true);
     if (up->too_big)
         return fail(&e, 413, NULL, "body_too_large", "the body is over %d bytes", MAX_BODY), send_error(s, c, &e, true);
-    return serve_completion(s, waker, c, &up->body, chat);
+    return serve_completion(s, waker, c, up, chat);
 }
 
 // a request answered (or its client gone): its body is freed; its connection closes
@@ -992,6 +1356,9 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
     (void)cls, (void)c, (void)why;
     Upload *up = *con_cls;
     if (!up) return;
+    // a whole answer's client gone: resumed, libmicrohttpd may close the connection without asking
+    // for the answer (answer_when_done); its jobs are cancelled here then
+    if (up->waiting) release_response(up->waiting);
     free(up->body.p);
     free(up);
     *con_cls = NULL;
@@ -1138,8 +1505,10 @@ static void door_hand_over(Gate *g, Arrival *a) {
     }
 }
 
-// an event on a connection at the door (or, in the same batch of events, on one just handed over)
-static void door_read(Gate *g, Arrival *a, char *buf) {
+// an event on a connection at the door (or, in the same batch of events, on one just handed over);
+// hung_up: the client has closed its side (the bytes it sent before are still there to peek at,
+// so only the event says so)
+static void door_read(Gate *g, Arrival *a, char *buf, bool hung_up) {
     pthread_mutex_lock(&g->lock);
     PlaceState state = a->state;
     pthread_mutex_unlock(&g->lock);
@@ -1152,6 +1521,7 @@ static void door_read(Gate *g, Arrival *a, char *buf) {
     HeadCheck head = check_head(buf, (size_t)n, &e);
     if (head == HEAD_BAD) door_refuse(g, a, &e, buf);
     else if (head == HEAD_OK) door_hand_over(g, a);
+    else if (hung_up) place_close(g, a);  // a head cut short can never be completed: its place is free now
 }
 
 // a new connection takes a free place if its address holds fewer than MAX_CONNECTIONS_PER_CLIENT,
@@ -1177,7 +1547,7 @@ static void door_accept(Gate *g, char *buf) {
         else close(fd);
         pthread_mutex_unlock(&g->lock);
         if (!taken) continue;
-        door_read(g, place, buf);
+        door_read(g, place, buf, false);  // a client that closed at once: its epoll event says so
         pthread_mutex_lock(&g->lock);
         if (place->state == PLACE_AT_DOOR || place->state == PLACE_REFUSED) {
             // edge-triggered: an event when more bytes come (or the client closes); the bytes
@@ -1228,7 +1598,8 @@ static void *poll_connections(void *arg) {
             eventfd_t wakes;
             if (ev[k].data.u32 == EVENT_LISTENER) door_accept(g, buf);
             else if (ev[k].data.u32 == EVENT_WAKE) eventfd_read(g->wake, &wakes);
-            else if (ev[k].data.u32 < MAX_CONNECTIONS) door_read(g, &g->conns[ev[k].data.u32], buf);
+            else if (ev[k].data.u32 < MAX_CONNECTIONS)
+                door_read(g, &g->conns[ev[k].data.u32], buf, ev[k].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR));
         }
         MHD_run(g->daemon);
         if (wall_seconds() >= next_expiry) {  // once a tick, not on every event
@@ -1357,10 +1728,17 @@ void serve(const Config *cfg, KVModel *m, const Tokenizer *tok, Sampler *sampler
     preemption_watch();  // SIGTERM sets a flag on every rank: only rank 0 acts on it
     Server s = {.cfg = cfg, .tok = tok, .n_slots = m->B};
     model_name(cfg, s.model, sizeof s.model);  // on every rank: each refuses a bad name
+    // the checkpoint's chat template, beside its tokenizer or its weights (on every rank: each refuses a bad one)
+    ChatTemplate *chat = cfg->tokenizer_path[0] ? chat_template_load(cfg->tokenizer_path) : NULL;
+    if (!chat) chat = chat_template_load(cfg->init_from);
+    s.chat_template = chat;
     if (comm_rank(world) != 0) {
+        chat_template_free(chat);
         scheduler_follow(m, world, use_graph);
         return;
     }
+    if (chat) printf("server: chat messages through %s's chat_template\n", chat->path);
+    else printf("server: chat messages into the Alpaca template (no chat_template beside the checkpoint)\n");
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.work, NULL);
     pthread_cond_init(&s.progress, NULL);
@@ -1374,6 +1752,7 @@ void serve(const Config *cfg, KVModel *m, const Tokenizer *tok, Sampler *sampler
     struct MHD_Daemon *d = start_http(&s, gate, &waker);
     scheduler_run(&s, m, sampler, world, use_graph);
     stop_http(&s, d, gate, &waker);
+    chat_template_free(chat);
     free(gate);
     free(s.queue);
     free(s.slots);

@@ -147,6 +147,24 @@ def slowloris(url, n, source, stop):
     return socks
 
 
+def hung_up_mid_request(url, model, limit):
+    """128 connections from one address (as many as it may hold) that send part of a request
+    line, or of the headers, and close: their places are free at once, and the address's next
+    request is answered within `limit` (retried until then: the closes and the new connection
+    may reach the server in either order)"""
+    source, parts = "127.0.0.5", (b"POST /v1/compl", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+    for i in range(128):
+        s = raw_socket(url, source)
+        s.sendall(parts[i % 2])
+        s.close()
+    t0, tries = time.time(), []
+    while time.time() - t0 < limit:
+        tries.append(timed_answer(url, model, source, limit))
+        if tries[-1][0] == 200:
+            break
+    return tries[-1][0] == 200 and time.time() - t0 < limit, {"tries": tries, "seconds": time.time() - t0}
+
+
 def bad_requests(url, model):
     """every malformed or hostile request: (name, status wanted, code wanted or None, status, error)"""
     chat = lambda content: json.dumps({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 2})
@@ -331,6 +349,21 @@ def closing_answers(url, model):
     return not wrong, wrong or list(answers)
 
 
+def whole_answer_head(url, model):
+    """a whole answer's head is sent with the answer, once it exists (the status can say how it
+    went): a Content-Length, not chunks begun before the answer; a stream's begins at once"""
+    body = json.dumps({"model": model, "prompt": "Sort the digits.", "max_tokens": 32, "temperature": 0})
+    reply = exchange(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body.encode()))
+    head, _, data = reply.partition(b"\r\n\r\n")
+    fields = {l.split(b":")[0].strip().lower(): l.split(b":", 1)[1].strip() for l in head.split(b"\r\n")[1:] if b":" in l}
+    _, stream_head, _ = request(url, "POST", "/v1/completions", json.dumps(dict(json.loads(body), stream=True)))
+    ok = head.startswith(b"HTTP/1.1 200") and fields.get(b"content-length") == str(len(data)).encode() \
+        and b"transfer-encoding" not in fields and json.loads(data)["usage"]["completion_tokens"] > 0 \
+        and stream_head.get("Transfer-Encoding") == "chunked"
+    return ok, {"head": head.decode("latin-1"), "stream head": stream_head}
+
+
 def stream_events(url, body, source="127.0.0.2"):
     c = connect(url, source)
     c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -348,7 +381,9 @@ def include_usage(url, model):
     usage = json.loads(whole)["usage"]
     final = events[-1] if events else {}
     plain, _ = stream_events(url, dict(body, stream=True))
-    ok = (last == "data: [DONE]" and final.get("choices") == [] and final.get("usage") == usage
+    counts = lambda u: {k: v for k, v in (u or {}).items() if k != "prompt_tokens_details"}  # cached: the cache's state
+    ok = (last == "data: [DONE]" and final.get("choices") == [] and counts(final.get("usage")) == counts(usage)
+          and "cached_tokens" in final["usage"]["prompt_tokens_details"]
           and all("usage" not in e for e in events[:-1]) and all("usage" not in e for e in plain))
     return ok, {"final": final, "usage": usage, "events": len(events), "plain_events": len(plain)}
 
@@ -395,6 +430,27 @@ def queue_full_and_hang_ups(url, model):
     ok_429 = queued and status == 429 and headers.get("Retry-After") == "1" and openai_error(data) is not None
     return (ok_429, {"queued": queued, "status": status, "headers": headers, "body": data.decode()[:200]}), \
         (freed and generated < 2 * 1500, {"freed": freed, "generated": generated})
+
+
+def whole_answer_hang_up(url, model):
+    """a client waiting in the queue for a whole answer closes its connection (FIN, as a client that
+    gives up does): its place in the queue is free at once, and its job never runs"""
+    long = {"model": model, "prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0}
+    a = connect(url, "127.0.0.2")
+    a.request("POST", "/v1/completions", json.dumps(dict(long, stream=True)), {"Content-Type": "application/json"})
+    holder = a.sock
+    first = a.getresponse()
+    first.fp.readline()  # its first event: a holds the slot
+    body = json.dumps(long).encode()
+    s = raw_socket(url, "127.0.0.2")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    queued = wait_metric(url, "workbook_queue_length", 1)
+    s.close()
+    left = wait_metric(url, "workbook_queue_length", 0)
+    holder.shutdown(socket.SHUT_RDWR)
+    holder.close()
+    freed = wait_metric(url, "workbook_running_batch_size", 0)
+    return queued and left and freed, {"queued": queued, "queue freed": left, "slot freed": freed}
 
 
 def openai_checks(url, model):
@@ -451,6 +507,8 @@ def main():
     answers = [timed_answer(url, model, "127.0.0.4", limit) for _ in range(3)]
     checks["served while another trickles headers on 40"] = (all(s == 200 and t < limit for s, t in answers), answers)
 
+    checks["a client that hung up mid-request is served again at once"] = guarded(hung_up_mid_request, url, model, limit)
+
     counted_before = status_counts(url, DOOR_CODES)
     refused, heads = bad_requests(url, model), head_refusals(url)
     counted_after = status_counts(url, DOOR_CODES)
@@ -468,6 +526,7 @@ def main():
         {"counted": counted, "answered": {code: seen.count(code) for code in DOOR_CODES}})
     checks["a second request on a connection: never answered, the connection closed"] = guarded(second_requests, url, model)
     checks["every answer says Connection: close"] = guarded(closing_answers, url, model)
+    checks["a whole answer's head comes with it"] = guarded(whole_answer_head, url, model)
     checks["stream_options include_usage"] = guarded(include_usage, url, model)
     checks["GET /v1/models/{id}"] = guarded(models, url, model)
     checks["chat content as text parts"] = guarded(content_parts, url, model)
@@ -475,6 +534,7 @@ def main():
     if queue_checks[0] is False:  # an exception: both fail with it
         queue_checks = (queue_checks, queue_checks)
     checks["429 with Retry-After"], checks["clients gone free the slot and the queue"] = queue_checks
+    checks["a client that gives up on a whole answer frees its place"] = guarded(whole_answer_hang_up, url, model)
 
     # the idle and the slow connections are closed by the deadline (and the refused ones at once)
     wait = t0 + deadline + 3 - time.time()

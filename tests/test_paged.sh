@@ -17,7 +17,9 @@
 #    copied before it is written (copy-on-write, counted in /metrics);
 #  - speculative decoding (a 1-layer draft proposes 3 tokens a step): greedy answers equal no
 #    cache's, alone, with everything else on, and on a [2,2,1] grid; sampled, a chi-square test
-#    shows the model's distribution of a token the draft proposed, not the draft's.
+#    shows the model's distribution of a token the draft proposed, not the draft's; with prefix
+#    caching, 16 seeded requests get the same answers alone, asked again and all at once, in
+#    blocks of 1, 4 and 16.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 source tests/server_lib.sh
@@ -170,6 +172,29 @@ check '[ "$(metric specall workbook_preemptions_total)" -gt 0 ] && [ "$(metric s
     "speculative decoding with everything on: want preemptions, prefix hits and accepted proposals: $(grep -a "^workbook_.*\(cache\|preempt\|spec\)" "$tmp/specall.metrics")"
 greedy_only=1 served_ranks=4 served spectp "[2,2,1], speculative decoding and everything on" "${spec[@]}" --tp_dimensions=2,2,1 \
     --max_prefill_tokens=32 --kv_block_size=4 --kv_cache_bytes=245760
+
+# Seeded sampling with the draft and prefix caching: 16 sampled requests get the same answers
+# one at a time, asked again one at a time (their prompts cached: a prompt whose every position
+# but its last is cached computes that one alone, and its first token is still the sampler's),
+# and all 16 at once, in blocks of 1, 4 and 16 positions (prompts of every length modulo them)
+python3 - "$tmp" <<'PY'
+import json, sys
+reqs = [{"model": "model", "messages": [{"role": "user", "content": "Count to %d." % (7 + 3 * i) + " Go." * (i % 5)}],
+         "max_tokens": 12, "temperature": 1, "seed": i} for i in range(16)]
+json.dump(reqs, open(f"{sys.argv[1]}/seeded.json", "w"))
+PY
+for bs in 1 4 16; do
+    start_server seeded$bs 1 "${model[@]}" --max_batch_size=16 "${spec[@]}" --kv_block_size=$bs
+    client answers "$url" "$tmp/seeded.json" 1 >"$tmp/seeded$bs.alone"
+    client answers "$url" "$tmp/seeded.json" 1 >"$tmp/seeded$bs.again"
+    client answers "$url" "$tmp/seeded.json" 16 >"$tmp/seeded$bs.batch"
+    curl -s -m 10 "$url/metrics" >"$tmp/seeded$bs.metrics"
+    stop_server
+    agree=$(python3 -c 'import json,sys; a,b,c=(json.load(open(f)) for f in sys.argv[1:]); print(sum(x==y==z and x["status"]==200 for x,y,z in zip(a,b,c)))' \
+        "$tmp/seeded$bs.alone" "$tmp/seeded$bs.again" "$tmp/seeded$bs.batch")
+    check '[ "$agree" = 16 ] && [ "$(metric seeded$bs workbook_prefix_cache_hits_total)" -ge 32 ] && [ "$(metric seeded$bs workbook_spec_accepted_tokens_total)" -gt 0 ]' \
+        "blocks of $bs, a draft and prefix caching: want 16 of 16 seeded answers alike alone, again and at once, found $agree; want 32 hits and accepted proposals: $(grep -a "^workbook_\(prefix\|spec\)" "$tmp/seeded$bs.metrics" | tr "\n" " ")"
+done
 
 # Sampling with speculative decoding draws the model's distribution, not the draft's: 2000
 # samples (seeds 0..1999) of a prompt's second token (its first is the prefill's; the second is

@@ -18,10 +18,15 @@
 #  - stream_options.include_usage sends the usage chunk; GET /v1/models/{id}; chat content as a
 #    list of text parts; clients that hang up free their slot and their place in the queue
 #    (/metrics); the server answers as before at the end;
+#  - 128 connections from one address that send part of a head and close free their places at
+#    once: the address's next request is answered within the second;
+#  - a whole answer's head comes with the answer (a Content-Length), a stream's at once (chunks);
 #  - `make` copies build/stage-6 while a server runs from it (no "Text file busy");
 #  - all of it again on a build under AddressSanitizer (build/asan, -O1 -g: make builds it when
-#    the sources changed), which must end without a report.
+#    the sources changed), which must end without a report; and servers with a draft model, on
+#    one rank and on [2,1,1], stopped by SIGTERM with no request, also without a report.
 source "$(dirname "$0")/lib.sh"
+source tests/mpi_env.sh
 source tests/server_lib.sh
 export OMP_NUM_THREADS=1
 DEADLINE=10  # server.c's CLIENT_DEADLINE_S
@@ -78,6 +83,18 @@ if [ $rc -eq 0 ]; then
     kill -TERM "$rank0"; wait "$pid"; rc=$?
     check '[ $rc -eq 0 ] && ! grep -q "ERROR: [A-Za-z]*Sanitizer\|SUMMARY: [A-Za-z]*Sanitizer" "$tmp/asan.log"' \
         "under AddressSanitizer: exit $rc, $(grep -A12 -m1 "ERROR: [A-Za-z]*Sanitizer" "$tmp/asan.log")"
+    # with a draft model (speculative decoding; rank 0 holds it), on one rank and on [2,1,1]:
+    # SIGTERM with no request stops it cleanly, freeing the draft's state after nothing it reads
+    $STAGE_BIN/stage-1 --config configs/tiny.json --stop_iteration=1 --out_dir="$tmp/tiny" >"$tmp/tiny.log" 2>&1
+    for np in 1 2; do
+        dims=$([ "$np" = 2 ] && echo 2,1,1 || echo 1,1,1)
+        ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 LSAN_OPTIONS=suppressions=$PWD/tests/lsan_mpi.supp \
+            STAGE_BIN=build/asan start_server "draft$np" "$np" --config configs/inference.json --init_from="$tmp/tiny" \
+            --draft_model="$tmp/tiny" --num_speculative_tokens=2 --tp_dimensions="$dims"
+        stop_server; rc=$?
+        check '[ $rc -eq 0 ] && grep -q "^server: stopped" "$tmp/draft$np.log" && ! grep -q "ERROR: [A-Za-z]*Sanitizer\|SUMMARY: [A-Za-z]*Sanitizer" "$tmp/draft$np.log"' \
+            "under AddressSanitizer, a draft model, [$dims], SIGTERM with no request: exit $rc, $(grep -A12 -m1 "ERROR: [A-Za-z]*Sanitizer" "$tmp/draft$np.log" || tail -3 "$tmp/draft$np.log")"
+    done
 fi
 
 finish test_server_abuse
