@@ -88,7 +88,10 @@ STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 08
 # (tp_model.c hands a LoRA run's norm and checkpoint to stage 05's tp_lora.c)
 STAGE_EXTRA_6 += 05_tensor_parallel/tp_lora.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
-$(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts
+# ... and serves: the engine and its HTTP server in a room of their own, serving/, over the lesson's
+# KV-cached model (-I06_inference: serving/ includes the lesson's headers by name)
+STAGE_OBJS_6 := $(patsubst %.c,$(B)/%.o,$(wildcard 06_inference/serving/*.c))
+$(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts -I06_inference
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
 # stage 10 composes the pieces: 07's pipeline (with its schedules) whose stages run 05's
@@ -198,11 +201,11 @@ $(B)/tests/mpi/ring_allreduce_check.o: CFLAGS += -I03_ddp
 build/tests/test_moe build/tests/test_gpt: $(B)/08_mixture_of_experts/moe.o
 $(B)/tests/test_moe.o $(B)/tests/test_gpt.o: CFLAGS += -I08_mixture_of_experts
 build/tests/test_sampler build/tests/test_top_p: $(B)/06_inference/sampler.o
-build/tests/test_prefix_cache: $(B)/06_inference/block_pool.o $(B)/06_inference/prefix_cache.o
-build/tests/test_request_logits: $(B)/06_inference/sampler.o $(B)/06_inference/request_logits.o
-build/tests/test_chat_template: $(B)/06_inference/chat_template.o $(B)/06_inference/buf.o
-$(B)/tests/test_sampler.o $(B)/tests/test_top_p.o $(B)/tests/test_prefix_cache.o: CFLAGS += -I06_inference
-$(B)/tests/test_request_logits.o $(B)/tests/test_chat_template.o: CFLAGS += -I06_inference -I08_mixture_of_experts
+build/tests/test_prefix_cache: $(B)/06_inference/serving/block_pool.o $(B)/06_inference/serving/prefix_cache.o
+build/tests/test_request_logits: $(B)/06_inference/sampler.o $(B)/06_inference/serving/request_logits.o
+build/tests/test_chat_template: $(B)/06_inference/serving/chat_template.o $(B)/06_inference/serving/buf.o
+$(B)/tests/test_sampler.o $(B)/tests/test_top_p.o: CFLAGS += -I06_inference
+$(B)/tests/test_prefix_cache.o $(B)/tests/test_request_logits.o $(B)/tests/test_chat_template.o: CFLAGS += -I06_inference -I06_inference/serving -I08_mixture_of_experts
 build/tests/%: $(B)/tests/%.o $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	$(call Q,LD,$@)$(CC) $^ -o $@ $(LDLIBS)

@@ -29,7 +29,7 @@
 #include "run/run_setup.h"
 #include "run/run_stats.h"
 #include "sampler.h"
-#include "server.h"
+#include "serving/server.h"
 
 // ---- prompts ----------------------------------------------------------------------------------
 

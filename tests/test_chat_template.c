@@ -1,4 +1,4 @@
-// test_chat_template.c: stage 06's chat templates (06_inference/chat_template.c), a subset of Jinja.
+// test_chat_template.c: stage 06's chat templates (06_inference/serving/chat_template.c), a subset of Jinja.
 //   test_chat_template                 a ChatML template by hand, and templates that must be refused
 //   test_chat_template CASES.json      each case {"template", "messages", "add_generation_prompt",
 //                                      "bos_token", "eos_token", "expected"}: tests/test_chat_template.sh

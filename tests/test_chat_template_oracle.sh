@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stage 06's chat templates (06_inference/chat_template.c, a subset of Jinja) against transformers'
+# Stage 06's chat templates (06_inference/serving/chat_template.c, a subset of Jinja) against transformers'
 # own rendering (tests/chat_templates.py, in the oracle venv: tests/lib.sh oracle_venv):
 #  - ChatML (Qwen2's), Llama-3's, Phi-3's, Llama-3.1's structure and one that raises, over four
 #    conversations (a system message, turns, whitespace to trim, a tab and non-ASCII text), with

@@ -1,4 +1,4 @@
-// test_prefix_cache.c: stage 06's prefix cache (06_inference/prefix_cache.c over block_pool.c) as
+// test_prefix_cache.c: stage 06's prefix cache (06_inference/serving/prefix_cache.c over block_pool.c) as
 // the scheduler uses it: a finished text's full blocks registered under their keys, and a new
 // text's blocks looked up, each under its parent's key, until one is missing.
 //

@@ -1,4 +1,4 @@
-// test_request_logits.c: a server request's own changes to the logits (06_inference/request_logits.c)
+// test_request_logits.c: a server request's own changes to the logits (06_inference/serving/request_logits.c)
 // and min_p (06_inference/sampler.c), against references written here from OpenAI's and vLLM's
 // definitions:
 //   logit_bias          logits[t] + bias[t]

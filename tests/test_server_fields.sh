@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every field of a request to stage 06's server is honoured or refused, never ignored
-# (06_inference/api_fields.c; README "The API, field by field"); tests/server_fields.py drives it:
+# (06_inference/serving/api_fields.c; README "The API, field by field"); tests/server_fields.py drives it:
 #  - each field the server does not implement (n > 1, best_of, logprobs, echo, suffix, tools,
 #    response_format, ...) and a field it does not know: 400 in OpenAI's error shape naming the
 #    field; the same field with the value that asks for nothing (null, false, 1, []) is answered;

@@ -92,18 +92,18 @@ typedef struct {
     int *rows_seq;          // (rows) the job (batch row) of each of the draft's rows
     int *counts;            // (V) zeros: scratch of request_adjust_logits
     float *logprobs;        // (V) a token's distribution, for a job that asks for logprobs
-} Batch;
+} RunningBatch;
 
-static void speculation_init(Server *s, Batch *q, KVModel *m, const Sampler *sampler);
-static void speculation_free(Batch *q);
-static int spec_tokens(const Batch *q, const Job *j);
-static void propose(Server *s, Batch *q);
-static int accept_proposals(Server *s, Batch *q, Sampler *sampler, int b, const float *logits, size_t Vp);
+static void speculation_init(Server *s, RunningBatch *q, KVModel *m, const Sampler *sampler);
+static void speculation_free(RunningBatch *q);
+static int spec_tokens(const RunningBatch *q, const Job *j);
+static void propose(Server *s, RunningBatch *q);
+static int accept_proposals(Server *s, RunningBatch *q, Sampler *sampler, int b, const float *logits, size_t Vp);
 
 // the loop's parts, in the order they come below
-static bool wait_and_admit(Server *s, Engine *g, Batch *q);
-static void grow_or_preempt(Server *s, Batch *q);
-static void step(Server *s, Engine *g, Batch *q, Sampler *sampler);
+static bool wait_and_admit(Server *s, Engine *g, RunningBatch *q);
+static void grow_or_preempt(Server *s, RunningBatch *q);
+static void step(Server *s, Engine *g, RunningBatch *q, Sampler *sampler);
 static int sample(Sampler *sampler, const float *logits, const Job *j);
 static void accept_token(Server *s, Job *j, int token);
 static void engine_init(Engine *g, KVModel *m, Comm *world, bool use_graph);
@@ -115,7 +115,7 @@ static void send_plan(Engine *g, int kind, int R, int S, int L, int N);
 void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool use_graph) {
     Engine g;
     engine_init(&g, m, world, use_graph);
-    Batch q = {.block_size = m->cache.block_size};
+    RunningBatch q = {.block_size = m->cache.block_size};
     block_pool_init(&q.pool, m->cache.n_blocks, m->cache.block_size, s->cfg->prefix_caching);
     q.seq = calloc_or_die((size_t)s->n_slots, sizeof(Seq));
     for (int b = 0; b < s->n_slots; b++) {
@@ -153,16 +153,16 @@ void scheduler_run(Server *s, KVModel *m, Sampler *sampler, Comm *world, bool us
 static int job_length(const Job *j) { return j->n_ids + j->n_out; }
 static int job_token(const Job *j, int i) { return i < j->n_ids ? j->ids[i] : j->out_ids[i - j->n_ids]; }
 
-static void release_blocks(Batch *q, Seq *sq) {
+static void release_blocks(RunningBatch *q, Seq *sq) {
     for (int i = 0; i < sq->n_blocks; i++) block_pool_release(&q->pool, sq->blocks[i]);
     sq->n_blocks = 0;
 }
 
-static void set_blocks_in_use(Server *s, const Batch *q) {  // the lock held
+static void set_blocks_in_use(Server *s, const RunningBatch *q) {  // the lock held
     s->metrics.cache_blocks_used = q->pool.n_blocks - block_pool_available(&q->pool);
 }
 
-static void free_slot(Server *s, Batch *q, int slot) {  // the lock held
+static void free_slot(Server *s, RunningBatch *q, int slot) {  // the lock held
     release_blocks(q, &q->seq[slot]);
     job_release(s, s->slots[slot]);
     s->slots[slot] = NULL;
@@ -171,7 +171,7 @@ static void free_slot(Server *s, Batch *q, int slot) {  // the lock held
 }
 
 // the next job to admit: a preempted one first (it came earlier), else the queue's head
-static Job *next_waiting(Server *s, Batch *q, bool take) {  // the lock held
+static Job *next_waiting(Server *s, RunningBatch *q, bool take) {  // the lock held
     if (q->n_preempted) {
         Job *j = q->preempted[0];
         if (take) memmove(q->preempted, q->preempted + 1, (size_t)--q->n_preempted * sizeof(Job *));
@@ -183,7 +183,7 @@ static Job *next_waiting(Server *s, Batch *q, bool take) {  // the lock held
     return j;
 }
 
-static void drop_cancelled(Server *s, Batch *q) {  // the lock held
+static void drop_cancelled(Server *s, RunningBatch *q) {  // the lock held
     for (int b = 0; b < s->n_slots; b++)  // their clients went away
         if (s->slots[b] && s->slots[b]->cancelled) free_slot(s, q, b);
     for (Job *j; (j = next_waiting(s, q, false)) && j->cancelled;) job_release(s, next_waiting(s, q, true));
@@ -196,7 +196,7 @@ static void block_tokens(const Job *j, int i, int block_size, int *tokens) {
 
 // The cached blocks j's text begins with (prefix caching): their number, the blocks in found and
 // their keys in keys; *unheld counts those nobody holds now (taking them makes them unavailable).
-static int match_prefix(const Batch *q, const Job *j, int *found, uint64_t *keys, int *unheld) {
+static int match_prefix(const RunningBatch *q, const Job *j, int *found, uint64_t *keys, int *unheld) {
     int bs = q->block_size, n = 0, tokens[bs];
     *unheld = 0;
     if (!q->pool.caching) return 0;
@@ -213,7 +213,7 @@ static int match_prefix(const Batch *q, const Job *j, int *found, uint64_t *keys
 // rest. When the cache holds the whole text, its last position is computed again (its logits
 // give the next token) into a copy of the last block: a shared block is never written
 // (copy-on-write).
-static void place(Server *s, Batch *q, int b, Job *j, int n) {  // the lock held
+static void place(Server *s, RunningBatch *q, int b, Job *j, int n) {  // the lock held
     Seq *sq = &q->seq[b];
     int len = job_length(j), bs = q->block_size;
     *sq = (Seq){.blocks = sq->blocks, .keys = sq->keys, .proposals = sq->proposals, .order = q->admissions++,
@@ -240,13 +240,13 @@ static void place(Server *s, Batch *q, int b, Job *j, int n) {  // the lock held
 // With prefix caching, a request's later choices (n > 1) wait for its first one's prompt: then
 // they find its blocks cached instead of each computing the prompt again. (A cancelled job's
 // first may be gone: all of a request's jobs are cancelled together.)
-static bool waits_for_first(const Batch *q, const Job *j) {  // the lock held
+static bool waits_for_first(const RunningBatch *q, const Job *j) {  // the lock held
     return q->pool.caching && j->first && !j->cancelled && j->first->n_out == 0 && j->first->finish == FINISH_NONE;
 }
 
 // Admits waiting jobs, in order, while a batch row is free and the pool holds the blocks of the
 // job's text so far (its prompt; after a preemption, its tokens too) that are not cached.
-static void admit(Server *s, Batch *q) {  // the lock held
+static void admit(Server *s, RunningBatch *q) {  // the lock held
     for (int b = 0; b < s->n_slots; b++) {
         if (s->slots[b]) continue;
         Job *j = next_waiting(s, q, false);
@@ -263,7 +263,7 @@ static void admit(Server *s, Batch *q) {  // the lock held
 
 // Waits for work (a waiting or running job), sending an idle plan every second, and admits what
 // fits. False once stopped.
-static bool wait_and_admit(Server *s, Engine *g, Batch *q) {
+static bool wait_and_admit(Server *s, Engine *g, RunningBatch *q) {
     pthread_mutex_lock(&s->lock);
     for (;;) {
         if (preemption_signalled() && !s->stopping) {
@@ -292,7 +292,7 @@ static bool wait_and_admit(Server *s, Engine *g, Batch *q) {
 
 // ---- 2. blocks for the next positions ------------------------------------------------------------
 
-static int newest_running(const Server *s, const Batch *q) {
+static int newest_running(const Server *s, const RunningBatch *q) {
     int newest = -1;
     for (int b = 0; b < s->n_slots; b++)
         if (s->slots[b] && (newest < 0 || q->seq[b].order > q->seq[newest].order)) newest = b;
@@ -302,7 +302,7 @@ static int newest_running(const Server *s, const Batch *q) {
 // Frees the blocks of the job in batch row b and puts it first in line: it runs again from its
 // text when blocks free up (recomputing its cache costs one prefill; holding the pool would stall
 // every other job). Its tokens so far stand: sampling is keyed by the token's index.
-static void preempt(Server *s, Batch *q, int b) {  // the lock held
+static void preempt(Server *s, RunningBatch *q, int b) {  // the lock held
     Job *j = s->slots[b];
     release_blocks(q, &q->seq[b]);
     memmove(q->preempted + 1, q->preempted, (size_t)q->n_preempted++ * sizeof(Job *));
@@ -316,7 +316,7 @@ static void preempt(Server *s, Batch *q, int b) {  // the lock held
 // Every running job needs blocks for its text so far (the next step feeds its last token); a
 // decoding job whose text just entered a new block takes one, preempting the newest job while
 // the pool is empty (itself, when it is the newest).
-static void grow_or_preempt(Server *s, Batch *q) {
+static void grow_or_preempt(Server *s, RunningBatch *q) {
     pthread_mutex_lock(&s->lock);
     for (int b = 0; b < s->n_slots; b++) {
         Seq *sq = &q->seq[b];
@@ -337,7 +337,7 @@ static void grow_or_preempt(Server *s, Batch *q) {
 // The rows of one step: each decoding job's last token; then the prompts' rows in the order
 // their jobs came, max_prefill_tokens of them at most (0: all). A job's rows are positions
 // n_cached .. of its text; its logits are taken when its last position is among them.
-static int plan_rows(Server *s, Engine *g, Batch *q, int *n_seqs, int *n_logits) {
+static int plan_rows(Server *s, Engine *g, RunningBatch *q, int *n_seqs, int *n_logits) {
     float *p = g->plan + PLAN_HEAD;
     int R = 0, S = 0, L = 0;
     long budget = s->cfg->max_prefill_tokens ? s->cfg->max_prefill_tokens : LONG_MAX;
@@ -409,7 +409,7 @@ static int plan_rows(Server *s, Engine *g, Batch *q, int *n_seqs, int *n_logits)
 // the draft has filled too (it lags the model by a position or two): a job that begins with a
 // cached block finds the draft's keys and values there as well, not what the block held before,
 // so the draft proposes the same tokens to it whichever job computed the block
-static void key_full_blocks(Batch *q, Seq *sq, const Job *j) {
+static void key_full_blocks(RunningBatch *q, Seq *sq, const Job *j) {
     int bs = q->block_size, tokens[bs];
     int filled = q->draft && sq->draft_cached < sq->n_cached ? sq->draft_cached : sq->n_cached;
     for (; sq->n_keyed < filled / bs; sq->n_keyed++) {
@@ -423,7 +423,7 @@ static void key_full_blocks(Batch *q, Seq *sq, const Job *j) {
 
 // one step over the running jobs: their rows through the model, a token for each job whose
 // last position was among them
-static void step(Server *s, Engine *g, Batch *q, Sampler *sampler) {
+static void step(Server *s, Engine *g, RunningBatch *q, Sampler *sampler) {
     int S, L, R = plan_rows(s, g, q, &S, &L), N = q->n_copies;
     if (R == 0) return;
     float *copies = g->plan + PLAN_HEAD + 3 * R + L + (size_t)S * g->m->cache.max_blocks;
@@ -540,7 +540,7 @@ static void accept_token(Server *s, Job *j, int token) {
 // accepted the last row's distribution gives one token more. The draft's cache uses the model's
 // block tables (its own pool of as many blocks), and it runs every row the model runs.
 
-static void speculation_init(Server *s, Batch *q, KVModel *m, const Sampler *sampler) {
+static void speculation_init(Server *s, RunningBatch *q, KVModel *m, const Sampler *sampler) {
     q->draft = m->draft;
     if (!q->draft) return;
     q->k = s->cfg->num_speculative_tokens;
@@ -556,7 +556,7 @@ static void speculation_init(Server *s, Batch *q, KVModel *m, const Sampler *sam
     q->logit_seq = malloc_or_die((size_t)s->n_slots * sizeof(int));
 }
 
-static void speculation_free(Batch *q) {
+static void speculation_free(RunningBatch *q) {
     if (!q->draft) return;
     for (int b = 0; b < q->draft->B; b++) free(q->seq[b].proposals);
     free(q->q_probs);
@@ -574,7 +574,7 @@ static void speculation_free(Batch *q) {
 // the tokens drawn on the speculative path are the same ones, and a seed's answer with them, in
 // any batch and with any cache hit. None for a request that changes its logits or asks for their
 // log-probabilities: the proposals are drawn and checked without either.
-static int spec_tokens(const Batch *q, const Job *j) {
+static int spec_tokens(const RunningBatch *q, const Job *j) {
     if (!q->draft || j->n_out == 0 || request_changes_logits(j) || j->logprobs >= 0) return 0;
     int k = q->k, room = q->maxT - job_length(j), left = j->max_tokens - j->n_out - 1;
     k = k < room ? k : room;
@@ -584,7 +584,7 @@ static int spec_tokens(const Batch *q, const Job *j) {
 
 // one of the draft's passes over q->tokens/pos (R rows, each row r of job q->rows_seq... the
 // table of the job it belongs to) and its proposal number i for each job with a logit row
-static void draft_pass(Server *s, Batch *q, int R, int L, int i) {
+static void draft_pass(Server *s, RunningBatch *q, int R, int L, int i) {
     KVModel *d = q->draft;
     size_t Vp = (size_t)d->cfg.padded_vocab_size;
     kv_forward_rows(d, q->tokens, q->pos, R, q->logit_rows, L);
@@ -606,7 +606,7 @@ static void draft_pass(Server *s, Batch *q, int R, int L, int i) {
 }
 
 // the row r of a draft pass: job b's token at position at
-static void draft_row(Batch *q, int r, int b, int token, int at) {
+static void draft_row(RunningBatch *q, int r, int b, int token, int at) {
     Seq *sq = &q->seq[b];
     q->tokens[r] = token, q->pos[r] = at;
     memcpy(kv_cache_table(&q->draft->cache, r), sq->blocks, (size_t)sq->n_blocks * sizeof(int));
@@ -616,7 +616,7 @@ static void draft_row(Batch *q, int r, int b, int token, int at) {
 // runs this step that the draft has not (a prompt's chunk, a decoding job's last token or two),
 // its logits at each decoding job's last position; each later pass one row a job: its last
 // proposal. Only the scheduler's fields are read: no lock.
-static void propose(Server *s, Batch *q) {
+static void propose(Server *s, RunningBatch *q) {
     int R = 0, L = 0;
     for (int b = 0; b < s->n_slots; b++) {
         Seq *sq = &q->seq[b];
@@ -644,7 +644,7 @@ static void propose(Server *s, Batch *q) {
 
 // The model's verdict on job b's proposals (its logits after the last token and after each
 // proposal, n_spec + 1 rows); returns how many it accepted. The lock held.
-static int accept_proposals(Server *s, Batch *q, Sampler *sampler, int b, const float *logits, size_t Vp) {
+static int accept_proposals(Server *s, RunningBatch *q, Sampler *sampler, int b, const float *logits, size_t Vp) {
     Job *j = s->slots[b];
     Seq *sq = &q->seq[b];
     int accepted = 0;
