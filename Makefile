@@ -38,7 +38,7 @@ ifeq ($(BACKEND),cuda)
   $(shell mkdir -p $(B) && (echo '$(CUDA_ARCH_TEXT)' | cmp -s - $(CUDA_ARCH_STAMP) || echo '$(CUDA_ARCH_TEXT)' >$(CUDA_ARCH_STAMP)))
   $(B)/common/ops_cuda.o: $(CUDA_ARCH_STAMP)
 endif
-COMMON := log files config tokenizer alpaca synthetic gpt layout activations checkpoint run_setup optimizer loss_scale \
+COMMON := log files config tokenizer alpaca synthetic gpt layout activations checkpoint run_setup optimizer muon loss_scale \
           metrics run_stats evaluate run_checkpoint preemption trace stage_run lora
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)

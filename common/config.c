@@ -69,6 +69,13 @@ static const Key KEYS[] = {
     K(eps, T_FLOAT, "1e-8", "AdamW epsilon"),
     K(weight_decay, T_FLOAT, "0.0", "AdamW decoupled weight decay (not on biases and norms)"),
     K(grad_clip, T_FLOAT, "1.0", "clip the global gradient norm to this (0: off)"),
+    K(optimizer, T_STRING, "adamw",
+      "adamw, or muon: the blocks' matrices take Newton-Schulz orthogonalized momentum, the embeddings, "
+      "head, norms and biases AdamW (stages 01 and 04)"),
+    K(muon_lr, T_FLOAT, "0.02", "muon: peak learning rate of the matrices (lr's warm-up and decay scale it alike)"),
+    K(muon_momentum, T_FLOAT, "0.95", "muon: momentum of the matrices' gradients"),
+    K(muon_nesterov, T_BOOL, "true", "muon: orthogonalize the Nesterov look-ahead (false: the momentum itself)"),
+    K(muon_ns_steps, T_INT, "5", "muon: Newton-Schulz iterations of the orthogonalization"),
     K(loss_scale, T_FLOAT, "65536", "16-mixed: the initial loss scale (the loss, and so every gradient, times it)"),
     K(loss_scale_window, T_INT, "1000",
       "16-mixed: good steps before the loss scale doubles; a step with an inf or NaN gradient is "
@@ -336,16 +343,17 @@ typedef struct {
     const char *no_grid_depth;    // tp_dimensions with z > 1
     bool zero_ladder;             // takes zero_stage other than 3 and hsdp_replicas other than 1
     bool lora;                    // trains LoRA adapters (lora_rank > 0)
+    bool muon;                    // takes optimizer muon
 } StageInfo;
 
 static const StageInfo STAGES[] = {
     [STAGE_SINGLE_GPU] = {"single_device", NULL, "configs/single_gpu.json",
                           .no_half = "stage 01 trains in fp32 (32 or 32-true); bf16 and fp16 are stage 02 "
                                      "(build/stage-2)",
-                          .lora = true},
+                          .lora = true, .muon = true},
     [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true},
     [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json", .lora = true},
-    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true, .lora = true},
+    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true, .lora = true, .muon = true},
     [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json", .lora = true},
     [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json", .experts = true, .generates = true,
                          // z shards the weights to gather them again before each use: a saving for
@@ -808,6 +816,40 @@ static void require_lora_keys_fit_stage(const Config *cfg, const Sources *src, S
               "resume; start from them with lora_adapter", source_of(src, "resume"), cfg->lora_rank);
 }
 
+// The optimizer: Muon's keys choose nothing under AdamW, so setting one there is refused; Muon
+// itself runs where a stage wires it (it needs whole matrices: common/muon.h) and trains every
+// parameter of a dense model, not LoRA's adapters.
+static void require_optimizer_keys_fit_stage(Config *cfg, const Sources *src, Stage stage) {
+    static const char *const optimizers[] = {"adamw", "muon"};
+    require_one_of(src, "optimizer", cfg->optimizer, optimizers, 2, "adamw or muon");
+    cfg->muon = strcmp(cfg->optimizer, "muon") == 0;
+    static const char *const muon_keys[] = {"muon_lr", "muon_momentum", "muon_nesterov", "muon_ns_steps"};
+    if (!cfg->muon) {
+        for (int i = 0; i < 4; i++)
+            if (strcmp(source_of(src, muon_keys[i]), "defaults") != 0)
+                fatal("%s: key '%s' is set but key 'optimizer' is %s: Muon's keys need optimizer muon",
+                      source_of(src, muon_keys[i]), muon_keys[i], cfg->optimizer);
+        return;
+    }
+    char stages[64] = "";
+    for (int n = STAGE_SINGLE_GPU; n <= LAST_STAGE; n++)
+        if (STAGES[n].muon) snprintf(stages + strlen(stages), sizeof stages - strlen(stages), " %02d", n);
+    if (!STAGES[stage].muon)
+        fatal("%s: key 'optimizer' is muon but stage %02d has no Muon (stages that do:%s)",
+              source_of(src, "optimizer"), (int)stage, stages);
+    if (cfg->lora_rank)
+        fatal("%s: key 'optimizer' is muon but lora_rank is %d: LoRA's adapters train with adamw",
+              source_of(src, "optimizer"), cfg->lora_rank);
+    if (cfg->num_experts)
+        fatal("%s: key 'optimizer' is muon but num_experts is %d: Muon updates dense blocks' matrices only",
+              source_of(src, "optimizer"), cfg->num_experts);
+    require_positive(src, "muon_lr", cfg->muon_lr);
+    require_positive(src, "muon_ns_steps", cfg->muon_ns_steps);
+    if (cfg->muon_momentum < 0 || cfg->muon_momentum >= 1)
+        fatal("%s: key 'muon_momentum': expected a value in [0, 1), found %g", source_of(src, "muon_momentum"),
+              cfg->muon_momentum);
+}
+
 static void validate(Config *cfg, const Sources *src, Stage stage) {
     resolve_precision(cfg, src);
     static const char *const comm_backends[] = {"auto", "nccl", "mpi", "mpi-staged"};
@@ -820,6 +862,7 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     require_grid_fits_stage(cfg, src, stage);
     require_ladder_keys_fit_stage(cfg, src, stage);
     require_lora_keys_fit_stage(cfg, src, stage);
+    require_optimizer_keys_fit_stage(cfg, src, stage);
     resolve_dataset(cfg, src);
     apply_model_preset(cfg, src);
     require_positive(src, "n_layer", cfg->n_layer);

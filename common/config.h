@@ -48,6 +48,12 @@ typedef struct {
     bool resume;              // not a key: resolve_resume's answer, this run continues the one in out_dir
     char out_dir[512];
     double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip, val_fraction;
+    char optimizer[16];          // "adamw", or "muon" (common/muon.h)
+    bool muon;                   // not a key: optimizer is muon
+    double muon_lr;              // muon: the matrices' peak learning rate (lr's schedule scales it)
+    double muon_momentum;        // muon: beta of its momentum
+    bool muon_nesterov;          // muon: orthogonalize the Nesterov look-ahead (false: the momentum)
+    int muon_ns_steps;           // muon: Newton-Schulz iterations
     double loss_scale;           // 16-mixed: the initial loss scale
     int loss_scale_window;       // 16-mixed: good steps before the scale doubles (0: fixed scale)
     int warmup_steps, eval_interval, eval_batches, checkpoint_interval;

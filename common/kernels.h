@@ -711,6 +711,15 @@ KERNEL_FN void adamw_element(float *param, float *m, float *v, float grad, float
     *param -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * *param);
 }
 
+// Muon's momentum, one element, as torch's lerp writes it (start + weight x (end - start)): the
+// momentum moves toward the gradient by 1 - beta; the update is the gradient moved toward the new
+// momentum by beta (Nesterov: a look ahead), or the momentum itself. Returns the update.
+KERNEL_FN float muon_momentum_element(float *momentum, float grad, float beta, int nesterov) {
+    float mi = *momentum + (1.0f - beta) * (grad - *momentum);
+    *momentum = mi;
+    return nesterov ? grad + beta * (mi - grad) : mi;
+}
+
 // ----------------------------------------------------------------------------------------------
 // vocab-parallel cross-entropy
 

@@ -290,6 +290,10 @@ double sum_values(const float *x, size_t n);
 // gradient is read as grad[i] x grad_scale (gradient clipping's factor, 1 for none).
 void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t);
+// Muon's momentum on one contiguous range (common/muon.h): momentum = lerp(momentum, g, 1 - beta)
+// with g = grad[i] x grad_scale, then grad[i] becomes the update Newton-Schulz orthogonalizes:
+// lerp(g, momentum, beta) with nesterov, else the momentum itself.
+void muon_momentum(float *grad, float grad_scale, float *momentum, size_t n, float beta, int nesterov);
 
 // ----------------------------------------------------------------------------------------------
 // CUDA graphs: between ops_graph_begin and ops_graph_end the ops are recorded instead of run;

@@ -1523,6 +1523,13 @@ void adamw_update(float *param, const float *grad, float grad_scale, float *m, f
     trace_op_end("adamw_update", m0, 28.0 * n, 0, NULL);
 }
 
+void muon_momentum(float *grad, float grad_scale, float *momentum, size_t n, float beta, int nesterov) {
+    int m0 = trace_op_begin();
+#pragma omp parallel for schedule(static) if (n >= ELEMENTWISE_PARALLEL_MIN)
+    for (size_t i = 0; i < n; i++) grad[i] = muon_momentum_element(&momentum[i], grad[i] * grad_scale, beta, nesterov);
+    trace_op_end("muon_momentum", m0, 16.0 * n, 0, NULL);
+}
+
 // ----------------------------------------------------------------------------------------------
 // ---- attention with a KV cache; CUDA graphs
 

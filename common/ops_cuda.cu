@@ -1738,6 +1738,18 @@ void adamw_update(float *param, const float *grad, float grad_scale, float *m, f
            weight_decay, bc1, bc2);
 }
 
+static __global__ void muon_momentum_kernel(float *grad, float grad_scale, float *momentum, size_t n, float beta,
+                                            int nesterov) {
+    GRID_STRIDE(i, n)
+    grad[i] = muon_momentum_element(&momentum[i], grad[i] * grad_scale, beta, nesterov);
+}
+
+void muon_momentum(float *grad, float grad_scale, float *momentum, size_t n, float beta, int nesterov) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(muon_momentum_kernel, grid_for(n), THREADS, 0, grad, grad_scale, momentum, n, beta, nesterov);
+}
+
 // ----------------------------------------------------------------------------------------------
 // ---- attention with a KV cache; CUDA graphs
 //

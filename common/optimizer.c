@@ -3,6 +3,7 @@
 
 #include <math.h>
 
+#include "muon.h"
 #include "ops.h"
 #include "trace.h"
 
@@ -16,6 +17,14 @@ double learning_rate(const Config *cfg, long step, long total_steps) {
     return cfg->min_lr + cosine * (cfg->lr - cfg->min_lr);
 }
 
+size_t tensor_in_range(const TensorInfo *ti, size_t first, size_t n, size_t *at) {
+    size_t lo = ti->offset > first ? ti->offset : first;
+    size_t hi = ti->offset + ti->numel < first + n ? ti->offset + ti->numel : first + n;
+    if (lo >= hi) return 0;
+    *at = lo - first;
+    return hi - lo;
+}
+
 void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
                 size_t first, size_t n, const Config *cfg, double lr, long t, float clip) {
     int m0 = trace_mark();
@@ -23,11 +32,9 @@ void adamw_step(const ParamLayout *layout, float *params, const float *grads, fl
     // decay differs between tensors; the pointers are to the range's first element.
     for (int i = 0; i < layout->num_tensors; i++) {
         const TensorInfo *ti = &layout->tensors[i];
-        size_t lo = ti->offset > first ? ti->offset : first;
-        size_t hi = ti->offset + ti->numel < first + n ? ti->offset + ti->numel : first + n;
-        if (lo >= hi) continue;
-        size_t at = lo - first;
-        adamw_update(params + at, grads + at, clip, m + at, v + at, hi - lo, (float)lr, (float)cfg->beta1,
+        size_t at, len = tensor_in_range(ti, first, n, &at);
+        if (!len || (cfg->muon && muon_updates(ti))) continue;
+        adamw_update(params + at, grads + at, clip, m + at, v + at, len, (float)lr, (float)cfg->beta1,
                      (float)cfg->beta2, (float)cfg->eps, ti->decay ? (float)cfg->weight_decay : 0.0f,
                      (int)t);
     }

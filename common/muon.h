@@ -1,0 +1,62 @@
+// muon.h: Muon (MomentUm Orthogonalized by Newton-Schulz; Keller Jordan, 2024), key optimizer: muon.
+//
+// A transformer block's matrices step along their momentum made orthogonal: the momentum's
+// singular values all set to about 1, so every direction the gradient points in moves at the same
+// rate, the rare ones as much as the dominant ones. Five Newton-Schulz iterations of the quintic
+// X <- a X + (b A + c A A) X, A = X Xᵀ, (a, b, c) = (3.4445, -4.7750, 2.0315), from X = M / ||M||_F
+// (singular values then at most 1), push the singular values into [0.7, 1.2] without an SVD. The
+// update is scaled by sqrt(max(1, out / in)) (the matrix's rows are its outputs) so a tall matrix's
+// steps are as large per element as a square one's, and the parameter shrinks by lr x weight_decay
+// first (decoupled weight decay). Embeddings, the head, norms and biases are no hidden linear maps:
+// AdamW updates them (adamw_step skips the Muon tensors), as the published recipe does.
+//
+// The step is per element except the orthogonalization, which needs the whole matrix: a sharded
+// optimizer (stage 04) runs the halves below on its shards and brings each matrix to one rank in
+// between. muon_step is the whole step on one device.
+#ifndef MUON_H
+#define MUON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "config.h"
+#include "gpt.h"
+
+// Scratch for orthogonalizing the largest matrix of a layout: a second (rows, cols) buffer and two
+// Gram matrices (k, k), k = min(rows, cols)
+typedef struct {
+    float *next, *gram, *gram2;
+    size_t bytes;
+} Muon;
+
+// whether Muon updates the tensor: a transformer block's matrix (q, k, v taken apart where the
+// architecture's files keep them apart); everything else is AdamW's
+bool muon_updates(const TensorInfo *ti);
+// the bytes muon_init allocates for `layout`: what Muon adds to a rank's memory (none of its state:
+// the momentum lives in AdamW's m, whose v the Muon tensors leave unused)
+size_t muon_scratch_bytes(const ParamLayout *layout);
+void muon_init(Muon *mu, const ParamLayout *layout);
+void muon_free(Muon *mu);
+
+// The step's first half on the flat range [first, first + n) (a whole model or a shard): AdamW on
+// the tensors Muon does not update; the momentum (kept in m) on those it does, whose gradients
+// (times clip) become the updates to orthogonalize, in place.
+void muon_momentum_step(const ParamLayout *layout, float *params, float *grads, float *m, float *v, size_t first,
+                        size_t n, const Config *cfg, double lr, long t, float clip);
+// x (rows, cols), in place: muon_ns_steps Newton-Schulz iterations from x / ||x||_F, times
+// sqrt(max(1, rows / cols))
+void muon_orthogonalize(Muon *mu, float *x, int rows, int cols, int steps);
+// The second half on [first, first + n): each Muon tensor's parameters shrink by weight decay and
+// step along its orthogonalized update (read from `updates`, laid out as the range), at Muon's
+// learning rate for AdamW's `lr`.
+void muon_apply(const ParamLayout *layout, float *params, const float *updates, size_t first, size_t n,
+                const Config *cfg, double lr);
+// Muon's learning rate at the step where AdamW's is lr: muon_lr on the same warm-up and decay
+double muon_learning_rate(const Config *cfg, double lr);
+
+// The whole step on a range holding every Muon tensor it touches whole (one device); overwrites
+// their gradients with their updates.
+void muon_step(Muon *mu, const ParamLayout *layout, float *params, float *grads, float *m, float *v, size_t first,
+               size_t n, const Config *cfg, double lr, long t, float clip);
+
+#endif
