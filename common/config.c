@@ -76,6 +76,9 @@ static const Key KEYS[] = {
     K(muon_momentum, T_FLOAT, "0.95", "muon: momentum of the matrices' gradients"),
     K(muon_nesterov, T_BOOL, "true", "muon: orthogonalize the Nesterov look-ahead (false: the momentum itself)"),
     K(muon_ns_steps, T_INT, "5", "muon: Newton-Schulz iterations of the orthogonalization"),
+    K(muon_redundant, T_BOOL, "false",
+      "muon, fsdp: every rank orthogonalizes every gathered matrix (false: each matrix by one owner rank, "
+      "its result reduce-scattered)"),
     K(loss_scale, T_FLOAT, "65536", "16-mixed: the initial loss scale (the loss, and so every gradient, times it)"),
     K(loss_scale_window, T_INT, "1000",
       "16-mixed: good steps before the loss scale doubles; a step with an inf or NaN gradient is "
@@ -823,9 +826,10 @@ static void require_optimizer_keys_fit_stage(Config *cfg, const Sources *src, St
     static const char *const optimizers[] = {"adamw", "muon"};
     require_one_of(src, "optimizer", cfg->optimizer, optimizers, 2, "adamw or muon");
     cfg->muon = strcmp(cfg->optimizer, "muon") == 0;
-    static const char *const muon_keys[] = {"muon_lr", "muon_momentum", "muon_nesterov", "muon_ns_steps"};
+    static const char *const muon_keys[] = {"muon_lr", "muon_momentum", "muon_nesterov", "muon_ns_steps",
+                                            "muon_redundant"};
     if (!cfg->muon) {
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 5; i++)
             if (strcmp(source_of(src, muon_keys[i]), "defaults") != 0)
                 fatal("%s: key '%s' is set but key 'optimizer' is %s: Muon's keys need optimizer muon",
                       source_of(src, muon_keys[i]), muon_keys[i], cfg->optimizer);
@@ -843,6 +847,10 @@ static void require_optimizer_keys_fit_stage(Config *cfg, const Sources *src, St
     if (cfg->num_experts)
         fatal("%s: key 'optimizer' is muon but num_experts is %d: Muon updates dense blocks' matrices only",
               source_of(src, "optimizer"), cfg->num_experts);
+    if (cfg->muon_redundant && !STAGES[stage].zero_ladder)
+        fatal("%s: key 'muon_redundant' is true but stage %02d holds every matrix whole: only a sharded "
+              "optimizer (strategy fsdp, build/stage-4) chooses who orthogonalizes", source_of(src, "muon_redundant"),
+              (int)stage);
     require_positive(src, "muon_lr", cfg->muon_lr);
     require_positive(src, "muon_ns_steps", cfg->muon_ns_steps);
     if (cfg->muon_momentum < 0 || cfg->muon_momentum >= 1)

@@ -54,6 +54,7 @@ typedef struct {
     double muon_momentum;        // muon: beta of its momentum
     bool muon_nesterov;          // muon: orthogonalize the Nesterov look-ahead (false: the momentum)
     int muon_ns_steps;           // muon: Newton-Schulz iterations
+    bool muon_redundant;         // muon, fsdp: every rank orthogonalizes every matrix (false: one owner each)
     double loss_scale;           // 16-mixed: the initial loss scale
     int loss_scale_window;       // 16-mixed: good steps before the scale doubles (0: fixed scale)
     int warmup_steps, eval_interval, eval_batches, checkpoint_interval;

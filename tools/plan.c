@@ -147,8 +147,8 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout, int ze
     int micro_batch = s->cfg->global_batch_size / s->cfg->gradient_acc_steps / s->P;
     ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
     MemoryItem rows[FSDP_MEMORY_ITEMS];
-    fsdp_memory_items(&f, parameters_label(s->cfg), acts_bytes(&spec), rows, NULL);
-    for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) add_memory(p, rows[i].what, rows[i].bytes);
+    int n_rows = fsdp_memory_items(&f, parameters_label(s->cfg), acts_bytes(&spec), rows, NULL);
+    for (int i = 0; i < n_rows; i++) add_memory(p, rows[i].what, rows[i].bytes);
     const char *group = R > 1 ? "shard" : "world";
     int L = s->mc->n_layer, acc = s->cfg->gradient_acc_steps;
     double fl = sizeof(float), whole = (double)f.whole_numel * fl;
