@@ -1,0 +1,37 @@
+// tp_muon.h: Muon (optimizer muon, common/muon.h) on a tensor-parallel grid.
+//
+// A rank holds a block of each matrix (AxoNN's: rows over one grid dimension, columns over
+// another, the rest over z), and Muon orthogonalizes whole matrices. The choice made here is the
+// simplest: every rank puts the whole model's updates together (tp_assemble: one all-reduce of
+// the model's size over the "muon" group, each element contributed by the one rank that holds
+// it), orthogonalizes every matrix itself, and keeps its blocks (tp_extract). No rank waits for
+// another's orthogonalization, at the price of the whole model's bytes each step and every
+// matrix's flops on every rank; stage 04's fsdp_muon_step shows the other choice, one owner per
+// matrix. The per-element halves (momentum, the step) run on the rank's own blocks.
+#ifndef TP_MUON_H
+#define TP_MUON_H
+
+#include <stddef.h>
+
+#include "comm.h"
+#include "config.h"
+#include "muon.h"
+#include "tp_model.h"
+
+typedef struct {
+    Comm *group;    // every rank: the updates' all-reduce, counted apart as "muon"
+    float *full;    // the whole model's updates, in the full layout
+    Muon muon;      // the orthogonalization's scratch
+    size_t bytes;   // what the two take on a rank
+} TPMuon;
+
+// the bytes tp_muon_init allocates on a rank of m's grid
+size_t tp_muon_bytes(const TPModel *m);
+void tp_muon_init(TPMuon *tm, const TPModel *m, Comm *world);
+void tp_muon_free(TPMuon *tm);
+// One step on this rank's share (layout: m->layout), reading the gradients times clip; the Muon
+// tensors' gradients become their orthogonalized updates
+void tp_muon_step(TPMuon *tm, const TPModel *m, float *params, float *grads, float *adam_m, float *adam_v,
+                  const Config *cfg, double lr, long t, float clip);
+
+#endif
