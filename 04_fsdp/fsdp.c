@@ -125,7 +125,7 @@ static int by_cost_descending(const void *a, const void *b) {
     return x->tensor - y->tensor;
 }
 
-void fsdp_plan_muon(Fsdp *f, bool redundant) {
+void fsdp_plan_muon(Fsdp *f, bool redundant, int ns_steps) {
     const ParamLayout *layout = f->layout;
     f->muon_on = true;
     f->muon_redundant = redundant;
@@ -135,10 +135,7 @@ void fsdp_plan_muon(Fsdp *f, bool redundant) {
     for (int i = 0; i < layout->num_tensors; i++) {
         const TensorInfo *ti = &layout->tensors[i];
         f->muon_owner[i] = -1;
-        if (!muon_updates(ti)) continue;
-        // a Newton-Schulz iteration's flops grow as rows x cols x min(rows, cols)
-        double k = ti->shape[0] < ti->shape[1] ? ti->shape[0] : ti->shape[1];
-        order[n++] = (MatrixCost){(double)ti->numel * k, i};
+        if (muon_updates(ti)) order[n++] = (MatrixCost){muon_flops(ti->shape[0], ti->shape[1], ns_steps), i};
     }
     qsort(order, (size_t)n, sizeof *order, by_cost_descending);
     double *load = calloc_or_die((size_t)f->P, sizeof(double));
@@ -149,6 +146,14 @@ void fsdp_plan_muon(Fsdp *f, bool redundant) {
         f->muon_owner[order[j].tensor] = least;
         load[least] += order[j].cost;
     }
+    double total = 0;
+    f->muon_flops_max = f->muon_flops_min = load[0];
+    for (int r = 0; r < f->P; r++) {
+        total += load[r];
+        if (load[r] > f->muon_flops_max) f->muon_flops_max = load[r];
+        if (load[r] < f->muon_flops_min) f->muon_flops_min = load[r];
+    }
+    if (redundant) f->muon_flops_max = f->muon_flops_min = total;  // every rank does every matrix
     free(load);
     free(order);
     f->muon_bytes = muon_scratch_bytes(layout) + (redundant ? 1 : 2) * f->max_block * sizeof(float);
@@ -167,7 +172,7 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cf
     // checkpoints travel on their own group, so that the training groups' statistics are training's alone
     f->io = comm_split(world, replica, f->rank, "ckpt");
     if (cfg->muon) {
-        fsdp_plan_muon(f, cfg->muon_redundant);
+        fsdp_plan_muon(f, cfg->muon_redundant, cfg->muon_ns_steps);
         muon_init(&f->muon, layout);
         f->muon_unit = dev_malloc(f->max_block * sizeof(float));
         if (!f->muon_redundant) f->muon_mine = dev_malloc(f->max_block * sizeof(float));
@@ -242,6 +247,14 @@ void fsdp_print_sharding(const Fsdp *f) {
     if (f->zero_stage == 2)
         printf(" | reduce-scatter %s", f->prefetch ? "of each block's gradient during the next one's backward"
                                                     : "of each block's gradient after its backward");
+    if (f->muon_on) {
+        printf("\nMuon: each block's updates all-gathered, %s; orthogonalization %.3g to %.3g GFLOP a step per rank",
+               f->muon_redundant ? "every matrix orthogonalized on every rank"
+                                 : "each matrix orthogonalized by one owner rank and reduce-scattered back",
+               f->muon_flops_min / 1e9, f->muon_flops_max / 1e9);
+        run_stats_number("muon_flops_per_rank_max", f->muon_flops_max);
+        run_stats_number("muon_flops_per_rank_min", f->muon_flops_min);
+    }
     printf("\n");
 }
 

@@ -88,6 +88,7 @@ typedef struct {
     float *muon_unit, *muon_mine;  // a block's gathered updates; those this rank orthogonalized (owner)
     Muon muon;                 // the orthogonalization's scratch
     size_t muon_bytes;         // what the three take on a rank
+    double muon_flops_max, muon_flops_min;  // a step's orthogonalization flops on the busiest and idlest rank
     // LoRA (fsdp_lora.h): the adapters, whole on every rank, trained on the frozen base (NULL: the
     // base trains). grads and grads_numel then name the adapters' gradients; the base has none.
     Lora *lora;
@@ -100,7 +101,7 @@ void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetc
                int replicas);
 // optimizer muon: sizes Muon's buffers and picks each matrix's owner rank (fsdp_plan first; what
 // fsdp_init allocates, and what the planner predicts)
-void fsdp_plan_muon(Fsdp *f, bool redundant);
+void fsdp_plan_muon(Fsdp *f, bool redundant, int ns_steps);
 // whether hsdp_replicas divides the P ranks into whole groups; why not, if not (fsdp_init ends
 // the job with it; the planner skips the layout)
 bool fsdp_replicas_fit(int replicas, int P, char *why, size_t why_size);

@@ -52,6 +52,11 @@ void muon_free(Muon *mu) {
     dev_free(mu->gram2);
 }
 
+double muon_flops(int rows, int cols, int steps) {
+    double k = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
+    return steps * (4 * k * k * n + 2 * k * k * k);
+}
+
 double muon_learning_rate(const Config *cfg, double lr) { return cfg->muon_lr * lr / cfg->lr; }
 
 void muon_momentum_step(const ParamLayout *layout, float *params, float *grads, float *m, float *v, size_t first,

@@ -51,6 +51,10 @@ void muon_orthogonalize(Muon *mu, float *x, int rows, int cols, int steps);
 // learning rate for AdamW's `lr`.
 void muon_apply(const ParamLayout *layout, float *params, const float *updates, size_t first, size_t n,
                 const Config *cfg, double lr);
+// the flops of orthogonalizing a (rows, cols) matrix in `steps` iterations: per iteration the Gram
+// matrix (2 k^2 n), its square (2 k^3) and the product with X (2 k^2 n), k = min(rows, cols),
+// n = max(rows, cols)
+double muon_flops(int rows, int cols, int steps);
 // Muon's learning rate at the step where AdamW's is lr: muon_lr on the same warm-up and decay
 double muon_learning_rate(const Config *cfg, double lr);
 
