@@ -164,6 +164,8 @@ TEST_PROGS := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c)) \
               $(patsubst tests/mpi/%.c,build/tests/mpi/%,$(wildcard tests/mpi/*.c))
 # tests/test_llama_tokenizer.sh's program (run.sh runs build/tests/test_* only, so not on its own)
 TEST_PROGS += build/tests/tokenizer_ids
+# tests/test_fp8.sh's program
+TEST_PROGS += build/tests/fp8_codes
 build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 	@mkdir -p $(dir $@)
 	$(MPICC) $^ -o $@ $(LDLIBS)
