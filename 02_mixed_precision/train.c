@@ -19,6 +19,7 @@
 #include "config.h"
 #include "device.h"
 #include "evaluate.h"
+#include "fp8.h"
 #include "gpt.h"
 #include "log.h"
 #include "lora.h"
@@ -69,6 +70,9 @@ int main(int argc, char **argv) {
 
     print_stage_banner(2, 1, &cfg, &mc, mb.n);
     print_batch_plan(&cfg, data, 1, "", total_steps);
+    // fp8-tensorwise: the block's linears multiply FP8 numbers (fp8.h)
+    Fp8Layers fp8 = {0};
+    if (cfg.prec == PREC_FP8_TENSORWISE) fp8_attach(&fp8, &acts, &layout);
     // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
     // are the adapters' (common/lora.h)
     Lora lora;
@@ -163,6 +167,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     batch_free(&batch);
     lora_free(&lora);
+    if (cfg.prec == PREC_FP8_TENSORWISE) fp8_free(&fp8);
     acts_free(&acts);
     model_buffers_free(&mb);
     gpt_layout_free(&layout);

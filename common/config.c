@@ -35,7 +35,9 @@ static const Key KEYS[] = {
       "tatsu-lab/alpaca or alpaca (the alpaca JSON file in data_path), synthetic (the built-in "
       "set); empty: data_path decides"),
     K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
-    K(precision, T_STRING, "32", "32, 32-true, bf16-mixed, bf16 or 16-mixed (fp16 with loss scaling)"),
+    K(precision, T_STRING, "32",
+      "32, 32-true, bf16-mixed, bf16, 16-mixed (fp16 with loss scaling) or fp8-tensorwise (stage 02: the "
+      "block's linears on FP8)"),
     K(strategy, T_STRING, "",
       "single_device, ddp, fsdp, axonn, pipeline, expert_parallel or context_parallel; empty: the stage's own (above)"),
     K(tp_dimensions, T_INT3, "1,1,1", "tensor-parallel grid [x, y, z] (strategy axonn)"),
@@ -543,7 +545,7 @@ static void require_one_of(const Sources *src, const char *key, const char *valu
 // precision's names and what each means (config.h)
 static const struct { const char *name; Precision prec; } PRECISIONS[] = {
     {"32", PREC_FP32}, {"32-true", PREC_FP32}, {"bf16-mixed", PREC_BF16_MIXED}, {"bf16", PREC_BF16},
-    {"16-mixed", PREC_FP16_MIXED},
+    {"16-mixed", PREC_FP16_MIXED}, {"fp8-tensorwise", PREC_FP8_TENSORWISE},
 };
 
 static void resolve_precision(Config *cfg, const Sources *src) {
@@ -552,8 +554,20 @@ static void resolve_precision(Config *cfg, const Sources *src) {
             cfg->prec = PRECISIONS[i].prec;
             return;
         }
-    fatal("%s: key 'precision': expected 32, 32-true, bf16-mixed, bf16 or 16-mixed, found '%s'",
+    fatal("%s: key 'precision': expected 32, 32-true, bf16-mixed, bf16, 16-mixed or fp8-tensorwise, found '%s'",
           source_of(src, "precision"), cfg->precision);
+}
+
+// FP8's linears are stage 02's plug-in (02_mixed_precision/fp8.c); elsewhere a run would quietly
+// be bf16-mixed
+static void require_fp8_fits_stage(const Config *cfg, const Sources *src, Stage stage) {
+    if (cfg->prec != PREC_FP8_TENSORWISE) return;
+    if (stage != STAGE_MIXED_PRECISION)
+        fatal("%s: key 'precision' is %s but stage %02d has no FP8 linears: FP8 training is stage 02's "
+              "(build/stage-2)", source_of(src, "precision"), cfg->precision, (int)stage);
+    if (cfg->lora_rank)
+        fatal("%s: key 'precision' is %s but lora_rank is %d: LoRA's adapters train in bf16-mixed",
+              source_of(src, "precision"), cfg->precision, cfg->lora_rank);
 }
 
 // ---- the stage rules (the STAGES table) -------------------------------------------------------
@@ -860,6 +874,7 @@ static void require_optimizer_keys_fit_stage(Config *cfg, const Sources *src, St
 
 static void validate(Config *cfg, const Sources *src, Stage stage) {
     resolve_precision(cfg, src);
+    require_fp8_fits_stage(cfg, src, stage);
     static const char *const comm_backends[] = {"auto", "nccl", "mpi", "mpi-staged"};
     require_one_of(src, "comm_backend", cfg->comm_backend, comm_backends, 4, "auto, nccl, mpi or mpi-staged");
     resolve_strategy(cfg, src, stage);

@@ -15,6 +15,7 @@ typedef enum {
     PREC_BF16_MIXED,  // "bf16-mixed": the matmuls read bf16 copies of fp32 master weights
     PREC_BF16,        // "bf16": the weights themselves in bf16, no fp32 master
     PREC_FP16_MIXED,  // "16-mixed": fp16 copies of fp32 master weights, with loss scaling
+    PREC_FP8_TENSORWISE,  // "fp8-tensorwise": bf16-mixed, the block's linears on FP8 (stage 02)
 } Precision;
 
 typedef struct {

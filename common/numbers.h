@@ -134,6 +134,13 @@ KERNEL_FN float fp8_to_float(uint8_t b, Fp8Format f) {
 // one not finite. Current scaling takes this step's amax; delayed scaling the largest of the
 // last steps' (an amax history), known before the tensor is.
 KERNEL_FN float fp8_scale(float amax, Fp8Format f) { return amax > 0 && amax <= 3.4028235e38f ? fp8_max(f) / amax : 1.0f; }
+// the same rounded down to a power of two (torchao's round_scales_to_power_of_2): x scale and
+// fp8 / scale then only move exponents, so a scaled FP8 value divided back is a bf16 value exactly
+KERNEL_FN float fp8_scale_pow2(float amax, Fp8Format f) {
+    int e;
+    frexpf(fp8_scale(amax, f), &e);  // scale = m 2^e, m in [0.5, 1): 2^(e - 1) is the power below
+    return ldexpf(1.0f, e - 1);
+}
 
 // MX (OCP Microscaling): each block of 32 elements shares a scale 2^(floor(log2 amax) - emax),
 // emax the exponent of the format's largest finite (8 for e4m3, 15 for e5m2); an element is
