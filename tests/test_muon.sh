@@ -12,7 +12,8 @@
 #    all-gather alone; stage 05, one all-reduce of the whole model, 4 x num_params (group muon);
 #  - the orthogonalization's flops on the busiest rank (stats.json): within 5% of an even share
 #    with owners, all of them with muon_redundant;
-#  - the memory report's Muon row (stats.json) against its formula;
+#  - the memory report's Muon row (stats.json) against its formula, and the planner's memory rows
+#    and bytes per step for ZeRO-3 (owners) and ZeRO-1 (muon_redundant) against the runs;
 #  - bad input: one clear error, every rank stopped.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
@@ -104,6 +105,31 @@ got=$(memory_row "$tmp/z1_np3_red" "Muon: gathered block + scratch")
 check '[ "$got" = "$redundant" ]' "ZeRO-1 muon_redundant: Muon's memory $got bytes, want $redundant"
 got=$(memory_row "$tmp/g221" "Muon: whole model + scratch")
 check '[ "$got" = "$model" ]' "[2,2,1]: Muon's memory $got bytes, want $model"
+
+# ---- the planner: Muon's memory row and bytes on stage 04's layouts, equal to the runs' ------------
+# plan_equals_run <run> <plan --layout> [args]: every memory row and the bytes of a step after the first
+plan_equals_run() {
+    local run=$1 layout=$2
+    shift 2
+    build/plan --cluster=configs/clusters/h100-sxm.json --ranks=3 --layout="$layout" --json="$tmp/$run.plan.json" \
+        "${args[@]}" --strategy=fsdp "$@" >"$tmp/$run.plan.log" 2>&1
+    local rc=$? verdict
+    verdict=$(python3 - "$tmp/$run.plan.json" "$tmp/$run" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))["layouts"][0]
+stats = json.load(open(sys.argv[2] + "/stats.json"))
+step = [json.loads(l) for l in open(sys.argv[2] + "/metrics.jsonl")][1]
+problems = [f"memory {k}: planned {plan['memory'].get(k)}, ran {stats['memory'].get(k)}"
+            for k in set(plan["memory"]) | set(stats["memory"]) if plan["memory"].get(k) != stats["memory"].get(k)]
+if plan["comm_bytes"] != step["comm_bytes"]:
+    problems.append(f"comm_bytes: planned {plan['comm_bytes']}, ran {step['comm_bytes']}")
+print("; ".join(problems) or "equal")
+PY
+)
+    check '[ $rc -eq 0 ] && [ "$verdict" = equal ]' "plan of $run ($layout): $verdict $(tail -2 "$tmp/$run.plan.log")"
+}
+plan_equals_run z3_np3 fsdp
+plan_equals_run z1_np3_red zero1 --muon_redundant=true
 
 # ---- bad input: one error, every rank stops -------------------------------------------------------
 bad=(timeout 120 mpirun -np 2 --bind-to none)
