@@ -65,13 +65,10 @@ int main(int argc, char **argv) {
     // are the adapters' (common/lora.h)
     Lora lora;
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
-    // optimizer muon: scratch to orthogonalize the largest matrix; its momentum lives in adam_m
-    Muon muon = {0};
-    if (cfg.muon) muon_init(&muon, &layout);
+    Muon muon = muon_create(&cfg, &layout);  // optimizer muon: scratch to orthogonalize a matrix
     MemoryItem memory[] = {{"parameters (fp32)", lora.base_bytes + mb.bytes}, {"gradients (fp32)", mb.bytes},
-                           {"AdamW m and v (fp32)", 2 * mb.bytes}, {"activations", acts.bytes + lora.acts_bytes},
-                           {"Muon scratch (fp32)", muon.bytes}};
-    print_memory_report("device memory:", memory, cfg.muon ? 5 : 4);
+                           {"AdamW m and v (fp32)", 2 * mb.bytes}, {"activations", acts.bytes + lora.acts_bytes}};
+    print_memory_report("device memory:", memory, 4);
 
     // ---- the training loop ----
     trace_open(cfg.trace, cfg.trace_steps, 0, wall_seconds());
@@ -108,11 +105,10 @@ int main(int argc, char **argv) {
         double loss = n_targets ? loss_sum / (double)n_targets : 0.0;
         if (!isfinite(loss)) fatal("step %ld: the loss is %f; lower lr or check the data", step + 1, loss);
 
-        // clip the global gradient norm, then one AdamW (or Muon) step
+        // clip the global gradient norm, then one AdamW step
         double norm = sqrt(sum_squares(mb.grads, mb.n));
-        float clip = clip_factor(norm, cfg.grad_clip);  // the optimizer reads the gradients times clip
-        if (cfg.muon) muon_step(&muon, &layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
-        else adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+        float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
+        optimizer_step(&muon, &layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
         dev_synchronize();
 
         StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr, .grad_norm = norm,
@@ -143,7 +139,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     batch_free(&batch);
     lora_free(&lora);
-    if (cfg.muon) muon_free(&muon);
+    muon_free(&muon);
     acts_free(&acts);
     model_buffers_free(&mb);
     gpt_layout_free(&layout);

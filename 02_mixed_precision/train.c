@@ -25,6 +25,7 @@
 #include "lora.h"
 #include "loss_scale.h"
 #include "metrics.h"
+#include "muon.h"
 #include "ops.h"
 #include "optimizer.h"
 #include "preemption.h"
@@ -77,6 +78,7 @@ int main(int argc, char **argv) {
     // are the adapters' (common/lora.h)
     Lora lora;
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
+    Muon muon = muon_create(&cfg, &layout);  // optimizer muon: scratch to orthogonalize a matrix
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes);
     lora_add_memory(&lora, memory);  // LoRA: the frozen base, its 16-bit copy, what the adapters keep
@@ -128,7 +130,7 @@ int main(int argc, char **argv) {
         double norm = sqrt(sum_squares(mb.grads, mb.n));
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+            optimizer_step(&muon, &layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
@@ -167,6 +169,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     batch_free(&batch);
     lora_free(&lora);
+    muon_free(&muon);
     if (cfg.prec == PREC_FP8_TENSORWISE) fp8_free(&fp8);
     acts_free(&acts);
     model_buffers_free(&mb);

@@ -173,7 +173,7 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cf
     f->io = comm_split(world, replica, f->rank, "ckpt");
     if (cfg->muon) {
         fsdp_plan_muon(f, cfg->muon_redundant, cfg->muon_ns_steps);
-        muon_init(&f->muon, layout);
+        f->muon = muon_create(cfg, layout);
         f->muon_unit = dev_malloc(f->max_block * sizeof(float));
         if (!f->muon_redundant) f->muon_mine = dev_malloc(f->max_block * sizeof(float));
     }
@@ -224,7 +224,7 @@ void fsdp_free(Fsdp *f) {
                    f->shard16[1], f->pack_send[0], f->pack_send[1], f->pack_recv[0], f->pack_recv[1],
                    f->muon_unit, f->muon_mine};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
-    if (f->muon_on) muon_free(&f->muon);
+    muon_free(&f->muon);
     free(f->muon_owner);
     free(f->units);
     memset(f, 0, sizeof *f);
@@ -574,20 +574,6 @@ static void gather_updated_params(Fsdp *f) {
     }
 }
 
-void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
-    if (f->lora) {
-        const Lora *lo = f->lora;
-        adamw_step(&lo->layout, lo->params, lo->grads, lo->m, lo->v, 0, f->grads_numel, cfg, lr, t, clip);
-        return;
-    }
-    for (int i = 0; i < f->n_units; i++) {
-        const FsdpUnit *u = &f->units[i];
-        adamw_step(f->layout, param_shard(f, u), grad_shard(f, u), f->adam_m + u->local, f->adam_v + u->local,
-                   shard_first(f, u), real_in_shard(f, u), cfg, lr, t, clip);
-    }
-    if (params_whole(f)) gather_updated_params(f);
-}
-
 // Block unit u's updates (this rank's shard of them in `updates`) orthogonalized: all-gathered
 // whole, each matrix orthogonalized by its owner, and this rank's shard of the result written
 // back to `updates` (AdamW's elements there become 0: muon_apply reads only Muon's)
@@ -608,7 +594,9 @@ static void orthogonalize_block(Fsdp *f, const FsdpUnit *u, float *updates, int 
     else comm_reduce_scatter(f->group, updates, mine, u->shard);
 }
 
-void fsdp_muon_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
+// Muon's step on the shards: AdamW and the momentum per element, each block's matrices
+// orthogonalized whole (fsdp.h's muon fields), the Muon tensors' shards stepped; then as AdamW's
+static void fsdp_muon_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
     for (int i = 0; i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
         float *params = param_shard(f, u), *grads = grad_shard(f, u);
@@ -617,6 +605,24 @@ void fsdp_muon_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
                            clip);
         if (i > 0) orthogonalize_block(f, u, grads, cfg->muon_ns_steps);  // the root holds no Muon matrix
         muon_apply(f->layout, params, grads, first, n, cfg, lr);
+    }
+    if (params_whole(f)) gather_updated_params(f);
+}
+
+void fsdp_optimizer_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
+    if (cfg->muon) {
+        fsdp_muon_step(f, cfg, lr, t, clip);
+        return;
+    }
+    if (f->lora) {
+        const Lora *lo = f->lora;
+        adamw_step(&lo->layout, lo->params, lo->grads, lo->m, lo->v, 0, f->grads_numel, cfg, lr, t, clip);
+        return;
+    }
+    for (int i = 0; i < f->n_units; i++) {
+        const FsdpUnit *u = &f->units[i];
+        adamw_step(f->layout, param_shard(f, u), grad_shard(f, u), f->adam_m + u->local, f->adam_v + u->local,
+                   shard_first(f, u), real_in_shard(f, u), cfg, lr, t, clip);
     }
     if (params_whole(f)) gather_updated_params(f);
 }

@@ -142,11 +142,9 @@ void fsdp_reduce_gradients(Fsdp *f);
 double fsdp_grad_norm(Fsdp *f);
 // AdamW on this rank's shard of every unit (the padding is not a parameter: skipped), reading
 // the gradients times `clip` (clip_factor); zero_stage < 3 then all-gathers the updated shards
-// into every rank's whole parameters
-void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t, float clip);
-// Muon's step on the shards (optimizer muon): AdamW and the momentum on each shard, each block's
-// matrices orthogonalized whole (fsdp.h's muon fields), each shard stepped; then as AdamW's
-void fsdp_muon_step(Fsdp *f, const Config *cfg, double lr, long t, float clip);
+// into every rank's whole parameters. With optimizer muon, Muon's step instead: AdamW and the
+// momentum on the shards, each block's matrices orthogonalized whole (the muon fields above)
+void fsdp_optimizer_step(Fsdp *f, const Config *cfg, double lr, long t, float clip);
 // pure bf16 keeps no fp32 master: round this rank's parameters (shards or whole) to bf16 and back
 void fsdp_round_to_bf16(Fsdp *f);
 

@@ -2,14 +2,18 @@
 #include "tp_muon.h"
 
 #include "device.h"
+#include "optimizer.h"
 
 size_t tp_muon_bytes(const TPModel *m) { return m->full.num_params * sizeof(float) + muon_scratch_bytes(&m->full); }
 
-void tp_muon_init(TPMuon *tm, const TPModel *m, Comm *world) {
-    tm->group = comm_split(world, 0, comm_rank(world), "muon");
-    tm->full = dev_malloc(m->full.num_params * sizeof(float));
-    muon_init(&tm->muon, &m->full);
-    tm->bytes = tp_muon_bytes(m);
+TPMuon tp_muon_create(const Config *cfg, const TPModel *m, Comm *world) {
+    TPMuon tm = {0};
+    if (!cfg->muon) return tm;
+    tm.group = comm_split(world, 0, comm_rank(world), "muon");
+    tm.full = dev_malloc(m->full.num_params * sizeof(float));
+    tm.muon = muon_create(cfg, &m->full);
+    tm.bytes = tp_muon_bytes(m);
+    return tm;
 }
 
 void tp_muon_free(TPMuon *tm) {
@@ -17,8 +21,8 @@ void tp_muon_free(TPMuon *tm) {
     muon_free(&tm->muon);
 }
 
-void tp_muon_step(TPMuon *tm, const TPModel *m, float *params, float *grads, float *adam_m, float *adam_v,
-                  const Config *cfg, double lr, long t, float clip) {
+static void tp_muon_step(TPMuon *tm, const TPModel *m, float *params, float *grads, float *adam_m, float *adam_v,
+                         const Config *cfg, double lr, long t, float clip) {
     const ParamLayout *local = &m->layout, *full = &m->full;
     muon_momentum_step(local, params, grads, adam_m, adam_v, 0, local->num_params, cfg, lr, t, clip);
     tp_assemble(m, tm->full, grads, tm->group);
@@ -29,4 +33,10 @@ void tp_muon_step(TPMuon *tm, const TPModel *m, float *params, float *grads, flo
     }
     tp_extract(m, grads, tm->full);
     muon_apply(local, params, grads, 0, local->num_params, cfg, lr);
+}
+
+void tp_optimizer_step(TPMuon *tm, const TPModel *m, const ParamLayout *layout, float *params, float *grads,
+                       float *adam_m, float *adam_v, const Config *cfg, double lr, long t, float clip) {
+    if (cfg->muon) tp_muon_step(tm, m, params, grads, adam_m, adam_v, cfg, lr, t, clip);
+    else adamw_step(layout, params, grads, adam_m, adam_v, 0, layout->num_params, cfg, lr, t, clip);
 }

@@ -25,13 +25,15 @@ typedef struct {
     size_t bytes;   // what the two take on a rank
 } TPMuon;
 
-// the bytes tp_muon_init allocates on a rank of m's grid
+// the bytes tp_muon_create allocates on a rank of m's grid with optimizer muon
 size_t tp_muon_bytes(const TPModel *m);
-void tp_muon_init(TPMuon *tm, const TPModel *m, Comm *world);
+// with optimizer muon, the group (every rank calls it) and the buffers; with adamw nothing
+TPMuon tp_muon_create(const Config *cfg, const TPModel *m, Comm *world);
 void tp_muon_free(TPMuon *tm);
-// One step on this rank's share (layout: m->layout), reading the gradients times clip; the Muon
-// tensors' gradients become their orthogonalized updates
-void tp_muon_step(TPMuon *tm, const TPModel *m, float *params, float *grads, float *adam_m, float *adam_v,
-                  const Config *cfg, double lr, long t, float clip);
+// The run's optimizer on this rank's share (`layout`: m->layout, or LoRA's adapters), reading the
+// gradients times clip: adamw_step, or with optimizer muon Muon's step, whose tensors' gradients
+// become their orthogonalized updates
+void tp_optimizer_step(TPMuon *tm, const TPModel *m, const ParamLayout *layout, float *params, float *grads,
+                       float *adam_m, float *adam_v, const Config *cfg, double lr, long t, float clip);
 
 #endif

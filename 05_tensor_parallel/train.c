@@ -93,9 +93,7 @@ int main(int argc, char **argv) {
     Lora lora;
     ParamLayout layout = model.layout;  // what AdamW steps: this rank's share of the model, or of the adapters
     tp_lora_attach(&lora, &cfg, &model, &layout, &mb, &acts);
-    // optimizer muon: every rank puts the whole model's updates together (tp_muon.h)
-    TPMuon muon = {0};
-    if (cfg.muon) tp_muon_init(&muon, &model, world);
+    TPMuon muon = tp_muon_create(&cfg, &model, world);  // optimizer muon: the whole model's updates (tp_muon.h)
     MemoryItem memory[TP_MEMORY_ITEMS + 1];
     tp_memory_items(&model, &cfg, acts.bytes, memory);
     tp_lora_memory(&lora, memory);  // LoRA: the base without gradients or moments, the adapters
@@ -160,9 +158,8 @@ int main(int argc, char **argv) {
         // divided by the loss scale, and a step whose gradients overflowed is skipped
         double norm = sqrt(comm_sum_double(grid->tp, tp_norm_squares(&model, mb.grads)));
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
-            float clip = clip_factor(norm, cfg.grad_clip);  // the optimizer reads the gradients times clip
-            if (cfg.muon) tp_muon_step(&muon, &model, mb.params, mb.grads, mb.adam_m, mb.adam_v, &cfg, lr, step + 1, clip);
-            else adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+            float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
+            tp_optimizer_step(&muon, &model, &layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
@@ -209,7 +206,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     batch_free(&batch);
     lora_free(&lora);
-    if (cfg.muon) tp_muon_free(&muon);
+    tp_muon_free(&muon);
     tp_acts_free(&acts);
     model_buffers_free(&mb);
     tp_model_free(&model);

@@ -73,7 +73,7 @@ static const Key KEYS[] = {
     K(grad_clip, T_FLOAT, "1.0", "clip the global gradient norm to this (0: off)"),
     K(optimizer, T_STRING, "adamw",
       "adamw, or muon: the blocks' matrices take Newton-Schulz orthogonalized momentum, the embeddings, "
-      "head, norms and biases AdamW (stages 01, 04 and 05)"),
+      "head, norms and biases AdamW (stages 01, 02, 04 and 05)"),
     K(muon_lr, T_FLOAT, "0.02", "muon: peak learning rate of the matrices (lr's warm-up and decay scale it alike)"),
     K(muon_momentum, T_FLOAT, "0.95", "muon: momentum of the matrices' gradients"),
     K(muon_nesterov, T_BOOL, "true", "muon: orthogonalize the Nesterov look-ahead (false: the momentum itself)"),
@@ -356,7 +356,7 @@ static const StageInfo STAGES[] = {
                           .no_half = "stage 01 trains in fp32 (32 or 32-true); bf16 and fp16 are stage 02 "
                                      "(build/stage-2)",
                           .lora = true, .muon = true},
-    [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true},
+    [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true, .muon = true},
     [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json", .lora = true},
     [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true, .lora = true, .muon = true},
     [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json", .lora = true, .muon = true},

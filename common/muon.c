@@ -13,8 +13,6 @@
 // still keeps every one of them in [0.7, 1.2] after five iterations
 static const float NS_A = 3.4445f, NS_B = -4.7750f, NS_C = 2.0315f;
 
-bool muon_updates(const TensorInfo *ti) { return ti->block >= 0 && ti->ndim == 2 && ti->role != ROLE_MOE_MLP; }
-
 static size_t gram_side(const TensorInfo *ti) {
     return (size_t)(ti->shape[0] < ti->shape[1] ? ti->shape[0] : ti->shape[1]);
 }
@@ -37,13 +35,16 @@ size_t muon_scratch_bytes(const ParamLayout *layout) {
     return (numel + 2 * gram) * sizeof(float);
 }
 
-void muon_init(Muon *mu, const ParamLayout *layout) {
+Muon muon_create(const Config *cfg, const ParamLayout *layout) {
+    Muon mu = {0};
+    if (!cfg->muon) return mu;
     size_t numel, gram;
     largest_matrix(layout, &numel, &gram);
-    mu->next = dev_malloc(numel * sizeof(float));
-    mu->gram = dev_malloc(gram * sizeof(float));
-    mu->gram2 = dev_malloc(gram * sizeof(float));
-    mu->bytes = muon_scratch_bytes(layout);
+    mu.next = dev_malloc(numel * sizeof(float));
+    mu.gram = dev_malloc(gram * sizeof(float));
+    mu.gram2 = dev_malloc(gram * sizeof(float));
+    mu.bytes = muon_scratch_bytes(layout);
+    return mu;
 }
 
 void muon_free(Muon *mu) {
@@ -139,4 +140,10 @@ void muon_step(Muon *mu, const ParamLayout *layout, float *params, float *grads,
     }
     muon_apply(layout, params, grads, first, n, cfg, lr);
     trace_span("muon orthogonalize + apply", TRACK_COMPUTE, m0, trace_mark(), NULL);
+}
+
+void optimizer_step(Muon *mu, const ParamLayout *layout, float *params, float *grads, float *m, float *v,
+                    size_t first, size_t n, const Config *cfg, double lr, long t, float clip) {
+    if (cfg->muon) muon_step(mu, layout, params, grads, m, v, first, n, cfg, lr, t, clip);
+    else adamw_step(layout, params, grads, m, v, first, n, cfg, lr, t, clip);
 }

@@ -21,6 +21,7 @@
 
 #include "config.h"
 #include "gpt.h"
+#include "optimizer.h"  // muon_updates: which tensors are Muon's
 
 // Scratch for orthogonalizing the largest matrix of a layout: a second (rows, cols) buffer and two
 // Gram matrices (k, k), k = min(rows, cols)
@@ -29,13 +30,11 @@ typedef struct {
     size_t bytes;
 } Muon;
 
-// whether Muon updates the tensor: a transformer block's matrix (q, k, v taken apart where the
-// architecture's files keep them apart); everything else is AdamW's
-bool muon_updates(const TensorInfo *ti);
-// the bytes muon_init allocates for `layout`: what Muon adds to a rank's memory (none of its state:
+// the bytes muon_create allocates for `layout`: what Muon adds to a rank's memory (none of its state:
 // the momentum lives in AdamW's m, whose v the Muon tensors leave unused)
 size_t muon_scratch_bytes(const ParamLayout *layout);
-void muon_init(Muon *mu, const ParamLayout *layout);
+// the scratch for `layout`'s matrices with optimizer muon; with adamw nothing (all zero)
+Muon muon_create(const Config *cfg, const ParamLayout *layout);
 void muon_free(Muon *mu);
 
 // The step's first half on the flat range [first, first + n) (a whole model or a shard): AdamW on
@@ -62,5 +61,8 @@ double muon_learning_rate(const Config *cfg, double lr);
 // their gradients with their updates.
 void muon_step(Muon *mu, const ParamLayout *layout, float *params, float *grads, float *m, float *v, size_t first,
                size_t n, const Config *cfg, double lr, long t, float clip);
+// The run's optimizer on such a range: muon_step with optimizer muon, else adamw_step (mu unused)
+void optimizer_step(Muon *mu, const ParamLayout *layout, float *params, float *grads, float *m, float *v,
+                    size_t first, size_t n, const Config *cfg, double lr, long t, float clip);
 
 #endif

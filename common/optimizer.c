@@ -3,7 +3,6 @@
 
 #include <math.h>
 
-#include "muon.h"
 #include "ops.h"
 #include "trace.h"
 
@@ -16,6 +15,8 @@ double learning_rate(const Config *cfg, long step, long total_steps) {
     double cosine = 0.5 * (1.0 + cos(3.14159265358979323846 * progress));
     return cfg->min_lr + cosine * (cfg->lr - cfg->min_lr);
 }
+
+bool muon_updates(const TensorInfo *ti) { return ti->block >= 0 && ti->ndim == 2 && ti->role != ROLE_MOE_MLP; }
 
 size_t tensor_in_range(const TensorInfo *ti, size_t first, size_t n, size_t *at) {
     size_t lo = ti->offset > first ? ti->offset : first;
