@@ -22,14 +22,10 @@ import sys
 import ml_dtypes
 import numpy as np
 
+from oracle_train import check
+import oracle_train
+
 FORMATS = {"e4m3": (ml_dtypes.float8_e4m3fn, 448.0, 8), "e5m2": (ml_dtypes.float8_e5m2, 57344.0, 15)}
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    print(("ok: " if cond else "FAIL: ") + what)
-    failures += 0 if cond else 1
 
 
 def run(binary, args, data):
@@ -92,7 +88,7 @@ def main():
         ref = np.array([0xFF if not math.isfinite(a) else 0 if a == 0 else
                         min(127, max(-127, math.floor(math.log2(a)) - emax)) + 127 for a in amax.tolist()], dtype=np.uint8)
         same_codes(ours, ref, f"{name} MX E8M0 scale", amax)
-    sys.exit(1 if failures else 0)
+    sys.exit(1 if oracle_train.failures else 0)
 
 
 if __name__ == "__main__":
