@@ -48,7 +48,7 @@ ifeq ($(BACKEND),cuda)
 endif
 # common/ in folders by concern (common/README.md): base, ops, model, data, config, run, comm
 COMMON := base/log base/files base/trace config/config data/tokenizer data/alpaca data/synthetic \
-          model/gpt model/layout model/activations model/checkpoint run/run_setup run/optimizer run/loss_scale \
+          model/gpt model/layout model/activations model/checkpoint run/run_setup run/optimizer run/muon run/loss_scale \
           run/metrics run/run_stats run/evaluate run/run_checkpoint run/preemption run/stage_run run/lora
 COMMON_OBJS := $(addprefix $(B)/common/,$(addsuffix .o,$(COMMON)))
 ifeq ($(BACKEND),cuda)
@@ -188,6 +188,8 @@ TEST_PROGS := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c)) \
               $(patsubst tests/mpi/%.c,build/tests/mpi/%,$(wildcard tests/mpi/*.c))
 # tests/test_llama_tokenizer.sh's program (run.sh runs build/tests/test_* only, so not on its own)
 TEST_PROGS += build/tests/tokenizer_ids
+# tests/test_fp8.sh's program
+TEST_PROGS += build/tests/fp8_codes
 build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 	@mkdir -p $(dir $@)
 	$(call Q,LD,$@)$(MPICC) $^ -o $@ $(LDLIBS)

@@ -22,6 +22,7 @@
 #include "run/evaluate.h"
 #include "run/lora.h"
 #include "run/metrics.h"
+#include "run/muon.h"
 #include "run/optimizer.h"
 #include "run/preemption.h"
 #include "run/run_checkpoint.h"
@@ -66,6 +67,7 @@ int main(int argc, char **argv) {
     // are the adapters' (common/run/lora.h)
     Lora lora;
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
+    Muon muon = muon_create(&cfg, &layout);  // optimizer muon: scratch to orthogonalize a matrix
     MemoryItem memory[] = {{"parameters (fp32)", lora.base_bytes + mb.bytes}, {"gradients (fp32)", mb.bytes},
                            {"AdamW m and v (fp32)", 2 * mb.bytes}, {"activations", acts.bytes + lora.acts_bytes}};
     print_memory_report("device memory:", memory, 4);
@@ -108,7 +110,8 @@ int main(int argc, char **argv) {
         // clip the global gradient norm, then one AdamW step
         double norm = sqrt(sum_squares(mb.grads, mb.n));
         float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-        adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+        optimizer_step(&muon, &layout, mb.params, NULL, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1,
+                       clip);
         dev_synchronize();
 
         StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr, .grad_norm = norm,
@@ -139,6 +142,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     batch_free(&batch);
     lora_free(&lora);
+    muon_free(&muon);
     acts_free(&acts);
     model_buffers_free(&mb);
     gpt_layout_free(&layout);

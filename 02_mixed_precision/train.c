@@ -21,6 +21,7 @@
 #include "config/config.h"
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
+#include "fp8.h"
 #include "model/activations.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
@@ -28,6 +29,7 @@
 #include "run/lora.h"
 #include "run/loss_scale.h"
 #include "run/metrics.h"
+#include "run/muon.h"
 #include "run/optimizer.h"
 #include "run/preemption.h"
 #include "run/run_checkpoint.h"
@@ -70,10 +72,14 @@ int main(int argc, char **argv) {
 
     print_stage_banner(2, 1, &cfg, &mc, mb.n);
     print_batch_plan(&cfg, data, 1, "", total_steps);
+    // fp8-tensorwise: the block's linears multiply FP8 numbers (fp8.h)
+    Fp8Layers fp8 = {0};
+    if (cfg.prec == PREC_FP8_TENSORWISE) fp8_attach(&fp8, &acts, &layout);
     // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
     // are the adapters' (common/run/lora.h)
     Lora lora;
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
+    Muon muon = muon_create(&cfg, &layout);  // optimizer muon: scratch to orthogonalize a matrix
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes);
     lora_add_memory(&lora, memory);  // LoRA: the frozen base, its 16-bit copy, what the adapters keep
@@ -124,8 +130,8 @@ int main(int argc, char **argv) {
         double norm = sqrt(sum_squares(mb.grads, mb.n));
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step_16(&layout, mb.params, mb.params16, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr,
-                          step + 1, clip);  // ... and the weights' bf16 copy, in the same pass
+            optimizer_step(&muon, &layout, mb.params, mb.params16, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg,
+                           lr, step + 1, clip);  // ... and the weights' 16-bit copy, in the same pass
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
@@ -162,6 +168,8 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     batch_free(&batch);
     lora_free(&lora);
+    muon_free(&muon);
+    if (cfg.prec == PREC_FP8_TENSORWISE) fp8_free(&fp8);
     acts_free(&acts);
     model_buffers_free(&mb);
     gpt_layout_free(&layout);

@@ -30,6 +30,7 @@
 #include "run/lora.h"
 #include "run/loss_scale.h"
 #include "run/metrics.h"
+#include "run/muon.h"
 #include "run/optimizer.h"
 #include "run/preemption.h"
 #include "run/run_checkpoint.h"
@@ -85,6 +86,7 @@ int main(int argc, char **argv) {
     // are the adapters' (common/run/lora.h)
     Lora lora;
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
+    Muon muon = muon_create(&cfg, &layout);  // optimizer muon: scratch to orthogonalize a matrix
     BucketPlan buckets;  // of the gradients that train: with LoRA, the adapters' only
     plan_buckets(&buckets, &layout, cfg.bucket_size_mb, mb.grads, world);
     print_gradient_sync(&buckets, cfg.overlap_communication, cfg.bucket_size_mb);
@@ -152,7 +154,8 @@ int main(int argc, char **argv) {
         double norm = sqrt(sum_squares(mb.grads, mb.n));
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+            optimizer_step(&muon, &layout, mb.params, NULL, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1,
+                           clip);  // every replica holds whole matrices: Muon runs as on one rank
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
@@ -197,6 +200,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     batch_free(&batch);
     lora_free(&lora);
+    muon_free(&muon);
     acts_free(&acts);
     model_buffers_free(&mb);
     gpt_layout_free(&layout);

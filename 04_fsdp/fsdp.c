@@ -115,6 +115,51 @@ void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetc
     if (use_16bit) f->gathered16_bytes = (root + slots16 * (f->max_block + shard16)) * sizeof(half16);
 }
 
+// ---- Muon's owners ------------------------------------------------------------------------------
+
+typedef struct { double cost; int tensor; } MatrixCost;
+
+// largest first; equal costs in layout order, so every rank draws the same owners
+static int by_cost_descending(const void *a, const void *b) {
+    const MatrixCost *x = a, *y = b;
+    if (x->cost != y->cost) return x->cost < y->cost ? 1 : -1;
+    return x->tensor - y->tensor;
+}
+
+void fsdp_plan_muon(Fsdp *f, bool redundant, int ns_steps) {
+    const ParamLayout *layout = f->layout;
+    f->muon_on = true;
+    f->muon_redundant = redundant;
+    f->muon_owner = malloc_or_die((size_t)layout->num_tensors * sizeof(int));
+    MatrixCost *order = calloc_or_die((size_t)layout->num_tensors, sizeof(MatrixCost));
+    int n = 0;
+    for (int i = 0; i < layout->num_tensors; i++) {
+        const TensorInfo *ti = &layout->tensors[i];
+        f->muon_owner[i] = -1;
+        if (muon_updates(ti)) order[n++] = (MatrixCost){muon_flops(ti->shape[0], ti->shape[1], ns_steps), i};
+    }
+    qsort(order, (size_t)n, sizeof *order, by_cost_descending);
+    double *load = calloc_or_die((size_t)f->P, sizeof(double));
+    for (int j = 0; j < n; j++) {
+        int least = 0;
+        for (int r = 1; r < f->P; r++)
+            if (load[r] < load[least]) least = r;
+        f->muon_owner[order[j].tensor] = least;
+        load[least] += order[j].cost;
+    }
+    double total = 0;
+    f->muon_flops_max = f->muon_flops_min = load[0];
+    for (int r = 0; r < f->P; r++) {
+        total += load[r];
+        if (load[r] > f->muon_flops_max) f->muon_flops_max = load[r];
+        if (load[r] < f->muon_flops_min) f->muon_flops_min = load[r];
+    }
+    if (redundant) f->muon_flops_max = f->muon_flops_min = total;  // every rank does every matrix
+    free(load);
+    free(order);
+    f->muon_bytes = muon_scratch_bytes(layout) + (redundant ? 1 : 2) * f->max_block * sizeof(float);
+}
+
 void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cfg, bool use_16bit) {
     char why[160];
     if (!fsdp_replicas_fit(cfg->hsdp_replicas, comm_size(world), why, sizeof why)) fatal("%s", why);
@@ -127,6 +172,12 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cf
     if (f->n_replicas > 1) f->replicas = comm_split(world, f->rank, replica, "replicas");
     // checkpoints travel on their own group, so that the training groups' statistics are training's alone
     f->io = comm_split(world, replica, f->rank, "ckpt");
+    if (cfg->muon) {
+        fsdp_plan_muon(f, cfg->muon_redundant, cfg->muon_ns_steps);
+        f->muon = muon_create(cfg, layout);
+        f->muon_unit = dev_malloc(f->max_block * sizeof(float));
+        if (!f->muon_redundant) f->muon_mine = dev_malloc(f->max_block * sizeof(float));
+    }
     size_t shard_bytes = f->shard_numel * sizeof(float), root = padded(f, &f->units[0]), max_block = f->max_block;
     f->params = dev_malloc(f->params_numel * sizeof(float));
     f->grads = dev_malloc(f->grads_numel * sizeof(float));
@@ -171,8 +222,11 @@ void fsdp_free(Fsdp *f) {
     void *all[] = {f->params, f->grads, f->adam_m, f->adam_v, f->root, f->root_grad, f->block[0],
                    f->block[1], f->block_grad[0], f->block_grad[1], f->shard_scratch[0],
                    f->shard_scratch[1], f->root16, f->block16[0], f->block16[1], f->shard16[0],
-                   f->shard16[1], f->pack_send[0], f->pack_send[1], f->pack_recv[0], f->pack_recv[1]};
+                   f->shard16[1], f->pack_send[0], f->pack_send[1], f->pack_recv[0], f->pack_recv[1],
+                   f->muon_unit, f->muon_mine};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
+    muon_free(&f->muon);
+    free(f->muon_owner);
     free(f->units);
     memset(f, 0, sizeof *f);
 }
@@ -194,6 +248,14 @@ void fsdp_print_sharding(const Fsdp *f) {
     if (f->zero_stage == 2)
         printf(" | reduce-scatter %s", f->prefetch ? "of each block's gradient during the next one's backward"
                                                     : "of each block's gradient after its backward");
+    if (f->muon_on) {
+        printf("\nMuon: each block's updates all-gathered, %s; orthogonalization %.3g to %.3g GFLOP a step per rank",
+               f->muon_redundant ? "every matrix orthogonalized on every rank"
+                                 : "each matrix orthogonalized by one owner rank and reduce-scattered back",
+               f->muon_flops_min / 1e9, f->muon_flops_max / 1e9);
+        run_stats_number("muon_flops_per_rank_max", f->muon_flops_max);
+        run_stats_number("muon_flops_per_rank_min", f->muon_flops_min);
+    }
     printf("\n");
 }
 
@@ -513,7 +575,46 @@ static void gather_updated_params(Fsdp *f) {
     }
 }
 
-void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
+// Block unit u's updates (this rank's shard of them in `updates`) orthogonalized: all-gathered
+// whole, each matrix orthogonalized by its owner, and this rank's shard of the result written
+// back to `updates` (AdamW's elements there become 0: muon_apply reads only Muon's)
+static void orthogonalize_block(Fsdp *f, const FsdpUnit *u, float *updates, int steps) {
+    size_t whole = padded(f, u);
+    comm_all_gather(f->group, f->muon_unit, updates, u->shard);
+    float *mine = f->muon_redundant ? f->muon_unit : f->muon_mine;
+    if (!f->muon_redundant) dev_zero(mine, whole * sizeof(float));
+    for (int i = 0; i < f->layout->num_tensors; i++) {
+        const TensorInfo *ti = &f->layout->tensors[i];
+        if (f->muon_owner[i] < 0 || ti->offset < u->first || ti->offset >= u->first + u->numel) continue;
+        if (!f->muon_redundant && f->muon_owner[i] != f->rank) continue;
+        float *x = mine + (ti->offset - u->first);
+        if (!f->muon_redundant) dev_copy(x, f->muon_unit + (ti->offset - u->first), ti->numel * sizeof(float));
+        muon_orthogonalize(&f->muon, x, ti->shape[0], ti->shape[1], steps);
+    }
+    if (f->muon_redundant) dev_copy(updates, mine + (size_t)f->rank * u->shard, u->shard * sizeof(float));
+    else comm_reduce_scatter(f->group, updates, mine, u->shard);
+}
+
+// Muon's step on the shards: AdamW and the momentum per element, each block's matrices
+// orthogonalized whole (fsdp.h's muon fields), the Muon tensors' shards stepped; then as AdamW's
+static void fsdp_muon_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
+    for (int i = 0; i < f->n_units; i++) {
+        const FsdpUnit *u = &f->units[i];
+        float *params = param_shard(f, u), *grads = grad_shard(f, u);
+        size_t first = shard_first(f, u), n = real_in_shard(f, u);
+        muon_momentum_step(f->layout, params, grads, f->adam_m + u->local, f->adam_v + u->local, first, n, cfg, lr, t,
+                           clip);
+        if (i > 0) orthogonalize_block(f, u, grads, cfg->muon_ns_steps);  // the root holds no Muon matrix
+        muon_apply(f->layout, params, grads, first, n, cfg, lr);
+    }
+    if (params_whole(f)) gather_updated_params(f);
+}
+
+void fsdp_optimizer_step(Fsdp *f, const Config *cfg, double lr, long t, float clip) {
+    if (cfg->muon) {
+        fsdp_muon_step(f, cfg, lr, t, clip);
+        return;
+    }
     if (f->lora) {
         const Lora *lo = f->lora;
         adamw_step(&lo->layout, lo->params, lo->grads, lo->m, lo->v, 0, f->grads_numel, cfg, lr, t, clip);
@@ -547,8 +648,8 @@ void fsdp_print_peak_memory(const Fsdp *f) {
            comm_max_double(f->world, rss) / 1048576.0, -comm_max_double(f->world, -rss) / 1048576.0);
 }
 
-void fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_bytes,
-                       MemoryItem fsdp[FSDP_MEMORY_ITEMS], MemoryItem ddp[FSDP_MEMORY_ITEMS]) {
+int fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_bytes,
+                      MemoryItem fsdp[FSDP_MEMORY_ITEMS], MemoryItem ddp[FSDP_MEMORY_ITEMS]) {
     size_t n = f->layout->num_params, s = f->shard_numel, fl = sizeof(float);
     const char *copies = ops_half_format() == HALF_FP16 ? "fp16 weight copies" : "bf16 weight copies";
     struct { const char *what; size_t fsdp, ddp; } rows[FSDP_MEMORY_ITEMS] = {
@@ -558,20 +659,23 @@ void fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_byte
         {"gathered units (fp32 w + grad)", f->gathered_bytes, 0},
         {copies, f->gathered16_bytes, f->use_16bit ? n * sizeof(half16) : 0},
         {"activations", acts_bytes, acts_bytes},
+        // DDP holds every matrix whole: only the orthogonalization's scratch
+        {"Muon: gathered block + scratch", f->muon_bytes, f->muon_on ? muon_scratch_bytes(f->layout) : 0},
     };
     for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) {
         fsdp[i] = (MemoryItem){rows[i].what, rows[i].fsdp};
         if (ddp) ddp[i] = (MemoryItem){rows[i].what, rows[i].ddp};
     }
     if (f->lora) fsdp_lora_memory_items(f->lora, fsdp, ddp);
+    return f->muon_on ? FSDP_MEMORY_ITEMS : FSDP_MEMORY_ITEMS - 1;
 }
 
 void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_bytes) {
     MemoryItem fsdp[FSDP_MEMORY_ITEMS], ddp[FSDP_MEMORY_ITEMS];
-    fsdp_memory_items(f, params_label, acts_bytes, fsdp, ddp);
+    int rows = fsdp_memory_items(f, params_label, acts_bytes, fsdp, ddp);
     size_t n = f->layout->num_params, total_fsdp = 0, total_ddp = 0;
     printf("memory per rank:                  ZeRO-%d (%d-rank shards)  DDP\n", f->zero_stage, f->P);
-    for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) {
+    for (int i = 0; i < rows; i++) {
         printf("  %-30s %10.2f MiB %10.2f MiB\n", fsdp[i].what, fsdp[i].bytes / 1048576.0, ddp[i].bytes / 1048576.0);
         total_fsdp += fsdp[i].bytes;
         run_stats_memory(fsdp[i].what, fsdp[i].bytes);  // this rank's memory (the FSDP column)

@@ -34,6 +34,7 @@
 #include "config/config.h"
 #include "model/gpt.h"
 #include "run/lora.h"
+#include "run/muon.h"
 #include "run/run_stats.h"
 
 typedef struct {
@@ -77,6 +78,17 @@ typedef struct {
     float *pack_send[2], *pack_recv[2];  // its fp32 part, and every rank's (P x fp32_pack)
     size_t gathered_bytes;     // what the fp32 gathered buffers above take (grads, packs included)
     size_t gathered16_bytes;   // and their bf16 copies
+    // optimizer muon (fsdp_muon_step): Muon orthogonalizes whole matrices, and a rank holds only
+    // its shard of each. Each block's updates are all-gathered; each matrix is orthogonalized by
+    // one owner rank, the largest matrices first to the least loaded rank, into an otherwise zero
+    // block that a reduce-scatter brings back to the shards (a sum of one value and zeros: exact).
+    // muon_redundant: every rank orthogonalizes every matrix and keeps its shard, no reduce-scatter.
+    bool muon_on, muon_redundant;
+    int *muon_owner;           // [layout->num_tensors]: the group rank that orthogonalizes it, -1: AdamW's
+    float *muon_unit, *muon_mine;  // a block's gathered updates; those this rank orthogonalized (owner)
+    Muon muon;                 // the orthogonalization's scratch
+    size_t muon_bytes;         // what the three take on a rank
+    double muon_flops_max, muon_flops_min;  // a step's orthogonalization flops on the busiest and idlest rank
     // LoRA (fsdp_lora.h): the adapters, whole on every rank, trained on the frozen base (NULL: the
     // base trains). grads and grads_numel then name the adapters' gradients; the base has none.
     Lora *lora;
@@ -87,6 +99,9 @@ typedef struct {
 // planner (tools/plan.c) predicts.
 void fsdp_plan(Fsdp *f, const ParamLayout *layout, int rank, int P, bool prefetch, bool use_16bit, int zero_stage,
                int replicas);
+// optimizer muon: sizes Muon's buffers and picks each matrix's owner rank (fsdp_plan first; what
+// fsdp_init allocates, and what the planner predicts)
+void fsdp_plan_muon(Fsdp *f, bool redundant, int ns_steps);
 // whether hsdp_replicas divides the P ranks into whole groups; why not, if not (fsdp_init ends
 // the job with it; the planner skips the layout)
 bool fsdp_replicas_fit(int replicas, int P, char *why, size_t why_size);
@@ -127,14 +142,16 @@ void fsdp_reduce_gradients(Fsdp *f);
 double fsdp_grad_norm(Fsdp *f);
 // AdamW on this rank's shard of every unit (the padding is not a parameter: skipped), reading
 // the gradients times `clip` (clip_factor); zero_stage < 3 then all-gathers the updated shards
-// into every rank's whole parameters
-void fsdp_adamw_step(Fsdp *f, const Config *cfg, double lr, long t, float clip);
+// into every rank's whole parameters. With optimizer muon, Muon's step instead: AdamW and the
+// momentum on the shards, each block's matrices orthogonalized whole (the muon fields above)
+void fsdp_optimizer_step(Fsdp *f, const Config *cfg, double lr, long t, float clip);
 // pure bf16 keeps no fp32 master: round this rank's parameters (shards or whole) to bf16 and back
 void fsdp_round_to_bf16(Fsdp *f);
 
-// the memory report's rows for this rank (FSDP) and for DDP on the same run (NULL: not wanted)
-enum { FSDP_MEMORY_ITEMS = 6 };
-void fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_bytes,
+// the memory report's rows for this rank (FSDP) and for DDP on the same run (NULL: not wanted):
+// FSDP_MEMORY_ITEMS, one fewer without Muon (its buffers' row last); returns how many
+enum { FSDP_MEMORY_ITEMS = 7 };
+int fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_bytes,
                        MemoryItem fsdp[FSDP_MEMORY_ITEMS], MemoryItem ddp[FSDP_MEMORY_ITEMS]);
 // Rank 0 prints this rank's memory next to what DDP would hold for the same run.
 // (The activations are the same: both cut the global batch into P x acc micro-batches.)

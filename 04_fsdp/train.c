@@ -144,7 +144,7 @@ int main(int argc, char **argv) {
         double norm = fsdp_grad_norm(&fsdp);
         if (loss_scaler_unscale(&scaler, fsdp.grads, fsdp.grads_numel, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            fsdp_adamw_step(&fsdp, &cfg, lr, step + 1, clip);
+            fsdp_optimizer_step(&fsdp, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost

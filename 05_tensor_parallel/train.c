@@ -41,6 +41,7 @@
 #include "tp_linear.h"
 #include "tp_lora.h"
 #include "tp_model.h"
+#include "tp_muon.h"
 
 int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
@@ -93,10 +94,12 @@ int main(int argc, char **argv) {
     Lora lora;
     ParamLayout layout = model.layout;  // what AdamW steps: this rank's share of the model, or of the adapters
     tp_lora_attach(&lora, &cfg, &model, &layout, &mb, &acts);
-    MemoryItem memory[TP_MEMORY_ITEMS];
+    TPMuon muon = tp_muon_create(&cfg, &model, world);  // optimizer muon: the whole model's updates (tp_muon.h)
+    MemoryItem memory[TP_MEMORY_ITEMS + 1];
     tp_memory_items(&model, &cfg, acts.bytes, memory);
     tp_lora_memory(&lora, memory);  // LoRA: the base without gradients or moments, the adapters
-    print_memory_report("device memory (this rank):", memory, TP_MEMORY_ITEMS);
+    memory[TP_MEMORY_ITEMS] = (MemoryItem){"Muon: whole model + scratch", muon.bytes};
+    print_memory_report("device memory (this rank):", memory, TP_MEMORY_ITEMS + cfg.muon);
     run_stats_number("state_bytes", 4.0 * mb.bytes);
 
     // ---- the training loop ----
@@ -157,7 +160,7 @@ int main(int argc, char **argv) {
         double norm = sqrt(comm_sum_double(grid->tp, tp_norm_squares(&model, mb.grads)));
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+            tp_optimizer_step(&muon, &model, &layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
@@ -204,6 +207,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     batch_free(&batch);
     lora_free(&lora);
+    tp_muon_free(&muon);
     tp_acts_free(&acts);
     model_buffers_free(&mb);
     tp_model_free(&model);

@@ -2,8 +2,10 @@
 # Stage 01's training loop against an independent PyTorch one (tests/oracle_train.py, float64):
 # every step's loss, lr, gradient norm and validation loss, on GPT-2 and on phi, over warm-up and
 # decay, clipped and unclipped steps, gradient accumulation and two epochs; and a run stopped
-# half-way and resumed from its checkpoint against the same uninterrupted reference. The other
-# stages are checked against stage 01, so this is what catches a bug they all share.
+# half-way and resumed from its checkpoint against the same uninterrupted reference; and the same
+# runs with optimizer muon (Newton-Schulz on tall and wide matrices, GPT-2's fused qkv and phi's
+# apart), held to 1e-6. The other stages are checked against stage 01, so this is what catches a
+# bug they all share.
 source "$(dirname "$0")/lib.sh"
 
 if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
@@ -23,6 +25,8 @@ for arch in gpt2 phi; do
  "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "grad_clip": 2.0,
  "eval_interval": 5, "eval_batches": 4, "log_interval": 100}
 JSON
+    sed 's/"log_interval": 100}/"log_interval": 100, "optimizer": "muon", "muon_lr": 0.02}/' "$tmp/$arch.json" \
+        >"$tmp/$arch-muon.json"
 done
 
 # oracle <config> <init dir> <run dir...>: the reference's ok/FAIL lines, counted as checks
@@ -39,6 +43,7 @@ for arch in gpt2 phi; do
     # stop_iteration 0 saves the initial weights, which the reference starts from
     run_single 1 "$arch-init" --config "$tmp/$arch.json" --stop_iteration=0
     run_single 1 "$arch" --config "$tmp/$arch.json"
+    run_single 1 "$arch-muon" --config "$tmp/$arch-muon.json" --init_from="$tmp/$arch-init"
 done
 # stopped after 9 of 18 steps, then the same command again: it resumes from the checkpoint, and
 # the whole run must match the uninterrupted reference
@@ -49,5 +54,7 @@ check 'grep -q "resuming the run saved in" "$tmp/resumed.log"' "the second half 
 
 oracle "$tmp/gpt2.json" "$tmp/gpt2-init" "$tmp/gpt2" "$tmp/resumed"
 oracle "$tmp/phi.json" "$tmp/phi-init" "$tmp/phi"
+oracle "$tmp/gpt2-muon.json" "$tmp/gpt2-init" "$tmp/gpt2-muon"
+oracle "$tmp/phi-muon.json" "$tmp/phi-init" "$tmp/phi-muon"
 
 finish test_train_oracle

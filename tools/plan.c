@@ -145,21 +145,27 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout, int ze
     p->dp = s->P;
     Fsdp f;
     fsdp_plan(&f, layout, 0, s->P, s->cfg->overlap_communication, s->half, zero_stage, R);
+    if (s->cfg->muon) fsdp_plan_muon(&f, s->cfg->muon_redundant, s->cfg->muon_ns_steps);
     int micro_batch = s->cfg->global_batch_size / s->cfg->gradient_acc_steps / s->P;
     ActsSpec spec = whole_model_acts(s->mc, micro_batch, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
     MemoryItem rows[FSDP_MEMORY_ITEMS];
-    fsdp_memory_items(&f, parameters_label(s->cfg), acts_bytes(&spec), rows, NULL);
-    for (int i = 0; i < FSDP_MEMORY_ITEMS; i++) add_memory(p, rows[i].what, rows[i].bytes);
+    int n_rows = fsdp_memory_items(&f, parameters_label(s->cfg), acts_bytes(&spec), rows, NULL);
+    for (int i = 0; i < n_rows; i++) add_memory(p, rows[i].what, rows[i].bytes);
     const char *group = R > 1 ? "shard" : "world";
     int L = s->mc->n_layer, acc = s->cfg->gradient_acc_steps;
     double fl = sizeof(float), whole = (double)f.whole_numel * fl;
+    // Muon (fsdp_muon_step): every block's updates all-gathered once a step, and with owners the
+    // orthogonalized blocks reduce-scattered back
+    double muon_block = f.muon_on && L ? (double)f.units[1].shard * S * fl : 0;
+    long muon_calls = f.muon_on ? L : 0, muon_scatters = f.muon_on && !f.muon_redundant ? L : 0;
     if (R > 1) add_comm(p, "replicas", "all-reduce", (double)f.shard_numel * fl, zero_stage == 1 ? 1L + L : 1, R, S, false);
     if (zero_stage < 3) {
         // ZeRO-1 reduce-scatters each unit's gradient once a step, ZeRO-2 once a micro-batch (as it
         // finishes: under backward with overlap_communication); both all-gather the updated units
         int scatters = zero_stage == 1 ? 1 : acc;
-        add_comm(p, group, "all-gather", whole, 1L + L, S, 1, false);
-        add_comm(p, group, "reduce-scatter", scatters * whole, scatters * (1L + L), S, 1, zero_stage == 2 && f.prefetch);
+        add_comm(p, group, "all-gather", whole + muon_calls * muon_block, 1L + L + muon_calls, S, 1, false);
+        add_comm(p, group, "reduce-scatter", scatters * whole + muon_scatters * muon_block,
+                 scatters * (1L + L) + muon_scatters, S, 1, zero_stage == 2 && f.prefetch);
         fsdp_free(&f);
         return;
     }
@@ -169,9 +175,10 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout, int ze
     // moves its 2-byte copy plus every rank's packed fp32 part (biases, LayerNorms): two calls.
     double root = (double)f.units[0].shard * S, block = L ? (double)f.units[1].shard * S : 0;
     double block_gather = s->half ? block * sizeof(half16) + (double)S * f.fp32_pack * fl : block * fl;
-    add_comm(p, group, "all-gather", acc * (root * fl + 2 * L * block_gather), acc * (1 + 2L * L * (s->half ? 2 : 1)),
-             S, 1, f.prefetch);
-    add_comm(p, group, "reduce-scatter", acc * (root + L * block) * fl, acc * (1L + L), S, 1, f.prefetch);
+    add_comm(p, group, "all-gather", acc * (root * fl + 2 * L * block_gather) + muon_calls * muon_block,
+             acc * (1 + 2L * L * (s->half ? 2 : 1)) + muon_calls, S, 1, f.prefetch);
+    add_comm(p, group, "reduce-scatter", acc * (root + L * block) * fl + muon_scatters * muon_block,
+             acc * (1L + L) + muon_scatters, S, 1, f.prefetch);
     fsdp_free(&f);
 }
 

@@ -35,7 +35,9 @@ static const Key KEYS[] = {
       "tatsu-lab/alpaca or alpaca (the alpaca JSON file in data_path), synthetic (the built-in "
       "set); empty: data_path decides"),
     K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
-    K(precision, T_STRING, "32", "32, 32-true, bf16-mixed, bf16 or 16-mixed (fp16 with loss scaling)"),
+    K(precision, T_STRING, "32",
+      "32, 32-true, bf16-mixed, bf16, 16-mixed (fp16 with loss scaling) or fp8-tensorwise (stage 02: the "
+      "block's linears on FP8)"),
     K(strategy, T_STRING, "",
       "single_device, ddp, fsdp, axonn, pipeline, expert_parallel, context_parallel or composed; empty: the "
       "stage's own (above)"),
@@ -71,6 +73,16 @@ static const Key KEYS[] = {
     K(eps, T_FLOAT, "1e-8", "AdamW epsilon"),
     K(weight_decay, T_FLOAT, "0.0", "AdamW decoupled weight decay (not on biases and norms)"),
     K(grad_clip, T_FLOAT, "1.0", "clip the global gradient norm to this (0: off)"),
+    K(optimizer, T_STRING, "adamw",
+      "adamw, or muon: the blocks' matrices take Newton-Schulz orthogonalized momentum, the embeddings, "
+      "head, norms and biases AdamW (stages 01, 02, 04 and 05)"),
+    K(muon_lr, T_FLOAT, "0.02", "muon: peak learning rate of the matrices (lr's warm-up and decay scale it alike)"),
+    K(muon_momentum, T_FLOAT, "0.95", "muon: momentum of the matrices' gradients"),
+    K(muon_nesterov, T_BOOL, "true", "muon: orthogonalize the Nesterov look-ahead (false: the momentum itself)"),
+    K(muon_ns_steps, T_INT, "5", "muon: Newton-Schulz iterations of the orthogonalization"),
+    K(muon_redundant, T_BOOL, "false",
+      "muon, fsdp: every rank orthogonalizes every gathered matrix (false: each matrix by one owner rank, "
+      "its result reduce-scattered)"),
     K(loss_scale, T_FLOAT, "65536", "16-mixed: the initial loss scale (the loss, and so every gradient, times it)"),
     K(loss_scale_window, T_INT, "1000",
       "16-mixed: good steps before the loss scale doubles; a step with an inf or NaN gradient is "
@@ -339,6 +351,7 @@ typedef struct {
     const char *no_grid_depth;    // tp_dimensions with z > 1
     bool zero_ladder;             // takes zero_stage other than 3 and hsdp_replicas other than 1
     bool lora;                    // trains LoRA adapters (lora_rank > 0)
+    bool muon;                    // takes optimizer muon
 } StageInfo;
 
 static const StageInfo STAGES[] = {
@@ -346,11 +359,11 @@ static const StageInfo STAGES[] = {
                           .no_half = "stage 01 trains in fp32 (32 or 32-true); bf16 and fp16 are stage 02 "
                                      "(build/stage-2)",
                           .tf32 = true,
-                          .lora = true},
-    [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true},
-    [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json", .lora = true},
-    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true, .lora = true},
-    [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json", .lora = true},
+                          .lora = true, .muon = true},
+    [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true, .muon = true},
+    [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json", .lora = true, .muon = true},
+    [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true, .lora = true, .muon = true},
+    [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json", .lora = true, .muon = true},
     [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json", .experts = true, .generates = true,
                          // z shards the weights to gather them again before each use: a saving for
                          // training's memory, only traffic for a decode step, whose cost is reading
@@ -542,7 +555,7 @@ static void require_one_of(const Sources *src, const char *key, const char *valu
 // precision's names and what each means (config.h)
 static const struct { const char *name; Precision prec; } PRECISIONS[] = {
     {"32", PREC_FP32}, {"32-true", PREC_FP32}, {"bf16-mixed", PREC_BF16_MIXED}, {"bf16", PREC_BF16},
-    {"16-mixed", PREC_FP16_MIXED},
+    {"16-mixed", PREC_FP16_MIXED}, {"fp8-tensorwise", PREC_FP8_TENSORWISE},
 };
 
 static void resolve_precision(Config *cfg, const Sources *src) {
@@ -551,7 +564,7 @@ static void resolve_precision(Config *cfg, const Sources *src) {
             cfg->prec = PRECISIONS[i].prec;
             return;
         }
-    fatal("%s: key 'precision': expected 32, 32-true, bf16-mixed, bf16 or 16-mixed, found '%s'",
+    fatal("%s: key 'precision': expected 32, 32-true, bf16-mixed, bf16, 16-mixed or fp8-tensorwise, found '%s'",
           source_of(src, "precision"), cfg->precision);
 }
 
@@ -569,6 +582,18 @@ static void resolve_pp_schedule(Config *cfg, const Sources *src) {
 }
 
 const char *pipe_schedule_name(PipeSchedule s) { return PIPE_SCHEDULES[s]; }
+
+// FP8's linears are stage 02's plug-in (02_mixed_precision/fp8.c); elsewhere a run would quietly
+// be bf16-mixed
+static void require_fp8_fits_stage(const Config *cfg, const Sources *src, Stage stage) {
+    if (cfg->prec != PREC_FP8_TENSORWISE) return;
+    if (stage != STAGE_MIXED_PRECISION)
+        fatal("%s: key 'precision' is %s but stage %02d has no FP8 linears: FP8 training is stage 02's "
+              "(build/stage-2)", source_of(src, "precision"), cfg->precision, (int)stage);
+    if (cfg->lora_rank)
+        fatal("%s: key 'precision' is %s but lora_rank is %d: LoRA's adapters train in bf16-mixed",
+              source_of(src, "precision"), cfg->precision, cfg->lora_rank);
+}
 
 // ---- the stage rules (the STAGES table) -------------------------------------------------------
 
@@ -834,9 +859,49 @@ static void require_lora_keys_fit_stage(const Config *cfg, const Sources *src, S
               "resume; start from them with lora_adapter", source_of(src, "resume"), cfg->lora_rank);
 }
 
+// The optimizer: Muon's keys choose nothing under AdamW, so setting one there is refused; Muon
+// itself runs where a stage wires it (it needs whole matrices: common/run/muon.h) and trains every
+// parameter of a dense model, not LoRA's adapters.
+static void require_optimizer_keys_fit_stage(Config *cfg, const Sources *src, Stage stage) {
+    static const char *const optimizers[] = {"adamw", "muon"};
+    require_one_of(src, "optimizer", cfg->optimizer, optimizers, 2, "adamw or muon");
+    cfg->muon = strcmp(cfg->optimizer, "muon") == 0;
+    static const char *const muon_keys[] = {"muon_lr", "muon_momentum", "muon_nesterov", "muon_ns_steps",
+                                            "muon_redundant"};
+    if (!cfg->muon) {
+        for (int i = 0; i < 5; i++)
+            if (strcmp(source_of(src, muon_keys[i]), "defaults") != 0)
+                fatal("%s: key '%s' is set but key 'optimizer' is %s: Muon's keys need optimizer muon",
+                      source_of(src, muon_keys[i]), muon_keys[i], cfg->optimizer);
+        return;
+    }
+    char stages[64] = "";
+    for (int n = STAGE_SINGLE_GPU; n <= LAST_STAGE; n++)
+        if (STAGES[n].muon) snprintf(stages + strlen(stages), sizeof stages - strlen(stages), " %02d", n);
+    if (!STAGES[stage].muon)
+        fatal("%s: key 'optimizer' is muon but stage %02d has no Muon (stages that do:%s)",
+              source_of(src, "optimizer"), (int)stage, stages);
+    if (cfg->lora_rank)
+        fatal("%s: key 'optimizer' is muon but lora_rank is %d: LoRA's adapters train with adamw",
+              source_of(src, "optimizer"), cfg->lora_rank);
+    if (cfg->num_experts)
+        fatal("%s: key 'optimizer' is muon but num_experts is %d: Muon updates dense blocks' matrices only",
+              source_of(src, "optimizer"), cfg->num_experts);
+    if (cfg->muon_redundant && !STAGES[stage].zero_ladder)
+        fatal("%s: key 'muon_redundant' is true but stage %02d holds every matrix whole: only a sharded "
+              "optimizer (strategy fsdp, build/stage-4) chooses who orthogonalizes", source_of(src, "muon_redundant"),
+              (int)stage);
+    require_positive(src, "muon_lr", cfg->muon_lr);
+    require_positive(src, "muon_ns_steps", cfg->muon_ns_steps);
+    if (cfg->muon_momentum < 0 || cfg->muon_momentum >= 1)
+        fatal("%s: key 'muon_momentum': expected a value in [0, 1), found %g", source_of(src, "muon_momentum"),
+              cfg->muon_momentum);
+}
+
 static void validate(Config *cfg, const Sources *src, Stage stage) {
     resolve_precision(cfg, src);
     resolve_pp_schedule(cfg, src);
+    require_fp8_fits_stage(cfg, src, stage);
     static const char *const comm_backends[] = {"auto", "nccl", "mpi", "mpi-staged"};
     require_one_of(src, "comm_backend", cfg->comm_backend, comm_backends, 4, "auto, nccl, mpi or mpi-staged");
     resolve_strategy(cfg, src, stage);
@@ -847,6 +912,7 @@ static void validate(Config *cfg, const Sources *src, Stage stage) {
     require_grid_fits_stage(cfg, src, stage);
     require_ladder_keys_fit_stage(cfg, src, stage);
     require_lora_keys_fit_stage(cfg, src, stage);
+    require_optimizer_keys_fit_stage(cfg, src, stage);
     resolve_dataset(cfg, src);
     apply_model_preset(cfg, src);
     require_positive(src, "n_layer", cfg->n_layer);

@@ -15,6 +15,7 @@ typedef enum {
     PREC_BF16_MIXED,  // "bf16-mixed": the matmuls read bf16 copies of fp32 master weights
     PREC_BF16,        // "bf16": the weights themselves in bf16, no fp32 master
     PREC_FP16_MIXED,  // "16-mixed": fp16 copies of fp32 master weights, with loss scaling
+    PREC_FP8_TENSORWISE,  // "fp8-tensorwise": bf16-mixed, the block's linears on FP8 (stage 02)
 } Precision;
 
 // The key pp_schedule as config_load reads it, once (the string stays for what the config writes)
@@ -57,6 +58,13 @@ typedef struct {
     bool resume;              // not a key: resolve_resume's answer, this run continues the one in out_dir
     char out_dir[512];
     double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip, val_fraction;
+    char optimizer[16];          // "adamw", or "muon" (common/run/muon.h)
+    bool muon;                   // not a key: optimizer is muon
+    double muon_lr;              // muon: the matrices' peak learning rate (lr's schedule scales it)
+    double muon_momentum;        // muon: beta of its momentum
+    bool muon_nesterov;          // muon: orthogonalize the Nesterov look-ahead (false: the momentum)
+    int muon_ns_steps;           // muon: Newton-Schulz iterations
+    bool muon_redundant;         // muon, fsdp: every rank orthogonalizes every matrix (false: one owner each)
     double loss_scale;           // 16-mixed: the initial loss scale
     int loss_scale_window;       // 16-mixed: good steps before the scale doubles (0: fixed scale)
     int warmup_steps, eval_interval, eval_batches, checkpoint_interval;

@@ -711,6 +711,20 @@ KERNEL_FN void adamw_element(float *param, float *m, float *v, float grad, float
     *param -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * *param);
 }
 
+// One element rounded onto the FP8 grid under a scale and returned as bf16 bits (cast_to_fp8_grid)
+KERNEL_FN uint16_t fp8_grid_element(float x, Fp8Format f, float scale) {
+    return bf16_from_float(fp8_to_float(fp8_from_float(x * scale, f, 1), f) / scale);
+}
+
+// Muon's momentum, one element, as torch's lerp writes it (start + weight x (end - start)): the
+// momentum moves toward the gradient by 1 - beta; the update is the gradient moved toward the new
+// momentum by beta (Nesterov: a look ahead), or the momentum itself. Returns the update.
+KERNEL_FN float muon_momentum_element(float *momentum, float grad, float beta, int nesterov) {
+    float mi = *momentum + (1.0f - beta) * (grad - *momentum);
+    *momentum = mi;
+    return nesterov ? grad + beta * (mi - grad) : mi;
+}
+
 // ----------------------------------------------------------------------------------------------
 // vocab-parallel cross-entropy
 

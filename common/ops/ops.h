@@ -55,6 +55,7 @@ void fill_constant(float *out, size_t n, float value);
 // what differs is only the rounding, the type is 16 bits either way.)
 
 typedef uint16_t half16;
+#include "base/numbers.h"  // Fp8Format
 typedef enum { HALF_BF16, HALF_FP16 } HalfFormat;
 void ops_set_half_format(HalfFormat format);
 HalfFormat ops_half_format(void);
@@ -67,6 +68,15 @@ void cast_gradient_to_16(half16 *out, const float *in, size_t n);
 // since the last call (which resets them): the nonzero gradient values cast, and how many of them
 // became zero
 void ops_half_underflow(double *nonzero, double *flushed);
+
+// FP8 emulated on the bf16 matmuls (precision fp8-tensorwise, stage 02's fp8.c): in rounded onto
+// the grid of FP8 numbers under a power-of-two scale, out = bf16(fp8(in x scale) / scale),
+// saturating. Each such value is a bf16 value exactly, so a bf16 matmul of two of them multiplies
+// the FP8 numbers an FP8 matmul would (with fp32 accumulation), and its output needs no unscaling.
+void cast_to_fp8_grid(half16 *out, const float *in, size_t n, Fp8Format format, float scale);
+// the largest |x[i]|, returned to the host: a tensor's amax, which its FP8 scale maps to the
+// format's largest finite
+double abs_max(const float *x, size_t n);
 
 // ----------------------------------------------------------------------------------------------
 // matmuls: the linear layer. out = inp @ weight^T + bias, weight (OC, C).
@@ -300,6 +310,10 @@ void adamw_update(float *param, const float *grad, float grad_scale, float *m, f
 // without a pass over the parameters of their own
 void adamw_update_16(float *param, half16 *param16, const float *grad, float grad_scale, float *m, float *v,
                      size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+// Muon's momentum on one contiguous range (common/run/muon.h): momentum = lerp(momentum, g, 1 - beta)
+// with g = grad[i] x grad_scale, then grad[i] becomes the update Newton-Schulz orthogonalizes:
+// lerp(g, momentum, beta) with nesterov, else the momentum itself.
+void muon_momentum(float *grad, float grad_scale, float *momentum, size_t n, float beta, int nesterov);
 
 // ----------------------------------------------------------------------------------------------
 // CUDA graphs: between ops_graph_begin and ops_graph_end the ops are recorded instead of run;

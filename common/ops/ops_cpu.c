@@ -1206,6 +1206,22 @@ double sum_values(const float *x, size_t n) {
     return total;
 }
 
+double abs_max(const float *x, size_t n) {
+    int m0 = trace_op_begin();
+    float m = 0.0f;
+#pragma omp parallel for schedule(static) reduction(max : m) if (n >= ELEMENTWISE_PARALLEL_MIN)
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
+    trace_op_end("abs_max", m0, 4.0 * n, 0, NULL);
+    return m;
+}
+
+void cast_to_fp8_grid(half16 *out, const float *in, size_t n, Fp8Format format, float scale) {
+    int m0 = trace_op_begin();
+#pragma omp parallel for schedule(static) if (n >= ELEMENTWISE_PARALLEL_MIN)
+    for (size_t i = 0; i < n; i++) out[i] = fp8_grid_element(in[i], format, scale);
+    trace_op_end("cast_to_fp8_grid", m0, 6.0 * n, 0, NULL);
+}
+
 // One fused pass: each parameter, its gradient and both moments are read once and written once
 // (28 bytes per parameter; for GPT-2 124M that is 3.5 GB per step, so this op is bound by
 // memory bandwidth, not arithmetic). That holds only if gcc vectorises the loop, and it does so
@@ -1237,6 +1253,13 @@ void adamw_update_16(float *param, half16 *param16, const float *grad, float gra
 void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t) {
     adamw_update_16(param, NULL, grad, grad_scale, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+}
+
+void muon_momentum(float *grad, float grad_scale, float *momentum, size_t n, float beta, int nesterov) {
+    int m0 = trace_op_begin();
+#pragma omp parallel for schedule(static) if (n >= ELEMENTWISE_PARALLEL_MIN)
+    for (size_t i = 0; i < n; i++) grad[i] = muon_momentum_element(&momentum[i], grad[i] * grad_scale, beta, nesterov);
+    trace_op_end("muon_momentum", m0, 16.0 * n, 0, NULL);
 }
 
 // ----------------------------------------------------------------------------------------------

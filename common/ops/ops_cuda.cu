@@ -937,6 +937,17 @@ void cast_to_16(half16 *out, const float *in, size_t n) {
     LAUNCH(cast_to_bf16_kernel, grid_for(n), THREADS, 0, out, in, n, g_half == HALF_FP16);
 }
 
+static __global__ void cast_to_fp8_grid_kernel(half16 *out, const float *in, size_t n, Fp8Format format,
+                                               float scale) {
+    GRID_STRIDE(i, n) out[i] = fp8_grid_element(in[i], format, scale);
+}
+
+void cast_to_fp8_grid(half16 *out, const float *in, size_t n, Fp8Format format, float scale) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(cast_to_fp8_grid_kernel, grid_for(n), THREADS, 0, out, in, n, format, scale);
+}
+
 void cast_to_float(float *out, const half16 *in, size_t n) {
     if (!n) return;
     ensure_init();
@@ -2109,6 +2120,31 @@ static double sum_to_host(const float *x, size_t n, int squares) {
 }
 
 double sum_squares(const float *x, size_t n) { return sum_to_host(x, n, 1); }
+
+// the largest |x[i]|: the same two passes with a max, in floats (the scratch of the sums)
+static __global__ void abs_max_partials_kernel(float *partials, const float *x, size_t n) {
+    float m = 0.0f;
+    GRID_STRIDE(i, n) m = fmaxf(m, fabsf(x[i]));
+    m = block_reduce(m, 0.0f, MaxOp());
+    if (threadIdx.x == 0) partials[blockIdx.x] = m;
+}
+
+static __global__ void max_final_kernel(float *total, const float *partials) {
+    float m = block_reduce(partials[threadIdx.x], 0.0f, MaxOp());  // SUM_BLOCKS threads
+    if (threadIdx.x == 0) *total = m;
+}
+
+double abs_max(const float *x, size_t n) {
+    if (!n) return 0.0;
+    ensure_init();
+    if (!g.dev_sums) g.dev_sums = (double *)device_alloc_or_die((SUM_BLOCKS + 1) * sizeof(double), "sums");
+    float *partials = (float *)g.dev_sums;
+    LAUNCH(abs_max_partials_kernel, SUM_BLOCKS, SUM_THREADS, 0, partials, x, n);
+    LAUNCH(max_final_kernel, 1, SUM_BLOCKS, 0, partials + SUM_BLOCKS, partials);
+    CUDA_CHECK(cudaMemcpyAsync(g.host_result, partials + SUM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost, g.stream));
+    sync_stream();
+    return *(float *)g.host_result;
+}
 double sum_values(const float *x, size_t n) { return sum_to_host(x, n, 0); }
 
 // ----------------------------------------------------------------------------------------------
@@ -2137,6 +2173,18 @@ void adamw_update_16(float *param, half16 *param16, const float *grad, float gra
 void adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t) {
     adamw_update_16(param, NULL, grad, grad_scale, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+}
+
+static __global__ void muon_momentum_kernel(float *grad, float grad_scale, float *momentum, size_t n, float beta,
+                                            int nesterov) {
+    GRID_STRIDE(i, n)
+    grad[i] = muon_momentum_element(&momentum[i], grad[i] * grad_scale, beta, nesterov);
+}
+
+void muon_momentum(float *grad, float grad_scale, float *momentum, size_t n, float beta, int nesterov) {
+    if (!n) return;
+    ensure_init();
+    LAUNCH(muon_momentum_kernel, grid_for(n), THREADS, 0, grad, grad_scale, momentum, n, beta, nesterov);
 }
 
 // ----------------------------------------------------------------------------------------------

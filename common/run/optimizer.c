@@ -16,6 +16,16 @@ double learning_rate(const Config *cfg, long step, long total_steps) {
     return cfg->min_lr + cosine * (cfg->lr - cfg->min_lr);
 }
 
+bool muon_updates(const TensorInfo *ti) { return ti->block >= 0 && ti->ndim == 2 && ti->role != ROLE_MOE_MLP; }
+
+size_t tensor_in_range(const TensorInfo *ti, size_t first, size_t n, size_t *at) {
+    size_t lo = ti->offset > first ? ti->offset : first;
+    size_t hi = ti->offset + ti->numel < first + n ? ti->offset + ti->numel : first + n;
+    if (lo >= hi) return 0;
+    *at = lo - first;
+    return hi - lo;
+}
+
 void adamw_step_16(const ParamLayout *layout, float *params, half16 *params16, const float *grads, float *m,
                    float *v, size_t first, size_t n, const Config *cfg, double lr, long t, float clip) {
     int m0 = trace_mark();
@@ -23,11 +33,9 @@ void adamw_step_16(const ParamLayout *layout, float *params, half16 *params16, c
     // decay differs between tensors; the pointers are to the range's first element.
     for (int i = 0; i < layout->num_tensors; i++) {
         const TensorInfo *ti = &layout->tensors[i];
-        size_t lo = ti->offset > first ? ti->offset : first;
-        size_t hi = ti->offset + ti->numel < first + n ? ti->offset + ti->numel : first + n;
-        if (lo >= hi) continue;
-        size_t at = lo - first;
-        adamw_update_16(params + at, params16 ? params16 + at : NULL, grads + at, clip, m + at, v + at, hi - lo,
+        size_t at, len = tensor_in_range(ti, first, n, &at);
+        if (!len || (cfg->muon && muon_updates(ti))) continue;
+        adamw_update_16(params + at, params16 ? params16 + at : NULL, grads + at, clip, m + at, v + at, len,
                         (float)lr, (float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps,
                         ti->decay ? (float)cfg->weight_decay : 0.0f, (int)t);
     }

@@ -13,9 +13,19 @@
 // step. `step` counts from 0.
 double learning_rate(const Config *cfg, long step, long total_steps);
 
+// whether optimizer muon updates the tensor (common/run/muon.h): a transformer block's matrix (q, k, v
+// taken apart where the architecture's files keep them apart); everything else is AdamW's
+bool muon_updates(const TensorInfo *ti);
+
+// The part of tensor ti inside the flat range [first, first + n): how many elements (0: none), and
+// where they start relative to `first` (*at). An optimizer's per-tensor loop over a whole model or
+// any shard of it.
+size_t tensor_in_range(const TensorInfo *ti, size_t first, size_t n, size_t *at);
+
 // AdamW over the flat range [first, first + n) of the parameter table: weight decay only where
 // the table says so (matrices and embeddings). Works on a whole model or on any shard of it.
-// It reads each gradient times `clip` (clip_factor): clipping costs no pass of its own.
+// It reads each gradient times `clip` (clip_factor): clipping costs no pass of its own. With
+// optimizer muon it skips the tensors Muon updates (muon_updates).
 void adamw_step(const ParamLayout *layout, float *params, const float *grads, float *m, float *v,
                 size_t first, size_t n, const Config *cfg, double lr, long t, float clip);
 // ... writing the updated weights' 16-bit copy params16 (the same range) in the same pass, where
