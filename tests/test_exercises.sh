@@ -12,7 +12,7 @@
 source "$(dirname "$0")/lib.sh"
 base=work/.test-exercises
 rm -rf "$base"
-trap 'rm -rf "$tmp" "$base"' EXIT
+trap 'end_test_processes; rm -rf "$tmp" "$base"' EXIT
 ids=$(python3 -c "import json; print(' '.join(e['id'] for e in json.load(open('exercises/catalogue.json'))['exercises']))")
 
 kind() { python3 -c "import json, sys; print(next(e['kind'] for e in json.load(open('exercises/catalogue.json'))['exercises'] if e['id'] == sys.argv[1]))" "$1"; }
@@ -86,7 +86,7 @@ json.dump({"exercises": ex}, open(sys.argv[1], "w"))
 PY
 robust() { # robust <id>: starts and grades that broken copy; its grade.json's first check is printed
     python3 tools/exercise.py --catalogue "$tmp/robust.json" start "$1" --dir "$base/$1" >/dev/null
-    timeout 300 python3 tools/exercise.py --catalogue "$tmp/robust.json" grade --dir "$base/$1" >"$tmp/robust-$1.log" 2>&1
+    bounded 300 python3 tools/exercise.py --catalogue "$tmp/robust.json" grade --dir "$base/$1" >"$tmp/robust-$1.log" 2>&1
     python3 -c "
 import json, sys
 c = json.load(open(sys.argv[1]))['checks']

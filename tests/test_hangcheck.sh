@@ -46,7 +46,7 @@ check '[ $? -eq 0 ]' "slow: the operation the others wait in is not named: $(gre
 hang_class send "send #1 from rank 3 to rank 0 on group world has no matching receive: rank 0 has taken 0 message(s) from rank 3 (it is in all-reduce #6 on group world)" yes
 
 # SIGUSR2 (mpirun passes it on to every rank): each writes its ring, and the run goes on to its end
-COMM_TIMEOUT=$TIMEOUT timeout 90 mpirun -np 4 --bind-to none build/stage-3 "${args[@]}" --stop_iteration=20 \
+COMM_TIMEOUT=$TIMEOUT timeout --kill-after=5 90 mpirun -np 4 --bind-to none build/stage-3 "${args[@]}" --stop_iteration=20 \
     --out_dir="$tmp/usr2" >"$tmp/usr2.log" 2>&1 &
 job=$!
 for _ in $(seq 300); do grep -q '"step": *2\b' "$tmp/usr2/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
