@@ -7,9 +7,9 @@ an error) and exits 0 only when every mutation was caught.
 
 usage: python3 tests/mutations.py [name-filter]
 
-A mutation names a snippet of C code, not a file and a line, so that the list survives code being
-moved between files: the snippet must occur exactly once in the tree's C sources (*.c, *.h, *.cu),
-else the mutation is reported as an error. tests/mutations.txt says how to write one.
+A mutation names a snippet of code, not a file and a line, so that the list survives code being
+moved between files: the snippet must occur exactly once in the tree's C sources (*.c, *.h, *.cu)
+and shell scripts (*.sh: the test harness's own bugs), else the mutation is reported as an error. tests/mutations.txt says how to write one.
 """
 import os
 import shutil
@@ -19,7 +19,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = (".c", ".h", ".cu")
+SOURCES = (".c", ".h", ".cu", ".sh")
 TEST_TIMEOUT = 3600  # a hung test ends; a slow one (a loaded machine) does not
 
 
@@ -141,7 +141,7 @@ def try_mutation(tree, m, log, failing):
     """(result, detail): caught (by which test), missed, or error (why)"""
     hits = locate(tree, m["find"])
     if len(hits) != 1:
-        return "error", f"snippet found {len(hits)} times in the C sources, not once"
+        return "error", f"snippet found {len(hits)} times in the sources, not once"
     unknown = [t for t in m["tests"] if not test_command(tree, t)]
     if unknown:
         return "error", f"no test named {' '.join(unknown)} (tests/NAME.sh or tests/NAME.c)"
