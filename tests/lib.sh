@@ -18,10 +18,17 @@ tmp=$(mktemp -d)
 # wait, and so runs the trap; run.sh ends what a test stopped with SIGKILL leaves.
 export TEST_PROCESS_TAG=${TEST_PROCESS_TAG:+$TEST_PROCESS_TAG/}${tmp##*/}
 trap 'end_test_processes; rm -rf "$tmp"' EXIT
-trap 'exit 129' HUP
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'stop_test 129' HUP
+trap 'stop_test 130' INT
+trap 'stop_test 143' TERM
 passed=0 failed=0
+
+# stop_test <status>: exits, ignoring any later stop (a second Ctrl-C), which would cut the EXIT
+# trap short
+stop_test() {
+    trap '' HUP INT TERM
+    exit "$1"
+}
 
 # tagged_processes <tag>: the ids of the processes whose environment holds TEST_PROCESS_TAG=<tag>
 # or a tag nested under it, this shell left out (grep, run through env without the tag, finds
