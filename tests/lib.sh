@@ -1,7 +1,8 @@
 # tests/lib.sh: what the shell tests share. Source it first: it moves to the repository root,
-# makes $tmp (removed on exit) and gives check, compare_losses, json_value, comm_value, run_ranks,
-# run_single, first_loss, stage1_starts_alike and finish. The figures a check compares come from a run's metrics.jsonl and
-# stats.json, not from the text the run prints for people.
+# makes $tmp (removed on exit), ends on exit every process the test started (end_test_processes)
+# and gives check, bounded, compare_losses, json_value, comm_value, run_ranks, run_single,
+# first_loss, stage1_starts_alike and finish. The figures a check compares come from a run's
+# metrics.jsonl and stats.json, not from the text the run prints for people.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -9,8 +10,65 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # `make test`); tests/test_cuda_stages.sh points it at build/cuda
 STAGE_BIN=${STAGE_BIN:-build}
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# Every process the test starts inherits TEST_PROCESS_TAG in its environment (mpirun passes it on
+# to its ranks), nested under the tag of what started the test (tests/run.sh gives each test one):
+# a tag, not a process group, because timeout, mpirun's ranks and setsid each leave the group they
+# were started in. A test that replaces this EXIT trap calls end_test_processes in its own. A stop
+# (SIGTERM from run.sh's TEST_TIMEOUT, a Ctrl-C) exits at once when the test waits in bounded or
+# wait, and so runs the trap; run.sh ends what a test stopped with SIGKILL leaves.
+export TEST_PROCESS_TAG=${TEST_PROCESS_TAG:+$TEST_PROCESS_TAG/}${tmp##*/}
+trap 'end_test_processes; rm -rf "$tmp"' EXIT
+trap 'stop_test 129' HUP
+trap 'stop_test 130' INT
+trap 'stop_test 143' TERM
 passed=0 failed=0
+
+# stop_test <status>: exits, ignoring any later stop (a second Ctrl-C), which would cut the EXIT
+# trap short
+stop_test() {
+    trap '' HUP INT TERM
+    exit "$1"
+}
+
+# tagged_processes <tag>: the ids of the processes whose environment holds TEST_PROCESS_TAG=<tag>
+# or a tag nested under it, this shell left out (grep, run through env without the tag, finds
+# only the others)
+tagged_processes() {
+    local files f
+    files=$(env -u TEST_PROCESS_TAG grep -lzxE "TEST_PROCESS_TAG=${1//./\\.}(/.*)?" /proc/[0-9]*/environ 2>/dev/null)
+    for f in $files; do
+        f=${f#/proc/} f=${f%/environ}
+        [ "$f" = $$ ] || echo "$f"
+    done
+}
+
+# end_test_processes [tag]: ends every process carrying the tag (default: this test's): SIGTERM,
+# then SIGKILL to whatever is left 2 s later (a rank that spins, a server that ignores SIGTERM);
+# returns when none is left, or after 10 s (a process stuck in the kernel cannot be killed)
+end_test_processes() {
+    local tag=${1:-$TEST_PROCESS_TAG} round pids
+    for ((round = 1; round <= 50; round++)); do
+        pids=$(tagged_processes "$tag")
+        [ -n "$pids" ] || return 0
+        if [ $round -eq 1 ]; then
+            kill -TERM $pids 2>/dev/null
+        elif [ $round -gt 10 ]; then
+            kill -KILL $pids 2>/dev/null
+        fi
+        sleep 0.2
+    done
+}
+
+# bounded <seconds> <command...>: the command, stopped after <seconds> with everything in its
+# process group (SIGTERM, then SIGKILL 5 s later: time for a test stopped so to run its EXIT
+# trap); its exit status, 124 when stopped. The test waits for it with `wait`, which a stop
+# interrupts, where a command in the foreground would hold the stop back until it ended. A
+# command the test starts alongside (`&`) runs under `timeout --kill-after=5 <seconds>` directly,
+# so that $! is timeout's.
+bounded() {
+    timeout --kill-after=5 "$@" <&0 &
+    wait $!
+}
 
 # check '<condition>' "<what is wrong when it fails>": counts one check. The condition is
 # evaluated here; capture a command's status first (rc=$?) if the message runs commands.
@@ -138,7 +196,7 @@ PY
 run_ranks() {
     local stage=$1 name=$2 np=$3
     shift 3
-    timeout 300 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" \
+    bounded 300 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" \
         ${COMM_BACKEND:+--comm_backend="$COMM_BACKEND"} "$@" >"$tmp/$name.log" 2>&1
     local rc=$?
     check '[ $rc -eq 0 ]' "stage $stage $name failed (exit $rc): $(tail -5 "$tmp/$name.log")"
@@ -149,7 +207,7 @@ run_ranks() {
 run_single() {
     local stage=$1 name=$2
     shift 2
-    OMP_NUM_THREADS=2 timeout 300 "$STAGE_BIN/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1
+    OMP_NUM_THREADS=2 bounded 300 "$STAGE_BIN/stage-$stage" "${args[@]}" --out_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1
     local rc=$?
     check '[ $rc -eq 0 ]' "stage $stage $name failed: $(tail -3 "$tmp/$name.log")"
 }
@@ -255,7 +313,7 @@ killed_rank_ends_job() {
     out=$(printf '%s\n' "$@" | sed -n 's/^--out_dir=//p' | tail -1)
     log=$out.log
     start=$SECONDS
-    timeout 120 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-$n" "$@" --stop_iteration=100000 >"$log" 2>&1 &
+    timeout --kill-after=5 120 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-$n" "$@" --stop_iteration=100000 >"$log" 2>&1 &
     launcher=$!
     for _ in $(seq 100); do [ -f "$out/metrics.jsonl" ] && break; sleep 0.2; done
     victim=$(pgrep -f "$STAGE_BIN/stage-$n .*--out_dir=$out" | tail -1)

@@ -1,6 +1,6 @@
-# Sourced by the MPI tests: how to start P ranks on a small machine. Open MPI refuses to run as
-# root and to place more ranks than cores unless told; yield_when_idle stops waiting ranks from
-# spinning on a core another rank needs.
+# Sourced by the MPI tests after tests/lib.sh: how to start P ranks on a small machine. Open MPI
+# refuses to run as root and to place more ranks than cores unless told; yield_when_idle stops
+# waiting ranks from spinning on a core another rank needs.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMP_NUM_THREADS=${MPI_OMP_THREADS:-1}
@@ -9,7 +9,7 @@ export OMP_NUM_THREADS=${MPI_OMP_THREADS:-1}
 # exit); 124 or 137 then
 mpirun_np() {
     local np=$1; shift
-    timeout -k 5 "${MPI_GUARD:-300}" mpirun -np "$np" --bind-to none "$@"
+    bounded "${MPI_GUARD:-300}" mpirun -np "$np" --bind-to none "$@"
 }
 
 # mpirun_aborting <guard> <log> <P> <program> [args...]: a job expected to fail: runs it like

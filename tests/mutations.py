@@ -9,7 +9,7 @@ usage: python3 tests/mutations.py [name-filter]
 
 A mutation names a snippet of code, not a file and a line, so that the list survives code being
 moved between files: the snippet must occur exactly once in the tree's sources (*.c, *.h, *.cu,
-*.py), else the mutation is reported as an error. tests/mutations.txt says how to write one.
+*.py, and *.sh: the test harness's own bugs), else the mutation is reported as an error. tests/mutations.txt says how to write one.
 """
 import os
 import shutil
@@ -19,7 +19,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = (".c", ".h", ".cu", ".py")  # the tools in Python (the exercise grader) too
+SOURCES = (".c", ".h", ".cu", ".py", ".sh")  # the tools in Python (the exercise grader) and the test harness too
 TEST_TIMEOUT = 3600  # a hung test ends; a slow one (a loaded machine) does not
 
 

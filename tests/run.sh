@@ -5,24 +5,24 @@
 # test's "name: SKIPPED: why" lines are shown, so nothing is skipped silently either. A test that
 # runs past TEST_TIMEOUT seconds (default 900; the longest, test_demo, takes about 5 minutes) is stopped with
 # everything it started and fails with its log's tail, so a hang costs minutes, not the whole run.
-# Usage: tests/run.sh [name-filter]
+# Each test runs under a tag of its own (tests/lib.sh's TEST_PROCESS_TAG), and whatever carries it
+# when the test has ended is ended too; a Ctrl-C ends the run and everything its tests started.
+# Usage: tests/run.sh [name-filter]; TEST_DIR=<dir> runs <dir>/test_*.sh instead of tests/'s
 set -u
-cd "$(dirname "$0")/.."
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+source "$(dirname "$0")/lib.sh"
 # a defined standard input: mpirun forwards its own to rank 0, and with descriptor 0 closed (as
 # under some CI harnesses) the shell's own pipes take that number: test_comm then hangs on 4 ranks
 exec </dev/null
 limit=${TEST_TIMEOUT:-900}
 filter=${1:-}
-passed=0 failed=0
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+log=$tmp/test.log
 
 run_one() { # run_one <name> <command...>
     local name=$1; shift
     local start=$SECONDS
-    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+    TEST_PROCESS_TAG=$TEST_PROCESS_TAG/$name bounded "$limit" "$@" >"$log" 2>&1
     local rc=$?
+    end_test_processes "$TEST_PROCESS_TAG/$name"  # what a test stopped with SIGKILL left running
     if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "$name: stopped after $limit s (TEST_TIMEOUT)" >>"$log"; fi
     local line p f
     line=$(grep -E "^$name: [0-9]+ passed, [0-9]+ failed" "$log" | tail -1)
@@ -49,7 +49,7 @@ for prog in build/tests/test_*; do
     [[ "$name" == *"$filter"* ]] || continue
     run_one "$name" "$prog"
 done
-for script in tests/test_*.sh; do
+for script in "${TEST_DIR:-tests}"/test_*.sh; do
     [ -f "$script" ] || continue
     name=$(basename "$script" .sh)
     [[ "$name" == *"$filter"* ]] || continue

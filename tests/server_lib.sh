@@ -2,7 +2,8 @@
 # start_server <name> <ranks> <args...>: $STAGE_BIN/stage-6 serving on 127.0.0.1, port $SERVER_PORT (0, the
 # default: any free one); sets $url, $pid (of the launcher: timeout, then mpirun with several
 # ranks) and $rank0 (the process that serves, which a graceful stop signals), the log in
-# $tmp/<name>.log. Every server started so is stopped on exit.
+# $tmp/<name>.log. Every server is stopped when the test ends, as all it started (tests/lib.sh's
+# end_test_processes); stop_servers stops those started so far before then.
 servers=()
 stop_servers() {
     local p
@@ -12,14 +13,13 @@ stop_servers() {
         kill -KILL "$p" 2>/dev/null
     done
 }
-trap 'stop_servers; rm -rf "$tmp"' EXIT
 
 start_server() {
     local name=$1 np=$2; shift 2
     if [ "$np" -eq 1 ]; then
-        timeout 600 "$STAGE_BIN/stage-6" "$@" --serve=true --host=127.0.0.1 --port="${SERVER_PORT:-0}" >"$tmp/$name.log" 2>&1 &
+        timeout --kill-after=5 600 "$STAGE_BIN/stage-6" "$@" --serve=true --host=127.0.0.1 --port="${SERVER_PORT:-0}" >"$tmp/$name.log" 2>&1 &
     else
-        timeout 600 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-6" "$@" --serve=true --host=127.0.0.1 \
+        timeout --kill-after=5 600 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-6" "$@" --serve=true --host=127.0.0.1 \
             --port="${SERVER_PORT:-0}" >"$tmp/$name.log" 2>&1 &
     fi
     pid=$!

@@ -78,16 +78,16 @@ check '[ ! -e "$tmp/tf32s3" ]' "stage 03 refused tf32 but left $tmp/tf32s3 behin
 # every rank checks (rank 0 speaks for the job, the others stop too: mpirun exits 1, no output)
 expect_one_error "stage 03 on 2 ranks given fsdp" \
     "^error: command line: key 'strategy' is \"fsdp\" but stage 03 runs \"ddp\"; run build/stage-4 for fsdp" \
-    timeout 60 mpirun -np 2 --bind-to none build/stage-3 --config configs/tiny.json --strategy=fsdp --out_dir="$tmp/s3fsdp"
+    bounded 60 mpirun -np 2 --bind-to none build/stage-3 --config configs/tiny.json --strategy=fsdp --out_dir="$tmp/s3fsdp"
 check '[ ! -e "$tmp/s3fsdp" ]' "stage 03 refused fsdp but left $tmp/s3fsdp behind"
 # a rank refuses on its own, not only because rank 0 did: here only rank 1 is given fsdp
 expect_one_error "stage 03, fsdp on rank 1 only" "^error (rank 1): command line: key 'strategy' is \"fsdp\"" \
-    timeout 60 mpirun --bind-to none -np 1 build/stage-3 --config configs/tiny.json --out_dir="$tmp/s3r1" \
+    bounded 60 mpirun --bind-to none -np 1 build/stage-3 --config configs/tiny.json --out_dir="$tmp/s3r1" \
     : -np 1 build/stage-3 --config configs/tiny.json --strategy=fsdp --out_dir="$tmp/s3r1"
 # empty means the stage's own, and the run records what it ran
 train_one_step own
 check '[ "$(run_config "$tmp/own" strategy)" = single_device ]' "stage 01 did not record strategy single_device"
-timeout 120 mpirun -np 2 --bind-to none build/stage-3 --config configs/tiny.json --stop_iteration=1 --eval_batches=1 \
+bounded 120 mpirun -np 2 --bind-to none build/stage-3 --config configs/tiny.json --stop_iteration=1 --eval_batches=1 \
     --out_dir="$tmp/ddp" >"$tmp/ddp.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ] && [ "$(run_config "$tmp/ddp" strategy)" = ddp ]' \
     "stage 03 on configs/tiny.json did not run as ddp (exit $rc): $(tail -3 "$tmp/ddp.log")"
@@ -112,7 +112,7 @@ for pair in 1:single_gpu 2:mixed_precision 3:ddp 4:fsdp 5:axonn 6:inference 6:in
             10:composed 1:tiny 2:tiny 3:tiny 4:tiny 5:tiny 6:tiny 7:tiny 10:tiny 1:bench_gpt2 6:bench_gpt2; do
     IFS=: read -r n config <<<"$pair"
     expect_one_error "stage $n with configs/$config.json" "^error: command line: key 'num_epochs'" \
-        timeout 60 "build/stage-$n" --config "configs/$config.json" --num_epochs=0
+        bounded 60 "build/stage-$n" --config "configs/$config.json" --num_epochs=0
 done
 check '! grep -q "\"strategy\"" configs/tiny.json configs/bench_gpt2.json' "a config every stage reads names a strategy"
 finish test_config

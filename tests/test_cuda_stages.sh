@@ -227,7 +227,7 @@ PY
 pool_of_free_memory() {
     local fraction=0.25 gpu=${CUDA_VISIBLE_DEVICES:-0} smi="" pid url
     [ -n "${TEST_GPUS:-}" ] && fraction=0.0001
-    timeout 120 "$STAGE_BIN/stage-6" --config configs/inference.json --init_from="$tmp/s6_model" --serve=true \
+    timeout --kill-after=5 120 "$STAGE_BIN/stage-6" --config configs/inference.json --init_from="$tmp/s6_model" --serve=true \
         --host=127.0.0.1 --port=0 --kv_cache_memory_fraction=$fraction >"$tmp/s6_pool.log" 2>&1 </dev/null &
     pid=$!
     for _ in $(seq 600); do grep -q "^server: model" "$tmp/s6_pool.log" && break; sleep 0.1; done
@@ -365,7 +365,7 @@ section_share() {
     run_ranks 3 share "$np"
     check 'grep -q "^communication: MPI ($np ranks share .* $gpus GPU" "$tmp/share.log"' \
         "stage 03 on $np ranks with $gpus GPU(s): the banner does not say they share over MPI: $(grep -a -m1 '^communication' "$tmp/share.log")"
-    timeout 120 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-3" "${args[@]}" --comm_backend=nccl \
+    bounded 120 mpirun -np "$np" --bind-to none "$STAGE_BIN/stage-3" "${args[@]}" --comm_backend=nccl \
         --out_dir="$tmp/share_nccl" >"$tmp/share_nccl.log" 2>&1
     rc=$?
     check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "NCCL needs a GPU per rank" "$tmp/share_nccl.log"' \

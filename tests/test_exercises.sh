@@ -24,7 +24,7 @@ export PYTHONDONTWRITEBYTECODE=1  # tools/ is imported below: no byte-code besid
 base=$PWD/work/.test-exercises
 rm -rf "$base"
 mkdir -p "$base"
-trap 'rm -rf "$tmp" "$base"' EXIT
+trap 'end_test_processes; rm -rf "$tmp" "$base"' EXIT
 ids=$(python3 -c "import json; print(' '.join(e['id'] for e in json.load(open('exercises/catalogue.json'))['exercises']))")
 # the workbook's build of every check's targets, once: each grading tree starts from it
 make -j2 --no-print-directory BACKEND=cpu $(python3 -c "import json; print(' '.join(sorted({t for e in json.load(open('exercises/catalogue.json'))['exercises'] for t in e.get('build', [])})))") >/dev/null
@@ -191,7 +191,7 @@ json.dump({"exercises": ex}, open(sys.argv[1], "w"))
 PY
 robust() { # robust <id>: starts and grades that broken copy; its first check's result and why are printed
     python3 tools/exercise.py --catalogue "$tmp/robust.json" start "$1" --dir "$base/$1" >/dev/null
-    timeout 300 python3 tools/exercise.py --catalogue "$tmp/robust.json" grade --dir "$base/$1" >"$tmp/robust-$1.log" 2>&1
+    bounded 300 python3 tools/exercise.py --catalogue "$tmp/robust.json" grade --dir "$base/$1" >"$tmp/robust-$1.log" 2>&1
     python3 -c "
 import json, sys
 c = json.load(open(sys.argv[1]))['checks']

@@ -12,7 +12,7 @@ kib=$(( $(du -sk "$tmp/one" | cut -f1) + 1024 ))  # room for one checkpoint, not
 mkdir -p "$tmp/disk"
 mount -t tmpfs -o size=${kib}k tmpfs "$tmp/disk"
 check '[ $? -eq 0 ]' "cannot mount a ${kib} KiB tmpfs at $tmp/disk (this test needs root)"
-trap 'umount "$tmp/disk" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'end_test_processes; umount "$tmp/disk" 2>/dev/null; rm -rf "$tmp"' EXIT
 
 build/stage-1 "${args[@]}" --stop_iteration=10 --out_dir="$tmp/disk/run" >"$tmp/full.log" 2>&1
 rc=$?

@@ -51,7 +51,7 @@ hang_class send "send #1 from rank 3 to rank 0 on group world has no matching re
 # it on to every rank) at step 2: each rank writes its ring, and the run goes on to its end
 usr2_run() {
     local name=$1 np=$2 stage=$3 job rc; shift 3
-    COMM_TIMEOUT=$TIMEOUT timeout 90 mpirun -np "$np" --bind-to none "build/stage-$stage" "${args[@]}" --stop_iteration=20 \
+    COMM_TIMEOUT=$TIMEOUT timeout --kill-after=5 90 mpirun -np "$np" --bind-to none "build/stage-$stage" "${args[@]}" --stop_iteration=20 \
         --out_dir="$tmp/$name" "$@" >"$tmp/$name.log" 2>&1 &
     job=$!
     for _ in $(seq 300); do grep -q '"step": *2\b' "$tmp/$name/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done

@@ -41,8 +41,8 @@ args=(--config configs/inference.json "${llama[@]}" --prompts_path="$tmp/prompts
 sample=(--temperature=1 --seed=7)
 run6() { # run6 <name> <ranks> <args...>
     local name=$1 np=$2; shift 2
-    if [ "$np" -eq 1 ]; then timeout 120 $STAGE_BIN/stage-6 "$@" >"$tmp/$name.log" 2>&1
-    else timeout 120 mpirun -np "$np" --bind-to none $STAGE_BIN/stage-6 "$@" >"$tmp/$name.log" 2>&1; fi
+    if [ "$np" -eq 1 ]; then bounded 120 $STAGE_BIN/stage-6 "$@" >"$tmp/$name.log" 2>&1
+    else bounded 120 mpirun -np "$np" --bind-to none $STAGE_BIN/stage-6 "$@" >"$tmp/$name.log" 2>&1; fi
 }
 run6 cache 1 "${args[@]}"
 run6 nocache 1 "${args[@]}" --kv_cache=false
@@ -60,7 +60,7 @@ for grid in 2,1,1:2 2,2,1:4; do
         "[$dims] differs from one rank: $(diff <(answer_ids s) <(answer_ids "tps$dims") | head -4; tail -2 "$tmp/tps$dims.log")"
 done
 expect_one_error "[4,1,1] with 2 key/value heads" 'n_kv_head.*x' \
-    timeout 60 mpirun -np 4 --bind-to none $STAGE_BIN/stage-6 "${args[@]}" --tp_dimensions=4,1,1
+    bounded 60 mpirun -np 4 --bind-to none $STAGE_BIN/stage-6 "${args[@]}" --tp_dimensions=4,1,1
 
 # 3. the server: 16 chat requests sharing prefixes (a task, and digits), half greedy
 python3 - "$tmp" <<'PY'
@@ -78,7 +78,7 @@ for i, (instruction, text) in enumerate(prompts):
 json.dump(reqs, open(f"{sys.argv[1]}/requests.json", "w"))
 PY
 model=(--config configs/inference.json "${llama[@]}" --tokens_to_generate=16)
-timeout 120 $STAGE_BIN/stage-6 "${model[@]}" --prompts_path="$tmp/requests.txt" --kv_cache=false --show_token_ids=true \
+bounded 120 $STAGE_BIN/stage-6 "${model[@]}" --prompts_path="$tmp/requests.txt" --kv_cache=false --show_token_ids=true \
     >"$tmp/reqnocache.log" 2>&1
 # the greedy answers' text as the server writes it: the byte tokenizer's tokens are bytes, and a
 # byte that does not begin a valid character becomes U+FFFD (server.c's append_utf8)
@@ -106,7 +106,7 @@ greedy() { python3 -c 'import json,sys; [print(json.dumps(x.get("text"))) for x 
 served() { # served <name> <ranks> <args...>: the 16 requests at once
     local name=$1 np=$2; shift 2
     start_server "$name" "$np" "${model[@]}" --max_batch_size=16 "$@"
-    timeout 300 python3 tests/server_client.py answers "$url" "$tmp/requests.json" 16 >"$tmp/$name.json"
+    bounded 300 python3 tests/server_client.py answers "$url" "$tmp/requests.json" 16 >"$tmp/$name.json"
     curl -s -m 10 "$url/metrics" >"$tmp/$name.metrics"
     stop_server
     check 'cmp -s <(greedy "$tmp/$name.json") "$tmp/nocache.txt"' \

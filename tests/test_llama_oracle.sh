@@ -11,7 +11,7 @@ source tests/lib.sh
 
 BIN=build/tests/test_llama
 tmp=$(mktemp -d /tmp/test_llama_oracle_XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+trap 'end_test_processes; rm -rf "$tmp"' EXIT
 
 oracle_venv
 check '[ -x "$BIN" ]' "$BIN is not built (make test builds it)"

@@ -24,7 +24,7 @@ source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 source tests/server_lib.sh
 export OMP_NUM_THREADS=1
-client() { timeout 300 python3 tests/server_client.py "$@"; }
+client() { bounded 300 python3 tests/server_client.py "$@"; }
 
 # A small model trained for a few steps on real alpaca answers: it has not learned to stop, so
 # every answer runs to its limit and the running requests keep taking blocks. Its greedy choice is
@@ -62,7 +62,7 @@ json.dump(reqs[:8] + reqs[56:], open(f"{sys.argv[1]}/again.json", "w"))
 PY
 
 # the references: no cache (greedy), and the slot design one request at a time (all)
-timeout 300 $STAGE_BIN/stage-6 "${model[@]}" --prompts_path="$tmp/prompts.txt" --kv_cache=false --show_token_ids=true \
+bounded 300 $STAGE_BIN/stage-6 "${model[@]}" --prompts_path="$tmp/prompts.txt" --kv_cache=false --show_token_ids=true \
     >"$tmp/nocache.log" 2>&1
 python3 - "$tmp" <<'PY' >"$tmp/nocache.txt"
 import json, sys
@@ -148,7 +148,7 @@ check '[ "$(pool_of_free tpfraction 2048)" = ok ]' "[2,1,1], kv_cache_memory_fra
 # refused: a share outside (0, 1], one with kv_cache_bytes, one too small for a whole context
 refused() {  # <what> <the error's words> <args...>
     local what=$1 want=$2; shift 2
-    timeout 60 $STAGE_BIN/stage-6 "${model[@]}" --serve=true --port=0 "$@" >"$tmp/refused.log" 2>&1 </dev/null; rc=$?
+    bounded 60 $STAGE_BIN/stage-6 "${model[@]}" --serve=true --port=0 "$@" >"$tmp/refused.log" 2>&1 </dev/null; rc=$?
     check '[ $rc -ne 0 ] && grep -q "$want" "$tmp/refused.log"' "$what: want a refusal saying '$want', exit $rc: $(tail -2 "$tmp/refused.log")"
 }
 refused "kv_cache_memory_fraction 0" "command line: key 'kv_cache_memory_fraction': expected a share of the free memory in (0, 1], found 0" \
@@ -206,7 +206,7 @@ port() { [ "${SERVER_PORT:-0}" = 0 ] && echo 0 || echo $((SERVER_PORT + $1)); } 
 SERVER_PORT=$(port 0) start_server sref 1 "${model[@]}" --max_batch_size=16; url_ref=$url
 SERVER_PORT=$(port 1) start_server sspec 1 "${model[@]}" --max_batch_size=16 "${spec[@]}"; url_spec=$url
 SERVER_PORT=$(port 2) start_server sdraft 1 "${model[@]}" --max_batch_size=16 --init_from="$tmp/draft"; url_draft=$url
-timeout 600 python3 - "$url_ref" "$url_spec" "$url_draft" >"$tmp/chi2.txt" 2>&1 <<'PY'
+bounded 600 python3 - "$url_ref" "$url_spec" "$url_draft" >"$tmp/chi2.txt" 2>&1 <<'PY'
 import concurrent.futures, math, sys
 sys.path.insert(0, "tests")
 import server_client as sc

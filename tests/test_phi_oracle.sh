@@ -10,7 +10,7 @@ source tests/lib.sh
 
 BIN=build/tests/test_phi
 tmp=$(mktemp -d /tmp/test_phi_oracle_XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+trap 'end_test_processes; rm -rf "$tmp"' EXIT
 
 oracle_venv
 check '[ -x "$BIN" ] && [ -x build/stage-6 ]' "$BIN or build/stage-6 is not built (make test builds them)"

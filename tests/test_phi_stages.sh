@@ -47,13 +47,13 @@ check 'compare_losses "$tmp/single" "$tmp/bf16" 20 1e-2 0.25' "stage 02 bf16-mix
 printf 'Sort the digits.\nCount the letters in this rather long sentence, please.\nHi\n' >"$tmp/prompts.txt"
 gen=(--config configs/inference.json --init_from="$tmp/single" --prompts_path="$tmp/prompts.txt"
      --tokens_to_generate=16 --show_token_ids=true --max_batch_size=3 --temperature=1 --seed=7)
-timeout 120 build/stage-6 "${gen[@]}" >"$tmp/gen.log" 2>&1
+bounded 120 build/stage-6 "${gen[@]}" >"$tmp/gen.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ] && [ "$(answer_ids gen | wc -l)" -eq 3 ]' "stage 06 on phi failed: $(tail -3 "$tmp/gen.log")"
-timeout 120 build/stage-6 "${gen[@]}" --kv_cache=false >"$tmp/nocache.log" 2>&1
+bounded 120 build/stage-6 "${gen[@]}" --kv_cache=false >"$tmp/nocache.log" 2>&1
 check '[ "$(answer_ids gen)" = "$(answer_ids nocache)" ]' "phi: KV cache and no cache differ: $(diff <(answer_ids gen) <(answer_ids nocache) | head -4)"
 for grid in 2,1,1:2 2,2,1:4; do
     dims=${grid%:*} np=${grid#*:}
-    timeout 120 mpirun -np "$np" --bind-to none build/stage-6 "${gen[@]}" --tp_dimensions="$dims" >"$tmp/gen$dims.log" 2>&1
+    bounded 120 mpirun -np "$np" --bind-to none build/stage-6 "${gen[@]}" --tp_dimensions="$dims" >"$tmp/gen$dims.log" 2>&1
     check '[ -n "$(answer_ids gen)" ] && [ "$(answer_ids "gen$dims")" = "$(answer_ids gen)" ]' \
         "phi: stage 06 [$dims] differs from one rank: $(diff <(answer_ids gen) <(answer_ids "gen$dims") | head -4; tail -2 "$tmp/gen$dims.log")"
 done

@@ -136,7 +136,7 @@ plan_deferred=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[
 check '[ "$plan_deferred" = "$((3 * 4 * llama_row * 4 * 256 * 4))" ]' "the planner's deferred weight gradients on tiny_llama: $plan_deferred bytes"
 
 # bad input: one error, every rank stops
-bad=(timeout 120 mpirun -np 2 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad" --pp_size=2)
+bad=(bounded 120 mpirun -np 2 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad" --pp_size=2)
 expect_one_error "virtual_stages with fewer blocks than p v" "2 chunks on each of 2 stages need at least 4 blocks, n_layer is 3" \
     "${bad[@]}" --n_layer=3 "${il[@]}"
 expect_one_error "virtual_stages without interleaved" "only pp_schedule interleaved" "${bad[@]}" --virtual_stages=2

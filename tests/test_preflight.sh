@@ -115,7 +115,7 @@ expect "$r" fail "model files: $tmp/session.json" "no checksum manifest"
 # ---- 4. a disk too small for the session ---------------------------------------------------------------
 small=$tmp/small
 mkdir -p "$small"
-trap 'umount "$small" 2>/dev/null; rm -rf "$tmp"' EXIT   # (lib.sh's trap, with the tmpfs let go first)
+trap 'end_test_processes; umount "$small" 2>/dev/null; rm -rf "$tmp"' EXIT   # (lib.sh's trap, with the tmpfs let go first)
 if mount -t tmpfs -o size=16m tmpfs "$small" 2>"$tmp/mount.err"; then
     r=$tmp/disk
     preflight --only=disk --out_dir="$small" --disk_need_gib=1 --report="$r"

@@ -37,8 +37,8 @@ expect_one_error "report of a directory without metrics" "$tmp/empty" python3 to
 
 browse() { # browse <page dir>: <dir>.dom (the DOM after load), <dir>.log (console), <dir>.png
     local flags=(--headless=new --no-sandbox --disable-gpu --enable-logging=stderr --v=0)
-    timeout 120 chromium "${flags[@]}" --dump-dom "file://$1/index.html" >"$1.dom" 2>"$1.log"
-    timeout 120 chromium "${flags[@]}" --window-size=1200,2000 --screenshot="$1.png" "file://$1/index.html" \
+    bounded 120 chromium "${flags[@]}" --dump-dom "file://$1/index.html" >"$1.dom" 2>"$1.log"
+    bounded 120 chromium "${flags[@]}" --window-size=1200,2000 --screenshot="$1.png" "file://$1/index.html" \
         >/dev/null 2>>"$1.log"
 }
 browse "$tmp/report"

@@ -19,7 +19,7 @@ source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 export OMP_NUM_THREADS=1
 VENV=build/openai-venv
-client() { timeout 300 python3 tests/server_client.py "$@"; }
+client() { bounded 300 python3 tests/server_client.py "$@"; }
 
 source tests/server_lib.sh
 
@@ -97,7 +97,7 @@ client answers "$url" "$tmp/requests.json" 32 >"$tmp/concurrent.json"
 same_answers "32 concurrent requests (half sampled) differ from one at a time" "$tmp/serial.json" "$tmp/concurrent.json"
 check 'python3 -c "import json,sys; a=json.load(open(sys.argv[1])); sys.exit(not (all(x[\"status\"]==200 for x in a) and len(set(x[\"text\"] for x in a)) >= 8))" "$tmp/serial.json"' \
     "the answers are not 32 successes with varied text: $(head -c 400 "$tmp/serial.json")"
-timeout 120 build/stage-6 "${model[@]}" --prompts_path="$tmp/prompts.txt" --show_token_ids=true >"$tmp/stage6.log" 2>&1
+bounded 120 build/stage-6 "${model[@]}" --prompts_path="$tmp/prompts.txt" --show_token_ids=true >"$tmp/stage6.log" 2>&1
 python3 - "$tmp" <<'PY' >"$tmp/reference.txt"
 import json, sys
 ids = [l.split(":", 1)[1].split() for l in open(f"{sys.argv[1]}/stage6.log", errors="replace") if "answer ids:" in l]
@@ -173,7 +173,7 @@ if ! "$VENV/bin/python" -c 'import openai' 2>/dev/null; then
     /usr/bin/python3 -m venv --system-site-packages "$VENV" && "$VENV/bin/pip" install -q openai >"$tmp/pip.log" 2>&1
 fi
 check '"$VENV/bin/python" -c "import openai"' "the openai package does not import in $VENV (pip: $(tail -2 "$tmp/pip.log" 2>/dev/null))"
-timeout 120 "$VENV/bin/python" - "$url" "$tmp/requests.json" "$tmp/serial.json" "$tmp/c.json" >"$tmp/openai.txt" 2>&1 <<'PY'
+bounded 120 "$VENV/bin/python" - "$url" "$tmp/requests.json" "$tmp/serial.json" "$tmp/c.json" >"$tmp/openai.txt" 2>&1 <<'PY'
 import json, sys
 from openai import OpenAI
 url, reqs, want, curl = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3])), json.load(open(sys.argv[4]))

@@ -38,7 +38,7 @@ python=python3
 # of one; sets $url, $pid and $rank0, the log in $tmp/<name>.log
 serve() {
     local name=$1 bin=$2; shift 2
-    env "$@" timeout 300 "$bin" --config configs/inference.json --model_id=custom --n_layer=4 --n_head=4 \
+    env "$@" timeout --kill-after=5 300 "$bin" --config configs/inference.json --model_id=custom --n_layer=4 --n_head=4 \
         --n_embd=256 --max_seq_len=2048 --random_init=true --init_from= --max_batch_size=1 --max_queue=1 \
         --serve=true --host=127.0.0.1 --port=0 >"$tmp/$name.log" 2>&1 &
     pid=$!
@@ -49,7 +49,7 @@ serve() {
 # abuse <name> <an answer's time limit, s>: every check of server_abuse.py counted here
 abuse() {
     local name=$1 out=$tmp/$1.json line
-    timeout 240 "$python" tests/server_abuse.py "$url" random "$DEADLINE" "$2" >"$out" 2>"$tmp/$name.err"
+    bounded 240 "$python" tests/server_abuse.py "$url" random "$DEADLINE" "$2" >"$out" 2>"$tmp/$name.err"
     check '[ -s "$out" ]' "$name: tests/server_abuse.py failed: $(tail -3 "$tmp/$name.err")"
     while IFS= read -r line; do
         check '[ "${line%%	*}" = ok ]' "$name: ${line#*	}"

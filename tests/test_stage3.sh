@@ -53,7 +53,7 @@ check 'compare_losses "$tmp/s2bf16" "$tmp/np2bf16" 20 1e-3' "bf16 stage 3 strays
 
 # ranks started with different configs stop at once, with a message
 start=$SECONDS
-timeout 120 mpirun --bind-to none -np 1 build/stage-3 "${args[@]}" --out_dir="$tmp/mm" : \
+bounded 120 mpirun --bind-to none -np 1 build/stage-3 "${args[@]}" --out_dir="$tmp/mm" : \
     -np 1 build/stage-3 "${args[@]}" --out_dir="$tmp/mm" --lr=0.1 >"$tmp/mismatch.log" 2>&1
 rc=$?
 check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "do not agree on the config" "$tmp/mismatch.log"' \

@@ -142,7 +142,7 @@ check '[ $? -eq 0 ]' "[2,2,1]'s checkpoint differs from stage 01's: $(cat "$tmp/
 # ---- grids that do not fit: one message naming the constraint, no output ----
 refuse() { # refuse <ranks> <dims> <expected text> [extra args]
     local np=$1 dims=$2 want=$3; shift 3
-    timeout 60 mpirun -np "$np" --bind-to none build/stage-5 "${args[@]}" --tp_dimensions="$dims" \
+    bounded 60 mpirun -np "$np" --bind-to none build/stage-5 "${args[@]}" --tp_dimensions="$dims" \
         --out_dir="$tmp/bad" "$@" >"$tmp/bad.log" 2>&1
     local rc=$?
     check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "$want" "$tmp/bad.log" && [ ! -e "$tmp/bad" ]' \

@@ -31,7 +31,7 @@ args=(--config configs/inference.json --init_from="$tmp/model" --prompts_path="$
       --tokens_to_generate=24 --show_token_ids=true)
 run6() { # run6 <name> <args...>: runs stage 6, keeps its output in $tmp/<name>.log
     local name=$1; shift
-    timeout 120 build/stage-6 "$@" >"$tmp/$name.log" 2>&1
+    bounded 120 build/stage-6 "$@" >"$tmp/$name.log" 2>&1
 }
 
 # 1. cache == no cache, batched with different prompt lengths (batches of 3 and 1): greedy, and
@@ -113,7 +113,7 @@ check '[ -n "$(answer_ids s3)" ] && [ "$(answer_ids s1)" != "$(answer_ids s3)" ]
 check '[ "$(answer_ids k1)" = "$(answer_ids cache)" ] && [ "$(answer_ids p0)" = "$(answer_ids cache)" ]' "top_k 1 / tiny top_p is not greedy"
 
 # 4. stdin, evaluation
-printf 'Count the digits.\n' | timeout 60 build/stage-6 "${args[@]}" --prompts_path=- >"$tmp/stdin.log" 2>&1
+printf 'Count the digits.\n' | bounded 60 build/stage-6 "${args[@]}" --prompts_path=- >"$tmp/stdin.log" 2>&1
 check '[ -n "$(answer_ids stdin)" ] && [ "$(answer_ids stdin)" = "$(answer_ids cache | sed -n 3p)" ]' "prompt from stdin: $(tail -2 "$tmp/stdin.log")"
 run6 eval --config configs/inference.json --init_from="$tmp/model" --eval_accuracy=true --val_fraction=0.01
 # 1% of the 8000 synthetic records
@@ -124,10 +124,10 @@ check 'grep -q "exact-answer accuracy on (synthetic).s held-out split: [0-9]* / 
 # greedy and sampled (run 1's cache and s1), with the ranks' sums in another order
 for grid in 2,1,1:2 4,1,1:4 2,2,1:4; do
     dims=${grid%:*} np=${grid#*:}
-    timeout 120 mpirun -np "$np" --bind-to none build/stage-6 "${args[@]}" --max_batch_size=3 --tp_dimensions="$dims" >"$tmp/tp$dims.log" 2>&1
+    bounded 120 mpirun -np "$np" --bind-to none build/stage-6 "${args[@]}" --max_batch_size=3 --tp_dimensions="$dims" >"$tmp/tp$dims.log" 2>&1
     check '[ -n "$(answer_ids "tp$dims")" ] && [ "$(answer_ids "tp$dims")" = "$(answer_ids cache)" ]' \
         "greedy [$dims] differs from [1,1,1]: $(diff <(answer_ids cache) <(answer_ids "tp$dims") | head -4; tail -2 "$tmp/tp$dims.log")"
-    timeout 120 mpirun -np "$np" --bind-to none build/stage-6 "${args[@]}" --max_batch_size=3 "${sample[@]}" --tp_dimensions="$dims" >"$tmp/tps$dims.log" 2>&1
+    bounded 120 mpirun -np "$np" --bind-to none build/stage-6 "${args[@]}" --max_batch_size=3 "${sample[@]}" --tp_dimensions="$dims" >"$tmp/tps$dims.log" 2>&1
     check '[ "$(answer_ids "tps$dims")" = "$(answer_ids s1)" ]' \
         "sampled [$dims] differs from [1,1,1]: $(diff <(answer_ids s1) <(answer_ids "tps$dims") | head -4; tail -2 "$tmp/tps$dims.log")"
 done
@@ -160,7 +160,7 @@ expect_error vocab "vocabulary has 50257 tokens but the tokenizer ('byte tokeniz
     --config configs/inference.json --init_from="$FIX/model.safetensors"
 expect_error zdim "z must be 1" "${base[@]}" --tp_dimensions=1,1,2
 expect_error tp_ranks "\[2, 1, 1\] needs x \* y = 2 ranks, but 1 were started" "${base[@]}" --tp_dimensions=2,1,1
-run6_3ranks() { timeout 60 mpirun -np 3 --bind-to none build/stage-6 "${@:2}" >"$tmp/$1.log" 2>&1; }
+run6_3ranks() { bounded 60 mpirun -np 3 --bind-to none build/stage-6 "${@:2}" >"$tmp/$1.log" 2>&1; }
 RUN=run6_3ranks expect_error tp_heads "attention heads must divide by x" "${base[@]}" --tp_dimensions=3,1,1
 expect_error no_checkpoint "needs a checkpoint" --config configs/inference.json --init_from=
 

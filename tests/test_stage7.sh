@@ -99,20 +99,20 @@ calls=$(comm_value "$tmp/bytes/stats.json" pipeline send-recv calls)
 check '[ "$calls" = 3 ]' "1F1B on stage 0 (p 2, m 2): $calls send-recv calls in 3 steps, want one a step"
 
 # bad input: one error, every rank stops
-bad=(timeout 120 mpirun -np 2 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad")
+bad=(bounded 120 mpirun -np 2 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad")
 expect_one_error "pp_size > n_layer" "3 stages for 2 blocks" \
-    timeout 120 mpirun -np 3 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad" --n_layer=2 --pp_size=3
+    bounded 120 mpirun -np 3 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad" --n_layer=2 --pp_size=3
 expect_one_error "num_microbatches not dividing the rows" "3 micro-batches do not divide a replica's share" \
     "${bad[@]}" --n_layer=2 --pp_size=2 --num_microbatches=3
 expect_one_error "pp_size not dividing the ranks" "2 stages do not divide the 3 ranks" \
-    timeout 120 mpirun -np 3 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad" --n_layer=2 --pp_size=2
+    bounded 120 mpirun -np 3 --bind-to none build/stage-7 "${args[@]}" --out_dir="$tmp/bad" --n_layer=2 --pp_size=2
 expect_one_error "gradient_acc_steps beside num_microbatches" "set num_microbatches instead" \
     "${bad[@]}" --pp_size=2 --gradient_acc_steps=2
 expect_one_error "overlap_communication" "stage 07 has no overlapped variant" \
     "${bad[@]}" --pp_size=2 --overlap_communication=true
 expect_one_error "pp_size on another stage" "strategy \"ddp\" runs no pipeline" \
-    timeout 60 build/stage-3 "${args[@]}" --out_dir="$tmp/bad" --pp_size=2
-timeout 120 mpirun --bind-to none -np 1 build/stage-7 "${args[@]}" --pp_size=2 --out_dir="$tmp/mm" : \
+    bounded 60 build/stage-3 "${args[@]}" --out_dir="$tmp/bad" --pp_size=2
+bounded 120 mpirun --bind-to none -np 1 build/stage-7 "${args[@]}" --pp_size=2 --out_dir="$tmp/mm" : \
     -np 1 build/stage-7 "${args[@]}" --pp_size=2 --out_dir="$tmp/mm" --lr=0.1 >"$tmp/mismatch.log" 2>&1
 rc=$?
 check '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "do not agree on the config" "$tmp/mismatch.log"' \

@@ -21,7 +21,7 @@ args=(--config configs/moe.json --stop_iteration=20 --eval_batches=0 --log_inter
 dense=(--config configs/tiny.json --stop_iteration=20 --eval_batches=0 --log_interval=100 --n_embd=$C)
 build/stage-1 "${dense[@]}" --out_dir="$tmp/single" >"$tmp/single.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/single.log")"
-timeout 300 mpirun -np 2 --bind-to none build/stage-8 "${dense[@]}" --out_dir="$tmp/dense2" >"$tmp/dense2.log" 2>&1
+bounded 300 mpirun -np 2 --bind-to none build/stage-8 "${dense[@]}" --out_dir="$tmp/dense2" >"$tmp/dense2.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 8 without experts failed: $(tail -3 "$tmp/dense2.log")"
 check 'compare_losses "$tmp/single" "$tmp/dense2" 20 1e-5' "stage 08 without experts does not reproduce stage 01"
 
@@ -99,17 +99,17 @@ check '[ -n "$with" ] && [ "$with" = "$without" ]' "stage 06 with the KV cache: 
 check 'echo "$with" | grep -q "[0-9] [0-9]"' "stage 06 generated nothing with the trained experts: '$with'"
 
 # bad input: one error, every rank stops
-bad=(timeout 120 mpirun -np 2 --bind-to none build/stage-8 "${args[@]}" --out_dir="$tmp/bad")
+bad=(bounded 120 mpirun -np 2 --bind-to none build/stage-8 "${args[@]}" --out_dir="$tmp/bad")
 expect_one_error "experts_per_token > num_experts" "expected 1 to 4 experts per token, found 5" \
     "${bad[@]}" --experts_per_token=5
 expect_one_error "num_experts not divisible by ep_size" "the experts must split evenly over the ranks, found 6 experts and ep_size 4" \
-    timeout 120 mpirun -np 4 --bind-to none build/stage-8 "${args[@]}" --out_dir="$tmp/bad" --num_experts=6 --ep_size=4
+    bounded 120 mpirun -np 4 --bind-to none build/stage-8 "${args[@]}" --out_dir="$tmp/bad" --num_experts=6 --ep_size=4
 expect_one_error "ep_size not dividing the ranks" "expert groups of 2 ranks do not divide the 3 ranks" \
-    timeout 120 mpirun -np 3 --bind-to none build/stage-8 "${args[@]}" --out_dir="$tmp/bad" --ep_size=2 --global_batch_size=12
+    bounded 120 mpirun -np 3 --bind-to none build/stage-8 "${args[@]}" --out_dir="$tmp/bad" --ep_size=2 --global_batch_size=12
 expect_one_error "a checkpoint with another expert count" "the checkpoint has 4 experts per mixture-of-experts block but key 'num_experts' is 8" \
     "${bad[@]}" --init_from="$tmp/ep2" --num_experts=8
 expect_one_error "experts on stage 03" "a mixture of experts is strategy expert_parallel" \
-    timeout 60 build/stage-3 "${args[@]}" --out_dir="$tmp/bad"
+    bounded 60 build/stage-3 "${args[@]}" --out_dir="$tmp/bad"
 expect_one_error "bf16 experts" "stage 08's experts train in fp32" "${bad[@]}" --precision=bf16-mixed
 expect_one_error "overlap_communication" "stage 08 all-reduces its gradients after backward" \
     "${bad[@]}" --overlap_communication=true

@@ -187,9 +187,9 @@ check '[ "$off" = "0.000" ]' "overlap off: ring transfers overlap attention comp
 # bad grids: one error, every rank stopped
 args=(--config configs/tiny.json "${common[@]}" --stop_iteration=1)
 expect_one_error "cp_size not dividing the ranks" "key 'cp_size': expected a divisor of the 3 ranks" \
-    timeout 60 mpirun -np 3 --bind-to none build/stage-9 "${args[@]}" --out_dir="$tmp/bad1" --cp_size=2
+    bounded 60 mpirun -np 3 --bind-to none build/stage-9 "${args[@]}" --out_dir="$tmp/bad1" --cp_size=2
 expect_one_error "sequences shorter than 2 x cp" "max_seq_len must be at least 8, found 6" \
-    timeout 60 mpirun -np 4 --bind-to none build/stage-9 "${args[@]}" --out_dir="$tmp/bad2" --cp_size=4 --max_seq_len=6
+    bounded 60 mpirun -np 4 --bind-to none build/stage-9 "${args[@]}" --out_dir="$tmp/bad2" --cp_size=4 --max_seq_len=6
 expect_one_error "ulysses with heads not divisible by cp_size" "n_head 4 must divide by cp_size, found 3" \
-    timeout 60 mpirun -np 3 --bind-to none build/stage-9 "${args[@]}" --out_dir="$tmp/bad3" --cp_size=3 --cp_impl=ulysses
+    bounded 60 mpirun -np 3 --bind-to none build/stage-9 "${args[@]}" --out_dir="$tmp/bad3" --cp_size=3 --cp_impl=ulysses
 finish test_stage9

@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
 # Stage 05's parallel linear layer (forward, dX, dW, dbias) against the serial products on every
 # grid of 1, 2 and 4 ranks, normal and transposed, overlap on and off (tests/mpi/tp_linear_check.c).
-set -u
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
-passed=0 failed=0
 for np in 1 2 4; do
-    out=$(timeout 120 mpirun -np $np --bind-to none build/tests/mpi/tp_linear_check 2>&1)
+    out=$(bounded 120 mpirun -np $np --bind-to none build/tests/mpi/tp_linear_check 2>&1)
     rc=$?
     echo "$out" | grep -E "FAIL|tp_linear_check" | head -20
     line=$(echo "$out" | grep -E "^tp_linear_check on")

@@ -129,11 +129,11 @@ for zero in 1 2; do
 done
 
 # ---- bad input: one error, every rank stops -------------------------------------------------------
-bad=(timeout 120 mpirun -np 4 --bind-to none build/stage-4 "${args[@]}" --out_dir="$tmp/bad")
+bad=(bounded 120 mpirun -np 4 --bind-to none build/stage-4 "${args[@]}" --out_dir="$tmp/bad")
 expect_one_error "zero_stage 0" "key 'zero_stage': expected 1, 2 or 3, found 0" "${bad[@]}" --zero_stage=0
 expect_one_error "zero_stage 4" "key 'zero_stage': expected 1, 2 or 3, found 4" "${bad[@]}" --zero_stage=4
 expect_one_error "hsdp_replicas 3 on 4 ranks" "key 'hsdp_replicas': expected a divisor of the 4 ranks (replica groups of equal size), found 3" \
     "${bad[@]}" --hsdp_replicas=3
 expect_one_error "zero_stage on stage 03" "stage 03 shards nothing: the sharding ladder is strategy fsdp" \
-    timeout 120 mpirun -np 2 --bind-to none build/stage-3 "${args[@]}" --out_dir="$tmp/bad" --zero_stage=1
+    bounded 120 mpirun -np 2 --bind-to none build/stage-3 "${args[@]}" --out_dir="$tmp/bad" --zero_stage=1
 finish test_zero

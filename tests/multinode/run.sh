@@ -55,7 +55,7 @@ teardown() {
     cluster_started=0
     if [ "${MN_TEST_KEEP_CLUSTER:-0}" = 1 ]; then say "cluster left up (MN_TEST_KEEP_CLUSTER=1)"; return 0; fi
     local t0; t0=$(now)
-    if timeout 180 bash slurm/multinode-down.sh >"$WORK/cluster-down.log" 2>&1; then
+    if timeout --kill-after=10 180 bash slurm/multinode-down.sh >"$WORK/cluster-down.log" 2>&1; then
         say "cluster down in $(since "$t0") s"
     else
         fail "teardown: slurm/multinode-down.sh failed:"; sed 's/^/    /' "$WORK/cluster-down.log"
@@ -85,14 +85,14 @@ ARGS=(--stop_iteration="$STEPS" --eval_batches=1 --log_interval=1 --n_layer="$L"
 REF=$WORK/out/reference
 rm -rf "$WORK/out"; mkdir -p "$WORK/out"
 t_ref=$(now)
-OMP_NUM_THREADS=1 timeout "$JOB_TIMEOUT" build/stage-1 --config configs/tiny.json "${ARGS[@]}" --out_dir="$REF" \
+OMP_NUM_THREADS=1 timeout --kill-after=10 "$JOB_TIMEOUT" build/stage-1 --config configs/tiny.json "${ARGS[@]}" --out_dir="$REF" \
     >"$WORK/reference.log" 2>&1 &
 ref_pid=$!
 
 say "bringing up the multi-host cluster (slurm/multinode-up.sh)"
 cluster_started=1
 t0=$(now)
-if ! env_file=$(timeout 900 bash slurm/multinode-up.sh 2>"$WORK/cluster-up.log"); then
+if ! env_file=$(timeout --kill-after=10 900 bash slurm/multinode-up.sh 2>"$WORK/cluster-up.log"); then
     cat "$WORK/cluster-up.log"
     wait $ref_pid
     fail "cluster: slurm/multinode-up.sh failed"; finish
@@ -102,7 +102,7 @@ fi
 source "$env_file"
 read -r -a NODES <<<"$MN_NODE_NAMES"
 LOGIN=$MN_DIR/bin/mn-login
-say "cluster up in $(since "$t0") s: $(timeout 10 "$LOGIN" sinfo -h -N -o '%N/%T/%c CPUs/%G' | tr '\n' ' ')"
+say "cluster up in $(since "$t0") s: $(timeout --kill-after=10 10 "$LOGIN" sinfo -h -N -o '%N/%T/%c CPUs/%G' | tr '\n' ' ')"
 
 if ! wait $ref_pid; then
     fail "reference: build/stage-1 failed: $(tail -n 5 "$WORK/reference.log")"; finish
@@ -112,7 +112,7 @@ say "reference: build/stage-1, 1 process, $STEPS steps in $(since "$t_ref") s (o
 # on the login node, in the repository root, with the given environment
 lines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 # shellcheck disable=SC2016  # ($0 and $@ expand in the login shell)
-login() { timeout "${LOGIN_TIMEOUT:-30}" "$LOGIN" bash -c 'cd "$0" && exec "$@"' "$ROOT" "$@"; }
+login() { timeout --kill-after=10 "${LOGIN_TIMEOUT:-30}" "$LOGIN" bash -c 'cd "$0" && exec "$@"' "$ROOT" "$@"; }
 
 # ---- checks ------------------------------------------------------------------------------------------
 # parameters of the test model (as tests/test_stage3.sh): the gradient is 4 bytes each
@@ -136,7 +136,7 @@ sys.exit(0 if worst <= 1e-5 else 1)
 PY
 }
 # switch-side port counters: rx = bytes the host sent, tx = bytes it received
-port_bytes() { timeout 10 ip netns exec "$MN_SWITCH" cat "/sys/class/net/p-$1/statistics/$2_bytes"; }
+port_bytes() { timeout --kill-after=10 10 ip netns exec "$MN_SWITCH" cat "/sys/class/net/p-$1/statistics/$2_bytes"; }
 snap() { local h; for h in "${NODES[@]}"; do echo "$h $(port_bytes "$h" rx) $(port_bytes "$h" tx)"; done; }
 check_traffic() { # <before> <after> -> prints the bytes; fails below MIN_BYTES
     local h a0 b0 a1 b1 out="" ok=0
@@ -334,7 +334,7 @@ if [ -x build/preflight_comm ]; then
     fi
     slow=${NODES[1]} t0=$(now)
     name="preflight, $slow's link slowed to $PF_RATE (tbf on its eth0): the bandwidth check fails and names the pair"
-    if ! timeout 10 tc -n "$slow" qdisc add dev eth0 root tbf rate $PF_RATE burst 64kb latency 100ms 2>"$WORK/tc.err"; then
+    if ! timeout --kill-after=10 10 tc -n "$slow" qdisc add dev eth0 root tbf rate $PF_RATE burst 64kb latency 100ms 2>"$WORK/tc.err"; then
         fail "$name: tc refused: $(cat "$WORK/tc.err")"
     elif ! OMP_NUM_THREADS=1 EXTRA_ARGS="$pf_args --only=comm --out_dir=$WORK/out/preflight" \
         submit slurm/preflight.sh --nodes=2 --ntasks-per-node=2 --gpus-per-node=2; then
@@ -347,7 +347,7 @@ if [ -x build/preflight_comm ]; then
             pass "$name [job $JID, $(since "$t0") s]: $why"; rm -rf "$LOG" "slurm/logs/preflight-$JID"
         fi
     fi
-    timeout 10 tc -n "$slow" qdisc del dev eth0 root 2>/dev/null
+    timeout --kill-after=10 10 tc -n "$slow" qdisc del dev eth0 root 2>/dev/null
 else
     skipped+=("the preflight across 2 hosts: build/preflight_comm does not exist (make tools)")
 fi
@@ -404,7 +404,7 @@ if [ -x build/stage-3 ]; then
         if [ "$(lines "$out/metrics.jsonl")" -lt 3 ]; then
             job_state; fail "$name: training did not start"; log_tail
         else
-            timeout 10 ip -n "$lost" link set eth0 down
+            timeout --kill-after=10 10 ip -n "$lost" link set eth0 down
             t0=$(now)
             ran="" deadline=$((SECONDS + bound))
             while :; do
@@ -418,7 +418,7 @@ if [ -x build/stage-3 ]; then
             # the ranks left on the lost host: they must end by themselves as well
             left=""
             for _ in $(seq $((bound * 5))); do
-                left=$(for p in $(timeout 10 ip netns pids "$lost"); do
+                left=$(for p in $(timeout --kill-after=10 10 ip netns pids "$lost"); do
                            [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$ROOT/build/stage-3" ] && echo "$p"
                        done)
                 [ -z "$left" ] && break
@@ -438,7 +438,7 @@ if [ -x build/stage-3 ]; then
                      "'$(grep -m1 -o 'error: .*did not finish within [0-9]* s' "$LOG")'; the ranks on $lost exited too"
                 rm -f "$LOG"
             fi
-            timeout 10 ip -n "$lost" link set eth0 up
+            timeout --kill-after=10 10 ip -n "$lost" link set eth0 up
             if [ "${MN_TEST_KEEP_CLUSTER:-0}" = 1 ]; then   # back into service for whoever uses it next
                 login scontrol update nodename="$lost" state=resume >/dev/null 2>&1 || true
             fi

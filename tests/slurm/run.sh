@@ -34,7 +34,7 @@ WORK=$ROOT/build/slurm-test
 T_START=$SECONDS
 
 TEST_NAME=test-slurm
-slurm_cmd() { timeout 30 "$@"; }
+slurm_cmd() { timeout --kill-after=10 30 "$@"; }
 source tests/cluster_lib.sh   # counting, timing, submit, wait_job, log_tail
 
 # ---- teardown on every path --------------------------------------------------------------------
@@ -43,10 +43,10 @@ cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     if [ ${#submitted[@]} -gt 0 ] && [ $cluster_started = 1 ]; then
-        timeout 10 scancel "${submitted[@]}" 2>/dev/null || true
+        timeout --kill-after=10 10 scancel "${submitted[@]}" 2>/dev/null || true
     fi
     if [ $cluster_started = 1 ] && [ "${SLURM_TEST_KEEP_CLUSTER:-0}" != 1 ]; then
-        timeout 120 bash slurm/local-cluster-down.sh >"$WORK/cluster-down.log" 2>&1 ||
+        timeout --kill-after=10 120 bash slurm/local-cluster-down.sh >"$WORK/cluster-down.log" 2>&1 ||
             { echo "WARNING: teardown failed:"; cat "$WORK/cluster-down.log"; }
     fi
     exit $rc
@@ -64,13 +64,13 @@ fi
 say "bringing up the local Slurm cluster (slurm/local-cluster-up.sh)"
 cluster_started=1
 t0=$(now)
-if ! env_file=$(timeout 600 bash slurm/local-cluster-up.sh 2>"$WORK/cluster-up.log"); then
+if ! env_file=$(timeout --kill-after=10 600 bash slurm/local-cluster-up.sh 2>"$WORK/cluster-up.log"); then
     cat "$WORK/cluster-up.log"
     fail "cluster: slurm/local-cluster-up.sh failed"; summary; exit 1
 fi
 # shellcheck source=/dev/null
 source "$env_file"   # SLURM_CONF, mpirun-as-root, OMPI_MCA_mpi_yield_when_idle=1
-say "cluster up in $(since "$t0") s: $(timeout 10 sinfo -h -o '%P %T %c CPUs %G' | head -n1)"
+say "cluster up in $(since "$t0") s: $(timeout --kill-after=10 10 sinfo -h -o '%P %T %c CPUs %G' | head -n1)"
 
 # run_job NAME SCRIPT CHECK [sbatch options...]: submit, wait, COMPLETED 0:0, then CHECK (a
 # function reading $LOG that prints why it failed). Logs of passing jobs are removed.
@@ -117,7 +117,7 @@ grid_of() { [ "$1" = 5 ] && echo "--tp_dimensions=2,2,1"; }  # stage 5's grid in
 
 # ---- 1. the launch path, with a stand-in MPI program -----------------------------------------------
 HELLO=$WORK/mpi_hello
-if ! timeout 60 mpicc -std=c11 -O2 -Wall -Wextra -Werror -o "$HELLO" tests/slurm/mpi_hello.c 2>"$WORK/mpicc.err"; then
+if ! timeout --kill-after=10 60 mpicc -std=c11 -O2 -Wall -Wextra -Werror -o "$HELLO" tests/slurm/mpi_hello.c 2>"$WORK/mpicc.err"; then
     fail "launchers: mpicc tests/slurm/mpi_hello.c failed: $(cat "$WORK/mpicc.err")"
 else
     for launcher in srun mpirun; do
