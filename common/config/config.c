@@ -859,6 +859,15 @@ static void require_lora_keys_fit_stage(const Config *cfg, const Sources *src, S
               "resume; start from them with lora_adapter", source_of(src, "resume"), cfg->lora_rank);
 }
 
+// whether key `name` holds its default value (a saved run's config writes every key: one that
+// holds its default there was set by nobody)
+static bool holds_default(const Config *cfg, const char *name) {
+    const Key *k = find_key(name);
+    Config dflt = *cfg;
+    set_from_text(&dflt, k, k->dflt, "defaults");
+    return memcmp(slot(&dflt, k), slot((Config *)cfg, k), k->size) == 0;
+}
+
 // The optimizer: Muon's keys choose nothing under AdamW, so setting one there is refused; Muon
 // itself runs where a stage wires it (it needs whole matrices: common/run/muon.h) and trains every
 // parameter of a dense model, not LoRA's adapters.
@@ -870,7 +879,7 @@ static void require_optimizer_keys_fit_stage(Config *cfg, const Sources *src, St
                                             "muon_redundant"};
     if (!cfg->muon) {
         for (int i = 0; i < 5; i++)
-            if (strcmp(source_of(src, muon_keys[i]), "defaults") != 0)
+            if (!holds_default(cfg, muon_keys[i]))
                 fatal("%s: key '%s' is set but key 'optimizer' is %s: Muon's keys need optimizer muon",
                       source_of(src, muon_keys[i]), muon_keys[i], cfg->optimizer);
         return;
