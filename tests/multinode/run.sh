@@ -5,12 +5,13 @@
 # Brings up the multi-host test cluster (slurm/multinode-up.sh: 2 hosts wbn1, wbn2, each a
 # network namespace with its own hostname and slurmd, joined by a virtual switch), then from the
 # login node, exactly as a user would:
-#   - stages 3, 4, 5, 7 and 9 through `sbatch --nodes=2 --ntasks-per-node=2 slurm/stage-N.sh` with the
+#   - stages 3, 4, 5, 7, 9 and 10 through `sbatch --nodes=2 --ntasks-per-node=2 slurm/stage-N.sh` with the
 #     stage scripts unchanged (stage 5 on the grid [2,1,1] x data 2: the tensor-parallel pair in
 #     a host, the data dimension across the hosts; stage 7 likewise with 2 pipeline stages in a
 #     host x 2 replicas, then dealt round-robin so that the pipeline boundary crosses the hosts
 #     and its bytes must go over the network; stage 9 with its ring of cp 2 in a host x 2
-#     replicas across them); stage 3 once more with LAUNCHER=mpirun;
+#     replicas across them; stage 10's mesh with its tensor pair in a host and its 2 pipeline
+#     stages across the hosts); stage 3 once more with LAUNCHER=mpirun;
 #   - stage 3 with plain `mpirun --host wbn1:2,wbn2:2` (no Slurm; remote start through mn-rsh);
 #   - each run must complete, reproduce the single-process (stage 1) losses within 1e-5
 #     relative per step over 20 fp32 steps, and move at least half a gradient's bytes per step
@@ -243,7 +244,7 @@ run_sbatch() {
     rm -f "$LOG"
 }
 
-for n in 3 4 5 7 9; do
+for n in 3 4 5 7 9 10; do
     if [ ! -x "build/stage-$n" ]; then
         skipped+=("stage $n across 2 hosts: build/stage-$n does not exist yet (make stage-$n)")
         continue
@@ -264,6 +265,10 @@ for n in 3 4 5 7 9; do
                7 "$WORK/out/s7-cyclic" --pp_size=2 --num_microbatches=2 ;;
         9) run_sbatch "stage 9: sbatch --nodes=2 slurm/stage-9.sh, the ring (cp 2) in a host x 2 replicas" 9 "$WORK/out/s9" \
                --cp_size=2 --overlap_communication=true ;;
+        10) # the mesh puts the tensor pair (innermost) in a host and the pipeline (outermost) across
+            EXTRA_CHECK=check_tp_inside_hosts run_sbatch \
+               "stage 10: sbatch --nodes=2 slurm/stage-10.sh, tp 2 in a host x pp 2 across the hosts" 10 "$WORK/out/s10" \
+               --tp_dimensions=2,1,1 --pp_size=2 --num_microbatches=2 ;;
     esac
 done
 
