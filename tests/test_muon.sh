@@ -148,8 +148,8 @@ plan_equals_run z1_np3_red zero1 --muon_redundant=true
 bad=(timeout 120 mpirun -np 2 --bind-to none)
 expect_one_error "optimizer sgd" "key 'optimizer': expected adamw or muon, found 'sgd'" \
     "${bad[@]}" build/stage-4 "${args[@]}" --out_dir="$tmp/bad" --optimizer=sgd
-expect_one_error "muon on stage 03" "key 'optimizer' is muon but stage 03 has no Muon" \
-    "${bad[@]}" build/stage-3 "${args[@]}" --out_dir="$tmp/bad"
+expect_one_error "muon on stage 09" "key 'optimizer' is muon but stage 09 has no Muon" \
+    "${bad[@]}" build/stage-9 "${args[@]}" --out_dir="$tmp/bad"
 expect_one_error "muon_lr under adamw" "key 'muon_lr' is set but key 'optimizer' is adamw" \
     "${bad[@]}" build/stage-4 "${args[@]}" --out_dir="$tmp/bad" --optimizer=adamw --muon_lr=0.01
 expect_one_error "muon_redundant on stage 05" "key 'muon_redundant' is true but stage 05 holds every matrix whole" \
