@@ -174,8 +174,9 @@ def main():
                 findings.append((kind, who, f"links {o}"))
         # the program's own files (a tool's: tools/<name>*), headers too, each with the -I
         # directories its directory's objects are compiled with
-        mine = sorted(f"{own}/{f}" for f in os.listdir(own) if f.endswith((".c", ".h", ".cu"))
-                      and (own != "tools" or f.startswith(who)))
+        # (a stage's sub-folders too: 06's serving/, 09's backend/)
+        mine = sorted(os.path.join(d, f) for d, _, fs in os.walk(own) for f in fs
+                      if f.endswith((".c", ".h", ".cu")) and (own != "tools" or f.startswith(who)))
         search = ["common"]
         for src in mine:
             for d in flags.get(src, []):
