@@ -48,7 +48,7 @@ void tp_stage_layers_free(TPStageLayers *l);
 double composed_norm_squares(const TPModel *m, const PipeGrid *pg, const float *grads);
 
 // Checkpoints hold the whole model whatever the mesh: each stage's x ranks put its part together
-// (05's tp_assemble), then the x = 0 ranks of replica 0 assemble the stages (07's); loading takes
+// (05's tp_assemble), then the x = 0 ranks of replica 0 (and c = 0) assemble the stages (07's); loading takes
 // this stage's part by name and this rank's share of it. Returns the step to continue from.
 void composed_save_checkpoint(const Config *cfg, const ComposedGroups *groups, const PipeGrid *pg, const TPModel *m,
                               const ParamLayout *full, const float *params, const float *adam_m,

@@ -1,6 +1,7 @@
-// Stage 10: the techniques composed, data x tensor x pipeline parallelism on one mesh.
+// Stage 10: the techniques composed, data x tensor x pipeline (x context) parallelism on one mesh.
 //
-// The P ranks form a mesh pp x dp x tp (composed.h; tensor parallelism innermost). 07's pipeline
+// The P ranks form a mesh pp x dp x cp x tp (composed.h; tensor parallelism innermost; cp_size > 1
+// cuts every sequence into 09's chunks, attention a ring over cp: composed_cp.h). 07's pipeline
 // cuts the blocks into pp_size stages and runs num_microbatches micro-batches through them in the
 // order pp_schedule says (gpipe, 1f1b); inside each stage, 05's tensor-parallel layers split every
 // block over tp_dimensions' x ranks (heads, MLP columns, the vocabulary); the pipelines are

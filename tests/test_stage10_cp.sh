@@ -58,10 +58,11 @@ print({'total': x + p2p + wte + ring + 4*stage0, 'ring': 3 * ring + eval_ring, '
 }
 bytes=$(python3 -c "import json,sys; print(sorted({json.loads(l)['comm_bytes'] for l in open(sys.argv[1])}))" "$tmp/bytes/metrics.jsonl")
 check '[ "$bytes" = "[$(formula total)]" ]' "comm_bytes per step on rank 0 is $bytes, want [$(formula total)]"
-check '[ "$(comm_value "$tmp/bytes/stats.json" cp send-recv bytes)" = "$(formula ring)" ]' \
-    "cp ring bytes over 3 steps: $(comm_value "$tmp/bytes/stats.json" cp send-recv bytes), want $(formula ring)"
-check '[ "$(comm_value "$tmp/bytes/stats.json" context all-reduce bytes)" = "$(formula replicas)" ]' \
-    "dp x cp bytes over 3 steps: $(comm_value "$tmp/bytes/stats.json" context all-reduce bytes), want $(formula replicas)"
+for row in "cp send-recv ring" "context all-reduce replicas"; do  # group, collective, formula row
+    read -r group kind row <<<"$row"
+    total=$(comm_value "$tmp/bytes/stats.json" "$group" "$kind" bytes)
+    check '[ "$total" = "$(formula "$row")" ]' "$group $kind bytes over 3 steps: $total, want $(formula "$row")"
+done
 
 # bad input: one error naming the dimension and the number, every rank stops
 args=(--config configs/tiny.json --stop_iteration=1 "${common[@]}")
