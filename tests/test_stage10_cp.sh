@@ -4,7 +4,8 @@
 #  - dp 1 x tp 2 x pp 2 x cp 2 (8 ranks) reproduces stage 01's per-step figures (loss, lr,
 #    grad_norm, val_loss) within 1e-5 relative over 20 steps on GPT-2 (learned wpe at each chunk's
 #    positions) and Llama (RoPE, grouped-query attention); dp 2 x tp 2 x pp 2 x cp 2 (16 ranks) over
-#    5 steps; tp 2 x pp 2 x cp 3 (12 ranks, 6 chunks of 11 tokens) over 3 steps;
+#    5 steps; pp 2 x cp 7 (14 ranks, batches of 240 tokens in 14 chunks of 18: the last padded)
+#    over 5; tp 2 x pp 2 x cp 3 (12 ranks, 6 chunks of 11 tokens) over 3 steps;
 #  - the mesh puts cp between dp and tp and says so; stats.json's layout holds cp;
 #  - comm_bytes per step on rank 0, and the cp ring's and the replicas' (dp x cp) bytes, equal the
 #    README's formula;
@@ -33,6 +34,13 @@ run_single 1 single5
 run_ranks 10 d2c2t2p2 16 "${mesh[@]}" --cp_size=2
 check 'compare_losses "$tmp/single5" "$tmp/d2c2t2p2" 5 1e-5' "dp 2 x tp 2 x pp 2 x cp 2 does not reproduce stage 01"
 check 'grep -q "replicas identical on all 4 ranks" "$tmp/d2c2t2p2.log"' "no replica check over dp x cp"
+
+# a batch length the chunks do not divide: the tiny data's batches are 240 tokens long, cut by cp 7
+# into 14 chunks of 18 tokens, the last padded by 12 (max_seq_len 252 keeps the pads inside wpe)
+args=(--config configs/tiny.json --stop_iteration=5 "${common[@]}" --max_seq_len=252)
+run_single 1 single252
+run_ranks 10 c7p2 14 --pp_size=2 --num_microbatches=2 --cp_size=7
+check 'compare_losses "$tmp/single252" "$tmp/c7p2" 5 1e-5' "pp 2 x cp 7, its last chunk padded, does not reproduce stage 01"
 
 # communication on rank 0 (t 0, c 0 of replica 0 of stage 0) per step, T fixed by a short
 # max_seq_len, cp 3: each micro-batch's r rows are 2 r chunks of c = T / 6 tokens on each cp rank,
