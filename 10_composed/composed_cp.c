@@ -118,7 +118,9 @@ void cp_stage_layers_free(CPStageLayers *l) {
 }
 
 void print_cp_stage_plan(const CPStageLayers *l, const Config *cfg) {
-    if (l->cp > 1) print_context_plan(&l->grid, cfg, &l->tp.m->shape, cp_chunk_len(&l->grid, cfg->max_seq_len));
+    if (l->cp == 1) return;
+    int T = l->tp.m->cfg.max_seq_len < cfg->max_seq_len ? l->tp.m->cfg.max_seq_len : cfg->max_seq_len;
+    print_context_plan(&l->grid, cfg, &l->tp.m->shape, cp_chunk_len(&l->grid, T));
 }
 
 const Batch *cp_stage_batches(CPStageLayers *l, const Batch *batches, int m) {
