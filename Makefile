@@ -98,11 +98,14 @@ STAGE_LIBS_6 := -lmicrohttpd -pthread
 # tensor-parallel layers (tp_model.c hands a LoRA run's norm to tp_lora.c, which stage 10 refuses)
 STAGE_EXTRA_10 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 05_tensor_parallel/tp_lora.c \
                   07_pipeline_parallel/pipeline.c 07_pipeline_parallel/schedules.c 07_pipeline_parallel/zero_bubble.c
+# ... and its cp dimension runs 09's context parallelism inside those stages: its chunks, positions
+# and ring attention (context.c, with 09's ring steps per backend below)
+STAGE_EXTRA_10 += 09_context_parallel/context.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_10)): CC := $(MPICC)
-# ... on the mesh of composed runs (common/comm/mesh.c)
-STAGE_OBJS_10 := $(B)/common/comm/mesh.o
 # a stage's objects built per backend: stage 09's ring attention steps (kernels, or OpenMP loops)
 STAGE_OBJS_9 := $(B)/09_context_parallel/backend/ring_blocks_$(BACKEND).o
+# ... on the mesh of composed runs (common/comm/mesh.c)
+STAGE_OBJS_10 := $(B)/common/comm/mesh.o $(STAGE_OBJS_9)
 
 .PHONY: preflight exercise grade exercises-pack plot report all setup test test-programs test-mutations test-slurm test-multinode test-cuda bench bench-cuda demo clean $(addprefix stage-,$(STAGES))
 all: $(addprefix stage-,$(STAGES)) tools

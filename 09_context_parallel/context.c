@@ -101,13 +101,17 @@ static void embed_half(const CPLayers *x, float *out, float *dwpe, const int *to
     }
 }
 
+void cp_layers_set_positions(CPLayers *x, int B, int T) {
+    for (int b = 0; b < B; b++) x->start_host[b] = chunk_of(x->grid, x->grid->cp_rank, b / (B / 2)) * T;
+    copy_to_device(x->start, x->start_host, (size_t)B * sizeof(int));
+}
+
 static void cp_embed_forward(LayerOps *ops, float *out, const int *tokens, const int *start, const Weights *w,
                              const ModelShape *s, int B, int T) {
     (void)start;
     CPLayers *x = (CPLayers *)ops;
     int half_rows = B / 2;
-    for (int b = 0; b < B; b++) x->start_host[b] = chunk_of(x->grid, x->grid->cp_rank, b / half_rows) * T;
-    copy_to_device(x->start, x->start_host, (size_t)B * sizeof(int));
+    cp_layers_set_positions(x, B, T);
     for (int half = 0; half < 2; half++) {
         size_t at = (size_t)half * half_rows * T;
         embed_half(x, out + at * s->C, NULL, tokens + at, w->wte, NULL, w->wpe, s, half_rows, T,

@@ -67,6 +67,10 @@ typedef struct {
 } CPLayers;
 
 void cp_layers_init(CPLayers *x, const CPGrid *g, const GPTConfig *mc, int B, int c, bool half);
+// start (and start_host) = each of the B rows' first position in its whole sequence: rows of
+// chunks of T tokens, the early chunks' rows first (the embedding calls it; stage 10's later
+// pipeline stages too, whose rotary embedding turns by it without an embedding of their own)
+void cp_layers_set_positions(CPLayers *x, int B, int T);
 void cp_layers_free(CPLayers *x);
 // the device bytes cp_layers_init allocates (activations: the planner counts them too)
 size_t cp_layers_bytes(const CPGrid *g, const GPTConfig *mc, int B, int c, bool half);

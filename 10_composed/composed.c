@@ -20,16 +20,18 @@ void composed_groups_init(ComposedGroups *g, Comm *world, const Config *cfg) {
               d[0], d[1], d[2]);
     char text[64], source[1200], why[320];
     int size[MESH_DIMS];
-    snprintf(text, sizeof text, "tp=%d,pp=%d", d[0], cfg->pp_size);
-    snprintf(source, sizeof source, "%s (tp_dimensions), %s (pp_size)", config_source("tp_dimensions"),
-             config_source("pp_size"));
+    snprintf(text, sizeof text, "tp=%d,cp=%d,pp=%d", d[0], cfg->cp_size, cfg->pp_size);
+    snprintf(source, sizeof source, "%s (tp_dimensions), %s (cp_size), %s (pp_size)", config_source("tp_dimensions"),
+             config_source("cp_size"), config_source("pp_size"));
     if (!mesh_parse(text, comm_size(world), size, why, sizeof why)) fatal("%s: mesh: %s", source, why);
     Mesh *m = &g->mesh;
     mesh_init(m, world, size, source);
     int stage = m->coord[MESH_PP], replica = m->coord[MESH_DP], pp = m->size[MESH_PP];
     // 07's grid numbers its ranks replica * pp + stage: the mesh's pp x dp group, renumbered
-    g->slice = comm_split(world, m->coord[MESH_TP], replica * pp + stage, "slice");
+    int t = m->coord[MESH_CP] * m->size[MESH_TP] + m->coord[MESH_TP];  // this rank's (c, t)
+    g->slice = comm_split(world, t, replica * pp + stage, "slice");
     g->stage_ranks = mesh_group(m, MESH_ALONG(MESH_DP) | MESH_ALONG(MESH_TP), "stage");
+    g->context = m->size[MESH_CP] > 1 ? mesh_group(m, MESH_ALONG(MESH_DP) | MESH_ALONG(MESH_CP), "context") : NULL;
     g->replica_ranks = mesh_group(m, MESH_ALONG(MESH_PP) | MESH_ALONG(MESH_TP), "replica");
     g->checkpoint = mesh_group(m, MESH_ALONG(MESH_DP) | MESH_ALONG(MESH_TP), "checkpoint");
 }
@@ -82,7 +84,9 @@ void composed_save_checkpoint(const Config *cfg, const ComposedGroups *groups, c
         part[i] = dev_malloc(bytes);
         tp_assemble(m, part[i], mine[i], groups->checkpoint);  // this stage's part, on each of its ranks
     }
-    if (groups->mesh.coord[MESH_TP] == 0) pipe_save_checkpoint(cfg, pg, &m->full, full, part[0], part[1], part[2], step);
+    // one slice saves: t = 0's, of the first chunks (the weights are copies over cp)
+    if (groups->mesh.coord[MESH_TP] == 0 && groups->mesh.coord[MESH_CP] == 0)
+        pipe_save_checkpoint(cfg, pg, &m->full, full, part[0], part[1], part[2], step);
     for (int i = 0; i < 3; i++) dev_free(part[i]);
 }
 

@@ -12,19 +12,22 @@
 #include "../07_pipeline_parallel/pipeline.h"
 #include "../05_tensor_parallel/tp_model.h"
 
-// The groups stage 10's pieces are made over, from the mesh (comm/mesh.h: pp x dp x tp, tensor
-// parallelism innermost, rank = (stage * dp + replica) * tp + t): a tensor-parallel group is tp
-// consecutive ranks (one host: it talks in every layer), the data-parallel replicas next (one
-// all-reduce a step), the pipeline's stages outermost (a message per micro-batch at its edges).
+// The groups stage 10's pieces are made over, from the mesh (comm/mesh.h: pp x dp x cp x tp,
+// tensor parallelism innermost, rank = ((stage * dp + replica) * cp + c) * tp + t): a
+// tensor-parallel group is tp consecutive ranks (one host: it talks in every layer), the context
+// ranks next (keys and values around a ring in every block, behind attention's compute), the
+// data-parallel replicas next (one all-reduce a step), the pipeline's stages outermost (a message
+// per micro-batch at its edges).
 typedef struct {
     Mesh mesh;
-    Comm *slice;          // the ranks of this t (pp x dp), numbered replica * pp + stage: 07's pipeline grid
-    Comm *stage_ranks;    // this pipeline stage's ranks (dp x tp): 05's grid [tp, 1, 1] x dp
+    Comm *slice;          // the ranks of this c and t (pp x dp), numbered replica * pp + stage: 07's pipeline grid
+    Comm *stage_ranks;    // this pipeline stage's ranks of this c (dp x tp): 05's grid [tp, 1, 1] x dp
+    Comm *context;        // cp > 1: this stage's ranks of this t (dp x cp): 09's grid (composed_cp.h); else NULL
     Comm *replica_ranks;  // this replica's pp x tp ranks: the gradient norm's sum
     Comm *checkpoint;     // = stage_ranks, a group of its own so that saving is not counted as training traffic
 } ComposedGroups;
 
-// The mesh from tp_dimensions' x and pp_size, dp taking the ranks left (fatal() on every rank
+// The mesh from tp_dimensions' x, cp_size and pp_size, dp taking the ranks left (fatal() on every rank
 // alike, naming the dimension and the number, when they do not fit), and the groups over it:
 // the one place stage 10 builds them. Rank 0 prints the mesh, its order and why.
 void composed_groups_init(ComposedGroups *g, Comm *world, const Config *cfg);
@@ -45,7 +48,7 @@ void tp_stage_layers_free(TPStageLayers *l);
 double composed_norm_squares(const TPModel *m, const PipeGrid *pg, const float *grads);
 
 // Checkpoints hold the whole model whatever the mesh: each stage's x ranks put its part together
-// (05's tp_assemble), then the x = 0 ranks of replica 0 assemble the stages (07's); loading takes
+// (05's tp_assemble), then the x = 0 ranks of replica 0 (and c = 0) assemble the stages (07's); loading takes
 // this stage's part by name and this rank's share of it. Returns the step to continue from.
 void composed_save_checkpoint(const Config *cfg, const ComposedGroups *groups, const PipeGrid *pg, const TPModel *m,
                               const ParamLayout *full, const float *params, const float *adam_m,

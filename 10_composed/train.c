@@ -1,6 +1,7 @@
-// Stage 10: the techniques composed, data x tensor x pipeline parallelism on one mesh.
+// Stage 10: the techniques composed, data x tensor x pipeline (x context) parallelism on one mesh.
 //
-// The P ranks form a mesh pp x dp x tp (composed.h; tensor parallelism innermost). 07's pipeline
+// The P ranks form a mesh pp x dp x cp x tp (composed.h; tensor parallelism innermost; cp_size > 1
+// cuts every sequence into 09's chunks, attention a ring over cp: composed_cp.h). 07's pipeline
 // cuts the blocks into pp_size stages and runs num_microbatches micro-batches through them in the
 // order pp_schedule says (gpipe, 1f1b); inside each stage, 05's tensor-parallel layers split every
 // block over tp_dimensions' x ranks (heads, MLP columns, the vocabulary); the pipelines are
@@ -22,7 +23,7 @@
 #include "base/log.h"
 #include "base/trace.h"
 #include "comm/comm.h"
-#include "composed.h"
+#include "composed_cp.h"
 #include "config/config.h"
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
@@ -90,15 +91,16 @@ int main(int argc, char **argv) {
     // activations for one micro-batch of the longest sequences, once per micro-batch in flight,
     // at this rank's sizes and run by 05's layers
     int T = mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len;
-    TPStageLayers tp_layers;
-    tp_stage_layers_init(&tp_layers, &model, &cfg, cfg.global_batch_size / grid.dp / m, T);
+    CPStageLayers tp_layers;  // with cp > 1: of each rank's two chunks, attention a ring over cp
+    cp_stage_layers_init(&tp_layers, &model, &cfg, &groups, &mc, cfg.global_batch_size / grid.dp / m, T);
     Pipeline pipe;
-    pipeline_init_layers(&pipe, &grid, &mc, &cfg, &mb.w, &tp_layers.base);
+    pipeline_init_layers(&pipe, &grid, &mc, &cfg, &mb.w, &tp_layers.tp.base);
     // only rank 0 prints, writes metrics and saves checkpoints: the replicas are identical
     if (rank != 0 && !freopen("/dev/null", "w", stdout)) fatal("cannot silence rank %d's output", rank);
 
     print_stage_banner(10, P, &cfg, &mc, mb.n);
     print_mesh_plan(&groups.mesh);
+    print_cp_stage_plan(&tp_layers, &cfg);
     print_pipeline_plan(&grid, &cfg, &mc, mb.n, pipe.n_slots);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
     pipeline_print_memory(&pipe, &cfg, mb.n);
@@ -134,18 +136,20 @@ int main(int argc, char **argv) {
         // the schedule: forwards and backwards of the micro-batches through the stages;
         // gradients add up in `mb.grads`, the loss on the last stage
         dev_zero(mb.grads, mb.bytes);
-        double loss_sum = pipeline_step(&pipe, &mb.g, batches, dloss);
+        double loss_sum = pipeline_step(&pipe, &mb.g, cp_stage_batches(&tp_layers, batches, m), dloss);
         // every x rank of a tensor-parallel group ran the same rows: one of them counts them
         if (!tp_grid.counts_rows) loss_sum = 0;
-        if (grid.is_first && tp_grid.counts_rows)
+        if (grid.is_first && tp_grid.counts_rows && groups.mesh.coord[MESH_CP] == 0)
             for (int micro = 0; micro < m; micro++) tokens += (long)batches[micro].rows * batches[micro].T;
         // GPT-2's lm_head is wte: the first stage holds its embedding half of the gradient, the
         // last its head half, each x rank its vocabulary rows; summed over the two stages, both
         // copies take the same AdamW step and stay equal
         if (grid.tied) comm_all_reduce(grid.tied, mb.g.wte, (size_t)model.Vl * mc.n_embd);
         // sum each stage's gradients over the replicas, as stage 03 does for the whole model
-        // (over x the copies of a small tensor saw the same rows: 05's rule)
-        if (grid.dp > 1) comm_all_reduce(grid.dp_group, mb.grads, mb.n);
+        // (over x the copies of a small tensor saw the same rows: 05's rule; over cp the copies of
+        // every tensor saw other tokens, and are summed too)
+        Comm *replicas = composed_replicas(&tp_layers, &grid);
+        if (comm_size(replicas) > 1) comm_all_reduce(replicas, mb.grads, mb.n);
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
         comm_sum_doubles(world, totals, 3);
@@ -177,7 +181,7 @@ int main(int argc, char **argv) {
         if (evaluation_due(&cfg, step + 1, last)) {
             if (half_mode) cast_to_16(mb.params16, mb.params, mb.n);  // evaluate the updated weights
             double val[2];  // the validation loss summed over its target tokens, and their count
-            evaluate_batches(pipeline_eval_loss, &pipe, data, &cfg, grid.replica, grid.dp, val);
+            cp_stage_evaluate(&tp_layers, &pipe, data, &cfg, grid.replica, grid.dp, val);
             if (!grid.is_last || !tp_grid.counts_rows) val[0] = val[1] = 0;  // one rank's of the last stage
             comm_sum_doubles(world, val, 2);
             s.val_loss = val[1] ? val[0] / val[1] : -1;
@@ -199,11 +203,14 @@ int main(int argc, char **argv) {
     print_bubble(groups.slice, &pipe);
     composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld, the full model)\n", cfg.out_dir, total_steps);
-    // the proof that data parallelism kept each stage's replicas identical
-    if (grid.dp > 1) comm_check_replicas_identical(grid.dp_group, mb.params, mb.n);
+    // the proof that data (and context) parallelism kept each stage's replicas identical
+    Comm *replicas = composed_replicas(&tp_layers, &grid);
+    if (comm_size(replicas) > 1) comm_check_replicas_identical(replicas, mb.params, mb.n);
     comm_print_table(world);
     if (rank == 0)
-        run_stats_write(&cfg, 10, P, (RunLayout){.dp = grid.dp, .pp = grid.pp, .tp_dimensions = {tp_grid.X, 1, 1}},
+        run_stats_write(&cfg, 10, P,
+                        (RunLayout){.dp = grid.dp, .pp = grid.pp, .tp_dimensions = {tp_grid.X, 1, 1},
+                                    .cp = tp_layers.cp > 1 ? tp_layers.cp : 0},
                         comm_stats_json());
 
     comm_trace_write(world, cfg.out_dir, cfg.trace);
@@ -211,7 +218,7 @@ int main(int argc, char **argv) {
     for (int micro = 0; micro < m; micro++) batch_free(&batches[micro]);
     free(batches);
     pipeline_free(&pipe);
-    tp_stage_layers_free(&tp_layers);
+    cp_stage_layers_free(&tp_layers);
     model_buffers_free(&mb);
     tp_model_free(&model);
     gpt_layout_free(&full_layout);

@@ -8,7 +8,8 @@
 #    nothing outside it;
 #  - no stage or tool links, includes or puts on its include path another stage's file, except
 #    stage 06 -> 05 (tensor-parallel inference), stage 06 -> 08's moe* files (generation from MoE
-#    checkpoints), stage 10 -> 05 and 07 (the techniques composed: 05's layers inside 07's stages)
+#    checkpoints), stage 10 -> 05, 07 and 09 (the techniques composed: 05's layers inside 07's
+#    stages, 09's ring attention inside 05's layers)
 #    and the planner (tools/plan*: it sizes layouts with the stages' arithmetic).
 source "$(dirname "$0")/lib.sh"
 make -pn BACKEND=cpu >"$tmp/db" 2>/dev/null

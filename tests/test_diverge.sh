@@ -4,7 +4,9 @@
 # itself from the run's config; a run whose lr differs parts at step 1 by lr alone; a pipeline
 # run (stage 07, pp 2 x dp 2) resumed at step 3 from a checkpoint with one tensor scaled by 1.1
 # parts at step 4, and that tensor is named, held by the ranks of pipeline stage 1 (1 and 3: rank
-# = replica x pp + stage); the tied embedding is held by both ends. Checks read the finder's --json.
+# = replica x pp + stage); the tied embedding is held by both ends; on stage 10's mesh (tp 2 x pp 2)
+# a stage's tensors by its ranks, ((stage x dp + replica) x cp + c) x tp + t. Checks read the
+# finder's --json.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 args=(--config configs/tiny.json --global_batch_size=12 --stop_iteration=6 --checkpoint_interval=0)
@@ -62,6 +64,11 @@ check '[ "$(field pipe "r[\"tensors\"][0][\"name\"], r[\"tensors\"][0][\"ranks\"
 holders=$(python3 -c 'import sys; sys.path.insert(0, "tools"); import diverge
 print([diverge.holders(sys.argv[1], "transformer." + t)[0] for t in ("wte.weight", "wpe.weight", "ln_f.weight")])' "$tmp/pipe")
 check '[ "$holders" = "[[0, 1, 2, 3], [0, 2], [1, 3]]" ]' "the pipeline's wte, wpe and ln_f held by $holders, want [[0, 1, 2, 3], [0, 2], [1, 3]]"
+# stage 10's mesh (pipeline outermost, tp 2 innermost): stage 1's block on ranks 2 and 3, not 07's 1 and 3
+run_ranks 10 mesh 4 --tp_dimensions=2,1,1 --pp_size=2 --num_microbatches=2 --stop_iteration=1 --n_layer=2
+holders=$(python3 -c 'import sys; sys.path.insert(0, "tools"); import diverge
+print([diverge.holders(sys.argv[1], "transformer." + t)[0] for t in ("h.1.mlp.c_fc.weight", "wpe.weight", "wte.weight")])' "$tmp/mesh")
+check '[ "$holders" = "[[2, 3], [0, 1], [0, 1, 2, 3]]" ]' "stage 10's h.1, wpe and wte held by $holders, want [[2, 3], [0, 1], [0, 1, 2, 3]]"
 
 # a run directory without metrics: one error, exit 2
 diverge missing "$tmp/ref" "$tmp/nothing"

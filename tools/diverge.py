@@ -14,9 +14,10 @@ the step in optimizer.safetensors') and names:
   - when both checkpoints are of the same step, the tensors whose largest element difference
     exceeds --tensor-tol (default 1e-2) of their largest magnitude, the worst first; and
   - the ranks of the run that hold the worst tensor, from its layout: a pipeline stage's blocks
-    (stage 07's rank = replica x pp + stage), an expert rank's experts (stage 08's rank = replica
-    x ep + expert rank), every rank where the tensor is replicated or sharded (data, tensor and
-    context parallelism).
+    (stage 07's rank = replica x pp + stage; stage 10's mesh, pipeline outermost: rank =
+    ((stage x dp + replica) x cp + c) x tp + t, every rank of the stage holding a part), an
+    expert rank's experts (stage 08's rank = replica x ep + expert rank), every rank where the
+    tensor is replicated or sharded (data, tensor and context parallelism).
 The tensor tolerance is looser than the loss's: AdamW divides each gradient element by its own
 size, so an element whose gradient is zero but for rounding (GPT-2's attention key bias) takes
 steps of the learning rate's size either way, and the weights of two equal runs drift apart by
@@ -192,8 +193,13 @@ def holders(run, name):
             stages = [0]
         else:
             stages = [pp - 1]
+        words = f"pipeline stage {' and '.join(map(str, stages))} of {pp}"
+        if stats.get("stage") == 10:  # the mesh: rank = ((stage x dp + replica) x cp + c) x tp + t
+            per_stage = world // pp
+            ranks = [s * per_stage + r for s in sorted(stages) for r in range(per_stage)]
+            return ranks, f"{words}, a part on each of its {per_stage} ranks (stage 10's mesh)"
         ranks = sorted(replica * pp + s for replica in range(world // pp) for s in stages)
-        return ranks, f"pipeline stage {' and '.join(map(str, stages))} of {pp}"
+        return ranks, words
     expert = re.search(r"\.experts\.(\d+)\.", name)
     ep = int(layout.get("ep", 1))
     if ep > 1 and expert:

@@ -674,16 +674,16 @@ static void require_pipeline_keys_fit_strategy(const Config *cfg, const Sources 
               cfg->gradient_acc_steps);
 }
 
-// cp_size > 1 splits each sequence over ranks, which only strategy context_parallel does;
-// elsewhere it would be ignored
+// cp_size > 1 splits each sequence over ranks, which only strategies context_parallel and composed
+// (stage 10's cp dimension) do; elsewhere it would be ignored
 static void require_context_keys_fit_strategy(const Config *cfg, const Sources *src) {
     static const char *const impls[] = {"ring", "ulysses"};
     require_positive(src, "cp_size", cfg->cp_size);
     require_one_of(src, "cp_impl", cfg->cp_impl, impls, 2, "ring or ulysses");
-    if (cfg->cp_size != 1 && strcmp(cfg->strategy, "context_parallel") != 0)
+    if (cfg->cp_size != 1 && strcmp(cfg->strategy, "context_parallel") != 0 && strcmp(cfg->strategy, "composed") != 0)
         fatal("%s: key 'cp_size' is %d but strategy \"%s\" does not split sequences: context parallelism "
-              "is strategy context_parallel (build/stage-9)", source_of(src, "cp_size"), cfg->cp_size,
-              cfg->strategy);
+              "is strategy context_parallel (build/stage-9) or composed (build/stage-10)", source_of(src, "cp_size"),
+              cfg->cp_size, cfg->strategy);
 }
 
 // Experts are stage 08's (and stage 06 generates with them): elsewhere num_experts would be ignored
