@@ -147,6 +147,50 @@ static float *adapted_tiny_llama(ParamLayout *l, float **params, Lora *lo, const
     return adapters;
 }
 
+// every pointer of a block's weights NULL: what the frozen base's gradients name
+static bool names_nothing(const Weights *g) {
+    static const BlockWeights none;
+    bool empty = !g->wte && !g->wpe && !g->lnf.w && !g->lnf.b && !g->head.w && !g->head.b;
+    for (int i = 0; i < g->n_layer; i++) empty = empty && memcmp(&g->h[i], &none, sizeof none) == 0;
+    return empty;
+}
+
+// trainable_take_base: the loop's layout and buffers become the trained set's, the base keeps its
+// parameters (which forward reads through mb.w) and nothing else: no gradient is named
+static void test_take_base(void) {
+    ParamLayout l;
+    float *params;
+    Lora lo;
+    float *adapters = adapted_tiny_llama(&l, &params, &lo, "q_proj,down_proj", 3, 6);
+    GPTConfig cfg = l.cfg;
+    size_t base_n = l.num_params;
+    ModelBuffers mb;
+    model_buffers_alloc(&mb, &l, false);
+    copy_to_device(mb.params, params, base_n * sizeof(float));
+    float *base = mb.params, *wte = mb.w.wte;
+    Activations a;
+    acts_alloc(&a, &cfg, 2, 8, 0);
+    lora_plug(&lo, adapters, mb.params, &a);
+    trainable_take_base(&lo.trained, &l, &mb);
+    const Trainable *t = &lo.trained;
+    CHECK(l.num_params == t->layout.num_params && l.tensors == t->layout.tensors && mb.n == t->layout.num_params &&
+          mb.bytes == t->bytes && mb.params == t->params && mb.grads == t->grads && mb.adam_m == t->m &&
+          mb.adam_v == t->v, "after trainable_take_base the loop's layout and buffers are not the trained set's");
+    CHECK(t->base_params == base && t->base_layout.num_params == base_n && t->base_bytes == base_n * sizeof(float) &&
+          mb.w.wte == wte, "the frozen base's parameters moved (forward reads them through mb.w)");
+    CHECK(mb.g.n_layer == cfg.n_layer && names_nothing(&mb.g), "mb.g still names a gradient of the frozen base");
+    MemoryItem items[MODEL_MEMORY_ITEMS] = {{"p", 0}, {"p16", 0}, {"g", 0}, {"m", 0}, {"a", 0}};
+    trainable_add_memory(t, items);
+    CHECK(items[0].bytes == base_n * sizeof(float) && items[1].bytes == 0 && items[4].bytes == t->acts_bytes,
+          "trainable_add_memory: %zu bytes of the base, %zu of activations", items[0].bytes, items[4].bytes);
+    acts_free(&a);
+    model_buffers_free(&mb);
+    gpt_layout_free(&l);
+    lora_free(&lo);
+    free(adapters);
+    free(params);
+}
+
 // the adapted model's logits against the merged base's, on random adapters
 static void test_merge_equals_adapted(void) {
     ParamLayout l;
@@ -501,6 +545,7 @@ int main(int argc, char **argv) {
     test_sites();
     test_init_as_peft();
     test_merge_equals_adapted();
+    test_take_base();
     test_dropout_mask();
     test_dropout_adapter();
     return test_summary("test_lora");
