@@ -63,13 +63,11 @@ int main(int argc, char **argv) {
 
     print_stage_banner(1, 1, &cfg, &mc, mb.n);
     print_batch_plan(&cfg, data, 1, "", total_steps);
-    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
-    // are the adapters' (common/run/lora.h)
-    Lora lora;
+    Lora lora;  // lora_rank > 0: the base frozen; from here on layout and mb are its adapters' (run/lora.h)
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
     Muon muon = muon_create(&cfg, &layout);  // optimizer muon: scratch to orthogonalize a matrix
-    MemoryItem memory[] = {{"parameters (fp32)", lora.base_bytes + mb.bytes}, {"gradients (fp32)", mb.bytes},
-                           {"AdamW m and v (fp32)", 2 * mb.bytes}, {"activations", acts.bytes + lora.acts_bytes}};
+    MemoryItem memory[] = {{"parameters (fp32)", lora.trained.base_bytes + mb.bytes}, {"gradients (fp32)", mb.bytes},
+                           {"AdamW m and v (fp32)", 2 * mb.bytes}, {"activations", acts.bytes + lora.trained.acts_bytes}};
     print_memory_report("device memory:", memory, 4);
 
     // ---- the training loop ----

@@ -75,14 +75,12 @@ int main(int argc, char **argv) {
     // fp8-tensorwise: the block's linears multiply FP8 numbers (fp8.h)
     Fp8Layers fp8 = {0};
     if (cfg.prec == PREC_FP8_TENSORWISE) fp8_attach(&fp8, &acts, &layout);
-    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
-    // are the adapters' (common/run/lora.h)
-    Lora lora;
+    Lora lora;  // lora_rank > 0: the base frozen; from here on layout and mb are its adapters' (run/lora.h)
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
     Muon muon = muon_create(&cfg, &layout);  // optimizer muon: scratch to orthogonalize a matrix
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes);
-    lora_add_memory(&lora, memory);  // LoRA: the frozen base, its 16-bit copy, what the adapters keep
+    trainable_add_memory(&lora.trained, memory);  // the frozen base, its 16-bit copy, what the adapters keep
     print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
     print_16bit_activation_saving(&acts);
 

@@ -82,9 +82,7 @@ int main(int argc, char **argv) {
 
     print_stage_banner(3, P, &cfg, &mc, mb.n);
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
-    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
-    // are the adapters' (common/run/lora.h)
-    Lora lora;
+    Lora lora;  // lora_rank > 0: the base frozen; from here on layout and mb are its adapters' (run/lora.h)
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
     Muon muon = muon_create(&cfg, &layout);  // optimizer muon: scratch to orthogonalize a matrix
     BucketPlan buckets;  // of the gradients that train: with LoRA, the adapters' only
@@ -92,7 +90,7 @@ int main(int argc, char **argv) {
     print_gradient_sync(&buckets, cfg.overlap_communication, cfg.bucket_size_mb);
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes);
-    lora_add_memory(&lora, memory);  // LoRA: the frozen base, its 16-bit copy, what the adapters keep
+    trainable_add_memory(&lora.trained, memory);  // the frozen base, its 16-bit copy, what the adapters keep
     print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
     print_16bit_activation_saving(&acts);
 

@@ -9,7 +9,6 @@
 
 #include "base/device.h"
 #include "base/log.h"
-#include "fsdp_lora.h"
 #include "model/activations.h"
 #include "ops/ops.h"
 #include "run/optimizer.h"
@@ -205,20 +204,21 @@ void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cf
     }
 }
 
-void fsdp_freeze_base(Fsdp *f, Lora *lo) {
+void fsdp_freeze_base(Fsdp *f, Trainable *t) {
+    if (!t) return;
     dev_free(f->grads), dev_free(f->adam_m), dev_free(f->adam_v), dev_free(f->root_grad);
     f->adam_m = f->adam_v = f->root_grad = NULL;
     for (int s = 0; s < 2; s++) dev_free(f->block_grad[s]), f->block_grad[s] = NULL;
     // ZeRO-2, 3 held the root's gradient and a block's (two, prefetching) beside their weights
     if (!grads_whole(f))
         f->gathered_bytes -= (padded(f, &f->units[0]) + (f->prefetch ? 2 : 1) * f->max_block) * sizeof(float);
-    f->lora = lo;
-    f->grads = lo->grads;
-    f->grads_numel = lo->layout.num_params;
+    f->trained = t;
+    f->grads = t->grads;
+    f->grads_numel = t->layout.num_params;
 }
 
 void fsdp_free(Fsdp *f) {
-    if (f->lora) f->grads = NULL;  // the adapters' (lora_free frees them)
+    if (f->trained) f->grads = NULL;  // the trained set's (its owner frees them)
     void *all[] = {f->params, f->grads, f->adam_m, f->adam_v, f->root, f->root_grad, f->block[0],
                    f->block[1], f->block_grad[0], f->block_grad[1], f->shard_scratch[0],
                    f->shard_scratch[1], f->root16, f->block16[0], f->block16[1], f->shard16[0],
@@ -232,7 +232,7 @@ void fsdp_free(Fsdp *f) {
 }
 
 size_t fsdp_state_bytes(const Fsdp *f) {
-    if (f->lora) return f->params_numel * sizeof(float) + 4 * f->lora->bytes;  // the base; the adapters' 4 buffers
+    if (f->trained) return f->params_numel * sizeof(float) + 4 * f->trained->bytes;  // the base; the trained set's 4 buffers
     return (f->params_numel + f->grads_numel + 2 * f->shard_numel) * sizeof(float);
 }
 
@@ -331,8 +331,9 @@ long fsdp_load_checkpoint(Fsdp *f, const Config *cfg) {
 
 void fsdp_save_checkpoint(Fsdp *f, const Config *cfg, long step) {
     bool writer = comm_rank(f->world) == 0;  // HSDP: the other groups hold the same shards
-    if (f->lora) {
-        if (writer) save_checkpoint(cfg, &f->lora->layout, f->lora->params, f->lora->m, f->lora->v, step);
+    if (f->trained) {
+        const Trainable *t = f->trained;
+        if (writer) save_checkpoint(cfg, &t->layout, t->params, t->m, t->v, step);
         return;
     }
     size_t bytes = f->layout->num_params * sizeof(float);
@@ -464,7 +465,7 @@ static void forward(Fsdp *f, Gathers *g, Weights *root, Activations *a, const GP
     for (int l = 0; l < L; l++) {
         int next = l + 1 < L ? l + 1 : (then_backward ? L - 1 : -1);
         BlockWeights bw = block_for_use(g, l, next);
-        if (f->lora) lora_run_block(f->lora, l);
+        trainable_run_block(f->trained, l);
         gpt_block_forward(a, l, &bw, B, T);
         // the block's full weights are now free: the next use overwrites them
     }
@@ -478,15 +479,15 @@ void fsdp_forward(void *fsdp, Activations *a, const int *inputs, int B, int T) {
     forward(f, &g, &root, a, &f->layout->cfg, inputs, B, T, false);
 }
 
-// LoRA: the frozen base's backward computes input gradients only (the adapters' gradients add up
-// in theirs): the blocks are gathered again, and no gradient is reduce-scattered. The embedding,
+// A frozen base's backward computes input gradients only (the trained set's gradients add up in
+// its own): the blocks are gathered again, and no gradient is reduce-scattered. The embedding,
 // frozen, has nothing to compute.
 static void backward_frozen(Fsdp *f, Gathers *g, const Weights *root, Activations *a, int B, int T) {
     Weights none = {0};  // the base's gradients: every pointer NULL
     gpt_head_backward(a, root, &none, B, T);
     for (int l = f->layout->cfg.n_layer - 1; l >= 0; l--) {
         BlockWeights bw = block_for_use(g, l, l - 1), bg = {0};
-        lora_run_block(f->lora, l);
+        trainable_run_block(f->trained, l);
         gpt_block_backward(a, l, &bw, &bg, B, T);
     }
 }
@@ -499,7 +500,7 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
     forward(f, &g, &root, a, cfg, inputs, B, T, true);
     copy_to_device(a->targets, targets, (size_t)B * T * sizeof(int));
     double loss_sum = gpt_loss_forward_backward(a, cfg, B, T, dloss);
-    if (f->lora) {
+    if (f->trained) {
         backward_frozen(f, &g, &root, a, B, T);
         return loss_sum;
     }
@@ -540,7 +541,7 @@ double fsdp_forward_backward(Fsdp *f, Activations *a, const GPTConfig *cfg, cons
 // ---- the optimizer step on shards -------------------------------------------------------------
 
 void fsdp_reduce_gradients(Fsdp *f) {
-    if (f->lora) {  // whole on every rank: all-reduced as DDP's (the base has no gradient)
+    if (f->trained) {  // whole on every rank: all-reduced as DDP's (the base has no gradient)
         comm_all_reduce(f->world, f->grads, f->grads_numel);
         return;
     }
@@ -558,7 +559,7 @@ void fsdp_reduce_gradients(Fsdp *f) {
 }
 
 double fsdp_grad_norm(Fsdp *f) {
-    if (f->lora) return sqrt(sum_squares(f->grads, f->grads_numel));  // whole on every rank, summed
+    if (f->trained) return sqrt(sum_squares(f->grads, f->grads_numel));  // whole on every rank, summed
     double squares = 0;
     if (!grads_whole(f)) squares = sum_squares(f->grads, f->shard_numel);
     for (int i = 0; grads_whole(f) && i < f->n_units; i++) squares += sum_squares(grad_shard(f, &f->units[i]), f->units[i].shard);
@@ -615,9 +616,9 @@ void fsdp_optimizer_step(Fsdp *f, const Config *cfg, double lr, long t, float cl
         fsdp_muon_step(f, cfg, lr, t, clip);
         return;
     }
-    if (f->lora) {
-        const Lora *lo = f->lora;
-        adamw_step(&lo->layout, lo->params, lo->grads, lo->m, lo->v, 0, f->grads_numel, cfg, lr, t, clip);
+    if (f->trained) {
+        const Trainable *x = f->trained;
+        adamw_step(&x->layout, x->params, x->grads, x->m, x->v, 0, f->grads_numel, cfg, lr, t, clip);
         return;
     }
     for (int i = 0; i < f->n_units; i++) {
@@ -648,6 +649,17 @@ void fsdp_print_peak_memory(const Fsdp *f) {
            comm_max_double(f->world, rss) / 1048576.0, -comm_max_double(f->world, -rss) / 1048576.0);
 }
 
+// the rows with a frozen base, FSDP's and DDP's: the trained set's parameters beside the base's,
+// its gradients and moments only, and what it keeps for backward
+static void frozen_memory_items(const Trainable *t, MemoryItem fsdp[], MemoryItem ddp[]) {
+    for (MemoryItem *items = fsdp; items; items = items == fsdp ? ddp : NULL) {
+        items[0].bytes += t->bytes;
+        items[1].bytes = t->bytes;
+        items[2].bytes = 2 * t->bytes;
+        items[5].bytes += t->acts_bytes;
+    }
+}
+
 int fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_bytes,
                       MemoryItem fsdp[FSDP_MEMORY_ITEMS], MemoryItem ddp[FSDP_MEMORY_ITEMS]) {
     size_t n = f->layout->num_params, s = f->shard_numel, fl = sizeof(float);
@@ -666,7 +678,7 @@ int fsdp_memory_items(const Fsdp *f, const char *params_label, size_t acts_bytes
         fsdp[i] = (MemoryItem){rows[i].what, rows[i].fsdp};
         if (ddp) ddp[i] = (MemoryItem){rows[i].what, rows[i].ddp};
     }
-    if (f->lora) fsdp_lora_memory_items(f->lora, fsdp, ddp);
+    if (f->trained) frozen_memory_items(f->trained, fsdp, ddp);
     return f->muon_on ? FSDP_MEMORY_ITEMS : FSDP_MEMORY_ITEMS - 1;
 }
 
@@ -685,14 +697,14 @@ void fsdp_print_memory(const Fsdp *f, const char *params_label, size_t acts_byte
     if (f->zero_stage == 3)
         printf("  the gathered units: the root (%zu elements, held for a micro-batch) and %d block slot%s%s "
                "(%zu elements each)\n", f->units[0].numel, f->prefetch ? 2 : 1, f->prefetch ? "s" : "",
-               f->lora ? "" : (f->prefetch ? " and gradients" : " and gradient"), f->n_units > 1 ? f->units[1].numel : 0);
+               f->trained ? "" : (f->prefetch ? " and gradients" : " and gradient"), f->n_units > 1 ? f->units[1].numel : 0);
     if (f->zero_stage == 2)
         printf("  the gradients held whole: the root's (through a micro-batch) and %d block's at a time (%zu "
                "elements each), reduce-scattered as they finish\n", f->prefetch ? 2 : 1,
                f->n_units > 1 ? f->units[1].numel : 0);
-    if (f->lora)
+    if (f->trained)
         printf("  state (parameters + gradients + AdamW) per rank: %zu bytes = 4 x (%zu + 4 x %zu) elements: "
-               "the base's parameters, the adapters' parameters, gradients and m, v\n", fsdp_state_bytes(f),
+               "the base's parameters, the trained set's parameters, gradients and m, v\n", fsdp_state_bytes(f),
                f->params_numel, f->grads_numel);
     else
         printf("  state (parameters + gradients + AdamW) per rank: %zu bytes = 4 x (%zu + %zu + 2 x %zu) elements "

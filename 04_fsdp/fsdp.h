@@ -33,7 +33,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "model/gpt.h"
-#include "run/lora.h"
+#include "run/trainable.h"
 #include "run/muon.h"
 #include "run/run_stats.h"
 
@@ -89,9 +89,9 @@ typedef struct {
     Muon muon;                 // the orthogonalization's scratch
     size_t muon_bytes;         // what the three take on a rank
     double muon_flops_max, muon_flops_min;  // a step's orthogonalization flops on the busiest and idlest rank
-    // LoRA (fsdp_lora.h): the adapters, whole on every rank, trained on the frozen base (NULL: the
-    // base trains). grads and grads_numel then name the adapters' gradients; the base has none.
-    Lora *lora;
+    // the trained set beside a frozen base (fsdp_freeze_base; NULL: the base trains), whole on
+    // every rank; grads and grads_numel then name its gradients: the base has none
+    Trainable *trained;
 } Fsdp;
 
 // Cuts the layout into units for world rank `rank` of P (its group: P / replicas ranks) and sizes
@@ -107,10 +107,15 @@ void fsdp_plan_muon(Fsdp *f, bool redundant, int ns_steps);
 bool fsdp_replicas_fit(int replicas, int P, char *why, size_t why_size);
 // fsdp_plan, then makes the groups and allocates this rank's shards (zero) and the gathered buffers.
 void fsdp_init(Fsdp *f, Comm *world, const ParamLayout *layout, const Config *cfg, bool use_16bit);
-// LoRA: the base is frozen. Frees its gradients, AdamW moments and gathered gradient buffers;
-// grads and grads_numel name lo's gradients from here on, and every step's function hands the
-// adapters to fsdp_lora.c.
-void fsdp_freeze_base(Fsdp *f, Lora *lo);
+// The base is frozen and t trains instead (a model transform's tensors: common/run/trainable.h;
+// t NULL: nothing happens). Frees the base's gradients, AdamW moments and gathered gradient
+// buffers. The base's shards, gathers and frees stay FSDP's as ever, but it has no gradient to
+// reduce-scatter and no moments to shard: a rank holds 1/P of its parameters and nothing else of
+// it. t is small: every rank holds it whole, as DDP's replicas hold a model, and its gradients are
+// all-reduced once a step (fsdp_reduce_gradients); sharding it would save little and cost a gather
+// per block. The gathered blocks all pass through the same slots, so each block's forward and
+// backward first tells t which block runs (trainable_run_block).
+void fsdp_freeze_base(Fsdp *f, Trainable *t);
 // the rung and the groups, one line (rank 0 prints it)
 void fsdp_print_sharding(const Fsdp *f);
 void fsdp_free(Fsdp *f);

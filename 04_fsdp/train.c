@@ -25,7 +25,6 @@
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
 #include "fsdp.h"
-#include "fsdp_lora.h"
 #include "model/activations.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
@@ -85,10 +84,8 @@ int main(int argc, char **argv) {
     print_stage_banner(4, P, &cfg, &mc, layout.num_params);
     fsdp_print_sharding(&fsdp);
     print_batch_plan(&cfg, data, P, "ranks", total_steps);
-    // LoRA (lora_rank > 0): the base frozen (its shards gathered, never updated), adapters on its
-    // linears trained, whole on every rank; from here on fsdp.grads are the adapters' (fsdp_lora.h)
-    Lora lora;
-    fsdp_lora_attach(&lora, &cfg, &fsdp, &acts);
+    Lora lora;  // lora_rank > 0: the adapters train, whole on every rank, beside the frozen base's shards
+    fsdp_freeze_base(&fsdp, lora_attach_blocks(&lora, &cfg, fsdp.layout, &acts));
     fsdp_print_memory(&fsdp, parameters_label(&cfg), acts.bytes);
     print_16bit_activation_saving(&acts);
 

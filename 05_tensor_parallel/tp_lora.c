@@ -19,6 +19,7 @@ struct TPLora {
     Lora whole;           // the whole adapters, described on the full model: names, shapes, files
     Slice *slices;        // [whole.n_sites], indexed as the sites
     const Lora *lo;       // the Lora that runs this rank's slices: its layout is the run's after tp_lora_attach
+    const TPModel *m;
     TensorInfo *tensors;  // that layout's tensors (tp_lora_free frees them)
 };
 
@@ -72,18 +73,18 @@ static void describe_slices(Lora *lo, struct TPLora *t, const TPModel *m) {
     *lo = (Lora){.rank = w->rank, .alpha = w->alpha, .scale = w->scale, .dropout = w->dropout, .seed = w->seed, .arch = w->arch,
                  .n_sites = w->n_sites};
     memcpy(lo->targets, w->targets, sizeof lo->targets);
-    lo->layout = (ParamLayout){.cfg = w->layout.cfg, .arch = w->layout.arch, .first_block = w->layout.first_block,
-                               .n_blocks = w->layout.n_blocks};
+    lo->trained.layout = (ParamLayout){.cfg = w->trained.layout.cfg, .arch = w->trained.layout.arch, .first_block = w->trained.layout.first_block,
+                               .n_blocks = w->trained.layout.n_blocks};
     lo->sites = calloc_or_die((size_t)w->n_sites, sizeof(LoraSite));
     t->slices = calloc_or_die((size_t)w->n_sites, sizeof(Slice));
-    t->tensors = lo->layout.tensors = calloc_or_die((size_t)w->layout.num_tensors, sizeof(TensorInfo));
+    t->tensors = lo->trained.layout.tensors = calloc_or_die((size_t)w->trained.layout.num_tensors, sizeof(TensorInfo));
     for (int i = 0; i < w->n_sites; i++) {
         LoraSite *s = &lo->sites[i];
         slice_site(m, &w->sites[i], s, &t->slices[i]);
-        s->a = lo->layout.num_tensors;
-        add_tensor(&lo->layout, &w->layout.tensors[w->sites[i].a], lo->rank, s->in_dim);
-        s->b = lo->layout.num_tensors;
-        add_tensor(&lo->layout, &w->layout.tensors[w->sites[i].b], s->rows, lo->rank);
+        s->a = lo->trained.layout.num_tensors;
+        add_tensor(&lo->trained.layout, &w->trained.layout.tensors[w->sites[i].a], lo->rank, s->in_dim);
+        s->b = lo->trained.layout.num_tensors;
+        add_tensor(&lo->trained.layout, &w->trained.layout.tensors[w->sites[i].b], s->rows, lo->rank);
     }
 }
 
@@ -95,8 +96,8 @@ static void move_slices(const struct TPLora *t, const Lora *lo, float *whole, fl
     for (int i = 0; i < lo->n_sites; i++) {
         const LoraSite *s = &lo->sites[i], *ws = &w->sites[i];
         const Slice *sl = &t->slices[i];
-        float *wa = whole + w->layout.tensors[ws->a].offset, *sa = slices + lo->layout.tensors[s->a].offset;
-        float *wb = whole + w->layout.tensors[ws->b].offset, *sb = slices + lo->layout.tensors[s->b].offset;
+        float *wa = whole + w->trained.layout.tensors[ws->a].offset, *sa = slices + lo->trained.layout.tensors[s->a].offset;
+        float *wb = whole + w->trained.layout.tensors[ws->b].offset, *sb = slices + lo->trained.layout.tensors[s->b].offset;
         if (to_slices || sl->counts_a)
             for (int k = 0; k < r; k++) {
                 float *from_whole = wa + (size_t)k * ws->in_dim + sl->a_col0, *here = sa + (size_t)k * s->in_dim;
@@ -119,6 +120,46 @@ static void complete_over_group(void *ctx, LinearKind k, bool backward, float *h
     tp_all_reduce(backward ? l->out_group : l->in_group, h, n);
 }
 
+// tp_norm_squares with LoRA: the slices' gradients, each element counted on one rank of the replica
+static double norm_squares(const void *owner, const float *grads) {
+    const struct TPLora *t = owner;
+    const Lora *lo = t->lo;
+    double s = 0;
+    for (int i = 0; i < lo->n_sites; i++) {
+        const TensorInfo *a = &lo->trained.layout.tensors[lo->sites[i].a], *b = &lo->trained.layout.tensors[lo->sites[i].b];
+        if (t->slices[i].counts_a) s += sum_squares(grads + a->offset, a->numel);
+        if (t->slices[i].counts_b) s += sum_squares(grads + b->offset, b->numel);
+    }
+    return s;
+}
+
+// the whole adapters, put together from every rank's slices over `group`, saved by its rank 0 as
+// PEFT's files (what tp_save_checkpoint writes with LoRA)
+static void save_whole(const void *owner, const Config *cfg, Comm *group, const float *params) {
+    const struct TPLora *t = owner;
+    const TPModel *m = t->m;
+    const Lora *lo = t->lo;
+    size_t n = t->whole.trained.layout.num_params, bytes = n * sizeof(float);
+    float *mine = malloc_or_die(lo->trained.bytes), *whole = calloc_or_die(n, sizeof(float));
+    copy_to_host(mine, params, lo->trained.bytes);
+    if (m->grid.d == 0) move_slices(t, lo, whole, mine, false);  // one replica's counting copies: each element once
+    float *sum = dev_malloc(bytes);
+    copy_to_device(sum, whole, bytes);
+    comm_all_reduce(group, sum, n);
+    copy_to_host(whole, sum, bytes);
+    if (comm_rank(group) == 0) lora_save(cfg, &t->whole.trained.layout, whole);
+    dev_free(sum);
+    free(mine), free(whole);
+}
+
+static void free_slices(void *owner) {
+    struct TPLora *t = owner;
+    lora_free(&t->whole);
+    free(t->slices);
+    free(t->tensors);
+    free(t);
+}
+
 void tp_lora_attach(Lora *lo, const Config *cfg, TPModel *m, ParamLayout *layout, ModelBuffers *mb, TPActs *acts) {
     memset(lo, 0, sizeof *lo);
     if (!cfg->lora_rank) return;
@@ -126,60 +167,24 @@ void tp_lora_attach(Lora *lo, const Config *cfg, TPModel *m, ParamLayout *layout
     lora_describe_keys(&t->whole, cfg, &m->full);
     float *whole = lora_start(&t->whole, cfg, &m->full);  // the values every stage starts from
     describe_slices(lo, t, m);
-    float *mine = malloc_or_die(lo->layout.num_params * sizeof(float));
+    float *mine = malloc_or_die(lo->trained.layout.num_params * sizeof(float));
     move_slices(t, lo, whole, mine, true);
     lora_plug(lo, mine, mb->params, &acts->acts);
     free(mine), free(whole);
     lo->complete = complete_over_group;
     lo->complete_ctx = m;
-    lora_take_over(lo, layout, mb);
-    lo->base_layout.tensors = NULL, lo->base_layout.block_first = NULL;  // the model's (tp_model_free frees them)
+    lora_print_summary(lo, layout->num_params);
+    trainable_take_base(&lo->trained, layout, mb);
+    lo->trained.base_layout.tensors = NULL, lo->trained.base_layout.block_first = NULL;  // the model's (tp_model_free frees them)
     t->lo = lo;
-    m->lora = t;
+    t->m = m;
+    m->trained = (TPTrained){.owner = t, .norm_squares = norm_squares, .save = save_whole, .free = free_slices};
 }
 
 void tp_lora_memory(const Lora *lo, MemoryItem items[TP_MEMORY_ITEMS]) {
     if (!lo->rank) return;
-    items[0].bytes += lo->bytes;
-    items[2].bytes = lo->bytes;
-    items[3].bytes = 2 * lo->bytes;
-    items[6].bytes += lo->acts_bytes;
-}
-
-double tp_lora_norm_squares(const TPModel *m, const float *grads) {
-    const struct TPLora *t = m->lora;
-    const Lora *lo = t->lo;
-    double s = 0;
-    for (int i = 0; i < lo->n_sites; i++) {
-        const TensorInfo *a = &lo->layout.tensors[lo->sites[i].a], *b = &lo->layout.tensors[lo->sites[i].b];
-        if (t->slices[i].counts_a) s += sum_squares(grads + a->offset, a->numel);
-        if (t->slices[i].counts_b) s += sum_squares(grads + b->offset, b->numel);
-    }
-    return s;
-}
-
-void tp_lora_save(const Config *cfg, const TPModel *m, Comm *group, const float *params) {
-    const struct TPLora *t = m->lora;
-    const Lora *lo = t->lo;
-    size_t n = t->whole.layout.num_params, bytes = n * sizeof(float);
-    float *mine = malloc_or_die(lo->bytes), *whole = calloc_or_die(n, sizeof(float));
-    copy_to_host(mine, params, lo->bytes);
-    if (m->grid.d == 0) move_slices(t, lo, whole, mine, false);  // one replica's counting copies: each element once
-    float *sum = dev_malloc(bytes);
-    copy_to_device(sum, whole, bytes);
-    comm_all_reduce(group, sum, n);
-    copy_to_host(whole, sum, bytes);
-    if (comm_rank(group) == 0) lora_save(cfg, &t->whole.layout, whole);
-    dev_free(sum);
-    free(mine), free(whole);
-}
-
-void tp_lora_free(TPModel *m) {
-    struct TPLora *t = m->lora;
-    if (!t) return;
-    lora_free(&t->whole);
-    free(t->slices);
-    free(t->tensors);
-    free(t);
-    m->lora = NULL;
+    items[0].bytes += lo->trained.bytes;
+    items[2].bytes = lo->trained.bytes;
+    items[3].bytes = 2 * lo->trained.bytes;
+    items[6].bytes += lo->trained.acts_bytes;
 }

@@ -18,16 +18,12 @@
 // A stage-05 run's LoRA (lora_rank > 0; otherwise nothing happens): lora_attach's work on the
 // grid. The adapters are described on the full model, started there (as every stage starts them),
 // and this rank's slices of them plugged in around acts' layers; layout and mb become the slices'
-// (mb.w still names the base's share) and m->lora says so.
+// (mb.w still names the base's share), and m->trained hands the model's gradient norm (each
+// element of the slices counted on one rank of the replica) and checkpoint (the whole adapters,
+// put together from every rank's slices and saved as PEFT's files) to this file.
 void tp_lora_attach(Lora *lo, const Config *cfg, TPModel *m, ParamLayout *layout, ModelBuffers *mb, TPActs *acts);
 // tp_memory_items' rows with LoRA: the base's share without gradients or moments (nor their
 // depth blocks), the slices' own, and what they keep for backward
 void tp_lora_memory(const Lora *lo, MemoryItem items[TP_MEMORY_ITEMS]);
-// tp_norm_squares with LoRA: the slices' gradients, each element counted on one rank of the replica
-double tp_lora_norm_squares(const TPModel *m, const float *grads);
-// the whole adapters, put together from every rank's slices over `group`, saved by its rank 0 as
-// PEFT's files (what tp_save_checkpoint writes with LoRA)
-void tp_lora_save(const Config *cfg, const TPModel *m, Comm *group, const float *params);
-void tp_lora_free(TPModel *m);
 
 #endif

@@ -9,7 +9,6 @@
 #include "run/evaluate.h"
 #include "run/run_checkpoint.h"
 #include "run/run_stats.h"
-#include "tp_lora.h"
 
 // ---- the grid must fit ------------------------------------------------------------------------
 
@@ -196,7 +195,7 @@ void tp_model_layout_part(TPModel *m, const GPTConfig *mc, const TPGrid *grid, b
 }
 
 void tp_model_free(TPModel *m) {
-    tp_lora_free(m);
+    if (m->trained.free) m->trained.free(m->trained.owner);
     free(m->local);
     free(m->layout.tensors);
     gpt_layout_free(&m->full);
@@ -283,7 +282,7 @@ void tp_assemble(const TPModel *m, float *full, const float *local, Comm *group)
 }
 
 double tp_norm_squares(const TPModel *m, const float *grads) {
-    if (m->lora) return tp_lora_norm_squares(m, grads);
+    if (m->trained.norm_squares) return m->trained.norm_squares(m->trained.owner, grads);
     return tp_norm_squares_of(m, grads, NULL, NULL);
 }
 
@@ -433,7 +432,7 @@ static void tp_layer_backward(LayerOps *ops, LinearKind k, float *dinp, Linear *
     TPLayers *t = (TPLayers *)ops;
     const TPModel *m = t->m;
     const TPLinear *l = tp_layer_of(m, k);
-    if (!g->w) {  // a frozen weight (LoRA's base): the input gradient only
+    if (!g->w) {  // a frozen weight: the input gradient only
         tp_linear_backward(l, dinp, NULL, NULL, dout, dout16, inp, inp16, tp_stream_next(t->stream), N, t->overlap);
         return;
     }
@@ -658,8 +657,8 @@ static void full_free(FullState *f) {
 
 void tp_save_checkpoint(const Config *cfg, const TPModel *m, Comm *group, const float *params,
                       const float *adam_m, const float *adam_v, long step) {
-    if (m->lora) {
-        tp_lora_save(cfg, m, group, params);
+    if (m->trained.save) {
+        m->trained.save(m->trained.owner, cfg, group, params);
         return;
     }
     FullState f;

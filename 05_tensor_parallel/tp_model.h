@@ -34,6 +34,16 @@ typedef struct {
     size_t offset;  // in this rank's flat buffer
 } LocalTensor;
 
+// A set of tensors that trains beside a frozen base, laid out on the grid by code of its own (a
+// model transform's stage-05 glue sets it): the replica's gradient norm and the checkpoint
+// are its, and tp_model_free frees it. owner is what the three functions are given.
+typedef struct {
+    void *owner;
+    double (*norm_squares)(const void *owner, const float *grads);  // as tp_norm_squares
+    void (*save)(const void *owner, const Config *cfg, Comm *group, const float *params);  // its whole, by group's rank 0
+    void (*free)(void *owner);
+} TPTrained;
+
 typedef struct {
     TPGrid grid;
     GPTConfig cfg;
@@ -49,7 +59,7 @@ typedef struct {
     size_t max_block;
     bool vocab_parallel_loss;
     ModelShape shape;       // this rank's share of a block, for the common block code
-    struct TPLora *lora;    // LoRA (tp_lora.h): this rank's slices of the adapters, which train; NULL without
+    TPTrained trained;      // the trained set beside a frozen base, or all NULL: the base trains
 } TPModel;
 
 // Refuses a grid that does not fit the model or the batch (fatal, naming the constraint).
@@ -77,7 +87,7 @@ void tp_extract(const TPModel *m, float *local, const float *full);
 // `group`, the whole world; the owner of each element is the one copy with x, y or z = 0)
 void tp_assemble(const TPModel *m, float *full, const float *local, Comm *group);
 // sum of squares of the gradient over this rank's tensors, each element counted on one rank of
-// the replica only: add over the tp group for the model's norm (LoRA: the adapters')
+// the replica only: add over the tp group for the model's norm (a frozen base: its trained set's)
 double tp_norm_squares(const TPModel *m, const float *grads);
 // the same over the tensors take(t, ctx) accepts (t: m->full's): a pipeline stage leaves out its
 // copy of the tied wte (stage 10)

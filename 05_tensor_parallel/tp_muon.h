@@ -30,7 +30,7 @@ size_t tp_muon_bytes(const TPModel *m);
 // with optimizer muon, the group (every rank calls it) and the buffers; with adamw nothing
 TPMuon tp_muon_create(const Config *cfg, const TPModel *m, Comm *world);
 void tp_muon_free(TPMuon *tm);
-// The run's optimizer on this rank's share (`layout`: m->layout, or LoRA's adapters), reading the
+// The run's optimizer on this rank's share (`layout`: m->layout, or the trained set beside a frozen base), reading the
 // gradients times clip: adamw_step, or with optimizer muon Muon's step, whose tensors' gradients
 // become their orthogonalized updates
 void tp_optimizer_step(TPMuon *tm, const TPModel *m, const ParamLayout *layout, float *params, float *grads,

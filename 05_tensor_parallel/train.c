@@ -89,9 +89,7 @@ int main(int argc, char **argv) {
     print_stage_banner(5, P, &cfg, &mc, model.full.num_params);
     tp_print_grid(&model, P, cfg.overlap_communication);
     print_batch_plan(&cfg, data, grid->row_ranks, "row groups (z x data)", total_steps);
-    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
-    // are the adapters' (common/run/lora.h), each A and B split as its linear (tp_lora.h)
-    Lora lora;
+    Lora lora;  // lora_rank > 0: the base frozen; layout and mb become its adapters' slices (tp_lora.h)
     ParamLayout layout = model.layout;  // what AdamW steps: this rank's share of the model, or of the adapters
     tp_lora_attach(&lora, &cfg, &model, &layout, &mb, &acts);
     TPMuon muon = tp_muon_create(&cfg, &model, world);  // optimizer muon: the whole model's updates (tp_muon.h)

@@ -293,7 +293,7 @@ void pipeline_print_memory(const Pipeline *p, const Config *cfg, size_t n) {
         if (p->deferred) deferred += deferred_weights_bytes(p->deferred[i]);
     }
     model_memory_items(memory, cfg, n, acts);
-    if (p->lora) lora_add_memory(p->lora, memory);  // the frozen base, its 16-bit copy, what the adapters keep
+    if (p->trained) trainable_add_memory(p->trained, memory);  // the frozen base, its 16-bit copy, what it keeps
     print_memory_report("device memory (rank 0: stage 0):", memory, MODEL_MEMORY_ITEMS);
     printf("  activations: %d micro-batches in flight x %.2f MB (%s keeps %s)\n", p->n_slots,
            acts / 1e6 / p->n_slots, pipe_schedule_name(p->schedule), slots_rule(p->schedule));
@@ -404,7 +404,7 @@ static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *gr
     Activations *a = &p->slots[slot];
     double t0 = wall_seconds(), busy0 = dev_busy_seconds(), loss = 0;
     int m0 = trace_mark();
-    if (p->lora) lora_training_micro(p->lora, op->micro * b->rows);  // its dropout masks' rows
+    trainable_run_micro(p->trained, op->micro * b->rows);  // where its rows lie in the step's
     if (op->weights) {
         deferred_weight_pass(p->deferred[slot]);
     } else if (op->backward) {

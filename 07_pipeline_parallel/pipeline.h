@@ -14,7 +14,7 @@
 #include "data/alpaca.h"
 #include "model/activations.h"
 #include "model/gpt.h"
-#include "run/lora.h"
+#include "run/trainable.h"
 
 // Where this rank sits. Rank = replica * pp + stage: a pipeline's stages are consecutive ranks,
 // so its point-to-point traffic, which every micro-batch waits on, stays on one node.
@@ -132,7 +132,7 @@ typedef struct {
     char trace[PIPE_TRACE_CHARS];
     double compute_s, schedule_s;  // summed over the steps measured: busy time and schedule time
     double *op_s;                // [n_ops]: each op's device seconds in the traced step (dev_busy_seconds)
-    Lora *lora;                  // LoRA (pipe_lora.h): this stage's adapters, in every slot's layers; or NULL
+    Trainable *trained;          // the tensors that train beside a frozen base (run/trainable.h), or NULL
     PipeLayers *layers;          // how the slots' micro-batches run through this stage's blocks
 } Pipeline;
 

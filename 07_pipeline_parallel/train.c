@@ -26,7 +26,6 @@
 #include "model/activations.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
-#include "pipe_lora.h"
 #include "pipeline.h"
 #include "run/evaluate.h"
 #include "run/lora.h"
@@ -85,10 +84,12 @@ int main(int argc, char **argv) {
     print_stage_banner(7, P, &cfg, &mc, mb.n);
     print_pipeline_plan(&grid, &cfg, &mc, mb.n, pipe.n_slots);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
-    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
-    // are the adapters' (common/run/lora.h), this stage's, and full_layout the whole model's (pipe_lora.h)
-    Lora lora;
-    pipe_lora_attach(&lora, &cfg, &layout, &full_layout, &mb, &pipe);
+    // zb-h1 defers the linears' weight gradients to a later pass; the adapters' would have to be deferred too
+    if (cfg.lora_rank && pipe.deferred)
+        fatal("%s: key 'pp_schedule' is '%s', but LoRA (lora_rank %d) runs under gpipe, 1f1b and interleaved only",
+              config_source("pp_schedule"), pipe_schedule_name(pipe.schedule), cfg.lora_rank);
+    Lora lora;  // lora_rank > 0: layout and mb become this stage's adapters', full_layout the whole model's
+    pipe.trained = lora_attach_part(&lora, &cfg, &layout, &full_layout, &mb, pipe.slots, pipe.n_slots);
     pipeline_print_memory(&pipe, &cfg, mb.n);
 
     // ---- the training loop ----

@@ -42,8 +42,8 @@ int cp_chunk_len(const CPGrid *g, int T);
 // this rank's part of a replica's batch (rows x T): its two chunks of every row, as 2 x rows
 // sequences of cp_chunk_len(T) tokens, the early chunks' rows first
 void cp_local_batch(const CPGrid *g, const Batch *full, Batch *local);
-// where this rank's chunk `half` (0 early, 1 late) of a T-token sequence starts (LoRA dropout's
-// masks are drawn at the tokens' positions in the whole sequence)
+// where this rank's chunk `half` (0 early, 1 late) of a T-token sequence starts (a dropout mask
+// drawn by place in the global batch is drawn at the tokens' positions in the whole sequence)
 int cp_chunk_start(const CPGrid *g, int half, int T);
 
 // The LayerOps of this grid: serial_layer_ops() with the embedding at the chunks' positions and

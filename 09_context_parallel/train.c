@@ -91,13 +91,11 @@ int main(int argc, char **argv) {
     print_stage_banner(9, P, &cfg, &mc, mb.n);
     print_context_plan(&grid, &cfg, &spec.shape, chunk);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
-    // LoRA (lora_rank > 0): the base frozen, adapters on its linears trained; from here on layout and mb
-    // are the adapters' (common/run/lora.h)
-    Lora lora;
+    Lora lora;  // lora_rank > 0: the base frozen; from here on layout and mb are its adapters' (run/lora.h)
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
     MemoryItem memory[MODEL_MEMORY_ITEMS];
     model_memory_items(memory, &cfg, mb.n, acts.bytes + layers.bytes);  // with attention's own buffers
-    lora_add_memory(&lora, memory);  // LoRA: the frozen base, its 16-bit copy, what the adapters keep
+    trainable_add_memory(&lora.trained, memory);  // the frozen base, its 16-bit copy, what the adapters keep
     print_memory_report("device memory:", memory, MODEL_MEMORY_ITEMS);
     print_16bit_activation_saving(&acts);
 

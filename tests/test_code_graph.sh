@@ -10,7 +10,10 @@
 #    stage 06 -> 05 (tensor-parallel inference), stage 06 -> 08's moe* files (generation from MoE
 #    checkpoints), stage 10 -> 05, 07 and 09 (the techniques composed: 05's layers inside 07's
 #    stages, 09's ring attention inside 05's layers)
-#    and the planner (tools/plan*: it sizes layouts with the stages' arithmetic).
+#    and the planner (tools/plan*: it sizes layouts with the stages' arithmetic);
+#  - no stage's modules include each other round a loop (a technique and its glue);
+#  - the techniques see a trained set beside a frozen base (common/run/trainable.h), never LoRA: no
+#    stage file names it but a main (train.c) and a stage's LoRA glue (a file named *lora*).
 source "$(dirname "$0")/lib.sh"
 make -pn BACKEND=cpu >"$tmp/db" 2>/dev/null
 objects=$(sed -n 's/^build\/cpu\/\(stage-[0-9][0-9]*\|plan\|tokenize\|peak_flops\|ceilings\): //p' "$tmp/db" |
@@ -29,5 +32,8 @@ for kind in cycle folder outside links flag includes; do
     found=$(grep "^$kind	" "$tmp/graph" | cut -f2- | tr '\t' ' ')
     check '[ -z "$found" ]' "$kind: $(sed 's/$/;/' <<<"$found" | tr '\n' ' ')"
 done
+naming=$(find 0[0-9]_* 10_* -name '*.[ch]' -o -name '*.cu' | grep -v '/train\.c$' | grep -vi 'lora[^/]*$' |
+         sort | xargs grep -li lora)
+check '[ -z "$naming" ]' "technique files name LoRA, which only the mains and the LoRA glue may: $(echo $naming)"
 [ "${1:-}" = -v ] && cat "$tmp/graph"
 finish test_code_graph

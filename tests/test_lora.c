@@ -38,7 +38,7 @@ static const LoraSite *site_named(const Lora *lo, const char *module) {
     char name[80];
     snprintf(name, sizeof name, "%s.lora_A.weight", module);
     for (int i = 0; i < lo->n_sites; i++)
-        if (strcmp(lo->layout.tensors[lo->sites[i].a].name, name) == 0) return &lo->sites[i];
+        if (strcmp(lo->trained.layout.tensors[lo->sites[i].a].name, name) == 0) return &lo->sites[i];
     return NULL;
 }
 
@@ -48,7 +48,7 @@ static void test_sites(void) {
     gpt_layout(&l, &cfg);
     Lora lo;
     lora_describe(&lo, &l, 4, 8, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "test");
-    CHECK(lo.n_sites == 14 && lo.layout.num_tensors == 28, "7 linears x 2 blocks: %d sites", lo.n_sites);
+    CHECK(lo.n_sites == 14 && lo.trained.layout.num_tensors == 28, "7 linears x 2 blocks: %d sites", lo.n_sites);
     struct { const char *module; LinearKind kind; int row0, rows, in, part; } want[] = {
         {"model.layers.1.self_attn.q_proj", LIN_QKV, 0, 32, 32, 0},
         {"model.layers.1.self_attn.k_proj", LIN_QKV, 32, 16, 32, 1},
@@ -64,7 +64,7 @@ static void test_sites(void) {
                   s->in_dim == want[i].in && s->layer == 1 && s->part == want[i].part && s->col0 == 0,
               "%s: kind, rows [row0, row0 + rows) of the fused output, input width, part", want[i].module);
         if (!s) continue;
-        const TensorInfo *a = &lo.layout.tensors[s->a], *b = &lo.layout.tensors[s->b];
+        const TensorInfo *a = &lo.trained.layout.tensors[s->a], *b = &lo.trained.layout.tensors[s->b];
         CHECK(a->shape[0] == 4 && a->shape[1] == want[i].in && b->shape[0] == want[i].rows && b->shape[1] == 4,
               "%s: A (r, in) and B (out, r), PEFT's shapes", want[i].module);
     }
@@ -107,12 +107,12 @@ static void test_init_as_peft(void) {
     gpt_layout(&l, &cfg);
     Lora lo;
     lora_describe(&lo, &l, 3, 7, "q_proj,v_proj,o_proj,down_proj", "test");
-    float *adapters = malloc_or_die(lo.layout.num_params * sizeof(float));
+    float *adapters = malloc_or_die(lo.trained.layout.num_params * sizeof(float));
     lora_init(&lo, adapters, 3);
     double sum2 = 0;
     size_t count = 0;
     for (int i = 0; i < lo.n_sites; i++) {
-        const TensorInfo *a = &lo.layout.tensors[lo.sites[i].a], *b = &lo.layout.tensors[lo.sites[i].b];
+        const TensorInfo *a = &lo.trained.layout.tensors[lo.sites[i].a], *b = &lo.trained.layout.tensors[lo.sites[i].b];
         double bound = 1.0 / sqrt((double)a->shape[1]), largest = 0;
         size_t nonzero_b = 0;
         for (size_t j = 0; j < a->numel; j++) {
@@ -140,11 +140,55 @@ static float *adapted_tiny_llama(ParamLayout *l, float **params, Lora *lo, const
     *params = malloc_or_die(l->num_params * sizeof(float));
     gpt_init_range(*params, l, 0, l->num_params, 7);
     lora_describe(lo, l, r, alpha, targets, "test");
-    float *adapters = malloc_or_die(lo->layout.num_params * sizeof(float));
+    float *adapters = malloc_or_die(lo->trained.layout.num_params * sizeof(float));
     lora_init(lo, adapters, 3);
-    for (size_t i = 0; i < lo->layout.num_params; i++)
+    for (size_t i = 0; i < lo->trained.layout.num_params; i++)
         if (adapters[i] == 0) adapters[i] = 0.05f * (float)((i * 7919) % 13) - 0.3f;
     return adapters;
+}
+
+// every pointer of a block's weights NULL: what the frozen base's gradients name
+static bool names_nothing(const Weights *g) {
+    static const BlockWeights none;
+    bool empty = !g->wte && !g->wpe && !g->lnf.w && !g->lnf.b && !g->head.w && !g->head.b;
+    for (int i = 0; i < g->n_layer; i++) empty = empty && memcmp(&g->h[i], &none, sizeof none) == 0;
+    return empty;
+}
+
+// trainable_take_base: the loop's layout and buffers become the trained set's, the base keeps its
+// parameters (which forward reads through mb.w) and nothing else: no gradient is named
+static void test_take_base(void) {
+    ParamLayout l;
+    float *params;
+    Lora lo;
+    float *adapters = adapted_tiny_llama(&l, &params, &lo, "q_proj,down_proj", 3, 6);
+    GPTConfig cfg = l.cfg;
+    size_t base_n = l.num_params;
+    ModelBuffers mb;
+    model_buffers_alloc(&mb, &l, false);
+    copy_to_device(mb.params, params, base_n * sizeof(float));
+    float *base = mb.params, *wte = mb.w.wte;
+    Activations a;
+    acts_alloc(&a, &cfg, 2, 8, 0);
+    lora_plug(&lo, adapters, mb.params, &a);
+    trainable_take_base(&lo.trained, &l, &mb);
+    const Trainable *t = &lo.trained;
+    CHECK(l.num_params == t->layout.num_params && l.tensors == t->layout.tensors && mb.n == t->layout.num_params &&
+          mb.bytes == t->bytes && mb.params == t->params && mb.grads == t->grads && mb.adam_m == t->m &&
+          mb.adam_v == t->v, "after trainable_take_base the loop's layout and buffers are not the trained set's");
+    CHECK(t->base_params == base && t->base_layout.num_params == base_n && t->base_bytes == base_n * sizeof(float) &&
+          mb.w.wte == wte, "the frozen base's parameters moved (forward reads them through mb.w)");
+    CHECK(mb.g.n_layer == cfg.n_layer && names_nothing(&mb.g), "mb.g still names a gradient of the frozen base");
+    MemoryItem items[MODEL_MEMORY_ITEMS] = {{"p", 0}, {"p16", 0}, {"g", 0}, {"m", 0}, {"a", 0}};
+    trainable_add_memory(t, items);
+    CHECK(items[0].bytes == base_n * sizeof(float) && items[1].bytes == 0 && items[4].bytes == t->acts_bytes,
+          "trainable_add_memory: %zu bytes of the base, %zu of activations", items[0].bytes, items[4].bytes);
+    acts_free(&a);
+    model_buffers_free(&mb);
+    gpt_layout_free(&l);
+    lora_free(&lo);
+    free(adapters);
+    free(params);
 }
 
 // the adapted model's logits against the merged base's, on random adapters
@@ -304,9 +348,9 @@ static void test_dropout_adapter(void) {
 
     // the reference: y = x W^T + scale (mask_s(x) A^T) B^T over the sites s of block 1's qkv
     double *want = calloc_or_die((size_t)N * out_dim, sizeof(double)), *dx = calloc_or_die((size_t)N * C, sizeof(double));
-    double *dparams = calloc_or_die(lo.layout.num_params, sizeof(double));
-    float *grads = malloc_or_die(lo.bytes);
-    copy_to_host(grads, lo.grads, lo.bytes);
+    double *dparams = calloc_or_die(lo.trained.layout.num_params, sizeof(double));
+    float *grads = malloc_or_die(lo.trained.bytes);
+    copy_to_host(grads, lo.trained.grads, lo.trained.bytes);
     for (int n = 0; n < N; n++)
         for (int o = 0; o < out_dim; o++)
             for (int c = 0; c < C; c++) {
@@ -319,8 +363,8 @@ static void test_dropout_adapter(void) {
         const LoraSite *s = &lo.sites[i];
         if (s->layer != 1) continue;
         sites++;
-        const float *A = adapters + lo.layout.tensors[s->a].offset, *Bm = adapters + lo.layout.tensors[s->b].offset;
-        double *dA = dparams + lo.layout.tensors[s->a].offset, *dB = dparams + lo.layout.tensors[s->b].offset;
+        const float *A = adapters + lo.trained.layout.tensors[s->a].offset, *Bm = adapters + lo.trained.layout.tensors[s->b].offset;
+        double *dA = dparams + lo.trained.layout.tensors[s->a].offset, *dB = dparams + lo.trained.layout.tensors[s->b].offset;
         uint64_t stream = 1ULL << 62 | (uint64_t)step << 15 | 1u << 5 | (uint64_t)LIN_QKV << 2 | (uint64_t)s->part;
         for (int n = 0; n < N; n++)
             for (int c = 0; c < C; c++)
@@ -348,7 +392,7 @@ static void test_dropout_adapter(void) {
     }
     CHECK(sites == 2, "block 1 has q's and v's adapters (%d)", sites);
     double e_out = gap(out, want, (size_t)N * out_dim), e_dx = gap(dinp, dx, (size_t)N * C);
-    double e_grads = gap(grads, dparams, lo.layout.num_params);
+    double e_grads = gap(grads, dparams, lo.trained.layout.num_params);
     CHECK(e_out < 1e-5, "with dropout, the output against the masked reference: relative gap %.3g", e_out);
     CHECK(e_dx < 1e-5, "with dropout, the input gradient against the masked reference: relative gap %.3g", e_dx);
     CHECK(e_grads < 1e-5, "with dropout, A's and B's gradients against the masked reference: relative gap %.3g", e_grads);
@@ -364,7 +408,7 @@ static void test_dropout_adapter(void) {
     for (int i = 0; i < lo.n_sites; i++) {
         const LoraSite *s = &lo.sites[i];
         if (s->layer != 1) continue;
-        const float *A = adapters + lo.layout.tensors[s->a].offset, *Bm = adapters + lo.layout.tensors[s->b].offset;
+        const float *A = adapters + lo.trained.layout.tensors[s->a].offset, *Bm = adapters + lo.trained.layout.tensors[s->b].offset;
         for (int n = 0; n < N; n++)
             for (int k = 0; k < R; k++) {
                 double hk = 0;
@@ -409,7 +453,7 @@ static void oracle_open(OracleRun *o, const char *dir, float dropout) {
     lora_read_adapter_config(adapter_dir, &rank, &alpha, targets, sizeof targets);
     lora_describe(&o->lo, &o->l, rank, alpha, targets, adapter_dir);
     o->lo.dropout = dropout, o->lo.seed = 1;
-    o->adapters = calloc_or_die(o->lo.layout.num_params, sizeof(float));
+    o->adapters = calloc_or_die(o->lo.trained.layout.num_params, sizeof(float));
     lora_read_adapter(&o->lo, adapter_dir, o->adapters);
     o->tokens = read_oracle_tokens(dir, &o->B, &o->T);
     weights_point(&o->w, &o->l, o->params);
@@ -433,8 +477,8 @@ static int run_lora_oracle_dropout(const char *dir, float p) {
     const int *x = o.tokens + 2, *y = o.tokens + 2 + N;
     lora_training(&o.lo, 0, 0, o.T);
     gpt_forward_backward(&o.a, &o.w, &o.g, &o.cfg, x, y, o.B, o.T, 1.0f / (float)N);
-    float *host = malloc_or_die(o.lo.bytes);
-    copy_to_host(host, o.lo.grads, o.lo.bytes);
+    float *host = malloc_or_die(o.lo.trained.bytes);
+    copy_to_host(host, o.lo.trained.grads, o.lo.trained.bytes);
     char path[1200];
     snprintf(path, sizeof path, "%s/grads", dir);
     lora_write_adapter(&o.lo, path, host, "ckpt");
@@ -448,7 +492,7 @@ static int run_lora_oracle_dropout(const char *dir, float p) {
         lora_site_mask(&o.lo, s, &m);
         dropout_apply(mask, ones, N, s->in_dim, &m, 0);
         char module[80];  // <module>.lora_A.weight
-        snprintf(module, sizeof module, "%s", o.lo.layout.tensors[s->a].name);
+        snprintf(module, sizeof module, "%s", o.lo.trained.layout.tensors[s->a].name);
         *strstr(module, ".lora_A.weight") = '\0';
         snprintf(path, sizeof path, "%s/mask.%s.bin", dir, module);
         FILE *f = fopen(path, "wb");
@@ -466,22 +510,22 @@ static int run_lora_oracle(const char *dir) {
     const GPTConfig *cfg = &o.cfg;
     int N = o.B * o.T;
     const int *x = o.tokens + 2, *y = o.tokens + 2 + N;
-    float *host = calloc_or_die(lo->layout.num_params, sizeof(float));
+    float *host = calloc_or_die(lo->trained.layout.num_params, sizeof(float));
     char path[1200];
     gpt_forward(&o.a, &o.w, x, o.B, o.T);
     snprintf(path, sizeof path, "%s/logits.bin", dir);
     write_rows(path, o.a.logits, N, cfg->padded_vocab_size, cfg->vocab_size);
     double loss = gpt_forward_backward(&o.a, &o.w, &o.g, cfg, x, y, o.B, o.T, 1.0f / (float)N) / N;
     printf("loss %.9g\n", loss);
-    copy_to_host(host, lo->grads, lo->bytes);
+    copy_to_host(host, lo->trained.grads, lo->trained.bytes);
     snprintf(path, sizeof path, "%s/grads", dir);
     lora_write_adapter(lo, path, host, "ckpt");
-    for (int i = 0; i < lo->layout.num_tensors; i++) {
-        const TensorInfo *t = &lo->layout.tensors[i];
-        adamw_update(lo->params + t->offset, lo->grads + t->offset, 1.0f, lo->m + t->offset, lo->v + t->offset,
+    for (int i = 0; i < lo->trained.layout.num_tensors; i++) {
+        const TensorInfo *t = &lo->trained.layout.tensors[i];
+        adamw_update(lo->trained.params + t->offset, lo->trained.grads + t->offset, 1.0f, lo->trained.m + t->offset, lo->trained.v + t->offset,
                      t->numel, ORACLE_LR, ORACLE_BETA1, ORACLE_BETA2, ORACLE_EPS, ORACLE_WD, 1);
     }
-    copy_to_host(host, lo->params, lo->bytes);
+    copy_to_host(host, lo->trained.params, lo->trained.bytes);
     snprintf(path, sizeof path, "%s/stepped", dir);
     lora_write_adapter(lo, path, host, "ckpt");
     gpt_forward(&o.a, &o.w, x, o.B, o.T);
@@ -501,6 +545,7 @@ int main(int argc, char **argv) {
     test_sites();
     test_init_as_peft();
     test_merge_equals_adapted();
+    test_take_base();
     test_dropout_mask();
     test_dropout_adapter();
     return test_summary("test_lora");

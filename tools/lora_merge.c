@@ -38,7 +38,7 @@ int main(int argc, char **argv) {
     snprintf(where, sizeof where, "%s/adapter_config.json", adapter_dir);
     Lora lo;
     lora_describe(&lo, &base, rank, alpha, targets, where);
-    float *adapters = malloc_or_die(lo.layout.num_params * sizeof(float));
+    float *adapters = malloc_or_die(lo.trained.layout.num_params * sizeof(float));
     lora_read_adapter(&lo, adapter_dir, adapters);
     lora_merge(&lo, adapters, params);
 

@@ -2,6 +2,7 @@
 #include "lora.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,7 +120,7 @@ static void add_site(const TensorInfo *t, LinearKind kind, int row0, size_t fuse
     LoraSite *s = &lo->sites[lo->n_sites++];
     *s = (LoraSite){.kind = kind, .layer = t->block, .row0 = row0, .rows = t->shape[0], .in_dim = t->shape[1],
                     .base_offset = fused, .part = d->part};
-    ParamLayout *l = &lo->layout;
+    ParamLayout *l = &lo->trained.layout;
     l->tensors = grow(l->tensors, (size_t)(l->num_tensors + 2) * sizeof(TensorInfo));
     int shapes[2][2] = {{lo->rank, s->in_dim}, {s->rows, lo->rank}};
     for (int ab = 0; ab < 2; ab++) {
@@ -157,10 +158,10 @@ void lora_describe(Lora *lo, const ParamLayout *base, int rank, double alpha, co
     lo->alpha = (float)alpha;
     lo->scale = (float)(alpha / rank);
     lo->arch = base->arch;
-    lo->layout.cfg = base->cfg;
-    lo->layout.arch = base->arch;
-    lo->layout.first_block = base->first_block;
-    lo->layout.n_blocks = base->n_blocks;
+    lo->trained.layout.cfg = base->cfg;
+    lo->trained.layout.arch = base->arch;
+    lo->trained.layout.first_block = base->first_block;
+    lo->trained.layout.n_blocks = base->n_blocks;
     snprintf(lo->targets, sizeof lo->targets, "%s", targets[0] ? targets : default_targets(base->arch));
     Describe d = {.lo = lo};
     char list[256];
@@ -171,7 +172,7 @@ void lora_describe(Lora *lo, const ParamLayout *base, int rank, double alpha, co
     }
     if (!d.n_names) fatal("%s: key 'lora_targets': no module names in \"%s\"", where, targets);
     each_block_linear(base, add_site, &d);
-    mark_block_starts(&lo->layout);
+    mark_block_starts(&lo->trained.layout);
     for (int i = 0; i < d.n_names; i++)
         if (!d.matched[i])
             fatal("%s: key 'lora_targets': \"%s\" names no linear layer of this %s model; its linears are %s",
@@ -236,9 +237,9 @@ void lora_read_adapter_config(const char *dir, int *rank, double *alpha, char *t
 }
 
 void lora_init(const Lora *lo, float *host, uint64_t seed) {
-    memset(host, 0, lo->layout.num_params * sizeof(float));
+    memset(host, 0, lo->trained.layout.num_params * sizeof(float));
     for (int i = 0; i < lo->n_sites; i++) {
-        const TensorInfo *a = &lo->layout.tensors[lo->sites[i].a];
+        const TensorInfo *a = &lo->trained.layout.tensors[lo->sites[i].a];
         // torch's kaiming_uniform_(a=sqrt(5)), PEFT's init of A: gain sqrt(2 / 6), bound gain * sqrt(3 / in)
         float bound = 1.0f / sqrtf((float)a->shape[1]);
         for (size_t j = 0; j < a->numel; j++) {
@@ -254,8 +255,8 @@ void lora_read_adapter(const Lora *lo, const char *dir, float *host) {
     join_path(path, dir, "adapter_model.safetensors");
     SafeTensors st;
     safetensors_open(&st, path);
-    for (int i = 0; i < lo->layout.num_tensors; i++) {
-        const TensorInfo *t = &lo->layout.tensors[i];
+    for (int i = 0; i < lo->trained.layout.num_tensors; i++) {
+        const TensorInfo *t = &lo->trained.layout.tensors[i];
         char name[160];
         snprintf(name, sizeof name, PEFT_PREFIX "%s", t->name);
         const SafeTensor *s = safetensors_find(&st, name);
@@ -267,14 +268,14 @@ void lora_read_adapter(const Lora *lo, const char *dir, float *host) {
         }
         safetensors_read_floats(&st, s, host + t->offset);
     }
-    if (st.num_tensors != lo->layout.num_tensors)
-        fatal("%s: expected %d tensors (lora_A and lora_B of %d linears), found %d", path, lo->layout.num_tensors,
+    if (st.num_tensors != lo->trained.layout.num_tensors)
+        fatal("%s: expected %d tensors (lora_A and lora_B of %d linears), found %d", path, lo->trained.layout.num_tensors,
               lo->n_sites, st.num_tensors);
     safetensors_close(&st);
 }
 
 void lora_write_adapter(const Lora *lo, const char *dir, const float *host, const char *base_model) {
-    safetensors_save_layout(dir, "adapter_model.safetensors", PEFT_PREFIX, &lo->layout, host);
+    safetensors_save_layout(dir, "adapter_model.safetensors", PEFT_PREFIX, &lo->trained.layout, host);
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "peft_type", "LORA");
     cJSON_AddStringToObject(c, "task_type", "CAUSAL_LM");
@@ -303,7 +304,7 @@ void lora_write_adapter(const Lora *lo, const char *dir, const float *host, cons
 void lora_merge(const Lora *lo, const float *adapters, float *base_params) {
     for (int i = 0; i < lo->n_sites; i++) {
         const LoraSite *s = &lo->sites[i];
-        const float *A = adapters + lo->layout.tensors[s->a].offset, *B = adapters + lo->layout.tensors[s->b].offset;
+        const float *A = adapters + lo->trained.layout.tensors[s->a].offset, *B = adapters + lo->trained.layout.tensors[s->b].offset;
         float *W = base_params + s->base_offset + (size_t)s->row0 * s->in_dim;
         for (int o = 0; o < s->rows; o++)
             for (int c = 0; c < s->in_dim; c++) {
@@ -318,8 +319,8 @@ void lora_merge(const Lora *lo, const float *adapters, float *base_params) {
 // ---- the layers ---------------------------------------------------------------------------------
 
 static Lora *of(LayerOps *ops) { return (Lora *)ops; }
-static const float *adapter(const Lora *lo, int tensor) { return lo->params + lo->layout.tensors[tensor].offset; }
-static float *adapter_grad(const Lora *lo, int tensor) { return lo->grads + lo->layout.tensors[tensor].offset; }
+static const float *adapter(const Lora *lo, int tensor) { return lo->trained.params + lo->trained.layout.tensors[tensor].offset; }
+static float *adapter_grad(const Lora *lo, int tensor) { return lo->trained.grads + lo->trained.layout.tensors[tensor].offset; }
 
 // the adapters' input: in a 16-bit layer, the rounded input the base multiplied (and keeps)
 static const float *adapter_input(Lora *lo, const float *inp, const half16 *inp16, int N, int in_dim) {
@@ -445,11 +446,14 @@ static void lora_attention_backward(LayerOps *ops, int layer, float *dqkv, float
 
 // ---- in a stage -----------------------------------------------------------------------------------
 
-// weights naming nothing: the frozen base's gradients (every pointer NULL)
-static void point_nowhere(Weights *g, int n_layer) {
-    memset(g, 0, sizeof *g);
-    g->n_layer = n_layer;
-    g->h = calloc_or_die((size_t)n_layer, sizeof(BlockWeights));
+// the Lora whose trained set t is
+static Lora *owner(Trainable *t) { return (Lora *)((char *)t - offsetof(Lora, trained)); }
+
+// the hooks a stage's loop calls through the trained set (trainable.h)
+static void run_block(Trainable *t, int block) { owner(t)->block = block; }
+static void run_micro(Trainable *t, int after) {
+    Lora *lo = owner(t);
+    lo->rows.first_seq = lo->first_seq + after;
 }
 
 // lora_adapter's config must describe the adapters the keys do
@@ -467,8 +471,8 @@ static void require_adapter_fits_keys(const Lora *lo, const Config *cfg, const P
     lora_describe(&theirs, base, rank, alpha, targets, where);
     bool same = theirs.n_sites == lo->n_sites;
     for (int i = 0; same && i < lo->n_sites; i++) same = theirs.sites[i].a == lo->sites[i].a &&
-                                                        strcmp(theirs.layout.tensors[theirs.sites[i].a].name,
-                                                               lo->layout.tensors[lo->sites[i].a].name) == 0;
+                                                        strcmp(theirs.trained.layout.tensors[theirs.sites[i].a].name,
+                                                               lo->trained.layout.tensors[lo->sites[i].a].name) == 0;
     if (!same)
         fatal("%s: target_modules %s, but key 'lora_targets' (%s) is \"%s\": they adapt different linears", where,
               theirs.targets, config_source("lora_targets"), lo->targets);
@@ -476,12 +480,12 @@ static void require_adapter_fits_keys(const Lora *lo, const Config *cfg, const P
 }
 
 void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activations *acts) {
-    lo->bytes = lo->layout.num_params * sizeof(float);
-    lo->params = dev_malloc(lo->bytes);
-    lo->grads = dev_malloc(lo->bytes);
-    lo->m = dev_malloc(lo->bytes);
-    lo->v = dev_malloc(lo->bytes);
-    copy_to_device(lo->params, adapters, lo->bytes);
+    lo->trained.bytes = lo->trained.layout.num_params * sizeof(float);
+    lo->trained.params = dev_malloc(lo->trained.bytes);
+    lo->trained.grads = dev_malloc(lo->trained.bytes);
+    lo->trained.m = dev_malloc(lo->trained.bytes);
+    lo->trained.v = dev_malloc(lo->trained.bytes);
+    copy_to_device(lo->trained.params, adapters, lo->trained.bytes);
     // what forward keeps per site, and backward's scratch, for the activations' rows
     size_t N = (size_t)acts->spec.B * acts->spec.T, widest = 0, in_widest = 0;
     for (int i = 0; i < lo->n_sites; i++) {
@@ -498,7 +502,7 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
     lo->dxd = lo->dropout > 0 ? dev_malloc(N * in_widest * sizeof(float)) : NULL;
     int C = acts->spec.shape.C;
     lo->norm_grads = (Norm){dev_malloc((size_t)C * sizeof(float)), dev_malloc((size_t)C * sizeof(float))};
-    lo->acts_bytes = (lo->n_sites * N * lo->rank + N * widest + N * lo->rank + (lo->x32 ? N * in_widest : 0) +
+    lo->trained.acts_bytes = (lo->n_sites * N * lo->rank + N * widest + N * lo->rank + (lo->x32 ? N * in_widest : 0) +
                       (lo->xd ? 2 * N * in_widest : 0) + 2 * C) *
                      sizeof(float);
     // the plug-in: LoRA's linears, norms' and embedding's backward; the rest passed to the wrapped
@@ -515,9 +519,9 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
     lo->ops.attention_backward = lora_attention_backward;
     acts->ops = &lo->ops;
     lo->by_block = !base_params;
+    lo->trained.run_block = run_block;
+    lo->trained.run_micro = run_micro;
 }
-
-void lora_run_block(Lora *lo, int block) { lo->block = block; }
 
 void lora_training(Lora *lo, long step, int first_seq, int T) {
     lo->training = lo->dropout > 0;
@@ -531,8 +535,6 @@ void lora_training_chunks(Lora *lo, int pos0, int pos1) {
     lo->rows.pos0[0] = pos0, lo->rows.pos0[1] = pos1;
 }
 
-void lora_training_micro(Lora *lo, int after) { lo->rows.first_seq = lo->first_seq + after; }
-
 void lora_training_done(Lora *lo) { lo->training = false; }
 
 void lora_describe_keys(Lora *lo, const Config *cfg, const ParamLayout *base) {
@@ -542,7 +544,7 @@ void lora_describe_keys(Lora *lo, const Config *cfg, const ParamLayout *base) {
 }
 
 float *lora_start(const Lora *lo, const Config *cfg, const ParamLayout *base) {
-    float *host = malloc_or_die(lo->layout.num_params * sizeof(float));
+    float *host = malloc_or_die(lo->trained.layout.num_params * sizeof(float));
     if (cfg->lora_adapter[0]) {
         require_adapter_fits_keys(lo, cfg, base);
         lora_read_adapter(lo, cfg->lora_adapter, host);
@@ -559,45 +561,58 @@ void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers 
     float *host = lora_start(lo, cfg, layout);
     lora_plug(lo, host, mb->params, acts);
     free(host);
-    lora_take_over(lo, layout, mb);
+    lora_print_summary(lo, layout->num_params);
+    trainable_take_base(&lo->trained, layout, mb);
 }
 
-void lora_take_over(Lora *lo, ParamLayout *layout, ModelBuffers *mb) {
-    // the base: frozen, so no gradients and no AdamW moments; its parameters stay with the Lora
-    lo->base_layout = *layout;
-    lo->base_params = mb->params;
-    lo->base_bytes = mb->bytes;
-    dev_free(mb->grads), dev_free(mb->adam_m), dev_free(mb->adam_v);
-    weights_free(&mb->g);
-    point_nowhere(&mb->g, layout->cfg.n_layer);
-    // stage 02: the base's 16-bit copy, which its matmuls read, is made once (the base never
-    // changes); the adapters stay fp32 in their own matmuls, and the 16-bit copy a stage makes of
-    // its trained parameters (a cast each step, or AdamW's pass in stage 02) goes to a copy of
-    // theirs, which nothing reads
-    if (mb->params16) {
-        cast_to_16(mb->params16, mb->params, mb->n);
-        lo->base_params16 = mb->params16;
-        mb->params16 = dev_malloc(lo->layout.num_params * sizeof(half16));
+Trainable *lora_attach_blocks(Lora *lo, const Config *cfg, const ParamLayout *base, Activations *acts) {
+    memset(lo, 0, sizeof *lo);
+    if (!cfg->lora_rank) return NULL;
+    lora_describe_keys(lo, cfg, base);
+    float *host = lora_start(lo, cfg, base);  // the same on every rank: the replicas start alike
+    lora_plug(lo, host, NULL, acts);          // no base address: the blocks are known by index
+    free(host);
+    lora_print_summary(lo, base->num_params);
+    return &lo->trained;
+}
+
+// host buffers: part's tensors from whole's of the same name
+static void take_by_name(const ParamLayout *whole, const float *from, const ParamLayout *part, float *to) {
+    for (int i = 0; i < part->num_tensors; i++) {
+        const TensorInfo *t = &part->tensors[i], *w = layout_tensor(whole, t->name);
+        if (!w) fatal("internal: the whole model has no adapter %s", t->name);
+        memcpy(to + t->offset, from + w->offset, t->numel * sizeof(float));
     }
-    // what trains from here on: the adapters (mb.w still names the base, which forward reads)
-    *layout = lo->layout;
-    mb->n = lo->layout.num_params;
-    mb->bytes = lo->bytes;
-    mb->params = lo->params, mb->grads = lo->grads, mb->adam_m = lo->m, mb->adam_v = lo->v;
-    lora_print_summary(lo, lo->base_layout.num_params);
+}
+
+Trainable *lora_attach_part(Lora *lo, const Config *cfg, ParamLayout *layout, ParamLayout *full, ModelBuffers *mb,
+                            Activations *slots, int n_slots) {
+    memset(lo, 0, sizeof *lo);
+    if (!cfg->lora_rank) return NULL;
+    Lora whole;
+    lora_describe_keys(&whole, cfg, full);
+    float *all = lora_start(&whole, cfg, full);  // the values every part starts from
+    lora_describe_keys(lo, cfg, layout);
+    float *mine = malloc_or_die(lo->trained.layout.num_params * sizeof(float));
+    take_by_name(&whole.trained.layout, all, &lo->trained.layout, mine);
+    lora_plug(lo, mine, mb->params, &slots[0]);
+    for (int i = 1; i < n_slots; i++) slots[i].ops = &lo->ops;  // the slots' layers are all alike
+    lo->recompute_h = n_slots > 1;
+    free(mine), free(all);
+    lora_print_summary(lo, layout->num_params);
+    trainable_take_base(&lo->trained, layout, mb);
+    gpt_layout_free(full);
+    *full = whole.trained.layout;  // the table the saved adapter is assembled in
+    whole.trained.layout = (ParamLayout){0};
+    lora_free(&whole);
+    return &lo->trained;
 }
 
 void lora_print_summary(const Lora *lo, size_t base_params) {
-    size_t n = lo->layout.num_params;
+    size_t n = lo->trained.layout.num_params;
     if (log_rank() == 0)
         printf("LoRA: r %d, alpha %g on %s: %d adapters, %zu trained parameters (%.2f%% of the base's %zu, frozen)\n",
                lo->rank, lo->alpha, lo->targets, lo->n_sites, n, 100.0 * (double)n / base_params, base_params);
-}
-
-void lora_add_memory(const Lora *lo, MemoryItem items[MODEL_MEMORY_ITEMS]) {
-    items[0].bytes += lo->base_bytes;
-    if (lo->base_params16) items[1].bytes += lo->base_bytes / sizeof(float) * sizeof(half16);
-    items[4].bytes += lo->acts_bytes;
 }
 
 void lora_save(const Config *cfg, const ParamLayout *adapters, const float *host) {
@@ -615,7 +630,7 @@ void lora_save(const Config *cfg, const ParamLayout *adapters, const float *host
         snprintf(targets + n, sizeof targets - n, "%s%s", n ? "," : "", last);
     }
     Lora lo = {.rank = adapters->tensors[0].shape[0], .alpha = (float)cfg->lora_alpha,
-               .dropout = (float)cfg->lora_dropout, .arch = adapters->arch, .layout = *adapters};
+               .dropout = (float)cfg->lora_dropout, .arch = adapters->arch, .trained.layout = *adapters};
     snprintf(lo.targets, sizeof lo.targets, "%s", targets);
     lora_write_adapter(&lo, cfg->out_dir, host, cfg->init_from);
 }
@@ -623,13 +638,11 @@ void lora_save(const Config *cfg, const ParamLayout *adapters, const float *host
 void lora_free(Lora *lo) {
     for (int i = 0; i < lo->n_sites; i++) dev_free(lo->sites[i].h);
     free(lo->sites);
-    if (lo->base_params) {  // lora_attach: the adapters' buffers and table are the stage's now
-        dev_free(lo->base_params);
-        dev_free(lo->base_params16);
-        gpt_layout_free(&lo->base_layout);
+    if (lo->trained.base_params) {  // lora_attach: the adapters' buffers and table are the stage's now
+        trainable_free_base(&lo->trained);
     } else {
-        gpt_layout_free(&lo->layout);
-        dev_free(lo->params), dev_free(lo->grads), dev_free(lo->m), dev_free(lo->v);
+        gpt_layout_free(&lo->trained.layout);
+        dev_free(lo->trained.params), dev_free(lo->trained.grads), dev_free(lo->trained.m), dev_free(lo->trained.v);
     }
     dev_free(lo->dy), dev_free(lo->dh), dev_free(lo->x32), dev_free(lo->xd), dev_free(lo->dxd);
     dev_free(lo->norm_grads.w), dev_free(lo->norm_grads.b);

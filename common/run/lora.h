@@ -29,6 +29,7 @@
 #include "model/gpt.h"
 #include "ops/ops.h"
 #include "stage_run.h"
+#include "trainable.h"
 
 // One adapter: B (rows, r) @ A (r, in_dim), times scale, added to rows [row0, row0 + rows) of one
 // base linear's output
@@ -38,8 +39,8 @@ typedef struct {
     int row0, rows, in_dim;
     size_t base_offset;   // where the base linear's (fused) weight starts in the base's flat buffer
     const float *base_w;  // that weight in the running model: how the layer ops recognise the linear
-                          // (NULL where the stage says which block runs: lora_run_block)
-    int a, b;             // its tensors A and B in Lora.layout
+                          // (NULL where the stage says which block runs: trained.run_block)
+    int a, b;             // its tensors A and B in Lora.trained.layout
     int part;             // which part of its fused linear it adapts (q 0, k 1, v 2; gate 0, up 1)
     int col0;             // its input's first column in the whole linear's (tensor parallelism's
                           // row-parallel slices): with layer, kind and part, where its dropout mask lies
@@ -61,13 +62,12 @@ typedef struct {
     DropoutMask rows;
     const Arch *arch;
     char targets[256];     // the target module names, comma-separated, as resolved
-    ParamLayout layout;    // the adapters' tensors, named as PEFT's without "base_model.model."
+    // what trains: the adapters' table (their tensors named as PEFT's without "base_model.model."),
+    // on the device their values, gradients and AdamW's moments, and what the sites keep for
+    // backward with the backward scratch; after lora_attach, the frozen base
+    Trainable trained;
     LoraSite *sites;
     int n_sites;
-    // on the device: the adapters, their gradients and AdamW's moments (layout's order)
-    float *params, *grads, *m, *v;
-    size_t bytes;          // of one of those buffers
-    size_t acts_bytes;     // what the sites keep for backward, and the backward scratch
     float *dy, *dh, *x32;  // scratch: an adapter's output (gradient), x A^T's gradient, a widened input
     float *xd, *dxd;       // with dropout: the dropped input, and its gradient (scratch)
     // a stage whose linears are split over ranks (05): completes x A^T (forward) or its gradient
@@ -76,18 +76,13 @@ typedef struct {
     void (*complete)(void *ctx, LinearKind k, bool backward, float *h, size_t n);
     void *complete_ctx;
     // a stage that passes every block's weights through one buffer (04's gathers) says which block
-    // runs (lora_run_block): the sites are then recognised by block and kind, not by weight
+    // runs (trainable.h's run_block): the sites are then recognised by block and kind, not by weight
     bool by_block;
     int block;
     // a stage whose micro-batches run their forwards before earlier ones' backwards (07's
     // pipeline): backward recomputes x A^T from the input the block kept, as one site's h is shared
     bool recompute_h;
     Norm norm_grads;       // where the frozen norms' weight gradients go (never read)
-    // after lora_attach: the frozen base's table and parameters (its bytes in the memory report)
-    ParamLayout base_layout;
-    float *base_params;
-    half16 *base_params16;  // its 16-bit copy (stage 02), or NULL
-    size_t base_bytes;
 } Lora;
 
 // The adapters of `rank` on the linears of `base` that `targets` names (comma-separated Hugging
@@ -112,10 +107,10 @@ void lora_merge(const Lora *lo, const float *adapters, float *base_params);
 // Puts the described adapters (host values) on the device, with their gradients, AdamW's moments
 // and what the layers keep, and plugs the LoRA layers in around acts->ops: the base whose
 // linears they adapt is laid out in base_params (device), as lora_describe's base.
-// base_params NULL: the stage says which block runs (lora_run_block) before each runs.
+// base_params NULL: the stage says which block runs (trainable_run_block) before each runs.
+// A pipeline's micro-batches run out of order: lora_training names the replica's first sequence,
+// and the stage says where the one that runs next starts (trainable_run_micro).
 void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activations *acts);
-// the block whose linears run next (after lora_plug with no base_params)
-void lora_run_block(Lora *lo, int block);
 // LoRA dropout (lora_dropout > 0). In training, each adapter sees its input with every element
 // zeroed with probability p and the rest scaled by 1 / (1 - p) (PEFT's nn.Dropout on lora_A's
 // input); the base sees it whole. The mask is a pure function of (seed, step, layer, linear,
@@ -127,36 +122,36 @@ void lora_training(Lora *lo, long step, int first_seq, int T);
 // context parallelism: the rows are two chunks of every sequence, chunk 0's first, each c tokens,
 // starting at positions pos0 and pos1 (after lora_training, with T = c)
 void lora_training_chunks(Lora *lo, int pos0, int pos1);
-// a pipeline, whose micro-batches run out of order: lora_training named the replica's first
-// sequence, and the micro-batch that runs next starts `after` sequences later
-void lora_training_micro(Lora *lo, int after);
 // training's micro-batches are done: what runs next (evaluation) sees no dropout
 void lora_training_done(Lora *lo);
 // the mask site s draws in training, for the rows lora_training last described
 void lora_site_mask(const Lora *lo, const LoraSite *s, DropoutMask *mask);
 // A stage's LoRA (lora_rank > 0; otherwise nothing happens): describes the adapters on `layout`'s
 // linears (cfg's keys, checked against lora_adapter's config when that is set), starts them
-// (lora_init, or lora_adapter's tensors) and plugs the LoRA layers in around acts->ops. Then the
-// stage trains the adapters with the code it trains a model with: layout becomes the adapters'
-// table and mb's params, grads, adam_m, adam_v, n and bytes the adapters' buffers, while mb.w still
-// names the base (which forward reads) and mb.g names nothing. The base's gradients and moments are
-// freed; its parameters and table stay with lo (lora_free frees them, model_buffers_free and
-// gpt_layout_free the adapters').
+// (lora_init, or lora_adapter's tensors), plugs the LoRA layers in around acts->ops and freezes the
+// base (trainable_take_base): the stage then trains the adapters with the code it trains a model
+// with, layout and mb naming them. lora_free frees the base; model_buffers_free and
+// gpt_layout_free the adapters.
 void lora_attach(Lora *lo, const Config *cfg, ParamLayout *layout, ModelBuffers *mb, Activations *acts);
+// lora_attach for a stage that passes every block's weights through one buffer (04's gathers) and
+// keeps the base itself: returns the adapters (NULL without LoRA), which the stage trains in the
+// base's place; it says which block runs (trainable_run_block).
+Trainable *lora_attach_blocks(Lora *lo, const Config *cfg, const ParamLayout *base, Activations *acts);
+// lora_attach for a stage that holds a part of the model (07's pipeline stage: `layout`, in every
+// one of its n_slots activation slots): the adapters start from the whole model's (`full`), each
+// part taking its own by name, and full becomes the whole adapters' table, which checkpoints are
+// saved in. Backward recomputes x A^T when several micro-batches are in flight. Returns the
+// part's adapters (NULL without LoRA).
+Trainable *lora_attach_part(Lora *lo, const Config *cfg, ParamLayout *layout, ParamLayout *full, ModelBuffers *mb,
+                            Activations *slots, int n_slots);
 // The pieces of lora_attach, for a stage that lays the adapters out its own way (05): describes
-// them on `base`'s linears from cfg's keys; their starting values on the host (lora_init, or
-// lora_adapter's tensors, checked against the keys; the caller frees them); and, once plugged in,
-// the hand-over of layout and mb described above
+// them on `base`'s linears from cfg's keys, and their starting values on the host (lora_init, or
+// lora_adapter's tensors, checked against the keys; the caller frees them)
 void lora_describe_keys(Lora *lo, const Config *cfg, const ParamLayout *base);
 float *lora_start(const Lora *lo, const Config *cfg, const ParamLayout *base);
-void lora_take_over(Lora *lo, ParamLayout *layout, ModelBuffers *mb);
 // the one line a LoRA run prints once its adapters are plugged in (rank 0): r, alpha, targets and
 // the trained parameters beside the frozen base's `base_params`
 void lora_print_summary(const Lora *lo, size_t base_params);
-// adds to model_memory_items' rows (which, after lora_attach, count the adapters) the frozen base's
-// parameters and 16-bit copy, and to the activations what the adapters keep for backward and their
-// scratch
-void lora_add_memory(const Lora *lo, MemoryItem items[MODEL_MEMORY_ITEMS]);
 // The adapters of a LoRA run (laid out as lora_attach's layout, host values) as PEFT's two files in
 // out_dir; what save_checkpoint writes when lora_rank > 0
 void lora_save(const Config *cfg, const ParamLayout *adapters, const float *host);
