@@ -211,7 +211,7 @@ ModelShape whole_model_shape(const GPTConfig *cfg) {
                         .rotary_dim = arch->rotary ? cfg->rotary_dim : 0, .rope = model_rope(cfg),
                         .n_kv_head = n_kv_head, .C_kv = n_kv_head * (C / cfg->n_head),
                         .rms_norm = arch->rms_norm, .norm_eps = cfg->norm_eps, .gated_mlp = arch->gated_mlp,
-                        .first_repeat = 0, .n_repeats = cfg->n_experts, .repeat_ranks = 1};
+                        .first_repeat = 0, .n_repeats = gpt_experts(cfg), .repeat_ranks = 1};
 }
 
 // out (N, OC) = inp (N, C) @ w^T + b. With bf16 weights (w16 set) the input is rounded to bf16
@@ -318,15 +318,15 @@ static void dense_mlp_backward(LayerOps *ops, Activations *a, int l, float *dinp
                          &w->fc, N, C, F_fc);
 }
 
-// a MoE block's MLP is GPTConfig.moe_mlp's (08_mixture_of_experts/moe.c), on one rank
+// a MoE block's MLP is MoEConfig.mlp's (08_mixture_of_experts/moe.c), on one rank
 static void serial_mlp_forward(LayerOps *ops, Activations *a, int l, const BlockWeights *w, int B, int T) {
-    if (gpt_block_is_moe(&a->spec.model, l)) a->spec.model.moe_mlp->forward(ops, a, l, w, B, T);
+    if (gpt_block_is_moe(&a->spec.model, l)) a->spec.model.moe->mlp->forward(ops, a, l, w, B, T);
     else dense_mlp_forward(ops, a, l, w, B, T);
 }
 
 static void serial_mlp_backward(LayerOps *ops, Activations *a, int l, float *dinp, const BlockWeights *w,
                                 BlockWeights *g, const float *dout, int B, int T) {
-    if (gpt_block_is_moe(&a->spec.model, l)) a->spec.model.moe_mlp->backward(ops, a, l, dinp, w, g, dout, B, T);
+    if (gpt_block_is_moe(&a->spec.model, l)) a->spec.model.moe->mlp->backward(ops, a, l, dinp, w, g, dout, B, T);
     else dense_mlp_backward(ops, a, l, dinp, w, g, dout, B, T);
 }
 

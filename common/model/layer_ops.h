@@ -107,7 +107,7 @@ struct LayerOps {
     // block `layer`'s MLP, from its input (ln2(res2), or ln1(x) in a parallel block) into the
     // block's out (the block adds the residual); backward adds into dinp. The dense MLP (fc, GELU,
     // fc_proj) runs through linear_forward/backward above; serial_layer_ops() hands a MoE block's
-    // to GPTConfig.moe_mlp, and stage 08 plugs in its expert-parallel version.
+    // to MoEConfig.mlp (moe_mlp.h), and stage 08 plugs in its expert-parallel version.
     MLPForward mlp_forward;
     MLPBackward mlp_backward;
 };
