@@ -204,9 +204,9 @@ static Rope model_rope(const GPTConfig *cfg) {
 ModelShape whole_model_shape(const GPTConfig *cfg) {
     int C = cfg->n_embd, n_kv_head = cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head;
     const Arch *arch = gpt_arch(cfg);
-    return (ModelShape){.C = C, .C_total = C, .n_head = cfg->n_head, .C_attn = C,
+    return (ModelShape){.C = C, .n_head = cfg->n_head, .C_attn = C,
                         .C_mlp = cfg->ffn_dim ? cfg->ffn_dim : 4 * C,
-                        .v_lo = 0, .v_rows = cfg->padded_vocab_size,
+                        .v_rows = cfg->padded_vocab_size,
                         .parallel_block = arch->parallel_block,
                         .rotary_dim = arch->rotary ? cfg->rotary_dim : 0, .rope = model_rope(cfg),
                         .n_kv_head = n_kv_head, .C_kv = n_kv_head * (C / cfg->n_head),
@@ -228,16 +228,17 @@ void linear_forward(float *out, const float *inp, half16 *inp16, const Linear *w
     matmul_forward_16(out, inp16, w->w16, w->b, N, C, OC);
 }
 
+// one rank holds the whole vocabulary: rows [0, v_rows)
 static void serial_embed_forward(LayerOps *ops, float *out, const int *tokens, const int *start,
                                  const Weights *w, const ModelShape *s, int B, int T) {
     (void)ops;
-    embedding_forward(out, tokens, start, w->wte, w->wpe, s->v_lo, s->v_rows, B, T, s->C);
+    embedding_forward(out, tokens, start, w->wte, w->wpe, 0, s->v_rows, B, T, s->C);
 }
 
 static void serial_embed_backward(LayerOps *ops, Weights *g, const float *dout, const int *tokens,
                                   const ModelShape *s, int B, int T) {
     (void)ops;
-    embedding_backward(g->wte, g->wpe, dout, tokens, s->v_lo, s->v_rows, B, T, s->C);
+    embedding_backward(g->wte, g->wpe, dout, tokens, 0, s->v_rows, B, T, s->C);
 }
 
 static void serial_linear_forward(LayerOps *ops, LinearKind k, float *out, const float *inp, half16 *inp16,

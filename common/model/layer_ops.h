@@ -46,11 +46,10 @@ typedef struct {
 // What one rank holds of a block: the whole block, or a tensor-parallel share of it.
 typedef struct {
     int C;        // residual stream width held (the hidden dimension, or its shard)
-    int C_total;  // the whole hidden dimension (LayerNorm divides by it)
     int n_head;   // attention heads held
     int C_attn;   // their width: n_head * head size
     int C_mlp;    // MLP width held
-    int v_lo, v_rows;  // the vocabulary rows held of wte and the lm_head: [v_lo, v_lo + v_rows)
+    int v_rows;   // the vocabulary rows held of wte and the lm_head (which rows: 05's TPModel.v_lo)
     bool parallel_block;  // the architecture's block and position encoding (Arch, GPTConfig)
     int rotary_dim;       // 0: no rotary embedding
     Rope rope;
