@@ -181,7 +181,6 @@ void tp_model_layout_part(TPModel *m, const GPTConfig *mc, const TPGrid *grid, b
     m->shape.n_kv_head /= g->X;        // and the key/value heads of ours
     m->shape.C_kv /= g->X;
     m->shape.C_mlp = m->C4x;
-    m->shape.v_lo = m->v_lo;
     m->shape.v_rows = m->Vl;
     build_local_layout(m);  // reads the shape
     m->qkv = tp_linear_make(g, C, C + 2 * whole.C_kv, false);
@@ -453,7 +452,7 @@ static void tp_embed_forward(LayerOps *ops, float *out, const int *tokens, const
     TPLayers *t = (TPLayers *)ops;
     const TPModel *m = t->m;
     Linear wte = tp_stream_next(t->stream);
-    embedding_forward(out, tokens, start, wte.w, m->grid.x == 0 ? w->wpe : NULL, s->v_lo, s->v_rows, B, T, s->C);
+    embedding_forward(out, tokens, start, wte.w, m->grid.x == 0 ? w->wpe : NULL, m->v_lo, s->v_rows, B, T, s->C);
     tp_all_reduce(m->grid.gx, out, (size_t)B * T * s->C);
 }
 
@@ -465,7 +464,7 @@ static void tp_embed_backward(LayerOps *ops, Weights *g, const float *dout, cons
     // (a part without the head, a first pipeline stage, collects its tied wte's gradient alone)
     const ParamLayout *f = &t->m->full;
     if (!f->arch->tied_head || !f->has_head) t->dwte = grad_target(t->m, &t->slots->wte, &t->m->head, g->wte);
-    embedding_backward(t->dwte, g->wpe, dout, tokens, s->v_lo, s->v_rows, B, T, s->C);
+    embedding_backward(t->dwte, g->wpe, dout, tokens, t->m->v_lo, s->v_rows, B, T, s->C);
     grad_done(t->m, &t->slots->wte, t->overlap);
 }
 

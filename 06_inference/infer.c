@@ -561,7 +561,7 @@ int main(int argc, char **argv) {
     // a mixture of experts (stage 08's) generates without a capacity: with one, whether a token
     // reaches its expert would depend on how many tokens came in the same step (the prompt, or one)
     moe_model(&mc);
-    mc.capacity_factor = 0;
+    if (mc.moe) mc.moe->capacity_factor = 0;
     tp_check_grid(&mc, cfg.tp_dimensions, comm_size(world), 1, 1);
     int maxT = cfg.max_seq_len;
     // every rank computes the same logits (after the head's all-gather) and so samples the same

@@ -43,14 +43,15 @@ ModelShape expert_shape(const ExpertGrid *g, const GPTConfig *mc) {
 }
 
 void print_expert_plan(const ExpertGrid *g, const GPTConfig *mc) {
-    if (!mc->n_experts) {
+    const MoEConfig *moe = mc->moe;
+    if (!moe) {
         printf("experts: none (num_experts 0): every block has its dense MLP; %d data-parallel ranks\n", g->dp);
         return;
     }
     printf("experts: %d per MoE block (%d of %d blocks), top-%d, capacity factor %g (%s), aux loss x %g\n",
-           mc->n_experts, gpt_moe_blocks(mc, 0, mc->n_layer), mc->n_layer, mc->experts_per_token,
-           mc->capacity_factor, mc->capacity_factor > 0 ? "rows per expert per sequence: ceil(factor T k / E)" : "no limit",
-           mc->aux_loss_coef);
+           moe->n_experts, gpt_moe_blocks(mc, 0, mc->n_layer), mc->n_layer, moe->experts_per_token,
+           moe->capacity_factor, moe->capacity_factor > 0 ? "rows per expert per sequence: ceil(factor T k / E)" : "no limit",
+           moe->aux_loss_coef);
     printf("grid: %d expert ranks x %d data-parallel replicas (rank = replica * %d + expert rank); expert rank r "
            "holds experts [r * %d, (r + 1) * %d)\n", g->ep, g->dp, g->ep, g->n_local, g->n_local);
 }
@@ -177,7 +178,7 @@ void expert_layers_init(ExpertLayers *x, const ExpertGrid *g, const GPTConfig *m
     MoEShape s = moe_shape(mc, &shape);
     int R = moe_receive_capacity(&s, B, T);
     x->n_layers = mc->n_layer;
-    x->E = mc->n_experts;
+    x->E = gpt_experts(mc);
     x->counts = calloc_or_die((size_t)mc->n_layer * g->ep * x->E, sizeof(int));
     x->order = calloc_or_die((size_t)R, sizeof(int));
     x->order_dev = dev_malloc((size_t)R * sizeof(int));
@@ -199,8 +200,8 @@ void expert_acts_alloc(Activations *a, ExpertLayers *x, const ExpertGrid *g, con
     acts_alloc_spec(a, &spec);
     moe_set_global_batch(a, mc, global_sequences);
     int blocks = gpt_moe_blocks(mc, 0, mc->n_layer);
-    x->step = (MoEStepStats){.load = calloc_or_die((size_t)blocks * mc->n_experts + 1, sizeof(long)),
-                             .blocks = blocks, .experts = mc->n_experts};
+    x->step = (MoEStepStats){.load = calloc_or_die((size_t)blocks * gpt_experts(mc) + 1, sizeof(long)),
+                             .blocks = blocks, .experts = gpt_experts(mc)};
 }
 
 void expert_layers_free(ExpertLayers *x) {
@@ -285,8 +286,8 @@ void expert_run_stats(const ExpertLayers *x) {
 }
 
 const MoEStepStats *expert_step_stats(ExpertLayers *x, Activations *a, const GPTConfig *mc, int global_sequences) {
-    if (!mc->n_experts) return NULL;
-    int E = mc->n_experts, blocks = x->step.blocks;
+    if (!mc->moe) return NULL;
+    int E = mc->moe->n_experts, blocks = x->step.blocks;
     long *load = (long *)x->step.load;
     const MoEStats *st = moe_stats(a);
     double *sums = calloc_or_die((size_t)blocks * E + 2, sizeof(double));

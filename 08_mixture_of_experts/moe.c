@@ -27,15 +27,21 @@ static void alloc_moe_acts(Activations *a, ActsAllocator *al);
 
 const MoEMLP MOE_MLP = {MOE_TENSORS, 5, alloc_moe_acts, moe_forward, moe_backward};
 
-void moe_model(GPTConfig *cfg) { cfg->moe_mlp = &MOE_MLP; }
+void moe_model(GPTConfig *cfg) {
+    if (cfg->moe) cfg->moe->mlp = &MOE_MLP;
+}
 
 void moe_layout_experts(ParamLayout *layout, const GPTConfig *cfg, int first_expert, int n) {
     gpt_layout_repeats(layout, cfg, first_expert, n);
 }
 
+// a dense model's (stage 08 without experts): nothing is routed
+static const MoEConfig NO_EXPERTS;
+
 MoEShape moe_shape(const GPTConfig *cfg, const ModelShape *s) {
-    return (MoEShape){.C = s->C, .C_mlp = s->C_mlp, .n_experts = cfg->n_experts, .top_k = cfg->experts_per_token,
-                      .capacity_factor = cfg->capacity_factor, .aux_loss_coef = cfg->aux_loss_coef,
+    const MoEConfig *m = cfg->moe ? cfg->moe : &NO_EXPERTS;
+    return (MoEShape){.C = s->C, .C_mlp = s->C_mlp, .n_experts = m->n_experts, .top_k = m->experts_per_token,
+                      .capacity_factor = m->capacity_factor, .aux_loss_coef = m->aux_loss_coef,
                       .first_expert = s->first_repeat, .n_local = s->n_repeats, .ep = s->repeat_ranks};
 }
 
@@ -130,7 +136,7 @@ static void alloc_moe_acts(Activations *a, ActsAllocator *al) {
 
 void moe_set_global_batch(Activations *a, const GPTConfig *cfg, int global_sequences) {
     int blocks = gpt_moe_blocks(cfg, 0, cfg->n_layer);
-    if (a->moe) a->moe->aux_dloss = blocks ? cfg->aux_loss_coef / ((float)global_sequences * (float)blocks) : 0.0f;
+    if (a->moe) a->moe->aux_dloss = blocks ? cfg->moe->aux_loss_coef / ((float)global_sequences * (float)blocks) : 0.0f;
 }
 
 void moe_stats_reset(Activations *a) {

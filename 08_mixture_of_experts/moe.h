@@ -18,7 +18,7 @@
 // puts an all-to-all between them to run each expert on the rank that holds it (experts.c).
 //
 // The core (common/model/gpt.h) knows the MoE blocks' MLP only as MOE_MLP, which the programs that run
-// one put in GPTConfig.moe_mlp (moe_model): its tensors, which the layout puts in place of the
+// one put in MoEConfig.mlp (moe_model): its tensors, which the layout puts in place of the
 // dense MLP's, the activations below, and moe_forward / moe_backward, which serial_layer_ops()
 // runs for a MoE block. Stage 08 trains with it; stage 06 generates with it, and the planner
 // sizes it: the one stage file they link besides their own.
@@ -26,12 +26,13 @@
 #define MOE_H
 
 #include "model/gpt.h"
+#include "model/moe_mlp.h"
 
 // A MoE block's MLP as GPT-2's names it (after Mixtral's sparse block): the router
 // (mlp.gate.weight, (E, C), no bias), then each expert held, one GPT-2 MLP each
 // (mlp.experts.N.c_fc, mlp.experts.N.c_proj)
 extern const MoEMLP MOE_MLP;
-// the model cfg describes, with its MoE blocks' MLP (GPTConfig.moe_mlp)
+// the model cfg describes, with its MoE blocks' MLP (MoEConfig.mlp)
 void moe_model(GPTConfig *cfg);
 // the whole model with the experts [first_expert, first_expert + n) of each MoE block only
 // (expert parallelism); the experts keep their names and random streams

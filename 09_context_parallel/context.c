@@ -80,23 +80,24 @@ void cp_local_batch(const CPGrid *g, const Batch *full, Batch *local) {
 // Each half's rows are chunks at the same position: the position table from that position on is
 // an ordinary table for them. A padded last chunk may run past the table's end: its rows then
 // take only the positions the table has (the pads' embeddings stay 0, their gradients are 0).
+// Every rank holds the whole vocabulary (rows from 0).
 static void embed_half(const CPLayers *x, float *out, float *dwpe, const int *tokens, const float *wte,
                        float *wte_grad, const float *wpe, const ModelShape *s, int B, int c, int pos, bool fwd) {
     int C = s->C, valid = x->max_positions - pos < c ? x->max_positions - pos : c;
     const float *wpe_at = wpe ? wpe + (size_t)pos * C : NULL;
     float *dwpe_at = dwpe ? dwpe + (size_t)pos * C : NULL;
     if (valid == c || !wpe) {
-        if (fwd) embedding_forward(out, tokens, NULL, wte, wpe_at, s->v_lo, s->v_rows, B, c, C);
-        else embedding_backward(wte_grad, dwpe_at, out, tokens, s->v_lo, s->v_rows, B, c, C);
+        if (fwd) embedding_forward(out, tokens, NULL, wte, wpe_at, 0, s->v_rows, B, c, C);
+        else embedding_backward(wte_grad, dwpe_at, out, tokens, 0, s->v_rows, B, c, C);
         return;
     }
     for (int b = 0; b < B; b++) {
         float *o = out + (size_t)b * c * C;
         if (fwd) {
             dev_zero(o, (size_t)c * C * sizeof(float));
-            embedding_forward(o, tokens + (size_t)b * c, NULL, wte, wpe_at, s->v_lo, s->v_rows, 1, valid, C);
+            embedding_forward(o, tokens + (size_t)b * c, NULL, wte, wpe_at, 0, s->v_rows, 1, valid, C);
         } else {
-            embedding_backward(wte_grad, dwpe_at, o, tokens + (size_t)b * c, s->v_lo, s->v_rows, 1, valid, C);
+            embedding_backward(wte_grad, dwpe_at, o, tokens + (size_t)b * c, 0, s->v_rows, 1, valid, C);
         }
     }
 }

@@ -340,7 +340,7 @@ static float *tensor_of(const Range *r, const float *flat, const char *name, siz
 // model has none)
 static void check_range_moe_stats(const GPTConfig *cfg, const MoEStats *whole, const MoEStats *first,
                                   const MoEStats *last, int cut) {
-    if (!cfg->n_experts) {
+    if (!cfg->moe) {
         CHECK(!whole && !first && !last, "a dense model's activations keep MoE stats");
         return;
     }
@@ -348,7 +348,7 @@ static void check_range_moe_stats(const GPTConfig *cfg, const MoEStats *whole, c
           first->dropped, last->dropped, whole->dropped);
     CHECK(whole->aux_sum == first->aux_sum + last->aux_sum, "the ranges' load-balancing losses %.9g + %.9g, the "
           "whole model's %.9g", first->aux_sum, last->aux_sum, whole->aux_sum);
-    size_t E = (size_t)cfg->n_experts, before = (size_t)cut * E, after = (size_t)(cfg->n_layer - cut) * E;
+    size_t E = (size_t)cfg->moe->n_experts, before = (size_t)cut * E, after = (size_t)(cfg->n_layer - cut) * E;
     CHECK(memcmp(whole->load, first->load, before * sizeof(long)) == 0 &&
               memcmp(whole->load + before, last->load, after * sizeof(long)) == 0,
           "the rows each expert ran differ between the ranges and the whole model");
@@ -458,7 +458,8 @@ int main(int argc, char **argv) {
     test_finite_differences();
     test_init_slices();
     GPTConfig dense = small_config(), moe = dense;  // moe: every block a mixture of experts, dropping
-    moe.n_experts = 4, moe.experts_per_token = 2, moe.moe_every = 1, moe.capacity_factor = 1.0f, moe.aux_loss_coef = 0.5f;
+    moe.moe = moe_config_new(4, 2, 1);
+    moe.moe->capacity_factor = 1.0f, moe.moe->aux_loss_coef = 0.5f;
     moe_model(&moe);  // stage 08's MoE MLP (08_mixture_of_experts/moe.c)
     test_layer_ranges(&dense);
     test_layer_ranges(&moe);

@@ -46,8 +46,8 @@
 
 static GPTConfig moe_config(int n_layer, int moe_every, int E, int k, float capacity_factor, float coef) {
     GPTConfig cfg = {.max_seq_len = 8, .vocab_size = 40, .n_layer = n_layer, .n_head = 2, .n_embd = 16,
-                     .n_experts = E, .experts_per_token = k, .moe_every = moe_every,
-                     .capacity_factor = capacity_factor, .aux_loss_coef = coef, .moe_mlp = &MOE_MLP};
+                     .moe = moe_config_new(E, k, moe_every)};
+    cfg.moe->capacity_factor = capacity_factor, cfg.moe->aux_loss_coef = coef, cfg.moe->mlp = &MOE_MLP;
     cfg.padded_vocab_size = gpt_padded_vocab(cfg.vocab_size);
     return cfg;
 }
@@ -118,7 +118,7 @@ static double objective(Model *m) {
     gpt_forward(&m->acts, &m->w, m->x, m->B, m->T);
     copy_to_device(m->acts.targets, m->y, (size_t)m->B * m->T * sizeof(int));
     double ce = gpt_loss_forward(&m->acts, &m->cfg, m->B, m->T) / count_targets(m->y, m->B * m->T);
-    return ce + m->cfg.aux_loss_coef * mean_aux(m);
+    return ce + m->cfg.moe->aux_loss_coef * mean_aux(m);
 }
 
 // the same objective's gradient into m->grads (returns the mean CE)
@@ -134,7 +134,7 @@ static MoEBlockActs *moe_of(const Model *m, int l) { return moe_acts(&m->acts, l
 
 // every MoE block's choices and slots after the last forward, one after the other
 static void routing_snapshot(const Model *m, int *out) {
-    size_t pairs = (size_t)m->B * m->T * m->cfg.experts_per_token, n = 0;
+    size_t pairs = (size_t)m->B * m->T * m->cfg.moe->experts_per_token, n = 0;
     for (int l = 0; l < m->cfg.n_layer; l++) {
         if (!moe_of(m, l)) continue;
         memcpy(out + n, moe_of(m, l)->choice, pairs * sizeof(int)), n += pairs;
@@ -167,7 +167,7 @@ static void test_finite_differences(const GPTConfig *cfg, const char *what) {
     enum { SAMPLES = 4 };
     Model m;
     model_build(&m, cfg, 2, 7);  // T below max_seq_len on purpose
-    size_t n = m.layout.num_params, n_snap = (size_t)2 * m.blocks * m.B * m.T * cfg->experts_per_token;
+    size_t n = m.layout.num_params, n_snap = (size_t)2 * m.blocks * m.B * m.T * cfg->moe->experts_per_token;
     forward_backward(&m);
     float *grad = malloc_or_die(n * sizeof(float));
     copy_to_host(grad, m.grads, n * sizeof(float));
@@ -208,12 +208,13 @@ static void test_finite_differences(const GPTConfig *cfg, const char *what) {
 // ---- 2. routing against a reimplementation -----------------------------------------------------
 
 static int capacity_of(const GPTConfig *cfg, int T) {
-    return cfg->capacity_factor > 0 ? (int)ceil((double)cfg->capacity_factor * T * cfg->experts_per_token / cfg->n_experts) : 0;
+    const MoEConfig *moe = cfg->moe;
+    return moe->capacity_factor > 0 ? (int)ceil((double)moe->capacity_factor * T * moe->experts_per_token / moe->n_experts) : 0;
 }
 
 // a router's probabilities of one token, in double, from its MLP input x (C) and the router w (E, C)
 static void router_probs(const Model *m, const float *x, const float *w, double *p) {
-    int C = m->cfg.n_embd, E = m->cfg.n_experts;
+    int C = m->cfg.n_embd, E = m->cfg.moe->n_experts;
     double max = -INFINITY, sum = 0;
     for (int e = 0; e < E; e++) {
         p[e] = 0;
@@ -227,7 +228,7 @@ static void router_probs(const Model *m, const float *x, const float *w, double 
 // token n's router: probabilities, the top-k (best first) and its renormalised weights
 static void check_router(const Model *m, int l, int n, const float *x, const float *w, const char *what) {
     const MoEBlockActs *a = moe_of(m, l);
-    int E = m->cfg.n_experts, k = m->cfg.experts_per_token;
+    int E = m->cfg.moe->n_experts, k = m->cfg.moe->experts_per_token;
     double p[MAX_EXPERTS], chosen = 0;
     router_probs(m, x, w, p);
     for (int e = 0; e < E; e++) CHECK_CLOSE(a->probs[(size_t)n * E + e], p[e], 1e-5, 1e-7, what);
@@ -254,7 +255,7 @@ static bool fits(const int *choice, int b, int t, int j, int T, int k, int cap) 
 // returns the pairs dropped
 static long check_block_routing(const Model *m, int l, const char *what, double *aux) {
     const MoEBlockActs *a = moe_of(m, l);
-    int B = m->B, T = m->T, E = m->cfg.n_experts, k = m->cfg.experts_per_token, cap = capacity_of(&m->cfg, T);
+    int B = m->B, T = m->T, E = m->cfg.moe->n_experts, k = m->cfg.moe->experts_per_token, cap = capacity_of(&m->cfg, T);
     int N = B * T;
     long kept[MAX_EXPERTS] = {0}, dropped = 0, first_row[MAX_EXPERTS + 1] = {0};
     char router[64];
@@ -317,8 +318,8 @@ static void test_routing(const GPTConfig *cfg, const char *what, bool expect_dro
     const MoEStats *st = moe_stats(&m.acts);
     CHECK(st->dropped == dropped, "%s: %ld pairs dropped, counted %ld", what, st->dropped, dropped);
     CHECK(expect_drops ? dropped > 0 : dropped == 0, "%s: %ld pairs dropped", what, dropped);
-    for (size_t i = 0; i < (size_t)cfg->n_layer * cfg->n_experts; i++) rows += st->load[i];
-    CHECK(rows + dropped == (long)m.blocks * m.B * m.T * cfg->experts_per_token, "%s: %ld rows + %ld dropped", what,
+    for (size_t i = 0; i < (size_t)cfg->n_layer * cfg->moe->n_experts; i++) rows += st->load[i];
+    CHECK(rows + dropped == (long)m.blocks * m.B * m.T * cfg->moe->experts_per_token, "%s: %ld rows + %ld dropped", what,
           rows, dropped);
     CHECK_CLOSE(st->aux_sum, aux, 1e-5, 0, "load-balancing loss");
     // the stats add up over micro-batches until reset
@@ -358,7 +359,7 @@ static void test_capacity_per_sequence(const GPTConfig *cfg) {
     ModelShape shape = whole_model_shape(cfg);
     int T = 8, want = capacity_of(cfg, T);
     for (int ep = 1; ep <= 4; ep *= 2) {
-        shape.repeat_ranks = ep, shape.n_repeats = cfg->n_experts / ep, shape.first_repeat = 0;
+        shape.repeat_ranks = ep, shape.n_repeats = cfg->moe->n_experts / ep, shape.first_repeat = 0;
         MoEShape s = moe_shape(cfg, &shape);
         CHECK(moe_capacity(&s, T) == want, "capacity with ep=%d: %d, expected %d", ep, moe_capacity(&s, T), want);
     }
@@ -367,7 +368,7 @@ static void test_capacity_per_sequence(const GPTConfig *cfg) {
     objective(&whole);
     Activations one;
     acts_alloc(&one, cfg, 1, T, 0);
-    int V = cfg->vocab_size, Vp = cfg->padded_vocab_size, k = cfg->experts_per_token;
+    int V = cfg->vocab_size, Vp = cfg->padded_vocab_size, k = cfg->moe->experts_per_token;
     size_t row_bytes = (size_t)T * Vp * sizeof(float);
     float *batch_logits = malloc_or_die(whole.B * row_bytes), *alone_logits = malloc_or_die(row_bytes);
     copy_to_host(batch_logits, whole.acts.logits, whole.B * row_bytes);
@@ -476,7 +477,7 @@ static void test_expert_layouts(const GPTConfig *cfg) {
     float *init = dev_malloc(whole.num_params * sizeof(float)), *all = malloc_or_die(whole.num_params * sizeof(float));
     gpt_init_range(init, &whole, 0, whole.num_params, 9);
     copy_to_host(all, init, whole.num_params * sizeof(float));
-    int E = cfg->n_experts, blocks = gpt_moe_blocks(cfg, 0, cfg->n_layer), per_expert = 4;
+    int E = cfg->moe->n_experts, blocks = gpt_moe_blocks(cfg, 0, cfg->n_layer), per_expert = 4;
     for (int ep = 1; ep <= E; ep *= 2) {
         int expert_tensors = 0;
         for (int r = 0; r < ep; r++) {
@@ -514,7 +515,7 @@ static void test_expert_layouts(const GPTConfig *cfg) {
 static void test_activation_bytes(const GPTConfig *cfg) {
     for (int ep = 1; ep <= 2; ep++) {
         ActsSpec spec = whole_model_acts(cfg, 3, 8, false, false);
-        spec.shape.repeat_ranks = ep, spec.shape.n_repeats = cfg->n_experts / ep, spec.shape.first_repeat = 0;
+        spec.shape.repeat_ranks = ep, spec.shape.n_repeats = cfg->moe->n_experts / ep, spec.shape.first_repeat = 0;
         size_t before = dev_bytes_in_use(), reported = acts_bytes(&spec);
         Activations a;
         acts_alloc_spec(&a, &spec);
@@ -536,8 +537,8 @@ static void read_routing(const char *dir, GPTConfig *cfg) {
     const cJSON *cf = cJSON_GetObjectItem(root, "capacity_factor"), *coef = cJSON_GetObjectItem(root, "router_aux_loss_coef");
     if (!cJSON_IsNumber(cf) || !cJSON_IsNumber(coef))
         fatal("%s: expected numbers \"capacity_factor\" and \"router_aux_loss_coef\"", path);
-    cfg->capacity_factor = (float)cf->valuedouble;
-    cfg->aux_loss_coef = (float)coef->valuedouble;
+    cfg->moe->capacity_factor = (float)cf->valuedouble;
+    cfg->moe->aux_loss_coef = (float)coef->valuedouble;
     cJSON_Delete(root);
     free(text);
 }
@@ -571,7 +572,7 @@ static int run_oracle(const char *dir) {
     snprintf(path, sizeof path, "%s/grads", dir);
     checkpoint_save_model(path, &m.layout, m.grads, NULL);
     objective(&m);  // the logits again: backward overwrote them with their gradient
-    int N = m.B * m.T, E = m.cfg.n_experts, k = m.cfg.experts_per_token, V = m.cfg.vocab_size;
+    int N = m.B * m.T, E = m.cfg.moe->n_experts, k = m.cfg.moe->experts_per_token, V = m.cfg.vocab_size;
     snprintf(path, sizeof path, "%s/logits.bin", dir);
     FILE *f = fopen_or_die(path, "wb");
     for (int n = 0; n < N; n++) fwrite(m.acts.logits + (size_t)n * m.cfg.padded_vocab_size, sizeof(float), (size_t)V, f);

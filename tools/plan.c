@@ -321,7 +321,7 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
 // floats a row (the rows out and back, forward and backward: 8 C (routed + ran) bytes). Balanced
 // routing without drops sends k N rows out and runs k N rows here, N the rank's tokens.
 static void plan_experts(const Setup *s, Plan *p, int ep) {
-    int dp = s->P / ep, E = s->mc->n_experts, acc = s->cfg->gradient_acc_steps;
+    int dp = s->P / ep, E = s->mc->moe->n_experts, acc = s->cfg->gradient_acc_steps;
     snprintf(p->name, sizeof p->name, "EP %d x %d", ep, dp);
     p->stage = 8, p->ep = ep, p->dp = dp;
     add_strategy(p, "expert_parallel");
@@ -337,7 +337,7 @@ static void plan_experts(const Setup *s, Plan *p, int ep) {
     add_model_memory(p, s->cfg, n, acts_bytes(&spec));
     gpt_layout_free(&layout);
     double fl = sizeof(float), moe = gpt_moe_blocks(s->mc, 0, s->mc->n_layer);
-    double routed = (double)s->mc->experts_per_token * rows * s->T;
+    double routed = (double)s->mc->moe->experts_per_token * rows * s->T;
     add_comm(p, "world", "all-reduce", (double)numel[0] * fl, runs[0], s->P, 1, false);
     add_comm(p, "expert-replicas", "all-reduce", (double)numel[1] * fl, runs[1], dp, ep, false);
     add_comm(p, "experts", "all-gather", acc * moe * E * ep * fl, (long)(acc * moe), ep, 1, false);
@@ -463,16 +463,16 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
         snprintf(why_not, why_size, "DDP and FSDP: global_batch_size %d does not split into %d ranks x %d "
                  "micro-batches", cfg->global_batch_size, s->P, cfg->gradient_acc_steps);
     bool any = !only[0];
-    if (s->mc->n_experts) {  // experts train on stage 08 alone
+    if (s->mc->moe) {  // experts train on stage 08 alone
         for (int ep = 1; ep <= s->P; ep++) {
             char name[16];
             snprintf(name, sizeof name, "ep%d", ep);
-            if (s->P % ep || s->mc->n_experts % ep || !batch_splits || !wanted(only, name)) continue;
+            if (s->P % ep || s->mc->moe->n_experts % ep || !batch_splits || !wanted(only, name)) continue;
             plan_experts(s, &plans[n++], ep);
         }
         if (!n && !why_not[0])
             snprintf(why_not, why_size, "a mixture of experts runs on stage 08: ep must divide the %d ranks and the %d "
-                     "experts", s->P, s->mc->n_experts);
+                     "experts", s->P, s->mc->moe->n_experts);
         for (int i = 0; i < n; i++) predict_time(s, &plans[i]);
         return n;
     }

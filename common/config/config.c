@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "model/gpt.h"  // MAX_EXPERTS
+#include "model/moe_mlp.h"  // MAX_EXPERTS
 
 typedef enum { T_INT, T_FLOAT, T_BOOL, T_STRING, T_INT3 } KeyType;
 

@@ -124,8 +124,8 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
     a->encoded = alloc_floats(&al, N * C);
     a->blocks = calloc_or_die((size_t)(sp->n_layers > 0 ? sp->n_layers : 1), sizeof(BlockActs));
     int moe_blocks = gpt_moe_blocks(&sp->model, sp->first_layer, sp->n_layers);
-    if (moe_blocks && !sp->model.moe_mlp)
-        fatal("internal: activations for mixture-of-experts blocks without their MLP (GPTConfig.moe_mlp)");
+    if (moe_blocks && !sp->model.moe->mlp)
+        fatal("internal: activations for mixture-of-experts blocks without their MLP (MoEConfig.mlp)");
     for (int i = 0; i < sp->n_layers; i++) {
         bool moe = gpt_block_is_moe(&sp->model, sp->first_layer + i);
         if (sp->recompute && i > 0) {  // one set of activations, recomputed for each block in
@@ -135,7 +135,7 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
             alloc_block(&al, &a->blocks[i], sp->recompute ? moe_blocks < sp->n_layers : !moe);
         }
     }
-    if (moe_blocks) sp->model.moe_mlp->alloc_acts(a, &al);
+    if (moe_blocks) sp->model.moe->mlp->alloc_acts(a, &al);
     if (sp->embed) a->inputs = acts_alloc_device(&al, N * sizeof(int));
     if (sp->head) {
         a->lnf = matmul_input(&al, N * C);

@@ -34,7 +34,7 @@ typedef struct {
     int B, T;            // capacity: B sequences of at most T tokens
     int keys;            // attention keys per query (the attention matrix's width): T, or a cache's length
     ModelShape shape;
-    GPTConfig model;     // the model: which blocks are MoE blocks, and their MLP (moe_mlp)
+    GPTConfig model;     // the model: which blocks are MoE blocks, and their MLP (moe)
     LayerOps *ops;       // NULL: serial_layer_ops()
     int first_layer, n_layers;
     bool embed, head;    // this rank runs the embedding / the head (and keeps their buffers)
@@ -66,7 +66,7 @@ struct Activations {
                                 // KV cache's decode); NULL: 0 + t. Rotary embeddings turn by it.
     half16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
     half16 *dout16;               // bf16 mode: a matmul's output gradient
-    struct MoEActs *moe;        // what the MoE blocks' MLP keeps (GPTConfig.moe_mlp's), or NULL
+    struct MoEActs *moe;        // what the MoE blocks' MLP keeps (MoEConfig.mlp's), or NULL
     size_t bytes;
     void **owned;               // every buffer allocated (some are shared), to free once
     int n_owned;

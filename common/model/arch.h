@@ -8,7 +8,7 @@
 #include <stdbool.h>
 
 typedef struct Arch Arch;
-typedef struct MoEMLP MoEMLP;
+typedef struct MoEConfig MoEConfig;
 
 typedef struct {
     const Arch *arch;       // the architecture's description; NULL: GPT-2
@@ -27,23 +27,17 @@ typedef struct {
     float norm_eps;
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_positions;
-    // mixture of experts (stage 08, which the checkpoints' config.json describes): the MoE blocks'
-    // MLP is n_experts MLPs and a router. The core lays out and runs that MLP only through moe_mlp.
-    int n_experts;          // E; 0: every block has its one dense MLP
-    int experts_per_token;  // k: each token goes to its k most probable experts
-    int moe_every;          // block l is a MoE block when (l + 1) % moe_every == 0
-    float capacity_factor;  // rows per expert per sequence: ceil(factor * T * k / E); 0: no limit
-    float aux_loss_coef;    // weight of the load-balancing loss in the objective
-    const MoEMLP *moe_mlp;  // the MoE blocks' MLP (08_mixture_of_experts/moe.h's MOE_MLP), set by
-                            // the programs that run one; NULL: this program runs dense MLPs only
+    // mixture of experts (stage 08): its MoE blocks, their experts and MLP, which the core reads
+    // only through moe_mlp.h; NULL: every block has its one dense MLP
+    MoEConfig *moe;
 } GPTConfig;
 
-// the most experts a configuration may give a MoE block
-#define MAX_EXPERTS 64
 // whether block l's MLP is a mixture of experts
 bool gpt_block_is_moe(const GPTConfig *cfg, int l);
 // the MoE blocks in [first, first + n)
 int gpt_moe_blocks(const GPTConfig *cfg, int first, int n);
+// the experts of each MoE block (0: a dense model)
+int gpt_experts(const GPTConfig *cfg);
 
 int gpt_padded_vocab(int vocab_size);
 
@@ -84,7 +78,7 @@ typedef struct {
     Init init;
     bool decay;           // weight decay applies (matrices and embeddings, not biases or norms)
     bool hf_transposed;   // stored (in, out) in Hugging Face files (GPT-2's Conv1D)
-    bool repeated;        // one tensor per repeat (a MoE block's expert; GPTConfig.n_experts of
+    bool repeated;        // one tensor per repeat (a MoE block's expert; gpt_experts() of
                           // them, DIM_REPEATS); a second %d in the name stands for the repeat
 } TensorSpec;
 

@@ -3,6 +3,7 @@
 // tensors, the GPT-2 model and optimizer checkpoints on top, and writing them (files.h).
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint.h"
+#include "moe_mlp.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -520,11 +521,10 @@ static void read_moe_config(const cJSON *root, const char *file, GPTConfig *cfg)
     int experts = config_int(root, "num_local_experts", file);
     if (experts < 0) return;
     if (experts > MAX_EXPERTS) fatal("%s: \"num_local_experts\" is %d; at most %d are supported", file, experts, MAX_EXPERTS);
-    cfg->n_experts = experts;
-    cfg->experts_per_token = config_required(root, "num_experts_per_tok", file);
-    cfg->moe_every = config_required(root, "moe_every", file);
-    if (cfg->experts_per_token > experts)
-        fatal("%s: \"num_experts_per_tok\" is %d but there are %d experts", file, cfg->experts_per_token, experts);
+    int per_token = config_required(root, "num_experts_per_tok", file);
+    if (per_token > experts)
+        fatal("%s: \"num_experts_per_tok\" is %d but there are %d experts", file, per_token, experts);
+    cfg->moe = moe_config_new(experts, per_token, config_required(root, "moe_every", file));
 }
 
 void checkpoint_read_config(const char *path, GPTConfig *cfg) {
@@ -711,9 +711,9 @@ static void check_no_extra_blocks(const SafeTensors *st, const GPTConfig *cfg) {
                   st->tensors[i].name, block, cfg->n_layer);
         const char *expert = strstr(name, ".mlp.experts.");
         long e = expert ? strtol(expert + strlen(".mlp.experts."), NULL, 10) : -1;
-        if (e >= cfg->n_experts)
+        if (e >= gpt_experts(cfg))
             fatal("%s: tensor %s belongs to expert %ld, but the configured model has %d experts per block",
-                  st->path, st->tensors[i].name, e, cfg->n_experts);
+                  st->path, st->tensors[i].name, e, gpt_experts(cfg));
     }
 }
 
@@ -857,11 +857,11 @@ static char *hf_config_json(const GPTConfig *cfg) {
     cJSON_AddNumberToObject(c, "bos_token_id", cfg->vocab_size - 1);
     cJSON_AddNumberToObject(c, "eos_token_id", cfg->vocab_size - 1);
     cJSON_AddStringToObject(c, "torch_dtype", "float32");
-    if (cfg->n_experts) {  // stage 08's experts, named as Mixtral's config names them
-        cJSON_AddNumberToObject(c, "num_local_experts", cfg->n_experts);
-        cJSON_AddNumberToObject(c, "num_experts_per_tok", cfg->experts_per_token);
-        cJSON_AddNumberToObject(c, "moe_every", cfg->moe_every);
-        add_float(c, "router_aux_loss_coef", cfg->aux_loss_coef);
+    if (cfg->moe) {  // stage 08's experts, named as Mixtral's config names them
+        cJSON_AddNumberToObject(c, "num_local_experts", cfg->moe->n_experts);
+        cJSON_AddNumberToObject(c, "num_experts_per_tok", cfg->moe->experts_per_token);
+        cJSON_AddNumberToObject(c, "moe_every", cfg->moe->moe_every);
+        add_float(c, "router_aux_loss_coef", cfg->moe->aux_loss_coef);
     }
     return config_text(c);
 }

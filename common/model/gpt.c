@@ -204,14 +204,14 @@ static Rope model_rope(const GPTConfig *cfg) {
 ModelShape whole_model_shape(const GPTConfig *cfg) {
     int C = cfg->n_embd, n_kv_head = cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head;
     const Arch *arch = gpt_arch(cfg);
-    return (ModelShape){.C = C, .C_total = C, .n_head = cfg->n_head, .C_attn = C,
+    return (ModelShape){.C = C, .n_head = cfg->n_head, .C_attn = C,
                         .C_mlp = cfg->ffn_dim ? cfg->ffn_dim : 4 * C,
-                        .v_lo = 0, .v_rows = cfg->padded_vocab_size,
+                        .v_rows = cfg->padded_vocab_size,
                         .parallel_block = arch->parallel_block,
                         .rotary_dim = arch->rotary ? cfg->rotary_dim : 0, .rope = model_rope(cfg),
                         .n_kv_head = n_kv_head, .C_kv = n_kv_head * (C / cfg->n_head),
                         .rms_norm = arch->rms_norm, .norm_eps = cfg->norm_eps, .gated_mlp = arch->gated_mlp,
-                        .first_repeat = 0, .n_repeats = cfg->n_experts, .repeat_ranks = 1};
+                        .first_repeat = 0, .n_repeats = gpt_experts(cfg), .repeat_ranks = 1};
 }
 
 // out (N, OC) = inp (N, C) @ w^T + b. With bf16 weights (w16 set) the input is rounded to bf16
@@ -228,16 +228,17 @@ void linear_forward(float *out, const float *inp, half16 *inp16, const Linear *w
     matmul_forward_16(out, inp16, w->w16, w->b, N, C, OC);
 }
 
+// one rank holds the whole vocabulary: rows [0, v_rows)
 static void serial_embed_forward(LayerOps *ops, float *out, const int *tokens, const int *start,
                                  const Weights *w, const ModelShape *s, int B, int T) {
     (void)ops;
-    embedding_forward(out, tokens, start, w->wte, w->wpe, s->v_lo, s->v_rows, B, T, s->C);
+    embedding_forward(out, tokens, start, w->wte, w->wpe, 0, s->v_rows, B, T, s->C);
 }
 
 static void serial_embed_backward(LayerOps *ops, Weights *g, const float *dout, const int *tokens,
                                   const ModelShape *s, int B, int T) {
     (void)ops;
-    embedding_backward(g->wte, g->wpe, dout, tokens, s->v_lo, s->v_rows, B, T, s->C);
+    embedding_backward(g->wte, g->wpe, dout, tokens, 0, s->v_rows, B, T, s->C);
 }
 
 static void serial_linear_forward(LayerOps *ops, LinearKind k, float *out, const float *inp, half16 *inp16,
@@ -318,15 +319,15 @@ static void dense_mlp_backward(LayerOps *ops, Activations *a, int l, float *dinp
                          &w->fc, N, C, F_fc);
 }
 
-// a MoE block's MLP is GPTConfig.moe_mlp's (08_mixture_of_experts/moe.c), on one rank
+// a MoE block's MLP is MoEConfig.mlp's (08_mixture_of_experts/moe.c), on one rank
 static void serial_mlp_forward(LayerOps *ops, Activations *a, int l, const BlockWeights *w, int B, int T) {
-    if (gpt_block_is_moe(&a->spec.model, l)) a->spec.model.moe_mlp->forward(ops, a, l, w, B, T);
+    if (gpt_block_is_moe(&a->spec.model, l)) a->spec.model.moe->mlp->forward(ops, a, l, w, B, T);
     else dense_mlp_forward(ops, a, l, w, B, T);
 }
 
 static void serial_mlp_backward(LayerOps *ops, Activations *a, int l, float *dinp, const BlockWeights *w,
                                 BlockWeights *g, const float *dout, int B, int T) {
-    if (gpt_block_is_moe(&a->spec.model, l)) a->spec.model.moe_mlp->backward(ops, a, l, dinp, w, g, dout, B, T);
+    if (gpt_block_is_moe(&a->spec.model, l)) a->spec.model.moe->mlp->backward(ops, a, l, dinp, w, g, dout, B, T);
     else dense_mlp_backward(ops, a, l, dinp, w, g, dout, B, T);
 }
 

@@ -46,11 +46,10 @@ typedef struct {
 // What one rank holds of a block: the whole block, or a tensor-parallel share of it.
 typedef struct {
     int C;        // residual stream width held (the hidden dimension, or its shard)
-    int C_total;  // the whole hidden dimension (LayerNorm divides by it)
     int n_head;   // attention heads held
     int C_attn;   // their width: n_head * head size
     int C_mlp;    // MLP width held
-    int v_lo, v_rows;  // the vocabulary rows held of wte and the lm_head: [v_lo, v_lo + v_rows)
+    int v_rows;   // the vocabulary rows held of wte and the lm_head (which rows: 05's TPModel.v_lo)
     bool parallel_block;  // the architecture's block and position encoding (Arch, GPTConfig)
     int rotary_dim;       // 0: no rotary embedding
     Rope rope;
@@ -107,7 +106,7 @@ struct LayerOps {
     // block `layer`'s MLP, from its input (ln2(res2), or ln1(x) in a parallel block) into the
     // block's out (the block adds the residual); backward adds into dinp. The dense MLP (fc, GELU,
     // fc_proj) runs through linear_forward/backward above; serial_layer_ops() hands a MoE block's
-    // to GPTConfig.moe_mlp, and stage 08 plugs in its expert-parallel version.
+    // to MoEConfig.mlp (moe_mlp.h), and stage 08 plugs in its expert-parallel version.
     MLPForward mlp_forward;
     MLPBackward mlp_backward;
 };

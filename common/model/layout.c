@@ -99,7 +99,16 @@ const Arch ARCH_LLAMA_TIED = {"llama", LLAMA_ROOT, 2, LLAMA_BLOCK, 9, true, fals
 
 const Arch *gpt_arch(const GPTConfig *cfg) { return cfg->arch ? cfg->arch : &ARCH_GPT2; }
 
-bool gpt_block_is_moe(const GPTConfig *cfg, int l) { return cfg->n_experts > 0 && (l + 1) % cfg->moe_every == 0; }
+bool gpt_block_is_moe(const GPTConfig *cfg, int l) { return cfg->moe && (l + 1) % cfg->moe->moe_every == 0; }
+
+int gpt_experts(const GPTConfig *cfg) { return cfg->moe ? cfg->moe->n_experts : 0; }
+
+MoEConfig *moe_config_new(int n_experts, int experts_per_token, int moe_every) {
+    if (!n_experts) return NULL;
+    MoEConfig *moe = calloc_or_die(1, sizeof *moe);
+    *moe = (MoEConfig){.n_experts = n_experts, .experts_per_token = experts_per_token, .moe_every = moe_every};
+    return moe;
+}
 
 int gpt_moe_blocks(const GPTConfig *cfg, int first, int n) {
     int count = 0;
@@ -116,7 +125,7 @@ static int extent(Dim d, const GPTConfig *cfg) {
     case DIM_4C: return 4 * cfg->n_embd;
     case DIM_VOCAB: return cfg->padded_vocab_size;
     case DIM_POSITIONS: return cfg->max_seq_len;
-    case DIM_REPEATS: return cfg->n_experts;
+    case DIM_REPEATS: return gpt_experts(cfg);
     case DIM_KV: return (cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head) * (cfg->n_embd / cfg->n_head);
     case DIM_FFN: return cfg->ffn_dim;
     case DIM_NONE: break;
@@ -171,19 +180,19 @@ static int block_tensors(const Arch *arch, const GPTConfig *cfg, int b) {
     int n = arch->n_block;
     if (!gpt_block_is_moe(cfg, b)) return n;
     for (int i = 0; i < arch->n_block; i++) n -= is_mlp_role(arch->block[i].role);
-    return n + moe_mlp_tensors(cfg->moe_mlp, cfg->n_experts);
+    return n + moe_mlp_tensors(cfg->moe->mlp, cfg->moe->n_experts);
 }
 
-// A block's tensors in buffer order; a MoE block's MLP (GPTConfig.moe_mlp) holds the repeats
+// A block's tensors in buffer order; a MoE block's MLP (MoEConfig.mlp) holds the repeats
 // [first_repeat, first_repeat + n_repeats). Each tensor's random stream is its index in the whole
 // model, whatever the range holds.
 static void add_block(ParamLayout *l, int b, int stream) {
     const Arch *arch = l->arch;
-    const MoEMLP *mlp = l->cfg.moe_mlp;
     bool moe = gpt_block_is_moe(&l->cfg, b);
     for (int i = 0; i < arch->n_block; i++)
         if (!moe || !is_mlp_role(arch->block[i].role)) add_tensor(l, &arch->block[i], b, -1, stream++);
     if (!moe) return;
+    const MoEMLP *mlp = l->cfg.moe->mlp;
     int n_per_repeat = 0, slot = 0;
     for (int i = 0; i < mlp->n_tensors; i++) n_per_repeat += mlp->tensors[i].repeated;
     for (int i = 0; i < mlp->n_tensors; i++)
@@ -203,9 +212,9 @@ static void add_block(ParamLayout *l, int b, int stream) {
 static void check_moe_blocks(const GPTConfig *cfg, const Arch *arch) {
     if (!gpt_moe_blocks(cfg, 0, cfg->n_layer)) return;
     if (!arch->has_moe) fatal("the %s architecture has no mixture-of-experts version", arch->name);
-    if (!cfg->moe_mlp)
+    if (!cfg->moe->mlp)
         fatal("the model has mixture-of-experts blocks (%d experts), which this program does not run: "
-              "stage 08 trains them, stage 06 generates with them", cfg->n_experts);
+              "stage 08 trains them, stage 06 generates with them", cfg->moe->n_experts);
 }
 
 static void lay_out(ParamLayout *l, const GPTConfig *cfg, int first, int n, bool embed, bool head,
@@ -238,7 +247,7 @@ static void lay_out(ParamLayout *l, const GPTConfig *cfg, int first, int n, bool
 }
 
 void gpt_layout_range(ParamLayout *l, const GPTConfig *cfg, int first, int n, bool embed, bool head) {
-    lay_out(l, cfg, first, n, embed, head, 0, cfg->n_experts);
+    lay_out(l, cfg, first, n, embed, head, 0, gpt_experts(cfg));
 }
 
 void gpt_layout_repeats(ParamLayout *l, const GPTConfig *cfg, int first_repeat, int n) {
@@ -358,7 +367,7 @@ static void point_block_tensor(BlockWeights *bw, const TensorInfo *t, float *at)
 // room for each held MoE block's MLP tensors (BlockWeights.moe_mlp), in w->moe_slots
 static void make_moe_slots(Weights *w, const ParamLayout *l) {
     if (!gpt_moe_blocks(&l->cfg, l->first_block, l->n_blocks)) return;
-    size_t per_block = (size_t)moe_mlp_tensors(l->cfg.moe_mlp, l->n_repeats);
+    size_t per_block = (size_t)moe_mlp_tensors(l->cfg.moe->mlp, l->n_repeats);
     w->moe_slots = calloc_or_die((size_t)l->n_blocks * per_block, sizeof(float *));
     for (int b = l->first_block, i = 0; b < l->first_block + l->n_blocks; b++, i++)
         if (gpt_block_is_moe(&l->cfg, b)) w->h[b].moe_mlp = w->moe_slots + (size_t)i * per_block;

@@ -8,6 +8,7 @@
 #include "data/synthetic.h"
 #include "model/activations.h"
 #include "model/checkpoint.h"
+#include "model/moe_mlp.h"
 
 // ---- model shape ------------------------------------------------------------------------------
 
@@ -35,16 +36,17 @@ static void llama_defaults(GPTConfig *mc, const Config *cfg) {
 
 // the experts' routing as the run trains it (capacity_factor and aux_loss_coef are the run's)
 static void moe_training_settings(GPTConfig *mc, const Config *cfg) {
-    mc->capacity_factor = (float)cfg->capacity_factor;
-    mc->aux_loss_coef = (float)cfg->aux_loss_coef;
+    if (!mc->moe) return;
+    mc->moe->capacity_factor = (float)cfg->capacity_factor;
+    mc->moe->aux_loss_coef = (float)cfg->aux_loss_coef;
 }
 
 // a checkpoint's experts: num_experts 0 takes them, as n_layer 0 takes its blocks
 static void check_checkpoint_experts(const GPTConfig *mc, const Config *cfg, const char *path) {
-    if (cfg->num_experts && mc->n_experts != cfg->num_experts)
+    if (cfg->num_experts && gpt_experts(mc) != cfg->num_experts)
         fatal("%s: the checkpoint has %d experts per mixture-of-experts block but key 'num_experts' is %d; "
-              "set num_experts to %d (or 0: the checkpoint's)", path, mc->n_experts, cfg->num_experts,
-              mc->n_experts);
+              "set num_experts to %d (or 0: the checkpoint's)", path, gpt_experts(mc), cfg->num_experts,
+              gpt_experts(mc));
 }
 
 GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
@@ -73,9 +75,7 @@ GPTConfig model_shape(const Config *cfg, const Tokenizer *tok) {
     mc.n_layer = cfg->n_layer;
     mc.n_head = cfg->n_head;
     mc.n_embd = cfg->n_embd;
-    mc.n_experts = cfg->num_experts;
-    mc.experts_per_token = cfg->experts_per_token;
-    mc.moe_every = cfg->moe_every;
+    mc.moe = moe_config_new(cfg->num_experts, cfg->experts_per_token, cfg->moe_every);
     moe_training_settings(&mc, cfg);
     if (strcmp(cfg->arch, "phi") == 0) phi_rotary_defaults(&mc);
     if (strcmp(cfg->arch, "llama") == 0) llama_defaults(&mc, cfg);
@@ -122,6 +122,6 @@ double flops_per_token(const GPTConfig *c, int T) {
     double matmul_params = L * 12 * C * C + (double)c->padded_vocab_size * C;
     // a MoE block's token runs k experts' MLPs (8 C^2 each) instead of one, and the router (E C)
     double moe = gpt_moe_blocks(c, 0, c->n_layer);
-    matmul_params += moe * ((c->experts_per_token - 1) * 8 * C * C + (double)c->n_experts * C);
+    if (moe) matmul_params += moe * ((c->moe->experts_per_token - 1) * 8 * C * C + (double)c->moe->n_experts * C);
     return 6 * matmul_params + 12 * L * C * T;
 }
