@@ -87,6 +87,8 @@ MPI_STAGES := $(filter 3 4 5 6 7 8 9 10,$(STAGES))
 STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 08_mixture_of_experts/moe.c
 # (tp_model.c hands a LoRA run's norm and checkpoint to stage 05's tp_lora.c)
 STAGE_EXTRA_6 += 05_tensor_parallel/tp_lora.c
+# (and its sequence-parallel collectives to tp_sequence.c)
+STAGE_EXTRA_6 += 05_tensor_parallel/tp_sequence.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 # ... and serves: the engine and its HTTP server in a room of their own, serving/, over the lesson's
 # KV-cached model (-I06_inference: serving/ includes the lesson's headers by name)
@@ -97,6 +99,7 @@ STAGE_LIBS_6 := -lmicrohttpd -pthread
 # stage 10 composes the pieces: 07's pipeline (with its schedules) whose stages run 05's
 # tensor-parallel layers (tp_model.c hands a LoRA run's norm to tp_lora.c, which stage 10 refuses)
 STAGE_EXTRA_10 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 05_tensor_parallel/tp_lora.c \
+                  05_tensor_parallel/tp_sequence.c \
                   07_pipeline_parallel/pipeline.c 07_pipeline_parallel/schedules.c 07_pipeline_parallel/zero_bubble.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_10)): CC := $(MPICC)
 # ... on the mesh of composed runs (common/comm/mesh.c)
@@ -164,7 +167,7 @@ PLAN_OBJS := $(PLAN_TOOL_OBJS) \
                                07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o \
                                09_context_parallel/context.o) $(STAGE_OBJS_9) \
              $(addprefix $(B)/07_pipeline_parallel/,schedules.o zero_bubble.o)
-PLAN_OBJS += $(B)/05_tensor_parallel/tp_lora.o
+PLAN_OBJS += $(B)/05_tensor_parallel/tp_lora.o $(B)/05_tensor_parallel/tp_sequence.o
 PLAN_OBJS += $(B)/04_fsdp/fsdp_lora.o
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
 $(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I06_inference -I07_pipeline_parallel -I08_mixture_of_experts -I09_context_parallel
