@@ -77,6 +77,7 @@ int main(int argc, char **argv) {
     gpt_layout(&full_layout, &mc);
     TPModel model;  // this rank's share of them
     tp_model_layout_part(&model, &mc, &tp_grid, cfg.vocab_parallel_loss, stage_layout);
+    tp_sequence_apply(&model, &cfg);  // sequence_parallel: the residual stream split over x
     ParamLayout layout = model.layout;
     // ... and the bf16 working copy of the weights, mb.params16, which every matmul reads
     bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
@@ -146,6 +147,7 @@ int main(int argc, char **argv) {
         // sum each stage's gradients over the replicas, as stage 03 does for the whole model
         // (over x the copies of a small tensor saw the same rows: 05's rule)
         if (grid.dp > 1) comm_all_reduce(grid.dp_group, mb.grads, mb.n);
+        tp_sequence_reduce_norm_grads(&model, mb.grads);  // sequence_parallel: each x rank saw its rows
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
         comm_sum_doubles(world, totals, 3);

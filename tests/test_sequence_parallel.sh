@@ -6,6 +6,8 @@
 #  - communication (stats.json): each all-reduce over x becomes an all-gather and a reduce-scatter
 #    of the same bus bytes, per the README's formula; the norms' gradients are summed over "tp";
 #  - memory: the residual stream's activations are 1/3 of plain tensor parallelism's, exactly;
+#  - per-tensor gradients after one step within 1e-5 of stage 01's (GPT-2);
+#  - stage 10, tp 2 x pp 2: stage 01's losses, and the pipeline's messages half as large;
 #  - refused with one error: 4 rows x T = 236 (3 does not divide 944), y > 1, stage 03.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
@@ -20,10 +22,53 @@ for spec in gpt2: phi:--arch=phi "llama:--arch=llama --n_head=6 --n_kv_head=3 --
     run_ranks 5 "sp_$name" 3 "${sp[@]}" $extra
     check 'compare_losses "$tmp/s1_$name" "$tmp/sp_$name" 20 1e-5' "$name: sequence parallel does not reproduce stage 01"
 done
+# ---- per-tensor gradients after one step: with AdamW's eps 1, no decay, no clipping and no
+# warm-up, step 1 moves each weight by lr g / (|g| + 1), about lr times the gradient; lr 100 makes
+# that large beside the weight's fp32 resolution (a LayerNorm weight is 1); a run at lr 1e-30 gives
+# the start ----
+one=(--stop_iteration=1 --eval_batches=0 --warmup_steps=0 --weight_decay=0 --grad_clip=0 --eps=1)
+run_single 1 g_start "${one[@]}" --lr=1e-30 --min_lr=1e-30
+run_single 1 g_s1 "${one[@]}" --lr=100 --min_lr=100
+run_ranks 5 g_sp 3 "${sp[@]}" "${one[@]}" --lr=100 --min_lr=100
+python3 - "$tmp/g_start" "$tmp/g_s1" "$tmp/g_sp" >"$tmp/grads" <<'PY'
+import sys
+sys.path.insert(0, "tools")
+from diverge import read_header, read_tensor
+start, ref, run = (d + "/model.safetensors" for d in sys.argv[1:])
+headers = [read_header(p) for p in (start, ref, run)]
+worst, bad = (0.0, ""), []
+for name, entry in headers[0][0].items():
+    w0, wr, ws = (read_tensor(p, h[name], h_start) for p, (h, _, h_start) in zip((start, ref, run), headers))
+    step_ref = [a - b for a, b in zip(w0, wr)]
+    scale = max(map(abs, step_ref))
+    if scale < 1e-2:
+        continue  # a gradient that is zero but for rounding (the attention key's bias)
+    gap = max(abs((a - c) - r) for a, c, r in zip(w0, ws, step_ref)) / scale
+    worst = max(worst, (gap, name))
+    if gap > 1e-5:
+        bad.append(f"{name} {gap:.1e}")
+print(f"largest per-tensor gradient difference {worst[0]:.1e} ({worst[1]})", *bad)
+sys.exit(1 if bad else 0)
+PY
+rc=$?
+check '[ $rc -eq 0 ]' "one step's per-tensor gradients differ from stage 01's: $(cat "$tmp/grads")"
+cat "$tmp/grads"
+
 # T = 236 (the rows cut at max_seq_len), which 3 does not divide, with 3 rows: 708 tokens split evenly
 run_single 1 s1_rows3 --global_batch_size=3 --max_seq_len=236 --stop_iteration=5
 run_ranks 5 sp_rows3 3 "${sp[@]}" --global_batch_size=3 --max_seq_len=236 --stop_iteration=5
 check 'compare_losses "$tmp/s1_rows3" "$tmp/sp_rows3" 5 1e-5' "3 rows x T 236: sequence parallel does not reproduce stage 01"
+
+# ---- stage 10: tp 2 x pp 2 (dp 1), 2 micro-batches: the pipeline sends half the residual rows ----
+p10=(--n_head=4 --tp_dimensions=2,1,1 --pp_size=2 --num_microbatches=2)
+run_single 1 s1_h4 --n_head=4
+run_ranks 10 c10_sp 4 "${p10[@]}" --sequence_parallel=true
+check 'compare_losses "$tmp/s1_h4" "$tmp/c10_sp" 20 1e-5' "stage 10 with sequence parallelism does not reproduce stage 01"
+run_ranks 10 c10_tp 4 "${p10[@]}"
+sent() { python3 -c "import json,sys; print(sum(e['bytes'] for e in json.load(open(sys.argv[1]))['communication']
+    if e['group'] == 'pipeline' and e['kind'] in ('send', 'send-recv')))" "$1/stats.json"; }
+check '[ "$(sent "$tmp/c10_tp")" = "$(python3 -c "print(2 * $(sent "$tmp/c10_sp"))")" ]' \
+    "stage 10: the pipeline sent $(sent "$tmp/c10_sp") bytes with sequence parallelism, $(sent "$tmp/c10_tp") without (want half)"
 
 # ---- bf16-mixed against stage 02 ----
 OMP_NUM_THREADS=2 bounded 300 build/stage-2 "${args[@]}" --precision=bf16-mixed --out_dir="$tmp/s2bf16" >"$tmp/s2bf16.log" 2>&1
@@ -61,7 +106,8 @@ print(f"  bus elements: plain all-reduces {ar:.0f}, all-gathers + reduce-scatter
 ok &= abs(ar - pair) < 1e-6 * ar and ar > 0
 sys.exit(0 if ok else 1)
 PY
-check '[ $? -eq 0 ]' "communication differs from the formula: $(cat "$tmp/bytes")"
+rc=$?
+check '[ $rc -eq 0 ]' "communication differs from the formula: $(cat "$tmp/bytes")"
 cat "$tmp/bytes"
 res_tp=$(json_value "$tmp/c_tp/stats.json" residual_activation_bytes)
 res_sp=$(json_value "$tmp/c_sp/stats.json" residual_activation_bytes)

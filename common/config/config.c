@@ -389,7 +389,8 @@ static const StageInfo STAGES[] = {
                         .no_overlap = "stage 10 overlaps nothing yet (stage 07, whose schedule it runs, neither); set "
                                       "it to false",
                         .no_grid_depth = "stage 10 splits layers 1-D, over x (Megatron's column and row split): z "
-                                         "must be 1"},
+                                         "must be 1",
+                        .sequence_parallel = true},
 };
 #define LAST_STAGE STAGE_COMPOSED
 
@@ -630,7 +631,7 @@ static void require_stage_takes_switches(const Config *cfg, const Sources *src, 
               s->no_overlap);
     if (!s->sequence_parallel && cfg->sequence_parallel)
         fatal("%s: key 'sequence_parallel' is true but stage %02d has no tensor-parallel regions to split the "
-              "sequence between: it is stage 05's (build/stage-5 with tp_dimensions [x, 1, 1])",
+              "sequence between: it is stage 05's and 10's (tp_dimensions [x, 1, 1])",
               source_of(src, "sequence_parallel"), (int)stage);
     if (!s->tf32 && cfg->tf32)
         fatal("%s: key 'tf32' is true but stage %02d keeps its f32 matmuls in f32: TF32 is stage 01's lesson "
