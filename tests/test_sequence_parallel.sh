@@ -2,6 +2,7 @@
 # Stage 05's sequence parallelism (sequence_parallel, tp_sequence.h) on 3 ranks, [3, 1, 1]:
 #  - fp32: GPT-2, phi and Llama reproduce stage 01's losses and gradient norms within 1e-5 over
 #    20 steps (rows x T = 4 x 240 tokens, which 3 divides; T = 236, which 3 does not, with 3 rows);
+#    [2, 1, 1] x data 2 with accumulation, overlap, the gathered loss and recomputation too;
 #  - bf16-mixed stays within stage 02's 1e-3, as plain tensor parallelism does (test_stage5);
 #  - communication (stats.json): each all-reduce over x becomes an all-gather and a reduce-scatter
 #    of the same bus bytes, per the README's formula; the norms' gradients are summed over "tp";
@@ -22,6 +23,13 @@ for spec in gpt2: phi:--arch=phi "llama:--arch=llama --n_head=6 --n_kv_head=3 --
     run_ranks 5 "sp_$name" 3 "${sp[@]}" $extra
     check 'compare_losses "$tmp/s1_$name" "$tmp/sp_$name" 20 1e-5' "$name: sequence parallel does not reproduce stage 01"
 done
+# [2, 1, 1] x data 2 with the switches that move 05's collectives: 2 micro-batches, overlap,
+# the gathered loss, recomputation (which gathers and reduce-scatters again)
+run_single 1 s1_d2 --n_head=4 --global_batch_size=8 --stop_iteration=10
+run_ranks 5 sp_d2 4 --n_head=4 --global_batch_size=8 --stop_iteration=10 --tp_dimensions=2,1,1 --sequence_parallel=true \
+    --gradient_acc_steps=2 --overlap_communication=true --vocab_parallel_loss=false --activation_checkpointing=true
+check 'compare_losses "$tmp/s1_d2" "$tmp/sp_d2" 10 1e-5' "[2,1,1] x data 2 with the switches does not reproduce stage 01"
+
 # ---- per-tensor gradients after one step: with AdamW's eps 1, no decay, no clipping and no
 # warm-up, step 1 moves each weight by lr g / (|g| + 1), about lr times the gradient; lr 100 makes
 # that large beside the weight's fp32 resolution (a LayerNorm weight is 1); a run at lr 1e-30 gives
