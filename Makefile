@@ -85,6 +85,8 @@ MPI_STAGES := $(filter 3 4 5 6 7 8 9 10,$(STAGES))
 # files of another stage that a stage builds on: stage 06 on a grid wraps stage 05's tensor-parallel
 # layers, and generates from stage 08's checkpoints with its mixture-of-experts MLP (08's moe.c)
 STAGE_EXTRA_6 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 08_mixture_of_experts/moe.c
+# (and tp_model.c hands its sequence-parallel collectives to tp_sequence.c)
+STAGE_EXTRA_6 += 05_tensor_parallel/tp_sequence.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 # ... and serves: the engine and its HTTP server in a room of their own, serving/, over the lesson's
 # KV-cached model (-I06_inference: serving/ includes the lesson's headers by name)
@@ -93,8 +95,8 @@ $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts -I06_inference
 # ... and its server mode speaks HTTP through libmicrohttpd
 STAGE_LIBS_6 := -lmicrohttpd -pthread
 # stage 10 composes the pieces: 07's pipeline (with its schedules) whose stages run 05's
-# tensor-parallel layers
-STAGE_EXTRA_10 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c \
+# tensor-parallel layers (with their sequence-parallel collectives)
+STAGE_EXTRA_10 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 05_tensor_parallel/tp_sequence.c \
                   07_pipeline_parallel/pipeline.c 07_pipeline_parallel/schedules.c 07_pipeline_parallel/zero_bubble.c
 # ... and its cp dimension runs 09's context parallelism inside those stages: its chunks, positions
 # and ring attention (context.c, with 09's ring steps per backend below)
@@ -165,6 +167,7 @@ PLAN_OBJS := $(PLAN_TOOL_OBJS) \
                                07_pipeline_parallel/pipeline.o 08_mixture_of_experts/experts.o 08_mixture_of_experts/moe.o \
                                09_context_parallel/context.o) $(STAGE_OBJS_9) \
              $(addprefix $(B)/07_pipeline_parallel/,schedules.o zero_bubble.o)
+PLAN_OBJS += $(B)/05_tensor_parallel/tp_sequence.o
 $(PLAN_TOOL_OBJS): CC := $(MPICC)
 $(PLAN_TOOL_OBJS): CFLAGS += -I04_fsdp -I05_tensor_parallel -I06_inference -I07_pipeline_parallel -I08_mixture_of_experts -I09_context_parallel
 build/plan: $(B)/plan

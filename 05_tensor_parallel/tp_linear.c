@@ -65,7 +65,7 @@ void tp_linear_forward(const TPLinear *l, float *out, const float *inp, half16 *
     // only the group's first rank adds it (before the all-reduce: no extra pass over out)
     if (comm_rank(l->in_group) != 0) W.b = NULL;
     linear_forward(out, inp, inp16, &W, N, l->in_local, l->out_local);  // f32, or stage 02's bf16 recipe
-    tp_all_reduce(l->in_group, out, (size_t)N * l->out_local);
+    if (!l->partial_sums) tp_all_reduce(l->in_group, out, (size_t)N * l->out_local);
 }
 
 void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *dbias,
@@ -77,8 +77,8 @@ void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *
     if (W.w16) matmul_backward_16(dinp, NULL, NULL, dout, dout16, inp16, W.w16, N, K, M);
     else matmul_backward(dinp, NULL, NULL, dout, inp, W.w, N, K, M);
     CommRequest *r = NULL;
-    if (overlap) r = tp_all_reduce_start(l->out_group, dinp, (size_t)N * K);
-    else tp_all_reduce(l->out_group, dinp, (size_t)N * K);
+    if (!l->partial_sums && overlap) r = tp_all_reduce_start(l->out_group, dinp, (size_t)N * K);
+    else if (!l->partial_sums) tp_all_reduce(l->out_group, dinp, (size_t)N * K);
     // dbias: dout is the same on every rank of the in group, so each gets the whole bias gradient
     if (W.w16) matmul_backward_16(NULL, dw_block, dbias, dout, dout16, inp16, W.w16, N, K, M);
     else matmul_backward(NULL, dw_block, dbias, dout, inp, W.w, N, K, M);

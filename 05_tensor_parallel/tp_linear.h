@@ -61,6 +61,7 @@ typedef struct {
     int in, out;          // the whole layer
     int in_local, out_local;  // the block this rank multiplies: (out_local, in_local)
     size_t block, shard;  // elements of the block, and of the piece this rank stores
+    bool partial_sums;    // sequence parallelism: the output's and dX's sums are the block's (tp_sequence.h)
 } TPLinear;
 
 // transposed = false: in over y, out over x (qkv, fc, lm_head); true: in over x, out over y

@@ -9,6 +9,7 @@
 #include "run/evaluate.h"
 #include "run/run_checkpoint.h"
 #include "run/run_stats.h"
+#include "tp_sequence.h"
 
 // ---- the grid must fit ------------------------------------------------------------------------
 
@@ -452,8 +453,10 @@ static void tp_embed_forward(LayerOps *ops, float *out, const int *tokens, const
     TPLayers *t = (TPLayers *)ops;
     const TPModel *m = t->m;
     Linear wte = tp_stream_next(t->stream);
-    embedding_forward(out, tokens, start, wte.w, m->grid.x == 0 ? w->wpe : NULL, m->v_lo, s->v_rows, B, T, s->C);
-    tp_all_reduce(m->grid.gx, out, (size_t)B * T * s->C);
+    float *sum = m->seq_shards > 1 ? t->seq_full : out;  // sequence parallel: reduce-scattered into out
+    embedding_forward(sum, tokens, start, wte.w, m->grid.x == 0 ? w->wpe : NULL, m->v_lo, s->v_rows, B, T, s->C);
+    if (m->seq_shards > 1) ops->seq_reduce_scatter(ops, out, sum, B * T);
+    else tp_all_reduce(m->grid.gx, out, (size_t)B * T * s->C);
 }
 
 // the gradient of the rows of this rank's vocabulary, into where the head put wte's; wpe's on
@@ -464,6 +467,10 @@ static void tp_embed_backward(LayerOps *ops, Weights *g, const float *dout, cons
     // (a part without the head, a first pipeline stage, collects its tied wte's gradient alone)
     const ParamLayout *f = &t->m->full;
     if (!f->arch->tied_head || !f->has_head) t->dwte = grad_target(t->m, &t->slots->wte, &t->m->head, g->wte);
+    if (t->m->seq_shards > 1) {  // sequence parallel: dout is this rank's rows
+        ops->seq_gather(ops, t->seq_full, dout, B * T);
+        dout = t->seq_full;
+    }
     embedding_backward(t->dwte, g->wpe, dout, tokens, t->m->v_lo, s->v_rows, B, T, s->C);
     grad_done(t->m, &t->slots->wte, t->overlap);
 }
@@ -478,6 +485,7 @@ void tp_layers_init(TPLayers *t, const TPModel *m, TPWeightStream *stream, TPGra
     t->base.linear_backward = tp_layer_backward;
     t->base.norm_forward = tp_norm_forward;
     t->base.norm_backward = tp_norm_backward;
+    if (m->seq_shards > 1) tp_sequence_layers(t);
 }
 
 // ---- activations ------------------------------------------------------------------------------
@@ -493,6 +501,7 @@ static ActsSpec tp_acts_spec(const TPModel *m, int B, int T, int flags) {
     spec.shape = m->shape;
     spec.first_layer = m->full.first_block, spec.n_layers = m->full.n_blocks;
     spec.embed = m->full.has_embed, spec.head = m->full.has_head;
+    spec.seq_shards = m->seq_shards;
     return spec;
 }
 
@@ -514,6 +523,7 @@ void tp_scratch_alloc(TPActs *a, const TPModel *m, int B, int T, int flags, bool
     }
     a->stats = alloc_floats(a, 2 * N);
     tp_layers_init(&a->layers, m, &a->stream, &a->slots, overlap, a->stats);
+    if (m->seq_shards > 1) a->seq_full = a->layers.seq_full = alloc_floats(a, N * m->shape.C);
     a->ce_max = alloc_floats(a, N), a->ce_maxes = alloc_floats(a, X * N), a->ce_sums = alloc_floats(a, 2 * N);
     if (!m->vocab_parallel_loss) {
         a->gathered = alloc_floats(a, X * N * m->Vl);
@@ -526,6 +536,7 @@ size_t tp_acts_bytes(const TPModel *m, int B, int T, int flags) {
     size_t N = (size_t)B * T, X = m->grid.X;
     ActsSpec spec = tp_acts_spec(m, B, T, flags);
     size_t floats = 2 * N + N + X * N + 2 * N;  // stats, ce_max, ce_maxes, ce_sums
+    if (m->seq_shards > 1) floats += N * m->shape.C;  // seq_full
     if (!m->vocab_parallel_loss) floats += X * N * m->Vl + N * (size_t)m->cfg.padded_vocab_size;
     return acts_bytes(&spec) + floats * sizeof(float);
 }
@@ -552,7 +563,7 @@ void tp_acts_free(TPActs *a) {
     }
     acts_free(&a->acts);
     tp_stream_free(&a->stream);
-    void *all[] = {a->stats, a->ce_max, a->ce_maxes, a->ce_sums, a->gathered, a->full_logits};
+    void *all[] = {a->stats, a->ce_max, a->ce_maxes, a->ce_sums, a->gathered, a->full_logits, a->seq_full};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(all[i]);
     memset(a, 0, sizeof *a);
 }
@@ -564,6 +575,7 @@ void tp_forward(const TPModel *m, TPActs *a, const Weights *w, const int *inputs
 }
 
 void tp_forward_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, const int *inputs, int B, int T) {
+    tp_sequence_check_batch(m, B, T);
     tp_stream_forward(m, a->layers.stream, w);
     gpt_forward(k, w, inputs, B, T);
 }

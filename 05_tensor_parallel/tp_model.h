@@ -60,6 +60,7 @@ typedef struct {
     bool vocab_parallel_loss;
     ModelShape shape;       // this rank's share of a block, for the common block code
     TPTrained trained;      // the trained set beside a frozen base, or all NULL: the base trains
+    int seq_shards;         // sequence parallelism (tp_sequence.h): x, the residual rows' split; 0 without
 } TPModel;
 
 // Refuses a grid that does not fit the model or the batch (fatal, naming the constraint).
@@ -114,6 +115,7 @@ typedef struct {
     bool overlap;            // backward collectives overlapped with compute
     float *stats;            // (2N) LayerNorm's row sums
     float *dwte;             // during backward: where wte's gradient collects (head, then embedding)
+    float *seq_full;         // sequence parallelism: (N, C) the embedding's partial sums, its gathered gradient
 } TPLayers;
 
 // m's layers; stats: 2 * (rows of the largest pass) floats of scratch
@@ -143,6 +145,7 @@ typedef struct {
     float *stats;
     float *ce_max, *ce_maxes, *ce_sums;  // vocab-parallel loss
     float *gathered, *full_logits;       // gathered loss (the lesson's version)
+    float *seq_full;                     // sequence parallelism: TPLayers.seq_full
     size_t bytes;
 } TPActs;
 

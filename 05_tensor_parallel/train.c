@@ -42,6 +42,7 @@
 #include "tp_lora.h"
 #include "tp_model.h"
 #include "tp_muon.h"
+#include "tp_sequence.h"
 
 int main(int argc, char **argv) {
     Comm *world = comm_init(&argc, &argv);
@@ -67,6 +68,7 @@ int main(int argc, char **argv) {
     tp_check_grid(&mc, cfg.tp_dimensions, P, cfg.global_batch_size, cfg.gradient_acc_steps);
     TPModel model;
     tp_model_init(&model, world, &mc, cfg.tp_dimensions, cfg.vocab_parallel_loss);
+    tp_sequence_apply(&model, &cfg);  // sequence_parallel: the residual stream split over x
     const TPGrid *grid = &model.grid;
     Comm *ckpt_group = comm_split(world, 0, rank, "checkpoint");
 
@@ -98,6 +100,7 @@ int main(int argc, char **argv) {
     tp_lora_memory(&lora, memory);  // LoRA: the base without gradients or moments, the adapters
     memory[TP_MEMORY_ITEMS] = (MemoryItem){"Muon: whole model + scratch", muon.bytes};
     print_memory_report("device memory (this rank):", memory, TP_MEMORY_ITEMS + cfg.muon);
+    tp_sequence_report(&model, &acts.acts);
     run_stats_number("state_bytes", 4.0 * mb.bytes);
 
     // ---- the training loop ----
@@ -145,6 +148,7 @@ int main(int argc, char **argv) {
         // (LoRA's adapters are copies on every z rank: all of them)
         tp_all_reduce(grid->gz, mb.grads, lora.rank ? mb.n : model.small_numel);
         tp_all_reduce(grid->gdata, mb.grads, mb.n);
+        tp_sequence_reduce_norm_grads(&model, mb.grads);  // sequence_parallel: each x rank saw its rows
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
         comm_sum_doubles(world, totals, 3);

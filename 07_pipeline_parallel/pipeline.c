@@ -356,8 +356,8 @@ static Message op_recv(const Pipeline *p, const PipeOp *op, const Batch *b) {
     int from, to, slot = slot_of(p, op);
     pipe_op_peers(op, p->grid->pp, p->grid->chunks, p->grid->stage, &from, &to);
     if (from < 0) return (Message){0};
-    size_t count = (size_t)b->rows * b->T * p->mc->n_embd;
     Activations *a = &p->slots[slot];
+    size_t count = (size_t)residual_rows(&a->spec, b->rows * b->T) * p->mc->n_embd;
     return (Message){op->backward ? a->dres : a->encoded, count, from, slot, op->backward};
 }
 
@@ -365,8 +365,8 @@ static Message op_send(const Pipeline *p, const PipeOp *op, const Batch *b) {
     int from, to, slot = slot_of(p, op);
     pipe_op_peers(op, p->grid->pp, p->grid->chunks, p->grid->stage, &from, &to);
     if (to < 0) return (Message){0};
-    size_t count = (size_t)b->rows * b->T * p->mc->n_embd;
     Activations *a = &p->slots[slot];
+    size_t count = (size_t)residual_rows(&a->spec, b->rows * b->T) * p->mc->n_embd;
     return (Message){op->backward ? a->dres : (float *)head_input(a), count, to, slot, op->backward};
 }
 

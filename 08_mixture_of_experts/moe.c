@@ -315,7 +315,7 @@ void moe_experts_backward(Activations *a, int l, const BlockWeights *w, BlockWei
 void moe_combine_outputs(Activations *a, int l, int B, int T) {
     const MoEShape *s = &a->moe->shape;
     MoEBlockActs *m = moe_acts(a, l);
-    moe_combine(a->blocks[l - a->spec.first_layer].out, m->returned, m->slot_dev, m->weight_dev, B * T, s->top_k, s->C);
+    moe_combine(a->blocks[l - a->spec.first_layer].mlp_out, m->returned, m->slot_dev, m->weight_dev, B * T, s->top_k, s->C);
 }
 
 void moe_combine_outputs_backward(Activations *a, int l, const float *dout, float *dreturned, int B, int T) {

@@ -41,6 +41,7 @@ void composed_groups_init(ComposedGroups *g, Comm *world, const Config *cfg) {
 static void tp_adapt(PipeLayers *l, ActsSpec *spec) {
     TPStageLayers *t = (TPStageLayers *)l;
     spec->shape = t->m->shape;
+    spec->seq_shards = t->m->seq_shards;  // sequence parallel: each x rank keeps its rows of the residual
     spec->ops = &t->scratch.layers.base;
 }
 

@@ -11,6 +11,7 @@
 #include "model/gpt.h"
 #include "../07_pipeline_parallel/pipeline.h"
 #include "../05_tensor_parallel/tp_model.h"
+#include "../05_tensor_parallel/tp_sequence.h"
 
 // The groups stage 10's pieces are made over, from the mesh (comm/mesh.h: pp x dp x cp x tp,
 // tensor parallelism innermost, rank = ((stage * dp + replica) * cp + c) * tp + t): a

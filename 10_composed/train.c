@@ -78,6 +78,7 @@ int main(int argc, char **argv) {
     gpt_layout(&full_layout, &mc);
     TPModel model;  // this rank's share of them
     tp_model_layout_part(&model, &mc, &tp_grid, cfg.vocab_parallel_loss, stage_layout);
+    tp_sequence_apply(&model, &cfg);  // sequence_parallel: the residual stream split over x
     ParamLayout layout = model.layout;
     // ... and the bf16 working copy of the weights, mb.params16, which every matmul reads
     bool half_mode = config_is_half(&cfg), pure_bf16 = cfg.prec == PREC_BF16;
@@ -150,6 +151,7 @@ int main(int argc, char **argv) {
         // every tensor saw other tokens, and are summed too)
         Comm *replicas = composed_replicas(&tp_layers, &grid);
         if (comm_size(replicas) > 1) comm_all_reduce(replicas, mb.grads, mb.n);
+        tp_sequence_reduce_norm_grads(&model, mb.grads);  // sequence_parallel: each x rank saw its rows
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
         comm_sum_doubles(world, totals, 3);

@@ -113,6 +113,10 @@ same g112rc 2 1,1,2 --activation_checkpointing=true --precision=bf16-mixed --ove
 same g211x2rc 4 2,1,2 --activation_checkpointing=true --gradient_acc_steps=2
 # phi-1_5's block: one LayerNorm, its own lm_head (reduce-scattered apart from wte)
 same phi221 4 2,2,1 --arch=phi
+# sequence parallelism (a config of stage 05's strategy): all-gathers and reduce-scatters for the
+# x all-reduces, the residual's activations 1/x (phi's block gathers less; recomputation again)
+same g211sp 2 2,1,1 --strategy=axonn --sequence_parallel=true
+same g211sp_phi_rc 2 2,1,1 --strategy=axonn --sequence_parallel=true --arch=phi --activation_checkpointing=true
 same phi221rc 4 2,2,1 --arch=phi --activation_checkpointing=true
 same phi112h 2 1,1,2 --arch=phi --precision=bf16-mixed
 # experts (stage 08): every byte with ep 1; with ep > 1 the memory and everything but the rows'

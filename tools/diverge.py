@@ -44,7 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the keys that lay a run out over ranks (and where it writes): the reference runs without them
 LAYOUT_KEYS = ("strategy", "tp_dimensions", "pp_size", "num_microbatches", "pp_schedule", "virtual_stages", "ep_size",
                "cp_size", "cp_impl", "zero_stage", "hsdp_replicas", "overlap_communication", "bucket_size_mb",
-               "vocab_parallel_loss", "comm_backend", "out_dir", "resume", "stop_iteration", "trace", "trace_steps")
+               "vocab_parallel_loss", "sequence_parallel", "comm_backend", "out_dir", "resume", "stop_iteration", "trace",
+               "trace_steps")
 
 # metrics.jsonl figures that say how a run is laid out or how fast it ran, not what it trained
 NOT_TRAINING = {"step", "ms", "tokens_per_sec", "mfu", "mem_bytes", "comm_bytes", "comm_ms", "state_bytes",

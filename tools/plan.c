@@ -35,6 +35,7 @@
 #include "run/run_stats.h"
 #include "run/stage_run.h"
 #include "tp_model.h"
+#include "tp_sequence.h"
 #include "zero_bubble.h"
 
 typedef struct {
@@ -195,6 +196,10 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout, int ze
 //                 16 bits the matmuls' gathers move the 2-byte copies, the embedding's stays fp32
 //   z reduce-scatter  every weight block's gradient; per step: the small tensors' gradients
 //                 all-reduced over z and every local gradient over data
+// With sequence_parallel on [x, 1, 1] (tp_sequence.h) the x all-reduces of activations become
+// all-gathers before and reduce-scatters after the regions (plan_sequence_parallel).
+static void plan_sequence_parallel(const Setup *s, Plan *p, const TPModel *m, int acc, double N);
+
 static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     int X = dims[0], Y = dims[1], Z = dims[2], D = s->P / (X * Y * Z);
     snprintf(p->name, sizeof p->name, "TP [%d,%d,%d] x %d", X, Y, Z, D);
@@ -206,6 +211,8 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     TPGrid grid = {.X = X, .Y = Y, .Z = Z, .D = D};
     TPModel m;
     tp_model_layout(&m, s->mc, &grid, s->cfg->vocab_parallel_loss);
+    bool sp = s->cfg->sequence_parallel && Y == 1 && Z == 1;
+    if (sp) tp_sequence_apply(&m, s->cfg);  // the residual rows 1/x: the activations' size
     int acc = s->cfg->gradient_acc_steps, rows = s->cfg->global_batch_size / acc / (Z * D);
     MemoryItem items[TP_MEMORY_ITEMS];
     tp_memory_items(&m, s->cfg, tp_acts_bytes(&m, rows, s->T, s->flags), items);
@@ -239,14 +246,38 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     }
     // ranks: y fastest, then x, z, data (tp_linear.h); calls: the stage's, for the latency term
     add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(y_calls * L + norm_fwd + 2), Y, 1, false);
-    add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)(x_calls * L + 3), X, Y, false);
-    add_comm(p, "x", "all-gather", acc * N * x_gather * fl, acc, X, Y, false);
+    if (sp) {
+        add_comm(p, "x", "all-reduce", acc * N * (vp ? 2 : 0) * fl, acc, X, Y, false);
+        plan_sequence_parallel(s, p, &m, acc, N);
+    } else {
+        add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)(x_calls * L + 3), X, Y, false);
+        add_comm(p, "x", "all-gather", acc * N * x_gather * fl, acc, X, Y, false);
+    }
     add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + z_gathers * L), Z, X * Y, overlap);
     add_comm(p, "z", "reduce-scatter", acc * (head_grads * wte + L * blocks) * fl, acc * (long)(head_grads + 4 * L),
              Z, X * Y, overlap);
     add_comm(p, "z", "all-reduce", (double)m.small_numel * fl, 1, Z, X * Y, false);
     add_comm(p, "data", "all-reduce", (double)m.layout.num_params * fl, 1, D, X * Y * Z, false);
     tp_model_free(&m);
+}
+
+// Per micro-batch of N tokens, each of N x C elements (05_tensor_parallel/README.md): an
+// all-gather before each norm's region (ln1, ln2, ln_f) and of the residual's gradient before each
+// region's backward, a reduce-scatter after each region's output (attention's and the MLP's
+// projections, the embedding) and of each norm's input gradient. phi's parallel block gathers
+// ln1(x) once for both branches and sums their input gradients before one reduce-scatter.
+// Recomputation repeats a block's forward ones. Per step the norms' gradients, summed over "tp".
+static void plan_sequence_parallel(const Setup *s, Plan *p, const TPModel *m, int acc, double N) {
+    const Arch *arch = gpt_arch(s->mc);
+    double L = s->mc->n_layer, norms = arch->parallel_block ? 1 : 2, C = m->Cy, fl = sizeof(float);
+    double gathers = 2 * L * norms + 2, scatters = L * (2 + norms) + 2;
+    if (s->flags & ACTS_RECOMPUTE) gathers += L * norms, scatters += 2 * L;
+    int X = m->grid.X;
+    double loss_gather = m->vocab_parallel_loss ? X : (double)X * m->Vl;
+    add_comm(p, "x", "all-gather", acc * N * (gathers * C + loss_gather) * fl, acc * (long)(gathers + 1), X, 1, false);
+    add_comm(p, "x", "reduce-scatter", acc * N * scatters * C * fl, acc * (long)scatters, X, 1, false);
+    double norm_tensors = (norms * L + 1) * (arch->rms_norm ? 1 : 2);
+    add_comm(p, "tp", "all-reduce", norm_tensors * C * fl, (long)norm_tensors, X, 1, false);
 }
 
 // Stage 07 on pp stages x dp replicas (rank = replica * pp + stage), m micro-batches per step:

@@ -110,6 +110,9 @@ static const Key KEYS[] = {
       "gradients summed across them (must divide the ranks)"),
     K(vocab_parallel_loss, T_BOOL, "true",
       "axonn: cross-entropy on the vocabulary split over x (false: all-gather the logits first)"),
+    K(sequence_parallel, T_BOOL, "false",
+      "axonn with tp_dimensions [x, 1, 1]: Megatron's sequence parallelism, the LayerNorms and the residual "
+      "stream on 1/x of the tokens, all-gathered before and reduce-scattered after each tensor-parallel region"),
     K(pp_size, T_INT, "1", "pipeline: stages the blocks are split over (ranks / pp_size data-parallel replicas)"),
     K(num_microbatches, T_INT, "1",
       "pipeline: micro-batches each replica's rows are cut into (takes the place of gradient_acc_steps)"),
@@ -352,6 +355,7 @@ typedef struct {
     bool zero_ladder;             // takes zero_stage other than 3 and hsdp_replicas other than 1
     bool lora;                    // trains LoRA adapters (lora_rank > 0)
     bool muon;                    // takes optimizer muon
+    bool sequence_parallel;       // takes sequence_parallel true (it splits what lies between TP regions)
 } StageInfo;
 
 static const StageInfo STAGES[] = {
@@ -363,7 +367,8 @@ static const StageInfo STAGES[] = {
     [STAGE_MIXED_PRECISION] = {"single_device", NULL, "configs/mixed_precision.json", .lora = true, .muon = true},
     [STAGE_DDP] = {"ddp", NULL, "configs/ddp.json", .lora = true, .muon = true},
     [STAGE_FSDP] = {"fsdp", NULL, "configs/fsdp.json", .zero_ladder = true, .lora = true, .muon = true},
-    [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json", .lora = true, .muon = true},
+    [STAGE_TENSOR_PARALLEL] = {"axonn", NULL, "configs/axonn.json", .lora = true, .muon = true,
+                               .sequence_parallel = true},
     [STAGE_INFERENCE] = {"axonn", "single_device", "configs/inference.json", .experts = true, .generates = true,
                          // z shards the weights to gather them again before each use: a saving for
                          // training's memory, only traffic for a decode step, whose cost is reading
@@ -384,7 +389,8 @@ static const StageInfo STAGES[] = {
                         .no_overlap = "stage 10 overlaps nothing yet (stage 07, whose schedule it runs, neither); set "
                                       "it to false",
                         .no_grid_depth = "stage 10 splits layers 1-D, over x (Megatron's column and row split): z "
-                                         "must be 1"},
+                                         "must be 1",
+                        .sequence_parallel = true},
 };
 #define LAST_STAGE STAGE_COMPOSED
 
@@ -623,6 +629,10 @@ static void require_stage_takes_switches(const Config *cfg, const Sources *src, 
     if (s->no_overlap && cfg->overlap_communication)
         fatal("%s: key 'overlap_communication' is true but %s", source_of(src, "overlap_communication"),
               s->no_overlap);
+    if (!s->sequence_parallel && cfg->sequence_parallel)
+        fatal("%s: key 'sequence_parallel' is true but stage %02d has no tensor-parallel regions to split the "
+              "sequence between: it is stage 05's and 10's (tp_dimensions [x, 1, 1])",
+              source_of(src, "sequence_parallel"), (int)stage);
     if (!s->tf32 && cfg->tf32)
         fatal("%s: key 'tf32' is true but stage %02d keeps its f32 matmuls in f32: TF32 is stage 01's lesson "
               "(build/cuda/stage-1 --tf32=true)", source_of(src, "tf32"), (int)stage);

@@ -78,6 +78,7 @@ typedef struct {
     int zero_stage;              // fsdp: 1 shards AdamW's state, 2 the gradients too, 3 the parameters too
     int hsdp_replicas;           // fsdp: replica groups the ranks form, each sharding over its own ranks
     bool vocab_parallel_loss;    // axonn: loss on the vocabulary split over x (false: gather the logits)
+    bool sequence_parallel;      // axonn [x, 1, 1]: LayerNorms and residual on 1/x of the tokens (Megatron's)
     // pipeline (stage 07)
     int pp_size;                 // pipeline stages; the ranks / pp_size replicas are data-parallel
     int num_microbatches;        // micro-batches a replica's rows are cut into (in place of gradient_acc_steps)

@@ -43,6 +43,21 @@ void *acts_alloc_host(ActsAllocator *al, size_t bytes) {
 }
 
 static float *alloc_floats(ActsAllocator *al, size_t n) { return acts_alloc_device(al, n * sizeof(float)); }
+
+// a buffer with the residual stream's rows: what sequence parallelism divides
+static float *residual_floats(ActsAllocator *al, size_t n) {
+    al->a->residual_bytes += n * sizeof(float);
+    return alloc_floats(al, n);
+}
+
+int residual_rows(const ActsSpec *spec, int N) { return spec->seq_shards > 1 ? N / spec->seq_shards : N; }
+
+// the residual rows at capacity (a shard of a capacity the shards do not divide is rounded up; a
+// batch they do not divide is refused by the stage that splits it)
+static size_t residual_capacity(const ActsSpec *sp) {
+    size_t N = (size_t)sp->B * sp->T, n = sp->seq_shards > 1 ? (size_t)sp->seq_shards : 1;
+    return (N + n - 1) / n;
+}
 static half16 *alloc_16(ActsAllocator *al, size_t n, bool on) { return on ? acts_alloc_device(al, n * sizeof(half16)) : NULL; }
 
 // In bf16 mode a matmul input is read in f32 only by the cast that rounds it, right before its
@@ -66,25 +81,27 @@ static size_t attention_scratch_width(const ModelShape *s) {
 static void alloc_block(ActsAllocator *al, BlockActs *k, bool dense) {
     const ActsSpec *sp = &al->a->spec;
     size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
+    size_t R = residual_capacity(sp);
     bool b16 = sp->half;
     // a parallel block's MLP reads ln1 after attention has reused the bf16 mode's scratch: its own
     k->ln1 = sp->shape.parallel_block ? alloc_floats(al, N * C) : matmul_input(al, N * C);
-    k->ln1_mean = alloc_floats(al, N);
-    k->ln1_rstd = alloc_floats(al, N);
+    k->ln1_mean = residual_floats(al, R);
+    k->ln1_rstd = residual_floats(al, R);
     k->qkv = alloc_floats(al, N * 3 * Ca);
     k->att = alloc_floats(al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
     k->atty = matmul_input(al, N * Ca);
-    k->res2 = alloc_floats(al, N * C);
+    k->res2 = residual_floats(al, R * C);
     if (!sp->shape.parallel_block) {  // a parallel block's MLP reads ln1
         k->ln2 = matmul_input(al, N * C);
-        k->ln2_mean = alloc_floats(al, N);
-        k->ln2_rstd = alloc_floats(al, N);
+        k->ln2_mean = residual_floats(al, R);
+        k->ln2_rstd = residual_floats(al, R);
     }
     if (dense) {
         k->fch = alloc_floats(al, N * fc_width(&sp->shape));
         k->fch_gelu = matmul_input(al, N * F);
     }
-    k->out = alloc_floats(al, N * C);
+    k->out = residual_floats(al, R * C);
+    k->mlp_out = sp->seq_shards > 1 ? al->a->seq_full : k->out;
     k->ln1_16 = alloc_16(al, N * C, b16);
     k->atty16 = alloc_16(al, N * Ca, b16);
     k->ln2_16 = alloc_16(al, N * C, b16 && !sp->shape.parallel_block);
@@ -112,16 +129,20 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
     ActsAllocator al = {.a = a, .count_only = count_only};
     const ActsSpec *sp = &a->spec;
     size_t N = (size_t)sp->B * sp->T, C = sp->shape.C, Ca = sp->shape.C_attn, F = sp->shape.C_mlp;
-    size_t V = sp->shape.v_rows;
+    size_t V = sp->shape.v_rows, R = residual_capacity(sp);
     // the backward scratch first: in bf16 mode the forward's f32 matmul inputs pass through dbig
-    a->dres = alloc_floats(&al, N * C);
+    a->dres = residual_floats(&al, R * C);
     a->dbig = alloc_floats(&al, N * max3(F, attention_scratch_width(&sp->shape), C));
     a->dbig2 = alloc_floats(&al, N * max3(fc_width(&sp->shape), C, 0));
     a->dsmall = alloc_floats(&al, N * max3(C, 3 * Ca, 0));
     a->datt = alloc_floats(&al, (size_t)sp->B * sp->shape.n_head * sp->T * sp->keys);
     if (sp->shape.parallel_block) a->dln = alloc_floats(&al, N * C);
     a->dout16 = alloc_16(&al, N * max3(max3(fc_width(&sp->shape), 3 * Ca, C), sp->head ? V : 0, 0), sp->half);
-    a->encoded = alloc_floats(&al, N * C);
+    a->encoded = residual_floats(&al, R * C);
+    if (sp->seq_shards > 1) {
+        a->seq_shard = alloc_floats(&al, R * C);
+        a->seq_full = alloc_floats(&al, N * C);
+    }
     a->blocks = calloc_or_die((size_t)(sp->n_layers > 0 ? sp->n_layers : 1), sizeof(BlockActs));
     int moe_blocks = gpt_moe_blocks(&sp->model, sp->first_layer, sp->n_layers);
     if (moe_blocks && !sp->model.moe->mlp)
@@ -130,7 +151,8 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
         bool moe = gpt_block_is_moe(&sp->model, sp->first_layer + i);
         if (sp->recompute && i > 0) {  // one set of activations, recomputed for each block in
             a->blocks[i] = a->blocks[0];  // backward; each block keeps its output (the next's input)
-            a->blocks[i].out = alloc_floats(&al, N * C);
+            a->blocks[i].out = residual_floats(&al, R * C);
+            if (sp->seq_shards <= 1) a->blocks[i].mlp_out = a->blocks[i].out;
         } else {  // when recomputing, the shared set serves dense and MoE blocks alike
             alloc_block(&al, &a->blocks[i], sp->recompute ? moe_blocks < sp->n_layers : !moe);
         }
@@ -139,8 +161,8 @@ static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) 
     if (sp->embed) a->inputs = acts_alloc_device(&al, N * sizeof(int));
     if (sp->head) {
         a->lnf = matmul_input(&al, N * C);
-        a->lnf_mean = alloc_floats(&al, N);
-        a->lnf_rstd = alloc_floats(&al, N);
+        a->lnf_mean = residual_floats(&al, R);
+        a->lnf_rstd = residual_floats(&al, R);
         a->lnf16 = alloc_16(&al, N * C, sp->half);
         a->logits = alloc_floats(&al, N * V);
         a->losses = alloc_floats(&al, N);

@@ -18,6 +18,7 @@ typedef struct {
     float *ln2, *ln2_mean, *ln2_rstd;  // (N, C), (N), (N)
     float *fch, *fch_gelu;             // (N, C_mlp) or, SwiGLU, (N, 2 C_mlp): gate | up; (N, C_mlp)
     float *out;                        // (N, C) block output = residual after the MLP
+    float *mlp_out;                    // where the MLP writes: out, or (sequence parallel) the partial sum
     // bf16 mode: the four matmul inputs are kept for backward as bf16 copies only (their f32
     // versions above then point to scratch shared by every block)
     half16 *ln1_16, *atty16, *ln2_16, *fch_gelu16;
@@ -41,6 +42,8 @@ typedef struct {
     bool half;           // matmul inputs kept in 16 bits, bf16 or fp16 (stage 02)
     bool recompute;      // activation recomputation: blocks keep only their output, and backward
                          // runs the block's forward again first
+    int seq_shards;      // sequence parallelism: the residual stream, its LayerNorms' statistics and
+                         // its gradient hold 1/seq_shards of the B*T rows (LayerOps.seq_gather); 0, 1: all
 } ActsSpec;
 
 // the whole model on one rank
@@ -67,7 +70,10 @@ struct Activations {
     half16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
     half16 *dout16;               // bf16 mode: a matmul's output gradient
     struct MoEActs *moe;        // what the MoE blocks' MLP keeps (MoEConfig.mlp's), or NULL
+    float *seq_shard;           // sequence parallel: (rows, C) a norm's output, a reduce-scattered gradient
+    float *seq_full;            // and (N, C): a partial sum before its reduce-scatter, a gathered gradient
     size_t bytes;
+    size_t residual_bytes;      // of bytes, the buffers with the residual stream's rows (what seq_shards divides)
     void **owned;               // every buffer allocated (some are shared), to free once
     int n_owned;
     void **host_owned;          // and the host ones
@@ -84,6 +90,8 @@ size_t acts_bytes(const ActsSpec *spec);
 void acts_free(Activations *a);
 // block l's input (its predecessor's output, or a->encoded), and the head's input
 const float *block_input(const Activations *a, int l);
+// the rows of the N = B*T tokens this rank's residual stream holds (all N without seq_shards)
+int residual_rows(const ActsSpec *spec, int N);
 // the input of block l's MLP: ln2(res2), or ln1(x) in a parallel block
 const float *block_mlp_input(const Activations *a, int l);
 const float *head_input(const Activations *a);

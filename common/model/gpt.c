@@ -29,6 +29,54 @@ static void trace_layer(const char *what, int layer, int m0) {
 static void zero_floats(float *x, size_t n) { dev_zero(x, n * sizeof(float)); }
 static BlockActs *block_acts(const Activations *a, int l) { return &a->blocks[l - a->spec.first_layer]; }
 
+// ---- sequence parallelism's edges of a tensor-parallel region (ActsSpec.seq_shards) --------------
+// Without it these are the plain norm and nothing else. With it the norms and the residual run on
+// this rank's rows; a region (the linears, attention, the MLP) runs on all N rows: its input is
+// gathered before it, and its output, a partial sum, reduce-scattered after it (Megatron's g and
+// g-bar; backward swaps them).
+
+static bool seq_parallel(const Activations *a) { return a->spec.seq_shards > 1; }
+
+// out (N, C) = norm(inp), inp being this rank's rows: normalised there, then gathered
+static void norm_into_region(Activations *a, float *out, float *mean, float *rstd, const float *inp,
+                             const Norm *w, int N) {
+    LayerOps *ops = a->ops;
+    const ModelShape *s = &a->spec.shape;
+    if (!seq_parallel(a)) {
+        ops->norm_forward(ops, out, mean, rstd, inp, w, s, N);
+        return;
+    }
+    ops->norm_forward(ops, a->seq_shard, mean, rstd, inp, w, s, residual_rows(&a->spec, N));
+    ops->seq_gather(ops, out, a->seq_shard, N);
+}
+
+// where a region's last linear writes its output for `out`: out itself, or the partial sum that
+// region_done reduce-scatters into out
+static float *region_output(Activations *a, float *out) { return seq_parallel(a) ? a->seq_full : out; }
+
+static void region_done(Activations *a, float *out, int N) {
+    if (seq_parallel(a)) a->ops->seq_reduce_scatter(a->ops, out, a->seq_full, N);
+}
+
+// backward: the residual gradient (this rank's rows) as a region reads it, all N rows
+static const float *region_gradient(Activations *a, const float *dres, int N) {
+    if (!seq_parallel(a)) return dres;
+    a->ops->seq_gather(a->ops, a->seq_full, dres, N);
+    return a->seq_full;
+}
+
+// backward: dinp += the norm's backward from dout, a region's input gradient (with sequence
+// parallelism each rank's is a partial sum over all N rows: reduce-scattered to this rank's first)
+static void norm_backward_from_region(Activations *a, float *dinp, Norm *g, const float *dout, const float *inp,
+                                      const Norm *w, const float *mean, const float *rstd, int N) {
+    LayerOps *ops = a->ops;
+    if (seq_parallel(a)) {
+        ops->seq_reduce_scatter(ops, a->seq_shard, dout, N);
+        dout = a->seq_shard;
+    }
+    ops->norm_backward(ops, dinp, g, dout, inp, w, mean, rstd, &a->spec.shape, residual_rows(&a->spec, N));
+}
+
 // ---- the block --------------------------------------------------------------------------------
 
 void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int T) {
@@ -37,9 +85,9 @@ void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int 
     const ModelShape *s = &a->spec.shape;
     BlockActs *k = block_acts(a, l);
     const float *x = block_input(a, l);
-    int N = B * T, C = s->C, Ca = s->C_attn;
+    int N = B * T, C = s->C, Ca = s->C_attn, R = residual_rows(&a->spec, N);
     // attention sub-block: res2 = x + proj(attention(rotary(qkv(ln1(x)))))
-    ops->norm_forward(ops, k->ln1, k->ln1_mean, k->ln1_rstd, x, &w->ln1, s, N);
+    norm_into_region(a, k->ln1, k->ln1_mean, k->ln1_rstd, x, &w->ln1, N);
     // grouped-query attention projects fewer keys and values (into scratch that forward leaves
     // unused) and repeats each for the query heads of its group
     bool gqa = s->C_kv < Ca;
@@ -48,12 +96,14 @@ void gpt_block_forward(Activations *a, int l, const BlockWeights *w, int B, int 
     if (gqa) gqa_expand(k->qkv, proj, N, Ca, s->n_head, s->n_kv_head);
     if (s->rotary_dim) rotary_forward(k->qkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope);
     ops->attention_forward(ops, l, k->atty, k->att, k->qkv, s, B, T);
-    ops->linear_forward(ops, LIN_ATTN_PROJ, k->res2, k->atty, k->atty16, &w->attn_proj, N, Ca, C);
-    add_inplace(k->res2, x, (size_t)N * C);
+    ops->linear_forward(ops, LIN_ATTN_PROJ, region_output(a, k->res2), k->atty, k->atty16, &w->attn_proj, N, Ca, C);
+    region_done(a, k->res2, N);
+    add_inplace(k->res2, x, (size_t)R * C);
     // MLP sub-block: out = res2 + mlp(ln2(res2)), or in a parallel block out = res2 + mlp(ln1(x))
-    if (!s->parallel_block) ops->norm_forward(ops, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, &w->ln2, s, N);
-    ops->mlp_forward(ops, a, l, w, B, T);
-    add_inplace(k->out, k->res2, (size_t)N * C);
+    if (!s->parallel_block) norm_into_region(a, k->ln2, k->ln2_mean, k->ln2_rstd, k->res2, &w->ln2, N);
+    ops->mlp_forward(ops, a, l, w, B, T);  // into k->mlp_out: region_output(a, k->out)
+    region_done(a, k->out, N);
+    add_inplace(k->out, k->res2, (size_t)R * C);
     trace_layer("forward", l, m0);
 }
 
@@ -70,15 +120,18 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     // is ln1(x): its gradient waits in dln for attention's (dsmall is attention's dqkv).
     float *dln2 = s->parallel_block ? a->dln : a->dsmall;
     zero_floats(dln2, (size_t)N * C);
-    ops->mlp_backward(ops, a, l, dln2, w, g, dres, B, T);
+    const float *dout = region_gradient(a, dres, N);
+    ops->mlp_backward(ops, a, l, dln2, w, g, dout, B, T);
     if (!s->parallel_block)
-        ops->norm_backward(ops, dres, &g->ln2, dln2, k->res2, &w->ln2, k->ln2_mean, k->ln2_rstd, s, N);
+        norm_backward_from_region(a, dres, &g->ln2, dln2, k->res2, &w->ln2, k->ln2_mean, k->ln2_rstd, N);
     // dres is now dL/d(res2). Attention sub-block, backwards: res2 = x + proj(attention(ln1(x)))
     float *datty = a->dbig, *dqkv = a->dsmall, *dln1 = a->dbig2;
     zero_floats(datty, (size_t)N * Ca);
     zero_floats(dqkv, (size_t)N * 3 * Ca);
     zero_floats(dln1, (size_t)N * C);
-    ops->linear_backward(ops, LIN_ATTN_PROJ, datty, &g->attn_proj, dres, a->dout16, k->atty, k->atty16,
+    // (a parallel block's dres is the MLP's: gathered already)
+    if (!s->parallel_block) dout = region_gradient(a, dres, N);
+    ops->linear_backward(ops, LIN_ATTN_PROJ, datty, &g->attn_proj, dout, a->dout16, k->atty, k->atty16,
                          &w->attn_proj, N, Ca, C);
     ops->attention_backward(ops, l, dqkv, a->datt, datty, k->qkv, k->atty, k->att, s, B, T);
     if (s->rotary_dim) rotary_backward(dqkv, a->start, B, T, Ca, s->n_head, s->rotary_dim, s->rope);
@@ -92,7 +145,7 @@ void gpt_block_backward(Activations *a, int l, const BlockWeights *w, BlockWeigh
     // ln1(x) fed attention and the MLP: its gradient is the sum. (Each linear layer's backward
     // completes its own dinp, a tensor-parallel one with an all-reduce: the two must not share one.)
     if (s->parallel_block) add_inplace(dln1, a->dln, (size_t)N * C);
-    ops->norm_backward(ops, dres, &g->ln1, dln1, x, &w->ln1, k->ln1_mean, k->ln1_rstd, s, N);
+    norm_backward_from_region(a, dres, &g->ln1, dln1, x, &w->ln1, k->ln1_mean, k->ln1_rstd, N);
     trace_layer("backward", l, m0);
 }
 
@@ -114,7 +167,7 @@ void gpt_head_forward(Activations *a, const float *x, const Weights *w, int N) {
     int m0 = trace_mark();
     LayerOps *ops = a->ops;
     const ModelShape *s = &a->spec.shape;
-    ops->norm_forward(ops, a->lnf, a->lnf_mean, a->lnf_rstd, x, &w->lnf, s, N);
+    norm_into_region(a, a->lnf, a->lnf_mean, a->lnf_rstd, x, &w->lnf, N);
     ops->linear_forward(ops, LIN_HEAD, a->logits, a->lnf, a->lnf16, &w->head, N, s->C, s->v_rows);
     trace_layer("head forward", -1, m0);
 }
@@ -142,10 +195,10 @@ void gpt_head_backward(Activations *a, const Weights *w, Weights *g, int B, int 
     int N = B * T;
     float *dlnf = a->dbig;  // (N, C) scratch
     zero_floats(dlnf, (size_t)N * s->C);
-    zero_floats(a->dres, (size_t)N * s->C);
+    zero_floats(a->dres, (size_t)residual_rows(&a->spec, N) * s->C);
     ops->linear_backward(ops, LIN_HEAD, dlnf, &g->head, a->logits, a->dout16, a->lnf, a->lnf16, &w->head,
                          N, s->C, s->v_rows);
-    ops->norm_backward(ops, a->dres, &g->lnf, dlnf, head_input(a), &w->lnf, a->lnf_mean, a->lnf_rstd, s, N);
+    norm_backward_from_region(a, a->dres, &g->lnf, dlnf, head_input(a), &w->lnf, a->lnf_mean, a->lnf_rstd, N);
     trace_layer("head backward", -1, m0);
 }
 
@@ -300,7 +353,7 @@ static void dense_mlp_forward(LayerOps *ops, Activations *a, int l, const BlockW
     ops->linear_forward(ops, LIN_FC, k->fch, block_mlp_input(a, l), mlp_input16(k, s), &w->fc, N, C, F_fc);
     if (s->gated_mlp) swiglu_forward(k->fch_gelu, k->fch, N, F);
     else gelu_forward(k->fch_gelu, k->fch, (size_t)N * F);
-    ops->linear_forward(ops, LIN_FC_PROJ, k->out, k->fch_gelu, k->fch_gelu16, &w->fc_proj, N, F, C);
+    ops->linear_forward(ops, LIN_FC_PROJ, k->mlp_out, k->fch_gelu, k->fch_gelu16, &w->fc_proj, N, F, C);
 }
 
 static void dense_mlp_backward(LayerOps *ops, Activations *a, int l, float *dinp, const BlockWeights *w,
@@ -335,6 +388,6 @@ LayerOps *serial_layer_ops(void) {
     static LayerOps serial = {serial_embed_forward, serial_embed_backward, serial_linear_forward,
                               serial_linear_backward, serial_norm_forward, serial_norm_backward,
                               serial_attention_forward, serial_attention_backward, serial_mlp_forward,
-                              serial_mlp_backward};
+                              serial_mlp_backward, NULL, NULL};  // one rank holds every row
     return &serial;
 }

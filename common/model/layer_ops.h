@@ -109,6 +109,11 @@ struct LayerOps {
     // to MoEConfig.mlp (moe_mlp.h), and stage 08 plugs in its expert-parallel version.
     MLPForward mlp_forward;
     MLPBackward mlp_backward;
+    // Sequence parallelism (ActsSpec.seq_shards > 1; NULL without): the residual stream holds this
+    // rank's rows of the N = B*T tokens only. full (N, C) = every rank's shard (rows, C) in order;
+    // shard = this rank's rows of the sum of every rank's full (a partial sum).
+    void (*seq_gather)(LayerOps *ops, float *full, const float *shard, int N);
+    void (*seq_reduce_scatter)(LayerOps *ops, float *shard, const float *full, int N);
 };
 
 LayerOps *serial_layer_ops(void);
