@@ -78,6 +78,9 @@ static void refuse_what_cp_does_not_run(const Config *cfg, int cp, int T) {
         fatal("%s: key 'precision' is '%s' but stage 10's context parallelism runs in fp32 (09's ring keeps one "
               "attention output a block in 16-bit runs, which the pipeline's micro-batches in flight would share)",
               config_source("precision"), cfg->precision);
+    if (cfg->sequence_parallel)  // its rows are a slice of B x T, which cuts across the chunks' positions
+        fatal("%s: key 'sequence_parallel' is true but cp_size is %d: stage 10 does not yet split a cp chunk's "
+              "residual rows over the tp ranks; set one of them otherwise", config_source("sequence_parallel"), cp);
     if (T % (2 * cp) != 0)
         fatal("%s: keys 'max_seq_len' and 'cp_size': stage 10 cuts each sequence into 2 x cp_size = %d chunks, and a "
               "sequence of the longest length must fill them (a padded last chunk would run past the position "

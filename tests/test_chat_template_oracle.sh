@@ -46,7 +46,7 @@ for name in llama3 no_system; do
 done
 # a template outside the subset: the server does not start, and says which file and key
 python3 -c 'import json,sys; json.dump({"chat_template": "{{ messages | tojson }}"}, open(sys.argv[1] + "/tokenizer_config.json", "w"))' "$tmp/model"
-timeout 60 build/stage-6 --config configs/inference.json --init_from="$tmp/model" --serve=true --port=0 >"$tmp/bad.log" 2>&1 </dev/null
+timeout --kill-after=5 60 build/stage-6 --config configs/inference.json --init_from="$tmp/model" --serve=true --port=0 >"$tmp/bad.log" 2>&1 </dev/null
 rc=$?
 check '[ $rc -ne 0 ] && grep -q "$tmp/model/tokenizer_config.json: key .chat_template.: chat template, byte 0: the filter .tojson." "$tmp/bad.log"' \
     "a template outside the subset: want a refusal naming the file and key, exit $rc: $(tail -2 "$tmp/bad.log")"

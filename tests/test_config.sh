@@ -73,7 +73,7 @@ expect_one_error "tf32 on the CPU backend" "^error: tf32: the CPU backend has no
     build/stage-1 --config configs/tiny.json --tf32=true --out_dir="$tmp/tf32cpu"
 check '[ ! -e "$tmp/tf32cpu" ]' "stage 01 refused tf32 but left $tmp/tf32cpu behind"
 expect_one_error "tf32 on stage 03, 3 ranks" "^error: command line: key 'tf32' is true but stage 03 keeps its f32 matmuls in f32" \
-    timeout 60 mpirun -np 3 --bind-to none build/stage-3 --config configs/tiny.json --tf32=true --out_dir="$tmp/tf32s3"
+    timeout --kill-after=5 60 mpirun -np 3 --bind-to none build/stage-3 --config configs/tiny.json --tf32=true --out_dir="$tmp/tf32s3"
 check '[ ! -e "$tmp/tf32s3" ]' "stage 03 refused tf32 but left $tmp/tf32s3 behind"
 # every rank checks (rank 0 speaks for the job, the others stop too: mpirun exits 1, no output)
 expect_one_error "stage 03 on 2 ranks given fsdp" \

@@ -64,7 +64,7 @@ check 'python3 -c "import sys; sys.exit(not $ratio <= 1.10)"' "fp8-tensorwise's 
 args=(--config configs/tiny.json --precision=fp8-tensorwise --out_dir="$tmp/bad")
 source tests/mpi_env.sh
 expect_one_error "fp8 on stage 03" "key 'precision' is fp8-tensorwise but stage 03 has no FP8 linears" \
-    timeout 120 mpirun -np 2 --bind-to none build/stage-3 "${args[@]}"
+    timeout --kill-after=5 120 mpirun -np 2 --bind-to none build/stage-3 "${args[@]}"
 expect_one_error "fp8 on stage 01" "key 'precision' is fp8-tensorwise but stage 01 has no FP8 linears" build/stage-1 "${args[@]}"
 expect_one_error "fp8 with LoRA" "lora_rank is 4: LoRA's adapters train in bf16-mixed" build/stage-2 "${args[@]}" --lora_rank=4
 expect_one_error "fp8-rowwise" "key 'precision': expected 32, 32-true, bf16-mixed, bf16, 16-mixed or fp8-tensorwise, found 'fp8-rowwise'" \

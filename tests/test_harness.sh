@@ -13,6 +13,10 @@ source tests/mpi_env.sh
 bin=$tmp/bin suite=$tmp/suite
 mkdir -p "$bin" "$suite"
 
+# a timeout without --kill-after waits on whatever ignores its TERM: every test's may not
+plain_timeouts() { grep -nE '(^|[^-])\btimeout [0-9]' tests/*.sh; }
+check '! plain_timeouts >/dev/null' "a timeout without --kill-after: $(plain_timeouts)"
+
 cat >"$bin/stage-6" <<'PY'
 #!/usr/bin/env python3
 import os, signal, socket, time

@@ -145,7 +145,7 @@ plan_equals_run z3_np3 fsdp
 plan_equals_run z1_np3_red zero1 --muon_redundant=true
 
 # ---- bad input: one error, every rank stops -------------------------------------------------------
-bad=(timeout 120 mpirun -np 2 --bind-to none)
+bad=(timeout --kill-after=5 120 mpirun -np 2 --bind-to none)
 expect_one_error "optimizer sgd" "key 'optimizer': expected adamw or muon, found 'sgd'" \
     "${bad[@]}" build/stage-4 "${args[@]}" --out_dir="$tmp/bad" --optimizer=sgd
 expect_one_error "muon on stage 09" "key 'optimizer' is muon but stage 09 has no Muon" \

@@ -25,7 +25,7 @@ data[8 + n:] = bytes(len(data) - 8 - n)
 open(sys.argv[1], "wb").write(data)
 PY
 start_server fields 1 --config configs/inference.json --init_from="$tmp/zero" --max_batch_size=4 --kv_block_size=16
-timeout 300 python3 tests/server_fields.py "$url" zero >"$tmp/fields.json" 2>"$tmp/fields.err"
+timeout --kill-after=5 300 python3 tests/server_fields.py "$url" zero >"$tmp/fields.json" 2>"$tmp/fields.err"
 check '[ -s "$tmp/fields.json" ]' "tests/server_fields.py failed: $(tail -3 "$tmp/fields.err")"
 while IFS= read -r line; do
     check '[ "${line%%	*}" = ok ]' "${line#*	}"

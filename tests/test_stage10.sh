@@ -88,7 +88,7 @@ done
 args=(--config configs/tiny.json "${common[@]}")
 
 # bad input: one error naming the dimension and the number, every rank stops
-bad() { local np=$1; shift; timeout 120 mpirun -np "$np" --bind-to none build/stage-10 "${args[@]}" --out_dir="$tmp/bad" "$@"; }
+bad() { local np=$1; shift; timeout --kill-after=5 120 mpirun -np "$np" --bind-to none build/stage-10 "${args[@]}" --out_dir="$tmp/bad" "$@"; }
 expect_one_error "a head count tp does not divide" "attention heads must divide by x.*n_head 4, x 3" \
     bad 6 --n_layer=2 --tp_dimensions=3,1,1 --pp_size=2
 expect_one_error "more stages than blocks" "key 'pp_size': 3 stages for 2 blocks" \

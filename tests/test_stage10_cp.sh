@@ -74,7 +74,7 @@ done
 
 # bad input: one error naming the dimension and the number, every rank stops
 args=(--config configs/tiny.json --stop_iteration=1 "${common[@]}")
-bad() { local np=$1; shift; timeout 120 mpirun -np "$np" --bind-to none build/stage-10 "${args[@]}" --out_dir="$tmp/bad" "$@"; }
+bad() { local np=$1; shift; timeout --kill-after=5 120 mpirun -np "$np" --bind-to none build/stage-10 "${args[@]}" --out_dir="$tmp/bad" "$@"; }
 expect_one_error "a max_seq_len 2 x cp_size does not divide" "2 x cp_size = 4 chunks.*expected a multiple of 4, found max_seq_len 66" \
     bad 4 --n_layer=2 --tp_dimensions=1,1,1 --pp_size=2 --num_microbatches=2 --cp_size=2 --max_seq_len=66
 finish test_stage10_cp
