@@ -213,4 +213,28 @@ rm -f exercise-outside-probe
 # a check whose program is not there (bash: command not found, exit 127) is failed, not passed
 out=$(robust missing)
 check '[[ "$out" == "failed passed exit status 127"* ]]' "a check whose program is missing: $out"
+
+# credit per group of cases: a check whose test prints "case NAME: passed|failed" lines (test_ops
+# NAME does) earns the points of each group whose cases all pass, says which, and full marks still
+# need the whole test to pass; groups the test never ran earn nothing
+python3 - "$tmp/groups.json" <<'PY'
+import json, sys
+cases = "printf 'case shapes(3, 7): passed\\ncase shapes(1, 1): passed\\ncase edges(): failed\\ncase backward(): passed\\nt: 3 passed, 1 failed\\n'"
+ex = dict(id="groups", stage="06", kind="code", file="06_inference/sampler.c", function="candidates", build=[],
+          title="groups", stub="    (void)s, (void)mass, (void)by_probability_desc, (void)g_sort_prob;\n    return 0;",
+          checks=[{"name": "cases", "points": 10, "command": cases + "; exit 1", "time_limit_s": 30, "needs_gpu": False,
+                   "groups": [{"name": "shapes", "cases": ["shapes("], "points": 4},
+                              {"name": "edges", "cases": ["edges("], "points": 3},
+                              {"name": "backward", "cases": ["backward(", "never_run("], "points": 3}]}])
+json.dump({"exercises": [ex]}, open(sys.argv[1], "w"))
+PY
+python3 -c "
+import sys; sys.path.insert(0, 'tools'); import exercise
+exercise.start(exercise.load_catalogue(sys.argv[1]), 'groups', 'starter', sys.argv[2], with_build=False)" \
+    "$tmp/groups.json" "$base/groups" >/dev/null
+python3 tools/exercise.py --catalogue "$tmp/groups.json" grade --dir "$base/groups" --json "$tmp/groups-grade.json" >/dev/null 2>&1
+out=$(first_why "$tmp/groups-grade.json")
+check '[[ "$out" == "partial 4 case groups passed: shapes; failed: edges, backward"* ]]' \
+    "a test with the cases of one group of three passing (another's cases never run): $out"
+
 finish test_exercises

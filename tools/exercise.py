@@ -55,6 +55,7 @@ SUMMARY = re.compile(r"^(.*\S): (\d+) passed, (\d+) failed\s*$")
 NOISE = re.compile(r"^\s*$|^-{5,}|^={5,}|mpirun|prterun|PRTE|Primary job|MPI_ABORT|NOTE: invoking|"
                    r"You may or may not|errorcode|Open MPI|process rank|make(\[\d+\])?: |Clock skew|"
                    r"modification time .* in the future")
+CASE = re.compile(r"^case (.+): (passed|failed)\s*$")  # a test's line per case (test_ops NAME)
 FAILED_AT = re.compile(r"^FAIL (\S+:\d+):")  # check.h's failure line: which check failed
 # the lines that name what is wrong, ahead of the rest
 CAUSE = re.compile(r"^FAIL|\bgot\b.*\bwant|\bnan\b|\binf\b|error|wrong|not answered|does not|did not|not exactly",
@@ -422,6 +423,22 @@ def summary_counts(output):
     return (sum(p for p, _ in counts), sum(f for _, f in counts)) if counts else None
 
 
+def case_groups(chk, output):
+    """(names of the check's case groups that pass, names of those that fail). A group passes when
+    each of its `cases` (text in a case's name) names a case the test ran, and every case it names
+    passed."""
+    results = {}
+    for line in readable(output, keep=10 ** 6):
+        m = CASE.match(line)
+        if m:
+            results[m.group(1)] = results.get(m.group(1), True) and m.group(2) == "passed"
+    passed, failed = [], []
+    for g in chk.get("groups", []):
+        named = [[ok for case, ok in results.items() if part in case] for part in g["cases"]]
+        (passed if all(named) and all(all(n) for n in named) else failed).append(g["name"])
+    return passed, failed
+
+
 def verdict(chk, rc, output, touched):
     """(points earned, result, why) of one check's run."""
     if touched:
@@ -432,10 +449,18 @@ def verdict(chk, rc, output, touched):
         return 0, "failed", [f"crashed: {signal.Signals(-rc).name}"] + why_lines(output)
     counts = summary_counts(output)
     if rc == 0 and counts and counts[0] > 0 and counts[1] == 0:
+        unnamed = case_groups(chk, output)[1]  # the catalogue's groups must name cases the test runs
+        if unnamed:
+            return 0, "failed", [f"the catalogue's case groups {', '.join(unnamed)} name no case this test ran"]
         return chk["points"], "passed", []
     if rc == 0:
         return 0, "failed", ["exited 0 without its test's summary line (N passed, 0 failed, N > 0): "
                              "the test did not run to its end"] + why_lines(output)
+    passed, failed = case_groups(chk, output)
+    if failed and rc > 0:  # the groups of cases that pass earn their points; full marks take the whole test
+        earned = sum(g["points"] for g in chk["groups"] if g["name"] in passed)
+        return earned, "partial" if earned else "failed", \
+            [f"case groups passed: {', '.join(passed) or 'none'}; failed: {', '.join(failed)}"] + why_lines(output)
     if chk.get("partial") and counts and counts[0] > 0:
         passed, cases = counts[0], counts[0] + counts[1]
         return chk["points"] * passed // cases, "partial", [f"{passed} of {cases} cases pass"] + why_lines(output)
