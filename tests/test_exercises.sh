@@ -237,4 +237,49 @@ out=$(first_why "$tmp/groups-grade.json")
 check '[[ "$out" == "partial 4 case groups passed: shapes; failed: edges, backward"* ]]' \
     "a test with the cases of one group of three passing (another's cases never run): $out"
 
+# a copy relabelled as another exercise (its mark is the learner's to edit) is refused in a class's
+# grading, with the exercise its contents say it was made for: a code copy (its own part is not the
+# workbook's), a fixed bug hunt's copy (no part differs at all) as a code exercise, a calculation's
+# answers.json as another calculation's
+relabel() { # relabel <learner> <exercise> <state> <as exercise>
+    python3 -c "
+import json, os, sys; sys.path.insert(0, 'tools'); import exercise
+exercise.start(exercise.load_catalogue(), sys.argv[1], sys.argv[2], sys.argv[3], with_build=False)
+json.dump(dict(json.load(open(os.path.join(sys.argv[3], exercise.MARK))), exercise=sys.argv[4]),
+          open(os.path.join(sys.argv[3], exercise.MARK), 'w'))" "$2" "$3" "$base/relabel/$1/$2" "$4" >/dev/null
+}
+relabel dan gelu-backward starter grad-clip
+relabel eve bug-causal-mask solution top-p
+relabel fay calc-ddp-comm starter calc-bubble
+python3 tools/exercise.py class "$base/relabel" --csv "$tmp/relabel.csv" --json "$tmp/relabel.json" >/dev/null 2>&1
+refused() { python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))[sys.argv[2]]
+c = r['checks'][0]
+print(c['result'], r['earned'], r['earnable'], ' '.join(c['why']))" "$tmp/relabel.json" "$1"; }
+out=$(refused dan)
+check '[[ "$out" == "refused 0 10 made for gelu-backward, not grad-clip"* ]]' "a gelu-backward copy marked grad-clip: $out"
+out=$(refused eve)
+check '[[ "$out" == "refused 0 10 no part of this copy differs"* ]]' "a fixed bug hunt's copy marked top-p: $out"
+out=$(refused fay)
+check '[[ "$out" == "refused 0 10 answers.json holds the keys allreduce_bytes_per_step"* ]]' "a calc-ddp-comm copy marked calc-bubble: $out"
+# ... and no exercise's stub or bug changes another exercise's part: a copy is never refused as its own
+cat >"$tmp/own.py" <<'PY'
+import sys; sys.path.insert(0, "tools"); import exercise as e
+cat = e.load_catalogue()
+for ex in (x for x in cat.values() if x["kind"] != "calculation"):
+    text = open(ex["file"]).read()
+    if ex["kind"] == "bug-hunt":
+        made = text.replace(ex["bug"]["find"], ex["bug"]["replace"])
+    else:
+        start, end = e.locate(text, ex)
+        made = text[:start] + e.stub_text(ex) + text[end:]
+    for other in cat.values():
+        if other is not ex and other["kind"] != "calculation" and other["file"] == ex["file"] \
+                and e.part_of_text(made, other) != e.part_of_text(text, other):
+            sys.exit(f"{ex['id']}: its starter changes the part of {other['id']}")
+PY
+out=$(python3 "$tmp/own.py" 2>&1)
+check '[ -z "$out" ]' "an exercise's copy would be refused as its own: $out"
+
 finish test_exercises

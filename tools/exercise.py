@@ -26,6 +26,7 @@ Standard library only.
 import argparse
 import concurrent.futures
 import csv
+import functools
 import itertools
 import json
 import os
@@ -199,6 +200,10 @@ def learner_part(copy, ex):
         text = open(path, encoding="utf-8", errors="replace").read()
     except OSError as e:
         raise NoPart(f"{ex['file']}: {e.strerror}")
+    return part_of_text(text, ex)
+
+
+def part_of_text(text, ex):
     if ex["kind"] == "calculation":
         return text
     start, end = locate(text, ex)
@@ -619,6 +624,65 @@ def learner_copies(folder):
     return found
 
 
+@functools.lru_cache(maxsize=4)
+def starter_files(made_for, files):
+    """{path: text} of the files (a tuple of paths) in a pack's starter tree of exercise made_for,
+    read in one pass over its archive."""
+    texts = {}
+    with tarfile.open(os.path.join(TREES, f"{made_for}.tar.gz")) as tar:
+        for member in tar:
+            rel = os.path.normpath(member.name)
+            if rel in files and member.isfile():
+                texts[rel] = tar.extractfile(member).read().decode("utf-8", "replace")
+    return texts
+
+
+def pristine_part(cat, ex, made_for):
+    """Exercise ex's part as the workbook holds it, read from a tree made for exercise made_for
+    (another one): the workbook's own files, or in a pack that exercise's starter tree."""
+    if not in_pack():
+        return learner_part(ROOT, ex)
+    texts = starter_files(made_for, tuple(sorted({e["file"] for e in cat.values()})))
+    if ex["file"] not in texts:
+        raise NoPart(f"{ex['file']}: not in {made_for}'s starter tree")
+    return part_of_text(texts[ex["file"]], ex)
+
+
+def relabelled(cat, ex, copy):
+    """None when the copy can have been made for exercise ex, else why not. Its mark is the
+    learner's to edit, so the copy's contents decide: a copy is made with one exercise's part
+    changed (its stub or its bug) and every other part the workbook's own. So every other code
+    part must be the workbook's; and a copy with no part changed at all (a fixed bug hunt's, say)
+    cannot tell which exercise it was made for, so it is no hand-in of a code exercise, whose
+    starter a learner replaces."""
+    try:
+        mine = learner_part(copy, ex)
+    except NoPart:
+        return None  # graded as nothing to grade
+    if ex["kind"] == "calculation":
+        try:
+            keys = set(json.loads(mine))
+        except (ValueError, TypeError):
+            return None  # graded: calc_check says what is wrong with the file
+        want = {q["key"] for q in ex["questions"]}
+        return None if keys == want else [f"answers.json holds the keys {', '.join(sorted(keys))}, not {ex['id']}'s "
+                                          f"({', '.join(sorted(want))}): a copy made for another exercise"]
+    for other in cat.values():
+        if other["id"] == ex["id"] or other["kind"] == "calculation":
+            continue
+        try:
+            changed = learner_part(copy, other) != pristine_part(cat, other, ex["id"])
+        except NoPart:
+            changed = True
+        if changed:
+            return [f"made for {other['id']}, not {ex['id']}: its part of {other['id']} ({other['file']}) is not the "
+                    f"workbook's, as only the part of the exercise a copy is made for can be"]
+    if ex["kind"] == "code" and mine == pristine_part(cat, ex, next(i for i in cat if i != ex["id"])):
+        return [f"no part of this copy differs from the workbook's own code, {ex['id']}'s neither: "
+                "it cannot be told from a copy made for another exercise (a fixed bug hunt's)"]
+    return None
+
+
 def grade_class(cat, folder, csv_out, json_out, jobs):
     """Grades every learner's folder in `folder` (one per learner) into one CSV and one JSON."""
     learners = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
@@ -630,9 +694,11 @@ def grade_class(cat, folder, csv_out, json_out, jobs):
                          "result": "failed", "why": ["no exercise copy in this folder"]})
         for copy in copies:
             ex_id = exercise_of(copy)
-            if ex_id not in cat:
-                rows.append({"learner": who, "exercise": ex_id, "check": "-", "points": 0, "earned": 0,
-                             "result": "failed", "why": [f"no exercise '{ex_id}'"]})
+            why = [f"no exercise '{ex_id}'"] if ex_id not in cat else relabelled(cat, cat[ex_id], copy)
+            if why:  # a relabelled copy earns none of its exercise's points
+                points = sum(c["points"] for c in cat[ex_id]["checks"]) if ex_id in cat else 0
+                rows.append({"learner": who, "exercise": ex_id, "check": "-", "points": points, "earned": 0,
+                             "result": "refused" if ex_id in cat else "failed", "why": why})
                 continue
             handins.append((ex_id, copy))
             owners.append(who)
