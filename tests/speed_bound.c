@@ -15,7 +15,7 @@
 //
 // Usage: build/tests/speed_bound matvec|gelu THRESHOLD
 //   matvec: matmul_forward_16 of one bf16 row (a decode step) against reading the weights' bytes
-//           and nothing else (xor_words: no arithmetic to wait on, unlike a float sum)
+//           and nothing else (xor_bytes: no arithmetic to wait on, unlike a float sum)
 //   gelu:   gelu_forward against add_inplace over the same buffers (one stream read, one read and
 //           written back: the traffic of writing a buffer that is not in cache)
 #include <math.h>
@@ -109,9 +109,10 @@ static void matvec_kernel(void *ctx) {
     matmul_forward_16(m->out, m->x, m->w, m->bias, m->N, m->C, m->OC);
 }
 
-// the xor of n words, read by every thread: the read bound, as nothing waits on arithmetic
-static uint64_t xor_words(const uint64_t *p, size_t n) {
-    uint64_t acc = 0;
+// the xor of n bytes, read by every thread: the read bound, as nothing waits on arithmetic (bytes:
+// any memory may be read as bytes, and the compiler makes the loop vectors)
+static unsigned char xor_bytes(const unsigned char *p, size_t n) {
+    unsigned char acc = 0;
 #pragma omp parallel for schedule(static) reduction(^ : acc)
     for (size_t i = 0; i < n; i++) acc ^= p[i];
     return acc;
@@ -119,7 +120,7 @@ static uint64_t xor_words(const uint64_t *p, size_t n) {
 
 static void matvec_bound(void *ctx) {
     Matvec *m = ctx;
-    volatile uint64_t x = xor_words((const uint64_t *)m->w, (size_t)m->OC * m->C / 4);
+    volatile unsigned char x = xor_bytes((const unsigned char *)m->w, (size_t)m->OC * m->C * sizeof(half16));
     (void)x;
 }
 
@@ -133,7 +134,8 @@ static void check_matvec_answer(Matvec *m) {
         for (int o = 0; o < m->OC; o++) {
             double want = m->bias[o], size = fabs(m->bias[o]);
             for (int c = 0; c < m->C; c++) {
-                double t = (double)bf16_to_float(m->w[(size_t)o * m->C + c]) * bf16_to_float(m->x[(size_t)n * m->C + c]);
+                double t = (double)bf16_to_float(m->w[(size_t)o * m->C + c]) *
+                           bf16_to_float(m->x[(size_t)n * m->C + c]);
                 want += t, size += fabs(t);
             }
             double got = m->out[(size_t)n * m->OC + o];
@@ -141,8 +143,8 @@ static void check_matvec_answer(Matvec *m) {
                 if (!wrong++) first = (size_t)n * m->OC + o, first_got = got, first_want = want;
             }
         }
-    CHECK(wrong == 0, "matvec %d x %d, %d rows: %zu outputs wrong, the first (row %zu, output %zu): got %.9g, want %.9g",
-          m->OC, m->C, m->N, wrong, first / m->OC, first % m->OC, first_got, first_want);
+    CHECK(wrong == 0, "matvec %d x %d, %d rows: %zu outputs wrong, the first (row %zu, output %zu): got %.9g, "
+          "want %.9g", m->OC, m->C, m->N, wrong, first / m->OC, first % m->OC, first_got, first_want);
 }
 
 static void matvec(double threshold) {

@@ -237,6 +237,23 @@ out=$(first_why "$tmp/groups-grade.json")
 check '[[ "$out" == "partial 4 case groups passed: shapes; failed: edges, backward"* ]]' \
     "a test with the cases of one group of three passing (another's cases never run): $out"
 
+# the speed exercises: the starters (right but slow) fail on speed, not on their answers; a fast
+# answer that is wrong (the bias dropped from the workbook's own kernel) scores 0
+for id in decode-matvec-speed gelu-speed; do
+    out=$(first_why "$tmp/starter-$id.json")
+    check '[[ "$out" == "failed 0 exit status 1"*"too slow"* ]]' "$id's starter: $out"
+done
+python3 -c "
+import sys; sys.path.insert(0, 'tools'); import exercise
+cat = exercise.load_catalogue()
+ex = cat['decode-matvec-speed']
+exercise.start(cat, ex['id'], 'starter', sys.argv[1], with_build=False)
+fast = exercise.learner_part('.', ex)
+exercise.put_part(sys.argv[1], ex, fast.replace('bias ? bias[o] : 0.0f', '0.0f'))" "$base/fast-wrong" >/dev/null
+python3 tools/exercise.py grade --dir "$base/fast-wrong" --json "$tmp/fast-wrong.json" >/dev/null 2>&1
+out=$(first_why "$tmp/fast-wrong.json")
+check '[[ "$out" == "failed 0 exit status 1"*"outputs wrong"* ]]' "a fast decode matvec that drops the bias: $out"
+
 # a copy relabelled as another exercise (its mark is the learner's to edit) is refused in a class's
 # grading, with the exercise its contents say it was made for: a code copy (its own part is not the
 # workbook's), a fixed bug hunt's copy (no part differs at all) as a code exercise, a calculation's

@@ -456,7 +456,8 @@ def verdict(chk, rc, output, touched):
     if rc == 0 and counts and counts[0] > 0 and counts[1] == 0:
         unnamed = case_groups(chk, output)[1]  # the catalogue's groups must name cases the test runs
         if unnamed:
-            return 0, "failed", [f"the catalogue's case groups {', '.join(unnamed)} name no case this test ran"]
+            return 0, "failed", [f"the catalogue's case groups {', '.join(unnamed)} name no passing case "
+                                 "of this test"]
         return chk["points"], "passed", []
     if rc == 0:
         return 0, "failed", ["exited 0 without its test's summary line (N passed, 0 failed, N > 0): "
