@@ -192,6 +192,8 @@ TEST_PROGS := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c)) \
 TEST_PROGS += build/tests/tokenizer_ids
 # tests/test_fp8.sh's program
 TEST_PROGS += build/tests/fp8_codes
+# the speed exercises' check (exercises/catalogue.json): a timing, so never a test of its own
+TEST_PROGS += build/tests/speed_bound
 build/tests/mpi/%: $(B)/tests/mpi/%.o $(COMMON_OBJS) $(COMM_OBJS)
 	@mkdir -p $(dir $@)
 	$(call Q,LD,$@)$(MPICC) $^ -o $@ $(LDLIBS)

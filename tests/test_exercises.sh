@@ -213,4 +213,90 @@ rm -f exercise-outside-probe
 # a check whose program is not there (bash: command not found, exit 127) is failed, not passed
 out=$(robust missing)
 check '[[ "$out" == "failed passed exit status 127"* ]]' "a check whose program is missing: $out"
+
+# credit per group of cases: a check whose test prints "case NAME: passed|failed" lines (test_ops
+# NAME does) earns the points of each group whose cases all pass, says which, and full marks still
+# need the whole test to pass; groups the test never ran earn nothing
+python3 - "$tmp/groups.json" <<'PY'
+import json, sys
+cases = "printf 'case shapes(3, 7): passed\\ncase shapes(1, 1): passed\\ncase edges(): failed\\ncase backward(): passed\\nt: 3 passed, 1 failed\\n'"
+ex = dict(id="groups", stage="06", kind="code", file="06_inference/sampler.c", function="candidates", build=[],
+          title="groups", stub="    (void)s, (void)mass, (void)by_probability_desc, (void)g_sort_prob;\n    return 0;",
+          checks=[{"name": "cases", "points": 10, "command": cases + "; exit 1", "time_limit_s": 30, "needs_gpu": False,
+                   "groups": [{"name": "shapes", "cases": ["shapes("], "points": 4},
+                              {"name": "edges", "cases": ["edges("], "points": 3},
+                              {"name": "backward", "cases": ["backward(", "never_run("], "points": 3}]}])
+json.dump({"exercises": [ex]}, open(sys.argv[1], "w"))
+PY
+python3 -c "
+import sys; sys.path.insert(0, 'tools'); import exercise
+exercise.start(exercise.load_catalogue(sys.argv[1]), 'groups', 'starter', sys.argv[2], with_build=False)" \
+    "$tmp/groups.json" "$base/groups" >/dev/null
+python3 tools/exercise.py --catalogue "$tmp/groups.json" grade --dir "$base/groups" --json "$tmp/groups-grade.json" >/dev/null 2>&1
+out=$(first_why "$tmp/groups-grade.json")
+check '[[ "$out" == "partial 4 case groups passed: shapes; failed: edges, backward"* ]]' \
+    "a test with the cases of one group of three passing (another's cases never run): $out"
+
+# the speed exercises: the starters (right but slow) fail on speed, not on their answers; a fast
+# answer that is wrong (the bias dropped from the workbook's own kernel) scores 0
+for id in decode-matvec-speed gelu-speed; do
+    out=$(first_why "$tmp/starter-$id.json")
+    check '[[ "$out" == "failed 0 exit status 1"*"too slow"* ]]' "$id's starter: $out"
+done
+python3 -c "
+import sys; sys.path.insert(0, 'tools'); import exercise
+cat = exercise.load_catalogue()
+ex = cat['decode-matvec-speed']
+exercise.start(cat, ex['id'], 'starter', sys.argv[1], with_build=False)
+fast = exercise.learner_part('.', ex)
+exercise.put_part(sys.argv[1], ex, fast.replace('bias ? bias[o] : 0.0f', '0.0f'))" "$base/fast-wrong" >/dev/null
+python3 tools/exercise.py grade --dir "$base/fast-wrong" --json "$tmp/fast-wrong.json" >/dev/null 2>&1
+out=$(first_why "$tmp/fast-wrong.json")
+check '[[ "$out" == "failed 0 exit status 1"*"outputs wrong"* ]]' "a fast decode matvec that drops the bias: $out"
+
+# a copy relabelled as another exercise (its mark is the learner's to edit) is refused in a class's
+# grading, with the exercise its contents say it was made for: a code copy (its own part is not the
+# workbook's), a fixed bug hunt's copy (no part differs at all) as a code exercise, a calculation's
+# answers.json as another calculation's
+relabel() { # relabel <learner> <exercise> <state> <as exercise>
+    python3 -c "
+import json, os, sys; sys.path.insert(0, 'tools'); import exercise
+exercise.start(exercise.load_catalogue(), sys.argv[1], sys.argv[2], sys.argv[3], with_build=False)
+json.dump(dict(json.load(open(os.path.join(sys.argv[3], exercise.MARK))), exercise=sys.argv[4]),
+          open(os.path.join(sys.argv[3], exercise.MARK), 'w'))" "$2" "$3" "$base/relabel/$1/$2" "$4" >/dev/null
+}
+relabel dan gelu-backward starter grad-clip
+relabel eve bug-causal-mask solution top-p
+relabel fay calc-ddp-comm starter calc-bubble
+python3 tools/exercise.py class "$base/relabel" --csv "$tmp/relabel.csv" --json "$tmp/relabel.json" >/dev/null 2>&1
+refused() { python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))[sys.argv[2]]
+c = r['checks'][0]
+print(c['result'], r['earned'], r['earnable'], ' '.join(c['why']))" "$tmp/relabel.json" "$1"; }
+out=$(refused dan)
+check '[[ "$out" == "refused 0 10 made for gelu-backward, not grad-clip"* ]]' "a gelu-backward copy marked grad-clip: $out"
+out=$(refused eve)
+check '[[ "$out" == "refused 0 10 no part of this copy differs"* ]]' "a fixed bug hunt's copy marked top-p: $out"
+out=$(refused fay)
+check '[[ "$out" == "refused 0 10 answers.json holds the keys allreduce_bytes_per_step"* ]]' "a calc-ddp-comm copy marked calc-bubble: $out"
+# ... and no exercise's stub or bug changes another exercise's part: a copy is never refused as its own
+cat >"$tmp/own.py" <<'PY'
+import sys; sys.path.insert(0, "tools"); import exercise as e
+cat = e.load_catalogue()
+for ex in (x for x in cat.values() if x["kind"] != "calculation"):
+    text = open(ex["file"]).read()
+    if ex["kind"] == "bug-hunt":
+        made = text.replace(ex["bug"]["find"], ex["bug"]["replace"])
+    else:
+        start, end = e.locate(text, ex)
+        made = text[:start] + e.stub_text(ex) + text[end:]
+    for other in cat.values():
+        if other is not ex and other["kind"] != "calculation" and other["file"] == ex["file"] \
+                and e.part_of_text(made, other) != e.part_of_text(text, other):
+            sys.exit(f"{ex['id']}: its starter changes the part of {other['id']}")
+PY
+out=$(python3 "$tmp/own.py" 2>&1)
+check '[ -z "$out" ]' "an exercise's copy would be refused as its own: $out"
+
 finish test_exercises

@@ -2167,15 +2167,22 @@ static void test_few_rows_matmul(int N, int C, int OC, int bf16_weights) {
 }
 
 // `test_ops NAME` runs only the tests whose call contains NAME (an exercise's check runs the one
-// part it grades, e.g. `test_ops adamw`); with no argument, every test
+// part it grades, e.g. `test_ops adamw`) and prints a line for each, "case CALL: passed" or
+// "failed" (the grader's credit per group of cases, exercises/catalogue.json); with no argument,
+// every test, and the summary only
 static const char *only = NULL;
 static int ran = 0;
-#define RUN(call)                              \
-    do {                                       \
-        if (!only || strstr(#call, only)) {    \
-            ran++;                             \
-            call;                              \
-        }                                      \
+#define RUN(call)                                                                 \
+    do {                                                                          \
+        if (!only || strstr(#call, only)) {                                       \
+            int failed_before_ = check_failed_;                                   \
+            ran++;                                                                \
+            call;                                                                 \
+            if (only)                                                             \
+                printf("case %s: %s\n", #call,                                    \
+                       check_failed_ > failed_before_ ? "failed" : "passed");     \
+            fflush(stdout);                                                       \
+        }                                                                         \
     } while (0)
 
 int main(int argc, char **argv) {

@@ -26,6 +26,7 @@ Standard library only.
 import argparse
 import concurrent.futures
 import csv
+import functools
 import itertools
 import json
 import os
@@ -55,6 +56,7 @@ SUMMARY = re.compile(r"^(.*\S): (\d+) passed, (\d+) failed\s*$")
 NOISE = re.compile(r"^\s*$|^-{5,}|^={5,}|mpirun|prterun|PRTE|Primary job|MPI_ABORT|NOTE: invoking|"
                    r"You may or may not|errorcode|Open MPI|process rank|make(\[\d+\])?: |Clock skew|"
                    r"modification time .* in the future")
+CASE = re.compile(r"^case (.+): (passed|failed)\s*$")  # a test's line per case (test_ops NAME)
 FAILED_AT = re.compile(r"^FAIL (\S+:\d+):")  # check.h's failure line: which check failed
 # the lines that name what is wrong, ahead of the rest
 CAUSE = re.compile(r"^FAIL|\bgot\b.*\bwant|\bnan\b|\binf\b|error|wrong|not answered|does not|did not|not exactly",
@@ -198,6 +200,10 @@ def learner_part(copy, ex):
         text = open(path, encoding="utf-8", errors="replace").read()
     except OSError as e:
         raise NoPart(f"{ex['file']}: {e.strerror}")
+    return part_of_text(text, ex)
+
+
+def part_of_text(text, ex):
     if ex["kind"] == "calculation":
         return text
     start, end = locate(text, ex)
@@ -422,6 +428,22 @@ def summary_counts(output):
     return (sum(p for p, _ in counts), sum(f for _, f in counts)) if counts else None
 
 
+def case_groups(chk, output):
+    """(names of the check's case groups that pass, names of those that fail). A group passes when
+    each of its `cases` (text in a case's name) names a case the test ran, and every case it names
+    passed."""
+    results = {}
+    for line in readable(output, keep=10 ** 6):
+        m = CASE.match(line)
+        if m:
+            results[m.group(1)] = results.get(m.group(1), True) and m.group(2) == "passed"
+    passed, failed = [], []
+    for g in chk.get("groups", []):
+        named = [[ok for case, ok in results.items() if part in case] for part in g["cases"]]
+        (passed if all(named) and all(all(n) for n in named) else failed).append(g["name"])
+    return passed, failed
+
+
 def verdict(chk, rc, output, touched):
     """(points earned, result, why) of one check's run."""
     if touched:
@@ -432,10 +454,19 @@ def verdict(chk, rc, output, touched):
         return 0, "failed", [f"crashed: {signal.Signals(-rc).name}"] + why_lines(output)
     counts = summary_counts(output)
     if rc == 0 and counts and counts[0] > 0 and counts[1] == 0:
+        unnamed = case_groups(chk, output)[1]  # the catalogue's groups must name cases the test runs
+        if unnamed:
+            return 0, "failed", [f"the catalogue's case groups {', '.join(unnamed)} name no passing case "
+                                 "of this test"]
         return chk["points"], "passed", []
     if rc == 0:
         return 0, "failed", ["exited 0 without its test's summary line (N passed, 0 failed, N > 0): "
                              "the test did not run to its end"] + why_lines(output)
+    passed, failed = case_groups(chk, output)
+    if failed and rc > 0:  # the groups of cases that pass earn their points; full marks take the whole test
+        earned = sum(g["points"] for g in chk["groups"] if g["name"] in passed)
+        return earned, "partial" if earned else "failed", \
+            [f"case groups passed: {', '.join(passed) or 'none'}; failed: {', '.join(failed)}"] + why_lines(output)
     if chk.get("partial") and counts and counts[0] > 0:
         passed, cases = counts[0], counts[0] + counts[1]
         return chk["points"] * passed // cases, "partial", [f"{passed} of {cases} cases pass"] + why_lines(output)
@@ -594,6 +625,65 @@ def learner_copies(folder):
     return found
 
 
+@functools.lru_cache(maxsize=4)
+def starter_files(made_for, files):
+    """{path: text} of the files (a tuple of paths) in a pack's starter tree of exercise made_for,
+    read in one pass over its archive."""
+    texts = {}
+    with tarfile.open(os.path.join(TREES, f"{made_for}.tar.gz")) as tar:
+        for member in tar:
+            rel = os.path.normpath(member.name)
+            if rel in files and member.isfile():
+                texts[rel] = tar.extractfile(member).read().decode("utf-8", "replace")
+    return texts
+
+
+def pristine_part(cat, ex, made_for):
+    """Exercise ex's part as the workbook holds it, read from a tree made for exercise made_for
+    (another one): the workbook's own files, or in a pack that exercise's starter tree."""
+    if not in_pack():
+        return learner_part(ROOT, ex)
+    texts = starter_files(made_for, tuple(sorted({e["file"] for e in cat.values()})))
+    if ex["file"] not in texts:
+        raise NoPart(f"{ex['file']}: not in {made_for}'s starter tree")
+    return part_of_text(texts[ex["file"]], ex)
+
+
+def relabelled(cat, ex, copy):
+    """None when the copy can have been made for exercise ex, else why not. Its mark is the
+    learner's to edit, so the copy's contents decide: a copy is made with one exercise's part
+    changed (its stub or its bug) and every other part the workbook's own. So every other code
+    part must be the workbook's; and a copy with no part changed at all (a fixed bug hunt's, say)
+    cannot tell which exercise it was made for, so it is no hand-in of a code exercise, whose
+    starter a learner replaces."""
+    try:
+        mine = learner_part(copy, ex)
+    except NoPart:
+        return None  # graded as nothing to grade
+    if ex["kind"] == "calculation":
+        try:
+            keys = set(json.loads(mine))
+        except (ValueError, TypeError):
+            return None  # graded: calc_check says what is wrong with the file
+        want = {q["key"] for q in ex["questions"]}
+        return None if keys == want else [f"answers.json holds the keys {', '.join(sorted(keys))}, not {ex['id']}'s "
+                                          f"({', '.join(sorted(want))}): a copy made for another exercise"]
+    for other in cat.values():
+        if other["id"] == ex["id"] or other["kind"] == "calculation":
+            continue
+        try:
+            changed = learner_part(copy, other) != pristine_part(cat, other, ex["id"])
+        except NoPart:
+            changed = True
+        if changed:
+            return [f"made for {other['id']}, not {ex['id']}: its part of {other['id']} ({other['file']}) is not the "
+                    f"workbook's, as only the part of the exercise a copy is made for can be"]
+    if ex["kind"] == "code" and mine == pristine_part(cat, ex, next(i for i in cat if i != ex["id"])):
+        return [f"no part of this copy differs from the workbook's own code, {ex['id']}'s neither: "
+                "it cannot be told from a copy made for another exercise (a fixed bug hunt's)"]
+    return None
+
+
 def grade_class(cat, folder, csv_out, json_out, jobs):
     """Grades every learner's folder in `folder` (one per learner) into one CSV and one JSON."""
     learners = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
@@ -605,9 +695,11 @@ def grade_class(cat, folder, csv_out, json_out, jobs):
                          "result": "failed", "why": ["no exercise copy in this folder"]})
         for copy in copies:
             ex_id = exercise_of(copy)
-            if ex_id not in cat:
-                rows.append({"learner": who, "exercise": ex_id, "check": "-", "points": 0, "earned": 0,
-                             "result": "failed", "why": [f"no exercise '{ex_id}'"]})
+            why = [f"no exercise '{ex_id}'"] if ex_id not in cat else relabelled(cat, cat[ex_id], copy)
+            if why:  # a relabelled copy earns none of its exercise's points
+                points = sum(c["points"] for c in cat[ex_id]["checks"]) if ex_id in cat else 0
+                rows.append({"learner": who, "exercise": ex_id, "check": "-", "points": points, "earned": 0,
+                             "result": "refused" if ex_id in cat else "failed", "why": why})
                 continue
             handins.append((ex_id, copy))
             owners.append(who)

@@ -1007,8 +1007,10 @@ void attention_backward(float *dqkv, float *datt, const float *dout, const float
 // and backward were a visible share of a GPT-2 124M bench step)
 void gelu_forward(float *restrict out, const float *restrict inp, size_t n) {
     int m0 = trace_op_begin();
+    // exercise gelu-speed: begin
 #pragma omp parallel for schedule(static) if (n >= ELEMENTWISE_PARALLEL_MIN)
     for (size_t i = 0; i < n; i++) out[i] = gelu_value_of_exp(inp[i], expf_vectorizable(-gelu_z(inp[i])));
+    // exercise gelu-speed: end
     trace_op_end("gelu_forward", m0, 8.0 * n, 0, NULL);
 }
 
