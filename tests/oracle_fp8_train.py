@@ -4,7 +4,7 @@ fp8-tensorwise with fp8_scaling current or delayed, fp8-rowwise, mxfp8) on GPT-2
 from fp8.h's description in PyTorch (float64) with ml_dtypes' FP8 casts, and run through
 tests/oracle_train.py's training loop (data, loss, AdamW, clipping, validation).
 
-usage: python tests/oracle_fp8_train.py CONFIG.json INIT_DIR RUN_DIR
+usage: python tests/oracle_fp8_train.py CONFIG.json INIT_DIR RUN_DIR [LOSS_TOLERANCE]
 
 Each block linear (c_attn, attn.c_proj, c_fc, mlp.c_proj), its weight W stored (in, out):
   tensorwise  y = q4(x) @ q4(W) + b, q4 a tensor cast to e4m3 under the power of two at or below
@@ -195,8 +195,16 @@ def main():
     # a value that lands on a tie of the FP8 or bf16 grid in one computation and beside it in the
     # other (fp32 against float64) rounds apart, and the gap grows with the steps: 3e-5 over 6
     # steps (measured up to 1.3e-5 on val_loss; bf16-mixed on the same run strays to 1.3e-4 on
-    # the loss, 1.9e-3 on the gradient norm)
-    ot.compare(ours, ref, cfg, os.path.basename(run_dir) + ": ", loss_tol=3e-5)
+    # the loss, 1.9e-3 on the gradient norm). A scale per row flips with its row's amax near a
+    # power of two, a whole row rounding apart: the test passes a looser bound for the other
+    # recipes (rowwise measured 6.6e-5 on the loss, 5.7e-4 on the gradient norm by step 3), and
+    # the first step, before any update has carried a gap, is held to 1e-5 and 1e-4 (measured
+    # 1.8e-6 and 1.6e-5)
+    run = os.path.basename(run_dir) + ": "
+    ot.compare(ours, ref, cfg, run, loss_tol=float(sys.argv[4]) if len(sys.argv) > 4 else 3e-5)
+    first = [abs(ours[0][k] - ref[0][k]) / abs(ref[0][k]) for k in ("loss", "grad_norm")] if ours else [1, 1]
+    ot.check(first[0] <= 1e-5 and first[1] <= 1e-4,
+             f"step 1: loss within 1e-5 and gradient norm within 1e-4 (gaps {first[0]:.1e}, {first[1]:.1e})", run)
     compare_clips(ours, RECIPE.steps, os.path.basename(run_dir) + ": ")
     print(f"{cfg['precision']} ({cfg.get('fp8_scaling', 'current')}) reference: loss {ref[0]['loss']:.6f} -> {ref[-1]['loss']:.6f}")
     sys.exit(1 if ot.failures else 0)

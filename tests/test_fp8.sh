@@ -63,7 +63,7 @@ for recipe in "fp8-tensorwise delayed" "fp8-rowwise current" "mxfp8 current"; do
         "$tmp/wide.json" >"$tmp/$precision.json"
     args=(--config "$tmp/$precision.json")
     run_single 2 "$precision"
-    (cd tests && "../$VENV/bin/python" oracle_fp8_train.py "$tmp/$precision.json" "$tmp/wide_init" "$tmp/$precision") \
+    (cd tests && "../$VENV/bin/python" oracle_fp8_train.py "$tmp/$precision.json" "$tmp/wide_init" "$tmp/$precision" 3e-4) \
         >"$tmp/oracle.txt" 2>&1
     cat "$tmp/oracle.txt"
     passed=$((passed + $(grep -c 'ok: ' "$tmp/oracle.txt")))
