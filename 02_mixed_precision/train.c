@@ -72,9 +72,9 @@ int main(int argc, char **argv) {
 
     print_stage_banner(2, 1, &cfg, &mc, mb.n);
     print_batch_plan(&cfg, data, 1, "", total_steps);
-    // fp8-tensorwise: the block's linears multiply FP8 numbers (fp8.h)
-    Fp8Layers fp8 = {0};
-    if (cfg.prec == PREC_FP8_TENSORWISE) fp8_attach(&fp8, &acts, &layout);
+    // fp8-tensorwise, fp8-rowwise, mxfp8: the block's linears multiply FP8 numbers (fp8.h)
+    Fp8Layers fp8;
+    fp8_attach(&fp8, &cfg, &acts, &layout);
     Lora lora;  // lora_rank > 0: the base frozen; from here on layout and mb are its adapters' (run/lora.h)
     lora_attach(&lora, &cfg, &layout, &mb, &acts);
     Muon muon = muon_create(&cfg, &layout);  // optimizer muon: scratch to orthogonalize a matrix
@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
         dev_synchronize();
 
         StepStats s = {.step = step + 1, .total_steps = total_steps, .loss = loss, .lr = lr, .grad_norm = norm,
-                       .val_loss = -1, .scaler = &scaler};
+                       .val_loss = -1, .scaler = &scaler, .fp8 = fp8_step_stats(&fp8)};
         step_stats_measure(&s, &cfg, t0, tokens, flops_per_token(&mc, batch.T), 1);
         bool last = step + 1 == total_steps;
         if (evaluation_due(&cfg, step + 1, last)) {
@@ -167,7 +167,7 @@ int main(int argc, char **argv) {
     batch_free(&batch);
     lora_free(&lora);
     muon_free(&muon);
-    if (cfg.prec == PREC_FP8_TENSORWISE) fp8_free(&fp8);
+    fp8_free(&fp8);
     acts_free(&acts);
     model_buffers_free(&mb);
     gpt_layout_free(&layout);

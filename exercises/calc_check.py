@@ -30,10 +30,10 @@ def plan(tmp, ranks, layout, extra=()):
     return json.load(open(out))["layouts"][0]
 
 
-def run(tmp, p, ranks, steps=2):
+def run(tmp, p, ranks, steps=2, extra=()):
     """runs the planned layout for a few steps; returns (stats.json, metrics lines)"""
     out = os.path.join(tmp, "run")
-    args = ["mpirun", "-np", str(ranks), "--bind-to", "none", f"build/stage-{p['stage']}", *TINY, *p["args"],
+    args = ["mpirun", "-np", str(ranks), "--bind-to", "none", f"build/stage-{p['stage']}", *TINY, *p["args"], *extra,
             f"--stop_iteration={steps}", f"--out_dir={out}"]
     r = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV))
     if r.returncode:
@@ -62,6 +62,17 @@ def truth(ex_id, tmp):
             q = plan(tmp, pp, f"pp{pp}", [f"--microbatches={m}", "--global_batch_size=16", "--n_layer=4"])
             return q["bubble_s"] / (q["compute_s"] + q["bubble_s"])
         return {"bubble_pp2_m4": fraction(2, 4), "bubble_pp4_m4": fraction(4, 4), "bubble_pp4_m16": fraction(4, 16)}
+    if ex_id == "calc-muon-zero":
+        adamw = plan(tmp, 4, "fsdp")["comm_bytes"]
+        muon = ["--optimizer=muon"]
+        owners = plan(tmp, 4, "fsdp", muon)
+        redundant = plan(tmp, 4, "fsdp", muon + ["--muon_redundant=true", "--strategy=fsdp"])  # a key of stage 04's
+        stats, lines = run(tmp, owners, 4, extra=muon)
+        measured = {l["comm_bytes"] for l in lines}
+        assert measured == {owners["comm_bytes"]}, f"the run's comm_bytes {measured} differ from the plan's {owners['comm_bytes']}"
+        assert stats["memory"] == owners["memory"], f"the run's memory {stats['memory']} differs from the plan's {owners['memory']}"
+        return {"muon_comm_bytes": owners["comm_bytes"] - adamw, "redundant_comm_bytes": redundant["comm_bytes"] - adamw,
+                "muon_memory_bytes": owners["memory"]["Muon: gathered block + scratch"]}
     sys.exit(f"calc_check.py: no calculation exercise '{ex_id}'")
 
 

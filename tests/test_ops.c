@@ -29,6 +29,7 @@
 #include "ops/flash_tiles.h"
 #include "ops/kernels.h"
 #include "ops/ops.h"
+#include "run/muon.h"
 #if defined(OPS_CPU_FAST_PATHS)
 #include "ops/ops_cpu_fast.h"  // the CPU backend's fast paths, checked against their plain loops
 #endif
@@ -209,6 +210,145 @@ static void test_matmul(int N, int C, int OC, int has_bias, int finite_differenc
     dev_free(d_dinp), dev_free(d_dw), dev_free(d_db), dev_free(d_dw2);
     free(inp), free(weight), free(bias), free(want), free(garbage), free(got), free(dout);
     free(dinp0), free(dw0), free(db0), free(g_inp), free(g_w), free(g_b);
+}
+
+// ----------------------------------------------------------------------------------------------
+// FP8 (numbers.h) against the format's table: each of the 256 codes' values from the definition
+// (sign, exponent, mantissa), and each cast the nearest code found by searching that table
+
+// the value of code b by the format's definition; NaN for its NaN codes
+static double fp8_table_value(int b, Fp8Format f) {
+    int M = f == FP8_E5M2 ? 2 : 3, E = 7 - M, bias = (1 << (E - 1)) - 1;
+    int e = (b >> M) & ((1 << E) - 1), m = b & ((1 << M) - 1);
+    double v = e == 0 ? ldexp(m, 1 - bias - M) : ldexp((1 << M) + m, e - bias - M);
+    if (f == FP8_E4M3 && (b & 0x7F) == 0x7F) v = NAN;
+    if (f == FP8_E5M2 && e == (1 << E) - 1) v = m ? NAN : INFINITY;
+    return b & 0x80 ? -v : v;
+}
+
+// the code a cast of x must give: the nearest of the non-negative finite codes and the one past
+// the largest finite (where overflow starts), ties to the even code; past the largest finite, the
+// largest finite (saturate) or the overflow code (e4m3's NaN, e5m2's infinity)
+static int fp8_table_code(float x, Fp8Format f, int saturate) {
+    int sign = signbit(x) ? 0x80 : 0, max = f == FP8_E5M2 ? 0x7B : 0x7E, best = 0;
+    double a = fabs((double)x);
+    if (isnan(x)) return -1;
+    double beyond = 2 * fp8_table_value(max, f) - fp8_table_value(max - 1, f);  // one step past max
+    for (int b = 1; b <= max + 1 && a < beyond; b++) {
+        double v = b <= max ? fp8_table_value(b, f) : beyond, dv = fabs(a - v);
+        double db = fabs(a - (best <= max ? fp8_table_value(best, f) : beyond));
+        if (dv < db || (dv == db && (b & 1) == 0)) best = b;
+    }
+    if (a >= beyond || best > max) return sign | (saturate ? max : max + 1);
+    return sign | best;
+}
+
+static void check_fp8_cast(float x, Fp8Format f, int saturate, const char *name) {
+    int want = fp8_table_code(x, f, saturate), got = fp8_from_float(x, f, saturate);
+    if (want < 0) CHECK(isnan(fp8_to_float((uint8_t)got, f)), "%s%s of NaN: code 0x%02X, not a NaN", name,
+                        saturate ? " (saturating)" : "", got);
+    else CHECK(got == want, "%s%s of %a: code 0x%02X, want 0x%02X", name, saturate ? " (saturating)" : "", x, got, want);
+}
+
+static void test_fp8_table(void) {
+    static const char *const names[] = {"e4m3", "e5m2"};
+    for (int fi = 0; fi < 2; fi++) {
+        Fp8Format f = fi ? FP8_E5M2 : FP8_E4M3;
+        for (int b = 0; b < 256; b++) {  // the decode, every code
+            double want = fp8_table_value(b, f), got = fp8_to_float((uint8_t)b, f);
+            CHECK(isnan(want) ? isnan(got) : got == want, "%s code 0x%02X decodes to %g, want %g", names[fi], b, got, want);
+        }
+        // the casts: every finite code, the midpoints between neighbours and a float either side of
+        // each (ties and near-ties, subnormals included), zeros, infinities, NaN, random magnitudes
+        int max = f == FP8_E5M2 ? 0x7B : 0x7E;
+        for (int b = 0; b <= max; b++) {
+            double v = fp8_table_value(b, f), next = b < max ? fp8_table_value(b + 1, f) : 2 * v - fp8_table_value(b - 1, f);
+            float mid = (float)((v + next) / 2), xs[] = {(float)v, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY)};
+            for (int i = 0; i < 4; i++)
+                for (int sat = 0; sat < 2; sat++) {
+                    check_fp8_cast(xs[i], f, sat, names[fi]);
+                    check_fp8_cast(-xs[i], f, sat, names[fi]);
+                }
+        }
+        float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e30f, -1e30f, 1e-30f};
+        for (int i = 0; i < 8; i++)
+            for (int sat = 0; sat < 2; sat++) check_fp8_cast(specials[i], f, sat, names[fi]);
+        for (int i = 0; i < 20000; i++)
+            check_fp8_cast((float)(ldexp(urand(), (int)(urand() * 44) - 22) * (urand() < 0.5 ? -1 : 1)), f, i & 1,
+                           names[fi]);
+    }
+    // the op (each backend's): onto the grid under a power-of-two scale and divided back, as bf16
+    enum { N = 6 };
+    float host[N] = {1.0f, 300.0f, -1000.0f, 0.001f, 3.3f, -0.07f}, scale = 64.0f;
+    float *in = dev_malloc(N * sizeof(float));
+    half16 *out = dev_malloc(N * sizeof(half16)), got[N];
+    copy_to_device(in, host, sizeof host);
+    cast_to_fp8_grid(out, in, N, FP8_E4M3, scale, NULL);
+    copy_to_host(got, out, sizeof got);
+    for (int i = 0; i < N; i++) {
+        double want = fp8_table_value(fp8_table_code(host[i] * scale, FP8_E4M3, 1), FP8_E4M3) / scale;
+        CHECK(bf16_to_float(got[i]) == (float)want, "cast_to_fp8_grid of %g under scale %g: %g, want %g", host[i], scale,
+              bf16_to_float(got[i]), want);
+    }
+    dev_free(in), dev_free(out);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Muon's orthogonalization (run/muon.h) against Newton-Schulz in double, on a wide and a tall matrix
+
+// x (rows, cols) orthogonalized as muon_orthogonalize documents, in double
+static void newton_schulz_reference(double *x, int rows, int cols, int steps) {
+    const double a = 3.4445, b = -4.7750, c = 2.0315;
+    size_t n = (size_t)rows * cols;
+    double norm = 0;
+    for (size_t i = 0; i < n; i++) norm += x[i] * x[i];
+    norm = sqrt(norm);
+    for (size_t i = 0; i < n; i++) x[i] /= norm + 1e-7;
+    // on the wide orientation: X (k, w), k <= w, element (i, j) at x[i * si + j * sj]
+    bool wide = rows <= cols;
+    int k = wide ? rows : cols, w = wide ? cols : rows, si = wide ? cols : 1, sj = wide ? 1 : cols;
+    double *A = calloc_or_die((size_t)k * k, sizeof(double)), *B = calloc_or_die((size_t)k * k, sizeof(double));
+    double *next = calloc_or_die(n, sizeof(double));
+    for (int s = 0; s < steps; s++) {
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < k; j++) {
+                A[i * k + j] = 0;
+                for (int t = 0; t < w; t++) A[i * k + j] += x[i * si + t * sj] * x[j * si + t * sj];
+            }
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < k; j++) {
+                double a2 = 0;
+                for (int t = 0; t < k; t++) a2 += A[i * k + t] * A[t * k + j];
+                B[i * k + j] = b * A[i * k + j] + c * a2;
+            }
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < w; j++) {
+                double bx = 0;
+                for (int t = 0; t < k; t++) bx += B[i * k + t] * x[t * si + j * sj];
+                next[i * si + j * sj] = a * x[i * si + j * sj] + bx;
+            }
+        memcpy(x, next, n * sizeof(double));
+    }
+    for (size_t i = 0; i < n; i++) x[i] *= sqrt(fmax(1.0, (double)rows / cols));
+    free(A), free(B), free(next);
+}
+
+static void test_newton_schulz(int rows, int cols, int steps) {
+    size_t n = (size_t)rows * cols, k = rows < cols ? rows : cols;
+    double *ref = rand_array(n, -1.0, 1.0);
+    float *host = malloc_or_die(n * sizeof(float)), *d = dev_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) host[i] = (float)ref[i];
+    Muon mu = {.next = dev_malloc(n * sizeof(float)), .gram = dev_malloc(k * k * sizeof(float)),
+               .gram2 = dev_malloc(k * k * sizeof(float))};
+    copy_to_device(d, host, n * sizeof(float));
+    muon_orthogonalize(&mu, d, rows, cols, steps);
+    copy_to_host(host, d, n * sizeof(float));
+    newton_schulz_reference(ref, rows, cols, steps);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(host[i] - ref[i]));
+    CHECK(worst <= 1e-4, "Newton-Schulz (%d x %d, %d steps) is %.2e from the double reference", rows, cols, steps, worst);
+    free(ref), free(host);
+    dev_free(d), dev_free(mu.next), dev_free(mu.gram), dev_free(mu.gram2);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -2199,6 +2339,9 @@ int main(int argc, char **argv) {
     RUN(test_matmul(1, 771, 40, 0, 0));   // ... with a tail past its vector width
     RUN(test_bf16_rounding());
     RUN(test_fp16_rounding());
+    RUN(test_fp8_table());
+    RUN(test_newton_schulz(5, 9, 1));  // one step; wide
+    RUN(test_newton_schulz(11, 6, 5));  // tall, Muon's five
     RUN(test_matmul_bf16(5, 7, 9));
     RUN(test_matmul_bf16(67, 96, 81));
     RUN(test_matmul_bf16(1, 771, 40));

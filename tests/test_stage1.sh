@@ -51,7 +51,7 @@ expect_error "bad shape" "n_embd must be divisible by n_head, found 130 and 4" -
 expect_error "bad override" "expected a number, found 'fast'" --config configs/tiny.json --lr=fast
 expect_error "unknown override" "unknown key 'lrate'" --config configs/tiny.json --lrate=1
 expect_error "missing data" "cannot open $tmp/no.json" --config configs/tiny.json --data_path="$tmp/no.json"
-expect_error "bad precision" "expected 32, 32-true, bf16-mixed, bf16, 16-mixed or fp8-tensorwise, found 'fp8'" --config configs/tiny.json --precision=fp8
+expect_error "bad precision" "expected 32, 32-true, bf16-mixed, bf16, 16-mixed, fp8-tensorwise, fp8-rowwise or mxfp8, found 'fp8'" --config configs/tiny.json --precision=fp8
 expect_error "diverging run" "step [0-9]*: the loss is" --config configs/tiny.json --n_layer=1 --n_embd=32 \
     --lr=1e30 --grad_clip=0 --warmup_steps=0 --stop_iteration=5 --out_dir="$tmp/nan"
 expect_error "vocab mismatch" "has 50257 tokens but the tokenizer ('byte tokenizer') has 257" --config configs/tiny.json \

@@ -36,8 +36,8 @@ static const Key KEYS[] = {
       "set); empty: data_path decides"),
     K(seed, T_INT, "123456", "seeds initialisation and the sample order"),
     K(precision, T_STRING, "32",
-      "32, 32-true, bf16-mixed, bf16, 16-mixed (fp16 with loss scaling) or fp8-tensorwise (stage 02: the "
-      "block's linears on FP8)"),
+      "32, 32-true, bf16-mixed, bf16, 16-mixed (fp16 with loss scaling), or stage 02's FP8 linears in the "
+      "block: fp8-tensorwise, fp8-rowwise (a scale per row) or mxfp8 (a scale per block of 32)"),
     K(strategy, T_STRING, "",
       "single_device, ddp, fsdp, axonn, pipeline, expert_parallel, context_parallel or composed; empty: the "
       "stage's own (above)"),
@@ -87,6 +87,11 @@ static const Key KEYS[] = {
     K(loss_scale_window, T_INT, "1000",
       "16-mixed: good steps before the loss scale doubles; a step with an inf or NaN gradient is "
       "skipped and halves it (0: a fixed scale, never changed)"),
+    K(fp8_scaling, T_STRING, "current",
+      "fp8-tensorwise: current (a tensor's scale from its amax now), delayed (from the largest amax of its "
+      "last fp8_amax_history casts, Transformer Engine's recipe) or none (scale 1: the lesson of what scaling "
+      "protects against)"),
+    K(fp8_amax_history, T_INT, "16", "fp8_scaling delayed: how many casts of a tensor its amax history holds"),
     K(eval_interval, T_INT, "0", "validation loss every N steps (0: only at the end)"),
     K(eval_batches, T_INT, "4", "validation batches per evaluation"),
     K(checkpoint_interval, T_INT, "0", "save a checkpoint every N steps (0: only at the end)"),
@@ -561,7 +566,8 @@ static void require_one_of(const Sources *src, const char *key, const char *valu
 // precision's names and what each means (config.h)
 static const struct { const char *name; Precision prec; } PRECISIONS[] = {
     {"32", PREC_FP32}, {"32-true", PREC_FP32}, {"bf16-mixed", PREC_BF16_MIXED}, {"bf16", PREC_BF16},
-    {"16-mixed", PREC_FP16_MIXED}, {"fp8-tensorwise", PREC_FP8_TENSORWISE},
+    {"16-mixed", PREC_FP16_MIXED}, {"fp8-tensorwise", PREC_FP8_TENSORWISE}, {"fp8-rowwise", PREC_FP8_ROWWISE},
+    {"mxfp8", PREC_MXFP8},
 };
 
 static void resolve_precision(Config *cfg, const Sources *src) {
@@ -570,7 +576,8 @@ static void resolve_precision(Config *cfg, const Sources *src) {
             cfg->prec = PRECISIONS[i].prec;
             return;
         }
-    fatal("%s: key 'precision': expected 32, 32-true, bf16-mixed, bf16, 16-mixed or fp8-tensorwise, found '%s'",
+    fatal("%s: key 'precision': expected 32, 32-true, bf16-mixed, bf16, 16-mixed, fp8-tensorwise, fp8-rowwise or "
+          "mxfp8, found '%s'",
           source_of(src, "precision"), cfg->precision);
 }
 
@@ -592,7 +599,7 @@ const char *pipe_schedule_name(PipeSchedule s) { return PIPE_SCHEDULES[s]; }
 // FP8's linears are stage 02's plug-in (02_mixed_precision/fp8.c); elsewhere a run would quietly
 // be bf16-mixed
 static void require_fp8_fits_stage(const Config *cfg, const Sources *src, Stage stage) {
-    if (cfg->prec != PREC_FP8_TENSORWISE) return;
+    if (!config_is_fp8(cfg)) return;
     if (stage != STAGE_MIXED_PRECISION)
         fatal("%s: key 'precision' is %s but stage %02d has no FP8 linears: FP8 training is stage 02's "
               "(build/stage-2)", source_of(src, "precision"), cfg->precision, (int)stage);
@@ -917,10 +924,27 @@ static void require_optimizer_keys_fit_stage(Config *cfg, const Sources *src, St
               cfg->muon_momentum);
 }
 
+// Delayed scaling is the tensorwise recipe's (one scale a tensor, known before its cast); rowwise
+// and MX scales are the amaxes of this cast's rows and blocks, which no history could know
+static void require_fp8_scaling_fits_precision(const Config *cfg, const Sources *src) {
+    static const char *const scalings[] = {"current", "delayed", "none"};
+    require_one_of(src, "fp8_scaling", cfg->fp8_scaling, scalings, 3, "current, delayed or none");
+    require_positive(src, "fp8_amax_history", cfg->fp8_amax_history);
+    bool delayed = strcmp(cfg->fp8_scaling, "delayed") == 0;
+    if (strcmp(cfg->fp8_scaling, "current") != 0 && cfg->prec != PREC_FP8_TENSORWISE)
+        fatal("%s: key 'fp8_scaling' is %s but precision is %s: fp8_scaling is fp8-tensorwise's (a scale per "
+              "row or per block comes from that row's or block's amax now)",
+              source_of(src, "fp8_scaling"), cfg->fp8_scaling, cfg->precision);
+    if (!delayed && !holds_default(cfg, "fp8_amax_history"))
+        fatal("%s: key 'fp8_amax_history' is set but fp8_scaling is %s: the history is delayed scaling's",
+              source_of(src, "fp8_amax_history"), cfg->fp8_scaling);
+}
+
 static void validate(Config *cfg, const Sources *src, Stage stage) {
     resolve_precision(cfg, src);
     resolve_pp_schedule(cfg, src);
     require_fp8_fits_stage(cfg, src, stage);
+    require_fp8_scaling_fits_precision(cfg, src);
     static const char *const comm_backends[] = {"auto", "nccl", "mpi", "mpi-staged"};
     require_one_of(src, "comm_backend", cfg->comm_backend, comm_backends, 4, "auto, nccl, mpi or mpi-staged");
     resolve_strategy(cfg, src, stage);

@@ -16,6 +16,8 @@ typedef enum {
     PREC_BF16,        // "bf16": the weights themselves in bf16, no fp32 master
     PREC_FP16_MIXED,  // "16-mixed": fp16 copies of fp32 master weights, with loss scaling
     PREC_FP8_TENSORWISE,  // "fp8-tensorwise": bf16-mixed, the block's linears on FP8 (stage 02)
+    PREC_FP8_ROWWISE,     // "fp8-rowwise": the same with a scale per row of each matmul operand
+    PREC_MXFP8,           // "mxfp8": the same with a scale per block of 32 (OCP MX, e4m3 elements)
 } Precision;
 
 // The key pp_schedule as config_load reads it, once (the string stays for what the config writes)
@@ -67,6 +69,8 @@ typedef struct {
     bool muon_redundant;         // muon, fsdp: every rank orthogonalizes every matrix (false: one owner each)
     double loss_scale;           // 16-mixed: the initial loss scale
     int loss_scale_window;       // 16-mixed: good steps before the scale doubles (0: fixed scale)
+    char fp8_scaling[8];         // fp8-tensorwise: "current" (this cast's amax), "delayed" (the history's), "none"
+    int fp8_amax_history;        // fp8_scaling delayed: the casts of a tensor whose amaxes it keeps
     int warmup_steps, eval_interval, eval_batches, checkpoint_interval;
     bool always_input_template;  // the tutorial's quirk: the with-input prompt for every record
     bool activation_checkpointing;  // blocks recompute their activations in backward
@@ -157,6 +161,8 @@ char *config_to_json(const Config *cfg);
 // precision helpers: matmul inputs in 16 bits (every precision but fp32), and in which format
 // (HALF_FP16 for 16-mixed, else HALF_BF16)
 static inline bool config_is_half(const Config *cfg) { return cfg->prec != PREC_FP32; }
+// the FP8 precisions (stage 02's fp8.c): fp8-tensorwise, fp8-rowwise, mxfp8
+static inline bool config_is_fp8(const Config *cfg) { return cfg->prec >= PREC_FP8_TENSORWISE; }
 // pp_schedule's name of s ("gpipe", "1f1b", "interleaved", "zb-h1")
 const char *pipe_schedule_name(PipeSchedule s);
 static inline HalfFormat config_half_format(const Config *cfg) {

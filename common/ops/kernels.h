@@ -715,6 +715,18 @@ KERNEL_FN void adamw_element(float *param, float *m, float *v, float grad, float
 KERNEL_FN uint16_t fp8_grid_element(float x, Fp8Format f, float scale) {
     return bf16_from_float(fp8_to_float(fp8_from_float(x * scale, f, 1), f) / scale);
 }
+// what that rounding clipped, for FP8 training's counts: x x scale beyond the format's largest
+// finite (it saturated), or x nonzero and its grid value 0 (it underflowed)
+KERNEL_FN int fp8_saturates(float x, Fp8Format f, float scale) { return fabsf(x * scale) > fp8_max(f); }
+KERNEL_FN int fp8_flushes(float x, uint16_t grid_bits) { return x != 0.0f && (grid_bits & 0x7FFFu) == 0; }
+
+// A group's scale from its amax (cast_to_fp8_grid_grouped): rowwise, the power of two at or below
+// the format's largest finite / amax (fp8_scale_pow2); MX, the reciprocal of the block's E8M0
+// scale 2^(floor(log2 amax) - emax) (mx_scale_e8m0). Both powers of two, so the grid values
+// divided back stay bf16 values exactly.
+KERNEL_FN float fp8_group_scale(float amax, Fp8Format f, int mx) {
+    return mx ? 1.0f / e8m0_to_float(mx_scale_e8m0(amax, f)) : fp8_scale_pow2(amax, f);
+}
 
 // Muon's momentum, one element, as torch's lerp writes it (start + weight x (end - start)): the
 // momentum moves toward the gradient by 1 - beta; the update is the gradient moved toward the new

@@ -69,11 +69,21 @@ void cast_gradient_to_16(half16 *out, const float *in, size_t n);
 // became zero
 void ops_half_underflow(double *nonzero, double *flushed);
 
-// FP8 emulated on the bf16 matmuls (precision fp8-tensorwise, stage 02's fp8.c): in rounded onto
-// the grid of FP8 numbers under a power-of-two scale, out = bf16(fp8(in x scale) / scale),
+// FP8 emulated on the bf16 matmuls (the fp8-* precisions, stage 02's fp8.c): in rounded onto the
+// grid of FP8 numbers under a power-of-two scale, out = bf16(fp8(in x scale) / scale),
 // saturating. Each such value is a bf16 value exactly, so a bf16 matmul of two of them multiplies
 // the FP8 numbers an FP8 matmul would (with fp32 accumulation), and its output needs no unscaling.
-void cast_to_fp8_grid(half16 *out, const float *in, size_t n, Fp8Format format, float scale);
+// clips, when not NULL, is a device array of FP8_CLIPS counters the cast adds to: the values that
+// saturated at the format's largest finite, and the nonzero values that became 0.
+enum { FP8_SATURATED, FP8_FLUSHED, FP8_CLIPS };
+void cast_to_fp8_grid(half16 *out, const float *in, size_t n, Fp8Format format, float scale,
+                      unsigned long long *clips);
+// the same with a scale per group (fp8-rowwise, mxfp8): the (rows, cols) matrix in, cut into
+// groups of `group` consecutive elements along each row (along_columns 0) or down each column (1),
+// the last group of a row or column shorter where group does not divide it; each group scaled by
+// its own amax, fp8_group_scale's way (mx 0: a power of two, 1: MX's E8M0 block scale)
+void cast_to_fp8_grid_grouped(half16 *out, const float *in, int rows, int cols, int group, int along_columns,
+                              Fp8Format format, int mx, unsigned long long *clips);
 // the largest |x[i]|, returned to the host: a tensor's amax, which its FP8 scale maps to the
 // format's largest finite
 double abs_max(const float *x, size_t n);
@@ -104,7 +114,8 @@ int ops_bf16_native(void);
 void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, const float *bias,
                        int N, int C, int OC);
 // dinp (N, C) += dout16 @ weight; dweight (OC, C) += dout16^T @ inp; dbias (OC) += column sums of
-// dout (the f32 gradient; dout16 is its 16-bit copy). Outputs f32; dinp, dweight and dbias may be NULL.
+// dout (the f32 gradient; dout16 is its 16-bit copy). Outputs f32; dinp, dweight and dbias may be NULL,
+// and so may weight without dinp and inp without dweight.
 void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
                         const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C, int OC);
 

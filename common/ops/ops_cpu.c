@@ -1217,11 +1217,44 @@ double abs_max(const float *x, size_t n) {
     return m;
 }
 
-void cast_to_fp8_grid(half16 *out, const float *in, size_t n, Fp8Format format, float scale) {
+void cast_to_fp8_grid(half16 *out, const float *in, size_t n, Fp8Format format, float scale,
+                      unsigned long long *clips) {
     int m0 = trace_op_begin();
-#pragma omp parallel for schedule(static) if (n >= ELEMENTWISE_PARALLEL_MIN)
-    for (size_t i = 0; i < n; i++) out[i] = fp8_grid_element(in[i], format, scale);
+    unsigned long long saturated = 0, flushed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : saturated, flushed) if (n >= ELEMENTWISE_PARALLEL_MIN)
+    for (size_t i = 0; i < n; i++) {
+        out[i] = fp8_grid_element(in[i], format, scale);
+        saturated += fp8_saturates(in[i], format, scale);
+        flushed += fp8_flushes(in[i], out[i]);
+    }
+    if (clips) clips[FP8_SATURATED] += saturated, clips[FP8_FLUSHED] += flushed;
     trace_op_end("cast_to_fp8_grid", m0, 6.0 * n, 0, NULL);
+}
+
+void cast_to_fp8_grid_grouped(half16 *out, const float *in, int rows, int cols, int group, int along_columns,
+                              Fp8Format format, int mx, unsigned long long *clips) {
+    int m0 = trace_op_begin();
+    // a group is `len` elements `stride` apart: a row's run of columns, or a column's run of rows
+    int lines = along_columns ? cols : rows, line_len = along_columns ? rows : cols;
+    long per_line = (line_len + group - 1) / group, groups = lines * per_line;
+    size_t stride = along_columns ? (size_t)cols : 1, line_step = along_columns ? 1 : (size_t)cols;
+    unsigned long long saturated = 0, flushed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : saturated, flushed)
+    for (long g = 0; g < groups; g++) {
+        int start = (int)(g % per_line) * group, len = line_len - start < group ? line_len - start : group;
+        size_t first = (size_t)(g / per_line) * line_step + (size_t)start * stride;
+        float amax = 0.0f;
+        for (int i = 0; i < len; i++) amax = fmaxf(amax, fabsf(in[first + i * stride]));
+        float scale = fp8_group_scale(amax, format, mx);
+        for (int i = 0; i < len; i++) {
+            size_t at = first + i * stride;
+            out[at] = fp8_grid_element(in[at], format, scale);
+            saturated += fp8_saturates(in[at], format, scale);
+            flushed += fp8_flushes(in[at], out[at]);
+        }
+    }
+    if (clips) clips[FP8_SATURATED] += saturated, clips[FP8_FLUSHED] += flushed;
+    trace_op_end("cast_to_fp8_grid_grouped", m0, 8.0 * rows * cols, 0, NULL);
 }
 
 // One fused pass: each parameter, its gradient and both moments are read once and written once

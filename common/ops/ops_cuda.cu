@@ -937,15 +937,63 @@ void cast_to_16(half16 *out, const float *in, size_t n) {
     LAUNCH(cast_to_bf16_kernel, grid_for(n), THREADS, 0, out, in, n, g_half == HALF_FP16);
 }
 
-static __global__ void cast_to_fp8_grid_kernel(half16 *out, const float *in, size_t n, Fp8Format format,
-                                               float scale) {
-    GRID_STRIDE(i, n) out[i] = fp8_grid_element(in[i], format, scale);
+// the FP8 casts' clip counts, added to with one integer atomic a thread (order-independent)
+static __device__ void add_fp8_clips(unsigned long long *clips, unsigned long long saturated,
+                                     unsigned long long flushed) {
+    if (clips && saturated) atomicAdd(&clips[FP8_SATURATED], saturated);
+    if (clips && flushed) atomicAdd(&clips[FP8_FLUSHED], flushed);
 }
 
-void cast_to_fp8_grid(half16 *out, const float *in, size_t n, Fp8Format format, float scale) {
+static __global__ void cast_to_fp8_grid_kernel(half16 *out, const float *in, size_t n, Fp8Format format,
+                                               float scale, unsigned long long *clips) {
+    unsigned long long saturated = 0, flushed = 0;
+    GRID_STRIDE(i, n) {
+        out[i] = fp8_grid_element(in[i], format, scale);
+        saturated += fp8_saturates(in[i], format, scale);
+        flushed += fp8_flushes(in[i], out[i]);
+    }
+    add_fp8_clips(clips, saturated, flushed);
+}
+
+void cast_to_fp8_grid(half16 *out, const float *in, size_t n, Fp8Format format, float scale,
+                      unsigned long long *clips) {
     if (!n) return;
     ensure_init();
-    LAUNCH(cast_to_fp8_grid_kernel, grid_for(n), THREADS, 0, out, in, n, format, scale);
+    LAUNCH(cast_to_fp8_grid_kernel, grid_for(n), THREADS, 0, out, in, n, format, scale, clips);
+}
+
+// a thread per group: its amax, then its elements cast (cast_to_fp8_grid_grouped in ops_cpu.c)
+static __global__ void cast_to_fp8_grid_grouped_kernel(half16 *out, const float *in, int rows, int cols,
+                                                       int group, int along_columns, Fp8Format format, int mx,
+                                                       unsigned long long *clips) {
+    int line_len = along_columns ? rows : cols;
+    long per_line = (line_len + group - 1) / group, groups = (along_columns ? cols : rows) * per_line;
+    size_t stride = along_columns ? (size_t)cols : 1, line_step = along_columns ? 1 : (size_t)cols;
+    unsigned long long saturated = 0, flushed = 0;
+    GRID_STRIDE(g, (size_t)groups) {
+        int start = (int)(g % per_line) * group, len = line_len - start < group ? line_len - start : group;
+        size_t first = (size_t)(g / per_line) * line_step + (size_t)start * stride;
+        float amax = 0.0f;
+        for (int i = 0; i < len; i++) amax = fmaxf(amax, fabsf(in[first + i * stride]));
+        float scale = fp8_group_scale(amax, format, mx);
+        for (int i = 0; i < len; i++) {
+            size_t at = first + i * stride;
+            out[at] = fp8_grid_element(in[at], format, scale);
+            saturated += fp8_saturates(in[at], format, scale);
+            flushed += fp8_flushes(in[at], out[at]);
+        }
+    }
+    add_fp8_clips(clips, saturated, flushed);
+}
+
+void cast_to_fp8_grid_grouped(half16 *out, const float *in, int rows, int cols, int group, int along_columns,
+                              Fp8Format format, int mx, unsigned long long *clips) {
+    if (!rows || !cols) return;
+    ensure_init();
+    int line_len = along_columns ? rows : cols;
+    size_t groups = (size_t)(along_columns ? cols : rows) * ((line_len + group - 1) / group);
+    LAUNCH(cast_to_fp8_grid_grouped_kernel, grid_for(groups), THREADS, 0, out, in, rows, cols, group,
+           along_columns, format, mx, clips);
 }
 
 void cast_to_float(float *out, const half16 *in, size_t n) {
@@ -1017,8 +1065,8 @@ void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *
         float *dout32 = (float *)scratch((nd + ni + nw) * sizeof(float));
         float *inp32 = dout32 + nd, *w32 = inp32 + ni;
         cast_to_float(dout32, dout16, nd);
-        cast_to_float(inp32, inp, ni);
-        cast_to_float(w32, weight, nw);
+        if (dweight) cast_to_float(inp32, inp, ni);  // the operands only the products taken read (ops.h)
+        if (dinp) cast_to_float(w32, weight, nw);
         matmul_backward(dinp, dweight, NULL, dout32, inp32, w32, N, C, OC);
     } else {
         if (dinp) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout16, OC, &ONE, dinp, C);

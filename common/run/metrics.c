@@ -61,6 +61,12 @@ static void write_expert_load(FILE *f, const MoEStepStats *moe) {
     fprintf(f, "]");
 }
 
+// "fp8_saturated" and "fp8_underflow": [input, weight, output gradient] shares (Fp8StepStats)
+static void write_fp8_clips(FILE *f, const Fp8StepStats *s) {
+    fprintf(f, ", \"fp8_saturated\": [%.6g, %.6g, %.6g], \"fp8_underflow\": [%.6g, %.6g, %.6g]", s->saturated[0],
+            s->saturated[1], s->saturated[2], s->underflow[0], s->underflow[1], s->underflow[2]);
+}
+
 static void print_progress(const Metrics *m, const StepStats *s) {
     double elapsed = wall_seconds() - m->start_time;
     long done = s->step - m->start_step;
@@ -95,6 +101,7 @@ void metrics_log(Metrics *m, const StepStats *s, bool print_line) {
                 s->scaler->scale, s->scaler->skipped_now ? "true" : "false", s->scaler->skipped,
                 s->scaler->underflow);
     if (s->moe) write_expert_load(m->f, s->moe);
+    if (s->fp8) write_fp8_clips(m->f, s->fp8);
     fprintf(m->f, "}\n");
     fflush(m->f);
 }

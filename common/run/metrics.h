@@ -17,6 +17,14 @@ typedef struct {
     int blocks, experts;
 } MoEStepStats;
 
+// FP8 training (stage 02's fp8-* precisions): of the values its casts onto the FP8 grid saw since
+// the last record, the share that saturated at the format's largest finite and the share that
+// underflowed (nonzero, cast to 0), per operand of the block's linears: FP8_OPERANDS below
+enum { FP8_INPUT, FP8_WEIGHT, FP8_OUTPUT_GRAD, FP8_OPERANDS };
+typedef struct {
+    double saturated[FP8_OPERANDS], underflow[FP8_OPERANDS];
+} Fp8StepStats;
+
 typedef struct {
     long step, total_steps;
     double loss, lr, grad_norm;
@@ -29,6 +37,7 @@ typedef struct {
     double state_bytes;
     const LossScaler *scaler;     // 16-mixed: the scale, skipped steps, fp16 underflow (else NULL)
     const MoEStepStats *moe;      // mixture of experts (stage 08), else NULL
+    const Fp8StepStats *fp8;      // the fp8-* precisions: what their casts clipped (else NULL)
 } StepStats;
 
 typedef struct {

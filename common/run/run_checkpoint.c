@@ -26,7 +26,8 @@ static const char *const RUN_KEYS[] = {
     "arch", "n_layer", "n_head", "n_embd", "vocab_size", "max_seq_len", "dataset_id", "data_path",
     "tokenizer_path", "val_fraction", "always_input_template", "seed", "global_batch_size",
     "num_epochs", "lr", "min_lr", "warmup_steps", "beta1", "beta2", "eps", "weight_decay",
-    "grad_clip", "precision", "loss_scale", "loss_scale_window", "init_from", "random_init",
+    "grad_clip", "precision", "loss_scale", "loss_scale_window", "fp8_scaling", "fp8_amax_history", "init_from",
+    "random_init",
     "num_experts", "experts_per_token", "moe_every", "capacity_factor", "aux_loss_coef",
     "lora_rank",
 };
