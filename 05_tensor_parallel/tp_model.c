@@ -9,7 +9,6 @@
 #include "run/evaluate.h"
 #include "run/run_checkpoint.h"
 #include "run/run_stats.h"
-#include "tp_sequence.h"
 
 // ---- the grid must fit ------------------------------------------------------------------------
 
@@ -485,7 +484,10 @@ void tp_layers_init(TPLayers *t, const TPModel *m, TPWeightStream *stream, TPGra
     t->base.linear_backward = tp_layer_backward;
     t->base.norm_forward = tp_norm_forward;
     t->base.norm_backward = tp_norm_backward;
-    if (m->seq_shards > 1) tp_sequence_layers(t);
+    if (m->seq_shards > 1) {
+        t->base.seq_gather = m->seq_gather;
+        t->base.seq_reduce_scatter = m->seq_reduce_scatter;
+    }
 }
 
 // ---- activations ------------------------------------------------------------------------------
@@ -574,8 +576,18 @@ void tp_forward(const TPModel *m, TPActs *a, const Weights *w, const int *inputs
     tp_forward_on(m, a, &a->acts, w, inputs, B, T);
 }
 
+// Sequence parallelism's shards hold equal rows: without padding (which would change the bytes moved and the work
+// done), a batch whose tokens x does not divide is refused rather than split unevenly.
+static void refuse_unsplit_batch(const TPModel *m, int B, int T) {
+    if (m->seq_shards > 1 && (long)B * T % m->seq_shards)
+        fatal("%s: key 'sequence_parallel': a micro-batch of %d rows x sequence length T = %d is %ld tokens, "
+              "which the x = %d tensor ranks do not divide (each keeps an equal share of the residual "
+              "stream); choose max_seq_len, global_batch_size or tp_dimensions so that x divides rows x T",
+              config_source("sequence_parallel"), B, T, (long)B * T, m->seq_shards);
+}
+
 void tp_forward_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, const int *inputs, int B, int T) {
-    tp_sequence_check_batch(m, B, T);
+    refuse_unsplit_batch(m, B, T);
     tp_stream_forward(m, a->layers.stream, w);
     gpt_forward(k, w, inputs, B, T);
 }

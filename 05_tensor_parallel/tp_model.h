@@ -60,7 +60,11 @@ typedef struct {
     bool vocab_parallel_loss;
     ModelShape shape;       // this rank's share of a block, for the common block code
     TPTrained trained;      // the trained set beside a frozen base, or all NULL: the base trains
-    int seq_shards;         // sequence parallelism (tp_sequence.h): x, the residual rows' split; 0 without
+    // sequence parallelism (tp_sequence_apply sets them): x, the residual rows' split, and the
+    // block's gather before and reduce-scatter after each region; 0 and NULL without
+    int seq_shards;
+    void (*seq_gather)(LayerOps *ops, float *full, const float *shard, int N);
+    void (*seq_reduce_scatter)(LayerOps *ops, float *shard, const float *full, int N);
 } TPModel;
 
 // Refuses a grid that does not fit the model or the batch (fatal, naming the constraint).

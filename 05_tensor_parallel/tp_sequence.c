@@ -5,36 +5,6 @@
 #include "comm/comm.h"
 #include "run/run_stats.h"
 
-void tp_sequence_apply(TPModel *m, const Config *cfg) {
-    if (!cfg->sequence_parallel) return;
-    const int *d = cfg->tp_dimensions;
-    // y splits the hidden dimension, so a norm's statistics already need a sum over y, and z
-    // splits the rows the z ranks hold: a sequence split over x would cut a third way through
-    // AxoNN's grid, whose x regions are not the only ones (Megatron's SP is for the 1-D split)
-    if (d[1] != 1 || d[2] != 1)
-        fatal("%s: key 'sequence_parallel' is true but tp_dimensions is [%d, %d, %d]: sequence parallelism "
-              "splits the tokens between 1-D (Megatron) tensor-parallel regions, expected [x, 1, 1]; y splits "
-              "the hidden dimension the norms work on and z the rows already",
-              config_source("sequence_parallel"), d[0], d[1], d[2]);
-    if (cfg->lora_rank > 0)
-        fatal("%s: key 'sequence_parallel' is true but lora_rank is %d: LoRA's tensor-parallel adapters "
-              "(tp_lora.c) all-reduce their own partial sums over x; set one of them otherwise",
-              config_source("sequence_parallel"), cfg->lora_rank);
-    m->seq_shards = m->grid.X;
-    TPLinear *layers[] = {&m->qkv, &m->proj, &m->fc, &m->fcproj, &m->head};
-    for (int i = 0; i < 5; i++) layers[i]->partial_sums = true;
-}
-
-// Shards hold equal rows: without padding (which would change the bytes moved and the work
-// done), a batch whose tokens x does not divide is refused rather than split unevenly.
-void tp_sequence_check_batch(const TPModel *m, int B, int T) {
-    if (m->seq_shards > 1 && (long)B * T % m->seq_shards)
-        fatal("%s: key 'sequence_parallel': a micro-batch of %d rows x sequence length T = %d is %ld tokens, "
-              "which the x = %d tensor ranks do not divide (each keeps an equal share of the residual "
-              "stream); choose max_seq_len, global_batch_size or tp_dimensions so that x divides rows x T",
-              config_source("sequence_parallel"), B, T, (long)B * T, m->seq_shards);
-}
-
 // the elements of this rank's rows of N
 static size_t shard_floats(const TPModel *m, int N) { return (size_t)(N / m->seq_shards) * m->shape.C; }
 
@@ -48,9 +18,22 @@ static void seq_reduce_scatter(LayerOps *ops, float *shard, const float *full, i
     comm_reduce_scatter(m->grid.gx, shard, full, shard_floats(m, N));
 }
 
-void tp_sequence_layers(TPLayers *t) {
-    t->base.seq_gather = seq_gather;
-    t->base.seq_reduce_scatter = seq_reduce_scatter;
+void tp_sequence_apply(TPModel *m, const Config *cfg) {
+    if (!cfg->sequence_parallel) return;
+    const int *d = cfg->tp_dimensions;
+    // y splits the hidden dimension, so a norm's statistics already need a sum over y, and z
+    // splits the rows the z ranks hold: a sequence split over x would cut a third way through
+    // AxoNN's grid, whose x regions are not the only ones (Megatron's SP is for the 1-D split)
+    if (d[1] != 1 || d[2] != 1)
+        fatal("%s: key 'sequence_parallel' is true but tp_dimensions is [%d, %d, %d]: sequence parallelism "
+              "splits the tokens between 1-D (Megatron) tensor-parallel regions, expected [x, 1, 1]; y splits "
+              "the hidden dimension the norms work on and z the rows already",
+              config_source("sequence_parallel"), d[0], d[1], d[2]);
+    m->seq_shards = m->grid.X;
+    m->seq_gather = seq_gather;
+    m->seq_reduce_scatter = seq_reduce_scatter;
+    TPLinear *layers[] = {&m->qkv, &m->proj, &m->fc, &m->fcproj, &m->head};
+    for (int i = 0; i < 5; i++) layers[i]->partial_sums = true;
 }
 
 void tp_sequence_report(const TPModel *m, const Activations *a) {

@@ -21,15 +21,12 @@
 
 // With key sequence_parallel, turns it on for m (before tp_acts_alloc): its linears leave their
 // sums over x to the block's gather and reduce-scatter, and the activations keep 1/x of the
-// residual rows. Refuses what it cannot split (fatal, naming the key and why): y or z > 1, LoRA.
+// residual rows, and gives the model the block's collectives (TPModel.seq_gather, seq_reduce_scatter).
+// Refuses what it cannot split (fatal, naming the key and why): y or z > 1 (config.c refuses
+// the other keys it does not run with).
 void tp_sequence_apply(TPModel *m, const Config *cfg);
 // the memory report's line and stats.json's "residual_activation_bytes": what the split divides
 void tp_sequence_report(const TPModel *m, const Activations *a);
-// the layers' collectives (tp_layers_init calls it for such an m)
-void tp_sequence_layers(TPLayers *t);
-// refuses (fatal, on every rank alike: they see the same batch) B rows of T tokens that do not
-// split evenly over x; tp_forward_on asks before any work on the batch
-void tp_sequence_check_batch(const TPModel *m, int B, int T);
 // After the micro-batches' backward: the norms' gradients, each rank's from its own rows, summed
 // over the x ranks (group "tp", apart from the activations' collectives over "x").
 void tp_sequence_reduce_norm_grads(const TPModel *m, float *grads);

@@ -9,8 +9,8 @@
 #  - the mesh puts cp between dp and tp and says so; stats.json's layout holds cp;
 #  - comm_bytes per step on rank 0, and the cp ring's and the replicas' (dp x cp) bytes, equal the
 #    README's formula;
-#  - a max_seq_len that 2 x cp_size chunks do not divide: one error naming it and the number, every
-#    rank stops.
+#  - a max_seq_len that 2 x cp_size chunks do not divide, and sequence_parallel beside cp: one
+#    error naming the key and the number, every rank stops.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 C=64
@@ -77,4 +77,6 @@ args=(--config configs/tiny.json --stop_iteration=1 "${common[@]}")
 bad() { local np=$1; shift; timeout --kill-after=5 120 mpirun -np "$np" --bind-to none build/stage-10 "${args[@]}" --out_dir="$tmp/bad" "$@"; }
 expect_one_error "a max_seq_len 2 x cp_size does not divide" "2 x cp_size = 4 chunks.*expected a multiple of 4, found max_seq_len 66" \
     bad 4 --n_layer=2 --tp_dimensions=1,1,1 --pp_size=2 --num_microbatches=2 --cp_size=2 --max_seq_len=66
+expect_one_error "sequence_parallel with cp" "key 'sequence_parallel' is true but cp_size is 2" \
+    bad 4 --n_layer=2 --tp_dimensions=2,1,1 --cp_size=2 --sequence_parallel=true
 finish test_stage10_cp

@@ -640,6 +640,10 @@ static void require_stage_takes_switches(const Config *cfg, const Sources *src, 
         fatal("%s: key 'sequence_parallel' is true but stage %02d has no tensor-parallel regions to split the "
               "sequence between: it is stage 05's and 10's (tp_dimensions [x, 1, 1])",
               source_of(src, "sequence_parallel"), (int)stage);
+    if (cfg->sequence_parallel && cfg->lora_rank > 0)
+        fatal("%s: key 'sequence_parallel' is true but lora_rank is %d: LoRA's tensor-parallel adapters "
+              "all-reduce their own partial sums over x; set one of them otherwise",
+              source_of(src, "sequence_parallel"), cfg->lora_rank);
     if (!s->tf32 && cfg->tf32)
         fatal("%s: key 'tf32' is true but stage %02d keeps its f32 matmuls in f32: TF32 is stage 01's lesson "
               "(build/cuda/stage-1 --tf32=true)", source_of(src, "tf32"), (int)stage);
