@@ -55,7 +55,7 @@ def metric(url, name):
     raise RuntimeError(f"no metric {name}")
 
 
-# the statuses only the door and the head checks answer (server.c's check_head, check_headers)
+# the statuses only the door and the head checks answer (http.c's check_head, check_headers)
 DOOR_CODES = (411, 414, 431, 501, 505)
 
 

@@ -29,7 +29,7 @@ source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 source tests/server_lib.sh
 export OMP_NUM_THREADS=1
-DEADLINE=10  # server.c's CLIENT_DEADLINE_S
+DEADLINE=10  # http.c's CLIENT_DEADLINE_S
 VENV=build/openai-venv  # tests/test_server.sh installs the openai package there
 python=python3
 "$VENV/bin/python" -c 'import openai' 2>/dev/null && python=$VENV/bin/python
