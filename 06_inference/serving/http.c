@@ -372,15 +372,8 @@ static enum MHD_Result serve_completion(Server *s, Waker *waker, struct MHD_Conn
     ApiError e;
     bool include_usage;
     int n;
-    Job *j = parse_request(s, body->p ? body->p : "", body->len, chat, &include_usage, &n, &e);
-    if (!j) return send_error(s, c, &e, true);
-    Job **jobs = malloc_or_die((size_t)n * sizeof(Job *));
-    jobs[0] = j;
-    for (int i = 1; i < n; i++) {  // choice i: the same request, parsed again (as it was: no error)
-        jobs[i] = parse_request(s, body->p, body->len, chat, &include_usage, &n, &e);
-        jobs[i]->choice = i, jobs[i]->first = j, jobs[i]->request_id = j->id;
-        if (!jobs[i]->key) jobs[i]->key = i;  // a seeded request's choice i draws the seed's i-th numbers
-    }
+    Job **jobs = parse_request(s, body->p ? body->p : "", body->len, chat, &n, &include_usage, &e);
+    if (!jobs) return send_error(s, c, &e, true);
     if (!enqueue(s, jobs, n, &e)) {
         for (int i = 0; i < n; i++) job_free(jobs[i]);
         free(jobs);
@@ -389,7 +382,7 @@ static enum MHD_Result serve_completion(Server *s, Waker *waker, struct MHD_Conn
     Reader *r = malloc_or_die(sizeof *r);
     *r = (Reader){.s = s, .jobs = jobs, .n = n, .c = c, .include_usage = include_usage, .arrival = arrival_of(c),
                   .waker = waker};
-    if (!j->stream) return wait_for_answer(waker, c, up, r);
+    if (!jobs[0]->stream) return wait_for_answer(waker, c, up, r);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_response, r, release_response);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");

@@ -378,7 +378,19 @@ static bool read_token_prompt(const cJSON *p, int V, Job *j, ApiError *e) {
     return true;
 }
 
-static bool read_prompt(cJSON *req, const Server *s, Job *j, ApiError *e) {
+// a list of prompts, each a string or a list of token ids (a list of numbers is one prompt's tokens)
+static bool is_prompt_list(const cJSON *p) {
+    return cJSON_IsArray(p) && p->child && !cJSON_IsNumber(p->child);
+}
+
+// the prompts a request gives: a completions' list of them, else one
+static int prompt_count(const cJSON *req, bool chat) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
+    return !chat && is_prompt_list(p) ? cJSON_GetArraySize(p) : 1;
+}
+
+// prompt k of the request (completions: of its list of prompts, if it gives one) as j's tokens
+static bool read_prompt(cJSON *req, const Server *s, int k, Job *j, ApiError *e) {
     char *text;
     if (j->chat) {
         cJSON *messages = cJSON_GetObjectItemCaseSensitive(req, "messages");
@@ -386,16 +398,13 @@ static bool read_prompt(cJSON *req, const Server *s, Job *j, ApiError *e) {
         text = s->chat_template ? templated_prompt(s->chat_template, messages, e)
                                 : chat_prompt(messages, s->cfg->always_input_template, e);
         if (!text) return false;
-    } else {  // completions: the text as it is, or its tokens (either alone, or in a list of one)
+    } else {  // completions: the text as it is, or its tokens (either alone, or in a list of prompts)
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
-        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !cJSON_IsNumber(p->child))
-            return api_fail(e, 400, "prompt", "invalid_value", "'prompt' holds %d prompts: this server takes one a "
-                        "request", cJSON_GetArraySize(p));
-        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child)) p = p->child;
-        if (cJSON_IsArray(p) && p->child) text = NULL;
+        if (is_prompt_list(p)) p = cJSON_GetArrayItem(p, k);
+        if (cJSON_IsArray(p) && p->child && cJSON_IsNumber(p->child)) text = NULL;
         else if (!cJSON_IsString(p) || !p->valuestring[0])
-            return api_fail(e, 400, "prompt", "invalid_type", "'prompt' must be a non-empty string, a list of token "
-                        "ids, or a list of one of them");
+            return api_fail(e, 400, "prompt", "invalid_type", "'prompt' (prompt %d) must be a non-empty string, a list "
+                            "of token ids, or a list of them", k);
         else text = copy_string_or_die(p->valuestring);
         if (!text && !read_token_prompt(p, tokenizer_vocab_size(s->tok), j, e)) return false;
     }
@@ -479,8 +488,10 @@ static bool fields_honoured(const cJSON *req, bool chat, ApiError *e) {
                           "field by field\")", field, why);
 }
 
-// The request as a job (its choice 0; *n: the choices it asks for, n), or NULL and the error.
-Job *parse_request(Server *s, const char *body, size_t len, bool chat, bool *include_usage, int *n, ApiError *e) {
+// Prompt k of the request as a job (of its choice 0; *choices: the choices it asks for, n;
+// *prompts: the prompts it gives), or NULL and the error.
+static Job *parse_job(Server *s, const char *body, size_t len, bool chat, int k, int *prompts, int *choices,
+                      bool *include_usage, ApiError *e) {
     cJSON *req = parse_body(body, len, e);
     if (!req) return NULL;
     Job *j = calloc_or_die(1, sizeof *j);
@@ -493,9 +504,13 @@ Job *parse_request(Server *s, const char *body, size_t len, bool chat, bool *inc
                           api_fail(e, 404, "model", "model_not_found", "the model '%s' does not exist "
                                "(this server has '%s')", model, s->model)
                     : api_fail(e, 400, "model", "invalid_type", "'model' must be a string (this server has '%s')", s->model);
-    long choices = 1;
-    ok = ok && fields_honoured(req, chat, e) &&
-         optional_integer(req, "n", 1, s->cfg->max_queue, &choices, e) && read_prompt(req, s, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
+    long n = 1;
+    *prompts = prompt_count(req, chat);
+    ok = ok && fields_honoured(req, chat, e) && optional_integer(req, "n", 1, s->cfg->max_queue, &n, e) &&
+         (n * *prompts <= s->cfg->max_queue ||
+          api_fail(e, 400, "prompt", "invalid_value", "%d prompts of %ld choices each are %ld answers, over the "
+                   "%d the queue holds (max_queue)", *prompts, n, n * *prompts, s->cfg->max_queue)) &&
+         read_prompt(req, s, k, j, e) && read_max_tokens(req, s->cfg, j, e) && read_sampling(req, s->cfg, j, e) &&
          read_logit_rules(req, s, j, e) && read_logprobs(req, chat, j, e) && read_echo(req, j, e) &&
          read_stream_options(req, j->stream, include_usage, e);
     cJSON_Delete(req);
@@ -511,12 +526,35 @@ Job *parse_request(Server *s, const char *body, size_t len, bool chat, bool *inc
         j->top_lp = malloc_or_die(top * sizeof(float));
         j->top_ids = malloc_or_die(top * sizeof(int));
     }
-    *n = (int)choices;
+    *choices = (int)n;
     j->request_id = j->id;
     j->created = time(NULL);
     j->t_arrival = wall_seconds();
     j->refs = 2;
     return j;
+}
+
+Job **parse_request(Server *s, const char *body, size_t len, bool chat, int *n_jobs, bool *include_usage, ApiError *e) {
+    int prompts, choices;
+    Job *j = parse_job(s, body, len, chat, 0, &prompts, &choices, include_usage, e);
+    if (!j) return NULL;
+    *n_jobs = prompts * choices;
+    Job **jobs = calloc_or_die((size_t)*n_jobs, sizeof(Job *));
+    jobs[0] = j;
+    // answer i: prompt i / n's choice i % n, the request parsed again (a later prompt may be refused)
+    for (int i = 1; i < *n_jobs; i++) {
+        int choice = i % choices;
+        jobs[i] = parse_job(s, body, len, chat, i / choices, &prompts, &choices, include_usage, e);
+        if (!jobs[i]) {
+            for (int k = 0; k < i; k++) job_free(jobs[k]);
+            free(jobs);
+            return NULL;
+        }
+        jobs[i]->choice = i, jobs[i]->request_id = j->id;
+        jobs[i]->first = choice ? jobs[i - choice] : NULL;  // its prompt's choice 0
+        if (!jobs[i]->key) jobs[i]->key = choice;  // a seeded request's choice c draws the seed's c-th numbers
+    }
+    return jobs;
 }
 
 // ---- responses: a Job's tokens as OpenAI's JSON --------------------------------------------------
@@ -651,16 +689,21 @@ static void append_json(Buf *b, cJSON *root, bool event) {
     cJSON_Delete(root);
 }
 
-// the usage of a request's jobs (its n choices): the prompt once, the answers' tokens together
+// the usage of a request's jobs (each prompt's n choices): each prompt once (its choice 0, which
+// has no `first`), the answers' tokens together
 static void append_usage(cJSON *root, Job *const *jobs, int n) {
-    int completion = 0;
-    for (int i = 0; i < n; i++) completion += jobs[i]->n_out;
+    int completion = 0, prompt = 0, cached = 0;
+    for (int i = 0; i < n; i++) {
+        completion += jobs[i]->n_out;
+        prompt += jobs[i]->first ? 0 : jobs[i]->n_ids;
+        // the prompt's positions found in the prefix cache (prefix_caching), not computed again
+        cached += jobs[i]->first ? 0 : jobs[i]->cached_tokens;
+    }
     cJSON *usage = cJSON_AddObjectToObject(root, "usage");
-    cJSON_AddNumberToObject(usage, "prompt_tokens", jobs[0]->n_ids);
+    cJSON_AddNumberToObject(usage, "prompt_tokens", prompt);
     cJSON_AddNumberToObject(usage, "completion_tokens", completion);
-    cJSON_AddNumberToObject(usage, "total_tokens", jobs[0]->n_ids + completion);
-    // the prompt's positions found in the prefix cache (prefix_caching), not computed again
-    cJSON_AddNumberToObject(cJSON_AddObjectToObject(usage, "prompt_tokens_details"), "cached_tokens", jobs[0]->cached_tokens);
+    cJSON_AddNumberToObject(usage, "total_tokens", prompt + completion);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(usage, "prompt_tokens_details"), "cached_tokens", cached);
 }
 
 // the prompt's text, for echo: the bytes of its tokens

@@ -23,10 +23,11 @@ bool api_fail(ApiError *e, int status, const char *param, const char *code, cons
 // e as OpenAI's error object (the caller frees it)
 char *api_error_json(const ApiError *e);
 
-// A request's body (to /v1/chat/completions if chat, else /v1/completions) as the job of its
-// choice 0, every field checked (*n: the choices it asks for, n; *include_usage: a stream's
-// usage), or NULL and the error. Each call makes a job of its own: choice i is the body parsed again.
-Job *parse_request(Server *s, const char *body, size_t len, bool chat, bool *include_usage, int *n, ApiError *e);
+// A request's body (to /v1/chat/completions if chat, else /v1/completions) as the jobs of its
+// answers, every field checked: each prompt's n choices (completions' `prompt` may be a list),
+// job i answer `index` i, as OpenAI orders them (*n_jobs of them; *include_usage: a stream's usage);
+// or NULL and the error (the caller frees the list)
+Job **parse_request(Server *s, const char *body, size_t len, bool chat, int *n_jobs, bool *include_usage, ApiError *e);
 // frees a job no scheduler holds (job_release drops a reference)
 void job_free(Job *j);
 
