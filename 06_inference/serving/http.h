@@ -1,5 +1,5 @@
-// http.h: the server's HTTP side (http.c): the door, libmicrohttpd's polling thread, the gate's
-// deadlines and the waker, over the state the scheduler shares (scheduler.h)
+// http.h: the server's HTTP side (http.c): connections on one polling thread, their deadlines,
+// and the waker, over the state the scheduler shares (scheduler.h)
 #ifndef HTTP_H
 #define HTTP_H
 

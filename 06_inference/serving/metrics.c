@@ -42,6 +42,9 @@ char *metrics_text(Server *s) {
                    "# TYPE workbook_requests_total counter\n");
     for (int i = 0; i < N_CODES; i++)
         buf_printf(&b, "workbook_requests_total{code=\"%d\"} %ld\n", STATUS_CODES[i], m->requests[i]);
+    buf_printf(&b, "# HELP workbook_connections_accepted_total connections taken (each carries requests until it closes)\n"
+                   "# TYPE workbook_connections_accepted_total counter\nworkbook_connections_accepted_total %ld\n",
+               m->connections_accepted);
     buf_printf(&b, "# HELP workbook_prompt_tokens_total prompt tokens prefilled\n"
                    "# TYPE workbook_prompt_tokens_total counter\nworkbook_prompt_tokens_total %ld\n",
                m->prompt_tokens);

@@ -1,7 +1,7 @@
 // scheduler.h: what the HTTP layer (http.c, openai.c) and the scheduler (scheduler.c) share: a request as
 // a Job, and the queue and the KV cache's slots that jobs wait in and run in, under one lock.
 //
-//   libmicrohttpd's polling thread (http.c)              rank 0's main thread (scheduler.c)
+//   the polling thread (http.c, openai.c)                rank 0's main thread (scheduler.c)
 //   parse a request into a Job, enqueue it    ------>    admit jobs whose cache blocks fit, run the steps,
 //   write its tokens as they come             <------    append each token to its job, broadcast
 //                                                        `progress`
@@ -90,6 +90,7 @@ typedef struct {
 
 typedef struct {
     long requests[N_CODES];  // by HTTP status (metrics.c's count_status)
+    long connections_accepted;  // connections the server took (http.c): fewer than requests when kept alive
     long prompt_tokens, generated_tokens;
     Histogram ttft, tpot;    // time to first token, time per output token (scheduler.c)
     // the paged KV cache (scheduler.c)

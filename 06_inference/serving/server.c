@@ -3,14 +3,14 @@
 // (scheduler.c) and every other rank follows the steps. Up to max_batch_size requests run at
 // once, each in the KV-cache blocks it holds, with continuous batching.
 //
-//   libmicrohttpd's polling thread (http.c)               rank 0's main thread: the scheduler
+//   the polling thread (http.c)                           rank 0's main thread: the scheduler
 //   parse and check the JSON (openai.c) -> a Job          admit it when its cache blocks fit
 //                                   --- queue --->        (prefix-cached blocks shared)
 //   write its tokens as they come (server-sent   <------  one pass a step: every running job's
 //   events, or one JSON when it is done); with            next token and prompt rows; finished
 //                                                         jobs leave
-//   none yet, suspend it until the waker thread           ... every other rank runs the same steps
-//   resumes it
+//   none yet, the connection waits until the waker        ... every other rank runs the same steps
+//   thread says some came
 #include "server.h"
 
 #include <stdio.h>
