@@ -264,10 +264,11 @@ HEAD_REFUSALS = [
 ]
 
 
-def exchange(url, data, source="127.0.0.2"):
-    """sends data on a new connection and reads until the server closes it (or 5 s pass): the
-    replies' bytes"""
+def exchange(url, data, source="127.0.0.2", timeout=5):
+    """sends data on a new connection and reads until the server closes it (or `timeout` seconds
+    pass with nothing read): the replies' bytes"""
     s = raw_socket(url, source)
+    s.settimeout(timeout)
     try:
         s.sendall(data)
     except OSError:
@@ -367,7 +368,7 @@ def pipelined(url, model):
     streamed = json.dumps({"model": model, "prompt": "hi", "max_tokens": 3, "stream": True}).encode()
     reply = exchange(url, POST + b"Content-Length: %d\r\n\r\n%s" % (len(whole), whole) +
                      POST + b"Content-Length: %d\r\n\r\n%s" % (len(streamed), streamed) +
-                     b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                     b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=TIMEOUT)
     answers, rest = answers_in(reply)
     try:
         kinds = [json.loads(answers[0][1])["object"], answers[1][1].count(b"data: "), json.loads(answers[2][1])["object"]]
@@ -447,6 +448,20 @@ def connection_headers(url, model):
     return not wrong, wrong or list(answers)
 
 
+def expect_continue(url, model):
+    """a client that sends Expect: 100-continue gets the 100 after the head, then, the body sent,
+    its answer"""
+    body = json.dumps({"model": model, "prompt": "Sort the digits.", "max_tokens": 2}).encode()
+    s = raw_socket(url, "127.0.0.5")
+    s.sendall(POST + b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+    f = s.makefile("rb")
+    interim = f.readline() + f.readline()
+    s.sendall(body)
+    status, headers, data = read_answer(f)
+    s.close()
+    return interim == b"HTTP/1.1 100 Continue\r\n\r\n" and status == 200, {"interim": interim, "status": status}
+
+
 def idle_kept_alive(url):
     """a connection kept alive after its answer, then idle: the deadline closes it as any idle one"""
     s = raw_socket(url, "127.0.0.6")
@@ -460,7 +475,7 @@ def whole_answer_head(url, model):
     went): a Content-Length, not chunks begun before the answer; a stream's begins at once"""
     body = json.dumps({"model": model, "prompt": "Sort the digits.", "max_tokens": 32, "temperature": 0})
     reply = exchange(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(body), body.encode()))
+                     % (len(body), body.encode()), timeout=TIMEOUT)  # the answer's time to generate
     head, _, data = reply.partition(b"\r\n\r\n")
     fields = {l.split(b":")[0].strip().lower(): l.split(b":", 1)[1].strip() for l in head.split(b"\r\n")[1:] if b":" in l}
     _, stream_head, _ = request(url, "POST", "/v1/completions", json.dumps(dict(json.loads(body), stream=True)))
@@ -644,6 +659,7 @@ def main():
     checks["pipelined requests answered in order"] = guarded(pipelined, url, model)
     checks["one connection, several requests, then a malformed one"] = guarded(kept_alive, url, model)
     checks["Connection: keep-alive, or close when asked (HTTP/1.0 too)"] = guarded(connection_headers, url, model)
+    checks["Expect: 100-continue"] = guarded(expect_continue, url, model)
     checks["a whole answer's head comes with it"] = guarded(whole_answer_head, url, model)
     checks["stream_options include_usage"] = guarded(include_usage, url, model)
     checks["GET /v1/models/{id}"] = guarded(models, url, model)

@@ -17,7 +17,7 @@
 #    requests); pipelined requests are answered in order; a second request, right or malformed,
 #    is checked as a first (its error object, and the connection ends); Connection: close and
 #    HTTP/1.0 end the connection after the answer; an idle kept-alive connection is closed by the
-#    deadline;
+#    deadline; Expect: 100-continue gets its 100 before the body;
 #  - stream_options.include_usage sends the usage chunk; GET /v1/models/{id}; chat content as a
 #    list of text parts; clients that hang up free their slot and their place in the queue
 #    (/metrics); the server answers as before at the end;

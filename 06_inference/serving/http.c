@@ -117,6 +117,7 @@ static void append_answer(Conn *c, int status, const char *type, const char *ext
     buf_append(&c->out, body, len);
 }
 
+// what epoll reports of c from now on (EPOLLIN, EPOLLOUT)
 static void watch(Http *h, Conn *c, unsigned events) {
     if (events == c->events) return;
     struct epoll_event ev = {.events = events, .data.u32 = (uint32_t)(c - h->conns)};
@@ -146,8 +147,8 @@ static void conn_close(Http *h, Conn *c) {
     *c = (Conn){.state = CONN_FREE};
 }
 
-// sends what c has to send, as far as the socket takes it; false if the client is gone (closed)
-static bool conn_send(Http *h, Conn *c) {
+// sends what c has to send, as far as the socket takes it (a client gone: c is closed)
+static void conn_send(Http *h, Conn *c) {
     if (c->out.len && !c->send_since) c->send_since = wall_seconds();
     while (c->out_off < c->out.len) {
         ssize_t n = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -155,7 +156,7 @@ static bool conn_send(Http *h, Conn *c) {
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
             conn_close(h, c);
-            return false;
+            return;
         }
         c->out_off += (size_t)n;
         c->send_since = wall_seconds();
@@ -174,7 +175,6 @@ static bool conn_send(Http *h, Conn *c) {
         c->shut = true;
         c->since = wall_seconds();
     }
-    return true;
 }
 
 // ---- answers ---------------------------------------------------------------------------------------
