@@ -92,8 +92,8 @@ $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_6)): CC := $(MPICC)
 # KV-cached model (-I06_inference: serving/ includes the lesson's headers by name)
 STAGE_OBJS_6 := $(patsubst %.c,$(B)/%.o,$(wildcard 06_inference/serving/*.c))
 $(B)/06_inference/%.o: CFLAGS += -I08_mixture_of_experts -I06_inference
-# ... and its server mode speaks HTTP through libmicrohttpd
-STAGE_LIBS_6 := -lmicrohttpd -pthread
+# ... and its server runs its HTTP on threads of its own
+STAGE_LIBS_6 := -pthread
 # stage 10 composes the pieces: 07's pipeline (with its schedules) whose stages run 05's
 # tensor-parallel layers (with their sequence-parallel collectives)
 STAGE_EXTRA_10 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 05_tensor_parallel/tp_sequence.c \

@@ -18,8 +18,6 @@ find_missing() { # sets missing=(packages whose check fails)
     missing=()
     need build-essential  command -v gcc make
     need libcjson-dev     has_header cjson/cJSON.h
-    # stage 06's OpenAI-compatible server (--serve=true): HTTP from libmicrohttpd
-    need libmicrohttpd-dev has_header microhttpd.h
     need libdnnl-dev      has_header oneapi/dnnl/dnnl.h
     need libopenmpi-dev   has_header mpi.h -I/usr/lib/x86_64-linux-gnu/openmpi/include
     need openmpi-bin      command -v mpirun

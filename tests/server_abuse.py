@@ -55,7 +55,7 @@ def metric(url, name):
     raise RuntimeError(f"no metric {name}")
 
 
-# the statuses only the door and the head checks answer (server.c's check_head, check_headers)
+# the statuses only the head checks answer (http_head.c's check_head, read_head)
 DOOR_CODES = (411, 414, 431, 501, 505)
 
 
@@ -229,9 +229,8 @@ def bad_requests(url, model):
     return out
 
 
-# request heads that libmicrohttpd would refuse with its own HTML page (or, for a request line
-# without spaces, with no answer at all), and heads it passes on that HTTP forbids: each sent alone
-# on a new connection -> (status, code) of the OpenAI error object wanted
+# request heads that are not HTTP/1.x, and heads that HTTP forbids: each sent alone on a new
+# connection -> (status, code) of the OpenAI error object wanted
 POST = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
 HEAD_REFUSALS = [
     ("a request line without spaces", b"GARBAGE\r\n\r\n", 400, "invalid_request_line"),
@@ -265,10 +264,11 @@ HEAD_REFUSALS = [
 ]
 
 
-def exchange(url, data, source="127.0.0.2"):
-    """sends data on a new connection and reads until the server closes it (or 5 s pass): the
-    replies' bytes"""
+def exchange(url, data, source="127.0.0.2", timeout=5):
+    """sends data on a new connection and reads until the server closes it (or `timeout` seconds
+    pass with nothing read): the replies' bytes"""
     s = raw_socket(url, source)
+    s.settimeout(timeout)
     try:
         s.sendall(data)
     except OSError:
@@ -302,38 +302,126 @@ def head_refusals(url):
 
 
 # a second request on the connection of a first (pipelined: sent before the first answer came),
-# right or malformed: libmicrohttpd would parse it alone, past the door, and answer a head it
-# cannot parse with its own HTML page
+# right or malformed, and the status it gets: every request passes the head checks, a later one
+# as the first (a right one asks to close, so that the exchange ends)
 SECOND_REQUESTS = [
-    ("a right one", b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"),
-    ("no Host", b"GET /health HTTP/1.1\r\n\r\n"),
-    ("a request line without spaces", b"GARBAGE\r\n\r\n"),
-    ("a space in the target", b"GET /he alth HTTP/1.1\r\nHost: x\r\n\r\n"),
-    ("a header line without a colon", b"GET /health HTTP/1.1\r\nHost: x\r\nNoColon\r\n\r\n"),
-    ("Content-Length not a number", POST + b"Content-Length: abc\r\n\r\n{}"),
-    ("a header over 64 KiB", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 70000 + b"\r\n\r\n"),
+    ("a right one", b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 200),
+    ("no Host", b"GET /health HTTP/1.1\r\n\r\n", 400),
+    ("a request line without spaces", b"GARBAGE\r\n\r\n", 400),
+    ("a space in the target", b"GET /he alth HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    ("a header line without a colon", b"GET /health HTTP/1.1\r\nHost: x\r\nNoColon\r\n\r\n", 400),
+    ("Content-Length not a number", POST + b"Content-Length: abc\r\n\r\n{}", 400),
+    ("a header over 64 KiB", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 70000 + b"\r\n\r\n", 431),
 ]
 
 
+def answers_in(reply):
+    """the answers in a connection's bytes, in order: (status, body) each (a body by its
+    Content-Length, or in chunks)"""
+    out = []
+    while reply.startswith(b"HTTP/1.1 "):
+        head, _, rest = reply.partition(b"\r\n\r\n")
+        fields = {l.split(b":")[0].strip().lower(): l.split(b":", 1)[1].strip() for l in head.split(b"\r\n")[1:] if b":" in l}
+        body = b""
+        if fields.get(b"transfer-encoding") == b"chunked":
+            while True:
+                size, _, rest = rest.partition(b"\r\n")
+                n = int(size, 16)
+                body, rest = body + rest[:n], rest[n + 2:]
+                if n == 0:
+                    break
+        else:
+            n = int(fields.get(b"content-length", b"0"))
+            body, rest = rest[:n], rest[n:]
+        out.append((int(head.split(b" ")[1]), body))
+        reply = rest
+    return out, reply
+
+
 def second_requests(url, model):
-    """each of SECOND_REQUESTS after a right first request (GET /health; a streamed completion;
-    a 404; HTTP/1.0 asking for keep-alive): one answer, the first's, and the connection closed"""
+    """each of SECOND_REQUESTS pipelined after a right first request (GET /health; a streamed
+    completion; a 404): both answered in order, the second with its status (a malformed one with
+    OpenAI's error object, never an HTML page, and the connection closed after it); after an
+    HTTP/1.0 first, even one asking for keep-alive, the connection ends with the first answer"""
     body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 3, "stream": True}).encode()
-    firsts = [(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 200 "),
-              (POST + b"Content-Length: %d\r\n\r\n" % len(body) + body, b"HTTP/1.1 200 "),
-              (b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 404 "),
-              (b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", b"HTTP/1.1 200 ")]
+    firsts = [(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 200),
+              (POST + b"Content-Length: %d\r\n\r\n" % len(body) + body, 200),
+              (b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", 404),
+              (b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", 200)]
     seen = {}
     for first, status in firsts:
-        for name, second in SECOND_REQUESTS:
+        for name, second, second_status in SECOND_REQUESTS:
             reply = exchange(url, first + second)
-            if not (reply.startswith(status) and reply.count(b"HTTP/1.") == 1 and b"<html" not in reply.lower()):
+            answers, rest = answers_in(reply)
+            want = [status] if b"HTTP/1.0" in first else [status, second_status]
+            ok = [a[0] for a in answers] == want and not rest and b"<html" not in reply.lower() and \
+                (len(answers) < 2 or second_status == 200 or openai_error(answers[1][1]) is not None)
+            if not ok:
                 seen[f"{first[:24]!r} then {name}"] = reply[:300].decode("utf-8", "replace")
-    return not seen, seen or f"{len(firsts) * len(SECOND_REQUESTS)} pairs, one answer each"
+    return not seen, seen or f"{len(firsts) * len(SECOND_REQUESTS)} pairs, each answered as it should be"
 
 
-def closing_answers(url, model):
-    """every answer says Connection: close (a client then opens a new connection, through the door)"""
+def pipelined(url, model):
+    """three requests sent at once on one connection (a whole completion, a streamed one, models;
+    the last asks to close): three answers, in order"""
+    whole = json.dumps({"model": model, "prompt": "Sort the digits.", "max_tokens": 5, "temperature": 0}).encode()
+    streamed = json.dumps({"model": model, "prompt": "hi", "max_tokens": 3, "stream": True}).encode()
+    reply = exchange(url, POST + b"Content-Length: %d\r\n\r\n%s" % (len(whole), whole) +
+                     POST + b"Content-Length: %d\r\n\r\n%s" % (len(streamed), streamed) +
+                     b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=TIMEOUT)
+    answers, rest = answers_in(reply)
+    try:
+        kinds = [json.loads(answers[0][1])["object"], answers[1][1].count(b"data: "), json.loads(answers[2][1])["object"]]
+    except (ValueError, KeyError, IndexError):
+        kinds = None
+    return [a[0] for a in answers] == [200] * 3 and kinds == ["text_completion", 5, "list"] and not rest, \
+        {"statuses": [a[0] for a in answers], "kinds": kinds, "reply": reply[:300].decode("utf-8", "replace")}
+
+
+def read_answer(f):
+    """one answer from a connection's file: (status, headers, body)"""
+    status = int(f.readline().split(b" ")[1])
+    headers = {}
+    while (line := f.readline()) not in (b"\r\n", b""):
+        k, _, v = line.decode().partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return status, headers, f.read(int(headers.get("content-length", 0)))
+
+
+def kept_alive(url, model):
+    """one connection carries requests one after another: health, a completion, a chat, a 400
+    (a bad body keeps the connection: its framing is sound), models; then a malformed request
+    on it gets its error object and the connection ends. /metrics counts the connections taken."""
+    before = metric(url, "workbook_connections_accepted_total")
+    s = raw_socket(url, "127.0.0.5")
+    s.settimeout(30)
+    f = s.makefile("rb")
+    completion = json.dumps({"model": model, "prompt": "Sort the digits.", "max_tokens": 3}).encode()
+    chat = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
+    requests = [b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+                POST + b"Content-Length: %d\r\n\r\n%s" % (len(completion), completion),
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(chat), chat),
+                POST + b"Content-Length: 6\r\n\r\n[1, 2]",
+                b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"]
+    got = []
+    for r in requests:
+        s.sendall(r)
+        status, headers, _ = read_answer(f)
+        got.append((status, headers.get("connection")))
+    s.sendall(b"GET /he alth HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, body = read_answer(f)
+    got.append((status, headers.get("connection"), (openai_error(body) or {}).get("code")))
+    closed = f.read() == b""
+    s.close()
+    accepted = metric(url, "workbook_connections_accepted_total") - before  # this one and the metric's
+    want = [(200, "keep-alive"), (200, "keep-alive"), (200, "keep-alive"), (400, "keep-alive"), (200, "keep-alive"),
+            (400, "close", "invalid_request_line")]
+    return got == want and closed and accepted == 2, {"answers": got, "closed after": closed, "accepted": accepted}
+
+
+def connection_headers(url, model):
+    """an HTTP/1.1 answer keeps its connection (Connection: keep-alive); one the request asks to
+    close (Connection: close), or a refused head's, says close and ends it; HTTP/1.0's ends too"""
     chat = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     answers = {
         "health": request(url, "GET", "/health"),
@@ -342,19 +430,52 @@ def closing_answers(url, model):
         "a completion": request(url, "POST", "/v1/chat/completions", json.dumps(chat)),
         "a streamed completion": request(url, "POST", "/v1/chat/completions", json.dumps(dict(chat, stream=True))),
         "a refused body": request(url, "POST", "/v1/completions", "[1, 2]"),
-        "a refused head": request(url, "POST", "/v1/completions", "{}", {"Transfer-Encoding": "gzip"}),
     }
     wrong = {name: [status, headers.get("Connection")] for name, (status, headers, _) in answers.items()
-             if headers.get("Connection") != "close"}
+             if headers.get("Connection") != "keep-alive"}
+    body = json.dumps(chat).encode()
+    for name, data, status in (
+            ("Connection: close", b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 200),
+            ("Connection: close, a completion", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body), 200),
+            ("HTTP/1.0", b"GET /health HTTP/1.0\r\n\r\n", 200),
+            ("a refused head", POST + b"Transfer-Encoding: gzip\r\n\r\n", 501)):
+        t0 = time.time()
+        reply = exchange(url, data)  # until the server closes (5 s: it did not)
+        seconds = time.time() - t0
+        if not (reply.startswith(b"HTTP/1.1 %d" % status) and b"\r\nConnection: close\r\n" in reply and seconds < 4):
+            wrong[name] = [reply[:120].decode("utf-8", "replace"), f"{seconds:.1f} s"]
     return not wrong, wrong or list(answers)
+
+
+def expect_continue(url, model):
+    """a client that sends Expect: 100-continue gets the 100 after the head, then, the body sent,
+    its answer"""
+    body = json.dumps({"model": model, "prompt": "Sort the digits.", "max_tokens": 2}).encode()
+    s = raw_socket(url, "127.0.0.5")
+    s.sendall(POST + b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+    f = s.makefile("rb")
+    interim = f.readline() + f.readline()
+    s.sendall(body)
+    status, headers, data = read_answer(f)
+    s.close()
+    return interim == b"HTTP/1.1 100 Continue\r\n\r\n" and status == 200, {"interim": interim, "status": status}
+
+
+def idle_kept_alive(url):
+    """a connection kept alive after its answer, then idle: the deadline closes it as any idle one"""
+    s = raw_socket(url, "127.0.0.6")
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, _ = read_answer(s.makefile("rb"))
+    return s, (status, headers.get("connection"))
 
 
 def whole_answer_head(url, model):
     """a whole answer's head is sent with the answer, once it exists (the status can say how it
     went): a Content-Length, not chunks begun before the answer; a stream's begins at once"""
     body = json.dumps({"model": model, "prompt": "Sort the digits.", "max_tokens": 32, "temperature": 0})
-    reply = exchange(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(body), body.encode()))
+    reply = exchange(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body.encode()), timeout=TIMEOUT)  # the answer's time to generate
     head, _, data = reply.partition(b"\r\n\r\n")
     fields = {l.split(b":")[0].strip().lower(): l.split(b":", 1)[1].strip() for l in head.split(b"\r\n")[1:] if b":" in l}
     _, stream_head, _ = request(url, "POST", "/v1/completions", json.dumps(dict(json.loads(body), stream=True)))
@@ -454,11 +575,13 @@ def whole_answer_hang_up(url, model):
 
 
 def openai_checks(url, model):
-    """the official client: NotFoundError for an unknown model, models.retrieve, the usage chunk"""
+    """the official client: NotFoundError for an unknown model, models.retrieve, the usage chunk;
+    its connection pool reuses its connections (the server takes fewer than the requests)"""
     try:
         import openai
     except ImportError:
         return None
+    accepted = metric(url, "workbook_connections_accepted_total")
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     out = {}
     try:
@@ -467,12 +590,18 @@ def openai_checks(url, model):
     except openai.NotFoundError as e:
         out["not_found"] = (e.status_code, e.code)
     out["retrieve"] = client.models.retrieve(model).id
+    out["texts"] = [client.completions.create(model=model, prompt="Hi", max_tokens=2).choices[0].text for _ in range(3)]
+    # the stream last: this client closes a stream's connection at [DONE] without reading the end
+    # of its chunks (its async client reads it), so its next request would take a new connection
     chunks = list(client.chat.completions.create(model=model, max_tokens=4, temperature=0, stream=True,
                                                  stream_options={"include_usage": True},
                                                  messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]))
     out["usage"] = chunks[-1].usage.completion_tokens if chunks and chunks[-1].usage else None
     out["content"] = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
-    ok = out["not_found"] == (404, "model_not_found") and out["retrieve"] == model and out["usage"] == 4
+    # 6 requests on one connection; the connections taken meanwhile, this count's own among them
+    out["connections"] = metric(url, "workbook_connections_accepted_total") - accepted
+    ok = out["not_found"] == (404, "model_not_found") and out["retrieve"] == model and out["usage"] == 4 and \
+        len(out["texts"]) == 3 and out["connections"] <= 2
     return ok, out
 
 
@@ -496,8 +625,10 @@ def main():
     greedy = json.dumps({"model": model, "prompt": "Sort the digits.", "max_tokens": 8, "temperature": 0})
     reference = request(url, "POST", "/v1/completions", greedy)
 
-    # one client holds more connections than the server takes in all; a slow one trickles headers
+    # one client holds more connections than the server takes in all; a slow one trickles headers;
+    # one keeps its connection after an answer, idle
     t0 = time.time()
+    kept, kept_answer = idle_kept_alive(url)
     idle = hold_connections(url, 520, "127.0.0.1")
     stop = threading.Event()
     slow = slowloris(url, 40, "127.0.0.3", stop)
@@ -521,11 +652,14 @@ def main():
     seen = [r[3] for r in refused] + [detail["status"] for _, _, detail in heads]
     counted = {code: None if None in (counted_before[code], counted_after[code])
                else counted_after[code] - counted_before[code] for code in DOOR_CODES}
-    checks["/metrics counts the door's refusals by status"] = (
+    checks["/metrics counts the head checks' refusals by status"] = (
         all(seen.count(code) > 0 and counted[code] == seen.count(code) for code in DOOR_CODES),
         {"counted": counted, "answered": {code: seen.count(code) for code in DOOR_CODES}})
-    checks["a second request on a connection: never answered, the connection closed"] = guarded(second_requests, url, model)
-    checks["every answer says Connection: close"] = guarded(closing_answers, url, model)
+    checks["a second request on a connection: answered, or refused as a first would be"] = guarded(second_requests, url, model)
+    checks["pipelined requests answered in order"] = guarded(pipelined, url, model)
+    checks["one connection, several requests, then a malformed one"] = guarded(kept_alive, url, model)
+    checks["Connection: keep-alive, or close when asked (HTTP/1.0 too)"] = guarded(connection_headers, url, model)
+    checks["Expect: 100-continue"] = guarded(expect_continue, url, model)
     checks["a whole answer's head comes with it"] = guarded(whole_answer_head, url, model)
     checks["stream_options include_usage"] = guarded(include_usage, url, model)
     checks["GET /v1/models/{id}"] = guarded(models, url, model)
@@ -545,6 +679,8 @@ def main():
     stop.set()
     checks[f"idle and slow connections closed within {deadline + 3:.0f} s"] = (
         still_idle == 0 and still_slow == 0, {"idle_open": still_idle, "slow_open": still_slow})
+    checks[f"a kept-alive connection, idle, closed within {deadline + 3:.0f} s"] = (
+        kept_answer == (200, "keep-alive") and closed_by_server(kept), {"its answer": kept_answer})
     result = guarded(openai_checks, url, model)  # from 127.0.0.1, free again now
     if result is not None:
         checks["the openai package"] = result

@@ -175,7 +175,7 @@ def logprobs_checks(url, model, checks):
 
 
 def prompt_checks(url, model, checks):
-    """prompts as text, token ids, lists of one; echo"""
+    """prompts as text, token ids, lists of one; echo; bad prompts, alone or in a list"""
     ids = list(b"Count.")
     bias = {str(X): 100}
     for name, prompt in (("text", "Count."), ("token ids", ids), ("a list of one text", ["Count."]),
@@ -193,14 +193,43 @@ def prompt_checks(url, model, checks):
             checks[f"prompt as {name}, echo{', streamed' if stream else ''}"] = (got == want, {"got": got, "want": want})
     status, reply = ask(url, "completions", body("completions", model, prompt=ids, logit_bias=bias))
     checks["prompt as token ids, no echo"] = (status == 200 and reply["choices"][0]["text"] == "xxxxxx", reply)
-    for name, prompt in (("a token id past the vocabulary", [67, 257]), ("no token", []), ("two prompts", ["a", "b"]),
-                         ("two token lists", [[1], [2]]), ("a fraction", [67.5])):
+    for name, prompt in (("a token id past the vocabulary", [67, 257]), ("no token", []), ("a fraction", [67.5]),
+                         ("a list with an empty prompt", ["a", ""]), ("a list with a token list of none", [[1], []]),
+                         ("a list with a token id past the vocabulary", [[1], [2, 257]])):
         status, reply = ask(url, "completions", body("completions", model, prompt=prompt))
         err = reply.get("error", {}) if isinstance(reply, dict) else {}
         checks[f"prompt as {name}: 400"] = (status == 400 and err.get("param") == "prompt", reply)
     status, reply = ask(url, "completions", body("completions", model, echo=True, logprobs=1))
     err = reply.get("error", {}) if isinstance(reply, dict) else {}
     checks["echo with logprobs: 400"] = (status == 400 and err.get("param") == "echo", reply)
+
+
+def prompt_list_checks(url, model, checks):
+    """a list of prompts (texts, token-id lists): each prompt's n choices, answer p * n + c the
+    choice c of prompt p (OpenAI's order), streamed too; the usage counts each prompt once"""
+    bias = {str(X): 100}
+    texts = ["Count.", "Sort the digits 3141.", "Go"]
+    for name, prompts in (("texts", texts), ("token-id lists", [list(t.encode()) for t in texts])):
+        for stream in (False, True):
+            b = body("completions", model, prompt=prompts, n=2, echo=True, logit_bias=bias, max_tokens=3, stream=stream)
+            want = [(i, texts[i // 2] + "xxx") for i in range(6)]
+            if stream:
+                events = stream_events(url, "completions", b)
+                got = {}
+                for e in events:
+                    for c in e["choices"]:
+                        got[c["index"]] = got.get(c["index"], "") + c["text"]
+                got, usage = sorted(got.items()), None
+            else:
+                status, reply = ask(url, "completions", b)
+                got = [(c["index"], c["text"]) for c in reply["choices"]] if status == 200 else reply
+                usage = reply.get("usage", {}).get("prompt_tokens") if status == 200 else None
+            ok = got == want and (stream or usage == sum(len(t) for t in texts))
+            checks[f"prompt as a list of {len(texts)} {name}, n 2{', streamed' if stream else ''}"] = (
+                ok, {"got": got, "want": want, "usage.prompt_tokens": usage})
+    status, reply = ask(url, "completions", body("completions", model, prompt=["a"] * 9, n=8))
+    err = reply.get("error", {}) if isinstance(reply, dict) else {}
+    checks["9 prompts of 8 choices, over max_queue: 400"] = (status == 400 and err.get("param") == "prompt", reply)
 
 
 def choices_checks(url, model, checks):
@@ -253,6 +282,7 @@ def main():
 
     logprobs_checks(url, model, checks)
     prompt_checks(url, model, checks)
+    prompt_list_checks(url, model, checks)
     choices_checks(url, model, checks)
 
     # logit_bias: +100 makes a token the greedy choice; -100 keeps the greedy choice away

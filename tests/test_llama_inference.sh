@@ -81,7 +81,7 @@ model=(--config configs/inference.json "${llama[@]}" --tokens_to_generate=16)
 bounded 120 $STAGE_BIN/stage-6 "${model[@]}" --prompts_path="$tmp/requests.txt" --kv_cache=false --show_token_ids=true \
     >"$tmp/reqnocache.log" 2>&1
 # the greedy answers' text as the server writes it: the byte tokenizer's tokens are bytes, and a
-# byte that does not begin a valid character becomes U+FFFD (server.c's append_utf8)
+# byte that does not begin a valid character becomes U+FFFD (openai.c's append_utf8)
 python3 - "$tmp" <<'PY' >"$tmp/nocache.txt"
 import json, sys
 def text(b):

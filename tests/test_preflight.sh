@@ -59,7 +59,7 @@ rc=$?
 check '[ $rc -eq 0 ]' "make preflight failed (exit $rc): $(tail -n 5 "$tmp/make-preflight.log")"
 check '[ "$(python3 -c "import json; print(json.load(open(\"$ok/preflight.json\"))[\"fail\"])")" = 0 ]' \
     "make preflight reported failures: $(grep -E '^[^ ].* fail ' "$tmp/make-preflight.log")"
-for c in "library: cJSON" "library: oneDNN" "library: MPI" "library: libmicrohttpd" "mpi: init" \
+for c in "library: cJSON" "library: oneDNN" "library: MPI" "mpi: init" \
          "bandwidth: all-reduce" "bandwidth: all-gather" "disk: free space" "disk: write speed" \
          "model files: $tmp/session.json"; do
     expect "$ok" pass "$c"

@@ -8,13 +8,16 @@
 #    or raw), invalid UTF-8, bytes after the JSON, stop "", an unknown model (404 model_not_found),
 #    n, max_tokens, a prompt over the context, a body over 1 MiB, headers over 16 KiB, a
 #    Content-Length over 1 MiB; a full queue's 429 says Retry-After;
-#  - so does every request head libmicrohttpd would refuse with its own HTML page (or no answer),
-#    each on a new connection, with /health answered right after it: request lines and versions
-#    (505), header lines, Host, Content-Length, a body in chunks (411), another transfer coding
-#    (501), a request line (414) or headers (431) over 16 KiB, each counted by its status in
-#    /metrics (workbook_requests_total); a second request on a connection,
-#    right or malformed, sent before the first answer, is not answered: every answer says
-#    Connection: close and ends its connection, so each request comes through the door;
+#  - so does every malformed request head, each on a new connection, with /health answered
+#    right after it: request lines and versions (505), header lines, Host, Content-Length, a body
+#    in chunks (411), another transfer coding (501), a request line (414) or headers (431) over
+#    16 KiB, each counted by its status in /metrics (workbook_requests_total);
+#  - keep-alive: a connection carries request after request (raw sockets, and the openai
+#    package's pool: /metrics's workbook_connections_accepted_total grows less than the
+#    requests); pipelined requests are answered in order; a second request, right or malformed,
+#    is checked as a first (its error object, and the connection ends); Connection: close and
+#    HTTP/1.0 end the connection after the answer; an idle kept-alive connection is closed by the
+#    deadline; Expect: 100-continue gets its 100 before the body;
 #  - stream_options.include_usage sends the usage chunk; GET /v1/models/{id}; chat content as a
 #    list of text parts; clients that hang up free their slot and their place in the queue
 #    (/metrics); the server answers as before at the end;
@@ -29,7 +32,7 @@ source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 source tests/server_lib.sh
 export OMP_NUM_THREADS=1
-DEADLINE=10  # server.c's CLIENT_DEADLINE_S
+DEADLINE=10  # http.c's CLIENT_DEADLINE_S
 VENV=build/openai-venv  # tests/test_server.sh installs the openai package there
 python=python3
 "$VENV/bin/python" -c 'import openai' 2>/dev/null && python=$VENV/bin/python

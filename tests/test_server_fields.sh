@@ -6,6 +6,8 @@
 #    field; the same field with the value that asks for nothing (null, false, 1, []) is answered;
 #  - logit_bias, presence_penalty, frequency_penalty, repetition_penalty: greedy answers equal
 #    those computed from the definitions; stop_token_ids, ignore_eos, min_p; bad values refused;
+#  - a list of prompts (texts or token-id lists) with n 2: each answer in OpenAI's order (index
+#    prompt * n + choice), streamed or whole, the usage counting each prompt once;
 #  - usage.prompt_tokens_details.cached_tokens: the prefix cache's hit for each request, as
 #    /metrics counts it.
 source "$(dirname "$0")/lib.sh"

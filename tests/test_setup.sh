@@ -38,26 +38,26 @@ env PATH="$bin:$PATH" make --no-print-directory BACKEND=cpu setup SETUP_STAMP="$
 rc=$?; check '[ $rc -eq 0 ] && [ -e "$tmp/stamp" ] && [ ! -s "$tmp/make.out" ] && [ ! -e "$calls" ]' \
     "make setup with every package present: exit $rc, apt calls: $(cat "$calls" 2>/dev/null), output: $(cat "$tmp/make.out")"
 
-# ---- four packages missing (their headers), apt succeeds ----
+# ---- three packages missing (their headers), apt succeeds ----
 setup install CC="$bin/cc"
 rc=$?
 expected="setup: updating the package lists (apt-get update) ... done
-setup: installing libcjson-dev libmicrohttpd-dev libdnnl-dev libopenmpi-dev ... done"
+setup: installing libcjson-dev libdnnl-dev libopenmpi-dev ... done"
 check '[ $rc -eq 0 ] && [ "$(cat "$tmp/install.out")" = "$expected" ]' "installing: exit $rc, output: $(cat "$tmp/install.out")"
-check 'grep -q "apt noise" "$tmp/install.log" && grep -q "^install -y --no-install-recommends libcjson-dev libmicrohttpd-dev libdnnl-dev libopenmpi-dev$" "$calls"' \
+check 'grep -q "apt noise" "$tmp/install.log" && grep -q "^install -y --no-install-recommends libcjson-dev libdnnl-dev libopenmpi-dev$" "$calls"' \
     "apt's output is not in the log, or the install call differs: $(cat "$calls")"
 
 # ---- apt fails: its last lines, exit 1 ----
 rm -f "$tmp/installed"
 setup fail CC="$bin/cc" FAKE_APT_FAIL=1
 rc=$?
-check '[ $rc -eq 1 ] && grep -q "^setup: installing libcjson-dev libmicrohttpd-dev libdnnl-dev libopenmpi-dev ... failed$" "$tmp/fail.out" && grep -q "E: Unable to locate package libdnnl-dev" "$tmp/fail.out"' \
+check '[ $rc -eq 1 ] && grep -q "^setup: installing libcjson-dev libdnnl-dev libopenmpi-dev ... failed$" "$tmp/fail.out" && grep -q "E: Unable to locate package libdnnl-dev" "$tmp/fail.out"' \
     "apt failing: exit $rc, output: $(cat "$tmp/fail.out")"
 
 # ---- apt succeeds but the headers are still not there ----
 setup noop CC="$bin/cc" FAKE_APT_NOOP=1
 rc=$?
-check '[ $rc -eq 1 ] && grep -q "still missing after apt-get install: libcjson-dev libmicrohttpd-dev libdnnl-dev libopenmpi-dev" "$tmp/noop.out"' \
+check '[ $rc -eq 1 ] && grep -q "still missing after apt-get install: libcjson-dev libdnnl-dev libopenmpi-dev" "$tmp/noop.out"' \
     "packages still missing after apt: exit $rc, output: $(cat "$tmp/noop.out")"
 
 # ---- a renewed stamp leaves the objects up to date (they need it first, not newer) ----

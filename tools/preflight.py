@@ -5,7 +5,7 @@ arrives (`make preflight` on a laptop, `sbatch slurm/preflight.sh` on a cluster)
 Each check ends pass, fail or skipped (with the reason), with what it measured and what it
 expected; a failed one says what to do next. The checks:
   toolchain and libraries  the compilers, and a small program linked against each library the
-                           build uses (cJSON, oneDNN, MPI, libmicrohttpd; cudart, cuBLAS and NCCL
+                           build uses (cJSON, oneDNN, MPI; cudart, cuBLAS and NCCL
                            on the CUDA backend), run to print its version; on every node
   GPUs                     visible per node against the ranks per node, and their memory against
                            the planner's need (build/plan --json) for each config; CUDA only
@@ -105,9 +105,6 @@ LIBRARY_PROBES = {
     "oneDNN": ("CC", "#include <stdio.h>\n#include <dnnl.h>\n"
                "int main(void) { const dnnl_version_t *v = dnnl_version();\n"
                "  printf(\"%d.%d.%d\\n\", v->major, v->minor, v->patch); return 0; }\n", ["-ldnnl"]),
-    "libmicrohttpd": ("CC", "#include <stdio.h>\n#include <stdint.h>\n#include <sys/types.h>\n"
-                      "#include <sys/socket.h>\n#include <microhttpd.h>\n"
-                      "int main(void) { puts(MHD_get_version()); return 0; }\n", ["-lmicrohttpd"]),
     "MPI": ("MPICC", "#include <stdio.h>\n#include <string.h>\n#include <mpi.h>\n"
             "int main(void) { char v[MPI_MAX_LIBRARY_VERSION_STRING]; int n;\n"
             "  MPI_Get_library_version(v, &n); *strchrnul(v, '\\n') = 0; puts(v); return 0; }\n", []),

@@ -29,7 +29,7 @@ typedef struct {
 
 enum { BOTH = API_COMPLETIONS | API_CHAT };
 
-// The honoured fields are read by server.c (read_prompt, read_sampling, read_max_tokens, ...);
+// The honoured fields are read by openai.c (read_prompt, read_sampling, read_max_tokens, ...);
 // `user` is OpenAI's end-user id for its abuse monitoring, which changes no answer there either.
 static const Field FIELDS[] = {
     {"model", BOTH, NULL, NULL},

@@ -1,5 +1,7 @@
 // buf.c: the server's growable byte buffer (scheduler.h's Buf), which the HTTP side, the
 // scheduler and the chat templates append to
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,4 +18,13 @@ void buf_append(Buf *b, const char *s, size_t n) {
     memcpy(b->p + b->len, s, n);
     b->len += n;
     b->p[b->len] = '\0';
+}
+
+void buf_printf(Buf *b, const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }

@@ -55,7 +55,7 @@ void request_record_logprobs(Job *j, const float *logprobs, int V, int token) {
 
 void request_adjust_logits(const Job *j, float *logits, int *counts) {
     for (int i = 0; i < j->n_bias; i++)
-        logits[j->bias_ids[i]] += j->bias[i];  // ids below V: server.c checks them
+        logits[j->bias_ids[i]] += j->bias[i];  // ids below V: openai.c checks them
     if (j->repetition_penalty != 1.0f) repetition_penalty(j, logits, counts);
     if (j->presence_penalty != 0.0f || j->frequency_penalty != 0.0f) answer_penalties(j, logits, counts);
 }

@@ -1,5 +1,5 @@
 // scheduler.c: continuous batching over the paged KV cache (the server's engine; the HTTP side
-// is server.c, what the two share scheduler.h).
+// is http.c, what the two share scheduler.h).
 //
 // The cache is a pool of blocks (kv_cache.h, block_pool.h); each running job holds the blocks its
 // positions lie in, listed in its block table. Rank 0's main thread loops over steps:
@@ -19,8 +19,8 @@
 // sampling settings and stop conditions; a request is admitted when the blocks of its text fit,
 // not when a whole context's slot is free, and never fails for blocks that will free up (the
 // pool holds a whole context at least: kv_model.c). The loop never waits for a client: it
-// appends tokens to the job under the lock and wakes server.c's waker thread, which resumes the
-// job's connection; libmicrohttpd writes it at the client's pace.
+// appends tokens to the job under the lock and wakes http.c's waker thread, which has the
+// polling thread write them to the job's connection at the client's pace.
 //
 // Tensor parallelism: each step is a plan (its rows' tokens and positions, the rows' block
 // tables) that rank 0 broadcasts and every rank of the [x, y, 1] grid runs; the logits are whole

@@ -1,7 +1,7 @@
-// scheduler.h: what the HTTP layer (server.c) and the scheduler (scheduler.c) share: a request as
+// scheduler.h: what the HTTP layer (http.c, openai.c) and the scheduler (scheduler.c) share: a request as
 // a Job, and the queue and the KV cache's slots that jobs wait in and run in, under one lock.
 //
-//   libmicrohttpd's polling thread (server.c)            rank 0's main thread (scheduler.c)
+//   the polling thread (http.c, openai.c)                rank 0's main thread (scheduler.c)
 //   parse a request into a Job, enqueue it    ------>    admit jobs whose cache blocks fit, run the steps,
 //   write its tokens as they come             <------    append each token to its job, broadcast
 //                                                        `progress`
@@ -27,6 +27,8 @@ typedef struct {
 } Buf;
 
 void buf_append(Buf *b, const char *s, size_t n);
+// appends the text printf makes of fmt (up to 511 bytes)
+void buf_printf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 enum { FINISH_NONE, FINISH_STOP, FINISH_LENGTH };
 enum { MAX_STOPS = 4 };
@@ -75,9 +77,9 @@ typedef struct Job {
     bool done_written, echo_written;
 } Job;
 
-// ---- metrics (served in Prometheus's text format by server.c) ----------------------------------
+// ---- metrics (served in Prometheus's text format by metrics.c) ----------------------------------
 
-enum { N_BUCKETS = 11, N_CODES = 12 };  // server.c's TTFT_BUCKETS and TPOT_BUCKETS; STATUS_CODES
+enum { N_BUCKETS = 11, N_CODES = 12 };  // metrics.c's TTFT_BUCKETS and TPOT_BUCKETS; STATUS_CODES
 
 typedef struct {
     const double *le;
@@ -87,7 +89,8 @@ typedef struct {
 } Histogram;
 
 typedef struct {
-    long requests[N_CODES];  // by HTTP status (server.c)
+    long requests[N_CODES];  // by HTTP status (metrics.c's count_status)
+    long connections_accepted;  // connections the server took (http.c): fewer than requests when kept alive
     long prompt_tokens, generated_tokens;
     Histogram ttft, tpot;    // time to first token, time per output token (scheduler.c)
     // the paged KV cache (scheduler.c)
@@ -119,7 +122,7 @@ typedef struct {
     ServerMetrics metrics;
 } Server;
 
-// drops one of a job's two references (the lock held); the last frees it (server.c)
+// drops one of a job's two references (the lock held); the last frees it (openai.c)
 void job_release(Server *s, Job *j);
 // the absolute time `seconds` from now, for pthread_cond_timedwait
 struct timespec deadline_in(double seconds);

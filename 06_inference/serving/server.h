@@ -1,6 +1,6 @@
 // server.h: stage 06 behind an OpenAI-compatible HTTP endpoint (--serve=true), with continuous
 // batching over the KV cache's slots and the same tensor-parallel grid as generation. See
-// server.c (HTTP), scheduler.c (continuous batching) and README.md ("Serving").
+// server.c, http.c (HTTP), openai.c (its JSON), scheduler.c (continuous batching) and README.md ("Serving").
 #ifndef SERVER_H
 #define SERVER_H
 
