@@ -11,6 +11,7 @@ A mutation names a snippet of code, not a file and a line, so that the list surv
 moved between files: the snippet must occur exactly once in the tree's sources (*.c, *.h, *.cu,
 *.py, and *.sh: the test harness's own bugs), else the mutation is reported as an error. tests/mutations.txt says how to write one.
 """
+import itertools
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = (".c", ".h", ".cu", ".py", ".sh")  # the tools in Python (the exercise grader) and the test harness too
 TEST_TIMEOUT = 3600  # a hung test ends; a slow one (a loaded machine) does not
+RUNS = itertools.count()  # each run's tag apart
 
 
 def unescape(text):
@@ -108,11 +110,27 @@ def locate(tree, snippet):
 
 
 def run(cmd, cwd, log, timeout):
-    try:
-        with open(log, "a") as out:
-            return subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        return 124
+    """cmd's exit status, 124 when it ran past timeout. It runs under a tag of its own (tests/lib.sh's
+    TEST_PROCESS_TAG): however it ends, whatever still carries the tag is ended (end_test_processes:
+    SIGTERM, so that a test's EXIT trap runs, then SIGKILL), not only the test's own shell."""
+    tag = f"mutations-{os.getpid()}-{next(RUNS)}"
+    with open(log, "a") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, TEST_PROCESS_TAG=tag))
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return 124
+        finally:
+            end_tagged(tag)
+            proc.wait()
+
+
+def end_tagged(tag):
+    """tests/lib.sh's end_test_processes for tag, run from a shell that does not carry it"""
+    env = {k: v for k, v in os.environ.items() if k != "TEST_PROCESS_TAG"}
+    subprocess.run(["bash", "-c", 'source tests/lib.sh && end_test_processes "$1"', "end_tagged", tag],
+                   cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
 
 def test_program(tree, name):

@@ -5,7 +5,8 @@
 #    tests' summaries and checks made to pass, its check scripts made to exit 0, its catalogue's
 #    tolerances widened, the answer-key-free calc_check.py made to exit 0, and its exercise's file
 #    dated before the build (stale objects); grading takes only the exercise's part, so none of it
-#    counts. Exercises are graded two at a time, side by side;
+#    counts. All 60 hand-ins go to one grader, three trees at a time; the solutions share one tree
+#    (the workbook's), where a check run by several exercises runs once;
 #  - an answer that calls exit(0) scores 0 with a reason that names the missing summary line;
 #  - a calculation with one key of three wrong earns its points for the other two;
 #  - a GPU check is reported blocked, apart from the points earnable here;
@@ -31,11 +32,6 @@ make -j2 --no-print-directory BACKEND=cpu $(python3 -c "import json; print(' '.j
 
 # field <grade.json> <key>: earned, earnable, blocked ... of a grade
 field() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
-failures() { python3 -c "
-import json, sys
-for c in json.load(open(sys.argv[1]))['checks']:
-    if c['result'] != 'passed': print('   ', c['check'], '->', c['result'], '|', ' / '.join(c['why'][:3]))
-" "$1"; }
 file_of() { python3 -c "import json, sys; print(next(e['file'] for e in json.load(open('exercises/catalogue.json'))['exercises'] if e['id'] == sys.argv[1]))" "$1"; }
 # first_why <grade.json>: the result and the first reason of its first check
 first_why() { python3 -c "
@@ -69,37 +65,52 @@ tamper() { # tamper <copy> <exercise's file>
 }
 export -f tamper
 
-# one exercise: the workbook's own code (a calculation: a copy with the right numbers), then its
-# starter, tampered; each grade's JSON in $tmp
-grade_pair() { # grade_pair <id>
+# one exercise's hand-ins: its starter, tampered, and for a calculation a copy with the right numbers
+# (the workbook's own code is handed in as the workbook itself)
+start_copies() { # start_copies <id>
     local id=$1 kind file
     read -r kind file < <(python3 -c "import json, sys; e = next(e for e in json.load(open('exercises/catalogue.json'))['exercises'] if e['id'] == sys.argv[1]); print(e['kind'], e['file'])" "$id")
     if [ "$kind" = calculation ]; then
         python3 tools/exercise.py start "$id" --state solution --dir "$base/solution-$id" >/dev/null
-        python3 tools/exercise.py grade --dir "$base/solution-$id" --json "$tmp/solution-$id.json" >"$tmp/solution-$id.log" 2>&1
-    else
-        python3 tools/exercise.py grade --dir . --as "$id" --json "$tmp/solution-$id.json" >"$tmp/solution-$id.log" 2>&1
     fi
     python3 tools/exercise.py start "$id" --dir "$base/$id" >/dev/null
     tamper "$base/$id" "$file"
-    python3 tools/exercise.py grade --dir "$base/$id" --json "$tmp/starter-$id.json" >"$tmp/starter-$id.log" 2>&1
-    if [ "$kind" != calculation ]; then rm -rf "${base:?}/$id"; fi
 }
-export -f grade_pair
-export base tmp
+export -f start_copies
+export base
 
 start=$SECONDS
-printf '%s\n' $ids | xargs -P 2 -I{} bash -c 'grade_pair {}'
-for id in $ids; do
-    s=$tmp/solution-$id.json
-    check '[ -f "$s" ] && [ "$(field "$s" earned)" -eq "$(field "$s" earnable)" ] && [ "$(field "$s" earned)" -gt 0 ]' \
-        "$id: the workbook's own code scores $(field "$s" earned) of $(field "$s" earnable) points earnable here:
-$(failures "$s")"
-    s=$tmp/starter-$id.json
-    check '[ -f "$s" ] && [ "$(field "$s" earned)" = 0 ]' \
-        "$id: its starter, in a copy that grades itself, scores $(field "$s" earned) points; grading ran the copy's own tests or build"
-done
-echo "every exercise's solution and tampered starter, two at a time: $((SECONDS - start)) s"
+printf '%s\n' $ids | xargs -P 2 -I{} bash -c 'start_copies {}'
+# every hand-in graded by one grader, three trees at a time: the 30 solutions make one tree (the
+# workbook's), where a check shared by exercises runs once; each grade's JSON in $tmp, and one
+# line per exercise in $tmp/grades.tsv: its solution's earned and earnable points, its starter's
+bounded 800 python3 - "$base" "$tmp" $ids <<'PY'
+import json, os, sys
+sys.path.insert(0, "tools")
+import exercise
+base, tmp, ids = sys.argv[1], sys.argv[2], sys.argv[3:]
+cat = exercise.load_catalogue()
+solutions = [(i, os.path.join(base, "solution-" + i) if cat[i]["kind"] == "calculation" else exercise.ROOT) for i in ids]
+starters = [(i, os.path.join(base, i)) for i in ids]
+graded = exercise.grade_side_by_side(cat, solutions + starters, jobs=3)
+with open(os.path.join(tmp, "grades.tsv"), "w") as tsv:
+    for n, i in enumerate(ids):
+        mine = {"solution": exercise.rubric(graded[n]), "starter": exercise.rubric(graded[len(ids) + n])}
+        for state, grade in mine.items():
+            json.dump(grade, open(os.path.join(tmp, f"{state}-{i}.json"), "w"), indent=2)
+        failing = " / ".join(f"{c['check']} -> {c['result']}: {' '.join(c['why'][:3])}"
+                             for c in mine["solution"]["checks"] if c["result"] != "passed")
+        print(i, mine["solution"]["earned"], mine["solution"]["earnable"], mine["starter"]["earned"], failing,
+              sep="\t", file=tsv)
+PY
+while IFS=$'\t' read -r id earned earnable starter failing; do
+    check '[ "$earned" -eq "$earnable" ] && [ "$earned" -gt 0 ]' \
+        "$id: the workbook's own code scores $earned of $earnable points earnable here: $failing"
+    check '[ "$starter" = 0 ]' \
+        "$id: its starter, in a copy that grades itself, scores $starter points; grading ran the copy's own tests or build"
+done <"$tmp/grades.tsv"
+check '[ "$(wc -l <"$tmp/grades.tsv")" -eq "$(wc -w <<<"$ids")" ]' "$(wc -l <"$tmp/grades.tsv") of the exercises graded"
+echo "every exercise's solution and tampered starter, three trees at a time: $((SECONDS - start)) s"
 
 # blocked points stand apart: adamw-update's GPU check
 s=$tmp/solution-adamw-update.json

@@ -4,10 +4,10 @@
 # (it listens, takes no connection and ignores SIGTERM and SIGINT), a helper waiting for its
 # answer, and three MPI ranks of which one spins deaf to SIGTERM and SIGINT while the others wait.
 # It is stopped as run.sh's TEST_TIMEOUT stops a test (also when the test's shell ignores
-# SIGTERM, so that only run.sh's SIGKILL stops it), by a Ctrl-C on run.sh, and by a Ctrl-C on
-# the test run alone; each time no process of it may be left 15 s after the stop began, nor when
-# run.sh starts the next test. The planted processes are found by their command lines (they all
-# name this test's $tmp), not by the harness's own tag.
+# SIGTERM, so that only run.sh's SIGKILL stops it), by a Ctrl-C on run.sh, by a Ctrl-C on the
+# test run alone, and at tests/mutations.py's own time limit; each time no process of it may be
+# left 15 s after the stop began, nor when run.sh starts the next test. The planted processes are
+# found by their command lines (they all name this test's $tmp), not by the harness's own tag.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 bin=$tmp/bin suite=$tmp/suite
@@ -130,5 +130,18 @@ wait_hung
 stop=$EPOCHREALTIME
 kill -INT -- -"$runner"
 expect_none_left "$stop"
+
+# tests/mutations.py's own time limit on a test: the test is ended with all it started, as run.sh's
+scenario="a mutation's test past its time limit (tests/mutations.py)"
+start=$EPOCHREALTIME
+timeout --kill-after=5 120 python3 -c 'import sys; sys.path.insert(0, "tests"); import mutations
+sys.exit(mutations.run(["bash", sys.argv[1]], ".", sys.argv[2], int(sys.argv[3])))' \
+    "$suite/test_victim1.sh" "$tmp/mutation.log" "$limit" &
+runner=$!
+wait_hung
+wait $runner
+rc=$?
+check '[ $rc -eq 124 ]' "$scenario: exit $rc, want 124 (stopped at its limit): $(tail -3 "$tmp/mutation.log")"
+expect_none_left "$(awk -v s="$start" -v l="$limit" 'BEGIN { printf "%.6f", s + l }')"
 
 finish test_harness

@@ -241,15 +241,19 @@ def source_files(root):
     return [p for p in files if not p.startswith("work/") and os.path.isfile(os.path.join(root, p))]
 
 
-def workbook_tree(dest, with_build):
-    """dest becomes a copy of the workbook's files and, times kept, its build (no oracle venvs)."""
+def workbook_tree(dest, with_build, with_cuda=True):
+    """dest becomes a copy of the workbook's files and, times kept, its build (no oracle venvs;
+    without build/cuda unless with_cuda)."""
     for rel in source_files(ROOT):
         dst = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, rel), dst, follow_symlinks=False)
     if with_build and os.path.isdir(os.path.join(ROOT, "build")):
-        shutil.copytree(os.path.join(ROOT, "build"), os.path.join(dest, "build"), symlinks=True,
-                        ignore=shutil.ignore_patterns("*-venv"))
+        build = os.path.join(ROOT, "build")
+        venvs = shutil.ignore_patterns("*-venv")
+        cuda = set() if with_cuda else {"cuda"}
+        shutil.copytree(build, os.path.join(dest, "build"), symlinks=True,
+                        ignore=lambda d, names: venvs(d, names) | (cuda if d == build else set()))
 
 
 def packed_tree(ex_id, dest):
@@ -473,8 +477,8 @@ def verdict(chk, rc, output, touched):
     return 0, "failed", [f"exit status {rc}"] + why_lines(output)
 
 
-def check_outside(before):
-    after = snapshot()
+def written_between(before, after):
+    """The files of the workbook's tree (outside work/) that differ between two snapshots."""
     return [p for p in set(before) | set(after) if before.get(p) != after.get(p)]
 
 
@@ -488,9 +492,9 @@ def make_targets(targets, tree):
     return ["build failed" if rc is not None else f"build timed out after {BUILD_LIMIT_S} s"] + why_lines(out)
 
 
-def grading_tree(ex):
-    """A fresh tree for one grading: the workbook's (or the pack's starter tree, with the build of
-    its last grading)."""
+def grading_tree(ex, gpu):
+    """A fresh tree for one grading: the workbook's, its CUDA build only where a GPU can run it (or
+    the pack's starter tree, with the build of its last grading)."""
     os.makedirs(GRADING, exist_ok=True)
     tree = tempfile.mkdtemp(prefix=ex["id"] + "-", dir=GRADING)
     if in_pack():
@@ -499,7 +503,7 @@ def grading_tree(ex):
         if os.path.isdir(cache):
             shutil.copytree(cache, os.path.join(tree, "build"), symlinks=True)
     else:
-        workbook_tree(tree, with_build=True)
+        workbook_tree(tree, with_build=True, with_cuda=gpu)
     return tree
 
 
@@ -512,42 +516,103 @@ def keep_build(ex, tree):
         shutil.move(os.path.join(tree, "build"), cache)
 
 
-def grade_one(ex, copy, gpu):
-    """The rows of one hand-in: its part of the exercise, put into a fresh tree, checked there."""
-    rows = [{"exercise": ex["id"], "check": c["name"], "points": c["points"]} for c in ex["checks"]]
-    try:
-        part = learner_part(copy, ex)
-    except NoPart as e:
-        for row in rows:
-            row.update(earned=0, result="failed", why=[f"nothing to grade: {e}"])
-        return rows
-    tree = grading_tree(ex)
-    try:
-        put_part(tree, ex, part)
-        why_build = make_targets(ex.get("build", []), tree)
+def tree_key(ex, part):
+    """What a grading tree holds that the others may not: hand-ins with the same key make the same
+    tree and are graded in one. In the workbook, the hand-in's file as grading writes it (None
+    when that is the workbook's own: every exercise's solution makes the workbook's tree); in a
+    pack, the exercise's own starter tree with the part."""
+    if in_pack():
+        return ex["id"], part
+    if ex["kind"] == "calculation":
+        return ex["file"], part
+    text = open(os.path.join(ROOT, ex["file"])).read()
+    start, end = locate(text, ex)
+    spliced = text[:start] + part + text[end:]
+    return None if spliced == text else (ex["file"], spliced)
+
+
+class SharedTree:
+    """One fresh grading tree for the hand-ins of one tree_key: built once, each check's command
+    run in it once and its result shared by every hand-in whose check runs that command."""
+
+    def __init__(self, ex, part, gpu):
+        self.ex = ex
+        self.path = grading_tree(ex, gpu)
+        self.ran = {}  # (command, time limit) -> (rc, output, files written outside the tree)
+        self.seen = None  # the workbook's snapshot after the last check (only make ran since, in the tree)
+        try:
+            put_part(self.path, ex, part)
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+
+    def run_check(self, chk):
+        key = (chk["command"], chk["time_limit_s"])
+        if key not in self.ran:
+            before = self.seen or snapshot()
+            rc, out = run_command(chk["command"], self.path, chk["time_limit_s"])
+            self.seen = snapshot()
+            self.ran[key] = rc, out, written_between(before, self.seen)
+        return self.ran[key]
+
+    def grade(self, ex, gpu):
+        """The rows of one hand-in of this tree's key."""
+        rows = new_rows(ex)
+        why_build = make_targets(ex.get("build", []), self.path)
         for chk, row in zip(ex["checks"], rows):
             if chk.get("needs_gpu") and not gpu:
                 row.update(earned=0, result="blocked", why=["needs a GPU; none is visible here"])
             elif why_build:
                 row.update(earned=0, result="failed", why=why_build)
             else:
-                before = snapshot()
-                rc, out = run_command(chk["command"], tree, chk["time_limit_s"])
-                earned, result, why = verdict(chk, rc, out, check_outside(before))
+                earned, result, why = verdict(chk, *self.run_check(chk))
                 row.update(earned=earned, result=result, why=why)
-        keep_build(ex, tree)
+        return rows
+
+    def close(self):
+        keep_build(self.ex, self.path)
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def new_rows(ex):
+    return [{"exercise": ex["id"], "check": c["name"], "points": c["points"]} for c in ex["checks"]]
+
+
+def grade_in_one_tree(handins, gpu):
+    """The rows of each (exercise, part) of one tree_key, graded one after the other in one tree."""
+    tree = None
+    try:
+        tree = SharedTree(*handins[0], gpu)
+        return [tree.grade(ex, gpu) for ex, _ in handins]
     finally:
-        shutil.rmtree(tree, ignore_errors=True)
-    return rows
+        if tree:
+            tree.close()
 
 
 def grade_side_by_side(cat, handins, jobs):
-    """Grades [(exercise id, copy)] with up to `jobs` at once; the rows of each, in order."""
+    """Grades [(exercise id, copy)], up to `jobs` trees at once; the rows of each, in order. Each
+    hand-in's part is taken first: those that make the same tree share one (tree_key)."""
     gpu = has_gpu()
+    graded = [None] * len(handins)
+    by_tree = {}
+    for i, (ex_id, copy) in enumerate(handins):
+        ex = cat[ex_id]
+        try:
+            part = learner_part(copy, ex)
+        except NoPart as e:
+            graded[i] = [dict(row, earned=0, result="failed", why=[f"nothing to grade: {e}"]) for row in new_rows(ex)]
+            continue
+        by_tree.setdefault(tree_key(ex, part), []).append((i, ex, part))
     # the workbook's build is not made here: its phony targets would be rewritten under the checks
-    # of other gradings; a grading tree's own make rebuilds whatever of it is stale
+    # of other gradings; a grading tree's own make rebuilds whatever of it is stale. The trees with
+    # the most hand-ins start first, so that none of them is left to run alone at the end.
+    groups = sorted(by_tree.values(), key=len, reverse=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda h: grade_one(cat[h[0]], h[1], gpu), handins))
+        done = pool.map(lambda g: grade_in_one_tree([(ex, part) for _, ex, part in g], gpu), groups)
+        for group, rows in zip(groups, done):
+            for (i, _, _), mine in zip(group, rows):
+                graded[i] = mine
+    return graded
 
 
 def print_table(rows):
