@@ -83,7 +83,8 @@ start=$SECONDS
 printf '%s\n' $ids | xargs -P 2 -I{} bash -c 'start_copies {}'
 # every hand-in graded by one grader, three trees at a time: the 30 solutions make one tree (the
 # workbook's), where a check shared by exercises runs once; each grade's JSON in $tmp, and one
-# line per exercise in $tmp/grades.tsv: its solution's earned and earnable points, its starter's
+# line per exercise in $tmp/grades.tsv: its solution's earned and earnable points, its starter's, and
+# whether the starter builds
 bounded 800 python3 - "$base" "$tmp" $ids <<'PY'
 import json, os, sys
 sys.path.insert(0, "tools")
@@ -100,14 +101,18 @@ with open(os.path.join(tmp, "grades.tsv"), "w") as tsv:
             json.dump(grade, open(os.path.join(tmp, f"{state}-{i}.json"), "w"), indent=2)
         failing = " / ".join(f"{c['check']} -> {c['result']}: {' '.join(c['why'][:3])}"
                              for c in mine["solution"]["checks"] if c["result"] != "passed")
-        print(i, mine["solution"]["earned"], mine["solution"]["earnable"], mine["starter"]["earned"], failing,
+        builds = "no" if any(c["why"][:1] and c["why"][0].startswith("build failed") for c in mine["starter"]["checks"]) \
+            else "yes"
+        print(i, mine["solution"]["earned"], mine["solution"]["earnable"], mine["starter"]["earned"], builds, failing,
               sep="\t", file=tsv)
 PY
-while IFS=$'\t' read -r id earned earnable starter failing; do
+while IFS=$'\t' read -r id earned earnable starter builds failing; do
     check '[ "$earned" -eq "$earnable" ] && [ "$earned" -gt 0 ]' \
         "$id: the workbook's own code scores $earned of $earnable points earnable here: $failing"
     check '[ "$starter" = 0 ]' \
         "$id: its starter, in a copy that grades itself, scores $starter points; grading ran the copy's own tests or build"
+    # a starter fails on its checks, not on the compiler: a learner's copy builds before any answer
+    check '[ "$builds" = yes ]' "$id: its starter does not build: $(first_why "$tmp/starter-$id.json")"
 done <"$tmp/grades.tsv"
 check '[ "$(wc -l <"$tmp/grades.tsv")" -eq "$(wc -w <<<"$ids")" ]' "$(wc -l <"$tmp/grades.tsv") of the exercises graded"
 echo "every exercise's solution and tampered starter, three trees at a time: $((SECONDS - start)) s"
