@@ -728,6 +728,21 @@ KERNEL_FN float fp8_group_scale(float amax, Fp8Format f, int mx) {
     return mx ? 1.0f / e8m0_to_float(mx_scale_e8m0(amax, f)) : fp8_scale_pow2(amax, f);
 }
 
+// One group of cast_to_fp8_grid_grouped, `len` elements `stride` apart from `first`: its amax,
+// its scale, each element onto the grid; adds the values it saturates and flushes to zero.
+KERNEL_FN void fp8_cast_group(uint16_t *out, const float *in, size_t first, size_t stride, int len, Fp8Format f,
+                              int mx, unsigned long long *saturated, unsigned long long *flushed) {
+    float amax = 0.0f;
+    for (int i = 0; i < len; i++) amax = fmaxf(amax, fabsf(in[first + i * stride]));
+    float scale = fp8_group_scale(amax, f, mx);
+    for (int i = 0; i < len; i++) {
+        size_t at = first + i * stride;
+        out[at] = fp8_grid_element(in[at], f, scale);
+        *saturated += fp8_saturates(in[at], f, scale);
+        *flushed += fp8_flushes(in[at], out[at]);
+    }
+}
+
 // Muon's momentum, one element, as torch's lerp writes it (start + weight x (end - start)): the
 // momentum moves toward the gradient by 1 - beta; the update is the gradient moved toward the new
 // momentum by beta (Nesterov: a look ahead), or the momentum itself. Returns the update.

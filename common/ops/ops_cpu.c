@@ -1243,15 +1243,7 @@ void cast_to_fp8_grid_grouped(half16 *out, const float *in, int rows, int cols, 
     for (long g = 0; g < groups; g++) {
         int start = (int)(g % per_line) * group, len = line_len - start < group ? line_len - start : group;
         size_t first = (size_t)(g / per_line) * line_step + (size_t)start * stride;
-        float amax = 0.0f;
-        for (int i = 0; i < len; i++) amax = fmaxf(amax, fabsf(in[first + i * stride]));
-        float scale = fp8_group_scale(amax, format, mx);
-        for (int i = 0; i < len; i++) {
-            size_t at = first + i * stride;
-            out[at] = fp8_grid_element(in[at], format, scale);
-            saturated += fp8_saturates(in[at], format, scale);
-            flushed += fp8_flushes(in[at], out[at]);
-        }
+        fp8_cast_group(out, in, first, stride, len, format, mx, &saturated, &flushed);
     }
     if (clips) clips[FP8_SATURATED] += saturated, clips[FP8_FLUSHED] += flushed;
     trace_op_end("cast_to_fp8_grid_grouped", m0, 8.0 * rows * cols, 0, NULL);

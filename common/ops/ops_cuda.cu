@@ -973,15 +973,7 @@ static __global__ void cast_to_fp8_grid_grouped_kernel(half16 *out, const float 
     GRID_STRIDE(g, (size_t)groups) {
         int start = (int)(g % per_line) * group, len = line_len - start < group ? line_len - start : group;
         size_t first = (size_t)(g / per_line) * line_step + (size_t)start * stride;
-        float amax = 0.0f;
-        for (int i = 0; i < len; i++) amax = fmaxf(amax, fabsf(in[first + i * stride]));
-        float scale = fp8_group_scale(amax, format, mx);
-        for (int i = 0; i < len; i++) {
-            size_t at = first + i * stride;
-            out[at] = fp8_grid_element(in[at], format, scale);
-            saturated += fp8_saturates(in[at], format, scale);
-            flushed += fp8_flushes(in[at], out[at]);
-        }
+        fp8_cast_group(out, in, first, stride, len, format, mx, &saturated, &flushed);
     }
     add_fp8_clips(clips, saturated, flushed);
 }
