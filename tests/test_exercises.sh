@@ -81,7 +81,7 @@ export base
 
 start=$SECONDS
 printf '%s\n' $ids | xargs -P 2 -I{} bash -c 'start_copies {}'
-# every hand-in graded by one grader, three trees at a time: the 30 solutions make one tree (the
+# every hand-in graded by one grader, three trees at a time: the solutions make one tree (the
 # workbook's), where a check shared by exercises runs once; each grade's JSON in $tmp, and one
 # line per exercise in $tmp/grades.tsv: its solution's earned and earnable points, its starter's, and
 # whether the starter builds
