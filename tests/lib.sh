@@ -173,6 +173,25 @@ stage1_starts_alike() {
         "the checkpoint's first loss $first is not a trained model's (random start $start)"
 }
 
+# one_step_gradients_match <stage> <name> <np> [layout args...]: per-tensor gradients after one step
+# of <stage> on <np> ranks (the test's "${args[@]}", and [layout args...] for it alone) within 1e-5
+# of stage 01's (the test's "${args[@]}"), each
+# tensor relative to its largest (tests/one_step_gradients.py: with AdamW's eps 1, no decay, no
+# clipping and no warm-up, step 1 moves each weight by about lr times its gradient; lr 100 makes that
+# large beside the weight's fp32 resolution, and a run at lr 1e-30 gives the start)
+one_step_gradients_match() {
+    local stage=$1 name=$2 np=$3
+    shift 3
+    local one=(--stop_iteration=1 --eval_batches=0 --warmup_steps=0 --weight_decay=0 --grad_clip=0 --eps=1)
+    run_single 1 "${name}_start" "${one[@]}" --lr=1e-30 --min_lr=1e-30
+    run_single 1 "${name}_s1" "${one[@]}" --lr=100 --min_lr=100
+    run_ranks "$stage" "$name" "$np" "${one[@]}" --lr=100 --min_lr=100 "$@"
+    python3 tests/one_step_gradients.py "$tmp/${name}_start" "$tmp/${name}_s1" "$tmp/$name" >"$tmp/$name.grads"
+    local rc=$?
+    check '[ $rc -eq 0 ]' "$name: one step's per-tensor gradients differ from stage 01's: $(cat "$tmp/$name.grads")"
+    echo "$name: $(cat "$tmp/$name.grads")"
+}
+
 # comm_value <stats.json> <group> <kind> <field>: one field (calls, bytes, seconds, algbw_GBps,
 # busbw_GBps) of the run's communication on that group of that kind (all-reduce, all-gather,
 # ...); prints nothing and fails when the run made no such call.

@@ -8,6 +8,7 @@
 #    all, or a loss counted on every x rank, moves it; bf16-mixed and fp16 match stage 02 within 1e-3;
 #  - the mesh (common/comm/mesh.h) puts tensor parallelism innermost and says so; stats.json's
 #    layout holds dp, pp and tp_dimensions;
+#  - per-tensor gradients after one step within 1e-5 of stage 01's on dp 2 x tp 2 x pp 2;
 #  - comm_bytes per step on rank 0, and the tied wte's and the replicas' bytes, equal the README's
 #    formula;
 #  - a head count tp does not divide, a pipeline longer than the blocks, a mesh that does not
@@ -60,6 +61,11 @@ check '[ "$(comm_value "$tmp/bytes/stats.json" tied-wte all-reduce bytes)" = "$(
     "tied-wte bytes over 3 steps: $(comm_value "$tmp/bytes/stats.json" tied-wte all-reduce bytes), want $(formula tied)"
 check '[ "$(comm_value "$tmp/bytes/stats.json" replicas all-reduce bytes)" = "$(formula replicas)" ]' \
     "replicas bytes over 3 steps: $(comm_value "$tmp/bytes/stats.json" replicas all-reduce bytes), want $(formula replicas)"
+
+# per-tensor gradients after one step on dp 2 x tp 2 x pp 2: the tied wte's two halves summed
+# once between the first and the last stage, each x rank's shards, the replicas' sum
+args=(--config configs/tiny.json "${common[@]}" --n_layer=2)
+one_step_gradients_match 10 g_d2t2p2 8 "${mesh[@]}"
 
 # where the loss sees the gradient's scale: a gradient summed over the wrong group moves it
 args=(--config configs/tiny.json "${common[@]}" "${SCALE_ARGS[@]}")

@@ -6,6 +6,7 @@
 #    positions) and Llama (RoPE, grouped-query attention); dp 2 x tp 2 x pp 2 x cp 2 (16 ranks) over
 #    5 steps; pp 2 x cp 7 (14 ranks, batches of 240 tokens in 14 chunks of 18: the last padded)
 #    over 5; tp 2 x pp 2 x cp 3 (12 ranks, 6 chunks of 11 tokens) over 3 steps;
+#  - per-tensor gradients after one step within 1e-5 of stage 01's on tp 2 x pp 2 x cp 2 (Llama);
 #  - the mesh puts cp between dp and tp and says so; stats.json's layout holds cp;
 #  - comm_bytes per step on rank 0, and the cp ring's and the replicas' (dp x cp) bytes, equal the
 #    README's formula;
@@ -28,6 +29,9 @@ check 'grep -q "^mesh: pp 2 x dp 1 x ep 1 x cp 2 x tp 2 = 8 ranks" "$tmp/c2t2p2_
 check 'grep -q "rank 0 holds chunks 0 and 3 of 4" "$tmp/c2t2p2_tiny.log"' "09's chunk plan is not printed"
 check '[ "$(json_value "$tmp/c2t2p2_tiny/stats.json" layout cp)" = 2 ]' \
     "stats.json layout is $(json_value "$tmp/c2t2p2_tiny/stats.json" layout)"
+
+# per-tensor gradients after one step on tp 2 x pp 2 x cp 2 (Llama: RoPE at each chunk's positions)
+one_step_gradients_match 10 g_c2t2p2 8 "${mesh[@]}" --cp_size=2
 
 args=(--config configs/tiny.json --stop_iteration=5 "${common[@]}")
 run_single 1 single5
