@@ -35,7 +35,7 @@ run_ranks 10 d2t2p2_bf16 8 "${mesh[@]}"
 check 'compare_losses "$tmp/single_bf16" "$tmp/d2t2p2_bf16" 20 1e-3' "bf16-mixed LoRA on dp 2 x tp 2 x pp 2 strays from stage 02's"
 
 expect_one_error "LoRA beside cp" "key 'cp_size' is 2 but lora_rank is 4" \
-    timeout --kill-after=5 120 mpirun -np 4 --bind-to none build/stage-10 "${args[@]}" --precision=32 "${mesh[@]}" \
+    timeout --kill-after=5 120 mpirun -np 4 --bind-to none "$STAGE_BIN/stage-10" "${args[@]}" --precision=32 "${mesh[@]}" \
     --tp_dimensions=1,1,1 --cp_size=2 --out_dir="$tmp/bad"
 
 finish test_stage10_lora
