@@ -5,6 +5,7 @@
 #    row-parallel) and lora_dropout 0.1 reproduces stage 01's LoRA run (loss, grad_norm, val_loss)
 #    within 1e-5 relative over 20 steps and saves its adapter (PEFT's files: the same tensors,
 #    names, shapes and config, values within 1e-5), put together from both stages and both x ranks;
+#    its memory report holds gradients and AdamW moments of the adapters' slices only;
 #  - Llama (fused q, k, v and gate, up; grouped-query attention) on tp 2 x pp 2, 3 blocks split 2, 1,
 #    the same against stage 01, adapter included;
 #  - bf16-mixed GPT-2 on dp 2 x tp 2 x pp 2 against stage 02's LoRA run within stage 03's bound;
@@ -21,6 +22,12 @@ check 'compare_losses "$tmp/single_gpt2" "$tmp/d2t2p2_gpt2" 20 1e-5' "GPT-2 LoRA
 check 'same_adapter "$tmp/single_gpt2" "$tmp/d2t2p2_gpt2"' "GPT-2 LoRA on dp 2 x tp 2 x pp 2 saved another adapter than stage 01's"
 check '[ ! -e "$tmp/d2t2p2_gpt2/model.safetensors" ] && grep -q "replicas identical on all 2 ranks" "$tmp/d2t2p2_gpt2.log"' \
     "the LoRA run saved the base, or its replicas' adapters differ"
+check 'python3 - "$tmp/d2t2p2_gpt2/stats.json" <<'"'PY'"'
+import json, sys
+mem = json.load(open(sys.argv[1]))["memory"]
+adapters = mem["gradients (fp32)"]  # rank 0's slices of its stage's adapters: the base has no gradients
+sys.exit(0 if mem["AdamW m and v (fp32)"] == 2 * adapters and 0 < adapters * 5 < mem["parameters (fp32)"] - adapters else 1)
+PY' "stage 10 LoRA's memory report counts the base's gradients or moments: $(head -c 600 "$tmp/d2t2p2_gpt2/stats.json")"
 
 args=(--config configs/tiny_llama.json "${common[@]}" --n_layer=3 --intermediate_size=172
       --lora_targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
