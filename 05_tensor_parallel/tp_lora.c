@@ -10,6 +10,7 @@
 
 // this rank's slice of one whole adapter, beside the site that runs it
 typedef struct {
+    int site;                         // the whole adapter's site in TPLora.whole
     int a_col0;                       // A's columns [a_col0, a_col0 + in_dim) of the whole A
     int n_rows, b_row0[3], b_rows[3]; // B's row ranges of the whole B, one after another here
     bool counts_a, counts_b;          // this rank's copy is the one of its replica that counts
@@ -17,7 +18,7 @@ typedef struct {
 
 struct TPLora {
     Lora whole;           // the whole adapters, described on the full model: names, shapes, files
-    Slice *slices;        // [whole.n_sites], indexed as the sites
+    Slice *slices;        // [lo->n_sites], indexed as the sites of the adapters m's part holds
     const Lora *lo;       // the Lora that runs this rank's slices: its layout is the run's after tp_lora_attach
     const TPModel *m;
     TensorInfo *tensors;  // that layout's tensors (tp_lora_free frees them)
@@ -33,17 +34,22 @@ static int tensor_at(const ParamLayout *full, size_t offset) {
     fatal("internal: no matrix of the full model starts at element %zu", offset);
 }
 
-// the site of this rank's slice of whole site w: the block's columns, and the rows of w that fall in
-// the block's row ranges (a fused tensor's block is up to three ranges: q, k, v; gate, up)
-static void slice_site(const TPModel *m, const LoraSite *w, LoraSite *s, Slice *sl) {
-    const LocalTensor *lt = &m->local[tensor_at(&m->full, w->base_offset)];
+// the site of this rank's slice of whole site w (described on `model`): the block's columns, and the
+// rows of w that fall in the block's row ranges (a fused tensor's block is up to three ranges: q, k,
+// v; gate, up). false: w adapts a linear that m's part (a pipeline stage's blocks) does not hold.
+static bool slice_site(const TPModel *m, const ParamLayout *model, const Lora *whole, int site, LoraSite *s,
+                       Slice *sl) {
+    const LoraSite *w = &whole->sites[site];
+    const TensorInfo *linear = layout_tensor(&m->full, model->tensors[tensor_at(model, w->base_offset)].name);
+    if (!linear) return false;
+    const LocalTensor *lt = &m->local[linear - m->full.tensors];
     const TPLinear *l = tp_layer_of(m, w->kind);
     *s = *w;
     s->base_offset = lt->offset;
     s->in_dim = lt->cols;
     s->rows = 0;
     s->col0 = lt->col0;  // its dropout mask's columns: the whole input's
-    *sl = (Slice){.a_col0 = lt->col0};
+    *sl = (Slice){.site = site, .a_col0 = lt->col0};
     for (int r = 0, at = 0; r < lt->nranges; at += lt->rows[r], r++) {
         int lo = imax(w->row0, lt->row0[r]), hi = imin(w->row0 + w->rows, lt->row0[r] + lt->rows[r]);
         if (lo >= hi) continue;
@@ -56,6 +62,7 @@ static void slice_site(const TPModel *m, const LoraSite *w, LoraSite *s, Slice *
     // A is the same on every rank of the out group, B on every rank of the in group, both on every z
     sl->counts_a = m->grid.z == 0 && comm_rank(l->out_group) == 0;
     sl->counts_b = m->grid.z == 0 && comm_rank(l->in_group) == 0;
+    return true;
 }
 
 static void add_tensor(ParamLayout *l, const TensorInfo *whole, int rows, int cols) {
@@ -67,20 +74,20 @@ static void add_tensor(ParamLayout *l, const TensorInfo *whole, int rows, int co
     l->num_params += t->numel;
 }
 
-// lo: this rank's slices of t->whole's adapters
-static void describe_slices(Lora *lo, struct TPLora *t, const TPModel *m) {
+// lo: this rank's slices of t->whole's adapters (described on `model`) on the linears m holds
+static void describe_slices(Lora *lo, struct TPLora *t, const TPModel *m, const ParamLayout *model) {
     const Lora *w = &t->whole;
-    *lo = (Lora){.rank = w->rank, .alpha = w->alpha, .scale = w->scale, .dropout = w->dropout, .seed = w->seed, .arch = w->arch,
-                 .n_sites = w->n_sites};
+    *lo = (Lora){.rank = w->rank, .alpha = w->alpha, .scale = w->scale, .dropout = w->dropout, .seed = w->seed, .arch = w->arch};
     memcpy(lo->targets, w->targets, sizeof lo->targets);
-    lo->trained.layout = (ParamLayout){.cfg = w->trained.layout.cfg, .arch = w->trained.layout.arch, .first_block = w->trained.layout.first_block,
-                               .n_blocks = w->trained.layout.n_blocks};
+    lo->trained.layout = (ParamLayout){.cfg = w->trained.layout.cfg, .arch = w->trained.layout.arch, .first_block = m->full.first_block,
+                               .n_blocks = m->full.n_blocks};
     lo->sites = calloc_or_die((size_t)w->n_sites, sizeof(LoraSite));
     t->slices = calloc_or_die((size_t)w->n_sites, sizeof(Slice));
     t->tensors = lo->trained.layout.tensors = calloc_or_die((size_t)w->trained.layout.num_tensors, sizeof(TensorInfo));
     for (int i = 0; i < w->n_sites; i++) {
-        LoraSite *s = &lo->sites[i];
-        slice_site(m, &w->sites[i], s, &t->slices[i]);
+        LoraSite *s = &lo->sites[lo->n_sites];
+        if (!slice_site(m, model, w, i, s, &t->slices[lo->n_sites])) continue;
+        lo->n_sites++;
         s->a = lo->trained.layout.num_tensors;
         add_tensor(&lo->trained.layout, &w->trained.layout.tensors[w->sites[i].a], lo->rank, s->in_dim);
         s->b = lo->trained.layout.num_tensors;
@@ -94,8 +101,8 @@ static void move_slices(const struct TPLora *t, const Lora *lo, float *whole, fl
     const Lora *w = &t->whole;
     int r = lo->rank;
     for (int i = 0; i < lo->n_sites; i++) {
-        const LoraSite *s = &lo->sites[i], *ws = &w->sites[i];
         const Slice *sl = &t->slices[i];
+        const LoraSite *s = &lo->sites[i], *ws = &w->sites[sl->site];
         float *wa = whole + w->trained.layout.tensors[ws->a].offset, *sa = slices + lo->trained.layout.tensors[s->a].offset;
         float *wb = whole + w->trained.layout.tensors[ws->b].offset, *sb = slices + lo->trained.layout.tensors[s->b].offset;
         if (to_slices || sl->counts_a)
@@ -161,15 +168,20 @@ static void free_slices(void *owner) {
 }
 
 void tp_lora_attach(Lora *lo, const Config *cfg, TPModel *m, ParamLayout *layout, ModelBuffers *mb, TPActs *acts) {
+    tp_lora_attach_part(lo, cfg, m, &m->full, layout, mb, &acts->acts, 1);
+}
+
+void tp_lora_attach_part(Lora *lo, const Config *cfg, TPModel *m, const ParamLayout *model, ParamLayout *layout,
+                         ModelBuffers *mb, Activations *slots, int n_slots) {
     memset(lo, 0, sizeof *lo);
     if (!cfg->lora_rank) return;
     struct TPLora *t = calloc_or_die(1, sizeof *t);
-    lora_describe_keys(&t->whole, cfg, &m->full);
-    float *whole = lora_start(&t->whole, cfg, &m->full);  // the values every stage starts from
-    describe_slices(lo, t, m);
+    lora_describe_keys(&t->whole, cfg, model);
+    float *whole = lora_start(&t->whole, cfg, model);  // the values every stage starts from
+    describe_slices(lo, t, m, model);
     float *mine = malloc_or_die(lo->trained.layout.num_params * sizeof(float));
     move_slices(t, lo, whole, mine, true);
-    lora_plug(lo, mine, mb->params, &acts->acts);
+    lora_plug_slots(lo, mine, mb->params, slots, n_slots);
     free(mine), free(whole);
     lo->complete = complete_over_group;
     lo->complete_ctx = m;

@@ -22,6 +22,12 @@
 // element of the slices counted on one rank of the replica) and checkpoint (the whole adapters,
 // put together from every rank's slices and saved as PEFT's files) to this file.
 void tp_lora_attach(Lora *lo, const Config *cfg, TPModel *m, ParamLayout *layout, ModelBuffers *mb, TPActs *acts);
+// the same where m holds a part of `model` (stage 10: a pipeline stage's blocks), run in n_slots
+// activation slots (lora_plug_slots): the whole adapters are described and started on `model`,
+// this rank keeps its slices of the adapters of m's linears, and the checkpoint's group puts
+// together every part's (its sum spans every rank that holds slices)
+void tp_lora_attach_part(Lora *lo, const Config *cfg, TPModel *m, const ParamLayout *model, ParamLayout *layout,
+                         ModelBuffers *mb, Activations *slots, int n_slots);
 // tp_memory_items' rows with LoRA: the base's share without gradients or moments (nor their
 // depth blocks), the slices' own, and what they keep for backward
 void tp_lora_memory(const Lora *lo, MemoryItem items[TP_MEMORY_ITEMS]);

@@ -280,12 +280,11 @@ void tp_assemble(const TPModel *m, float *full, const float *local, Comm *group)
     comm_all_reduce(group, full, m->full.num_params);
 }
 
-double tp_norm_squares(const TPModel *m, const float *grads) {
-    if (m->trained.norm_squares) return m->trained.norm_squares(m->trained.owner, grads);
-    return tp_norm_squares_of(m, grads, NULL, NULL);
-}
+double tp_norm_squares(const TPModel *m, const float *grads) { return tp_norm_squares_of(m, grads, NULL, NULL); }
 
 double tp_norm_squares_of(const TPModel *m, const float *grads, TensorFilter take, const void *ctx) {
+    // a frozen base has no gradients: the trained set's are the norm's (take filters the base's tensors)
+    if (m->trained.norm_squares) return m->trained.norm_squares(m->trained.owner, grads);
     double s = 0;
     for (int i = 0; i < m->full.num_tensors; i++)
         if (is_owner(m, &m->local[i]) && (!take || take(&m->full.tensors[i], ctx)))

@@ -95,7 +95,7 @@ void tp_assemble(const TPModel *m, float *full, const float *local, Comm *group)
 // the replica only: add over the tp group for the model's norm (a frozen base: its trained set's)
 double tp_norm_squares(const TPModel *m, const float *grads);
 // the same over the tensors take(t, ctx) accepts (t: m->full's): a pipeline stage leaves out its
-// copy of the tied wte (stage 10)
+// copy of the tied wte (stage 10); with a trained set beside a frozen base, that set's norm
 double tp_norm_squares_of(const TPModel *m, const float *grads, TensorFilter take, const void *ctx);
 
 // ---- the layers, plugged into the common block ------------------------------------------------

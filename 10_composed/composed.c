@@ -78,6 +78,10 @@ double composed_norm_squares(const TPModel *m, const PipeGrid *pg, const float *
 void composed_save_checkpoint(const Config *cfg, const ComposedGroups *groups, const PipeGrid *pg, const TPModel *m,
                               const ParamLayout *full, const float *params, const float *adam_m,
                               const float *adam_v, long step) {
+    if (m->trained.save) {  // a frozen base: the set that trains saves itself, whole, summed over every stage
+        m->trained.save(m->trained.owner, cfg, groups->mesh.world, params);
+        return;
+    }
     size_t bytes = m->full.num_params * sizeof(float);
     const float *mine[3] = {params, adam_m, adam_v};
     float *part[3];

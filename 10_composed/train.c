@@ -24,6 +24,7 @@
 #include "base/trace.h"
 #include "comm/comm.h"
 #include "composed_cp.h"
+#include "composed_lora.h"
 #include "config/config.h"
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
@@ -104,6 +105,8 @@ int main(int argc, char **argv) {
     print_cp_stage_plan(&tp_layers, &cfg);
     print_pipeline_plan(&grid, &cfg, &mc, mb.n, pipe.n_slots);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
+    Lora lora;  // lora_rank > 0: the base frozen; layout and mb become this rank's adapter slices (composed_lora.h)
+    pipe.trained = composed_lora_attach(&lora, &cfg, &model, &full_layout, &layout, &mb, &pipe);
     pipeline_print_memory(&pipe, &cfg, mb.n);
 
     // ---- the training loop ----
@@ -137,7 +140,9 @@ int main(int argc, char **argv) {
         // the schedule: forwards and backwards of the micro-batches through the stages;
         // gradients add up in `mb.grads`, the loss on the last stage
         dev_zero(mb.grads, mb.bytes);
+        lora_training(&lora, step, grid.replica * m * batches[0].rows, batches[0].T);  // LoRA dropout's masks, as 07
         double loss_sum = pipeline_step(&pipe, &mb.g, cp_stage_batches(&tp_layers, batches, m), dloss);
+        lora_training_done(&lora);  // evaluation runs without dropout
         // every x rank of a tensor-parallel group ran the same rows: one of them counts them
         if (!tp_grid.counts_rows) loss_sum = 0;
         if (grid.is_first && tp_grid.counts_rows && groups.mesh.coord[MESH_CP] == 0)
@@ -145,7 +150,7 @@ int main(int argc, char **argv) {
         // GPT-2's lm_head is wte: the first stage holds its embedding half of the gradient, the
         // last its head half, each x rank its vocabulary rows; summed over the two stages, both
         // copies take the same AdamW step and stay equal
-        if (grid.tied) comm_all_reduce(grid.tied, mb.g.wte, (size_t)model.Vl * mc.n_embd);
+        if (grid.tied && !lora.rank) comm_all_reduce(grid.tied, mb.g.wte, (size_t)model.Vl * mc.n_embd);
         // sum each stage's gradients over the replicas, as stage 03 does for the whole model
         // (over x the copies of a small tensor saw the same rows: 05's rule; over cp the copies of
         // every tensor saw other tokens, and are summed too)
@@ -204,7 +209,7 @@ int main(int argc, char **argv) {
     }
     print_bubble(groups.slice, &pipe);
     composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
-    printf("saved %s/model.safetensors (step %ld, the full model)\n", cfg.out_dir, total_steps);
+    printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors", total_steps);
     // the proof that data (and context) parallelism kept each stage's replicas identical
     Comm *replicas = composed_replicas(&tp_layers, &grid);
     if (comm_size(replicas) > 1) comm_check_replicas_identical(replicas, mb.params, mb.n);
@@ -219,6 +224,7 @@ int main(int argc, char **argv) {
     metrics_close(&metrics);
     for (int micro = 0; micro < m; micro++) batch_free(&batches[micro]);
     free(batches);
+    lora_free(&lora);
     pipeline_free(&pipe);
     cp_stage_layers_free(&tp_layers);
     model_buffers_free(&mb);

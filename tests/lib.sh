@@ -274,6 +274,29 @@ visible_gpus() {
     echo "$n"
 }
 
+# same_adapter <out_dir> <out_dir>: two LoRA runs saved the same adapter: adapter_model.safetensors
+# with the same tensors, names and shapes, values within 1e-5 relative, and the same
+# adapter_config.json; prints the largest difference
+same_adapter() {
+    python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def read(d):
+    raw = open(d + "/adapter_model.safetensors", "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    data = raw[8 + n:]
+    values = {k: struct.unpack("<%df" % (len(data[v["data_offsets"][0]:v["data_offsets"][1]]) // 4),
+                               data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
+    config = json.load(open(d + "/adapter_config.json"))
+    return header, values, config
+(ha, va, ca), (hb, vb, cb) = read(sys.argv[1]), read(sys.argv[2])
+gap = max(abs(x - y) / max(abs(x), 1.0) for k in va for x, y in zip(va[k], vb[k])) if ha == hb else float("inf")
+print("%s: adapter's largest difference %.2e" % (sys.argv[2], gap))
+sys.exit(0 if ha == hb and ca == cb and gap <= 1e-5 else 1)
+PY
+}
+
 # expect_one_error <what> <pattern> <command...>: one check that the command exits 1 and that its
 # stderr holds exactly one line starting with "error", which matches <pattern> (grep). Under
 # mpirun that means every rank stopped and only one of them spoke for the job.

@@ -523,6 +523,12 @@ void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activa
     lo->trained.run_micro = run_micro;
 }
 
+void lora_plug_slots(Lora *lo, const float *adapters, const float *base_params, Activations *slots, int n_slots) {
+    lora_plug(lo, adapters, base_params, &slots[0]);
+    for (int i = 1; i < n_slots; i++) slots[i].ops = &lo->ops;  // the slots' layers are all alike
+    lo->recompute_h = n_slots > 1;  // one h per site, shared by the micro-batches in flight
+}
+
 void lora_training(Lora *lo, long step, int first_seq, int T) {
     lo->training = lo->dropout > 0;
     lo->step = step;
@@ -595,9 +601,7 @@ Trainable *lora_attach_part(Lora *lo, const Config *cfg, ParamLayout *layout, Pa
     lora_describe_keys(lo, cfg, layout);
     float *mine = malloc_or_die(lo->trained.layout.num_params * sizeof(float));
     take_by_name(&whole.trained.layout, all, &lo->trained.layout, mine);
-    lora_plug(lo, mine, mb->params, &slots[0]);
-    for (int i = 1; i < n_slots; i++) slots[i].ops = &lo->ops;  // the slots' layers are all alike
-    lo->recompute_h = n_slots > 1;
+    lora_plug_slots(lo, mine, mb->params, slots, n_slots);
     free(mine), free(all);
     lora_print_summary(lo, layout->num_params);
     trainable_take_base(&lo->trained, layout, mb);

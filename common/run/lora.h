@@ -111,6 +111,9 @@ void lora_merge(const Lora *lo, const float *adapters, float *base_params);
 // A pipeline's micro-batches run out of order: lora_training names the replica's first sequence,
 // and the stage says where the one that runs next starts (trainable_run_micro).
 void lora_plug(Lora *lo, const float *adapters, const float *base_params, Activations *acts);
+// the same for the n_slots activation slots of a stage whose micro-batches are in flight together
+// (07's pipeline): every slot runs the LoRA layers, and backward recomputes x A^T when n_slots > 1
+void lora_plug_slots(Lora *lo, const float *adapters, const float *base_params, Activations *slots, int n_slots);
 // LoRA dropout (lora_dropout > 0). In training, each adapter sees its input with every element
 // zeroed with probability p and the rest scaled by 1 / (1 - p) (PEFT's nn.Dropout on lora_A's
 // input); the base sees it whole. The mask is a pure function of (seed, step, layer, linear,
