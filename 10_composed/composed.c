@@ -1,5 +1,6 @@
 // composed.c: see composed.h.
 #include "composed.h"
+#include "composed_ep.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -78,6 +79,10 @@ double composed_norm_squares(const TPModel *m, const PipeGrid *pg, const float *
 void composed_save_checkpoint(const Config *cfg, const ComposedGroups *groups, const PipeGrid *pg, const TPModel *m,
                               const ParamLayout *full, const float *params, const float *adam_m,
                               const float *adam_v, long step) {
+    if (groups->experts) {  // the replicas of a stage hold other experts
+        composed_ep_save_checkpoint(groups->experts, cfg, groups, pg, m, full, params, adam_m, adam_v, step);
+        return;
+    }
     size_t bytes = m->full.num_params * sizeof(float);
     const float *mine[3] = {params, adam_m, adam_v};
     float *part[3];

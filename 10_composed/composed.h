@@ -26,6 +26,7 @@ typedef struct {
     Comm *context;        // cp > 1: this stage's ranks of this t (dp x cp): 09's grid (composed_cp.h); else NULL
     Comm *replica_ranks;  // this replica's pp x tp ranks: the gradient norm's sum
     Comm *checkpoint;     // = stage_ranks, a group of its own so that saving is not counted as training traffic
+    const struct ComposedExperts *experts;  // ep > 1: where the experts are (composed_ep.h), else NULL
 } ComposedGroups;
 
 // The mesh from tp_dimensions' x, cp_size and pp_size, dp taking the ranks left (fatal() on every rank
