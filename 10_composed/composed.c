@@ -1,6 +1,5 @@
 // composed.c: see composed.h.
 #include "composed.h"
-#include "composed_ep.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -55,6 +55,12 @@ double composed_norm_squares(const TPModel *m, const PipeGrid *pg, const float *
 void composed_save_checkpoint(const Config *cfg, const ComposedGroups *groups, const PipeGrid *pg, const TPModel *m,
                               const ParamLayout *full, const float *params, const float *adam_m,
                               const float *adam_v, long step);
+// ... and with ep > 1 (groups->experts), composed_ep.c's in its place: the replicas of a stage
+// hold other experts, which the ranks of its first expert group put in
+struct ComposedExperts;
+void composed_ep_save_checkpoint(const struct ComposedExperts *e, const Config *cfg, const ComposedGroups *groups,
+                                 const PipeGrid *pg, const TPModel *m, const ParamLayout *full, const float *params,
+                                 const float *adam_m, const float *adam_v, long step);
 long composed_load_checkpoint(const Config *cfg, const TPModel *m, const ParamLayout *full, float *params,
                               float *adam_m, float *adam_v);
 

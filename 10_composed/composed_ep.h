@@ -45,11 +45,9 @@ void composed_ep_reduce_gradients(const ComposedExperts *e, Comm *replicas, cons
 // composed_norm_squares with each expert counted once: the experts' squares summed over the
 // expert group (which holds them all), the rest this rank's. Sum over the replica's ranks.
 double composed_ep_norm_squares(const ComposedExperts *e, const TPModel *m, const PipeGrid *pg, const float *grads);
-// Checkpoints hold the whole model: the ranks of the first expert group of each stage (t = 0) put
-// the stage parts and their experts together, rank 0 writes (composed_save_checkpoint calls it)
-void composed_ep_save_checkpoint(const ComposedExperts *e, const Config *cfg, const ComposedGroups *groups,
-                                 const PipeGrid *pg, const TPModel *m, const ParamLayout *full, const float *params,
-                                 const float *adam_m, const float *adam_v, long step);
+// (Checkpoints: composed_ep_save_checkpoint, declared in composed.h, whose composed_save_checkpoint
+// calls it: the ranks of the first expert group of each stage (t = 0) put the stage parts and
+// their experts together, rank 0 writes.)
 // After training: the replicas holding the same tensors agree (the proof that the sums kept them
 // equal), and the rows sent to experts go into stats.json
 void composed_ep_finish(const ComposedExperts *e, Comm *replicas, const float *params, size_t n);

@@ -7,7 +7,7 @@
 #    ranks) over 3 steps, its replicas holding the same experts identical at the end;
 #  - rank 0's "experts" traffic equals the README's formula: the all-to-alls 8 x C x (rows it sent
 #    + rows its experts ran) bytes, the counts' all-gather m x (MoE blocks of its stage) x ep x E x 4
-#    bytes a step;
+#    bytes a step, its experts' gradients over the replicas holding them 4 x E / ep x (8 C^2 + 5 C);
 #  - the ep run's checkpoint holds the whole model: stage 08 starts from it as from one rank's,
 #    and a run saved on tp 2 x pp 2 x ep 2 resumes on tp 4 x pp 2 (ep 1) with one rank's figures;
 #  - an ep_size that does not divide a stage's replicas, cp_size > 1 with experts and 16-bit
@@ -33,6 +33,9 @@ to=$(json_value "$tmp/t2p2e2/stats.json" rows_to_experts)
 at=$(json_value "$tmp/t2p2e2/stats.json" rows_at_experts)
 check '[ -n "$to" ] && [ "$a2a" = "$((8 * C * (to + at)))" ]' "rank 0's all-to-all bytes $a2a, want 8 x $C x ($to + $at)"
 check '[ "$counts" = "$((20 * 2 * 1 * 2 * E * 4))" ]' "rank 0's all-gather bytes $counts, want 20 x 2 x 1 x 2 x $E x 4"
+# its experts' gradients (E / ep = 2 of them, 8 C^2 + 5 C floats each) over the 2 replicas holding them, 3 steps
+held=$(comm_value "$tmp/d2t2p2e2/stats.json" expert-replicas all-reduce bytes)
+check '[ "$held" = "$((3 * 4 * 1 * 2 * (8 * C * C + 5 * C)))" ]' "rank 0's expert-replicas bytes $held, want 3 x 4 x 2 x (8 C^2 + 5 C)"
 
 # the checkpoint: stage 08 from it starts as from one rank's; a saved run resumes on another mesh
 run_single 8 from_single --init_from="$tmp/single" --stop_iteration=1
