@@ -34,6 +34,7 @@ void composed_groups_init(ComposedGroups *g, Comm *world, const Config *cfg) {
     g->context = m->size[MESH_CP] > 1 ? mesh_group(m, MESH_ALONG(MESH_DP) | MESH_ALONG(MESH_CP), "context") : NULL;
     g->replica_ranks = mesh_group(m, MESH_ALONG(MESH_PP) | MESH_ALONG(MESH_TP), "replica");
     g->checkpoint = mesh_group(m, MESH_ALONG(MESH_DP) | MESH_ALONG(MESH_TP), "checkpoint");
+    g->experts = NULL;  // composed_ep_init's, with ep > 1
 }
 
 // ---- 05's layers inside 07's stages -----------------------------------------------------------

@@ -38,7 +38,6 @@ static void print_experts_plan(const ComposedExperts *e, const GPTConfig *mc, in
 
 void composed_ep_init(ComposedExperts *e, const Config *cfg, ComposedGroups *g, const PipeGrid *pg, GPTConfig *mc) {
     memset(e, 0, sizeof *e);
-    g->experts = NULL;
     e->ep = 1;
     if (!gpt_moe_blocks(mc, 0, mc->n_layer)) return;
     refuse_what_experts_do_not_run(cfg, pg, comm_size(g->mesh.world));
