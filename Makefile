@@ -103,6 +103,8 @@ STAGE_EXTRA_10 := 05_tensor_parallel/tp_linear.c 05_tensor_parallel/tp_model.c 0
 STAGE_EXTRA_10 += 09_context_parallel/context.c
 # ... and its LoRA adapters are 05's slices of each stage's blocks (tp_lora.c)
 STAGE_EXTRA_10 += 05_tensor_parallel/tp_lora.c
+# ... and a mixture of experts runs 08's MoE MLP (moe.c) and its expert-parallel exchange (experts.c)
+STAGE_EXTRA_10 += 08_mixture_of_experts/moe.c 08_mixture_of_experts/experts.c
 $(patsubst %.c,$(B)/%.o,$(STAGE_EXTRA_10)): CC := $(MPICC)
 # a stage's objects built per backend: stage 09's ring attention steps (kernels, or OpenMP loops)
 STAGE_OBJS_9 := $(B)/09_context_parallel/backend/ring_blocks_$(BACKEND).o

@@ -110,6 +110,11 @@ static LocalTensor describe(const TPModel *m, TensorRole role) {
 // (C + 2 C_kv)-row tensor) reaches them, as gate's reaches Llama's up: they hold nothing of their
 // own here
 static LocalTensor describe_tensor(const TPModel *m, const TensorInfo *t) {
+    if (t->role == ROLE_MOE_MLP) {  // the router and the experts, whole (moe_shape)
+        LocalTensor whole = matrix_part(0, t->shape[0], 0, t->ndim == 2 ? t->shape[1] : 1);
+        whole.kind = TP_COPY;
+        return whole;
+    }
     if (t->role != ROLE_QKV_PART && t->role != ROLE_FC_PART) return describe(m, t->role);
     return (LocalTensor){.kind = t->ndim == 2 ? TP_WEIGHT : TP_SPLIT_X, .nranges = 1, .rows = {0}, .cols = 1};
 }
@@ -262,6 +267,7 @@ static bool is_owner(const TPModel *m, const LocalTensor *t) {
     const TPGrid *g = &m->grid;
     if (t->kind == TP_WEIGHT) return true;  // every shard is unique in the replica
     if (t->kind == TP_SPLIT_Y) return g->x == 0 && g->z == 0;
+    if (t->kind == TP_COPY) return g->x == 0 && g->y == 0 && g->z == 0;
     return g->y == 0 && g->z == 0;
 }
 
@@ -299,9 +305,11 @@ static void add_use(TPWeightStream *s, const TPLinear *l, const Linear *w) {
     s->uses[s->n++] = (TPWeightUse){l, w->w, w->w16};
 }
 
+// a MoE block's MLP runs its experts' own matmuls (moe.c): nothing of it is streamed
 static void add_block_forward(const TPModel *m, TPWeightStream *s, const BlockWeights *b) {
     add_use(s, &m->qkv, &b->qkv);
     add_use(s, &m->proj, &b->attn_proj);
+    if (b->moe_mlp) return;
     add_use(s, &m->fc, &b->fc);
     add_use(s, &m->fcproj, &b->fc_proj);
 }
@@ -323,8 +331,10 @@ void tp_stream_backward(const TPModel *m, TPWeightStream *s, const Weights *w, b
     if (f->has_head) add_use(s, &m->head, &w->head);
     for (int b = f->first_block + f->n_blocks - 1; b >= f->first_block; b--) {
         if (recompute) add_block_forward(m, s, &w->h[b]);
-        add_use(s, &m->fcproj, &w->h[b].fc_proj);
-        add_use(s, &m->fc, &w->h[b].fc);
+        if (!w->h[b].moe_mlp) {
+            add_use(s, &m->fcproj, &w->h[b].fc_proj);
+            add_use(s, &m->fc, &w->h[b].fc);
+        }
         add_use(s, &m->proj, &w->h[b].attn_proj);
         add_use(s, &m->qkv, &w->h[b].qkv);
     }

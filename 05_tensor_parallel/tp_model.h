@@ -22,7 +22,9 @@
 #include "run/run_stats.h"
 #include "tp_linear.h"
 
-typedef enum { TP_WEIGHT, TP_SPLIT_X, TP_SPLIT_Y } TPKind;
+// TP_COPY: whole on every rank of the grid (a mixture of experts' tensors: stage 10 runs each
+// expert whole on every x rank)
+typedef enum { TP_WEIGHT, TP_SPLIT_X, TP_SPLIT_Y, TP_COPY } TPKind;
 
 // one tensor of the full model as this rank stores it: a block (rows from up to three ranges of
 // the full tensor, one range of columns; vectors count as one column), of which this rank keeps

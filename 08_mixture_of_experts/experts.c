@@ -60,10 +60,6 @@ void print_expert_plan(const ExpertGrid *g, const GPTConfig *mc) {
 
 static ExpertLayers *layers_of(LayerOps *ops) { return (ExpertLayers *)ops; }
 
-static int *block_counts(const ExpertLayers *x, const Activations *a, int l) {
-    return x->counts + (size_t)(l - a->spec.first_layer) * x->grid->ep * x->E;
-}
-
 // Every rank of the replica learns how many rows each rank sends to each expert: what it will
 // receive, and where those rows go.
 static void exchange_counts(ExpertLayers *x, const MoEBlockActs *m, int *counts) {
@@ -137,7 +133,7 @@ static void expert_parallel_forward(LayerOps *ops, Activations *a, int l, const 
     }
     ExpertLayers *x = layers_of(ops);
     MoEBlockActs *m = moe_acts(a, l);
-    int C = a->spec.shape.C, *counts = block_counts(x, a, l);
+    int C = a->spec.shape.C, *counts = m->counts;
     moe_route(a, l, w, B, T);
     exchange_counts(x, m, counts);
     int got = plan_exchange(x, counts, m, C);
@@ -159,7 +155,8 @@ static void expert_parallel_backward(LayerOps *ops, Activations *a, int l, float
     ExpertLayers *x = layers_of(ops);
     MoEScratch *d = &a->moe->scratch;
     int C = a->spec.shape.C;
-    int got = plan_exchange(x, block_counts(x, a, l), moe_acts(a, l), C);
+    MoEBlockActs *m = moe_acts(a, l);
+    int got = plan_exchange(x, m->counts, m, C);
     moe_combine_outputs_backward(a, l, dout, d->dreturned, B, T);
     send_to_experts(x, d->dreturned, d->dexpert_out, got, C);
     moe_experts_backward(a, l, w, g, d->dexpert_out, d->dexpert_in);
@@ -177,9 +174,7 @@ void expert_layers_init(ExpertLayers *x, const ExpertGrid *g, const GPTConfig *m
     ModelShape shape = expert_shape(g, mc);
     MoEShape s = moe_shape(mc, &shape);
     int R = moe_receive_capacity(&s, B, T);
-    x->n_layers = mc->n_layer;
     x->E = gpt_experts(mc);
-    x->counts = calloc_or_die((size_t)mc->n_layer * g->ep * x->E, sizeof(int));
     x->order = calloc_or_die((size_t)R, sizeof(int));
     x->order_dev = dev_malloc((size_t)R * sizeof(int));
     x->received = dev_malloc((size_t)R * s.C * sizeof(float));
@@ -206,7 +201,6 @@ void expert_acts_alloc(Activations *a, ExpertLayers *x, const ExpertGrid *g, con
 
 void expert_layers_free(ExpertLayers *x) {
     free((long *)x->step.load);
-    free(x->counts);
     free(x->order);
     free(x->send_counts);
     dev_free(x->order_dev);

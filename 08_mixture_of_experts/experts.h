@@ -36,9 +36,7 @@ void print_expert_plan(const ExpertGrid *g, const GPTConfig *mc);
 typedef struct {
     LayerOps base;         // what the block calls (first: the block sees a LayerOps *)
     const ExpertGrid *grid;
-    int n_layers, E;
-    int *counts;           // [n_layers][ep * E]: rows each rank of the replica sent to each expert,
-                           // from the forward's exchange (backward reuses it)
+    int E;
     int *order;            // (R) host, and its device copy: where received row i goes among the
     int *order_dev;        // expert-major rows the experts run on
     float *received;       // (R, C) rows as they arrive, grouped by sending rank

@@ -38,11 +38,15 @@ void moe_layout_experts(ParamLayout *layout, const GPTConfig *cfg, int first_exp
 // a dense model's (stage 08 without experts): nothing is routed
 static const MoEConfig NO_EXPERTS;
 
+// An expert is whole on each rank that holds it, whatever share of the dense MLP the shape holds
+// (stage 10's tensor-parallel ranks each run their experts whole: Megatron's expert tensor
+// parallelism 1)
 MoEShape moe_shape(const GPTConfig *cfg, const ModelShape *s) {
     const MoEConfig *m = cfg->moe ? cfg->moe : &NO_EXPERTS;
-    return (MoEShape){.C = s->C, .C_mlp = s->C_mlp, .n_experts = m->n_experts, .top_k = m->experts_per_token,
-                      .capacity_factor = m->capacity_factor, .aux_loss_coef = m->aux_loss_coef,
-                      .first_expert = s->first_repeat, .n_local = s->n_repeats, .ep = s->repeat_ranks};
+    return (MoEShape){.C = s->C, .C_mlp = whole_model_shape(cfg).C_mlp, .n_experts = m->n_experts,
+                      .top_k = m->experts_per_token, .capacity_factor = m->capacity_factor,
+                      .aux_loss_coef = m->aux_loss_coef, .first_expert = s->first_repeat,
+                      .n_local = s->n_repeats, .ep = s->repeat_ranks};
 }
 
 int moe_capacity(const MoEShape *s, int T) {
@@ -85,6 +89,7 @@ static MoEBlockActs *alloc_block(ActsAllocator *al, const ActsSpec *sp, const Mo
     m->slot = acts_alloc_host(al, N * k * sizeof(int));
     m->routed = acts_alloc_host(al, E * sizeof(int));
     m->expert_rows = acts_alloc_host(al, ((size_t)s->n_local + 1) * sizeof(int));
+    if (s->ep > 1) m->counts = acts_alloc_host(al, (size_t)s->ep * E * sizeof(int));
     m->slot_dev = acts_alloc_device(al, N * k * sizeof(int));
     m->weight_dev = acts_alloc_device(al, N * k * sizeof(float));
     m->packed = acts_alloc_device(al, N * k * C * sizeof(float));

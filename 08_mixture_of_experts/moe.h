@@ -73,6 +73,9 @@ typedef struct {
     int *slot;              // (N, k) the row of `packed` the token went to; -1: dropped (host)
     int *routed;            // (E) rows this rank packed for each expert, in expert order (host)
     int *expert_rows;       // (n_local + 1): held expert i runs expert_in rows [i], [i+1] (host)
+    int *counts;            // (ep x E) rows each rank of the expert group sent to each expert, from
+                            // the forward's exchange, which backward reuses (host; ep > 1). Kept per
+                            // activations: a pipeline (stage 10) has several micro-batches in flight
     int *slot_dev;          // device copies of slot and weight
     float *weight_dev;
     float *packed;          // (N k, C) this rank's tokens, grouped by expert: the dispatch

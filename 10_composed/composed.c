@@ -34,6 +34,7 @@ void composed_groups_init(ComposedGroups *g, Comm *world, const Config *cfg) {
     g->context = m->size[MESH_CP] > 1 ? mesh_group(m, MESH_ALONG(MESH_DP) | MESH_ALONG(MESH_CP), "context") : NULL;
     g->replica_ranks = mesh_group(m, MESH_ALONG(MESH_PP) | MESH_ALONG(MESH_TP), "replica");
     g->checkpoint = mesh_group(m, MESH_ALONG(MESH_DP) | MESH_ALONG(MESH_TP), "checkpoint");
+    g->experts = NULL;  // composed_ep_init's, with ep > 1
 }
 
 // ---- 05's layers inside 07's stages -----------------------------------------------------------
@@ -80,6 +81,10 @@ void composed_save_checkpoint(const Config *cfg, const ComposedGroups *groups, c
                               const float *adam_v, long step) {
     if (m->trained.save) {  // a frozen base: the set that trains saves itself, whole, summed over every stage
         m->trained.save(m->trained.owner, cfg, groups->mesh.world, params);
+        return;
+    }
+    if (groups->experts) {  // the replicas of a stage hold other experts
+        composed_ep_save_checkpoint(groups->experts, cfg, groups, pg, m, full, params, adam_m, adam_v, step);
         return;
     }
     size_t bytes = m->full.num_params * sizeof(float);

@@ -26,6 +26,7 @@ typedef struct {
     Comm *context;        // cp > 1: this stage's ranks of this t (dp x cp): 09's grid (composed_cp.h); else NULL
     Comm *replica_ranks;  // this replica's pp x tp ranks: the gradient norm's sum
     Comm *checkpoint;     // = stage_ranks, a group of its own so that saving is not counted as training traffic
+    const struct ComposedExperts *experts;  // ep > 1: where the experts are (composed_ep.h), else NULL
 } ComposedGroups;
 
 // The mesh from tp_dimensions' x, cp_size and pp_size, dp taking the ranks left (fatal() on every rank
@@ -54,6 +55,12 @@ double composed_norm_squares(const TPModel *m, const PipeGrid *pg, const float *
 void composed_save_checkpoint(const Config *cfg, const ComposedGroups *groups, const PipeGrid *pg, const TPModel *m,
                               const ParamLayout *full, const float *params, const float *adam_m,
                               const float *adam_v, long step);
+// ... and with ep > 1 (groups->experts), composed_ep.c's in its place: the replicas of a stage
+// hold other experts, which the ranks of its first expert group put in
+struct ComposedExperts;
+void composed_ep_save_checkpoint(const struct ComposedExperts *e, const Config *cfg, const ComposedGroups *groups,
+                                 const PipeGrid *pg, const TPModel *m, const ParamLayout *full, const float *params,
+                                 const float *adam_m, const float *adam_v, long step);
 long composed_load_checkpoint(const Config *cfg, const TPModel *m, const ParamLayout *full, float *params,
                               float *adam_m, float *adam_v);
 

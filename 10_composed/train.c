@@ -25,6 +25,7 @@
 #include "comm/comm.h"
 #include "composed_cp.h"
 #include "composed_lora.h"
+#include "composed_ep.h"
 #include "config/config.h"
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
@@ -67,6 +68,8 @@ int main(int argc, char **argv) {
     composed_groups_init(&groups, world, &cfg);
     PipeGrid grid;  // 07's: pp stages x dp replicas, over the ranks of this tensor-parallel rank
     pipe_grid_init(&grid, groups.slice, &cfg, &mc);
+    ComposedExperts experts;  // a mixture of experts: its experts spread over ep of the stage's replicas
+    composed_ep_init(&experts, &cfg, &groups, &grid, &mc);
     if (grid.chunks > 1)
         fatal("key 'pp_schedule' is 'interleaved', but stage 10 runs gpipe and 1f1b (a chunk's tensor-parallel "
               "weight stream is the stage's whole range)");
@@ -76,6 +79,7 @@ int main(int argc, char **argv) {
     tp_grid_init(&tp_grid, groups.stage_ranks, cfg.tp_dimensions);
     ParamLayout stage_layout, full_layout;
     pipe_stage_layout(&stage_layout, &mc, &grid);  // its blocks, embedding, head
+    composed_ep_stage_layout(&experts, &stage_layout, &mc, &grid);  // ... and its experts
     gpt_layout(&full_layout, &mc);
     TPModel model;  // this rank's share of them
     tp_model_layout_part(&model, &mc, &tp_grid, cfg.vocab_parallel_loss, stage_layout);
@@ -95,6 +99,7 @@ int main(int argc, char **argv) {
     int T = mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len;
     CPStageLayers tp_layers;  // with cp > 1: of each rank's two chunks, attention a ring over cp
     cp_stage_layers_init(&tp_layers, &model, &cfg, &groups, &mc, cfg.global_batch_size / grid.dp / m, T);
+    composed_ep_plug(&experts, &model, &tp_layers, &cfg, &mc, &grid);  // MoE blocks: 08's MLP
     Pipeline pipe;
     pipeline_init_layers(&pipe, &grid, &mc, &cfg, &mb.w, &tp_layers.tp.base);
     // only rank 0 prints, writes metrics and saves checkpoints: the replicas are identical
@@ -155,7 +160,7 @@ int main(int argc, char **argv) {
         // (over x the copies of a small tensor saw the same rows: 05's rule; over cp the copies of
         // every tensor saw other tokens, and are summed too)
         Comm *replicas = composed_replicas(&tp_layers, &grid);
-        if (comm_size(replicas) > 1) comm_all_reduce(replicas, mb.grads, mb.n);
+        composed_ep_reduce_gradients(&experts, replicas, &layout, mb.grads, mb.n);  // the experts' over their replicas
         tp_sequence_reduce_norm_grads(&model, mb.grads);  // sequence_parallel: each x rank saw its rows
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
@@ -167,7 +172,8 @@ int main(int argc, char **argv) {
         // clip the global gradient norm (one replica's squares summed, each element once), then
         // one AdamW step on this rank's tensors; in 16-mixed the gradients are first divided by
         // the loss scale, and a step whose gradients overflowed is skipped
-        double norm = sqrt(comm_sum_double(groups.replica_ranks, composed_norm_squares(&model, &grid, mb.grads)));
+        double norm =
+            sqrt(comm_sum_double(groups.replica_ranks, composed_ep_norm_squares(&experts, &model, &grid, mb.grads)));
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
             adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
@@ -212,7 +218,7 @@ int main(int argc, char **argv) {
     printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors", total_steps);
     // the proof that data (and context) parallelism kept each stage's replicas identical
     Comm *replicas = composed_replicas(&tp_layers, &grid);
-    if (comm_size(replicas) > 1) comm_check_replicas_identical(replicas, mb.params, mb.n);
+    composed_ep_finish(&experts, replicas, mb.params, mb.n);
     comm_print_table(world);
     if (rank == 0)
         run_stats_write(&cfg, 10, P,
@@ -227,6 +233,7 @@ int main(int argc, char **argv) {
     lora_free(&lora);
     pipeline_free(&pipe);
     cp_stage_layers_free(&tp_layers);
+    composed_ep_free(&experts);
     model_buffers_free(&mb);
     tp_model_free(&model);
     gpt_layout_free(&full_layout);

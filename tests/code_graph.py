@@ -152,13 +152,14 @@ def stage_cycles(own):
 def allowed(who, path):
     """The uses of another stage's files the design allows: stage 06 runs 05's tensor-parallel
     layers and generates from 08's MoE checkpoints with 08's moe files; stage 10 composes the
-    techniques, calling 05's tensor-parallel layers inside 07's pipeline stages, and 09's chunks
-    and ring attention inside 05's layers (the pieces, not copies); the planner sizes every
+    techniques, calling 05's tensor-parallel layers inside 07's pipeline stages, 09's chunks
+    and ring attention and 08's MoE MLP inside 05's layers (the pieces, not copies); the planner sizes every
     layout with the stages' own arithmetic."""
     if who == "plan":
         return True
     if who == "stage-10":
-        return path.startswith(("05_tensor_parallel/", "07_pipeline_parallel/", "09_context_parallel/"))
+        return path.startswith(("05_tensor_parallel/", "07_pipeline_parallel/", "08_mixture_of_experts/",
+                                "09_context_parallel/"))
     if who == "stage-6":
         return path.startswith("05_tensor_parallel/") or (path.startswith("08_mixture_of_experts/")
                                                           and os.path.basename(path).startswith("moe"))

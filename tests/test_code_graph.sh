@@ -8,8 +8,8 @@
 #    nothing outside it;
 #  - no stage or tool links, includes or puts on its include path another stage's file, except
 #    stage 06 -> 05 (tensor-parallel inference), stage 06 -> 08's moe* files (generation from MoE
-#    checkpoints), stage 10 -> 05, 07 and 09 (the techniques composed: 05's layers inside 07's
-#    stages, 09's ring attention inside 05's layers)
+#    checkpoints), stage 10 -> 05, 07, 08 and 09 (the techniques composed: 05's layers inside 07's
+#    stages, 09's ring attention and 08's MoE MLP inside 05's layers)
 #    and the planner (tools/plan*: it sizes layouts with the stages' arithmetic);
 #  - no stage's modules include each other round a loop (a technique and its glue);
 #  - the techniques see a trained set beside a frozen base (common/run/trainable.h), never LoRA: no

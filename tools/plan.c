@@ -10,7 +10,8 @@
 // tp_acts_bytes, stage_blocks, pipe_slots, acts_bytes, the memory reports' rows), so they equal
 // the runs' stats.json and metrics.jsonl exactly when every sequence of a batch is T tokens long
 // (a batch is padded to its longest sequence: shorter batches move fewer activation bytes over
-// x, y and the pipeline). A mixture of experts runs on stage 08 alone: its layouts are ep x dp, with
+// x, y and the pipeline). A mixture of experts is planned on stage 08's layouts alone (stage 10's
+// dp x tp x pp x ep is not planned yet): ep x dp, with
 // memory exact and the all-to-all bytes those of balanced routing without drops (the real ones
 // depend on where the router sends the tokens).
 #include <stdarg.h>
@@ -494,7 +495,7 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
         snprintf(why_not, why_size, "DDP and FSDP: global_batch_size %d does not split into %d ranks x %d "
                  "micro-batches", cfg->global_batch_size, s->P, cfg->gradient_acc_steps);
     bool any = !only[0];
-    if (s->mc->moe) {  // experts train on stage 08 alone
+    if (s->mc->moe) {  // experts are planned on stage 08's layouts alone
         for (int ep = 1; ep <= s->P; ep++) {
             char name[16];
             snprintf(name, sizeof name, "ep%d", ep);

@@ -395,8 +395,8 @@ static const StageInfo STAGES[] = {
                                       "it to false",
                         .no_grid_depth = "stage 10 splits layers 1-D, over x (Megatron's column and row split): z "
                                          "must be 1",
-                        .lora = true,
-                        .sequence_parallel = true},
+                        .lora = true, .sequence_parallel = true, .experts = true, .expert_ranks = true,
+                        .no_half_experts = "stage 10's experts train in fp32 (32 or 32-true), as stage 08's"},
 };
 #define LAST_STAGE STAGE_COMPOSED
 
@@ -753,7 +753,7 @@ static void require_moe_keys_fit_stage(const Config *cfg, const Sources *src, St
 // The one check of tp_dimensions' values (how many ranks a grid needs is the stage's, once they
 // are started). A grid other than [1, 1, 1] splits every layer over ranks, which only strategy
 // axonn does; on another strategy it would be ignored. Called after the experts' keys: a mixture
-// of experts, where a stage takes one, does not split its experts.
+// of experts generates on one grid cell (stage 10 trains one over x: its experts whole on each).
 static void require_grid_fits_stage(const Config *cfg, const Sources *src, Stage stage) {
     const int *tp = cfg->tp_dimensions;
     for (int i = 0; i < 3; i++) require_positive(src, "tp_dimensions", tp[i]);
@@ -766,7 +766,7 @@ static void require_grid_fits_stage(const Config *cfg, const Sources *src, Stage
     if (tp[2] != 1 && STAGES[stage].no_grid_depth)
         fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but %s", where, tp[0], tp[1], tp[2],
               STAGES[stage].no_grid_depth);
-    if (cfg->num_experts)
+    if (cfg->num_experts && STAGES[stage].generates)
         fatal("%s: key 'tp_dimensions' is [%d, %d, %d] but a mixture of experts generates on one grid "
               "cell ([1, 1, 1]): its experts are not split", where, tp[0], tp[1], tp[2]);
 }

@@ -250,6 +250,11 @@ void gpt_layout_range(ParamLayout *l, const GPTConfig *cfg, int first, int n, bo
     lay_out(l, cfg, first, n, embed, head, 0, gpt_experts(cfg));
 }
 
+void gpt_layout_range_repeats(ParamLayout *l, const GPTConfig *cfg, int first, int n, bool embed, bool head,
+                              int first_repeat, int n_repeats) {
+    lay_out(l, cfg, first, n, embed, head, first_repeat, n_repeats);
+}
+
 void gpt_layout_repeats(ParamLayout *l, const GPTConfig *cfg, int first_repeat, int n) {
     lay_out(l, cfg, 0, cfg->n_layer, true, true, first_repeat, n);
 }

@@ -56,6 +56,9 @@ void gpt_layout_range(ParamLayout *layout, const GPTConfig *cfg, int first, int 
 // the whole model with the MoE blocks' repeated tensors [first_repeat, first_repeat + n) only
 // (expert parallelism: 08's moe_layout_experts); they keep their names and random streams
 void gpt_layout_repeats(ParamLayout *layout, const GPTConfig *cfg, int first_repeat, int n);
+// both: a range of blocks holding those repeats (a pipeline stage's part with its experts: stage 10)
+void gpt_layout_range_repeats(ParamLayout *layout, const GPTConfig *cfg, int first, int n, bool embed, bool head,
+                              int first_repeat, int n_repeats);
 void gpt_layout_free(ParamLayout *layout);
 // the tensor of that Hugging Face name, or NULL when the layout does not hold it
 const TensorInfo *layout_tensor(const ParamLayout *layout, const char *name);
