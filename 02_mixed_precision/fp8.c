@@ -54,10 +54,13 @@ static void cast_with_scale(Fp8Layers *f, half16 *out, const float *x, size_t n,
     f->values[operand] += (double)n;
 }
 
-static void cast_tensorwise(Fp8Layers *f, half16 *out, const float *x, size_t n, Fp8Format format,
-                            const Linear *w, int operand) {
+// returns the scale it cast with
+static float cast_tensorwise(Fp8Layers *f, half16 *out, const float *x, size_t n, Fp8Format format,
+                             const Linear *w, int operand) {
     AmaxHistory *h = history_of(f, w->w, operand);
-    cast_with_scale(f, out, x, n, format, operand, tensorwise_scale(f, h, x, n, format));
+    float scale = tensorwise_scale(f, h, x, n, format);
+    cast_with_scale(f, out, x, n, format, operand, scale);
+    return scale;
 }
 
 // ---- rowwise and MX: a scale a group along the matmul's reduction dimension -------------------------
@@ -115,13 +118,15 @@ static void fp8_linear_forward(LayerOps *ops, LinearKind k, float *out, const fl
         return;
     }
     save_input(f, inp16, inp, N, in_dim);
-    if (f->prec == PREC_FP8_TENSORWISE) {
-        cast_tensorwise(f, inp16, inp, (size_t)N * in_dim, FP8_E4M3, w, FP8_INPUT);
-        cast_tensorwise(f, f->weight8, w->w, (size_t)out_dim * in_dim, FP8_E4M3, w, FP8_WEIGHT);
-    } else {  // both along in_dim, the reduction dimension
-        cast_grouped(f, inp16, inp, N, in_dim, 0, FP8_INPUT);
-        cast_grouped(f, f->weight8, w->w, out_dim, in_dim, 0, FP8_WEIGHT);
+    if (f->prec == PREC_FP8_TENSORWISE) {  // on the FP8 tensor cores where the GPU has them (ops.h)
+        float inp_scale = cast_tensorwise(f, inp16, inp, (size_t)N * in_dim, FP8_E4M3, w, FP8_INPUT);
+        float w_scale = cast_tensorwise(f, f->weight8, w->w, (size_t)out_dim * in_dim, FP8_E4M3, w, FP8_WEIGHT);
+        matmul_forward_fp8(out, inp16, inp_scale, f->weight8, w_scale, w->b, N, in_dim, out_dim);
+        return;
     }
+    // rowwise and MX: both along in_dim, the reduction dimension, multiplied as the grid values
+    cast_grouped(f, inp16, inp, N, in_dim, 0, FP8_INPUT);
+    cast_grouped(f, f->weight8, w->w, out_dim, in_dim, 0, FP8_WEIGHT);
     matmul_forward_16(out, inp16, f->weight8, w->b, N, in_dim, out_dim);
 }
 
@@ -130,12 +135,13 @@ static void fp8_linear_forward(LayerOps *ops, LinearKind k, float *out, const fl
 // scaling), dout in e5m2
 static void tensorwise_backward(Fp8Layers *f, float *dinp, Linear *g, const float *dout, half16 *dout16,
                                 const float *inp, const Linear *w, int N, int in_dim, int out_dim) {
-    cast_tensorwise(f, dout16, dout, (size_t)N * out_dim, FP8_E5M2, w, FP8_OUTPUT_GRAD);
+    float dout_scale = cast_tensorwise(f, dout16, dout, (size_t)N * out_dim, FP8_E5M2, w, FP8_OUTPUT_GRAD);
     half16 *input8 = input8_buffer(f, (size_t)N * in_dim);
-    cast_with_scale(f, input8, inp, (size_t)N * in_dim, FP8_E4M3, FP8_INPUT, history_of(f, w->w, FP8_INPUT)->last_scale);
-    cast_with_scale(f, f->weight8, w->w, (size_t)out_dim * in_dim, FP8_E4M3, FP8_WEIGHT,
-                    history_of(f, w->w, FP8_WEIGHT)->last_scale);
-    matmul_backward_16(dinp, g->w, g->b, dout, dout16, input8, f->weight8, N, in_dim, out_dim);
+    float inp_scale = history_of(f, w->w, FP8_INPUT)->last_scale, w_scale = history_of(f, w->w, FP8_WEIGHT)->last_scale;
+    cast_with_scale(f, input8, inp, (size_t)N * in_dim, FP8_E4M3, FP8_INPUT, inp_scale);
+    cast_with_scale(f, f->weight8, w->w, (size_t)out_dim * in_dim, FP8_E4M3, FP8_WEIGHT, w_scale);
+    matmul_backward_fp8(dinp, g->w, g->b, dout, dout16, dout_scale, input8, inp_scale, f->weight8, w_scale, N, in_dim,
+                        out_dim);
 }
 
 // each matmul's operands cast along its own reduction dimension

@@ -24,7 +24,9 @@
 //
 // Emulated: with a power-of-two scale, fp8(x scale) / scale is a bf16 value exactly
 // (cast_to_fp8_grid), so stage 02's bf16 matmuls, fed those values, compute the FP8 matmul's
-// products exactly and accumulate them in fp32 as FP8 tensor cores do.
+// products exactly and accumulate them in fp32 as FP8 tensor cores do. On a GPU whose tensor cores
+// take FP8 with a scale a tensor (sm_89, sm_90), fp8-tensorwise's products run there, on the same FP8
+// numbers (ops.h matmul_forward_fp8); rowwise and MX stay emulated everywhere.
 #ifndef FP8_H
 #define FP8_H
 
