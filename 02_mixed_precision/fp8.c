@@ -1,13 +1,16 @@
 // fp8.c: see fp8.h.
 #include "fp8.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/device.h"
 #include "base/log.h"
 #include "model/activations.h"
+#include "model/checkpoint.h"
 #include "ops/ops.h"
+#include "run/run_checkpoint.h"
 
 // MX's block: 32 elements share a scale (OCP Microscaling)
 #define MX_BLOCK 32
@@ -24,10 +27,41 @@ static AmaxHistory *history_of(Fp8Layers *f, const float *weight, int operand) {
         if (f->histories[i].weight == weight && f->histories[i].operand == operand) return &f->histories[i];
     if (f->n_histories == f->max_histories)
         fatal("fp8: more FP8 linears than the layout's %d blocks hold", f->max_histories / (FP8_OPERANDS * LIN_HEAD));
-    AmaxHistory *h = &f->histories[f->n_histories++];
+    AmaxHistory *h = &f->histories[f->n_histories];
     *h = (AmaxHistory){.weight = weight, .operand = operand,
                        .amax = f->history_len ? calloc_or_die((size_t)f->history_len, sizeof(float)) : NULL};
+    if (f->resumed)  // the checkpoint's row of this history, oldest first: the next amax replaces the oldest
+        memcpy(h->amax, f->resumed + (size_t)f->n_histories * f->history_len, (size_t)f->history_len * sizeof(float));
+    f->n_histories++;
     return h;
+}
+
+// ---- delayed scaling's histories in the checkpoint ---------------------------------------------
+
+#define HISTORY_TENSOR "fp8_amax_history"
+
+// a row a history, rotated to start at its oldest amax (where its next goes), zeros for those not made
+static void write_histories(const void *ctx, float *out) {
+    const Fp8Layers *f = ctx;
+    int len = f->history_len;
+    memset(out, 0, (size_t)f->max_histories * len * sizeof(float));
+    for (int i = 0; i < f->n_histories; i++)
+        for (int j = 0; j < len; j++) out[(size_t)i * len + j] = f->histories[i].amax[(f->histories[i].next + j) % len];
+}
+
+// keeps the histories in every checkpoint and, resuming, reads the saved ones back; a checkpoint saved
+// before they were kept starts them empty, as the run's first steps did
+static void keep_histories(Fp8Layers *f, const Config *cfg) {
+    checkpoint_keep_extra(HISTORY_TENSOR, f->max_histories, f->history_len, write_histories, f);
+    if (!cfg->resume) return;
+    f->resumed = malloc_or_die((size_t)f->max_histories * f->history_len * sizeof(float));
+    if (checkpoint_load_optimizer_extra(cfg->out_dir, HISTORY_TENSOR, f->max_histories, f->history_len, f->resumed))
+        return;
+    fprintf(stderr, "warning: %s/optimizer.safetensors holds no %s (saved before the histories were kept): "
+            "delayed scaling resumes with empty histories, so the losses part from an uninterrupted run's\n",
+            cfg->out_dir, HISTORY_TENSOR);
+    free(f->resumed);
+    f->resumed = NULL;
 }
 
 // the largest amax of the last casts: 0 before the first, so that the first scale is 1
@@ -186,6 +220,7 @@ void fp8_attach(Fp8Layers *f, const Config *cfg, Activations *acts, const ParamL
     f->unscaled = strcmp(cfg->fp8_scaling, "none") == 0;
     f->max_histories = FP8_OPERANDS * LIN_HEAD * layout->n_blocks;  // the block's linears: the kinds before the head
     f->histories = calloc_or_die((size_t)f->max_histories, sizeof(AmaxHistory));
+    if (f->history_len) keep_histories(f, cfg);
     f->max_inputs = LIN_HEAD * layout->n_blocks;
     f->inputs = calloc_or_die((size_t)f->max_inputs, sizeof(SavedInput));
     f->max_tokens = (size_t)acts->spec.B * acts->spec.T;
@@ -207,8 +242,10 @@ const Fp8StepStats *fp8_step_stats(Fp8Layers *f) {
 }
 
 void fp8_free(Fp8Layers *f) {
+    if (f->history_len) checkpoint_keep_extra(NULL, 0, 0, NULL, NULL);
     for (int i = 0; i < f->n_histories; i++) free(f->histories[i].amax);
     free(f->histories);
+    free(f->resumed);
     for (int i = 0; i < f->n_inputs; i++) dev_free(f->inputs[i].x);
     free(f->inputs);
     dev_free(f->clips);

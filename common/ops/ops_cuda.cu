@@ -846,6 +846,31 @@ static cublasLtHandle_t lt_handle(void **workspace) {
     return lt;
 }
 
+// the algorithm cuBLASLt's heuristic puts first for op on these layouts within LT_WORKSPACE; 0 where
+// it offers none (the types, the GPU)
+static int lt_algorithm(cublasLtHandle_t lt, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                        cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatmulAlgo_t *algo) {
+    cublasLtMatmulPreference_t pref;
+    size_t ws = LT_WORKSPACE;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t found;
+    int count = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &found, &count);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (s != CUBLAS_STATUS_SUCCESS || count == 0) return 0;
+    *algo = found.algo;
+    return 1;
+}
+
+static void lt_destroy(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                       cublasLtMatrixLayout_t c) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(a));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(c));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+}
+
 static int dweight_with_bias_grad(float *dweight, float *dbias, const void *inp, const void *dout, cudaDataType_t t,
                                   int N, int C, int OC) {
     void *workspace;
@@ -864,28 +889,18 @@ static int dweight_with_bias_grad(float *dweight, float *dbias, const void *inp,
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, t, C, N, C));    // inp^T: C x N, column-major
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, t, OC, N, OC));  // dout^T as stored; op T makes it N x OC
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, C, OC, C));
-    cublasLtMatmulPreference_t pref;
-    size_t ws = LT_WORKSPACE;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t found;
-    int count = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &found, &count);
-    int ran = s == CUBLAS_STATUS_SUCCESS && count > 0;
+    cublasLtMatmulAlgo_t algo;
+    int ran = lt_algorithm(lt, op, a, b, c, &algo);
     static int told[2];  // whoever measures the switch must know when it did nothing: once per type
     if (!ran && !told[t != CUDA_R_32F]++)
         fprintf(stderr, "note: OPS_CUDA_KERNELS=bias_epilogue: cuBLASLt offers no BGRADB algorithm for %s "
                 "inputs on this GPU; their bias gradients take the two-pass path\n", t == CUDA_R_32F ? "f32" : "16-bit");
     if (ran) {
-        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, inp, a, dout, b, &ONE, dweight, c, dweight, c, &found.algo,
+        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, inp, a, dout, b, &ONE, dweight, c, dweight, c, &algo,
                                     workspace, LT_WORKSPACE, g.stream));
         add_inplace(dbias, column_sums, (size_t)OC);
     }
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(a));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(b));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(c));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    lt_destroy(op, a, b, c);
     return ran;
 }
 
@@ -1137,14 +1152,8 @@ static int fp8_gemm(float *D, const Fp8Operand *a, const Fp8Operand *b, int m, i
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ta, k, m, k));  // A^T as cuBLASLt sees it: k x m, column-major
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, tb, k, n, k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m));
-    cublasLtMatmulPreference_t pref;
-    size_t ws = LT_WORKSPACE;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t found;
-    int count = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &found, &count);
-    int ran = s == CUBLAS_STATUS_SUCCESS && count > 0;
+    cublasLtMatmulAlgo_t algo;
+    int ran = lt_algorithm(lt, op, la, lb, ld, &algo);
     static int told;
     if (!ran && !told++)
         fprintf(stderr, "note: fp8-tensorwise: cuBLASLt offers no FP8 algorithm for a product of %d x %d by %d x %d "
@@ -1155,14 +1164,10 @@ static int fp8_gemm(float *D, const Fp8Operand *a, const Fp8Operand *b, int m, i
         LAUNCH(fp8_codes_kernel, grid_for((size_t)n * k), THREADS, 0, b8, b->grid, b->rows, b->cols, b->scale,
                b->format, b->transpose);
         LAUNCH(fp8_unscale_kernel, 1, 1, 0, unscale, a->scale, b->scale);
-        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, a8, la, b8, lb, beta, D, ld, D, ld, &found.algo, workspace,
+        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, a8, la, b8, lb, beta, D, ld, D, ld, &algo, workspace,
                                     LT_WORKSPACE, g.stream));
     }
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    lt_destroy(op, la, lb, ld);
     return ran;
 }
 
