@@ -1154,7 +1154,10 @@ static int fp8_gemm(float *D, const Fp8Operand *a, const Fp8Operand *b, int m, i
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m));
     cublasLtMatmulAlgo_t algo;
     int ran = lt_algorithm(lt, op, la, lb, ld, &algo);
-    static int told;
+    static int told, told_ran;  // whoever compares the backends must know which way the products went
+    if (ran && !told_ran++)
+        fprintf(stderr, "note: fp8-tensorwise: the linears multiply on the FP8 tensor cores (cuBLASLt FP8 GEMMs, "
+                "sm_%d%d)\n", g.cc_major, g.cc_minor);
     if (!ran && !told++)
         fprintf(stderr, "note: fp8-tensorwise: cuBLASLt offers no FP8 algorithm for a product of %d x %d by %d x %d "
                 "on this GPU; such products multiply the FP8 grid values in bf16 (the emulation)\n", n, k, k, m);
@@ -1172,15 +1175,11 @@ static int fp8_gemm(float *D, const Fp8Operand *a, const Fp8Operand *b, int m, i
 }
 
 // Whether this GPU and shape take the FP8 GEMMs (fp8_gemm_fits; the f32 outputs 16-byte aligned, as
-// cuBLASLt's FP8 kernels ask), saying once which way fp8-tensorwise's products go: whoever
-// compares the backends must know which ran
+// cuBLASLt's FP8 kernels ask), saying once when they do not
 static int fp8_gemms_run(int m, int n, int k, const float *out1, const float *out2) {
     int aligned = (uintptr_t)out1 % 16 == 0 && (uintptr_t)out2 % 16 == 0;
     int fits = fp8_gemm_fits(g.cc_major, g.cc_minor, m, n, k) && aligned;
-    static int told_fp8, told_gpu, told_shape;
-    if (fits && !told_fp8++)
-        fprintf(stderr, "note: fp8-tensorwise: the linears multiply on the FP8 tensor cores (cuBLASLt FP8 GEMMs, "
-                "sm_%d%d)\n", g.cc_major, g.cc_minor);
+    static int told_gpu, told_shape;
     if (!fp8_gemm_fits(g.cc_major, g.cc_minor, 16, 16, 16) && !told_gpu++)
         fprintf(stderr, "note: fp8-tensorwise: sm_%d%d takes no tensorwise FP8 GEMM here (sm_89 and sm_90 do); "
                 "the linears multiply the FP8 grid values in bf16 (the emulation)\n", g.cc_major, g.cc_minor);
