@@ -598,7 +598,9 @@ static void test_matmul_fp8(int N, int C, int OC) {
           OC, fwd, rtol);
     CHECK(bwd_inp <= rtol, "matmul_backward_fp8 dinp (%d, %d, %d): %.3g, more than %.3g", N, C, OC, bwd_inp, rtol);
     CHECK(bwd_w <= rtol, "matmul_backward_fp8 dweight (%d, %d, %d): %.3g, more than %.3g", N, C, OC, bwd_w, rtol);
-    CHECK(bwd_b == 0, "matmul_backward_fp8 dbias (%d, %d, %d): not the f32 gradient's column sums", N, C, OC);
+    // dbias: the column sums of dout, the same numbers in f32 and in 16 bits (grid values), summed in another
+    // order where OPS_CUDA_KERNELS=bias_epilogue sums the emulation's in its matmul
+    CHECK(bwd_b <= 1e-6, "matmul_backward_fp8 dbias (%d, %d, %d): %.3g from the column sums of dout", N, C, OC, bwd_b);
     void *dev[] = {x8, w8, g8, d_bias, d_g, out, emu, dinp, dinp_emu, dw, dw_emu, db, db_emu};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
     double *host[] = {x, w, g, bias, dinp0, dw0};
