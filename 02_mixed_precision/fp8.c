@@ -1,13 +1,16 @@
 // fp8.c: see fp8.h.
 #include "fp8.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/device.h"
 #include "base/log.h"
 #include "model/activations.h"
+#include "model/checkpoint.h"
 #include "ops/ops.h"
+#include "run/run_checkpoint.h"
 
 // MX's block: 32 elements share a scale (OCP Microscaling)
 #define MX_BLOCK 32
@@ -24,10 +27,41 @@ static AmaxHistory *history_of(Fp8Layers *f, const float *weight, int operand) {
         if (f->histories[i].weight == weight && f->histories[i].operand == operand) return &f->histories[i];
     if (f->n_histories == f->max_histories)
         fatal("fp8: more FP8 linears than the layout's %d blocks hold", f->max_histories / (FP8_OPERANDS * LIN_HEAD));
-    AmaxHistory *h = &f->histories[f->n_histories++];
+    AmaxHistory *h = &f->histories[f->n_histories];
     *h = (AmaxHistory){.weight = weight, .operand = operand,
                        .amax = f->history_len ? calloc_or_die((size_t)f->history_len, sizeof(float)) : NULL};
+    if (f->resumed)  // the checkpoint's row of this history, oldest first: the next amax replaces the oldest
+        memcpy(h->amax, f->resumed + (size_t)f->n_histories * f->history_len, (size_t)f->history_len * sizeof(float));
+    f->n_histories++;
     return h;
+}
+
+// ---- delayed scaling's histories in the checkpoint ---------------------------------------------
+
+#define HISTORY_TENSOR "fp8_amax_history"
+
+// a row a history, rotated to start at its oldest amax (where its next goes), zeros for those not made
+static void write_histories(const void *ctx, float *out) {
+    const Fp8Layers *f = ctx;
+    int len = f->history_len;
+    memset(out, 0, (size_t)f->max_histories * len * sizeof(float));
+    for (int i = 0; i < f->n_histories; i++)
+        for (int j = 0; j < len; j++) out[(size_t)i * len + j] = f->histories[i].amax[(f->histories[i].next + j) % len];
+}
+
+// keeps the histories in every checkpoint and, resuming, reads the saved ones back; a checkpoint saved
+// before they were kept starts them empty, as the run's first steps did
+static void keep_histories(Fp8Layers *f, const Config *cfg) {
+    checkpoint_keep_extra(HISTORY_TENSOR, f->max_histories, f->history_len, write_histories, f);
+    if (!cfg->resume) return;
+    f->resumed = malloc_or_die((size_t)f->max_histories * f->history_len * sizeof(float));
+    if (checkpoint_load_optimizer_extra(cfg->out_dir, HISTORY_TENSOR, f->max_histories, f->history_len, f->resumed))
+        return;
+    fprintf(stderr, "warning: %s/optimizer.safetensors holds no %s (saved before the histories were kept): "
+            "delayed scaling resumes with empty histories, so the losses part from an uninterrupted run's\n",
+            cfg->out_dir, HISTORY_TENSOR);
+    free(f->resumed);
+    f->resumed = NULL;
 }
 
 // the largest amax of the last casts: 0 before the first, so that the first scale is 1
@@ -54,10 +88,13 @@ static void cast_with_scale(Fp8Layers *f, half16 *out, const float *x, size_t n,
     f->values[operand] += (double)n;
 }
 
-static void cast_tensorwise(Fp8Layers *f, half16 *out, const float *x, size_t n, Fp8Format format,
-                            const Linear *w, int operand) {
+// returns the scale it cast with
+static float cast_tensorwise(Fp8Layers *f, half16 *out, const float *x, size_t n, Fp8Format format,
+                             const Linear *w, int operand) {
     AmaxHistory *h = history_of(f, w->w, operand);
-    cast_with_scale(f, out, x, n, format, operand, tensorwise_scale(f, h, x, n, format));
+    float scale = tensorwise_scale(f, h, x, n, format);
+    cast_with_scale(f, out, x, n, format, operand, scale);
+    return scale;
 }
 
 // ---- rowwise and MX: a scale a group along the matmul's reduction dimension -------------------------
@@ -115,13 +152,15 @@ static void fp8_linear_forward(LayerOps *ops, LinearKind k, float *out, const fl
         return;
     }
     save_input(f, inp16, inp, N, in_dim);
-    if (f->prec == PREC_FP8_TENSORWISE) {
-        cast_tensorwise(f, inp16, inp, (size_t)N * in_dim, FP8_E4M3, w, FP8_INPUT);
-        cast_tensorwise(f, f->weight8, w->w, (size_t)out_dim * in_dim, FP8_E4M3, w, FP8_WEIGHT);
-    } else {  // both along in_dim, the reduction dimension
-        cast_grouped(f, inp16, inp, N, in_dim, 0, FP8_INPUT);
-        cast_grouped(f, f->weight8, w->w, out_dim, in_dim, 0, FP8_WEIGHT);
+    if (f->prec == PREC_FP8_TENSORWISE) {  // on the FP8 tensor cores where the GPU has them (ops.h)
+        float inp_scale = cast_tensorwise(f, inp16, inp, (size_t)N * in_dim, FP8_E4M3, w, FP8_INPUT);
+        float w_scale = cast_tensorwise(f, f->weight8, w->w, (size_t)out_dim * in_dim, FP8_E4M3, w, FP8_WEIGHT);
+        matmul_forward_fp8(out, inp16, inp_scale, f->weight8, w_scale, w->b, N, in_dim, out_dim);
+        return;
     }
+    // rowwise and MX: both along in_dim, the reduction dimension, multiplied as the grid values
+    cast_grouped(f, inp16, inp, N, in_dim, 0, FP8_INPUT);
+    cast_grouped(f, f->weight8, w->w, out_dim, in_dim, 0, FP8_WEIGHT);
     matmul_forward_16(out, inp16, f->weight8, w->b, N, in_dim, out_dim);
 }
 
@@ -130,12 +169,13 @@ static void fp8_linear_forward(LayerOps *ops, LinearKind k, float *out, const fl
 // scaling), dout in e5m2
 static void tensorwise_backward(Fp8Layers *f, float *dinp, Linear *g, const float *dout, half16 *dout16,
                                 const float *inp, const Linear *w, int N, int in_dim, int out_dim) {
-    cast_tensorwise(f, dout16, dout, (size_t)N * out_dim, FP8_E5M2, w, FP8_OUTPUT_GRAD);
+    float dout_scale = cast_tensorwise(f, dout16, dout, (size_t)N * out_dim, FP8_E5M2, w, FP8_OUTPUT_GRAD);
     half16 *input8 = input8_buffer(f, (size_t)N * in_dim);
-    cast_with_scale(f, input8, inp, (size_t)N * in_dim, FP8_E4M3, FP8_INPUT, history_of(f, w->w, FP8_INPUT)->last_scale);
-    cast_with_scale(f, f->weight8, w->w, (size_t)out_dim * in_dim, FP8_E4M3, FP8_WEIGHT,
-                    history_of(f, w->w, FP8_WEIGHT)->last_scale);
-    matmul_backward_16(dinp, g->w, g->b, dout, dout16, input8, f->weight8, N, in_dim, out_dim);
+    float inp_scale = history_of(f, w->w, FP8_INPUT)->last_scale, w_scale = history_of(f, w->w, FP8_WEIGHT)->last_scale;
+    cast_with_scale(f, input8, inp, (size_t)N * in_dim, FP8_E4M3, FP8_INPUT, inp_scale);
+    cast_with_scale(f, f->weight8, w->w, (size_t)out_dim * in_dim, FP8_E4M3, FP8_WEIGHT, w_scale);
+    matmul_backward_fp8(dinp, g->w, g->b, dout, dout16, dout_scale, input8, inp_scale, f->weight8, w_scale, N, in_dim,
+                        out_dim);
 }
 
 // each matmul's operands cast along its own reduction dimension
@@ -180,6 +220,7 @@ void fp8_attach(Fp8Layers *f, const Config *cfg, Activations *acts, const ParamL
     f->unscaled = strcmp(cfg->fp8_scaling, "none") == 0;
     f->max_histories = FP8_OPERANDS * LIN_HEAD * layout->n_blocks;  // the block's linears: the kinds before the head
     f->histories = calloc_or_die((size_t)f->max_histories, sizeof(AmaxHistory));
+    if (f->history_len) keep_histories(f, cfg);
     f->max_inputs = LIN_HEAD * layout->n_blocks;
     f->inputs = calloc_or_die((size_t)f->max_inputs, sizeof(SavedInput));
     f->max_tokens = (size_t)acts->spec.B * acts->spec.T;
@@ -201,8 +242,10 @@ const Fp8StepStats *fp8_step_stats(Fp8Layers *f) {
 }
 
 void fp8_free(Fp8Layers *f) {
+    if (f->history_len) checkpoint_keep_extra(NULL, 0, 0, NULL, NULL);
     for (int i = 0; i < f->n_histories; i++) free(f->histories[i].amax);
     free(f->histories);
+    free(f->resumed);
     for (int i = 0; i < f->n_inputs; i++) dev_free(f->inputs[i].x);
     free(f->inputs);
     dev_free(f->clips);

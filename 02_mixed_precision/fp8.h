@@ -24,7 +24,9 @@
 //
 // Emulated: with a power-of-two scale, fp8(x scale) / scale is a bf16 value exactly
 // (cast_to_fp8_grid), so stage 02's bf16 matmuls, fed those values, compute the FP8 matmul's
-// products exactly and accumulate them in fp32 as FP8 tensor cores do.
+// products exactly and accumulate them in fp32 as FP8 tensor cores do. On a GPU whose tensor cores
+// take FP8 with a scale a tensor (sm_89, sm_90), fp8-tensorwise's products run there, on the same FP8
+// numbers (ops.h matmul_forward_fp8); rowwise and MX stay emulated everywhere.
 #ifndef FP8_H
 #define FP8_H
 
@@ -64,13 +66,17 @@ typedef struct {
     bool unscaled;         // fp8_scaling none: every scale 1 (what the values do without one)
     AmaxHistory *histories;  // tensorwise: one an operand of each linear, made on its first cast
     int n_histories, max_histories;  // both bounded by the layout's linears
+    float *resumed;  // delayed, resuming: the checkpoint's histories, a row each in the order made
     unsigned long long *clips;        // device: [operand][FP8_CLIPS] what the casts clipped
     double values[FP8_OPERANDS];      // ... out of how many values cast
     Fp8StepStats stats;
 } Fp8Layers;
 
 // plugs the FP8 linears in around acts' layers (the model's blocks laid out as `layout`) when the
-// precision is one of FP8's; otherwise does nothing
+// precision is one of FP8's; otherwise does nothing. Under delayed scaling every checkpoint keeps
+// the amax histories (tensor fp8_amax_history of optimizer.safetensors, a row each, oldest amax
+// first, in the order the linears first cast, which every run of a layout repeats), and a resumed
+// run starts from them: the losses of a run stopped and resumed are an uninterrupted run's.
 void fp8_attach(Fp8Layers *f, const Config *cfg, Activations *acts, const ParamLayout *layout);
 // what the casts clipped since the last call (NULL when no FP8 linears run); resets the counts
 const Fp8StepStats *fp8_step_stats(Fp8Layers *f);

@@ -11,7 +11,7 @@
 #   CUDA_ARCHS        what to build for (the Makefile passes the present GPU's, from nvidia-smi)
 #   STAGE_BIN=build/cpu TEST_GPUS=G   a dry run without a GPU (below)
 # The estimates below are the seconds each section took on one H100 (16 cores) on 2026-11-26,
-# rounded up (docs/CUDA.md), but the switched kernels' and stage 09's, which no GPU has run yet
+# rounded up (docs/CUDA.md), but the switched kernels', stage 09's and fp8's, which no GPU has run yet
 # (guesses from their work against the sections measured); the build's is a guess for a cold build for one architecture (with
 # every binary already built it took 17 s).
 set -u
@@ -32,6 +32,7 @@ plan=(
     "5|stage 01 against the CPU|tests/test_ops_cuda.sh stage1"
     "5|stage 06 CUDA graphs|tests/test_ops_cuda.sh graphs"
     "30|kernels behind OPS_CUDA_KERNELS|tests/test_ops_cuda.sh switched"
+    "10|stage 02 fp8-tensorwise against the CPU|tests/test_ops_cuda.sh fp8"
     "5|ranks sharing a GPU choose MPI|tests/test_cuda_stages.sh share"
     "15|stage 03 equivalence|tests/test_cuda_stages.sh 3"
     "15|stage 04 equivalence|tests/test_cuda_stages.sh 4"

@@ -344,6 +344,10 @@ static void child_load_optimizer(const char *dir) {
     TrainState s;
     checkpoint_load_optimizer(dir, &g_layout, m, v, &s);
 }
+static void child_load_extra_of_other_shape(const char *dir) {
+    float out[8];
+    checkpoint_load_optimizer_extra(dir, "fp8_amax_history", 2, 4, out);
+}
 static void child_save_model(const char *dir) { checkpoint_save_model(dir, &g_layout, g_params, NULL); }
 // a crash halfway through a save: the file size limit kills us (SIGXFSZ) during the write
 static void child_crash_during_save(const char *dir) {
@@ -456,6 +460,21 @@ static void test_round_trip(void) {
           back_state.loss_scale_skipped_steps == 2 && back_state.step == 7,
           "loss scale state: %g %ld %ld", back_state.loss_scale, back_state.loss_scale_good_steps,
           back_state.loss_scale_skipped_steps);
+    // a plug-in's extra tensor (stage 02's amax histories): back bit for bit; absent from a file saved
+    // without it, where nothing is read
+    float extra[6] = {0.5f, 3e-7f, 448.0f, 0, 1, 57344.0f}, extra_back[6] = {0};
+    TrainState with_extra = {.step = 7, .seed = 1, .extra_name = "fp8_amax_history", .extra = extra,
+                             .extra_rows = 2, .extra_cols = 3};
+    CHECK(!checkpoint_load_optimizer_extra(dir, "fp8_amax_history", 2, 3, extra_back) && extra_back[0] == 0,
+          "an extra tensor read from a file saved without one");
+    checkpoint_save_optimizer(dir, &l, m, v, &with_extra);
+    CHECK(checkpoint_load_optimizer_extra(dir, "fp8_amax_history", 2, 3, extra_back) &&
+              !memcmp(extra, extra_back, sizeof extra),
+          "the extra tensor is not back bit for bit");
+    checkpoint_load_optimizer(dir, &l, m2, v2, &s2);
+    CHECK(s2.step == 7 && !memcmp(m, m2, l.num_params * sizeof(float)), "the moments beside an extra tensor");
+    expect_fatal("extra tensor of another shape", child_load_extra_of_other_shape, dir,
+                 "optimizer.safetensors: tensor fp8_amax_history has shape [2, 3], expected [2, 4]", dir);
     list_dir(dir, listing, sizeof listing);
     CHECK(!strcmp(listing, "config.json,model.safetensors,optimizer.safetensors"), "files: %s", listing);
 

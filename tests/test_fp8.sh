@@ -4,7 +4,8 @@
 # format (tests/oracle_fp8.py says which); stage 02's FP8 precisions (fp8-tensorwise with current
 # and delayed scaling, fp8-rowwise, mxfp8) against their float64 reference, with the shares of
 # values their casts saturated and flushed (metrics.jsonl), and each beside bf16-mixed over 200
-# steps; FP8 on stages without FP8 linears, and delayed scaling where no recipe reads it, refused.
+# steps; delayed scaling stopped and resumed gives the uninterrupted run's losses (its amax histories in
+# the checkpoint); FP8 on stages without FP8 linears, and delayed scaling where no recipe reads it, refused.
 # ml_dtypes comes from PyPI into a venv of its own over Debian's python3, numpy and torch, made
 # once: build/fp8-venv.
 source "$(dirname "$0")/lib.sh"
@@ -102,6 +103,37 @@ print(*(json.loads(open(sys.argv[i] + '/metrics.jsonl').readline())['fp8_underfl
 echo "output gradients flushed to zero at step 1, unscaled and scaled: $flushed"
 check 'python3 -c "import sys; u, s = map(float, sys.argv[1:]); sys.exit(not (u >= 0.2 and s <= 1e-3))" $flushed' \
     "fp8_underflow's output-gradient share at step 1 is $flushed (unscaled, scaled): want >= 0.2 and <= 1e-3"
+
+# ---- delayed scaling resumed: the amax histories in the checkpoint --------------------------------
+# 8 steps straight, and 4 + resume + 4, with a history of 5 (longer than a step's casts, so the resumed
+# steps' scales read amaxes saved before the stop), for GPT-2 and Llama: the same losses to the last
+# bit, and the checkpoint's fp8_amax_history a row each operand (3) of each of the blocks' linears
+# (4 a block: qkv, attention projection, fc, fc projection). An evaluation casts too and records its amaxes, so the stop
+# falls on a step where the uninterrupted run evaluates as well (a stopping run evaluates its last).
+# One bf16 engine for every run (ops_cpu.c measures which at start-up, and a busy machine can tip
+# the choice between two runs: the same products, summed in another order).
+export OPS_BF16_MATMUL=f32
+losses() { grep -o '"loss": [^,]*' "$tmp/$1/metrics.jsonl"; }
+for family in "gpt2" "llama --n_kv_head=2 --intermediate_size=100"; do
+    read -r arch extra <<<"$family"
+    args=(--config configs/tiny.json --n_embd=64 --global_batch_size=8 --eval_interval=4 --eval_batches=1
+          --log_interval=100 --precision=fp8-tensorwise --fp8_scaling=delayed --fp8_amax_history=5 --arch="$arch" $extra)
+    run_single 2 "straight_$arch" --stop_iteration=8
+    run_single 2 "resumed_$arch" --stop_iteration=4
+    run_single 2 "resumed_$arch" --stop_iteration=8 --resume=true
+    shape=$(python3 - "$tmp/resumed_$arch/optimizer.safetensors" <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], "rb")
+header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+print(header.get("fp8_amax_history", {}).get("shape"))
+PY
+)
+    check '[ "$shape" = "[24, 5]" ]' \
+        "$arch: optimizer.safetensors' fp8_amax_history has shape $shape, not [24, 5] (3 operands x 4 linears x 2 blocks, history 5)"
+    check '[ "$(losses "straight_$arch" | wc -l)" -eq 8 ] && [ "$(losses "straight_$arch")" = "$(losses "resumed_$arch")" ]' \
+        "$arch, delayed scaling stopped at 4 and resumed: other losses than 8 steps straight: $(diff <(losses "straight_$arch") <(losses "resumed_$arch") | head -4)"
+done
+unset OPS_BF16_MATMUL
 
 # ---- bad input: FP8 where no FP8 linears run, delayed scaling where no recipe reads it ----------------
 args=(--config configs/tiny.json --precision=mxfp8 --out_dir="$tmp/bad")

@@ -526,6 +526,101 @@ static void test_matmul_bf16(int N, int C, int OC) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// fp8-tensorwise's products (matmul_forward_fp8, matmul_backward_fp8) against the emulation they
+// stand for: matmul_forward_16 and matmul_backward_16 on the same FP8 grid values. The CPU runs the
+// emulation itself (the same bits). A GPU with FP8 tensor cores multiplies the same e4m3 and e5m2
+// numbers (each product exact), so only the accumulation differs; within a chunk of products the
+// FP8 tensor cores of sm_89/sm_90 keep about 14 bits of the running sum before cuBLASLt promotes it
+// to fp32 (DeepSeek-V3's report, "limited accumulation precision"), hence a bound of 2^-12 of each
+// output's magnitude, the sum of |a_k b_k| over its products: twice that truncation, with room.
+// A shape that fp8_gemm_fits refuses (sizes not multiples of 16) takes the emulation: the same bits.
+#define FP8_GEMM_RTOL 0x1p-12
+
+// x on the FP8 grid of format f under its tensorwise scale (device), and its grid values (host,
+// into x)
+static half16 *fp8_grid_of(double *x, size_t n, Fp8Format f, float *scale) {
+    double amax = 0;
+    for (size_t i = 0; i < n; i++) amax = fmax(amax, fabs(x[i]));
+    *scale = fp8_scale_pow2((float)amax, f);
+    float *d = upload(x, n);
+    half16 *grid = dev_malloc(n * sizeof(half16)), *h = malloc_or_die(n * sizeof(half16));
+    cast_to_fp8_grid(grid, d, n, f, *scale, NULL);
+    copy_to_host(h, grid, n * sizeof(half16));
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_float(h[i]);
+    dev_free(d);
+    free(h);
+    return grid;
+}
+
+// the largest |got - want| over its output's magnitude: out[i][j] sums a[i][k] b[j][k] over k
+// (strides say how each operand is laid out), plus the |start| it was added to
+static double fp8_worst_relative(const float *got_d, const float *want_d, const double *start, const double *a,
+                                 size_t a_i, size_t a_k, const double *b, size_t b_j, size_t b_k, int I, int J,
+                                 int K) {
+    double *got = download(got_d, (size_t)I * J), *want = download(want_d, (size_t)I * J), worst = 0;
+    for (int i = 0; i < I; i++)
+        for (int j = 0; j < J; j++) {
+            double mag = start ? fabs(start[i * J + j]) : 0;
+            for (int k = 0; k < K; k++) mag += fabs(a[i * a_i + k * a_k] * b[j * b_j + k * b_k]);
+            double rel = fabs(got[i * J + j] - want[i * J + j]) / (mag > 0 ? mag : 1);
+            worst = isnan(rel) ? INFINITY : fmax(worst, rel);
+        }
+    free(got);
+    free(want);
+    return worst;
+}
+
+static void test_matmul_fp8(int N, int C, int OC) {
+    size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
+    double *x = rand_array(nin, -3, 3), *w = rand_array(nw, -0.1, 0.1), *g = rand_array(nout, -1e-3, 1e-3);
+    double *bias = rand_array(OC, -1, 1), *dinp0 = rand_array(nin, -1e-3, 1e-3), *dw0 = rand_array(nw, -1, 1);
+    float sx, sw, sg;
+    half16 *x8 = fp8_grid_of(x, nin, FP8_E4M3, &sx), *w8 = fp8_grid_of(w, nw, FP8_E4M3, &sw);
+    half16 *g8 = fp8_grid_of(g, nout, FP8_E5M2, &sg);
+    float *d_bias = upload(bias, OC), *d_g = upload(g, nout);
+    float *out = dev_malloc(nout * sizeof(float)), *emu = dev_malloc(nout * sizeof(float));
+    matmul_forward_fp8(out, x8, sx, w8, sw, d_bias, N, C, OC);
+    matmul_forward_16(emu, x8, w8, d_bias, N, C, OC);
+    double fwd = fp8_worst_relative(out, emu, bias, x, C, 1, w, C, 1, N, OC, C);
+    // backward adds into gradients that start non-zero
+    float *dinp = upload(dinp0, nin), *dinp_emu = upload(dinp0, nin), *dw = upload(dw0, nw), *dw_emu = upload(dw0, nw);
+    float *db = upload(bias, OC), *db_emu = upload(bias, OC);
+    matmul_backward_fp8(dinp, dw, db, d_g, g8, sg, x8, sx, w8, sw, N, C, OC);
+    matmul_backward_16(dinp_emu, dw_emu, db_emu, d_g, g8, x8, w8, N, C, OC);
+    double bwd_inp = fp8_worst_relative(dinp, dinp_emu, dinp0, g, OC, 1, w, 1, C, N, C, OC);
+    double bwd_w = fp8_worst_relative(dw, dw_emu, dw0, g, 1, OC, x, 1, C, OC, C, N);
+    double bwd_b = fp8_worst_relative(db, db_emu, NULL, NULL, 0, 0, NULL, 0, 0, 1, OC, 0);
+    int fits = fp8_gemm_fits(9, 0, OC, N, C);  // a shape the FP8 GEMMs take, where the GPU has them
+    printf("fp8 GEMM (%d x %d by %d) against its emulation: worst difference / magnitude: out %.3g, dinp %.3g, "
+           "dweight %.3g (%s)\n", N, C, OC, fwd, bwd_inp, bwd_w, fits ? "a shape for the FP8 GEMMs" : "emulated on every backend");
+    double rtol = fits ? FP8_GEMM_RTOL : 0;
+    CHECK(fwd <= rtol, "matmul_forward_fp8 (%d, %d, %d): %.3g of the magnitude from the emulation, more than %.3g", N, C,
+          OC, fwd, rtol);
+    CHECK(bwd_inp <= rtol, "matmul_backward_fp8 dinp (%d, %d, %d): %.3g, more than %.3g", N, C, OC, bwd_inp, rtol);
+    CHECK(bwd_w <= rtol, "matmul_backward_fp8 dweight (%d, %d, %d): %.3g, more than %.3g", N, C, OC, bwd_w, rtol);
+    // dbias: the column sums of dout, the same numbers in f32 and in 16 bits (grid values), summed in another
+    // order where OPS_CUDA_KERNELS=bias_epilogue sums the emulation's in its matmul
+    CHECK(bwd_b <= 1e-6, "matmul_backward_fp8 dbias (%d, %d, %d): %.3g from the column sums of dout", N, C, OC, bwd_b);
+    void *dev[] = {x8, w8, g8, d_bias, d_g, out, emu, dinp, dinp_emu, dw, dw_emu, db, db_emu};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
+    double *host[] = {x, w, g, bias, dinp0, dw0};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+
+// the rule that sends a product to the FP8 GEMMs: sm_89 and sm_90 only, every size a multiple of 16
+static void test_fp8_gemm_rule(void) {
+    static const struct { int major, minor, m, n, k, fits; } cases[] = {
+        {9, 0, 32, 64, 48, 1},  {8, 9, 16, 16, 16, 1},  {9, 0, 29, 64, 48, 0}, {9, 0, 32, 37, 48, 0},
+        {9, 0, 32, 64, 40, 0},  {9, 0, 32, 64, 24, 0},  {8, 0, 32, 64, 48, 0}, {8, 6, 32, 64, 48, 0},
+        {10, 0, 32, 64, 48, 0}, {7, 5, 32, 64, 48, 0},  {9, 0, 768, 3072, 1024, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK(fp8_gemm_fits(cases[i].major, cases[i].minor, cases[i].m, cases[i].n, cases[i].k) == cases[i].fits,
+              "fp8_gemm_fits(sm_%d%d, %d x %d by %d) should be %d", cases[i].major, cases[i].minor, cases[i].m,
+              cases[i].k, cases[i].n, cases[i].fits);
+}
+
+// ----------------------------------------------------------------------------------------------
 // layernorm
 
 typedef struct { int N, C; } RowShape;
@@ -2345,6 +2440,10 @@ int main(int argc, char **argv) {
     RUN(test_matmul_bf16(5, 7, 9));
     RUN(test_matmul_bf16(67, 96, 81));
     RUN(test_matmul_bf16(1, 771, 40));
+    RUN(test_fp8_gemm_rule());
+    RUN(test_matmul_fp8(64, 48, 32));   // every size a multiple of 16: the FP8 GEMMs on sm_89/sm_90
+    RUN(test_matmul_fp8(48, 160, 80));  // ... with longer sums
+    RUN(test_matmul_fp8(37, 48, 29));   // not: the emulation on every backend
     // the few-rows path: up to 8 rows a pass (13 = 8 + 5; 5, a step verifying 4 speculative
     // tokens, and 7 in one); columns past a multiple of 16 (771); 16 rows, its largest batch, and
     // 17, oneDNN's again

@@ -979,7 +979,9 @@ static void add_metadata(cJSON *meta, const char *key, const char *fmt, ...) {
 void checkpoint_save_optimizer(const char *out_dir, const ParamLayout *layout, const float *m,
                                const float *v, const TrainState *state) {
     int64_t n = (int64_t)layout->num_params;
-    OutTensor t[2] = {{"m", 1, {n, 0}, m, 0}, {"v", 1, {n, 0}, v, 0}};
+    OutTensor t[3] = {{"m", 1, {n, 0}, m, 0},
+                      {"v", 1, {n, 0}, v, 0},
+                      {state->extra_name, 2, {state->extra_rows, state->extra_cols}, state->extra, 0}};
     cJSON *meta = cJSON_CreateObject();
     cJSON_AddStringToObject(meta, "format", "adamw");
     add_metadata(meta, "step", "%ld", state->step);
@@ -989,7 +991,7 @@ void checkpoint_save_optimizer(const char *out_dir, const ParamLayout *layout, c
         add_metadata(meta, "loss_scale_good_steps", "%ld", state->loss_scale_good_steps);
         add_metadata(meta, "loss_scale_skipped_steps", "%ld", state->loss_scale_skipped_steps);
     }
-    write_safetensors(out_dir, "optimizer.safetensors", t, 2, meta);
+    write_safetensors(out_dir, "optimizer.safetensors", t, state->extra ? 3 : 2, meta);
 }
 
 // A metadata value that must be a whole decimal number (strtoull alone would accept "-1").
@@ -1052,6 +1054,24 @@ void checkpoint_load_train_state(const char *out_dir, TrainState *state) {
     safetensors_open(&st, file);
     read_train_state(&st, state);
     safetensors_close(&st);
+}
+
+bool checkpoint_load_optimizer_extra(const char *out_dir, const char *name, int64_t rows, int64_t cols, float *out) {
+    char file[FILE_PATH_LEN];
+    join_path(file, out_dir, "optimizer.safetensors");
+    SafeTensors st;
+    safetensors_open(&st, file);
+    const SafeTensor *t = safetensors_find(&st, name);
+    int64_t shape[2] = {rows, cols};
+    if (t && !(t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols)) {
+        char want[64], found[128];
+        fatal("%s: tensor %s has shape %s, expected %s for this run", file, name,
+              safetensors_shape_str(found, sizeof found, t->ndim, t->shape),
+              safetensors_shape_str(want, sizeof want, 2, shape));
+    }
+    if (t) safetensors_read_floats(&st, t, out);
+    safetensors_close(&st);
+    return t != NULL;
 }
 
 // ---- what a directory holds ---------------------------------------------------------------------

@@ -59,6 +59,12 @@ typedef struct {
     bool has_loss_scale;
     double loss_scale;
     long loss_scale_good_steps, loss_scale_skipped_steps;
+    // a plug-in's state kept with the step (run_checkpoint.h's checkpoint_keep_extra: stage 02's FP8
+    // amax histories): one more F32 tensor, extra_name [extra_rows, extra_cols]; written when extra is
+    // not NULL, read by checkpoint_load_optimizer_extra
+    const char *extra_name;
+    const float *extra;
+    int64_t extra_rows, extra_cols;
 } TrainState;
 
 // <out_dir>/optimizer.safetensors: tensors "m" and "v", each [num_params] F32 in our flat layout,
@@ -70,6 +76,10 @@ void checkpoint_load_optimizer(const char *out_dir, const ParamLayout *layout, f
                                TrainState *state);
 // the TrainState alone (the header, not the moments): what every rank needs when only one loads
 void checkpoint_load_train_state(const char *out_dir, TrainState *state);
+// TrainState's extra tensor `name` of <out_dir>/optimizer.safetensors into out (rows x cols floats);
+// false, reading nothing, when the file has none of that name (saved without it); a tensor of
+// another shape is fatal
+bool checkpoint_load_optimizer_extra(const char *out_dir, const char *name, int64_t rows, int64_t cols, float *out);
 
 // What a directory holds of a checkpoint: how many of its three files (model.safetensors,
 // config.json, optimizer.safetensors) are there, and the first one missing (NULL: none).

@@ -720,6 +720,15 @@ KERNEL_FN uint16_t fp8_grid_element(float x, Fp8Format f, float scale) {
 KERNEL_FN int fp8_saturates(float x, Fp8Format f, float scale) { return fabsf(x * scale) > fp8_max(f); }
 KERNEL_FN int fp8_flushes(float x, uint16_t grid_bits) { return x != 0.0f && (grid_bits & 0x7FFFu) == 0; }
 
+// Whether a cuBLASLt FP8 GEMM takes an fp8-tensorwise product (matmul_forward_fp8) of an m x k and a
+// k x n operand on a GPU of compute capability cc_major.cc_minor: FP8 tensor cores that take one
+// scale a tensor (8.9, 9.0; later GPUs are left to the emulation), and m, n and k multiples of 16,
+// what cuBLASLt's FP8 kernels ask of the TN layout's sizes and leading dimensions.
+KERNEL_FN int fp8_gemm_fits(int cc_major, int cc_minor, int m, int n, int k) {
+    int fp8_tensorwise_cores = (cc_major == 8 && cc_minor == 9) || (cc_major == 9 && cc_minor == 0);
+    return fp8_tensorwise_cores && m % 16 == 0 && n % 16 == 0 && k % 16 == 0;
+}
+
 // A group's scale from its amax (cast_to_fp8_grid_grouped): rowwise, the power of two at or below
 // the format's largest finite / amax (fp8_scale_pow2); MX, the reciprocal of the block's E8M0
 // scale 2^(floor(log2 amax) - emax) (mx_scale_e8m0). Both powers of two, so the grid values

@@ -118,6 +118,16 @@ void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, cons
 // and so may weight without dinp and inp without dweight.
 void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
                         const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C, int OC);
+// The same products for fp8-tensorwise (stage 02's fp8.c), their operands on the FP8 grid
+// (cast_to_fp8_grid) with the scale each was cast with: inp and weight e4m3, dout8 e5m2. The CPU
+// multiplies the grid values (matmul_forward_16, matmul_backward_16: the emulation, exact); CUDA
+// multiplies the FP8 numbers themselves in a cuBLASLt FP8 GEMM where fp8_gemm_fits (kernels.h) says
+// the GPU and the shape allow, and the emulation elsewhere, which it says once.
+void matmul_forward_fp8(float *out, const half16 *inp, float inp_scale, const half16 *weight, float weight_scale,
+                        const float *bias, int N, int C, int OC);
+void matmul_backward_fp8(float *dinp, float *dweight, float *dbias, const float *dout, const half16 *dout8,
+                         float dout_scale, const half16 *inp, float inp_scale, const half16 *weight,
+                         float weight_scale, int N, int C, int OC);
 
 // ----------------------------------------------------------------------------------------------
 // the embedding: token rows of wte plus position rows of wpe, for a rank holding the vocabulary

@@ -834,14 +834,47 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
 // offers no algorithm for it (the types, the GPU): the caller takes the two-pass path.
 #define LT_WORKSPACE ((size_t)32 << 20)
 
-static int dweight_with_bias_grad(float *dweight, float *dbias, const void *inp, const void *dout, cudaDataType_t t,
-                                  int N, int C, int OC) {
+// the cuBLASLt handle and its workspace (LT_WORKSPACE bytes), made on first use
+static cublasLtHandle_t lt_handle(void **workspace) {
     static cublasLtHandle_t lt;
-    static void *workspace;
+    static void *space;
     if (!lt) {
         CUBLAS_CHECK(cublasLtCreate(&lt));
-        CUDA_CHECK(cudaMalloc(&workspace, LT_WORKSPACE));
+        CUDA_CHECK(cudaMalloc(&space, LT_WORKSPACE));
     }
+    *workspace = space;
+    return lt;
+}
+
+// the algorithm cuBLASLt's heuristic puts first for op on these layouts within LT_WORKSPACE; 0 where
+// it offers none (the types, the GPU)
+static int lt_algorithm(cublasLtHandle_t lt, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                        cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatmulAlgo_t *algo) {
+    cublasLtMatmulPreference_t pref;
+    size_t ws = LT_WORKSPACE;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t found;
+    int count = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &found, &count);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (s != CUBLAS_STATUS_SUCCESS || count == 0) return 0;
+    *algo = found.algo;
+    return 1;
+}
+
+static void lt_destroy(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                       cublasLtMatrixLayout_t c) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(a));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(c));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+}
+
+static int dweight_with_bias_grad(float *dweight, float *dbias, const void *inp, const void *dout, cudaDataType_t t,
+                                  int N, int C, int OC) {
+    void *workspace;
+    cublasLtHandle_t lt = lt_handle(&workspace);
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasOperation_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_T;
@@ -856,28 +889,18 @@ static int dweight_with_bias_grad(float *dweight, float *dbias, const void *inp,
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, t, C, N, C));    // inp^T: C x N, column-major
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, t, OC, N, OC));  // dout^T as stored; op T makes it N x OC
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, C, OC, C));
-    cublasLtMatmulPreference_t pref;
-    size_t ws = LT_WORKSPACE;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t found;
-    int count = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &found, &count);
-    int ran = s == CUBLAS_STATUS_SUCCESS && count > 0;
+    cublasLtMatmulAlgo_t algo;
+    int ran = lt_algorithm(lt, op, a, b, c, &algo);
     static int told[2];  // whoever measures the switch must know when it did nothing: once per type
     if (!ran && !told[t != CUDA_R_32F]++)
         fprintf(stderr, "note: OPS_CUDA_KERNELS=bias_epilogue: cuBLASLt offers no BGRADB algorithm for %s "
                 "inputs on this GPU; their bias gradients take the two-pass path\n", t == CUDA_R_32F ? "f32" : "16-bit");
     if (ran) {
-        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, inp, a, dout, b, &ONE, dweight, c, dweight, c, &found.algo,
+        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, inp, a, dout, b, &ONE, dweight, c, dweight, c, &algo,
                                     workspace, LT_WORKSPACE, g.stream));
         add_inplace(dbias, column_sums, (size_t)OC);
     }
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(a));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(b));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(c));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    lt_destroy(op, a, b, c);
     return ran;
 }
 
@@ -1068,6 +1091,138 @@ void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *
         if (dweight) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout16, OC, &ONE, dweight, C);
     }
     bias_backward(dbias, dout, N, OC);  // from the f32 gradient
+}
+
+// ----------------------------------------------------------------------------------------------
+// fp8-tensorwise on the FP8 tensor cores (sm_89, sm_90): cuBLASLt's FP8 GEMM multiplies FP8 codes and
+// unscales the fp32 sums by the A and B scale pointers. Its FP8 kernels take the TN layout alone: in
+// row-major terms both operands' rows run along the reduction dimension k, so the backward's
+// operands are transposed as they become codes.
+
+// The grid values back to FP8 codes: fp8(x scale) / scale times the power-of-two scale is the FP8
+// number exactly, so the GEMM multiplies what the emulation multiplies. transpose: the (rows, cols)
+// matrix is written (cols, rows).
+static __global__ void fp8_codes_kernel(uint8_t *out, const half16 *grid, int rows, int cols, float scale,
+                                        Fp8Format f, int transpose) {
+    GRID_STRIDE(i, (size_t)rows * cols) {
+        size_t r = i / cols, c = i % cols;
+        out[transpose ? c * rows + r : i] = fp8_from_float(bf16_to_float(grid[i]) * scale, f, 1);
+    }
+}
+
+// what the GEMM multiplies the codes' sums by: 1 / each operand's scale (device memory, as
+// cuBLASLt reads its scale pointers)
+static __global__ void fp8_unscale_kernel(float *unscale, float a_scale, float b_scale) {
+    unscale[0] = 1.0f / a_scale;
+    unscale[1] = 1.0f / b_scale;
+}
+
+typedef struct {
+    const half16 *grid;  // the operand's grid values (rows, cols)
+    int rows, cols, transpose;
+    float scale;
+    Fp8Format format;
+} Fp8Operand;
+
+static size_t round_up_256(size_t n) { return (n + 255) / 256 * 256; }
+
+// D (n, m), row-major, f32: D = A B^T / (a_scale b_scale) (beta 0) or D += it (beta 1), where A (m, k)
+// and B (n, k) are the operands after their transposes. Returns 0, having computed nothing, where
+// cuBLASLt offers no algorithm (the caller emulates).
+static int fp8_gemm(float *D, const Fp8Operand *a, const Fp8Operand *b, int m, int n, int k, const float *beta) {
+    size_t a_bytes = round_up_256((size_t)m * k), b_bytes = round_up_256((size_t)n * k);
+    uint8_t *codes = (uint8_t *)scratch(a_bytes + b_bytes + 2 * sizeof(float));
+    uint8_t *a8 = codes, *b8 = codes + a_bytes;
+    float *unscale = (float *)(codes + a_bytes + b_bytes);
+    void *workspace;
+    cublasLtHandle_t lt = lt_handle(&workspace);
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+    float *a_unscale = unscale, *b_unscale = unscale + 1;
+    cudaDataType_t ta = a->format == FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+    cudaDataType_t tb = b->format == FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_unscale,
+                                                sizeof a_unscale));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_unscale,
+                                                sizeof b_unscale));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ta, k, m, k));  // A^T as cuBLASLt sees it: k x m, column-major
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, tb, k, n, k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m));
+    cublasLtMatmulAlgo_t algo;
+    int ran = lt_algorithm(lt, op, la, lb, ld, &algo);
+    static int told, told_ran;  // whoever compares the backends must know which way the products went
+    if (ran && !told_ran++)
+        fprintf(stderr, "note: fp8-tensorwise: the linears multiply on the FP8 tensor cores (cuBLASLt FP8 GEMMs, "
+                "sm_%d%d)\n", g.cc_major, g.cc_minor);
+    if (!ran && !told++)
+        fprintf(stderr, "note: fp8-tensorwise: cuBLASLt offers no FP8 algorithm for a product of %d x %d by %d x %d "
+                "on this GPU; such products multiply the FP8 grid values in bf16 (the emulation)\n", n, k, k, m);
+    if (ran) {
+        LAUNCH(fp8_codes_kernel, grid_for((size_t)m * k), THREADS, 0, a8, a->grid, a->rows, a->cols, a->scale,
+               a->format, a->transpose);
+        LAUNCH(fp8_codes_kernel, grid_for((size_t)n * k), THREADS, 0, b8, b->grid, b->rows, b->cols, b->scale,
+               b->format, b->transpose);
+        LAUNCH(fp8_unscale_kernel, 1, 1, 0, unscale, a->scale, b->scale);
+        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, a8, la, b8, lb, beta, D, ld, D, ld, &algo, workspace,
+                                    LT_WORKSPACE, g.stream));
+    }
+    lt_destroy(op, la, lb, ld);
+    return ran;
+}
+
+// Whether this GPU and shape take the FP8 GEMMs (fp8_gemm_fits; the f32 outputs 16-byte aligned, as
+// cuBLASLt's FP8 kernels ask), saying once when they do not
+static int fp8_gemms_run(int m, int n, int k, const float *out1, const float *out2) {
+    int aligned = (uintptr_t)out1 % 16 == 0 && (uintptr_t)out2 % 16 == 0;
+    int fits = fp8_gemm_fits(g.cc_major, g.cc_minor, m, n, k) && aligned;
+    static int told_gpu, told_shape;
+    if (!fp8_gemm_fits(g.cc_major, g.cc_minor, 16, 16, 16) && !told_gpu++)
+        fprintf(stderr, "note: fp8-tensorwise: sm_%d%d takes no tensorwise FP8 GEMM here (sm_89 and sm_90 do); "
+                "the linears multiply the FP8 grid values in bf16 (the emulation)\n", g.cc_major, g.cc_minor);
+    else if (!fits && !told_shape++)
+        fprintf(stderr, "note: fp8-tensorwise: a product of %d x %d by %d x %d is not for cuBLASLt's FP8 GEMM "
+                "(sizes multiples of 16, outputs 16-byte aligned); such products multiply the FP8 grid values "
+                "in bf16 (the emulation)\n", n, k, k, m);
+    return fits;
+}
+
+// forward: out (N, OC) = inp (N, C) W (OC, C)^T, both operands' rows along C already
+void matmul_forward_fp8(float *out, const half16 *inp, float inp_scale, const half16 *weight, float weight_scale,
+                        const float *bias, int N, int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    ensure_init();
+    const float *beta = bias ? &ONE : &ZERO;
+    Fp8Operand w = {weight, OC, C, 0, weight_scale, FP8_E4M3}, x = {inp, N, C, 0, inp_scale, FP8_E4M3};
+    if (!fp8_gemms_run(OC, N, C, out, out)) {
+        matmul_forward_16(out, inp, weight, bias, N, C, OC);
+        return;
+    }
+    if (bias) LAUNCH(bias_rows_kernel, grid_for((size_t)N * OC), THREADS, 0, out, bias, (size_t)N, (size_t)OC);
+    if (!fp8_gemm(out, &w, &x, OC, N, C, beta)) matmul_forward_16(out, inp, weight, bias, N, C, OC);  // rewrites out
+}
+
+// backward: dinp (N, C) += dout (N, OC) W (OC, C), W's rows along OC after a transpose; dW (OC, C) +=
+// dout^T inp, both transposed to run along the tokens
+void matmul_backward_fp8(float *dinp, float *dweight, float *dbias, const float *dout, const half16 *dout8,
+                         float dout_scale, const half16 *inp, float inp_scale, const half16 *weight,
+                         float weight_scale, int N, int C, int OC) {
+    if (N <= 0 || OC <= 0 || C <= 0) return;
+    ensure_init();
+    if (!fp8_gemms_run(C, N, OC, dinp ? dinp : dweight, dweight ? dweight : dinp)) {
+        matmul_backward_16(dinp, dweight, dbias, dout, dout8, inp, weight, N, C, OC);
+        return;
+    }
+    Fp8Operand g_rows = {dout8, N, OC, 0, dout_scale, FP8_E5M2}, g_cols = {dout8, N, OC, 1, dout_scale, FP8_E5M2};
+    Fp8Operand w_cols = {weight, OC, C, 1, weight_scale, FP8_E4M3}, x_cols = {inp, N, C, 1, inp_scale, FP8_E4M3};
+    if (dinp && !fp8_gemm(dinp, &w_cols, &g_rows, C, N, OC, &ONE))
+        matmul_backward_16(dinp, NULL, NULL, dout, dout8, NULL, weight, N, C, OC);
+    if (dweight && !fp8_gemm(dweight, &x_cols, &g_cols, C, OC, N, &ONE))
+        matmul_backward_16(NULL, dweight, NULL, dout, dout8, inp, NULL, N, C, OC);
+    bias_backward(dbias, dout, N, OC);  // from the f32 gradient, as the emulation's
 }
 
 // ----------------------------------------------------------------------------------------------

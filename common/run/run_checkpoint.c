@@ -91,13 +91,32 @@ static float *to_host(const float *dev, size_t n) {
     return host;
 }
 
-// the model and the optimizer state (host copies)
+static struct {
+    const char *name;
+    int64_t rows, cols;
+    ExtraStateWriter write;
+    const void *ctx;
+} g_extra;  // the plug-in's state every checkpoint keeps (checkpoint_keep_extra)
+
+void checkpoint_keep_extra(const char *name, int64_t rows, int64_t cols, ExtraStateWriter write, const void *ctx) {
+    g_extra.name = name, g_extra.rows = rows, g_extra.cols = cols, g_extra.write = write, g_extra.ctx = ctx;
+}
+
+// the model and the optimizer state (host copies), and the plug-in's state
 static void save_model_checkpoint(const Config *cfg, const ParamLayout *layout, const float *hp, const float *hm,
                                   const float *hv, long step) {
     char *json = config_to_json(cfg);
     TrainState state = {.step = step, .seed = (uint64_t)cfg->seed};
     loss_scaler_save(&state);
+    float *extra = NULL;
+    if (g_extra.name) {
+        extra = malloc_or_die((size_t)(g_extra.rows * g_extra.cols) * sizeof(float));
+        g_extra.write(g_extra.ctx, extra);
+        state.extra_name = g_extra.name, state.extra = extra;
+        state.extra_rows = g_extra.rows, state.extra_cols = g_extra.cols;
+    }
     checkpoint_save(cfg->out_dir, layout, hp, hm, hv, &state, json);
+    free(extra);
     free(json);
 }
 

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config/config.h"
 #include "model/gpt.h"
@@ -26,6 +27,12 @@ void resolve_resume(Config *cfg);
 // PEFT's adapter_model.safetensors and adapter_config.json
 void save_checkpoint(const Config *cfg, const ParamLayout *layout, const float *params,
                      const float *m, const float *v, long step);
+// A plug-in's state that every checkpoint save_checkpoint writes keeps beside the step, in the
+// optimizer file's atomic group (stage 02's FP8 amax histories): rows x cols floats, laid out by
+// write(ctx, out) at each save, as tensor `name`; a resumed run reads it back with
+// checkpoint_load_optimizer_extra (model/checkpoint.h). name NULL: none kept any more.
+typedef void (*ExtraStateWriter)(const void *ctx, float *out);
+void checkpoint_keep_extra(const char *name, int64_t rows, int64_t cols, ExtraStateWriter write, const void *ctx);
 // loads model + optimizer state from out_dir; returns the step to continue from
 long resume_checkpoint(const Config *cfg, const ParamLayout *layout, float *params, float *m, float *v);
 // fills the device buffer params from init_from
