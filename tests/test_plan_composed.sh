@@ -14,49 +14,10 @@
 # Measured step times are not compared here (make bench: scripts/bench.sh).
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
+source tests/plan_lib.sh
 steps=2
 args=(--config configs/tiny.json --max_seq_len=64 --eval_batches=0 --log_interval=100)
 cluster=configs/clusters/h100-sxm.json
-
-# same <name> <ranks> <plan --layout> [args...]: plans the mesh, runs it, compares
-same() {
-    local name=$1 np=$2 layout=$3
-    shift 3
-    local plan_args=() run_args=()
-    for a in "$@"; do case $a in --microbatches=*) plan_args+=("$a") ;; *) plan_args+=("$a"); run_args+=("$a") ;; esac; done
-    build/plan --cluster=$cluster --ranks="$np" --layout="$layout" --json="$tmp/$name.plan.json" "${args[@]}" \
-        "${plan_args[@]}" >"$tmp/$name.plan.log" 2>&1
-    local rc=$?
-    check '[ $rc -eq 0 ]' "plan $name ($layout on $np ranks) failed: $(tail -3 "$tmp/$name.plan.log")"
-    mapfile -t layout_args < <(python3 -c \
-        "import json,sys; [print(a) for a in json.load(open(sys.argv[1]))['layouts'][0]['args']]" "$tmp/$name.plan.json")
-    run_ranks 10 "$name" "$np" --stop_iteration=$steps "${run_args[@]}" "${layout_args[@]}"
-    python3 - "$tmp/$name.plan.json" "$tmp/$name" $steps >"$tmp/$name.cmp" 2>&1 <<'PY'
-import json, sys
-plan_path, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-plan = json.load(open(plan_path))["layouts"]
-assert len(plan) == 1 and plan[0]["stage"] == 10, f"the plan holds {[p['name'] for p in plan]}, want one stage-10 mesh"
-plan = plan[0]
-stats = json.load(open(out + "/stats.json"))
-lines = [json.loads(l) for l in open(out + "/metrics.jsonl")]
-bad = []
-if plan["memory"] != stats["memory"]:
-    bad.append(f"memory: planned {plan['memory']}, stats.json {stats['memory']}")
-if {l["comm_bytes"] for l in lines} != {plan["comm_bytes"]} or len(lines) != steps:
-    bad.append(f"comm_bytes per step: planned {plan['comm_bytes']:.0f}, metrics.jsonl {[l['comm_bytes'] for l in lines]}")
-planned = {(c["group"], c["kind"]): c["bytes"] for c in plan["communication"]}
-# after the steps: the checkpoint (each stage assembled over "checkpoint", the stages over
-# "pipeline") and the first step's schedule printout (a "slice" all-gather)
-after = {("pipeline", "all-reduce"), ("checkpoint", "all-reduce"), ("slice", "all-gather")}
-measured = {(e["group"], e["kind"]): e["bytes"] / steps for e in stats["communication"] if (e["group"], e["kind"]) not in after}
-if planned != measured:
-    bad.append(f"per group and collective: planned {planned}, stats.json / steps {measured}")
-print("\n".join(bad) if bad else f"{plan['name']}: memory {plan['memory_total']} B and {plan['comm_bytes']:.0f} B per step, as planned")
-sys.exit(1 if bad else 0)
-PY
-    rc=$?
-    check '[ $rc -eq 0 ]' "$name: the plan differs from the run: $(cat "$tmp/$name.cmp")"
-}
 
 same t2p2d2 8 tp2-pp2 --microbatches=2
 same t2p2c2 8 tp2-pp2-cp2 --microbatches=2
