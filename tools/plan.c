@@ -785,6 +785,10 @@ static void print_plan(const Setup *s, const Plan *plans, int n) {
         printf(" %9.2f %4s %10.2f %10.3f %10.2f %10.2f %11.0f\n", mib((double)p->memory_total), p->fits ? "yes" : "NO",
                1e3 * p->compute_s, p->comm_bytes / 1e6, 1e3 * p->exposed_s, 1e3 * p->step_s, p->tokens_per_s);
     }
+    for (int i = 0; i < n; i++)  // stage 10: where rank 0 (stage 0) is not the fullest rank
+        if (plans[i].stage == 10 && plans[i].heaviest_stage != 0)
+            printf("  %s: stage %d holds the most, %.2f MiB a rank (what fits reads)\n", plans[i].name,
+                   plans[i].heaviest_stage, mib((double)plans[i].heaviest_total));
     printf("\ncommunication per step (rank 0; alpha-beta on the link each group crosses):\n");
     for (int i = 0; i < n; i++) {
         const Plan *p = &plans[i];

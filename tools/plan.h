@@ -64,7 +64,7 @@ void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_conf
 
 // --calibrate: writes a cluster description of this machine to `path`: matmul FLOP/s
 // (ops_peak_flops, as the stages measure it), the model's efficiency (each stage on one rank with
-// config_args: 03, 04, 05 and 07, or 08 alone for a mixture of experts), MPI latency and
+// config_args: 03, 04, 05, 07 and 10, or 08 alone for a mixture of experts), MPI latency and
 // bandwidth between ranks (ping-pongs in pairs, --pingpong); with passes > 1 the stages run in
 // turn that many times, each stage's best efficiency kept
 void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args, bool experts, int passes);
