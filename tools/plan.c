@@ -820,8 +820,8 @@ static void why_best(const Plan *plans, int n, char *out, size_t size) {
                  b->comm_bytes / 1e6);
     else if (db > dc && db > de)  // a pipeline's idle time: fewer stages, or more micro-batches to fill them
         snprintf(out, size, "%s wins: its pipeline idles %.2f ms less per step than %s's (%.2f vs %.2f ms of bubble; "
-                 "%.2f ms more compute, %.2f ms less exposed communication)", a->name, 1e3 * db, b->name,
-                 1e3 * a->bubble_s, 1e3 * b->bubble_s, -1e3 * dc, 1e3 * de);
+                 "its compute %+.2f ms and its exposed communication %+.2f ms against it)", a->name, 1e3 * db, b->name,
+                 1e3 * a->bubble_s, 1e3 * b->bubble_s, -1e3 * dc, -1e3 * de);
     else if (de >= dc && a->comm_bytes < b->comm_bytes)
         snprintf(out, size, "%s wins: it moves %.1fx fewer bytes per step than %s at this batch (%.2f vs %.2f MB), "
                  "%.2f ms less exposed communication", a->name, b->comm_bytes / a->comm_bytes, b->name,
