@@ -73,6 +73,15 @@ def truth(ex_id, tmp):
         assert stats["memory"] == owners["memory"], f"the run's memory {stats['memory']} differs from the plan's {owners['memory']}"
         return {"muon_comm_bytes": owners["comm_bytes"] - adamw, "redundant_comm_bytes": redundant["comm_bytes"] - adamw,
                 "muon_memory_bytes": owners["memory"]["Muon: gathered block + scratch"]}
+    if ex_id == "calc-composed-memory":
+        mesh = ["--microbatches=4"]
+        p = plan(tmp, 8, "tp2-pp2", mesh)
+        stats, _ = run(tmp, p, 8)
+        assert stats["memory"] == p["memory"], f"the run's memory {stats['memory']} differs from the plan's {p['memory']}"
+        c = p["memory_by_category"]
+        gpipe = plan(tmp, 8, "tp2-pp2", mesh + ["--pp_schedule=gpipe"])
+        return {"parameter_bytes": c["parameters"], "gradient_bytes": c["gradients"], "optimizer_bytes": c["optimizer"],
+                "activation_bytes": c["activations"], "heaviest_total_bytes": gpipe["heaviest_memory_total"]}
     sys.exit(f"calc_check.py: no calculation exercise '{ex_id}'")
 
 

@@ -4,8 +4,8 @@
 # [DIR] (DIR keeps the plans, the runs and their logs; a temporary directory by default).
 #
 # "This machine" is calibrated first (matmul peak, each stage's efficiency -- the best of 3
-# interleaved passes -- and MPI links between 4 ranks); then the six candidate layouts are
-# planned and each is run PASSES times for STEPS steps, interleaved (every layout, then every
+# interleaved passes -- and MPI links between 4 ranks); then the eight candidate layouts (two of
+# them stage 10's meshes: tp 2 x pp 2 and tp 2 x cp 2) are planned and each is run PASSES times for STEPS steps, interleaved (every layout, then every
 # layout again). Bytes and memory equal the plan exactly (tests/test_plan.sh); here: do the
 # orders by step time agree where the measurement and the model can each tell two layouts apart
 # (tools/plan_order.py: from the passes during which other jobs left the cores alone), and how
@@ -43,7 +43,7 @@ plan_bench() { # plan_bench <name> <label> <config args...>
      unset OPS_PEAK_FLOPS_F32 OPS_PEAK_FLOPS_BF16  # calibration measures the peak at one thread
      build/plan --calibrate="$out/machine-$name.json" --ranks=4 --passes="$calibrate_passes" "$@" \
          >"$out/calibrate-$name.log" 2>&1 &&
-     build/plan --cluster="$out/machine-$name.json" --ranks=4 --layout="ddp+fsdp+4,1,1+2,2,1+1,1,4+pp2" \
+     build/plan --cluster="$out/machine-$name.json" --ranks=4 --layout="ddp+fsdp+4,1,1+2,2,1+1,1,4+pp2+tp2-pp2+tp2-cp2" \
          --measure="$steps" --passes="$passes" --json="$out/plan-$name.json" "$@" >"$out/plan-$name.log" 2>&1) ||
         { echo "bench: plan $label failed:"; tail "$out/calibrate-$name.log" "$out/plan-$name.log"; exit 1; }
     local others

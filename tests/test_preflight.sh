@@ -9,7 +9,8 @@
 #   - an MPI rank that cannot start (a launcher wrapper that fails rank 3);
 #   - an expected bus bandwidth far above what the ranks reach (the slowest pair is named);
 #   - GPUs: a stand-in nvidia-smi that fails, one that lists too few GPUs, and GPUs too small for
-#     the planner's need.
+#     the planner's need;
+#   - a stage-10 mesh that does not divide the ranks, and one whose tp spans nodes.
 # The bandwidths in comm.json are nccl-tests' algbw and busbw for the rank count. Every figure is
 # read from the run's preflight.json (and comm.json), never from its table.
 source "$(dirname "$0")/lib.sh"
@@ -64,7 +65,7 @@ for c in "library: cJSON" "library: oneDNN" "library: MPI" "mpi: init" \
          "model files: $tmp/session.json"; do
     expect "$ok" pass "$c"
 done
-for n in 1 2 3 4 5 6 7 8; do expect "$ok" pass "stage $n: one step"; done
+for n in 1 2 3 4 5 6 7 8 10; do expect "$ok" pass "stage $n: one step"; done
 # the bandwidths as nccl-tests defines them (its PERFORMANCE.md): algbw = size / time, busbw = algbw x
 # 2(n-1)/n for all-reduce (a reduce-scatter and an all-gather) and x (n-1)/n for all-gather
 check 'python3 - "$ok/comm.json" <<'"'PY'"'
@@ -163,5 +164,19 @@ expect "$tmp/gpu-small" pass "gpus: count"
 expect "$tmp/gpu-small" fail "gpus: memory for configs/tiny.json" "MiB a rank"
 fake_gpus 4 81559; gpus "$tmp/gpu-ok"
 expect "$tmp/gpu-ok" pass "gpus: memory for configs/tiny.json"
+
+# ---- 8. stage 10's mesh: one that does not divide the ranks, a tp wider than a node ----------------
+# (and the planner's memory for it: the stage-10 mesh the config names)
+printf '{"strategy": "composed", "tp_dimensions": [2, 1, 1], "pp_size": 2, "num_microbatches": 2}\n' >"$tmp/mesh.json"
+fake_gpus 8 81559
+mesh() { PATH=$tmp/bin:$PATH preflight --backend=cuda --only=gpus --configs="$tmp/mesh.json" \
+             --cluster=configs/clusters/h100-sxm.json "$@"; }
+mesh --ranks=6 --report="$tmp/mesh-6"
+expect "$tmp/mesh-6" fail "mesh: $tmp/mesh.json" "tp 2 x pp 2 x cp 1 = 4 does not divide 6 ranks"
+mesh --ranks=4 --ranks_per_node=1 --report="$tmp/mesh-node"
+expect "$tmp/mesh-node" fail "mesh: $tmp/mesh.json" "tp 2 spans nodes of 1 ranks"
+mesh --ranks=8 --report="$tmp/mesh-ok"
+expect "$tmp/mesh-ok" pass "mesh: $tmp/mesh.json" "dp 2 = 8 ranks"
+expect "$tmp/mesh-ok" pass "gpus: memory for $tmp/mesh.json" "tp2-pp2 x 2"
 
 finish test_preflight

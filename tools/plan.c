@@ -65,8 +65,8 @@ static void add_arg(Plan *p, const char *fmt, ...) {
 // (configs/axonn.json names axonn and [2, 2, 1]) runs every layout
 static void add_strategy(Plan *p, const char *strategy) {
     add_arg(p, "--strategy=%s", strategy);
-    if (p->stage != 5) add_arg(p, "--tp_dimensions=1,1,1");
-    if (p->stage != 7) add_arg(p, "--pp_size=1"), add_arg(p, "--num_microbatches=1");
+    if (p->stage != 5 && p->stage != 10) add_arg(p, "--tp_dimensions=1,1,1");
+    if (p->stage != 7 && p->stage != 10) add_arg(p, "--pp_size=1"), add_arg(p, "--num_microbatches=1");
     if (p->stage == 8) add_arg(p, "--ep_size=%d", p->ep);
     if (p->stage != 4) add_arg(p, "--zero_stage=3"), add_arg(p, "--hsdp_replicas=1");
 }
@@ -199,7 +199,54 @@ static void plan_fsdp(const Setup *s, Plan *p, const ParamLayout *layout, int ze
 //                 all-reduced over z and every local gradient over data
 // With sequence_parallel on [x, 1, 1] (tp_sequence.h) the x all-reduces of activations become
 // all-gathers before and reduce-scatters after the regions (plan_sequence_parallel).
-static void plan_sequence_parallel(const Setup *s, Plan *p, const TPModel *m, int acc, double N);
+// The part of the model a tensor-parallel rank runs: on stage 05 every block, the embedding and the
+// head; on stage 10 its pipeline stage's blocks, the embedding on the first stage, the head on the last.
+typedef struct {
+    int blocks;
+    bool embed, head;
+} ModelPart;
+
+static void plan_sequence_parallel(const Setup *s, Plan *p, const TPModel *m, ModelPart part, int acc, double N);
+
+// The activations' collectives over y and x (or sequence parallelism's over x) of the rank's
+// part, per micro-batch of N tokens; x's ranks are x_stride apart
+static void add_tp_activation_comm(const Setup *s, Plan *p, const TPModel *m, ModelPart part, int acc, double N,
+                                   int x_stride) {
+    double L = part.blocks, fl = sizeof(float), head = part.head, embed = part.embed;
+    int X = m->grid.X, Y = m->grid.Y;
+    // phi's parallel block has one LayerNorm, GPT-2's two
+    double block_norms = gpt_arch(s->mc)->parallel_block ? 1 : 2;
+    // a LayerNorm all-reduces 2 row statistics forward (2 calls) and 2 backward (1 call); Llama's
+    // RMSNorm one forward and one backward
+    bool rms = gpt_arch(s->mc)->rms_norm;
+    double norm_fwd = rms ? 1 : 2, norm_floats = rms ? 2 : 4;
+    bool vp = s->cfg->vocab_parallel_loss;
+    double y_rows = L * (m->qkv.out_local + m->fc.out_local + m->proj.in_local + m->fcproj.in_local) +
+                    head * m->head.out_local + norm_floats * (block_norms * L + head);
+    double x_rows = L * (m->proj.out_local + m->fcproj.out_local + m->qkv.in_local + m->fc.in_local) +
+                    embed * m->Cy + head * (m->head.in_local + (vp ? 2 : 0));
+    double x_gather = vp ? X : (double)X * m->Vl;
+    // calls per block: y 4 for the linears and 3 per LayerNorm (2 per RMSNorm), x 4
+    double y_calls = 4 + (norm_fwd + 1) * block_norms, x_calls = 4;
+    // recomputation runs every block's forward again in backward: its y all-reduces (qkv and fc
+    // outputs, each LayerNorm's 2 statistics) and x all-reduces (both projections)
+    if (s->flags & ACTS_RECOMPUTE) {
+        y_rows += L * (m->qkv.out_local + m->fc.out_local + norm_fwd * block_norms);
+        x_rows += L * (m->proj.out_local + m->fcproj.out_local);
+        y_calls += 2 + norm_fwd * block_norms, x_calls += 2;
+    }
+    // ranks: y fastest, then x, z, data (tp_linear.h); calls: the stage's, for the latency term
+    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(y_calls * L + head * (norm_fwd + 2)), Y, 1,
+             false);
+    if (m->seq_shards) {
+        add_comm(p, "x", "all-reduce", acc * N * head * (vp ? 2 : 0) * fl, acc, X, x_stride, false);
+        plan_sequence_parallel(s, p, m, part, acc, N);
+    } else {
+        add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)(x_calls * L + embed + 2 * head), X,
+                 x_stride, false);
+        add_comm(p, "x", "all-gather", acc * N * head * x_gather * fl, acc, X, x_stride, false);
+    }
+}
 
 static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     int X = dims[0], Y = dims[1], Z = dims[2], D = s->P / (X * Y * Z);
@@ -220,40 +267,15 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
     for (int i = 0; i < TP_MEMORY_ITEMS; i++) add_memory(p, items[i].what, items[i].bytes);
 
     double N = (double)rows * s->T, L = s->mc->n_layer, fl = sizeof(float);
-    // phi's parallel block has one LayerNorm, GPT-2's two; phi's lm_head is not wte, so its
-    // gradient is reduce-scattered apart from the embedding's (two head gradients, not one)
-    double block_norms = gpt_arch(s->mc)->parallel_block ? 1 : 2, head_grads = gpt_arch(s->mc)->tied_head ? 1 : 2;
-    // a LayerNorm all-reduces 2 row statistics forward (2 calls) and 2 backward (1 call); Llama's
-    // RMSNorm one forward and one backward
-    bool rms = gpt_arch(s->mc)->rms_norm;
-    double norm_fwd = rms ? 1 : 2, norm_floats = rms ? 2 : 4;
-    bool vp = s->cfg->vocab_parallel_loss, overlap = s->cfg->overlap_communication;
-    double y_rows = L * (m.qkv.out_local + m.fc.out_local + m.proj.in_local + m.fcproj.in_local) +
-                    m.head.out_local + norm_floats * (block_norms * L + 1);
-    double x_rows = L * (m.proj.out_local + m.fcproj.out_local + m.qkv.in_local + m.fc.in_local) + m.Cy +
-                    m.head.in_local + (vp ? 2 : 0);
-    double x_gather = vp ? X : (double)X * m.Vl;
+    add_tp_activation_comm(s, p, &m, (ModelPart){s->mc->n_layer, true, true}, acc, N, Y);
+    // phi's lm_head is not wte, so its gradient is reduce-scattered apart from the embedding's
+    // (two head gradients, not one)
+    double head_grads = gpt_arch(s->mc)->tied_head ? 1 : 2;
+    bool overlap = s->cfg->overlap_communication;
     double blocks = (double)(m.qkv.block + m.proj.block + m.fc.block + m.fcproj.block), wte = (double)m.head.block;
     double gathers = wte * fl + (2 * wte + 2 * L * blocks) * (s->half ? sizeof(half16) : fl);
-    // calls per block: y 4 for the linears and 3 per LayerNorm (2 per RMSNorm), x 4, z 8 gathers
-    double y_calls = 4 + (norm_fwd + 1) * block_norms, x_calls = 4, z_gathers = 8;
-    // recomputation runs every block's forward again in backward: its y all-reduces (qkv and fc
-    // outputs, each LayerNorm's 2 statistics), x all-reduces (both projections) and z gathers
-    if (s->flags & ACTS_RECOMPUTE) {
-        y_rows += L * (m.qkv.out_local + m.fc.out_local + norm_fwd * block_norms);
-        x_rows += L * (m.proj.out_local + m.fcproj.out_local);
-        gathers += L * blocks * (s->half ? sizeof(half16) : fl);
-        y_calls += 2 + norm_fwd * block_norms, x_calls += 2, z_gathers += 4;
-    }
-    // ranks: y fastest, then x, z, data (tp_linear.h); calls: the stage's, for the latency term
-    add_comm(p, "y", "all-reduce", acc * N * y_rows * fl, acc * (long)(y_calls * L + norm_fwd + 2), Y, 1, false);
-    if (sp) {
-        add_comm(p, "x", "all-reduce", acc * N * (vp ? 2 : 0) * fl, acc, X, Y, false);
-        plan_sequence_parallel(s, p, &m, acc, N);
-    } else {
-        add_comm(p, "x", "all-reduce", acc * N * x_rows * fl, acc * (long)(x_calls * L + 3), X, Y, false);
-        add_comm(p, "x", "all-gather", acc * N * x_gather * fl, acc, X, Y, false);
-    }
+    double z_gathers = 8;  // per block; recomputation gathers each block's weights again
+    if (s->flags & ACTS_RECOMPUTE) gathers += L * blocks * (s->half ? sizeof(half16) : fl), z_gathers += 4;
     add_comm(p, "z", "all-gather", acc * gathers, acc * (long)(3 + z_gathers * L), Z, X * Y, overlap);
     add_comm(p, "z", "reduce-scatter", acc * (head_grads * wte + L * blocks) * fl, acc * (long)(head_grads + 4 * L),
              Z, X * Y, overlap);
@@ -268,27 +290,55 @@ static void plan_tp(const Setup *s, Plan *p, const int dims[3]) {
 // projections, the embedding) and of each norm's input gradient. phi's parallel block gathers
 // ln1(x) once for both branches and sums their input gradients before one reduce-scatter.
 // Recomputation repeats a block's forward ones. Per step the norms' gradients, summed over "tp".
-static void plan_sequence_parallel(const Setup *s, Plan *p, const TPModel *m, int acc, double N) {
+// Of these, ln_f's gather, its input gradient's reduce-scatter and the loss's gather belong to the
+// head, the embedding's reduce-scatter and its output gradient's gather to the embedding (a
+// pipeline stage runs its part's).
+static void plan_sequence_parallel(const Setup *s, Plan *p, const TPModel *m, ModelPart part, int acc, double N) {
     const Arch *arch = gpt_arch(s->mc);
-    double L = s->mc->n_layer, norms = arch->parallel_block ? 1 : 2, C = m->Cy, fl = sizeof(float);
-    double gathers = 2 * L * norms + 2, scatters = L * (2 + norms) + 2;
+    double L = part.blocks, norms = arch->parallel_block ? 1 : 2, C = m->Cy, fl = sizeof(float);
+    double gathers = 2 * L * norms + part.embed + part.head, scatters = L * (2 + norms) + part.embed + part.head;
     if (s->flags & ACTS_RECOMPUTE) gathers += L * norms, scatters += 2 * L;
     int X = m->grid.X;
-    double loss_gather = m->vocab_parallel_loss ? X : (double)X * m->Vl;
-    add_comm(p, "x", "all-gather", acc * N * (gathers * C + loss_gather) * fl, acc * (long)(gathers + 1), X, 1, false);
+    double loss_gather = part.head ? m->vocab_parallel_loss ? X : (double)X * m->Vl : 0;
+    add_comm(p, "x", "all-gather", acc * N * (gathers * C + loss_gather) * fl, acc * (long)(gathers + part.head), X, 1,
+             false);
     add_comm(p, "x", "reduce-scatter", acc * N * scatters * C * fl, acc * (long)scatters, X, 1, false);
-    double norm_tensors = (norms * L + 1) * (arch->rms_norm ? 1 : 2);
+    double norm_tensors = (norms * L + part.head) * (arch->rms_norm ? 1 : 2);
     add_comm(p, "tp", "all-reduce", norm_tensors * C * fl, (long)norm_tensors, X, 1, false);
+}
+
+// Stage 0's messages to its neighbours in the ring of virtual stages (pipe_op_peers), A bytes
+// each, as pipeline.c's exchange sends them: a send followed by a receive from the same neighbour
+// travels as one send-recv, counted as the message sent (comm.h); the op order is the stage's
+// pipe_schedule. Per step also: GPT-2's tied wte (vocab_rows of it on this rank) all-reduced
+// between the first and the last stage. Neighbouring stages are `stride` ranks apart.
+static void add_pipeline_comm(const Setup *s, Plan *p, int pp, int m, int chunks, double A, double vocab_rows,
+                              int stride) {
+    PipeOp *ops = calloc_or_die((size_t)pipe_max_ops(m, chunks), sizeof *ops);
+    int n_ops = pipe_schedule(ops, s->cfg->pp_sched, m, pp, chunks, 0), pending = -1;
+    long sends = 0, send_recvs = 0, recvs = 0;
+    for (int k = 0; k < n_ops && pp > 1; k++) {
+        int from, to;
+        pipe_op_peers(&ops[k], pp, chunks, 0, &from, &to);
+        if (pending >= 0 && from == pending) send_recvs++;
+        else sends += pending >= 0, recvs += from >= 0;
+        pending = to;
+    }
+    sends += pending >= 0 && pp > 1;
+    free(ops);
+    add_comm(p, "pipeline", "send", sends * A, sends, 2, stride, false);
+    add_comm(p, "pipeline", "send-recv", send_recvs * A, send_recvs, 2, stride, false);
+    add_comm(p, "pipeline", "recv", recvs * A, recvs, 2, stride, false);
+    bool tied = pp > 1 && gpt_arch(s->mc)->tied_head;  // phi's lm_head is the last stage's own
+    add_comm(p, "tied-wte", "all-reduce", tied ? vocab_rows * s->mc->n_embd * sizeof(float) : 0, 1, 2,
+             (pp - 1) * stride, false);
 }
 
 // Stage 07 on pp stages x dp replicas (rank = replica * pp + stage), m micro-batches per step:
 // rank 0 is stage 0 of replica 0, sized by the stage's own pipe_chunk_blocks, pipe_stage_layout
-// and pipe_slots (pp_schedule and virtual_stages from the config). Its messages go to its
-// neighbours in the ring of virtual stages (pipe_op_peers): an activation after each forward, a
-// gradient before each backward, A = rows x T x C floats each. Where a send is followed by a
-// receive from the same neighbour they travel as one send-recv, counted as the message sent
-// (comm.h); the op order is the stage's pipe_schedule. Per step also: wte's gradient all-reduced between the
-// first and last stage (GPT-2's tied lm_head), and the stage's gradients over the replicas.
+// and pipe_slots (pp_schedule and virtual_stages from the config). Its messages: an activation
+// after each forward, a gradient before each backward, A = rows x T x C floats each, and the tied
+// wte (add_pipeline_comm); per step also the stage's gradients over the replicas.
 static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     int dp = s->P / pp;
     snprintf(p->name, sizeof p->name, "PP %d x %d, %.5s m%d", pp, dp, s->cfg->pp_schedule, m);
@@ -321,27 +371,8 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     gpt_layout_free(&layout);
     free(slots);
 
-    // the messages as pipeline.c's exchange sends them: a send followed by a receive from the
-    // same neighbour travels as one send-recv, counted as the message sent
-    PipeOp *ops = calloc_or_die((size_t)pipe_max_ops(m, g.chunks), sizeof *ops);
-    int n_ops = pipe_schedule(ops, s->cfg->pp_sched, m, pp, g.chunks, 0), pending = -1;
-    long sends = 0, send_recvs = 0, recvs = 0;
-    for (int k = 0; k < n_ops && pp > 1; k++) {
-        int from, to;
-        pipe_op_peers(&ops[k], pp, g.chunks, 0, &from, &to);
-        if (pending >= 0 && from == pending) send_recvs++;
-        else sends += pending >= 0, recvs += from >= 0;
-        pending = to;
-    }
-    sends += pending >= 0 && pp > 1;
-    free(ops);
     double A = (double)rows * s->T * s->mc->n_embd * sizeof(float);
-    add_comm(p, "pipeline", "send", sends * A, sends, 2, 1, false);
-    add_comm(p, "pipeline", "send-recv", send_recvs * A, send_recvs, 2, 1, false);
-    add_comm(p, "pipeline", "recv", recvs * A, recvs, 2, 1, false);
-    bool tied = pp > 1 && gpt_arch(s->mc)->tied_head;  // phi's lm_head is the last stage's own
-    add_comm(p, "tied-wte", "all-reduce", tied ? (double)s->mc->padded_vocab_size * s->mc->n_embd * sizeof(float) : 0,
-             1, 2, pp - 1, false);
+    add_pipeline_comm(s, p, pp, m, g.chunks, A, s->mc->padded_vocab_size, 1);
     add_comm(p, "replicas", "all-reduce", (double)n * sizeof(float), 1, dp, pp, false);
 }
 
@@ -377,6 +408,13 @@ static void plan_experts(const Setup *s, Plan *p, int ep) {
              ep, 1, false);
 }
 
+// 09's ring, per block and micro-batch: (cp - 1) key/value blocks forward, (cp - 1) again and cp
+// gradient blocks backward, each N rows of `width` floats, over cp ranks `stride` apart
+static void add_ring_comm(Plan *p, double blocks, int acc, double N, double width, int cp, int stride, bool overlap) {
+    add_comm(p, "cp", "send-recv", acc * blocks * (3.0 * cp - 2) * N * width * sizeof(float),
+             (long)(acc * blocks * (3 * cp - 2)), cp, stride, overlap);
+}
+
 // Stage 09 on cp ranks a sequence x dp replicas: every rank the whole model, activations for 2 x
 // its replica's rows of chunks of c = T / 2cp tokens (rounded up) with the attention's own buffers
 // (context.c's cp_layers_bytes). Per step: the gradient all-reduced over every rank; per block and
@@ -402,8 +440,105 @@ static void plan_context(const Setup *s, Plan *p, int cp, bool ulysses) {
     double fl = sizeof(float), N = 2.0 * rows * c, C = s->mc->n_embd;
     add_comm(p, "world", "all-reduce", (double)n * fl, 1, s->P, 1, false);
     if (ulysses) add_comm(p, "cp", "all-to-all", acc * L * 8 * N * C * fl, 4L * acc * L, cp, 1, false);
-    else add_comm(p, "cp", "send-recv", acc * L * (3.0 * cp - 2) * N * 2 * C * fl, (long)acc * L * (3 * cp - 2), cp, 1,
-                  s->cfg->overlap_communication);
+    else add_ring_comm(p, L, acc, N, 2 * C, cp, 1, s->cfg->overlap_communication);
+}
+
+// ---- stage 10: the pieces composed on one mesh ---------------------------------------------------
+
+// A mesh of stage 10 (10_composed/composed.h): pp x dp x cp x tp, tensor parallelism innermost,
+// m micro-batches a step. More dimensions (experts, sharded data) would be one more field here and
+// one more term in each of composed_stage_memory and plan_composed.
+typedef struct {
+    int tp, pp, cp, dp, m;
+} ComposedMesh;
+
+// The memory report of t = 0 of pipeline stage `stage` (10_composed/train.c's, which rank 0 prints
+// for stage 0): its tp share of the stage's blocks (05's tp_model_layout_part of 07's
+// pipe_stage_layout) whole with gradients and AdamW state, and the activations of the micro-batches
+// it keeps in flight (pipe_slots), at 05's sizes, of 09's two chunks of c = T / 2cp tokens a row
+// when cp > 1. m: the rank's model, for its collectives; the caller frees it.
+static void composed_stage_memory(const Setup *s, const ComposedMesh *mesh, int stage, TPModel *m,
+                                  MemoryItem items[MODEL_MEMORY_ITEMS]) {
+    PipeGrid g = {.pp = mesh->pp, .dp = mesh->dp, .stage = stage, .is_first = stage == 0,
+                  .is_last = stage == mesh->pp - 1, .chunks = 1};
+    pipe_chunk_blocks(&g, s->mc->n_layer, 0, &g.first_block, &g.n_blocks);
+    ParamLayout part;
+    pipe_stage_layout(&part, s->mc, &g);
+    TPGrid grid = {.X = mesh->tp, .Y = 1, .Z = 1, .D = mesh->dp};
+    tp_model_layout_part(m, s->mc, &grid, s->cfg->vocab_parallel_loss, part);
+    tp_sequence_apply(m, s->cfg);
+    int rows = s->cfg->global_batch_size / mesh->dp / mesh->m;
+    ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
+    spec.first_layer = g.first_block, spec.n_layers = g.n_blocks;
+    spec.embed = g.is_first, spec.head = g.is_last;
+    spec.shape = m->shape, spec.seq_shards = m->seq_shards;  // composed.c's tp_adapt
+    if (mesh->cp > 1) {  // composed_cp.c's chunk_adapt
+        CPGrid cp = {.cp = mesh->cp, .dp = mesh->dp};
+        spec.B *= 2, spec.T = cp_chunk_len(&cp, s->T), spec.keys = 1;
+    }
+    int slots = pipe_slots(s->cfg->pp_sched, mesh->m, mesh->pp, 1, stage, NULL);
+    model_memory_items(items, s->cfg, m->layout.num_params, (size_t)slots * acts_bytes(&spec));
+}
+
+static size_t memory_items_total(const MemoryItem *items, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += items[i].bytes;
+    return total;
+}
+
+// --layout's name of a mesh: its dimensions above 1, "tp2-pp2", "pp2-cp3"
+static void composed_layout_name(char *name, size_t size, int tp, int pp, int cp) {
+    const int dims[3] = {tp, pp, cp};
+    const char *names[3] = {"tp", "pp", "cp"};
+    size_t used = 0;
+    name[0] = '\0';
+    for (int d = 0; d < 3; d++)
+        if (dims[d] > 1) used += (size_t)snprintf(name + used, size - used, "%s%s%d", used ? "-" : "", names[d], dims[d]);
+}
+
+// Stage 10 on the mesh: rank 0 (t = 0 of replica 0, c = 0 of stage 0) reports its memory row for
+// row; the stage that needs the most (the last, with the head and the loss, or the first, with
+// the embedding and the most micro-batches in flight) decides whether the mesh fits. Rank 0's
+// collectives per step (10_composed/README.md's table), each piece's own term: 05's activation
+// collectives over x on the stage's blocks and embedding (a micro-batch of r x T / cp tokens),
+// 07's messages of r x T / cp x C / (tp when sequence parallel) floats and the tied wte's
+// vocabulary shard, 09's ring of the tp rank's heads, and the stage's share of the gradients over
+// the replicas (dp, or dp x cp: "context").
+static void plan_composed(const Setup *s, Plan *p, const ComposedMesh *mesh) {
+    int tp = mesh->tp, pp = mesh->pp, cp = mesh->cp, dp = mesh->dp, m = mesh->m;
+    char mesh_name[24];
+    composed_layout_name(mesh_name, sizeof mesh_name, tp, pp, cp);
+    snprintf(p->name, sizeof p->name, "%s x %d, %.5s m%d", mesh_name, dp, s->cfg->pp_schedule, m);
+    p->stage = 10, p->pp = pp, p->microbatches = m, p->dp = dp, p->cp = cp;
+    p->dims[0] = tp, p->dims[1] = p->dims[2] = 1;
+    add_strategy(p, "composed");
+    add_arg(p, "--tp_dimensions=%d,1,1", tp);
+    add_arg(p, "--pp_size=%d", pp);
+    add_arg(p, "--num_microbatches=%d", m);
+    add_arg(p, "--cp_size=%d", cp);
+    add_arg(p, "--gradient_acc_steps=1");
+    TPModel model;
+    MemoryItem items[MODEL_MEMORY_ITEMS];
+    for (int stage = pp - 1; stage >= 0; stage--) {  // stage 0 last: its model is rank 0's
+        if (stage < pp - 1) tp_model_free(&model);
+        composed_stage_memory(s, mesh, stage, &model, items);
+        size_t total = memory_items_total(items, MODEL_MEMORY_ITEMS);
+        if (stage == pp - 1 || total > p->heaviest_total) p->heaviest_total = total, p->heaviest_stage = stage;
+    }
+    for (int i = 0; i < MODEL_MEMORY_ITEMS; i++) add_memory(p, items[i].what, items[i].bytes);
+
+    int rows = s->cfg->global_batch_size / dp / m;
+    double N = cp > 1 ? 2.0 * rows * cp_chunk_len(&(CPGrid){.cp = cp, .dp = dp}, s->T) : (double)rows * s->T;
+    ModelPart part = {.embed = true, .head = pp == 1};
+    int first;
+    stage_blocks(s->mc->n_layer, pp, 0, &first, &part.blocks);
+    add_tp_activation_comm(s, p, &model, part, m, N, 1);
+    double A = N * s->mc->n_embd / (model.seq_shards ? model.seq_shards : 1) * sizeof(float);
+    add_pipeline_comm(s, p, pp, m, 1, A, model.Vl, dp * cp * tp);
+    if (cp > 1) add_ring_comm(p, part.blocks, m, N, 2.0 * model.Cx, cp, tp, false);
+    add_comm(p, cp > 1 ? "context" : "replicas", "all-reduce", (double)model.layout.num_params * sizeof(float), 1,
+             dp * cp, tp, false);
+    tp_model_free(&model);
 }
 
 // ---- time: compute, communication, what hides under what ---------------------------------------
@@ -426,8 +561,8 @@ static void plan_context(const Setup *s, Plan *p, int cp, bool ulysses) {
 // the residual stream split over y, with copies on every x rank. Counted in element passes per
 // token and block: x-side 3 T C (causal attention, forward and backward) + 21 C (GELU and
 // biases on 7C, three passes), y-side 20 C (two LayerNorms, two residual adds).
-static double tensor_parallel_share(const Plan *p, int T) {
-    double x_side = 3.0 * T + 21, y_side = 20, rows = (double)p->dims[2] * p->dp;
+static double tensor_parallel_share(const Plan *p, int T, int P) {
+    double x_side = 3.0 * T + 21, y_side = 20, rows = (double)P / (p->dims[0] * p->dims[1]);  // z x data (x pp x cp)
     return (x_side / p->dims[0] + y_side / p->dims[1]) / (x_side + y_side) / rows;
 }
 
@@ -440,15 +575,16 @@ static void predict_time(const Setup *s, Plan *p) {
     double peak = s->half ? c->peak_flops_16 : c->peak_flops_f32;
     double efficiency = c->stage_efficiency[p->stage] ? c->stage_efficiency[p->stage] : c->efficiency;
     double matmuls = flops / peak, between = flops / (peak * efficiency) - matmuls;
-    double own = p->stage == 5 ? matmuls / s->P + between * tensor_parallel_share(p, s->T)
-                               : (matmuls + between) / s->P;  // a rank's work, on a core of its own
+    bool tp = p->stage == 5 || p->stage == 10;
+    double own = tp ? matmuls / s->P + between * tensor_parallel_share(p, s->T, s->P)
+                    : (matmuls + between) / s->P;  // a rank's work, on a core of its own
     p->compute_s = own / share;
     // a pipeline's bubble: filling and draining pp stages idles (pp - 1) / m of a rank's work.
     // Where ranks share cores, an idle rank's core runs the others: the bubble costs only what
     // the critical path (own work plus idling) exceeds the shared compute by.
-    double bubble = p->stage == 7 ? pipe_bubble_theory(s->cfg->pp_sched, p->microbatches, p->pp,
-                                                        pipe_chunks(s->cfg)) : 0;
-    double critical = p->stage == 7 ? own * (1.0 + bubble / (1.0 - bubble)) : 0;  // idle per unit of work
+    bool pipeline = p->pp > 1;
+    double bubble = pipeline ? pipe_bubble_theory(s->cfg->pp_sched, p->microbatches, p->pp, pipe_chunks(s->cfg)) : 0;
+    double critical = pipeline ? own * (1.0 + bubble / (1.0 - bubble)) : 0;  // idle per unit of work
     p->bubble_s = critical > p->compute_s ? critical - p->compute_s : 0;
     double backward = p->compute_s * 2.0 / 3.0, hideable = 0, shown_anyway = 0;
     p->comm_s = p->exposed_s = 0;
@@ -470,7 +606,8 @@ static void predict_time(const Setup *s, Plan *p) {
     p->exposed_s += hideable > 0 ? hidden_exposed : 0;
     p->step_s = p->compute_s + p->bubble_s + p->exposed_s;
     p->tokens_per_s = tokens / p->step_s;
-    p->fits = (double)p->memory_total <= c->memory_bytes;
+    // stage 10: the stage holding the most decides
+    p->fits = (double)(p->heaviest_total > p->memory_total ? p->heaviest_total : p->memory_total) <= c->memory_bytes;
 }
 
 // ---- the layouts ------------------------------------------------------------------------------
@@ -482,6 +619,53 @@ static bool wanted(const char *only, const char *name) {
     for (const char *p = only; p; p = strchr(p, '+') ? strchr(p, '+') + 1 : NULL)
         if (strncmp(p, name, n) == 0 && (p[n] == '+' || p[n] == '\0')) return true;
     return false;
+}
+
+// Whether stage 10 runs the mesh, as its train.c and composed_cp.c check it (why: the first
+// reason not): 07's pipeline over the pp x dp ranks of a t, 05's [tp, 1, 1] over a stage's dp x tp,
+// cp's chunks in fp32 as a ring, without sequence parallelism, filling the longest sequence
+static bool composed_mesh_fits(const Setup *s, const ComposedMesh *mesh, char *why, size_t why_size) {
+    const Config *cfg = s->cfg;
+    Config pipe = *cfg;
+    pipe.pp_size = mesh->pp, pipe.num_microbatches = mesh->m;
+    int dims[3] = {mesh->tp, 1, 1};
+    if (pipe_chunks(cfg) > 1 || pipe_zero_bubble(cfg->pp_sched))
+        snprintf(why, why_size, "stage 10: key 'pp_schedule' is '%s', stage 10 runs gpipe and 1f1b", cfg->pp_schedule);
+    else if (!pipe_grid_fits(&pipe, mesh->pp * mesh->dp, s->mc->n_layer, why, why_size) ||
+             !tp_grid_fits(s->mc, dims, mesh->dp * mesh->tp, cfg->global_batch_size, mesh->m, why, why_size))
+        return false;
+    else if (mesh->cp > 1 && (s->half || cfg->sequence_parallel || strcmp(cfg->cp_impl, "ring") != 0))
+        snprintf(why, why_size, "stage 10: cp_size %d runs as a ring in fp32 without sequence_parallel", mesh->cp);
+    else if (mesh->cp > 1 && s->T % (2 * mesh->cp) != 0)
+        snprintf(why, why_size, "stage 10: cp_size %d cuts sequences of %d tokens into 2 x %d chunks", mesh->cp, s->T,
+                 mesh->cp);
+    else
+        return true;
+    return false;
+}
+
+// Stage 10's meshes: two or more of tp, pp and cp (one alone is stage 05's, 07's or 09's layout),
+// dp the ranks left; m the planner's --microbatches, else 4 per stage or the most below that fit.
+// Named for --layout by their dimensions: tp2-pp2, tp2-pp2-cp2, pp2-cp3.
+static int enumerate_composed(const Setup *s, Plan *plans, int n, int max, const char *only, char *why_not,
+                              size_t why_size) {
+    for (int tp = 1; tp <= s->P; tp++)
+        for (int pp = 1; tp * pp <= s->P; pp++)
+            for (int cp = 1; tp * pp * cp <= s->P; cp++) {
+                if (s->P % (tp * pp * cp) || (tp > 1) + (pp > 1) + (cp > 1) < 2) continue;
+                char name[48], why[320];
+                composed_layout_name(name, sizeof name, tp, pp, cp);
+                if (!wanted(only, name)) continue;
+                ComposedMesh mesh = {tp, pp, cp, s->P / (tp * pp * cp), s->microbatches ? s->microbatches : 4 * pp};
+                while (!s->microbatches && mesh.m > 1 && s->cfg->global_batch_size % (mesh.dp * mesh.m) != 0) mesh.m--;
+                if (!composed_mesh_fits(s, &mesh, why, sizeof why)) {
+                    if (!why_not[0] || only[0]) snprintf(why_not, why_size, "%s", why);
+                    continue;
+                }
+                if (n == max) fatal("internal: more than %d layouts", max);
+                plan_composed(s, &plans[n++], &mesh);
+            }
+    return n;
 }
 
 // every layout the stages can run on P ranks with this config; why_not: the first reason one did
@@ -564,6 +748,7 @@ static int enumerate(const Setup *s, const ParamLayout *layout, Plan *plans, int
             if (n == max) fatal("internal: more than %d layouts", max);
             plan_context(s, &plans[n++], cp, u);
         }
+    n = enumerate_composed(s, plans, n, max, only, why_not, why_size);
     for (int i = 0; i < n; i++) predict_time(s, &plans[i]);
     return n;
 }
@@ -601,6 +786,10 @@ static void print_plan(const Setup *s, const Plan *plans, int n) {
         printf(" %9.2f %4s %10.2f %10.3f %10.2f %10.2f %11.0f\n", mib((double)p->memory_total), p->fits ? "yes" : "NO",
                1e3 * p->compute_s, p->comm_bytes / 1e6, 1e3 * p->exposed_s, 1e3 * p->step_s, p->tokens_per_s);
     }
+    for (int i = 0; i < n; i++)  // stage 10: where rank 0 (stage 0) is not the fullest rank
+        if (plans[i].stage == 10 && plans[i].heaviest_stage != 0)
+            printf("  %s: stage %d holds the most, %.2f MiB a rank (what fits reads)\n", plans[i].name,
+                   plans[i].heaviest_stage, mib((double)plans[i].heaviest_total));
     printf("\ncommunication per step (rank 0; alpha-beta on the link each group crosses):\n");
     for (int i = 0; i < n; i++) {
         const Plan *p = &plans[i];
@@ -625,11 +814,15 @@ static void why_best(const Plan *plans, int n, char *out, size_t size) {
         return;
     }
     const Plan *a = &plans[0], *b = &plans[1];
-    double dc = b->compute_s - a->compute_s, de = b->exposed_s - a->exposed_s;
+    double dc = b->compute_s - a->compute_s, de = b->exposed_s - a->exposed_s, db = b->bubble_s - a->bubble_s;
     if (b->step_s - a->step_s < 0.01 * a->step_s)
         snprintf(out, size, "%s and %s tie (%.2f and %.2f ms per step): %s moves %.2f MB per step, %s %.2f MB",
                  a->name, b->name, 1e3 * a->step_s, 1e3 * b->step_s, a->name, a->comm_bytes / 1e6, b->name,
                  b->comm_bytes / 1e6);
+    else if (db > dc && db > de)  // a pipeline's idle time: fewer stages, or more micro-batches to fill them
+        snprintf(out, size, "%s wins: its pipeline idles %.2f ms less per step than %s's (%.2f vs %.2f ms of bubble; "
+                 "its compute %+.2f ms and its exposed communication %+.2f ms against it)", a->name, 1e3 * db, b->name,
+                 1e3 * a->bubble_s, 1e3 * b->bubble_s, -1e3 * dc, -1e3 * de);
     else if (de >= dc && a->comm_bytes < b->comm_bytes)
         snprintf(out, size, "%s wins: it moves %.1fx fewer bytes per step than %s at this batch (%.2f vs %.2f MB), "
                  "%.2f ms less exposed communication", a->name, b->comm_bytes / a->comm_bytes, b->name,
@@ -667,8 +860,13 @@ static void write_json(const char *path, const Setup *s, const Plan *plans, int 
         cJSON *args = cJSON_AddArrayToObject(j, "args");
         for (int k = 0; k < p->n_args; k++) cJSON_AddItemToArray(args, cJSON_CreateString(p->args[k]));
         cJSON_AddNumberToObject(j, "dp", p->dp);
-        if (p->stage == 5) cJSON_AddItemToObject(j, "tp_dimensions", cJSON_CreateIntArray(p->dims, 3));
-        if (p->stage == 7) cJSON_AddNumberToObject(j, "pp", p->pp), cJSON_AddNumberToObject(j, "microbatches", p->microbatches);
+        if (p->stage == 5 || p->stage == 10) cJSON_AddItemToObject(j, "tp_dimensions", cJSON_CreateIntArray(p->dims, 3));
+        if (p->pp) cJSON_AddNumberToObject(j, "pp", p->pp), cJSON_AddNumberToObject(j, "microbatches", p->microbatches);
+        if (p->stage == 10) {
+            cJSON_AddNumberToObject(j, "cp", p->cp);
+            cJSON_AddNumberToObject(j, "heaviest_stage", p->heaviest_stage);
+            cJSON_AddNumberToObject(j, "heaviest_memory_total", (double)p->heaviest_total);
+        }
         cJSON *mem = cJSON_AddObjectToObject(j, "memory");
         cJSON *cats = cJSON_AddObjectToObject(j, "memory_by_category");
         double cat[CATS] = {0};
@@ -744,7 +942,7 @@ static void print_measured(const Plan *plans, int n) {
 
 typedef struct {
     const char *cluster, *layout, *json, *calibrate;
-    int ranks, nodes, measure_steps, passes, seq_len, microbatches;
+    int ranks, nodes, gpus_per_node, measure_steps, passes, seq_len, microbatches;
     bool help;
     bool inference;  // --inference: stage 06's memory per rank (plan_serve.c)
     char **config_args;  // argv[0], then what is not the planner's: --config, --key=value
@@ -767,12 +965,12 @@ static void parse_options(Options *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
-            o->help = true, printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--layout=L[+L...]] [--microbatches=M]\n"
-                   "                  [--seq_len=T] [--json=FILE] [--measure[=STEPS] [--passes=N]] [--config FILE] [--key=value ...]\n"
+            o->help = true, printf("usage: build/plan --cluster=FILE [--ranks=P] [--nodes=N] [--gpus_per_node=G] [--layout=L[+L...]]\n"
+                   "                  [--microbatches=M] [--seq_len=T] [--json=FILE] [--measure[=STEPS] [--passes=N]] [--config FILE] [--key=value ...]\n"
                    "       build/plan --calibrate=FILE [--ranks=P] [--passes=N] [--config FILE] [--key=value ...]\n"
                    "       build/plan --inference --cluster=FILE [--ranks=P] [--layout=X,Y,1] [--json=FILE] [--config FILE] [--key=value ...]\n"
                    "layouts: ddp, fsdp, zero1, zero2, hsdpR, zeroN-hsdpR (FSDP's ladder), X,Y,Z (a tensor-parallel grid), "
-                   "ppN (N pipeline stages); docs/PLANNER.md\n"
+                   "ppN (N pipeline stages), tpX-ppN[-cpC] (stage 10's meshes); docs/PLANNER.md\n"
                    "the training config's keys follow (the planner reads them as the stages do)\n\n");
         if (strncmp(a, "--cluster=", 10) == 0) o->cluster = a + 10;
         else if (strncmp(a, "--layout=", 9) == 0) o->layout = a + 9;
@@ -780,6 +978,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (strncmp(a, "--calibrate=", 12) == 0) o->calibrate = a + 12;
         else if (strncmp(a, "--ranks=", 8) == 0) o->ranks = positive_option(a + 8, "--ranks");
         else if (strncmp(a, "--nodes=", 8) == 0) o->nodes = positive_option(a + 8, "--nodes");
+        else if (strncmp(a, "--gpus_per_node=", 16) == 0) o->gpus_per_node = positive_option(a + 16, "--gpus_per_node");
         else if (strncmp(a, "--seq_len=", 10) == 0) o->seq_len = positive_option(a + 10, "--seq_len");
         else if (strncmp(a, "--microbatches=", 15) == 0) o->microbatches = positive_option(a + 15, "--microbatches");
         else if (strcmp(a, "--inference") == 0) o->inference = true;
@@ -821,7 +1020,8 @@ static Stage stage_of_config(int argc, char **argv) {
                   : strcmp(strategy, "axonn") == 0 ? STAGE_TENSOR_PARALLEL
                   : strcmp(strategy, "pipeline") == 0 ? STAGE_PIPELINE_PARALLEL
                   : strcmp(strategy, "expert_parallel") == 0 ? STAGE_MIXTURE_OF_EXPERTS
-                  : strcmp(strategy, "context_parallel") == 0 ? STAGE_CONTEXT_PARALLEL : STAGE_DDP;
+                  : strcmp(strategy, "context_parallel") == 0 ? STAGE_CONTEXT_PARALLEL
+                  : strcmp(strategy, "composed") == 0 ? STAGE_COMPOSED : STAGE_DDP;
     if (!strategy && (has_experts(json) || experts_on_command_line(argc, argv))) stage = STAGE_MIXTURE_OF_EXPERTS;
     cJSON_Delete(json);
     free(text);
@@ -855,6 +1055,7 @@ int main(int argc, char **argv) {
     Cluster cluster;
     cluster_load(&cluster, o.cluster);
     if (o.nodes) cluster.nodes = o.nodes;
+    if (o.gpus_per_node) cluster.gpus_per_node = o.gpus_per_node;  // nodes of the same GPUs, fewer of them
     config_load(&cfg, o.n_config_args, o.config_args, stage);
     resolve_resume(&cfg);  // a run to resume takes its model shape from out_dir
     ops_set_half_format(config_half_format(&cfg));  // the memory report names fp16 or bf16 copies
@@ -879,8 +1080,8 @@ int main(int argc, char **argv) {
     if (n < named)
         fatal("command line: option '--layout': %s cannot run on %d ranks: %s", o.layout, s.P,
               why_not[0] ? why_not : "expected ddp, fsdp, zero1, zero2, hsdpR or zeroN-hsdpR (FSDP's ladder, R replica "
-              "groups), x,y,z (a tensor-parallel grid), ppN (N pipeline stages) "
-              "or epN (experts over N ranks)");
+              "groups), x,y,z (a tensor-parallel grid), ppN (N pipeline stages), "
+              "epN (experts over N ranks) or tpX-ppN-cpC (stage 10's mesh: two or more of them above 1)");
     if (n == 0) fatal("%d ranks: no layout can run this config on them (%s)", s.P, why_not);
     qsort(plans, (size_t)n, sizeof(Plan), by_step_time);
     if (o.measure_steps)

@@ -26,7 +26,7 @@ typedef struct {
 enum { PLAN_MAX_MEMORY = 8, PLAN_MAX_COMM = 10, PLAN_MAX_PASSES = 32 };
 
 typedef struct {
-    char name[48];            // "DDP", "FSDP", "TP [2,2,1] x 1"
+    char name[64];            // "DDP", "FSDP", "TP [2,2,1] x 1", "tp2-pp2 x 4, 1f1b m8"
     int stage;                // the binary that runs it: build/stage-N
     char args[8][48];         // what it adds to the config: "--strategy=axonn", "--tp_dimensions=2,2,1"
     int n_args;
@@ -34,9 +34,12 @@ typedef struct {
     int pp, microbatches;     // pipelines: stages, micro-batches per step
     int ep;                   // experts: ranks a replica's experts are spread over
     int zero_stage, replicas; // stage 04's ladder: its rung, and HSDP's replica groups (1: none)
+    int cp;                   // stage 10: the ranks a sequence is split over
     MemoryItem memory[PLAN_MAX_MEMORY];  // rank 0's memory report, row for row
     int n_memory;
     size_t memory_total;
+    int heaviest_stage;       // stage 10: the pipeline stage whose t = 0 rank holds the most, and its total
+    size_t heaviest_total;
     bool fits;
     Collective comm[PLAN_MAX_COMM];
     int n_comm;
@@ -61,7 +64,7 @@ void measure_plans(Plan *plans, int n, int ranks, char **config_args, int n_conf
 
 // --calibrate: writes a cluster description of this machine to `path`: matmul FLOP/s
 // (ops_peak_flops, as the stages measure it), the model's efficiency (each stage on one rank with
-// config_args: 03, 04, 05 and 07, or 08 alone for a mixture of experts), MPI latency and
+// config_args: 03, 04, 05, 07 and 10, or 08 alone for a mixture of experts), MPI latency and
 // bandwidth between ranks (ping-pongs in pairs, --pingpong); with passes > 1 the stages run in
 // turn that many times, each stage's best efficiency kept
 void calibrate_machine(const char *path, int ranks, char **config_args, int n_config_args, bool experts, int passes);

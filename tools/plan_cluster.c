@@ -103,7 +103,7 @@ void cluster_load(Cluster *c, const char *path) {
             int stage = atoi(e->string);
             char where[64];
             snprintf(where, sizeof where, "stage_efficiency.%s", e->string);
-            if (stage < 1 || stage > 9) fatal("%s: key '%s': expected a stage from 1 to 9, found '%s'", path, where, e->string);
+            if (stage < 1 || stage > 10) fatal("%s: key '%s': expected a stage from 1 to 10, found '%s'", path, where, e->string);
             c->stage_efficiency[stage] = number(c, per, e->string, where, 1e-4, 1);
         }
     }

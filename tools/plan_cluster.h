@@ -25,7 +25,7 @@ typedef struct {
     int nodes, gpus_per_node;
     double peak_flops_f32, peak_flops_16;  // per GPU (FLOP/s): fp32 and bf16/fp16 matmuls
     double efficiency;        // the fraction of peak the model's step reaches (its MFU ceiling)
-    double stage_efficiency[10];  // per stage binary where calibrated (0: `efficiency`)
+    double stage_efficiency[11];  // per stage binary (1 to 10) where calibrated (0: `efficiency`)
     double memory_bytes;      // per GPU
     Link intra, inter;
     bool overlaps;            // communication progresses while compute runs (NCCL on its own

@@ -131,7 +131,7 @@ static void compare_memory(Plan *p, const char *dir) {
     cJSON_Delete(stats);
 }
 
-// the directory a layout's runs write: out/plan/ddp, fsdp, zero1-hsdp1, tp-2-2-1, pp-2-m8, ep-2
+// the directory a layout's runs write: out/plan/ddp, fsdp, zero1-hsdp1, tp-2-2-1, pp-2-m8, ep-2, mesh-2-2-1-m8
 static void layout_dir(const Plan *p, char *dir, size_t size) {
     int n = snprintf(dir, size, "%s/", out_root());
     if (p->stage == 3) snprintf(dir + n, size - n, "ddp");
@@ -140,6 +140,7 @@ static void layout_dir(const Plan *p, char *dir, size_t size) {
     if (p->stage == 5) snprintf(dir + n, size - n, "tp-%d-%d-%d", p->dims[0], p->dims[1], p->dims[2]);
     if (p->stage == 7) snprintf(dir + n, size - n, "pp-%d-m%d", p->pp, p->microbatches);
     if (p->stage == 8) snprintf(dir + n, size - n, "ep-%d", p->ep);
+    if (p->stage == 10) snprintf(dir + n, size - n, "mesh-%d-%d-%d-m%d", p->dims[0], p->pp, p->cp, p->microbatches);
 }
 
 // ---- what other jobs took from the cores during a run ------------------------------------------
@@ -276,12 +277,12 @@ static void measure_link(int ranks, double *latency_us, double *bandwidth_gbps) 
 // The best step: one rank runs alone, so a slower step is only another job holding its core (one
 // run here: 657, 794, 786, 654, 837 ms a step, its median a disturbed step's). (the
 // stages differ: stage 05's layers and stage 07's schedule cost more than stage 03's loop).
-// Stage 05 runs the [1, 1, 1] grid, stage 07 one stage; a mixture of experts runs on stage 08
+// Stage 05 runs the [1, 1, 1] grid, stages 07 and 10 one stage; a mixture of experts runs on stage 08
 // alone (all experts on the one rank), the others refuse it. With passes > 1 the stages run in
 // turn that many times and each keeps its best: a stage measured while another job held a core
 // would otherwise look slower than the others, and the plan would rank layouts by that job.
 static void measure_efficiency(char **config_args, int n_config_args, bool experts, double peak_f32, double peak_16,
-                               int passes, double efficiency[9]) {
+                               int passes, double efficiency[11]) {
     char text[64];
     snprintf(text, sizeof text, "%.6e", peak_f32);
     setenv("OPS_PEAK_FLOPS_F32", text, 1);
@@ -289,14 +290,14 @@ static void measure_efficiency(char **config_args, int n_config_args, bool exper
     setenv("OPS_PEAK_FLOPS_BF16", text, 1);
     mkdir("out", 0755);
     mkdir(out_root(), 0755);
-    static const int dense[] = {3, 4, 5, 7}, moe[] = {8};
-    const int *stages = experts ? moe : dense, n = experts ? 1 : 4;
-    double best[9] = {0};
+    static const int dense[] = {3, 4, 5, 7, 10}, moe[] = {8};
+    const int *stages = experts ? moe : dense, n = experts ? 1 : 5;
+    double best[11] = {0};
     for (int pass = 0; pass < passes; pass++)
         for (int i = 0; i < n; i++) {
             char dir[512], keys[1][48] = {"--gradient_acc_steps=1"};
             snprintf(dir, sizeof dir, "%s/calibrate-stage-%d", out_root(), stages[i]);
-            run_stage(1, stages[i], config_args, n_config_args, keys, stages[i] == 7, 6, dir);
+            run_stage(1, stages[i], config_args, n_config_args, keys, stages[i] == 7 || stages[i] == 10, 6, dir);
             double mfu[MAX_STEPS];
             int n_steps = steps_after_first(dir, "mfu", mfu, NULL);
             best[stages[i]] = mfu[n_steps - 1] > best[stages[i]] ? mfu[n_steps - 1] : best[stages[i]];
@@ -342,7 +343,7 @@ void calibrate_machine(const char *path, int ranks, char **config_args, int n_co
     best_peaks(passes, &peak_f32, &peak_16);
     double latency_us, bandwidth_gbps;
     measure_link(ranks, &latency_us, &bandwidth_gbps);
-    double efficiency[9] = {0};
+    double efficiency[11] = {0};
     measure_efficiency(config_args + 1, n_config_args - 1, experts, peak_f32, peak_16, passes, efficiency);
     int main_stage = experts ? 8 : 3;  // the description's `efficiency`
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -368,7 +369,7 @@ void calibrate_machine(const char *path, int ranks, char **config_args, int n_co
     cJSON_AddNumberToObject(peak, "bf16", peak_16 / 1e12);
     cJSON_AddNumberToObject(c, "efficiency", efficiency[main_stage]);
     cJSON *per = cJSON_AddObjectToObject(c, "stage_efficiency");
-    for (int st = 1; st < 9; st++)
+    for (int st = 1; st < 11; st++)
         if (efficiency[st] > 0) {
             char key[4];
             snprintf(key, sizeof key, "%d", st);

@@ -9,6 +9,8 @@ expected; a failed one says what to do next. The checks:
                            on the CUDA backend), run to print its version; on every node
   GPUs                     visible per node against the ranks per node, and their memory against
                            the planner's need (build/plan --json) for each config; CUDA only
+  mesh                     each stage-10 config's mesh (tp x pp x cp) against the ranks it must
+                           divide, and its tp against the ranks of a node (tp talks in every layer)
   MPI / NCCL init          build/preflight_comm started on every rank of the session's layout
   bandwidth                its all-reduce and all-gather bus bandwidth (nccl-tests' definition)
                            against the expected figure (--expect_busbw, or the cluster
@@ -177,8 +179,20 @@ def check_gpus(checks, args):
         args.gpu_mib = min(g[1] for g in gpus)
 
 
+def mesh_of(cfg):
+    """A stage-10 config's mesh (tp, pp, cp), or None for another strategy's."""
+    if cfg.get("strategy") != "composed":
+        return None
+    return int(cfg.get("tp_dimensions", [1, 1, 1])[0]), int(cfg.get("pp_size", 1)), int(cfg.get("cp_size", 1))
+
+
 def asks_for(cfg, layout):
     """Whether the planner's layout is the one this config asks for."""
+    mesh = mesh_of(cfg)
+    if mesh:
+        tp, pp, cp = mesh
+        return layout["stage"] == 10 and all(a in layout["args"] for a in
+                                             (f"--tp_dimensions={tp},1,1", f"--pp_size={pp}", f"--cp_size={cp}"))
     if int(cfg.get("pp_size", 1)) > 1:
         return f"--pp_size={cfg['pp_size']}" in layout["args"]
     strategy = cfg.get("strategy", "ddp")
@@ -186,6 +200,11 @@ def asks_for(cfg, layout):
         dims = ",".join(str(d) for d in cfg.get("tp_dimensions", [1, 1, 1]))
         return layout["name"].startswith("TP") and f"--tp_dimensions={dims}" in layout["args"]
     return layout["name"] == ("FSDP" if strategy == "fsdp" else "DDP")
+
+
+def rank_need(layout):
+    """The bytes a layout's fullest rank holds: rank 0's, or on stage 10 its heaviest stage's."""
+    return max(layout["memory_total"], layout.get("heaviest_memory_total", 0))
 
 
 def check_gpu_memory(checks, args):
@@ -210,12 +229,35 @@ def check_gpu_memory(checks, args):
         layouts = json.load(open(plan_json))["layouts"]
         # the config's own layout (the fastest of its kind); where P ranks cannot run it, the smallest
         need = next((l for l in layouts if asks_for(cfg, l)), min(layouts, key=lambda l: l["memory_total"]))
-        need_mib = need["memory_total"] / 2**20
-        fitting = [l["name"] for l in layouts if l["memory_total"] / 2**20 <= args.gpu_mib]
+        need_mib = rank_need(need) / 2**20
+        fitting = [l["name"] for l in layouts if rank_need(l) / 2**20 <= args.gpu_mib]
         checks.add(name, "pass" if need_mib <= args.gpu_mib else "fail",
                    f"{need['name']} needs {need_mib:.0f} MiB a rank", f"<= {args.gpu_mib:.0f} MiB (smallest GPU)",
                    "the planner's next layout that fits: " + (", ".join(fitting[:3]) if fitting else
                    "none at this rank count; more ranks (nodes), bf16 or activation_checkpointing"))
+
+
+def check_mesh(checks, args):
+    """Stage 10's mesh against the session's ranks: tp x pp x cp must divide them (dp takes what is
+    left), and tp's ranks, consecutive, must share a node: its all-reduces run in every layer."""
+    for path in args.configs:
+        if not os.path.exists(path) or not mesh_of(load_config(path)):
+            continue
+        tp, pp, cp = mesh_of(load_config(path))
+        name, size = f"mesh: {path}", tp * pp * cp
+        if args.ranks % size:
+            checks.add(name, "fail", f"tp {tp} x pp {pp} x cp {cp} = {size} does not divide {args.ranks} ranks",
+                       "tp x pp x cp divides the ranks (dp takes the rest)",
+                       f"run a multiple of {size} ranks, or change tp_dimensions, pp_size or cp_size "
+                       "(build/plan --cluster=FILE lists the meshes that fit)")
+        elif tp > args.ranks_per_node:
+            checks.add(name, "fail", f"tp {tp} spans nodes of {args.ranks_per_node} ranks",
+                       f"tp <= {args.ranks_per_node} (ranks per node)",
+                       "lower tp_dimensions' x to the GPUs of a node and raise pp_size: a pipeline's messages "
+                       "may cross nodes, tp's all-reduces of every layer should not")
+        else:
+            checks.add(name, "pass", f"tp {tp} x pp {pp} x cp {cp} x dp {args.ranks // size} = {args.ranks} ranks, "
+                       f"tp within a node of {args.ranks_per_node}", "tp x pp x cp divides the ranks, tp within a node")
 
 
 # ---- disk ------------------------------------------------------------------------------------------
@@ -466,6 +508,8 @@ def stage_runs(args):
         (6, 1, args.tiny, ["--tokens_to_generate=4"]),
         (7, p, args.tiny, [f"--pp_size={split}", f"--num_microbatches={split}"]),
         (8, p, "configs/moe.json", [f"--ep_size={split}"]),
+        (10, p, args.tiny, [f"--tp_dimensions={split},1,1"] +
+         ([f"--pp_size={split}", f"--num_microbatches={split}"] if p % (split * split) == 0 else [])),
     ]
 
 
@@ -609,6 +653,7 @@ def main():
     checks = Checks()
     if "gpus" in args.only:
         check_gpu_memory(checks, args)
+        check_mesh(checks, args)
     for path in args.configs if "models" in args.only else []:
         if not os.path.exists(path):
             checks.add(f"model files: {path}", "fail", "config file missing", "a config", "check --configs")
