@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
         // loss is divided by the number of target tokens in the WHOLE global batch, so the
         // gradient is the mean over the global batch however it is cut into micro-batches.
         // (A batch whose responses were all cut off by max_seq_len has no targets: loss 0.)
-        dev_zero(mb.grads, mb.bytes);
+        gpt_gradients_begin(&acts, &mb.g, mb.grads, mb.bytes);  // the first backward writes them
         double loss_sum = 0;
         long tokens = 0, n_targets = 0;
         int acc = cfg.gradient_acc_steps;

@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
         // This rank's micro-batches are slices rank * acc ... of P * acc, and the sum of the
         // ranks' gradients is exactly the one-process gradient, even when ranks hold different
         // numbers of response tokens. No gradient is communicated until the last micro-batch.
-        dev_zero(mb.grads, mb.bytes);
+        gpt_gradients_begin(&acts, &mb.g, mb.grads, mb.bytes);  // the first backward writes them
         double loss_sum = 0;
         long tokens = 0, n_targets = 0;
         int acc = cfg.gradient_acc_steps;

@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
         // This replica's micro-batches are slices replica * acc ... of dp * acc; each rank adds the
         // gradient of its chunks' tokens, and the sum over all ranks is exactly the one-process
         // gradient. No gradient is communicated until the last micro-batch.
-        dev_zero(mb.grads, mb.bytes);
+        gpt_gradients_begin(&acts, &mb.g, mb.grads, mb.bytes);  // the first backward writes them
         double loss_sum = 0;
         long tokens = 0, n_targets = 0;
         int acc = cfg.gradient_acc_steps;

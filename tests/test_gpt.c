@@ -11,6 +11,10 @@
 //     whose load-balancing loss each range adds to its gradients, and whose stats (dropped pairs,
 //     load-balancing loss, rows per expert) add up to the whole model's.
 //  5. Activation recomputation: the same loss and gradients, bit for bit, with less memory.
+//  6. Written gradients: a step begun with gpt_gradients_begin over a buffer of stale values (the
+//     first backward writing, the next ones adding) gives the bits of a step over a zeroed buffer,
+//     for GPT-2 (tied head, positions), phi (untied head with a bias, parallel block) and Llama
+//     (RMSNorm, grouped-query attention, no biases), f32 and bf16, with 1 and 3 micro-batches.
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -447,6 +451,62 @@ static void test_recompute(int bf16) {
     free(grads[0]), free(grads[1]);
 }
 
+// ---- 6. written gradients ----------------------------------------------------------------------
+
+// the gradients of `micro` micro-batches (B x T rows each, from x, y) added up, starting from
+// zeroed gradients (written 0) or from stale ones through gpt_gradients_begin (written 1)
+static float *step_gradients(const GPTConfig *cfg, int bf16, int micro, int written, const int *x, const int *y,
+                             int B, int T) {
+    Model m;
+    model_build(&m, cfg, B, T, bf16);
+    size_t n = m.layout.num_params, bytes = n * sizeof(float);
+    gpt_init_range(m.params, &m.layout, 0, n, 3);
+    if (bf16) cast_to_16(m.params16, m.params, n);
+    if (written) {
+        fill_constant(m.grads, n, 0.25f);  // a previous step's gradients
+        gpt_gradients_begin(&m.acts, &m.g, m.grads, bytes);
+        CHECK(m.acts.write_grads, "%s: the serial dense model zeroes its gradients instead of writing them",
+              gpt_arch(cfg)->name);
+    } else {
+        dev_zero(m.grads, bytes);
+    }
+    int N = B * T, count = count_targets(y, micro * N);
+    for (int i = 0; i < micro; i++)
+        gpt_forward_backward(&m.acts, &m.w, &m.g, cfg, x + i * N, y + i * N, B, T, 1.0f / (float)count);
+    float *g = malloc_or_die(bytes);
+    copy_to_host(g, m.grads, bytes);
+    model_free(&m);
+    return g;
+}
+
+static void test_written_gradients(const GPTConfig *cfg) {
+    enum { B = 2, T = 7, MICRO = 3 };  // T below max_seq_len: wpe's last rows get no gradient
+    int x[MICRO * B * T], y[MICRO * B * T];
+    random_tokens(x, y, MICRO * B * T, cfg->vocab_size);
+    ParamLayout layout;
+    gpt_layout(&layout, cfg);
+    size_t bytes = layout.num_params * sizeof(float);
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int micro = 1; micro <= MICRO; micro += MICRO - 1) {
+            float *want = step_gradients(cfg, bf16, micro, 0, x, y, B, T);
+            float *got = step_gradients(cfg, bf16, micro, 1, x, y, B, T);
+            CHECK(memcmp(want, got, bytes) == 0, "%s bf16 %d, %d micro-batches: gradients begun over stale ones "
+                  "differ from those over zeros", gpt_arch(cfg)->name, bf16, micro);
+            free(want), free(got);
+        }
+    gpt_layout_free(&layout);
+}
+
+static void test_written_gradients_families(void) {
+    GPTConfig gpt2 = small_config(), phi = gpt2, llama = gpt2;
+    phi.arch = &ARCH_PHI, phi.rotary_dim = 4, phi.rope_theta = 10000.0f;
+    llama.arch = &ARCH_LLAMA, llama.n_head = 4, llama.n_kv_head = 2, llama.ffn_dim = 40;
+    llama.rotary_dim = llama.n_embd / llama.n_head, llama.rope_theta = 10000.0f, llama.norm_eps = 1e-5f;
+    test_written_gradients(&gpt2);
+    test_written_gradients(&phi);
+    test_written_gradients(&llama);
+}
+
 int main(int argc, char **argv) {
     ops_init();
     // test_bf16_oracle.sh: compare stage 02's recipe with the PyTorch one written to FILE
@@ -465,5 +525,6 @@ int main(int argc, char **argv) {
     test_layer_ranges(&moe);
     test_recompute(0);
     test_recompute(1);
+    test_written_gradients_families();
     return test_summary("test_gpt");
 }

@@ -70,6 +70,7 @@ struct Activations {
     half16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
     half16 *dout16;               // bf16 mode: a matmul's output gradient
     struct MoEActs *moe;        // what the MoE blocks' MLP keeps (MoEConfig.mlp's), or NULL
+    bool write_grads;           // the next gpt_backward writes the weight gradients (gpt_gradients_begin)
     float *seq_shard;           // sequence parallel: (rows, C) a norm's output, a reduce-scattered gradient
     float *seq_full;            // and (N, C): a partial sum before its reduce-scatter, a gathered gradient
     size_t bytes;

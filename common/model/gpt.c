@@ -27,6 +27,11 @@ static void trace_layer(const char *what, int layer, int m0) {
 }
 
 static void zero_floats(float *x, size_t n) { dev_zero(x, n * sizeof(float)); }
+
+// How the serial layers (serial_layer_ops) put their weight gradients: GRAD_WRITE during the
+// backward pass gpt_gradients_begin asked to write, GRAD_ADD otherwise. A stage's own layers are
+// never asked to write: gpt_gradients_begin zeroes their gradients instead.
+static GradMode g_serial_grads = GRAD_ADD;
 static BlockActs *block_acts(const Activations *a, int l) { return &a->blocks[l - a->spec.first_layer]; }
 
 // ---- sequence parallelism's edges of a tensor-parallel region (ActsSpec.seq_shards) --------------
@@ -221,13 +226,36 @@ void gpt_forward(Activations *a, const Weights *w, const int *inputs, int B, int
 
 void gpt_backward(Activations *a, const Weights *w, Weights *g, int B, int T, GradReadyHook hook, void *ctx) {
     const ActsSpec *sp = &a->spec;
+    g_serial_grads = a->write_grads ? GRAD_WRITE : GRAD_ADD;  // the step's first pass writes
+    a->write_grads = false;
     if (sp->head) gpt_head_backward(a, w, g, B, T);
     for (int l = sp->first_layer + sp->n_layers - 1; l >= sp->first_layer; l--) {
         gpt_block_backward(a, l, &w->h[l], &g->h[l], B, T);
         if (hook) hook(l, ctx);
     }
     if (sp->embed) gpt_embed_backward(a, g, B, T);
+    g_serial_grads = GRAD_ADD;
     if (hook) hook(-1, ctx);
+}
+
+// The serial layers' backward writes every weight gradient of a dense whole model but the
+// embedding's, which add: a token's rows from each of its places, GPT-2's wte onto what its tied
+// lm_head wrote. So a step that starts here zeroes only those the head did not write.
+static bool serial_writes_gradients(const Activations *a) {
+    const ActsSpec *sp = &a->spec;
+    return a->ops == serial_layer_ops() && sp->embed && sp->head && sp->first_layer == 0 &&
+           sp->n_layers == sp->model.n_layer && gpt_experts(&sp->model) == 0;
+}
+
+void gpt_gradients_begin(Activations *a, Weights *g, float *grads, size_t bytes) {
+    if (!serial_writes_gradients(a)) {
+        dev_zero(grads, bytes);
+        return;
+    }
+    const GPTConfig *cfg = &a->spec.model;
+    if (g->wpe) zero_floats(g->wpe, (size_t)cfg->max_seq_len * cfg->n_embd);
+    if (g->wte != g->head.w) zero_floats(g->wte, (size_t)cfg->padded_vocab_size * cfg->n_embd);
+    a->write_grads = true;
 }
 
 double gpt_forward_backward_hooked(Activations *a, const Weights *w, Weights *g, const GPTConfig *cfg,
@@ -307,11 +335,11 @@ static void serial_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Lin
                                    int N, int in_dim, int out_dim) {
     (void)ops, (void)k;
     if (!w->w16) {
-        matmul_backward(dinp, g->w, g->b, dout, inp, w->w, N, in_dim, out_dim);
+        matmul_backward_mode(dinp, g->w, g->b, dout, inp, w->w, N, in_dim, out_dim, g_serial_grads);
         return;
     }
     cast_gradient_to_16(dout16, dout, (size_t)N * out_dim);
-    matmul_backward_16(dinp, g->w, g->b, dout, dout16, inp16, w->w16, N, in_dim, out_dim);
+    matmul_backward_16_mode(dinp, g->w, g->b, dout, dout16, inp16, w->w16, N, in_dim, out_dim, g_serial_grads);
 }
 
 static void serial_norm_forward(LayerOps *ops, float *out, float *mean, float *rstd, const float *inp,
@@ -325,8 +353,8 @@ static void serial_norm_backward(LayerOps *ops, float *dinp, Norm *g, const floa
                                  const Norm *w, const float *mean, const float *rstd, const ModelShape *s,
                                  int N) {
     (void)ops;
-    if (s->rms_norm) rmsnorm_backward(dinp, g->w, dout, inp, w->w, rstd, N, s->C);
-    else layernorm_backward(dinp, g->w, g->b, dout, inp, w->w, mean, rstd, N, s->C);
+    if (s->rms_norm) rmsnorm_backward_mode(dinp, g->w, dout, inp, w->w, rstd, N, s->C, g_serial_grads);
+    else layernorm_backward_mode(dinp, g->w, g->b, dout, inp, w->w, mean, rstd, N, s->C, g_serial_grads);
 }
 
 static void serial_attention_forward(LayerOps *ops, int layer, float *out, float *att, const float *qkv,

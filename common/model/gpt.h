@@ -37,12 +37,19 @@ void linear_forward(float *out, const float *inp, half16 *inp16, const Linear *w
 // embedding (if held), blocks, head (if held): the logits in a->logits
 void gpt_forward(Activations *a, const Weights *w, const int *inputs, int B, int T);
 // from a->logits holding dlogits (or a->dres holding the gradient of the last block's output,
-// without the head) back through the blocks and the embedding, adding into g; hook(l, ctx) is
+// without the head) back through the blocks and the embedding, adding into g (or writing, the pass
+// after gpt_gradients_begin); hook(l, ctx) is
 // called as soon as block l's gradients are final (l from last to first) and hook(-1, ctx) when
 // the root tensors' are, so that a stage can start communicating gradients while backward goes
 // on (PyTorch's DDP does this with autograd hooks). hook may be NULL.
 typedef void (*GradReadyHook)(int layer, void *ctx);
 void gpt_backward(Activations *a, const Weights *w, Weights *g, int B, int T, GradReadyHook hook, void *ctx);
+// A step's gradients start here, in place of zeroing `grads` (bytes), the flat buffer g views: the
+// next gpt_backward writes the weight gradients over what the buffer holds instead of adding to
+// them, where its layers can (serial_layer_ops() over a dense whole model; only the embedding's
+// gradients, which add, are zeroed); otherwise `grads` is zeroed here. Later passes add (gradient
+// accumulation).
+void gpt_gradients_begin(Activations *a, Weights *g, float *grads, size_t bytes);
 // forward + loss + backward on one rank, adding into g; returns the summed loss of the micro-batch
 double gpt_forward_backward(Activations *a, const Weights *w, Weights *g, const GPTConfig *cfg,
                             const int *inputs, const int *targets, int B, int T, float dloss);

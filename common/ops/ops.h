@@ -7,7 +7,9 @@
 //  - outputs first, then inputs and weights, then sizes;
 //  - shapes are written in comments, row-major, e.g. inp is (N, C);
 //  - backward functions ADD into their gradient outputs (dinp, dweight, dbias), so residual
-//    branches, the tied embedding and gradient accumulation need no special case;
+//    branches, the tied embedding and gradient accumulation need no special case; the linear
+//    layer's and the norms' (the *_mode ones) can WRITE their weight gradients instead, so that a
+//    step's first backward needs no zeroing pass over the gradients before it (GradMode);
 //  - a linear layer's weight is (OC, C): out = inp @ weight^T + bias.
 #ifndef OPS_H
 #define OPS_H
@@ -88,6 +90,12 @@ void cast_to_fp8_grid_grouped(half16 *out, const float *in, int rows, int cols, 
 // format's largest finite
 double abs_max(const float *x, size_t n);
 
+// How a backward op puts a weight's gradient (dweight, dbias) into its buffer: GRAD_ADD adds it to
+// what the buffer holds (a later micro-batch of the step, the second use of a tied weight);
+// GRAD_WRITE writes it over whatever the buffer holds (the step's first backward, so the buffer
+// needs no zeroing pass before it). The input gradient dinp is always added.
+typedef enum { GRAD_ADD, GRAD_WRITE } GradMode;
+
 // ----------------------------------------------------------------------------------------------
 // matmuls: the linear layer. out = inp @ weight^T + bias, weight (OC, C).
 
@@ -96,8 +104,13 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
                     int N, int C, int OC);
 // dinp (N, C) += dout @ weight; dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout.
 // dinp, dweight and dbias may be NULL (skip).
-void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                     const float *inp, const float *weight, int N, int C, int OC);
+// matmul_backward_mode: the same, dweight and dbias added or written as `grads` says
+void matmul_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const float *weight, int N, int C, int OC, GradMode grads);
+static inline void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const float *weight, int N, int C, int OC) {
+    matmul_backward_mode(dinp, dweight, dbias, dout, inp, weight, N, C, OC, GRAD_ADD);
+}
 
 // f32 matmuls in TF32 (on: inputs rounded to 10 mantissa bits on the tensor cores, f32
 // accumulation; stage 01's tf32 lesson) or in full f32 (off, the default). Only the CUDA backend on
@@ -116,8 +129,13 @@ void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, cons
 // dinp (N, C) += dout16 @ weight; dweight (OC, C) += dout16^T @ inp; dbias (OC) += column sums of
 // dout (the f32 gradient; dout16 is its 16-bit copy). Outputs f32; dinp, dweight and dbias may be NULL,
 // and so may weight without dinp and inp without dweight.
-void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C, int OC);
+void matmul_backward_16_mode(float *dinp, float *dweight, float *dbias, const float *dout, const half16 *dout16,
+                             const half16 *inp, const half16 *weight, int N, int C, int OC, GradMode grads);
+static inline void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                      const half16 *dout16, const half16 *inp, const half16 *weight, int N,
+                                      int C, int OC) {
+    matmul_backward_16_mode(dinp, dweight, dbias, dout, dout16, inp, weight, N, C, OC, GRAD_ADD);
+}
 // The same products for fp8-tensorwise (stage 02's fp8.c), their operands on the FP8 grid
 // (cast_to_fp8_grid) with the scale each was cast with: inp and weight e4m3, dout8 e5m2. The CPU
 // multiplies the grid values (matmul_forward_16, matmul_backward_16: the emulation, exact); CUDA
@@ -150,9 +168,15 @@ void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *
 // out (N, C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *weight, const float *bias, int N, int C);
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const float *mean,
-                        const float *rstd, int N, int C);
+// dinp (N, C) +=; dweight, dbias (C) added or written as `grads` says (layernorm_backward: added)
+void layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, const float *mean, const float *rstd, int N, int C,
+                             GradMode grads);
+static inline void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                      const float *inp, const float *weight, const float *mean,
+                                      const float *rstd, int N, int C) {
+    layernorm_backward_mode(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, GRAD_ADD);
+}
 
 // LayerNorm over rows split into shards of C columns (the full row has C_total), in steps with
 // a sum over the shards between them (the ops never communicate; one shard is the whole row).
@@ -174,9 +198,13 @@ void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const f
 // RMSNorm (Llama): out (N, C) = inp * rstd * weight, rstd (N) = 1/sqrt(mean(inp^2) + eps), saved
 // for backward; no mean taken out, no bias
 void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps);
-// dinp (N, C) +=, dweight (C) +=
-void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                      const float *rstd, int N, int C);
+// dinp (N, C) +=, dweight (C) added or written as `grads` says (rmsnorm_backward: added)
+void rmsnorm_backward_mode(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                           const float *rstd, int N, int C, GradMode grads);
+static inline void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                    const float *weight, const float *rstd, int N, int C) {
+    rmsnorm_backward_mode(dinp, dweight, dout, inp, weight, rstd, N, C, GRAD_ADD);
+}
 // RMSNorm over rows split into shards of C columns (the full row has C_total), as LayerNorm's
 // above: sum_sq (N) = this shard's row sums of inp^2; add over shards, then forward_stats
 // normalises with rstd = 1/sqrt(sum_sq/C_total + eps). Backward: sums (N) = this shard's row sums

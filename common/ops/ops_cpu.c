@@ -95,9 +95,10 @@ static md_t md_batch(int64_t batch, int64_t rows, int64_t cols, int64_t batch_st
 
 // The three products a linear layer needs. oneDNN's matmul computes dst (M, N) = src (M, K) @
 // weights (K, N) [+ bias]; each kind says which of our tensors plays which role.
-enum { MM_FORWARD, MM_BACKWARD_DATA, MM_BACKWARD_WEIGHTS };
+// MM_WEIGHTS_WRITTEN is MM_BACKWARD_WEIGHTS writing dweight instead of adding to it (GRAD_WRITE).
+enum { MM_FORWARD, MM_BACKWARD_DATA, MM_BACKWARD_WEIGHTS, MM_WEIGHTS_WRITTEN };
 // ... and the six of attention, each over all NH heads of one sequence (describe_attention)
-enum { ATT_SCORES = MM_BACKWARD_WEIGHTS + 1, ATT_VALUES, ATT_DPROBS, ATT_DQUERIES, ATT_DKEYS, ATT_DVALUES };
+enum { ATT_SCORES = MM_WEIGHTS_WRITTEN + 1, ATT_VALUES, ATT_DPROBS, ATT_DQUERIES, ATT_DKEYS, ATT_DVALUES };
 
 // A created primitive and its memory objects, reused for every call of the same shape: creating a
 // primitive means choosing and JIT-compiling a kernel (milliseconds), so a training step, which
@@ -134,7 +135,8 @@ static MatmulPlan *find_plan(int kind, int N, int C, int OC, int has_bias, int b
     return NULL;
 }
 
-// The memory descriptors of one product; returns 1 when it adds into dst (the backward kinds).
+// The memory descriptors of one product; returns 1 when it adds into dst (the backward kinds but
+// MM_WEIGHTS_WRITTEN).
 static int describe_operands(int kind, int N, int C, int OC, int bf16, md_t *src, md_t *weights,
                              md_t *dst) {
     dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32, f32 = dnnl_f32;
@@ -156,7 +158,7 @@ static int describe_operands(int kind, int N, int C, int OC, int bf16, md_t *src
     *src = md_matrix(OC, N, 1, OC, in);
     *weights = md_matrix(N, C, C, 1, in);
     *dst = md_matrix(OC, C, C, 1, f32);
-    return 1;
+    return kind == MM_BACKWARD_WEIGHTS;
 }
 
 // attention's operands, over NH heads: each head's rows x cols of a (T, T) square of att or datt
@@ -660,7 +662,10 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
     trace_matmul("matmul_forward", m0, 4.0 * ((double)N * C + (double)C * OC + (double)N * OC + (bias ? OC : 0)), 1, N, C, OC);
 }
 
-static void bias_backward(float *dbias, const float *dout, int N, int OC) {
+// dbias (OC) += column sums of dout; GRAD_WRITE zeroes dbias first (a row of OC floats, not a
+// pass over the gradients), so the sums are the same bits either way
+static void bias_backward(float *dbias, const float *dout, int N, int OC, GradMode grads) {
+    if (grads == GRAD_WRITE) memset(dbias, 0, (size_t)OC * sizeof(float));
 #pragma omp parallel
     {
         int c0, c1;
@@ -669,13 +674,15 @@ static void bias_backward(float *dbias, const float *dout, int N, int OC) {
     }
 }
 
-void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                     const float *inp, const float *weight, int N, int C, int OC) {
+// the product that makes dweight: added (oneDNN's sum post-op) or written
+static int weights_kind(GradMode grads) { return grads == GRAD_WRITE ? MM_WEIGHTS_WRITTEN : MM_BACKWARD_WEIGHTS; }
+
+void matmul_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const float *weight, int N, int C, int OC, GradMode grads) {
     int m0 = trace_op_begin();
     if (dinp) matmul_run(matmul_plan(MM_BACKWARD_DATA, N, C, OC, 0, 0), dout, weight, NULL, dinp);
-    if (dweight)
-        matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0, 0), dout, inp, NULL, dweight);
-    if (dbias) bias_backward(dbias, dout, N, OC);
+    if (dweight) matmul_run(matmul_plan(weights_kind(grads), N, C, OC, 0, 0), dout, inp, NULL, dweight);
+    if (dbias) bias_backward(dbias, dout, N, OC, grads);
     trace_matmul("matmul_backward", m0, matmul_backward_bytes(dinp, dweight, dbias, 4, 4, N, C, OC),
                  (dinp != NULL) + (dweight != NULL), N, C, OC);
 }
@@ -758,18 +765,19 @@ void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, cons
                  1, N, C, OC);
 }
 
-void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C, int OC) {
+void matmul_backward_16_mode(float *dinp, float *dweight, float *dbias, const float *dout, const half16 *dout16,
+                             const half16 *inp, const half16 *weight, int N, int C, int OC, GradMode grads) {
     int m0 = trace_op_begin();
     if (widen_half()) {
         const float *g = widened(dout16, (size_t)N * OC, 0);
         if (dinp) matmul_backward(dinp, NULL, NULL, g, NULL, widened(weight, (size_t)OC * C, 1), N, C, OC);
-        if (dweight) matmul_backward(NULL, dweight, NULL, g, widened(inp, (size_t)N * C, 1), NULL, N, C, OC);
+        if (dweight)
+            matmul_backward_mode(NULL, dweight, NULL, g, widened(inp, (size_t)N * C, 1), NULL, N, C, OC, grads);
     } else {
         if (dinp) matmul_run(matmul_plan(MM_BACKWARD_DATA, N, C, OC, 0, 1), dout16, weight, NULL, dinp);
-        if (dweight) matmul_run(matmul_plan(MM_BACKWARD_WEIGHTS, N, C, OC, 0, 1), dout16, inp, NULL, dweight);
+        if (dweight) matmul_run(matmul_plan(weights_kind(grads), N, C, OC, 0, 1), dout16, inp, NULL, dweight);
     }
-    if (dbias) bias_backward(dbias, dout, N, OC);
+    if (dbias) bias_backward(dbias, dout, N, OC, grads);
     trace_matmul("matmul_backward_16", m0, matmul_backward_bytes(dinp, dweight, dbias, 2, 2, N, C, OC),
                  (dinp != NULL) + (dweight != NULL), N, C, OC);
 }
@@ -830,10 +838,19 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
     trace_op_end("layernorm_forward", m0, 4.0 * (2.0 * N * C + 2.0 * C + 2.0 * N), 0, NULL);
 }
 
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const float *mean,
-                        const float *rstd, int N, int C) {
+// GRAD_WRITE: the norms' weight gradients (C floats each) are zeroed and then summed into as
+// GRAD_ADD sums: the same bits, and no pass over the gradient buffer
+static void zero_norm_grads(float *dweight, float *dbias, int C, GradMode grads) {
+    if (grads != GRAD_WRITE) return;
+    memset(dweight, 0, (size_t)C * sizeof(float));
+    if (dbias) memset(dbias, 0, (size_t)C * sizeof(float));
+}
+
+void layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, const float *mean, const float *rstd, int N, int C,
+                             GradMode grads) {
     int m0 = trace_op_begin();
+    zero_norm_grads(dweight, dbias, C, grads);
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
@@ -867,8 +884,9 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
     }
 }
 
-void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                      const float *rstd, int N, int C) {
+void rmsnorm_backward_mode(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                           const float *rstd, int N, int C, GradMode grads) {
+    zero_norm_grads(dweight, NULL, C, grads);
 #pragma omp parallel
     {
 #pragma omp for schedule(static)

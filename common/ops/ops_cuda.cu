@@ -733,6 +733,8 @@ void fill_constant(float *out, size_t n, float value) {
 // gradients. The bias: its rows are written into out first and the product added with beta = 1.
 
 static const float ONE = 1.0f, ZERO = 0.0f;
+// a weight gradient's product: beta 1 adds to dweight, beta 0 writes it (never reading it)
+static const float *grad_beta(GradMode grads) { return grads == GRAD_WRITE ? &ZERO : &ONE; }
 
 // out (N, OC): every row = bias
 static __global__ void bias_rows_kernel(float *out, const float *bias, size_t N, size_t OC) {
@@ -759,8 +761,10 @@ static __global__ void column_sums_kernel(float *dbias, const float *rows, int n
     if (c < OC) column_sums(dbias, rows, nrows, OC, c, c + 1);
 }
 
-static void bias_backward(float *dbias, const float *dout, int N, int OC) {
+// GRAD_WRITE zeroes dbias first (OC floats, not a pass over the gradients): the same sums
+static void bias_backward(float *dbias, const float *dout, int N, int OC, GradMode grads) {
     if (!dbias || N <= 0 || OC <= 0) return;
+    if (grads == GRAD_WRITE) CUDA_CHECK(cudaMemsetAsync(dbias, 0, (size_t)OC * sizeof(float), g.stream));
     int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
     size_t bytes = (size_t)nchunks * OC * sizeof(float);
     float *partial = (float *)scratch(bytes);
@@ -830,7 +834,7 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
 // above, dW^T (C, OC) += inp^T (C, N) dout (N, OC), with CUBLASLT_EPILOGUE_BGRADB, which sums B
 // (dout) over the product's k dimension (the N rows) into a vector of D's OC columns: dbias's
 // column sums without a pass of their own. The epilogue writes the vector (it does not add), so
-// it lands in scratch and is added to dbias. Returns 0, and nothing is computed, where cuBLASLt
+// it lands in scratch and is added to dbias (or copied, GRAD_WRITE). Returns 0, and nothing is computed, where cuBLASLt
 // offers no algorithm for it (the types, the GPU): the caller takes the two-pass path.
 #define LT_WORKSPACE ((size_t)32 << 20)
 
@@ -872,7 +876,7 @@ static void lt_destroy(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublas
 }
 
 static int dweight_with_bias_grad(float *dweight, float *dbias, const void *inp, const void *dout, cudaDataType_t t,
-                                  int N, int C, int OC) {
+                                  int N, int C, int OC, GradMode grads) {
     void *workspace;
     cublasLtHandle_t lt = lt_handle(&workspace);
     cublasLtMatmulDesc_t op;
@@ -896,9 +900,10 @@ static int dweight_with_bias_grad(float *dweight, float *dbias, const void *inp,
         fprintf(stderr, "note: OPS_CUDA_KERNELS=bias_epilogue: cuBLASLt offers no BGRADB algorithm for %s "
                 "inputs on this GPU; their bias gradients take the two-pass path\n", t == CUDA_R_32F ? "f32" : "16-bit");
     if (ran) {
-        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, inp, a, dout, b, &ONE, dweight, c, dweight, c, &algo,
+        CUBLAS_CHECK(cublasLtMatmul(lt, op, &ONE, inp, a, dout, b, grad_beta(grads), dweight, c, dweight, c, &algo,
                                     workspace, LT_WORKSPACE, g.stream));
-        add_inplace(dbias, column_sums, (size_t)OC);
+        if (grads == GRAD_WRITE) dev_copy(dbias, column_sums, (size_t)OC * sizeof(float));
+        else add_inplace(dbias, column_sums, (size_t)OC);
     }
     lt_destroy(op, a, b, c);
     return ran;
@@ -906,23 +911,23 @@ static int dweight_with_bias_grad(float *dweight, float *dbias, const void *inp,
 
 // 1 when dweight and dbias were computed together (bias_epilogue switched on, both wanted, cuBLASLt willing)
 static int fused_bias_grad(float *dweight, float *dbias, const void *inp, const void *dout, cudaDataType_t t, int N,
-                           int C, int OC) {
+                           int C, int OC, GradMode grads) {
     return (g_switched & KERNEL_BIAS_EPILOGUE) && dweight && dbias &&
-           dweight_with_bias_grad(dweight, dbias, inp, dout, t, N, C, OC);
+           dweight_with_bias_grad(dweight, dbias, inp, dout, t, N, C, OC, grads);
 }
 
-void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                     const float *inp, const float *weight, int N, int C, int OC) {
+void matmul_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const float *weight, int N, int C, int OC, GradMode grads) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     ensure_init();
     if (dinp)
         CUBLAS_CHECK(cublasSgemm(g.cublas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &ONE, weight, C, dout,
                                  OC, &ONE, dinp, C));
-    if (fused_bias_grad(dweight, dbias, inp, dout, CUDA_R_32F, N, C, OC)) return;
+    if (fused_bias_grad(dweight, dbias, inp, dout, CUDA_R_32F, N, C, OC, grads)) return;
     if (dweight)
         CUBLAS_CHECK(cublasSgemm(g.cublas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &ONE, inp, C, dout,
-                                 OC, &ONE, dweight, C));
-    bias_backward(dbias, dout, N, OC);
+                                 OC, grad_beta(grads), dweight, C));
+    bias_backward(dbias, dout, N, OC, grads);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1070,9 +1075,8 @@ void matmul_forward_16(float *out, const half16 *inp, const half16 *weight, cons
     gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, beta, out, OC);
 }
 
-void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const half16 *dout16, const half16 *inp, const half16 *weight, int N, int C,
-                          int OC) {
+void matmul_backward_16_mode(float *dinp, float *dweight, float *dbias, const float *dout, const half16 *dout16,
+                             const half16 *inp, const half16 *weight, int N, int C, int OC, GradMode grads) {
     if (N <= 0 || OC <= 0 || C <= 0) return;
     ensure_init();
     if (widen_half()) {
@@ -1082,15 +1086,16 @@ void matmul_backward_16(float *dinp, float *dweight, float *dbias, const float *
         cast_to_float(dout32, dout16, nd);
         if (dweight) cast_to_float(inp32, inp, ni);  // the operands only the products taken read (ops.h)
         if (dinp) cast_to_float(w32, weight, nw);
-        matmul_backward(dinp, dweight, NULL, dout32, inp32, w32, N, C, OC);
+        matmul_backward_mode(dinp, dweight, NULL, dout32, inp32, w32, N, C, OC, grads);
     } else {
         if (dinp) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout16, OC, &ONE, dinp, C);
         // bias_epilogue: dbias summed from the 16-bit copy of dout, which the product reads
-        if (fused_bias_grad(dweight, dbias, inp, dout16, g_half == HALF_FP16 ? CUDA_R_16F : CUDA_R_16BF, N, C, OC))
+        if (fused_bias_grad(dweight, dbias, inp, dout16, g_half == HALF_FP16 ? CUDA_R_16F : CUDA_R_16BF, N, C, OC,
+                            grads))
             return;
-        if (dweight) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout16, OC, &ONE, dweight, C);
+        if (dweight) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout16, OC, grad_beta(grads), dweight, C);
     }
-    bias_backward(dbias, dout, N, OC);  // from the f32 gradient
+    bias_backward(dbias, dout, N, OC, grads);  // from the f32 gradient
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1387,11 +1392,19 @@ static void layernorm_param_grads(float *dweight, float *dbias, const float *dou
            pw, pb, nchunks, C);
 }
 
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const float *mean,
-                        const float *rstd, int N, int C) {
+// GRAD_WRITE: the norms' weight gradients (C floats each) zeroed, then summed into as GRAD_ADD sums
+static void zero_norm_grads(float *dweight, float *dbias, int C, GradMode grads) {
+    if (grads != GRAD_WRITE) return;
+    CUDA_CHECK(cudaMemsetAsync(dweight, 0, (size_t)C * sizeof(float), g.stream));
+    if (dbias) CUDA_CHECK(cudaMemsetAsync(dbias, 0, (size_t)C * sizeof(float), g.stream));
+}
+
+void layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, const float *mean, const float *rstd, int N, int C,
+                             GradMode grads) {
     if (N <= 0 || C <= 0) return;
     ensure_init();
+    zero_norm_grads(dweight, dbias, C, grads);
     LAUNCH(layernorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout,
            inp, weight, mean, rstd, N, C);
     layernorm_param_grads(dweight, dbias, dout, inp, mean, rstd, N, C);
@@ -1504,10 +1517,11 @@ static void rmsnorm_param_grads(float *dweight, const float *dout, const float *
     LAUNCH(rmsnorm_param_sum_kernel, blocks_for((size_t)C, THREADS), THREADS, 0, dweight, pw, nchunks, C);
 }
 
-void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                      const float *rstd, int N, int C) {
+void rmsnorm_backward_mode(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                           const float *rstd, int N, int C, GradMode grads) {
     if (N <= 0 || C <= 0) return;
     ensure_init();
+    zero_norm_grads(dweight, NULL, C, grads);
     LAUNCH(rmsnorm_dinp_kernel, blocks_for((size_t)N, ROWS_PER_BLOCK), THREADS, 0, dinp, dout, inp, weight, rstd,
            (const float *)NULL, N, C, C);
     rmsnorm_param_grads(dweight, dout, inp, rstd, N, C);
