@@ -24,6 +24,7 @@
 #include "base/trace.h"
 #include "comm/comm.h"
 #include "composed_cp.h"
+#include "composed_zero.h"
 #include "config/config.h"
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
@@ -94,6 +95,8 @@ int main(int argc, char **argv) {
     int T = mc.max_seq_len < cfg.max_seq_len ? mc.max_seq_len : cfg.max_seq_len;
     CPStageLayers tp_layers;  // with cp > 1: of each rank's two chunks, attention a ring over cp
     cp_stage_layers_init(&tp_layers, &model, &cfg, &groups, &mc, cfg.global_batch_size / grid.dp / m, T);
+    ComposedZero zero;  // zero_stage 1: AdamW's state sharded over the replicas (composed_zero.h)
+    composed_zero_init(&zero, composed_replicas(&tp_layers, &grid), &cfg, &mb, &layout);
     Pipeline pipe;
     pipeline_init_layers(&pipe, &grid, &mc, &cfg, &mb.w, &tp_layers.tp.base);
     // only rank 0 prints, writes metrics and saves checkpoints: the replicas are identical
@@ -105,6 +108,7 @@ int main(int argc, char **argv) {
     print_pipeline_plan(&grid, &cfg, &mc, mb.n, pipe.n_slots);
     print_batch_plan(&cfg, data, grid.dp, "replicas", total_steps);
     pipeline_print_memory(&pipe, &cfg, mb.n);
+    composed_zero_print_memory(&zero);
 
     // ---- the training loop ----
     LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
@@ -149,8 +153,7 @@ int main(int argc, char **argv) {
         // sum each stage's gradients over the replicas, as stage 03 does for the whole model
         // (over x the copies of a small tensor saw the same rows: 05's rule; over cp the copies of
         // every tensor saw other tokens, and are summed too)
-        Comm *replicas = composed_replicas(&tp_layers, &grid);
-        if (comm_size(replicas) > 1) comm_all_reduce(replicas, mb.grads, mb.n);
+        composed_zero_reduce_gradients(&zero, &mb);
         tp_sequence_reduce_norm_grads(&model, mb.grads);  // sequence_parallel: each x rank saw its rows
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
@@ -162,10 +165,10 @@ int main(int argc, char **argv) {
         // clip the global gradient norm (one replica's squares summed, each element once), then
         // one AdamW step on this rank's tensors; in 16-mixed the gradients are first divided by
         // the loss scale, and a step whose gradients overflowed is skipped
-        double norm = sqrt(comm_sum_double(groups.replica_ranks, composed_norm_squares(&model, &grid, mb.grads)));
+        double norm = composed_zero_grad_norm(&zero, &groups, &model, &grid, mb.grads);
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+            composed_zero_step(&zero, &layout, &mb, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
@@ -191,11 +194,11 @@ int main(int argc, char **argv) {
         if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
         print_first_schedule(groups.slice, &pipe);  // after step 1 only: its traced schedule (x = 0's pipelines)
         if (checkpoint_due(&cfg, step + 1, last))
-            composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
+            composed_zero_save(&zero, &cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
                                      step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
         if (!last && totals[2] > 0) {
-            composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
+            composed_zero_save(&zero, &cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
                                      step + 1);
             print_stopped_to_be_resumed(&cfg, step + 1);
             comm_finalize(world);
@@ -203,7 +206,7 @@ int main(int argc, char **argv) {
         }
     }
     print_bubble(groups.slice, &pipe);
-    composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
+    composed_zero_save(&zero, &cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
     printf("saved %s/model.safetensors (step %ld, the full model)\n", cfg.out_dir, total_steps);
     // the proof that data (and context) parallelism kept each stage's replicas identical
     Comm *replicas = composed_replicas(&tp_layers, &grid);
@@ -221,6 +224,7 @@ int main(int argc, char **argv) {
     free(batches);
     pipeline_free(&pipe);
     cp_stage_layers_free(&tp_layers);
+    composed_zero_free(&zero);
     model_buffers_free(&mb);
     tp_model_free(&model);
     gpt_layout_free(&full_layout);

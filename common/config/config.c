@@ -395,6 +395,7 @@ static const StageInfo STAGES[] = {
                                       "it to false",
                         .no_grid_depth = "stage 10 splits layers 1-D, over x (Megatron's column and row split): z "
                                          "must be 1",
+                        .zero_ladder = true,  // zero_stage 1 only (10_composed/composed_zero.h says why)
                         .sequence_parallel = true},
 };
 #define LAST_STAGE STAGE_COMPOSED
