@@ -25,7 +25,7 @@ check 'grep -q "^ZeRO-1 over 2 replicas" "$tmp/z1_tiny.log"' "the ZeRO-1 memory 
 check 'grep -q "replicas identical on all 2 ranks" "$tmp/z1_tiny.log"' "the all-gathered replicas differ"
 
 # dp 3 (12 ranks): rank 0 (t 0 of replica 0 of stage 0) holds n0 = the stage's share (wpe's rows
-# max_seq_len 254: n0 = 3 x 13979 + 1), in 3 shards of ceil(n0 / 3), the last padded; per step the
+# max_seq_len 254: n0 = 3 x 17909 + 1), in 3 shards of ceil(n0 / 3), the last padded; per step the
 # replicas reduce-scatter and all-gather 3 x shard floats each (in place of DDP's all-reduce of
 # n0); the other rows as in test_stage10, the data's batches T = 240 tokens long. Memory: AdamW's
 # m and v are 2 x shard floats; the state (parameters and gradients padded to 3 shards, m, v and a
