@@ -3,7 +3,8 @@
 # the replicas, gradients reduce-scattered, updated shards all-gathered) under mpirun:
 #  - dp 2 x tp 2 x pp 2 (8 ranks) reproduces stage 01's per-step figures within 1e-5 relative over
 #    20 steps on GPT-2 (its tied wte summed over the pipeline before the reduce-scatter) and Llama;
-#    dp 3 x tp 2 x pp 2 (12 ranks: shards that do not divide the share, the last padded) over 3;
+#    tp 2 x pp 2 x cp 2 (the shards over the context group) over 5; dp 3 x tp 2 x pp 2 (12 ranks:
+#    shards that do not divide the share, the last padded) over 3;
 #  - memory per rank (stats.json) and the replicas' bytes per step equal the README's formula;
 #  - a run saved on a ZeRO mesh resumes on dp 4 x tp 2 x pp 1 (another shard count) with stage
 #    01's losses, and stage 01 loads its checkpoint;
@@ -14,15 +15,21 @@ C=64
 common=(--eval_batches=1 --log_interval=100 --n_embd=$C --n_layer=2)
 mesh=(--tp_dimensions=2,1,1 --pp_size=2 --num_microbatches=2)
 
-for family in tiny tiny_llama; do
-    args=(--config configs/$family.json --stop_iteration=20 "${common[@]}")
-    run_single 1 single_$family
-    run_ranks 10 z1_$family 8 "${mesh[@]}" --zero_stage=1
-    check 'compare_losses "$tmp/single_$family" "$tmp/z1_$family" 20 1e-5' \
-        "$family on ZeRO-1 dp 2 x tp 2 x pp 2 does not reproduce stage 01"
-done
-check 'grep -q "^ZeRO-1 over 2 replicas" "$tmp/z1_tiny.log"' "the ZeRO-1 memory line is not printed"
-check 'grep -q "replicas identical on all 2 ranks" "$tmp/z1_tiny.log"' "the all-gathered replicas differ"
+# zero_equals_stage1 <name> <config> <steps> <ranks> [mesh...]: stage 01 and ZeRO-1 stage 10 on
+# the mesh log the same per-step figures within 1e-5 relative
+zero_equals_stage1() {
+    local name=$1 config=$2 steps=$3 np=$4
+    shift 4
+    args=(--config configs/$config.json --stop_iteration=$steps "${common[@]}")
+    run_single 1 single_$name
+    run_ranks 10 "$name" "$np" "$@" --zero_stage=1
+    check 'compare_losses "$tmp/single_$name" "$tmp/$name" $steps 1e-5' "ZeRO-1 $name does not reproduce stage 01"
+}
+zero_equals_stage1 d2t2p2 tiny 20 8 "${mesh[@]}"
+zero_equals_stage1 d2t2p2_llama tiny_llama 20 8 "${mesh[@]}"
+zero_equals_stage1 t2p2c2 tiny 5 8 "${mesh[@]}" --cp_size=2  # the shards over the context group (dp 1 x cp 2)
+check 'grep -q "^ZeRO-1 over 2 replicas" "$tmp/d2t2p2.log"' "the ZeRO-1 memory line is not printed"
+check 'grep -q "replicas identical on all 2 ranks" "$tmp/d2t2p2.log"' "the all-gathered replicas differ"
 
 # dp 3 (12 ranks): rank 0 (t 0 of replica 0 of stage 0) holds n0 = the stage's share (wpe's rows
 # max_seq_len 254: n0 = 3 x 17909 + 1), in 3 shards of ceil(n0 / 3), the last padded; per step the
@@ -65,9 +72,9 @@ check '[ "$(json_value "$tmp/d3/stats.json" state_bytes)" = "$(formula state)" ]
 args=(--config configs/tiny.json --stop_iteration=20 "${common[@]}")
 run_ranks 10 moved 8 "${mesh[@]}" --zero_stage=1 --stop_iteration=10
 run_ranks 10 moved 8 --tp_dimensions=2,1,1 --pp_size=1 --num_microbatches=2 --zero_stage=1 --resume=true
-check 'compare_losses "$tmp/single_tiny" "$tmp/moved" 20 1e-5' "a ZeRO-1 run resumed on another mesh strays from stage 01"
-run_ranks 10 from_zero 8 "${mesh[@]}" --init_from="$tmp/z1_tiny" --stop_iteration=1
-stage1_starts_alike 10 "$tmp/z1_tiny" "$tmp/from_zero" "$tmp/single_tiny"
+check 'compare_losses "$tmp/single_d2t2p2" "$tmp/moved" 20 1e-5' "a ZeRO-1 run resumed on another mesh strays from stage 01"
+run_ranks 10 from_zero 8 "${mesh[@]}" --init_from="$tmp/d2t2p2" --stop_iteration=1
+stage1_starts_alike 10 "$tmp/d2t2p2" "$tmp/from_zero" "$tmp/single_d2t2p2"
 
 args=(--config configs/tiny.json --stop_iteration=1 "${common[@]}")
 bad() { timeout --kill-after=5 120 mpirun -np 8 --bind-to none build/stage-10 "${args[@]}" --out_dir="$tmp/bad" "$@"; }
