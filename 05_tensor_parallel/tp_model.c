@@ -291,10 +291,19 @@ double tp_norm_squares(const TPModel *m, const float *grads) { return tp_norm_sq
 double tp_norm_squares_of(const TPModel *m, const float *grads, TensorFilter take, const void *ctx) {
     // a frozen base has no gradients: the trained set's are the norm's (take filters the base's tensors)
     if (m->trained.norm_squares) return m->trained.norm_squares(m->trained.owner, grads);
+    return tp_norm_squares_in(m, grads, take, ctx, 0, m->layout.num_params);
+}
+
+double tp_norm_squares_in(const TPModel *m, const float *grads, TensorFilter take, const void *ctx, size_t first,
+                          size_t count) {
     double s = 0;
-    for (int i = 0; i < m->full.num_tensors; i++)
-        if (is_owner(m, &m->local[i]) && (!take || take(&m->full.tensors[i], ctx)))
-            s += sum_squares(grads + m->local[i].offset, m->local[i].numel);
+    for (int i = 0; i < m->full.num_tensors; i++) {
+        const LocalTensor *t = &m->local[i];
+        size_t lo = t->offset > first ? t->offset : first;
+        size_t hi = t->offset + t->numel < first + count ? t->offset + t->numel : first + count;
+        if (lo < hi && is_owner(m, t) && (!take || take(&m->full.tensors[i], ctx)))
+            s += sum_squares(grads + lo, hi - lo);
+    }
     return s;
 }
 

@@ -99,6 +99,10 @@ double tp_norm_squares(const TPModel *m, const float *grads);
 // the same over the tensors take(t, ctx) accepts (t: m->full's): a pipeline stage leaves out its
 // copy of the tied wte (stage 10); with a trained set beside a frozen base, that set's norm
 double tp_norm_squares_of(const TPModel *m, const float *grads, TensorFilter take, const void *ctx);
+// the same over the elements [first, first + count) of this rank's flat buffer only: a data-parallel
+// shard of it (stage 10's ZeRO), whose squares the shard's group then adds
+double tp_norm_squares_in(const TPModel *m, const float *grads, TensorFilter take, const void *ctx, size_t first,
+                          size_t count);
 
 // ---- the layers, plugged into the common block ------------------------------------------------
 // the layer that runs a linear of kind k

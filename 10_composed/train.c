@@ -26,6 +26,7 @@
 #include "composed_cp.h"
 #include "composed_lora.h"
 #include "composed_ep.h"
+#include "composed_zero.h"
 #include "config/config.h"
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
@@ -100,6 +101,8 @@ int main(int argc, char **argv) {
     CPStageLayers tp_layers;  // with cp > 1: of each rank's two chunks, attention a ring over cp
     cp_stage_layers_init(&tp_layers, &model, &cfg, &groups, &mc, cfg.global_batch_size / grid.dp / m, T);
     composed_ep_plug(&experts, &model, &tp_layers, &cfg, &mc, &grid);  // MoE blocks: 08's MLP
+    ComposedZero zero;  // zero_stage 1: AdamW's state sharded over the replicas (composed_zero.h)
+    composed_zero_init(&zero, composed_replicas(&tp_layers, &grid), &cfg, &mb, &layout);
     Pipeline pipe;
     pipeline_init_layers(&pipe, &grid, &mc, &cfg, &mb.w, &tp_layers.tp.base);
     // only rank 0 prints, writes metrics and saves checkpoints: the replicas are identical
@@ -113,6 +116,7 @@ int main(int argc, char **argv) {
     Lora lora;  // lora_rank > 0: the base frozen; layout and mb become this rank's adapter slices (composed_lora.h)
     pipe.trained = composed_lora_attach(&lora, &cfg, &model, &full_layout, &layout, &mb, &pipe);
     pipeline_print_memory(&pipe, &cfg, mb.n);
+    composed_zero_print_memory(&zero);
 
     // ---- the training loop ----
     LossScaler scaler;  // 16-mixed: fp16's loss scale (loss_scale.h); otherwise 1, never skipping
@@ -160,7 +164,8 @@ int main(int argc, char **argv) {
         // (over x the copies of a small tensor saw the same rows: 05's rule; over cp the copies of
         // every tensor saw other tokens, and are summed too)
         Comm *replicas = composed_replicas(&tp_layers, &grid);
-        composed_ep_reduce_gradients(&experts, replicas, &layout, mb.grads, mb.n);  // the experts' over their replicas
+        if (zero.on) composed_zero_reduce_gradients(&zero, &mb);  // zero_stage 1: reduce-scattered
+        else composed_ep_reduce_gradients(&experts, replicas, &layout, mb.grads, mb.n);  // the experts' over their replicas
         tp_sequence_reduce_norm_grads(&model, mb.grads);  // sequence_parallel: each x rank saw its rows
         // one host reduction for the step's numbers: loss, tokens, and whether a signal came
         double totals[3] = {loss_sum, (double)tokens, (double)preemption_signalled()};
@@ -172,11 +177,12 @@ int main(int argc, char **argv) {
         // clip the global gradient norm (one replica's squares summed, each element once), then
         // one AdamW step on this rank's tensors; in 16-mixed the gradients are first divided by
         // the loss scale, and a step whose gradients overflowed is skipped
-        double norm =
-            sqrt(comm_sum_double(groups.replica_ranks, composed_ep_norm_squares(&experts, &model, &grid, mb.grads)));
+        double norm = zero.on ? composed_zero_grad_norm(&zero, &groups, &model, &grid, mb.grads)
+                              : sqrt(comm_sum_double(groups.replica_ranks,
+                                                     composed_ep_norm_squares(&experts, &model, &grid, mb.grads)));
         if (loss_scaler_unscale(&scaler, mb.grads, mb.n, &norm)) {
             float clip = clip_factor(norm, cfg.grad_clip);  // AdamW reads the gradients times clip
-            adamw_step(&layout, mb.params, mb.grads, mb.adam_m, mb.adam_v, 0, mb.n, &cfg, lr, step + 1, clip);
+            composed_zero_step(&zero, &layout, &mb, &cfg, lr, step + 1, clip);
         }
         // pure bf16 keeps no fp32 master: the updated weights are rounded back to bf16, and an
         // update smaller than half a bf16 step (1/256 of the weight) is lost
@@ -202,11 +208,11 @@ int main(int argc, char **argv) {
         if (rank == 0) metrics_log(&metrics, &s, (step + 1) % cfg.log_interval == 0 || last);
         print_first_schedule(groups.slice, &pipe);  // after step 1 only: its traced schedule (x = 0's pipelines)
         if (checkpoint_due(&cfg, step + 1, last))
-            composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
+            composed_zero_save(&zero, &cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
                                      step + 1);
         // a signal (Slurm's warning, scancel): save this step and stop, to be resumed
         if (!last && totals[2] > 0) {
-            composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
+            composed_zero_save(&zero, &cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v,
                                      step + 1);
             print_stopped_to_be_resumed(&cfg, step + 1);
             comm_finalize(world);
@@ -214,7 +220,7 @@ int main(int argc, char **argv) {
         }
     }
     print_bubble(groups.slice, &pipe);
-    composed_save_checkpoint(&cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
+    composed_zero_save(&zero, &cfg, &groups, &grid, &model, &full_layout, mb.params, mb.adam_m, mb.adam_v, total_steps);
     printf("saved %s/%s (step %ld)\n", cfg.out_dir, lora.rank ? "adapter_model.safetensors" : "model.safetensors", total_steps);
     // the proof that data (and context) parallelism kept each stage's replicas identical
     Comm *replicas = composed_replicas(&tp_layers, &grid);
@@ -234,6 +240,7 @@ int main(int argc, char **argv) {
     pipeline_free(&pipe);
     cp_stage_layers_free(&tp_layers);
     composed_ep_free(&experts);
+    composed_zero_free(&zero);
     model_buffers_free(&mb);
     tp_model_free(&model);
     gpt_layout_free(&full_layout);

@@ -17,7 +17,7 @@ pairs="01_single_gpu 02_mixed_precision 70
 03_ddp 07_pipeline_parallel 170
 03_ddp 08_mixture_of_experts 130
 03_ddp 09_context_parallel 100
-03_ddp 10_composed 210"
+03_ddp 10_composed 240"
 while read -r from to budget; do
     for f in "$from/train.c" "$to/train.c"; do
         [ -f "$f" ] || { echo "error: tools/diff_counts.sh: no $f" >&2; exit 1; }

@@ -396,7 +396,8 @@ static const StageInfo STAGES[] = {
                         .no_grid_depth = "stage 10 splits layers 1-D, over x (Megatron's column and row split): z "
                                          "must be 1",
                         .lora = true, .sequence_parallel = true, .experts = true, .expert_ranks = true,
-                        .no_half_experts = "stage 10's experts train in fp32 (32 or 32-true), as stage 08's"},
+                        .no_half_experts = "stage 10's experts train in fp32 (32 or 32-true), as stage 08's",
+                        .zero_ladder = true},  // zero_stage 1 only (10_composed/composed_zero.h says why)
 };
 #define LAST_STAGE STAGE_COMPOSED
 
