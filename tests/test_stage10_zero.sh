@@ -82,4 +82,5 @@ expect_one_error "zero_stage 2" "key 'zero_stage' is 2 but stage 10 runs zero_st
 expect_one_error "zero_stage 3" "key 'zero_stage' is 3 but stage 10 runs zero_stage 1" bad "${mesh[@]}" --zero_stage=3
 expect_one_error "hsdp_replicas" "key 'hsdp_replicas' is 2 but stage 10's data dimension is one group" \
     bad "${mesh[@]}" --zero_stage=1 --hsdp_replicas=2
+expect_one_error "zero_stage 1 with LoRA" "key 'zero_stage' is 1 but lora_rank is set" bad "${mesh[@]}" --zero_stage=1 --lora_rank=4
 finish test_stage10_zero
