@@ -9,8 +9,8 @@
 # is flagged as a measurement error naming the ceiling measured too low. The figures go to
 # $BENCH_JSON under "step_bound" (the flags under each label's "over_bound"). Then PyTorch on the same
 # step and threads (scripts/bench_torch.py: eager and torch.compile, fp32 and bf16 autocast, each
-# variant's best step) with the first Python that imports torch (TORCH_PYTHON, python3,
-# /usr/bin/python3), printed beside the stages' steps and added under "torch"; skipped, saying so,
+# variant's best step) with the first Python that imports torch (scripts/torch_python.sh),
+# printed beside the stages' steps and added under "torch"; skipped, saying so,
 # where none does. Runs alone too: `make bench-bound`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,10 +61,7 @@ bound "stage-2 gpt2-124M bf16-mixed" 2
 echo "figures: $BENCH_JSON (step_bound)"
 
 # PyTorch beside the stages, in the same sitting
-torch_python=""
-for py in ${TORCH_PYTHON:-} python3 /usr/bin/python3; do
-    if "$py" -c "import torch" 2>/dev/null; then torch_python=$py; break; fi
-done
+torch_python=$(bash scripts/torch_python.sh) || true
 if [ -z "$torch_python" ]; then
     echo "PyTorch: skipped (no python3 here imports torch; TORCH_PYTHON=/path/to/python names one)"
 else

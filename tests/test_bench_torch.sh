@@ -8,10 +8,7 @@
 # Skipped, saying so, where no python3 here imports torch.
 source "$(dirname "$0")/lib.sh"
 
-py=""
-for candidate in ${TORCH_PYTHON:-} python3 /usr/bin/python3; do
-    if "$candidate" -c "import torch" 2>/dev/null; then py=$candidate; break; fi
-done
+py=$(bash scripts/torch_python.sh)
 if [ -z "$py" ]; then
     echo "test_bench_torch: SKIPPED: no python3 here imports torch (TORCH_PYTHON names one)"
     finish test_bench_torch
