@@ -7,7 +7,11 @@
 # the higher of the two (or of the one scripts/bench.sh measured and exported, and this one).
 # Prints the step, its bound and the ratio, and a table per op; an op that ran faster than its bound
 # is flagged as a measurement error naming the ceiling measured too low. The figures go to
-# $BENCH_JSON under "step_bound" (the flags under each label's "over_bound"). Runs alone too: `make bench-bound`.
+# $BENCH_JSON under "step_bound" (the flags under each label's "over_bound"). Then PyTorch on the same
+# step and threads (scripts/bench_torch.py: eager and torch.compile, fp32 and bf16 autocast, each
+# variant's best step) with the first Python that imports torch (scripts/torch_python.sh),
+# printed beside the stages' steps and added under "torch"; skipped, saying so,
+# where none does. Runs alone too: `make bench-bound`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
@@ -55,3 +59,16 @@ echo "ceilings: the higher of two measurements, before and after the runs ($(upt
 bound "stage-1 gpt2-124M fp32" 1
 bound "stage-2 gpt2-124M bf16-mixed" 2
 echo "figures: $BENCH_JSON (step_bound)"
+
+# PyTorch beside the stages, in the same sitting
+torch_python=$(bash scripts/torch_python.sh) || true
+if [ -z "$torch_python" ]; then
+    echo "PyTorch: skipped (no python3 here imports torch; TORCH_PYTHON=/path/to/python names one)"
+else
+    echo
+    echo "PyTorch on the same step ($torch_python scripts/bench_torch.py; $(uptime | sed 's/.*load/load/')):"
+    "$torch_python" scripts/bench_torch.py --threads="$OMP_NUM_THREADS" --json="$BENCH_JSON" >"$out/torch.log" 2>&1 ||
+        echo "PyTorch: scripts/bench_torch.py failed"
+    grep -v '^{' "$out/torch.log" || true
+    echo "figures: $BENCH_JSON (torch)"
+fi

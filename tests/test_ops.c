@@ -1170,6 +1170,47 @@ static void test_flash_forward(AttnShape s) {
     free(out), free(lse), free(model), free(model_lse), free(got);
 }
 
+// The 16-bit ops (attention_forward_16, attention_backward_16): on the CPU the products over q, k,
+// v, P, dout and dS rounded to bf16, on the bf16 engine (the run's: oneDNN's bf16 matmul or the
+// widened values; test_bf16_engine runs this under both), against the double reference with bf16's
+// tolerance (inputs in [-1.5, 1.5]; the worst errors, printed, measured at these shapes with either
+// engine: out 5.1e-3 to 6.8e-3, dq dk dv 1.8e-3 to 2.3e-3 of the largest gradient; the bounds: 2e-2
+// and 1e-2 of it); the probabilities kept for backward stay f32 (from the rounded scores: 1e-2). On the CPU the
+// rounding must show: out differs from attention_forward's. CUDA runs the f32 ops for these.
+static void test_attention_16(AttnShape s) {
+    int B = s.B, T = s.T, C = s.C, NH = s.NH;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    AttnCase ac = attn_case(&s);
+    float *d_qkv = upload(ac.qkv, nqkv), *d_out = dev_malloc(nout * sizeof(float)), *d_out32 = dev_malloc(nout * sizeof(float));
+    float *d_att = dev_malloc(natt * sizeof(float)), *d_datt = dev_malloc(natt * sizeof(float));
+    attention_forward(d_out32, d_att, d_qkv, B, T, C, NH);
+    attention_forward_16(d_out, d_att, d_qkv, B, T, C, NH);
+    double *got = download(d_out, nout), *got32 = download(d_out32, nout);
+    char what[160];
+    snprintf(what, sizeof what, "attention_forward_16 B=%d T=%d C=%d NH=%d vs double", B, T, C, NH);
+    check_array(what, got, ac.out, nout, 0, 2e-2);
+    printf("%s: worst |error| %.2e\n", what, max_abs_diff(got, ac.out, nout));
+    int cpu = strcmp(ops_backend_name(), "cpu") == 0;
+    if (cpu) {
+        double *got_att = download(d_att, natt);
+        check_array("... its probabilities (f32, zero above the diagonal)", got_att, ac.att, natt, 0, 1e-2);
+        CHECK(max_abs_diff(got, got32, nout) > 0, "attention_forward_16 gives exactly the f32 op's out: nothing was rounded");
+        free(got_att);
+    }
+    double *dqkv0 = rand_array(nqkv, -1, 1), *want = plus(dqkv0, ac.dqkv, 1, nqkv), largest = 0;
+    for (size_t i = 0; i < nqkv; i++) largest = fmax(largest, fabs(ac.dqkv[i]));
+    float *d_dout = upload(ac.dout, nout), *d_dqkv = upload(dqkv0, nqkv);
+    attention_backward_16(d_dqkv, d_datt, d_dout, d_qkv, d_att, B, T, C, NH);
+    double *r = download(d_dqkv, nqkv);
+    snprintf(what, sizeof what, "attention_backward_16 B=%d T=%d C=%d NH=%d vs double", B, T, C, NH);
+    check_dqkv(what, r, want, B * T, C, 0, 1e-2 * largest);
+    printf("%s: worst |error| %.2e of the largest gradient\n", what, max_abs_diff(r, want, nqkv) / largest);
+    dev_free(d_qkv), dev_free(d_out), dev_free(d_out32), dev_free(d_att), dev_free(d_datt), dev_free(d_dout);
+    dev_free(d_dqkv);
+    attn_case_free(&ac);
+    free(got), free(got32), free(dqkv0), free(want), free(r);
+}
+
 // The keys' side of the tensor-core backward: the model's dk and dv against the double reference
 // (bf16's tolerance: worst errors measured at these shapes 1.1e-3 to 5.2e-3, printed; the bound is
 // 5e-2 of the largest gradient, at least 0.1), fed the reference's lse and delta; then the backend's attention_backward after
@@ -2465,6 +2506,10 @@ int main(int argc, char **argv) {
     RUN(test_attention((AttnShape){2, 37, 128, 2}, 0));  // GPT-2's hs = 64; T past one 32-row tile, not a multiple
     RUN(test_attention((AttnShape){1, 1, 64, 4}, 0));
     RUN(test_attention((AttnShape){2, 70, 96, 3}, 0));
+    // 16 bits: GPT-2's hs = 64; T past one 64-row tile and not a multiple of it (70, 130), 3 heads
+    RUN(test_attention_16((AttnShape){2, 37, 128, 2}));
+    RUN(test_attention_16((AttnShape){2, 70, 96, 3}));
+    RUN(test_attention_16((AttnShape){1, 130, 192, 3}));
     RUN(test_attention_blocks((AttnShape){2, 37, 128, 2}, (Blocking){32, 32}));  // as CUDA runs GPT-2's heads
     RUN(test_attention_blocks((AttnShape){1, 1, 64, 4}, (Blocking){32, 32}));
     RUN(test_attention_blocks((AttnShape){2, 70, 96, 3}, (Blocking){32, 32}));

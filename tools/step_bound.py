@@ -7,7 +7,8 @@ measured (its CEILING_* variables, from the environment). An op's bound is the l
   - its FLOPs at the matmul ceiling: a linear layer's at the ceiling measured for its shape,
     precision and direction (CEILING_MATMUL_F32_FWD_768x2304, ..._BWD_...: a backward reads an
     operand transposed; the whole set's, CEILING_MATMUL_F32 or _BF16, for a shape not measured),
-    attention's matmul-shaped products (QK^T and PV, f32 on the CPU) at the f32 one;
+    attention's matmul-shaped products (QK^T and PV) at the f32 one, or the bf16 one for the
+    16-bit precisions' attention_forward_16 and attention_backward_16 (as every op named *_16);
   - the bytes it must read and write at least (its inputs and outputs once) at the bandwidth
     measured the way it uses memory (CEILING_BW_READ_<bytes> for an op that only reads,
     CEILING_BW_WRITE_ for one that only writes, the faster of CEILING_BW_READ_ and

@@ -124,6 +124,7 @@ void acts_alloc(Activations *a, const GPTConfig *cfg, int B, int T, int flags) {
 static void lay_out_acts(Activations *a, const ActsSpec *spec, bool count_only) {
     memset(a, 0, sizeof *a);
     a->spec = *spec;
+    a->spec.shape.half = spec->half;
     if (!a->spec.keys) a->spec.keys = spec->T;
     a->ops = spec->ops ? spec->ops : serial_layer_ops();
     ActsAllocator al = {.a = a, .count_only = count_only};

@@ -360,14 +360,14 @@ static void serial_norm_backward(LayerOps *ops, float *dinp, Norm *g, const floa
 static void serial_attention_forward(LayerOps *ops, int layer, float *out, float *att, const float *qkv,
                                      const ModelShape *s, int B, int T) {
     (void)ops, (void)layer;
-    attention_forward(out, att, qkv, B, T, s->C_attn, s->n_head);
+    (s->half ? attention_forward_16 : attention_forward)(out, att, qkv, B, T, s->C_attn, s->n_head);
 }
 
 static void serial_attention_backward(LayerOps *ops, int layer, float *dqkv, float *datt, const float *dout,
                                       const float *qkv, const float *out, const float *att, const ModelShape *s,
                                       int B, int T) {
     (void)ops, (void)layer, (void)out;
-    attention_backward(dqkv, datt, dout, qkv, att, B, T, s->C_attn, s->n_head);
+    (s->half ? attention_backward_16 : attention_backward)(dqkv, datt, dout, qkv, att, B, T, s->C_attn, s->n_head);
 }
 
 static half16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }

@@ -60,6 +60,7 @@ typedef struct {
     // a MoE block's repeats (experts) held here, [first_repeat, first_repeat + n_repeats), and the
     // ranks a block's repeats are spread over (1: all here)
     int first_repeat, n_repeats, repeat_ranks;
+    bool half;  // the matmul inputs are 16-bit (ActsSpec.half, copied here): attention's products too
 } ModelShape;
 
 ModelShape whole_model_shape(const GPTConfig *cfg);

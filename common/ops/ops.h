@@ -228,6 +228,12 @@ void attention_forward(float *out, float *att, const float *qkv, int B, int T, i
 // dqkv (B, T, 3C) +=; datt is scratch of att's size
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH);
+// the same in the 16-bit precisions: on the CPU the products (QK^T, PV and backward's four) read
+// their operands rounded to bf16, on the bf16 engine, the softmax stays f32 (fp16: the f32 ops);
+// CUDA runs the ops above (its attention kernels are chosen by OPS_CUDA_KERNELS)
+void attention_forward_16(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+void attention_backward_16(float *dqkv, float *datt, const float *dout, const float *qkv,
+                           const float *att, int B, int T, int C, int NH);
 
 // With a KV cache (generation): T new rows per sequence that continue where the sequence's cache
 // ends. start (B) is a *device* array: sequence b's new rows sit at positions start[b] ..

@@ -82,13 +82,13 @@ static void md_release(md_t md) { (void)md; }
 // A stack of `batch` such matrices, the next one batch_stride elements on: attention's heads,
 // side by side in a row of qkv (batch_stride hs, row_stride 3C), or its (T, T) squares.
 static md_t md_batch(int64_t batch, int64_t rows, int64_t cols, int64_t batch_stride, int64_t row_stride,
-                     int64_t col_stride) {
+                     int64_t col_stride, dnnl_data_type_t type) {
     dnnl_dims_t dims = {batch, rows, cols}, strides = {batch_stride, row_stride, col_stride};
     md_t md;
 #if DNNL_VERSION_MAJOR >= 3
-    DNNL_CHECK(dnnl_memory_desc_create_with_strides(&md, 3, dims, dnnl_f32, strides));
+    DNNL_CHECK(dnnl_memory_desc_create_with_strides(&md, 3, dims, type, strides));
 #else
-    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 3, dims, dnnl_f32, strides));
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 3, dims, type, strides));
 #endif
     return md;
 }
@@ -163,13 +163,13 @@ static int describe_operands(int kind, int N, int C, int OC, int bf16, md_t *src
 
 // attention's operands, over NH heads: each head's rows x cols of a (T, T) square of att or datt
 // (or its transpose), and each head's hs columns of rows rows row_stride apart (qkv's q, k or v
-// block: 3C; out or dout: C), or their transpose
-static md_t attention_squares(int rows, int cols, int T, int NH, int transposed) {
+// block: 3C; out or dout: C), or their transpose; of elements of the given type
+static md_t attention_squares(int rows, int cols, int T, int NH, int transposed, dnnl_data_type_t type) {
     int64_t TT = (int64_t)T * T;
-    return transposed ? md_batch(NH, rows, cols, TT, 1, T) : md_batch(NH, rows, cols, TT, T, 1);
+    return transposed ? md_batch(NH, rows, cols, TT, 1, T, type) : md_batch(NH, rows, cols, TT, T, 1, type);
 }
-static md_t attention_heads(int rows, int hs, int NH, int64_t row_stride, int transposed) {
-    return transposed ? md_batch(NH, hs, rows, hs, 1, row_stride) : md_batch(NH, rows, hs, hs, row_stride, 1);
+static md_t attention_heads(int rows, int hs, int NH, int64_t row_stride, int transposed, dnnl_data_type_t type) {
+    return transposed ? md_batch(NH, hs, rows, hs, 1, row_stride, type) : md_batch(NH, rows, hs, hs, row_stride, 1, type);
 }
 
 // The causal square in tiles of ATT_TILE rows: query rows [r0, r1) see keys [0, r1), and key rows
@@ -181,34 +181,37 @@ static int attention_tile_end(int r0, int T) { return r0 + ATT_TILE < T ? r0 + A
 // The memory descriptors of one of attention's products for one tile (first row r0) of a sequence
 // of T rows, NH heads of hs columns (C = NH hs): Q, K, V are qkv's column blocks, P and dS the
 // squares of att and datt; the operands start at the tile (attention_backward and _forward offset
-// the pointers). Returns 1 when it adds into dst (the gradients of q, k and v).
-static int describe_attention(int kind, int T, int hs, int NH, int r0, md_t *src, md_t *weights, md_t *dst) {
+// the pointers). src and weights are bf16 or f32, dst f32. Returns 1 when it adds into dst (the
+// gradients of q, k and v).
+static int describe_attention(int kind, int T, int hs, int NH, int r0, int bf16, md_t *src, md_t *weights,
+                              md_t *dst) {
     int64_t C = (int64_t)NH * hs, C3 = 3 * C;
     int r1 = attention_tile_end(r0, T), n = r1 - r0;  // the tile's rows
+    dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32, f32 = dnnl_f32;
     switch (kind) {
     case ATT_SCORES:  // S[r0:r1, :r1] = Q[r0:r1] K[:r1]^T
-        *src = attention_heads(n, hs, NH, C3, 0), *weights = attention_heads(r1, hs, NH, C3, 1);
-        *dst = attention_squares(n, r1, T, NH, 0);
+        *src = attention_heads(n, hs, NH, C3, 0, in), *weights = attention_heads(r1, hs, NH, C3, 1, in);
+        *dst = attention_squares(n, r1, T, NH, 0, f32);
         return 0;
     case ATT_VALUES:  // out[r0:r1] = P[r0:r1, :r1] V[:r1]
-        *src = attention_squares(n, r1, T, NH, 0), *weights = attention_heads(r1, hs, NH, C3, 0);
-        *dst = attention_heads(n, hs, NH, C, 0);
+        *src = attention_squares(n, r1, T, NH, 0, in), *weights = attention_heads(r1, hs, NH, C3, 0, in);
+        *dst = attention_heads(n, hs, NH, C, 0, f32);
         return 0;
     case ATT_DPROBS:  // dP[r0:r1, :r1] = dout[r0:r1] V[:r1]^T
-        *src = attention_heads(n, hs, NH, C, 0), *weights = attention_heads(r1, hs, NH, C3, 1);
-        *dst = attention_squares(n, r1, T, NH, 0);
+        *src = attention_heads(n, hs, NH, C, 0, in), *weights = attention_heads(r1, hs, NH, C3, 1, in);
+        *dst = attention_squares(n, r1, T, NH, 0, f32);
         return 0;
     case ATT_DQUERIES:  // dQ[r0:r1] += dS[r0:r1, :r1] K[:r1]
-        *src = attention_squares(n, r1, T, NH, 0), *weights = attention_heads(r1, hs, NH, C3, 0);
-        *dst = attention_heads(n, hs, NH, C3, 0);
+        *src = attention_squares(n, r1, T, NH, 0, in), *weights = attention_heads(r1, hs, NH, C3, 0, in);
+        *dst = attention_heads(n, hs, NH, C3, 0, f32);
         return 1;
     case ATT_DKEYS:  // dK[r0:r1] += dS[r0:, r0:r1]^T Q[r0:]
-        *src = attention_squares(n, T - r0, T, NH, 1), *weights = attention_heads(T - r0, hs, NH, C3, 0);
-        *dst = attention_heads(n, hs, NH, C3, 0);
+        *src = attention_squares(n, T - r0, T, NH, 1, in), *weights = attention_heads(T - r0, hs, NH, C3, 0, in);
+        *dst = attention_heads(n, hs, NH, C3, 0, f32);
         return 1;
     default:  // ATT_DVALUES: dV[r0:r1] += P[r0:, r0:r1]^T dout[r0:]
-        *src = attention_squares(n, T - r0, T, NH, 1), *weights = attention_heads(T - r0, hs, NH, C, 0);
-        *dst = attention_heads(n, hs, NH, C3, 0);
+        *src = attention_squares(n, T - r0, T, NH, 1, in), *weights = attention_heads(T - r0, hs, NH, C, 0, in);
+        *dst = attention_heads(n, hs, NH, C3, 0, f32);
         return 1;
     }
 }
@@ -255,7 +258,7 @@ static MatmulPlan *find_or_create_plan(int kind, int N, int C, int OC, int has_b
     ops_init();
 
     md_t src, weights, dst, bias = md_matrix(1, OC, OC, 1, dnnl_f32);  // bias: broadcast over the rows
-    int accumulate = kind >= ATT_SCORES ? describe_attention(kind, N, C, OC, row0, &src, &weights, &dst)
+    int accumulate = kind >= ATT_SCORES ? describe_attention(kind, N, C, OC, row0, bf16, &src, &weights, &dst)
                                         : describe_operands(kind, N, C, OC, bf16, &src, &weights, &dst);
     dnnl_primitive_attr_t attr = attr_for(accumulate);
     dnnl_primitive_desc_t pd;
@@ -962,77 +965,204 @@ void gqa_reduce(float *dproj, const float *dqkv, int N, int C_attn, int NH, int 
 // query's scores against itself and the keys before it
 static double causal_scores(int B, int T, int NH) { return (double)B * NH * T * (T + 1.0) / 2; }
 
+// attention's operands as its products read them: the op's own f32 buffers, or (the _16 ops) copies
+// rounded to bf16, kept as bf16 for oneDNN's bf16 matmul or widened back to f32 where bf16 matmuls
+// are widened (the same products: choose_bf16_engine)
+typedef struct {
+    const void *qkv, *att, *dout, *datt;  // q k v; the probabilities P; dout; the scores' gradient dS
+    int bf16;                             // the elements are bf16; else f32
+} AttOperands;
+
+// element i of x, one of o's operands
+static const void *at(const AttOperands *o, const void *x, size_t i) {
+    return (const char *)x + i * (o->bf16 ? sizeof(half16) : sizeof(float));
+}
+
 // one of attention's products for one tile (first row r0) of a sequence: src and weights are
-// read, dst written (or added into: the gradients of q, k and v)
-static void attention_matmul(int kind, int r0, const float *src, const float *weights, float *dst, int T, int C,
-                             int NH) {
-    MatmulPlan *p = find_or_create_plan(kind, T, C / NH, NH, 0, 0, r0);
-    if (!p) fatal("oneDNN has no f32 matmul implementation for attention (T=%d C=%d NH=%d)", T, C, NH);
+// read (bf16 or f32), dst written (or added into: the gradients of q, k and v)
+static void attention_matmul(int kind, int r0, int bf16, const void *src, const void *weights, float *dst, int T,
+                             int C, int NH) {
+    MatmulPlan *p = find_or_create_plan(kind, T, C / NH, NH, 0, bf16, r0);
+    if (!p) fatal("oneDNN has no %s matmul implementation for attention (T=%d C=%d NH=%d)", bf16 ? "bf16" : "f32", T, C, NH);
     matmul_run(p, src, weights, NULL, dst);
+}
+
+// ---- the 16-bit operands: four buffers reused by every call, grown as needed
+enum { ROUNDED_QKV, ROUNDED_PROBS, ROUNDED_DOUT, ROUNDED_DSCORES };
+
+static void *rounded_buffer(int which, size_t n, int bf16) {
+    static void *buffer[4];
+    static size_t capacity[4];  // bytes
+    size_t bytes = n * (bf16 ? sizeof(half16) : sizeof(float));
+    if (bytes > capacity[which]) {
+        free(buffer[which]);
+        buffer[which] = malloc_or_die(bytes);
+        capacity[which] = bytes;
+    }
+    return buffer[which];
+}
+
+// out[i] = x rounded to bf16: its bits, or widened, the f32 of the same value
+static void store_rounded(void *out, size_t i, float x, int bf16) {
+    half16 h = bf16_from_float(x);
+    if (bf16) ((half16 *)out)[i] = h;
+    else ((float *)out)[i] = bf16_to_float(h);
+}
+
+static const void *rounded_copy(int which, const float *x, size_t n, int bf16) {
+    void *out = rounded_buffer(which, n, bf16);
+#pragma omp parallel for schedule(static) if (n >= ELEMENTWISE_PARALLEL_MIN)
+    for (size_t i = 0; i < n; i++) store_rounded(out, i, x[i], bf16);
+    return out;
+}
+
+// query row t of a (T, T) square (its first element `row`) into its rounded copy, up to the end
+// of t's tile: no product reads further (describe_attention)
+static void round_row(void *copy, size_t row, const float *x, int t, int T, int bf16) {
+    int end = attention_tile_end(t / ATT_TILE * ATT_TILE, T);
+    for (int j = 0; j < end; j++) store_rounded(copy, row + j, x[j], bf16);
 }
 
 // The softmax rows of every (sequence, head, query) between the products: one task per row; a
 // query t row costs ~t, so they are handed out interleaved (schedule static,1) to keep the
-// threads' loads even. Forward: att's raw scores into probabilities.
-static void attention_probabilities(float *att, int B, int T, int hs, int NH) {
+// threads' loads even. Forward: att's raw scores into probabilities (and, given att16, each row
+// into its rounded copy while it is in cache).
+static void attention_probabilities(float *att, void *att16, int bf16, int B, int T, int hs, int NH) {
     float scale = attention_scale(hs);
 #pragma omp parallel for schedule(static, 1) collapse(2)
     for (int bh = 0; bh < B * NH; bh++)
-        for (int t = 0; t < T; t++) attention_row_probabilities(att + ((size_t)bh * T + t) * T, t, T, scale);
+        for (int t = 0; t < T; t++) {
+            size_t row = ((size_t)bh * T + t) * T;
+            attention_row_probabilities(att + row, t, T, scale);
+            if (att16) round_row(att16, row, att + row, t, T, bf16);
+        }
 }
 
-// backward: datt's rows (the probabilities' gradients) into the scores' gradients
-static void attention_softmax_backward(float *datt, const float *att, int B, int T, int hs, int NH) {
+// backward: datt's rows (the probabilities' gradients) into the scores' gradients (and, given the
+// copies, att's and datt's rows into them)
+static void attention_softmax_backward(float *datt, const float *att, void *att16, void *datt16, int bf16, int B,
+                                       int T, int hs, int NH) {
     float scale = attention_scale(hs);
 #pragma omp parallel for schedule(static, 1) collapse(2)
     for (int bh = 0; bh < B * NH; bh++)
         for (int t = 0; t < T; t++) {
             size_t row = ((size_t)bh * T + t) * T;
             attention_row_softmax_backward(datt + row, att + row, t, T, scale);
+            if (att16) round_row(att16, row, att + row, t, T, bf16), round_row(datt16, row, datt + row, t, T, bf16);
         }
 }
 
-// The products by tiles of the causal square (describe_attention); the traced FLOPs are the causal
-// half's, what the step needs.
-void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-    int m0 = trace_op_begin();
+// The products by tiles of the causal square (describe_attention). Forward: S = Q K^T into att ...
+static void attention_score_tiles(float *att, const AttOperands *o, int B, int T, int C, int NH) {
     size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
     for (int b = 0; b < B; b++) {
-        const float *q = qkv + b * T * C3;
+        size_t q = b * T * C3;
         for (int r0 = 0; r0 < T; r0 += ATT_TILE)
-            attention_matmul(ATT_SCORES, r0, q + r0 * C3, q + C, att + b * NH * TT + (size_t)r0 * T, T, C, NH);
+            attention_matmul(ATT_SCORES, r0, o->bf16, at(o, o->qkv, q + r0 * C3), at(o, o->qkv, q + C),
+                             att + b * NH * TT + (size_t)r0 * T, T, C, NH);
     }
-    attention_probabilities(att, B, T, C / NH, NH);
+}
+
+// ... and out = P V
+static void attention_values(float *out, const AttOperands *o, int B, int T, int C, int NH) {
+    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
     for (int b = 0; b < B; b++) {
-        const float *p = att + b * NH * TT, *v = qkv + b * T * C3 + 2 * C;
+        size_t p = b * NH * TT, v = b * T * C3 + 2 * C;
         for (int r0 = 0; r0 < T; r0 += ATT_TILE)
-            attention_matmul(ATT_VALUES, r0, p + (size_t)r0 * T, v, out + ((size_t)b * T + r0) * C, T, C, NH);
+            attention_matmul(ATT_VALUES, r0, o->bf16, at(o, o->att, p + (size_t)r0 * T), at(o, o->qkv, v),
+                             out + ((size_t)b * T + r0) * C, T, C, NH);
     }
-    trace_op_end("attention_forward", m0, 4.0 * (4.0 * B * T * C + causal_scores(B, T, NH)), 2.0 * B * T * (T + 1.0) * C, NULL);
+}
+
+// backward: dP = dout V^T into datt ...
+static void attention_dprobs(float *datt, const AttOperands *o, int B, int T, int C, int NH) {
+    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
+    for (int b = 0; b < B; b++) {
+        size_t v = b * T * C3 + 2 * C, g = (size_t)b * T * C;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
+            attention_matmul(ATT_DPROBS, r0, o->bf16, at(o, o->dout, g + (size_t)r0 * C), at(o, o->qkv, v),
+                             datt + b * NH * TT + (size_t)r0 * T, T, C, NH);
+    }
+}
+
+// ... and, from dS, dQ = dS K, dK = dS^T Q, dV = P^T dout, added into dqkv
+static void attention_qkv_gradients(float *dqkv, const AttOperands *o, int B, int T, int C, int NH) {
+    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
+    for (int b = 0; b < B; b++) {
+        size_t q = b * T * C3, g = (size_t)b * T * C, ds = b * NH * TT;
+        float *dq = dqkv + b * T * C3;
+        for (int r0 = 0; r0 < T; r0 += ATT_TILE) {
+            size_t diagonal = (size_t)r0 * T + r0;  // (query r0, key r0): where a key tile's queries start
+            attention_matmul(ATT_DQUERIES, r0, o->bf16, at(o, o->datt, ds + (size_t)r0 * T), at(o, o->qkv, q + C),
+                             dq + r0 * C3, T, C, NH);
+            attention_matmul(ATT_DKEYS, r0, o->bf16, at(o, o->datt, ds + diagonal), at(o, o->qkv, q + r0 * C3),
+                             dq + r0 * C3 + C, T, C, NH);
+            attention_matmul(ATT_DVALUES, r0, o->bf16, at(o, o->att, ds + diagonal), at(o, o->dout, g + (size_t)r0 * C),
+                             dq + r0 * C3 + 2 * C, T, C, NH);
+        }
+    }
+}
+
+// what the ops trace: the bytes they must move (q, k, v, out and the causal half of the square
+// forward; also dout, dqkv and datt backward) and the FLOPs of the causal half, what the step needs
+static void trace_attention(const char *name, int m0, int backward, int B, int T, int C, int NH) {
+    double scores = causal_scores(B, T, NH);
+    double bytes = backward ? 4.0 * (7.0 * B * T * C + scores) : 4.0 * (4.0 * B * T * C + scores);
+    trace_op_end(name, m0, bytes, (backward ? 4.0 : 2.0) * B * T * (T + 1.0) * C, NULL);
+}
+
+void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int m0 = trace_op_begin();
+    AttOperands o = {.qkv = qkv, .att = att};
+    attention_score_tiles(att, &o, B, T, C, NH);
+    attention_probabilities(att, NULL, 0, B, T, C / NH, NH);
+    attention_values(out, &o, B, T, C, NH);
+    trace_attention("attention_forward", m0, 0, B, T, C, NH);
 }
 
 void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH) {
     int m0 = trace_op_begin();
-    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
-    for (int b = 0; b < B; b++) {
-        const float *v = qkv + b * T * C3 + 2 * C, *g = dout + (size_t)b * T * C;
-        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
-            attention_matmul(ATT_DPROBS, r0, g + (size_t)r0 * C, v, datt + b * NH * TT + (size_t)r0 * T, T, C, NH);
+    AttOperands o = {.qkv = qkv, .att = att, .dout = dout, .datt = datt};
+    attention_dprobs(datt, &o, B, T, C, NH);
+    attention_softmax_backward(datt, att, NULL, NULL, 0, B, T, C / NH, NH);
+    attention_qkv_gradients(dqkv, &o, B, T, C, NH);
+    trace_attention("attention_backward", m0, 1, B, T, C, NH);
+}
+
+// The 16-bit ops: the products over q, k, v, P, dout and dS rounded to bf16, on the bf16 engine,
+// the softmax in f32 as above. fp16 (16-mixed) runs the f32 ops: its products are widened to f32
+// anyway, and fp16's narrow range would put the scaled dS near overflow.
+void attention_forward_16(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    if (g_half == HALF_FP16) {
+        attention_forward(out, att, qkv, B, T, C, NH);
+        return;
     }
-    attention_softmax_backward(datt, att, B, T, C / NH, NH);
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + b * T * C3, *g = dout + (size_t)b * T * C;
-        const float *ds = datt + b * NH * TT, *p = att + b * NH * TT;
-        float *dq = dqkv + b * T * C3;
-        for (int r0 = 0; r0 < T; r0 += ATT_TILE) {
-            size_t diagonal = (size_t)r0 * T + r0;  // (query r0, key r0): where a key tile's queries start
-            attention_matmul(ATT_DQUERIES, r0, ds + (size_t)r0 * T, q + C, dq + r0 * C3, T, C, NH);
-            attention_matmul(ATT_DKEYS, r0, ds + diagonal, q + r0 * C3, dq + r0 * C3 + C, T, C, NH);
-            attention_matmul(ATT_DVALUES, r0, p + diagonal, g + (size_t)r0 * C, dq + r0 * C3 + 2 * C, T, C, NH);
-        }
+    int m0 = trace_op_begin(), bf16 = !widen_half();
+    void *att16 = rounded_buffer(ROUNDED_PROBS, (size_t)B * NH * T * T, bf16);
+    AttOperands o = {.qkv = rounded_copy(ROUNDED_QKV, qkv, (size_t)B * T * 3 * C, bf16), .att = att16, .bf16 = bf16};
+    attention_score_tiles(att, &o, B, T, C, NH);
+    attention_probabilities(att, att16, bf16, B, T, C / NH, NH);
+    attention_values(out, &o, B, T, C, NH);
+    trace_attention("attention_forward_16", m0, 0, B, T, C, NH);
+}
+
+void attention_backward_16(float *dqkv, float *datt, const float *dout, const float *qkv,
+                           const float *att, int B, int T, int C, int NH) {
+    if (g_half == HALF_FP16) {
+        attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+        return;
     }
-    trace_op_end("attention_backward", m0, 4.0 * (7.0 * B * T * C + causal_scores(B, T, NH)), 4.0 * B * T * (T + 1.0) * C, NULL);
+    int m0 = trace_op_begin(), bf16 = !widen_half();
+    size_t square = (size_t)B * NH * T * T;
+    void *att16 = rounded_buffer(ROUNDED_PROBS, square, bf16), *datt16 = rounded_buffer(ROUNDED_DSCORES, square, bf16);
+    AttOperands o = {.qkv = rounded_copy(ROUNDED_QKV, qkv, (size_t)B * T * 3 * C, bf16),
+                     .dout = rounded_copy(ROUNDED_DOUT, dout, (size_t)B * T * C, bf16),
+                     .att = att16, .datt = datt16, .bf16 = bf16};
+    attention_dprobs(datt, &o, B, T, C, NH);
+    attention_softmax_backward(datt, att, att16, datt16, bf16, B, T, C / NH, NH);
+    attention_qkv_gradients(dqkv, &o, B, T, C, NH);
+    trace_attention("attention_backward_16", m0, 1, B, T, C, NH);
 }
 
 // GELU with its exponential from expf_vectorizable (kernels.h), within 1 ulp of expf's: each loop

@@ -2021,6 +2021,16 @@ void attention_backward(float *dqkv, float *datt, const float *dout, const float
            row_blocks);
 }
 
+// the 16-bit precisions run the kernels above: which ones is OPS_CUDA_KERNELS's choice (flash_bf16)
+void attention_forward_16(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    attention_forward(out, att, qkv, B, T, C, NH);
+}
+
+void attention_backward_16(float *dqkv, float *datt, const float *dout, const float *qkv,
+                           const float *att, int B, int T, int C, int NH) {
+    attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+}
+
 // ----------------------------------------------------------------------------------------------
 // element-wise
 
