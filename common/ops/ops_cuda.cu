@@ -1227,7 +1227,7 @@ void matmul_backward_fp8(float *dinp, float *dweight, float *dbias, const float 
         matmul_backward_16(dinp, NULL, NULL, dout, dout8, NULL, weight, N, C, OC);
     if (dweight && !fp8_gemm(dweight, &x_cols, &g_cols, C, OC, N, &ONE))
         matmul_backward_16(NULL, dweight, NULL, dout, dout8, inp, NULL, N, C, OC);
-    bias_backward(dbias, dout, N, OC);  // from the f32 gradient, as the emulation's
+    bias_backward(dbias, dout, N, OC, GRAD_ADD);  // from the f32 gradient, as the emulation's
 }
 
 // ----------------------------------------------------------------------------------------------
