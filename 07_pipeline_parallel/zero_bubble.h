@@ -7,6 +7,7 @@
 
 #include "model/activations.h"
 #include "model/gpt.h"
+#include "pipeline.h"
 
 typedef struct DeferredWeights DeferredWeights;
 
@@ -21,10 +22,12 @@ DeferredWeights *deferred_weights_new(Activations *a);
 // the device bytes it keeps for the deferred weight gradients
 size_t deferred_weights_bytes(const DeferredWeights *d);
 void deferred_weights_free(DeferredWeights *d);
-// B: the backward through a's layers, computing the input gradients (a->dres at the end, as
+// B: the backward of `layers` through a, computing the input gradients (a->dres at the end, as
 // gpt_backward) and the LayerNorms' and embedding's gradients, noting the linear layers' for W
-void deferred_backward(DeferredWeights *d, Activations *a, const Weights *w, Weights *g, int B, int T);
-// W: the weight gradients noted in the last B, added into the gradients given there
-void deferred_weight_pass(DeferredWeights *d);
+void deferred_backward(DeferredWeights *d, PipeLayers *layers, Activations *a, const Weights *w, Weights *g, int B,
+                       int T);
+// W: the weight gradients noted in the last B, added into the gradients given there, through
+// `layers`' weight pass (pipeline.h) when they have one
+void deferred_weight_pass(DeferredWeights *d, PipeLayers *layers, Activations *a, const Weights *w);
 
 #endif
