@@ -403,10 +403,12 @@ static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *gr
     int m0 = trace_mark();
     trainable_run_micro(p->trained, op->micro * b->rows);  // where its rows lie in the step's
     if (op->weights) {
-        deferred_weight_pass(p->deferred[slot], p->layers, a, p->w);
+        if (p->layers->weight_pass) p->layers->weight_pass(p->layers, a, p->w, deferred_weight_pass, p->deferred[slot]);
+        else deferred_weight_pass(p->deferred[slot]);
     } else if (op->backward) {
-        if (p->deferred) deferred_backward(p->deferred[slot], p->layers, a, p->w, grads, b->rows, b->T);
-        else p->layers->backward(p->layers, a, p->w, grads, b->rows, b->T);
+        if (p->deferred) deferred_begin(p->deferred[slot]);
+        p->layers->backward(p->layers, a, p->w, grads, b->rows, b->T);
+        if (p->deferred) deferred_end(p->deferred[slot]);
     } else {
         p->layers->forward(p->layers, a, p->w, a->spec.embed ? b->inputs : NULL, b->rows, b->T);
         if (a->spec.head) loss = p->layers->loss(p->layers, a, p->mc, b->targets, b->rows, b->T, dloss, with_grad);

@@ -161,25 +161,19 @@ void deferred_weights_free(DeferredWeights *d) {
     free(d);
 }
 
-void deferred_backward(DeferredWeights *d, PipeLayers *layers, Activations *a, const Weights *w, Weights *g, int B,
-                       int T) {
+void deferred_begin(DeferredWeights *d) {
     if (d->n_notes) fatal("internal: a backward before the weight pass of the one before");
     d->deferring = true;
-    layers->backward(layers, a, w, g, B, T);
-    d->deferring = false;
 }
 
-static void run_notes(void *notes) {
+void deferred_end(DeferredWeights *d) { d->deferring = false; }
+
+void deferred_weight_pass(void *notes) {
     DeferredWeights *d = notes;
     for (int i = 0; i < d->n_notes; i++) {
         const DeferredLinear *n = &d->notes[i];
         d->inner->linear_backward(d->inner, n->kind, NULL, n->g, n->dout, d->dout16, n->inp, n->inp16, n->w, n->N,
                                   n->in_dim, n->out_dim);
     }
-}
-
-void deferred_weight_pass(DeferredWeights *d, PipeLayers *layers, Activations *a, const Weights *w) {
-    if (layers->weight_pass) layers->weight_pass(layers, a, w, run_notes, d);
-    else run_notes(d);
     d->n_notes = 0, d->used = 0;
 }
