@@ -251,10 +251,11 @@ void pipeline_init_layers(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, c
     p->bwd_sends = calloc_or_die((size_t)p->n_slots, sizeof *p->bwd_sends);
     if (pipe_zero_bubble(p->schedule)) p->deferred = calloc_or_die((size_t)p->n_slots, sizeof *p->deferred);
     int flags = acts_flags(cfg), T = mc->max_seq_len < cfg->max_seq_len ? mc->max_seq_len : cfg->max_seq_len;
-    ActsSpec spec = whole_model_acts(mc, cfg->global_batch_size / g->dp / p->m, T, flags & ACTS_16BIT,
-                                     flags & ACTS_RECOMPUTE);
+    ActsSpec whole = whole_model_acts(mc, cfg->global_batch_size / g->dp / p->m, T, flags & ACTS_16BIT,
+                                      flags & ACTS_RECOMPUTE);
     for (int c = 0, i = 0; c < g->chunks; c++) {
         p->chunk_first[c] = i;
+        ActsSpec spec = whole;  // each chunk's adapted from the whole model's (adapt may rescale B and T)
         pipe_chunk_blocks(g, mc->n_layer, c, &spec.first_layer, &spec.n_layers);
         spec.embed = g->is_first && c == 0, spec.head = g->is_last && c == g->chunks - 1;
         layers->adapt(layers, &spec);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stage 10's interleaved 1F1B and ZB-H1 schedules (07's, with 05's tensor-parallel layers inside
 # each stage: the weight stream of one chunk's blocks, the split backward through 05's layers):
-#  - interleaved (2 chunks a stage) on tp 2 x pp 2 and dp 2 x tp 2 x pp 2, zb-h1 on tp 2 x pp 2,
+#  - interleaved (2 chunks a stage) on tp 2 x pp 2, dp 2 x tp 2 x pp 2 and tp 2 x pp 2 x cp 2,
+#    zb-h1 on tp 2 x pp 2,
 #    GPT-2 and Llama (RMSNorm, SwiGLU, grouped-query attention), reproduce stage 01's per-step
 #    figures (loss, lr, grad_norm, val_loss) within 1e-5 relative over 20 steps; stats.json's
 #    bubble_theory is the schedule's;
@@ -29,6 +30,9 @@ done
 args=(--config configs/tiny.json "${common[@]}")
 run_ranks 10 il_d2 8 "${mesh[@]}" "${interleaved[@]}"
 check 'compare_losses "$tmp/single_tiny" "$tmp/il_d2" 20 1e-5' "interleaved on dp 2 x tp 2 x pp 2 does not reproduce stage 01"
+# cp's slots hold 2 B chunks of T / 2 cp tokens (composed_cp.c adapts each chunk's spec once)
+run_ranks 10 il_c2 8 "${mesh[@]}" "${interleaved[@]}" --cp_size=2
+check 'compare_losses "$tmp/single_tiny" "$tmp/il_c2" 20 1e-5' "interleaved on tp 2 x pp 2 x cp 2 does not reproduce stage 01"
 # the schedules ran: (p - 1) / (v m + p - 1) = 1/5 interleaved, (p - 1) / (3 m + p - 1) = 1/13 zb-h1
 check 'python3 -c "import sys; sys.exit(abs($(json_value "$tmp/il_tiny/stats.json" bubble_theory) - 1/5) > 1e-9)"' \
     "interleaved's bubble_theory is $(json_value "$tmp/il_tiny/stats.json" bubble_theory), want 1/5"
