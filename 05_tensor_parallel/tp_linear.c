@@ -77,8 +77,9 @@ void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *
     if (W.w16) matmul_backward_16(dinp, NULL, NULL, dout, dout16, inp16, W.w16, N, K, M);
     else matmul_backward(dinp, NULL, NULL, dout, inp, W.w, N, K, M);
     CommRequest *r = NULL;
-    if (!l->partial_sums && overlap) r = tp_all_reduce_start(l->out_group, dinp, (size_t)N * K);
-    else if (!l->partial_sums) tp_all_reduce(l->out_group, dinp, (size_t)N * K);
+    bool complete_dinp = !l->partial_sums && dinp;  // a weight pass (zero bubble's W) has no dinp
+    if (complete_dinp && overlap) r = tp_all_reduce_start(l->out_group, dinp, (size_t)N * K);
+    else if (complete_dinp) tp_all_reduce(l->out_group, dinp, (size_t)N * K);
     // dbias: dout is the same on every rank of the in group, so each gets the whole bias gradient
     if (W.w16) matmul_backward_16(NULL, dw_block, dbias, dout, dout16, inp16, W.w16, N, K, M);
     else matmul_backward(NULL, dw_block, dbias, dout, inp, W.w, N, K, M);

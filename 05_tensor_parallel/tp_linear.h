@@ -76,6 +76,7 @@ void tp_linear_forward(const TPLinear *l, float *out, const float *inp, half16 *
 // dinp (N, in_local) += complete dX (after the all-reduce over out_group: dinp must hold zeros on
 // entry, as the all-reduce sums the whole buffer); dw_block (out_local, in_local) += dY^T X of
 // this rank's rows (not yet summed over z: see TPGradSlot); dbias (may be NULL) += column sums.
+// dinp NULL: the weight gradients only; dw_block and dbias NULL: dinp only (zero bubble's split).
 // overlap: the dX all-reduce runs while the weight-gradient matmul computes. dout16: bf16 scratch
 // for dout (N * out_local) in bf16 mode.
 void tp_linear_backward(const TPLinear *l, float *dinp, float *dw_block, float *dbias,

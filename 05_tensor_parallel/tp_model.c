@@ -323,23 +323,28 @@ static void add_block_forward(const TPModel *m, TPWeightStream *s, const BlockWe
     add_use(s, &m->fcproj, &b->fc_proj);
 }
 
-// the layers m holds: every block, the embedding and the head, or a pipeline stage's part
-void tp_stream_forward(const TPModel *m, TPWeightStream *s, const Weights *w) {
-    const ParamLayout *f = &m->full;
+// a pass through blocks [first, first + n), with or without the embedding and the head
+static void stream_forward_over(const TPModel *m, TPWeightStream *s, const Weights *w, int first, int n, bool embed,
+                                bool head) {
     s->n = 0;
     Linear wte = {.w = w->wte};  // the embedding reads wte's block in fp32 (no 16-bit copy)
-    if (f->has_embed) add_use(s, &m->head, &wte);
-    for (int b = f->first_block; b < f->first_block + f->n_blocks; b++) add_block_forward(m, s, &w->h[b]);
-    if (f->has_head) add_use(s, &m->head, &w->head);  // the lm_head
+    if (embed) add_use(s, &m->head, &wte);
+    for (int b = first; b < first + n; b++) add_block_forward(m, s, &w->h[b]);
+    if (head) add_use(s, &m->head, &w->head);  // the lm_head
     tp_stream_begin(s);
 }
 
-void tp_stream_backward(const TPModel *m, TPWeightStream *s, const Weights *w, bool recompute) {
+// the layers m holds: every block, the embedding and the head, or a pipeline stage's part
+void tp_stream_forward(const TPModel *m, TPWeightStream *s, const Weights *w) {
     const ParamLayout *f = &m->full;
+    stream_forward_over(m, s, w, f->first_block, f->n_blocks, f->has_embed, f->has_head);
+}
+
+void tp_stream_backward(const TPModel *m, TPWeightStream *s, const Weights *w, const ActsSpec *pass) {
     s->n = 0;
-    if (f->has_head) add_use(s, &m->head, &w->head);
-    for (int b = f->first_block + f->n_blocks - 1; b >= f->first_block; b--) {
-        if (recompute) add_block_forward(m, s, &w->h[b]);
+    if (pass->head) add_use(s, &m->head, &w->head);
+    for (int b = pass->first_layer + pass->n_layers - 1; b >= pass->first_layer; b--) {
+        if (pass->recompute) add_block_forward(m, s, &w->h[b]);
         if (!w->h[b].moe_mlp) {
             add_use(s, &m->fcproj, &w->h[b].fc_proj);
             add_use(s, &m->fc, &w->h[b].fc);
@@ -606,7 +611,8 @@ static void refuse_unsplit_batch(const TPModel *m, int B, int T) {
 
 void tp_forward_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, const int *inputs, int B, int T) {
     refuse_unsplit_batch(m, B, T);
-    tp_stream_forward(m, a->layers.stream, w);
+    // k's blocks: the layers m holds, or one chunk of them (a stage's under an interleaved pipeline)
+    stream_forward_over(m, a->layers.stream, w, k->spec.first_layer, k->spec.n_layers, k->spec.embed, k->spec.head);
     gpt_forward(k, w, inputs, B, T);
 }
 
@@ -672,14 +678,25 @@ void tp_backward(const TPModel *m, TPActs *a, const Weights *w, Weights *g, int 
     tp_backward_on(m, a, &a->acts, w, g, B, T);
 }
 
+// with z > 1: every weight gradient of the pass has arrived
+static void finish_grad_slots(const TPModel *m, TPActs *a) {
+    if (m->grid.Z == 1) return;
+    TPGradSlots *slots = a->layers.slots;
+    for (int i = 0; i < 2; i++) tp_grad_slot_finish(&slots->mat[i]);
+    tp_grad_slot_finish(&slots->wte);
+}
+
 void tp_backward_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, Weights *g, int B, int T) {
-    tp_stream_backward(m, a->layers.stream, w, k->spec.recompute);
+    tp_stream_backward(m, a->layers.stream, w, &k->spec);
     gpt_backward(k, w, g, B, T, NULL, NULL);
-    if (m->grid.Z > 1) {  // every weight gradient of this micro-batch has arrived
-        TPGradSlots *slots = a->layers.slots;
-        for (int i = 0; i < 2; i++) tp_grad_slot_finish(&slots->mat[i]);
-        tp_grad_slot_finish(&slots->wte);
-    }
+    finish_grad_slots(m, a);
+}
+
+void tp_weight_pass_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, void (*run)(void *notes),
+                       void *notes) {
+    tp_stream_backward(m, a->layers.stream, w, &k->spec);
+    run(notes);
+    finish_grad_slots(m, a);
 }
 
 // ---- checkpoints: the full model, whatever the grid (tp_model.h) -------------------------------

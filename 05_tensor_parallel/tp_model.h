@@ -141,10 +141,12 @@ void tp_layernorm_forward(const TPModel *m, float *stats, float *out, float *mea
 void tp_gather_vocab(const TPModel *m, float *full, float *gathered, const float *local, int N);
 
 // Weight streams: which weights forward and backward use, in order (the depth prefetch follows
-// it); w: this rank's weights (with their bf16 copies in bf16 mode). With recomputation every
-// block's backward first runs its forward again: its forward weights come first.
+// it); w: this rank's weights (with their bf16 copies in bf16 mode). Forward: the layers m holds;
+// backward: the blocks, head and recomputation of `pass` (the activations it runs on: m's layers,
+// or one chunk of a pipeline stage's). With recomputation every block's backward first runs its
+// forward again: its forward weights come first.
 void tp_stream_forward(const TPModel *m, TPWeightStream *s, const Weights *w);
-void tp_stream_backward(const TPModel *m, TPWeightStream *s, const Weights *w, bool recompute);
+void tp_stream_backward(const TPModel *m, TPWeightStream *s, const Weights *w, const ActsSpec *pass);
 
 // ---- activations and the passes ---------------------------------------------------------------
 typedef struct {
@@ -177,11 +179,17 @@ void tp_forward(const TPModel *m, TPActs *a, const Weights *w, const int *inputs
 double tp_loss(const TPModel *m, TPActs *a, const int *targets, int B, int T, float dloss, bool backward);
 // adds this micro-batch's gradients into g (weights: already summed over z)
 void tp_backward(const TPModel *m, TPActs *a, const Weights *w, Weights *g, int B, int T);
-// the three on activations k of the layers m holds, with a's weight stream, layers and loss scratch
+// the three on activations k of the blocks its spec names (the layers m holds, or one chunk of
+// them), with a's weight stream, layers and loss scratch
 void tp_forward_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, const int *inputs, int B, int T);
 double tp_loss_on(const TPModel *m, TPActs *a, Activations *k, const int *targets, int B, int T, float dloss,
                   bool backward);
 void tp_backward_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, Weights *g, int B, int T);
+// A weight pass after a backward on k whose linear layers computed their input gradients only (a
+// zero-bubble pipeline's W, stage 07's zero_bubble.c): run(notes) computes the weight gradients
+// through these layers, which read the weights in the backward's order again
+void tp_weight_pass_on(const TPModel *m, TPActs *a, Activations *k, const Weights *w, void (*run)(void *notes),
+                       void *notes);
 
 // ---- around the training loop -----------------------------------------------------------------
 // Checkpoints hold the full model, whatever the grid. Saving puts every rank's share together (an

@@ -214,7 +214,7 @@ static void serial_backward(PipeLayers *l, Activations *a, const Weights *w, Wei
 }
 
 PipeLayers *pipe_serial_layers(void) {
-    static PipeLayers serial = {serial_adapt, serial_forward, serial_loss, serial_backward};
+    static PipeLayers serial = {serial_adapt, serial_forward, serial_loss, serial_backward, NULL};
     return &serial;
 }
 
@@ -249,15 +249,13 @@ void pipeline_init_layers(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, c
     p->slots = calloc_or_die((size_t)p->n_slots, sizeof *p->slots);
     p->fwd_sends = calloc_or_die((size_t)p->n_slots, sizeof *p->fwd_sends);
     p->bwd_sends = calloc_or_die((size_t)p->n_slots, sizeof *p->bwd_sends);
-    if (pipe_zero_bubble(p->schedule) && layers != pipe_serial_layers())
-        fatal("key 'pp_schedule' is 'zb-h1', whose split backward (zero_bubble.c) wraps the serial layers only: "
-              "use gpipe or 1f1b");
     if (pipe_zero_bubble(p->schedule)) p->deferred = calloc_or_die((size_t)p->n_slots, sizeof *p->deferred);
     int flags = acts_flags(cfg), T = mc->max_seq_len < cfg->max_seq_len ? mc->max_seq_len : cfg->max_seq_len;
-    ActsSpec spec = whole_model_acts(mc, cfg->global_batch_size / g->dp / p->m, T, flags & ACTS_16BIT,
-                                     flags & ACTS_RECOMPUTE);
+    ActsSpec whole = whole_model_acts(mc, cfg->global_batch_size / g->dp / p->m, T, flags & ACTS_16BIT,
+                                      flags & ACTS_RECOMPUTE);
     for (int c = 0, i = 0; c < g->chunks; c++) {
         p->chunk_first[c] = i;
+        ActsSpec spec = whole;  // each chunk's adapted from the whole model's (adapt may rescale B and T)
         pipe_chunk_blocks(g, mc->n_layer, c, &spec.first_layer, &spec.n_layers);
         spec.embed = g->is_first && c == 0, spec.head = g->is_last && c == g->chunks - 1;
         layers->adapt(layers, &spec);
@@ -406,10 +404,12 @@ static double compute(Pipeline *p, const PipeOp *op, const Batch *b, Weights *gr
     int m0 = trace_mark();
     trainable_run_micro(p->trained, op->micro * b->rows);  // where its rows lie in the step's
     if (op->weights) {
-        deferred_weight_pass(p->deferred[slot]);
+        if (p->layers->weight_pass) p->layers->weight_pass(p->layers, a, p->w, deferred_weight_pass, p->deferred[slot]);
+        else deferred_weight_pass(p->deferred[slot]);
     } else if (op->backward) {
-        if (p->deferred) deferred_backward(p->deferred[slot], a, p->w, grads, b->rows, b->T);
-        else p->layers->backward(p->layers, a, p->w, grads, b->rows, b->T);
+        if (p->deferred) deferred_begin(p->deferred[slot]);
+        p->layers->backward(p->layers, a, p->w, grads, b->rows, b->T);
+        if (p->deferred) deferred_end(p->deferred[slot]);
     } else {
         p->layers->forward(p->layers, a, p->w, a->spec.embed ? b->inputs : NULL, b->rows, b->T);
         if (a->spec.head) loss = p->layers->loss(p->layers, a, p->mc, b->targets, b->rows, b->T, dloss, with_grad);

@@ -111,6 +111,10 @@ struct PipeLayers {
     double (*loss)(PipeLayers *l, Activations *a, const GPTConfig *mc, const int *targets, int B, int T, float dloss,
                    bool backward);
     void (*backward)(PipeLayers *l, Activations *a, const Weights *w, Weights *g, int B, int T);
+    // zb-h1's weight pass over a's blocks: run(notes) computes the weight gradients the backward
+    // left (zero_bubble.c) through a's layer ops, the layers around it setting up what those read
+    // (05's: the weights in the backward's order again). NULL: run(notes) alone (the serial layers)
+    void (*weight_pass)(PipeLayers *l, Activations *a, const Weights *w, void (*run)(void *notes), void *notes);
 };
 PipeLayers *pipe_serial_layers(void);
 
@@ -139,7 +143,7 @@ typedef struct {
 // one slot per micro-batch in flight, each the activations of one micro-batch of the longest
 // sequences for this stage's blocks (cfg's sizes and precision); w: the stage's weights
 void pipeline_init(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, const Weights *w);
-// the same with the stage's blocks run by `layers` (zb-h1's split backward needs the serial ones)
+// the same with the stage's blocks run by `layers` (zb-h1's split backward wraps their layer ops)
 void pipeline_init_layers(Pipeline *p, const PipeGrid *g, const GPTConfig *mc, const Config *cfg, const Weights *w,
                           PipeLayers *layers);
 void pipeline_free(Pipeline *p);

@@ -21,10 +21,13 @@ DeferredWeights *deferred_weights_new(Activations *a);
 // the device bytes it keeps for the deferred weight gradients
 size_t deferred_weights_bytes(const DeferredWeights *d);
 void deferred_weights_free(DeferredWeights *d);
-// B: the backward through a's layers, computing the input gradients (a->dres at the end, as
-// gpt_backward) and the LayerNorms' and embedding's gradients, noting the linear layers' for W
-void deferred_backward(DeferredWeights *d, Activations *a, const Weights *w, Weights *g, int B, int T);
-// W: the weight gradients noted in the last B, added into the gradients given there
-void deferred_weight_pass(DeferredWeights *d);
+// B: a backward through a's layers between these two computes the input gradients (a->dres at
+// the end, as gpt_backward) and the LayerNorms' and embedding's gradients, and notes the linear
+// layers' for W
+void deferred_begin(DeferredWeights *d);
+void deferred_end(DeferredWeights *d);
+// W: the weight gradients noted in the last B (d: a DeferredWeights), added into the gradients
+// given there; a void * so that a stage's layers can run it inside their own weight pass
+void deferred_weight_pass(void *d);
 
 #endif

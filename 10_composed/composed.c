@@ -63,8 +63,15 @@ static void tp_stage_backward(PipeLayers *l, Activations *a, const Weights *w, W
     tp_backward_on(t->m, &t->scratch, a, w, g, B, T);
 }
 
+static void tp_stage_weight_pass(PipeLayers *l, Activations *a, const Weights *w, void (*run)(void *notes),
+                                 void *notes) {
+    TPStageLayers *t = (TPStageLayers *)l;
+    tp_weight_pass_on(t->m, &t->scratch, a, w, run, notes);
+}
+
 void tp_stage_layers_init(TPStageLayers *l, const TPModel *m, const Config *cfg, int B, int T) {
-    *l = (TPStageLayers){.base = {tp_adapt, tp_stage_forward, tp_stage_loss, tp_stage_backward}, .m = m};
+    *l = (TPStageLayers){.base = {tp_adapt, tp_stage_forward, tp_stage_loss, tp_stage_backward, tp_stage_weight_pass},
+                         .m = m};
     tp_scratch_alloc(&l->scratch, m, B, T, acts_flags(cfg), false);
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/device.h"
 #include "base/log.h"
 #include "run/evaluate.h"
 
@@ -52,6 +53,43 @@ static void ring_backward(LayerOps *ops, int layer, float *dqkv, float *datt, co
 
 // ---- the pipeline's view: slots of chunks, each stage at the chunks' positions ----------------
 
+// 16-bit runs: a block keeps only the 16-bit copy of attention's output, and 09's ring keeps the
+// fp32 one for its backward (kept_out, one a block). The pipeline has several micro-batches in
+// flight, each in a slot of its own: each slot keeps its own outputs, which kept_out points at
+// while the slot runs.
+struct SlotOutputs {
+    const Activations *slot;
+    float **out;  // [n_layer]: the slot's blocks' (N, C_attn), NULL for the others
+};
+
+static float **slot_outputs_alloc(const Activations *a, int n_layer) {
+    float **out = calloc_or_die((size_t)n_layer, sizeof *out);
+    size_t bytes = (size_t)a->spec.B * a->spec.T * a->spec.shape.C_attn * sizeof(float);
+    for (int b = a->spec.first_layer; b < a->spec.first_layer + a->spec.n_layers; b++) out[b] = dev_malloc(bytes);
+    return out;
+}
+
+static void use_slot_outputs(CPStageLayers *l, const Activations *a) {
+    if (!l->half) return;
+    int i = 0;
+    while (i < l->n_kept && l->kept[i].slot != a) i++;
+    if (i == l->n_kept) {  // a slot's first forward
+        l->kept = realloc(l->kept, (size_t)(l->n_kept + 1) * sizeof *l->kept);
+        if (!l->kept) fatal("out of host memory");
+        l->kept[l->n_kept++] = (struct SlotOutputs){a, slot_outputs_alloc(a, l->tp.m->cfg.n_layer)};
+    }
+    l->ring.kept_out = l->kept[i].out;
+}
+
+static void slot_outputs_free(CPStageLayers *l) {
+    for (int i = 0; i < l->n_kept; i++) {
+        for (int b = 0; b < l->tp.m->cfg.n_layer; b++) dev_free(l->kept[i].out[b]);
+        free(l->kept[i].out);
+    }
+    free(l->kept);
+    l->ring.kept_out = NULL;  // not 09's to free
+}
+
 // a slot holds 2 B chunks of c tokens, and attention keeps one log-sum-exp per row and head
 static void chunk_adapt(PipeLayers *p, ActsSpec *spec) {
     CPStageLayers *l = (CPStageLayers *)p;
@@ -67,17 +105,20 @@ static void chunk_forward(PipeLayers *p, Activations *a, const Weights *w, const
     CPStageLayers *l = (CPStageLayers *)p;
     cp_layers_set_positions(&l->ring, B, T);
     a->start = l->ring.start;
+    use_slot_outputs(l, a);
     l->tp_stage.forward(p, a, w, inputs, B, T);
+}
+
+static void chunk_backward(PipeLayers *p, Activations *a, const Weights *w, Weights *g, int B, int T) {
+    CPStageLayers *l = (CPStageLayers *)p;
+    use_slot_outputs(l, a);
+    l->tp_stage.backward(p, a, w, g, B, T);
 }
 
 static void refuse_what_cp_does_not_run(const Config *cfg, int cp, int T) {
     if (strcmp(cfg->cp_impl, "ring") != 0)
         fatal("%s: key 'cp_impl' is '%s' but stage 10 runs cp as a ring (each tp rank's heads, which Ulysses would "
               "split again): set it to ring", config_source("cp_impl"), cfg->cp_impl);
-    if (config_is_half(cfg))
-        fatal("%s: key 'precision' is '%s' but stage 10's context parallelism runs in fp32 (09's ring keeps one "
-              "attention output a block in 16-bit runs, which the pipeline's micro-batches in flight would share)",
-              config_source("precision"), cfg->precision);
     if (cfg->sequence_parallel)  // its rows are a slice of B x T, which cuts across the chunks' positions
         fatal("%s: key 'sequence_parallel' is true but cp_size is %d: stage 10 does not yet split a cp chunk's "
               "residual rows over the tp ranks; set one of them otherwise", config_source("sequence_parallel"), cp);
@@ -101,9 +142,11 @@ void cp_stage_layers_init(CPStageLayers *l, const TPModel *m, const Config *cfg,
     int c = cp_chunk_len(&l->grid, T);
     tp_stage_layers_init(&l->tp, m, cfg, 2 * B, c);
     cp_layers_init(&l->ring, &l->grid, mc, B, c, false);
+    l->half = config_is_half(cfg);
     l->tp_stage = l->tp.base;
     l->tp.base.adapt = chunk_adapt;
     l->tp.base.forward = chunk_forward;
+    l->tp.base.backward = chunk_backward;
     LayerOps *ops = &l->tp.scratch.layers.base;
     l->tp_ops = *ops;
     ops->embed_forward = chunk_embed_forward;
@@ -115,6 +158,7 @@ void cp_stage_layers_init(CPStageLayers *l, const TPModel *m, const Config *cfg,
 void cp_stage_layers_free(CPStageLayers *l) {
     tp_stage_layers_free(&l->tp);
     if (l->cp == 1) return;
+    slot_outputs_free(l);
     cp_layers_free(&l->ring);
     for (int i = 0; i < l->n_chunks; i++) batch_free(&l->chunks[i]);
     free(l->chunks);

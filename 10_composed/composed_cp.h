@@ -22,10 +22,13 @@ typedef struct {
     PipeLayers tp_stage;  // composed.c's PipeLayers, which the positioned ones call
     Batch *chunks;      // [micro-batches] this rank's two chunks of each of the step's
     int n_chunks;
+    bool half;          // 16-bit runs: 09's ring keeps each block's attention output for backward
+    struct SlotOutputs *kept;  // [n_kept] those of each pipeline slot (activations) run so far
+    int n_kept;
 } CPStageLayers;
 
 // B x T: a micro-batch's rows and longest sequence. Refuses (fatal() on every rank alike) what
-// stage 10's cp does not run: Ulysses, 16-bit precisions, a longest sequence 2 cp does not divide.
+// stage 10's cp does not run: Ulysses, a longest sequence 2 cp does not divide.
 void cp_stage_layers_init(CPStageLayers *l, const TPModel *m, const Config *cfg, const ComposedGroups *g,
                           const GPTConfig *mc, int B, int T);
 void cp_stage_layers_free(CPStageLayers *l);

@@ -71,9 +71,6 @@ int main(int argc, char **argv) {
     pipe_grid_init(&grid, groups.slice, &cfg, &mc);
     ComposedExperts experts;  // a mixture of experts: its experts spread over ep of the stage's replicas
     composed_ep_init(&experts, &cfg, &groups, &grid, &mc);
-    if (grid.chunks > 1)
-        fatal("key 'pp_schedule' is 'interleaved', but stage 10 runs gpipe and 1f1b (a chunk's tensor-parallel "
-              "weight stream is the stage's whole range)");
     int m = cfg.num_microbatches;
     tp_check_grid(&mc, cfg.tp_dimensions, comm_size(groups.stage_ranks), cfg.global_batch_size, m);
     TPGrid tp_grid;  // 05's: [tp, 1, 1] x dp, over the ranks of this pipeline stage
