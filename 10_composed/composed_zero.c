@@ -22,12 +22,10 @@ static void refuse_what_stage10_does_not_shard(const Config *cfg) {
               "micro-batch's gradient into one buffer until its last backward, so 2 would shard nothing, and 3 would "
               "gather every block around every micro-batch (10_composed/README.md, Refused)",
               config_source("zero_stage"), cfg->zero_stage);
-    // the shards are cut from the whole share's flat buffer before LoRA replaces the layout with the
-    // adapters', and the experts are summed over replicas of their own
-    if (zero_stage_given() && (cfg->lora_rank > 0 || cfg->num_experts > 0))
-        fatal("%s: key 'zero_stage' is 1 but %s: stage 10 shards the dense model's replicas only (expected no "
-              "zero_stage)", config_source("zero_stage"),
-              cfg->lora_rank > 0 ? "lora_rank is set (LoRA)" : "num_experts is set (a mixture of experts)");
+    // the experts are summed over replicas of their own, not one flat share of the replicas
+    if (zero_stage_given() && cfg->num_experts > 0)
+        fatal("%s: key 'zero_stage' is %d but num_experts is %d: stage 10 shards a dense model's replicas only "
+              "(expected no zero_stage)", config_source("zero_stage"), cfg->zero_stage, cfg->num_experts);
 }
 
 // a buffer of n elements grown to `to`, the tail zero

@@ -8,7 +8,8 @@
 #  - memory per rank (stats.json) and the replicas' bytes per step equal the README's formula;
 #  - a run saved on a ZeRO mesh resumes on dp 4 x tp 2 x pp 1 (another shard count) with stage
 #    01's losses, and stage 01 loads its checkpoint;
-#  - zero_stage 2 or 3, and hsdp_replicas, are refused: one error, every rank stops.
+#  - zero_stage 2 or 3, hsdp_replicas, and zero_stage 1 beside LoRA or experts are refused: one error,
+#    every rank stops.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 C=64
@@ -82,5 +83,6 @@ expect_one_error "zero_stage 2" "key 'zero_stage' is 2 but stage 10 runs zero_st
 expect_one_error "zero_stage 3" "key 'zero_stage' is 3 but stage 10 runs zero_stage 1" bad "${mesh[@]}" --zero_stage=3
 expect_one_error "hsdp_replicas" "key 'hsdp_replicas' is 2 but stage 10's data dimension is one group" \
     bad "${mesh[@]}" --zero_stage=1 --hsdp_replicas=2
-expect_one_error "zero_stage 1 with LoRA" "key 'zero_stage' is 1 but lora_rank is set" bad "${mesh[@]}" --zero_stage=1 --lora_rank=4
+expect_one_error "zero_stage 1 with LoRA" "key 'zero_stage' is 1 but lora_rank is 4" bad "${mesh[@]}" --zero_stage=1 --lora_rank=4
+expect_one_error "zero_stage 1 with experts" "key 'zero_stage' is 1 but num_experts is 4" bad "${mesh[@]}" --zero_stage=1 --num_experts=4
 finish test_stage10_zero

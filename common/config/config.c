@@ -874,6 +874,10 @@ static void require_lora_keys_fit_stage(const Config *cfg, const Sources *src, S
     if (cfg->num_experts)
         fatal("%s: key 'lora_rank' is %d but num_experts is %d: LoRA adapts dense linears only",
               source_of(src, "lora_rank"), cfg->lora_rank, cfg->num_experts);
+    // stage 10 cuts its ZeRO shards from the dense share before the adapters replace the layout
+    if (stage == STAGE_COMPOSED && strcmp(source_of(src, "zero_stage"), "defaults") != 0)
+        fatal("%s: key 'zero_stage' is %d but lora_rank is %d: stage 10 shards the whole model's replicas only "
+              "(expected no zero_stage)", source_of(src, "zero_stage"), cfg->zero_stage, cfg->lora_rank);
     if (cfg->prec == PREC_BF16)
         fatal("%s: key 'precision' is bf16 but LoRA's adapters train in fp32 over the base's 16-bit copy: "
               "use bf16-mixed", source_of(src, "precision"));
