@@ -21,6 +21,11 @@ static void refuse_what_experts_do_not_run(const Config *cfg, const PipeGrid *pg
         fatal("%s: key 'sequence_parallel' is true but num_experts is %d: its residual rows are a slice of a "
               "micro-batch's tokens, which cuts the sequences whose capacity an expert counts; set it to false",
               config_source("sequence_parallel"), cfg->num_experts);
+    // 08's MoE MLP is plugged into the slots' layer ops once, for the stage's one range of blocks
+    if (pg->chunks > 1)
+        fatal("%s: key 'pp_schedule' is 'interleaved' but num_experts is %d: stage 10 plugs 08's MoE MLP into a "
+              "stage's one range of blocks, not into each of its %d chunks; use gpipe, 1f1b or zb-h1",
+              config_source("pp_schedule"), cfg->num_experts, pg->chunks);
     if (pg->dp % cfg->ep_size != 0)
         fatal("%s: key 'ep_size' is %d but stage 10 spreads the experts over the data replicas of each pipeline "
               "stage, and there are %d (dp = %d ranks / (tp %d x pp %d)): expected a divisor of %d",

@@ -4,14 +4,15 @@
 # family with experts) with capacity factor 1, so that pairs drop at every step:
 #  - tp 2 x pp 2 x ep 2 (8 ranks) reproduces one rank's (stage 08, every expert on it) per-step
 #    loss and gradient norm within 1e-5 relative over 20 steps; dp 2 x tp 2 x pp 2 x ep 2 (16
-#    ranks) over 3 steps, its replicas holding the same experts identical at the end;
+#    ranks) over 3 steps, its replicas holding the same experts identical at the end; zb-h1 on tp 2 x
+#    pp 2 x ep 2 over 3 steps;
 #  - rank 0's "experts" traffic equals the README's formula: the all-to-alls 8 x C x (rows it sent
 #    + rows its experts ran) bytes, the counts' all-gather m x (MoE blocks of its stage) x ep x E x 4
 #    bytes a step, its experts' gradients over the replicas holding them 4 x E / ep x (8 C^2 + 5 C);
 #  - the ep run's checkpoint holds the whole model: stage 08 starts from it as from one rank's,
 #    and a run saved on tp 2 x pp 2 x ep 2 resumes on tp 4 x pp 2 (ep 1) with one rank's figures;
-#  - an ep_size that does not divide a stage's replicas, cp_size > 1 with experts and 16-bit
-#    experts: one error, every rank stops.
+#  - an ep_size that does not divide a stage's replicas, cp_size > 1 or the interleaved schedule with
+#    experts, and 16-bit experts: one error, every rank stops.
 source "$(dirname "$0")/lib.sh"
 source tests/mpi_env.sh
 C=64 E=4
@@ -25,6 +26,9 @@ run_ranks 10 d2t2p2e2 16 "${mesh[@]}" --ep_size=2 --stop_iteration=3
 check 'compare_losses "$tmp/single" "$tmp/t2p2e2" 20 1e-5' "tp 2 x pp 2 x ep 2 does not reproduce one rank's figures"
 check 'compare_losses "$tmp/single3" "$tmp/d2t2p2e2" 3 1e-5' "dp 2 x tp 2 x pp 2 x ep 2 does not reproduce one rank's figures"
 check 'grep -q "replicas identical on all 2 ranks" "$tmp/d2t2p2e2.log"' "no check that replicas with the same experts agree"
+# ZB-H1's split backward around 08's MoE MLP (the experts' weight gradients in its W pass)
+run_ranks 10 t2p2e2_zb 8 "${mesh[@]}" --ep_size=2 --pp_schedule=zb-h1 --stop_iteration=3
+check 'compare_losses "$tmp/single3" "$tmp/t2p2e2_zb" 3 1e-5' "zb-h1 on tp 2 x pp 2 x ep 2 does not reproduce one rank's figures"
 
 # rank 0 (stage 0: one MoE block; m = 2 micro-batches a step, 20 steps, no evaluation)
 a2a=$(comm_value "$tmp/t2p2e2/stats.json" experts all-to-all bytes)
@@ -49,6 +53,8 @@ bad=(bounded 120 mpirun -np 8 --bind-to none build/stage-10 "${args[@]}" "${mesh
 expect_one_error "ep_size not dividing the replicas" "key 'ep_size' is 4 but .* there are 2 (dp = 8 ranks / (tp 2 x pp 2)): expected a divisor of 2" \
     "${bad[@]}" --ep_size=4
 expect_one_error "experts with cp" "key 'cp_size' is 2 but num_experts is 4" "${bad[@]}" --cp_size=2 --max_seq_len=64
+expect_one_error "experts with interleaved" "key 'pp_schedule' is 'interleaved' but num_experts is 4" \
+    "${bad[@]}" --n_layer=4 --pp_schedule=interleaved --virtual_stages=2
 expect_one_error "16-bit experts" "stage 10's experts train in fp32" \
     bounded 60 build/stage-10 "${args[@]}" --out_dir="$tmp/bad" --precision=bf16-mixed
 finish test_stage10_ep
