@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The planner's stage-10 meshes (build/plan, plan_composed) against the runs it predicts:
-#  - on tp 2 x pp 2 x dp 2 (8 ranks), tp 2 x pp 2 x cp 2 (8 ranks), tp 2 x cp 2 x dp 2 (Llama: the
+#  - on tp 2 x pp 2 x dp 2 (8 ranks), tp 2 x pp 2 x cp 2 (8 ranks; fp32 and bf16-mixed), tp 2 x cp 2 x dp 2 (Llama: the
 #    head on rank 0), tp 2 x pp 3 (phi, 4 blocks split 2, 1, 1, 3 micro-batches, gpipe), pp 2 x cp 3
 #    (T 66: chunks of 11) and tp 2 x pp 2 with sequence_parallel (GPT-2 and phi), rank 0's memory
 #    report equals the run's stats.json row for row, and the predicted bytes per step equal every
@@ -22,6 +22,7 @@ cluster=configs/clusters/h100-sxm.json
 
 same t2p2d2 8 tp2-pp2 --microbatches=2
 same t2p2c2 8 tp2-pp2-cp2 --microbatches=2
+same t2p2c2_bf16 8 tp2-pp2-cp2 --microbatches=2 --precision=bf16-mixed
 same t2c2d2_llama 8 tp2-cp2 --microbatches=2 --arch=llama
 same t2p3_phi 6 tp2-pp3 --microbatches=3 --n_layer=4 --global_batch_size=12 --arch=phi --pp_schedule=gpipe
 same p2c3 6 pp2-cp3 --microbatches=2 --max_seq_len=66
@@ -53,8 +54,9 @@ sys.exit(0 if best[\"stage\"] == 10 and best[\"fits\"] and plan[\"why\"].startsw
          and best[\"step_s\"] < layouts[\"FSDP\"][\"step_s\"] and best[\"step_s\"] < layouts[\"TP [2,2,1] x 4\"][\"step_s\"] else 1)
 " "$tmp/llama.json"' "Llama-2-7B on 4 x 4 A100s: no stage-10 mesh named best: exit $rc, $(tail -2 "$tmp/llama.log")"
 
-# on 4 nodes of 8 A100s the best two meshes differ most in their pipeline's bubble: the reason says so
-build/plan --cluster=configs/clusters/a100-80gb.json --nodes=4 --config configs/llama-2-7b.json \
+# on 4 nodes of 8 A100s, without the cp meshes (a Ulysses cp, which stage 10 does not run), the best
+# two meshes differ most in their pipeline's bubble: the reason says so
+build/plan --cluster=configs/clusters/a100-80gb.json --nodes=4 --config configs/llama-2-7b.json --cp_impl=ulysses \
     --random_init=true --tokenizer_path= --init_from= --json="$tmp/llama32.json" >"$tmp/llama32.log" 2>&1
 check 'python3 -c "
 import json, sys
@@ -66,7 +68,9 @@ sys.exit(0 if b[\"bubble_s\"] - a[\"bubble_s\"] > abs(b[\"exposed_comm_s\"] - a[
 
 # ---- a mesh stage 10 does not run ----
 plan=(build/plan --cluster=$cluster --ranks=8 "${args[@]}")
-expect_one_error "cp in 16 bits" "tp2-cp2 cannot run on 8 ranks: stage 10: cp_size 2 runs as a ring in fp32" \
-    "${plan[@]}" --layout=tp2-cp2 --precision=bf16-mixed
+expect_one_error "cp beside sequence parallelism" "tp2-cp2 cannot run on 8 ranks: stage 10: cp_size 2 runs as a ring without" \
+    "${plan[@]}" --layout=tp2-cp2 --strategy=composed --sequence_parallel=true
+expect_one_error "zb-h1, not planned for stage 10" "tp2-pp2 cannot run on 8 ranks: stage 10: key 'pp_schedule' is 'zb-h1'" \
+    "${plan[@]}" --layout=tp2-pp2 --pp_schedule=zb-h1
 expect_one_error "tp that the heads do not split over" "tp3-pp2 cannot run on 8 ranks: .*" "${plan[@]}" --layout=tp3-pp2
 finish test_plan_composed

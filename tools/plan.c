@@ -68,7 +68,7 @@ static void add_strategy(Plan *p, const char *strategy) {
     if (p->stage != 5 && p->stage != 10) add_arg(p, "--tp_dimensions=1,1,1");
     if (p->stage != 7 && p->stage != 10) add_arg(p, "--pp_size=1"), add_arg(p, "--num_microbatches=1");
     if (p->stage == 8) add_arg(p, "--ep_size=%d", p->ep);
-    if (p->stage != 4) add_arg(p, "--zero_stage=3"), add_arg(p, "--hsdp_replicas=1");
+    if (p->stage != 4 && p->stage != 10) add_arg(p, "--zero_stage=3"), add_arg(p, "--hsdp_replicas=1");
 }
 
 static void add_memory(Plan *p, const char *what, size_t bytes) {
@@ -630,12 +630,14 @@ static bool composed_mesh_fits(const Setup *s, const ComposedMesh *mesh, char *w
     pipe.pp_size = mesh->pp, pipe.num_microbatches = mesh->m;
     int dims[3] = {mesh->tp, 1, 1};
     if (pipe_chunks(cfg) > 1 || pipe_zero_bubble(cfg->pp_sched))
-        snprintf(why, why_size, "stage 10: key 'pp_schedule' is '%s', stage 10 runs gpipe and 1f1b", cfg->pp_schedule);
+        snprintf(why, why_size, "stage 10: key 'pp_schedule' is '%s': the planner predicts stage 10 under gpipe and "
+                 "1f1b (interleaved's chunks and zb-h1's deferred weight gradients are planned for stage 07 only)",
+                 cfg->pp_schedule);
     else if (!pipe_grid_fits(&pipe, mesh->pp * mesh->dp, s->mc->n_layer, why, why_size) ||
              !tp_grid_fits(s->mc, dims, mesh->dp * mesh->tp, cfg->global_batch_size, mesh->m, why, why_size))
         return false;
-    else if (mesh->cp > 1 && (s->half || cfg->sequence_parallel || strcmp(cfg->cp_impl, "ring") != 0))
-        snprintf(why, why_size, "stage 10: cp_size %d runs as a ring in fp32 without sequence_parallel", mesh->cp);
+    else if (mesh->cp > 1 && (cfg->sequence_parallel || strcmp(cfg->cp_impl, "ring") != 0))
+        snprintf(why, why_size, "stage 10: cp_size %d runs as a ring without sequence_parallel", mesh->cp);
     else if (mesh->cp > 1 && s->T % (2 * mesh->cp) != 0)
         snprintf(why, why_size, "stage 10: cp_size %d cuts sequences of %d tokens into 2 x %d chunks", mesh->cp, s->T,
                  mesh->cp);
