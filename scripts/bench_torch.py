@@ -126,6 +126,20 @@ def time_variant(name, args):
     return result
 
 
+def fp32_matmul_library():
+    """The BLAS this process's torch runs fp32 matmuls on, read from the libraries it has loaded after
+    one (Debian's python3-torch is built against the generic libblas.so.3, which is netlib's
+    reference BLAS unless an optimized one, such as OpenBLAS, is installed as the alternative)."""
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    loaded = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "blas" in os.path.basename(path) or "mkl" in os.path.basename(path):
+                loaded.add(os.path.realpath(path))
+    return ", ".join(sorted(loaded)) or "none loaded (built in)"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6)
@@ -142,6 +156,10 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"PyTorch {torch.__version__}, {args.threads} threads, GPT-2 L={args.layers} C={args.width} "
           f"H={args.heads} V={args.vocab}, 1 x {args.tokens} tokens, best of {args.steps} steps after one warm-up")
+    blas = fp32_matmul_library()
+    print(f"fp32 matmuls on: {blas}" + ("  (netlib's reference BLAS: not PyTorch's best; an optimized BLAS, e.g. "
+                                        "apt-get install libopenblas0-pthread, replaces it)"
+                                        if "/blas/libblas" in blas else ""))
     results = []
     for name in args.variants.split(","):
         try:
@@ -153,7 +171,7 @@ def main():
         precision = r["variant"].split("-")[1]
         if precision not in best or r["tokens_per_sec"] > best[precision]["tokens_per_sec"]:
             best[precision] = r
-    figures = {"torch": torch.__version__, "threads": args.threads, "tokens": args.tokens,
+    figures = {"torch": torch.__version__, "fp32_blas": blas, "threads": args.threads, "tokens": args.tokens,
                "model": {"layers": args.layers, "width": args.width, "heads": args.heads, "vocab": args.vocab},
                "results": results,
                "best_tokens_per_sec": {k: v["tokens_per_sec"] for k, v in best.items()},
