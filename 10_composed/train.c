@@ -1,11 +1,13 @@
-// Stage 10: the techniques composed, data x tensor x pipeline (x context) parallelism on one mesh.
+// Stage 10: the techniques composed, data x tensor x pipeline (x context, x expert) parallelism on one mesh.
 //
 // The P ranks form a mesh pp x dp x cp x tp (composed.h; tensor parallelism innermost; cp_size > 1
-// cuts every sequence into 09's chunks, attention a ring over cp: composed_cp.h). 07's pipeline
+// cuts every sequence into 09's chunks, attention a ring over cp: composed_cp.h; a mixture of
+// experts spreads its experts over ep of the replicas: composed_ep.h). 07's pipeline
 // cuts the blocks into pp_size stages and runs num_microbatches micro-batches through them in the
-// order pp_schedule says (gpipe, 1f1b); inside each stage, 05's tensor-parallel layers split every
+// order pp_schedule says (gpipe, 1f1b, interleaved, zb-h1); inside each stage, 05's tensor-parallel layers split every
 // block over tp_dimensions' x ranks (heads, MLP columns, the vocabulary); the pipelines are
-// replicated over dp = P / (pp x tp) data-parallel replicas, as in stage 03. Each piece is called
+// replicated over dp = P / (pp x tp) data-parallel replicas, as in stage 03 (or 04's ZeRO-1:
+// composed_zero.h), and LoRA trains adapters on the frozen base (composed_lora.h). Each piece is called
 // with the group it works over, and what each used to do for the whole world is done here over
 // the mesh: tied wte's two halves summed between the first and the last stage, the gradients over
 // the replicas, the norm over one replica with each element counted once, the loss and tokens by
