@@ -38,13 +38,14 @@ routed_bytes = [c for c in plan["communication"] if (c["group"], c["kind"]) == (
 if len(lines) != steps or (per_step != {plan["comm_bytes"]} and not routed_bytes):
     bad.append(f"comm_bytes per step: planned {plan['comm_bytes']:.0f}, metrics.jsonl {sorted(per_step)}")
 planned = {(c["group"], c["kind"]): c["bytes"] for c in plan["communication"]}
-# after the steps: the final save (FSDP's "ckpt", stage 05's and 10's "checkpoint" group; stages
+# after the steps: the final save (FSDP's "ckpt", stage 05's and 10's "checkpoint" group, stage 10's
+# ZeRO-1 moments over "zero-ckpt"; stages
 # 07 and 10 assemble the model over "pipeline", stage 08 over "experts") and the pipelines' schedule
 # printout (an all-gather over "world", stage 10's over "slice")
 after = {7: {("pipeline", "all-reduce"), ("world", "all-gather")}, 8: {("experts", "all-reduce")},
          10: {("pipeline", "all-reduce"), ("slice", "all-gather")}}.get(stats["stage"], set())
 measured = {(e["group"], e["kind"]): e["bytes"] / steps for e in stats["communication"]
-            if e["group"] not in ("ckpt", "checkpoint") and (e["group"], e["kind"]) not in after}
+            if e["group"] not in ("ckpt", "checkpoint", "zero-ckpt") and (e["group"], e["kind"]) not in after}
 # stage 08's all-to-alls carry the rows the router sent: planned for balanced routing, not exact
 routed = ("experts", "all-to-all")
 if routed in planned and routed in measured:

@@ -2,7 +2,11 @@
 # The planner's stage-10 meshes (build/plan, plan_composed) against the runs it predicts:
 #  - on tp 2 x pp 2 x dp 2 (8 ranks), tp 2 x pp 2 x cp 2 (8 ranks; fp32 and bf16-mixed), tp 2 x cp 2 x dp 2 (Llama: the
 #    head on rank 0), tp 2 x pp 3 (phi, 4 blocks split 2, 1, 1, 3 micro-batches, gpipe), pp 2 x cp 3
-#    (T 66: chunks of 11) and tp 2 x pp 2 with sequence_parallel (GPT-2 and phi), rank 0's memory
+#    (T 66: chunks of 11), tp 2 x pp 2 with sequence_parallel (GPT-2 and phi), interleaved on tp 2 x pp 2 x
+#    dp 2 (5 blocks over 4 virtual stages) and zb-h1 on tp 2 x pp 2 (GPT-2) and x dp 2 (Llama, 3
+#    micro-batches), with their per-chunk activations and deferred weight gradients, and ZeRO-1 as the
+#    data dimension on tp 2 x pp 2 x dp 2, x cp 2 (over "context") and x dp 3 (T 66: shards of
+#    ceil(n / 3), the last padded), with the moments' and scratch shard's rows, rank 0's memory
 #    report equals the run's stats.json row for row, and the predicted bytes per step equal every
 #    step's comm_bytes and, per group and collective, stats.json's totals divided by the steps --
 #    exactly (stage 10's memory and bytes, 10_composed/README.md's table, are the planner's);
@@ -28,6 +32,12 @@ same t2p3_phi 6 tp2-pp3 --microbatches=3 --n_layer=4 --global_batch_size=12 --ar
 same p2c3 6 pp2-cp3 --microbatches=2 --max_seq_len=66
 same t2p2_sp 4 tp2-pp2 --microbatches=2 --strategy=composed --sequence_parallel=true
 same t2p2_sp_phi 4 tp2-pp2 --microbatches=4 --strategy=composed --sequence_parallel=true --arch=phi
+same t2p2d2_inter 8 tp2-pp2 --microbatches=2 --n_layer=5 --pp_schedule=interleaved --virtual_stages=2
+same t2p2_zb 4 tp2-pp2 --microbatches=4 --n_layer=4 --pp_schedule=zb-h1
+same t2p2d2_zb_llama 8 tp2-pp2 --microbatches=3 --global_batch_size=12 --pp_schedule=zb-h1 --arch=llama
+same t2p2d2_zero 8 tp2-pp2 --microbatches=2 --strategy=composed --zero_stage=1
+same t2p2c2_zero 8 tp2-pp2-cp2 --microbatches=2 --strategy=composed --zero_stage=1
+same t2p2d3_zero 12 tp2-pp2 --microbatches=2 --global_batch_size=12 --max_seq_len=66 --strategy=composed --zero_stage=1
 
 # the stage holding the most: with gpipe both stages keep both micro-batches, and the last one's
 # activations hold the head's logits (r x T x Vp / tp floats each)
@@ -70,7 +80,9 @@ sys.exit(0 if b[\"bubble_s\"] - a[\"bubble_s\"] > abs(b[\"exposed_comm_s\"] - a[
 plan=(build/plan --cluster=$cluster --ranks=8 "${args[@]}")
 expect_one_error "cp beside sequence parallelism" "tp2-cp2 cannot run on 8 ranks: stage 10: cp_size 2 runs as a ring without" \
     "${plan[@]}" --layout=tp2-cp2 --strategy=composed --sequence_parallel=true
-expect_one_error "zb-h1, not planned for stage 10" "tp2-pp2 cannot run on 8 ranks: stage 10: key 'pp_schedule' is 'zb-h1'" \
-    "${plan[@]}" --layout=tp2-pp2 --pp_schedule=zb-h1
+expect_one_error "zb-h1 beside sequence parallelism" "tp2-pp2 cannot run on 8 ranks: stage 10: key 'pp_schedule' is 'zb-h1'" \
+    "${plan[@]}" --layout=tp2-pp2 --pp_schedule=zb-h1 --strategy=composed --sequence_parallel=true
+expect_one_error "ZeRO-1 over more than one data group" "tp2-pp2 cannot run on 8 ranks: stage 10: key 'hsdp_replicas' is 2" \
+    "${plan[@]}" --layout=tp2-pp2 --strategy=composed --zero_stage=1 --hsdp_replicas=2
 expect_one_error "tp that the heads do not split over" "tp3-pp2 cannot run on 8 ranks: .*" "${plan[@]}" --layout=tp3-pp2
 finish test_plan_composed

@@ -47,6 +47,7 @@ typedef struct {
     int flags;         // ACTS_* of the config
     bool half;
     int microbatches;  // pipelines: --microbatches (0: 4 per stage, or the most below that fit)
+    bool composed_zero;  // a stage-10 config's zero_stage 1: its meshes shard AdamW over the replicas
 } Setup;
 
 // ---- memory: the stages' own rows -------------------------------------------------------------
@@ -309,18 +310,20 @@ static void plan_sequence_parallel(const Setup *s, Plan *p, const TPModel *m, Mo
 
 // Stage 0's messages to its neighbours in the ring of virtual stages (pipe_op_peers), A bytes
 // each, as pipeline.c's exchange sends them: a send followed by a receive from the same neighbour
-// travels as one send-recv, counted as the message sent (comm.h); the op order is the stage's
+// travels as one send-recv, counted as the message sent (comm.h), under gpipe and 1f1b only (the
+// exchange's rule: interleaved's and zb-h1's stay a send and a receive); the op order is the stage's
 // pipe_schedule. Per step also: GPT-2's tied wte (vocab_rows of it on this rank) all-reduced
 // between the first and the last stage. Neighbouring stages are `stride` ranks apart.
 static void add_pipeline_comm(const Setup *s, Plan *p, int pp, int m, int chunks, double A, double vocab_rows,
                               int stride) {
     PipeOp *ops = calloc_or_die((size_t)pipe_max_ops(m, chunks), sizeof *ops);
     int n_ops = pipe_schedule(ops, s->cfg->pp_sched, m, pp, chunks, 0), pending = -1;
+    bool pairs = chunks == 1 && !pipe_zero_bubble(s->cfg->pp_sched);
     long sends = 0, send_recvs = 0, recvs = 0;
     for (int k = 0; k < n_ops && pp > 1; k++) {
         int from, to;
         pipe_op_peers(&ops[k], pp, chunks, 0, &from, &to);
-        if (pending >= 0 && from == pending) send_recvs++;
+        if (pairs && pending >= 0 && from == pending) send_recvs++;
         else sends += pending >= 0, recvs += from >= 0;
         pending = to;
     }
@@ -332,6 +335,25 @@ static void add_pipeline_comm(const Setup *s, Plan *p, int pp, int m, int chunks
     bool tied = pp > 1 && gpt_arch(s->mc)->tied_head;  // phi's lm_head is the last stage's own
     add_comm(p, "tied-wte", "all-reduce", tied ? vocab_rows * s->mc->n_embd * sizeof(float) : 0, 1, 2,
              (pp - 1) * stride, false);
+}
+
+// 07_pipeline_parallel's report of pipeline stage g->stage (pipeline_init_layers' slots): each
+// chunk's slots of its activations, and zb-h1's deferred output gradients (zero_bubble.c: a
+// block's linear output widths x N floats a block and slot). whole: a micro-batch's activations
+// at the sizes the stage's layers adapt them to (07's as they are; stage 10's tp share, cp chunks).
+static void pipe_stage_acts(const Setup *s, const PipeGrid *g, int m, ActsSpec whole, size_t *acts,
+                            size_t *deferred) {
+    int *slots = calloc_or_die((size_t)g->chunks, sizeof *slots);
+    pipe_slots(s->cfg->pp_sched, m, g->pp, g->chunks, g->stage, slots);
+    *acts = *deferred = 0;
+    for (int c = 0; c < g->chunks; c++) {
+        ActsSpec spec = whole;
+        pipe_chunk_blocks(g, s->mc->n_layer, c, &spec.first_layer, &spec.n_layers);
+        spec.embed = g->is_first && c == 0, spec.head = g->is_last && c == g->chunks - 1;
+        *acts += (size_t)slots[c] * acts_bytes(&spec);
+        *deferred += (size_t)slots[c] * deferred_weights_floats(&spec) * sizeof(float);
+    }
+    free(slots);
 }
 
 // Stage 07 on pp stages x dp replicas (rank = replica * pp + stage), m micro-batches per step:
@@ -354,22 +376,12 @@ static void plan_pipeline(const Setup *s, Plan *p, int pp, int m) {
     pipe_stage_layout(&layout, s->mc, &g);
     size_t n = layout.num_params;
     int rows = s->cfg->global_batch_size / dp / m;
-    // 07_pipeline_parallel's report: each chunk's slots of its activations, and zb-h1's deferred
-    // output gradients (zero_bubble.c: a block's linear output widths x N floats a block and slot)
-    int *slots = calloc_or_die((size_t)g.chunks, sizeof *slots);
-    pipe_slots(s->cfg->pp_sched, m, pp, g.chunks, 0, slots);
-    size_t acts = 0, deferred = 0;
-    for (int c = 0; c < g.chunks; c++) {
-        ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
-        pipe_chunk_blocks(&g, s->mc->n_layer, c, &spec.first_layer, &spec.n_layers);
-        spec.embed = c == 0, spec.head = pp == 1 && c == g.chunks - 1;
-        acts += (size_t)slots[c] * acts_bytes(&spec);
-        deferred += (size_t)slots[c] * deferred_weights_floats(&spec) * sizeof(float);
-    }
+    size_t acts, deferred;
+    pipe_stage_acts(s, &g, m, whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE),
+                    &acts, &deferred);
     add_model_memory(p, s->cfg, n, acts);
     if (pipe_zero_bubble(s->cfg->pp_sched)) add_memory(p, "deferred weight gradients", deferred);
     gpt_layout_free(&layout);
-    free(slots);
 
     double A = (double)rows * s->T * s->mc->n_embd * sizeof(float);
     add_pipeline_comm(s, p, pp, m, g.chunks, A, s->mc->padded_vocab_size, 1);
@@ -446,38 +458,64 @@ static void plan_context(const Setup *s, Plan *p, int cp, bool ulysses) {
 // ---- stage 10: the pieces composed on one mesh ---------------------------------------------------
 
 // A mesh of stage 10 (10_composed/composed.h): pp x dp x cp x tp, tensor parallelism innermost,
-// m micro-batches a step. More dimensions (experts, sharded data) would be one more field here and
-// one more term in each of composed_stage_memory and plan_composed.
+// m micro-batches a step; zero: zero_stage 1, AdamW's state sharded over the replicas
+// (10_composed/composed_zero.h). More dimensions (experts) would be one more field here and one
+// more term in each of composed_stage_memory and plan_composed.
 typedef struct {
     int tp, pp, cp, dp, m;
+    bool zero;
 } ComposedMesh;
+
+// rank 0's memory rows of stage 10: 07's report, zb-h1's deferred row, ZeRO-1's two
+enum { COMPOSED_MEMORY_ITEMS = MODEL_MEMORY_ITEMS + 2 };
+
+// ZeRO-1 over the R replicas holding a share of n elements: shards of ceil(n / R) (composed_zero.c)
+static size_t composed_zero_shard(const ComposedMesh *mesh, size_t n) {
+    size_t R = (size_t)mesh->dp * (size_t)mesh->cp;
+    return (n + R - 1) / R;
+}
 
 // The memory report of t = 0 of pipeline stage `stage` (10_composed/train.c's, which rank 0 prints
 // for stage 0): its tp share of the stage's blocks (05's tp_model_layout_part of 07's
-// pipe_stage_layout) whole with gradients and AdamW state, and the activations of the micro-batches
-// it keeps in flight (pipe_slots), at 05's sizes, of 09's two chunks of c = T / 2cp tokens a row
-// when cp > 1. m: the rank's model, for its collectives; the caller frees it.
-static void composed_stage_memory(const Setup *s, const ComposedMesh *mesh, int stage, TPModel *m,
-                                  MemoryItem items[MODEL_MEMORY_ITEMS]) {
+// pipe_stage_layout, every chunk's) whole with gradients and AdamW state (ZeRO-1: the shard's, and
+// a scratch shard), and the activations of the micro-batches it keeps in flight, with zb-h1's
+// deferred weight gradients (07's pipe_stage_acts), at 05's sizes, of 09's two chunks of c = T /
+// 2cp tokens a row when cp > 1. m, part: the rank's model and the blocks it runs, for its
+// collectives; the caller frees m. Returns the rows.
+static int composed_stage_memory(const Setup *s, const ComposedMesh *mesh, int stage, TPModel *m, ModelPart *part,
+                                 MemoryItem items[COMPOSED_MEMORY_ITEMS]) {
     PipeGrid g = {.pp = mesh->pp, .dp = mesh->dp, .stage = stage, .is_first = stage == 0,
-                  .is_last = stage == mesh->pp - 1, .chunks = 1};
+                  .is_last = stage == mesh->pp - 1, .chunks = pipe_chunks(s->cfg)};
     pipe_chunk_blocks(&g, s->mc->n_layer, 0, &g.first_block, &g.n_blocks);
-    ParamLayout part;
-    pipe_stage_layout(&part, s->mc, &g);
+    ParamLayout layout;
+    pipe_stage_layout(&layout, s->mc, &g);
     TPGrid grid = {.X = mesh->tp, .Y = 1, .Z = 1, .D = mesh->dp};
-    tp_model_layout_part(m, s->mc, &grid, s->cfg->vocab_parallel_loss, part);
+    tp_model_layout_part(m, s->mc, &grid, s->cfg->vocab_parallel_loss, layout);
     tp_sequence_apply(m, s->cfg);
     int rows = s->cfg->global_batch_size / mesh->dp / mesh->m;
     ActsSpec spec = whole_model_acts(s->mc, rows, s->T, s->flags & ACTS_16BIT, s->flags & ACTS_RECOMPUTE);
-    spec.first_layer = g.first_block, spec.n_layers = g.n_blocks;
-    spec.embed = g.is_first, spec.head = g.is_last;
     spec.shape = m->shape, spec.seq_shards = m->seq_shards;  // composed.c's tp_adapt
     if (mesh->cp > 1) {  // composed_cp.c's chunk_adapt
         CPGrid cp = {.cp = mesh->cp, .dp = mesh->dp};
         spec.B *= 2, spec.T = cp_chunk_len(&cp, s->T), spec.keys = 1;
     }
-    int slots = pipe_slots(s->cfg->pp_sched, mesh->m, mesh->pp, 1, stage, NULL);
-    model_memory_items(items, s->cfg, m->layout.num_params, (size_t)slots * acts_bytes(&spec));
+    size_t acts, deferred, n = m->layout.num_params;
+    pipe_stage_acts(s, &g, mesh->m, spec, &acts, &deferred);
+    model_memory_items(items, s->cfg, n, acts);
+    int rows_out = MODEL_MEMORY_ITEMS;
+    if (pipe_zero_bubble(s->cfg->pp_sched)) items[rows_out++] = (MemoryItem){"deferred weight gradients", deferred};
+    if (mesh->zero) {  // composed_zero_print_memory's rows
+        size_t shard = composed_zero_shard(mesh, n) * sizeof(float);
+        items[3].bytes = 2 * shard;  // "AdamW m and v (fp32)": the shard's
+        items[rows_out++] = (MemoryItem){"ZeRO scratch shard", shard};
+    }
+    *part = (ModelPart){.embed = g.is_first, .head = g.is_last};
+    for (int c = 0; c < g.chunks; c++) {
+        int first, blocks;
+        pipe_chunk_blocks(&g, s->mc->n_layer, c, &first, &blocks);
+        part->blocks += blocks;
+    }
+    return rows_out;
 }
 
 static size_t memory_items_total(const MemoryItem *items, int n) {
@@ -508,7 +546,8 @@ static void plan_composed(const Setup *s, Plan *p, const ComposedMesh *mesh) {
     int tp = mesh->tp, pp = mesh->pp, cp = mesh->cp, dp = mesh->dp, m = mesh->m;
     char mesh_name[24];
     composed_layout_name(mesh_name, sizeof mesh_name, tp, pp, cp);
-    snprintf(p->name, sizeof p->name, "%s x %d, %.5s m%d", mesh_name, dp, s->cfg->pp_schedule, m);
+    snprintf(p->name, sizeof p->name, "%s x %d, %.5s m%d%s", mesh_name, dp, s->cfg->pp_schedule, m,
+             mesh->zero ? ", ZeRO-1" : "");
     p->stage = 10, p->pp = pp, p->microbatches = m, p->dp = dp, p->cp = cp;
     p->dims[0] = tp, p->dims[1] = p->dims[2] = 1;
     add_strategy(p, "composed");
@@ -517,27 +556,36 @@ static void plan_composed(const Setup *s, Plan *p, const ComposedMesh *mesh) {
     add_arg(p, "--num_microbatches=%d", m);
     add_arg(p, "--cp_size=%d", cp);
     add_arg(p, "--gradient_acc_steps=1");
+    if (mesh->zero) add_arg(p, "--zero_stage=1");
     TPModel model;
-    MemoryItem items[MODEL_MEMORY_ITEMS];
+    ModelPart part;
+    MemoryItem items[COMPOSED_MEMORY_ITEMS];
+    int n_items = 0;
     for (int stage = pp - 1; stage >= 0; stage--) {  // stage 0 last: its model is rank 0's
         if (stage < pp - 1) tp_model_free(&model);
-        composed_stage_memory(s, mesh, stage, &model, items);
-        size_t total = memory_items_total(items, MODEL_MEMORY_ITEMS);
+        n_items = composed_stage_memory(s, mesh, stage, &model, &part, items);
+        size_t total = memory_items_total(items, n_items);
         if (stage == pp - 1 || total > p->heaviest_total) p->heaviest_total = total, p->heaviest_stage = stage;
     }
-    for (int i = 0; i < MODEL_MEMORY_ITEMS; i++) add_memory(p, items[i].what, items[i].bytes);
+    for (int i = 0; i < n_items; i++) add_memory(p, items[i].what, items[i].bytes);
 
     int rows = s->cfg->global_batch_size / dp / m;
     double N = cp > 1 ? 2.0 * rows * cp_chunk_len(&(CPGrid){.cp = cp, .dp = dp}, s->T) : (double)rows * s->T;
-    ModelPart part = {.embed = true, .head = pp == 1};
-    int first;
-    stage_blocks(s->mc->n_layer, pp, 0, &first, &part.blocks);
     add_tp_activation_comm(s, p, &model, part, m, N, 1);
     double A = N * s->mc->n_embd / (model.seq_shards ? model.seq_shards : 1) * sizeof(float);
-    add_pipeline_comm(s, p, pp, m, 1, A, model.Vl, dp * cp * tp);
+    add_pipeline_comm(s, p, pp, m, pipe_chunks(s->cfg), A, model.Vl, dp * cp * tp);
     if (cp > 1) add_ring_comm(p, part.blocks, m, N, 2.0 * model.Cx, cp, tp, false);
-    add_comm(p, cp > 1 ? "context" : "replicas", "all-reduce", (double)model.layout.num_params * sizeof(float), 1,
-             dp * cp, tp, false);
+    // the stage's share over the replicas: all-reduced, or (ZeRO-1) reduce-scattered and the
+    // updated shards all-gathered, R shards each
+    const char *replicas = cp > 1 ? "context" : "replicas";
+    size_t n = model.layout.num_params;
+    if (mesh->zero) {
+        double padded = (double)composed_zero_shard(mesh, n) * dp * cp * sizeof(float);
+        add_comm(p, replicas, "reduce-scatter", padded, 1, dp * cp, tp, false);
+        add_comm(p, replicas, "all-gather", padded, 1, dp * cp, tp, false);
+    } else {
+        add_comm(p, replicas, "all-reduce", (double)n * sizeof(float), 1, dp * cp, tp, false);
+    }
     tp_model_free(&model);
 }
 
@@ -622,17 +670,20 @@ static bool wanted(const char *only, const char *name) {
 }
 
 // Whether stage 10 runs the mesh, as its train.c and composed_cp.c check it (why: the first
-// reason not): 07's pipeline over the pp x dp ranks of a t, 05's [tp, 1, 1] over a stage's dp x tp,
-// cp's chunks in fp32 as a ring, without sequence parallelism, filling the longest sequence
+// reason not): 07's pipeline over the pp x dp ranks of a t (zb-h1 without sequence parallelism),
+// 05's [tp, 1, 1] over a stage's dp x tp, cp's chunks as a ring, without sequence parallelism,
+// filling the longest sequence; ZeRO-1 over the mesh's one data group
 static bool composed_mesh_fits(const Setup *s, const ComposedMesh *mesh, char *why, size_t why_size) {
     const Config *cfg = s->cfg;
     Config pipe = *cfg;
     pipe.pp_size = mesh->pp, pipe.num_microbatches = mesh->m;
     int dims[3] = {mesh->tp, 1, 1};
-    if (pipe_chunks(cfg) > 1 || pipe_zero_bubble(cfg->pp_sched))
-        snprintf(why, why_size, "stage 10: key 'pp_schedule' is '%s': the planner predicts stage 10 under gpipe and "
-                 "1f1b (interleaved's chunks and zb-h1's deferred weight gradients are planned for stage 07 only)",
-                 cfg->pp_schedule);
+    if (pipe_zero_bubble(cfg->pp_sched) && cfg->sequence_parallel)
+        snprintf(why, why_size, "stage 10: key 'pp_schedule' is 'zb-h1', whose weight pass reads inputs that "
+                 "sequence_parallel keeps only until the next layer's");
+    else if (mesh->zero && cfg->hsdp_replicas != 1)
+        snprintf(why, why_size, "stage 10: key 'hsdp_replicas' is %d: ZeRO-1 shards over the mesh's one data group",
+                 cfg->hsdp_replicas);
     else if (!pipe_grid_fits(&pipe, mesh->pp * mesh->dp, s->mc->n_layer, why, why_size) ||
              !tp_grid_fits(s->mc, dims, mesh->dp * mesh->tp, cfg->global_batch_size, mesh->m, why, why_size))
         return false;
@@ -658,7 +709,8 @@ static int enumerate_composed(const Setup *s, Plan *plans, int n, int max, const
                 char name[48], why[320];
                 composed_layout_name(name, sizeof name, tp, pp, cp);
                 if (!wanted(only, name)) continue;
-                ComposedMesh mesh = {tp, pp, cp, s->P / (tp * pp * cp), s->microbatches ? s->microbatches : 4 * pp};
+                ComposedMesh mesh = {tp, pp, cp, s->P / (tp * pp * cp), s->microbatches ? s->microbatches : 4 * pp,
+                                     s->composed_zero};
                 while (!s->microbatches && mesh.m > 1 && s->cfg->global_batch_size % (mesh.dp * mesh.m) != 0) mesh.m--;
                 if (!composed_mesh_fits(s, &mesh, why, sizeof why)) {
                     if (!why_not[0] || only[0]) snprintf(why_not, why_size, "%s", why);
@@ -1070,7 +1122,8 @@ int main(int argc, char **argv) {
     if (o.seq_len && o.seq_len > T) fatal("command line: option '--seq_len': expected at most max_seq_len %d, found %d", T, o.seq_len);
     Setup s = {.cfg = &cfg, .mc = &mc, .cluster = &cluster, .P = o.ranks ? o.ranks : cluster.nodes * cluster.gpus_per_node,
                .T = o.seq_len ? o.seq_len : T, .flags = acts_flags(&cfg), .half = config_is_half(&cfg),
-               .microbatches = o.microbatches ? o.microbatches : cfg.num_microbatches > 1 ? cfg.num_microbatches : 0};
+               .microbatches = o.microbatches ? o.microbatches : cfg.num_microbatches > 1 ? cfg.num_microbatches : 0,
+               .composed_zero = stage == STAGE_COMPOSED && cfg.zero_stage == 1};
 
     enum { MAX_PLANS = 512 };
     Plan *plans = calloc_or_die(MAX_PLANS, sizeof(Plan));
