@@ -7,8 +7,9 @@ usage: /usr/bin/python3 tests/oracle_bf16.py OUT.json
 The recipe (stage 02): every matmul (the four linear layers of each block and the tied lm_head)
 rounds its input and its weight to bf16 (round to nearest even) and accumulates in f32; its
 backward rounds the output gradient to bf16 too, and the weight gradient comes out in f32. The
-bias gradient is summed from the f32 gradient. LayerNorm, attention (softmax), GELU, the residual
-stream and the loss stay in f32. Writes the loss, the global and per-tensor gradient norms, and
+bias gradient is summed from the f32 gradient. Attention's six products round their operands (q,
+k, v, the probabilities, the output gradient and the scores' gradient) to bf16 and accumulate in
+f32. LayerNorm, the softmax, GELU, the residual stream and the loss stay in f32. Writes the loss, the global and per-tensor gradient norms, and
 the loss after one AdamW step on f32 master weights (the fixture's hyper-parameters).
 """
 import json
@@ -48,6 +49,36 @@ class Bf16Linear(torch.autograd.Function):
         dw = gr.reshape(-1, gr.shape[-1]).t() @ xr.reshape(-1, xr.shape[-1])
         db = g.reshape(-1, g.shape[-1]).sum(0) if ctx.has_bias else None
         return dx, dw, db
+
+
+class Bf16Attention(torch.autograd.Function):
+    """Causal attention with its six products on 16-bit operands (rnd rounds, e.g. bf16 above) and f32
+    (or, given wider tensors, wider) sums, the softmax and its backward on the unrounded
+    probabilities: q, k, v, the probabilities P, the output gradient and the scores' gradient dS are
+    rounded before each product reads them. q, k, v: (B, T, C), H heads."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, H, rnd):
+        B, T, C = q.shape
+        hs = C // H
+        qr, kr, vr = (rnd(z).view(B, T, H, hs).transpose(1, 2) for z in (q, k, v))
+        s = (qr @ kr.transpose(-2, -1)) / math.sqrt(hs)
+        p = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+        ctx.save_for_backward(qr, kr, vr, p)
+        ctx.rnd = rnd
+        return (rnd(p) @ vr).transpose(1, 2).reshape(B, T, C)
+
+    @staticmethod
+    def backward(ctx, dout):
+        qr, kr, vr, p = ctx.saved_tensors
+        rnd = ctx.rnd
+        B, H, T, hs = qr.shape
+        g = rnd(dout).reshape(B, T, H, hs).transpose(1, 2)
+        dp = g @ vr.transpose(-2, -1)
+        ds = rnd(p * (dp - (dp * p).sum(-1, keepdim=True)))
+        scale = 1 / math.sqrt(hs)
+        dq, dk, dv = (ds @ kr) * scale, (ds.transpose(-2, -1) @ qr) * scale, rnd(p).transpose(-2, -1) @ g
+        return (*(z.transpose(1, 2).reshape(B, T, H * hs) for z in (dq, dk, dv)), None, None)
 
 
 def read_safetensors(path):
@@ -90,11 +121,7 @@ def forward(p, x, y, L, H):
         k = lambda n: p[f"h.{i}.{n}"]
         a = F.layer_norm(h, (C,), k("ln_1.weight"), k("ln_1.bias"), 1e-5)
         q, kk, v = lin(a, k("c_attn.weight"), k("c_attn.bias")).split(C, dim=2)
-        hs = C // H
-        q, kk, v = (z.view(B, T, H, hs).transpose(1, 2) for z in (q, kk, v))
-        att = (q @ kk.transpose(-2, -1)) / math.sqrt(hs)
-        att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
-        yy = (att @ v).transpose(1, 2).reshape(B, T, C)
+        yy = Bf16Attention.apply(q, kk, v, H, bf16)
         h = h + lin(yy, k("attn_proj.weight"), k("attn_proj.bias"))
         m = F.layer_norm(h, (C,), k("ln_2.weight"), k("ln_2.bias"), 1e-5)
         m = F.gelu(lin(m, k("c_fc.weight"), k("c_fc.bias")), approximate="tanh")

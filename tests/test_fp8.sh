@@ -43,7 +43,7 @@ JSON
 args=(--config "$tmp/fp8.json")
 run_single 2 init --stop_iteration=0
 run_single 2 fp8
-(cd tests && "../$VENV/bin/python" oracle_fp8_train.py "$tmp/fp8.json" "$tmp/init" "$tmp/fp8") >"$tmp/oracle.txt" 2>&1
+(cd tests && "../$VENV/bin/python" oracle_fp8_train.py "$tmp/fp8.json" "$tmp/init" "$tmp/fp8" 1e-4) >"$tmp/oracle.txt" 2>&1
 cat "$tmp/oracle.txt"
 passed=$((passed + $(grep -c 'ok: ' "$tmp/oracle.txt")))
 failed=$((failed + $(grep -c 'FAIL: ' "$tmp/oracle.txt")))
