@@ -1213,7 +1213,8 @@ void cross_entropy_forward_backward(float *logits_then_dlogits, half16 *dlogits1
         gradient_row_to_16(x16, x, Vp, &nonzero, &flushed);
     }
     if (dlogits16) add_half_underflow(nonzero, flushed);
-    trace_op_end("cross_entropy_forward_backward", m0, 4.0 * (2.0 * N * Vp + 2.0 * N), 0, NULL);
+    double copy_bytes = dlogits16 ? 2.0 * N * Vp : 0.0;
+    trace_op_end("cross_entropy_forward_backward", m0, 4.0 * (2.0 * N * Vp + 2.0 * N) + copy_bytes, 0, NULL);
 }
 
 // Sums over a whole buffer, in double, split into a fixed number of chunks whatever the thread
