@@ -657,7 +657,7 @@ static void loss_gathered(const TPModel *m, TPActs *a, const Activations *k, int
         cross_entropy_forward(k->losses, a->full_logits, k->targets, N, m->cfg.vocab_size, Vp);
         return;
     }
-    cross_entropy_forward_backward(a->full_logits, k->losses, k->targets, dloss, N, m->cfg.vocab_size, Vp);
+    cross_entropy_forward_backward(a->full_logits, NULL, k->losses, k->targets, dloss, N, m->cfg.vocab_size, Vp);
     for (int n = 0; n < N; n++) dev_copy(k->logits + (size_t)n * Vl, a->full_logits + (size_t)n * Vp + m->v_lo, row);
 }
 

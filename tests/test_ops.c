@@ -1438,7 +1438,7 @@ static void test_cross_entropy(void) {
     for (int r = 0; r < N; r++) w[r] = dloss;
     numeric_grad(g, ref_cross_entropy, in, 0, n, w, N, &s);
     float *d_losses2 = dev_malloc(N * sizeof(float));
-    cross_entropy_forward_backward(d_logits, d_losses2, d_targets, dloss, N, V, Vp);
+    cross_entropy_forward_backward(d_logits, NULL, d_losses2, d_targets, dloss, N, V, Vp);
     double *got2 = download(d_losses2, N), *r = download(d_logits, n);
     check_array("cross-entropy fused losses", got2, want, N, 1e-5, 1e-4);
     check_array("cross-entropy dlogits vs finite differences", r, g, n, 1e-4, 1e-6);
@@ -1456,6 +1456,49 @@ static void test_cross_entropy(void) {
 
     dev_free(d_logits), dev_free(d_losses), dev_free(d_targets), dev_free(d_losses2);
     free(logits), free(want), free(got), free(w), free(g), free(got2), free(r);
+}
+
+// The lm_head's 16-bit copy of the logits' gradient, made by the cross-entropy as it writes the
+// gradient: the bits and the underflow counts cast_gradient_to_16 makes from the same gradient.
+// dloss small enough that fp16 flushes some values to zero (below 2^-24), and rounds others.
+static void check_dlogits16_format(HalfFormat format, const char *name) {
+    const int N = 7, V = 29, Vp = 32;
+    const int targets[7] = {3, -1, 28, 0, 11, -1, 7};
+    size_t n = (size_t)N * Vp;
+    double *logits = rand_array(n, -9, 9);
+    const float dloss = 3e-6f;
+    ops_set_half_format(format);
+    float *d_fused = upload(logits, n), *d_plain = upload(logits, n), *d_losses = dev_malloc(N * sizeof(float));
+    half16 *d_fused16 = dev_malloc(n * sizeof(half16)), *d_plain16 = dev_malloc(n * sizeof(half16));
+    int *d_targets = dev_malloc(sizeof targets);
+    copy_to_device(d_targets, targets, sizeof targets);
+    double nonzero[2], flushed[2];
+    ops_half_underflow(&nonzero[0], &flushed[0]);  // from zero
+    cross_entropy_forward_backward(d_fused, d_fused16, d_losses, d_targets, dloss, N, V, Vp);
+    ops_half_underflow(&nonzero[0], &flushed[0]);
+    cross_entropy_forward_backward(d_plain, NULL, d_losses, d_targets, dloss, N, V, Vp);
+    cast_gradient_to_16(d_plain16, d_plain, n);
+    ops_half_underflow(&nonzero[1], &flushed[1]);
+    half16 *fused16 = malloc_or_die(n * sizeof(half16)), *plain16 = malloc_or_die(n * sizeof(half16));
+    copy_to_host(fused16, d_fused16, n * sizeof(half16));
+    copy_to_host(plain16, d_plain16, n * sizeof(half16));
+    CHECK(memcmp(fused16, plain16, n * sizeof(half16)) == 0,
+          "cross-entropy's %s copy of dlogits: not cast_gradient_to_16's bits", name);
+    CHECK(nonzero[0] == nonzero[1] && flushed[0] == flushed[1],
+          "cross-entropy's %s copy counts %.0f nonzero, %.0f flushed; cast_gradient_to_16 %.0f, %.0f", name,
+          nonzero[0], flushed[0], nonzero[1], flushed[1]);
+    CHECK(nonzero[1] > 0 && (format == HALF_BF16 || flushed[1] > 0),
+          "the %s copy's test needs nonzero values, and in fp16 flushed ones: %.0f, %.0f", name, nonzero[1],
+          flushed[1]);
+    ops_set_half_format(HALF_BF16);
+    dev_free(d_fused), dev_free(d_plain), dev_free(d_losses), dev_free(d_fused16), dev_free(d_plain16);
+    dev_free(d_targets);
+    free(logits), free(fused16), free(plain16);
+}
+
+static void test_cross_entropy_dlogits16(void) {
+    check_dlogits16_format(HALF_BF16, "bf16");
+    check_dlogits16_format(HALF_FP16, "fp16");
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -2530,6 +2573,7 @@ int main(int argc, char **argv) {
     RUN(test_gelu());
     RUN(test_embedding());
     RUN(test_cross_entropy());
+    RUN(test_cross_entropy_dlogits16());
     RUN(test_adamw());
     RUN(test_adamw_16(HALF_BF16));
     RUN(test_adamw_16(HALF_FP16));

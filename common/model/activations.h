@@ -69,6 +69,7 @@ struct Activations {
                                 // KV cache's decode); NULL: 0 + t. Rotary embeddings turn by it.
     half16 *lnf16;                // (N, C) bf16 mode: the lm_head's input
     half16 *dout16;               // bf16 mode: a matmul's output gradient
+    bool dlogits16_made;          // dout16 holds the logits' gradient's copy, until the head's backward
     struct MoEActs *moe;        // what the MoE blocks' MLP keeps (MoEConfig.mlp's), or NULL
     bool write_grads;           // the next gpt_backward writes the weight gradients (gpt_gradients_begin)
     float *seq_shard;           // sequence parallel: (rows, C) a norm's output, a reduce-scattered gradient

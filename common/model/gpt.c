@@ -32,6 +32,10 @@ static void zero_floats(float *x, size_t n) { dev_zero(x, n * sizeof(float)); }
 // backward pass gpt_gradients_begin asked to write, GRAD_ADD otherwise. A stage's own layers are
 // never asked to write: gpt_gradients_begin zeroes their gradients instead.
 static GradMode g_serial_grads = GRAD_ADD;
+// During the head's backward: dout16 already holds the logits' gradient's 16-bit copy, which the
+// loss made as it produced the gradient (gpt_loss_forward_backward), so the serial head skips
+// its cast over N x V values. A stage's own layers cast as before.
+static bool g_head_dout16_made;
 static BlockActs *block_acts(const Activations *a, int l) { return &a->blocks[l - a->spec.first_layer]; }
 
 // ---- sequence parallelism's edges of a tensor-parallel region (ActsSpec.seq_shards) --------------
@@ -180,8 +184,10 @@ void gpt_head_forward(Activations *a, const float *x, const Weights *w, int N) {
 double gpt_loss_forward_backward(Activations *a, const GPTConfig *cfg, int B, int T, float dloss) {
     int m0 = trace_mark();
     int N = B * T;
-    cross_entropy_forward_backward(a->logits, a->losses, a->targets, dloss, N, cfg->vocab_size,
+    // in 16 bits the head's backward multiplies the logits' gradient's 16-bit copy: made here
+    cross_entropy_forward_backward(a->logits, a->dout16, a->losses, a->targets, dloss, N, cfg->vocab_size,
                                    cfg->padded_vocab_size);
+    a->dlogits16_made = a->dout16 != NULL;
     double sum = sum_values(a->losses, (size_t)N);
     trace_layer("loss", -1, m0);
     return sum;
@@ -201,8 +207,10 @@ void gpt_head_backward(Activations *a, const Weights *w, Weights *g, int B, int 
     float *dlnf = a->dbig;  // (N, C) scratch
     zero_floats(dlnf, (size_t)N * s->C);
     zero_floats(a->dres, (size_t)residual_rows(&a->spec, N) * s->C);
+    g_head_dout16_made = a->dlogits16_made;
     ops->linear_backward(ops, LIN_HEAD, dlnf, &g->head, a->logits, a->dout16, a->lnf, a->lnf16, &w->head,
                          N, s->C, s->v_rows);
+    g_head_dout16_made = a->dlogits16_made = false;  // later layers' casts overwrite dout16
     norm_backward_from_region(a, a->dres, &g->lnf, dlnf, head_input(a), &w->lnf, a->lnf_mean, a->lnf_rstd, N);
     trace_layer("head backward", -1, m0);
 }
@@ -328,17 +336,17 @@ static void serial_linear_forward(LayerOps *ops, LinearKind k, float *out, const
     linear_forward(out, inp, inp16, w, N, in_dim, out_dim);
 }
 
-// the matching backward: in bf16 the output gradient is rounded too (into dout16); the gradients
-// come out in f32 and the bias gradient is summed from the f32 dout
+// the matching backward: in bf16 the output gradient is rounded too (into dout16, unless the loss
+// already made the head's); the gradients come out in f32 and the bias gradient is summed from the f32 dout
 static void serial_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Linear *g, const float *dout,
                                    half16 *dout16, const float *inp, const half16 *inp16, const Linear *w,
                                    int N, int in_dim, int out_dim) {
-    (void)ops, (void)k;
+    (void)ops;
     if (!w->w16) {
         matmul_backward_mode(dinp, g->w, g->b, dout, inp, w->w, N, in_dim, out_dim, g_serial_grads);
         return;
     }
-    cast_gradient_to_16(dout16, dout, (size_t)N * out_dim);
+    if (!(k == LIN_HEAD && g_head_dout16_made)) cast_gradient_to_16(dout16, dout, (size_t)N * out_dim);
     matmul_backward_16_mode(dinp, g->w, g->b, dout, dout16, inp16, w->w16, N, in_dim, out_dim, g_serial_grads);
 }
 

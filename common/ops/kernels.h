@@ -471,6 +471,15 @@ KERNEL_FN float cross_entropy_dlogit(float p, int is_target, float dloss) {
     return dloss * (p - (is_target ? 1.0f : 0.0f));
 }
 
+// A gradient's value rounded to 16 bits (cast_gradient_to_16, and the cross-entropy's copy of the
+// logits' gradient), counted for ops_half_underflow: if nonzero, and if it rounded to zero.
+KERNEL_FN half16 gradient_to_16(float x, int fp16, unsigned long long *nonzero, unsigned long long *flushed) {
+    half16 h = half_from_float(x, fp16);
+    *nonzero += x != 0.0f;
+    *flushed += x != 0.0f && (h & 0x7FFFu) == 0;
+    return h;
+}
+
 // ----------------------------------------------------------------------------------------------
 // causal self-attention on the CPU: its matmul-shaped parts (scores = Q K^T, out = P V, and the
 // four products of backward) are oneDNN matmuls over all of a sequence's heads at once

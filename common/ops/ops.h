@@ -329,9 +329,11 @@ void moe_combine_backward(float *dy, float *dweight, const float *dout, const fl
 void cross_entropy_forward(float *losses, const float *logits, const int *targets,
                            int N, int V, int Vp);
 // Overwrites logits (N, Vp) with dlogits = dloss * (softmax - onehot(target)) per row; zero for
-// ignored rows and for the padded columns. Fused with the forward: also fills losses (N).
-void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
-                                    float dloss, int N, int V, int Vp);
+// ignored rows and for the padded columns. Fused with the forward: also fills losses (N). With
+// dlogits16 (N, Vp) set, also writes there what cast_gradient_to_16 would make of dlogits, and
+// counts its nonzero and flushed values the same way; NULL: no 16-bit copy.
+void cross_entropy_forward_backward(float *logits_then_dlogits, half16 *dlogits16, float *losses,
+                                    const int *targets, float dloss, int N, int V, int Vp);
 
 // Over a vocabulary split into shards: logits (N, Vl) hold the shard [v_lo, v_lo + Vl), of which
 // the first v_count columns are real tokens (the rest is padding). Three steps, with a sum or

@@ -716,18 +716,18 @@ void cast_to_float(float *out, const half16 *in, size_t n) {
     trace_op_end("cast_to_float", m0, 6.0 * n, 0, NULL);
 }
 
+static void add_half_underflow(unsigned long long nonzero, unsigned long long flushed) {
+    g_grad_nonzero += (double)nonzero;
+    g_grad_flushed += (double)flushed;
+}
+
 void cast_gradient_to_16(half16 *out, const float *in, size_t n) {
     int m0 = trace_op_begin();
     int fp16 = g_half == HALF_FP16;
-    long nonzero = 0, flushed = 0;
+    unsigned long long nonzero = 0, flushed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : nonzero, flushed)
-    for (size_t i = 0; i < n; i++) {
-        out[i] = half_from_float(in[i], fp16);
-        nonzero += in[i] != 0.0f;
-        flushed += in[i] != 0.0f && (out[i] & 0x7FFFu) == 0;
-    }
-    g_grad_nonzero += (double)nonzero;
-    g_grad_flushed += (double)flushed;
+    for (size_t i = 0; i < n; i++) out[i] = gradient_to_16(in[i], fp16, &nonzero, &flushed);
+    add_half_underflow(nonzero, flushed);
     trace_op_end("cast_gradient_to_16", m0, 6.0 * n, 0, NULL);
 }
 
@@ -1297,17 +1297,32 @@ void cross_entropy_forward(float *losses, const float *logits, const int *target
     }
 }
 
-void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
-                                    float dloss, int N, int V, int Vp) {
+// a row of the logits' gradient into its 16-bit copy, as cast_gradient_to_16 would, while the
+// row is still in this core's cache. Counted in locals, which the compiler keeps in vector
+// registers (through the pointers, it would not vectorize the loop).
+static void gradient_row_to_16(half16 *dlogits16, const float *x, int Vp, unsigned long long *nonzero,
+                               unsigned long long *flushed) {
+    if (!dlogits16) return;
+    int fp16 = g_half == HALF_FP16;
+    unsigned long long row_nonzero = 0, row_flushed = 0;
+    for (int i = 0; i < Vp; i++) dlogits16[i] = gradient_to_16(x[i], fp16, &row_nonzero, &row_flushed);
+    *nonzero += row_nonzero, *flushed += row_flushed;
+}
+
+void cross_entropy_forward_backward(float *logits_then_dlogits, half16 *dlogits16, float *losses,
+                                    const int *targets, float dloss, int N, int V, int Vp) {
     int m0 = trace_op_begin();
     check_targets(targets, N, V);
-#pragma omp parallel for schedule(static)
+    unsigned long long nonzero = 0, flushed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : nonzero, flushed)
     for (int n = 0; n < N; n++) {
         float *x = logits_then_dlogits + (size_t)n * Vp;
+        half16 *x16 = dlogits16 ? dlogits16 + (size_t)n * Vp : NULL;
         int target = targets[n];
         if (target < 0) {  // no loss, so no gradient either
             losses[n] = 0.0f;
             memset(x, 0, (size_t)Vp * sizeof(float));
+            gradient_row_to_16(x16, x, Vp, &nonzero, &flushed);
             continue;
         }
         // Three passes over a row of 200 KB, which stays in this core's L2 cache after the
@@ -1325,8 +1340,11 @@ void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, c
         float inv_sum = 1.0f / sumexp;
         for (int i = 0; i < V; i++) x[i] = cross_entropy_dlogit(x[i] * inv_sum, i == target, dloss);
         for (int i = V; i < Vp; i++) x[i] = 0.0f;  // padded vocabulary: never a prediction
+        gradient_row_to_16(x16, x, Vp, &nonzero, &flushed);
     }
-    trace_op_end("cross_entropy_forward_backward", m0, 4.0 * (2.0 * N * Vp + 2.0 * N), 0, NULL);
+    if (dlogits16) add_half_underflow(nonzero, flushed);
+    double copy_bytes = dlogits16 ? 2.0 * N * Vp : 0.0;
+    trace_op_end("cross_entropy_forward_backward", m0, 4.0 * (2.0 * N * Vp + 2.0 * N) + copy_bytes, 0, NULL);
 }
 
 // Sums over a whole buffer, in double, split into a fixed number of chunks whatever the thread

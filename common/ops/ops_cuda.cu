@@ -947,16 +947,18 @@ static __global__ void cast_to_float_kernel(float *out, const half16 *in, size_t
     GRID_STRIDE(i, n) out[i] = half_to_float(in[i], fp16);
 }
 
+// a thread's counts into ops_half_underflow's, with one integer atomic each (order-independent)
+static __device__ void add_half_underflow(unsigned long long *counts, unsigned long long nonzero,
+                                          unsigned long long flushed) {
+    if (nonzero) atomicAdd(&counts[0], nonzero);
+    if (flushed) atomicAdd(&counts[1], flushed);
+}
+
 static __global__ void cast_gradient_kernel(half16 *out, const float *in, size_t n, int fp16,
                                             unsigned long long *counts) {
     unsigned long long nonzero = 0, flushed = 0;
-    GRID_STRIDE(i, n) {
-        out[i] = half_from_float(in[i], fp16);
-        nonzero += in[i] != 0.0f;
-        flushed += in[i] != 0.0f && (out[i] & 0x7FFFu) == 0;
-    }
-    if (nonzero) atomicAdd(&counts[0], nonzero);
-    if (flushed) atomicAdd(&counts[1], flushed);
+    GRID_STRIDE(i, n) out[i] = gradient_to_16(in[i], fp16, &nonzero, &flushed);
+    add_half_underflow(counts, nonzero, flushed);
 }
 
 void cast_to_16(half16 *out, const float *in, size_t n) {
@@ -1022,11 +1024,15 @@ void cast_to_float(float *out, const half16 *in, size_t n) {
     LAUNCH(cast_to_float_kernel, grid_for(n), THREADS, 0, out, in, n, g_half == HALF_FP16);
 }
 
+static unsigned long long *underflow_counts(void) {
+    if (!g_underflow) g_underflow = (unsigned long long *)dev_malloc(2 * sizeof(unsigned long long));
+    return g_underflow;
+}
+
 void cast_gradient_to_16(half16 *out, const float *in, size_t n) {
     if (!n) return;
     ensure_init();
-    if (!g_underflow) g_underflow = (unsigned long long *)dev_malloc(2 * sizeof(unsigned long long));
-    LAUNCH(cast_gradient_kernel, grid_for(n), THREADS, 0, out, in, n, g_half == HALF_FP16, g_underflow);
+    LAUNCH(cast_gradient_kernel, grid_for(n), THREADS, 0, out, in, n, g_half == HALF_FP16, underflow_counts());
 }
 
 void ops_half_underflow(double *nonzero, double *flushed) {
@@ -2254,15 +2260,19 @@ static __device__ void record_bad_target(BadTarget *bad, int row, int target, in
     bad->row_target = ((unsigned long long)(row + 1) << 32) | (unsigned)target;
 }
 
-// dlogits == NULL: forward only. Otherwise dlogits (which may be logits itself) gets the gradient.
+// dlogits == NULL: forward only. Otherwise dlogits (which may be logits itself) gets the gradient,
+// and dlogits16, where set, its 16-bit copy (counted into counts as cast_gradient_kernel counts).
 // Every branch below depends only on the row's target, the same for the whole block, so every
 // thread reaches each barrier inside block_reduce.
 static __global__ void cross_entropy_kernel(float *losses, const float *logits, float *dlogits,
+                                            half16 *dlogits16, int fp16, unsigned long long *counts,
                                             const int *targets, float dloss, int V, int Vp,
                                             BadTarget *bad) {
     int n = blockIdx.x, lane = threadIdx.x, nlanes = blockDim.x;
     const float *x = logits + (size_t)n * Vp;
     float *dx = dlogits ? dlogits + (size_t)n * Vp : NULL;
+    half16 *dx16 = dlogits16 ? dlogits16 + (size_t)n * Vp : NULL;
+    unsigned long long nonzero = 0, flushed = 0;
     int target = targets[n];
     if (target >= V) {
         if (lane == 0) record_bad_target(bad, n, target, V);
@@ -2272,6 +2282,8 @@ static __global__ void cross_entropy_kernel(float *losses, const float *logits, 
         if (lane == 0) losses[n] = 0.0f;
         if (dx)
             for (int i = lane; i < Vp; i += nlanes) dx[i] = 0.0f;
+        if (dx16)
+            for (int i = lane; i < Vp; i += nlanes) dx16[i] = 0;  // +0 in both formats: nothing to count
         return;
     }
     float x_target = x[target];  // read before any thread overwrites the row (barriers follow)
@@ -2281,9 +2293,15 @@ static __global__ void cross_entropy_kernel(float *losses, const float *logits, 
     if (dx) {
         // every read of x above happened before the last barrier, so the row can be overwritten
         float inv_sum = 1.0f / sumexp;
-        for (int i = lane; i < V; i += nlanes)
+        for (int i = lane; i < V; i += nlanes) {
             dx[i] = cross_entropy_dlogit(softmax_exp(x[i], max) * inv_sum, i == target, dloss);
+            if (dx16) dx16[i] = gradient_to_16(dx[i], fp16, &nonzero, &flushed);
+        }
         for (int i = V + lane; i < Vp; i += nlanes) dx[i] = 0.0f;  // padded vocabulary
+        if (dx16) {
+            for (int i = V + lane; i < Vp; i += nlanes) dx16[i] = 0;
+            add_half_underflow(counts, nonzero, flushed);
+        }
     }
 }
 
@@ -2291,16 +2309,17 @@ void cross_entropy_forward(float *losses, const float *logits, const int *target
                            int Vp) {
     if (N <= 0) return;
     ensure_init();
-    LAUNCH(cross_entropy_kernel, (unsigned)N, CE_THREADS, 0, losses, logits, (float *)NULL, targets,
-           0.0f, V, Vp, g.bad_dev);
+    LAUNCH(cross_entropy_kernel, (unsigned)N, CE_THREADS, 0, losses, logits, (float *)NULL, (half16 *)NULL, 0,
+           (unsigned long long *)NULL, targets, 0.0f, V, Vp, g.bad_dev);
 }
 
-void cross_entropy_forward_backward(float *logits_then_dlogits, float *losses, const int *targets,
-                                    float dloss, int N, int V, int Vp) {
+void cross_entropy_forward_backward(float *logits_then_dlogits, half16 *dlogits16, float *losses,
+                                    const int *targets, float dloss, int N, int V, int Vp) {
     if (N <= 0) return;
     ensure_init();
-    LAUNCH(cross_entropy_kernel, (unsigned)N, CE_THREADS, 0, losses, logits_then_dlogits,
-           logits_then_dlogits, targets, dloss, V, Vp, g.bad_dev);
+    LAUNCH(cross_entropy_kernel, (unsigned)N, CE_THREADS, 0, losses, logits_then_dlogits, logits_then_dlogits,
+           dlogits16, g_half == HALF_FP16, dlogits16 ? underflow_counts() : (unsigned long long *)NULL, targets,
+           dloss, V, Vp, g.bad_dev);
 }
 
 // ----------------------------------------------------------------------------------------------
