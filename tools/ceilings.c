@@ -13,13 +13,15 @@
 // cannot run its matmuls faster than that, and adds everything else (attention, LayerNorm, GELU,
 // the loss, AdamW) on top. MFU's peak (build/peak_flops) is a 1024^3 matmul instead: the best
 // case, not the model's. Each linear's forward and backward are measured apart, as the step runs
-// them: the backward's products read an operand transposed, and run at a rate of their own.
+// them: the backward's products read an operand transposed, and run at a rate of their own; each
+// is called several times in a row, its operands as warm as a step can have them, and the best
+// call kept: a ceiling a step's call cannot beat.
 //
 // The bandwidth ceilings are measured the way the ops use memory (read only: a sum; write only:
 // zeroing; read and write: an in-place add), at sizes from cache-resident to streaming: an op
 // whose inputs were just written by the op before it finds them in cache, and a ceiling measured
 // over 1 GiB only would be one it beats. Every figure is the best of PASSES timings after a
-// warm-up, with the spread (slowest / fastest - 1) printed beside it: a wide spread says the
+// warm-up (a linear's, of LINEAR_CALLS), with the spread (slowest / fastest - 1) printed beside it: a wide spread says the
 // machine was busy, and the best is the one a bound can trust.
 //
 // Usage: build/ceilings N C V   (rows per step, width, padded vocabulary)
@@ -96,42 +98,61 @@ static void timings_add(Timings *t, double seconds) {
 
 static double timings_spread(const Timings *t) { return t->worst / t->best - 1.0; }
 
-// best of PASSES passes over the five linears, forward and backward, after one warm-up pass;
-// fwd[i], bwd[i]: linear i's forward and backward alone (its FLOP over its best time in those
-// passes), their spreads in *spread (the widest)
-static double matmul_rate(const Shape *s, int bf16_inputs, double fwd[5], double bwd[5], double *spread) {
+static void free_buffers(Buffers *k) {
+    void *all[] = {k->w, k->dw, k->b, k->db, k->out, k->dout, k->in, k->din, k->w16, k->in16, k->dout16};
+    for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) dev_free(all[j]);
+}
+
+// best of PASSES passes over the five linears, forward and backward, after one warm-up pass: the
+// set's rate; its spread in *spread
+static double matmul_rate(const Shape *s, int bf16_inputs, double *spread) {
     int in[5], out[5];
     linear_widths(s, in, out);
     Buffers k[5];
     for (int i = 0; i < 5; i++) alloc_buffers(&k[i], s, in[i], out[i]);
-    Timings whole = {1e30, 0}, f[5], b[5];
-    for (int i = 0; i < 5; i++) f[i] = b[i] = whole;
+    Timings whole = {1e30, 0};
     for (int pass = 0; pass <= PASSES; pass++) {
         dev_synchronize();
         double t0 = wall_seconds();
         for (int i = 0; i < 5; i++) {
-            double t = wall_seconds();
             one_linear_forward(&k[i], s, in[i], out[i], bf16_inputs);
-            dev_synchronize();
-            double t1 = wall_seconds();
-            // the passes alternate the two ways a step's backward runs: the best is the faster's
             one_linear_backward(&k[i], s, in[i], out[i], bf16_inputs, pass % 2 ? GRAD_WRITE : GRAD_ADD);
-            dev_synchronize();
-            if (pass > 0) timings_add(&f[i], t1 - t), timings_add(&b[i], wall_seconds() - t1);
         }
+        dev_synchronize();
         if (pass > 0) timings_add(&whole, wall_seconds() - t0);
     }
     *spread = timings_spread(&whole);
-    for (int i = 0; i < 5; i++) {
-        fwd[i] = 2.0 * s->N * in[i] * out[i] / f[i].best, bwd[i] = 4.0 * s->N * in[i] * out[i] / b[i].best;
-        *spread = fmax(*spread, fmax(timings_spread(&f[i]), timings_spread(&b[i])));
-    }
-    for (int i = 0; i < 5; i++) {
-        void *all[] = {k[i].w, k[i].dw, k[i].b, k[i].db, k[i].out, k[i].dout, k[i].in, k[i].din,
-                       k[i].w16, k[i].in16, k[i].dout16};
-        for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) dev_free(all[j]);
-    }
+    for (int i = 0; i < 5; i++) free_buffers(&k[i]);
     return pass_flops(s) / whole.best;
+}
+
+// One linear's ceilings, forward and backward apart: each direction called LINEAR_CALLS times in
+// a row after a warm-up call, each call timed, the best kept. In a row, each call finds its
+// operands where the one before left them, in cache as far as they fit: the best case, which no
+// call in a step beats (a step's linear finds its input just written by the op before it). The
+// backward's calls alternate the two ways a step runs it (weight gradients written by the first
+// micro-batch, added by the others): the best is the faster's. *spread: the wider of the two.
+#define LINEAR_CALLS 12
+static void linear_ceilings(const Shape *s, int cin, int cout, int bf16_inputs, double *fwd, double *bwd,
+                            double *spread) {
+    Buffers k;
+    alloc_buffers(&k, s, cin, cout);
+    Timings f = {1e30, 0}, b = f;
+    for (int call = 0; call <= LINEAR_CALLS; call++) {
+        double t0 = wall_seconds();
+        one_linear_forward(&k, s, cin, cout, bf16_inputs);
+        dev_synchronize();
+        if (call > 0) timings_add(&f, wall_seconds() - t0);
+    }
+    for (int call = 0; call <= LINEAR_CALLS; call++) {
+        double t0 = wall_seconds();
+        one_linear_backward(&k, s, cin, cout, bf16_inputs, call % 2 ? GRAD_WRITE : GRAD_ADD);
+        dev_synchronize();
+        if (call > 0) timings_add(&b, wall_seconds() - t0);
+    }
+    free_buffers(&k);
+    *fwd = 2.0 * s->N * cin * cout / f.best, *bwd = 4.0 * s->N * cin * cout / b.best;
+    *spread = fmax(timings_spread(&f), timings_spread(&b));
 }
 
 // ---- memory bandwidth, the way each kind of op uses it
@@ -207,25 +228,27 @@ int main(int argc, char **argv) {
     Shape s = {positive_arg(argv[1], "N"), positive_arg(argv[2], "C"), positive_arg(argv[3], "V")};
     ops_init();
     const char *what = "the forward and backward of one block's four linears and the head";
-    double f32[5], bf16[5], f32_bwd[5], bf16_bwd[5], spread;
-    int in[5], out[5];
-    linear_widths(&s, in, out);
-    double rate = matmul_rate(&s, 0, f32, f32_bwd, &spread);
-    printf("export CEILING_MATMUL_F32=%.4e  # f32 matmuls: %s, N=%d C=%d V=%d, best of %d, widest spread %.0f%% (%s)\n",
+    double spread, rate = matmul_rate(&s, 0, &spread);
+    printf("export CEILING_MATMUL_F32=%.4e  # f32 matmuls: %s, N=%d C=%d V=%d, best of %d, spread %.0f%% (%s)\n",
            rate, what, s.N, s.C, s.V, PASSES, 100 * spread, ops_matmul_engine());
-    rate = matmul_rate(&s, 1, bf16, bf16_bwd, &spread);
-    printf("export CEILING_MATMUL_BF16=%.4e  # bf16 matmuls: the same, widest spread %.0f%% (%s)\n", rate, 100 * spread,
+    rate = matmul_rate(&s, 1, &spread);
+    printf("export CEILING_MATMUL_BF16=%.4e  # bf16 matmuls: the same, spread %.0f%% (%s)\n", rate, 100 * spread,
            ops_matmul_engine_16());
     // each linear alone, forward and backward apart: the ceiling for a matmul of its shape and
     // direction (tools/step_bound.py); the attention projection and the MLP's down projection share
     // a shape only when 4C == C
+    int in[5], out[5];
+    linear_widths(&s, in, out);
     for (int i = 0; i < 5; i++)
-        for (int bf = 0; bf < 2; bf++)
-            for (int bwd = 0; bwd < 2; bwd++)
-                printf("export CEILING_MATMUL_%s_%s_%dx%d=%.4e  # %s: the %d -> %d linear's %s alone\n",
-                       bf ? "BF16" : "F32", bwd ? "BWD" : "FWD", in[i], out[i],
-                       bwd ? (bf ? bf16_bwd[i] : f32_bwd[i]) : (bf ? bf16[i] : f32[i]), bf ? "bf16" : "f32", in[i],
-                       out[i], bwd ? "backward (data and weights)" : "forward");
+        for (int bf = 0; bf < 2; bf++) {
+            double fwd, bwd;
+            linear_ceilings(&s, in[i], out[i], bf, &fwd, &bwd, &spread);
+            for (int dir = 0; dir < 2; dir++)
+                printf("export CEILING_MATMUL_%s_%s_%dx%d=%.4e  # %s: the %d -> %d linear's %s alone, best of %d "
+                       "in a row (spread %.0f%%)\n",
+                       bf ? "BF16" : "F32", dir ? "BWD" : "FWD", in[i], out[i], dir ? bwd : fwd, bf ? "bf16" : "f32",
+                       in[i], out[i], dir ? "backward (data and weights)" : "forward", LINEAR_CALLS, 100 * spread);
+        }
     print_bandwidths();
     return 0;
 }

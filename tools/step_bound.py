@@ -12,9 +12,12 @@ measured (its CEILING_* variables, from the environment). An op's bound is the l
   - the bytes it must read and write at least (its inputs and outputs once) at the bandwidth
     measured the way it uses memory (CEILING_BW_READ_<bytes> for an op that only reads,
     CEILING_BW_WRITE_ for one that only writes, the faster of CEILING_BW_READ_ and
-    CEILING_BW_UPDATE_ for one that does both), the fastest at a size no larger than what the op
-    moves (an op's inputs may still be in cache; CEILING_READ, the streaming read, where no size
-    was measured);
+    CEILING_BW_UPDATE_ for one that does both) at the measured sizes around its working set (a
+    set that fits a cache runs at that cache's rate, one that does not streams; CEILING_READ, the
+    streaming read, where no size was measured). A call's working set is what it moves, but an
+    optimizer's sweep over the model's state (AdamW's, Muon's: a call per tensor, each moving
+    state no other op touched since the last step's sweep) streams as a whole: its calls are
+    bounded at the rate of the whole sweep's bytes;
 
 and the step's bound is the sum over its ops. A bound is what the op cannot beat: an op that
 runs faster than its bound shows a ceiling measured too low (a busy machine, a size or layout
@@ -45,6 +48,8 @@ def ceilings():
 
 READ_ONLY = ("sum_squares", "sum_values")  # the ops that write nothing but a few sums
 WRITE_ONLY = ("dev_zero",)
+# the ops that sweep the model's state once a step, a call per tensor
+SWEEPS = ("adamw_update", "adamw_update_16", "muon_momentum")
 
 
 def matmul_ceiling(name, args, ceil):
@@ -59,35 +64,43 @@ def matmul_ceiling(name, args, ceil):
     return ceil[key], key
 
 
-def bandwidth_ceiling(name, nbytes, ceil):
-    """(bytes/s, its ceiling's name) for an op that moves nbytes: the fastest measured of the kinds
-    of memory use it may have, at the sizes measured that are at most nbytes (a smaller working set
-    is the more cache-resident: the faster), or at the smallest where nbytes is smaller still;
-    CEILING_READ where none was measured"""
+def bandwidth_ceiling(name, size, ceil):
+    """(bytes/s, its ceiling's name) for an op whose working set is `size` bytes: the fastest
+    measured of the kinds of memory use it may have, at the two measured sizes around `size` (the
+    largest not above it, the smallest not below it). Bandwidth falls as a working set outgrows
+    each cache, so a smaller size's rate is the bound's, and not one far smaller (a 500 MB sweep
+    does not run at a 4 MiB set's cache rate); the larger neighbour covers the small sizes, where
+    a call's fixed cost makes the rate rise with size. CEILING_READ where none was measured"""
     kinds = ("READ",) if name in READ_ONLY else ("WRITE",) if name in WRITE_ONLY else ("READ", "UPDATE")
-    best = (ceil["READ"], "READ")
     measured = []
     for kind in kinds:
         sizes = sorted(int(k.rsplit("_", 1)[1]) for k in ceil if k.startswith(f"BW_{kind}_"))
-        if sizes:
-            fits = [size for size in sizes if size <= nbytes] or sizes[:1]
-            measured += [(ceil[f"BW_{kind}_{size}"], f"BW_{kind}_{size}") for size in fits]
-    return max(measured) if measured else best
+        below = [s for s in sizes if s <= size][-1:]
+        above = [s for s in sizes if s >= size][:1]
+        measured += [(ceil[f"BW_{kind}_{s}"], f"BW_{kind}_{s}") for s in set(below + above)]
+    return max(measured) if measured else (ceil["READ"], "READ")
 
 
-def op_bound(name, args, ceil):
+def op_bound(name, args, ceil, size):
     """(seconds, the ceiling that sets it): the longer of the op's FLOPs at its matmul ceiling and
-    its bytes at its bandwidth ceiling"""
+    its bytes at the bandwidth ceiling of a working set of `size` bytes"""
     flops, nbytes = args["flops"], args["bytes"]
     by_flops, by_bytes = (0.0, None), (0.0, None)
     if flops:
         rate, key = matmul_ceiling(name, args, ceil)
         by_flops = (flops / rate, key)
     if nbytes:
-        rate, key = bandwidth_ceiling(name, nbytes, ceil)
+        rate, key = bandwidth_ceiling(name, size, ceil)
         by_bytes = (nbytes / rate, key)
     seconds, key = max(by_flops, by_bytes, key=lambda b: b[0])
     return seconds, f"CEILING_{key}" if key else None
+
+
+def working_set(e, step):
+    """the bytes a call's bandwidth is bounded at: a sweep's whole, else the call's own"""
+    if e["name"] in SWEEPS:
+        return sum(o["args"]["bytes"] for o in step if o["name"] == e["name"])
+    return e["args"]["bytes"]
 
 
 def steps_of(events):
@@ -129,7 +142,7 @@ def analyse(run_dir, ceil):
         for e in step:
             r = rows.setdefault(row_key(e), {"op": row_key(e), "calls": 0, "ms": 0.0, "bytes": 0.0, "flops": 0.0,
                                              "bound_ms": 0.0, "ceilings": {}})
-            seconds, key = op_bound(e["name"], e["args"], ceil)
+            seconds, key = op_bound(e["name"], e["args"], ceil, working_set(e, step))
             r["calls"] += per_step
             r["ms"] += per_step * e["dur"] / 1e3
             r["bytes"] += per_step * e["args"]["bytes"]
