@@ -204,27 +204,57 @@ KERNEL_FN float layernorm_dinp(float dout, float x, float w, float mean, float r
     return rstd * (w * dout - mean_dnorm - norm * mean_dnorm_norm);
 }
 
+// Column sums a block of COLUMN_BLOCK columns at a time, each block's sums kept in locals across
+// the rows: summed through memory, every row's add waits on the store of the row before (a CPU
+// keeps the locals of a block in one vector register). The same additions in the same order: row 0
+// first. A narrower range (a GPU thread's one column) runs the remainder loop alone.
+#define COLUMN_BLOCK 16
+
 // dweight += dout * norm and dbias += dout, summed over all N rows, for columns [c0, c1): as in
 // the encoder, the owner of a column walks every row, so there are no races and the order of the
 // sum is fixed.
 KERNEL_FN void layernorm_param_grad_columns(float *dweight, float *dbias, const float *dout,
                                             const float *inp, const float *mean,
                                             const float *rstd, int N, int C, int c0, int c1) {
-    for (int n = 0; n < N; n++) {
-        const float *g = dout + (size_t)n * C;
-        const float *x = inp + (size_t)n * C;
-        for (int c = c0; c < c1; c++) {
-            dweight[c] += g[c] * (x[c] - mean[n]) * rstd[n];
-            dbias[c] += g[c];
+    int c = c0;
+    for (; c + COLUMN_BLOCK <= c1; c += COLUMN_BLOCK) {
+        float dw[COLUMN_BLOCK], db[COLUMN_BLOCK];
+        for (int j = 0; j < COLUMN_BLOCK; j++) dw[j] = dweight[c + j], db[j] = dbias[c + j];
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * C + c, *x = inp + (size_t)n * C + c;
+            float row_mean = mean[n], row_rstd = rstd[n];
+            for (int j = 0; j < COLUMN_BLOCK; j++) {
+                dw[j] += g[j] * (x[j] - row_mean) * row_rstd;
+                db[j] += g[j];
+            }
         }
+        for (int j = 0; j < COLUMN_BLOCK; j++) dweight[c + j] = dw[j], dbias[c + j] = db[j];
+    }
+    for (; c < c1; c++) {
+        float dw = dweight[c], db = dbias[c];
+        for (int n = 0; n < N; n++) {
+            float g = dout[(size_t)n * C + c];
+            dw += g * (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+            db += g;
+        }
+        dweight[c] = dw, dbias[c] = db;
     }
 }
 
 // matmul's dbias (OC) += column sums of dout (N, OC), for columns [c0, c1), same pattern
 KERNEL_FN void column_sums(float *dbias, const float *dout, int N, int OC, int c0, int c1) {
-    for (int n = 0; n < N; n++) {
-        const float *g = dout + (size_t)n * OC;
-        for (int c = c0; c < c1; c++) dbias[c] += g[c];
+    int c = c0;
+    for (; c + COLUMN_BLOCK <= c1; c += COLUMN_BLOCK) {
+        float sums[COLUMN_BLOCK];
+        for (int j = 0; j < COLUMN_BLOCK; j++) sums[j] = dbias[c + j];
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < COLUMN_BLOCK; j++) sums[j] += dout[(size_t)n * OC + c + j];
+        for (int j = 0; j < COLUMN_BLOCK; j++) dbias[c + j] = sums[j];
+    }
+    for (; c < c1; c++) {
+        float sum = dbias[c];
+        for (int n = 0; n < N; n++) sum += dout[(size_t)n * OC + c];
+        dbias[c] = sum;
     }
 }
 
@@ -496,11 +526,25 @@ KERNEL_FN float attention_scale(int hs) { return 1.0f / sqrtf((float)hs); }
 // included, as the matmul wrote them) and gets the probabilities softmax(scale q . k[t2]) over
 // t2 = 0..t, zero for the future (backward reads the whole row, and P V adds nothing from it).
 KERNEL_FN void attention_row_probabilities(float *att, int t, int T, float scale) {
+    // the row's max over 16 lanes (one vector register): a sequential max is one dependent compare
+    // an element, and the compiler may not regroup it (a max with signed zeros and NaNs is not
+    // associative). The same value: the scores hold no NaN, and where +0 and -0 tie, x - max and so
+    // the exponentials below are the same for either.
+    float lanes[16];
+    for (int j = 0; j < 16; j++) lanes[j] = -INFINITY;
+    int t2 = 0;
+    for (; t2 + 16 <= t + 1; t2 += 16)
+        for (int j = 0; j < 16; j++) {
+            float x = att[t2 + j] * scale;
+            att[t2 + j] = x;
+            lanes[j] = x > lanes[j] ? x : lanes[j];
+        }
     float max = -INFINITY;
-    for (int t2 = 0; t2 <= t; t2++) {
+    for (; t2 <= t; t2++) {
         att[t2] *= scale;
-        max = att[t2] > max ? att[t2] : max;  // fmaxf's value here (no NaN), in a loop that vectorizes
+        max = att[t2] > max ? att[t2] : max;
     }
+    for (int j = 0; j < 16; j++) max = lanes[j] > max ? lanes[j] : max;
     // the exponentials (softmax_exp's) in a loop of their own, which vectorizes; then their sum
     for (int t2 = 0; t2 <= t; t2++) att[t2] = expf_vectorizable(att[t2] - max);
     float sum = 0.0f;

@@ -559,9 +559,24 @@ void dev_free(void *ptr) {
     free(h.base);
 }
 
+// An element-wise loop over fewer elements than this runs on the calling thread: handing it to
+// the others and waiting for them costs more than the loop, and a decode step at batch 1 runs
+// ~110 such loops of 768 to 3072 elements, under a microsecond of work each (traced, its
+// LayerNorms, GELUs, casts, residual adds and embedding took several times longer shared out
+// than on one thread).
+#define ELEMENTWISE_PARALLEL_MIN 8192
+
+// every thread zeroes a share of whole cache lines: one core's stores do not reach the write
+// bandwidth of all of them
 void dev_zero(void *ptr, size_t bytes) {
     int m0 = trace_op_begin();
-    if (bytes) memset(ptr, 0, bytes);
+#pragma omp parallel if (bytes >= ELEMENTWISE_PARALLEL_MIN * sizeof(float))
+    {
+        size_t lines = (bytes + 63) / 64, nthreads = (size_t)omp_get_num_threads();
+        size_t per = (lines + nthreads - 1) / nthreads, lo = (size_t)omp_get_thread_num() * per * 64;
+        size_t hi = lo + per * 64 < bytes ? lo + per * 64 : bytes;
+        if (lo < hi) memset((char *)ptr + lo, 0, hi - lo);
+    }
     trace_op_end("dev_zero", m0, (double)bytes, 0, NULL);
 }
 void dev_copy(void *dst, const void *src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
@@ -690,12 +705,6 @@ void matmul_backward_mode(float *dinp, float *dweight, float *dbias, const float
                  (dinp != NULL) + (dweight != NULL), N, C, OC);
 }
 
-// An element-wise loop over fewer elements than this runs on the calling thread: handing it to
-// the others and waiting for them costs more than the loop, and a decode step at batch 1 runs
-// ~110 such loops of 768 to 3072 elements, under a microsecond of work each (traced, its
-// LayerNorms, GELUs, casts, residual adds and embedding took several times longer shared out
-// than on one thread).
-#define ELEMENTWISE_PARALLEL_MIN 8192
 
 // ----------------------------------------------------------------------------------------------
 // the 16-bit copies: bf16, or fp16 (precision 16-mixed)
@@ -864,9 +873,11 @@ void layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const fl
             layernorm_backward_partials(&sum_dnorm, &sum_dnorm_norm, g, x, weight, mean[n],
                                         rstd[n], C, 0, 1);
             float mean_dnorm = sum_dnorm / (float)C, mean_dnorm_norm = sum_dnorm_norm / (float)C;
+            // the row's mean and rstd in locals: read through the pointers inside the loop, they
+            // might be what dx writes, and the loop would not vectorize
+            float row_mean = mean[n], row_rstd = rstd[n];
             for (int c = 0; c < C; c++)
-                dx[c] += layernorm_dinp(g[c], x[c], weight[c], mean[n], rstd[n], mean_dnorm,
-                                        mean_dnorm_norm);
+                dx[c] += layernorm_dinp(g[c], x[c], weight[c], row_mean, row_rstd, mean_dnorm, mean_dnorm_norm);
         }
         // the parameter gradients sum over rows: each thread owns a block of columns
         int c0, c1;
@@ -896,8 +907,9 @@ void rmsnorm_backward_mode(float *dinp, float *dweight, const float *dout, const
         for (int n = 0; n < N; n++) {
             const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
             float *dx = dinp + (size_t)n * C;
-            float mean_dnorm_norm = rmsnorm_backward_partial(g, x, weight, rstd[n], C, 0, 1) / (float)C;
-            for (int c = 0; c < C; c++) dx[c] += rmsnorm_dinp(g[c], x[c], weight[c], rstd[n], mean_dnorm_norm);
+            float row_rstd = rstd[n];  // in a local, as in layernorm_backward_mode
+            float mean_dnorm_norm = rmsnorm_backward_partial(g, x, weight, row_rstd, C, 0, 1) / (float)C;
+            for (int c = 0; c < C; c++) dx[c] += rmsnorm_dinp(g[c], x[c], weight[c], row_rstd, mean_dnorm_norm);
         }
         int c0, c1;
         column_block(C, &c0, &c1);
