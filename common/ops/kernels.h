@@ -81,6 +81,36 @@ KERNEL_FN float row_partial_sum(const float *x, int n, int lane, int nlanes) {
     return s;
 }
 
+// A row's sums for one CPU core: 16 lanes (lane j adds elements j, j + 16, ... in order: the lanes
+// of the row functions here with nlanes 16), then the lanes in order. A 16-wide vector register
+// adds them in a sixteenth of the dependent steps of one lane's sum, which the compiler may not
+// regroup itself; a fixed order whatever the threads.
+#define SUM_LANES 16
+
+KERNEL_FN float lanes_total(const float lanes[SUM_LANES]) {
+    float s = 0.0f;
+    for (int j = 0; j < SUM_LANES; j++) s += lanes[j];
+    return s;
+}
+
+KERNEL_FN float sum_16_lanes(const float *x, int n) {
+    float lanes[SUM_LANES] = {0};
+    int i = 0;
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++) lanes[j] += x[i + j];
+    for (; i < n; i++) lanes[i % SUM_LANES] += x[i];
+    return lanes_total(lanes);
+}
+
+KERNEL_FN float dot_16_lanes(const float *x, const float *y, int n) {
+    float lanes[SUM_LANES] = {0};
+    int i = 0;
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++) lanes[j] += x[i + j] * y[i + j];
+    for (; i < n; i++) lanes[i % SUM_LANES] += x[i] * y[i];
+    return lanes_total(lanes);
+}
+
 // this lane's share of max(x); -INFINITY is the identity of max, so an idle lane is harmless
 KERNEL_FN float row_partial_max(const float *x, int n, int lane, int nlanes) {
     float m = -INFINITY;
@@ -173,6 +203,16 @@ KERNEL_FN float row_partial_sqdev(const float *x, float mean, int n, int lane, i
     return s;
 }
 
+// row_partial_sqdev's sum over 16 lanes (sum_16_lanes)
+KERNEL_FN float sqdev_16_lanes(const float *x, float mean, int n) {
+    float lanes[SUM_LANES] = {0};
+    int i = 0;
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++) lanes[j] += (x[i + j] - mean) * (x[i + j] - mean);
+    for (; i < n; i++) lanes[i % SUM_LANES] += (x[i] - mean) * (x[i] - mean);
+    return lanes_total(lanes);
+}
+
 KERNEL_FN float layernorm_rstd(float sum_sqdev, int C) {
     return 1.0f / sqrtf(sum_sqdev / (float)C + LAYERNORM_EPS);
 }
@@ -196,6 +236,26 @@ KERNEL_FN void layernorm_backward_partials(float *sum_dnorm, float *sum_dnorm_no
     }
     *sum_dnorm = a;
     *sum_dnorm_norm = b;
+}
+
+// layernorm_backward_partials' two sums over 16 lanes (sum_16_lanes)
+KERNEL_FN void layernorm_backward_sums_16_lanes(float *sum_dnorm, float *sum_dnorm_norm, const float *dout,
+                                                const float *x, const float *w, float mean, float rstd, int C) {
+    float a[SUM_LANES] = {0}, b[SUM_LANES] = {0};
+    int i = 0;
+    for (; i + SUM_LANES <= C; i += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++) {
+            float dnorm = w[i + j] * dout[i + j];
+            a[j] += dnorm;
+            b[j] += dnorm * ((x[i + j] - mean) * rstd);
+        }
+    for (; i < C; i++) {
+        float dnorm = w[i] * dout[i];
+        a[i % SUM_LANES] += dnorm;
+        b[i % SUM_LANES] += dnorm * ((x[i] - mean) * rstd);
+    }
+    *sum_dnorm = lanes_total(a);
+    *sum_dnorm_norm = lanes_total(b);
 }
 
 KERNEL_FN float layernorm_dinp(float dout, float x, float w, float mean, float rstd,
@@ -547,9 +607,7 @@ KERNEL_FN void attention_row_probabilities(float *att, int t, int T, float scale
     for (int j = 0; j < 16; j++) max = lanes[j] > max ? lanes[j] : max;
     // the exponentials (softmax_exp's) in a loop of their own, which vectorizes; then their sum
     for (int t2 = 0; t2 <= t; t2++) att[t2] = expf_vectorizable(att[t2] - max);
-    float sum = 0.0f;
-    for (int t2 = 0; t2 <= t; t2++) sum += att[t2];
-    float inv_sum = 1.0f / sum;
+    float inv_sum = 1.0f / sum_16_lanes(att, t + 1);
     for (int t2 = 0; t2 <= t; t2++) att[t2] *= inv_sum;
     for (int t2 = t + 1; t2 < T; t2++) att[t2] = 0.0f;  // the future: masked out
 }
@@ -558,8 +616,7 @@ KERNEL_FN void attention_row_probabilities(float *att, int t, int T, float scale
 // whole row) and gets the scores' gradient times scale, what dq, dk (the products with k and q)
 // need:  dpre[t2] = att[t2] (dprob[t2] - sum_j att[j] dprob[j]) scale;  0 for the future.
 KERNEL_FN void attention_row_softmax_backward(float *datt, const float *att, int t, int T, float scale) {
-    float att_dot_datt = 0.0f;
-    for (int t2 = 0; t2 <= t; t2++) att_dot_datt += att[t2] * datt[t2];
+    float att_dot_datt = dot_16_lanes(att, datt, t + 1);
     for (int t2 = 0; t2 <= t; t2++) datt[t2] = att[t2] * (datt[t2] - att_dot_datt) * scale;
     for (int t2 = t + 1; t2 < T; t2++) datt[t2] = 0.0f;
 }

@@ -840,9 +840,8 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *o = out + (size_t)n * C;
-        // one thread owns the row: lane 0 of 1, so the partial sums are the sums
-        float m = row_partial_sum(x, C, 0, 1) / (float)C;
-        float r = layernorm_rstd(row_partial_sqdev(x, m, C, 0, 1), C);
+        float m = sum_16_lanes(x, C) / (float)C;
+        float r = layernorm_rstd(sqdev_16_lanes(x, m, C), C);
         for (int c = 0; c < C; c++) o[c] = layernorm_value(x[c], m, r, weight[c], bias[c]);
         mean[n] = m;
         rstd[n] = r;
@@ -870,8 +869,7 @@ void layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const fl
             const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
             float *dx = dinp + (size_t)n * C;
             float sum_dnorm, sum_dnorm_norm;
-            layernorm_backward_partials(&sum_dnorm, &sum_dnorm_norm, g, x, weight, mean[n],
-                                        rstd[n], C, 0, 1);
+            layernorm_backward_sums_16_lanes(&sum_dnorm, &sum_dnorm_norm, g, x, weight, mean[n], rstd[n], C);
             float mean_dnorm = sum_dnorm / (float)C, mean_dnorm_norm = sum_dnorm_norm / (float)C;
             // the row's mean and rstd in locals: read through the pointers inside the loop, they
             // might be what dx writes, and the loop would not vectorize
