@@ -22,9 +22,9 @@ trap 'rm -rf "$out"' EXIT
 [ -n "${CEILING_MATMUL_F32_FWD_768x2304:-}" ] || eval "$(build/ceilings 256 768 50304)"
 env | grep '^CEILING_' | sed 's/^/export /' >"$out/ceilings-before"
 
-run() { # run <stage> <args...>: 6 traced steps
+run() { # run <stage> <args...>: 11 traced steps (the fastest of the 10 after the first is the figure)
     local stage=$1; shift
-    build/stage-$stage --config configs/bench_gpt2.json "$@" --trace=true --trace_steps=6 --out_dir="$out/$stage" \
+    build/stage-$stage --config configs/bench_gpt2.json "$@" --trace=true --trace_steps=11 --stop_iteration=11 --out_dir="$out/$stage" \
         --eval_batches=0 --checkpoint_interval=0 >"$out/$stage.log" 2>&1 ||
         { echo "bench: stage-$stage failed:"; tail "$out/$stage.log"; exit 1; }
 }
@@ -53,8 +53,9 @@ PY
 )"
 echo "an op's bound: the longer of its FLOPs at the matmul ceiling of its shape, precision and direction and"
 echo "its bytes (inputs and outputs once) at the bandwidth measured the way it uses memory (read, write,"
-echo "read+write) at its size or smaller; the step's: their sum (tools/step_bound.py). An op faster than its"
-echo "bound is a measurement error, printed with the ceiling measured too low;"
+echo "read+write) at the sizes around its working set (an optimizer's sweep: the whole sweep's); the step's:"
+echo "their sum (tools/step_bound.py). The step: the fastest of 10 and its ops, as each ceiling is the best of"
+echo "its timings. An op faster than its bound is a measurement error, printed with the ceiling measured too low;"
 echo "ceilings: the higher of two measurements, before and after the runs ($(uptime | sed 's/.*load/load/'))"
 bound "stage-1 gpt2-124M fp32" 1
 bound "stage-2 gpt2-124M bf16-mixed" 2

@@ -64,7 +64,8 @@ expect("AdamW's bound (the sweep's bytes at 7 GB/s)", ops["adamw_update"]["bound
 expect("sum_squares' bound (reads at 7 GB/s)", ops["sum_squares"]["bound_ms"], 1e3 * 4.0 * params / 7e9)
 expect("the step's bound is its ops'", a["bound_ms"], sum(r["bound_ms"] for r in a["ops"]))
 steps = [json.loads(l)["ms"] for l in open(sys.argv[2] + "/metrics.jsonl")][1:]
-expect("the measured step (mean after the first)", a["step_ms"], statistics.mean(steps))
+expect("the measured step (the fastest after the first)", a["step_ms"], min(steps))
+expect("the steps' mean", a["mean_step_ms"], statistics.mean(steps))
 expect("ratio", a["ratio"], a["step_ms"] / a["bound_ms"])
 if not 0 <= a["outside_ops_ms"] < 0.2 * a["step_ms"]:
     bad.append(f"time outside the ops: {a['outside_ops_ms']:.1f} ms of a {a['step_ms']:.1f} ms step")

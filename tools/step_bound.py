@@ -22,8 +22,9 @@ measured (its CEILING_* variables, from the environment). An op's bound is the l
 and the step's bound is the sum over its ops. A bound is what the op cannot beat: an op that
 runs faster than its bound shows a ceiling measured too low (a busy machine, a size or layout
 not measured), and is printed as a measurement error naming that ceiling ("over_bound"). Steps are told apart by their "embedding forward"
-span; the first (warm-up) is left out, and each figure is the mean over the others (a step's
-shape follows its batch).
+span; the first (warm-up) is left out, and the figures are the fastest of the others' and its ops'
+(each ceiling is the best of its timings too: other work on the machine slows a step, not a
+bound), the steps' mean printed beside it.
 
   step_bound.py RUN_DIR --label=TEXT [--json=FILE]
 
@@ -135,21 +136,22 @@ def analyse(run_dir, ceil):
                  "(the CPU backend does: common/ops/ops_cpu.c)")
     metrics = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     traced = metrics[1:1 + len(steps)]
-    # a step's shape follows its batch (its longest sequence): each figure is the mean per step
-    per_step = 1.0 / len(steps)
+    # the fastest step and its ops, as the ceilings are each the best of their timings: other work on
+    # the machine slows some steps, and a bound has no such share in it (the mean is kept beside it)
+    fastest = min(range(len(traced)), key=lambda k: traced[k]["ms"])
     rows = {}
-    for k, step in enumerate(steps):
+    for step in steps[fastest:fastest + 1]:
         for e in step:
             r = rows.setdefault(row_key(e), {"op": row_key(e), "calls": 0, "ms": 0.0, "bytes": 0.0, "flops": 0.0,
                                              "bound_ms": 0.0, "ceilings": {}})
             seconds, key = op_bound(e["name"], e["args"], ceil, working_set(e, step))
-            r["calls"] += per_step
-            r["ms"] += per_step * e["dur"] / 1e3
-            r["bytes"] += per_step * e["args"]["bytes"]
-            r["flops"] += per_step * e["args"]["flops"]
-            r["bound_ms"] += per_step * 1e3 * seconds
+            r["calls"] += 1
+            r["ms"] += e["dur"] / 1e3
+            r["bytes"] += e["args"]["bytes"]
+            r["flops"] += e["args"]["flops"]
+            r["bound_ms"] += 1e3 * seconds
             if key:
-                r["ceilings"][key] = r["ceilings"].get(key, 0.0) + per_step * 1e3 * seconds
+                r["ceilings"][key] = r["ceilings"].get(key, 0.0) + 1e3 * seconds
     for r in rows.values():
         r["share_of_bound"] = r["bound_ms"] / r["ms"] if r["ms"] > 0 else None
         # the ceiling that sets most of the row's bound: the one a time under the bound shows too low
@@ -158,11 +160,11 @@ def analyse(run_dir, ceil):
     over = [{"op": r["op"], "ms": r["ms"], "bound_ms": r["bound_ms"], "ceiling": r["ceiling"],
              "value": ceil.get(r["ceiling"][len("CEILING_"):]) if r["ceiling"] else None}
             for r in ops if r["ms"] < r["bound_ms"]]
-    step_ms = statistics.mean(m["ms"] for m in traced)
+    step_ms = traced[fastest]["ms"]
     bound_ms = sum(r["bound_ms"] for r in ops)
     ops_ms = sum(r["ms"] for r in ops)
     flop_bound = sum(r["bound_ms"] for r in ops if r["flops"])
-    return {"steps": len(steps), "step_ms": step_ms, "bound_ms": bound_ms, "ratio": step_ms / bound_ms,
+    return {"steps": len(steps), "step_ms": step_ms, "mean_step_ms": statistics.mean(m["ms"] for m in traced), "bound_ms": bound_ms, "ratio": step_ms / bound_ms,
             "flop_bound_ms": flop_bound, "byte_bound_ms": bound_ms - flop_bound,
             "ops_ms": ops_ms, "outside_ops_ms": step_ms - ops_ms,
             "ceilings": {k: v for k, v in ceil.items()}, "ops": ops, "over_bound": over}
@@ -172,7 +174,7 @@ def report(label, a):
     print(f"{label}: step {a['step_ms']:.1f} ms, bound {a['bound_ms']:.1f} ms "
           f"({a['flop_bound_ms']:.1f} ms of FLOPs at the matmul ceilings + {a['byte_bound_ms']:.1f} ms of bytes "
           f"at {a['ceilings']['READ'] / 1e9:.1f} GB/s): {a['ratio']:.2f}x its bound "
-          f"(mean of {a['steps']} steps after the first)")
+          f"(the fastest of {a['steps']} steps after the first, and its ops; their mean {a['mean_step_ms']:.1f} ms)")
     print(f"| {'op (matmul: C x OC)':<32} | calls |      ms |      MB |  GFLOP | bound ms | bound/time |")
     print(f"|{'-' * 34}|-------|---------|---------|--------|----------|------------|")
     for r in a["ops"]:
