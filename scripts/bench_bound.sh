@@ -3,8 +3,10 @@
 # shape (1 x 256 tokens), stage 01 in fp32 and stage 02 in bf16-mixed, each traced (trace: true,
 # whose op spans carry every op's bytes and FLOPs), against the ceilings build/ceilings measures at
 # those shapes. Other work on the machine lowers a ceiling measured at a busy moment, and a bound
-# from it would be too long: the ceilings are measured again after the runs, and each figure is
-# the higher of the two (or of the one scripts/bench.sh measured and exported, and this one).
+# from it would be too long, and this kind of machine's memory and matmul rates move by tens of
+# percent from one minute to the next: the ceilings are measured again between the two stages' runs
+# and after them, and each figure is the highest of the three (the first: the one scripts/bench.sh
+# measured and exported, or this script's own).
 # Prints the step, its bound and the ratio, and a table per op; an op that ran faster than its bound
 # is flagged as a measurement error naming the ceiling measured too low. The figures go to
 # $BENCH_JSON under "step_bound" (the flags under each label's "over_bound"). Then PyTorch on the same
@@ -40,9 +42,10 @@ bound() { # bound <label> <stage>
 }
 echo "step against its bound ($OMP_NUM_THREADS threads; $(uptime | sed 's/.*load/load/')):"
 run 1
+build/ceilings 256 768 50304 >"$out/ceilings-between"
 run 2 --precision=bf16-mixed
 build/ceilings 256 768 50304 >"$out/ceilings-after"
-eval "$(python3 - "$out/ceilings-before" "$out/ceilings-after" <<'PY'
+eval "$(python3 - "$out/ceilings-before" "$out/ceilings-between" "$out/ceilings-after" <<'PY'
 import re, sys
 best = {}
 for path in sys.argv[1:]:
@@ -56,7 +59,7 @@ echo "its bytes (inputs and outputs once) at the bandwidth measured the way it u
 echo "read+write) at the sizes around its working set (an optimizer's sweep: the whole sweep's); the step's:"
 echo "their sum (tools/step_bound.py). The step: the fastest of 10 and its ops, as each ceiling is the best of"
 echo "its timings. An op faster than its bound is a measurement error, printed with the ceiling measured too low;"
-echo "ceilings: the higher of two measurements, before and after the runs ($(uptime | sed 's/.*load/load/'))"
+echo "ceilings: the highest of three measurements, before, between and after the runs ($(uptime | sed 's/.*load/load/'))"
 bound "stage-1 gpt2-124M fp32" 1
 bound "stage-2 gpt2-124M bf16-mixed" 2
 echo "figures: $BENCH_JSON (step_bound)"

@@ -60,9 +60,14 @@ typedef struct {
     half16 *w16, *in16, *dout16;
 } Buffers;
 
-static void alloc_buffers(Buffers *k, const Shape *s, int cin, int cout) {
+// the linears of a block have biases; the head, GPT-2's tied to the embedding, has none (and no
+// column sums of the logits' gradient in its backward)
+static int has_bias(int linear) { return linear < 4; }
+
+static void alloc_buffers(Buffers *k, const Shape *s, int cin, int cout, int bias) {
     size_t nw = (size_t)cin * cout, nin = (size_t)s->N * cin, nout = (size_t)s->N * cout;
-    k->w = dev_malloc(nw * 4), k->dw = dev_malloc(nw * 4), k->b = dev_malloc(cout * 4), k->db = dev_malloc(cout * 4);
+    k->w = dev_malloc(nw * 4), k->dw = dev_malloc(nw * 4);
+    k->b = bias ? dev_malloc(cout * 4) : NULL, k->db = bias ? dev_malloc(cout * 4) : NULL;
     k->out = dev_malloc(nout * 4), k->dout = dev_malloc(nout * 4), k->in = dev_malloc(nin * 4), k->din = dev_malloc(nin * 4);
     k->w16 = dev_malloc(nw * 2), k->in16 = dev_malloc(nin * 2), k->dout16 = dev_malloc(nout * 2);
     init_normal(k->w, nw, 1, 1, 0, 0.02f);
@@ -109,7 +114,7 @@ static double matmul_rate(const Shape *s, int bf16_inputs, double *spread) {
     int in[5], out[5];
     linear_widths(s, in, out);
     Buffers k[5];
-    for (int i = 0; i < 5; i++) alloc_buffers(&k[i], s, in[i], out[i]);
+    for (int i = 0; i < 5; i++) alloc_buffers(&k[i], s, in[i], out[i], has_bias(i));
     Timings whole = {1e30, 0};
     for (int pass = 0; pass <= PASSES; pass++) {
         dev_synchronize();
@@ -133,10 +138,10 @@ static double matmul_rate(const Shape *s, int bf16_inputs, double *spread) {
 // backward's calls alternate the two ways a step runs it (weight gradients written by the first
 // micro-batch, added by the others): the best is the faster's. *spread: the wider of the two.
 #define LINEAR_CALLS 12
-static void linear_ceilings(const Shape *s, int cin, int cout, int bf16_inputs, double *fwd, double *bwd,
+static void linear_ceilings(const Shape *s, int cin, int cout, int bias, int bf16_inputs, double *fwd, double *bwd,
                             double *spread) {
     Buffers k;
-    alloc_buffers(&k, s, cin, cout);
+    alloc_buffers(&k, s, cin, cout, bias);
     Timings f = {1e30, 0}, b = f;
     for (int call = 0; call <= LINEAR_CALLS; call++) {
         double t0 = wall_seconds();
@@ -242,7 +247,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 5; i++)
         for (int bf = 0; bf < 2; bf++) {
             double fwd, bwd;
-            linear_ceilings(&s, in[i], out[i], bf, &fwd, &bwd, &spread);
+            linear_ceilings(&s, in[i], out[i], has_bias(i), bf, &fwd, &bwd, &spread);
             for (int dir = 0; dir < 2; dir++)
                 printf("export CEILING_MATMUL_%s_%s_%dx%d=%.4e  # %s: the %d -> %d linear's %s alone, best of %d "
                        "in a row (spread %.0f%%)\n",
