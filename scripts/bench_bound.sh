@@ -3,11 +3,11 @@
 # shape (1 x 256 tokens), stage 01 in fp32 and stage 02 in bf16-mixed, each traced (trace: true,
 # whose op spans carry every op's bytes and FLOPs), against the ceilings build/ceilings measures at
 # those shapes. Other work on the machine lowers a ceiling measured at a busy moment, and a bound
-# from it would be too long, and this kind of machine's memory and matmul rates move by tens of
-# percent from one minute to the next: the ceilings are measured again between the two stages' runs
-# and after them, and each figure is the highest of the three (the first: the one scripts/bench.sh
-# measured and exported, or this script's own).
-# Prints the step, its bound and the ratio, and a table per op; an op that ran faster than its bound
+# from it would be too long, and a shared machine's memory and matmul rates move by tens of percent
+# from one minute to the next: both stages run twice, the ceilings are measured before, between
+# and after the two rounds, and each ceiling is the highest of the three (the first: the one
+# scripts/bench.sh measured and exported, or this script's own), each step the fastest of both
+# rounds. Prints the step, its bound and the ratio, and a table per op; an op that ran faster than its bound
 # is flagged as a measurement error naming the ceiling measured too low. The figures go to
 # $BENCH_JSON under "step_bound" (the flags under each label's "over_bound"). Then PyTorch on the same
 # step and threads (scripts/bench_torch.py: eager and torch.compile, fp32 and bf16 autocast, each
@@ -24,26 +24,29 @@ trap 'rm -rf "$out"' EXIT
 [ -n "${CEILING_MATMUL_F32_FWD_768x2304:-}" ] || eval "$(build/ceilings 256 768 50304)"
 env | grep '^CEILING_' | sed 's/^/export /' >"$out/ceilings-before"
 
-run() { # run <stage> <args...>: 11 traced steps (the fastest of the 10 after the first is the figure)
-    local stage=$1; shift
-    build/stage-$stage --config configs/bench_gpt2.json "$@" --trace=true --trace_steps=11 --stop_iteration=11 --out_dir="$out/$stage" \
-        --eval_batches=0 --checkpoint_interval=0 >"$out/$stage.log" 2>&1 ||
-        { echo "bench: stage-$stage failed:"; tail "$out/$stage.log"; exit 1; }
+run() { # run <stage> <round> <args...>: 11 traced steps into $out/<stage><round>
+    local stage=$1 dir=$out/$1$2; shift 2
+    build/stage-$stage --config configs/bench_gpt2.json "$@" --trace=true --trace_steps=11 --stop_iteration=11 --out_dir="$dir" \
+        --eval_batches=0 --checkpoint_interval=0 >"$dir.log" 2>&1 ||
+        { echo "bench: stage-$stage failed:"; tail "$dir.log"; exit 1; }
 }
-bound() { # bound <label> <stage>
+bound() { # bound <label> <stage>: the fastest traced step of both rounds
     local label=$1 stage=$2
-    if ! grep -q "cpu backend" "$out/$stage.log"; then  # the op spans are the CPU backend's
+    if ! grep -q "cpu backend" "$out/${stage}a.log"; then  # the op spans are the CPU backend's
         echo "$label: skipped (only the CPU backend records its ops' bytes and FLOPs)"
         return
     fi
-    grep -m1 "backend" "$out/$stage.log" | sed 's/^/  /'
-    python3 tools/step_bound.py "$out/$stage" --label="$label" --json="$BENCH_JSON"
+    grep -m1 "backend" "$out/${stage}a.log" | sed 's/^/  /'
+    python3 tools/step_bound.py "$out/${stage}a" "$out/${stage}b" --label="$label" --json="$BENCH_JSON"
     echo
 }
 echo "step against its bound ($OMP_NUM_THREADS threads; $(uptime | sed 's/.*load/load/')):"
-run 1
+# two rounds of both stages, the ceilings measured before, between and after them
+run 1 a
+run 2 a --precision=bf16-mixed
 build/ceilings 256 768 50304 >"$out/ceilings-between"
-run 2 --precision=bf16-mixed
+run 1 b
+run 2 b --precision=bf16-mixed
 build/ceilings 256 768 50304 >"$out/ceilings-after"
 eval "$(python3 - "$out/ceilings-before" "$out/ceilings-between" "$out/ceilings-after" <<'PY'
 import re, sys
@@ -57,8 +60,9 @@ PY
 echo "an op's bound: the longer of its FLOPs at the matmul ceiling of its shape, precision and direction and"
 echo "its bytes (inputs and outputs once) at the bandwidth measured the way it uses memory (read, write,"
 echo "read+write) at the sizes around its working set (an optimizer's sweep: the whole sweep's); the step's:"
-echo "their sum (tools/step_bound.py). The step: the fastest of 10 and its ops, as each ceiling is the best of"
-echo "its timings. An op faster than its bound is a measurement error, printed with the ceiling measured too low;"
+echo "their sum (tools/step_bound.py). The step: the fastest of 20 (10 in each of two runs) and its ops, as each"
+echo "ceiling is the best of its timings. An op faster than its bound is a measurement error, printed with the"
+echo "ceiling measured too low;"
 echo "ceilings: the highest of three measurements, before, between and after the runs ($(uptime | sed 's/.*load/load/'))"
 bound "stage-1 gpt2-124M fp32" 1
 bound "stage-2 gpt2-124M bf16-mixed" 2

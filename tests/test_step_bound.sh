@@ -25,13 +25,16 @@ ceilings=(CEILING_MATMUL_F32=1e10 CEILING_MATMUL_BF16=1e10 CEILING_MATMUL_F32_FW
           CEILING_MATMUL_F32_BWD_${C}x$((3 * C))=4e10 CEILING_READ=5e9 CEILING_BW_READ_65536=6e9
           CEILING_BW_READ_1572864=7e9 CEILING_BW_UPDATE_65536=3e10 CEILING_BW_UPDATE_524288=8e9
           CEILING_BW_UPDATE_4194304=4e9 CEILING_BW_WRITE_65536=9e9)
-env "${ceilings[@]}" python3 tools/step_bound.py "$tmp/run" --label=tiny --json="$tmp/bench.json" >"$tmp/bound.txt" 2>&1
+# the same step run again: the figures are the fastest step of both runs
+"$STAGE_BIN/stage-1" --config configs/tiny.json --max_seq_len=$T --global_batch_size=$B --stop_iteration=3 --log_interval=1 \
+    --eval_batches=0 --checkpoint_interval=0 --trace=true --trace_steps=3 --out_dir="$tmp/again" >"$tmp/again.log" 2>&1
+env "${ceilings[@]}" python3 tools/step_bound.py "$tmp/run" "$tmp/again" --label=tiny --json="$tmp/bench.json" >"$tmp/bound.txt" 2>&1
 rc=$?
 check '[ $rc -eq 0 ]' "step_bound.py failed: $(cat "$tmp/bound.txt")"
-python3 - "$tmp/bench.json" "$tmp/run" $L $C $Vp $B $T >"$tmp/checks.txt" 2>&1 <<'PY'
+python3 - "$tmp/bench.json" "$tmp/run" $L $C $Vp $B $T "$tmp/again" >"$tmp/checks.txt" 2>&1 <<'PY'
 import json, statistics, sys
 a = json.load(open(sys.argv[1]))["step_bound"]["tiny"]
-L, C, Vp, B, T = map(int, sys.argv[3:])
+L, C, Vp, B, T = map(int, sys.argv[3:8])
 N = B * T
 ops = {r["op"]: r for r in a["ops"]}
 bad = []
@@ -63,8 +66,8 @@ expect("AdamW's bound (the sweep's bytes at 7 GB/s)", ops["adamw_update"]["bound
 # sum_squares (the gradient norm) only reads, the whole gradient (params x 4 bytes: 1.8 MB, past 1.5 MiB)
 expect("sum_squares' bound (reads at 7 GB/s)", ops["sum_squares"]["bound_ms"], 1e3 * 4.0 * params / 7e9)
 expect("the step's bound is its ops'", a["bound_ms"], sum(r["bound_ms"] for r in a["ops"]))
-steps = [json.loads(l)["ms"] for l in open(sys.argv[2] + "/metrics.jsonl")][1:]
-expect("the measured step (the fastest after the first)", a["step_ms"], min(steps))
+steps = [json.loads(l)["ms"] for run in (sys.argv[2], sys.argv[8]) for l in list(open(run + "/metrics.jsonl"))[1:]]
+expect("the measured step (the fastest of both runs after each one's first)", a["step_ms"], min(steps))
 expect("the steps' mean", a["mean_step_ms"], statistics.mean(steps))
 expect("ratio", a["ratio"], a["step_ms"] / a["bound_ms"])
 if not 0 <= a["outside_ops_ms"] < 0.2 * a["step_ms"]:

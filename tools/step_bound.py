@@ -22,11 +22,12 @@ measured (its CEILING_* variables, from the environment). An op's bound is the l
 and the step's bound is the sum over its ops. A bound is what the op cannot beat: an op that
 runs faster than its bound shows a ceiling measured too low (a busy machine, a size or layout
 not measured), and is printed as a measurement error naming that ceiling ("over_bound"). Steps are told apart by their "embedding forward"
-span; the first (warm-up) is left out, and the figures are the fastest of the others' and its ops'
-(each ceiling is the best of its timings too: other work on the machine slows a step, not a
-bound), the steps' mean printed beside it.
+span; each run's first (warm-up) is left out, and the figures are the fastest of the others' (of
+every run given: the same step run at several moments) and its ops' (each ceiling is the best of
+its timings too: other work on the machine slows a step, not a bound), the steps' mean printed
+beside it.
 
-  step_bound.py RUN_DIR --label=TEXT [--json=FILE]
+  step_bound.py RUN_DIR [RUN_DIR ...] --label=TEXT [--json=FILE]
 
 prints the step against its bound and a table per op (and per shape for a matmul): its time,
 bytes, FLOPs, bound and the share of its bound it reaches (bound / time); --json adds the same
@@ -125,7 +126,8 @@ def row_key(e):
     return f"{e['name']} {shape.split('x', 1)[1]}" if shape else e["name"]
 
 
-def analyse(run_dir, ceil):
+def traced_steps(run_dir):
+    """a run's traced steps after the first: [(its op events, its metrics line)]"""
     path = os.path.join(run_dir, "trace.json")
     if not os.path.exists(path):
         sys.exit(f"step_bound.py: {path} does not exist: run with trace: true (--trace=true --trace_steps=N)")
@@ -135,10 +137,17 @@ def analyse(run_dir, ceil):
         sys.exit(f"step_bound.py: {path} holds no op spans: the backend that ran records none "
                  "(the CPU backend does: common/ops/ops_cpu.c)")
     metrics = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    traced = metrics[1:1 + len(steps)]
-    # the fastest step and its ops, as the ceilings are each the best of their timings: other work on
-    # the machine slows some steps, and a bound has no such share in it (the mean is kept beside it)
-    fastest = min(range(len(traced)), key=lambda k: traced[k]["ms"])
+    return list(zip(steps, metrics[1:1 + len(steps)]))
+
+
+def analyse(run_dirs, ceil):
+    runs = [step for run_dir in run_dirs for step in traced_steps(run_dir)]
+    traced = [m for _, m in runs]
+    # the fastest step of all the runs and its ops, as the ceilings are each the best of their
+    # timings: other work on the machine slows some steps, and a bound has no such share in it
+    # (the mean is kept beside it)
+    fastest = min(range(len(runs)), key=lambda k: traced[k]["ms"])
+    steps = [step for step, _ in runs]
     rows = {}
     for step in steps[fastest:fastest + 1]:
         for e in step:
@@ -164,7 +173,8 @@ def analyse(run_dir, ceil):
     bound_ms = sum(r["bound_ms"] for r in ops)
     ops_ms = sum(r["ms"] for r in ops)
     flop_bound = sum(r["bound_ms"] for r in ops if r["flops"])
-    return {"steps": len(steps), "step_ms": step_ms, "mean_step_ms": statistics.mean(m["ms"] for m in traced), "bound_ms": bound_ms, "ratio": step_ms / bound_ms,
+    return {"steps": len(steps), "step_ms": step_ms, "mean_step_ms": statistics.mean(m["ms"] for m in traced),
+            "bound_ms": bound_ms, "ratio": step_ms / bound_ms,
             "flop_bound_ms": flop_bound, "byte_bound_ms": bound_ms - flop_bound,
             "ops_ms": ops_ms, "outside_ops_ms": step_ms - ops_ms,
             "ceilings": {k: v for k, v in ceil.items()}, "ops": ops, "over_bound": over}
@@ -174,7 +184,8 @@ def report(label, a):
     print(f"{label}: step {a['step_ms']:.1f} ms, bound {a['bound_ms']:.1f} ms "
           f"({a['flop_bound_ms']:.1f} ms of FLOPs at the matmul ceilings + {a['byte_bound_ms']:.1f} ms of bytes "
           f"at {a['ceilings']['READ'] / 1e9:.1f} GB/s): {a['ratio']:.2f}x its bound "
-          f"(the fastest of {a['steps']} steps after the first, and its ops; their mean {a['mean_step_ms']:.1f} ms)")
+          f"(the fastest of {a['steps']} traced steps after each run's first, and its ops; their mean "
+          f"{a['mean_step_ms']:.1f} ms)")
     print(f"| {'op (matmul: C x OC)':<32} | calls |      ms |      MB |  GFLOP | bound ms | bound/time |")
     print(f"|{'-' * 34}|-------|---------|---------|--------|----------|------------|")
     for r in a["ops"]:
@@ -192,9 +203,9 @@ def report(label, a):
 def main(argv):
     args = [a for a in argv if not a.startswith("--")]
     opts = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-    if len(args) != 1 or "label" not in opts:
-        sys.exit("usage: step_bound.py RUN_DIR --label=TEXT [--json=FILE]")
-    a = analyse(args[0], ceilings())
+    if not args or "label" not in opts:
+        sys.exit("usage: step_bound.py RUN_DIR [RUN_DIR ...] --label=TEXT [--json=FILE]")
+    a = analyse(args, ceilings())
     report(opts["label"], a)
     if "json" in opts:
         path = opts["json"]
