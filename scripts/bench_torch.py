@@ -183,7 +183,8 @@ def main():
 
 def add_to_bench_json(path, figures):
     """figures under "torch" in path (created, or updated in place), and the workbook's steps there
-    (step_bound's labels name fp32 or bf16) beside PyTorch's best of the same precision"""
+    (step_bound's labels name fp32 or bf16) beside PyTorch's best of the same precision, in tokens a
+    second"""
     data = json.load(open(path)) if os.path.exists(path) else {}
     data["torch"] = figures
     tmp = path + ".tmp"
@@ -193,9 +194,12 @@ def add_to_bench_json(path, figures):
     for label, run in data.get("step_bound", {}).items():
         precision = "bf16" if "bf16" in label else "fp32"
         if precision in figures["best_ms"]:
-            torch_ms = figures["best_ms"][precision]
-            print(f"{label}: {run['step_ms']:.1f} ms a step; PyTorch {figures['torch']}'s best {precision}: "
-                  f"{torch_ms:.1f} ms ({torch_ms / run['step_ms']:.2f}x the workbook's time)")
+            # tokens a second: the workbook's step trains on its batch's tokens, PyTorch's on --tokens
+            ours = 1e3 * run["step_tokens"] / run["step_ms"]
+            theirs = figures["best_tokens_per_sec"][precision]
+            print(f"{label}: {run['step_ms']:.1f} ms a step of {run['step_tokens']} tokens, {ours:.1f} tokens/s; "
+                  f"PyTorch {figures['torch']}'s best {precision}: {figures['best_ms'][precision]:.1f} ms a step of "
+                  f"{figures['tokens']}, {theirs:.1f} tokens/s (the workbook {ours / theirs:.2f}x as fast)")
 
 
 if __name__ == "__main__":

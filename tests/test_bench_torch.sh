@@ -15,7 +15,7 @@ if [ -z "$py" ]; then
     exit
 fi
 
-echo '{"step_bound": {"stage-1 small fp32": {"step_ms": 10.0}, "stage-2 small bf16-mixed": {"step_ms": 4.0}}}' \
+echo '{"step_bound": {"stage-1 small fp32": {"step_ms": 10.0, "step_tokens": 30}, "stage-2 small bf16-mixed": {"step_ms": 4.0, "step_tokens": 37}}}' \
     >"$tmp/bench.json"
 bounded 120 "$py" scripts/bench_torch.py --layers=2 --width=64 --heads=4 --vocab=320 --tokens=37 --steps=1 \
     --threads=1 --variants=eager-fp32,eager-bf16 --json="$tmp/bench.json" >"$tmp/torch.log" 2>&1
@@ -35,9 +35,13 @@ if sorted(data.get("step_bound", {})) != ["stage-1 small fp32", "stage-2 small b
     print(f"step_bound entries lost: {sorted(data.get('step_bound', {}))}")
 for label, precision in (("stage-1 small fp32", "fp32"), ("stage-2 small bf16-mixed", "bf16")):
     if precision in best:
-        step = data["step_bound"][label]["step_ms"]
-        line = f"{label}: {step:.1f} ms a step; PyTorch {t['torch']}'s best {precision}: {best[precision]:.1f} ms " \
-               f"({best[precision] / step:.2f}x the workbook's time)"
+        run = data["step_bound"][label]
+        ours, theirs = 1e3 * run["step_tokens"] / run["step_ms"], t["best_tokens_per_sec"][precision]
+        if abs(theirs - 37 / (best[precision] / 1e3)) > 1e-6 * theirs:
+            print(f"{precision}: PyTorch's {theirs} tokens/s are not its 37 tokens in {best[precision]} ms")
+        line = f"{label}: {run['step_ms']:.1f} ms a step of {run['step_tokens']} tokens, {ours:.1f} tokens/s; " \
+               f"PyTorch {t['torch']}'s best {precision}: {best[precision]:.1f} ms a step of 37, {theirs:.1f} tokens/s " \
+               f"(the workbook {ours / theirs:.2f}x as fast)"
         if line not in log:
             print(f"not printed: {line}")
 PY

@@ -69,6 +69,7 @@ expect("the step's bound is its ops'", a["bound_ms"], sum(r["bound_ms"] for r in
 steps = [json.loads(l)["ms"] for run in (sys.argv[2], sys.argv[8]) for l in list(open(run + "/metrics.jsonl"))[1:]]
 expect("the measured step (the fastest of both runs after each one's first)", a["step_ms"], min(steps))
 expect("the steps' mean", a["mean_step_ms"], statistics.mean(steps))
+expect("the step's tokens", a["step_tokens"], B * T)
 expect("ratio", a["ratio"], a["step_ms"] / a["bound_ms"])
 if not 0 <= a["outside_ops_ms"] < 0.2 * a["step_ms"]:
     bad.append(f"time outside the ops: {a['outside_ops_ms']:.1f} ms of a {a['step_ms']:.1f} ms step")

@@ -140,13 +140,18 @@ def traced_steps(run_dir):
     return list(zip(steps, metrics[1:1 + len(steps)]))
 
 
+def step_tokens(metrics):
+    """the tokens a step trained on, from its metrics line (its time and tokens a second)"""
+    return round(metrics["tokens_per_sec"] * metrics["ms"] / 1e3)
+
+
 def analyse(run_dirs, ceil):
     runs = [step for run_dir in run_dirs for step in traced_steps(run_dir)]
     traced = [m for _, m in runs]
     # the fastest step of all the runs and its ops, as the ceilings are each the best of their
     # timings: other work on the machine slows some steps, and a bound has no such share in it
-    # (the mean is kept beside it)
-    fastest = min(range(len(runs)), key=lambda k: traced[k]["ms"])
+    # (the mean is kept beside it). Fastest a token: a batch's length moves its step's time
+    fastest = min(range(len(runs)), key=lambda k: traced[k]["ms"] / step_tokens(traced[k]))
     steps = [step for step, _ in runs]
     rows = {}
     for step in steps[fastest:fastest + 1]:
@@ -173,7 +178,8 @@ def analyse(run_dirs, ceil):
     bound_ms = sum(r["bound_ms"] for r in ops)
     ops_ms = sum(r["ms"] for r in ops)
     flop_bound = sum(r["bound_ms"] for r in ops if r["flops"])
-    return {"steps": len(steps), "step_ms": step_ms, "mean_step_ms": statistics.mean(m["ms"] for m in traced),
+    return {"steps": len(steps), "step_ms": step_ms, "step_tokens": step_tokens(traced[fastest]),
+            "mean_step_ms": statistics.mean(m["ms"] for m in traced),
             "bound_ms": bound_ms, "ratio": step_ms / bound_ms,
             "flop_bound_ms": flop_bound, "byte_bound_ms": bound_ms - flop_bound,
             "ops_ms": ops_ms, "outside_ops_ms": step_ms - ops_ms,
@@ -181,10 +187,10 @@ def analyse(run_dirs, ceil):
 
 
 def report(label, a):
-    print(f"{label}: step {a['step_ms']:.1f} ms, bound {a['bound_ms']:.1f} ms "
+    print(f"{label}: step {a['step_ms']:.1f} ms ({a['step_tokens']} tokens), bound {a['bound_ms']:.1f} ms "
           f"({a['flop_bound_ms']:.1f} ms of FLOPs at the matmul ceilings + {a['byte_bound_ms']:.1f} ms of bytes "
           f"at {a['ceilings']['READ'] / 1e9:.1f} GB/s): {a['ratio']:.2f}x its bound "
-          f"(the fastest of {a['steps']} traced steps after each run's first, and its ops; their mean "
+          f"(the fastest a token of {a['steps']} traced steps after each run's first, and its ops; their mean "
           f"{a['mean_step_ms']:.1f} ms)")
     print(f"| {'op (matmul: C x OC)':<32} | calls |      ms |      MB |  GFLOP | bound ms | bound/time |")
     print(f"|{'-' * 34}|-------|---------|---------|--------|----------|------------|")
