@@ -7,8 +7,8 @@
 # from one minute to the next: both stages run twice, the ceilings are measured before, between
 # and after the two rounds, and each ceiling is the highest of the three (the first: the one
 # scripts/bench.sh measured and exported, or this script's own), each step the fastest of both
-# rounds. Prints the step, its bound and the ratio, and a table per op; an op that ran faster than its bound
-# is flagged as a measurement error naming the ceiling measured too low. The figures go to
+# rounds. Prints the step, its bound and the ratio, and a table per op; an op that ran faster than
+# its bound is flagged as a measurement error naming the ceiling measured too low. The figures go to
 # $BENCH_JSON under "step_bound" (the flags under each label's "over_bound"). Then PyTorch on the same
 # step and threads (scripts/bench_torch.py: eager and torch.compile, fp32 and bf16 autocast, each
 # variant's best step) with the first Python that imports torch (scripts/torch_python.sh),

@@ -21,8 +21,9 @@
 // zeroing; read and write: an in-place add), at sizes from cache-resident to streaming: an op
 // whose inputs were just written by the op before it finds them in cache, and a ceiling measured
 // over 1 GiB only would be one it beats. Every figure is the best of PASSES timings after a
-// warm-up (a linear's, of LINEAR_CALLS), with the spread (slowest / fastest - 1) printed beside it: a wide spread says the
-// machine was busy, and the best is the one a bound can trust.
+// warm-up (a linear's of LINEAR_CALLS, a streaming size's of STREAM_PASSES), with the spread
+// (slowest / fastest - 1) printed beside it: a wide spread says the machine was busy, and the best
+// is the one a bound can trust.
 //
 // Usage: build/ceilings N C V   (rows per step, width, padded vocabulary)
 #include <math.h>

@@ -21,11 +21,11 @@ measured (its CEILING_* variables, from the environment). An op's bound is the l
 
 and the step's bound is the sum over its ops. A bound is what the op cannot beat: an op that
 runs faster than its bound shows a ceiling measured too low (a busy machine, a size or layout
-not measured), and is printed as a measurement error naming that ceiling ("over_bound"). Steps are told apart by their "embedding forward"
-span; each run's first (warm-up) is left out, and the figures are the fastest of the others' (of
-every run given: the same step run at several moments) and its ops' (each ceiling is the best of
-its timings too: other work on the machine slows a step, not a bound), the steps' mean printed
-beside it.
+not measured), and is printed as a measurement error naming that ceiling ("over_bound"). Steps
+are told apart by their "embedding forward" span; each run's first (warm-up) is left out, and the
+figures are the fastest of the others' (of every run given: the same step run at several moments)
+and its ops' (each ceiling is the best of its timings too: other work on the machine slows a
+step, not a bound), the steps' mean printed beside it.
 
   step_bound.py RUN_DIR [RUN_DIR ...] --label=TEXT [--json=FILE]
 
@@ -98,11 +98,13 @@ def op_bound(name, args, ceil, size):
     return seconds, f"CEILING_{key}" if key else None
 
 
-def working_set(e, step):
-    """the bytes a call's bandwidth is bounded at: a sweep's whole, else the call's own"""
-    if e["name"] in SWEEPS:
-        return sum(o["args"]["bytes"] for o in step if o["name"] == e["name"])
-    return e["args"]["bytes"]
+def sweep_bytes(step):
+    """each sweep's bytes in a step, all its calls together"""
+    totals = {}
+    for e in step:
+        if e["name"] in SWEEPS:
+            totals[e["name"]] = totals.get(e["name"], 0.0) + e["args"]["bytes"]
+    return totals
 
 
 def steps_of(events):
@@ -152,20 +154,21 @@ def analyse(run_dirs, ceil):
     # timings: other work on the machine slows some steps, and a bound has no such share in it
     # (the mean is kept beside it). Fastest a token: a batch's length moves its step's time
     fastest = min(range(len(runs)), key=lambda k: traced[k]["ms"] / step_tokens(traced[k]))
-    steps = [step for step, _ in runs]
+    step = runs[fastest][0]
+    # a call's working set: what it moves, or a sweep's whole
+    sweeps = sweep_bytes(step)
     rows = {}
-    for step in steps[fastest:fastest + 1]:
-        for e in step:
-            r = rows.setdefault(row_key(e), {"op": row_key(e), "calls": 0, "ms": 0.0, "bytes": 0.0, "flops": 0.0,
-                                             "bound_ms": 0.0, "ceilings": {}})
-            seconds, key = op_bound(e["name"], e["args"], ceil, working_set(e, step))
-            r["calls"] += 1
-            r["ms"] += e["dur"] / 1e3
-            r["bytes"] += e["args"]["bytes"]
-            r["flops"] += e["args"]["flops"]
-            r["bound_ms"] += 1e3 * seconds
-            if key:
-                r["ceilings"][key] = r["ceilings"].get(key, 0.0) + 1e3 * seconds
+    for e in step:
+        r = rows.setdefault(row_key(e), {"op": row_key(e), "calls": 0, "ms": 0.0, "bytes": 0.0, "flops": 0.0,
+                                         "bound_ms": 0.0, "ceilings": {}})
+        seconds, key = op_bound(e["name"], e["args"], ceil, sweeps.get(e["name"], e["args"]["bytes"]))
+        r["calls"] += 1
+        r["ms"] += e["dur"] / 1e3
+        r["bytes"] += e["args"]["bytes"]
+        r["flops"] += e["args"]["flops"]
+        r["bound_ms"] += 1e3 * seconds
+        if key:
+            r["ceilings"][key] = r["ceilings"].get(key, 0.0) + 1e3 * seconds
     for r in rows.values():
         r["share_of_bound"] = r["bound_ms"] / r["ms"] if r["ms"] > 0 else None
         # the ceiling that sets most of the row's bound: the one a time under the bound shows too low
@@ -178,7 +181,7 @@ def analyse(run_dirs, ceil):
     bound_ms = sum(r["bound_ms"] for r in ops)
     ops_ms = sum(r["ms"] for r in ops)
     flop_bound = sum(r["bound_ms"] for r in ops if r["flops"])
-    return {"steps": len(steps), "step_ms": step_ms, "step_tokens": step_tokens(traced[fastest]),
+    return {"steps": len(runs), "step_ms": step_ms, "step_tokens": step_tokens(traced[fastest]),
             "mean_step_ms": statistics.mean(m["ms"] for m in traced),
             "bound_ms": bound_ms, "ratio": step_ms / bound_ms,
             "flop_bound_ms": flop_bound, "byte_bound_ms": bound_ms - flop_bound,

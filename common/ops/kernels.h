@@ -85,29 +85,29 @@ KERNEL_FN float row_partial_sum(const float *x, int n, int lane, int nlanes) {
 // of the row functions here with nlanes 16), then the lanes in order. A 16-wide vector register
 // adds them in a sixteenth of the dependent steps of one lane's sum, which the compiler may not
 // regroup itself; a fixed order whatever the threads.
-#define SUM_LANES 16
+#define ROW_LANES 16
 
-KERNEL_FN float lanes_total(const float lanes[SUM_LANES]) {
+KERNEL_FN float lanes_total(const float lanes[ROW_LANES]) {
     float s = 0.0f;
-    for (int j = 0; j < SUM_LANES; j++) s += lanes[j];
+    for (int j = 0; j < ROW_LANES; j++) s += lanes[j];
     return s;
 }
 
 KERNEL_FN float sum_16_lanes(const float *x, int n) {
-    float lanes[SUM_LANES] = {0};
+    float lanes[ROW_LANES] = {0};
     int i = 0;
-    for (; i + SUM_LANES <= n; i += SUM_LANES)
-        for (int j = 0; j < SUM_LANES; j++) lanes[j] += x[i + j];
-    for (; i < n; i++) lanes[i % SUM_LANES] += x[i];
+    for (; i + ROW_LANES <= n; i += ROW_LANES)
+        for (int j = 0; j < ROW_LANES; j++) lanes[j] += x[i + j];
+    for (; i < n; i++) lanes[i % ROW_LANES] += x[i];
     return lanes_total(lanes);
 }
 
 KERNEL_FN float dot_16_lanes(const float *x, const float *y, int n) {
-    float lanes[SUM_LANES] = {0};
+    float lanes[ROW_LANES] = {0};
     int i = 0;
-    for (; i + SUM_LANES <= n; i += SUM_LANES)
-        for (int j = 0; j < SUM_LANES; j++) lanes[j] += x[i + j] * y[i + j];
-    for (; i < n; i++) lanes[i % SUM_LANES] += x[i] * y[i];
+    for (; i + ROW_LANES <= n; i += ROW_LANES)
+        for (int j = 0; j < ROW_LANES; j++) lanes[j] += x[i + j] * y[i + j];
+    for (; i < n; i++) lanes[i % ROW_LANES] += x[i] * y[i];
     return lanes_total(lanes);
 }
 
@@ -205,11 +205,11 @@ KERNEL_FN float row_partial_sqdev(const float *x, float mean, int n, int lane, i
 
 // row_partial_sqdev's sum over 16 lanes (sum_16_lanes)
 KERNEL_FN float sqdev_16_lanes(const float *x, float mean, int n) {
-    float lanes[SUM_LANES] = {0};
+    float lanes[ROW_LANES] = {0};
     int i = 0;
-    for (; i + SUM_LANES <= n; i += SUM_LANES)
-        for (int j = 0; j < SUM_LANES; j++) lanes[j] += (x[i + j] - mean) * (x[i + j] - mean);
-    for (; i < n; i++) lanes[i % SUM_LANES] += (x[i] - mean) * (x[i] - mean);
+    for (; i + ROW_LANES <= n; i += ROW_LANES)
+        for (int j = 0; j < ROW_LANES; j++) lanes[j] += (x[i + j] - mean) * (x[i + j] - mean);
+    for (; i < n; i++) lanes[i % ROW_LANES] += (x[i] - mean) * (x[i] - mean);
     return lanes_total(lanes);
 }
 
@@ -241,18 +241,18 @@ KERNEL_FN void layernorm_backward_partials(float *sum_dnorm, float *sum_dnorm_no
 // layernorm_backward_partials' two sums over 16 lanes (sum_16_lanes)
 KERNEL_FN void layernorm_backward_sums_16_lanes(float *sum_dnorm, float *sum_dnorm_norm, const float *dout,
                                                 const float *x, const float *w, float mean, float rstd, int C) {
-    float a[SUM_LANES] = {0}, b[SUM_LANES] = {0};
+    float a[ROW_LANES] = {0}, b[ROW_LANES] = {0};
     int i = 0;
-    for (; i + SUM_LANES <= C; i += SUM_LANES)
-        for (int j = 0; j < SUM_LANES; j++) {
+    for (; i + ROW_LANES <= C; i += ROW_LANES)
+        for (int j = 0; j < ROW_LANES; j++) {
             float dnorm = w[i + j] * dout[i + j];
             a[j] += dnorm;
             b[j] += dnorm * ((x[i + j] - mean) * rstd);
         }
     for (; i < C; i++) {
         float dnorm = w[i] * dout[i];
-        a[i % SUM_LANES] += dnorm;
-        b[i % SUM_LANES] += dnorm * ((x[i] - mean) * rstd);
+        a[i % ROW_LANES] += dnorm;
+        b[i % ROW_LANES] += dnorm * ((x[i] - mean) * rstd);
     }
     *sum_dnorm = lanes_total(a);
     *sum_dnorm_norm = lanes_total(b);
@@ -586,15 +586,15 @@ KERNEL_FN float attention_scale(int hs) { return 1.0f / sqrtf((float)hs); }
 // included, as the matmul wrote them) and gets the probabilities softmax(scale q . k[t2]) over
 // t2 = 0..t, zero for the future (backward reads the whole row, and P V adds nothing from it).
 KERNEL_FN void attention_row_probabilities(float *att, int t, int T, float scale) {
-    // the row's max over 16 lanes (one vector register): a sequential max is one dependent compare
+    // the row's max over ROW_LANES lanes (one vector register): a sequential max is one dependent compare
     // an element, and the compiler may not regroup it (a max with signed zeros and NaNs is not
     // associative). The same value: the scores hold no NaN, and where +0 and -0 tie, x - max and so
     // the exponentials below are the same for either.
-    float lanes[16];
-    for (int j = 0; j < 16; j++) lanes[j] = -INFINITY;
+    float lanes[ROW_LANES];
+    for (int j = 0; j < ROW_LANES; j++) lanes[j] = -INFINITY;
     int t2 = 0;
-    for (; t2 + 16 <= t + 1; t2 += 16)
-        for (int j = 0; j < 16; j++) {
+    for (; t2 + ROW_LANES <= t + 1; t2 += ROW_LANES)
+        for (int j = 0; j < ROW_LANES; j++) {
             float x = att[t2 + j] * scale;
             att[t2 + j] = x;
             lanes[j] = x > lanes[j] ? x : lanes[j];
@@ -604,7 +604,7 @@ KERNEL_FN void attention_row_probabilities(float *att, int t, int T, float scale
         att[t2] *= scale;
         max = att[t2] > max ? att[t2] : max;
     }
-    for (int j = 0; j < 16; j++) max = lanes[j] > max ? lanes[j] : max;
+    for (int j = 0; j < ROW_LANES; j++) max = lanes[j] > max ? lanes[j] : max;
     // the exponentials (softmax_exp's) in a loop of their own, which vectorizes; then their sum
     for (int t2 = 0; t2 <= t; t2++) att[t2] = expf_vectorizable(att[t2] - max);
     float inv_sum = 1.0f / sum_16_lanes(att, t + 1);
