@@ -306,7 +306,6 @@ void moe_experts_backward(Activations *a, int l, const BlockWeights *w, BlockWei
         if (!rows) continue;
         float *dfch_gelu = d->dfch_gelu + r0 * F, *dfch = d->dfch + r0 * F, *din = dexpert_in + r0 * C;
         dev_zero(dfch_gelu, rows * F * sizeof(float));
-        dev_zero(dfch, rows * F * sizeof(float));
         dev_zero(din, rows * C * sizeof(float));
         expert_linear_backward(dfch_gelu, &mg.proj[i], dexpert_out + r0 * C, m->fch_gelu + r0 * F, &mw.proj[i],
                                rows, (int)F, (int)C);

@@ -1331,13 +1331,13 @@ static void test_gelu(void) {
     double *dout = rand_array(n, -1, 1), *dinp0 = rand_array(n, -1, 1);
     double *g = malloc_or_die(n * sizeof(double));
     numeric_grad(g, ref_gelu, in, 0, n, dout, n, &n);
-    float *d_dout = upload(dout, n), *d_dinp = upload(dinp0, n);
+    float *d_dout = upload(dout, n), *d_dinp = upload(dinp0, n);  // what was there is overwritten
     gelu_backward(d_dinp, d_x, d_dout, n);
-    double *e = plus(dinp0, g, 1, n), *r = download(d_dinp, n);
-    check_array("gelu backward vs finite differences", r, e, n, 1e-5, 1e-6);
+    double *r = download(d_dinp, n);
+    check_array("gelu backward vs finite differences", r, g, n, 1e-5, 1e-6);
 
     dev_free(d_x), dev_free(d_out), dev_free(d_dout), dev_free(d_dinp);
-    free(x), free(want), free(got), free(dout), free(dinp0), free(g), free(e), free(r);
+    free(x), free(want), free(got), free(dout), free(dinp0), free(g), free(r);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1494,6 +1494,51 @@ static void check_dlogits16_format(HalfFormat format, const char *name) {
     dev_free(d_fused), dev_free(d_plain), dev_free(d_losses), dev_free(d_fused16), dev_free(d_plain16);
     dev_free(d_targets);
     free(logits), free(fused16), free(plain16);
+}
+
+// The MLP activations' backwards that also write the gradient's 16-bit copy (gelu_backward_16,
+// swiglu_backward_16): the f32 gradient of the plain op, bit for bit, and the copy's bits and
+// underflow counts cast_gradient_to_16's. Gradients small enough that fp16 flushes some to zero;
+// N x F large enough for the threads to split it, F odd.
+static void check_activation16_format(HalfFormat format, const char *name, int gated) {
+    const int N = 37, F = 301, width = gated ? 2 * F : F;
+    size_t n = (size_t)N * F, nw = (size_t)N * width;
+    ops_set_half_format(format);
+    double *x = rand_array(nw, -4, 4), *dh = rand_array(n, -1e-6, 1e-6), *junk = rand_array(nw, -1, 1);
+    float *d_x = upload(x, nw), *d_dh = upload(dh, n), *d_fused = upload(junk, nw), *d_plain = upload(junk, nw);
+    half16 *d_fused16 = dev_malloc(nw * sizeof(half16)), *d_plain16 = dev_malloc(nw * sizeof(half16));
+    double nonzero[2], flushed[2];
+    ops_half_underflow(&nonzero[0], &flushed[0]);  // from zero
+    if (gated) swiglu_backward_16(d_fused, d_fused16, d_x, d_dh, N, F);
+    else gelu_backward_16(d_fused, d_fused16, d_x, d_dh, n);
+    ops_half_underflow(&nonzero[0], &flushed[0]);
+    if (gated) swiglu_backward(d_plain, d_x, d_dh, N, F);
+    else gelu_backward(d_plain, d_x, d_dh, n);
+    cast_gradient_to_16(d_plain16, d_plain, nw);
+    ops_half_underflow(&nonzero[1], &flushed[1]);
+    float *fused = malloc_or_die(nw * sizeof(float)), *plain = malloc_or_die(nw * sizeof(float));
+    half16 *fused16 = malloc_or_die(nw * sizeof(half16)), *plain16 = malloc_or_die(nw * sizeof(half16));
+    copy_to_host(fused, d_fused, nw * sizeof(float)), copy_to_host(plain, d_plain, nw * sizeof(float));
+    copy_to_host(fused16, d_fused16, nw * sizeof(half16)), copy_to_host(plain16, d_plain16, nw * sizeof(half16));
+    const char *op = gated ? "swiglu_backward_16" : "gelu_backward_16";
+    CHECK(memcmp(fused, plain, nw * sizeof(float)) == 0, "%s (%s): its f32 gradient is not the plain op's", op, name);
+    CHECK(memcmp(fused16, plain16, nw * sizeof(half16)) == 0, "%s: its %s copy is not cast_gradient_to_16's bits", op,
+          name);
+    CHECK(nonzero[0] == nonzero[1] && flushed[0] == flushed[1],
+          "%s's %s copy counts %.0f nonzero, %.0f flushed; cast_gradient_to_16 %.0f, %.0f", op, name, nonzero[0],
+          flushed[0], nonzero[1], flushed[1]);
+    CHECK(nonzero[1] > 0 && (format == HALF_BF16 || flushed[1] > 0),
+          "the %s copy's test needs nonzero values, and in fp16 flushed ones: %.0f, %.0f", name, nonzero[1], flushed[1]);
+    ops_set_half_format(HALF_BF16);
+    dev_free(d_x), dev_free(d_dh), dev_free(d_fused), dev_free(d_plain), dev_free(d_fused16), dev_free(d_plain16);
+    free(x), free(dh), free(junk), free(fused), free(plain), free(fused16), free(plain16);
+}
+
+static void test_activation_backward_16(void) {
+    for (int gated = 0; gated <= 1; gated++) {
+        check_activation16_format(HALF_BF16, "bf16", gated);
+        check_activation16_format(HALF_FP16, "fp16", gated);
+    }
 }
 
 static void test_cross_entropy_dlogits16(void) {
@@ -2574,6 +2619,7 @@ int main(int argc, char **argv) {
     RUN(test_embedding());
     RUN(test_cross_entropy());
     RUN(test_cross_entropy_dlogits16());
+    RUN(test_activation_backward_16());
     RUN(test_adamw());
     RUN(test_adamw_16(HALF_BF16));
     RUN(test_adamw_16(HALF_FP16));

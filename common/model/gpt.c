@@ -32,11 +32,14 @@ static void zero_floats(float *x, size_t n) { dev_zero(x, n * sizeof(float)); }
 // backward pass gpt_gradients_begin asked to write, GRAD_ADD otherwise. A stage's own layers are
 // never asked to write: gpt_gradients_begin zeroes their gradients instead.
 static GradMode g_serial_grads = GRAD_ADD;
-// During the head's backward: dout16 already holds the logits' gradient's 16-bit copy, which the
-// loss made as it produced the gradient (gpt_loss_forward_backward), so the serial head skips
-// its cast over N x V values. A stage's own layers cast as before.
-static bool g_head_dout16_made;
+// During the backward of a serial linear layer whose output gradient's producer also wrote its
+// 16-bit copy into dout16 as it made the gradient (the loss the head's, gpt_loss_forward_backward;
+// the MLP's activation fc's, dense_mlp_backward): the layer skips its own cast over it. A
+// stage's own layers cast as before.
+static bool g_dout16_made;
 static BlockActs *block_acts(const Activations *a, int l) { return &a->blocks[l - a->spec.first_layer]; }
+// the layers run on one rank, none a stage's own
+static bool serial_layers(const Activations *a) { return a->ops == serial_layer_ops(); }
 
 // ---- sequence parallelism's edges of a tensor-parallel region (ActsSpec.seq_shards) --------------
 // Without it these are the plain norm and nothing else. With it the norms and the residual run on
@@ -207,10 +210,10 @@ void gpt_head_backward(Activations *a, const Weights *w, Weights *g, int B, int 
     float *dlnf = a->dbig;  // (N, C) scratch
     zero_floats(dlnf, (size_t)N * s->C);
     zero_floats(a->dres, (size_t)residual_rows(&a->spec, N) * s->C);
-    g_head_dout16_made = a->dlogits16_made;
+    g_dout16_made = a->dlogits16_made;
     ops->linear_backward(ops, LIN_HEAD, dlnf, &g->head, a->logits, a->dout16, a->lnf, a->lnf16, &w->head,
                          N, s->C, s->v_rows);
-    g_head_dout16_made = a->dlogits16_made = false;  // later layers' casts overwrite dout16
+    g_dout16_made = a->dlogits16_made = false;  // later layers' casts overwrite dout16
     norm_backward_from_region(a, a->dres, &g->lnf, dlnf, head_input(a), &w->lnf, a->lnf_mean, a->lnf_rstd, N);
     trace_layer("head backward", -1, m0);
 }
@@ -251,7 +254,7 @@ void gpt_backward(Activations *a, const Weights *w, Weights *g, int B, int T, Gr
 // lm_head wrote. So a step that starts here zeroes only those the head did not write.
 static bool serial_writes_gradients(const Activations *a) {
     const ActsSpec *sp = &a->spec;
-    return a->ops == serial_layer_ops() && sp->embed && sp->head && sp->first_layer == 0 &&
+    return serial_layers(a) && sp->embed && sp->head && sp->first_layer == 0 &&
            sp->n_layers == sp->model.n_layer && gpt_experts(&sp->model) == 0;
 }
 
@@ -341,12 +344,12 @@ static void serial_linear_forward(LayerOps *ops, LinearKind k, float *out, const
 static void serial_linear_backward(LayerOps *ops, LinearKind k, float *dinp, Linear *g, const float *dout,
                                    half16 *dout16, const float *inp, const half16 *inp16, const Linear *w,
                                    int N, int in_dim, int out_dim) {
-    (void)ops;
+    (void)ops, (void)k;
     if (!w->w16) {
         matmul_backward_mode(dinp, g->w, g->b, dout, inp, w->w, N, in_dim, out_dim, g_serial_grads);
         return;
     }
-    if (!(k == LIN_HEAD && g_head_dout16_made)) cast_gradient_to_16(dout16, dout, (size_t)N * out_dim);
+    if (!g_dout16_made) cast_gradient_to_16(dout16, dout, (size_t)N * out_dim);
     matmul_backward_16_mode(dinp, g->w, g->b, dout, dout16, inp16, w->w16, N, in_dim, out_dim, g_serial_grads);
 }
 
@@ -380,6 +383,18 @@ static void serial_attention_backward(LayerOps *ops, int layer, float *dqkv, flo
 
 static half16 *mlp_input16(const BlockActs *k, const ModelShape *s) { return s->parallel_block ? k->ln1_16 : k->ln2_16; }
 
+// dfch (written) from dh through the activation. Serial layers in 16 bits: its 16-bit copy too,
+// made into dout16 with it, which fc's backward then multiplies as it is (g_dout16_made). (A
+// stage's own layers cast for themselves: a copy made here would be cast and counted twice.)
+static void mlp_activation_backward(Activations *a, float *dfch, const float *fch, const float *dh, int N, int F) {
+    bool gated = a->spec.shape.gated_mlp;
+    g_dout16_made = a->dout16 && serial_layers(a);
+    if (!g_dout16_made && gated) swiglu_backward(dfch, fch, dh, N, F);
+    else if (!g_dout16_made) gelu_backward(dfch, fch, dh, (size_t)N * F);
+    else if (gated) swiglu_backward_16(dfch, a->dout16, fch, dh, N, F);
+    else gelu_backward_16(dfch, a->dout16, fch, dh, (size_t)N * F);
+}
+
 // the dense MLP: out = fc_proj(gelu(fc(inp))), or with SwiGLU out = down(silu(gate(inp)) * up(inp)),
 // where fc is gate and up side by side
 static void dense_mlp_forward(LayerOps *ops, Activations *a, int l, const BlockWeights *w, int B, int T) {
@@ -399,13 +414,12 @@ static void dense_mlp_backward(LayerOps *ops, Activations *a, int l, float *dinp
     int N = B * T, C = s->C, F = s->C_mlp, F_fc = s->gated_mlp ? 2 * F : F;
     float *dfch_gelu = a->dbig, *dfch = a->dbig2;
     zero_floats(dfch_gelu, (size_t)N * F);
-    zero_floats(dfch, (size_t)N * F_fc);
     ops->linear_backward(ops, LIN_FC_PROJ, dfch_gelu, &g->fc_proj, dout, a->dout16, k->fch_gelu,
                          k->fch_gelu16, &w->fc_proj, N, F, C);
-    if (s->gated_mlp) swiglu_backward(dfch, k->fch, dfch_gelu, N, F);
-    else gelu_backward(dfch, k->fch, dfch_gelu, (size_t)N * F);
+    mlp_activation_backward(a, dfch, k->fch, dfch_gelu, N, F);
     ops->linear_backward(ops, LIN_FC, dinp, &g->fc, dfch, a->dout16, block_mlp_input(a, l), mlp_input16(k, s),
                          &w->fc, N, C, F_fc);
+    g_dout16_made = false;
 }
 
 // a MoE block's MLP is MoEConfig.mlp's (08_mixture_of_experts/moe.c), on one rank

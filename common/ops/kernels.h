@@ -527,13 +527,13 @@ KERNEL_FN float swiglu_value(const float *gate_up, size_t i, int F) {
     return silu_value(row[f]) * row[F + f];
 }
 
-// dgate_up (N, 2F) += the gradient of element i = (n, f) of h, into its gate and its up
+// dgate_up (N, 2F) = the gradient of element i = (n, f) of h, into its gate and its up (written)
 KERNEL_FN void swiglu_grad(float *dgate_up, const float *gate_up, const float *dh, size_t i, int F) {
     size_t n = i / F, f = i % F;
     const float *row = gate_up + n * 2 * F;
     float *drow = dgate_up + n * 2 * F;
-    drow[f] += dh[i] * row[F + f] * silu_grad(row[f]);
-    drow[F + f] += dh[i] * silu_value(row[f]);
+    drow[f] = dh[i] * row[F + f] * silu_grad(row[f]);
+    drow[F + f] = dh[i] * silu_value(row[f]);
 }
 
 // ----------------------------------------------------------------------------------------------

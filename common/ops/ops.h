@@ -276,13 +276,18 @@ typedef struct {
 void rotary_forward(float *qkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, Rope rope);
 // its backward on dqkv, in place (the inverse rotation)
 void rotary_backward(float *dqkv, const int *start, int B, int T, int C_attn, int NH, int rot_dim, Rope rope);
-// GELU, tanh approximation (GPT-2's "gelu_new"); dinp += dout * gelu'(inp)
+// GELU, tanh approximation (GPT-2's "gelu_new"); dinp = dout * gelu'(inp), written (the MLP's
+// only producer of that gradient: no zeroing pass before it)
 void gelu_forward(float *out, const float *inp, size_t n);
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 // SwiGLU (Llama's MLP): h (N, F) = silu(gate) * up, gate_up (N, 2F) holding gate | up per row;
-// dgate_up (N, 2F) += its gradient
+// dgate_up (N, 2F) = its gradient, written
 void swiglu_forward(float *h, const float *gate_up, int N, int F);
 void swiglu_backward(float *dgate_up, const float *gate_up, const float *dh, int N, int F);
+// the two backwards that also write the gradient's 16-bit copy, rounded and counted as
+// cast_gradient_to_16 would (the fc layer's backward multiplies it): no pass of its own over them
+void gelu_backward_16(float *dinp, half16 *dinp16, const float *inp, const float *dout, size_t n);
+void swiglu_backward_16(float *dgate_up, half16 *dgate_up16, const float *gate_up, const float *dh, int N, int F);
 
 void add_forward(float *out, const float *a, const float *b, size_t n);  // out = a + b
 void add_inplace(float *acc, const float *x, size_t n);                  // acc += x

@@ -2045,7 +2045,7 @@ static __global__ void gelu_forward_kernel(float *out, const float *inp, size_t 
 }
 
 static __global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n) {
-    GRID_STRIDE(i, n) dinp[i] += dout[i] * gelu_grad(inp[i]);
+    GRID_STRIDE(i, n) dinp[i] = dout[i] * gelu_grad(inp[i]);
 }
 
 static __global__ void rotary_kernel(float *qkv, const int *start, size_t pairs, int T, int C_attn, int NH,
@@ -2114,6 +2114,12 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     LAUNCH(gelu_backward_kernel, grid_for(n), THREADS, 0, dinp, inp, dout, n);
 }
 
+// The 16-bit copies as a second pass (cast_gradient_to_16's): a GPU's memory makes it a small one
+void gelu_backward_16(float *dinp, half16 *dinp16, const float *inp, const float *dout, size_t n) {
+    gelu_backward(dinp, inp, dout, n);
+    cast_gradient_to_16(dinp16, dinp, n);
+}
+
 void swiglu_forward(float *h, const float *gate_up, int N, int F) {
     size_t n = (size_t)N * F;
     if (!n) return;
@@ -2126,6 +2132,11 @@ void swiglu_backward(float *dgate_up, const float *gate_up, const float *dh, int
     if (!n) return;
     ensure_init();
     LAUNCH(swiglu_backward_kernel, grid_for(n), THREADS, 0, dgate_up, gate_up, dh, n, F);
+}
+
+void swiglu_backward_16(float *dgate_up, half16 *dgate_up16, const float *gate_up, const float *dh, int N, int F) {
+    swiglu_backward(dgate_up, gate_up, dh, N, F);
+    cast_gradient_to_16(dgate_up16, dgate_up, (size_t)N * 2 * F);
 }
 
 void gqa_expand(float *qkv, const float *proj, int N, int C_attn, int NH, int NKV) {
