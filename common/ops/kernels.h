@@ -238,21 +238,24 @@ KERNEL_FN void layernorm_backward_partials(float *sum_dnorm, float *sum_dnorm_no
     *sum_dnorm_norm = b;
 }
 
-// layernorm_backward_partials' two sums over 16 lanes (sum_16_lanes)
+// layernorm_backward_partials' two sums over 16 lanes (sum_16_lanes). Two sums with a row's
+// scalars in them: without SIMD_LOOP, GCC vectorizes the outer loop instead, in-order scalar adds
+// among thousands of shuffles, and LayerNorm's backward took several times its forward.
 KERNEL_FN void layernorm_backward_sums_16_lanes(float *sum_dnorm, float *sum_dnorm_norm, const float *dout,
                                                 const float *x, const float *w, float mean, float rstd, int C) {
     float a[ROW_LANES] = {0}, b[ROW_LANES] = {0};
     int i = 0;
     for (; i + ROW_LANES <= C; i += ROW_LANES)
+        SIMD_LOOP
         for (int j = 0; j < ROW_LANES; j++) {
             float dnorm = w[i + j] * dout[i + j];
             a[j] += dnorm;
             b[j] += dnorm * ((x[i + j] - mean) * rstd);
         }
-    for (; i < C; i++) {
-        float dnorm = w[i] * dout[i];
-        a[i % ROW_LANES] += dnorm;
-        b[i % ROW_LANES] += dnorm * ((x[i] - mean) * rstd);
+    for (int j = 0; i + j < C; j++) {  // the tail, fewer than ROW_LANES, lane j
+        float dnorm = w[i + j] * dout[i + j];
+        a[j] += dnorm;
+        b[j] += dnorm * ((x[i + j] - mean) * rstd);
     }
     *sum_dnorm = lanes_total(a);
     *sum_dnorm_norm = lanes_total(b);
@@ -267,7 +270,9 @@ KERNEL_FN float layernorm_dinp(float dout, float x, float w, float mean, float r
 // Column sums a block of COLUMN_BLOCK columns at a time, each block's sums kept in locals across
 // the rows: summed through memory, every row's add waits on the store of the row before (a CPU
 // keeps the locals of a block in one vector register). The same additions in the same order: row 0
-// first. A narrower range (a GPU thread's one column) runs the remainder loop alone.
+// first. A narrower range (a GPU thread's one column) runs the remainder loop alone. Where a row
+// brings scalars of its own (LayerNorm's mean and rstd), GCC unrolls the block into 16 scalar
+// sums unless told the block is one vector (SIMD_LOOP).
 #define COLUMN_BLOCK 16
 
 // dweight += dout * norm and dbias += dout, summed over all N rows, for columns [c0, c1): as in
@@ -283,6 +288,7 @@ KERNEL_FN void layernorm_param_grad_columns(float *dweight, float *dbias, const 
         for (int n = 0; n < N; n++) {
             const float *g = dout + (size_t)n * C + c, *x = inp + (size_t)n * C + c;
             float row_mean = mean[n], row_rstd = rstd[n];
+            SIMD_LOOP
             for (int j = 0; j < COLUMN_BLOCK; j++) {
                 dw[j] += g[j] * (x[j] - row_mean) * row_rstd;
                 db[j] += g[j];
