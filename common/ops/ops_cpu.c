@@ -1345,9 +1345,8 @@ void cross_entropy_forward(float *losses, const float *logits, const int *target
             losses[n] = 0.0f;
             continue;
         }
-        float max = row_partial_max(x, V, 0, 1);
-        float sumexp = row_partial_sumexp(x, max, V, 0, 1);
-        losses[n] = cross_entropy_loss(x[targets[n]], max, sumexp);
+        float max = max_16_lanes(x, V);
+        losses[n] = cross_entropy_loss(x[targets[n]], max, sumexp_16_lanes(x, max, V));
     }
 }
 
@@ -1379,17 +1378,14 @@ void cross_entropy_forward_backward(float *logits_then_dlogits, half16 *dlogits1
             gradient_row_to_16(x16, x, Vp, &nonzero, &flushed);
             continue;
         }
-        // Three passes over a row of 200 KB, which stays in this core's L2 cache after the
-        // first: the max; the exponentials, written in place and summed (one expf per logit,
-        // the costly part); then the scaling into gradients. From memory, the row is read once
-        // and written once.
-        float max = row_partial_max(x, V, 0, 1);
+        // Passes over a row of 200 KB, which stays in this core's L2 cache after the first: the
+        // max; the exponentials, written in place (the costly part); their sum (the lanes
+        // and the values of cross_entropy_forward's sumexp_16_lanes: the same loss); then the
+        // scaling into gradients. Each vectorizes. From memory, the row is read once and written once.
+        float max = max_16_lanes(x, V);
         float x_target = x[target];
-        float sumexp = 0.0f;
-        for (int i = 0; i < V; i++) {
-            x[i] = softmax_exp(x[i], max);
-            sumexp += x[i];
-        }
+        for (int i = 0; i < V; i++) x[i] = expf_vectorizable(x[i] - max);
+        float sumexp = sum_16_lanes(x, V);
         losses[n] = cross_entropy_loss(x_target, max, sumexp);
         float inv_sum = 1.0f / sumexp;
         for (int i = 0; i < V; i++) x[i] = cross_entropy_dlogit(x[i] * inv_sum, i == target, dloss);
@@ -1675,7 +1671,7 @@ void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const f
 
 void cross_entropy_shard_max(float *max, const float *logits, int N, int v_count, int Vl) {
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) max[n] = row_partial_max(logits + (size_t)n * Vl, v_count, 0, 1);
+    for (int n = 0; n < N; n++) max[n] = max_16_lanes(logits + (size_t)n * Vl, v_count);
 }
 
 void cross_entropy_shard_sums(float *sums, const float *logits, const float *maxes, int nmax,
@@ -1685,7 +1681,7 @@ void cross_entropy_shard_sums(float *sums, const float *logits, const float *max
         const float *x = logits + (size_t)n * Vl;
         float m = max_over_shards(maxes, nmax, N, n);
         int local = vocab_shard_index(targets[n], v_lo, v_count);
-        sums[2 * n] = row_partial_sumexp(x, m, v_count, 0, 1);
+        sums[2 * n] = sumexp_16_lanes(x, m, v_count);
         sums[2 * n + 1] = local >= 0 ? x[local] : 0.0f;
     }
 }
@@ -1708,7 +1704,7 @@ void cross_entropy_shard_finish(float *losses, float *dlogits, const float *logi
         if (!dx) continue;
         int local = vocab_shard_index(target, v_lo, v_count);
         for (int i = 0; i < v_count; i++)
-            dx[i] = cross_entropy_dlogit(softmax_exp(x[i], m) * inv_sum, i == local, dloss);
+            dx[i] = cross_entropy_dlogit(expf_vectorizable(x[i] - m) * inv_sum, i == local, dloss);
         for (int i = v_count; i < Vl; i++) dx[i] = 0.0f;  // padded vocabulary
     }
 }
