@@ -97,6 +97,7 @@ KERNEL_FN float sum_16_lanes(const float *x, int n) {
     float lanes[ROW_LANES] = {0};
     int i = 0;
     for (; i + ROW_LANES <= n; i += ROW_LANES)
+        SIMD_LOOP
         for (int j = 0; j < ROW_LANES; j++) lanes[j] += x[i + j];
     for (; i < n; i++) lanes[i % ROW_LANES] += x[i];
     return lanes_total(lanes);
@@ -106,6 +107,7 @@ KERNEL_FN float dot_16_lanes(const float *x, const float *y, int n) {
     float lanes[ROW_LANES] = {0};
     int i = 0;
     for (; i + ROW_LANES <= n; i += ROW_LANES)
+        SIMD_LOOP
         for (int j = 0; j < ROW_LANES; j++) lanes[j] += x[i + j] * y[i + j];
     for (; i < n; i++) lanes[i % ROW_LANES] += x[i] * y[i];
     return lanes_total(lanes);
@@ -132,6 +134,7 @@ KERNEL_FN float sumexp_16_lanes(const float *x, float max, int n) {
     float lanes[ROW_LANES] = {0};
     int i = 0;
     for (; i + ROW_LANES <= n; i += ROW_LANES)
+        SIMD_LOOP
         for (int j = 0; j < ROW_LANES; j++) lanes[j] += expf_vectorizable(x[i + j] - max);
     for (; i < n; i++) lanes[i % ROW_LANES] += expf_vectorizable(x[i] - max);
     return lanes_total(lanes);
@@ -234,6 +237,7 @@ KERNEL_FN float sqdev_16_lanes(const float *x, float mean, int n) {
     float lanes[ROW_LANES] = {0};
     int i = 0;
     for (; i + ROW_LANES <= n; i += ROW_LANES)
+        SIMD_LOOP
         for (int j = 0; j < ROW_LANES; j++) lanes[j] += (x[i + j] - mean) * (x[i + j] - mean);
     for (; i < n; i++) lanes[i % ROW_LANES] += (x[i] - mean) * (x[i] - mean);
     return lanes_total(lanes);
@@ -626,6 +630,7 @@ KERNEL_FN void attention_row_probabilities(float *att, int t, int T, float scale
     for (int j = 0; j < ROW_LANES; j++) lanes[j] = -INFINITY;
     int t2 = 0;
     for (; t2 + ROW_LANES <= t + 1; t2 += ROW_LANES)
+        SIMD_LOOP
         for (int j = 0; j < ROW_LANES; j++) {
             float x = att[t2 + j] * scale;
             att[t2 + j] = x;
