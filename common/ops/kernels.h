@@ -530,6 +530,17 @@ KERNEL_FN float rmsnorm_backward_partial(const float *dout, const float *x, cons
     return s;
 }
 
+// rmsnorm_backward_partial's sum over 16 lanes (sum_16_lanes)
+KERNEL_FN float rmsnorm_backward_sum_16_lanes(const float *dout, const float *x, const float *w, float rstd, int C) {
+    float lanes[ROW_LANES] = {0};
+    int i = 0;
+    for (; i + ROW_LANES <= C; i += ROW_LANES)
+        SIMD_LOOP
+        for (int j = 0; j < ROW_LANES; j++) lanes[j] += w[i + j] * dout[i + j] * x[i + j] * rstd;
+    for (int j = 0; i + j < C; j++) lanes[j] += w[i + j] * dout[i + j] * x[i + j] * rstd;  // the tail
+    return lanes_total(lanes);
+}
+
 KERNEL_FN float rmsnorm_dinp(float dout, float x, float w, float rstd, float mean_dnorm_norm) {
     return rstd * (w * dout - x * rstd * mean_dnorm_norm);
 }

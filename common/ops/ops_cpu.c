@@ -890,7 +890,7 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *o = out + (size_t)n * C;
-        float r = rmsnorm_rstd(row_partial_sqdev(x, 0.0f, C, 0, 1), C, eps);
+        float r = rmsnorm_rstd(sqdev_16_lanes(x, 0.0f, C), C, eps);
         for (int c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
         rstd[n] = r;
     }
@@ -906,7 +906,7 @@ void rmsnorm_backward_mode(float *dinp, float *dweight, const float *dout, const
             const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
             float *dx = dinp + (size_t)n * C;
             float row_rstd = rstd[n];  // in a local, as in layernorm_backward_mode
-            float mean_dnorm_norm = rmsnorm_backward_partial(g, x, weight, row_rstd, C, 0, 1) / (float)C;
+            float mean_dnorm_norm = rmsnorm_backward_sum_16_lanes(g, x, weight, row_rstd, C) / (float)C;
             for (int c = 0; c < C; c++) dx[c] += rmsnorm_dinp(g[c], x[c], weight[c], row_rstd, mean_dnorm_norm);
         }
         int c0, c1;
@@ -917,7 +917,7 @@ void rmsnorm_backward_mode(float *dinp, float *dweight, const float *dout, const
 
 void rmsnorm_row_sums(float *sum_sq, const float *inp, int N, int C) {
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) sum_sq[n] = row_partial_sqdev(inp + (size_t)n * C, 0.0f, C, 0, 1);
+    for (int n = 0; n < N; n++) sum_sq[n] = sqdev_16_lanes(inp + (size_t)n * C, 0.0f, C);
 }
 
 void rmsnorm_forward_stats(float *out, float *rstd, const float *inp, const float *weight, const float *sum_sq,
@@ -936,7 +936,7 @@ void rmsnorm_backward_row_sums(float *sums, const float *dout, const float *inp,
                                const float *rstd, int N, int C) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
-        sums[n] = rmsnorm_backward_partial(dout + (size_t)n * C, inp + (size_t)n * C, weight, rstd[n], C, 0, 1);
+        sums[n] = rmsnorm_backward_sum_16_lanes(dout + (size_t)n * C, inp + (size_t)n * C, weight, rstd[n], C);
 }
 
 void rmsnorm_backward_stats(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
@@ -1625,7 +1625,7 @@ void layernorm_row_sums(float *sums, const float *inp, const float *mean, int N,
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
-        sums[n] = mean ? row_partial_sqdev(x, mean[n], C, 0, 1) : row_partial_sum(x, C, 0, 1);
+        sums[n] = mean ? sqdev_16_lanes(x, mean[n], C) : sum_16_lanes(x, C);
     }
 }
 
@@ -1646,8 +1646,8 @@ void layernorm_backward_row_sums(float *sums, const float *dout, const float *in
                                  const float *weight, const float *mean, const float *rstd, int N, int C) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
-        layernorm_backward_partials(&sums[2 * n], &sums[2 * n + 1], dout + (size_t)n * C,
-                                    inp + (size_t)n * C, weight, mean[n], rstd[n], C, 0, 1);
+        layernorm_backward_sums_16_lanes(&sums[2 * n], &sums[2 * n + 1], dout + (size_t)n * C, inp + (size_t)n * C,
+                                         weight, mean[n], rstd[n], C);
 }
 
 void layernorm_backward_stats(float *dinp, float *dweight, float *dbias, const float *dout,
