@@ -323,20 +323,38 @@ else:
 sys.exit(0 if ok else 1)
 PY
 }
+# The preflight's stage steps are srun launches across the hosts as well (one each), so the known
+# start-up crash can end one of them: a failed run whose stage log shows it is run once more.
+pf_startup_crash() { # : a stage step of job $JID that met the known start-up crash, named
+    local log
+    for log in slurm/logs/preflight-"$JID"/stages/*.log; do
+        if known_startup_crash "$log" "${log%.log}"; then basename "$log" .log; return 0; fi
+    done
+    return 1
+}
 if [ -x build/preflight_comm ]; then
     t0=$(now)
     name="preflight: sbatch --nodes=2 slurm/preflight.sh, 2x2 ranks, floor $PF_FLOOR GB/s"
-    if ! OMP_NUM_THREADS=1 EXTRA_ARGS="$pf_args --out_dir=$WORK/out/preflight" \
-        submit slurm/preflight.sh --nodes=2 --ntasks-per-node=2 --gpus-per-node=2; then
-        fail "$name: sbatch refused the job: $(cat "$WORK/sbatch.err")"
-    else
-        wait_job
-        if [ "$STATE" != COMPLETED ] || ! why=$(pf_report clean); then
-            fail "$name: job $JID ended $STATE (exit $EXIT): ${why:-}"; log_tail
+    for try in 1 2; do
+        if ! OMP_NUM_THREADS=1 EXTRA_ARGS="$pf_args --out_dir=$WORK/out/preflight" \
+            submit slurm/preflight.sh --nodes=2 --ntasks-per-node=2 --gpus-per-node=2; then
+            fail "$name: sbatch refused the job: $(cat "$WORK/sbatch.err")"
         else
-            pass "$name [job $JID, $(since "$t0") s]: $why"; rm -rf "$LOG" "slurm/logs/preflight-$JID"
+            wait_job
+            if [ "$STATE" = COMPLETED ] && why=$(pf_report clean); then
+                pass "$name [job $JID, $(since "$t0") s]: $why"; rm -rf "$LOG" "slurm/logs/preflight-$JID"
+            elif [ $try = 1 ] && step=$(pf_startup_crash); then
+                say "RETRY $name: job $JID ended $STATE (exit $EXIT): its $step step met the known srun+PMIx" \
+                    "start-up crash; signature:"
+                grep -hE "$KNOWN_CRASH" "slurm/logs/preflight-$JID/stages/$step.log" | head -n 4 | sed 's/^/    /'
+                rm -rf "$LOG" "slurm/logs/preflight-$JID"
+                continue
+            else
+                fail "$name: job $JID ended $STATE (exit $EXIT): ${why:-}"; log_tail
+            fi
         fi
-    fi
+        break
+    done
     slow=${NODES[1]} t0=$(now)
     name="preflight, $slow's link slowed to $PF_RATE (tbf on its eth0): the bandwidth check fails and names the pair"
     if ! timeout --kill-after=10 10 tc -n "$slow" qdisc add dev eth0 root tbf rate $PF_RATE burst 64kb latency 100ms 2>"$WORK/tc.err"; then
