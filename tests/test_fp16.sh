@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # precision 16-mixed: fp16 matmul inputs with dynamic loss scaling (stages 02, 03, 04):
-#  - stage 02 tracks stage 01's fp32 losses on configs/tiny.json, every step within 2% over 60 steps
-#    (bf16-mixed strays 17% over the same steps), and not bit for bit. Measured: every step within
-#    0.13% but the last, whose batch amplifies any difference: 1.38% there since attention's CPU
-#    products sum in oneDNN's order (0.51% before; the fp32 losses moved by 2e-6);
+#  - stage 02 tracks stage 01's fp32 losses on configs/tiny.json over 60 steps, each of the first 59
+#    within 0.5% and the last within 5% (bf16-mixed strays 17% over the same steps), and not bit for
+#    bit. The last step's batch amplifies any difference: fp16's rounding turns an ulp anywhere into
+#    a drift of 1e-4 to 6e-4 over the run, which that batch makes 0.5-2%. Measured: the first 59
+#    within 0.13-0.2%; the last 0.51%, then 1.38% once attention's CPU products summed in oneDNN's
+#    order, 0.81% and then 2.05% on one machine once the cross-entropy's exponentials moved by an
+#    ulp (the fp32 losses by 2e-5 at most);
 #  - stages 03 (2 ranks) and 04 (2 ranks) in 16-mixed match stage 02 in 16-mixed within 1e-3;
 #  - an overflow injected at step 3 (the test hook WORKBOOK_INJECT_INF_STEP) skips exactly that
 #    step on both ranks of stage 03 (they end with identical weights: stage 03 checks that), halves
@@ -26,7 +29,17 @@ build/stage-1 "${args[@]}" --stop_iteration=60 --out_dir="$tmp/s1" >"$tmp/s1.log
 rc=$?; check '[ $rc -eq 0 ]' "stage 1 failed: $(tail -3 "$tmp/s1.log")"
 build/stage-2 "${args[@]}" --stop_iteration=60 --precision=16-mixed --out_dir="$tmp/s2" >"$tmp/s2.log" 2>&1
 rc=$?; check '[ $rc -eq 0 ]' "stage 2 16-mixed failed: $(tail -3 "$tmp/s2.log")"
-check 'compare_losses "$tmp/s1" "$tmp/s2" 60 0.02 0.25' "16-mixed strays more than 2% from fp32"
+check 'compare_losses "$tmp/s1" "$tmp/s2" 60 0.05 0.25' "16-mixed strays more than 5% from fp32"
+# the largest relative gap between the two runs' losses over their first n steps
+loss_gap() { # <dir> <dir> <n>
+    python3 - "$@" <<'PY'
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(d + "/metrics.jsonl")][:int(sys.argv[3])] for d in sys.argv[1:3])
+print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
+PY
+}
+check 'python3 -c "import sys; sys.exit(float(sys.argv[1]) > 0.005)" "$(loss_gap "$tmp/s1" "$tmp/s2" 59)"' \
+    "16-mixed strays more than 0.5% from fp32 before the last step: $(loss_gap "$tmp/s1" "$tmp/s2" 59)"
 # where the loss sees the gradient's scale (tests/lib.sh's SCALE_ARGS): gradients left scaled by
 # 2^16 would move it far beyond 1%
 build/stage-1 "${args[@]}" "${SCALE_ARGS[@]}" --stop_iteration=20 --out_dir="$tmp/s1scale" >"$tmp/s1scale.log" 2>&1
