@@ -1202,9 +1202,14 @@ void gelu_backward(float *restrict dinp, const float *restrict inp, const float 
 // one loop doing both would not vectorize, and the op would be slower than its two passes.
 #define ROUNDED_BLOCK 1024
 
-// out[0, n) = in's values rounded as cast_gradient_to_16 rounds them, and counted
-static void round_gradient_block(half16 *restrict out, const float *restrict in, size_t n, int fp16,
-                                 unsigned long long *nonzero, unsigned long long *flushed) {
+// out[0, n) = in's values rounded as cast_gradient_to_16 rounds them, and counted (nothing
+// without out): a block or a row of gradients while it is still in this core's cache. Counted in
+// locals, which the compiler keeps in vector registers (through the pointers, it would not
+// vectorize the loop).
+static void gradients_to_16_counted(half16 *restrict out, const float *restrict in, size_t n,
+                                    unsigned long long *nonzero, unsigned long long *flushed) {
+    if (!out) return;
+    int fp16 = g_half == HALF_FP16;
     unsigned long long nz = 0, fl = 0;
     for (size_t i = 0; i < n; i++) out[i] = gradient_to_16(in[i], fp16, &nz, &fl);
     *nonzero += nz, *flushed += fl;
@@ -1215,13 +1220,12 @@ static size_t block_end(size_t b, size_t n) { return b + ROUNDED_BLOCK < n ? b +
 void gelu_backward_16(float *restrict dinp, half16 *restrict dinp16, const float *restrict inp,
                       const float *restrict dout, size_t n) {
     int m0 = trace_op_begin();
-    int fp16 = g_half == HALF_FP16;
     unsigned long long nonzero = 0, flushed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : nonzero, flushed)
     for (size_t b = 0; b < n; b += ROUNDED_BLOCK) {
         size_t end = block_end(b, n);
         for (size_t i = b; i < end; i++) dinp[i] = gelu_backward_value(inp[i], dout[i]);
-        round_gradient_block(dinp16 + b, dinp + b, end - b, fp16, &nonzero, &flushed);
+        gradients_to_16_counted(dinp16 + b, dinp + b, end - b, &nonzero, &flushed);
     }
     add_half_underflow(nonzero, flushed);
     trace_op_end("gelu_backward_16", m0, 14.0 * n, 0, NULL);
@@ -1240,13 +1244,12 @@ void swiglu_backward(float *dgate_up, const float *gate_up, const float *dh, int
 }
 
 void swiglu_backward_16(float *dgate_up, half16 *dgate_up16, const float *gate_up, const float *dh, int N, int F) {
-    int fp16 = g_half == HALF_FP16;
     unsigned long long nonzero = 0, flushed = 0;
 #pragma omp parallel for schedule(static) reduction(+ : nonzero, flushed)
     for (int row = 0; row < N; row++) {  // a row's gate | up, 2F wide, rounded once it is made
         size_t at = (size_t)row * 2 * F;
         for (size_t i = (size_t)row * F; i < (size_t)(row + 1) * F; i++) swiglu_grad(dgate_up, gate_up, dh, i, F);
-        round_gradient_block(dgate_up16 + at, dgate_up + at, 2 * (size_t)F, fp16, &nonzero, &flushed);
+        gradients_to_16_counted(dgate_up16 + at, dgate_up + at, 2 * (size_t)F, &nonzero, &flushed);
     }
     add_half_underflow(nonzero, flushed);
 }
@@ -1350,18 +1353,6 @@ void cross_entropy_forward(float *losses, const float *logits, const int *target
     }
 }
 
-// a row of the logits' gradient into its 16-bit copy, as cast_gradient_to_16 would, while the
-// row is still in this core's cache. Counted in locals, which the compiler keeps in vector
-// registers (through the pointers, it would not vectorize the loop).
-static void gradient_row_to_16(half16 *dlogits16, const float *x, int Vp, unsigned long long *nonzero,
-                               unsigned long long *flushed) {
-    if (!dlogits16) return;
-    int fp16 = g_half == HALF_FP16;
-    unsigned long long row_nonzero = 0, row_flushed = 0;
-    for (int i = 0; i < Vp; i++) dlogits16[i] = gradient_to_16(x[i], fp16, &row_nonzero, &row_flushed);
-    *nonzero += row_nonzero, *flushed += row_flushed;
-}
-
 void cross_entropy_forward_backward(float *logits_then_dlogits, half16 *dlogits16, float *losses,
                                     const int *targets, float dloss, int N, int V, int Vp) {
     int m0 = trace_op_begin();
@@ -1375,7 +1366,7 @@ void cross_entropy_forward_backward(float *logits_then_dlogits, half16 *dlogits1
         if (target < 0) {  // no loss, so no gradient either
             losses[n] = 0.0f;
             memset(x, 0, (size_t)Vp * sizeof(float));
-            gradient_row_to_16(x16, x, Vp, &nonzero, &flushed);
+            gradients_to_16_counted(x16, x, (size_t)Vp, &nonzero, &flushed);
             continue;
         }
         // Passes over a row of 200 KB, which stays in this core's L2 cache after the first: the
@@ -1390,7 +1381,7 @@ void cross_entropy_forward_backward(float *logits_then_dlogits, half16 *dlogits1
         float inv_sum = 1.0f / sumexp;
         for (int i = 0; i < V; i++) x[i] = cross_entropy_dlogit(x[i] * inv_sum, i == target, dloss);
         for (int i = V; i < Vp; i++) x[i] = 0.0f;  // padded vocabulary: never a prediction
-        gradient_row_to_16(x16, x, Vp, &nonzero, &flushed);
+        gradients_to_16_counted(x16, x, (size_t)Vp, &nonzero, &flushed);
     }
     if (dlogits16) add_half_underflow(nonzero, flushed);
     double copy_bytes = dlogits16 ? 2.0 * N * Vp : 0.0;
