@@ -631,26 +631,10 @@ KERNEL_FN float attention_scale(int hs) { return 1.0f / sqrtf((float)hs); }
 // included, as the matmul wrote them) and gets the probabilities softmax(scale q . k[t2]) over
 // t2 = 0..t, zero for the future (backward reads the whole row, and P V adds nothing from it).
 KERNEL_FN void attention_row_probabilities(float *att, int t, int T, float scale) {
-    // the row's max over ROW_LANES lanes (one vector register): a sequential max is one dependent compare
-    // an element, and the compiler may not regroup it (a max with signed zeros and NaNs is not
-    // associative). The same value: the scores hold no NaN, and where +0 and -0 tie, x - max and so
-    // the exponentials below are the same for either.
-    float lanes[ROW_LANES];
-    for (int j = 0; j < ROW_LANES; j++) lanes[j] = -INFINITY;
-    int t2 = 0;
-    for (; t2 + ROW_LANES <= t + 1; t2 += ROW_LANES)
-        SIMD_LOOP
-        for (int j = 0; j < ROW_LANES; j++) {
-            float x = att[t2 + j] * scale;
-            att[t2 + j] = x;
-            lanes[j] = x > lanes[j] ? x : lanes[j];
-        }
-    float max = -INFINITY;
-    for (; t2 <= t; t2++) {
-        att[t2] *= scale;
-        max = att[t2] > max ? att[t2] : max;
-    }
-    for (int j = 0; j < ROW_LANES; j++) max = lanes[j] > max ? lanes[j] : max;
+    // the scaled scores, then their max over 16 lanes (max_16_lanes: the same value as a running
+    // max; where +0 and -0 tie, x - max and so the exponentials below are the same for either)
+    for (int t2 = 0; t2 <= t; t2++) att[t2] *= scale;
+    float max = max_16_lanes(att, t + 1);
     // the exponentials (softmax_exp's) in a loop of their own, which vectorizes; then their sum
     for (int t2 = 0; t2 <= t; t2++) att[t2] = expf_vectorizable(att[t2] - max);
     float inv_sum = 1.0f / sum_16_lanes(att, t + 1);
