@@ -631,13 +631,12 @@ KERNEL_FN float attention_scale(int hs) { return 1.0f / sqrtf((float)hs); }
 // included, as the matmul wrote them) and gets the probabilities softmax(scale q . k[t2]) over
 // t2 = 0..t, zero for the future (backward reads the whole row, and P V adds nothing from it).
 KERNEL_FN void attention_row_probabilities(float *att, int t, int T, float scale) {
-    // the scaled scores, then their max over 16 lanes (max_16_lanes: the same value as a running
-    // max; where +0 and -0 tie, x - max and so the exponentials below are the same for either)
-    for (int t2 = 0; t2 <= t; t2++) att[t2] *= scale;
-    float max = max_16_lanes(att, t + 1);
-    // the exponentials (softmax_exp's) in a loop of their own, which vectorizes; then their sum
-    for (int t2 = 0; t2 <= t; t2++) att[t2] = expf_vectorizable(att[t2] - max);
-    float inv_sum = 1.0f / sum_16_lanes(att, t + 1);
+    // the max of the scaled scores is the scaled max (scale > 0, and rounding keeps the order;
+    // where +0 and -0 tie, x - max and so the exponentials are the same for either); then the
+    // exponentials (softmax_exp's), each stored and added to its lane's sum in the one loop
+    float max = max_16_lanes(att, t + 1) * scale, lanes[ROW_LANES] = {0};
+    ADD_16_LANES(lanes, t + 1, att[k] = expf_vectorizable(att[k] * scale - max));
+    float inv_sum = 1.0f / lanes_total(lanes);
     for (int t2 = 0; t2 <= t; t2++) att[t2] *= inv_sum;
     for (int t2 = t + 1; t2 < T; t2++) att[t2] = 0.0f;  // the future: masked out
 }

@@ -1033,81 +1033,65 @@ static void round_row(void *copy, size_t row, const float *x, int t, int T, int 
     for (int j = 0; j < end; j++) store_rounded(copy, row + j, x[j], bf16);
 }
 
-// The softmax rows of every (sequence, head, query) between the products: one task per row; a
-// query t row costs ~t, so they are handed out interleaved (schedule static,1) to keep the
-// threads' loads even. Forward: att's raw scores into probabilities (and, given att16, each row
-// into its rounded copy while it is in cache).
-static void attention_probabilities(float *att, void *att16, int bf16, int B, int T, int hs, int NH) {
-    float scale = attention_scale(hs);
-#pragma omp parallel for schedule(static, 1) collapse(2)
-    for (int bh = 0; bh < B * NH; bh++)
-        for (int t = 0; t < T; t++) {
-            size_t row = ((size_t)bh * T + t) * T;
-            attention_row_probabilities(att + row, t, T, scale);
-            if (att16) round_row(att16, row, att + row, t, T, bf16);
-        }
-}
-
-// backward: datt's rows (the probabilities' gradients) into the scores' gradients (and, given the
-// copies, att's and datt's rows into them)
-static void attention_softmax_backward(float *datt, const float *att, void *att16, void *datt16, int bf16, int B,
-                                       int T, int hs, int NH) {
-    float scale = attention_scale(hs);
-#pragma omp parallel for schedule(static, 1) collapse(2)
-    for (int bh = 0; bh < B * NH; bh++)
-        for (int t = 0; t < T; t++) {
-            size_t row = ((size_t)bh * T + t) * T;
-            attention_row_softmax_backward(datt + row, att + row, t, T, scale);
-            if (att16) round_row(att16, row, att + row, t, T, bf16), round_row(datt16, row, datt + row, t, T, bf16);
-        }
-}
-
-// The products by tiles of the causal square (describe_attention). Forward: S = Q K^T into att ...
-static void attention_score_tiles(float *att, const AttOperands *o, int B, int T, int C, int NH) {
+// The products a tile of ATT_TILE query rows at a time (describe_attention), each tile's softmax
+// rows between them: the tile's rows of the squares (NH x ATT_TILE x up to T floats) are still
+// in cache when the next product reads them; the whole square (NH T^2 floats, 3 MB for GPT-2 at
+// T = 256) is not. The rows of a tile, (head, query) in order, go to the threads in even runs,
+// as the products split the heads.
+//
+// Forward: S = Q K^T, its rows into probabilities (and, given att16, each row into its rounded
+// copy while it is in cache), out = P V.
+static void attention_forward_tiles(float *out, float *att, void *att16, const AttOperands *o, int B, int T, int C,
+                                    int NH) {
     size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
+    float scale = attention_scale(C / NH);
     for (int b = 0; b < B; b++) {
-        size_t q = b * T * C3;
-        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
-            attention_matmul(ATT_SCORES, r0, o->bf16, at(o, o->qkv, q + r0 * C3), at(o, o->qkv, q + C),
-                             att + b * NH * TT + (size_t)r0 * T, T, C, NH);
-    }
-}
-
-// ... and out = P V
-static void attention_values(float *out, const AttOperands *o, int B, int T, int C, int NH) {
-    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
-    for (int b = 0; b < B; b++) {
-        size_t p = b * NH * TT, v = b * T * C3 + 2 * C;
-        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
-            attention_matmul(ATT_VALUES, r0, o->bf16, at(o, o->att, p + (size_t)r0 * T), at(o, o->qkv, v),
-                             out + ((size_t)b * T + r0) * C, T, C, NH);
-    }
-}
-
-// backward: dP = dout V^T into datt ...
-static void attention_dprobs(float *datt, const AttOperands *o, int B, int T, int C, int NH) {
-    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
-    for (int b = 0; b < B; b++) {
-        size_t v = b * T * C3 + 2 * C, g = (size_t)b * T * C;
-        for (int r0 = 0; r0 < T; r0 += ATT_TILE)
-            attention_matmul(ATT_DPROBS, r0, o->bf16, at(o, o->dout, g + (size_t)r0 * C), at(o, o->qkv, v),
-                             datt + b * NH * TT + (size_t)r0 * T, T, C, NH);
-    }
-}
-
-// ... and, from dS, dQ = dS K, dK = dS^T Q, dV = P^T dout, added into dqkv
-static void attention_qkv_gradients(float *dqkv, const AttOperands *o, int B, int T, int C, int NH) {
-    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
-    for (int b = 0; b < B; b++) {
-        size_t q = b * T * C3, g = (size_t)b * T * C, ds = b * NH * TT;
-        float *dq = dqkv + b * T * C3;
+        size_t q = b * T * C3, square = b * NH * TT;
         for (int r0 = 0; r0 < T; r0 += ATT_TILE) {
-            size_t diagonal = (size_t)r0 * T + r0;  // (query r0, key r0): where a key tile's queries start
-            attention_matmul(ATT_DQUERIES, r0, o->bf16, at(o, o->datt, ds + (size_t)r0 * T), at(o, o->qkv, q + C),
+            int r1 = attention_tile_end(r0, T);
+            attention_matmul(ATT_SCORES, r0, o->bf16, at(o, o->qkv, q + r0 * C3), at(o, o->qkv, q + C),
+                             att + square + (size_t)r0 * T, T, C, NH);
+#pragma omp parallel for schedule(static) collapse(2)
+            for (int h = 0; h < NH; h++)
+                for (int t = r0; t < r1; t++) {
+                    size_t row = square + ((size_t)h * T + t) * T;
+                    attention_row_probabilities(att + row, t, T, scale);
+                    if (att16) round_row(att16, row, att + row, t, T, o->bf16);
+                }
+            attention_matmul(ATT_VALUES, r0, o->bf16, at(o, o->att, square + (size_t)r0 * T), at(o, o->qkv, q + 2 * C),
+                             out + ((size_t)b * T + r0) * C, T, C, NH);
+        }
+    }
+}
+
+// Backward, the tiles from the last: dP = dout V^T, its rows into the scores' gradients dS (and,
+// given the copies, att's and datt's rows into them), then dQ = dS K, dK = dS^T Q, dV = P^T dout,
+// added into dqkv. A key tile's dK and dV read dS and P from its first query row to the last,
+// the rows of its own tile and of those after it: done by then.
+static void attention_backward_tiles(float *dqkv, float *datt, const float *att, void *att16, void *datt16,
+                                     const AttOperands *o, int B, int T, int C, int NH) {
+    size_t TT = (size_t)T * T, C3 = 3 * (size_t)C;
+    float scale = attention_scale(C / NH);
+    for (int b = 0; b < B; b++) {
+        size_t q = b * T * C3, g = (size_t)b * T * C, square = b * NH * TT;
+        float *dq = dqkv + b * T * C3;
+        for (int r0 = (T - 1) / ATT_TILE * ATT_TILE; r0 >= 0; r0 -= ATT_TILE) {
+            int r1 = attention_tile_end(r0, T);
+            size_t diagonal = square + (size_t)r0 * T + r0;  // (query r0, key r0): where a key tile's queries start
+            attention_matmul(ATT_DPROBS, r0, o->bf16, at(o, o->dout, g + (size_t)r0 * C), at(o, o->qkv, q + 2 * C),
+                             datt + square + (size_t)r0 * T, T, C, NH);
+#pragma omp parallel for schedule(static) collapse(2)
+            for (int h = 0; h < NH; h++)
+                for (int t = r0; t < r1; t++) {
+                    size_t row = square + ((size_t)h * T + t) * T;
+                    attention_row_softmax_backward(datt + row, att + row, t, T, scale);
+                    if (att16) round_row(att16, row, att + row, t, T, o->bf16), round_row(datt16, row, datt + row, t, T, o->bf16);
+                }
+            attention_matmul(ATT_DQUERIES, r0, o->bf16, at(o, o->datt, square + (size_t)r0 * T), at(o, o->qkv, q + C),
                              dq + r0 * C3, T, C, NH);
-            attention_matmul(ATT_DKEYS, r0, o->bf16, at(o, o->datt, ds + diagonal), at(o, o->qkv, q + r0 * C3),
+            attention_matmul(ATT_DKEYS, r0, o->bf16, at(o, o->datt, diagonal), at(o, o->qkv, q + r0 * C3),
                              dq + r0 * C3 + C, T, C, NH);
-            attention_matmul(ATT_DVALUES, r0, o->bf16, at(o, o->att, ds + diagonal), at(o, o->dout, g + (size_t)r0 * C),
+            attention_matmul(ATT_DVALUES, r0, o->bf16, at(o, o->att, diagonal), at(o, o->dout, g + (size_t)r0 * C),
                              dq + r0 * C3 + 2 * C, T, C, NH);
         }
     }
@@ -1124,9 +1108,7 @@ static void trace_attention(const char *name, int m0, int backward, int B, int T
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     int m0 = trace_op_begin();
     AttOperands o = {.qkv = qkv, .att = att};
-    attention_score_tiles(att, &o, B, T, C, NH);
-    attention_probabilities(att, NULL, 0, B, T, C / NH, NH);
-    attention_values(out, &o, B, T, C, NH);
+    attention_forward_tiles(out, att, NULL, &o, B, T, C, NH);
     trace_attention("attention_forward", m0, 0, B, T, C, NH);
 }
 
@@ -1134,9 +1116,7 @@ void attention_backward(float *dqkv, float *datt, const float *dout, const float
                         const float *att, int B, int T, int C, int NH) {
     int m0 = trace_op_begin();
     AttOperands o = {.qkv = qkv, .att = att, .dout = dout, .datt = datt};
-    attention_dprobs(datt, &o, B, T, C, NH);
-    attention_softmax_backward(datt, att, NULL, NULL, 0, B, T, C / NH, NH);
-    attention_qkv_gradients(dqkv, &o, B, T, C, NH);
+    attention_backward_tiles(dqkv, datt, att, NULL, NULL, &o, B, T, C, NH);
     trace_attention("attention_backward", m0, 1, B, T, C, NH);
 }
 
@@ -1151,9 +1131,7 @@ void attention_forward_16(float *out, float *att, const float *qkv, int B, int T
     int m0 = trace_op_begin(), bf16 = !widen_half();
     void *att16 = rounded_buffer(ROUNDED_PROBS, (size_t)B * NH * T * T, bf16);
     AttOperands o = {.qkv = rounded_copy(ROUNDED_QKV, qkv, (size_t)B * T * 3 * C, bf16), .att = att16, .bf16 = bf16};
-    attention_score_tiles(att, &o, B, T, C, NH);
-    attention_probabilities(att, att16, bf16, B, T, C / NH, NH);
-    attention_values(out, &o, B, T, C, NH);
+    attention_forward_tiles(out, att, att16, &o, B, T, C, NH);
     trace_attention("attention_forward_16", m0, 0, B, T, C, NH);
 }
 
@@ -1169,9 +1147,7 @@ void attention_backward_16(float *dqkv, float *datt, const float *dout, const fl
     AttOperands o = {.qkv = rounded_copy(ROUNDED_QKV, qkv, (size_t)B * T * 3 * C, bf16),
                      .dout = rounded_copy(ROUNDED_DOUT, dout, (size_t)B * T * C, bf16),
                      .att = att16, .datt = datt16, .bf16 = bf16};
-    attention_dprobs(datt, &o, B, T, C, NH);
-    attention_softmax_backward(datt, att, att16, datt16, bf16, B, T, C / NH, NH);
-    attention_qkv_gradients(dqkv, &o, B, T, C, NH);
+    attention_backward_tiles(dqkv, datt, att, att16, datt16, &o, B, T, C, NH);
     trace_attention("attention_backward_16", m0, 1, B, T, C, NH);
 }
 
