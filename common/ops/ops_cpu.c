@@ -1033,11 +1033,10 @@ static void round_row(void *copy, size_t row, const float *x, int t, int T, int 
     for (int j = 0; j < end; j++) store_rounded(copy, row + j, x[j], bf16);
 }
 
-// The products a tile of ATT_TILE query rows at a time (describe_attention), each tile's softmax
-// rows between them: the tile's rows of the squares (NH x ATT_TILE x up to T floats) are still
-// in cache when the next product reads them; the whole square (NH T^2 floats, 3 MB for GPT-2 at
-// T = 256) is not. The rows of a tile, (head, query) in order, go to the threads in even runs,
-// as the products split the heads.
+// The products, a tile of ATT_TILE query rows at a time (describe_attention), with the tile's
+// softmax rows between them: the tile's rows of the squares (NH x ATT_TILE x up to T floats) are
+// still in cache when the next product reads them; the whole square (NH T^2 floats, 3 MB for
+// GPT-2 at T = 256) is not. A tile's rows, (head, query) in order, go to the threads in even runs.
 //
 // Forward: S = Q K^T, its rows into probabilities (and, given att16, each row into its rounded
 // copy while it is in cache), out = P V.
@@ -1085,7 +1084,9 @@ static void attention_backward_tiles(float *dqkv, float *datt, const float *att,
                 for (int t = r0; t < r1; t++) {
                     size_t row = square + ((size_t)h * T + t) * T;
                     attention_row_softmax_backward(datt + row, att + row, t, T, scale);
-                    if (att16) round_row(att16, row, att + row, t, T, o->bf16), round_row(datt16, row, datt + row, t, T, o->bf16);
+                    if (!att16) continue;
+                    round_row(att16, row, att + row, t, T, o->bf16);
+                    round_row(datt16, row, datt + row, t, T, o->bf16);
                 }
             attention_matmul(ATT_DQUERIES, r0, o->bf16, at(o, o->datt, square + (size_t)r0 * T), at(o, o->qkv, q + C),
                              dq + r0 * C3, T, C, NH);
