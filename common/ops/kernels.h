@@ -146,6 +146,14 @@ KERNEL_FN float sumexp_16_lanes(const float *x, float max, int n) {
     return lanes_total(lanes);
 }
 
+// The same sum, the exponentials of x scale - max written over x as they are added: a softmax's
+// numerators and denominator in one pass (scale 1: x's own exponentials, as sumexp_16_lanes's)
+KERNEL_FN float exp_in_place_16_lanes(float *x, float scale, float max, int n) {
+    float lanes[ROW_LANES] = {0};
+    ADD_16_LANES(lanes, n, x[k] = expf_vectorizable(x[k] * scale - max));
+    return lanes_total(lanes);
+}
+
 // this lane's share of max(x); -INFINITY is the identity of max, so an idle lane is harmless
 KERNEL_FN float row_partial_max(const float *x, int n, int lane, int nlanes) {
     float m = -INFINITY;
@@ -633,10 +641,9 @@ KERNEL_FN float attention_scale(int hs) { return 1.0f / sqrtf((float)hs); }
 KERNEL_FN void attention_row_probabilities(float *att, int t, int T, float scale) {
     // the max of the scaled scores is the scaled max (scale > 0, and rounding keeps the order;
     // where +0 and -0 tie, x - max and so the exponentials are the same for either); then the
-    // exponentials (softmax_exp's), each stored and added to its lane's sum in the one loop
-    float max = max_16_lanes(att, t + 1) * scale, lanes[ROW_LANES] = {0};
-    ADD_16_LANES(lanes, t + 1, att[k] = expf_vectorizable(att[k] * scale - max));
-    float inv_sum = 1.0f / lanes_total(lanes);
+    // exponentials, stored and summed in one pass
+    float max = max_16_lanes(att, t + 1) * scale;
+    float inv_sum = 1.0f / exp_in_place_16_lanes(att, scale, max, t + 1);
     for (int t2 = 0; t2 <= t; t2++) att[t2] *= inv_sum;
     for (int t2 = t + 1; t2 < T; t2++) att[t2] = 0.0f;  // the future: masked out
 }

@@ -1347,13 +1347,12 @@ void cross_entropy_forward_backward(float *logits_then_dlogits, half16 *dlogits1
             continue;
         }
         // Passes over a row of 200 KB, which stays in this core's L2 cache after the first: the
-        // max; the exponentials, written in place (the costly part); their sum (the lanes
-        // and the values of cross_entropy_forward's sumexp_16_lanes: the same loss); then the
-        // scaling into gradients. Each vectorizes. From memory, the row is read once and written once.
+        // max; the exponentials, written in place and summed (the costly part; the lanes and the
+        // values of cross_entropy_forward's sumexp_16_lanes: the same loss); then the scaling
+        // into gradients. Each vectorizes. From memory, the row is read once and written once.
         float max = max_16_lanes(x, V);
         float x_target = x[target];
-        for (int i = 0; i < V; i++) x[i] = expf_vectorizable(x[i] - max);
-        float sumexp = sum_16_lanes(x, V);
+        float sumexp = exp_in_place_16_lanes(x, 1.0f, max, V);
         losses[n] = cross_entropy_loss(x_target, max, sumexp);
         float inv_sum = 1.0f / sumexp;
         for (int i = 0; i < V; i++) x[i] = cross_entropy_dlogit(x[i] * inv_sum, i == target, dloss);
