@@ -65,6 +65,16 @@ tamper() { # tamper <copy> <exercise's file>
 }
 export -f tamper
 
+# start_without_build <id> <state> <copy>: a hand-in needs only its sources (grading takes its part
+# into a tree of its own), and forty copies of the build would fill a small disk (a calculation's
+# solution is solved with the build: it keeps it)
+start_without_build() {
+    python3 -c "
+import sys; sys.path.insert(0, 'tools'); import exercise
+exercise.start(exercise.load_catalogue(), sys.argv[1], sys.argv[2], sys.argv[3], with_build=False)" "$@" >/dev/null
+}
+export -f start_without_build
+
 # one exercise's hand-ins: its starter, tampered, and for a calculation a copy with the right numbers
 # (the workbook's own code is handed in as the workbook itself)
 start_copies() { # start_copies <id>
@@ -73,7 +83,7 @@ start_copies() { # start_copies <id>
     if [ "$kind" = calculation ]; then
         python3 tools/exercise.py start "$id" --state solution --dir "$base/solution-$id" >/dev/null
     fi
-    python3 tools/exercise.py start "$id" --dir "$base/$id" >/dev/null
+    start_without_build "$id" starter "$base/$id"
     tamper "$base/$id" "$file"
 }
 export -f start_copies
@@ -275,11 +285,11 @@ check '[[ "$out" == "failed 0 exit status 1"*"outputs wrong"* ]]' "a fast decode
 # workbook's), a fixed bug hunt's copy (no part differs at all) as a code exercise, a calculation's
 # answers.json as another calculation's
 relabel() { # relabel <learner> <exercise> <state> <as exercise>
+    start_without_build "$2" "$3" "$base/relabel/$1/$2"
     python3 -c "
 import json, os, sys; sys.path.insert(0, 'tools'); import exercise
-exercise.start(exercise.load_catalogue(), sys.argv[1], sys.argv[2], sys.argv[3], with_build=False)
-json.dump(dict(json.load(open(os.path.join(sys.argv[3], exercise.MARK))), exercise=sys.argv[4]),
-          open(os.path.join(sys.argv[3], exercise.MARK), 'w'))" "$2" "$3" "$base/relabel/$1/$2" "$4" >/dev/null
+json.dump(dict(json.load(open(os.path.join(sys.argv[1], exercise.MARK))), exercise=sys.argv[2]),
+          open(os.path.join(sys.argv[1], exercise.MARK), 'w'))" "$base/relabel/$1/$2" "$4"
 }
 relabel dan gelu-backward starter grad-clip
 relabel eve bug-causal-mask solution top-p

@@ -242,15 +242,15 @@ def source_files(root):
 
 
 def workbook_tree(dest, with_build, with_cuda=True):
-    """dest becomes a copy of the workbook's files and, times kept, its build (no oracle venvs;
-    without build/cuda unless with_cuda)."""
+    """dest becomes a copy of the workbook's files and, times kept, its build (no oracle venvs, no
+    test harnesses' clusters and logs; without build/cuda unless with_cuda)."""
     for rel in source_files(ROOT):
         dst = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, rel), dst, follow_symlinks=False)
     if with_build and os.path.isdir(os.path.join(ROOT, "build")):
         build = os.path.join(ROOT, "build")
-        venvs = shutil.ignore_patterns("*-venv")
+        venvs = shutil.ignore_patterns("*-venv", "*-test")
         cuda = set() if with_cuda else {"cuda"}
         shutil.copytree(build, os.path.join(dest, "build"), symlinks=True,
                         ignore=lambda d, names: venvs(d, names) | (cuda if d == build else set()))
