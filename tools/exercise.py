@@ -250,10 +250,10 @@ def workbook_tree(dest, with_build, with_cuda=True):
         shutil.copy2(os.path.join(ROOT, rel), dst, follow_symlinks=False)
     if with_build and os.path.isdir(os.path.join(ROOT, "build")):
         build = os.path.join(ROOT, "build")
-        venvs = shutil.ignore_patterns("*-venv", "*-test")
+        not_copied = shutil.ignore_patterns("*-venv", "*-test")
         cuda = set() if with_cuda else {"cuda"}
         shutil.copytree(build, os.path.join(dest, "build"), symlinks=True,
-                        ignore=lambda d, names: venvs(d, names) | (cuda if d == build else set()))
+                        ignore=lambda d, names: not_copied(d, names) | (cuda if d == build else set()))
 
 
 def packed_tree(ex_id, dest):
